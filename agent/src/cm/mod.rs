@@ -1,0 +1,136 @@
+//! Container manager: `QoS` classes, resource math and pod cgroups (upstream `pkg/kubelet/cm`).
+//!
+//! Public API:
+//! - [`qos_class`] / [`QosClass`]: a pod's `QoS` class (`GetPodQOS`);
+//! - [`linux_container_resources`]: the CRI `LinuxContainerResources` of a container (cpu
+//!   shares and CFS quota, memory limit, `oom_score_adj`, swap, huge pages);
+//! - [`PodContainerManager`]: the pod cgroups (`kubepods/{burstable,besteffort}/pod<uid>`) and
+//!   their limits, with [`CgroupfsPodContainerManager`] for the cgroupfs driver on cgroup
+//!   v1 (legacy or hybrid) and v2, and [`FakePodContainerManager`] for other modules' tests;
+//! - [`quantity`]: exact Kubernetes quantity parsing; [`pod_resources`]: pod request and
+//!   limit totals (`PodRequests`/`PodLimits`); [`resources`]: the shares/quota/OOM math.
+//!
+//! Order of calls, as in the kubelet: [`PodContainerManager::ensure_node_cgroups`] once at
+//! start; per pod, [`PodContainerManager::ensure_pod_cgroup`] before `RunPodSandbox` with
+//! [`PodContainerManager::cgroup_parent`] as the sandbox's `cgroup_parent`;
+//! [`PodContainerManager::update_qos_cgroups`] when the set of active pods changes;
+//! [`PodContainerManager::remove_pod_cgroup`] once the pod's containers are gone (and for
+//! orphans found by [`PodContainerManager::list_pod_cgroups`] during housekeeping).
+//!
+//! Node allocatable enforcement, the CPU/memory/topology managers, `MemoryQoS` and pod-level
+//! huge page limits are not implemented yet.
+
+pub mod cgroupfs;
+pub mod fake;
+pub mod pod_resources;
+pub mod qos;
+pub mod quantity;
+pub mod resources;
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub use cgroupfs::{CgroupMode, CgroupfsPodContainerManager};
+pub use fake::FakePodContainerManager;
+pub use qos::{QosClass, qos_class};
+pub use resources::linux_container_resources;
+
+/// Errors of the container manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A cgroup operation failed.
+    #[error(transparent)]
+    Cgroup(#[from] cgroupfs::Error),
+    /// Probing the host failed.
+    #[error(transparent)]
+    Resources(#[from] resources::Error),
+    /// A quantity does not parse.
+    #[error(transparent)]
+    Quantity(#[from] quantity::Error),
+    /// A quantity in a pod spec does not parse.
+    #[error(transparent)]
+    InvalidQuantity(#[from] pod_resources::InvalidQuantity),
+    /// A failure injected into [`FakePodContainerManager`]; never produced otherwise.
+    #[error("injected failure in {op}: {message}")]
+    Injected {
+        /// The operation that failed.
+        op: &'static str,
+        /// The injected message.
+        message: String,
+    },
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Pod cgroup settings (the `cgroup*` fields of `KubeletConfiguration`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupConfig {
+    /// `cgroupRoot`: the cgroup under which `kubepods` lives. Default `"/"`; an empty value
+    /// means `"/"` (as the kubelet does when `cgroupsPerQOS` is on). It must exist already.
+    pub cgroup_root: String,
+    /// `cgroupsPerQOS`: create the `QoS` and pod cgroups. Default true. When false, the
+    /// kubelet creates no cgroups at all: the sandbox's `cgroup_parent` is empty and the
+    /// runtime places containers where it likes; every operation is a no-op.
+    pub cgroups_per_qos: bool,
+    /// `cgroupDriver`: only `"cgroupfs"` (the default) is supported; `"systemd"` is
+    /// rejected at construction.
+    pub cgroup_driver: String,
+    /// `podPidsLimit`: maximum pids per pod; -1 (the default) or 0 for unlimited.
+    pub pod_pids_limit: i64,
+    /// Where the cgroup filesystems are mounted. Default `/sys/fs/cgroup`.
+    pub fs_root: PathBuf,
+    /// `cpuCFSQuota`: enforce cpu limits with CFS quota. Default true.
+    pub cpu_cfs_quota: bool,
+}
+
+impl Default for CgroupConfig {
+    fn default() -> Self {
+        Self {
+            cgroup_root: "/".to_owned(),
+            cgroups_per_qos: true,
+            cgroup_driver: "cgroupfs".to_owned(),
+            pod_pids_limit: -1,
+            fs_root: PathBuf::from("/sys/fs/cgroup"),
+            cpu_cfs_quota: true,
+        }
+    }
+}
+
+/// Pod-level cgroup management (upstream `PodContainerManager` + the `QoS` container
+/// manager). Operations touch the filesystem and may block briefly (removal waits up to a
+/// couple of seconds for killed processes to leave): call them from a blocking context.
+pub trait PodContainerManager: Send + Sync + std::fmt::Debug {
+    /// Creates `<cgroupRoot>/kubepods` and its `burstable` and `besteffort` children in
+    /// every hierarchy (enabling the v2 controllers on the way) and pins besteffort to the
+    /// minimum cpu weight. Idempotent.
+    fn ensure_node_cgroups(&self) -> Result<()>;
+
+    /// The CRI `cgroup_parent` of the pod's sandbox (`/kubepods/burstable/pod<uid>`), or
+    /// `""` when `cgroupsPerQOS` is off.
+    fn cgroup_parent(&self, pod: &Pod) -> String;
+
+    /// Creates the pod cgroup in every hierarchy with the pod's limits
+    /// (`ResourceConfigForPod` and `podPidsLimit`). Idempotent: an existing pod cgroup is
+    /// left as it is.
+    fn ensure_pod_cgroup(&self, pod: &Pod) -> Result<()>;
+
+    /// Kills every process left in the pod cgroup (and its container cgroups) and removes
+    /// them all, in every hierarchy and whatever `QoS` class they sit under. Removing a pod
+    /// cgroup that does not exist succeeds.
+    fn remove_pod_cgroup(&self, uid: &str) -> Result<()>;
+
+    /// Pod cgroups present on disk: `(pod uid, QoS class)` sorted by uid, for housekeeping
+    /// of orphans (`GetAllPodsFromCgroups`).
+    fn list_pod_cgroups(&self) -> Result<Vec<(String, QosClass)>>;
+
+    /// Whether the pod's cgroup exists (in every hierarchy the kubelet checks). Always true
+    /// when `cgroupsPerQOS` is off, as upstream.
+    fn pod_cgroup_exists(&self, uid: &str) -> bool;
+
+    /// Sets the `QoS` cgroups' cpu weights from the active pods: burstable gets the sum of
+    /// the Burstable pods' cpu requests, besteffort the minimum (upstream
+    /// `qosContainerManager.UpdateCgroups`).
+    fn update_qos_cgroups(&self, active_pods: &[Pod]) -> Result<()>;
+}

@@ -1,0 +1,203 @@
+//! The agent's configuration: the upstream `KubeletConfiguration` file
+//! (`kubelet.config.k8s.io/v1beta1`), the kubelet's command-line flags on top of it, the
+//! upstream defaults, and validation. [`load`] turns [`Flags`] into a [`Config`] or into
+//! one error that lists every problem.
+//!
+//! # Order
+//! As in the kubelet: read the `--config` file (YAML or JSON), apply the v1beta1 defaults,
+//! then the flags that were given (a flag wins over the file), then validate everything.
+//!
+//! # Which fields have an effect
+//! Every upstream v1beta1 field is accepted and kept (and shown by `/configz`), so an
+//! upstream config file loads unchanged. The agent acts on a growing subset; as of now:
+//! - server: `enableServer`, `address`, `port`, `healthzPort`, `healthzBindAddress`,
+//!   `tlsCertFile`, `tlsPrivateKeyFile`, `tlsCipherSuites`, `tlsMinVersion`,
+//!   `authentication.x509.clientCAFile`, `authentication.anonymous.enabled`, and
+//!   `authentication.webhook.enabled` / `authorization.mode` (only the non-webhook settings
+//!   are served; the webhook ones are refused at start, see [`crate::server`]),
+//!   `readOnlyPort` (only 0).
+//! - used by the modules being written (sources, sync loop, runtime, node, cm, eviction,
+//!   images, gc, telemetry): `staticPodPath`, `syncFrequency`, `fileCheckFrequency`,
+//!   `containerRuntimeEndpoint`, `imageServiceEndpoint`, `runtimeRequestTimeout`,
+//!   `cgroupRoot`, `cgroupDriver`, `cgroupsPerQOS`, `maxPods`, `podPidsLimit`,
+//!   `nodeStatus*Frequency`, `nodeLeaseDurationSeconds`, `registerNode`,
+//!   `registerWithTaints`, `eviction*`, `imageGC*`, `serializeImagePulls`,
+//!   `maxParallelImagePulls`, `registryPullQPS`/`registryBurst`, `containerLog*`,
+//!   `clusterDomain`, `clusterDNS`, `resolvConf`, `failSwapOn`, `tracing`,
+//!   `logging.verbosity`/`logging.format`. Each module documents what it honours.
+//! - everything else is stored only.
+//!
+//! # Deliberate differences from the upstream kubelet
+//! - Unknown fields are errors, all listed with their paths (`unknown field
+//!   "authentication.x509.caFile"`); upstream falls back to lenient decoding and only logs.
+//!   A misspelt security setting must not be silently ignored.
+//! - Unknown feature gates are accepted (the agent does not know every upstream gate).
+//! - `tlsMinVersion` below TLS 1.2 and non-AEAD cipher suites are refused (rustls has
+//!   none).
+//! - `cgroupRoot` defaults to "/" (upstream stores "" and reads it as "/").
+
+mod decode;
+mod duration;
+mod flags;
+mod kubelet_configuration;
+mod validation;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use decode::{API_VERSION, KIND};
+pub use duration::{GoDuration, ParseDurationError};
+pub use flags::Flags;
+pub use kubelet_configuration::{
+    AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, CrashLoopBackOffConfig, DEFAULT_EVICTION_HARD,
+    FormatOptions, KubeletAnonymousAuthentication, KubeletAuthentication, KubeletAuthorization, KubeletConfiguration,
+    KubeletWebhookAuthentication, KubeletWebhookAuthorization, KubeletX509Authentication, LoggingConfiguration,
+    MemoryReservation, MemorySwapConfiguration, OutputRoutingOptions, ShutdownGracePeriodByPodPriority,
+    TracingConfiguration, UserNamespaces, VModuleItem, default_eviction_hard,
+};
+pub use validation::{TLS_CIPHER_SUITES, tls_cipher_suite_id, validate};
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The `--config` file could not be read.
+    #[error("reading kubelet config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The `--config` file is not a YAML or JSON object.
+    #[error("parsing kubelet config file {}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The hostname (the node name without `--hostname-override`) could not be read.
+    #[error("reading the hostname for the node name (or set --hostname-override): {source}")]
+    Hostname {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The configuration has problems: every one of them, one per line.
+    #[error("{}", invalid_message(config_file.as_deref(), problems))]
+    Invalid {
+        /// The `--config` file, if one was given.
+        config_file: Option<PathBuf>,
+        /// `field: message`, one per problem.
+        problems: Vec<String>,
+    },
+}
+
+fn invalid_message(config_file: Option<&Path>, problems: &[String]) -> String {
+    let source = match config_file {
+        Some(path) => format!("{} and flags", path.display()),
+        None => "flags".to_owned(),
+    };
+    let mut message = format!("invalid configuration ({source}):");
+    for problem in problems {
+        message.push_str("\n  ");
+        message.push_str(problem);
+    }
+    message
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The agent's loaded configuration: the `KubeletConfiguration` with flags applied, and the
+/// flag-only settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The defaulted, validated configuration (file + flags).
+    pub kubelet: KubeletConfiguration,
+    /// `--hostname-override` lowercased, else the hostname lowercased.
+    pub node_name: String,
+    /// `--kubeconfig`; `None` means standalone mode.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--root-dir`. Default: /var/lib/kubelet.
+    pub root_dir: PathBuf,
+    /// `--cert-dir`. Default: /var/lib/kubelet/pki.
+    pub cert_dir: PathBuf,
+    /// `logging.verbosity` after `-v` (capped at 255).
+    pub verbosity: u8,
+    /// `--node-ip`, as given.
+    pub node_ip: Option<String>,
+    /// `--node-labels`.
+    pub node_labels: BTreeMap<String, String>,
+    /// `--config`.
+    pub config_file: Option<PathBuf>,
+}
+
+/// Reads the `--config` file, applies defaults and flags, and validates the result.
+pub fn load(flags: Flags) -> Result<Config> {
+    load_with_hostname(flags, os_hostname)
+}
+
+/// The machine's hostname, as Go's `os.Hostname` reads it on Linux.
+pub fn os_hostname() -> io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_owned())
+}
+
+/// [`load`] with the hostname lookup injected (tests must not depend on the machine).
+fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String>) -> Result<Config> {
+    let mut problems = Vec::new();
+    let mut kubelet = match &flags.config {
+        None => KubeletConfiguration::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.clone(), source })?;
+            let decoded =
+                decode::decode(&text).map_err(|e| Error::Parse { path: path.clone(), message: e.to_string() })?;
+            problems = decoded.problems;
+            match decoded.config {
+                Some(config) => config,
+                // Values of the wrong type: nothing typed to validate further.
+                None => return Err(invalid(&flags, problems)),
+            }
+        }
+    };
+    flags.apply_to(&mut kubelet);
+    problems.extend(validate(&kubelet));
+
+    let node_name = match &flags.hostname_override {
+        Some(name) => name.trim().to_lowercase(),
+        None => hostname().map_err(|source| Error::Hostname { source })?.trim().to_lowercase(),
+    };
+    if node_name.is_empty() {
+        problems.push("--hostname-override: the node name must not be empty".to_owned());
+    }
+    if let Some(ips) = &flags.node_ip {
+        for ip in ips.split(',') {
+            if ip.trim().parse::<std::net::IpAddr>().is_err() {
+                problems.push(format!("--node-ip: {ip:?} is not a valid IP address"));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(invalid(&flags, problems));
+    }
+    Ok(Config {
+        verbosity: u8::try_from(kubelet.logging.verbosity).unwrap_or(u8::MAX),
+        kubelet,
+        node_name,
+        kubeconfig: flags.kubeconfig.clone(),
+        root_dir: flags.root_dir.clone(),
+        cert_dir: flags.cert_dir.clone(),
+        node_ip: flags.node_ip.clone(),
+        node_labels: flags.node_labels(),
+        config_file: flags.config,
+    })
+}
+
+fn invalid(flags: &Flags, problems: Vec<String>) -> Error {
+    Error::Invalid { config_file: flags.config.clone(), problems }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,21 @@
+//! swiftlet: a Kubernetes node agent (a kubelet) for Linux nodes.
+//!
+//! The crate is laid out like the upstream kubelet's `pkg/kubelet`: one module per
+//! subsystem, each with a trait at its boundary, the real implementation and a fake
+//! for the other modules' tests. See `../shared/DESIGN.md` in the project for the data
+//! flow; `main.rs` only parses flags and hands a [`config::Config`] to [`agent::run`].
+
+pub mod agent;
+pub mod cm;
+pub mod config;
+pub mod events;
+pub mod metrics;
+pub mod pleg;
+pub mod pod_manager;
+pub mod pod_workers;
+pub mod runtime;
+pub mod server;
+pub mod sources;
+pub mod status;
+pub mod sync_loop;
+pub mod telemetry;

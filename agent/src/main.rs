@@ -1,0 +1,59 @@
+//! The `swiftlet` binary: parse flags and the config file, then run the agent until
+//! SIGTERM/SIGINT. Bad configuration exits with status 2 and names every bad setting.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use tokio_util::sync::CancellationToken;
+
+fn main() -> ExitCode {
+    let flags = swiftlet::config::Flags::parse();
+    let cfg = match swiftlet::config::load(flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("swiftlet: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    swiftlet::telemetry::init(cfg.verbosity, cfg.kubelet.logging.format == "json");
+    // Both ring and aws-lc-rs may be linked through dependencies; pick one explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("swiftlet").build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("swiftlet: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let signals = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            signals.cancel();
+        });
+        match swiftlet::agent::run(cfg, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "swiftlet failed");
+                eprintln!("swiftlet: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,298 @@
+//! The kubelet's own metric families (`/metrics`), with the upstream names, types,
+//! label names and buckets (see `shared/reference/kubelet-1.28/metrics.txt`).
+//!
+//! prometheus-client appends `_total` to counters when encoding, so counters are
+//! registered without it. Help texts keep the upstream `[ALPHA]` prefix so that
+//! tools that diff kubelet scrapes see the same families.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// `metrics.DefBuckets` of the Prometheus Go client.
+pub const DEF_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Label set `operation_type`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation_type: String,
+}
+
+/// Label set `container_state` of `kubelet_running_containers`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerStateLabels {
+    pub container_state: String,
+}
+
+/// Label set `container_type` of `kubelet_started_containers_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerTypeLabels {
+    pub container_type: String,
+}
+
+/// Label set `static` (whether the pod comes from a non-API source).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StaticLabels {
+    pub r#static: String,
+}
+
+/// Label set `node` of `kubelet_node_name`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+/// Label set of `kubelet_working_pods`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkingPodLabels {
+    pub lifecycle: String,
+    pub config: String,
+    pub r#static: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(count);
+    let mut v = start;
+    for _ in 0..count {
+        out.push(v);
+        v *= factor;
+    }
+    out
+}
+
+fn runtime_op_histogram() -> Histogram {
+    // pkg/kubelet/metrics: prometheus.ExponentialBuckets(.005, 2.5, 14).
+    Histogram::new(exponential_buckets(0.005, 2.5, 14))
+}
+
+fn def_histogram() -> Histogram {
+    Histogram::new(DEF_BUCKETS)
+}
+
+/// Every `kubelet_*` family this agent serves on `/metrics`.
+#[derive(Debug)]
+pub struct KubeletMetrics {
+    pub runtime_operations: Family<OperationLabels, Counter>,
+    pub runtime_operations_errors: Family<OperationLabels, Counter>,
+    pub runtime_operations_duration: HistogramFamily<OperationLabels>,
+    pub pleg_relist_duration: Histogram,
+    pub pleg_relist_interval: Histogram,
+    pub pleg_last_seen: Gauge<f64, AtomicU64>,
+    pub pleg_discard_events: Counter,
+    pub pod_worker_duration: HistogramFamily<OperationLabels>,
+    pub pod_worker_start_duration: Histogram,
+    pub running_pods: Gauge,
+    pub running_containers: Family<ContainerStateLabels, Gauge>,
+    pub started_pods: Counter,
+    pub started_pods_errors: Counter,
+    pub started_containers: Family<ContainerTypeLabels, Counter>,
+    pub started_containers_errors: Family<ContainerTypeLabels, Counter>,
+    pub desired_pods: Family<StaticLabels, Gauge>,
+    pub active_pods: Family<StaticLabels, Gauge>,
+    pub working_pods: Family<WorkingPodLabels, Gauge>,
+    pub restarted_pods: Family<StaticLabels, Counter>,
+    pub orphaned_runtime_pods: Counter,
+    pub cgroup_manager_duration: HistogramFamily<OperationLabels>,
+    pub node_name: Family<NodeLabels, Gauge>,
+    pub containers_per_pod: Histogram,
+}
+
+impl KubeletMetrics {
+    /// Creates the families and registers them into `registry`.
+    pub fn new(registry: &mut Registry, node_name: &str) -> Self {
+        let m = Self {
+            runtime_operations: Family::default(),
+            runtime_operations_errors: Family::default(),
+            runtime_operations_duration: Family::new_with_constructor(runtime_op_histogram),
+            pleg_relist_duration: def_histogram(),
+            pleg_relist_interval: def_histogram(),
+            pleg_last_seen: Gauge::default(),
+            pleg_discard_events: Counter::default(),
+            pod_worker_duration: Family::new_with_constructor(def_histogram),
+            pod_worker_start_duration: def_histogram(),
+            running_pods: Gauge::default(),
+            running_containers: Family::default(),
+            started_pods: Counter::default(),
+            started_pods_errors: Counter::default(),
+            started_containers: Family::default(),
+            started_containers_errors: Family::default(),
+            desired_pods: Family::default(),
+            active_pods: Family::default(),
+            working_pods: Family::default(),
+            restarted_pods: Family::default(),
+            orphaned_runtime_pods: Counter::default(),
+            cgroup_manager_duration: Family::new_with_constructor(def_histogram),
+            node_name: Family::default(),
+            // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
+            containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+        };
+        m.node_name.get_or_create(&NodeLabels { node: node_name.to_string() }).set(1);
+        m.register(registry);
+        m
+    }
+
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "kubelet_runtime_operations",
+            "[ALPHA] Cumulative number of runtime operations by operation type",
+            self.runtime_operations.clone(),
+        );
+        r.register(
+            "kubelet_runtime_operations_errors",
+            "[ALPHA] Cumulative number of runtime operation errors by operation type",
+            self.runtime_operations_errors.clone(),
+        );
+        r.register(
+            "kubelet_runtime_operations_duration_seconds",
+            "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type",
+            self.runtime_operations_duration.clone(),
+        );
+        r.register(
+            "kubelet_pleg_relist_duration_seconds",
+            "[ALPHA] Duration in seconds for relisting pods in PLEG",
+            self.pleg_relist_duration.clone(),
+        );
+        r.register(
+            "kubelet_pleg_relist_interval_seconds",
+            "[ALPHA] Interval in seconds between relisting in PLEG",
+            self.pleg_relist_interval.clone(),
+        );
+        r.register(
+            "kubelet_pleg_last_seen_seconds",
+            "[ALPHA] Timestamp in seconds when PLEG was last seen active",
+            self.pleg_last_seen.clone(),
+        );
+        r.register(
+            "kubelet_pleg_discard_events",
+            "[ALPHA] The number of discard events in PLEG",
+            self.pleg_discard_events.clone(),
+        );
+        r.register(
+            "kubelet_pod_worker_duration_seconds",
+            "[ALPHA] Duration in seconds to sync a single pod. Broken down by operation type: create, update, or sync",
+            self.pod_worker_duration.clone(),
+        );
+        r.register(
+            "kubelet_pod_worker_start_duration_seconds",
+            "[ALPHA] Duration in seconds from kubelet seeing a pod to starting a worker",
+            self.pod_worker_start_duration.clone(),
+        );
+        r.register(
+            "kubelet_running_pods",
+            "[ALPHA] Number of pods that have a running pod sandbox",
+            self.running_pods.clone(),
+        );
+        r.register(
+            "kubelet_running_containers",
+            "[ALPHA] Number of containers currently running",
+            self.running_containers.clone(),
+        );
+        r.register("kubelet_started_pods", "[ALPHA] Cumulative number of pods started", self.started_pods.clone());
+        r.register(
+            "kubelet_started_pods_errors",
+            "[ALPHA] Cumulative number of errors when starting pods",
+            self.started_pods_errors.clone(),
+        );
+        r.register(
+            "kubelet_started_containers",
+            "[ALPHA] Cumulative number of containers started",
+            self.started_containers.clone(),
+        );
+        r.register(
+            "kubelet_started_containers_errors",
+            "[ALPHA] Cumulative number of errors when starting containers",
+            self.started_containers_errors.clone(),
+        );
+        r.register(
+            "kubelet_desired_pods",
+            "[ALPHA] The number of pods the kubelet is being instructed to run. static is true if the pod is not from the apiserver",
+            self.desired_pods.clone(),
+        );
+        r.register(
+            "kubelet_active_pods",
+            "[ALPHA] The number of pods the kubelet considers active and which are being considered when admitting new pods. static is true if the pod is not from the apiserver",
+            self.active_pods.clone(),
+        );
+        r.register(
+            "kubelet_working_pods",
+            "[ALPHA] Number of pods the kubelet is actually running, broken down by lifecycle phase, whether the pod is desired, orphaned, or runtime only (also orphaned), and whether the pod is static",
+            self.working_pods.clone(),
+        );
+        r.register(
+            "kubelet_restarted_pods",
+            "[ALPHA] Number of pods that have been restarted because they were deleted and recreated with the same UID while the kubelet was watching them (common for static pods, extremely uncommon for API pods)",
+            self.restarted_pods.clone(),
+        );
+        r.register(
+            "kubelet_orphaned_runtime_pods",
+            "[ALPHA] Number of pods that have been detected in the container runtime without being already known to the pod worker",
+            self.orphaned_runtime_pods.clone(),
+        );
+        r.register(
+            "kubelet_cgroup_manager_duration_seconds",
+            "[ALPHA] Duration in seconds for cgroup manager operations. Broken down by method",
+            self.cgroup_manager_duration.clone(),
+        );
+        r.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1", self.node_name.clone());
+        r.register(
+            "kubelet_containers_per_pod_count",
+            "[ALPHA] The number of containers per pod",
+            self.containers_per_pod.clone(),
+        );
+    }
+
+    /// Records one runtime (CRI) operation: count, duration, and error if any.
+    pub fn observe_runtime_operation(&self, operation: &str, seconds: f64, failed: bool) {
+        let labels = OperationLabels { operation_type: operation.to_string() };
+        self.runtime_operations.get_or_create(&labels).inc();
+        self.runtime_operations_duration.get_or_create(&labels).observe(seconds);
+        if failed {
+            self.runtime_operations_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// A set of metrics registered nowhere, for unit tests of other modules.
+    #[must_use]
+    pub fn unregistered() -> Self {
+        Self::new(&mut Registry::default(), "test-node")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_have_upstream_names_and_counter_suffixes() {
+        let mut reg = Registry::default();
+        let m = KubeletMetrics::new(&mut reg, "node-a");
+        m.observe_runtime_operation("list_podsandbox", 0.01, true);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut out, &reg).unwrap();
+        assert!(out.contains("kubelet_runtime_operations_total{operation_type=\"list_podsandbox\"} 1"));
+        assert!(out.contains("kubelet_runtime_operations_errors_total{operation_type=\"list_podsandbox\"} 1"));
+        assert!(
+            out.contains(
+                "kubelet_runtime_operations_duration_seconds_bucket{le=\"0.0125\",operation_type=\"list_podsandbox\"} 1"
+            ) || out.contains(
+                "kubelet_runtime_operations_duration_seconds_bucket{operation_type=\"list_podsandbox\",le=\"0.0125\"} 1"
+            )
+        );
+        assert!(out.contains("kubelet_node_name{node=\"node-a\"} 1"));
+        assert!(out.contains("# TYPE kubelet_pleg_relist_duration_seconds histogram"));
+    }
+
+    #[test]
+    fn runtime_buckets_match_upstream() {
+        let b = exponential_buckets(0.005, 2.5, 14);
+        assert_eq!(b.len(), 14);
+        assert!((b[13] - 0.005 * 2.5f64.powi(13)).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,163 @@
+//! The pod manager (`pkg/kubelet/pod`): the desired pods by UID, merged from every
+//! source's snapshots. Diffing a snapshot against what the source sent before yields
+//! the adds, updates and removals the sync loop hands to the pod workers.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::sources::{CONFIG_SEEN_ANNOTATION, PodUpdate};
+
+/// What a snapshot changed.
+#[derive(Debug, Default)]
+pub struct PodChanges {
+    pub added: Vec<Pod>,
+    pub updated: Vec<Pod>,
+    pub removed: Vec<Pod>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    pods: BTreeMap<String, Pod>,
+    by_source: HashMap<&'static str, BTreeSet<String>>,
+    ready_sources: BTreeSet<&'static str>,
+}
+
+/// Desired pods; cheap to clone (shared).
+#[derive(Debug, Default, Clone)]
+pub struct PodManager {
+    inner: Arc<RwLock<Inner>>,
+    expected_sources: Arc<BTreeSet<&'static str>>,
+}
+
+fn same_spec(a: &Pod, b: &Pod) -> bool {
+    a.spec == b.spec
+        && a.metadata.labels == b.metadata.labels
+        && {
+            let strip = |p: &Pod| {
+                let mut a = p.metadata.annotations.clone().unwrap_or_default();
+                a.remove(CONFIG_SEEN_ANNOTATION);
+                a
+            };
+            strip(a) == strip(b)
+        }
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+}
+
+impl PodManager {
+    /// A manager that is "ready" once each of `sources` has sent its first snapshot.
+    #[must_use]
+    pub fn new(sources: &[&'static str]) -> Self {
+        Self { inner: Arc::default(), expected_sources: Arc::new(sources.iter().copied().collect()) }
+    }
+
+    /// Applies a source snapshot and returns what changed.
+    pub fn apply(&self, update: PodUpdate) -> PodChanges {
+        let PodUpdate::Set { source, pods } = update;
+        let mut inner = self.inner.write().unwrap();
+        inner.ready_sources.insert(source);
+        let mut changes = PodChanges::default();
+        let new_uids: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        let old_uids = inner.by_source.insert(source, new_uids.clone()).unwrap_or_default();
+        for uid in old_uids.difference(&new_uids) {
+            if let Some(p) = inner.pods.remove(uid) {
+                changes.removed.push(p);
+            }
+        }
+        for mut pod in pods {
+            let Some(uid) = pod.metadata.uid.clone() else { continue };
+            match inner.pods.get(&uid) {
+                Some(existing) if same_spec(existing, &pod) => {}
+                Some(existing) => {
+                    let seen =
+                        existing.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SEEN_ANNOTATION)).cloned();
+                    if let Some(seen) = seen {
+                        pod.metadata
+                            .annotations
+                            .get_or_insert_with(BTreeMap::new)
+                            .insert(CONFIG_SEEN_ANNOTATION.into(), seen);
+                    }
+                    inner.pods.insert(uid, pod.clone());
+                    changes.updated.push(pod);
+                }
+                None => {
+                    pod.metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(CONFIG_SEEN_ANNOTATION.into(), Timestamp::now().to_string());
+                    inner.pods.insert(uid, pod.clone());
+                    changes.added.push(pod);
+                }
+            }
+        }
+        changes
+    }
+
+    /// Whether every expected source has sent its first snapshot (upstream
+    /// `sourcesReady`): until then, housekeeping must not kill pods it does not know.
+    #[must_use]
+    pub fn sources_ready(&self) -> bool {
+        let inner = self.inner.read().unwrap();
+        self.expected_sources.iter().all(|s| inner.ready_sources.contains(s))
+    }
+
+    #[must_use]
+    pub fn get(&self, uid: &str) -> Option<Pod> {
+        self.inner.read().unwrap().pods.get(uid).cloned()
+    }
+
+    /// All desired pods, ordered by UID.
+    #[must_use]
+    pub fn pods(&self) -> Vec<Pod> {
+        self.inner.read().unwrap().pods.values().cloned().collect()
+    }
+
+    #[must_use]
+    pub fn contains(&self, uid: &str) -> bool {
+        self.inner.read().unwrap().pods.contains_key(uid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn pod(uid: &str, image: &str) -> Pod {
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                uid: Some(uid.into()),
+                name: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![k8s_openapi::api::core::v1::Container {
+                    name: "c".into(),
+                    image: Some(image.into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn diffs_snapshots() {
+        let m = PodManager::new(&["file"]);
+        assert!(!m.sources_ready());
+        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("a", "x"), pod("b", "x")] });
+        assert!(m.sources_ready());
+        assert_eq!(c.added.len(), 2);
+        assert!(c.added[0].metadata.annotations.as_ref().unwrap().contains_key(CONFIG_SEEN_ANNOTATION));
+        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("a", "x"), pod("b", "y")] });
+        assert_eq!((c.added.len(), c.updated.len(), c.removed.len()), (0, 1, 0));
+        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("b", "y")] });
+        assert_eq!(c.removed[0].metadata.uid.as_deref(), Some("a"));
+        assert_eq!(m.pods().len(), 1);
+        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("b", "y")] });
+        assert!(c.added.is_empty() && c.updated.is_empty() && c.removed.is_empty());
+    }
+}

@@ -1,0 +1,642 @@
+//! Pod workers (`pkg/kubelet/pod_workers.go`): one task per pod UID, so pods never
+//! block each other and one pod never has two syncs at once.
+//!
+//! Each worker is a state machine:
+//! - [`WorkerState::Syncing`]: `SyncPod` on every update, PLEG event and resync
+//!   (`syncFrequency` with 0–50 % jitter, or sooner when a back-off expires). A pod
+//!   whose phase becomes terminal (all containers done for good) moves on.
+//! - [`WorkerState::Terminating`]: `SyncTerminatingPod` stops every container with the
+//!   grace period (SIGTERM, then SIGKILL) and the sandbox; retried until it succeeds.
+//! - [`WorkerState::Terminated`]: `SyncTerminatedPod` removes the pod cgroup. A pod
+//!   that is still desired (completed) stays here with its final status; a pod that
+//!   was removed has its containers, sandboxes and directories removed and the worker
+//!   ends ([`WorkerState::Finished`]).
+//!
+//! Static pods that share a full name (an edited manifest gets a new UID) start only
+//! after the previous instance finished, as upstream.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+use rand::Rng as _;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+
+use crate::cm::PodContainerManager;
+use crate::events::{EventRecorder, EventType, pod_ref};
+use crate::metrics::{KubeletMetrics, OperationLabels};
+use crate::runtime::manager::pod_full_name;
+use crate::runtime::{RuntimeManager, RuntimePod, RuntimePodStatus};
+use crate::sources::is_static_pod;
+use crate::status::{StatusInputs, StatusProvider, generate_api_pod_status};
+
+/// Upstream `backOffPeriod` used to requeue a pod whose sync failed.
+const ERROR_REQUEUE: Duration = Duration::from_secs(10);
+/// How often a failed termination is retried.
+const TERMINATION_RETRY: Duration = Duration::from_secs(1);
+
+/// What the sync loop asks of a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkType {
+    Create,
+    Update,
+    Sync,
+    /// Terminate the pod; it is no longer desired. `grace` overrides the pod's own.
+    Kill {
+        grace: Option<i64>,
+    },
+}
+
+impl WorkType {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Sync => "sync",
+            Self::Kill { .. } => "kill",
+        }
+    }
+}
+
+/// Lifecycle of a pod worker (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    Syncing,
+    Terminating,
+    Terminated,
+    Finished,
+}
+
+/// Everything a worker needs (upstream: the `Kubelet` struct).
+#[derive(Debug)]
+pub struct SyncDeps {
+    pub runtime: Arc<RuntimeManager>,
+    pub cm: Arc<dyn PodContainerManager>,
+    pub status: Arc<dyn StatusProvider>,
+    pub metrics: Arc<KubeletMetrics>,
+    pub recorder: Arc<dyn EventRecorder>,
+    pub runtime_name: String,
+    pub sync_frequency: Duration,
+    pub host_ip: Option<String>,
+}
+
+struct Work {
+    pod: Option<Pod>,
+    kind: WorkType,
+}
+
+#[derive(Debug)]
+struct Handle {
+    tx: mpsc::UnboundedSender<Work>,
+    state: WorkerState,
+    full_name: (String, String),
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    workers: HashMap<String, Handle>,
+}
+
+/// The set of pod workers.
+#[derive(Debug, Clone)]
+pub struct PodWorkers {
+    deps: Arc<SyncDeps>,
+    registry: Arc<Mutex<Registry>>,
+    finished: Arc<Notify>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+fn full_name_of(pod: &Pod) -> (String, String) {
+    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
+}
+
+impl PodWorkers {
+    #[must_use]
+    pub fn new(deps: Arc<SyncDeps>, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+        Self { deps, registry: Arc::default(), finished: Arc::new(Notify::new()), tracker, shutdown }
+    }
+
+    /// Sends work for a pod, starting its worker if needed (upstream `UpdatePod`).
+    pub fn update_pod(&self, pod: Pod, kind: WorkType) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut reg = self.registry.lock().unwrap();
+        let (pod, kind) = match reg.workers.get(&uid) {
+            Some(h) => match h.tx.send(Work { pod: Some(pod), kind }) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(w)) => (w.pod.expect("sent with a pod"), w.kind),
+            },
+            None => (pod, kind),
+        };
+        let full_name = full_name_of(&pod);
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Work { pod: Some(pod.clone()), kind }).expect("receiver alive");
+        reg.workers.insert(uid.clone(), Handle { tx, state: WorkerState::Syncing, full_name: full_name.clone() });
+        drop(reg);
+        self.spawn(&uid, Some(pod), rx, WorkerState::Syncing);
+    }
+
+    /// Terminates a pod that only the runtime knows (upstream "runtime-only pods").
+    pub fn kill_orphan(&self, rp: &RuntimePod) {
+        let mut reg = self.registry.lock().unwrap();
+        if reg.workers.contains_key(&rp.uid) {
+            return;
+        }
+        self.deps.metrics.orphaned_runtime_pods.inc();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Work { pod: None, kind: WorkType::Kill { grace: None } }).expect("receiver alive");
+        reg.workers.insert(
+            rp.uid.clone(),
+            Handle { tx, state: WorkerState::Terminating, full_name: (rp.namespace.clone(), rp.name.clone()) },
+        );
+        drop(reg);
+        tracing::info!(uid = %rp.uid, pod = %format!("{}/{}", rp.namespace, rp.name), "killing orphaned runtime pod");
+        self.spawn(&rp.uid, None, rx, WorkerState::Terminating);
+    }
+
+    fn spawn(&self, uid: &str, pod: Option<Pod>, rx: mpsc::UnboundedReceiver<Work>, state: WorkerState) {
+        let worker = Worker {
+            uid: uid.to_string(),
+            pod,
+            state,
+            desired: true,
+            grace: None,
+            deps: self.deps.clone(),
+            workers: self.clone(),
+            first_seen: SystemTime::now(),
+            started_once: false,
+        };
+        let span = tracing::info_span!("pod_worker", pod_uid = %uid);
+        let shutdown = self.shutdown.clone();
+        self.tracker.spawn(worker.run(rx, shutdown).instrument(span));
+    }
+
+    fn set_state(&self, uid: &str, state: WorkerState) {
+        let mut reg = self.registry.lock().unwrap();
+        if state == WorkerState::Finished {
+            reg.workers.remove(uid);
+            drop(reg);
+            self.finished.notify_waiters();
+        } else if let Some(h) = reg.workers.get_mut(uid) {
+            h.state = state;
+        }
+    }
+
+    /// Whether another worker with the same full name exists (a previous instance of a
+    /// static pod that has not finished terminating).
+    fn name_busy(&self, uid: &str, full_name: &(String, String)) -> bool {
+        let reg = self.registry.lock().unwrap();
+        reg.workers.iter().any(|(u, h)| u != uid && &h.full_name == full_name)
+    }
+
+    /// UIDs with a worker, and their state.
+    #[must_use]
+    pub fn states(&self) -> HashMap<String, WorkerState> {
+        self.registry.lock().unwrap().workers.iter().map(|(u, h)| (u.clone(), h.state)).collect()
+    }
+
+    /// UIDs that have a worker.
+    #[must_use]
+    pub fn known_uids(&self) -> HashSet<String> {
+        self.registry.lock().unwrap().workers.keys().cloned().collect()
+    }
+
+    /// Waits until no worker exists for `uid` (tests and shutdown helpers).
+    pub async fn wait_finished(&self, uid: &str) {
+        loop {
+            let notified = self.finished.notified();
+            if !self.registry.lock().unwrap().workers.contains_key(uid) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct Worker {
+    uid: String,
+    pod: Option<Pod>,
+    state: WorkerState,
+    /// False once the pod was removed from its source (or never was desired).
+    desired: bool,
+    grace: Option<i64>,
+    deps: Arc<SyncDeps>,
+    workers: PodWorkers,
+    first_seen: SystemTime,
+    started_once: bool,
+}
+
+/// Combines two pending work items: a kill wins, then create, update, sync.
+fn merge_kind(a: WorkType, b: WorkType) -> WorkType {
+    let rank = |k: &WorkType| match k {
+        WorkType::Kill { .. } => 3,
+        WorkType::Create => 2,
+        WorkType::Update => 1,
+        WorkType::Sync => 0,
+    };
+    if rank(&b) >= rank(&a) { b } else { a }
+}
+
+/// Jittered resync interval: `syncFrequency` plus 0–50 %.
+fn resync_after(base: Duration) -> Duration {
+    let jitter = rand::rng().random_range(0.0..0.5);
+    base.mul_f64(1.0 + jitter)
+}
+
+impl Worker {
+    fn absorb(&mut self, w: Work) -> WorkType {
+        if let Some(p) = w.pod {
+            self.pod = Some(p);
+        }
+        w.kind
+    }
+
+    fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>, shutdown: CancellationToken) {
+        if self.pod.is_none() {
+            self.desired = false;
+        }
+        let mut next_sync: Option<tokio::time::Instant> = None;
+        let mut work: Option<WorkType> = None;
+        loop {
+            if work.is_none() {
+                let sleep = async {
+                    match next_sync {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    w = rx.recv() => match w {
+                        Some(w) => work = Some(self.absorb(w)),
+                        None => return,
+                    },
+                    () = sleep => work = Some(WorkType::Sync),
+                }
+            }
+            while let Ok(w) = rx.try_recv() {
+                let k = self.absorb(w);
+                work = Some(merge_kind(work.take().unwrap_or(WorkType::Sync), k));
+            }
+            let kind = work.take().unwrap_or(WorkType::Sync);
+            if let WorkType::Kill { grace } = kind {
+                self.desired = false;
+                self.grace = grace.or(self.grace);
+                if self.state == WorkerState::Syncing {
+                    self.state = WorkerState::Terminating;
+                    self.workers.set_state(&self.uid, WorkerState::Terminating);
+                }
+            }
+            if self.state == WorkerState::Syncing && !self.started_once {
+                if let Some(pod) = &self.pod
+                    && is_static_pod(pod)
+                    && self.workers.name_busy(&self.uid, &full_name_of(pod))
+                {
+                    tracing::info!(pod = %pod_full_name(pod), "waiting for the previous instance of this static pod to terminate");
+                    work = Some(kind);
+                    let notified = self.workers.finished.notified();
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = notified => {}
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
+                self.started_once = true;
+                self.deps
+                    .metrics
+                    .pod_worker_start_duration
+                    .observe(self.first_seen.elapsed().unwrap_or_default().as_secs_f64());
+            }
+            let start = Instant::now();
+            next_sync = match self.state {
+                WorkerState::Syncing => {
+                    let after = self.sync_pod().await;
+                    Some(tokio::time::Instant::now() + after)
+                }
+                WorkerState::Terminating => {
+                    if self.sync_terminating_pod().await {
+                        self.state = WorkerState::Terminated;
+                        self.workers.set_state(&self.uid, WorkerState::Terminated);
+                        work = Some(WorkType::Sync);
+                        None
+                    } else {
+                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
+                    }
+                }
+                WorkerState::Terminated => {
+                    if self.sync_terminated_pod().await {
+                        if !self.desired {
+                            self.state = WorkerState::Finished;
+                        }
+                        None
+                    } else {
+                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
+                    }
+                }
+                WorkerState::Finished => None,
+            };
+            self.deps
+                .metrics
+                .pod_worker_duration
+                .get_or_create(&OperationLabels { operation_type: kind.metric_label().into() })
+                .observe(start.elapsed().as_secs_f64());
+            if self.state == WorkerState::Finished {
+                self.workers.set_state(&self.uid, WorkerState::Finished);
+                tracing::info!("pod worker finished");
+                return;
+            }
+        }
+    }
+
+    fn start_failures(&self, pod: &Pod) -> HashMap<String, (String, String)> {
+        let spec = pod.spec.as_ref().expect("pod has a spec");
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter_map(|c| self.deps.runtime.start_failure(self.uid(), &c.name).map(|f| (c.name.clone(), f)))
+            .collect()
+    }
+
+    /// Computes and stores the API status; returns it.
+    fn update_status(&self, pod: &Pod, rt: &RuntimePodStatus, terminal: bool) -> k8s_openapi::api::core::v1::PodStatus {
+        let old = self.deps.status.get(self.uid());
+        let failures = self.start_failures(pod);
+        let qos = crate::cm::qos_class(pod);
+        let status = generate_api_pod_status(
+            pod,
+            rt,
+            &StatusInputs {
+                old: old.as_ref(),
+                runtime_name: &self.deps.runtime_name,
+                start_failures: &failures,
+                pod_is_terminal: terminal,
+                start_time: Some(self.first_seen),
+                host_ip: self.deps.host_ip.as_deref(),
+                qos_class: qos.as_str(),
+            },
+        );
+        self.deps.status.set(self.uid(), status.clone());
+        status
+    }
+
+    /// `SyncPod`: returns when to sync again.
+    async fn sync_pod(&mut self) -> Duration {
+        let Some(pod) = self.pod.clone() else { return self.deps.sync_frequency };
+        let name = pod_full_name(&pod);
+        let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(pod = %name, error = %e, "cannot get pod status from the runtime");
+                return ERROR_REQUEUE;
+            }
+        };
+        let status = self.update_status(&pod, &rt_status, false);
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            tracing::info!(pod = %name, phase = ?status.phase, "pod is terminal; terminating");
+            self.state = WorkerState::Terminating;
+            self.workers.set_state(&self.uid, WorkerState::Terminating);
+            return Duration::ZERO;
+        }
+        let cg_start = Instant::now();
+        let cm = self.deps.cm.clone();
+        let for_cgroup = pod.clone();
+        // cgroup file operations block; keep them off the async workers.
+        let ensured = tokio::task::spawn_blocking(move || cm.ensure_pod_cgroup(&for_cgroup))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if let Err(e) = ensured {
+            tracing::warn!(pod = %name, error = %e, "failed to create the pod cgroup");
+            self.deps.recorder.record(
+                pod_ref(&pod),
+                EventType::Warning,
+                "FailedCreatePodContainer",
+                format!("unable to ensure pod container exists: {e}"),
+            );
+            return ERROR_REQUEUE;
+        }
+        self.deps
+            .metrics
+            .cgroup_manager_duration
+            .get_or_create(&OperationLabels { operation_type: "update".into() })
+            .observe(cg_start.elapsed().as_secs_f64());
+        let result = self.deps.runtime.sync_pod(&pod, &rt_status).await;
+        for e in &result.errors {
+            tracing::debug!(pod = %name, error = %e, "sync error");
+        }
+        // Show the outcome at once rather than at the next PLEG event.
+        if let Ok(after) = self.deps.runtime.pod_status(self.uid()).await {
+            self.update_status(&pod, &after, false);
+            self.deps.runtime.prune_dead_containers(&after).await;
+        }
+        let resync = resync_after(self.deps.sync_frequency);
+        match result.requeue_after {
+            Some(r) => r.min(resync),
+            None if !result.errors.is_empty() => ERROR_REQUEUE.min(resync),
+            None => resync,
+        }
+    }
+
+    /// `SyncTerminatingPod`: stop containers (grace period) and sandboxes.
+    async fn sync_terminating_pod(&mut self) -> bool {
+        let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot get pod status for termination");
+                return false;
+            }
+        };
+        if let Some(pod) = &self.pod {
+            tracing::info!(pod = %pod_full_name(pod), grace = ?self.grace, "terminating pod");
+        }
+        if let Err(e) = self.deps.runtime.kill_pod(self.pod.as_ref(), &rt_status, self.grace).await {
+            tracing::warn!(error = %e, "failed to kill pod; retrying");
+            if let Some(pod) = &self.pod {
+                self.deps.recorder.record(
+                    pod_ref(pod),
+                    EventType::Warning,
+                    "FailedKillPod",
+                    format!("error killing pod: {e}"),
+                );
+            }
+            return false;
+        }
+        if let (Some(pod), true) = (self.pod.clone(), self.desired)
+            && let Ok(after) = self.deps.runtime.pod_status(self.uid()).await
+        {
+            self.update_status(&pod, &after, true);
+        }
+        true
+    }
+
+    /// `SyncTerminatedPod`: remove the pod cgroup; for pods that are gone, remove
+    /// containers, sandboxes and directories too.
+    async fn sync_terminated_pod(&mut self) -> bool {
+        let cm = self.deps.cm.clone();
+        let uid = self.uid.clone();
+        let removed = tokio::task::spawn_blocking(move || cm.remove_pod_cgroup(&uid))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, "failed to remove the pod cgroup; retrying");
+            return false;
+        }
+        if self.desired {
+            return true;
+        }
+        let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot get pod status for removal");
+                return false;
+            }
+        };
+        // A kill may race with a container that was being created: stop it again.
+        if rt_status.is_running()
+            && let Err(e) = self.deps.runtime.kill_pod(self.pod.as_ref(), &rt_status, Some(0)).await
+        {
+            tracing::warn!(error = %e, "failed to stop leftover containers");
+            return false;
+        }
+        if let Err(e) = self.deps.runtime.remove_pod(&rt_status).await {
+            tracing::warn!(error = %e, "failed to remove pod from the runtime; retrying");
+            return false;
+        }
+        self.deps.status.remove(self.uid());
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::FakePodContainerManager;
+    use crate::events::MemoryRecorder;
+    use crate::runtime::fake::FakeRuntime;
+    use crate::runtime::manager::RuntimeManagerConfig;
+    use crate::runtime::{Backoff, RuntimeService};
+    use crate::status::StatusManager;
+
+    fn pod(uid: &str, name: &str, policy: &str, cmd_exit: bool) -> Pod {
+        let _ = cmd_exit;
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default", "uid": uid,
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"restartPolicy": policy, "terminationGracePeriodSeconds": 1,
+                     "hostNetwork": true,
+                     "containers": [{"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                     "terminationMessagePath": ""}]}
+        }))
+        .unwrap()
+    }
+
+    struct Env {
+        rt: Arc<FakeRuntime>,
+        workers: PodWorkers,
+        status: Arc<StatusManager>,
+        _dir: tempfile::TempDir,
+        stop: CancellationToken,
+    }
+
+    fn env() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Arc::new(FakeRuntime::with_images(&["img"]));
+        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let cm: Arc<dyn PodContainerManager> = Arc::new(FakePodContainerManager::default());
+        let manager = RuntimeManager::new(
+            rt.clone(),
+            cm.clone(),
+            metrics.clone(),
+            RuntimeManagerConfig {
+                pod_logs_dir: dir.path().join("logs"),
+                root_dir: dir.path().join("root"),
+                node_name: "n".into(),
+                host_ip: None,
+            },
+            Backoff::default(),
+            Backoff::default(),
+        );
+        let status = Arc::new(StatusManager::default());
+        let deps = Arc::new(SyncDeps {
+            runtime: Arc::new(manager),
+            cm,
+            status: status.clone(),
+            metrics,
+            recorder: Arc::new(MemoryRecorder::new("n")),
+            runtime_name: "fake".into(),
+            sync_frequency: Duration::from_mins(1),
+            host_ip: None,
+        });
+        let stop = CancellationToken::new();
+        let workers = PodWorkers::new(deps, TaskTracker::new(), stop.clone());
+        Env { rt, workers, status, _dir: dir, stop }
+    }
+
+    async fn wait_for<F: Fn() -> bool>(f: F) {
+        for _ in 0..200 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    #[tokio::test]
+    async fn create_then_kill_removes_everything() {
+        let e = env();
+        let p = pod("u1", "a", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        assert_eq!(e.rt.containers_named("c").len(), 1);
+        e.workers.update_pod(p, WorkType::Kill { grace: None });
+        tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("u1")).await.unwrap();
+        assert!(e.rt.containers_named("c").is_empty());
+        assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty());
+        assert!(e.status.get("u1").is_none());
+        e.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn completed_pod_stays_terminal_with_status() {
+        let e = env();
+        let p = pod("u2", "b", "Never", true);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| !e.rt.containers_named("c").is_empty()).await;
+        let id = e.rt.containers_named("c")[0].clone();
+        e.rt.exit_container(&id, 0);
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        wait_for(|| e.workers.states().get("u2") == Some(&WorkerState::Terminated)).await;
+        assert_eq!(e.status.get("u2").unwrap().phase.as_deref(), Some("Succeeded"));
+        // Not restarted, sandbox stopped.
+        assert_eq!(e.rt.containers_named("c").len(), 1);
+        let sb = e.rt.list_pod_sandbox(None).await.unwrap();
+        assert!(sb.iter().all(|s| s.state != crate::runtime::api::PodSandboxState::SandboxReady as i32));
+        e.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn edited_static_pod_waits_for_previous_instance() {
+        let e = env();
+        let old = pod("old", "same", "Always", false);
+        e.workers.update_pod(old.clone(), WorkType::Create);
+        wait_for(|| e.rt.containers_named("c").len() == 1).await;
+        e.workers.update_pod(old, WorkType::Kill { grace: None });
+        e.workers.update_pod(pod("new", "same", "Always", false), WorkType::Create);
+        tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("old")).await.unwrap();
+        wait_for(|| e.status.get("new").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let calls = e.rt.calls();
+        let last_remove = calls.iter().rposition(|c| c == "remove_podsandbox").unwrap();
+        let last_run = calls.iter().rposition(|c| c == "run_podsandbox").unwrap();
+        assert!(last_remove < last_run, "new instance started before old one was removed: {calls:?}");
+        e.stop.cancel();
+    }
+}

@@ -1,0 +1,264 @@
+//! [`FakeRuntime`]: an in-memory CRI for unit tests of the modules above the runtime.
+//! Containers run until told otherwise ([`FakeRuntime::exit_container`]); every call is
+//! recorded so tests can assert what the kubelet asked for.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::{Result, RuntimeService, api};
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    clock: i64,
+    sandboxes: HashMap<String, (api::PodSandboxConfig, i32, i64)>,
+    containers: HashMap<String, api::ContainerStatus>,
+    container_sandbox: HashMap<String, String>,
+    images: Vec<String>,
+    calls: Vec<String>,
+}
+
+/// In-memory runtime.
+#[derive(Debug, Default)]
+pub struct FakeRuntime {
+    state: Mutex<State>,
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+fn not_found(what: &str) -> super::Error {
+    super::Error::Rpc { operation: "fake", status: tonic::Status::not_found(format!("{what} not found")) }
+}
+
+impl FakeRuntime {
+    /// A runtime that has these images.
+    #[must_use]
+    pub fn with_images(images: &[&str]) -> Self {
+        let rt = Self::default();
+        rt.state.lock().unwrap().images = images.iter().map(ToString::to_string).collect();
+        rt
+    }
+
+    /// The names of the calls made so far, in order.
+    #[must_use]
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Makes a running container exit with `code`.
+    pub fn exit_container(&self, id: &str, code: i32) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(c) = s.containers.get_mut(id) {
+            c.state = api::ContainerState::ContainerExited as i32;
+            c.exit_code = code;
+            c.finished_at = now_nanos();
+            c.reason = if code == 0 { "Completed" } else { "Error" }.into();
+        }
+    }
+
+    /// Ids of containers with this name, oldest first.
+    #[must_use]
+    pub fn containers_named(&self, name: &str) -> Vec<String> {
+        let s = self.state.lock().unwrap();
+        let mut v: Vec<_> = s
+            .containers
+            .values()
+            .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
+            .map(|c| (c.created_at, c.id.clone()))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, id)| id).collect()
+    }
+
+    fn record(&self, call: &str) -> std::sync::MutexGuard<'_, State> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(call.to_string());
+        s
+    }
+}
+
+#[async_trait]
+impl RuntimeService for FakeRuntime {
+    async fn version(&self) -> Result<api::VersionResponse> {
+        let _s = self.record("version");
+        Ok(api::VersionResponse {
+            version: "0.1.0".into(),
+            runtime_name: "fake".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+        })
+    }
+
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, _handler: String) -> Result<String> {
+        let mut s = self.record("run_podsandbox");
+        s.next_id += 1;
+        s.clock += 1;
+        let id = format!("sandbox-{}", s.next_id);
+        let created = s.clock;
+        s.sandboxes.insert(id.clone(), (config, api::PodSandboxState::SandboxReady as i32, created));
+        Ok(id)
+    }
+
+    async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
+        let mut s = self.record("stop_podsandbox");
+        let Some(sb) = s.sandboxes.get_mut(id) else { return Err(not_found(id)) };
+        sb.1 = api::PodSandboxState::SandboxNotready as i32;
+        let ids: Vec<String> = s.container_sandbox.iter().filter(|(_, sb)| *sb == id).map(|(c, _)| c.clone()).collect();
+        for c in ids {
+            if let Some(st) = s.containers.get_mut(&c)
+                && st.state == api::ContainerState::ContainerRunning as i32
+            {
+                st.state = api::ContainerState::ContainerExited as i32;
+                st.exit_code = 137;
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
+        let mut s = self.record("remove_podsandbox");
+        s.sandboxes.remove(id);
+        Ok(())
+    }
+
+    async fn pod_sandbox_status(&self, id: &str) -> Result<api::PodSandboxStatus> {
+        let s = self.record("podsandbox_status");
+        let (cfg, state, created) = s.sandboxes.get(id).ok_or_else(|| not_found(id))?;
+        Ok(api::PodSandboxStatus {
+            id: id.into(),
+            metadata: cfg.metadata.clone(),
+            state: *state,
+            created_at: *created,
+            network: Some(api::PodSandboxNetworkStatus { ip: "10.0.0.2".into(), additional_ips: vec![] }),
+            labels: cfg.labels.clone(),
+            annotations: cfg.annotations.clone(),
+            ..Default::default()
+        })
+    }
+
+    async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
+        let s = self.record("list_podsandbox");
+        let sel = filter.map(|f| f.label_selector).unwrap_or_default();
+        Ok(s.sandboxes
+            .iter()
+            .filter(|(_, (cfg, _, _))| sel.iter().all(|(k, v)| cfg.labels.get(k) == Some(v)))
+            .map(|(id, (cfg, state, created))| api::PodSandbox {
+                id: id.clone(),
+                metadata: cfg.metadata.clone(),
+                state: *state,
+                created_at: *created,
+                labels: cfg.labels.clone(),
+                annotations: cfg.annotations.clone(),
+                runtime_handler: String::new(),
+            })
+            .collect())
+    }
+
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        _sandbox_config: api::PodSandboxConfig,
+    ) -> Result<String> {
+        let mut s = self.record("create_container");
+        if !s.sandboxes.contains_key(sandbox_id) {
+            return Err(not_found(sandbox_id));
+        }
+        s.next_id += 1;
+        s.clock += 1;
+        let id = format!("ctr-{}", s.next_id);
+        let st = api::ContainerStatus {
+            id: id.clone(),
+            metadata: config.metadata.clone(),
+            state: api::ContainerState::ContainerCreated as i32,
+            created_at: s.clock,
+            image: config.image.clone(),
+            image_ref: config.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            log_path: config.log_path.clone(),
+            ..Default::default()
+        };
+        s.containers.insert(id.clone(), st);
+        s.container_sandbox.insert(id.clone(), sandbox_id.into());
+        Ok(id)
+    }
+
+    async fn start_container(&self, id: &str) -> Result<()> {
+        let mut s = self.record("start_container");
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.state = api::ContainerState::ContainerRunning as i32;
+        c.started_at = now_nanos();
+        Ok(())
+    }
+
+    async fn stop_container(&self, id: &str, _timeout: i64) -> Result<()> {
+        let mut s = self.record("stop_container");
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        if c.state != api::ContainerState::ContainerExited as i32 {
+            c.state = api::ContainerState::ContainerExited as i32;
+            c.exit_code = 137;
+            c.finished_at = now_nanos();
+        }
+        Ok(())
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<()> {
+        let mut s = self.record("remove_container");
+        s.containers.remove(id);
+        s.container_sandbox.remove(id);
+        Ok(())
+    }
+
+    async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {
+        let s = self.record("list_containers");
+        let sel = filter.map(|f| f.label_selector).unwrap_or_default();
+        Ok(s.containers
+            .values()
+            .filter(|c| sel.iter().all(|(k, v)| c.labels.get(k) == Some(v)))
+            .map(|c| api::Container {
+                id: c.id.clone(),
+                pod_sandbox_id: s.container_sandbox.get(&c.id).cloned().unwrap_or_default(),
+                metadata: c.metadata.clone(),
+                image: c.image.clone(),
+                image_ref: c.image_ref.clone(),
+                state: c.state,
+                created_at: c.created_at,
+                labels: c.labels.clone(),
+                annotations: c.annotations.clone(),
+                image_id: String::new(),
+            })
+            .collect())
+    }
+
+    async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
+        let s = self.record("container_status");
+        s.containers.get(id).cloned().ok_or_else(|| not_found(id))
+    }
+
+    async fn image_status(&self, image: &str) -> Result<Option<api::Image>> {
+        let s = self.record("image_status");
+        Ok(s.images
+            .iter()
+            .any(|i| i == image)
+            .then(|| api::Image { id: format!("sha256:{image}"), ..Default::default() }))
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        _auth: Option<api::AuthConfig>,
+        _sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String> {
+        let _s = self.record("pull_image");
+        Err(super::Error::Rpc {
+            operation: "pull_image",
+            status: tonic::Status::unavailable(format!("no registry for {image}")),
+        })
+    }
+}

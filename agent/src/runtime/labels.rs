@@ -1,0 +1,139 @@
+//! The labels and annotations that tie CRI sandboxes and containers back to pods.
+//!
+//! They use the upstream kubelet's keys (`pkg/kubelet/types/labels.go`,
+//! `kuberuntime/labels.go`) so that swiftlet adopts what a kubelet left behind and
+//! tools that read them (crictl, dashboards) keep working. Adoption after an agent
+//! restart depends only on these: nothing is kept on disk.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use sha2::{Digest, Sha256};
+
+pub const POD_NAME: &str = "io.kubernetes.pod.name";
+pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+pub const POD_UID: &str = "io.kubernetes.pod.uid";
+pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
+pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+pub const CONTAINER_TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
+pub const CONTAINER_TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
+pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// Marks which kind of container a CRI container is (`init` or `regular`); swiftlet's own
+/// key, because the CRI does not say and the status logic must tell them apart when
+/// an init container and an app container share nothing but the pod.
+pub const CONTAINER_TYPE: &str = "io.swiftlet.container.type";
+
+/// Pod identity as found on a CRI object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodRef {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+}
+
+impl PodRef {
+    /// Reads the pod identity from CRI labels; `None` for objects the kubelet did not make.
+    #[must_use]
+    pub fn from_labels(labels: &HashMap<String, String>) -> Option<Self> {
+        Some(Self {
+            uid: labels.get(POD_UID)?.clone(),
+            name: labels.get(POD_NAME).cloned().unwrap_or_default(),
+            namespace: labels.get(POD_NAMESPACE).cloned().unwrap_or_default(),
+        })
+    }
+}
+
+fn meta(pod: &Pod) -> (&str, &str, &str) {
+    let m = &pod.metadata;
+    (
+        m.name.as_deref().unwrap_or_default(),
+        m.namespace.as_deref().unwrap_or_default(),
+        m.uid.as_deref().unwrap_or_default(),
+    )
+}
+
+/// Labels of a pod sandbox: the pod's own labels plus the identity labels.
+#[must_use]
+pub fn sandbox_labels(pod: &Pod) -> HashMap<String, String> {
+    let mut labels: HashMap<String, String> =
+        pod.metadata.labels.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let (name, ns, uid) = meta(pod);
+    labels.insert(POD_NAME.into(), name.into());
+    labels.insert(POD_NAMESPACE.into(), ns.into());
+    labels.insert(POD_UID.into(), uid.into());
+    labels
+}
+
+/// Annotations of a pod sandbox: the pod's annotations.
+#[must_use]
+pub fn sandbox_annotations(pod: &Pod) -> HashMap<String, String> {
+    pod.metadata.annotations.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Labels of a container (identity only, as upstream: pod labels stay on the sandbox).
+#[must_use]
+pub fn container_labels(pod: &Pod, container: &Container, init: bool) -> HashMap<String, String> {
+    let (name, ns, uid) = meta(pod);
+    HashMap::from([
+        (POD_NAME.into(), name.into()),
+        (POD_NAMESPACE.into(), ns.into()),
+        (POD_UID.into(), uid.into()),
+        (CONTAINER_NAME.into(), container.name.clone()),
+        (CONTAINER_TYPE.into(), if init { "init" } else { "regular" }.into()),
+    ])
+}
+
+/// Annotations of a container: the hash of its spec, its restart count, and what the
+/// kubelet needs to stop it or read its termination message after a restart.
+#[must_use]
+pub fn container_annotations(pod: &Pod, container: &Container, restart_count: u32) -> HashMap<String, String> {
+    let mut a: HashMap<String, String> = HashMap::from([
+        (CONTAINER_HASH.into(), container_hash(container)),
+        (CONTAINER_RESTART_COUNT.into(), restart_count.to_string()),
+        (
+            CONTAINER_TERMINATION_MESSAGE_PATH.into(),
+            container.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into()),
+        ),
+        (
+            CONTAINER_TERMINATION_MESSAGE_POLICY.into(),
+            container.termination_message_policy.clone().unwrap_or_else(|| "File".into()),
+        ),
+    ]);
+    if let Some(g) = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds) {
+        a.insert(POD_TERMINATION_GRACE_PERIOD.into(), g.to_string());
+    }
+    a
+}
+
+/// A stable hash of a container spec: a change means the container must be recreated.
+/// Computed over the canonical JSON of the spec, so it is the same across agent restarts.
+#[must_use]
+pub fn container_hash(container: &Container) -> String {
+    let json = serde_json::to_vec(container).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    hex::encode(&digest[..4])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_is_stable_and_sensitive() {
+        let mut c = Container { name: "a".into(), image: Some("busybox".into()), ..Default::default() };
+        let h1 = container_hash(&c);
+        assert_eq!(h1, container_hash(&c.clone()));
+        assert_eq!(h1.len(), 8);
+        c.command = Some(vec!["sleep".into()]);
+        assert_ne!(h1, container_hash(&c));
+    }
+
+    #[test]
+    fn pod_ref_needs_uid() {
+        let mut l = HashMap::new();
+        assert!(PodRef::from_labels(&l).is_none());
+        l.insert(POD_UID.to_string(), "u".to_string());
+        assert_eq!(PodRef::from_labels(&l).unwrap().uid, "u");
+    }
+}

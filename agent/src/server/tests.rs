@@ -1,0 +1,515 @@
+//! Tests over real sockets on 127.0.0.1 (ephemeral ports): healthz, authentication,
+//! client certificates, the routes, `/metrics` through promtool, the self-signed
+//! certificate, and the settings refused at start.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use clap::Parser as _;
+use k8s_openapi::api::core::v1::Pod;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::task::JoinHandle;
+
+use super::*;
+
+/// Settings that serve: both listeners on ephemeral ports, no webhooks.
+fn settings(cert_dir: &Path) -> ServerSettings {
+    ServerSettings {
+        https_addr: Some("127.0.0.1:0".parse().unwrap()),
+        healthz_addr: Some("127.0.0.1:0".parse().unwrap()),
+        read_only_port: 0,
+        tls: TlsSettings {
+            cert_and_key: None,
+            cert_dir: cert_dir.to_owned(),
+            names: vec!["node-1".to_owned()],
+            client_ca_file: None,
+            cipher_suites: Vec::new(),
+            min_version: String::new(),
+        },
+        node_name: "node-1".to_owned(),
+        anonymous_auth: false,
+        webhook_authentication: false,
+        authorization_mode: AUTHORIZATION_MODE_ALWAYS_ALLOW.to_owned(),
+        configz: serde_json::json!({"kubeletconfig": {"maxPods": 110}}),
+        shutdown_grace_period: Duration::from_secs(1),
+    }
+}
+
+fn sample_pod() -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": "1dda9ba7"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap()
+}
+
+fn endpoints() -> Endpoints {
+    Endpoints::new(Arc::new(FakePods::new(vec![sample_pod()])), Arc::new(Registry::default()))
+}
+
+/// A running server and how to reach and stop it.
+struct Running {
+    https: SocketAddr,
+    healthz: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<()>>,
+}
+
+impl Running {
+    fn start(settings: ServerSettings, endpoints: Endpoints) -> Self {
+        let server = Server::new(settings, endpoints).expect("server starts");
+        let https = server.https_addr().unwrap();
+        let healthz = server.healthz_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(server.run(shutdown.clone()));
+        Self { https, healthz, shutdown, task }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.https.port())
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("run returns after shutdown")
+            .unwrap();
+        result.expect("run ends cleanly");
+    }
+}
+
+/// A client that trusts the server's certificate in `cert_dir`, optionally presenting a
+/// client certificate.
+fn client(cert_dir: &Path, identity: Option<&Identity>) -> reqwest::Client {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in tls::read_certs(&cert_dir.join(SELF_SIGNED_CERT_FILE)).unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some(id) => builder.with_client_auth_cert(vec![id.cert.clone()], id.key.clone_key()).unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap()
+}
+
+/// A certificate and its key.
+struct Identity {
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+/// A test CA that signs client certificates.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self { pem: cert.pem(), issuer: rcgen::Issuer::new(params, key) }
+    }
+
+    fn client(&self, common_name: &str, organization: &str) -> Identity {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        params.distinguished_name.push(rcgen::DnType::OrganizationName, organization);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Identity { cert: cert.der().clone(), key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())) }
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (StatusCode, String, String) {
+    let response = client.get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e:?}"));
+    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+    let content_type =
+        response.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    (status, content_type, response.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn healthz_lists_checks_like_the_apiserver() {
+    let dir = tempfile::tempdir().unwrap();
+    let pleg = Arc::new(FakeHealthCheck::new("pleg"));
+    let server = Running::start(settings(dir.path()), endpoints().health_check(pleg.clone()));
+    let plain = reqwest::Client::new();
+    let url = |path: &str| format!("http://{}{path}", server.healthz);
+
+    let (status, content_type, body) = get(&plain, &url("/healthz")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    assert_eq!(content_type, "text/plain; charset=utf-8");
+    let (status, _, body) = get(&plain, &url("/healthz?verbose")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "[+]ping ok\n[+]pleg ok\nhealthz check passed\n");
+
+    pleg.set_failing("pleg was last seen active 3m0s ago; threshold is 3m0s");
+    let (status, _, body) = get(&plain, &url("/healthz")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        body,
+        "[+]ping ok\n[-]pleg failed: pleg was last seen active 3m0s ago; threshold is 3m0s\n\
+         healthz check failed\n"
+    );
+    let (status, _, body) = get(&plain, &url("/healthz/pleg")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.starts_with("internal server error: pleg was last seen"), "{body}");
+    let (status, _, body) = get(&plain, &url("/healthz/ping")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    let (status, _, _) = get(&plain, &url("/healthz/nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = get(&plain, &url("/pods")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "the healthz port serves only healthz");
+
+    pleg.set_healthy();
+    let (status, _, _) = get(&plain, &url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_anonymous_auth_requests_are_unauthorized() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Running::start(settings(dir.path()), endpoints());
+    let client = client(dir.path(), None);
+    for path in ["/pods", "/healthz", "/metrics", "/configz", "/no/such/path"] {
+        let (status, content_type, body) = get(&client, &server.url(path)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(content_type, "application/json");
+        let status_body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status_body["kind"], "Status");
+        assert_eq!(status_body["reason"], "Unauthorized");
+        assert_eq!(status_body["code"], 401);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn anonymous_requests_get_the_pod_list_and_the_other_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let server = Running::start(settings, endpoints());
+    let client = client(dir.path(), None);
+
+    let (status, content_type, body) = get(&client, &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, "application/json");
+    assert!(body.starts_with(r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#), "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(list["items"][0]["metadata"]["name"], "web");
+    assert_eq!(list["items"][0]["status"]["phase"], "Running");
+
+    let (status, _, body) = get(&client, &server.url("/configz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["kubeletconfig"]["maxPods"], 110);
+    let (status, _, body) = get(&client, &server.url("/healthz")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    let (status, _, body) = get(&client, &server.url("/no/such/path")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, "404 page not found\n"));
+
+    let response = client.get(server.url("/pods")).bearer_auth("some-token").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 401, "tokens need webhook authentication");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn client_certificates_are_verified_against_the_client_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test-ca");
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let cert_dir = dir.path().join("pki");
+    let mut settings = settings(&cert_dir);
+    settings.tls.client_ca_file = Some(ca_file);
+    let authorizer = Arc::new(FakeAuthorizer::new(Decision::Allow));
+    let server = Running::start(settings, endpoints().authorizer(authorizer.clone()));
+
+    // (rcgen keeps one value per attribute type, so one O here.)
+    let alice = ca.client("alice", "system:masters");
+    let (status, _, _) = get(&client(&cert_dir, Some(&alice)), &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = authorizer.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].user.name, "alice");
+    assert_eq!(seen[0].user.groups, ["system:masters", "system:authenticated"]);
+    assert_eq!((seen[0].verb.as_str(), seen[0].subresource.as_str()), ("get", "pods"));
+    assert_eq!(seen[0].name, "node-1");
+
+    // No certificate: the handshake succeeds and authentication says no (anonymous is off).
+    let (status, _, _) = get(&client(&cert_dir, None), &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A certificate from another CA never authenticates.
+    let mallory = TestCa::new("other-ca").client("mallory", "system:masters");
+    match client(&cert_dir, Some(&mallory)).get(server.url("/pods")).send().await {
+        Err(_) => {} // the TLS handshake failed
+        Ok(response) => assert_eq!(response.status().as_u16(), 401),
+    }
+    assert_eq!(authorizer.seen().len(), 1, "mallory never reached authorization");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn denied_requests_are_forbidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let deny = Arc::new(FakeAuthorizer::new(Decision::Deny("no".to_owned())));
+    let server = Running::start(settings, endpoints().authorizer(deny));
+    let (status, _, body) = get(&client(dir.path(), None), &server.url("/metrics")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["message"], "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource=metrics)");
+    server.stop().await;
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct OperationLabels {
+    operation_type: String,
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_that_promtool_accepts() {
+    let mut registry = Registry::default();
+    let operations = Family::<OperationLabels, Counter>::default();
+    registry.register(
+        "kubelet_runtime_operations",
+        "Cumulative number of runtime operations by operation type",
+        operations.clone(),
+    );
+    operations.get_or_create(&OperationLabels { operation_type: "list_containers".into() }).inc_by(3);
+    let running = Gauge::<i64>::default();
+    registry.register("kubelet_running_pods", "Number of pods that have a running pod sandbox", running.clone());
+    running.set(2);
+    let latency = Histogram::new([0.005, 0.01, 0.1, 1.0]);
+    registry.register(
+        "kubelet_pod_start_duration_seconds",
+        "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
+        latency.clone(),
+    );
+    latency.observe(0.02);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let server = Running::start(
+        settings,
+        Endpoints::new(Arc::new(FakePods::default()), Arc::new(registry))
+            .metrics_endpoint("/metrics/probes", Arc::new(Registry::default())),
+    );
+    let client = client(dir.path(), None);
+    let (status, content_type, body) = get(&client, &server.url("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(body.contains("kubelet_runtime_operations_total{operation_type=\"list_containers\"} 3\n"), "{body}");
+    assert!(body.contains("# TYPE kubelet_pod_start_duration_seconds histogram\n"), "{body}");
+    assert!(body.contains("kubelet_running_pods 2\n"), "{body}");
+    assert!(!body.contains("# EOF"), "no OpenMetrics terminator on 0.0.4:\n{body}");
+    let (status, _, _) = get(&client, &server.url("/metrics/probes")).await;
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+
+    let promtool = Path::new("/usr/bin/promtool");
+    if !promtool.exists() {
+        eprintln!("promtool not installed: skipping `promtool check metrics`");
+        return;
+    }
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- body ---\n{body}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_self_signed_certificate_is_written_and_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    let cert_path = cert_dir.join(SELF_SIGNED_CERT_FILE);
+    let key_path = cert_dir.join(SELF_SIGNED_KEY_FILE);
+
+    let first = Server::new(settings(&cert_dir), endpoints()).unwrap();
+    drop(first);
+    let cert = std::fs::read(&cert_path).unwrap();
+    let key = std::fs::read(&key_path).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&key_path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the key is private");
+    }
+    let der = tls::read_certs(&cert_path).unwrap();
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+    assert_eq!(tls::subject_alt_names(&parsed), ["node-1", "localhost", "127.0.0.1", "::1"]);
+    assert!(parsed.subject().to_string().starts_with("CN=node-1@"), "{}", parsed.subject());
+
+    // A second start reuses the pair, and it serves (localhost verifies against it).
+    let mut second_settings = settings(&cert_dir);
+    second_settings.anonymous_auth = true;
+    let second = Running::start(second_settings, endpoints());
+    assert_eq!(std::fs::read(&cert_path).unwrap(), cert);
+    assert_eq!(std::fs::read(&key_path).unwrap(), key);
+    let (status, _, _) = get(&client(&cert_dir, None), &second.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    second.stop().await;
+
+    // A new node name is not covered: the pair is regenerated.
+    let mut renamed = settings(&cert_dir);
+    renamed.tls.names = vec!["node-2".to_owned()];
+    drop(Server::new(renamed, endpoints()).unwrap());
+    assert_ne!(std::fs::read(&cert_path).unwrap(), cert);
+
+    // Garbage in the files is replaced, not fatal.
+    std::fs::write(&cert_path, "not a certificate").unwrap();
+    drop(Server::new(settings(&cert_dir), endpoints()).unwrap());
+    assert!(tls::read_certs(&cert_path).is_ok());
+}
+
+#[tokio::test]
+async fn configured_certificate_files_are_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
+    let (cert_file, key_file) = (dir.path().join("serving.crt"), dir.path().join("serving.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    // The client trusts the configured certificate under the self-signed file name.
+    let trust_dir = dir.path().join("trust");
+    std::fs::create_dir(&trust_dir).unwrap();
+    std::fs::write(trust_dir.join(SELF_SIGNED_CERT_FILE), cert.pem()).unwrap();
+
+    let cert_dir = dir.path().join("pki");
+    let mut settings = settings(&cert_dir);
+    settings.anonymous_auth = true;
+    settings.tls.cert_and_key = Some((cert_file, key_file));
+    let server = Running::start(settings, endpoints());
+    let (status, _, _) = get(&client(&trust_dir, None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!cert_dir.exists(), "nothing is generated when files are configured");
+    server.stop().await;
+}
+
+#[test]
+fn webhook_settings_are_refused_with_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    // The v1beta1 defaults.
+    settings.webhook_authentication = true;
+    settings.authorization_mode = AUTHORIZATION_MODE_WEBHOOK.to_owned();
+    settings.read_only_port = 10255;
+    let err = Server::new(settings, endpoints()).unwrap_err();
+    let text = err.to_string();
+    for want in [
+        "authentication.webhook.enabled: bearer token (webhook) authentication is not supported yet",
+        "set authentication.webhook.enabled: false",
+        "authorization.mode: Webhook (the v1beta1 default) is not supported yet",
+        "set authorization.mode: AlwaysAllow",
+        "readOnlyPort: the unauthenticated read-only port is not supported",
+    ] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+    assert!(matches!(err, Error::Unsupported { ref problems } if problems.len() == 3));
+    assert!(!dir.path().join(SELF_SIGNED_CERT_FILE).exists(), "refused before any file is written");
+}
+
+#[test]
+fn settings_from_a_default_config_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = crate::config::Flags::try_parse_from([
+        "swiftlet",
+        "--hostname-override=node-1",
+        &format!("--cert-dir={}", dir.path().display()),
+    ])
+    .unwrap();
+    let mut config = crate::config::load(flags).unwrap();
+    let settings = ServerSettings::from_config(&config).unwrap();
+    assert_eq!(settings.https_addr, Some("0.0.0.0:10250".parse().unwrap()));
+    assert_eq!(settings.healthz_addr, Some("127.0.0.1:10248".parse().unwrap()));
+    assert_eq!(settings.tls.names[0], "node-1");
+    assert_eq!(settings.configz["kubeletconfig"]["port"], 10250);
+    let err = Server::new(settings, endpoints()).unwrap_err();
+    assert!(err.to_string().contains("authorization.mode: Webhook"), "{err}");
+
+    // An unvalidated port never turns into "any port".
+    config.kubelet.port = 0;
+    let err = ServerSettings::from_config(&config).unwrap_err();
+    assert_eq!(err.to_string(), "port: 0 must be between 1 and 65535, inclusive");
+}
+
+#[test]
+fn bind_errors_name_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let mut settings = settings(dir.path());
+    settings.healthz_addr = Some(addr);
+    let err = Server::new(settings, endpoints()).unwrap_err();
+    assert!(matches!(err, Error::Bind { .. }), "{err}");
+    assert!(err.to_string().contains(&format!("healthz endpoint to {addr}")), "{err}");
+}
+
+#[tokio::test]
+async fn disabled_listeners_are_not_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.https_addr = None;
+    settings.healthz_addr = None;
+    let server = Server::new(settings, endpoints()).unwrap();
+    assert_eq!((server.https_addr(), server.healthz_addr()), (None, None));
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    server.run(shutdown).await.unwrap();
+}
+
+#[tokio::test]
+async fn later_modules_add_authenticated_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let route = axum::routing::get(|axum::Extension(user): axum::Extension<UserInfo>| async move { user.name });
+    let server = Running::start(settings, endpoints().route("/stats/summary", route));
+    let (status, _, body) = get(&client(dir.path(), None), &server.url("/stats/summary")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "system:anonymous"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_before_serving_still_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::new(settings(dir.path()), endpoints()).unwrap();
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server.run(shutdown)).await.expect("run returns").unwrap();
+}

@@ -1,0 +1,655 @@
+//! Turning the runtime's view of a pod into a `v1.PodStatus`, as upstream does.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState as ApiState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::runtime::manager::{reasons, should_container_be_restarted};
+use crate::runtime::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
+
+/// What status generation needs besides the pod and the runtime state.
+#[derive(Debug)]
+pub struct StatusInputs<'a> {
+    /// The previous status (for transition times and container history).
+    pub old: Option<&'a PodStatus>,
+    /// Runtime name for container ids (`containerd://<id>`).
+    pub runtime_name: &'a str,
+    /// Last start failure per container name: (reason, message).
+    pub start_failures: &'a HashMap<String, (String, String)>,
+    /// Whether the pod is terminal (its worker decided no container will run again).
+    pub pod_is_terminal: bool,
+    /// When the kubelet first saw the pod (`status.startTime`).
+    pub start_time: Option<SystemTime>,
+    /// The node's IP for hostIP, if known.
+    pub host_ip: Option<&'a str>,
+    /// `QoS` class of the pod.
+    pub qos_class: &'a str,
+}
+
+fn time(t: SystemTime) -> Time {
+    // Kubernetes timestamps have second precision on the wire (metav1.Time).
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn is_restartable_init(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// Upstream `getPhase`.
+#[must_use]
+pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool, is_static: bool) -> String {
+    let find = |name: &str| info.iter().find(|s| s.name == name);
+    let (mut pending_init, mut failed_init) = (0, 0);
+    for c in spec.init_containers.iter().flatten().filter(|c| !is_restartable_init(c)) {
+        let Some(s) = find(&c.name) else {
+            pending_init += 1;
+            continue;
+        };
+        let st = s.state.as_ref();
+        if st.and_then(|x| x.running.as_ref()).is_some() {
+            pending_init += 1;
+        } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
+            if t.exit_code != 0 {
+                failed_init += 1;
+            }
+        } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
+            match s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+                Some(t) if t.exit_code != 0 => failed_init += 1,
+                Some(_) => {}
+                None => pending_init += 1,
+            }
+        } else {
+            pending_init += 1;
+        }
+    }
+    let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
+    for c in spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)) {
+        let Some(s) = find(&c.name) else {
+            unknown += 1;
+            continue;
+        };
+        let st = s.state.as_ref();
+        if st.and_then(|x| x.running.as_ref()).is_some() {
+            if !s.started.unwrap_or(false) {
+                pending_init += 1;
+            }
+            running += 1;
+        } else if st.and_then(|x| x.terminated.as_ref()).is_some() {
+        } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
+            if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_none() {
+                pending_init += 1;
+                waiting += 1;
+            }
+        } else {
+            pending_init += 1;
+            unknown += 1;
+        }
+    }
+    for c in &spec.containers {
+        let Some(s) = find(&c.name) else {
+            unknown += 1;
+            continue;
+        };
+        let st = s.state.as_ref();
+        if st.and_then(|x| x.running.as_ref()).is_some() {
+            running += 1;
+        } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
+            if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
+                stopped += 1;
+            } else {
+                waiting += 1;
+            }
+        } else {
+            unknown += 1;
+        }
+    }
+    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    if failed_init > 0 && policy == "Never" {
+        return "Failed".into();
+    }
+    let any_regular_started = spec.containers.iter().any(|c| {
+        find(&c.name).is_some_and(|s| {
+            s.state.as_ref().is_some_and(|x| x.running.is_some() || x.terminated.is_some())
+                || s.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+        })
+    });
+    if (pending_init > 0 && !any_regular_started) || waiting > 0 {
+        return "Pending".into();
+    }
+    if running > 0 && unknown == 0 {
+        return "Running".into();
+    }
+    if running == 0 && stopped > 0 && unknown == 0 {
+        // Upstream TODO(#116484) keeps static pods out of the terminal shortcut.
+        if pod_is_terminal && !is_static {
+            return if stopped == succeeded { "Succeeded" } else { "Failed" }.into();
+        }
+        if policy == "Always" {
+            return "Running".into();
+        }
+        if stopped == succeeded {
+            return "Succeeded".into();
+        }
+        if policy == "Never" {
+            return "Failed".into();
+        }
+        return "Running".into();
+    }
+    "Pending".into()
+}
+
+fn convert(cs: &RuntimeContainerStatus, runtime_name: &str, old: Option<&ContainerStatus>) -> ContainerStatus {
+    let cid = format!("{runtime_name}://{}", cs.id);
+    let mut st = ContainerStatus {
+        name: cs.name.clone(),
+        restart_count: cs.restart_count as i32,
+        image: cs.image.clone(),
+        image_id: cs.image_ref.clone(),
+        container_id: Some(cid.clone()),
+        ..Default::default()
+    };
+    st.state = Some(match cs.state {
+        ContainerState::Running => ApiState {
+            running: Some(ContainerStateRunning { started_at: cs.started_at.map(time) }),
+            ..Default::default()
+        },
+        ContainerState::Exited => ApiState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: cs.exit_code,
+                reason: (!cs.reason.is_empty()).then(|| cs.reason.clone()),
+                message: (!cs.message.is_empty()).then(|| cs.message.clone()),
+                started_at: cs.started_at.map(time),
+                finished_at: cs.finished_at.map(time),
+                container_id: Some(cid),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ContainerState::Unknown if old.and_then(|o| o.state.as_ref()).is_some_and(|s| s.running.is_some()) => {
+            st.restart_count = old.map_or(0, |o| o.restart_count) + 1;
+            ApiState {
+                terminated: Some(ContainerStateTerminated {
+                    reason: Some("ContainerStatusUnknown".into()),
+                    message: Some("The container could not be located when the pod was terminated".into()),
+                    exit_code: 137,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+        _ => ApiState { waiting: Some(ContainerStateWaiting::default()), ..Default::default() },
+    });
+    st
+}
+
+/// Upstream `convertToAPIContainerStatuses` for one list of containers.
+fn container_statuses(
+    pod: &Pod,
+    rt: &RuntimePodStatus,
+    inputs: &StatusInputs<'_>,
+    containers: &[Container],
+    has_init: bool,
+    is_init: bool,
+) -> Vec<ContainerStatus> {
+    let old_list = inputs
+        .old
+        .and_then(|o| if is_init { o.init_container_statuses.as_ref() } else { o.container_statuses.as_ref() });
+    let old: HashMap<&str, &ContainerStatus> =
+        old_list.iter().flat_map(|l| l.iter()).map(|s| (s.name.as_str(), s)).collect();
+    let default_reason = if has_init { reasons::POD_INITIALIZING } else { reasons::CONTAINER_CREATING };
+    let mut statuses: HashMap<String, ContainerStatus> = HashMap::new();
+    for c in containers {
+        let mut st = ContainerStatus {
+            name: c.name.clone(),
+            image: c.image.clone().unwrap_or_default(),
+            state: Some(ApiState {
+                waiting: Some(ContainerStateWaiting { reason: Some(default_reason.into()), message: None }),
+                ..Default::default()
+            }),
+            ready: false,
+            ..Default::default()
+        };
+        if let Some(o) = old.get(c.name.as_str()) {
+            if o.state.as_ref().is_some_and(|s| s.terminated.is_some()) {
+                st = (*o).clone();
+            } else {
+                st.restart_count = o.restart_count;
+                st.last_state.clone_from(&o.last_state);
+            }
+        }
+        statuses.insert(c.name.clone(), st);
+    }
+    // A container that was running and is now gone from the runtime terminated somehow.
+    for c in containers {
+        if rt.containers.iter().any(|r| r.name == c.name) {
+            continue;
+        }
+        let Some(o) = old.get(c.name.as_str()) else { continue };
+        if o.state.as_ref().is_none_or(|s| s.running.is_none()) {
+            continue;
+        }
+        let st = statuses.get_mut(&c.name).expect("inserted above");
+        let is_default = st
+            .state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some(default_reason));
+        if !is_default || st.last_state.as_ref().is_some_and(|l| l.terminated.is_some()) {
+            continue;
+        }
+        st.last_state = Some(ApiState {
+            terminated: Some(ContainerStateTerminated {
+                reason: Some("ContainerStatusUnknown".into()),
+                message: Some(
+                    "The container could not be located when the pod was deleted.  The container used to be Running"
+                        .into(),
+                ),
+                exit_code: 137,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        if pod.metadata.deletion_timestamp.is_none() {
+            st.restart_count += 1;
+        }
+    }
+    // Newest first: the first instance is the state, the second the last state.
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for cs in &rt.containers {
+        if !statuses.contains_key(&cs.name)
+            || cs.init != is_init && rt.containers.iter().any(|x| x.name == cs.name && x.init == is_init)
+        {
+            continue;
+        }
+        let n = seen.entry(cs.name.as_str()).or_default();
+        if *n >= 2 {
+            continue;
+        }
+        let converted = convert(cs, inputs.runtime_name, old.get(cs.name.as_str()).copied());
+        let entry = statuses.get_mut(&cs.name).expect("checked");
+        if *n == 0 {
+            *entry = converted;
+        } else {
+            entry.last_state = converted.state;
+        }
+        *n += 1;
+    }
+    // Containers that will be (re)started show why they are waiting.
+    for c in containers {
+        if is_init
+            && let Some(s) = rt.find_container(&c.name)
+            && s.state == ContainerState::Exited
+            && s.exit_code == 0
+        {
+            continue;
+        }
+        if !should_container_be_restarted(c, pod, rt) {
+            continue;
+        }
+        let Some((reason, message)) = inputs.start_failures.get(&c.name) else { continue };
+        let st = statuses.get_mut(&c.name).expect("inserted above");
+        if st.state.as_ref().is_some_and(|s| s.terminated.is_some()) {
+            st.last_state.clone_from(&st.state);
+        }
+        st.state = Some(ApiState {
+            waiting: Some(ContainerStateWaiting { reason: Some(reason.clone()), message: Some(message.clone()) }),
+            ..Default::default()
+        });
+    }
+    // Readiness: no probes yet, so a running container is ready and started.
+    let mut out: Vec<ContainerStatus> = containers
+        .iter()
+        .filter_map(|c| statuses.remove(&c.name))
+        .map(|mut s| {
+            let running = s.state.as_ref().is_some_and(|x| x.running.is_some());
+            s.ready = running;
+            s.started = Some(running);
+            s
+        })
+        .collect();
+    if !is_init {
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    out
+}
+
+fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
+    PodCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.map(Into::into),
+        message,
+        ..Default::default()
+    }
+}
+
+fn not_ready_names(statuses: &[ContainerStatus], specs: &[Container], unknown_ok: bool) -> (Vec<String>, Vec<String>) {
+    let (mut unknown, mut not_ready) = (Vec::new(), Vec::new());
+    for c in specs {
+        match statuses.iter().find(|s| s.name == c.name) {
+            Some(s) if s.ready => {}
+            Some(_) => not_ready.push(c.name.clone()),
+            None if unknown_ok => {}
+            None => unknown.push(c.name.clone()),
+        }
+    }
+    (unknown, not_ready)
+}
+
+fn containers_ready_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -> PodCondition {
+    let (unknown, mut not_ready) = not_ready_names(all, &spec.containers, false);
+    let restartable: Vec<Container> =
+        spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)).cloned().collect();
+    let (_, nr) = not_ready_names(all, &restartable, true);
+    not_ready.extend(nr);
+    if phase == "Succeeded" {
+        return condition("ContainersReady", false, Some("PodCompleted"), None);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!("containers with unknown status: [{}]", unknown.join(" ")));
+    }
+    if !not_ready.is_empty() {
+        msgs.push(format!("containers with unready status: [{}]", not_ready.join(" ")));
+    }
+    if msgs.is_empty() {
+        condition("ContainersReady", true, None, None)
+    } else {
+        condition("ContainersReady", false, Some("ContainersNotReady"), Some(msgs.join(", ")))
+    }
+}
+
+fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -> PodCondition {
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    if inits.is_empty() {
+        return condition("Initialized", true, None, None);
+    }
+    let mut unknown = Vec::new();
+    let mut incomplete = Vec::new();
+    for c in inits {
+        match all.iter().find(|s| s.name == c.name) {
+            None => unknown.push(c.name.clone()),
+            Some(s) => {
+                let done = if is_restartable_init(c) {
+                    s.started.unwrap_or(false)
+                } else {
+                    s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_some_and(|t| t.exit_code == 0)
+                };
+                if !done {
+                    incomplete.push(c.name.clone());
+                }
+            }
+        }
+    }
+    // Once app containers ran, initialization happened even if init statuses are gone.
+    let app_started = spec
+        .containers
+        .iter()
+        .any(|c| all.iter().any(|s| s.name == c.name && s.state.as_ref().is_some_and(|x| x.waiting.is_none())));
+    if phase == "Succeeded" || app_started || (unknown.is_empty() && incomplete.is_empty()) {
+        return condition("Initialized", true, None, None);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!("containers with unknown status: [{}]", unknown.join(" ")));
+    }
+    if !incomplete.is_empty() {
+        msgs.push(format!("containers with incomplete status: [{}]", incomplete.join(" ")));
+    }
+    condition("Initialized", false, Some("ContainersNotInitialized"), Some(msgs.join(", ")))
+}
+
+/// Upstream `generateAPIPodStatus` (without probes and resize, which come later).
+#[must_use]
+pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &StatusInputs<'_>) -> PodStatus {
+    let spec = pod.spec.as_ref().expect("pod has a spec");
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let has_init = !inits.is_empty();
+    let mut s = PodStatus { qos_class: Some(inputs.qos_class.to_string()), ..Default::default() };
+    let ips = rt.ips();
+    if !ips.is_empty() {
+        s.pod_ip = Some(ips[0].clone());
+        s.pod_ips = Some(ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect());
+    }
+    s.container_statuses = Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, false));
+    if has_init {
+        s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, true));
+    }
+    let all: Vec<ContainerStatus> =
+        s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()).cloned().collect();
+    let is_static = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::sources::CONFIG_SOURCE_ANNOTATION))
+        .is_some_and(|s| s != "api");
+    let mut phase = get_phase(spec, &all, inputs.pod_is_terminal, is_static);
+    // A pod never leaves a terminal phase.
+    if let Some(old_phase) = inputs.old.and_then(|o| o.phase.as_deref())
+        && (old_phase == "Failed" || old_phase == "Succeeded")
+        && phase != old_phase
+    {
+        phase = old_phase.to_string();
+    }
+    if inputs.old.and_then(|o| o.phase.as_deref()) == Some(phase.as_str()) {
+        s.reason = inputs.old.and_then(|o| o.reason.clone());
+        s.message = inputs.old.and_then(|o| o.message.clone());
+    }
+    s.phase = Some(phase.clone());
+
+    let sandbox_ready =
+        rt.sandboxes.first().is_some_and(|sb| sb.ready) && (spec.host_network.unwrap_or(false) || !rt.ips().is_empty());
+    let mut conds = vec![condition("PodReadyToStartContainers", sandbox_ready, None, None)];
+    conds.push(initialized_condition(spec, &all, &phase));
+    let cr = containers_ready_condition(spec, &all, &phase);
+    let ready = PodCondition { type_: "Ready".into(), ..cr.clone() };
+    conds.push(ready);
+    conds.push(cr);
+    conds.push(condition("PodScheduled", true, None, None));
+    // Transition times only move when the status flips.
+    let now = time(SystemTime::now());
+    for c in &mut conds {
+        let prev = inputs.old.and_then(|o| o.conditions.as_ref()).and_then(|l| l.iter().find(|p| p.type_ == c.type_));
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Some(now.clone()),
+        };
+    }
+    s.conditions = Some(conds);
+    s.start_time = inputs.old.and_then(|o| o.start_time.clone()).or_else(|| inputs.start_time.map(time));
+    if let Some(ip) = inputs.host_ip {
+        s.host_ip = Some(ip.to_string());
+        s.host_ips = Some(vec![k8s_openapi::api::core::v1::HostIP { ip: ip.to_string() }]);
+        if spec.host_network.unwrap_or(false) && s.pod_ip.is_none() {
+            s.pod_ip = Some(ip.to_string());
+            s.pod_ips = Some(vec![PodIP { ip: ip.to_string() }]);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::pod_status::SandboxStatus;
+
+    fn cs(name: &str, running: Option<bool>, exit: i32, last_exit: Option<i32>) -> ContainerStatus {
+        let term = |code| ApiState {
+            terminated: Some(ContainerStateTerminated { exit_code: code, ..Default::default() }),
+            ..Default::default()
+        };
+        ContainerStatus {
+            name: name.into(),
+            state: Some(match running {
+                Some(true) => ApiState { running: Some(ContainerStateRunning::default()), ..Default::default() },
+                Some(false) => term(exit),
+                None => ApiState { waiting: Some(ContainerStateWaiting::default()), ..Default::default() },
+            }),
+            last_state: last_exit.map(term),
+            ..Default::default()
+        }
+    }
+
+    fn spec(policy: &str, inits: &[&str], containers: &[&str]) -> PodSpec {
+        let mk = |n: &&str| Container { name: (*n).into(), ..Default::default() };
+        PodSpec {
+            restart_policy: Some(policy.into()),
+            init_containers: Some(inits.iter().map(mk).collect()),
+            containers: containers.iter().map(mk).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn phases() {
+        let s = spec("Always", &[], &["a", "b"]);
+        assert_eq!(get_phase(&s, &[], false, true), "Pending");
+        assert_eq!(
+            get_phase(&s, &[cs("a", Some(true), 0, None), cs("b", Some(true), 0, None)], false, true),
+            "Running"
+        );
+        assert_eq!(get_phase(&s, &[cs("a", Some(true), 0, None), cs("b", None, 0, None)], false, true), "Pending");
+        // Crash-looping: waiting with a last termination counts as stopped.
+        assert_eq!(get_phase(&s, &[cs("a", None, 0, Some(1)), cs("b", Some(true), 0, None)], false, true), "Running");
+        let s = spec("Never", &[], &["a"]);
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 0, None)], false, true), "Succeeded");
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 2, None)], false, true), "Failed");
+        let s = spec("OnFailure", &[], &["a"]);
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 2, None)], false, true), "Running");
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 0, None)], false, true), "Succeeded");
+        let s = spec("Never", &["i"], &["a"]);
+        assert_eq!(get_phase(&s, &[cs("i", Some(false), 1, None), cs("a", None, 0, None)], false, true), "Failed");
+        let s = spec("Always", &["i"], &["a"]);
+        assert_eq!(get_phase(&s, &[cs("i", Some(true), 0, None), cs("a", None, 0, None)], false, true), "Pending");
+    }
+
+    fn rt_status(containers: Vec<RuntimeContainerStatus>) -> RuntimePodStatus {
+        RuntimePodStatus {
+            uid: "u".into(),
+            sandboxes: vec![SandboxStatus {
+                id: "sb".into(),
+                ready: true,
+                attempt: 0,
+                created_at: 1,
+                ips: vec!["10.1.0.5".into()],
+                host_network: false,
+            }],
+            containers,
+            ..Default::default()
+        }
+    }
+
+    fn rc(name: &str, state: ContainerState, exit: i32, restarts: u32, created: i64) -> RuntimeContainerStatus {
+        RuntimeContainerStatus {
+            id: format!("{name}{restarts}"),
+            name: name.into(),
+            sandbox_id: "sb".into(),
+            state,
+            created_at: created,
+            started_at: Some(SystemTime::UNIX_EPOCH),
+            finished_at: None,
+            exit_code: exit,
+            image: "img".into(),
+            image_ref: "sha256:abc".into(),
+            reason: if state == ContainerState::Exited { "Error".into() } else { String::new() },
+            message: String::new(),
+            hash: String::new(),
+            restart_count: restarts,
+            init: false,
+        }
+    }
+
+    fn pod(policy: &str) -> Pod {
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default(),
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![Container { name: "a".into(), image: Some("img".into()), ..Default::default() }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn crash_loop_status_shows_waiting_with_last_state() {
+        let p = pod("Always");
+        let rt = rt_status(vec![rc("a", ContainerState::Exited, 1, 2, 3), rc("a", ContainerState::Exited, 1, 1, 2)]);
+        let failures = HashMap::from([(
+            "a".to_string(),
+            ("CrashLoopBackOff".to_string(), "back-off 20s restarting failed container=a".to_string()),
+        )]);
+        let inputs = StatusInputs {
+            old: None,
+            runtime_name: "containerd",
+            start_failures: &failures,
+            pod_is_terminal: false,
+            start_time: None,
+            host_ip: None,
+            qos_class: "BestEffort",
+        };
+        let s = generate_api_pod_status(&p, &rt, &inputs);
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert_eq!(c.restart_count, 2);
+        assert_eq!(c.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
+        let last = c.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(last.exit_code, 1);
+        assert_eq!(last.container_id.as_deref(), Some("containerd://a2"));
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert!(!c.ready);
+        let conds = s.conditions.unwrap();
+        let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+    }
+
+    #[test]
+    fn running_pod_is_ready_with_ip_and_qos() {
+        let p = pod("Always");
+        let rt = rt_status(vec![rc("a", ContainerState::Running, 0, 0, 1)]);
+        let failures = HashMap::new();
+        let inputs = StatusInputs {
+            old: None,
+            runtime_name: "containerd",
+            start_failures: &failures,
+            pod_is_terminal: false,
+            start_time: Some(SystemTime::now()),
+            host_ip: Some("192.0.2.1"),
+            qos_class: "Guaranteed",
+        };
+        let s = generate_api_pod_status(&p, &rt, &inputs);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.pod_ip.as_deref(), Some("10.1.0.5"));
+        assert_eq!(s.qos_class.as_deref(), Some("Guaranteed"));
+        let conds = s.conditions.as_ref().unwrap();
+        let types: Vec<_> = conds.iter().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
+        assert_eq!(
+            types,
+            vec![
+                ("PodReadyToStartContainers", "True"),
+                ("Initialized", "True"),
+                ("Ready", "True"),
+                ("ContainersReady", "True"),
+                ("PodScheduled", "True")
+            ]
+        );
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        assert!(c.ready && c.started == Some(true));
+        assert_eq!(c.image_id, "sha256:abc");
+        // Transition times are kept while nothing flips.
+        let again = generate_api_pod_status(&p, &rt, &StatusInputs { old: Some(&s), ..inputs });
+        assert_eq!(again.conditions, s.conditions);
+    }
+}

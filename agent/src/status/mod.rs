@@ -1,0 +1,41 @@
+//! Pod status: what the kubelet reports for a pod (`generateAPIPodStatus`, `getPhase`,
+//! and the condition generators of `pkg/kubelet/status`), and the [`StatusManager`]
+//! that keeps the latest status of every pod for `/pods` (and, in API mode, for the
+//! API server).
+
+pub mod generate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::PodStatus;
+
+pub use generate::{StatusInputs, generate_api_pod_status, get_phase};
+
+/// Holds the latest generated status of every pod, by UID.
+pub trait StatusProvider: Send + Sync + std::fmt::Debug {
+    fn get(&self, uid: &str) -> Option<PodStatus>;
+    fn set(&self, uid: &str, status: PodStatus);
+    fn remove(&self, uid: &str);
+}
+
+/// In-memory status manager (standalone mode keeps statuses only in memory, as the
+/// kubelet does: they are recomputed from the runtime after a restart).
+#[derive(Debug, Default, Clone)]
+pub struct StatusManager {
+    inner: Arc<RwLock<HashMap<String, PodStatus>>>,
+}
+
+impl StatusProvider for StatusManager {
+    fn get(&self, uid: &str) -> Option<PodStatus> {
+        self.inner.read().unwrap().get(uid).cloned()
+    }
+
+    fn set(&self, uid: &str, status: PodStatus) {
+        self.inner.write().unwrap().insert(uid.to_string(), status);
+    }
+
+    fn remove(&self, uid: &str) {
+        self.inner.write().unwrap().remove(uid);
+    }
+}

@@ -1,0 +1,148 @@
+//! The kubelet's main loop (`syncLoop` / `syncLoopIteration`): fans in pod source
+//! updates, PLEG events and the housekeeping timer, and dispatches work to the pod
+//! workers. It never blocks on a pod: everything slow happens in the workers.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cm::PodContainerManager;
+use crate::metrics::{KubeletMetrics, StaticLabels};
+use crate::pleg::relist::GenericPleg;
+use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
+use crate::pod_manager::PodManager;
+use crate::pod_workers::{PodWorkers, WorkType};
+use crate::runtime::RuntimeManager;
+use crate::sources::{PodUpdate, is_static_pod};
+
+/// Upstream `housekeepingPeriod`.
+pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
+
+/// The loop's collaborators.
+#[derive(Debug)]
+pub struct SyncLoop {
+    pub pod_manager: PodManager,
+    pub workers: PodWorkers,
+    pub pleg: GenericPleg,
+    pub runtime: Arc<RuntimeManager>,
+    pub cm: Arc<dyn PodContainerManager>,
+    pub metrics: Arc<KubeletMetrics>,
+}
+
+impl SyncLoop {
+    /// Applies one source snapshot: removals first, so that an edited static pod's old
+    /// instance is already terminating when the new one arrives.
+    pub fn handle_update(&self, update: PodUpdate) {
+        let changes = self.pod_manager.apply(update);
+        let any_change = !(changes.added.is_empty() && changes.removed.is_empty() && changes.updated.is_empty());
+        for pod in changes.removed {
+            tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod removed from its source");
+            self.workers.update_pod(pod, WorkType::Kill { grace: None });
+        }
+        for pod in changes.added {
+            tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
+            self.workers.update_pod(pod, WorkType::Create);
+        }
+        for pod in changes.updated {
+            self.workers.update_pod(pod, WorkType::Update);
+        }
+        self.update_pod_count_metrics();
+        if any_change {
+            self.update_qos_cgroups();
+        }
+    }
+
+    /// A PLEG event: sync the pod it concerns (removals need no sync, as upstream).
+    pub fn handle_pleg_event(&self, ev: &PodLifecycleEvent) {
+        if ev.kind == PodLifecycleEventType::ContainerRemoved {
+            return;
+        }
+        if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
+            tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
+            self.workers.update_pod(pod, WorkType::Sync);
+        }
+    }
+
+    /// Re-derives the `QoS` cgroups' settings (burstable cpu shares) from the active pods,
+    /// off the loop: cgroup writes block.
+    fn update_qos_cgroups(&self) {
+        let cm = self.cm.clone();
+        let pods = self.pod_manager.pods();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = cm.update_qos_cgroups(&pods) {
+                tracing::warn!(error = %e, "failed to update QoS cgroups");
+            }
+        });
+    }
+
+    fn update_pod_count_metrics(&self) {
+        let pods = self.pod_manager.pods();
+        let n_static = pods.iter().filter(|p| is_static_pod(p)).count() as i64;
+        for (label, n) in [("true", n_static), ("false", pods.len() as i64 - n_static)] {
+            let l = StaticLabels { r#static: label.into() };
+            self.metrics.desired_pods.get_or_create(&l).set(n);
+            self.metrics.active_pods.get_or_create(&l).set(n);
+        }
+    }
+
+    /// Upstream `HandlePodCleanups`: terminate runtime pods nobody wants, remove orphaned
+    /// pod cgroups and log directories. Does nothing until every source has reported
+    /// once and the PLEG has listed the runtime, so a restart never kills what it
+    /// should adopt.
+    pub fn housekeeping(&self) {
+        if !self.pod_manager.sources_ready() || !self.pleg.has_relisted() {
+            return;
+        }
+        let desired: HashSet<String> = self.pod_manager.pods().into_iter().filter_map(|p| p.metadata.uid).collect();
+        let workers = self.workers.known_uids();
+        let runtime_pods = self.pleg.runtime_pods();
+        for (uid, rp) in &runtime_pods {
+            if !desired.contains(uid) && !workers.contains(uid) {
+                self.workers.kill_orphan(rp);
+            }
+        }
+        let cm = self.cm.clone();
+        let keep: HashSet<String> = desired.iter().chain(workers.iter()).chain(runtime_pods.keys()).cloned().collect();
+        // Blocking cgroup work runs on the blocking pool; the loop goes on.
+        tokio::task::spawn_blocking(move || match cm.list_pod_cgroups() {
+            Ok(cgroups) => {
+                for (uid, _) in cgroups {
+                    if keep.contains(&uid) {
+                        continue;
+                    }
+                    tracing::info!(%uid, "removing orphaned pod cgroup");
+                    if let Err(e) = cm.remove_pod_cgroup(&uid) {
+                        tracing::warn!(%uid, error = %e, "failed to remove orphaned pod cgroup");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list pod cgroups"),
+        });
+        let known: HashSet<String> = desired.iter().chain(workers.iter()).chain(runtime_pods.keys()).cloned().collect();
+        self.runtime.cleanup_orphaned_log_dirs(&known);
+        self.runtime.gc_backoff();
+        self.update_pod_count_metrics();
+    }
+
+    /// Runs until shutdown.
+    pub async fn run(
+        self,
+        mut updates: mpsc::Receiver<PodUpdate>,
+        mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+        shutdown: CancellationToken,
+    ) {
+        let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                Some(u) = updates.recv() => self.handle_update(u),
+                Some(ev) = pleg_events.recv() => self.handle_pleg_event(&ev),
+                _ = housekeeping.tick() => self.housekeeping(),
+            }
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! End-to-end test support: the shared containerd test bed (brought up by
+//! `cargo xtask testbed up`), a CRI client to check what really runs, and [`Agent`],
+//! a real `swiftlet` process with its own directories, ports and cgroup root.
+//!
+//! One containerd is shared by every end-to-end test, and a kubelet owns every pod it
+//! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use serde_json::Value;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Where `cargo xtask testbed up` records the test bed.
+pub const TESTBED_STATE: &str = "/run/swiftlet-testbed/testbed.json";
+
+/// The CRI endpoint of the test bed: `SWIFTLET_CRI_ENDPOINT`, else the test bed state file.
+pub fn cri_endpoint() -> Result<String> {
+    if let Ok(e) = std::env::var("SWIFTLET_CRI_ENDPOINT") {
+        return Ok(e);
+    }
+    let text = std::fs::read_to_string(TESTBED_STATE)
+        .with_context(|| format!("no test bed: run `cargo xtask testbed up` first (reading {TESTBED_STATE})"))?;
+    let v: Value = serde_json::from_str(&text)?;
+    v["cri_endpoint"].as_str().map(str::to_string).context("test bed state has no cri_endpoint")
+}
+
+static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Serializes tests that use the shared test bed.
+pub async fn testbed_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    LOCK.lock().await
+}
+
+/// The `swiftlet` binary built next to the test executables (`target/<profile>/swiftlet`),
+/// or `SWIFTLET_BIN`.
+pub fn swiftlet_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SWIFTLET_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    // target/debug/deps/e2e-xxxx -> target/debug/swiftlet
+    let bin = exe.parent().and_then(Path::parent).context("test executable has no parent")?.join("swiftlet");
+    if !bin.exists() {
+        bail!("{} not found: run `cargo build -p swiftlet` first", bin.display());
+    }
+    Ok(bin)
+}
+
+/// A CRI runtime client to check the runtime's truth.
+#[derive(Clone, Debug)]
+pub struct Cri {
+    client: RuntimeServiceClient<Channel>,
+}
+
+impl Cri {
+    pub fn connect(endpoint: &str) -> Result<Self> {
+        let path = PathBuf::from(endpoint.trim_start_matches("unix://"));
+        let channel = Endpoint::from_static("http://cri.invalid").connect_with_connector_lazy(tower::service_fn(
+            move |_: Uri| {
+                let path = path.clone();
+                async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+            },
+        ));
+        Ok(Self { client: RuntimeServiceClient::new(channel) })
+    }
+
+    fn selector(uid: &str) -> HashMap<String, String> {
+        HashMap::from([("io.kubernetes.pod.uid".to_string(), uid.to_string())])
+    }
+
+    /// Sandboxes of a pod.
+    pub async fn sandboxes(&self, uid: &str) -> Result<Vec<cri::PodSandbox>> {
+        let req = cri::ListPodSandboxRequest {
+            filter: Some(cri::PodSandboxFilter { label_selector: Self::selector(uid), ..Default::default() }),
+        };
+        Ok(self.client.clone().list_pod_sandbox(req).await?.into_inner().items)
+    }
+
+    /// Containers of a pod.
+    pub async fn containers(&self, uid: &str) -> Result<Vec<cri::Container>> {
+        let req = cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter { label_selector: Self::selector(uid), ..Default::default() }),
+        };
+        Ok(self.client.clone().list_containers(req).await?.into_inner().containers)
+    }
+
+    /// Every sandbox in the runtime.
+    pub async fn all_sandboxes(&self) -> Result<Vec<cri::PodSandbox>> {
+        Ok(self.client.clone().list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items)
+    }
+
+    /// Full status of a container (verbose: includes the runtime spec with cgroup paths).
+    pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatusResponse> {
+        let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };
+        Ok(self.client.clone().container_status(req).await?.into_inner())
+    }
+
+    /// Sandbox status (verbose).
+    pub async fn sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatusResponse> {
+        let req = cri::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };
+        Ok(self.client.clone().pod_sandbox_status(req).await?.into_inner())
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Options of one agent process.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub sync_frequency: &'static str,
+    pub extra_config: String,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self { sync_frequency: "10s", extra_config: String::new() }
+    }
+}
+
+/// A running `swiftlet` with its own root dir, manifests dir, ports and cgroup root.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub manifests: PathBuf,
+    pub logs_dir: PathBuf,
+    pub https_port: u16,
+    pub healthz_port: u16,
+    pub cgroup_root: String,
+    pub node_name: String,
+    config_path: PathBuf,
+    endpoint: String,
+    http: reqwest::Client,
+    log_path: PathBuf,
+}
+
+impl Agent {
+    /// Writes the config and starts the agent; returns once `/healthz` answers.
+    pub async fn start(opts: AgentOptions) -> Result<Self> {
+        let endpoint = cri_endpoint()?;
+        let dir = tempfile::Builder::new().prefix("swiftlet-e2e-").tempdir()?;
+        let manifests = dir.path().join("manifests");
+        let logs_dir = dir.path().join("pod-logs");
+        std::fs::create_dir_all(&manifests)?;
+        let https_port = free_port()?;
+        let healthz_port = free_port()?;
+        let cgroup_root = format!("/swiftlet-e2e-{}", std::process::id());
+        // The kubelet requires cgroupRoot to exist; create it in every hierarchy.
+        for h in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+            if h.file_type()?.is_dir() {
+                std::fs::create_dir_all(h.path().join(cgroup_root.trim_start_matches('/')))?;
+            }
+        }
+        let config_path = dir.path().join("config.yaml");
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+podLogsDir: {logs}
+syncFrequency: {sync}
+fileCheckFrequency: 20s
+address: 127.0.0.1
+port: {https_port}
+healthzPort: {healthz_port}
+healthzBindAddress: 127.0.0.1
+cgroupRoot: {cgroup_root}
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+{extra}
+",
+            manifests = manifests.display(),
+            logs = logs_dir.display(),
+            sync = opts.sync_frequency,
+            extra = opts.extra_config,
+        );
+        std::fs::write(&config_path, config)?;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http =
+            reqwest::Client::builder().danger_accept_invalid_certs(true).timeout(Duration::from_secs(10)).build()?;
+        let log_path = dir.path().join("swiftlet.log");
+        let mut agent = Self {
+            child: None,
+            manifests,
+            logs_dir,
+            https_port,
+            healthz_port,
+            cgroup_root,
+            node_name: "e2e-node".into(),
+            config_path,
+            endpoint,
+            http,
+            log_path,
+            dir,
+        };
+        agent.spawn().await?;
+        Ok(agent)
+    }
+
+    /// Starts (or restarts) the process with the same config and directories.
+    pub async fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
+        let child = Command::new(swiftlet_bin()?)
+            .arg("--config")
+            .arg(&self.config_path)
+            .arg("--container-runtime-endpoint")
+            .arg(&self.endpoint)
+            .arg("--root-dir")
+            .arg(self.dir.path().join("root"))
+            .arg("--cert-dir")
+            .arg(self.dir.path().join("pki"))
+            .arg("--hostname-override")
+            .arg(&self.node_name)
+            .arg("--v")
+            .arg("4")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                bail!("swiftlet exited at start with {status}; log:\n{}", self.log());
+            }
+            if self.healthz().await.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("swiftlet did not become healthy in 60s; log:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The agent's log so far.
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `GET /healthz` on the healthz port: (status code, body).
+    pub async fn healthz(&self) -> Result<(u16, String)> {
+        let r = self.http.get(format!("http://127.0.0.1:{}/healthz", self.healthz_port)).send().await?;
+        Ok((r.status().as_u16(), r.text().await?))
+    }
+
+    /// `GET` a path on the HTTPS port: (status code, body).
+    pub async fn get(&self, path: &str) -> Result<(u16, String)> {
+        let r = self.http.get(format!("https://127.0.0.1:{}{path}", self.https_port)).send().await?;
+        Ok((r.status().as_u16(), r.text().await?))
+    }
+
+    /// Items of `/pods`.
+    pub async fn pods(&self) -> Result<Vec<Value>> {
+        let (code, body) = self.get("/pods").await?;
+        if code != 200 {
+            bail!("/pods answered {code}: {body}");
+        }
+        let v: Value = serde_json::from_str(&body)?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The pod named `<name>-<node>` in `/pods`, if present.
+    pub async fn pod(&self, name: &str) -> Result<Option<Value>> {
+        let full = format!("{name}-{}", self.node_name);
+        Ok(self.pods().await?.into_iter().find(|p| p["metadata"]["name"] == full.as_str()))
+    }
+
+    /// Polls `/pods` until `pred` holds for the pod, or fails after `timeout` with the
+    /// last status seen and the agent log.
+    pub async fn wait_pod(&self, name: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(p) = self.pod(name).await? {
+                if pred(&p) {
+                    return Ok(p);
+                }
+                last = Some(p);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "pod {name}: condition not met within {timeout:?}; last: {}\n--- agent log tail ---\n{}",
+                    last.map_or_else(
+                        || "absent".into(),
+                        |p| serde_json::to_string_pretty(&p["status"]).unwrap_or_default()
+                    ),
+                    tail(&self.log(), 60)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Writes a manifest into the static pod directory (atomically, as editors and
+    /// config management do).
+    pub fn write_manifest(&self, file: &str, text: &str) -> Result<()> {
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, self.manifests.join(file))?;
+        Ok(())
+    }
+
+    pub fn remove_manifest(&self, file: &str) -> Result<()> {
+        std::fs::remove_file(self.manifests.join(file))?;
+        Ok(())
+    }
+
+    /// Sends SIGKILL (a crash) and reaps the process.
+    pub fn kill9(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM and wait (the agent leaves pods running, as the kubelet does).
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            let pid = i32::try_from(c.id())?;
+            kill(pid, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while c.try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    c.kill()?;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Removes every manifest, waits until the runtime has nothing left of this agent's
+    /// pods, stops the agent and removes its cgroup root. Every test ends with this.
+    pub async fn shutdown(mut self, cri: &Cri) -> Result<()> {
+        for e in std::fs::read_dir(&self.manifests)? {
+            std::fs::remove_file(e?.path())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let pods = self.pods().await.unwrap_or_default();
+            let left = cri.all_sandboxes().await?;
+            if pods.is_empty() && left.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("pods left after removing all manifests: {} sandboxes\n{}", left.len(), tail(&self.log(), 80));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.stop()?;
+        remove_cgroup_tree(&self.cgroup_root);
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is a child we spawned.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Removes a cgroup directory tree (depth first) in every hierarchy; ignores absence.
+pub fn remove_cgroup_tree(root: &str) {
+    let rel = root.trim_start_matches('/');
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    for h in entries.flatten() {
+        let base = h.path().join(rel);
+        remove_tree(&base);
+    }
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Paths of a cgroup under every v1 hierarchy and the unified mount that exist now.
+#[must_use]
+pub fn existing_cgroup_dirs(relative: &str) -> Vec<PathBuf> {
+    let rel = relative.trim_start_matches('/');
+    let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return Vec::new() };
+    entries.flatten().map(|h| h.path().join(rel)).filter(|p| p.is_dir()).collect()
+}
+
+/// The last `n` lines of `s`.
+#[must_use]
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Shared handle type for tests.
+pub type SharedCri = Arc<Cri>;

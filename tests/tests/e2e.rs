@@ -1,0 +1,353 @@
+//! End-to-end tests: a real `swiftlet` process running static pods in the real
+//! containerd of the test bed (`cargo xtask testbed up`). Tests run one at a time
+//! (they share the runtime) and each ends by removing its manifests and checking
+//! that nothing is left.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, existing_cgroup_dirs, testbed_lock};
+
+const BUSYBOX: &str = "localhost/busybox:latest";
+
+fn pod_yaml(name: &str, policy: &str, script: &str, extra_container: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  restartPolicy: {policy}
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "{script}"]
+{extra_container}"#
+    )
+}
+
+/// A container that runs until SIGTERM and then exits at once.
+const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
+
+fn phase(p: &Value) -> &str {
+    p["status"]["phase"].as_str().unwrap_or_default()
+}
+
+fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
+    p["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn init_container<'a>(p: &'a Value, name: &str) -> &'a Value {
+    p["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn uid(p: &Value) -> String {
+    p["metadata"]["uid"].as_str().unwrap_or_default().to_string()
+}
+
+fn restarts(p: &Value, name: &str) -> i64 {
+    container(p, name)["restartCount"].as_i64().unwrap_or(-1)
+}
+
+fn running(p: &Value, name: &str) -> bool {
+    !container(p, name)["state"]["running"].is_null()
+}
+
+async fn setup() -> Result<(Agent, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions::default()).await?;
+    Ok((agent, cri))
+}
+
+#[tokio::test]
+async fn static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    let extra = "    resources:\n      requests: {cpu: 100m, memory: 32Mi}\n      limits: {cpu: 200m, memory: 64Mi}\n";
+    agent.write_manifest("web.yaml", &pod_yaml("web", "Always", SERVE, extra))?;
+    let p = agent.wait_pod("web", Duration::from_mins(1), |p| phase(p) == "Running" && running(p, "main")).await?;
+    assert_eq!(p["status"]["qosClass"], "Burstable");
+    let ready = p["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+    assert_eq!(ready["status"], "True");
+    assert!(p["status"]["podIP"].as_str().is_some_and(|ip| !ip.is_empty()), "pod has an IP from CNI");
+    let uid = uid(&p);
+
+    // The runtime has one sandbox and one container, under the pod cgroup we chose.
+    let sandboxes = cri.sandboxes(&uid).await?;
+    assert_eq!(sandboxes.len(), 1);
+    let containers = cri.containers(&uid).await?;
+    assert_eq!(containers.len(), 1);
+    let cid = containers[0].id.clone();
+    assert_eq!(container(&p, "main")["containerID"].as_str().unwrap(), format!("containerd://{cid}"));
+    let pod_cgroup = format!("{}/kubepods/burstable/pod{uid}", agent.cgroup_root);
+    let status = cri.container_status(&cid).await?;
+    let info: Value = serde_json::from_str(status.info.get("info").map_or("{}", String::as_str))?;
+    let cgroups_path = info["runtimeSpec"]["linux"]["cgroupsPath"].as_str().unwrap_or_default();
+    assert_eq!(cgroups_path, format!("{pod_cgroup}/{cid}"));
+    let res = &info["runtimeSpec"]["linux"]["resources"];
+    assert_eq!(res["memory"]["limit"], 64 * 1024 * 1024);
+    assert_eq!(res["cpu"]["quota"], 20_000);
+    assert_eq!(res["cpu"]["period"], 100_000);
+    assert_eq!(res["cpu"]["shares"], 102);
+    // The kernel agrees: the memory cgroup of the container has the limit.
+    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory{pod_cgroup}/{cid}/memory.limit_in_bytes"))?;
+    assert_eq!(limit.trim(), (64 * 1024 * 1024).to_string());
+    // The pod cgroup exists in every hierarchy, the unified one included.
+    let dirs = existing_cgroup_dirs(&pod_cgroup);
+    assert!(dirs.iter().any(|d| d.starts_with("/sys/fs/cgroup/memory")));
+    assert!(dirs.iter().any(|d| d.starts_with("/sys/fs/cgroup/unified")), "{dirs:?}");
+    let log_dir = agent.logs_dir.join(format!("default_web-{}_{uid}", agent.node_name));
+    assert!(log_dir.join("main/0.log").exists(), "container log at {}", log_dir.display());
+
+    // Manifest removed: containers, sandbox, pod cgroups and logs go.
+    agent.remove_manifest("web.yaml")?;
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
+    loop {
+        let gone = cri.sandboxes(&uid).await?.is_empty()
+            && cri.containers(&uid).await?.is_empty()
+            && existing_cgroup_dirs(&pod_cgroup).is_empty()
+            && !log_dir.exists()
+            && agent.pod("web").await?.is_none();
+        if gone {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pod not fully removed:\n{}",
+            swiftlet_tests::tail(&agent.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn restart_policies_always_onfailure_never() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    agent.write_manifest("always.yaml", &pod_yaml("always", "Always", "exit 0", ""))?;
+    agent.write_manifest("onfail-ok.yaml", &pod_yaml("onfail-ok", "OnFailure", "exit 0", ""))?;
+    agent.write_manifest("onfail-bad.yaml", &pod_yaml("onfail-bad", "OnFailure", "exit 1", ""))?;
+    agent.write_manifest("never.yaml", &pod_yaml("never", "Never", "exit 3", ""))?;
+    let t = Duration::from_mins(1);
+    // Always: even a clean exit is restarted; the pod stays Running.
+    let p = agent.wait_pod("always", t, |p| restarts(p, "main") >= 1).await?;
+    assert_eq!(phase(&p), "Running");
+    // OnFailure: a clean exit completes the pod; a failure is restarted.
+    let p = agent.wait_pod("onfail-ok", t, |p| phase(p) == "Succeeded").await?;
+    assert_eq!(restarts(&p, "main"), 0);
+    assert_eq!(container(&p, "main")["state"]["terminated"]["reason"], "Completed");
+    let p = agent.wait_pod("onfail-bad", t, |p| restarts(p, "main") >= 1).await?;
+    assert_eq!(phase(&p), "Running");
+    // Never: the failure is final.
+    let p = agent.wait_pod("never", t, |p| phase(p) == "Failed").await?;
+    let term = &container(&p, "main")["state"]["terminated"];
+    assert_eq!(term["exitCode"], 3);
+    assert_eq!(term["reason"], "Error");
+    assert_eq!(restarts(&p, "main"), 0);
+    // Completed pods keep their container (for status and logs) but not a running sandbox.
+    let sandboxes = cri.sandboxes(&uid(&p)).await?;
+    assert!(sandboxes.iter().all(|s| s.state != 0), "sandbox of a finished pod is stopped");
+    assert_eq!(cri.containers(&uid(&p)).await?.len(), 1);
+    // And they are never restarted: still one container after further syncs.
+    let ok = agent.pod("onfail-ok").await?.unwrap();
+    assert_eq!(cri.containers(&uid(&ok)).await?.len(), 1);
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn crashing_container_backs_off_with_growing_delays() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    agent.write_manifest("crash.yaml", &pod_yaml("crash", "Always", "exit 1", ""))?;
+    let p = agent
+        .wait_pod("crash", Duration::from_mins(1), |p| {
+            container(p, "main")["state"]["waiting"]["reason"] == "CrashLoopBackOff" && restarts(p, "main") == 1
+        })
+        .await?;
+    let msg = container(&p, "main")["state"]["waiting"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(msg.starts_with("back-off 10s restarting failed container=main pod=crash-"), "{msg}");
+    assert_eq!(container(&p, "main")["lastState"]["terminated"]["exitCode"], 1);
+    let p = agent
+        .wait_pod("crash", Duration::from_mins(1), |p| {
+            container(p, "main")["state"]["waiting"]["message"].as_str().is_some_and(|m| m.starts_with("back-off 20s"))
+        })
+        .await?;
+    assert_eq!(restarts(&p, "main"), 2);
+    // The runtime agrees: the second restart came at least 10 s after the exit before it.
+    let mut created: Vec<i64> = cri.containers(&uid(&p)).await?.iter().map(|c| c.created_at).collect();
+    created.sort_unstable();
+    assert!(created.len() >= 2, "old instances are kept for lastState");
+    let gap = Duration::from_nanos((created[created.len() - 1] - created[created.len() - 2]) as u64);
+    assert!(gap >= Duration::from_secs(10), "restart after {gap:?}, expected a 10s back-off");
+    assert_eq!(phase(&p), "Running");
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn init_containers_run_in_order_and_a_failing_one_blocks_the_app() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    let inits = format!(
+        "  initContainers:\n  - name: first\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"sleep 1\"]\n  - name: second\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"true\"]\n"
+    );
+    agent.write_manifest("ordered.yaml", &format!("{}{inits}", pod_yaml("ordered", "Always", SERVE, "")))?;
+    let failing = format!(
+        "  initContainers:\n  - name: broken\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"exit 7\"]\n"
+    );
+    agent.write_manifest("blocked.yaml", &format!("{}{failing}", pod_yaml("blocked", "Always", SERVE, "")))?;
+    agent.write_manifest("failed.yaml", &format!("{}{failing}", pod_yaml("failed", "Never", SERVE, "")))?;
+
+    let p = agent.wait_pod("ordered", Duration::from_mins(1), |p| running(p, "main")).await?;
+    for name in ["first", "second"] {
+        let t = &init_container(&p, name)["state"]["terminated"];
+        assert_eq!(t["exitCode"], 0, "{name}");
+        assert_eq!(t["reason"], "Completed");
+    }
+    let cs = cri.containers(&uid(&p)).await?;
+    let created = |n: &str| cs.iter().find(|c| c.metadata.as_ref().unwrap().name == n).map(|c| c.created_at).unwrap();
+    let (first, second, main) = (created("first"), created("second"), created("main"));
+    assert!(first < second && second < main, "order {first} {second} {main}");
+    // `first` sleeps 1 s: `second` was created only after it finished.
+    assert!(Duration::from_nanos((second - first) as u64) >= Duration::from_secs(1));
+
+    let p = agent
+        .wait_pod("blocked", Duration::from_mins(1), |p| {
+            init_container(p, "broken")["lastState"]["terminated"]["exitCode"] == 7
+        })
+        .await?;
+    assert_eq!(phase(&p), "Pending");
+    let init_cond = p["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Initialized").unwrap();
+    assert_eq!(init_cond["status"], "False");
+    assert_eq!(container(&p, "main")["state"]["waiting"]["reason"], "PodInitializing");
+    let names: Vec<String> =
+        cri.containers(&uid(&p)).await?.iter().map(|c| c.metadata.as_ref().unwrap().name.clone()).collect();
+    assert!(!names.contains(&"main".to_string()), "app container must not start: {names:?}");
+
+    let p = agent.wait_pod("failed", Duration::from_mins(1), |p| phase(p) == "Failed").await?;
+    assert_eq!(init_container(&p, "broken")["state"]["terminated"]["exitCode"], 7);
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn malformed_manifest_is_reported_and_skipped() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: bad\nspec: nope\n")?;
+    agent.write_manifest("invalid.yaml", &pod_yaml("Invalid_Name", "Sometimes", SERVE, ""))?;
+    agent.write_manifest("good.yaml", &pod_yaml("good", "Always", SERVE, ""))?;
+    agent.wait_pod("good", Duration::from_mins(1), |p| running(p, "main")).await?;
+    assert_eq!(agent.pods().await?.len(), 1, "only the good pod is admitted");
+    let (code, body) = agent.get("/events").await?;
+    assert_eq!(code, 200);
+    let events: Value = serde_json::from_str(&body)?;
+    let messages: Vec<String> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "Warning")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(messages.iter().any(|m| m.contains("bad.yaml")), "{messages:?}");
+    let invalid = messages.iter().find(|m| m.contains("invalid.yaml")).expect("invalid.yaml reported");
+    assert!(invalid.contains("metadata.name") && invalid.contains("spec.restartPolicy"), "{invalid}");
+    // Fixing the file admits the pod without touching the running one.
+    let good = agent.pod("good").await?.unwrap();
+    agent.write_manifest("invalid.yaml", &pod_yaml("fixed", "Always", SERVE, ""))?;
+    agent.wait_pod("fixed", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let still = agent.pod("good").await?.unwrap();
+    assert_eq!(container(&still, "main")["containerID"], container(&good, "main")["containerID"]);
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn agent_kill9_and_restart_restarts_no_container() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (mut agent, cri) = setup().await?;
+    agent.write_manifest("a.yaml", &pod_yaml("keep-a", "Always", SERVE, ""))?;
+    agent.write_manifest("b.yaml", &pod_yaml("keep-b", "OnFailure", SERVE, ""))?;
+    let a = agent.wait_pod("keep-a", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let b = agent.wait_pod("keep-b", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let before_a = cri.containers(&uid(&a)).await?;
+    let before_b = cri.containers(&uid(&b)).await?;
+    let sandbox_a = cri.sandboxes(&uid(&a)).await?;
+    agent.kill9()?;
+    agent.spawn().await?;
+    // The restarted agent syncs both pods (status regenerated from the runtime) ...
+    let a2 = agent.wait_pod("keep-a", Duration::from_mins(1), |p| running(p, "main")).await?;
+    agent.wait_pod("keep-b", Duration::from_mins(1), |p| running(p, "main")).await?;
+    assert_eq!(uid(&a2), uid(&a), "static pod UID is stable across restarts");
+    // ... through at least one full housekeeping pass (orphan detection included).
+    let (_, metrics) = agent.get("/metrics").await?;
+    let started = metrics.lines().find(|l| l.starts_with("kubelet_started_containers_total")).map(str::to_string);
+    assert!(started.is_none() || started.as_deref().is_some_and(|l| l.ends_with(" 0")), "{started:?}");
+    // Wait until the new process has relisted several times (housekeeping runs every
+    // 2 s alongside), so a wrongful kill of an "orphan" would have happened by now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, m) = agent.get("/metrics").await?;
+        let relists = m
+            .lines()
+            .find_map(|l| l.strip_prefix("kubelet_pleg_relist_duration_seconds_count "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if relists >= 5.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "PLEG is not relisting");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cri.containers(&uid(&a)).await?, before_a, "no container of keep-a changed");
+    assert_eq!(cri.containers(&uid(&b)).await?, before_b, "no container of keep-b changed");
+    assert_eq!(cri.sandboxes(&uid(&a)).await?, sandbox_a);
+    assert_eq!(restarts(&agent.pod("keep-a").await?.unwrap(), "main"), 0);
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn healthz_pods_and_metrics_are_served() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    let (code, body) = agent.healthz().await?;
+    assert_eq!((code, body.as_str()), (200, "ok"));
+    let (code, body) = agent.get("/healthz?verbose").await?;
+    assert_eq!(code, 200);
+    assert!(body.contains("[+]pleg ok"), "{body}");
+    let (code, body) = agent.get("/pods").await?;
+    assert_eq!(code, 200);
+    let v: Value = serde_json::from_str(&body)?;
+    assert_eq!(v["kind"], "PodList");
+    let (code, metrics) = agent.get("/metrics").await?;
+    assert_eq!(code, 200);
+    for family in [
+        "kubelet_runtime_operations_total",
+        "kubelet_runtime_operations_duration_seconds_bucket",
+        "kubelet_pleg_relist_duration_seconds_bucket",
+        "kubelet_pleg_relist_interval_seconds_bucket",
+        "kubelet_pleg_last_seen_seconds",
+        "kubelet_node_name{node=\"e2e-node\"} 1",
+    ] {
+        assert!(metrics.contains(family), "missing {family}");
+    }
+    assert!(metrics.contains("operation_type=\"list_podsandbox\""));
+    // promtool accepts the exposition format.
+    let file = agent.dir.path().join("metrics.txt");
+    std::fs::write(&file, &metrics)?;
+    let out = std::process::Command::new("promtool")
+        .arg("check")
+        .arg("metrics")
+        .stdin(std::fs::File::open(&file)?)
+        .output()?;
+    let complaints = String::from_utf8_lossy(&out.stderr);
+    assert!(!complaints.lines().any(|l| l.contains("error") || l.contains("parse")), "promtool: {complaints}");
+    agent.shutdown(&cri).await
+}

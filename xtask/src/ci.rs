@@ -1,0 +1,221 @@
+//! `cargo xtask test` / `cargo xtask ci`: the whole CI run on one machine.
+//!
+//! Steps run in order and a failing step does not stop the later ones (except that tests
+//! need a build and a test bed), so one run reports every problem. The test bed is always
+//! taken down and checked clean, whatever happened before. The last line of stdout is a
+//! plain `tests: N passed, N failed, N skipped` summed over every `cargo test` binary, so
+//! the result is readable even though `down`'s output follows the test run.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    Ctx,
+    testbed::{self, Layout},
+};
+
+/// Totals over the `test result:` lines of a `cargo test` run.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TestTotals {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+    pub binaries: u64,
+}
+
+impl TestTotals {
+    /// Adds one libtest summary line, e.g.
+    /// `test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; ...`.
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        self.binaries += 1;
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+struct Report {
+    results: Vec<(String, Result<(), String>, f64)>,
+    step: usize,
+    total: usize,
+}
+
+impl Report {
+    fn header(&mut self, name: &str) -> Instant {
+        self.step += 1;
+        println!();
+        println!("==> [{}/{}] {name}", self.step, self.total);
+        flush();
+        Instant::now()
+    }
+
+    fn record(&mut self, name: &str, started: Instant, result: Result<()>) -> bool {
+        let secs = started.elapsed().as_secs_f64();
+        let ok = result.is_ok();
+        match &result {
+            Ok(()) => println!("<== {name}: ok ({secs:.0}s)"),
+            Err(e) => println!("<== {name}: FAILED ({secs:.0}s): {e:#}"),
+        }
+        flush();
+        self.results.push((name.to_owned(), result.map_err(|e| format!("{e:#}")), secs));
+        ok
+    }
+
+    fn skip(&mut self, name: &str, why: &str) {
+        self.step += 1;
+        println!();
+        println!("==> [{}/{}] {name}: SKIPPED ({why})", self.step, self.total);
+        self.results.push((name.to_owned(), Err(format!("skipped: {why}")), 0.0));
+    }
+}
+
+fn flush() {
+    let _ = std::io::stdout().flush();
+}
+
+fn cargo(ctx: &Ctx, args: &[&str]) -> Command {
+    let mut cmd = Command::new(&ctx.cargo);
+    cmd.args(args).current_dir(&ctx.workspace);
+    cmd
+}
+
+fn run_status(mut cmd: Command, what: &str) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} exited with {status}");
+    }
+    Ok(())
+}
+
+/// Runs `cargo test`, copying its stdout through line by line (CI reads it) and summing
+/// its results.
+fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut TestTotals) -> Result<()> {
+    let mut cmd = cargo(ctx, &["test", "--workspace", "--locked"]);
+    if !test_args.is_empty() {
+        cmd.arg("--").args(test_args);
+    }
+    cmd.env("SWIFTLET_CRI_ENDPOINT", layout.endpoint()).env("SWIFTLET_TESTBED", "1").stdout(Stdio::piped());
+    let mut child = cmd.spawn().context("running cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    flush();
+    let status = child.wait().context("waiting for cargo test")?;
+    if !status.success() {
+        bail!("cargo test exited with {status}");
+    }
+    if totals.binaries == 0 {
+        bail!("cargo test ran no test binary");
+    }
+    Ok(())
+}
+
+pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
+    let mut r = Report { results: Vec::new(), step: 0, total: 8 };
+    let mut totals = TestTotals::default();
+
+    let t = r.header("testbed up (apt packages, images, containerd)");
+    let bed_up = r.record("testbed up", t, testbed::up(ctx, layout).await.map(drop));
+
+    let t = r.header("cargo build --workspace --all-targets --locked");
+    let built = r.record(
+        "build",
+        t,
+        run_status(cargo(ctx, &["build", "--workspace", "--all-targets", "--locked"]), "cargo build"),
+    );
+
+    let t = r.header("cargo fmt --all --check");
+    r.record("fmt", t, run_status(cargo(ctx, &["fmt", "--all", "--check"]), "cargo fmt --check"));
+
+    let t = r.header("cargo clippy --workspace --all-targets --locked -- -D warnings");
+    r.record(
+        "clippy",
+        t,
+        run_status(
+            cargo(ctx, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"]),
+            "cargo clippy",
+        ),
+    );
+
+    if bed_up {
+        let t = r.header("testbed smoke (CNI pod, hostPort)");
+        r.record("testbed smoke", t, testbed::smoke(layout, false).await);
+    } else {
+        r.skip("testbed smoke", "test bed is not up");
+    }
+
+    if built && bed_up {
+        let t = r.header(&format!(
+            "cargo test --workspace --locked (SWIFTLET_CRI_ENDPOINT={}, SWIFTLET_TESTBED=1)",
+            layout.endpoint()
+        ));
+        let result = cargo_test(ctx, layout, test_args, &mut totals);
+        r.record("test", t, result);
+    } else {
+        r.skip("test", if built { "test bed is not up" } else { "build failed" });
+    }
+
+    // Always: whatever failed above, leave the machine as we found it.
+    let t = r.header("testbed down");
+    r.record("testbed down", t, testbed::down(ctx, layout).await);
+    let t = r.header("testbed check-clean");
+    r.record("check-clean", t, testbed::check_clean_cmd(layout));
+
+    println!();
+    println!("==> summary");
+    let mut failed = Vec::new();
+    for (name, result, secs) in &r.results {
+        match result {
+            Ok(()) => println!("    ok      {name} ({secs:.0}s)"),
+            Err(e) => {
+                println!("    FAILED  {name}: {}", first_line(e));
+                failed.push(name.clone());
+            }
+        }
+    }
+    println!("tests: {} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    flush();
+    if failed.is_empty() { Ok(()) } else { bail!("failed: {}", failed.join(", ")) }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_libtest_result_lines() {
+        let mut t = TestTotals::default();
+        t.add_line("test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        t.add_line("   Doc-tests swiftlet");
+        t.add_line(
+            "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 5 filtered out; finished in 1.50s",
+        );
+        t.add_line("test foo ... ok");
+        assert_eq!(t, TestTotals { passed: 13, failed: 2, ignored: 1, binaries: 2 });
+    }
+}

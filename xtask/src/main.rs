@@ -1,0 +1,116 @@
+//! swiftlet developer tasks: `cargo xtask <command>`.
+//!
+//! - `testbed up|down|status|check-clean|smoke`: a private containerd with CNI and local
+//!   images, for end-to-end tests (see `testbed`).
+//! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
+//!   down, check-clean.
+//! - `demo`: the agent in the foreground against the test bed.
+//!
+//! xtask builds with no system tools (no protoc, no clang): it is what installs them.
+
+mod apt;
+mod ci;
+mod cleanup;
+mod containerd;
+mod cri;
+mod demo;
+mod images;
+mod testbed;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "swiftlet developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Manage the containerd test bed.
+    Testbed {
+        #[command(subcommand)]
+        command: TestbedCmd,
+    },
+    /// Run what CI runs: test bed up, build, fmt, clippy, tests, test bed down, check-clean.
+    Test {
+        /// Extra arguments for the test binaries (after `cargo test ... --`).
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Same as `test`.
+    Ci {
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Bring the test bed up and run the agent against it in the foreground.
+    Demo,
+}
+
+#[derive(Debug, Subcommand)]
+enum TestbedCmd {
+    /// Install packages, build and import images, start containerd; print the endpoint.
+    Up,
+    /// Drain pods, stop containerd and remove everything the test bed created.
+    Down,
+    /// Show whether the test bed is up (exit 1 if not).
+    Status,
+    /// List anything the test bed left behind (exit 1 if any).
+    CheckClean,
+    /// Run one CNI pod with a hostPort and check it answers.
+    Smoke {
+        /// Leave the pod running (to exercise `down`).
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// Where the workspace and its build output are.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub workspace: PathBuf,
+    pub target_dir: PathBuf,
+    /// The cargo that runs us (`$CARGO`), for the build and test steps.
+    pub cargo: PathBuf,
+}
+
+impl Ctx {
+    fn from_env() -> Self {
+        let workspace =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            // A relative CARGO_TARGET_DIR is relative to where cargo was started.
+            .map_or_else(|| workspace.join("target"), |t| std::env::current_dir().unwrap_or_default().join(t));
+        let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
+        Self { workspace, target_dir, cargo }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ctx = Ctx::from_env();
+    let layout = testbed::Layout::standard();
+    let result = match cli.command {
+        Cmd::Testbed { command } => match command {
+            TestbedCmd::Up => testbed::up(&ctx, &layout).await.map(drop),
+            TestbedCmd::Down => testbed::down(&ctx, &layout).await,
+            TestbedCmd::Status => testbed::status(&layout).await,
+            TestbedCmd::CheckClean => testbed::check_clean_cmd(&layout),
+            TestbedCmd::Smoke { keep } => testbed::smoke(&layout, keep).await,
+        },
+        Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
+        Cmd::Demo => demo::run(&ctx, &layout).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
