@@ -22,7 +22,7 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "cargo xtask", about = "swiftlet developer tasks")]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", about = "swiftlet developer tasks")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,

@@ -372,8 +372,13 @@ impl RuntimeManager {
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let mut result = SyncResult::default();
 
-        if actions.kill_pod {
-            let reason = if actions.create_sandbox { "sandbox changed" } else { "no containers to run" };
+        let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
+        if actions.kill_pod && !nothing_yet {
+            let reason = if actions.create_sandbox {
+                "sandbox changed; a new one will be created"
+            } else {
+                "all containers are done"
+            };
             tracing::info!(pod = %pod_full_name(pod), reason, "killing pod");
             if let Err(e) = self.kill_pod(Some(pod), status, None).await {
                 result.errors.push(format!("KillPod: {e}"));

@@ -268,12 +268,8 @@ mod tests {
     async fn inotify_delivers_changes_quickly() {
         let dir = tempfile::tempdir().unwrap();
         // A long period: only inotify can deliver the second snapshot in time.
-        let src = FileSource::new(
-            dir.path().into(),
-            "n".into(),
-            Duration::from_hours(1),
-            Arc::new(MemoryRecorder::new("n")),
-        );
+        let src =
+            FileSource::new(dir.path().into(), "n".into(), Duration::from_hours(1), Arc::new(MemoryRecorder::new("n")));
         let (tx, mut rx) = mpsc::channel(8);
         let stop = CancellationToken::new();
         let task = tokio::spawn(src.run(tx, stop.clone()));
