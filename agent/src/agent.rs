@@ -17,9 +17,11 @@ use tracing::Instrument as _;
 
 use crate::cm::{CgroupConfig, CgroupfsPodContainerManager, PodContainerManager};
 use crate::config::Config;
+use crate::event_api::{EventApiServer, EventBus, NodeEvent, NodeEventKind};
 use crate::events::{EventRecorder, MemoryRecorder};
 use crate::metrics::KubeletMetrics;
 use crate::pleg::PodLifecycleEventGenerator;
+use crate::pleg::evented::{CgroupIndex, EventedPleg, Observed, ObservedKind, ObservedSink};
 use crate::pleg::relist::{GenericPleg, RELIST_PERIOD, RELIST_THRESHOLD};
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, SyncDeps};
@@ -55,6 +57,8 @@ pub enum Error {
     Cgroups(#[from] crate::cm::cgroupfs::Error),
     #[error("server: {0}")]
     Server(#[from] crate::server::Error),
+    #[error("event API: {0}")]
+    EventApi(#[from] crate::event_api::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -79,9 +83,12 @@ impl PodsProvider for PodsView {
     }
 }
 
-/// `/healthz` check `pleg`.
+/// `/healthz` check `pleg`; its note says which PLEG runs and, for a fallback, why.
 #[derive(Debug)]
-struct PlegHealth(GenericPleg);
+enum PlegHealth {
+    Evented(EventedPleg),
+    Relist { pleg: GenericPleg, why: String },
+}
 
 impl HealthCheck for PlegHealth {
     fn name(&self) -> &'static str {
@@ -89,8 +96,54 @@ impl HealthCheck for PlegHealth {
     }
 
     fn check(&self) -> Result<(), String> {
-        self.0.healthy()
+        match self {
+            Self::Evented(p) => p.healthy(),
+            Self::Relist { pleg, .. } => pleg.healthy(),
+        }
     }
+
+    fn detail(&self) -> Option<String> {
+        Some(match self {
+            Self::Evented(p) => match p.fallback_reason() {
+                Some(why) => format!("relisting only, every {}s: {why}", RELIST_PERIOD.as_secs()),
+                None => format!("evented: eBPF sensors, safety relist every {}s", p.period().as_secs()),
+            },
+            Self::Relist { why, .. } => format!("relisting only, every {}s: {why}", RELIST_PERIOD.as_secs()),
+        })
+    }
+}
+
+/// Publishes what the evented PLEG observed on the node event API, with the pod's and
+/// container's names.
+fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> ObservedSink {
+    Arc::new(move |o: Observed| {
+        let pod = pods.get(&o.pod_uid);
+        let container_name = relist
+            .runtime_pods()
+            .get(&o.pod_uid)
+            .and_then(|p| p.containers.get(&o.container_id).map(|(n, _)| n.clone()))
+            .unwrap_or_default();
+        let kind = match o.kind {
+            ObservedKind::ContainerStarted => NodeEventKind::ContainerStarted,
+            ObservedKind::ContainerDied => NodeEventKind::ContainerDied,
+            ObservedKind::OomKilled => NodeEventKind::ContainerOomKilled,
+            ObservedKind::CgroupCreated => NodeEventKind::CgroupCreated,
+            ObservedKind::CgroupRemoved => NodeEventKind::CgroupRemoved,
+            ObservedKind::MemoryPressure => NodeEventKind::MemoryPressure,
+        };
+        bus.publish(NodeEvent {
+            pod_uid: o.pod_uid,
+            pod_namespace: pod.as_ref().and_then(|p| p.metadata.namespace.clone()).unwrap_or_default(),
+            pod_name: pod.as_ref().and_then(|p| p.metadata.name.clone()).unwrap_or_default(),
+            container_id: o.container_id,
+            container_name,
+            kernel_time_ns: Some(o.kernel_time_ns),
+            exit_code: o.exit_code,
+            signal: o.signal,
+            oom_killed: o.kind == ObservedKind::OomKilled,
+            ..NodeEvent::new(kind)
+        });
+    })
 }
 
 async fn connect_runtime(rt: &RemoteRuntime, endpoint: &str, shutdown: &CancellationToken) -> Result<String, Error> {
@@ -131,14 +184,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let runtime_name = connect_runtime(&remote, &endpoint, &shutdown).await?;
     let rt: Arc<dyn RuntimeService> = Arc::new(remote);
 
-    let cm: Arc<dyn PodContainerManager> = Arc::new(CgroupfsPodContainerManager::new(CgroupConfig {
+    let cgroups = CgroupfsPodContainerManager::new(CgroupConfig {
         cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
         cgroups_per_qos: kc.cgroups_per_qos,
         cgroup_driver: kc.cgroup_driver.clone(),
         pod_pids_limit: kc.pod_pids_limit,
         cpu_cfs_quota: kc.cpu_cfs_quota,
         ..CgroupConfig::default()
-    })?);
+    })?;
+    let kubepods_dirs = cgroups.kubepods_dirs();
+    let cm: Arc<dyn PodContainerManager> = Arc::new(cgroups);
     cm.ensure_node_cgroups()?;
 
     let recorder = Arc::new(MemoryRecorder::new(&cfg.node_name));
@@ -146,23 +201,26 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         .crash_loop_back_off
         .max_container_restart_period
         .map_or(crate::runtime::backoff::MAX, crate::config::GoDuration::to_std);
-    let runtime = Arc::new(RuntimeManager::new(
-        rt.clone(),
-        cm.clone(),
-        metrics.clone(),
-        RuntimeManagerConfig {
-            pod_logs_dir: kc.pod_logs_dir.clone().into(),
-            root_dir: cfg.root_dir.clone(),
-            node_name: cfg.node_name.clone(),
-            host_ip: cfg.node_ip.clone(),
-        },
-        Backoff::new(
-            crate::runtime::backoff::INITIAL.min(crash_max),
-            crash_max,
-            Arc::new(crate::runtime::backoff::SystemClock),
-        ),
-        Backoff::default(),
-    ));
+    let runtime = Arc::new(
+        RuntimeManager::new(
+            rt.clone(),
+            cm.clone(),
+            metrics.clone(),
+            RuntimeManagerConfig {
+                pod_logs_dir: kc.pod_logs_dir.clone().into(),
+                root_dir: cfg.root_dir.clone(),
+                node_name: cfg.node_name.clone(),
+                host_ip: cfg.node_ip.clone(),
+            },
+            Backoff::new(
+                crate::runtime::backoff::INITIAL.min(crash_max),
+                crash_max,
+                Arc::new(crate::runtime::backoff::TokioClock::new()),
+            ),
+            Backoff::default(),
+        )
+        .with_recorder(recorder.clone()),
+    );
     let status = Arc::new(StatusManager::default());
     let sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     let pod_manager = PodManager::new(&sources);
@@ -181,14 +239,63 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         tracker.clone(),
         shutdown.clone(),
     );
-    let pleg = GenericPleg::new(rt.clone(), metrics.clone(), RELIST_PERIOD, RELIST_THRESHOLD);
+    let event_bus = EventBus::default();
+    let event_api = match &cfg.swiftlet.event_api_socket {
+        Some(socket) => Some(EventApiServer::new(socket.clone(), event_bus.clone()).bind().await?),
+        None => None,
+    };
+    // The evented PLEG when asked for and the kernel lets us; else the 1 s relist alone.
+    let sensors = if cfg.swiftlet.evented_pleg {
+        crate::pleg::sensors::start(&kubepods_dirs)
+    } else {
+        Err("disabled by --evented-pleg=false".to_string())
+    };
+    let (pleg, evented, sensors) = match sensors {
+        Ok(running) => {
+            let relist =
+                GenericPleg::new(rt.clone(), metrics.clone(), cfg.swiftlet.pleg_relist_period, RELIST_THRESHOLD);
+            let mut index = CgroupIndex::default();
+            if let Some(d) = &kubepods_dirs.cgroup2 {
+                index.scan(crate::pleg::evented::CGROUP2_HIERARCHY, d);
+            }
+            let memory_hierarchy = crate::pleg::sensors::memory_hierarchy_id();
+            if let Some(d) = &kubepods_dirs.memory_v1 {
+                index.scan(memory_hierarchy, d);
+            }
+            let sink = observed_sink(event_bus.clone(), pod_manager.clone(), relist.clone());
+            let evented = EventedPleg::new(
+                relist.clone(),
+                rt.clone(),
+                metrics.clone(),
+                cfg.swiftlet.pleg_relist_period,
+                index,
+                memory_hierarchy,
+                Some(sink),
+            );
+            tracing::info!(
+                safety_relist = ?cfg.swiftlet.pleg_relist_period,
+                "evented PLEG: container lifecycle from the kernel (eBPF)"
+            );
+            (relist, Some(evented), Ok(running))
+        }
+        Err(why) => {
+            tracing::warn!(reason = %why, "evented PLEG unavailable; running the {}s relisting PLEG", RELIST_PERIOD.as_secs());
+            metrics.evented_pleg_active.set(0);
+            (GenericPleg::new(rt.clone(), metrics.clone(), RELIST_PERIOD, RELIST_THRESHOLD), None, Err(why))
+        }
+    };
+    let pleg_health = match (&evented, &sensors) {
+        (Some(e), _) => PlegHealth::Evented(e.clone()),
+        (None, Err(why)) => PlegHealth::Relist { pleg: pleg.clone(), why: why.clone() },
+        (None, Ok(_)) => unreachable!("sensors run only with the evented PLEG"),
+    };
 
     let events_view = recorder.clone();
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),
     )
-    .health_check(Arc::new(PlegHealth(pleg.clone())))
+    .health_check(Arc::new(pleg_health))
     .route(
         "/events",
         get(move || {
@@ -212,7 +319,21 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         tracker.spawn(src.run(update_tx.clone(), shutdown.clone()).instrument(tracing::info_span!("static_pods")));
     }
     drop(update_tx);
-    tracker.spawn(pleg.clone().run(pleg_tx, shutdown.clone()).instrument(tracing::info_span!("pleg")));
+    match (evented, sensors) {
+        (Some(evented), Ok(running)) => {
+            tracker.spawn(
+                evented
+                    .run(running.events, running.drops, pleg_tx, shutdown.clone())
+                    .instrument(tracing::info_span!("evented_pleg")),
+            );
+        }
+        _ => {
+            tracker.spawn(pleg.clone().run(pleg_tx, shutdown.clone()).instrument(tracing::info_span!("pleg")));
+        }
+    }
+    if let Some(api) = event_api {
+        tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
+    }
     let sync_loop = SyncLoop { pod_manager, workers, pleg, runtime, cm, metrics };
     tracker.spawn(sync_loop.run(update_rx, pleg_rx, shutdown.clone()).instrument(tracing::info_span!("sync_loop")));
     let server_shutdown = shutdown.clone();

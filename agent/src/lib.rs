@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod cm;
 pub mod config;
+pub mod event_api;
 pub mod events;
 pub mod metrics;
 pub mod pleg;

@@ -55,6 +55,12 @@ pub struct WorkingPodLabels {
     pub r#static: String,
 }
 
+/// Label set `kind` of `kubelet_evented_pleg_kernel_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KernelEventLabels {
+    pub kind: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
@@ -102,6 +108,16 @@ pub struct KubeletMetrics {
     pub cgroup_manager_duration: HistogramFamily<OperationLabels>,
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
+    /// swiftlet: kernel events received from the eBPF sensors, by kind.
+    pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
+    /// swiftlet: kernel events lost because the ring buffer was full.
+    pub evented_pleg_ringbuf_drops: Counter,
+    /// swiftlet: changes the safety-net relist found that the kernel path missed.
+    pub evented_pleg_relist_repairs: Counter,
+    /// swiftlet: kernel timestamp of a container's exec/exit → event handed to its pod worker.
+    pub evented_pleg_event_latency: Histogram,
+    /// swiftlet: 1 while the evented (eBPF) PLEG runs, 0 when relisting alone.
+    pub evented_pleg_active: Gauge,
 }
 
 impl KubeletMetrics {
@@ -132,6 +148,12 @@ impl KubeletMetrics {
             node_name: Family::default(),
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+            evented_pleg_kernel_events: Family::default(),
+            evented_pleg_ringbuf_drops: Counter::default(),
+            evented_pleg_relist_repairs: Counter::default(),
+            // 50 µs .. ~1.6 s: the kernel path lives in the sub-millisecond range.
+            evented_pleg_event_latency: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            evented_pleg_active: Gauge::default(),
         };
         m.node_name.get_or_create(&NodeLabels { node: node_name.to_string() }).set(1);
         m.register(registry);
@@ -241,6 +263,31 @@ impl KubeletMetrics {
             self.cgroup_manager_duration.clone(),
         );
         r.register("kubelet_node_name", "[ALPHA] The node's name. The count is always 1", self.node_name.clone());
+        r.register(
+            "kubelet_evented_pleg_kernel_events",
+            "Kernel events received from swiftlet's eBPF sensors, by kind",
+            self.evented_pleg_kernel_events.clone(),
+        );
+        r.register(
+            "kubelet_evented_pleg_ringbuf_drops",
+            "Kernel events lost because the eBPF ring buffer was full",
+            self.evented_pleg_ringbuf_drops.clone(),
+        );
+        r.register(
+            "kubelet_evented_pleg_relist_repairs",
+            "Container state changes found by the safety-net relist that the kernel path missed",
+            self.evented_pleg_relist_repairs.clone(),
+        );
+        r.register(
+            "kubelet_evented_pleg_event_latency_seconds",
+            "Time from the kernel seeing a container's init exec or exit to the event reaching its pod worker",
+            self.evented_pleg_event_latency.clone(),
+        );
+        r.register(
+            "kubelet_evented_pleg_active",
+            "1 while the evented (eBPF) PLEG runs, 0 when the relisting PLEG runs alone",
+            self.evented_pleg_active.clone(),
+        );
         r.register(
             "kubelet_containers_per_pod_count",
             "[ALPHA] The number of containers per pod",

@@ -520,6 +520,7 @@ mod tests {
     use super::*;
     use crate::cm::FakePodContainerManager;
     use crate::events::MemoryRecorder;
+    use crate::runtime::backoff::{Clock, SystemClock, TokioClock};
     use crate::runtime::fake::FakeRuntime;
     use crate::runtime::manager::RuntimeManagerConfig;
     use crate::runtime::{Backoff, RuntimeService};
@@ -547,8 +548,12 @@ mod tests {
     }
 
     fn env() -> Env {
+        env_with(Arc::new(SystemClock))
+    }
+
+    fn env_with(clock: Arc<dyn Clock>) -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let rt = Arc::new(FakeRuntime::with_images(&["img"]));
+        let rt = Arc::new(FakeRuntime::with_images(&["img"]).with_clock(clock.clone()));
         let metrics = Arc::new(KubeletMetrics::unregistered());
         let cm: Arc<dyn PodContainerManager> = Arc::new(FakePodContainerManager::default());
         let manager = RuntimeManager::new(
@@ -561,7 +566,7 @@ mod tests {
                 node_name: "n".into(),
                 host_ip: None,
             },
-            Backoff::default(),
+            Backoff::new(crate::runtime::backoff::INITIAL, crate::runtime::backoff::MAX, clock),
             Backoff::default(),
         );
         let status = Arc::new(StatusManager::default());
@@ -637,6 +642,31 @@ mod tests {
         let last_remove = calls.iter().rposition(|c| c == "remove_podsandbox").unwrap();
         let last_run = calls.iter().rposition(|c| c == "run_podsandbox").unwrap();
         assert!(last_remove < last_run, "new instance started before old one was removed: {calls:?}");
+        e.stop.cancel();
+    }
+
+    /// The crash-loop schedule in (paused) time: restarts after 0, 10, 20, 40 and 80 s.
+    #[tokio::test(start_paused = true)]
+    async fn crash_loop_restarts_wait_for_the_growing_backoff() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u3", "crash", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        let mut starts = Vec::new();
+        for n in 1..=6 {
+            while e.rt.created_containers() < n {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            starts.push(tokio::time::Instant::now());
+            // The container crashes at once; the PLEG would report it.
+            let newest = e.rt.containers_named("c").last().cloned().unwrap();
+            e.rt.exit_container(&newest, 1);
+            e.workers.update_pod(p.clone(), WorkType::Sync);
+        }
+        let gaps: Vec<u64> = starts.windows(2).map(|w| (w[1] - w[0]).as_secs_f64().round() as u64).collect();
+        assert_eq!(gaps, vec![0, 10, 20, 40, 80]);
+        let status = e.status.get("u3").unwrap();
+        let c = &status.container_statuses.unwrap()[0];
+        assert_eq!(c.restart_count, 5);
         e.stop.cancel();
     }
 }

@@ -63,6 +63,10 @@ impl SyncLoop {
         if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
             tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
             self.workers.update_pod(pod, WorkType::Sync);
+            if let Some(k) = ev.kernel_time_ns {
+                let now = crate::pleg::evented::monotonic_now_ns();
+                self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
+            }
         }
     }
 

@@ -119,11 +119,14 @@ fn free_port() -> Result<u16> {
 pub struct AgentOptions {
     pub sync_frequency: &'static str,
     pub extra_config: String,
+    /// `--evented-pleg`: the eBPF PLEG (true) or the relisting PLEG alone (false).
+    pub evented_pleg: bool,
+    pub extra_flags: Vec<String>,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { sync_frequency: "10s", extra_config: String::new() }
+        Self { sync_frequency: "10s", extra_config: String::new(), evented_pleg: true, extra_flags: Vec::new() }
     }
 }
 
@@ -140,6 +143,7 @@ pub struct Agent {
     pub node_name: String,
     config_path: PathBuf,
     endpoint: String,
+    flags: Vec<String>,
     http: reqwest::Client,
     log_path: PathBuf,
 }
@@ -193,7 +197,11 @@ authorization:
         let http =
             reqwest::Client::builder().danger_accept_invalid_certs(true).timeout(Duration::from_secs(10)).build()?;
         let log_path = dir.path().join("swiftlet.log");
+        let mut flags = opts.extra_flags.clone();
+        flags.push(format!("--evented-pleg={}", opts.evented_pleg));
+        flags.push(format!("--event-api-socket={}", dir.path().join("events.sock").display()));
         let mut agent = Self {
+            flags,
             child: None,
             manifests,
             logs_dir,
@@ -227,6 +235,7 @@ authorization:
             .arg(&self.node_name)
             .arg("--v")
             .arg("4")
+            .args(&self.flags)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -253,6 +262,22 @@ authorization:
     #[must_use]
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The event API socket of this agent.
+    #[must_use]
+    pub fn event_socket(&self) -> PathBuf {
+        self.dir.path().join("events.sock")
+    }
+
+    /// The value of a metric sample line `name{labels} value` in `/metrics` (0 if absent).
+    pub async fn metric(&self, series: &str) -> Result<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        Ok(body
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0))
     }
 
     /// The process id.

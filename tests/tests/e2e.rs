@@ -10,6 +10,8 @@ use serde_json::Value;
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, existing_cgroup_dirs, testbed_lock};
 
 const BUSYBOX: &str = "localhost/busybox:latest";
+/// Tests that run in one PLEG mode only use the evented one (the default).
+const EVENTED: bool = true;
 
 fn pod_yaml(name: &str, policy: &str, script: &str, extra_container: &str) -> String {
     format!(
@@ -62,16 +64,15 @@ fn running(p: &Value, name: &str) -> bool {
     !container(p, name)["state"]["running"].is_null()
 }
 
-async fn setup() -> Result<(Agent, Cri)> {
+async fn setup(evented: bool) -> Result<(Agent, Cri)> {
     let cri = Cri::connect(&cri_endpoint()?)?;
-    let agent = Agent::start(AgentOptions::default()).await?;
+    let agent = Agent::start(AgentOptions { evented_pleg: evented, ..AgentOptions::default() }).await?;
     Ok((agent, cri))
 }
 
-#[tokio::test]
-async fn static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely() -> Result<()> {
+async fn static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(evented).await?;
     let extra = "    resources:\n      requests: {cpu: 100m, memory: 32Mi}\n      limits: {cpu: 200m, memory: 64Mi}\n";
     agent.write_manifest("web.yaml", &pod_yaml("web", "Always", SERVE, extra))?;
     let p = agent.wait_pod("web", Duration::from_mins(1), |p| phase(p) == "Running" && running(p, "main")).await?;
@@ -130,10 +131,9 @@ async fn static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely
     agent.shutdown(&cri).await
 }
 
-#[tokio::test]
-async fn restart_policies_always_onfailure_never() -> Result<()> {
+async fn restart_policies_always_onfailure_never(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(evented).await?;
     agent.write_manifest("always.yaml", &pod_yaml("always", "Always", "exit 0", ""))?;
     agent.write_manifest("onfail-ok.yaml", &pod_yaml("onfail-ok", "OnFailure", "exit 0", ""))?;
     agent.write_manifest("onfail-bad.yaml", &pod_yaml("onfail-bad", "OnFailure", "exit 1", ""))?;
@@ -164,10 +164,9 @@ async fn restart_policies_always_onfailure_never() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
-#[tokio::test]
-async fn crashing_container_backs_off_with_growing_delays() -> Result<()> {
+async fn crashing_container_backs_off_with_growing_delays(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(evented).await?;
     agent.write_manifest("crash.yaml", &pod_yaml("crash", "Always", "exit 1", ""))?;
     let p = agent
         .wait_pod("crash", Duration::from_mins(1), |p| {
@@ -193,10 +192,9 @@ async fn crashing_container_backs_off_with_growing_delays() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
-#[tokio::test]
-async fn init_containers_run_in_order_and_a_failing_one_blocks_the_app() -> Result<()> {
+async fn init_containers_run_in_order_and_a_failing_one_blocks_the_app(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(evented).await?;
     let inits = format!(
         "  initContainers:\n  - name: first\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"sleep 1\"]\n  - name: second\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"true\"]\n"
     );
@@ -241,7 +239,7 @@ async fn init_containers_run_in_order_and_a_failing_one_blocks_the_app() -> Resu
 #[tokio::test]
 async fn malformed_manifest_is_reported_and_skipped() -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(EVENTED).await?;
     agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: bad\nspec: nope\n")?;
     agent.write_manifest("invalid.yaml", &pod_yaml("Invalid_Name", "Sometimes", SERVE, ""))?;
     agent.write_manifest("good.yaml", &pod_yaml("good", "Always", SERVE, ""))?;
@@ -269,10 +267,9 @@ async fn malformed_manifest_is_reported_and_skipped() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
-#[tokio::test]
-async fn agent_kill9_and_restart_restarts_no_container() -> Result<()> {
+async fn agent_kill9_and_restart_restarts_no_container(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (mut agent, cri) = setup().await?;
+    let (mut agent, cri) = setup(evented).await?;
     agent.write_manifest("a.yaml", &pod_yaml("keep-a", "Always", SERVE, ""))?;
     agent.write_manifest("b.yaml", &pod_yaml("keep-b", "OnFailure", SERVE, ""))?;
     let a = agent.wait_pod("keep-a", Duration::from_mins(1), |p| running(p, "main")).await?;
@@ -316,7 +313,7 @@ async fn agent_kill9_and_restart_restarts_no_container() -> Result<()> {
 #[tokio::test]
 async fn healthz_pods_and_metrics_are_served() -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
+    let (agent, cri) = setup(EVENTED).await?;
     let (code, body) = agent.healthz().await?;
     assert_eq!((code, body.as_str()), (200, "ok"));
     let (code, body) = agent.get("/healthz?verbose").await?;
@@ -349,5 +346,92 @@ async fn healthz_pods_and_metrics_are_served() -> Result<()> {
         .output()?;
     let complaints = String::from_utf8_lossy(&out.stderr);
     assert!(!complaints.lines().any(|l| l.contains("error") || l.contains("parse")), "promtool: {complaints}");
+    agent.shutdown(&cri).await
+}
+
+/// Runs each lifecycle scenario twice: with the eBPF (evented) PLEG and with the
+/// relisting PLEG alone (the fallback when eBPF cannot load).
+macro_rules! in_both_pleg_modes {
+    ($($name:ident),* $(,)?) => {
+        mod evented_pleg {
+            $(#[tokio::test]
+            async fn $name() -> anyhow::Result<()> {
+                super::$name(true).await
+            })*
+        }
+        mod relist_pleg {
+            $(#[tokio::test]
+            async fn $name() -> anyhow::Result<()> {
+                super::$name(false).await
+            })*
+        }
+    };
+}
+
+in_both_pleg_modes!(
+    static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely,
+    restart_policies_always_onfailure_never,
+    crashing_container_backs_off_with_growing_delays,
+    init_containers_run_in_order_and_a_failing_one_blocks_the_app,
+    agent_kill9_and_restart_restarts_no_container,
+);
+
+/// The main pid of a container, from the runtime's verbose status.
+async fn container_pid(cri: &Cri, id: &str) -> Result<i32> {
+    let st = cri.container_status(id).await?;
+    let info: Value = serde_json::from_str(st.info.get("info").map_or("{}", String::as_str))?;
+    info["pid"].as_i64().map(|p| p as i32).ok_or_else(|| anyhow::anyhow!("no pid in container info"))
+}
+
+/// A container killed from the host is seen by the kernel sensors: the pod worker hears
+/// of it long before the 30 s safety relist or the 1 min resync could tell it.
+#[tokio::test]
+async fn container_killed_from_the_host_is_seen_by_the_kernel() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions { sync_frequency: "1m", ..AgentOptions::default() }).await?;
+    let (_, health) = agent.get("/healthz?verbose").await?;
+    assert!(health.contains("[+]pleg ok (evented"), "evented PLEG must be active here (root, BTF): {health}");
+    agent.write_manifest("victim.yaml", &pod_yaml("victim", "Always", SERVE, ""))?;
+    let p = agent.wait_pod("victim", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let cid = cri.containers(&uid(&p)).await?[0].id.clone();
+    let pid = container_pid(&cri, &cid).await?;
+    // SAFETY: kill(2) on the container's init process, found through CRI.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let p = agent
+        .wait_pod("victim", Duration::from_secs(10), |p| {
+            restarts(p, "main") == 1 && container(p, "main")["lastState"]["terminated"]["exitCode"] == 137
+        })
+        .await?;
+    assert!(running(&p, "main") || !container(&p, "main")["state"]["waiting"].is_null());
+    assert!(agent.metric("kubelet_evented_pleg_kernel_events_total{kind=\"exit\"}").await? >= 1.0);
+    assert!(agent.metric("kubelet_evented_pleg_event_latency_seconds_count").await? >= 1.0);
+    assert!(agent.metric("kubelet_evented_pleg_relist_repairs_total").await? < 0.5, "no repairs");
+    assert!(agent.metric("kubelet_evented_pleg_active").await? > 0.5, "evented PLEG active");
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn oom_killed_container_is_reported_as_oomkilled() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(EVENTED).await?;
+    let limits = "    resources:\n      limits: {memory: 24Mi}\n";
+    agent.write_manifest("hog.yaml", &pod_yaml("hog", "Never", "tail /dev/zero", limits))?;
+    let p = agent.wait_pod("hog", Duration::from_mins(1), |p| phase(p) == "Failed").await?;
+    let term = &container(&p, "main")["state"]["terminated"];
+    assert_eq!(term["reason"], "OOMKilled", "{term}");
+    assert_eq!(term["exitCode"], 137);
+    assert!(agent.metric("kubelet_evented_pleg_kernel_events_total{kind=\"oom_kill\"}").await? >= 1.0);
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn relist_fallback_is_visible_in_healthz_and_metrics() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(false).await?;
+    let (_, health) = agent.get("/healthz?verbose").await?;
+    assert!(health.contains("[+]pleg ok (relisting only"), "{health}");
+    assert!(health.contains("--evented-pleg=false"), "{health}");
+    assert!(agent.metric("kubelet_evented_pleg_active").await? < 0.5, "evented PLEG inactive");
     agent.shutdown(&cri).await
 }

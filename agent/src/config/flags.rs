@@ -105,6 +105,18 @@ pub struct Flags {
     /// Refuse to start when swap is on (failSwapOn).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub fail_swap_on: Option<bool>,
+    /// swiftlet only: use the eBPF sensors for the PLEG. `--evented-pleg=false` runs the
+    /// 1 s relisting PLEG alone, as the upstream kubelet does.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub evented_pleg: Option<bool>,
+    /// swiftlet only: period of the safety-net relist that runs under the evented PLEG.
+    /// Default 30s. (Without eBPF the relist period is the upstream 1s.)
+    #[arg(long, value_name = "DURATION")]
+    pub pleg_relist_period: Option<GoDuration>,
+    /// swiftlet only: unix socket of the node-local event API. Default
+    /// `<root-dir>/swiftlet/events.sock`; an empty value turns the API off.
+    #[arg(long, value_name = "PATH")]
+    pub event_api_socket: Option<PathBuf>,
 }
 
 impl Default for Flags {

@@ -133,6 +133,21 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     /// `--config`.
     pub config_file: Option<PathBuf>,
+    /// Settings that exist only in swiftlet (flags; not part of `KubeletConfiguration`).
+    pub swiftlet: SwiftletOptions,
+}
+
+/// swiftlet's own settings, given as flags so that a `KubeletConfiguration` file stays
+/// exactly the upstream type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwiftletOptions {
+    /// `--evented-pleg`: use the eBPF sensors. Default: true.
+    pub evented_pleg: bool,
+    /// `--pleg-relist-period`: the safety-net relist under the evented PLEG. Default: 30s.
+    pub pleg_relist_period: std::time::Duration,
+    /// `--event-api-socket`: `None` turns the event API off. Default:
+    /// `<root-dir>/swiftlet/events.sock`.
+    pub event_api_socket: Option<PathBuf>,
 }
 
 /// Reads the `--config` file, applies defaults and flags, and validates the result.
@@ -179,6 +194,9 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
             }
         }
     }
+    if flags.pleg_relist_period.is_some_and(|d| d.to_std().is_zero()) {
+        problems.push("--pleg-relist-period: must be greater than 0".to_owned());
+    }
     if !problems.is_empty() {
         return Err(invalid(&flags, problems));
     }
@@ -191,6 +209,15 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         cert_dir: flags.cert_dir.clone(),
         node_ip: flags.node_ip.clone(),
         node_labels: flags.node_labels(),
+        swiftlet: SwiftletOptions {
+            evented_pleg: flags.evented_pleg.unwrap_or(true),
+            pleg_relist_period: flags.pleg_relist_period.map_or(std::time::Duration::from_secs(30), GoDuration::to_std),
+            event_api_socket: match &flags.event_api_socket {
+                Some(p) if p.as_os_str().is_empty() => None,
+                Some(p) => Some(p.clone()),
+                None => Some(flags.root_dir.join("swiftlet").join("events.sock")),
+            },
+        },
         config_file: flags.config,
     })
 }

@@ -1,9 +1,16 @@
 //! The pod lifecycle event generator (`pkg/kubelet/pleg`): tells the sync loop that a
-//! pod's containers changed state in the runtime. [`relist::GenericPleg`] lists the
-//! runtime every second and diffs; it is the safety net under the eBPF-driven PLEG
-//! (next issue) and the only PLEG when eBPF cannot load.
+//! pod's containers changed state in the runtime.
+//!
+//! - [`relist::GenericPleg`] lists the runtime periodically and diffs (upstream's generic
+//!   PLEG). Alone, at 1 s, it is the PLEG when eBPF is off or cannot load.
+//! - [`evented::EventedPleg`] turns kernel events (container init exec/exit, seen by the
+//!   eBPF sensors in microseconds) into lifecycle events after confirming the new state
+//!   with one CRI status call, and keeps a slow relist (30 s) underneath as a safety net
+//!   that repairs, counts and logs anything the kernel path missed.
 
+pub mod evented;
 pub mod relist;
+pub mod sensors;
 
 use std::time::Duration;
 
@@ -23,6 +30,9 @@ pub struct PodLifecycleEvent {
     pub pod_uid: String,
     pub kind: PodLifecycleEventType,
     pub data: String,
+    /// When the kernel saw the change (`CLOCK_MONOTONIC` ns), for events from the eBPF
+    /// sensors; `None` for relist events.
+    pub kernel_time_ns: Option<u64>,
 }
 
 /// The PLEG boundary: events go to a channel given at construction; the sync loop and

@@ -23,7 +23,7 @@ pub const RELIST_THRESHOLD: Duration = Duration::from_mins(3);
 
 /// PLEG-level state of a container or sandbox (upstream `plegContainerState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PlegState {
+pub(crate) enum PlegState {
     Running,
     Exited,
     Unknown,
@@ -54,7 +54,7 @@ fn events_for(uid: &str, id: &str, old: PlegState, new: PlegState, out: &mut Vec
     if old == new {
         return;
     }
-    let ev = |kind| PodLifecycleEvent { pod_uid: uid.to_string(), kind, data: id.to_string() };
+    let ev = |kind| PodLifecycleEvent { pod_uid: uid.to_string(), kind, data: id.to_string(), kernel_time_ns: None };
     match new {
         PlegState::Running => out.push(ev(PodLifecycleEventType::ContainerStarted)),
         PlegState::Exited => out.push(ev(PodLifecycleEventType::ContainerDied)),
@@ -128,6 +128,19 @@ impl GenericPleg {
 
     /// One relist: list, diff, publish. Returns the events (already sent to `tx`).
     pub async fn relist(&self, tx: &mpsc::Sender<PodLifecycleEvent>) -> crate::runtime::Result<Vec<PodLifecycleEvent>> {
+        let events = self.relist_events().await?;
+        for e in &events {
+            if tx.try_send(e.clone()).is_err() {
+                // Upstream drops events when the channel is full; the periodic sync repairs.
+                self.metrics.pleg_discard_events.inc();
+            }
+        }
+        Ok(events)
+    }
+
+    /// One relist without sending: list, diff against the previous listing, publish the
+    /// snapshot and metrics, and return the events.
+    pub async fn relist_events(&self) -> crate::runtime::Result<Vec<PodLifecycleEvent>> {
         let start = Instant::now();
         {
             let s = self.shared.read().unwrap();
@@ -152,12 +165,6 @@ impl GenericPleg {
         self.update_running_metrics();
         self.metrics.pleg_relist_duration.observe(start.elapsed().as_secs_f64());
         self.metrics.pleg_last_seen.set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
-        for e in &events {
-            if tx.try_send(e.clone()).is_err() {
-                // Upstream drops events when the channel is full; the periodic sync repairs.
-                self.metrics.pleg_discard_events.inc();
-            }
-        }
         Ok(events)
     }
 

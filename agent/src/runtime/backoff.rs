@@ -30,6 +30,35 @@ impl Clock for SystemClock {
     }
 }
 
+/// Wall time that moves with tokio's clock: anchored to the wall clock once, then
+/// advanced by `tokio::time::Instant`. In production it follows the wall clock (and
+/// ignores wall-clock jumps); under paused test time it moves only when the test's
+/// time does, so back-off schedules are tested without waiting.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    wall: SystemTime,
+    mono: tokio::time::Instant,
+}
+
+impl TokioClock {
+    #[must_use]
+    pub fn new() -> Self {
+        Self { wall: SystemTime::now(), mono: tokio::time::Instant::now() }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> SystemTime {
+        self.wall + self.mono.elapsed()
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     backoff: Duration,

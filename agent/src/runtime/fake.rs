@@ -3,11 +3,12 @@
 //! recorded so tests can assert what the kubelet asked for.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::UNIX_EPOCH;
 
 use async_trait::async_trait;
 
+use super::backoff::{Clock, SystemClock};
 use super::{Result, RuntimeService, api};
 
 #[derive(Debug, Default)]
@@ -22,13 +23,16 @@ struct State {
 }
 
 /// In-memory runtime.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FakeRuntime {
     state: Mutex<State>,
+    clock: Arc<dyn Clock>,
 }
 
-fn now_nanos() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+impl Default for FakeRuntime {
+    fn default() -> Self {
+        Self { state: Mutex::default(), clock: Arc::new(SystemClock) }
+    }
 }
 
 fn not_found(what: &str) -> super::Error {
@@ -44,6 +48,23 @@ impl FakeRuntime {
         rt
     }
 
+    /// Uses `clock` for container start and finish times (paused-time tests).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn now_nanos(&self) -> i64 {
+        self.clock.now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+    }
+
+    /// How many containers were created so far.
+    #[must_use]
+    pub fn created_containers(&self) -> usize {
+        self.state.lock().unwrap().calls.iter().filter(|c| *c == "create_container").count()
+    }
+
     /// The names of the calls made so far, in order.
     #[must_use]
     pub fn calls(&self) -> Vec<String> {
@@ -56,7 +77,7 @@ impl FakeRuntime {
         if let Some(c) = s.containers.get_mut(id) {
             c.state = api::ContainerState::ContainerExited as i32;
             c.exit_code = code;
-            c.finished_at = now_nanos();
+            c.finished_at = self.now_nanos();
             c.reason = if code == 0 { "Completed" } else { "Error" }.into();
         }
     }
@@ -98,7 +119,7 @@ impl RuntimeService for FakeRuntime {
         let mut s = self.record("run_podsandbox");
         s.next_id += 1;
         s.clock += 1;
-        let id = format!("sandbox-{}", s.next_id);
+        let id = format!("{:064x}", s.next_id);
         let created = s.clock;
         s.sandboxes.insert(id.clone(), (config, api::PodSandboxState::SandboxReady as i32, created));
         Ok(id)
@@ -171,7 +192,7 @@ impl RuntimeService for FakeRuntime {
         }
         s.next_id += 1;
         s.clock += 1;
-        let id = format!("ctr-{}", s.next_id);
+        let id = format!("{:064x}", s.next_id);
         let st = api::ContainerStatus {
             id: id.clone(),
             metadata: config.metadata.clone(),
@@ -193,7 +214,7 @@ impl RuntimeService for FakeRuntime {
         let mut s = self.record("start_container");
         let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         c.state = api::ContainerState::ContainerRunning as i32;
-        c.started_at = now_nanos();
+        c.started_at = self.now_nanos();
         Ok(())
     }
 
@@ -203,7 +224,7 @@ impl RuntimeService for FakeRuntime {
         if c.state != api::ContainerState::ContainerExited as i32 {
             c.state = api::ContainerState::ContainerExited as i32;
             c.exit_code = 137;
-            c.finished_at = now_nanos();
+            c.finished_at = self.now_nanos();
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ use super::labels;
 use super::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
+use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics};
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
@@ -288,6 +289,7 @@ pub struct RuntimeManager {
     /// Last start failure per (pod uid, container name): (reason, message). Upstream
     /// `ReasonCache`; cleared by a successful start.
     reasons: Mutex<HashMap<(String, String), (String, String)>>,
+    recorder: Option<Arc<dyn EventRecorder>>,
 }
 
 impl RuntimeManager {
@@ -308,6 +310,20 @@ impl RuntimeManager {
             backoff: Mutex::new(backoff),
             image_backoff: Mutex::new(image_backoff),
             reasons: Mutex::new(HashMap::new()),
+            recorder: None,
+        }
+    }
+
+    /// Records pod events (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`, ...) as upstream.
+    #[must_use]
+    pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>) -> Self {
+        self.recorder = Some(recorder);
+        self
+    }
+
+    fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
+        if let Some(r) = &self.recorder {
+            r.record(pod_ref(pod), type_, reason, message);
         }
     }
 
@@ -380,6 +396,14 @@ impl RuntimeManager {
                 "all containers are done"
             };
             tracing::info!(pod = %pod_full_name(pod), reason, "killing pod");
+            if actions.create_sandbox {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.".into(),
+                );
+            }
             if let Err(e) = self.kill_pod(Some(pod), status, None).await {
                 result.errors.push(format!("KillPod: {e}"));
                 return result;
@@ -422,6 +446,12 @@ impl RuntimeManager {
                 }
                 Err(e) => {
                     tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
+                    self.event(
+                        pod,
+                        EventType::Warning,
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {e}"),
+                    );
                     result.errors.push(format!("CreatePodSandbox: {e}"));
                     self.metrics.started_pods_errors.inc();
                     return result;
@@ -476,6 +506,12 @@ impl RuntimeManager {
                 pod_full_name(pod)
             );
             self.set_reason(uid, &container.name, reasons::CRASH_LOOP_BACK_OFF, msg.clone());
+            self.event(
+                pod,
+                EventType::Warning,
+                "BackOff",
+                format!("Back-off restarting failed container {} in pod {}", container.name, pod_full_name(pod)),
+            );
             result.errors.push(format!("{}: {msg}", reasons::CRASH_LOOP_BACK_OFF));
             result.requeue_after = Some(result.requeue_after.map_or(wait, |r| r.min(wait)));
             return;
@@ -497,6 +533,13 @@ impl RuntimeManager {
                     .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
                     .inc();
                 self.set_reason(uid, &container.name, reason, msg.clone());
+                let event_reason = match reason {
+                    reasons::IMAGE_PULL_BACK_OFF => "BackOff",
+                    reasons::ERR_IMAGE_NEVER_PULL => reasons::ERR_IMAGE_NEVER_PULL,
+                    reasons::INVALID_IMAGE_NAME => "InspectFailed",
+                    _ => "Failed",
+                };
+                self.event(pod, EventType::Warning, event_reason, format!("Error: {reason}: {msg}"));
                 result.errors.push(format!("{reason}: {msg}"));
                 if let Some(r) = retry {
                     result.requeue_after = Some(result.requeue_after.map_or(r, |x| x.min(r)));
@@ -578,6 +621,12 @@ impl RuntimeManager {
         };
         if policy != "Always" {
             if let Some(img) = present {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Container image \"{image}\" already present on machine"),
+                );
                 return Ok(img.id);
             }
             if policy == "Never" {
@@ -594,8 +643,18 @@ impl RuntimeManager {
             return Err((reasons::IMAGE_PULL_BACK_OFF, format!("Back-off pulling image \"{image}\""), Some(rem)));
         }
         tracing::info!(pod = %pod_full_name(pod), %image, "pulling image");
+        self.event(pod, EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
+        let pull_start = std::time::Instant::now();
         match self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await {
-            Ok(r) => Ok(r),
+            Ok(r) => {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Pulled",
+                    format!("Successfully pulled image \"{image}\" in {:.3}s", pull_start.elapsed().as_secs_f64()),
+                );
+                Ok(r)
+            }
             Err(e) => {
                 let mut b = self.image_backoff.lock().unwrap();
                 b.next(&key, now);
@@ -625,9 +684,11 @@ impl RuntimeManager {
             .create_container(sandbox_id, config, sandbox_config.clone())
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
+        self.event(pod, EventType::Normal, "Created", format!("Created container {}", container.name));
         if let Err(e) = self.rt.start_container(&id).await {
             return Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None));
         }
+        self.event(pod, EventType::Normal, "Started", format!("Started container {}", container.name));
         tracing::info!(pod = %pod_full_name(pod), container = %container.name, id = %id, restart_count, "started container");
         Ok(())
     }
@@ -924,6 +985,7 @@ impl RuntimeManager {
             .unwrap_or(DEFAULT_GRACE_PERIOD_SECS)
             .max(MINIMUM_GRACE_PERIOD_SECS);
         tracing::debug!(pod = %pod_full_name(pod), container = %name, grace, "stopping container");
+        self.event(pod, EventType::Normal, "Killing", format!("Stopping container {name}"));
         match self.rt.stop_container(id, grace).await {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
@@ -947,6 +1009,11 @@ impl RuntimeManager {
             .iter()
             .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Created | ContainerState::Unknown))
             .collect();
+        if let Some(pod) = pod {
+            for c in running.iter().filter(|c| c.state == ContainerState::Running) {
+                self.event(pod, EventType::Normal, "Killing", format!("Stopping container {}", c.name));
+            }
+        }
         let stops = running.iter().map(|c| async move {
             match self.rt.stop_container(&c.id, grace).await {
                 Err(e) if !e.is_not_found() => Err(e),

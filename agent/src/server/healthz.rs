@@ -1,8 +1,8 @@
 //! `/healthz`: named health checks rendered the way `k8s.io/apiserver/pkg/server/healthz`
 //! renders them, served on the plain healthz port and (authenticated) on the API port.
 //!
-//! - all checks pass: 200 `ok` (with `?verbose`: one `[+]name ok` line per check, then
-//!   `healthz check passed`);
+//! - all checks pass: 200 `ok` (with `?verbose`: one `[+]name ok` line per check, with a
+//!   parenthesised note when the check has one, then `healthz check passed`);
 //! - a check fails: 500 with every check listed (`[-]pleg failed: <reason>`), then
 //!   `healthz check failed`;
 //! - `/healthz/<name>` runs one check: 200 `ok` or 500 `internal server error: <reason>`.
@@ -27,6 +27,11 @@ pub trait HealthCheck: Send + Sync {
     fn name(&self) -> &str;
     /// `Ok` when healthy, else why not.
     fn check(&self) -> Result<(), String>;
+    /// A note shown after `ok` in the verbose listing (`[+]pleg ok (relisting only: ...)`),
+    /// for states that are healthy but worth knowing, such as a fallback. Default: none.
+    fn detail(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The always-passing `ping` check every healthz endpoint starts with.
@@ -112,9 +117,14 @@ async fn all_checks(State(healthz): State<Healthz>, RawQuery(query): RawQuery) -
     let mut failed = Vec::new();
     for check in healthz.checks.iter() {
         match check.check() {
-            Ok(()) => {
-                let _ = writeln!(lines, "[+]{} ok", check.name());
-            }
+            Ok(()) => match check.detail() {
+                Some(detail) => {
+                    let _ = writeln!(lines, "[+]{} ok ({detail})", check.name());
+                }
+                None => {
+                    let _ = writeln!(lines, "[+]{} ok", check.name());
+                }
+            },
             Err(reason) => {
                 let _ = writeln!(lines, "[-]{} failed: {reason}", check.name());
                 failed.push(check.name().to_owned());

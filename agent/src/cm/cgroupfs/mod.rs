@@ -179,6 +179,15 @@ const OPTIONAL_V2: [&str; 1] = ["io"];
 /// v2 controllers without which pod limits cannot be applied at all.
 const REQUIRED_V2: [&str; 2] = ["cpu", "memory"];
 
+/// Where the `kubepods` cgroup lives in the hierarchies the eBPF sensors care about.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubepodsDirs {
+    /// On the cgroup2 mount (`/sys/fs/cgroup/unified/kubepods` on hybrid hosts).
+    pub cgroup2: Option<PathBuf>,
+    /// On the v1 memory hierarchy, when there is one.
+    pub memory_v1: Option<PathBuf>,
+}
+
 /// Cgroup names under the configured root, shared with the fake.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CgroupNames {
@@ -374,6 +383,25 @@ impl CgroupfsPodContainerManager {
     #[cfg(test)]
     pub(crate) fn hierarchy_mounts(&self) -> Vec<PathBuf> {
         self.layout.iter().flat_map(|l| l.hierarchies.iter().map(|h| h.mount.clone())).collect()
+    }
+
+    /// The `kubepods` directories the kernel sensors watch: the cgroup2 one (hybrid or
+    /// unified), and the v1 memory one (for OOM victims), if mounted.
+    #[must_use]
+    pub fn kubepods_dirs(&self) -> KubepodsDirs {
+        let mut parts = self.names.root();
+        parts.push(KUBEPODS);
+        let mut out = KubepodsDirs::default();
+        for h in self.hierarchies() {
+            match &h.kind {
+                HierarchyKind::Unified(_) | HierarchyKind::HybridUnified => {
+                    out.cgroup2 = Some(join(&h.mount, &parts));
+                }
+                HierarchyKind::V1(c) if c.contains("memory") => out.memory_v1 = Some(join(&h.mount, &parts)),
+                HierarchyKind::V1(_) => {}
+            }
+        }
+        out
     }
 
     fn hierarchies(&self) -> &[Hierarchy] {

@@ -1,0 +1,736 @@
+//! [`EventedPleg`]: lifecycle events from the kernel.
+//!
+//! The eBPF sensors report that the init process of a container (pid 1 of its pid
+//! namespace) exec'd or exited, with the cgroup it ran in and a kernel timestamp. The
+//! cgroup path is the one the agent chose (`<cgroupRoot>/kubepods/.../pod<uid>/<id>`), so
+//! it names the pod and the container (or sandbox) directly. For each such event the
+//! PLEG asks CRI for that one container's status until the runtime agrees (the kernel
+//! is ahead of containerd by a few milliseconds), records the new state, and emits the
+//! [`PodLifecycleEvent`] at once: kernel speed, CRI truth.
+//!
+//! Underneath, the relisting PLEG keeps running at a slow period (30 s by default). A
+//! change it finds that the kernel path did not report is a *repair*: it is forwarded,
+//! counted in `kubelet_evented_pleg_relist_repairs_total` and logged, because it means
+//! the kernel path has a hole (ring-buffer drops, an agent restart, or a container the
+//! sensors cannot see, e.g. one sharing the pod's pid namespace or the host's).
+//!
+//! If the kernel stream ends, the PLEG falls back to relisting every second and says so
+//! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
+use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::metrics::{KernelEventLabels, KubeletMetrics};
+use crate::runtime::{ContainerState, RuntimeService, api};
+
+/// The cgroup2 (default) hierarchy's id, as the kernel numbers it.
+pub const CGROUP2_HIERARCHY: u32 = 0;
+
+/// How long the PLEG waits for CRI to agree with the kernel before leaving the change
+/// to the safety-net relist.
+const CONFIRM_DEADLINE: Duration = Duration::from_secs(2);
+
+/// A kernel event, as the agent needs it (decoupled from the sensor crate's types).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelEvent {
+    CgroupMkdir {
+        ktime_ns: u64,
+        hierarchy_id: u32,
+        cgroup_id: u64,
+        path: String,
+    },
+    CgroupRmdir {
+        ktime_ns: u64,
+        hierarchy_id: u32,
+        cgroup_id: u64,
+        path: String,
+    },
+    /// A process exec'd; `ns_init` when it is pid 1 of its pid namespace.
+    Exec {
+        ktime_ns: u64,
+        pid: u32,
+        cgroup2_id: u64,
+        memcg_id: u64,
+        ns_init: bool,
+    },
+    /// A process (thread group) exited.
+    Exit {
+        ktime_ns: u64,
+        pid: u32,
+        cgroup2_id: u64,
+        memcg_id: u64,
+        ns_init: bool,
+        exit_code: i32,
+        signal: i32,
+    },
+    /// The OOM killer chose a victim.
+    OomKill {
+        ktime_ns: u64,
+        pid: u32,
+        cgroup2_id: u64,
+        memcg_id: u64,
+    },
+    /// Memory reclaim (pressure) started or ended; not a lifecycle event.
+    Reclaim {
+        ktime_ns: u64,
+        memcg_id: u64,
+        begin: bool,
+        direct: bool,
+    },
+}
+
+impl KernelEvent {
+    fn kind_label(&self) -> &'static str {
+        match self {
+            Self::CgroupMkdir { .. } => "cgroup_mkdir",
+            Self::CgroupRmdir { .. } => "cgroup_rmdir",
+            Self::Exec { .. } => "exec",
+            Self::Exit { .. } => "exit",
+            Self::OomKill { .. } => "oom_kill",
+            Self::Reclaim { .. } => "reclaim",
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in ns: the clock of the kernel's `bpf_ktime_get_ns`.
+#[must_use]
+pub fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts);
+    }
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What a cgroup under the kubepods root belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CgroupRef {
+    pub pod_uid: String,
+    /// The container or sandbox id, for a container cgroup; `None` for the pod cgroup.
+    pub container_id: Option<String>,
+}
+
+fn is_container_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Parses a cgroupfs-driver path: `.../pod<uid>` or `.../pod<uid>/<64-hex id>`.
+#[must_use]
+pub fn parse_cgroup_path(path: &str) -> Option<CgroupRef> {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let pos = parts.iter().rposition(|p| p.len() > 3 && p.starts_with("pod"))?;
+    let pod_uid = parts[pos][3..].to_string();
+    match &parts[pos + 1..] {
+        [] => Some(CgroupRef { pod_uid, container_id: None }),
+        [id] if is_container_id(id) => Some(CgroupRef { pod_uid, container_id: Some((*id).to_string()) }),
+        _ => None,
+    }
+}
+
+/// (hierarchy id, cgroup id) → what the cgroup belongs to.
+#[derive(Debug, Default, Clone)]
+pub struct CgroupIndex {
+    map: HashMap<(u32, u64), CgroupRef>,
+}
+
+impl CgroupIndex {
+    /// Indexes the cgroups that already exist under `root` (a kubepods directory in one
+    /// hierarchy): on cgroupfs the cgroup id is the directory's inode number.
+    pub fn scan(&mut self, hierarchy_id: u32, root: &Path) {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for e in entries.flatten() {
+                let Ok(meta) = e.metadata() else { continue };
+                if !meta.is_dir() {
+                    continue;
+                }
+                let path = e.path();
+                if let Some(r) = path.strip_prefix(root).ok().and_then(|p| parse_cgroup_path(&p.to_string_lossy())) {
+                    self.map.insert((hierarchy_id, meta.ino()), r);
+                }
+                stack.push(path);
+            }
+        }
+    }
+
+    pub fn insert(&mut self, hierarchy_id: u32, cgroup_id: u64, path: &str) {
+        if let Some(r) = parse_cgroup_path(path) {
+            self.map.insert((hierarchy_id, cgroup_id), r);
+        }
+    }
+
+    pub fn remove(&mut self, hierarchy_id: u32, cgroup_id: u64) {
+        self.map.remove(&(hierarchy_id, cgroup_id));
+    }
+
+    #[must_use]
+    pub fn get(&self, hierarchy_id: u32, cgroup_id: u64) -> Option<&CgroupRef> {
+        self.map.get(&(hierarchy_id, cgroup_id))
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// A lifecycle change the evented path observed (for the node event API).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub pod_uid: String,
+    pub container_id: String,
+    pub kind: ObservedKind,
+    pub kernel_time_ns: u64,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// Kind of an [`Observed`] change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObservedKind {
+    ContainerStarted,
+    ContainerDied,
+    OomKilled,
+    CgroupCreated,
+    CgroupRemoved,
+    MemoryPressure,
+}
+
+/// Receives observed changes (the node event API).
+pub type ObservedSink = Arc<dyn Fn(Observed) + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct State {
+    /// Last state of each container/sandbox this PLEG reported (either path).
+    known: HashMap<String, PlegState>,
+    /// Ids whose kernel event is being confirmed with CRI.
+    pending: HashSet<String>,
+    index: CgroupIndex,
+}
+
+/// The evented PLEG (see the module docs).
+#[derive(Clone)]
+pub struct EventedPleg {
+    relist: GenericPleg,
+    rt: Arc<dyn RuntimeService>,
+    metrics: Arc<KubeletMetrics>,
+    safety_period: Duration,
+    memory_hierarchy: u32,
+    state: Arc<Mutex<State>>,
+    kernel_alive: Arc<AtomicBool>,
+    fallback: Arc<Mutex<Option<String>>>,
+    sink: Option<ObservedSink>,
+}
+
+impl std::fmt::Debug for EventedPleg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventedPleg")
+            .field("safety_period", &self.safety_period)
+            .field("kernel_alive", &self.kernel_alive.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn state_of(kind: PodLifecycleEventType) -> Option<PlegState> {
+    match kind {
+        PodLifecycleEventType::ContainerStarted => Some(PlegState::Running),
+        PodLifecycleEventType::ContainerDied => Some(PlegState::Exited),
+        PodLifecycleEventType::ContainerChanged => Some(PlegState::Unknown),
+        PodLifecycleEventType::ContainerRemoved => Some(PlegState::NonExistent),
+        PodLifecycleEventType::PodSync => None,
+    }
+}
+
+/// Asks CRI for one container's (or sandbox's) state.
+async fn runtime_state(rt: &dyn RuntimeService, id: &str) -> Option<PlegState> {
+    match rt.container_status(id).await {
+        Ok(st) => Some(ContainerState::from_cri(st.state).into()),
+        Err(e) if e.is_not_found() => match rt.pod_sandbox_status(id).await {
+            Ok(sb) if sb.state == api::PodSandboxState::SandboxReady as i32 => Some(PlegState::Running),
+            Ok(_) => Some(PlegState::Exited),
+            Err(e) if e.is_not_found() => Some(PlegState::NonExistent),
+            Err(_) => None,
+        },
+        Err(_) => None,
+    }
+}
+
+impl EventedPleg {
+    /// `relist` should be built with the safety period; `memory_hierarchy` is the v1
+    /// memory hierarchy id (0 when memory is on cgroup2), used to map OOM victims.
+    #[must_use]
+    pub fn new(
+        relist: GenericPleg,
+        rt: Arc<dyn RuntimeService>,
+        metrics: Arc<KubeletMetrics>,
+        safety_period: Duration,
+        index: CgroupIndex,
+        memory_hierarchy: u32,
+        sink: Option<ObservedSink>,
+    ) -> Self {
+        metrics.evented_pleg_active.set(1);
+        Self {
+            relist,
+            rt,
+            metrics,
+            safety_period,
+            memory_hierarchy,
+            state: Arc::new(Mutex::new(State { index, ..State::default() })),
+            kernel_alive: Arc::new(AtomicBool::new(true)),
+            fallback: Arc::new(Mutex::new(None)),
+            sink,
+        }
+    }
+
+    /// The relisting PLEG underneath (its snapshot feeds housekeeping).
+    #[must_use]
+    pub fn relist(&self) -> &GenericPleg {
+        &self.relist
+    }
+
+    /// Why the kernel path is not in use, if it is not.
+    #[must_use]
+    pub fn fallback_reason(&self) -> Option<String> {
+        self.fallback.lock().unwrap().clone()
+    }
+
+    fn observe(&self, o: Observed) {
+        if let Some(s) = &self.sink {
+            s(o);
+        }
+    }
+
+    /// Handles one kernel event; returns the lifecycle event to emit once CRI agrees.
+    async fn handle_kernel_event(&self, ev: KernelEvent) -> Option<PodLifecycleEvent> {
+        self.metrics
+            .evented_pleg_kernel_events
+            .get_or_create(&KernelEventLabels { kind: ev.kind_label().into() })
+            .inc();
+        let (target, want, ktime, exit) = match ev {
+            KernelEvent::CgroupMkdir { hierarchy_id, cgroup_id, ref path, ktime_ns } => {
+                let mut s = self.state.lock().unwrap();
+                s.index.insert(hierarchy_id, cgroup_id, path);
+                if let (CGROUP2_HIERARCHY, Some(r)) = (hierarchy_id, s.index.get(hierarchy_id, cgroup_id).cloned()) {
+                    drop(s);
+                    self.observe(Observed {
+                        pod_uid: r.pod_uid,
+                        container_id: r.container_id.unwrap_or_default(),
+                        kind: ObservedKind::CgroupCreated,
+                        kernel_time_ns: ktime_ns,
+                        exit_code: None,
+                        signal: None,
+                    });
+                }
+                return None;
+            }
+            KernelEvent::CgroupRmdir { hierarchy_id, cgroup_id, ktime_ns, .. } => {
+                let removed = {
+                    let mut s = self.state.lock().unwrap();
+                    let r = s.index.get(hierarchy_id, cgroup_id).cloned();
+                    s.index.remove(hierarchy_id, cgroup_id);
+                    r
+                };
+                if let (CGROUP2_HIERARCHY, Some(r)) = (hierarchy_id, removed) {
+                    self.observe(Observed {
+                        pod_uid: r.pod_uid,
+                        container_id: r.container_id.unwrap_or_default(),
+                        kind: ObservedKind::CgroupRemoved,
+                        kernel_time_ns: ktime_ns,
+                        exit_code: None,
+                        signal: None,
+                    });
+                }
+                return None;
+            }
+            KernelEvent::OomKill { ktime_ns, cgroup2_id, memcg_id, .. } => {
+                if let Some(r) = self.lookup(cgroup2_id, memcg_id) {
+                    self.observe(Observed {
+                        pod_uid: r.pod_uid,
+                        container_id: r.container_id.unwrap_or_default(),
+                        kind: ObservedKind::OomKilled,
+                        kernel_time_ns: ktime_ns,
+                        exit_code: None,
+                        signal: Some(9),
+                    });
+                }
+                return None;
+            }
+            KernelEvent::Reclaim { .. }
+            | KernelEvent::Exec { ns_init: false, .. }
+            | KernelEvent::Exit { ns_init: false, .. } => {
+                return None;
+            }
+            KernelEvent::Exec { cgroup2_id, memcg_id, ktime_ns, .. } => {
+                (self.lookup(cgroup2_id, memcg_id)?, PlegState::Running, ktime_ns, None)
+            }
+            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, .. } => {
+                (self.lookup(cgroup2_id, memcg_id)?, PlegState::Exited, ktime_ns, Some((exit_code, signal)))
+            }
+        };
+        let cid = target.container_id.clone()?;
+        {
+            let mut s = self.state.lock().unwrap();
+            if s.known.get(&cid) == Some(&want) {
+                return None;
+            }
+            s.pending.insert(cid.clone());
+        }
+        let confirmed = self.confirm(&cid, want).await;
+        let mut s = self.state.lock().unwrap();
+        s.pending.remove(&cid);
+        if !confirmed {
+            tracing::debug!(container = %cid, ?want, "runtime did not confirm the kernel event in time; the relist will");
+            return None;
+        }
+        s.known.insert(cid.clone(), want);
+        drop(s);
+        let kind = if want == PlegState::Running {
+            PodLifecycleEventType::ContainerStarted
+        } else {
+            PodLifecycleEventType::ContainerDied
+        };
+        self.observe(Observed {
+            pod_uid: target.pod_uid.clone(),
+            container_id: cid.clone(),
+            kind: if want == PlegState::Running { ObservedKind::ContainerStarted } else { ObservedKind::ContainerDied },
+            kernel_time_ns: ktime,
+            exit_code: exit.map(|e| e.0),
+            signal: exit.map(|e| e.1).filter(|s| *s != 0),
+        });
+        Some(PodLifecycleEvent { pod_uid: target.pod_uid, kind, data: cid, kernel_time_ns: Some(ktime) })
+    }
+
+    fn lookup(&self, cgroup2_id: u64, memcg_id: u64) -> Option<CgroupRef> {
+        let s = self.state.lock().unwrap();
+        s.index
+            .get(CGROUP2_HIERARCHY, cgroup2_id)
+            .or_else(|| (memcg_id != 0).then(|| s.index.get(self.memory_hierarchy, memcg_id)).flatten())
+            .cloned()
+    }
+
+    /// Polls CRI until the container is in `want` (the runtime lags the kernel by a few
+    /// ms), with a short exponential back-off, up to [`CONFIRM_DEADLINE`].
+    async fn confirm(&self, id: &str, want: PlegState) -> bool {
+        let give_up = tokio::time::Instant::now() + CONFIRM_DEADLINE;
+        let mut pause = Duration::from_micros(500);
+        loop {
+            if runtime_state(self.rt.as_ref(), id).await == Some(want) {
+                return true;
+            }
+            if tokio::time::Instant::now() + pause > give_up {
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Filters a relist batch: forwards what the kernel path did not report, counting it
+    /// as a repair unless `initial` (the first listing after start is not a miss).
+    fn reconcile(&self, events: Vec<PodLifecycleEvent>, initial: bool) -> Vec<PodLifecycleEvent> {
+        let mut out = Vec::new();
+        let mut s = self.state.lock().unwrap();
+        for e in events {
+            let Some(new) = state_of(e.kind) else { continue };
+            if s.pending.contains(&e.data) {
+                continue;
+            }
+            let old = s.known.insert(e.data.clone(), new);
+            if new == PlegState::NonExistent {
+                s.known.remove(&e.data);
+            }
+            if old == Some(new) {
+                continue;
+            }
+            let is_lifecycle =
+                matches!(e.kind, PodLifecycleEventType::ContainerStarted | PodLifecycleEventType::ContainerDied);
+            if is_lifecycle && !initial && self.kernel_alive.load(Ordering::Relaxed) {
+                self.metrics.evented_pleg_relist_repairs.inc();
+                tracing::warn!(pod_uid = %e.pod_uid, id = %e.data, kind = ?e.kind, "relist repaired a change the kernel path missed");
+            }
+            out.push(e);
+        }
+        out
+    }
+
+    /// Runs the kernel consumer and the safety-net relist until shutdown. `drops` reads
+    /// the sensors' ring-buffer drop counter.
+    pub async fn run(
+        self,
+        mut kernel: mpsc::Receiver<KernelEvent>,
+        drops: Box<dyn Fn() -> u64 + Send>,
+        tx: mpsc::Sender<PodLifecycleEvent>,
+        shutdown: CancellationToken,
+    ) {
+        let relist_task = {
+            let this = self.clone();
+            let tx = tx.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { this.safety_relist(tx, shutdown).await })
+        };
+        let mut last_drops = 0;
+        let mut drop_tick = tokio::time::interval(Duration::from_secs(1));
+        drop_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let inflight = tokio_util::task::TaskTracker::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = drop_tick.tick() => {
+                    let d = drops();
+                    if d > last_drops {
+                        self.metrics.evented_pleg_ringbuf_drops.inc_by(d - last_drops);
+                        tracing::warn!(dropped = d - last_drops, "eBPF ring buffer overflowed; the relist will repair");
+                        last_drops = d;
+                    }
+                }
+                ev = kernel.recv() => {
+                    let Some(ev) = ev else {
+                        self.fall_back("the eBPF event stream ended");
+                        break;
+                    };
+                    // Each confirmation waits on CRI; never hold up the next event.
+                    let this = self.clone();
+                    let tx = tx.clone();
+                    inflight.spawn(async move {
+                        if let Some(out) = this.handle_kernel_event(ev).await
+                            && tx.send(out).await.is_err()
+                        {
+                            tracing::debug!("sync loop gone");
+                        }
+                    });
+                }
+            }
+        }
+        if !shutdown.is_cancelled() {
+            // Keep the relist running alone until shutdown.
+            shutdown.cancelled().await;
+        }
+        inflight.close();
+        relist_task.abort();
+    }
+
+    fn fall_back(&self, why: &str) {
+        self.kernel_alive.store(false, Ordering::Relaxed);
+        self.metrics.evented_pleg_active.set(0);
+        *self.fallback.lock().unwrap() = Some(why.to_string());
+        tracing::error!(reason = why, "evented PLEG stopped; relisting every {}s", RELIST_PERIOD.as_secs());
+    }
+
+    async fn safety_relist(&self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) {
+        let mut initial = true;
+        loop {
+            match self.relist.relist_events().await {
+                Ok(events) => {
+                    for e in self.reconcile(events, initial) {
+                        if tx.try_send(e).is_err() {
+                            self.metrics.pleg_discard_events.inc();
+                        }
+                    }
+                    initial = false;
+                }
+                Err(e) => tracing::warn!(error = %e, "PLEG relist failed"),
+            }
+            let period = if self.kernel_alive.load(Ordering::Relaxed) { self.safety_period } else { RELIST_PERIOD };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+        }
+    }
+}
+
+impl PodLifecycleEventGenerator for EventedPleg {
+    fn healthy(&self) -> Result<(), String> {
+        self.relist.healthy()
+    }
+
+    fn period(&self) -> Duration {
+        if self.kernel_alive.load(Ordering::Relaxed) { self.safety_period } else { RELIST_PERIOD }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pleg::relist::RELIST_THRESHOLD;
+    use crate::runtime::fake::FakeRuntime;
+
+    const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn cgroup_paths() {
+        assert_eq!(
+            parse_cgroup_path(&format!("/kubepods/burstable/podu-1/{CID}")),
+            Some(CgroupRef { pod_uid: "u-1".into(), container_id: Some(CID.into()) })
+        );
+        assert_eq!(
+            parse_cgroup_path("/r/kubepods/podabc"),
+            Some(CgroupRef { pod_uid: "abc".into(), container_id: None })
+        );
+        assert_eq!(parse_cgroup_path("/kubepods/burstable"), None);
+        assert_eq!(parse_cgroup_path("/kubepods/podabc/not-an-id"), None);
+    }
+
+    #[test]
+    fn index_scans_existing_dirs_by_inode() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path().join("besteffort/podu1").join(CID);
+        std::fs::create_dir_all(&c).unwrap();
+        let mut idx = CgroupIndex::default();
+        idx.scan(CGROUP2_HIERARCHY, dir.path());
+        let ino = std::fs::metadata(&c).unwrap().ino();
+        assert_eq!(idx.get(0, ino).unwrap().container_id.as_deref(), Some(CID));
+        let pod_ino = std::fs::metadata(dir.path().join("besteffort/podu1")).unwrap().ino();
+        assert_eq!(idx.get(0, pod_ino).unwrap().container_id, None);
+        assert_eq!(idx.len(), 2);
+    }
+
+    async fn setup() -> (Arc<FakeRuntime>, EventedPleg, String, String) {
+        let rt = Arc::new(FakeRuntime::with_images(&["img"]));
+        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let sb = rt
+            .run_pod_sandbox(
+                api::PodSandboxConfig {
+                    labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+                    ..Default::default()
+                },
+                String::new(),
+            )
+            .await
+            .unwrap();
+        let cfg = api::ContainerConfig {
+            metadata: Some(api::ContainerMetadata { name: "c".into(), attempt: 0 }),
+            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+            ..Default::default()
+        };
+        let cid = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
+        rt.start_container(&cid).await.unwrap();
+        let relist = GenericPleg::new(rt.clone(), metrics.clone(), Duration::from_secs(30), RELIST_THRESHOLD);
+        let mut idx = CgroupIndex::default();
+        idx.insert(CGROUP2_HIERARCHY, 42, &format!("/kubepods/podu1/{cid}"));
+        let pleg = EventedPleg::new(relist, rt.clone(), metrics, Duration::from_secs(30), idx, 7, None);
+        (rt, pleg, cid, sb)
+    }
+
+    #[tokio::test]
+    async fn kernel_exit_becomes_container_died_once_cri_agrees() {
+        let (rt, pleg, cid, _) = setup().await;
+        // The kernel is ahead of the runtime: CRI still says running for a moment.
+        let rt2 = rt.clone();
+        let cid2 = cid.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            rt2.exit_container(&cid2, 3);
+        });
+        let exit = KernelEvent::Exit {
+            ktime_ns: 5,
+            pid: 9,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            exit_code: 3,
+            signal: 0,
+        };
+        let ev = pleg.handle_kernel_event(exit.clone()).await.unwrap();
+        assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
+        assert_eq!((ev.pod_uid.as_str(), ev.data.as_str(), ev.kernel_time_ns), ("u1", cid.as_str(), Some(5)));
+        // The same state again is not news.
+        assert!(pleg.handle_kernel_event(exit).await.is_none());
+        // Other processes' exits and unknown cgroups are ignored.
+        let other = KernelEvent::Exit {
+            ktime_ns: 6,
+            pid: 10,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: false,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(other).await.is_none());
+        let unknown = KernelEvent::Exit {
+            ktime_ns: 6,
+            pid: 10,
+            cgroup2_id: 99,
+            memcg_id: 0,
+            ns_init: true,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(unknown).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn relist_repairs_what_the_kernel_missed_and_counts_it() {
+        let (rt, pleg, cid, _) = setup().await;
+        let initial = pleg.relist.relist_events().await.unwrap();
+        let forwarded = pleg.reconcile(initial, true);
+        assert!(!forwarded.is_empty());
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0, "the first listing is not a miss");
+        // The container dies without a kernel event (e.g. a ring-buffer drop).
+        rt.exit_container(&cid, 1);
+        let events = pleg.relist.relist_events().await.unwrap();
+        let forwarded = pleg.reconcile(events, false);
+        assert_eq!(forwarded.len(), 1);
+        assert_eq!(forwarded[0].kind, PodLifecycleEventType::ContainerDied);
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn relist_does_not_repeat_what_the_kernel_reported() {
+        let (rt, pleg, cid, _) = setup().await;
+        let initial = pleg.relist.relist_events().await.unwrap();
+        pleg.reconcile(initial, true);
+        rt.exit_container(&cid, 0);
+        let exit = KernelEvent::Exit {
+            ktime_ns: 1,
+            pid: 1,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(exit).await.is_some());
+        let events = pleg.relist.relist_events().await.unwrap();
+        assert!(pleg.reconcile(events, false).is_empty());
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn end_of_kernel_stream_falls_back_to_fast_relist() {
+        let (_rt, pleg, _cid, _) = setup().await;
+        let (ktx, krx) = mpsc::channel(1);
+        drop(ktx);
+        let (tx, _rx) = mpsc::channel(100);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(pleg.clone().run(krx, Box::new(|| 0), tx, stop.clone()));
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while pleg.fallback_reason().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(pleg.period(), RELIST_PERIOD);
+        assert_eq!(pleg.metrics.evented_pleg_active.get(), 0);
+        stop.cancel();
+        task.await.unwrap();
+    }
+}

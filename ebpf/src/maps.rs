@@ -1,0 +1,232 @@
+//! The sensors' maps as userspace sees them: the watched roots (the kernel-side
+//! filter), the per-cgroup counters and the ring-buffer drop counter.
+
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+
+use crate::{cgroup::CgroupId, events::ExitStatus};
+
+pub(crate) const WATCHED_ROOTS: &str = "watched_roots";
+pub(crate) const CGROUP_COUNTERS: &str = "cgroup_counters";
+pub(crate) const DROPS: &str = "drops";
+pub(crate) const EVENTS: &str = "events";
+
+/// Why a map operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MapsError {
+    /// The embedded object lacks a map (a build mismatch, not an operator error).
+    #[error("the eBPF object has no map `{name}`")]
+    Missing {
+        /// The map name.
+        name: &'static str,
+    },
+
+    /// The map exists but has another type or key/value size than this crate expects.
+    #[error("eBPF map `{name}` does not have the expected type or layout")]
+    Layout {
+        /// The map name.
+        name: &'static str,
+        /// aya's description.
+        #[source]
+        source: MapError,
+    },
+
+    /// Adding a watched root failed (e.g. more than the map's 64 roots).
+    #[error("cannot add cgroup {cgroup} to the watched roots")]
+    Watch {
+        /// The cgroup.
+        cgroup: CgroupId,
+        /// The map update error.
+        #[source]
+        source: MapError,
+    },
+
+    /// Removing a watched root failed for another reason than its absence.
+    #[error("cannot remove cgroup {cgroup} from the watched roots")]
+    Unwatch {
+        /// The cgroup.
+        cgroup: CgroupId,
+        /// The map delete error.
+        #[source]
+        source: MapError,
+    },
+}
+
+/// Map key of `watched_roots` and `cgroup_counters` (`struct swl_cgroup_key`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CgroupKey {
+    cgroup_id: u64,
+    hierarchy_id: u32,
+    /// Always 0: the kernel hashes keys byte for byte.
+    pad: u32,
+}
+
+impl From<CgroupId> for CgroupKey {
+    fn from(cgroup: CgroupId) -> Self {
+        Self { cgroup_id: cgroup.id, hierarchy_id: cgroup.hierarchy_id, pad: 0 }
+    }
+}
+
+impl From<CgroupKey> for CgroupId {
+    fn from(key: CgroupKey) -> Self {
+        Self { hierarchy_id: key.hierarchy_id, id: key.cgroup_id }
+    }
+}
+
+/// Value of `cgroup_counters` (`struct swl_counters`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RawCounters {
+    execs: u64,
+    exits: u64,
+    group_exits: u64,
+    oom_kills: u64,
+    reclaims: u64,
+    reclaim_ns: u64,
+    last_exit_ktime_ns: u64,
+    last_exit_status: u32,
+    pad: u32,
+}
+
+const _: () = {
+    assert!(size_of::<CgroupKey>() == 16);
+    assert!(size_of::<RawCounters>() == 64);
+};
+
+// SAFETY: `#[repr(C)]`, integers only, no padding (sizes asserted above): every bit
+// pattern is valid.
+unsafe impl aya::Pod for CgroupKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for RawCounters {}
+
+/// What the kernel counted for one cgroup since its first event (or since the sensors
+/// loaded). Kept in the kernel until the cgroup is removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupCounters {
+    /// Every `execve` by a task of the cgroup, reported or not.
+    pub execs: u64,
+    /// Every task exit, threads included.
+    pub exits: u64,
+    /// Exits of whole processes (the last thread of a thread group).
+    pub process_exits: u64,
+    /// OOM-killer victims in the cgroup.
+    pub oom_kills: u64,
+    /// Reclaim episodes (memcg or direct) that tasks of the cgroup went through.
+    pub reclaims: u64,
+    /// Total nanoseconds those tasks spent in reclaim.
+    pub reclaim_ns: u64,
+    /// The last process exit; `None` until a process of the cgroup has exited.
+    pub last_exit: Option<LastExit>,
+}
+
+/// The last process exit in a cgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastExit {
+    /// How it ended: exit code or signal.
+    pub status: ExitStatus,
+    /// When (kernel `CLOCK_MONOTONIC`, nanoseconds).
+    pub ktime_ns: u64,
+}
+
+impl From<RawCounters> for CgroupCounters {
+    fn from(raw: RawCounters) -> Self {
+        Self {
+            execs: raw.execs,
+            exits: raw.exits,
+            process_exits: raw.group_exits,
+            oom_kills: raw.oom_kills,
+            reclaims: raw.reclaims,
+            reclaim_ns: raw.reclaim_ns,
+            last_exit: (raw.last_exit_ktime_ns != 0).then_some(LastExit {
+                status: ExitStatus::from_wait_status(raw.last_exit_status),
+                ktime_ns: raw.last_exit_ktime_ns,
+            }),
+        }
+    }
+}
+
+/// Userspace handles on the sensors' state maps.
+pub(crate) struct SensorMaps {
+    watched_roots: HashMap<MapData, CgroupKey, u32>,
+    counters: HashMap<MapData, CgroupKey, RawCounters>,
+    drops: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for SensorMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SensorMaps").finish_non_exhaustive()
+    }
+}
+
+impl SensorMaps {
+    /// Takes the maps out of a loaded object (the programs keep their own references).
+    pub(crate) fn take(ebpf: &mut aya::Ebpf) -> Result<Self, MapsError> {
+        fn take<T: TryFrom<Map, Error = MapError>>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, MapsError> {
+            let map = ebpf.take_map(name).ok_or(MapsError::Missing { name })?;
+            T::try_from(map).map_err(|source| MapsError::Layout { name, source })
+        }
+        Ok(Self {
+            watched_roots: take(ebpf, WATCHED_ROOTS)?,
+            counters: take(ebpf, CGROUP_COUNTERS)?,
+            drops: take(ebpf, DROPS)?,
+        })
+    }
+
+    pub(crate) fn watch(&mut self, cgroup: CgroupId, level: u32) -> Result<(), MapsError> {
+        self.watched_roots.insert(CgroupKey::from(cgroup), level, 0).map_err(|source| MapsError::Watch { cgroup, source })
+    }
+
+    /// Removes a watched root; removing one that is not there (or was removed by the
+    /// kernel on rmdir) is not an error.
+    pub(crate) fn unwatch(&mut self, cgroup: CgroupId) -> Result<(), MapsError> {
+        match self.watched_roots.remove(&CgroupKey::from(cgroup)) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(source) => Err(MapsError::Unwatch { cgroup, source }),
+        }
+    }
+
+    pub(crate) fn watched(&self) -> Vec<CgroupId> {
+        self.watched_roots.keys().filter_map(Result::ok).map(CgroupId::from).collect()
+    }
+
+    pub(crate) fn counters(&self, cgroup: CgroupId) -> Result<Option<CgroupCounters>, MapError> {
+        match self.counters.get(&CgroupKey::from(cgroup), 0) {
+            Ok(raw) => Ok(Some(raw.into())),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn drops(&self) -> Result<u64, MapError> {
+        Ok(self.drops.get(&0, 0)?.iter().copied().fold(0u64, u64::wrapping_add))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_without_an_exit_have_no_last_exit() {
+        let counters = CgroupCounters::from(RawCounters { execs: 2, exits: 3, group_exits: 1, ..Default::default() });
+        assert_eq!((counters.execs, counters.exits, counters.process_exits), (2, 3, 1));
+        assert_eq!(counters.last_exit, None);
+    }
+
+    #[test]
+    fn last_exit_decodes_the_wait_status() {
+        let raw = RawCounters { last_exit_status: 9, last_exit_ktime_ns: 5, ..Default::default() };
+        let last = CgroupCounters::from(raw).last_exit.unwrap();
+        assert_eq!(last.status.signal(), Some(9));
+        assert_eq!(last.ktime_ns, 5);
+    }
+
+    #[test]
+    fn keys_round_trip_and_zero_the_padding() {
+        let id = CgroupId { hierarchy_id: 4, id: 1 << 40 };
+        let key = CgroupKey::from(id);
+        assert_eq!(key.pad, 0);
+        assert_eq!(CgroupId::from(key), id);
+    }
+}
