@@ -38,10 +38,10 @@ fn run() -> Result<()> {
     for entry in fs::read_dir(&bpf_dir).with_context(|| format!("reading {}", bpf_dir.display()))? {
         let path = entry?.path();
         let name = path.file_name().and_then(OsStr::to_str).unwrap_or_default();
-        if name.ends_with(".c") || name.ends_with(".h") {
+        if matches!(path.extension().and_then(OsStr::to_str), Some("c" | "h")) {
             println!("cargo:rerun-if-changed={}", path.display());
         }
-        if name.ends_with(".bpf.c") {
+        if path.extension() == Some(OsStr::new("c")) && name.ends_with(".bpf.c") {
             sources.push(path);
         }
     }
@@ -118,9 +118,10 @@ fn target_arch_define() -> Result<&'static str> {
 /// The first candidate that runs, `$VAR` first.
 fn find_tool(var: &str, candidates: &[&str]) -> Option<PathBuf> {
     let from_env = env::var_os(var).map(PathBuf::from);
-    from_env.into_iter().chain(candidates.iter().map(PathBuf::from)).find(|tool| {
-        Command::new(tool).arg("--version").output().is_ok_and(|output| output.status.success())
-    })
+    from_env
+        .into_iter()
+        .chain(candidates.iter().map(PathBuf::from))
+        .find(|tool| Command::new(tool).arg("--version").output().is_ok_and(|output| output.status.success()))
 }
 
 fn run_tool(cmd: &mut Command, name: &str) -> Result<()> {

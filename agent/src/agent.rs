@@ -118,11 +118,15 @@ impl HealthCheck for PlegHealth {
 fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> ObservedSink {
     Arc::new(move |o: Observed| {
         let pod = pods.get(&o.pod_uid);
-        let container_name = relist
-            .runtime_pods()
-            .get(&o.pod_uid)
-            .and_then(|p| p.containers.get(&o.container_id).map(|(n, _)| n.clone()))
-            .unwrap_or_default();
+        let container_name = if o.container_name.is_empty() {
+            relist
+                .runtime_pods()
+                .get(&o.pod_uid)
+                .and_then(|p| p.containers.get(&o.container_id).map(|(n, _)| n.clone()))
+                .unwrap_or_default()
+        } else {
+            o.container_name.clone()
+        };
         let kind = match o.kind {
             ObservedKind::ContainerStarted => NodeEventKind::ContainerStarted,
             ObservedKind::ContainerDied => NodeEventKind::ContainerDied,
@@ -246,7 +250,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     };
     // The evented PLEG when asked for and the kernel lets us; else the 1 s relist alone.
     let sensors = if cfg.swiftlet.evented_pleg {
-        crate::pleg::sensors::start(&kubepods_dirs)
+        crate::pleg::sensors::start(&kubepods_dirs, &shutdown)
     } else {
         Err("disabled by --evented-pleg=false".to_string())
     };

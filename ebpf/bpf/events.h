@@ -25,6 +25,11 @@
 /* The cgroup2 (default) hierarchy always has hierarchy id 0. */
 #define SWL_UNIFIED_HIERARCHY 0
 
+/* Hierarchy ids below this have a level mask in watched_levels; the kernel hands
+ * them out from 1 up, so only a node that mounts and unmounts v1 hierarchies over
+ * and over goes beyond it (those fall back to checking every level). */
+#define SWL_MAX_HIERARCHIES 64
+
 enum swl_event_kind {
 	SWL_EVENT_CGROUP_MKDIR = 1,
 	SWL_EVENT_CGROUP_RMDIR = 2,
@@ -41,6 +46,7 @@ enum swl_event_kind {
 #define SWL_TASK_NS_INIT (1U << 0)	/* thread group is pid 1 of its pid namespace */
 #define SWL_TASK_FIRST_EXEC (1U << 1)	/* first exec seen in one of its watched cgroups */
 #define SWL_TASK_GROUP_DEAD (1U << 2)	/* last thread of the thread group */
+#define SWL_TASK_MAIN (1U << 3)		/* the process that made its cgroup's first exec */
 
 enum swl_reclaim_scope {
 	SWL_RECLAIM_MEMCG = 1,	/* reclaim because a memory cgroup hit its limit */
@@ -132,7 +138,8 @@ struct swl_counters {
 	__u64 reclaim_ns;	/* total time of those episodes */
 	__u64 last_exit_ktime_ns;	/* 0 = no process has exited yet */
 	__u32 last_exit_status;	/* wait(2) status of the last process exit */
-	__u32 _pad;
+	__u32 main_tgid;	/* tgid of the first exec (the container's main process), or
+				 * seeded by userspace; 0 = none yet */
 };
 
 _Static_assert(sizeof(struct swl_header) == 16, "swl_header size is ABI");

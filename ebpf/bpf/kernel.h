@@ -31,8 +31,9 @@ struct cgroup_subsys_state {
 } __swl_core;
 
 struct css_set {
-	/* Indexed by enum cgroup_subsys_id, whose values depend on the kernel config. */
-	struct cgroup_subsys_state *subsys[1];
+	/* Indexed by enum cgroup_subsys_id, whose values depend on the kernel config;
+	 * the bound is ours (the kernel's is CGROUP_SUBSYS_COUNT, 12 on 6.18). */
+	struct cgroup_subsys_state *subsys[16];
 	struct cgroup *dfl_cgrp;
 } __swl_core;
 

@@ -5,20 +5,27 @@
  * and reported through one ring buffer.
  *
  * Filter: userspace puts the kubepods root cgroup(s) in watched_roots, keyed by
- * (hierarchy id, cgroup id). A cgroup event passes when the cgroup or one of its
- * ancestors is a watched root in the cgroup's own hierarchy. A task event passes
- * when the task's cgroup2 cgroup or its v1 memory cgroup does. Everything else
- * returns after a handful of map lookups and writes nothing.
+ * (hierarchy id, cgroup id), and sets bit <level> of watched_levels[hierarchy id]
+ * for each. A cgroup event passes when the cgroup or one of its ancestors is a
+ * watched root in the cgroup's own hierarchy. A task event passes when the task's
+ * cgroup2 cgroup or its v1 memory cgroup does. Only ancestors at levels whose bit
+ * is set are looked up, so an unrelated task costs a few direct BTF loads and one
+ * or two hash lookups, and writes nothing.
  *
  * Rates: per-cgroup counters count every exec and exit; the ring buffer carries
  * only what the agent acts on (first exec in a cgroup, exec of a pid namespace's
- * init, exits of whole thread groups), so a container that forks shells in a loop
- * costs counter increments, not records.
+ * init, exits of whole processes), so a container that runs threads or execs in a
+ * loop costs counter increments, not records.
  *
- * Wakeups: lifecycle records force a wakeup (the agent wants them now, and an
- * adaptive wakeup would be skipped while an unread no-wakeup record sits in
- * front). Reclaim records do not wake the reader unless the buffer is a quarter
- * full; the reader drains them on its next wakeup or its periodic flush.
+ * Wakeups: a wakeup costs the writing task ~10 us here (irq_work + IPI in a VM),
+ * most of a record's kernel cost. Records the agent acts on at once force one:
+ * cgroup mkdir/rmdir, OOM kills, reported execs, and the exit of a cgroup's main
+ * process (its first exec, a pid namespace's init, or the process userspace named
+ * for a container older than the sensors). Exits of other processes and
+ * reclaim records are written without a wakeup unless the buffer is a quarter full;
+ * the reader picks them up with the next wakeup or its periodic flush. Forcing,
+ * not the adaptive default, because an adaptive wakeup is skipped whenever an
+ * unread no-wakeup record sits in front of it.
  */
 #include <stdbool.h>
 #include <linux/types.h>
@@ -49,10 +56,21 @@ struct {
 	__type(value, __u32);
 } watched_roots SEC(".maps");
 
-/* Per-cgroup counters for cgroups below watched roots; deleted on rmdir. */
+/* Per hierarchy id: bit i set when some watched root sits at level i. Lets the
+ * filter skip the levels where no root can match. Userspace keeps it in sync. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, SWL_MAX_HIERARCHIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} watched_levels SEC(".maps");
+
+/* Per-cgroup counters for cgroups below watched roots; deleted on rmdir. A node
+ * with 110 pods has well under 2000 such cgroups (pod + containers, two
+ * hierarchies); preallocated, 16384 entries take ~2 MiB of kernel memory. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 16384);
 	__type(key, struct swl_cgroup_key);
 	__type(value, struct swl_counters);
 } cgroup_counters SEC(".maps");
@@ -102,8 +120,8 @@ static __always_inline void *reserve(__u64 size, __u32 kind)
 	return hdr;
 }
 
-/* Pressure records ride along with the next wakeup unless the buffer fills up. */
-static __always_inline __u64 pressure_wakeup_flags(void)
+/* Records that can wait ride along with the next wakeup unless the buffer fills up. */
+static __always_inline __u64 deferred_wakeup_flags(void)
 {
 	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
 	__u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
@@ -113,29 +131,48 @@ static __always_inline __u64 pressure_wakeup_flags(void)
 
 /* ---- cgroups --------------------------------------------------------------- */
 
+/*
+ * The hot path (every exec/exit on the node) reads through the BTF-typed pointers
+ * directly: a verified load is far cheaper than a bpf_probe_read_kernel() call, and
+ * a NULL or stale pointer reads as 0 instead of faulting.
+ */
 static __always_inline __u64 cgroup_id_of(struct cgroup *cg)
 {
-	return BPF_CORE_READ(cg, kn, id);
+	return cg->kn->id;
 }
 
 /* Is cg, or one of its ancestors, a watched root of hierarchy hierarchy_id? */
 static __always_inline bool cgroup_is_watched(struct cgroup *cg, __u32 hierarchy_id)
 {
 	struct swl_cgroup_key key = { .hierarchy_id = hierarchy_id };
-	int level = BPF_CORE_READ(cg, level);
+	__u64 levels = ~0ULL;
+	int level = cg->level;
 
-	/* From the hierarchy root down: watched roots sit near the top, so a cgroup
-	 * below one matches after one or two lookups. Not unrolled: the verifier
-	 * bounds the loop, and 32 unrolled copies per caller bloat every program. */
+	if (hierarchy_id < SWL_MAX_HIERARCHIES) {
+		__u64 *mask = bpf_map_lookup_elem(&watched_levels, &hierarchy_id);
+
+		levels = mask ? *mask : 0;
+	}
+	if (!levels)
+		return false;
+
+	/* Not unrolled: the verifier bounds the loop, and 32 copies per caller would
+	 * bloat every program. */
 #pragma clang loop unroll(disable)
 	for (int i = 0; i < SWL_MAX_DEPTH; i++) {
-		struct cgroup *ancestor = NULL;
+		struct cgroup *ancestor;
 
 		if (i > level)
 			break;
+		if (!(levels & (1ULL << i)))
+			continue;
+		/* A helper read: the verifier refuses direct loads from the flexible
+		 * ancestors[] array ("struct cgroup doesn't have field at offset"). */
 		if (bpf_core_read(&ancestor, sizeof(ancestor), &cg->ancestors[i]) || !ancestor)
 			break;
-		key.cgroup_id = cgroup_id_of(ancestor);
+		/* ancestor came from a helper read, so it is a plain number to the
+		 * verifier: read through it with helpers too. */
+		key.cgroup_id = BPF_CORE_READ(ancestor, kn, id);
 		if (bpf_map_lookup_elem(&watched_roots, &key))
 			return true;
 	}
@@ -148,18 +185,19 @@ static __always_inline bool cgroup_is_watched(struct cgroup *cg, __u32 hierarchy
  */
 static __always_inline struct cgroup *v1_cgroup(struct css_set *cset, int subsys_id, __u32 *hierarchy_id)
 {
-	struct cgroup_subsys_state *css = NULL;
+	struct cgroup_subsys_state *css;
 	struct cgroup *cg;
 	int hier;
 
-	if (subsys_id < 0 || subsys_id >= 64)
+	if (subsys_id < 0 || subsys_id >= 16)
 		return NULL;
-	if (bpf_core_read(&css, sizeof(css), &cset->subsys[subsys_id]) || !css)
+	css = cset->subsys[subsys_id];
+	if (!css)
 		return NULL;
-	cg = BPF_CORE_READ(css, cgroup);
+	cg = css->cgroup;
 	if (!cg)
 		return NULL;
-	hier = BPF_CORE_READ(cg, root, hierarchy_id);
+	hier = cg->root->hierarchy_id;
 	if (hier <= SWL_UNIFIED_HIERARCHY)
 		return NULL;
 	*hierarchy_id = hier;
@@ -168,37 +206,27 @@ static __always_inline struct cgroup *v1_cgroup(struct css_set *cset, int subsys
 
 /* A task's cgroups and which of them lie below a watched root. */
 struct task_cgroups {
+	struct css_set *cset;
 	struct cgroup *dfl;
 	struct cgroup *memcg;
-	struct cgroup *cpu;
 	__u32 memcg_hierarchy_id;
-	__u32 cpu_hierarchy_id;
 	bool dfl_watched;
 	bool memcg_watched;
 };
 
-static __always_inline void read_task_cgroups(struct task_struct *task, struct task_cgroups *cgs)
-{
-	struct css_set *cset = BPF_CORE_READ(task, cgroups);
-
-	__builtin_memset(cgs, 0, sizeof(*cgs));
-	if (!cset)
-		return;
-	cgs->dfl = BPF_CORE_READ(cset, dfl_cgrp);
-	if (bpf_core_enum_value_exists(enum cgroup_subsys_id, memory_cgrp_id))
-		cgs->memcg = v1_cgroup(cset, bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id),
-				       &cgs->memcg_hierarchy_id);
-	if (bpf_core_enum_value_exists(enum cgroup_subsys_id, cpu_cgrp_id))
-		cgs->cpu = v1_cgroup(cset, bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id),
-				     &cgs->cpu_hierarchy_id);
-}
-
 /* Reads the task's cgroups; true when any of them is below a watched root. */
 static __always_inline bool task_is_watched(struct task_struct *task, struct task_cgroups *cgs)
 {
-	read_task_cgroups(task, cgs);
+	__builtin_memset(cgs, 0, sizeof(*cgs));
+	cgs->cset = task->cgroups;
+	if (!cgs->cset)
+		return false;
+	cgs->dfl = cgs->cset->dfl_cgrp;
 	if (cgs->dfl)
 		cgs->dfl_watched = cgroup_is_watched(cgs->dfl, SWL_UNIFIED_HIERARCHY);
+	if (bpf_core_enum_value_exists(enum cgroup_subsys_id, memory_cgrp_id))
+		cgs->memcg = v1_cgroup(cgs->cset, bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id),
+				       &cgs->memcg_hierarchy_id);
 	if (cgs->memcg)
 		cgs->memcg_watched = cgroup_is_watched(cgs->memcg, cgs->memcg_hierarchy_id);
 	return cgs->dfl_watched || cgs->memcg_watched;
@@ -237,11 +265,12 @@ static __always_inline __u32 pid_nr_in_own_ns(struct pid *pid)
 
 	if (!pid)
 		return 0;
-	level = BPF_CORE_READ(pid, level);
+	level = pid->level;
 	/* MAX_PID_NS_LEVEL is 32. */
 	if (level > 32)
 		return 0;
-	/* numbers[level].nr, with the kernel's struct upid size, not ours. */
+	/* numbers[level].nr, with the kernel's struct upid size, not ours; a helper
+	 * read because the verifier allows no variable offset into a BTF pointer. */
 	bpf_core_read(&nr, sizeof(nr),
 		      (const char *)&pid->numbers + level * bpf_core_type_size(struct upid) +
 			      bpf_core_field_offset(struct upid, nr));
@@ -250,15 +279,23 @@ static __always_inline __u32 pid_nr_in_own_ns(struct pid *pid)
 
 static __always_inline void fill_task(struct swl_task *t, struct task_struct *task, struct task_cgroups *cgs)
 {
-	t->pid = BPF_CORE_READ(task, pid);
-	t->tgid = BPF_CORE_READ(task, tgid);
-	t->ns_pid = pid_nr_in_own_ns(BPF_CORE_READ(task, thread_pid));
-	t->ns_tgid = pid_nr_in_own_ns(BPF_CORE_READ(task, group_leader, thread_pid));
+	struct cgroup *cpu = NULL;
+	__u32 cpu_hierarchy_id = 0;
+
+	t->pid = task->pid;
+	t->tgid = task->tgid;
+	t->ns_pid = pid_nr_in_own_ns(task->thread_pid);
+	t->ns_tgid = pid_nr_in_own_ns(task->group_leader->thread_pid);
+
+	/* Only reported, never filtered on: read here, for records only. */
+	if (cgs->cset && bpf_core_enum_value_exists(enum cgroup_subsys_id, cpu_cgrp_id))
+		cpu = v1_cgroup(cgs->cset, bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id), &cpu_hierarchy_id);
+
 	t->cgroup2_id = cgs->dfl ? cgroup_id_of(cgs->dfl) : 0;
 	t->memcg_id = cgs->memcg ? cgroup_id_of(cgs->memcg) : 0;
-	t->cpu_cgroup_id = cgs->cpu ? cgroup_id_of(cgs->cpu) : 0;
+	t->cpu_cgroup_id = cpu ? cgroup_id_of(cpu) : 0;
 	t->memcg_hierarchy_id = cgs->memcg ? cgs->memcg_hierarchy_id : 0;
-	t->cpu_hierarchy_id = cgs->cpu ? cgs->cpu_hierarchy_id : 0;
+	t->cpu_hierarchy_id = cpu ? cpu_hierarchy_id : 0;
 	if (bpf_core_read(&t->comm, sizeof(t->comm), &task->comm))
 		__builtin_memset(&t->comm, 0, sizeof(t->comm));
 }
@@ -266,14 +303,14 @@ static __always_inline void fill_task(struct swl_task *t, struct task_struct *ta
 /* The container's main process: its thread group is pid 1 of its pid namespace. */
 static __always_inline bool is_ns_init(struct task_struct *task)
 {
-	return pid_nr_in_own_ns(BPF_CORE_READ(task, group_leader, thread_pid)) == 1;
+	return pid_nr_in_own_ns(task->group_leader->thread_pid) == 1;
 }
 
 /* ---- cgroup mkdir / rmdir ---------------------------------------------------- */
 
 static __always_inline int on_cgroup_event(__u32 kind, struct cgroup *cgrp, const char *path)
 {
-	__u32 hierarchy_id = BPF_CORE_READ(cgrp, root, hierarchy_id);
+	__u32 hierarchy_id = cgrp->root->hierarchy_id;
 	struct swl_cgroup_event *e;
 	long n;
 
@@ -294,7 +331,7 @@ static __always_inline int on_cgroup_event(__u32 kind, struct cgroup *cgrp, cons
 		return 0;
 	e->cgroup_id = cgroup_id_of(cgrp);
 	e->hierarchy_id = hierarchy_id;
-	e->level = BPF_CORE_READ(cgrp, level);
+	e->level = cgrp->level;
 	e->flags = 0;
 	n = bpf_probe_read_kernel_str(e->path, sizeof(e->path), path);
 	if (n <= 0) {
@@ -337,7 +374,18 @@ int BPF_PROG(on_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 	for (int slot = 0; slot < 2; slot++) {
 		struct swl_counters *c = task_counters(&cgs, slot);
 
-		if (c && __sync_fetch_and_add(&c->execs, 1) == 0)
+		if (!(slot == 0 ? cgs.dfl_watched : cgs.memcg_watched))
+			continue;
+		/* Watched but no counters (map full): the exec cannot be known not to
+		 * be the first, so report it. */
+		if (!c) {
+			flags |= SWL_TASK_FIRST_EXEC;
+			continue;
+		}
+		__sync_fetch_and_add(&c->execs, 1);
+		/* The runtime's init execs the container's process first. Userspace
+		 * seeds main_tgid for containers that started before the sensors. */
+		if (__sync_val_compare_and_swap(&c->main_tgid, 0, (__u32)p->tgid) == 0)
 			flags |= SWL_TASK_FIRST_EXEC;
 	}
 	if (is_ns_init(p))
@@ -361,6 +409,7 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 {
 	struct task_cgroups cgs;
 	struct swl_exit_event *e;
+	__u32 flags = 0;
 	__u32 status;
 	__u64 now;
 
@@ -372,9 +421,9 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 	 * by exit_group, a fatal signal, or the last thread's exit), not the exit code
 	 * of whichever thread happened to die last.
 	 */
-	status = BPF_CORE_READ(p, exit_code);
-	if (group_dead && (BPF_CORE_READ(p, signal, flags) & SIGNAL_GROUP_EXIT))
-		status = BPF_CORE_READ(p, signal, group_exit_code);
+	status = p->exit_code;
+	if (group_dead && (p->signal->flags & SIGNAL_GROUP_EXIT))
+		status = p->signal->group_exit_code;
 
 	now = bpf_ktime_get_ns();
 	for (int slot = 0; slot < 2; slot++) {
@@ -387,19 +436,25 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 			__sync_fetch_and_add(&c->group_exits, 1);
 			c->last_exit_status = status;
 			c->last_exit_ktime_ns = now;
+			if (c->main_tgid == (__u32)p->tgid)
+				flags |= SWL_TASK_MAIN;
 		}
 	}
 	/* Threads leaving a live process are not lifecycle events. */
 	if (!group_dead)
 		return 0;
+	if (is_ns_init(p))
+		flags |= SWL_TASK_NS_INIT;
 
 	e = reserve(sizeof(*e), SWL_EVENT_EXIT);
 	if (!e)
 		return 0;
 	fill_task(&e->task, p, &cgs);
-	e->flags = SWL_TASK_GROUP_DEAD | (is_ns_init(p) ? SWL_TASK_NS_INIT : 0);
+	e->flags = flags | SWL_TASK_GROUP_DEAD;
 	e->exit_status = status;
-	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	/* The container's main process ending is what the PLEG waits for. */
+	bpf_ringbuf_submit(e, flags & (SWL_TASK_MAIN | SWL_TASK_NS_INIT) ? BPF_RB_FORCE_WAKEUP
+									: deferred_wakeup_flags());
 	return 0;
 }
 
@@ -436,7 +491,7 @@ int BPF_PROG(on_mark_victim, struct task_struct *victim, __u32 uid)
 
 static __always_inline __u64 reclaim_key(struct task_struct *task, __u32 scope)
 {
-	return ((__u64)(__u32)BPF_CORE_READ(task, pid) << 2) | scope;
+	return ((__u64)(__u32)task->pid << 2) | scope;
 }
 
 static __always_inline int on_reclaim_begin(__u32 scope, int order, __u32 gfp_flags)
@@ -463,7 +518,7 @@ static __always_inline int on_reclaim_begin(__u32 scope, int order, __u32 gfp_fl
 	e->gfp_flags = gfp_flags;
 	e->nr_reclaimed = 0;
 	e->duration_ns = 0;
-	bpf_ringbuf_submit(e, pressure_wakeup_flags());
+	bpf_ringbuf_submit(e, deferred_wakeup_flags());
 	return 0;
 }
 
@@ -505,7 +560,7 @@ static __always_inline int on_reclaim_end(__u32 scope, __u64 nr_reclaimed)
 	e->gfp_flags = 0;
 	e->nr_reclaimed = nr_reclaimed;
 	e->duration_ns = duration;
-	bpf_ringbuf_submit(e, pressure_wakeup_flags());
+	bpf_ringbuf_submit(e, deferred_wakeup_flags());
 	return 0;
 }
 

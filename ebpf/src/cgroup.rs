@@ -125,8 +125,8 @@ impl CgroupDir {
         }
         let mountinfo = read_proc(MOUNTINFO)?;
         let mounts = parse_mountinfo(&mountinfo);
-        let mount =
-            find_cgroup_mount(&mounts, &canonical).ok_or_else(|| CgroupError::NotACgroup { path: dir.to_path_buf() })?;
+        let mount = find_cgroup_mount(&mounts, &canonical)
+            .ok_or_else(|| CgroupError::NotACgroup { path: dir.to_path_buf() })?;
         let hierarchy_id = match mount.version {
             CgroupVersion::V2 => CgroupId::UNIFIED_HIERARCHY,
             CgroupVersion::V1 => {
@@ -192,7 +192,8 @@ fn unescape_octal(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let escape = bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        let escape =
+            bytes.get(i + 1..i + 4).filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
         if let Some(digits) = escape {
             let value = digits.iter().fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
             out.push(value as u8);
@@ -208,10 +209,7 @@ fn unescape_octal(field: &str) -> String {
 /// The cgroup mount whose mount point is the longest prefix of `path` (the mount that
 /// `path` resolves through, barring overmounts inside cgroupfs, which cgroupfs forbids).
 fn find_cgroup_mount<'a>(mounts: &'a [CgroupMount], path: &Path) -> Option<&'a CgroupMount> {
-    mounts
-        .iter()
-        .filter(|m| path.starts_with(&m.mount_point))
-        .max_by_key(|m| m.mount_point.components().count())
+    mounts.iter().filter(|m| path.starts_with(&m.mount_point)).max_by_key(|m| m.mount_point.components().count())
 }
 
 fn level_of(mount: &CgroupMount, path: &Path) -> u32 {

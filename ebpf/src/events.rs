@@ -34,6 +34,10 @@ pub enum SensorEvent {
     },
     /// The last thread of a process (thread group) of a watched cgroup exited.
     /// Exits of single threads of a live process are only counted.
+    ///
+    /// Exits of a cgroup's main process (`main_process` or `ns_init`) wake the reader
+    /// at once; other exits are delivered with the next wakeup or flush (at most
+    /// `SensorConfig::pressure_flush_interval` later); `ktime_ns` is exact for both.
     Exit {
         /// When the last thread started to exit (before its memory was released).
         ktime_ns: u64,
@@ -44,6 +48,9 @@ pub enum SensorEvent {
         status: ExitStatus,
         /// The process was pid 1 of its pid namespace: a container's main process.
         ns_init: bool,
+        /// The process made the first exec counted in its cgroup: the container's
+        /// main process, also for containers that share the host's pid namespace.
+        main_process: bool,
     },
     /// The OOM killer chose a victim in a watched cgroup.
     OomKill {
@@ -251,6 +258,7 @@ const KIND_RECLAIM: u32 = 6;
 const CGROUP_PATH_TRUNCATED: u32 = 1 << 0;
 const TASK_NS_INIT: u32 = 1 << 0;
 const TASK_FIRST_EXEC: u32 = 1 << 1;
+const TASK_MAIN: u32 = 1 << 3;
 
 const RECLAIM_MEMCG: u32 = 1;
 const RECLAIM_DIRECT: u32 = 2;
@@ -394,6 +402,7 @@ pub fn decode(record: &[u8]) -> Result<SensorEvent, DecodeError> {
                 task: raw.task.into(),
                 status: ExitStatus::from_wait_status(raw.exit_status),
                 ns_init: raw.flags & TASK_NS_INIT != 0,
+                main_process: raw.flags & TASK_MAIN != 0,
             })
         }
         KIND_OOM_KILL => {
@@ -487,10 +496,13 @@ mod tests {
     #[test]
     fn decodes_exit_with_code() {
         let event = decode(&exit_record(7 << 8, TASK_NS_INIT)).unwrap();
-        let SensorEvent::Exit { ktime_ns, task, status, ns_init } = event else { panic!("not an exit: {event:?}") };
+        let SensorEvent::Exit { ktime_ns, task, status, ns_init, main_process } = event else {
+            panic!("not an exit: {event:?}")
+        };
         assert_eq!(ktime_ns, 123_456_789);
         assert_eq!(status, ExitStatus::Exited { code: 7 });
         assert!(ns_init);
+        assert!(!main_process);
         assert_eq!(task.comm, "sleep");
         assert_eq!(task.cgroup2, CgroupId::unified(77));
         assert_eq!(task.memcg, Some(CgroupId { hierarchy_id: 4, id: 88 }));
@@ -504,7 +516,7 @@ mod tests {
         let killed = ExitStatus::from_wait_status(9);
         assert_eq!(killed, ExitStatus::Signaled { signal: 9, core_dumped: false });
         assert_eq!((killed.code(), killed.signal(), killed.container_exit_code()), (None, Some(9), 137));
-        assert_eq!(ExitStatus::from_wait_status(0x80 | 11), ExitStatus::Signaled { signal: 11, core_dumped: true });
+        assert_eq!(ExitStatus::from_wait_status(0x80 | 0x0b), ExitStatus::Signaled { signal: 11, core_dumped: true });
         assert_eq!(ExitStatus::Exited { code: 3 }.container_exit_code(), 3);
     }
 
@@ -526,10 +538,7 @@ mod tests {
         assert_eq!((change.cgroup, change.level, change.path_truncated), (CgroupId::unified(99), 2, false));
 
         let too_long = RawCgroupEvent { path_len: PATH_MAX as u32 + 1, ..raw };
-        assert!(matches!(
-            decode(&bytes_of(&too_long)),
-            Err(DecodeError::InvalidField { field: "path_len", .. })
-        ));
+        assert!(matches!(decode(&bytes_of(&too_long)), Err(DecodeError::InvalidField { field: "path_len", .. })));
     }
 
     #[test]

@@ -70,7 +70,9 @@ pub enum LoadError {
     },
 
     /// The kernel's verifier rejected a program.
-    #[error("the kernel verifier rejected program `{program}` (tracepoint {tracepoint}); last verifier lines:\n{verifier_log}")]
+    #[error(
+        "the kernel verifier rejected program `{program}` (tracepoint {tracepoint}); last verifier lines:\n{verifier_log}"
+    )]
     VerifierRejected {
         /// The program.
         program: &'static str,
@@ -177,6 +179,42 @@ pub(crate) fn load_and_attach(ring_buffer_bytes: u32) -> Result<Ebpf, LoadError>
         })?;
     }
     Ok(ebpf)
+}
+
+/// What one sensor program costs in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// The program (function name in `bpf/sensors.bpf.c`).
+    pub program: &'static str,
+    /// The tracepoint it is attached to.
+    pub tracepoint: &'static str,
+    /// Times it ran. Counted only while BPF run-time statistics are enabled
+    /// (`sysctl kernel.bpf_stats_enabled=1`, or an `aya::sys::enable_stats` fd held open).
+    pub run_count: u64,
+    /// Total nanoseconds it ran, under the same condition.
+    pub run_time_ns: u64,
+    /// Instructions the verifier processed when loading it.
+    pub verified_instructions: Option<u32>,
+    /// Size of its JIT-compiled code in bytes.
+    pub jited_bytes: u32,
+}
+
+/// Statistics of every attached program; programs whose info cannot be read are skipped.
+pub(crate) fn program_stats(ebpf: &Ebpf) -> Vec<ProgramStats> {
+    PROGRAMS
+        .iter()
+        .filter_map(|spec| {
+            let info = ebpf.program(spec.program)?.info().ok()?;
+            Some(ProgramStats {
+                program: spec.program,
+                tracepoint: spec.tracepoint,
+                run_count: info.run_count(),
+                run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                verified_instructions: info.verified_instruction_count(),
+                jited_bytes: info.size_jitted(),
+            })
+        })
+        .collect()
 }
 
 fn is_permission(io_error: &io::Error) -> bool {

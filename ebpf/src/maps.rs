@@ -1,11 +1,12 @@
 //! The sensors' maps as userspace sees them: the watched roots (the kernel-side
 //! filter), the per-cgroup counters and the ring-buffer drop counter.
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 
 use crate::{cgroup::CgroupId, events::ExitStatus};
 
 pub(crate) const WATCHED_ROOTS: &str = "watched_roots";
+pub(crate) const WATCHED_LEVELS: &str = "watched_levels";
 pub(crate) const CGROUP_COUNTERS: &str = "cgroup_counters";
 pub(crate) const DROPS: &str = "drops";
 pub(crate) const EVENTS: &str = "events";
@@ -40,6 +41,27 @@ pub enum MapsError {
         source: MapError,
     },
 
+    /// The root is deeper than the kernel-side filter walks.
+    #[error("cgroup {cgroup} is at level {level}; watched roots must be at level {max} or above")]
+    TooDeep {
+        /// The cgroup.
+        cgroup: CgroupId,
+        /// Its level below the hierarchy root.
+        level: u32,
+        /// The deepest level supported.
+        max: u32,
+    },
+
+    /// Seeding a cgroup's counters failed.
+    #[error("cannot record the main process of cgroup {cgroup}")]
+    Adopt {
+        /// The cgroup.
+        cgroup: CgroupId,
+        /// The map error.
+        #[source]
+        source: MapError,
+    },
+
     /// Removing a watched root failed for another reason than its absence.
     #[error("cannot remove cgroup {cgroup} from the watched roots")]
     Unwatch {
@@ -50,6 +72,11 @@ pub enum MapsError {
         source: MapError,
     },
 }
+
+/// Deepest level of a watched root the kernel side checks (`SWL_MAX_DEPTH` - 1).
+pub(crate) const MAX_ROOT_LEVEL: u32 = 31;
+/// Hierarchy ids with a level mask (`SWL_MAX_HIERARCHIES`); others check every level.
+const MAX_HIERARCHIES: u32 = 64;
 
 /// Map key of `watched_roots` and `cgroup_counters` (`struct swl_cgroup_key`).
 #[repr(C)]
@@ -85,7 +112,7 @@ pub(crate) struct RawCounters {
     reclaim_ns: u64,
     last_exit_ktime_ns: u64,
     last_exit_status: u32,
-    pad: u32,
+    main_tgid: u32,
 }
 
 const _: () = {
@@ -117,6 +144,9 @@ pub struct CgroupCounters {
     pub reclaim_ns: u64,
     /// The last process exit; `None` until a process of the cgroup has exited.
     pub last_exit: Option<LastExit>,
+    /// Process id (initial pid namespace) of the cgroup's first exec: the container's
+    /// main process. `None` before the first exec.
+    pub main_tgid: Option<u32>,
 }
 
 /// The last process exit in a cgroup.
@@ -141,6 +171,7 @@ impl From<RawCounters> for CgroupCounters {
                 status: ExitStatus::from_wait_status(raw.last_exit_status),
                 ktime_ns: raw.last_exit_ktime_ns,
             }),
+            main_tgid: (raw.main_tgid != 0).then_some(raw.main_tgid),
         }
     }
 }
@@ -148,6 +179,7 @@ impl From<RawCounters> for CgroupCounters {
 /// Userspace handles on the sensors' state maps.
 pub(crate) struct SensorMaps {
     watched_roots: HashMap<MapData, CgroupKey, u32>,
+    watched_levels: Array<MapData, u64>,
     counters: HashMap<MapData, CgroupKey, RawCounters>,
     drops: PerCpuArray<MapData, u64>,
 }
@@ -167,27 +199,68 @@ impl SensorMaps {
         }
         Ok(Self {
             watched_roots: take(ebpf, WATCHED_ROOTS)?,
+            watched_levels: take(ebpf, WATCHED_LEVELS)?,
             counters: take(ebpf, CGROUP_COUNTERS)?,
             drops: take(ebpf, DROPS)?,
         })
     }
 
+    /// Adds a root at `level` below its hierarchy's root.
     pub(crate) fn watch(&mut self, cgroup: CgroupId, level: u32) -> Result<(), MapsError> {
-        self.watched_roots.insert(CgroupKey::from(cgroup), level, 0).map_err(|source| MapsError::Watch { cgroup, source })
+        if level > MAX_ROOT_LEVEL {
+            return Err(MapsError::TooDeep { cgroup, level, max: MAX_ROOT_LEVEL });
+        }
+        self.watched_roots
+            .insert(CgroupKey::from(cgroup), level, 0)
+            .map_err(|source| MapsError::Watch { cgroup, source })?;
+        // After the root: until the bit is set the kernel skips that level.
+        self.sync_levels(cgroup.hierarchy_id).map_err(|source| MapsError::Watch { cgroup, source })
     }
 
     /// Removes a watched root; removing one that is not there (or was removed by the
     /// kernel on rmdir) is not an error.
     pub(crate) fn unwatch(&mut self, cgroup: CgroupId) -> Result<(), MapsError> {
         match self.watched_roots.remove(&CgroupKey::from(cgroup)) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            Err(source) => Err(MapsError::Unwatch { cgroup, source }),
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(source) => return Err(MapsError::Unwatch { cgroup, source }),
         }
+        self.sync_levels(cgroup.hierarchy_id).map_err(|source| MapsError::Unwatch { cgroup, source })
+    }
+
+    /// Recomputes a hierarchy's level mask from the roots the kernel still has (it
+    /// drops roots on rmdir but cannot clear their bit; a stale bit costs one lookup).
+    fn sync_levels(&mut self, hierarchy_id: u32) -> Result<(), MapError> {
+        if hierarchy_id >= MAX_HIERARCHIES {
+            return Ok(());
+        }
+        let mut mask = 0u64;
+        for entry in &self.watched_roots {
+            let (key, level) = entry?;
+            if key.hierarchy_id == hierarchy_id {
+                mask |= 1u64 << level.min(63);
+            }
+        }
+        self.watched_levels.set(hierarchy_id, mask, 0)
     }
 
     pub(crate) fn watched(&self) -> Vec<CgroupId> {
         self.watched_roots.keys().filter_map(Result::ok).map(CgroupId::from).collect()
+    }
+
+    /// Records `main_tgid` as the cgroup's main process, keeping any counts.
+    pub(crate) fn adopt(&mut self, cgroup: CgroupId, main_tgid: u32) -> Result<(), MapsError> {
+        let key = CgroupKey::from(cgroup);
+        let adopt_error = |source| MapsError::Adopt { cgroup, source };
+        let mut raw = match self.counters.get(&key, 0) {
+            Ok(raw) => raw,
+            Err(MapError::KeyNotFound) => RawCounters::default(),
+            Err(source) => return Err(adopt_error(source)),
+        };
+        raw.main_tgid = main_tgid;
+        // Read-modify-write: an increment by the kernel in between is lost. This runs
+        // once per container, at adoption; counts are best effort anyway.
+        self.counters.insert(key, raw, 0).map_err(adopt_error)
     }
 
     pub(crate) fn counters(&self, cgroup: CgroupId) -> Result<Option<CgroupCounters>, MapError> {
@@ -220,6 +293,13 @@ mod tests {
         let last = CgroupCounters::from(raw).last_exit.unwrap();
         assert_eq!(last.status.signal(), Some(9));
         assert_eq!(last.ktime_ns, 5);
+    }
+
+    #[test]
+    fn main_tgid_zero_means_no_exec_yet() {
+        assert_eq!(CgroupCounters::from(RawCounters::default()).main_tgid, None);
+        let raw = RawCounters { main_tgid: 42, ..Default::default() };
+        assert_eq!(CgroupCounters::from(raw).main_tgid, Some(42));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::{
     time::MissedTickBehavior,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::events::{self, SensorEvent};
 
@@ -65,18 +65,17 @@ pub(crate) struct ReaderStats {
     pub(crate) decode_errors: AtomicU64,
 }
 
-/// Registers the ring buffer with the current runtime and spawns the reader. On error
-/// the ring buffer is handed back so that the caller can try again.
+/// Registers the ring buffer in `slot` with the current runtime and spawns the reader.
+/// On error the ring buffer stays in `slot`, so the caller can try again.
 pub(crate) fn spawn(
-    ring: RingBuf<MapData>,
+    slot: &mut Option<RingBuf<MapData>>,
     capacity: usize,
     flush_interval: Duration,
     cancel: CancellationToken,
-    stats: Arc<ReaderStats>,
-) -> Result<mpsc::Receiver<SensorEvent>, (RingBuf<MapData>, StreamError)> {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return Err((ring, StreamError::NoRuntime));
-    };
+    reader_stats: Arc<ReaderStats>,
+) -> Result<mpsc::Receiver<SensorEvent>, StreamError> {
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| StreamError::NoRuntime)?;
+    let ring = slot.take().ok_or(StreamError::AlreadyTaken)?;
     // Registration needs the runtime's reactor: enter it explicitly.
     let registered = {
         let _entered = handle.enter();
@@ -89,11 +88,12 @@ pub(crate) fn spawn(
         Ok(fd) => fd,
         Err(error) => {
             let (ring, io_error) = error.into_parts();
-            return Err((ring, StreamError::Register { io_error }));
+            *slot = Some(ring);
+            return Err(StreamError::Register { io_error });
         }
     };
     let (tx, rx) = mpsc::channel(capacity.max(1));
-    handle.spawn(run(fd, tx, flush_interval, cancel, stats));
+    handle.spawn(run(fd, tx, flush_interval, cancel, reader_stats).instrument(info_span!("sensor_events")));
     Ok(rx)
 }
 
@@ -102,7 +102,7 @@ async fn run(
     tx: mpsc::Sender<SensorEvent>,
     flush_interval: Duration,
     cancel: CancellationToken,
-    stats: Arc<ReaderStats>,
+    reader_stats: Arc<ReaderStats>,
 ) {
     let mut flush = tokio::time::interval(flush_interval.max(Duration::from_millis(1)));
     flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -128,7 +128,7 @@ async fn run(
                 },
                 _ = flush.tick() => State::Draining,
             },
-            State::Draining => drain(fd.get_mut(), &tx, &cancel, &stats).await,
+            State::Draining => drain(fd.get_mut(), &tx, &cancel, &reader_stats).await,
             State::Stopped => break,
         };
     }

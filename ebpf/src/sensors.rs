@@ -20,32 +20,29 @@ use crate::{
     cgroup::{CgroupDir, CgroupId},
     error::Result,
     events::SensorEvent,
-    loader::{self, LoadError},
+    loader::{self, LoadError, ProgramStats},
     maps::{self, CgroupCounters, MapsError, SensorMaps},
-    ring_buf::{self, ReaderStats, StreamError},
+    ring_buf::{self, ReaderStats},
 };
 
 /// How the sensors are sized. `Default` gives the values documented on each field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SensorConfig {
     /// Ring buffer size in bytes: a power of two and a multiple of the page size.
-    /// Default 256 KiB: ~2900 exit records or ~470 cgroup records in flight.
+    /// Default 256 KiB: ~2700 exit records (96 bytes with the ring header) or ~460 cgroup
+    /// records (560 bytes) in flight.
     pub ring_buffer_bytes: u32,
     /// Decoded events buffered between the reader task and the consumer. Default 4096.
     pub channel_capacity: usize,
-    /// How often the reader drains records that were written without a wakeup
-    /// (reclaim). Bounds their delay when no lifecycle event wakes the reader first.
-    /// Default 1 s.
+    /// How often the reader drains records written without a wakeup (reclaim, exits
+    /// of processes other than a cgroup's main one). Bounds their delay when no other
+    /// record wakes the reader first. Default 250 ms.
     pub pressure_flush_interval: Duration,
 }
 
 impl Default for SensorConfig {
     fn default() -> Self {
-        Self {
-            ring_buffer_bytes: 256 * 1024,
-            channel_capacity: 4096,
-            pressure_flush_interval: Duration::from_secs(1),
-        }
+        Self { ring_buffer_bytes: 256 * 1024, channel_capacity: 4096, pressure_flush_interval: Duration::from_secs(1) }
     }
 }
 
@@ -89,8 +86,16 @@ pub struct Sensors {
     /// Stops the reader task when `Sensors` drops, whatever the caller's token does.
     reader_guard: Option<DropGuard>,
     /// Owns the programs and their links; dropped last.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
 }
+
+// The agent shares `Sensors` between tasks (e.g. behind an `Arc` for `drops`).
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Sensors>();
+    assert_send_sync::<SensorEvent>();
+    assert_send_sync::<crate::Error>();
+};
 
 impl fmt::Debug for Sensors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -114,14 +119,7 @@ impl Sensors {
         let ring = ebpf.take_map(maps::EVENTS).ok_or(MapsError::Missing { name: maps::EVENTS })?;
         let ring = RingBuf::try_from(ring).map_err(|source| MapsError::Layout { name: maps::EVENTS, source })?;
         debug!(ring_buffer_bytes = cfg.ring_buffer_bytes, "eBPF sensors attached");
-        Ok(Self {
-            maps,
-            ring: Some(ring),
-            config: cfg.clone(),
-            reader_stats: Arc::default(),
-            reader_guard: None,
-            _ebpf: ebpf,
-        })
+        Ok(Self { maps, ring: Some(ring), config: cfg.clone(), reader_stats: Arc::default(), reader_guard: None, ebpf })
     }
 
     /// Reports on `dir` and every cgroup below it, e.g. `/sys/fs/cgroup/unified/kubepods`
@@ -150,6 +148,16 @@ impl Sensors {
         Ok(self.maps.unwatch(cgroup)?)
     }
 
+    /// Tells the sensors which process is `cgroup`'s main process, for containers that
+    /// started before the sensors loaded (after an agent restart): without it the next
+    /// exec in the cgroup (a probe, say) would be taken for the first one, and the main
+    /// process's exit would not wake the reader. `main_tgid` is the process id in the
+    /// node's pid namespace (CRI's container pid). Call it for both `TaskInfo::cgroup2`
+    /// and `TaskInfo::memcg` cgroups when both are watched.
+    pub fn adopt_cgroup(&mut self, cgroup: CgroupId, main_tgid: u32) -> Result<()> {
+        Ok(self.maps.adopt(cgroup, main_tgid)?)
+    }
+
     /// The watched roots, as the kernel has them (removed directories drop out).
     #[must_use]
     pub fn watched_cgroups(&self) -> Vec<CgroupId> {
@@ -160,25 +168,17 @@ impl Sensors {
     ///
     /// The task ends when the receiver is dropped, `cancel` fires, or `Sensors` drops.
     /// Can be called once; the ring buffer has a single consumer.
-    pub fn take_event_stream(&mut self, cancel: CancellationToken) -> Result<mpsc::Receiver<SensorEvent>> {
-        let ring = self.ring.take().ok_or(StreamError::AlreadyTaken)?;
+    pub fn take_event_stream(&mut self, cancel: &CancellationToken) -> Result<mpsc::Receiver<SensorEvent>> {
         let token = cancel.child_token();
-        match ring_buf::spawn(
-            ring,
+        let rx = ring_buf::spawn(
+            &mut self.ring,
             self.config.channel_capacity,
             self.config.pressure_flush_interval,
             token.clone(),
             Arc::clone(&self.reader_stats),
-        ) {
-            Ok(rx) => {
-                self.reader_guard = Some(token.drop_guard());
-                Ok(rx)
-            }
-            Err((ring, error)) => {
-                self.ring = Some(ring);
-                Err(error.into())
-            }
-        }
+        )?;
+        self.reader_guard = Some(token.drop_guard());
+        Ok(rx)
     }
 
     /// Records the kernel could not write because the ring buffer was full, summed over
@@ -206,6 +206,12 @@ impl Sensors {
             warn!(%error, %cgroup, "cannot read cgroup counters");
             None
         })
+    }
+
+    /// Kernel-side cost of each program (run counts and times need BPF statistics on).
+    #[must_use]
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        loader::program_stats(&self.ebpf)
     }
 
     /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of every event's `ktime_ns`, so

@@ -269,7 +269,15 @@ async fn malformed_manifest_is_reported_and_skipped() -> Result<()> {
 
 async fn agent_kill9_and_restart_restarts_no_container(evented: bool) -> Result<()> {
     let _g = testbed_lock().await;
-    let (mut agent, cri) = setup(evented).await?;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    // A 1 s safety relist in evented mode too, so that "5 relists" below means 5 s of
+    // housekeeping in both modes.
+    let mut agent = Agent::start(AgentOptions {
+        evented_pleg: evented,
+        extra_flags: vec!["--pleg-relist-period=1s".into()],
+        ..AgentOptions::default()
+    })
+    .await?;
     agent.write_manifest("a.yaml", &pod_yaml("keep-a", "Always", SERVE, ""))?;
     agent.write_manifest("b.yaml", &pod_yaml("keep-b", "OnFailure", SERVE, ""))?;
     let a = agent.wait_pod("keep-a", Duration::from_mins(1), |p| running(p, "main")).await?;
@@ -396,8 +404,22 @@ async fn container_killed_from_the_host_is_seen_by_the_kernel() -> Result<()> {
     let p = agent.wait_pod("victim", Duration::from_mins(1), |p| running(p, "main")).await?;
     let cid = cri.containers(&uid(&p)).await?[0].id.clone();
     let pid = container_pid(&cri, &cid).await?;
+    // A node-local consumer watches the event API for this pod.
+    let mut client = swiftlet::event_api::client::connect(&agent.event_socket()).await?;
+    let request = swiftlet::event_api::proto::WatchRequest {
+        pod_uids: vec![uid(&p)],
+        kinds: vec![swiftlet::event_api::proto::EventKind::ContainerDied as i32],
+        ..Default::default()
+    };
+    let mut stream = client.watch(request).await?.into_inner();
     // SAFETY: kill(2) on the container's init process, found through CRI.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let died = tokio::time::timeout(Duration::from_secs(10), stream.message()).await??.expect("an event");
+    assert_eq!(died.container_id, cid);
+    assert_eq!(died.container_name, "main");
+    assert_eq!(died.pod_namespace, "default");
+    assert_eq!((died.exit_code, died.signal), (Some(137), Some(9)));
+    assert!(died.kernel_time_ns > 0);
     let p = agent
         .wait_pod("victim", Duration::from_secs(10), |p| {
             restarts(p, "main") == 1 && container(p, "main")["lastState"]["terminated"]["exitCode"] == 137

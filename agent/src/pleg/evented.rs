@@ -195,6 +195,8 @@ impl CgroupIndex {
 pub struct Observed {
     pub pod_uid: String,
     pub container_id: String,
+    /// The container's name when the runtime told it (lifecycle events); else empty.
+    pub container_name: String,
     pub kind: ObservedKind,
     pub kernel_time_ns: u64,
     pub exit_code: Option<i32>,
@@ -257,14 +259,16 @@ fn state_of(kind: PodLifecycleEventType) -> Option<PlegState> {
     }
 }
 
-/// Asks CRI for one container's (or sandbox's) state.
-async fn runtime_state(rt: &dyn RuntimeService, id: &str) -> Option<PlegState> {
+/// Asks CRI for one container's (or sandbox's) state, and the container's name.
+async fn runtime_state(rt: &dyn RuntimeService, id: &str) -> Option<(PlegState, String)> {
     match rt.container_status(id).await {
-        Ok(st) => Some(ContainerState::from_cri(st.state).into()),
+        Ok(st) => Some((ContainerState::from_cri(st.state).into(), st.metadata.map(|m| m.name).unwrap_or_default())),
         Err(e) if e.is_not_found() => match rt.pod_sandbox_status(id).await {
-            Ok(sb) if sb.state == api::PodSandboxState::SandboxReady as i32 => Some(PlegState::Running),
-            Ok(_) => Some(PlegState::Exited),
-            Err(e) if e.is_not_found() => Some(PlegState::NonExistent),
+            Ok(sb) if sb.state == api::PodSandboxState::SandboxReady as i32 => {
+                Some((PlegState::Running, String::new()))
+            }
+            Ok(_) => Some((PlegState::Exited, String::new())),
+            Err(e) if e.is_not_found() => Some((PlegState::NonExistent, String::new())),
             Err(_) => None,
         },
         Err(_) => None,
@@ -331,6 +335,7 @@ impl EventedPleg {
                     self.observe(Observed {
                         pod_uid: r.pod_uid,
                         container_id: r.container_id.unwrap_or_default(),
+                        container_name: String::new(),
                         kind: ObservedKind::CgroupCreated,
                         kernel_time_ns: ktime_ns,
                         exit_code: None,
@@ -350,6 +355,7 @@ impl EventedPleg {
                     self.observe(Observed {
                         pod_uid: r.pod_uid,
                         container_id: r.container_id.unwrap_or_default(),
+                        container_name: String::new(),
                         kind: ObservedKind::CgroupRemoved,
                         kernel_time_ns: ktime_ns,
                         exit_code: None,
@@ -363,6 +369,7 @@ impl EventedPleg {
                     self.observe(Observed {
                         pod_uid: r.pod_uid,
                         container_id: r.container_id.unwrap_or_default(),
+                        container_name: String::new(),
                         kind: ObservedKind::OomKilled,
                         kernel_time_ns: ktime_ns,
                         exit_code: None,
@@ -394,10 +401,10 @@ impl EventedPleg {
         let confirmed = self.confirm(&cid, want).await;
         let mut s = self.state.lock().unwrap();
         s.pending.remove(&cid);
-        if !confirmed {
+        let Some(container_name) = confirmed else {
             tracing::debug!(container = %cid, ?want, "runtime did not confirm the kernel event in time; the relist will");
             return None;
-        }
+        };
         s.known.insert(cid.clone(), want);
         drop(s);
         let kind = if want == PlegState::Running {
@@ -408,6 +415,7 @@ impl EventedPleg {
         self.observe(Observed {
             pod_uid: target.pod_uid.clone(),
             container_id: cid.clone(),
+            container_name,
             kind: if want == PlegState::Running { ObservedKind::ContainerStarted } else { ObservedKind::ContainerDied },
             kernel_time_ns: ktime,
             exit_code: exit.map(|e| e.0),
@@ -426,15 +434,19 @@ impl EventedPleg {
 
     /// Polls CRI until the container is in `want` (the runtime lags the kernel by a few
     /// ms), with a short exponential back-off, up to [`CONFIRM_DEADLINE`].
-    async fn confirm(&self, id: &str, want: PlegState) -> bool {
+    async fn confirm(&self, id: &str, want: PlegState) -> Option<String> {
         let give_up = tokio::time::Instant::now() + CONFIRM_DEADLINE;
         let mut pause = Duration::from_micros(500);
         loop {
-            if runtime_state(self.rt.as_ref(), id).await == Some(want) {
-                return true;
+            match runtime_state(self.rt.as_ref(), id).await {
+                Some((s, name)) if s == want => return Some(name),
+                // Already past the state we wait for (a container that exited before we
+                // saw it running): its exit event will tell.
+                Some((PlegState::Exited | PlegState::NonExistent, _)) if want == PlegState::Running => return None,
+                _ => {}
             }
             if tokio::time::Instant::now() + pause > give_up {
-                return false;
+                return None;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));

@@ -2,8 +2,6 @@
 //! and in cgroup2, processes started inside them, and cleanup that runs even when a
 //! test fails (drop guards kill what the test started and remove what it created).
 
-#![allow(dead_code, reason = "each test binary uses a different subset of the helpers")]
-
 use std::{
     fs, io,
     os::unix::fs::MetadataExt as _,
@@ -55,11 +53,10 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 pub fn v1_hierarchy_of(controller: &str) -> u32 {
     let text = fs::read_to_string("/proc/cgroups").unwrap();
     text.lines()
-        .filter_map(|line| {
+        .find_map(|line| {
             let mut fields = line.split_whitespace();
             (fields.next()? == controller).then(|| fields.next()?.parse().ok())?
         })
-        .next()
         .unwrap_or_else(|| panic!("{controller} not in /proc/cgroups"))
 }
 
@@ -155,6 +152,13 @@ impl TestRoot {
         pid
     }
 
+    /// Waits for every started process to exit.
+    pub fn wait_all(&self) {
+        for child in self.children.lock().unwrap().iter_mut() {
+            child.wait().unwrap();
+        }
+    }
+
     /// Kills a started process with SIGKILL.
     pub fn kill(&self, pid: u32) {
         let mut children = self.children.lock().unwrap();
@@ -225,7 +229,9 @@ pub async fn expect_event(
             Ok(Some(event)) if pred(&event) => return (event, others),
             Ok(Some(event)) => others.push(event),
             Ok(None) => panic!("event stream ended while waiting for {what}; other events: {others:#?}"),
-            Err(_) => panic!("no {what} within {EVENT_TIMEOUT:?}; other events: {others:#?}"),
+            Err(tokio::time::error::Elapsed { .. }) => {
+                panic!("no {what} within {EVENT_TIMEOUT:?}; other events: {others:#?}")
+            }
         }
     }
 }
