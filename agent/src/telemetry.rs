@@ -16,7 +16,9 @@ pub fn filter_for_verbosity(v: u8) -> String {
 /// Installs the global subscriber (once; later calls are no-ops).
 pub fn init(verbosity: u8, json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter_for_verbosity(verbosity)));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a terminal: log files and journald must not get escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 

@@ -97,6 +97,17 @@ impl Cri {
         Ok(self.client.clone().list_pod_sandbox(cri::ListPodSandboxRequest { filter: None }).await?.into_inner().items)
     }
 
+    /// Stops and removes every sandbox (and so every container): a test that failed
+    /// half-way must not leave pods for the next one, whose agent would adopt them.
+    pub async fn remove_all(&self) -> Result<()> {
+        for sb in self.all_sandboxes().await? {
+            let mut c = self.client.clone();
+            c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sb.id.clone() }).await?;
+            c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sb.id }).await?;
+        }
+        Ok(())
+    }
+
     /// Full status of a container (verbose: includes the runtime spec with cgroup paths).
     pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatusResponse> {
         let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };
@@ -152,6 +163,7 @@ impl Agent {
     /// Writes the config and starts the agent; returns once `/healthz` answers.
     pub async fn start(opts: AgentOptions) -> Result<Self> {
         let endpoint = cri_endpoint()?;
+        Cri::connect(&endpoint)?.remove_all().await?;
         let dir = tempfile::Builder::new().prefix("swiftlet-e2e-").tempdir()?;
         let manifests = dir.path().join("manifests");
         let logs_dir = dir.path().join("pod-logs");

@@ -3,6 +3,7 @@
 //! (they share the runtime) and each ends by removing its manifests and checking
 //! that nothing is left.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -455,5 +456,70 @@ async fn relist_fallback_is_visible_in_healthz_and_metrics() -> Result<()> {
     assert!(health.contains("[+]pleg ok (relisting only"), "{health}");
     assert!(health.contains("--evented-pleg=false"), "{health}");
     assert!(agent.metric("kubelet_evented_pleg_active").await? < 0.5, "evented PLEG inactive");
+    agent.shutdown(&cri).await
+}
+
+/// 200 short-lived containers (init containers of 10 pods) start and exit while the
+/// kernel path and a 1 s safety relist both run: the relist must find nothing the
+/// kernel path missed, and every init container's final state must be right.
+#[tokio::test]
+async fn evented_pleg_misses_nothing_under_churn() -> Result<()> {
+    const PODS: usize = 10;
+    const INITS: usize = 20;
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions {
+        sync_frequency: "1m",
+        extra_flags: vec!["--pleg-relist-period=1s".into()],
+        ..AgentOptions::default()
+    })
+    .await?;
+    for i in 0..PODS {
+        let mut inits = String::from("  initContainers:\n");
+        for j in 0..INITS {
+            let _ = write!(
+                inits,
+                "  - name: step{j}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"true\"]\n"
+            );
+        }
+        agent.write_manifest(
+            &format!("churn{i}.yaml"),
+            &format!("{}{inits}", pod_yaml(&format!("churn{i}"), "Always", SERVE, "")),
+        )?;
+    }
+    for i in 0..PODS {
+        let p = agent.wait_pod(&format!("churn{i}"), Duration::from_mins(4), |p| running(p, "main")).await?;
+        for j in 0..INITS {
+            let t = &init_container(&p, &format!("step{j}"))["state"]["terminated"];
+            assert_eq!(
+                (t["exitCode"].as_i64(), t["reason"].as_str()),
+                (Some(0), Some("Completed")),
+                "churn{i}/step{j}"
+            );
+        }
+    }
+    // Let the safety relist look at the final state a few more times.
+    let relists = agent.metric("kubelet_pleg_relist_duration_seconds_count").await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.metric("kubelet_pleg_relist_duration_seconds_count").await? < relists + 3.0 {
+        assert!(std::time::Instant::now() < deadline, "safety relist stopped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let exits = agent.metric("kubelet_evented_pleg_kernel_events_total{kind=\"exit\"}").await?;
+    assert!(exits >= (PODS * INITS) as f64, "only {exits} exit events for {} containers", PODS * INITS);
+    assert!(agent.metric("kubelet_evented_pleg_ringbuf_drops_total").await? < 0.5, "no ring-buffer drops expected");
+    let repairs = agent.metric("kubelet_evented_pleg_relist_repairs_total").await?;
+    let log = agent.log();
+    if repairs > 0.5 {
+        let _ = std::fs::write(std::env::temp_dir().join("swiftlet-churn-failure.log"), &log);
+    }
+    // On failure, show everything the log says about the repaired containers.
+    let ids: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("relist repaired"))
+        .filter_map(|l| l.split(" id=").nth(1).and_then(|r| r.split_whitespace().next()))
+        .collect();
+    let repaired: Vec<&str> = log.lines().filter(|l| ids.iter().any(|id| l.contains(&id[..16]))).collect();
+    assert!(repairs < 0.5, "the relist repaired {repairs} changes the kernel path missed:\n{}", repaired.join("\n"));
     agent.shutdown(&cri).await
 }

@@ -17,7 +17,7 @@
 //! If the kernel stream ends, the PLEG falls back to relisting every second and says so
 //! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,10 @@ use crate::runtime::{ContainerState, RuntimeService, api};
 
 /// The cgroup2 (default) hierarchy's id, as the kernel numbers it.
 pub const CGROUP2_HIERARCHY: u32 = 0;
+
+/// How long a relist finding waits for the kernel path to report the same change
+/// before it counts as a miss.
+const SUSPECT_GRACE: Duration = Duration::from_secs(2);
 
 /// How long the PLEG waits for CRI to agree with the kernel before leaving the change
 /// to the safety-net relist.
@@ -217,12 +221,32 @@ pub enum ObservedKind {
 /// Receives observed changes (the node event API).
 pub type ObservedSink = Arc<dyn Fn(Observed) + Send + Sync>;
 
+/// A kernel event resolved to a container, waiting for CRI to agree.
+#[derive(Debug)]
+struct Work {
+    pod_uid: String,
+    cid: String,
+    want: PlegState,
+    ktime: u64,
+    exit: Option<(i32, i32)>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Last state of each container/sandbox this PLEG reported (either path).
     known: HashMap<String, PlegState>,
     /// Ids whose kernel event is being confirmed with CRI.
-    pending: HashSet<String>,
+    /// Counted: runc's own processes in a new container cgroup also exec and exit, so
+    /// several confirmations of one container can be in flight at once.
+    pending: HashMap<String, usize>,
+    /// The most advanced state the kernel reported per container, whether or not it
+    /// led to an event: what decides if a relist finding was a miss.
+    kernel_seen: HashMap<String, PlegState>,
+    /// Relist findings not (yet) reported by the kernel: (state, when found, pod uid).
+    /// The relist can be ahead of the kernel for a moment (CRI marks a container
+    /// running when `StartContainer` returns, a little before its process execs), so a
+    /// finding is a miss only if the kernel has not reported it within [`SUSPECT_GRACE`].
+    suspects: HashMap<String, (PlegState, tokio::time::Instant, String)>,
     index: CgroupIndex,
 }
 
@@ -257,6 +281,40 @@ fn state_of(kind: PodLifecycleEventType) -> Option<PlegState> {
         PodLifecycleEventType::ContainerRemoved => Some(PlegState::NonExistent),
         PodLifecycleEventType::PodSync => None,
     }
+}
+
+/// Order of a container's (or sandbox's) states: a container only ever moves forward
+/// (created → running → exited → removed), so an older observation never overrides a
+/// newer one, whichever path (kernel or relist) made it.
+fn rank(s: PlegState) -> u8 {
+    match s {
+        PlegState::Unknown => 0,
+        PlegState::Running => 1,
+        PlegState::Exited => 2,
+        PlegState::NonExistent => 3,
+    }
+}
+
+/// Records `new` unless something at least as advanced is known; true when recorded.
+fn advance(known: &mut HashMap<String, PlegState>, id: &str, new: PlegState) -> bool {
+    match known.get(id) {
+        Some(old) if rank(*old) >= rank(new) => false,
+        _ => {
+            known.insert(id.to_string(), new);
+            true
+        }
+    }
+}
+
+/// Outcome of waiting for CRI to agree with the kernel.
+enum Confirmation {
+    /// CRI shows the state; the container's name.
+    Agreed(String),
+    /// CRI already shows a later state (a container that exited before it was seen
+    /// running); its own later event will tell.
+    Passed,
+    /// CRI did not agree in time; the relist will tell.
+    TimedOut,
 }
 
 /// Asks CRI for one container's (or sandbox's) state, and the container's name.
@@ -321,12 +379,22 @@ impl EventedPleg {
     }
 
     /// Handles one kernel event; returns the lifecycle event to emit once CRI agrees.
+    #[cfg(test)]
     async fn handle_kernel_event(&self, ev: KernelEvent) -> Option<PodLifecycleEvent> {
+        let work = self.classify(&ev)?;
+        self.complete(work).await
+    }
+
+    /// The synchronous part of handling a kernel event, run in event order: keeps the
+    /// cgroup index current and resolves exec/exit to a container *before* a later
+    /// rmdir of that container's cgroup can remove the mapping. Returns the CRI
+    /// confirmation still to do.
+    fn classify(&self, ev: &KernelEvent) -> Option<Work> {
         self.metrics
             .evented_pleg_kernel_events
             .get_or_create(&KernelEventLabels { kind: ev.kind_label().into() })
             .inc();
-        let (target, want, ktime, exit) = match ev {
+        let (target, want, ktime, exit) = match *ev {
             KernelEvent::CgroupMkdir { hierarchy_id, cgroup_id, ref path, ktime_ns } => {
                 let mut s = self.state.lock().unwrap();
                 s.index.insert(hierarchy_id, cgroup_id, path);
@@ -386,26 +454,59 @@ impl EventedPleg {
             KernelEvent::Exec { cgroup2_id, memcg_id, ktime_ns, .. } => {
                 (self.lookup(cgroup2_id, memcg_id)?, PlegState::Running, ktime_ns, None)
             }
-            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, .. } => {
-                (self.lookup(cgroup2_id, memcg_id)?, PlegState::Exited, ktime_ns, Some((exit_code, signal)))
+            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, pid, .. } => {
+                let Some(target) = self.lookup(cgroup2_id, memcg_id) else {
+                    tracing::debug!(
+                        pid,
+                        cgroup2_id,
+                        memcg_id,
+                        "main-process exit in a cgroup that is not a known container"
+                    );
+                    return None;
+                };
+                (target, PlegState::Exited, ktime_ns, Some((exit_code, signal)))
             }
         };
         let cid = target.container_id.clone()?;
-        {
-            let mut s = self.state.lock().unwrap();
-            if s.known.get(&cid) == Some(&want) {
-                return None;
-            }
-            s.pending.insert(cid.clone());
+        let mut s = self.state.lock().unwrap();
+        tracing::trace!(container = %cid, ?want, known = ?s.known.get(&cid), "kernel lifecycle event");
+        advance(&mut s.kernel_seen, &cid, want);
+        if s.known.get(&cid).is_some_and(|k| rank(*k) >= rank(want)) {
+            return None;
         }
+        *s.pending.entry(cid.clone()).or_default() += 1;
+        Some(Work { pod_uid: target.pod_uid, cid, want, ktime, exit })
+    }
+
+    /// The asynchronous part: waits for CRI to agree, then records and emits.
+    async fn complete(&self, work: Work) -> Option<PodLifecycleEvent> {
+        let Work { pod_uid, cid, want, ktime, exit } = work;
         let confirmed = self.confirm(&cid, want).await;
         let mut s = self.state.lock().unwrap();
-        s.pending.remove(&cid);
-        let Some(container_name) = confirmed else {
-            tracing::debug!(container = %cid, ?want, "runtime did not confirm the kernel event in time; the relist will");
-            return None;
+        if let Some(n) = s.pending.get_mut(&cid) {
+            *n -= 1;
+            if *n == 0 {
+                s.pending.remove(&cid);
+            }
+        }
+        let container_name = match confirmed {
+            Confirmation::Agreed(name) => name,
+            Confirmation::Passed => {
+                // It did reach `want` (the kernel saw it): remember that much, so that a
+                // relist listing taken meanwhile is not mistaken for a miss.
+                advance(&mut s.known, &cid, want);
+                return None;
+            }
+            Confirmation::TimedOut => {
+                tracing::debug!(container = %cid, ?want, "runtime did not confirm the kernel event in time; the relist will");
+                return None;
+            }
         };
-        s.known.insert(cid.clone(), want);
+        if !advance(&mut s.known, &cid, want) {
+            // A later state was recorded while we waited (e.g. the exit of a container
+            // whose start we were confirming): this event is stale.
+            return None;
+        }
         drop(s);
         let kind = if want == PlegState::Running {
             PodLifecycleEventType::ContainerStarted
@@ -413,7 +514,7 @@ impl EventedPleg {
             PodLifecycleEventType::ContainerDied
         };
         self.observe(Observed {
-            pod_uid: target.pod_uid.clone(),
+            pod_uid: pod_uid.clone(),
             container_id: cid.clone(),
             container_name,
             kind: if want == PlegState::Running { ObservedKind::ContainerStarted } else { ObservedKind::ContainerDied },
@@ -421,7 +522,7 @@ impl EventedPleg {
             exit_code: exit.map(|e| e.0),
             signal: exit.map(|e| e.1).filter(|s| *s != 0),
         });
-        Some(PodLifecycleEvent { pod_uid: target.pod_uid, kind, data: cid, kernel_time_ns: Some(ktime) })
+        Some(PodLifecycleEvent { pod_uid, kind, data: cid, kernel_time_ns: Some(ktime) })
     }
 
     fn lookup(&self, cgroup2_id: u64, memcg_id: u64) -> Option<CgroupRef> {
@@ -434,19 +535,17 @@ impl EventedPleg {
 
     /// Polls CRI until the container is in `want` (the runtime lags the kernel by a few
     /// ms), with a short exponential back-off, up to [`CONFIRM_DEADLINE`].
-    async fn confirm(&self, id: &str, want: PlegState) -> Option<String> {
+    async fn confirm(&self, id: &str, want: PlegState) -> Confirmation {
         let give_up = tokio::time::Instant::now() + CONFIRM_DEADLINE;
         let mut pause = Duration::from_micros(500);
         loop {
             match runtime_state(self.rt.as_ref(), id).await {
-                Some((s, name)) if s == want => return Some(name),
-                // Already past the state we wait for (a container that exited before we
-                // saw it running): its exit event will tell.
-                Some((PlegState::Exited | PlegState::NonExistent, _)) if want == PlegState::Running => return None,
+                Some((s, name)) if s == want => return Confirmation::Agreed(name),
+                Some((s, _)) if rank(s) > rank(want) => return Confirmation::Passed,
                 _ => {}
             }
             if tokio::time::Instant::now() + pause > give_up {
-                return None;
+                return Confirmation::TimedOut;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));
@@ -458,27 +557,52 @@ impl EventedPleg {
     fn reconcile(&self, events: Vec<PodLifecycleEvent>, initial: bool) -> Vec<PodLifecycleEvent> {
         let mut out = Vec::new();
         let mut s = self.state.lock().unwrap();
+        self.settle_suspects(&mut s);
         for e in events {
             let Some(new) = state_of(e.kind) else { continue };
-            if s.pending.contains(&e.data) {
+            if s.pending.contains_key(&e.data) {
                 continue;
             }
-            let old = s.known.insert(e.data.clone(), new);
             if new == PlegState::NonExistent {
+                // Removals are the kubelet's own doing; forget the id and pass it on.
                 s.known.remove(&e.data);
+                if !s.suspects.contains_key(&e.data) {
+                    s.kernel_seen.remove(&e.data);
+                }
+                out.push(e);
+                continue;
             }
-            if old == Some(new) {
+            // A listing older than what the kernel path already reported adds nothing.
+            if !advance(&mut s.known, &e.data, new) {
                 continue;
             }
             let is_lifecycle =
                 matches!(e.kind, PodLifecycleEventType::ContainerStarted | PodLifecycleEventType::ContainerDied);
-            if is_lifecycle && !initial && self.kernel_alive.load(Ordering::Relaxed) {
-                self.metrics.evented_pleg_relist_repairs.inc();
-                tracing::warn!(pod_uid = %e.pod_uid, id = %e.data, kind = ?e.kind, "relist repaired a change the kernel path missed");
+            let kernel_saw = s.kernel_seen.get(&e.data).is_some_and(|k| rank(*k) >= rank(new));
+            if is_lifecycle && !initial && !kernel_saw && self.kernel_alive.load(Ordering::Relaxed) {
+                s.suspects.insert(e.data.clone(), (new, tokio::time::Instant::now(), e.pod_uid.clone()));
             }
+            // Forwarded at once either way: the pod worker must not wait for the verdict.
             out.push(e);
         }
         out
+    }
+
+    /// Decides the relist findings older than [`SUSPECT_GRACE`]: reported by the kernel
+    /// meanwhile (the relist was just faster), or a miss, counted and logged.
+    fn settle_suspects(&self, s: &mut State) {
+        let now = tokio::time::Instant::now();
+        let ids: Vec<String> = s.suspects.keys().cloned().collect();
+        for id in ids {
+            let (state, found, pod_uid) = s.suspects[&id].clone();
+            if s.kernel_seen.get(&id).is_some_and(|k| rank(*k) >= rank(state)) {
+                s.suspects.remove(&id);
+            } else if now.duration_since(found) >= SUSPECT_GRACE {
+                s.suspects.remove(&id);
+                self.metrics.evented_pleg_relist_repairs.inc();
+                tracing::warn!(%pod_uid, %id, ?state, "relist repaired a change the kernel path missed");
+            }
+        }
     }
 
     /// Runs the kernel consumer and the safety-net relist until shutdown. `drops` reads
@@ -516,11 +640,13 @@ impl EventedPleg {
                         self.fall_back("the eBPF event stream ended");
                         break;
                     };
-                    // Each confirmation waits on CRI; never hold up the next event.
+                    // Resolve in order; each CRI confirmation then runs on its own, never
+                    // holding up the next event.
+                    let Some(work) = self.classify(&ev) else { continue };
                     let this = self.clone();
                     let tx = tx.clone();
                     inflight.spawn(async move {
-                        if let Some(out) = this.handle_kernel_event(ev).await
+                        if let Some(out) = this.complete(work).await
                             && tx.send(out).await.is_err()
                         {
                             tracing::debug!("sync loop gone");
@@ -688,7 +814,7 @@ mod tests {
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn relist_repairs_what_the_kernel_missed_and_counts_it() {
         let (rt, pleg, cid, _) = setup().await;
         let initial = pleg.relist.relist_events().await.unwrap();
@@ -699,9 +825,38 @@ mod tests {
         rt.exit_container(&cid, 1);
         let events = pleg.relist.relist_events().await.unwrap();
         let forwarded = pleg.reconcile(events, false);
-        assert_eq!(forwarded.len(), 1);
+        assert_eq!(forwarded.len(), 1, "forwarded at once");
         assert_eq!(forwarded[0].kind, PodLifecycleEventType::ContainerDied);
+        // It is a miss only once the kernel had its chance.
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+        tokio::time::advance(SUSPECT_GRACE).await;
+        assert!(pleg.reconcile(Vec::new(), false).is_empty());
         assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relist_ahead_of_the_kernel_is_not_a_miss() {
+        let (rt, pleg, cid, _) = setup().await;
+        let initial = pleg.relist.relist_events().await.unwrap();
+        pleg.reconcile(initial, true);
+        rt.exit_container(&cid, 0);
+        // The relist lists the exit first ...
+        let events = pleg.relist.relist_events().await.unwrap();
+        assert_eq!(pleg.reconcile(events, false).len(), 1, "the exit is forwarded at once");
+        // ... and the kernel's exit event arrives a moment later.
+        let exit = KernelEvent::Exit {
+            ktime_ns: 1,
+            pid: 1,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(exit).await.is_none(), "already reported by the relist");
+        tokio::time::advance(SUSPECT_GRACE).await;
+        pleg.reconcile(Vec::new(), false);
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
     }
 
     #[tokio::test]
@@ -744,5 +899,41 @@ mod tests {
         assert_eq!(pleg.metrics.evented_pleg_active.get(), 0);
         stop.cancel();
         task.await.unwrap();
+    }
+
+    #[test]
+    fn states_only_move_forward() {
+        let mut known = HashMap::new();
+        assert!(advance(&mut known, "c", PlegState::Running));
+        assert!(advance(&mut known, "c", PlegState::Exited));
+        assert!(!advance(&mut known, "c", PlegState::Running), "a stale listing must not roll back");
+        assert!(!advance(&mut known, "c", PlegState::Exited));
+        assert_eq!(known["c"], PlegState::Exited);
+    }
+
+    #[tokio::test]
+    async fn a_stale_relist_after_a_kernel_exit_is_neither_forwarded_nor_a_repair() {
+        let (rt, pleg, cid, _) = setup().await;
+        pleg.reconcile(Vec::new(), true);
+        rt.exit_container(&cid, 0);
+        let exit = KernelEvent::Exit {
+            ktime_ns: 1,
+            pid: 1,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(exit).await.is_some());
+        // A listing taken before the exit reports the container as started.
+        let stale = vec![PodLifecycleEvent {
+            pod_uid: "u1".into(),
+            kind: PodLifecycleEventType::ContainerStarted,
+            data: cid.clone(),
+            kernel_time_ns: None,
+        }];
+        assert!(pleg.reconcile(stale, false).is_empty());
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
     }
 }
