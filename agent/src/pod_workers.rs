@@ -384,6 +384,33 @@ impl Worker {
                 qos_class: qos.as_str(),
             },
         );
+        if tracing::enabled!(target: "pod_status", tracing::Level::DEBUG) {
+            // A stable, parseable record for `cargo xtask bench pleg` (enable with
+            // RUST_LOG=pod_status=debug): each computed status, with its containers.
+            let summary: Vec<String> = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .map(|c| {
+                    let st = c.state.as_ref();
+                    let state = if st.is_some_and(|s| s.running.is_some()) {
+                        "running"
+                    } else if st.is_some_and(|s| s.terminated.is_some()) {
+                        "terminated"
+                    } else {
+                        "waiting"
+                    };
+                    format!("{}:{state}:{}", c.name, c.restart_count)
+                })
+                .collect();
+            tracing::debug!(
+                target: "pod_status",
+                mono_ns = crate::pleg::evented::monotonic_now_ns(),
+                uid = %self.uid,
+                containers = %summary.join(","),
+                "updated"
+            );
+        }
         self.deps.status.set(self.uid(), status.clone());
         status
     }

@@ -63,6 +63,17 @@ impl SyncLoop {
         if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
             tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
             self.workers.update_pod(pod, WorkType::Sync);
+            // A stable, parseable record for `cargo xtask bench pleg` (enable with
+            // RUST_LOG=pleg_dispatch=debug): when the event reached the pod worker.
+            tracing::debug!(
+                target: "pleg_dispatch",
+                mono_ns = crate::pleg::evented::monotonic_now_ns(),
+                kernel_ns = ev.kernel_time_ns.unwrap_or(0),
+                uid = %ev.pod_uid,
+                id = %ev.data,
+                kind = ?ev.kind,
+                "dispatched"
+            );
             if let Some(k) = ev.kernel_time_ns {
                 let now = crate::pleg::evented::monotonic_now_ns();
                 self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
