@@ -41,10 +41,8 @@ const RUNTIME_WAIT: Duration = Duration::from_mins(1);
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "API server mode (--kubeconfig {0}) is not supported by this swiftlet version yet; run without --kubeconfig for standalone static pods"
-    )]
-    ApiServerMode(String),
+    #[error("--kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
     #[error("container runtime at {endpoint} is not reachable: {source}")]
     Runtime {
         endpoint: String,
@@ -65,7 +63,7 @@ pub enum Error {
 #[derive(Debug)]
 struct PodsView {
     manager: PodManager,
-    status: Arc<StatusManager>,
+    status: Arc<dyn StatusProvider>,
 }
 
 impl PodsProvider for PodsView {
@@ -172,13 +170,56 @@ async fn connect_runtime(rt: &RemoteRuntime, endpoint: &str, shutdown: &Cancella
     }
 }
 
+/// The node manager's settings from the configuration.
+fn node_settings(cfg: &Config, node_ip: Option<std::net::IpAddr>) -> crate::node::NodeSettings {
+    let kc = &cfg.kubelet;
+    crate::node::NodeSettings {
+        node_name: cfg.node_name.clone(),
+        // As upstream: the hostname is --hostname-override when given (which is also
+        // the node name without a cloud provider).
+        hostname: cfg.node_name.clone(),
+        node_ip,
+        labels: cfg.node_labels.clone(),
+        taints: kc.register_with_taints.clone(),
+        max_pods: kc.max_pods,
+        port: kc.port,
+        kube_reserved: kc.kube_reserved.clone(),
+        system_reserved: kc.system_reserved.clone(),
+        eviction_hard: kc.eviction_hard.clone(),
+        update_frequency: kc.node_status_update_frequency.to_std(),
+        report_frequency: kc.node_status_report_frequency.to_std(),
+        lease_duration_secs: kc.node_lease_duration_seconds,
+        kubelet_version: format!("v1.37.0-swiftlet.{}", env!("CARGO_PKG_VERSION")),
+    }
+}
+
+/// A client of the API server from a kubeconfig file.
+async fn kube_client(path: &std::path::Path) -> Result<kube::Client, Error> {
+    let err = |message: String| Error::Kubeconfig { path: path.display().to_string(), message };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+}
+
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    if let Some(k) = &cfg.kubeconfig {
-        return Err(Error::ApiServerMode(k.display().to_string()));
-    }
     let kc = &cfg.kubelet;
-    tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, "starting swiftlet (standalone: static pods only)");
+    let client = match &cfg.kubeconfig {
+        Some(path) => Some(kube_client(path).await?),
+        None => None,
+    };
+    let mode = if client.is_some() { "API server" } else { "standalone: static pods only" };
+    tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, mode, "starting swiftlet");
+    // The node IP: --node-ip, else (API mode) the host's primary address, as hostIP.
+    let node_ip: Option<std::net::IpAddr> = cfg
+        .node_ip
+        .as_deref()
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse().ok())
+        .or_else(|| client.as_ref().and_then(|_| crate::node::facts::default_node_ip()));
+    let host_ip = if client.is_some() { node_ip.map(|ip| ip.to_string()) } else { cfg.node_ip.clone() };
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
 
@@ -214,7 +255,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 pod_logs_dir: kc.pod_logs_dir.clone().into(),
                 root_dir: cfg.root_dir.clone(),
                 node_name: cfg.node_name.clone(),
-                host_ip: cfg.node_ip.clone(),
+                host_ip: host_ip.clone(),
             },
             Backoff::new(
                 crate::runtime::backoff::INITIAL.min(crash_max),
@@ -225,9 +266,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         )
         .with_recorder(recorder.clone()),
     );
-    let status = Arc::new(StatusManager::default());
-    let sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
+    let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
+    if client.is_some() {
+        sources.push(crate::sources::api::API_SOURCE);
+    }
     let pod_manager = PodManager::new(&sources);
+    let (status, status_writer): (Arc<dyn StatusProvider>, _) = match &client {
+        Some(c) => {
+            let (m, w) = crate::status::api::ApiStatusManager::new(c.clone(), pod_manager.clone(), metrics.clone());
+            (Arc::new(m), Some(w))
+        }
+        None => (Arc::new(StatusManager::default()), None),
+    };
     let tracker = TaskTracker::new();
     let workers = PodWorkers::new(
         Arc::new(SyncDeps {
@@ -238,7 +288,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             recorder: recorder.clone() as Arc<dyn EventRecorder>,
             runtime_name,
             sync_frequency: kc.sync_frequency.to_std(),
-            host_ip: cfg.node_ip.clone(),
+            host_ip: host_ip.clone(),
         }),
         tracker.clone(),
         shutdown.clone(),
@@ -288,18 +338,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             (GenericPleg::new(rt.clone(), metrics.clone(), RELIST_PERIOD, RELIST_THRESHOLD), None, Err(why))
         }
     };
-    let pleg_health = match (&evented, &sensors) {
+    let pleg_health = Arc::new(match (&evented, &sensors) {
         (Some(e), _) => PlegHealth::Evented(e.clone()),
         (None, Err(why)) => PlegHealth::Relist { pleg: pleg.clone(), why: why.clone() },
         (None, Ok(_)) => unreachable!("sensors run only with the evented PLEG"),
-    };
+    });
 
     let events_view = recorder.clone();
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),
     )
-    .health_check(Arc::new(pleg_health))
+    .health_check(pleg_health.clone())
     .route(
         "/events",
         get(move || {
@@ -321,6 +371,24 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             recorder.clone(),
         );
         tracker.spawn(src.run(update_tx.clone(), shutdown.clone()).instrument(tracing::info_span!("static_pods")));
+    }
+    if let Some(client) = &client {
+        tracker.spawn(
+            crate::sources::api::run(client.clone(), cfg.node_name.clone(), update_tx.clone(), shutdown.clone())
+                .instrument(tracing::info_span!("api_pods")),
+        );
+        let health = pleg_health.clone();
+        let node = crate::node::NodeManager::new(
+            client.clone(),
+            node_settings(&cfg, node_ip),
+            crate::node::MachineFacts::detect(&cfg.root_dir),
+            rt.clone(),
+            Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
+        );
+        tracker.spawn(node.run(shutdown.clone()).instrument(tracing::info_span!("node_status")));
+    }
+    if let Some(w) = status_writer {
+        tracker.spawn(w.run(shutdown.clone()).instrument(tracing::info_span!("status_writer")));
     }
     drop(update_tx);
     match (evented, sensors) {

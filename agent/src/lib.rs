@@ -11,6 +11,7 @@ pub mod config;
 pub mod event_api;
 pub mod events;
 pub mod metrics;
+pub mod node;
 pub mod pleg;
 pub mod pod_manager;
 pub mod pod_workers;

@@ -108,6 +108,7 @@ pub struct KubeletMetrics {
     pub cgroup_manager_duration: HistogramFamily<OperationLabels>,
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
+    pub pod_status_sync_duration: Histogram,
     /// swiftlet: kernel events received from the eBPF sensors, by kind.
     pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
     /// swiftlet: kernel events lost because the ring buffer was full.
@@ -148,6 +149,7 @@ impl KubeletMetrics {
             node_name: Family::default(),
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+            pod_status_sync_duration: def_histogram(),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),
@@ -287,6 +289,11 @@ impl KubeletMetrics {
             "kubelet_evented_pleg_active",
             "1 while the evented (eBPF) PLEG runs, 0 when the relisting PLEG runs alone",
             self.evented_pleg_active.clone(),
+        );
+        r.register(
+            "kubelet_pod_status_sync_duration_seconds",
+            "[ALPHA] Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur",
+            self.pod_status_sync_duration.clone(),
         );
         r.register(
             "kubelet_containers_per_pod_count",

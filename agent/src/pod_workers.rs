@@ -350,6 +350,9 @@ impl Worker {
                 .get_or_create(&OperationLabels { operation_type: kind.metric_label().into() })
                 .observe(start.elapsed().as_secs_f64());
             if self.state == WorkerState::Finished {
+                if let Some(pod) = &self.pod {
+                    self.deps.status.pod_finished(pod);
+                }
                 self.workers.set_state(&self.uid, WorkerState::Finished);
                 tracing::info!("pod worker finished");
                 return;
@@ -496,7 +499,10 @@ impl Worker {
             }
             return false;
         }
-        if let (Some(pod), true) = (self.pod.clone(), self.desired)
+        // Completed pods keep a final status; so do API pods being deleted, whose last
+        // status (all containers terminated) is written before the object is removed.
+        let report = self.desired || self.pod.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+        if let (Some(pod), true) = (self.pod.clone(), report)
             && let Ok(after) = self.deps.runtime.pod_status(self.uid()).await
         {
             self.update_status(&pod, &after, true);

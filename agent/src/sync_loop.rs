@@ -21,6 +21,16 @@ use crate::sources::{PodUpdate, is_static_pod};
 /// Upstream `housekeepingPeriod`.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
+/// A pod the API server marked for deletion is terminated with its deletion grace
+/// period (upstream: `deletionGracePeriodSeconds`), else `kind`.
+fn deletion_or(pod: &k8s_openapi::api::core::v1::Pod, kind: WorkType) -> WorkType {
+    if pod.metadata.deletion_timestamp.is_some() {
+        WorkType::Kill { grace: pod.metadata.deletion_grace_period_seconds }
+    } else {
+        kind
+    }
+}
+
 /// The loop's collaborators.
 #[derive(Debug)]
 pub struct SyncLoop {
@@ -44,10 +54,12 @@ impl SyncLoop {
         }
         for pod in changes.added {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
-            self.workers.update_pod(pod, WorkType::Create);
+            let kind = deletion_or(&pod, WorkType::Create);
+            self.workers.update_pod(pod, kind);
         }
         for pod in changes.updated {
-            self.workers.update_pod(pod, WorkType::Update);
+            let kind = deletion_or(&pod, WorkType::Update);
+            self.workers.update_pod(pod, kind);
         }
         self.update_pod_count_metrics();
         if any_change {

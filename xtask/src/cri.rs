@@ -282,6 +282,10 @@ pub struct ContainerStatusRequest {
 pub struct ContainerStatusResponse {
     #[prost(message, optional, tag = "1")]
     pub status: Option<ContainerStatus>,
+    /// Only with `verbose`: runtime-specific JSON values. containerd puts its view of the
+    /// container under `"info"` (including the host `pid` of its init process).
+    #[prost(map = "string, string", tag = "2")]
+    pub info: HashMap<String, String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -445,6 +449,15 @@ impl CriClient {
             .await?;
         r.status.with_context(|| format!("ContainerStatus({id}) returned no status"))
     }
+
+    /// `ContainerStatus` with `verbose`: the status and the runtime's `info` map.
+    pub async fn container_status_verbose(&mut self, id: &str) -> Result<ContainerStatusResponse> {
+        self.unary(
+            "/runtime.v1.RuntimeService/ContainerStatus",
+            ContainerStatusRequest { container_id: id.into(), verbose: true },
+        )
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -463,6 +476,16 @@ mod tests {
         let pm = PortMapping { protocol: 0, container_port: 80, host_port: 8080, host_ip: String::new() };
         // field 2 varint (0x10) = 80, field 3 varint (0x18) = 8080 (0x90 0x3f).
         assert_eq!(pm.encode_to_vec(), vec![0x10, 80, 0x18, 0x90, 0x3f]);
+    }
+
+    #[test]
+    fn decodes_the_verbose_info_map() {
+        // info (field 2) is a map entry message: key (1) "info", value (2) "{}".
+        let entry = [0x0a, 4, b'i', b'n', b'f', b'o', 0x12, 2, b'{', b'}'];
+        let mut bytes = vec![0x12, entry.len() as u8];
+        bytes.extend_from_slice(&entry);
+        let r = ContainerStatusResponse::decode(&bytes[..]).unwrap();
+        assert_eq!(r.info.get("info").map(String::as_str), Some("{}"));
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
 //!   down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
+//! - `bench pleg`: PLEG latency and agent cost, evented vs relist (figures, not a test).
 //!
 //! xtask builds with no system tools (no protoc, no clang): it is what installs them.
 
 mod apt;
+mod bench;
 mod ci;
 mod cleanup;
 mod containerd;
@@ -48,6 +50,11 @@ enum Cmd {
     },
     /// Bring the test bed up and run the agent against it in the foreground.
     Demo,
+    /// Benchmarks against the test bed; they print figures (never run in CI).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +112,7 @@ async fn main() -> ExitCode {
         },
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo => demo::run(&ctx, &layout).await,
+        Cmd::Bench { command } => bench::run(&ctx, &layout, command).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

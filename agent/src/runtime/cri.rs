@@ -210,6 +210,12 @@ impl RuntimeService for RemoteRuntime {
         Ok(self.call("image_status", Some(self.timeout), c.image_status(req)).await?.image)
     }
 
+    async fn list_images(&self) -> Result<Vec<api::Image>> {
+        let mut c = self.images.clone();
+        let req = api::ListImagesRequest { filter: None };
+        Ok(self.call("list_images", Some(self.timeout), c.list_images(req)).await?.images)
+    }
+
     async fn pull_image(
         &self,
         image: &str,

@@ -270,6 +270,19 @@ impl RuntimeService for FakeRuntime {
             .then(|| api::Image { id: format!("sha256:{image}"), ..Default::default() }))
     }
 
+    async fn list_images(&self) -> Result<Vec<api::Image>> {
+        let s = self.record("list_images");
+        Ok(s.images
+            .iter()
+            .map(|i| api::Image {
+                id: format!("sha256:{i}"),
+                repo_tags: vec![i.clone()],
+                size: 1024,
+                ..Default::default()
+            })
+            .collect())
+    }
+
     async fn pull_image(
         &self,
         image: &str,

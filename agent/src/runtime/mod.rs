@@ -80,6 +80,8 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus>;
     /// `None` when the image is not present (the CRI answers with an empty response).
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
+    /// Every image the runtime has.
+    async fn list_images(&self) -> Result<Vec<api::Image>>;
     /// Pulls an image; returns the image reference the runtime stored it under.
     async fn pull_image(
         &self,

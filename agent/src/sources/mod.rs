@@ -2,6 +2,7 @@
 //! full snapshots ([`PodUpdate::Set`]); the pod manager diffs them. Now: static pod
 //! files ([`file::FileSource`]); the API server watch comes with API-server mode.
 
+pub mod api;
 pub mod defaults;
 pub mod file;
 
@@ -13,6 +14,9 @@ pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// `kubernetes.io/config.seen`: when the kubelet first saw this version of the pod.
 pub const CONFIG_SEEN_ANNOTATION: &str = "kubernetes.io/config.seen";
+/// `kubernetes.io/config.mirror`: set on a mirror pod (the API copy of a static pod), with
+/// the static pod's config hash.
+pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Source name of static pod files.
 pub const FILE_SOURCE: &str = "file";
 

@@ -467,7 +467,20 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
             _ => Some(now.clone()),
         };
     }
-    s.conditions = Some(conds);
+    // Conditions other components own (readiness gates, DisruptionTarget, ...) are kept
+    // as the API has them, before the kubelet's own (upstream `PodConditionByKubelet`).
+    let kubelet_owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+    let mut all_conds: Vec<PodCondition> = pod
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| !kubelet_owned.contains(&c.type_.as_str()))
+        .cloned()
+        .collect();
+    all_conds.extend(conds);
+    s.conditions = Some(all_conds);
     s.start_time = inputs.old.and_then(|o| o.start_time.clone()).or_else(|| inputs.start_time.map(time));
     if let Some(ip) = inputs.host_ip {
         s.host_ip = Some(ip.to_string());

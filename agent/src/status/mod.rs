@@ -3,12 +3,13 @@
 //! that keeps the latest status of every pod for `/pods` (and, in API mode, for the
 //! API server).
 
+pub mod api;
 pub mod generate;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
 pub use generate::{StatusInputs, generate_api_pod_status, get_phase};
 
@@ -17,6 +18,11 @@ pub trait StatusProvider: Send + Sync + std::fmt::Debug {
     fn get(&self, uid: &str) -> Option<PodStatus>;
     fn set(&self, uid: &str, status: PodStatus);
     fn remove(&self, uid: &str);
+    /// A pod's worker finished (the pod is terminated and its runtime objects removed).
+    /// The API-server status manager deletes a gracefully deleted pod's object here.
+    fn pod_finished(&self, pod: &Pod) {
+        let _ = pod;
+    }
 }
 
 /// In-memory status manager (standalone mode keeps statuses only in memory, as the

@@ -1,0 +1,549 @@
+//! The node in the API (`kubelet_node_status.go`, `nodelease`): registration, the node
+//! status computed every `nodeStatusUpdateFrequency` and reported when it changed or
+//! every `nodeStatusReportFrequency`, and the Lease in `kube-node-lease` renewed every
+//! `nodeLeaseDurationSeconds / 4`. A deleted Node object is registered again.
+
+pub mod facts;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+pub use facts::MachineFacts;
+
+use crate::runtime::RuntimeService;
+
+/// The namespace of node leases.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// Most images reported in node status (upstream `nodeStatusMaxImages` default).
+const MAX_IMAGES: usize = 50;
+
+/// Errors of node registration and status reporting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("API request {what} failed: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the node manager needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    pub node_name: String,
+    pub hostname: String,
+    pub node_ip: Option<IpAddr>,
+    /// `--node-labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `registerWithTaints`.
+    pub taints: Vec<Taint>,
+    pub max_pods: i32,
+    /// The kubelet port (daemonEndpoints).
+    pub port: i32,
+    pub kube_reserved: BTreeMap<String, String>,
+    pub system_reserved: BTreeMap<String, String>,
+    pub eviction_hard: BTreeMap<String, String>,
+    pub update_frequency: Duration,
+    pub report_frequency: Duration,
+    pub lease_duration_secs: i32,
+    pub kubelet_version: String,
+}
+
+/// Is the node able to run pods: the runtime answers and the PLEG is healthy.
+pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+fn ki(bytes: u64) -> Quantity {
+    Quantity(format!("{}Ki", bytes / 1024))
+}
+
+fn reserved_bytes(map: &BTreeMap<String, String>, key: &str) -> u64 {
+    map.get(key).and_then(|v| crate::cm::quantity::parse_bytes(v).ok()).map_or(0, |b| b.max(0) as u64)
+}
+
+fn reserved_milli(map: &BTreeMap<String, String>, key: &str) -> u64 {
+    map.get(key).and_then(|v| crate::cm::quantity::parse_milli_cpu(v).ok()).map_or(0, |m| m.max(0) as u64)
+}
+
+/// An eviction threshold as bytes of `capacity` (`100Mi` or `10%`).
+fn threshold_bytes(map: &BTreeMap<String, String>, signal: &str, capacity: u64) -> u64 {
+    match map.get(signal) {
+        Some(v) if v.ends_with('%') => {
+            let pct: f64 = v.trim_end_matches('%').parse().unwrap_or(0.0);
+            (capacity as f64 * pct / 100.0) as u64
+        }
+        Some(v) => crate::cm::quantity::parse_bytes(v).map_or(0, |b| b.max(0) as u64),
+        None => 0,
+    }
+}
+
+/// Node labels the kubelet sets itself, plus `--node-labels`.
+#[must_use]
+pub fn node_labels(s: &NodeSettings, f: &MachineFacts) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::from([
+        ("kubernetes.io/hostname".to_string(), s.hostname.clone()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), f.architecture.clone()),
+        ("beta.kubernetes.io/os".to_string(), "linux".to_string()),
+        ("beta.kubernetes.io/arch".to_string(), f.architecture.clone()),
+    ]);
+    l.extend(s.labels.clone());
+    l
+}
+
+/// Capacity and allocatable (capacity minus kubeReserved, systemReserved and the hard
+/// eviction thresholds, as upstream `GetNodeAllocatableAbsolute` + eviction).
+#[must_use]
+pub fn capacity_and_allocatable(
+    s: &NodeSettings,
+    f: &MachineFacts,
+) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+    let capacity = BTreeMap::from([
+        ("cpu".to_string(), Quantity(f.cpus.to_string())),
+        ("memory".to_string(), ki(f.memory_bytes)),
+        ("ephemeral-storage".to_string(), ki(f.ephemeral_storage_bytes)),
+        ("pods".to_string(), Quantity(s.max_pods.to_string())),
+        ("hugepages-1Gi".to_string(), Quantity("0".into())),
+        ("hugepages-2Mi".to_string(), Quantity("0".into())),
+    ]);
+    let cpu_milli = (f.cpus * 1000)
+        .saturating_sub(reserved_milli(&s.kube_reserved, "cpu"))
+        .saturating_sub(reserved_milli(&s.system_reserved, "cpu"));
+    let mem = f
+        .memory_bytes
+        .saturating_sub(reserved_bytes(&s.kube_reserved, "memory"))
+        .saturating_sub(reserved_bytes(&s.system_reserved, "memory"))
+        .saturating_sub(threshold_bytes(&s.eviction_hard, "memory.available", f.memory_bytes));
+    let eph = f
+        .ephemeral_storage_bytes
+        .saturating_sub(reserved_bytes(&s.kube_reserved, "ephemeral-storage"))
+        .saturating_sub(reserved_bytes(&s.system_reserved, "ephemeral-storage"))
+        .saturating_sub(threshold_bytes(&s.eviction_hard, "nodefs.available", f.ephemeral_storage_bytes));
+    let cpu = if cpu_milli.is_multiple_of(1000) { (cpu_milli / 1000).to_string() } else { format!("{cpu_milli}m") };
+    let mut allocatable = capacity.clone();
+    allocatable.insert("cpu".into(), Quantity(cpu));
+    allocatable.insert("memory".into(), ki(mem));
+    // Upstream reports allocatable ephemeral storage in plain bytes.
+    allocatable.insert("ephemeral-storage".into(), Quantity(eph.to_string()));
+    (capacity, allocatable)
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> NodeCondition {
+    NodeCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        ..Default::default()
+    }
+}
+
+/// The node's conditions; `health` decides Ready. Pressure conditions come from the
+/// eviction manager later; until then they report no pressure, as a kubelet without
+/// thresholds crossed does.
+#[must_use]
+pub fn conditions(health: &Result<(), String>) -> Vec<NodeCondition> {
+    vec![
+        condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        condition("DiskPressure", false, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        match health {
+            Ok(()) => condition("Ready", true, "KubeletReady", "kubelet is posting ready status"),
+            Err(why) => condition("Ready", false, "KubeletNotReady", why),
+        },
+    ]
+}
+
+/// Carries transition times over from the previous conditions (they change only when
+/// the status flips) and stamps the heartbeat.
+fn stamp_conditions(new: &mut [NodeCondition], old: Option<&[NodeCondition]>) {
+    let t = now();
+    for c in new {
+        c.last_heartbeat_time = Some(t.clone());
+        let prev = old.and_then(|o| o.iter().find(|p| p.type_ == c.type_));
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Some(t.clone()),
+        };
+    }
+}
+
+/// Images for node status: largest first, at most [`MAX_IMAGES`], as upstream.
+#[must_use]
+pub fn node_images(images: &[crate::runtime::api::Image]) -> Vec<ContainerImage> {
+    let mut v: Vec<&crate::runtime::api::Image> = images.iter().collect();
+    v.sort_by_key(|i| std::cmp::Reverse(i.size));
+    v.into_iter()
+        .take(MAX_IMAGES)
+        .map(|i| ContainerImage {
+            names: Some(i.repo_digests.iter().chain(i.repo_tags.iter()).cloned().collect()),
+            size_bytes: Some(i.size as i64),
+        })
+        .collect()
+}
+
+/// Registers the node, keeps its status current and renews its Lease.
+#[derive(Clone)]
+pub struct NodeManager {
+    client: kube::Client,
+    settings: NodeSettings,
+    facts: MachineFacts,
+    rt: Arc<dyn RuntimeService>,
+    health: HealthFn,
+    /// The last Node this manager registered or reported (for admission).
+    current: Arc<RwLock<Option<Node>>>,
+}
+
+impl std::fmt::Debug for NodeManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeManager").field("node", &self.settings.node_name).finish_non_exhaustive()
+    }
+}
+
+impl NodeManager {
+    #[must_use]
+    pub fn new(
+        client: kube::Client,
+        settings: NodeSettings,
+        facts: MachineFacts,
+        rt: Arc<dyn RuntimeService>,
+        health: HealthFn,
+    ) -> Self {
+        Self { client, settings, facts, rt, health, current: Arc::default() }
+    }
+
+    /// The node as last registered or reported.
+    #[must_use]
+    pub fn current(&self) -> Option<Node> {
+        self.current.read().unwrap().clone()
+    }
+
+    /// A shared view of the current node (for admission).
+    #[must_use]
+    pub fn current_handle(&self) -> Arc<RwLock<Option<Node>>> {
+        self.current.clone()
+    }
+
+    async fn runtime_version(&self) -> String {
+        match self.rt.version().await {
+            Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Computes the full status as of now.
+    pub async fn compute_status(&self, old: Option<&NodeStatus>) -> NodeStatus {
+        let (capacity, allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
+        let runtime_ok = self.rt.version().await.map(|_| ()).map_err(|e| format!("container runtime is down: {e}"));
+        let health = runtime_ok.and_then(|()| (self.health)());
+        let mut conds = conditions(&health);
+        stamp_conditions(&mut conds, old.and_then(|o| o.conditions.as_deref()));
+        let images = self.rt.list_images().await.map(|i| node_images(&i)).unwrap_or_default();
+        let mut addresses = Vec::new();
+        if let Some(ip) = self.settings.node_ip.or_else(facts::default_node_ip) {
+            addresses.push(NodeAddress { type_: "InternalIP".into(), address: ip.to_string() });
+        }
+        addresses.push(NodeAddress { type_: "Hostname".into(), address: self.settings.hostname.clone() });
+        NodeStatus {
+            capacity: Some(capacity),
+            allocatable: Some(allocatable),
+            conditions: Some(conds),
+            addresses: Some(addresses),
+            daemon_endpoints: Some(NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint { port: self.settings.port }),
+            }),
+            node_info: Some(NodeSystemInfo {
+                architecture: self.facts.architecture.clone(),
+                boot_id: self.facts.boot_id.clone(),
+                container_runtime_version: self.runtime_version().await,
+                kernel_version: self.facts.kernel_version.clone(),
+                kube_proxy_version: String::new(),
+                kubelet_version: self.settings.kubelet_version.clone(),
+                machine_id: self.facts.machine_id.clone(),
+                operating_system: "linux".into(),
+                os_image: self.facts.os_image.clone(),
+                system_uuid: self.facts.system_uuid.clone(),
+                ..Default::default()
+            }),
+            images: Some(images),
+            ..Default::default()
+        }
+    }
+
+    fn initial_node(&self, status: NodeStatus) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(self.settings.node_name.clone()),
+                labels: Some(node_labels(&self.settings, &self.facts)),
+                annotations: Some(BTreeMap::from([(
+                    "volumes.kubernetes.io/controller-managed-attach-detach".to_string(),
+                    "true".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: (!self.settings.taints.is_empty()).then(|| self.settings.taints.clone()),
+                ..Default::default()
+            }),
+            status: Some(status),
+        }
+    }
+
+    /// Registers the node (upstream `registerWithAPIServer`): create it, or adopt the
+    /// existing object with the same name and make sure our labels are on it.
+    pub async fn register(&self) -> Result<Node> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let status = self.compute_status(None).await;
+        let node = self.initial_node(status.clone());
+        let registered = match api.create(&PostParams::default(), &node).await {
+            Ok(n) => {
+                tracing::info!(node = %self.settings.node_name, "registered node");
+                n
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let labels = serde_json::json!({ "metadata": { "labels": node_labels(&self.settings, &self.facts) } });
+                let n = api
+                    .patch(&self.settings.node_name, &PatchParams::default(), &Patch::Merge(&labels))
+                    .await
+                    .map_err(|source| Error::Api { what: "patch node labels", source })?;
+                tracing::info!(node = %self.settings.node_name, "node already registered; adopted it");
+                n
+            }
+            Err(source) => return Err(Error::Api { what: "create node", source }),
+        };
+        // The status of a created object is dropped by the API server: report it now.
+        let reported = self.patch_status(&api, &status).await?;
+        *self.current.write().unwrap() = Some(reported.clone());
+        let _ = registered;
+        Ok(reported)
+    }
+
+    async fn patch_status(&self, api: &Api<Node>, status: &NodeStatus) -> Result<Node> {
+        let body = serde_json::json!({ "status": status });
+        api.patch_status(&self.settings.node_name, &PatchParams::default(), &Patch::Strategic(&body))
+            .await
+            .map_err(|source| Error::Api { what: "patch node status", source })
+    }
+
+    /// Registration with retries (upstream backs off from 100 ms to 7 s).
+    async fn register_until_done(&self, shutdown: &CancellationToken) -> Option<Node> {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.register().await {
+                Ok(n) => return Some(n),
+                Err(e) => tracing::warn!(error = %e, retry_in = ?wait, "node registration failed"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                () = tokio::time::sleep(wait) => {}
+            }
+            wait = (wait * 2).min(Duration::from_secs(7));
+        }
+    }
+
+    /// Registers, then reports status until shutdown; renews the Lease alongside.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Some(node) = self.register_until_done(&shutdown).await else { return };
+        let lease = {
+            let this = self.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { this.lease_loop(shutdown).await })
+        };
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut last_reported = node.status.clone();
+        let mut last_report_at = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(self.settings.update_frequency);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let status = self.compute_status(last_reported.as_ref()).await;
+            let changed = last_reported.as_ref().is_none_or(|old| !same_status(old, &status));
+            if !changed && last_report_at.elapsed() < self.settings.report_frequency {
+                continue;
+            }
+            match self.patch_status(&api, &status).await {
+                Ok(n) => {
+                    last_reported.clone_from(&n.status);
+                    last_report_at = tokio::time::Instant::now();
+                    *self.current.write().unwrap() = Some(n);
+                }
+                Err(Error::Api { source: kube::Error::Api(e), .. }) if e.code == 404 => {
+                    tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
+                    if let Some(n) = self.register_until_done(&shutdown).await {
+                        last_reported.clone_from(&n.status);
+                        last_report_at = tokio::time::Instant::now();
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "node status update failed"),
+            }
+        }
+        lease.abort();
+    }
+
+    fn lease_object(&self, node_uid: Option<String>, existing: Option<Lease>) -> Lease {
+        let mut lease = existing.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.settings.node_name.clone()),
+                namespace: Some(LEASE_NAMESPACE.into()),
+                ..Default::default()
+            },
+            spec: None,
+        });
+        if let Some(uid) = node_uid {
+            lease.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: self.settings.node_name.clone(),
+                uid,
+                ..Default::default()
+            }]);
+        }
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(self.settings.node_name.clone());
+        spec.lease_duration_seconds = Some(self.settings.lease_duration_secs);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        lease
+    }
+
+    /// One renewal: create the Lease or update it (optimistic concurrency).
+    pub async fn renew_lease(&self) -> Result<Lease> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
+        let node_uid = self.current().and_then(|n| n.metadata.uid);
+        let existing =
+            api.get_opt(&self.settings.node_name).await.map_err(|source| Error::Api { what: "get lease", source })?;
+        match existing {
+            None => api
+                .create(&PostParams::default(), &self.lease_object(node_uid, None))
+                .await
+                .map_err(|source| Error::Api { what: "create lease", source }),
+            Some(l) => api
+                .replace(&self.settings.node_name, &PostParams::default(), &self.lease_object(node_uid, Some(l)))
+                .await
+                .map_err(|source| Error::Api { what: "renew lease", source }),
+        }
+    }
+
+    async fn lease_loop(&self, shutdown: CancellationToken) {
+        // Upstream renews every quarter of the lease duration, retrying failures with a
+        // back-off starting at 200 ms.
+        let interval = Duration::from_secs(u64::from(self.settings.lease_duration_secs.max(4).unsigned_abs()) / 4);
+        let mut retry = Duration::from_millis(200);
+        loop {
+            let wait = match self.renew_lease().await {
+                Ok(_) => {
+                    retry = Duration::from_millis(200);
+                    interval
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease renewal failed");
+                    let w = retry;
+                    retry = (retry * 2).min(Duration::from_secs(7));
+                    w
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+/// Whether two statuses differ only in heartbeat times.
+fn same_status(a: &NodeStatus, b: &NodeStatus) -> bool {
+    let strip = |s: &NodeStatus| {
+        let mut s = s.clone();
+        for c in s.conditions.iter_mut().flatten() {
+            c.last_heartbeat_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> NodeSettings {
+        NodeSettings {
+            node_name: "n1".into(),
+            hostname: "n1".into(),
+            node_ip: None,
+            labels: BTreeMap::from([("tier".into(), "edge".into())]),
+            taints: vec![],
+            max_pods: 110,
+            port: 10250,
+            kube_reserved: BTreeMap::from([("cpu".into(), "100m".into()), ("memory".into(), "100Mi".into())]),
+            system_reserved: BTreeMap::new(),
+            eviction_hard: BTreeMap::from([
+                ("memory.available".into(), "100Mi".into()),
+                ("nodefs.available".into(), "10%".into()),
+            ]),
+            update_frequency: Duration::from_secs(10),
+            report_frequency: Duration::from_mins(5),
+            lease_duration_secs: 40,
+            kubelet_version: "v1.37.0".into(),
+        }
+    }
+
+    #[test]
+    fn allocatable_subtracts_reservations_and_thresholds() {
+        let f = MachineFacts {
+            cpus: 2,
+            memory_bytes: 4096 * 1024 * 1024,
+            ephemeral_storage_bytes: 100 * 1024 * 1024 * 1024,
+            architecture: "amd64".into(),
+            ..Default::default()
+        };
+        let (cap, alloc) = capacity_and_allocatable(&settings(), &f);
+        assert_eq!(cap["cpu"].0, "2");
+        assert_eq!(cap["memory"].0, "4194304Ki");
+        assert_eq!(cap["pods"].0, "110");
+        assert_eq!(alloc["cpu"].0, "1900m");
+        assert_eq!(alloc["memory"].0, format!("{}Ki", (4096 - 200) * 1024));
+        assert_eq!(alloc["ephemeral-storage"].0, (100u64 * 1024 * 1024 * 1024 * 9 / 10).to_string());
+        let labels = node_labels(&settings(), &f);
+        assert_eq!(labels["kubernetes.io/arch"], "amd64");
+        assert_eq!(labels["kubernetes.io/hostname"], "n1");
+        assert_eq!(labels["tier"], "edge");
+    }
+
+    #[test]
+    fn transition_times_move_only_on_flips() {
+        let mut a = conditions(&Ok(()));
+        stamp_conditions(&mut a, None);
+        let mut b = conditions(&Ok(()));
+        stamp_conditions(&mut b, Some(&a));
+        assert_eq!(a[3].last_transition_time, b[3].last_transition_time);
+        let mut c = conditions(&Err("PLEG is not healthy".into()));
+        stamp_conditions(&mut c, Some(&b));
+        assert_eq!(c[3].status, "False");
+        assert_eq!(c[3].reason.as_deref(), Some("KubeletNotReady"));
+        let sa = NodeStatus { conditions: Some(a), ..Default::default() };
+        let sb = NodeStatus { conditions: Some(b), ..Default::default() };
+        assert!(same_status(&sa, &sb), "only heartbeats differ");
+    }
+}

@@ -1,0 +1,91 @@
+//! Pods from the API server (`pkg/kubelet/config/apiserver.go`): a watch of the pods
+//! bound to this node (`fieldSelector=spec.nodeName=<node>`), through kube-runtime's
+//! watcher (relists on 410 Gone and reconnects with back-off). Each change sends the
+//! full set as a snapshot, like the file source; the pod manager diffs.
+//!
+//! Until the first complete listing arrives the source is not "ready", so housekeeping
+//! does not mistake the node's API pods for orphans after an agent restart.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{CONFIG_SOURCE_ANNOTATION, PodUpdate};
+
+/// Source name of API pods.
+pub const API_SOURCE: &str = "api";
+
+fn tag(mut pod: Pod) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(CONFIG_SOURCE_ANNOTATION.into(), API_SOURCE.into());
+    pod
+}
+
+/// Mirror pods (the API copies of static pods) are not pods to run.
+#[must_use]
+pub fn is_mirror_pod(pod: &Pod) -> bool {
+    pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(super::CONFIG_MIRROR_ANNOTATION))
+}
+
+/// Watches this node's pods until shutdown.
+pub async fn run(client: kube::Client, node_name: String, tx: mpsc::Sender<PodUpdate>, shutdown: CancellationToken) {
+    let api: Api<Pod> = Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let mut stream = watcher(api, cfg).boxed();
+    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
+    let mut init: Option<BTreeMap<String, Pod>> = None;
+    loop {
+        let ev = tokio::select! {
+            () = shutdown.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        let Some(ev) = ev else { return };
+        let changed = match ev {
+            Ok(watcher::Event::Init) => {
+                init = Some(BTreeMap::new());
+                false
+            }
+            Ok(watcher::Event::InitApply(p)) => {
+                if let (Some(m), Some(uid)) = (init.as_mut(), p.metadata.uid.clone()) {
+                    m.insert(uid, p);
+                }
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                pods = init.take().unwrap_or_default();
+                true
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    pods.insert(uid, p);
+                }
+                true
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                if let Some(uid) = &p.metadata.uid {
+                    pods.remove(uid);
+                }
+                true
+            }
+            Err(e) => {
+                // kube-runtime retries by itself; say so without flooding the log.
+                tracing::warn!(error = %e, "pod watch error; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                false
+            }
+        };
+        if changed {
+            let snapshot: Vec<Pod> = pods.values().filter(|p| !is_mirror_pod(p)).cloned().map(tag).collect();
+            if tx.send(PodUpdate::Set { source: API_SOURCE, pods: snapshot }).await.is_err() {
+                return;
+            }
+        }
+    }
+}

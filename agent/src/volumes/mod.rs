@@ -1,0 +1,214 @@
+//! Pod volumes (upstream `pkg/kubelet/volumemanager` and the in-tree plugins of
+//! `pkg/volume`): `emptyDir` (disk or tmpfs), `hostPath` (with its type checks),
+//! `configMap`, `secret`, `downwardAPI` and `projected` (configMap, secret, downwardAPI and
+//! service account token sources), laid out as upstream under
+//! `<root-dir>/pods/<uid>/volumes/kubernetes.io~<plugin>/<name>`.
+//!
+//! - [`VolumeManager::mount_pod_volumes`] runs on every `SyncPod` before the runtime sync: it
+//!   sets up each volume a container uses, and refreshes the API-backed ones (new ConfigMap
+//!   and Secret content, tokens near expiry) through the [`atomic_writer`]. A volume that
+//!   was never set up blocks the pod (event `FailedMount`, retried); a failed refresh of a
+//!   volume that is already in use is reported and the old content stays.
+//! - [`VolumeManager::container_mounts`] turns `volumeMounts` into CRI mounts (`readOnly`,
+//!   `subPath`/`subPathExpr`, `mountPropagation`).
+//! - [`VolumeManager::cleanup_pod`] unmounts and removes a terminated pod's volumes;
+//!   [`VolumeManager::cleanup_orphans`] does it for pod directories nobody knows.
+//!
+//! API objects come from an [`ObjectSource`]: [`NoApiServer`] in standalone mode (static
+//! pods with emptyDir/hostPath work; configMap/secret/token volumes fail with a clear
+//! error), [`FakeObjectSource`] in tests.
+//!
+//! Not implemented: persistent volumes, CSI, ephemeral and image volumes (refused with an
+//! error naming the type), clusterTrustBundle and podCertificate projections, the alpha
+//! fields `emptyDir.mode` and the `user`/`defaultUser` of atomic-writer volumes (their
+//! feature gates are off by default upstream), SELinux relabeling, `emptyDir.sizeLimit`
+//! enforcement (eviction's job), and the jitter upstream adds to token refresh.
+
+pub mod atomic_writer;
+pub mod config_map;
+pub mod downward_api;
+pub mod empty_dir;
+pub mod host_path;
+pub mod manager;
+pub mod mounter;
+pub mod ownership;
+pub mod secret;
+pub mod source;
+pub mod subpath;
+pub mod token;
+
+use std::path::PathBuf;
+
+pub use downward_api::NodeAllocatable;
+pub use manager::{MountedVolume, Plugin, PodVolumes, VolumeManager};
+pub use mounter::{FakeMounter, Mounter, SystemMounter};
+pub use source::{BoundPod, FakeObjectSource, NoApiServer, ObjectSource, ServiceAccountToken};
+
+/// Why one volume could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The API object could not be read.
+    #[error(transparent)]
+    Source(#[from] source::Error),
+    /// A required ConfigMap or Secret does not exist (`configmap "x" not found`).
+    #[error("{resource} {name:?} not found")]
+    NotFound {
+        /// `configmap` or `secret`, as upstream's message.
+        resource: &'static str,
+        /// The object's name.
+        name: String,
+    },
+    /// A required ConfigMap key is missing.
+    #[error(transparent)]
+    ConfigMapKey(#[from] config_map::MissingKey),
+    /// A required Secret key is missing.
+    #[error(transparent)]
+    SecretKey(#[from] secret::MissingKey),
+    /// A downward API item failed.
+    #[error(transparent)]
+    DownwardApi(#[from] downward_api::Error),
+    /// Writing the files failed.
+    #[error(transparent)]
+    Write(#[from] atomic_writer::Error),
+    /// The hostPath type check failed.
+    #[error(transparent)]
+    HostPath(#[from] host_path::Error),
+    /// The emptyDir (or the tmpfs of a secret/projected volume) could not be set up.
+    #[error(transparent)]
+    EmptyDir(#[from] empty_dir::Error),
+    /// `emptyDir.sizeLimit` does not parse.
+    #[error("invalid sizeLimit: {0}")]
+    SizeLimit(#[from] crate::cm::quantity::Error),
+    /// A volume type or projection this agent does not provide.
+    #[error("{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")]
+    Unsupported {
+        /// The volume source's field name (`persistentVolumeClaim`, `csi`, ...).
+        kind: &'static str,
+    },
+    /// A projected source this agent does not provide.
+    #[error("projected volume source {kind} is not supported by swiftlet")]
+    UnsupportedProjection {
+        /// `clusterTrustBundle` or `podCertificate`.
+        kind: &'static str,
+    },
+    /// Creating the mount points of volumes nested in this one failed.
+    #[error("unable to create nested volume mountpoints: {0}")]
+    NestedMountpoint(String),
+    /// Several projected sources failed (Go's `utilerrors.NewAggregate` format).
+    #[error("[{}]", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    Aggregate(Vec<VolumeError>),
+}
+
+/// One volume that failed to set up, with upstream's `FailedMount` message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MountVolume.SetUp failed for volume {volume:?} : {message}")]
+pub struct SetUpFailure {
+    /// The volume's name.
+    pub volume: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl SetUpFailure {
+    fn new(volume: &str, error: &VolumeError) -> Self {
+        Self { volume: volume.to_owned(), message: error.to_string() }
+    }
+}
+
+/// Errors of the volume manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Volumes the pod needs could not be set up; the pod waits.
+    #[error(
+        "unmounted volumes=[{}]: {}",
+        failures.iter().map(|f| f.volume.as_str()).collect::<Vec<_>>().join(" "),
+        failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    MountFailed {
+        /// One entry per failed volume.
+        failures: Vec<SetUpFailure>,
+    },
+    /// A `volumeMount` names a volume that is not set up.
+    #[error("cannot find volume {volume:?} to mount into container {container:?}")]
+    VolumeNotFound {
+        /// The mount's volume name.
+        volume: String,
+        /// The container.
+        container: String,
+    },
+    /// A bad or unsafe `subPath`.
+    #[error(transparent)]
+    SubPath(#[from] subpath::Error),
+    /// `subPathExpr` refers to variables the container does not have.
+    #[error("missing value for {0}")]
+    SubPathExpr(String),
+    /// An unknown `mountPropagation`.
+    #[error("invalid MountPropagation mode: {0:?}")]
+    MountPropagation(String),
+    /// A file system or mount call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Mounts remain under a pod directory after its volumes were unmounted: it is not
+    /// removed, so that nothing mounted there is deleted.
+    #[error("{path} still has mounts after its volumes were unmounted: {mounts:?}")]
+    StillMounted {
+        /// The pod directory.
+        path: PathBuf,
+        /// What is still mounted.
+        mounts: Vec<PathBuf>,
+    },
+}
+
+impl Error {
+    /// The per-volume failures of [`Error::MountFailed`] (one `FailedMount` event each).
+    #[must_use]
+    pub fn set_up_failures(&self) -> &[SetUpFailure] {
+        match self {
+            Self::MountFailed { failures } => failures,
+            _ => &[],
+        }
+    }
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    //! Helpers shared by the volume tests.
+
+    use std::sync::Mutex;
+    use std::time::{Duration, SystemTime};
+
+    use crate::runtime::backoff::Clock;
+
+    /// A clock that moves only when told.
+    #[derive(Debug)]
+    pub struct ManualClock(Mutex<SystemTime>);
+
+    impl Default for ManualClock {
+        fn default() -> Self {
+            Self(Mutex::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)))
+        }
+    }
+
+    impl ManualClock {
+        pub fn advance(&self, by: Duration) {
+            *self.0.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for ManualClock {
+        fn now(&self) -> SystemTime {
+            *self.0.lock().unwrap()
+        }
+    }
+}

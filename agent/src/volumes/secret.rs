@@ -1,0 +1,73 @@
+//! The `secret` volume's payload (upstream `pkg/volume/secret` `MakePayload`): every key of
+//! `data`, or only the listed `items` at their paths. A listed key that does not exist
+//! fails the volume unless it is `optional`. Secret volumes live on tmpfs so that their
+//! content never reaches the node's disk (see the volume manager).
+
+use k8s_openapi::api::core::v1::{KeyToPath, Secret};
+
+use super::atomic_writer::{FileProjection, Payload};
+
+/// Upstream `SecretVolumeSourceDefaultMode`.
+pub const DEFAULT_MODE: u32 = 0o644;
+
+/// A listed key is not in `data`.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("references non-existent secret key: {key}")]
+pub struct MissingKey {
+    /// The key.
+    pub key: String,
+}
+
+/// The files of a Secret volume (or projection). `stringData` is write-only in the API and
+/// never read back; only `data` counts.
+pub fn make_payload(items: &[KeyToPath], secret: &Secret, default_mode: u32, optional: bool) -> Result<Payload, MissingKey> {
+    let data = secret.data.as_ref();
+    let mut payload = Payload::new();
+    if items.is_empty() {
+        for (k, v) in data.into_iter().flatten() {
+            payload.insert(k.clone(), FileProjection::new(v.0.clone(), default_mode));
+        }
+        return Ok(payload);
+    }
+    for item in items {
+        let Some(content) = data.and_then(|d| d.get(&item.key)) else {
+            if optional {
+                continue;
+            }
+            return Err(MissingKey { key: item.key.clone() });
+        };
+        let mode = item.mode.map_or(default_mode, |m| m as u32);
+        payload.insert(item.path.clone(), FileProjection::new(content.0.clone(), mode));
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s", "namespace": "ns"},
+            "data": {"user": "YWRtaW4=", "pass": "czNjcjN0"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn all_keys_decoded() {
+        let p = make_payload(&[], &secret(), DEFAULT_MODE, false).unwrap();
+        assert_eq!(p["user"].data, b"admin");
+        assert_eq!(p["pass"], FileProjection::new("s3cr3t", 0o644));
+    }
+
+    #[test]
+    fn items_and_missing_keys() {
+        let item = |k: &str, p: &str| KeyToPath { key: k.into(), path: p.into(), mode: Some(0o400), user: None };
+        let p = make_payload(&[item("user", "u")], &secret(), DEFAULT_MODE, false).unwrap();
+        assert_eq!(p["u"], FileProjection::new("admin", 0o400));
+        let err = make_payload(&[item("nope", "n")], &secret(), DEFAULT_MODE, false).unwrap_err();
+        assert_eq!(err.to_string(), "references non-existent secret key: nope");
+        assert!(make_payload(&[item("nope", "n")], &secret(), DEFAULT_MODE, true).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,53 @@
+//! One stored object, two API versions: events are stored once (as core/v1 events, like
+//! the real server's single `events` storage) and served at `events.k8s.io/v1` through
+//! the upstream conversion (`pkg/apis/events/v1/conversion.go`): `regarding` is
+//! `involvedObject`, `note` is `message`, `reportingController` is `reportingComponent`,
+//! `deprecated*` are the old fields.
+
+use serde_json::{Map, Value, json};
+
+use super::resources::ResourceInfo;
+
+/// (events.k8s.io field, core field).
+const EVENT_FIELDS: &[(&str, &str)] = &[
+    ("regarding", "involvedObject"),
+    ("note", "message"),
+    ("reportingController", "reportingComponent"),
+    ("deprecatedSource", "source"),
+    ("deprecatedFirstTimestamp", "firstTimestamp"),
+    ("deprecatedLastTimestamp", "lastTimestamp"),
+    ("deprecatedCount", "count"),
+];
+
+fn rename(obj: &Value, to_core: bool, api_version: &str) -> Value {
+    let Some(m) = obj.as_object() else { return obj.clone() };
+    let mut out = Map::new();
+    for (k, v) in m {
+        let renamed = EVENT_FIELDS
+            .iter()
+            .find(|(ev, core)| if to_core { ev == k } else { core == k })
+            .map(|(ev, core)| if to_core { *core } else { *ev });
+        out.insert(renamed.unwrap_or(k).to_string(), v.clone());
+    }
+    out.insert("apiVersion".into(), json!(api_version));
+    out.insert("kind".into(), json!("Event"));
+    Value::Object(out)
+}
+
+/// The stored form of an object received at `info`.
+pub(crate) fn to_storage(info: &ResourceInfo, obj: Value) -> Value {
+    if info.group == "events.k8s.io" { rename(&obj, true, "v1") } else { obj }
+}
+
+/// The form of a stored object served at `info` (with `apiVersion` and `kind`).
+pub(crate) fn to_view(info: &ResourceInfo, obj: &Value) -> Value {
+    if info.group == "events.k8s.io" {
+        return rename(obj, false, "events.k8s.io/v1");
+    }
+    let mut v = obj.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.insert("apiVersion".into(), json!(info.api_version()));
+        m.insert("kind".into(), json!(info.kind));
+    }
+    v
+}

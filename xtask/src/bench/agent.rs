@@ -1,0 +1,488 @@
+//! One `swiftlet` process under benchmark, set up the way the end-to-end tests set one up
+//! (`tests/src/lib.rs`): its own directory (config, manifests, root dir, certificates, pod
+//! logs, event socket, log file), free ports on 127.0.0.1, and a fresh `cgroupRoot`
+//! created in every cgroup hierarchy. Its HTTPS API has a self-signed certificate and
+//! anonymous access, and is read with `curl -sk` (xtask stays pure Rust: no TLS stack).
+//!
+//! [`BenchAgent::teardown`] undoes everything whatever state the run stopped in: pods
+//! (through the agent, else through CRI), the process, the cgroups, the directory.
+
+use std::{
+    fmt, fs,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+use crate::{cleanup, containerd, cri::CriClient, testbed::Layout};
+
+/// Namespace of every bench pod: CRI sandboxes in it are the bench's.
+pub const NAMESPACE: &str = "swiftlet-bench";
+/// `--hostname-override`: static pod names get `-bench` appended.
+pub const NODE_NAME: &str = "bench";
+/// What the agent logs: info, plus the two record targets the bench parses.
+const RUST_LOG: &str = "info,pleg_dispatch=debug,pod_status=debug";
+
+/// Which PLEG the agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlegMode {
+    /// `--evented-pleg=true`: eBPF sensors, safety relist every 30 s.
+    Evented,
+    /// `--evented-pleg=false`: the upstream 1 s relist alone.
+    Relist,
+}
+
+impl PlegMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Evented => "evented",
+            Self::Relist => "relist",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Evented => "--evented-pleg=true",
+            Self::Relist => "--evented-pleg=false",
+        }
+    }
+
+    /// What `/healthz?verbose` must say when this PLEG is the one running.
+    pub fn health_marker(self) -> &'static str {
+        match self {
+            Self::Evented => "[+]pleg ok (evented",
+            Self::Relist => "[+]pleg ok (relisting only",
+        }
+    }
+}
+
+impl fmt::Display for PlegMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Evented => "evented PLEG (eBPF)",
+            Self::Relist => "relist PLEG (1 s)",
+        })
+    }
+}
+
+/// A container as `/pods` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerView {
+    pub name: String,
+    /// The runtime's id, without the `containerd://` prefix.
+    pub id: Option<String>,
+    pub running: bool,
+    pub restarts: u32,
+}
+
+/// A pod as `/pods` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub containers: Vec<ContainerView>,
+}
+
+impl PodView {
+    pub fn running_containers(&self) -> usize {
+        self.containers.iter().filter(|c| c.running && c.id.is_some()).count()
+    }
+}
+
+/// The pods of a `/pods` `PodList`.
+pub fn parse_pods(body: &str) -> Result<Vec<PodView>> {
+    let list: Value = serde_json::from_str(body).context("/pods is not JSON")?;
+    let items = list["items"].as_array().context("/pods has no items")?;
+    Ok(items
+        .iter()
+        .map(|p| PodView {
+            name: p["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+            uid: p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+            containers: p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| ContainerView {
+                    name: c["name"].as_str().unwrap_or_default().to_owned(),
+                    id: c["containerID"]
+                        .as_str()
+                        .filter(|s| !s.is_empty())
+                        .map(|s| s.split_once("://").map_or(s, |(_, id)| id).to_owned()),
+                    running: c["state"]["running"].is_object(),
+                    restarts: c["restartCount"].as_u64().unwrap_or(0) as u32,
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// `GET url` with `curl -sk`: (status code, body).
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sk", "--max-time", "30", "-w", "\n%{http_code}", url])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("running curl (apt package curl)")?;
+    if !out.status.success() {
+        bail!("curl {url}: {} {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').with_context(|| format!("curl {url}: no status code"))?;
+    Ok((code.trim().parse().with_context(|| format!("curl {url}: status {code:?}"))?, body.to_owned()))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A bench agent: paths and ports are fixed at construction, nothing exists until
+/// [`setup`](Self::setup), and [`teardown`](Self::teardown) copes with any state between.
+#[derive(Debug)]
+pub struct BenchAgent {
+    pub mode: PlegMode,
+    binary: PathBuf,
+    endpoint: String,
+    max_pods: usize,
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub manifests: PathBuf,
+    pub log_path: PathBuf,
+    pub https_port: u16,
+    pub healthz_port: u16,
+    /// `cgroupRoot`, e.g. `/swiftlet-bench-4242-evented`.
+    pub cgroup_root: String,
+}
+
+impl BenchAgent {
+    pub fn new(mode: PlegMode, binary: &Path, endpoint: &str, max_pods: usize) -> Result<Self> {
+        let tag = format!("swiftlet-bench-{}-{}", std::process::id(), mode.name());
+        let dir = std::env::temp_dir().join(&tag);
+        Ok(Self {
+            mode,
+            binary: binary.to_path_buf(),
+            endpoint: endpoint.to_owned(),
+            max_pods,
+            child: None,
+            manifests: dir.join("manifests"),
+            log_path: dir.join("swiftlet.log"),
+            dir,
+            https_port: free_port()?,
+            healthz_port: free_port()?,
+            cgroup_root: format!("/{tag}"),
+        })
+    }
+
+    /// The cgroup root's directory in every hierarchy.
+    fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let rel = self.cgroup_root.trim_start_matches('/');
+        cleanup::cgroup_hierarchies().into_iter().map(|h| h.join(rel)).collect()
+    }
+
+    /// Creates the directories, the config and the cgroup root.
+    pub fn setup(&self) -> Result<()> {
+        for d in [&self.manifests, &self.dir.join("pod-logs")] {
+            fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        // The kubelet requires cgroupRoot to exist, in every hierarchy.
+        for d in self.cgroup_dirs() {
+            fs::create_dir_all(&d).with_context(|| format!("creating cgroup {}", d.display()))?;
+        }
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: {manifests}
+podLogsDir: {logs}
+address: 127.0.0.1
+port: {https}
+healthzPort: {healthz}
+healthzBindAddress: 127.0.0.1
+cgroupRoot: {cgroup_root}
+maxPods: {max_pods}
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+",
+            manifests = self.manifests.display(),
+            logs = self.dir.join("pod-logs").display(),
+            https = self.https_port,
+            healthz = self.healthz_port,
+            cgroup_root = self.cgroup_root,
+            max_pods = self.max_pods.max(110),
+        );
+        let path = self.dir.join("config.yaml");
+        fs::write(&path, config).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Starts the process and waits until `/healthz` answers.
+    pub async fn spawn(&mut self) -> Result<()> {
+        let log = fs::File::create(&self.log_path).with_context(|| format!("creating {}", self.log_path.display()))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--config")
+            .arg(self.dir.join("config.yaml"))
+            .arg("--container-runtime-endpoint")
+            .arg(&self.endpoint)
+            .arg("--root-dir")
+            .arg(self.dir.join("root"))
+            .arg("--cert-dir")
+            .arg(self.dir.join("pki"))
+            .arg("--hostname-override")
+            .arg(NODE_NAME)
+            .arg(format!("--event-api-socket={}", self.dir.join("events.sock").display()))
+            .arg(self.mode.flag())
+            .env("RUST_LOG", RUST_LOG)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Ctrl-C reaches only xtask, which drains the pods before it stops the agent.
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent. Should
+        // xtask die without cleaning up, the agent gets SIGTERM instead of running on.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {}", self.binary.display()))?;
+        eprintln!("bench: started swiftlet pid {} ({}), log {}", child.id(), self.mode, self.log_path.display());
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            self.ensure_alive()?;
+            if http_get(&self.healthz_url("")).await.is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("swiftlet did not answer /healthz within 60 s; log tail:\n{}", self.log_tail(40));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok())
+    }
+
+    /// Fails (with the log's tail) if the agent is not running.
+    pub fn ensure_alive(&mut self) -> Result<()> {
+        let Some(child) = self.child.as_mut() else { bail!("swiftlet is not running") };
+        if let Some(status) = child.try_wait()? {
+            self.child = None;
+            bail!("swiftlet exited unexpectedly with {status}; log tail:\n{}", self.log_tail(40));
+        }
+        Ok(())
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        containerd::log_tail(&self.log_path, lines)
+    }
+
+    fn healthz_url(&self, query: &str) -> String {
+        format!("http://127.0.0.1:{}/healthz{query}", self.healthz_port)
+    }
+
+    /// The body of `/healthz?verbose`.
+    pub async fn healthz_verbose(&self) -> Result<String> {
+        Ok(http_get(&self.healthz_url("?verbose")).await?.1)
+    }
+
+    pub async fn pods(&self) -> Result<Vec<PodView>> {
+        let url = format!("https://127.0.0.1:{}/pods", self.https_port);
+        let (code, body) = http_get(&url).await?;
+        if code != 200 {
+            bail!("GET {url}: {code}: {body}");
+        }
+        parse_pods(&body)
+    }
+
+    /// Writes a manifest atomically (the agent ignores dot files).
+    pub fn write_manifest(&self, file: &str, manifest: &Value) -> Result<()> {
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        fs::write(&tmp, serde_json::to_vec_pretty(manifest)?).with_context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, self.manifests.join(file)).with_context(|| format!("renaming {}", tmp.display()))
+    }
+
+    pub fn remove_manifests(&self) -> Result<()> {
+        let Ok(entries) = fs::read_dir(&self.manifests) else { return Ok(()) };
+        for e in entries {
+            let p = e?.path();
+            fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until `/pods` is empty and CRI has no bench sandbox left.
+    pub async fn wait_drained(&mut self, cri: &mut CriClient, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last_note = Instant::now();
+        loop {
+            self.ensure_alive()?;
+            let pods = self.pods().await?.len();
+            let sandboxes = bench_sandboxes(cri).await?.len();
+            if pods == 0 && sandboxes == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{pods} pod(s) in /pods and {sandboxes} sandbox(es) in CRI {timeout:?} after removing every \
+                     manifest; log tail:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            if last_note.elapsed() > Duration::from_secs(15) {
+                eprintln!("bench: draining: {pods} pod(s) in /pods, {sandboxes} sandbox(es) in CRI");
+                last_note = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// SIGTERM (the agent's graceful shutdown, which leaves pods running), then SIGKILL.
+    pub fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let pid = i32::try_from(child.id())?;
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        containerd::signal(pid, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                eprintln!("bench: swiftlet pid {pid} ignored SIGTERM for 30 s: SIGKILL");
+                child.kill()?;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = child.wait()?;
+        eprintln!("bench: swiftlet pid {pid} stopped ({status})");
+        Ok(())
+    }
+
+    /// Removes everything this agent made, whatever state it is in: its pods (through the
+    /// agent while it runs, else through CRI), the process, the cgroup root tree and the
+    /// directory. The log is first copied to `keep_log`. Every step runs even when an
+    /// earlier one failed; the failures are returned together.
+    pub async fn teardown(&mut self, layout: &Layout, keep_log: &Path) -> Result<()> {
+        let mut failures = Vec::new();
+        let mut cri = match CriClient::connect(&layout.socket()).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                failures.push(format!("connecting to CRI: {e:#}"));
+                None
+            }
+        };
+        if self.child.is_some() && self.ensure_alive().is_ok() {
+            if let Err(e) = self.remove_manifests() {
+                failures.push(format!("removing manifests: {e:#}"));
+            }
+            if let Some(cri) = cri.as_mut() {
+                eprintln!("bench: removing the pods of the {} run", self.mode.name());
+                if let Err(e) = self.wait_drained(cri, Duration::from_mins(3)).await {
+                    eprintln!("bench: the agent did not remove its pods ({e:#}); removing them through CRI");
+                }
+            }
+        }
+        if let Err(e) = self.stop() {
+            failures.push(format!("stopping swiftlet: {e:#}"));
+        }
+        if let Some(cri) = cri.as_mut()
+            && let Err(e) = remove_bench_sandboxes(cri).await
+        {
+            failures.push(format!("removing sandboxes through CRI: {e:#}"));
+        }
+        for root in self.cgroup_dirs() {
+            for dir in cleanup::cgroup_tree(&root) {
+                if let Err(e) = fs::remove_dir(&dir)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    failures.push(format!("removing cgroup {}: {e}", dir.display()));
+                }
+            }
+        }
+        if self.log_path.exists() {
+            if let Some(parent) = keep_log.parent() {
+                let _ = fs::create_dir_all(parent);
+            }
+            match fs::copy(&self.log_path, keep_log) {
+                Ok(_) => eprintln!("bench: agent log kept at {}", keep_log.display()),
+                Err(e) => failures.push(format!("keeping the agent log: {e}")),
+            }
+        }
+        if let Err(e) =
+            cleanup::unmount_all_under(std::slice::from_ref(&self.dir)).and_then(|()| cleanup::remove_dir(&self.dir))
+        {
+            failures.push(format!("removing {}: {e:#}", self.dir.display()));
+        }
+        if failures.is_empty() { Ok(()) } else { bail!("cleanup incomplete: {}", failures.join("; ")) }
+    }
+}
+
+impl Drop for BenchAgent {
+    /// Last resort (teardown is the real way): never leave the process running.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// CRI sandboxes in the bench namespace.
+pub async fn bench_sandboxes(cri: &mut CriClient) -> Result<Vec<String>> {
+    Ok(cri
+        .list_pod_sandboxes()
+        .await?
+        .into_iter()
+        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .map(|s| s.id)
+        .collect())
+}
+
+/// Stops and removes every sandbox in the bench namespace (and so its containers).
+pub async fn remove_bench_sandboxes(cri: &mut CriClient) -> Result<usize> {
+    let ids = bench_sandboxes(cri).await?;
+    for id in &ids {
+        cri.stop_pod_sandbox(id).await?;
+        cri.remove_pod_sandbox(id).await?;
+    }
+    if !ids.is_empty() {
+        eprintln!("bench: removed {} bench sandbox(es) through CRI", ids.len());
+    }
+    Ok(ids.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_pods_and_container_ids() {
+        let body = r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[
+          {"metadata":{"name":"lat-00-bench","uid":"u1"},
+           "status":{"containerStatuses":[
+             {"name":"c0","containerID":"containerd://abc","restartCount":2,"state":{"running":{"startedAt":"x"}}},
+             {"name":"c1","containerID":"","restartCount":0,"state":{"waiting":{"reason":"ContainerCreating"}}}]}},
+          {"metadata":{"name":"idle-000-bench","uid":"u2"},"status":{}}]}"#;
+        let pods = parse_pods(body).unwrap();
+        assert_eq!(pods.len(), 2);
+        assert_eq!(
+            pods[0].containers[0],
+            ContainerView { name: "c0".into(), id: Some("abc".into()), running: true, restarts: 2 }
+        );
+        assert_eq!(pods[0].containers[1].id, None);
+        assert_eq!(pods[0].running_containers(), 1);
+        assert_eq!((pods[1].uid.as_str(), pods[1].containers.len()), ("u2", 0));
+        assert!(parse_pods("not json").is_err());
+    }
+}

@@ -1,0 +1,663 @@
+//! `cargo xtask bench pleg`: how fast a container's exit reaches the pod worker and the
+//! pod's status, what that costs, and what the agent costs at rest, for the evented PLEG
+//! (eBPF sensors, 30 s safety relist) and the upstream-style 1 s relisting PLEG.
+//!
+//! Per PLEG, one release-built agent against the test bed ([`BenchAgent`]):
+//! 1. Latency: `exits / 10` static pods of 10 sleeping containers. Once all run, each
+//!    container's init process is killed with SIGKILL once (one restart each, never a back-off),
+//!    one at a time after a random 0–1 s pause, and the bench waits (at most 5 s) until
+//!    the agent's log shows the `ContainerDied` dispatch, the status update and the
+//!    restart. Latencies come from the agent's records ([`records`]) matched to the kill
+//!    times ([`latency`]); CPU is the agent's over the whole kill phase.
+//! 2. Idle: the latency pods go, `idle_pods` single-container pods come; once all run and
+//!    10 s have passed, the agent's CPU over 30 s and its RSS.
+//! 3. Teardown: every manifest removed, pods drained, agent stopped, cgroups and
+//!    directories removed — also on error and on Ctrl-C ([`Session`]). The test bed is
+//!    left as it was found.
+//!
+//! The bench needs the test bed to itself: a kubelet owns every pod in its runtime.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use clap::ValueEnum;
+use serde_json::{Value, json};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    Ctx, apt,
+    bench::{
+        agent::{self, BenchAgent, NAMESPACE, NODE_NAME, PlegMode, PodView},
+        latency::{Kill, KillOutcome, Summary, outcome},
+        procfs::{self, CpuSample},
+        records::{self, LogTail},
+        report::{self, Environment, IdleFigures, LatencyFigures, ModeResult},
+    },
+    cleanup, containerd,
+    cri::{CriClient, VersionResponse},
+    images::BUSYBOX_IMAGE,
+    testbed::{self, Layout, State},
+};
+
+const CONTAINERS_PER_POD: usize = 10;
+const GRACE_SECONDS: u32 = 2;
+/// How long to wait for a kill's dispatch, status update and restart.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// Pauses between kills are uniform in [0, this): one relist period, so kills fall at
+/// every phase of the relist.
+const KILL_PAUSE_MAX_MS: u64 = 1000;
+/// How often the agent's log is read while waiting for a kill's records. The latencies
+/// come from the records' own timestamps; this only paces the kills.
+const LOG_POLL: Duration = Duration::from_millis(2);
+const SETTLE: Duration = Duration::from_secs(10);
+const IDLE_WINDOW: Duration = Duration::from_secs(30);
+const DRAIN_TIMEOUT: Duration = Duration::from_mins(3);
+/// The containers' command: sleeps until killed; a graceful stop (SIGTERM) ends it at once.
+const SLEEPER: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Evented,
+    Relist,
+    Both,
+}
+
+impl ModeArg {
+    fn modes(self) -> Vec<PlegMode> {
+        match self {
+            Self::Evented => vec![PlegMode::Evented],
+            Self::Relist => vec![PlegMode::Relist],
+            Self::Both => vec![PlegMode::Evented, PlegMode::Relist],
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlegArgs {
+    /// Container exits to measure per PLEG (containers killed once each, 10 per pod).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=2000))]
+    exits: u32,
+    /// Running single-container pods during the idle measurement.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=500))]
+    idle_pods: u32,
+    /// Which PLEG to measure.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    mode: ModeArg,
+    /// Leave the test bed up at the end even if the bench had to bring it up.
+    #[arg(long)]
+    keep_testbed: bool,
+    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
+    #[arg(long, value_name = "PATH")]
+    swiftlet_bin: Option<PathBuf>,
+}
+
+/// What must be undone however the bench ends: the agent of the PLEG being measured.
+#[derive(Debug, Default)]
+struct Session {
+    agent: Option<BenchAgent>,
+}
+
+impl Session {
+    /// Tears the current agent down (see [`BenchAgent::teardown`]), keeping its log.
+    async fn end_agent(&mut self, ctx: &Ctx, layout: &Layout) -> Result<()> {
+        let Some(mut agent) = self.agent.take() else { return Ok(()) };
+        let keep = bench_dir(ctx).join(format!("pleg-{}-agent.log", agent.mode.name()));
+        agent.teardown(layout, &keep).await
+    }
+}
+
+fn bench_dir(ctx: &Ctx) -> PathBuf {
+    ctx.target_dir.join("bench")
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+pub async fn run(ctx: &Ctx, layout: &Layout, args: &PlegArgs) -> Result<()> {
+    testbed::require_root()?;
+    let bed_was_up =
+        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let mut session = Session::default();
+    let outcome = tokio::select! {
+        r = bench(ctx, layout, args, &mut session) => r,
+        sig = interrupted() => Err(anyhow!("interrupted ({sig})")),
+    };
+    if let Err(e) = &outcome {
+        eprintln!("bench: stopped: {e:#}");
+        eprintln!("bench: cleaning up (this can take a minute; pods are drained first)");
+    }
+    let cleanup = session.end_agent(ctx, layout).await;
+    if let Err(e) = &cleanup {
+        eprintln!("bench: {e:#}");
+    }
+    let bed = if bed_was_up || args.keep_testbed {
+        Ok(())
+    } else {
+        eprintln!("bench: the test bed was down before the bench: taking it down");
+        testbed::down(ctx, layout).await
+    };
+    match (outcome, cleanup, bed) {
+        (Ok(()), Ok(()), Ok(())) => Ok(()),
+        (Err(e), ..) | (Ok(()), Err(e), _) => Err(e),
+        (Ok(()), Ok(()), Err(e)) => Err(e.context("taking the test bed down")),
+    }
+}
+
+async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Session) -> Result<()> {
+    eprintln!("==> bench pleg: test bed");
+    let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
+    apt::ensure(&["curl"])?;
+    let binary = match &args.swiftlet_bin {
+        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
+        None => build_release(ctx)?,
+    };
+    let mut cri = CriClient::connect(&layout.socket()).await?;
+    preflight(&mut cri, layout).await?;
+    let version = cri.version().await?;
+    let env = environment(ctx, &version, args.swiftlet_bin.as_deref());
+
+    let mut results = Vec::new();
+    for mode in args.mode.modes() {
+        eprintln!();
+        eprintln!("==> bench pleg: {mode}");
+        let result = run_mode(layout, args, mode, &binary, &mut cri, state.containerd_pid, session)
+            .await
+            .with_context(|| format!("{} run", mode.name()))?;
+        session.end_agent(ctx, layout).await.with_context(|| format!("tearing down the {} run", mode.name()))?;
+        results.push(result);
+    }
+
+    let text = report::text(&results);
+    let md = report::markdown(&results, &env);
+    let path = bench_dir(ctx).join("pleg.md");
+    fs::create_dir_all(bench_dir(ctx))?;
+    fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    println!();
+    println!(
+        "swiftlet PLEG benchmark, {} ({}, {} cores, kernel {}, {})",
+        env.date, env.cpu, env.cores, env.kernel, env.runtime
+    );
+    println!();
+    print!("{text}");
+    println!();
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+fn build_release(ctx: &Ctx) -> Result<PathBuf> {
+    eprintln!("==> cargo build --release -p swiftlet");
+    let status = Command::new(&ctx.cargo)
+        .args(["build", "--release", "-p", "swiftlet"])
+        .current_dir(&ctx.workspace)
+        .status()
+        .context("running cargo build")?;
+    ensure!(
+        status.success(),
+        "cargo build --release -p swiftlet failed ({status}); --swiftlet-bin benches a binary built elsewhere"
+    );
+    Ok(ctx.target_dir.join("release/swiftlet"))
+}
+
+/// The pid in a `swiftlet-bench-<pid>-<mode>` name (the bench's cgroup roots and dirs).
+fn bench_owner(name: &str) -> Option<i32> {
+    name.strip_prefix("swiftlet-bench-")?.split('-').next()?.parse().ok()
+}
+
+/// Makes sure the test bed is ours alone, and removes what earlier benches that could
+/// not clean up (killed with SIGKILL) left: sandboxes in the bench namespace, cgroup roots
+/// and directories of bench processes that are gone.
+async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
+    let socket = layout.socket().display().to_string();
+    let others = containerd::find_processes(|a| {
+        a.first().is_some_and(|a0| Path::new(a0).file_name().is_some_and(|n| n == "swiftlet"))
+            && a.iter().any(|x| x.contains(&socket))
+    });
+    ensure!(
+        others.is_empty(),
+        "another swiftlet uses the test bed (pid {others:?}); the bench needs the test bed to itself"
+    );
+    agent::remove_bench_sandboxes(cri).await.context("removing sandboxes an earlier bench left")?;
+    let foreign: Vec<String> = cri
+        .list_pod_sandboxes()
+        .await?
+        .into_iter()
+        .map(|s| s.metadata.map_or_else(|| s.id.clone(), |m| format!("{}/{}", m.namespace, m.name)))
+        .collect();
+    ensure!(
+        foreign.is_empty(),
+        "the test bed runs {} pod(s) that are not the bench's ({}): an end-to-end test or demo is using it, and \
+         the bench's agent would take them over. Try again when it is idle.",
+        foreign.len(),
+        foreign.join(", ")
+    );
+    let stale = |p: &Path| {
+        p.file_name().and_then(|n| n.to_str()).and_then(bench_owner).is_some_and(|pid| !containerd::is_alive(pid))
+    };
+    for h in cleanup::cgroup_hierarchies() {
+        for root in fs::read_dir(&h).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| stale(p)) {
+            eprintln!("bench: removing cgroup tree {} of an earlier bench", root.display());
+            for dir in cleanup::cgroup_tree(&root) {
+                let _ = fs::remove_dir(&dir);
+            }
+        }
+    }
+    for dir in fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| stale(p))
+    {
+        eprintln!("bench: removing {} of an earlier bench", dir.display());
+        cleanup::unmount_all_under(std::slice::from_ref(&dir)).and_then(|()| cleanup::remove_dir(&dir))?;
+    }
+    Ok(())
+}
+
+fn environment(ctx: &Ctx, version: &VersionResponse, swiftlet_bin: Option<&Path>) -> Environment {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(&ctx.workspace)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let commit = if let Some(p) = swiftlet_bin {
+        p.display().to_string()
+    } else {
+        let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown commit".to_owned());
+        let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        if dirty { format!("{head} + uncommitted changes") } else { head }
+    };
+    Environment {
+        date: report::utc_date(now),
+        kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned()),
+        cpu: fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| report::cpu_model(&c))
+            .unwrap_or_else(|| "unknown CPU".to_owned()),
+        cores: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        runtime: format!("{} {} (CRI {})", version.runtime_name, version.runtime_version, version.runtime_api_version),
+        commit,
+    }
+}
+
+async fn run_mode(
+    layout: &Layout,
+    args: &PlegArgs,
+    mode: PlegMode,
+    binary: &Path,
+    cri: &mut CriClient,
+    containerd_pid: Option<i32>,
+    session: &mut Session,
+) -> Result<ModeResult> {
+    let exits = args.exits as usize;
+    let idle_pods = args.idle_pods as usize;
+    let max_pods = exits.div_ceil(CONTAINERS_PER_POD).max(idle_pods);
+    let agent = session.agent.insert(BenchAgent::new(mode, binary, &layout.endpoint(), max_pods)?);
+    agent.setup()?;
+    agent.spawn().await?;
+    check_pleg(agent).await?;
+    let latency = latency_phase(agent, cri, exits).await.context("latency phase")?;
+    eprintln!("bench: removing the latency pods");
+    agent.remove_manifests()?;
+    agent.wait_drained(cri, DRAIN_TIMEOUT).await.context("removing the latency pods")?;
+    let idle = idle_phase(agent, idle_pods, containerd_pid).await.context("idle phase")?;
+    Ok(ModeResult { mode, latency, idle })
+}
+
+/// Fails unless `/healthz?verbose` says the PLEG of `agent.mode` is the one running (an
+/// evented agent whose sensors failed to load falls back to relisting).
+async fn check_pleg(agent: &mut BenchAgent) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        agent.ensure_alive()?;
+        let body = agent.healthz_verbose().await?;
+        if let Some(line) = body.lines().find(|l| l.starts_with(agent.mode.health_marker())) {
+            eprintln!("bench: healthz: {line}");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent does not run the {} (expected `{}` in /healthz?verbose):\n{body}",
+                agent.mode,
+                agent.mode.health_marker()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A static pod manifest: `containers` sleeping busybox containers `c0`, `c1`, ...
+pub fn pod_manifest(name: &str, containers: usize) -> Value {
+    let containers: Vec<Value> = (0..containers)
+        .map(|i| {
+            json!({
+                "name": format!("c{i}"),
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", SLEEPER],
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": NAMESPACE },
+        "spec": {
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "containers": containers,
+        },
+    })
+}
+
+/// The host pid of a container's init process from CRI's verbose `info["info"]` JSON
+/// (containerd: `{"pid": 1234, ...}`).
+pub fn pid_from_info(info: &HashMap<String, String>) -> Option<i32> {
+    let v: Value = serde_json::from_str(info.get("info")?).ok()?;
+    v["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0)
+}
+
+/// (pod index, container index) of the first `n` containers to kill, taking one container
+/// of every pod before a second of any, so consecutive kills hit different pod workers.
+pub fn kill_order(containers_per_pod: &[usize], n: usize) -> Vec<(usize, usize)> {
+    let most = containers_per_pod.iter().copied().max().unwrap_or(0);
+    (0..most)
+        .flat_map(|c| containers_per_pod.iter().enumerate().filter(move |(_, k)| c < **k).map(move |(p, _)| (p, c)))
+        .take(n)
+        .collect()
+}
+
+/// A deterministic pause sequence (xorshift64), the same in every run and mode.
+#[derive(Debug)]
+pub struct Pauses(u64);
+
+impl Pauses {
+    pub fn new() -> Self {
+        Self(0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_ms(&mut self, max: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % max.max(1)
+    }
+}
+
+/// Polls `/pods` until exactly the pods `names` are there, each with `per_pod` running
+/// containers, and returns them sorted by name.
+async fn wait_running(agent: &mut BenchAgent, names: &[String], per_pod: usize) -> Result<Vec<PodView>> {
+    let want: BTreeSet<String> = names.iter().map(|n| format!("{n}-{NODE_NAME}")).collect();
+    let total = names.len() * per_pod;
+    let timeout = Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(total).unwrap_or(u32::MAX);
+    let started = Instant::now();
+    let mut last_note = Instant::now();
+    loop {
+        agent.ensure_alive()?;
+        let pods = agent.pods().await?;
+        let others = pods.iter().filter(|p| !want.contains(&p.name)).count();
+        let mut ours: Vec<PodView> = pods.into_iter().filter(|p| want.contains(&p.name)).collect();
+        let running: usize = ours.iter().map(|p| p.running_containers().min(per_pod)).sum();
+        if others == 0 && ours.len() == want.len() && running == total {
+            ours.sort_by(|a, b| a.name.cmp(&b.name));
+            return Ok(ours);
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "{running}/{total} containers running in {}/{} pods ({others} other pods) after {timeout:?}; log \
+                 tail:\n{}",
+                ours.len(),
+                want.len(),
+                agent.log_tail(40)
+            );
+        }
+        if last_note.elapsed() > Duration::from_secs(10) {
+            eprintln!("bench: {running}/{total} containers running after {:.0} s", started.elapsed().as_secs_f64());
+            last_note = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A container to kill.
+#[derive(Debug)]
+struct Target {
+    pod_uid: String,
+    container: String,
+    id: String,
+    restarts: u32,
+    pid: i32,
+}
+
+fn sig_kill(pid: i32) -> std::io::Result<()> {
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid was just checked to be
+    // the init process of one of the bench's containers.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+fn opt_ms(ns: Option<u64>) -> String {
+    ns.map_or_else(|| "—".to_owned(), report::fmt_ms)
+}
+
+async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize) -> Result<LatencyFigures> {
+    let n_pods = exits.div_ceil(CONTAINERS_PER_POD);
+    let names: Vec<String> = (0..n_pods).map(|i| format!("lat-{i:02}")).collect();
+    eprintln!("bench: latency phase: {n_pods} pods of {CONTAINERS_PER_POD} containers");
+    let started = Instant::now();
+    for name in &names {
+        agent.write_manifest(&format!("{name}.json"), &pod_manifest(name, CONTAINERS_PER_POD))?;
+    }
+    let pods = wait_running(agent, &names, CONTAINERS_PER_POD).await?;
+    let start_secs = started.elapsed().as_secs_f64();
+    eprintln!("bench: {} containers running after {start_secs:.0} s", n_pods * CONTAINERS_PER_POD);
+
+    let per_pod: Vec<usize> = pods.iter().map(|p| p.containers.len()).collect();
+    let mut targets = Vec::with_capacity(exits);
+    for (p, c) in kill_order(&per_pod, exits) {
+        let (pod, ctr) = (&pods[p], &pods[p].containers[c]);
+        let id = ctr.id.clone().with_context(|| format!("{}/{} has no container id", pod.name, ctr.name))?;
+        let status = cri.container_status_verbose(&id).await?;
+        let pid = pid_from_info(&status.info)
+            .with_context(|| format!("CRI's verbose status of {id} has no pid: {:?}", status.info.keys()))?;
+        targets.push(Target { pod_uid: pod.uid.clone(), container: ctr.name.clone(), id, restarts: ctr.restarts, pid });
+    }
+    // Let the agent finish the work of the start-up before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let agent_pid = agent.pid().context("agent pid")?;
+    let mut tail = LogTail::from_end(&agent.log_path)?;
+    let mut records = Vec::new();
+    let mut pauses = Pauses::new();
+    let mut kills = Vec::with_capacity(targets.len());
+    let mut skipped = 0;
+    let mut timeouts = [0; 3];
+    eprintln!("bench: killing {} containers one at a time", targets.len());
+    let cpu_before = CpuSample::take(agent_pid)?;
+    for (i, t) in targets.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(pauses.next_ms(KILL_PAUSE_MAX_MS))).await;
+        agent.ensure_alive()?;
+        if !procfs::in_container(t.pid, &t.id) {
+            eprintln!("bench: container {} (pid {}) is already gone: not killed", t.id, t.pid);
+            skipped += 1;
+            continue;
+        }
+        records.extend(tail.poll()?);
+        let from = records.len();
+        let t_kill_ns = procfs::monotonic_ns();
+        if let Err(e) = sig_kill(t.pid) {
+            eprintln!("bench: kill({}, SIGKILL) of container {}: {e}", t.pid, t.id);
+            skipped += 1;
+            continue;
+        }
+        let kill = Kill {
+            pod_uid: t.pod_uid.clone(),
+            container: t.container.clone(),
+            container_id: t.id.clone(),
+            restarts_before: t.restarts,
+            t_kill_ns,
+        };
+        let deadline = Instant::now() + KILL_WAIT;
+        let seen = loop {
+            records.extend(tail.poll()?);
+            let o = outcome(&kill, &records[from..]);
+            if o.complete() || Instant::now() >= deadline {
+                break o;
+            }
+            tokio::time::sleep(LOG_POLL).await;
+        };
+        for (n, missing) in timeouts.iter_mut().zip([
+            seen.kill_to_worker_ns.is_none(),
+            seen.kill_to_status_ns.is_none(),
+            seen.kill_to_running_ns.is_none(),
+        ]) {
+            *n += usize::from(missing);
+        }
+        if !seen.complete() {
+            eprintln!(
+                "bench: kill {} ({}): not all seen within {KILL_WAIT:?}: pod worker {}, status {}, running {}",
+                i + 1,
+                t.id,
+                opt_ms(seen.kill_to_worker_ns),
+                opt_ms(seen.kill_to_status_ns),
+                opt_ms(seen.kill_to_running_ns)
+            );
+        }
+        kills.push(kill);
+        if (i + 1) % 20 == 0 || i + 1 == targets.len() {
+            eprintln!(
+                "bench: {}/{} killed; last: pod worker after {}, status after {}, running after {}",
+                i + 1,
+                targets.len(),
+                opt_ms(seen.kill_to_worker_ns),
+                opt_ms(seen.kill_to_status_ns),
+                opt_ms(seen.kill_to_running_ns)
+            );
+        }
+    }
+    let cpu_after = CpuSample::take(agent_pid)?;
+    let (cpu_seconds, wall_seconds) = cpu_after.since(&cpu_before);
+
+    // The figures come from the whole log: a record that came after the wait still counts.
+    let log = fs::read_to_string(&agent.log_path).with_context(|| format!("reading {}", agent.log_path.display()))?;
+    let all = records::parse_all(&log);
+    let outcomes: Vec<KillOutcome> = kills.iter().map(|k| outcome(k, &all)).collect();
+    let of = |f: fn(&KillOutcome) -> Option<u64>| Summary::of(outcomes.iter().filter_map(f));
+    Ok(LatencyFigures {
+        pods: n_pods,
+        containers: n_pods * CONTAINERS_PER_POD,
+        start_secs,
+        kills: kills.len(),
+        skipped,
+        exit_to_worker: of(|o| o.exit_to_worker_ns),
+        kill_to_exit: of(|o| o.kill_to_exit_ns),
+        kill_to_worker: of(|o| o.kill_to_worker_ns),
+        worker_to_status: of(|o| Some(o.kill_to_status_ns?.saturating_sub(o.kill_to_worker_ns?))),
+        kill_to_status: of(|o| o.kill_to_status_ns),
+        kill_to_running: of(|o| o.kill_to_running_ns),
+        without_kernel_time: outcomes.iter().filter(|o| o.dispatched_without_kernel_time()).count(),
+        timeouts,
+        cpu_seconds,
+        wall_seconds,
+    })
+}
+
+async fn idle_phase(agent: &mut BenchAgent, n: usize, containerd_pid: Option<i32>) -> Result<IdleFigures> {
+    let names: Vec<String> = (0..n).map(|i| format!("idle-{i:03}")).collect();
+    eprintln!("bench: idle phase: {n} single-container pods");
+    let started = Instant::now();
+    for name in &names {
+        agent.write_manifest(&format!("{name}.json"), &pod_manifest(name, 1))?;
+    }
+    wait_running(agent, &names, 1).await?;
+    let start_secs = started.elapsed().as_secs_f64();
+    eprintln!("bench: {n} pods running after {start_secs:.0} s; settling {SETTLE:?}, then measuring {IDLE_WINDOW:?}");
+    tokio::time::sleep(SETTLE).await;
+    let pid = agent.pid().context("agent pid")?;
+    let before = CpuSample::take(pid)?;
+    let containerd_before = containerd_pid.and_then(|p| CpuSample::take(p).ok());
+    tokio::time::sleep(IDLE_WINDOW).await;
+    agent.ensure_alive()?;
+    let after = CpuSample::take(pid)?;
+    let containerd_cores = containerd_pid.and_then(|p| CpuSample::take(p).ok()).zip(containerd_before).map(|(a, b)| {
+        let (cpu, wall) = a.since(&b);
+        cpu / wall
+    });
+    let (rss_bytes, peak_rss_bytes) = procfs::memory(pid)?;
+    let (cpu, wall) = after.since(&before);
+    Ok(IdleFigures {
+        pods: n,
+        start_secs,
+        window_secs: wall,
+        cores: cpu / wall,
+        containerd_cores,
+        rss_bytes,
+        peak_rss_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifests_are_static_pods_of_sleepers() {
+        let m = pod_manifest("lat-03", 10);
+        assert_eq!(m["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(m["spec"]["restartPolicy"], "Always");
+        assert_eq!(m["spec"]["terminationGracePeriodSeconds"], 2);
+        let cs = m["spec"]["containers"].as_array().unwrap();
+        assert_eq!(cs.len(), 10);
+        assert_eq!(cs[9]["name"], "c9");
+        assert_eq!(cs[0]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(cs[0]["command"][2], SLEEPER);
+    }
+
+    #[test]
+    fn pid_comes_from_containerds_info_json() {
+        let info = HashMap::from([("info".to_owned(), r#"{"sandboxID":"x","pid":4242,"removing":false}"#.to_owned())]);
+        assert_eq!(pid_from_info(&info), Some(4242));
+        let exited = HashMap::from([("info".to_owned(), r#"{"pid":0}"#.to_owned())]);
+        assert_eq!(pid_from_info(&exited), None);
+        assert_eq!(pid_from_info(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn kills_go_round_the_pods() {
+        assert_eq!(kill_order(&[2, 2, 2], 5), vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]);
+        // Uneven pods: a pod with fewer containers is skipped once it has none left.
+        assert_eq!(kill_order(&[1, 3], 10), vec![(0, 0), (1, 0), (1, 1), (1, 2)]);
+        assert!(kill_order(&[], 3).is_empty());
+    }
+
+    #[test]
+    fn pauses_are_deterministic_and_in_range() {
+        let (mut a, mut b) = (Pauses::new(), Pauses::new());
+        let xs: Vec<u64> = (0..1000).map(|_| a.next_ms(1000)).collect();
+        assert!(xs.iter().all(|x| *x < 1000));
+        assert_eq!(xs, (0..1000).map(|_| b.next_ms(1000)).collect::<Vec<_>>());
+        // Spread over the range, not stuck in one part of it.
+        assert!(xs.iter().any(|x| *x < 100) && xs.iter().any(|x| *x >= 900));
+    }
+
+    #[test]
+    fn bench_names_carry_their_owner() {
+        assert_eq!(bench_owner("swiftlet-bench-4242-evented"), Some(4242));
+        assert_eq!(bench_owner("swiftlet-bench-x"), None);
+        assert_eq!(bench_owner("swiftlet-e2e-4242"), None);
+    }
+}
