@@ -241,7 +241,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let cm: Arc<dyn PodContainerManager> = Arc::new(cgroups);
     cm.ensure_node_cgroups()?;
 
-    let recorder = Arc::new(MemoryRecorder::new(&cfg.node_name));
+    let memory_events = MemoryRecorder::new(&cfg.node_name);
+    let recorder: Arc<dyn EventRecorder> = match &client {
+        Some(c) => {
+            let (r, task) =
+                crate::events::ApiRecorder::new(memory_events.clone(), c.clone(), kc.event_record_qps, kc.event_burst);
+            tokio::spawn(task.instrument(tracing::info_span!("events")));
+            Arc::new(r)
+        }
+        None => Arc::new(memory_events.clone()),
+    };
     let crash_max = kc
         .crash_loop_back_off
         .max_container_restart_period
@@ -344,7 +353,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         (None, Ok(_)) => unreachable!("sensors run only with the evented PLEG"),
     });
 
-    let events_view = recorder.clone();
+    let events_view = memory_events.clone();
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),
@@ -372,10 +381,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         );
         tracker.spawn(src.run(update_tx.clone(), shutdown.clone()).instrument(tracing::info_span!("static_pods")));
     }
+    let mut node_handle = None;
     if let Some(client) = &client {
+        let mirrors = crate::mirror::MirrorStore::default();
         tracker.spawn(
-            crate::sources::api::run(client.clone(), cfg.node_name.clone(), update_tx.clone(), shutdown.clone())
-                .instrument(tracing::info_span!("api_pods")),
+            crate::sources::api::run(
+                client.clone(),
+                cfg.node_name.clone(),
+                update_tx.clone(),
+                mirrors.clone(),
+                shutdown.clone(),
+            )
+            .instrument(tracing::info_span!("api_pods")),
         );
         let health = pleg_health.clone();
         let node = crate::node::NodeManager::new(
@@ -384,6 +401,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             crate::node::MachineFacts::detect(&cfg.root_dir),
             rt.clone(),
             Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
+        );
+        node_handle = Some(node.current_handle());
+        tracker.spawn(
+            crate::mirror::run(
+                client.clone(),
+                pod_manager.clone(),
+                mirrors,
+                node.current_handle(),
+                crate::sync_loop::HOUSEKEEPING_PERIOD,
+                shutdown.clone(),
+            )
+            .instrument(tracing::info_span!("mirror_pods")),
         );
         tracker.spawn(node.run(shutdown.clone()).instrument(tracing::info_span!("node_status")));
     }
@@ -406,7 +435,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     if let Some(api) = event_api {
         tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
     }
-    let sync_loop = SyncLoop { pod_manager, workers, pleg, runtime, cm, metrics };
+    let sync_loop = SyncLoop {
+        pod_manager,
+        workers,
+        pleg,
+        runtime,
+        cm,
+        metrics,
+        node: node_handle,
+        status: status.clone(),
+        recorder: recorder.clone(),
+        rejected: std::sync::Mutex::default(),
+    };
     tracker.spawn(sync_loop.run(update_rx, pleg_rx, shutdown.clone()).instrument(tracing::info_span!("sync_loop")));
     let server_shutdown = shutdown.clone();
     let server_task =

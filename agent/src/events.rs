@@ -46,6 +46,14 @@ impl MemoryRecorder {
 
 impl EventRecorder for MemoryRecorder {
     fn record(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) {
+        let _ = self.append(object, type_, reason, message);
+    }
+}
+
+impl MemoryRecorder {
+    /// Records the event; returns it when it is new (`None` when it was folded into an
+    /// identical earlier one).
+    fn append(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) -> Option<Event> {
         let type_str = match type_ {
             EventType::Normal => "Normal",
             EventType::Warning => "Warning",
@@ -61,10 +69,10 @@ impl EventRecorder for MemoryRecorder {
         }) {
             e.count = Some(e.count.unwrap_or(1) + 1);
             e.last_timestamp = Some(now);
-            return;
+            return None;
         }
         let name = format!("{}.{:x}", object.name.as_deref().unwrap_or("unknown"), Timestamp::now().as_nanosecond());
-        events.push_back(Event {
+        let event = Event {
             metadata: ObjectMeta {
                 name: Some(name),
                 namespace: Some(object.namespace.clone().unwrap_or_else(|| "default".into())),
@@ -81,10 +89,12 @@ impl EventRecorder for MemoryRecorder {
             reporting_component: Some("kubelet".into()),
             reporting_instance: Some(self.host.clone()),
             ..Default::default()
-        });
+        };
+        events.push_back(event.clone());
         while events.len() > MAX_EVENTS {
             events.pop_front();
         }
+        Some(event)
     }
 }
 
@@ -129,5 +139,58 @@ mod tests {
             r.record(node_ref("n"), EventType::Normal, "X", format!("m{i}"));
         }
         assert_eq!(r.list().len(), MAX_EVENTS);
+    }
+}
+
+/// Records events in memory (for `/events`) and posts them to the API server, rate
+/// limited as upstream (`eventRecordQPS` per second with a burst of `eventBurst`; events
+/// over the limit are dropped, never queued without bound).
+#[derive(Debug, Clone)]
+pub struct ApiRecorder {
+    memory: MemoryRecorder,
+    tx: tokio::sync::mpsc::Sender<Event>,
+}
+
+impl ApiRecorder {
+    /// Returns the recorder and the task that posts events.
+    pub fn new(
+        memory: MemoryRecorder,
+        client: kube::Client,
+        qps: i32,
+        burst: i32,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(1024);
+        let task = async move {
+            let burst = f64::from(burst.max(1));
+            let rate = f64::from(qps.max(0));
+            let mut tokens = burst;
+            let mut last = tokio::time::Instant::now();
+            while let Some(ev) = rx.recv().await {
+                let now = tokio::time::Instant::now();
+                tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
+                last = now;
+                if qps > 0 && tokens < 1.0 {
+                    tracing::debug!(reason = ?ev.reason, "event dropped by the eventRecordQPS limit");
+                    continue;
+                }
+                tokens -= 1.0;
+                let ns = ev.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                let api: kube::Api<Event> = kube::Api::namespaced(client.clone(), &ns);
+                if let Err(e) = api.create(&kube::api::PostParams::default(), &ev).await {
+                    tracing::debug!(error = %e, "failed to post event");
+                }
+            }
+        };
+        (Self { memory, tx }, task)
+    }
+}
+
+impl EventRecorder for ApiRecorder {
+    fn record(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) {
+        if let Some(ev) = self.memory.append(object, type_, reason, message)
+            && self.tx.try_send(ev).is_err()
+        {
+            tracing::debug!("event queue full; event not posted");
+        }
     }
 }

@@ -40,6 +40,12 @@ pub struct SyncLoop {
     pub runtime: Arc<RuntimeManager>,
     pub cm: Arc<dyn PodContainerManager>,
     pub metrics: Arc<KubeletMetrics>,
+    /// The node as registered (API mode): admission checks pods against it.
+    pub node: Option<Arc<std::sync::RwLock<Option<k8s_openapi::api::core::v1::Node>>>>,
+    pub status: Arc<dyn crate::status::StatusProvider>,
+    pub recorder: Arc<dyn crate::events::EventRecorder>,
+    /// Pods refused by admission (they never get a worker).
+    pub rejected: std::sync::Mutex<HashSet<String>>,
 }
 
 impl SyncLoop {
@@ -50,14 +56,27 @@ impl SyncLoop {
         let any_change = !(changes.added.is_empty() && changes.removed.is_empty() && changes.updated.is_empty());
         for pod in changes.removed {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod removed from its source");
+            if let Some(uid) = &pod.metadata.uid
+                && self.rejected.lock().unwrap().remove(uid)
+            {
+                self.status.remove(uid);
+                continue;
+            }
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
         for pod in changes.added {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
+            if pod.metadata.deletion_timestamp.is_none() && !self.admit(&pod) {
+                continue;
+            }
             let kind = deletion_or(&pod, WorkType::Create);
             self.workers.update_pod(pod, kind);
         }
         for pod in changes.updated {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if self.rejected.lock().unwrap().contains(&uid) {
+                continue;
+            }
             let kind = deletion_or(&pod, WorkType::Update);
             self.workers.update_pod(pod, kind);
         }
@@ -89,6 +108,48 @@ impl SyncLoop {
             if let Some(k) = ev.kernel_time_ns {
                 let now = crate::pleg::evented::monotonic_now_ns();
                 self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
+            }
+        }
+    }
+
+    /// Node admission (API mode, once the node is registered): a refused pod gets a
+    /// `Failed` status with the kubelet's reason and message and never runs.
+    fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+        let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) else { return true };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let rejected = self.rejected.lock().unwrap().clone();
+        let active: Vec<_> = self
+            .pod_manager
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                let u = p.metadata.uid.as_deref().unwrap_or_default();
+                u != uid
+                    && !rejected.contains(u)
+                    && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
+            })
+            .collect();
+        match crate::lifecycle::admission::admit(pod, &node, &active) {
+            Ok(()) => true,
+            Err(r) => {
+                tracing::warn!(pod = %crate::runtime::manager::pod_full_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
+                self.recorder.record(
+                    crate::events::pod_ref(pod),
+                    crate::events::EventType::Warning,
+                    &r.reason,
+                    r.message.clone(),
+                );
+                self.status.set(
+                    &uid,
+                    k8s_openapi::api::core::v1::PodStatus {
+                        phase: Some("Failed".into()),
+                        reason: Some(r.reason),
+                        message: Some(format!("Pod was rejected: {}", r.message)),
+                        ..Default::default()
+                    },
+                );
+                self.rejected.lock().unwrap().insert(uid);
+                false
             }
         }
     }

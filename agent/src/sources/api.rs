@@ -35,7 +35,13 @@ pub fn is_mirror_pod(pod: &Pod) -> bool {
 }
 
 /// Watches this node's pods until shutdown.
-pub async fn run(client: kube::Client, node_name: String, tx: mpsc::Sender<PodUpdate>, shutdown: CancellationToken) {
+pub async fn run(
+    client: kube::Client,
+    node_name: String,
+    tx: mpsc::Sender<PodUpdate>,
+    mirrors: crate::mirror::MirrorStore,
+    shutdown: CancellationToken,
+) {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let mut stream = watcher(api, cfg).boxed();
@@ -82,6 +88,18 @@ pub async fn run(client: kube::Client, node_name: String, tx: mpsc::Sender<PodUp
             }
         };
         if changed {
+            *mirrors.write().unwrap() = pods
+                .values()
+                .filter(|p| is_mirror_pod(p))
+                .map(|p| {
+                    let k = format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    (k, p.clone())
+                })
+                .collect();
             let snapshot: Vec<Pod> = pods.values().filter(|p| !is_mirror_pod(p)).cloned().map(tag).collect();
             if tx.send(PodUpdate::Set { source: API_SOURCE, pods: snapshot }).await.is_err() {
                 return;

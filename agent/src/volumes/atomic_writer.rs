@@ -66,8 +66,9 @@ pub enum Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
-    move |source| Error::Io { op, path: path.to_owned(), source }
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
+    let path = path.to_owned();
+    move |source| Error::Io { op, path, source }
 }
 
 /// One file to project: its content, its permission bits and, optionally, its owner.
@@ -313,11 +314,7 @@ fn write_payload_to_dir(payload: &BTreeMap<String, &FileProjection>, dir: &Path)
         if let Some(parent) = full.parent()
             && parent != dir
         {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .map_err(io_err("mkdir", parent))?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(parent).map_err(io_err("mkdir", parent))?;
         }
         std::fs::write(&full, &file.data).map_err(io_err("write", &full))?;
         // The umask applied at creation: set the exact mode.
@@ -479,7 +476,8 @@ mod tests {
                         assert!(body.iter().all(|b| *b == body[0]), "mixed file");
                     }
                     let Ok(ts) = std::fs::read_link(target.join(DATA_DIR_NAME)) else { continue };
-                    let files: Vec<_> = ["x", "y", "z/w"].iter().map(|k| std::fs::read(target.join(&ts).join(k))).collect();
+                    let files: Vec<_> =
+                        ["x", "y", "z/w"].iter().map(|k| std::fs::read(target.join(&ts).join(k))).collect();
                     // The old version may be pruned under us (NotFound); what we read is whole.
                     if files.iter().all(Result::is_ok) {
                         let first = files[0].as_ref().unwrap();

@@ -19,7 +19,7 @@ use crate::cm::pod_resources::{self, ResourceList};
 use crate::cm::quantity::{self, ParsedQuantity};
 
 /// Errors of the downward API.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
     /// A `fieldRef.fieldPath` this source cannot provide.
     #[error("unsupported fieldPath: {0}")]
@@ -174,10 +174,8 @@ pub fn container_resource_value(
         Some(q) if !quantity::parse(&q.0)?.is_zero() => quantity::parse(&q.0)?,
         _ => ParsedQuantity::from_units(1),
     };
-    let (kind, name) = selector
-        .resource
-        .split_once('.')
-        .ok_or_else(|| Error::UnsupportedResource(selector.resource.clone()))?;
+    let (kind, name) =
+        selector.resource.split_once('.').ok_or_else(|| Error::UnsupportedResource(selector.resource.clone()))?;
     let is_huge = name.starts_with(pod_resources::HUGEPAGES_PREFIX);
     if ![pod_resources::CPU, pod_resources::MEMORY, EPHEMERAL_STORAGE].contains(&name) && !is_huge {
         return Err(Error::UnsupportedResource(selector.resource.clone()));

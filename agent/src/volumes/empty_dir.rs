@@ -136,6 +136,9 @@ mod tests {
         set_up(&mem, Medium::Memory, 1 << 20, &m).unwrap();
         set_up(&mem, Medium::Memory, 1 << 20, &m).unwrap();
         assert_eq!(m.calls(), vec![MountCall::MountTmpfs(mem.clone(), Some(1 << 20))]);
-        assert_eq!(Medium::parse(Some("HugePages-2Mi")).unwrap_err().to_string(), "unknown storage medium \"HugePages-2Mi\"");
+        assert_eq!(
+            Medium::parse(Some("HugePages-2Mi")).unwrap_err().to_string(),
+            "unknown storage medium \"HugePages-2Mi\""
+        );
     }
 }

@@ -48,7 +48,11 @@ pub fn check_type(path: &Path, type_: Option<&str>) -> Result<(), Error> {
             .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)))
             .map_err(|source| Error::Create { op: "mkdir", path: shown.clone(), source }),
         "DirectoryOrCreate" | "Directory" => {
-            if meta.is_some_and(|m| m.is_dir()) { Ok(()) } else { fail("directory") }
+            if meta.is_some_and(|m| m.is_dir()) {
+                Ok(())
+            } else {
+                fail("directory")
+            }
         }
         "FileOrCreate" if meta.is_none() => std::fs::OpenOptions::new()
             .write(true)
@@ -59,16 +63,32 @@ pub fn check_type(path: &Path, type_: Option<&str>) -> Result<(), Error> {
             .map(drop)
             .map_err(|source| Error::Create { op: "create", path: shown.clone(), source }),
         "FileOrCreate" | "File" => {
-            if meta.is_some_and(|m| m.is_file()) { Ok(()) } else { fail("file") }
+            if meta.is_some_and(|m| m.is_file()) {
+                Ok(())
+            } else {
+                fail("file")
+            }
         }
         "Socket" => {
-            if meta.is_some_and(|m| m.file_type().is_socket()) { Ok(()) } else { fail("socket file") }
+            if meta.is_some_and(|m| m.file_type().is_socket()) {
+                Ok(())
+            } else {
+                fail("socket file")
+            }
         }
         "CharDevice" => {
-            if meta.is_some_and(|m| m.file_type().is_char_device()) { Ok(()) } else { fail("character device") }
+            if meta.is_some_and(|m| m.file_type().is_char_device()) {
+                Ok(())
+            } else {
+                fail("character device")
+            }
         }
         "BlockDevice" => {
-            if meta.is_some_and(|m| m.file_type().is_block_device()) { Ok(()) } else { fail("block device") }
+            if meta.is_some_and(|m| m.file_type().is_block_device()) {
+                Ok(())
+            } else {
+                fail("block device")
+            }
         }
         other => Err(Error::InvalidType(other.to_owned())),
     }
@@ -91,7 +111,10 @@ mod tests {
         std::fs::write(&file, "x").unwrap();
         assert!(check_type(dir.path(), Some("Directory")).is_ok());
         assert!(check_type(dir.path(), None).is_ok());
-        assert_eq!(msg(&file, "Directory"), format!("hostPath type check failed: {} is not a directory", file.display()));
+        assert_eq!(
+            msg(&file, "Directory"),
+            format!("hostPath type check failed: {} is not a directory", file.display())
+        );
         assert!(msg(&dir.path().join("missing"), "Directory").ends_with("is not a directory"));
         assert!(msg(&file, "DirectoryOrCreate").ends_with("is not a directory"));
 
@@ -114,7 +137,10 @@ mod tests {
         check_type(&file, Some("FileOrCreate")).unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
         assert!(check_type(&file, Some("File")).is_ok());
-        assert_eq!(msg(dir.path(), "File"), format!("hostPath type check failed: {} is not a file", dir.path().display()));
+        assert_eq!(
+            msg(dir.path(), "File"),
+            format!("hostPath type check failed: {} is not a file", dir.path().display())
+        );
         // The parent of a FileOrCreate path is not created, as upstream.
         assert!(matches!(check_type(&dir.path().join("no/f"), Some("FileOrCreate")), Err(Error::Create { .. })));
     }

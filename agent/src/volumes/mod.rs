@@ -80,7 +80,9 @@ pub enum VolumeError {
     #[error("invalid sizeLimit: {0}")]
     SizeLimit(#[from] crate::cm::quantity::Error),
     /// A volume type or projection this agent does not provide.
-    #[error("{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")]
+    #[error(
+        "{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)"
+    )]
     Unsupported {
         /// The volume source's field name (`persistentVolumeClaim`, `csi`, ...).
         kind: &'static str,

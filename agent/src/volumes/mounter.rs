@@ -54,9 +54,8 @@ impl Mounter for SystemMounter {
         let data = CString::new(data).expect("no NUL in mount options");
         // SAFETY: every pointer is a valid NUL-terminated string that outlives the call;
         // mount(2) only reads them.
-        let rc = unsafe {
-            libc::mount(c"tmpfs".as_ptr(), target_c.as_ptr(), c"tmpfs".as_ptr(), 0, data.as_ptr().cast())
-        };
+        let rc =
+            unsafe { libc::mount(c"tmpfs".as_ptr(), target_c.as_ptr(), c"tmpfs".as_ptr(), 0, data.as_ptr().cast()) };
         if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 

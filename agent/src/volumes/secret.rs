@@ -20,7 +20,12 @@ pub struct MissingKey {
 
 /// The files of a Secret volume (or projection). `stringData` is write-only in the API and
 /// never read back; only `data` counts.
-pub fn make_payload(items: &[KeyToPath], secret: &Secret, default_mode: u32, optional: bool) -> Result<Payload, MissingKey> {
+pub fn make_payload(
+    items: &[KeyToPath],
+    secret: &Secret,
+    default_mode: u32,
+    optional: bool,
+) -> Result<Payload, MissingKey> {
     let data = secret.data.as_ref();
     let mut payload = Payload::new();
     if items.is_empty() {

@@ -122,7 +122,10 @@ mod tests {
     #[test]
     fn rejects_absolute_and_backsteps() {
         let (_d, v) = vol();
-        assert_eq!(prepare(&v, "/etc", "data", "c").unwrap_err().to_string(), "error SubPath `/etc` must not be an absolute path");
+        assert_eq!(
+            prepare(&v, "/etc", "data", "c").unwrap_err().to_string(),
+            "error SubPath `/etc` must not be an absolute path"
+        );
         assert_eq!(
             prepare(&v, "a/../../etc", "data", "c").unwrap_err().to_string(),
             "unable to provision SubPath `a/../../etc`: must not contain '..'"
@@ -139,7 +142,11 @@ mod tests {
         symlink("/", v.join("root")).unwrap();
         for sub in ["evil", "evil/new", "rel", "root/etc"] {
             let err = prepare(&v, sub, "data", "c").unwrap_err();
-            assert_eq!(err.to_string(), "failed to prepare subPath for volumeMount \"data\" of container \"c\"", "{sub}");
+            assert_eq!(
+                err.to_string(),
+                "failed to prepare subPath for volumeMount \"data\" of container \"c\"",
+                "{sub}"
+            );
         }
         // Nothing was created outside.
         assert!(!outside.join("new").exists());

@@ -19,7 +19,7 @@ const EVENT_FIELDS: &[(&str, &str)] = &[
     ("deprecatedCount", "count"),
 ];
 
-fn rename(obj: &Value, to_core: bool, api_version: &str) -> Value {
+fn rename(obj: &Value, to_core: bool) -> Value {
     let Some(m) = obj.as_object() else { return obj.clone() };
     let mut out = Map::new();
     for (k, v) in m {
@@ -29,22 +29,23 @@ fn rename(obj: &Value, to_core: bool, api_version: &str) -> Value {
             .map(|(ev, core)| if to_core { *core } else { *ev });
         out.insert(renamed.unwrap_or(k).to_string(), v.clone());
     }
-    out.insert("apiVersion".into(), json!(api_version));
-    out.insert("kind".into(), json!("Event"));
     Value::Object(out)
 }
 
-/// The stored form of an object received at `info`.
+/// The stored form of an object received at `info`: without `kind` and `apiVersion`
+/// (the storage knows them), in the stored version's field names.
 pub(crate) fn to_storage(info: &ResourceInfo, obj: Value) -> Value {
-    if info.group == "events.k8s.io" { rename(&obj, true, "v1") } else { obj }
+    let mut obj = if info.group == "events.k8s.io" { rename(&obj, true) } else { obj };
+    if let Some(m) = obj.as_object_mut() {
+        m.remove("kind");
+        m.remove("apiVersion");
+    }
+    obj
 }
 
 /// The form of a stored object served at `info` (with `apiVersion` and `kind`).
 pub(crate) fn to_view(info: &ResourceInfo, obj: &Value) -> Value {
-    if info.group == "events.k8s.io" {
-        return rename(obj, false, "events.k8s.io/v1");
-    }
-    let mut v = obj.clone();
+    let mut v = if info.group == "events.k8s.io" { rename(obj, false) } else { obj.clone() };
     if let Some(m) = v.as_object_mut() {
         m.insert("apiVersion".into(), json!(info.api_version()));
         m.insert("kind".into(), json!(info.kind));

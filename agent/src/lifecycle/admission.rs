@@ -1,0 +1,265 @@
+//! Pod admission on the node (upstream `predicateAdmitHandler` + `GeneralPredicates`):
+//! the node's OS, its name, node selector and required node affinity, `NoExecute` taints,
+//! host ports, `maxPods` and resource requests against allocatable. A rejected pod
+//! becomes `Failed` with the kubelet's reason (`OutOfcpu`, `OutOfmemory`, `OutOfpods`,
+//! `NodeAffinity`, `NodePorts`, `Taint`, `PodOSNotSupported`) and message.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec};
+
+use crate::cm::quantity;
+
+/// Why a pod was not admitted: (reason, message) as the kubelet writes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub message: String,
+}
+
+fn reject(reason: &str, message: String) -> Rejection {
+    Rejection { reason: reason.into(), message }
+}
+
+/// Effective requests of a pod: max(largest init container, sum of app containers), as
+/// the scheduler and kubelet compute them, plus overhead.
+#[must_use]
+pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
+    let get = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> i64 {
+        c.resources
+            .as_ref()
+            .and_then(|res| res.requests.as_ref().and_then(|q| q.get(r)).or(res.limits.as_ref().and_then(|q| q.get(r))))
+            .and_then(
+                |q| if r == "cpu" { quantity::parse_milli_cpu(&q.0).ok() } else { quantity::parse_bytes(&q.0).ok() },
+            )
+            .unwrap_or(0)
+    };
+    let mut out = BTreeMap::new();
+    for r in ["cpu", "memory", "ephemeral-storage"] {
+        let apps: i64 = spec.containers.iter().map(|c| get(c, r)).sum();
+        let init = spec.init_containers.iter().flatten().map(|c| get(c, r)).max().unwrap_or(0);
+        let overhead = spec
+            .overhead
+            .as_ref()
+            .and_then(|o| o.get(r))
+            .and_then(
+                |q| if r == "cpu" { quantity::parse_milli_cpu(&q.0).ok() } else { quantity::parse_bytes(&q.0).ok() },
+            )
+            .unwrap_or(0);
+        out.insert(r.to_string(), apps.max(init) + overhead);
+    }
+    out
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let values = req.values.as_deref().unwrap_or_default();
+    let v = labels.get(&req.key);
+    match req.operator.as_str() {
+        "In" => v.is_some_and(|v| values.contains(v)),
+        "NotIn" => v.is_none_or(|v| !values.contains(v)),
+        "Exists" => v.is_some(),
+        "DoesNotExist" => v.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(bound)) =
+                (v.and_then(|v| v.parse::<i64>().ok()), values.first().and_then(|b| b.parse::<i64>().ok()))
+            else {
+                return false;
+            };
+            if req.operator == "Gt" { v > bound } else { v < bound }
+        }
+        _ => false,
+    }
+}
+
+fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let name = BTreeMap::from([("metadata.name".to_string(), node.metadata.name.clone().unwrap_or_default())]);
+    exprs.iter().all(|r| requirement_matches(r, &labels)) && fields.iter().all(|r| requirement_matches(r, &name))
+}
+
+fn node_affinity_ok(spec: &PodSpec, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    if let Some(sel) = &spec.node_selector
+        && sel.iter().any(|(k, v)| labels.get(k) != Some(v))
+    {
+        return false;
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| na.required_during_scheduling_ignored_during_execution.as_ref());
+    required.is_none_or(|r| r.node_selector_terms.iter().any(|t| term_matches(t, node)))
+}
+
+fn tolerates_no_execute_taints(spec: &PodSpec, node: &Node) -> Option<String> {
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    for taint in node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default() {
+        if taint.effect != "NoExecute" {
+            continue;
+        }
+        let tolerated = tolerations.iter().any(|t| {
+            let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
+            let key_ok = t.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key);
+            let value_ok = match t.operator.as_deref() {
+                Some("Exists") => true,
+                _ => t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+            };
+            effect_ok && key_ok && value_ok
+        });
+        if !tolerated {
+            return Some(format!("{}={}:{}", taint.key, taint.value.as_deref().unwrap_or_default(), taint.effect));
+        }
+    }
+    None
+}
+
+fn host_ports(spec: &PodSpec) -> Vec<(String, i32)> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| p.host_port.filter(|h| *h > 0).map(|h| (p.protocol.clone().unwrap_or_else(|| "TCP".into()), h)))
+        .collect()
+}
+
+fn allocatable(node: &Node, r: &str) -> Option<i64> {
+    let q = node.status.as_ref()?.allocatable.as_ref()?.get(r)?;
+    if r == "cpu" { quantity::parse_milli_cpu(&q.0).ok() } else { quantity::parse_bytes(&q.0).ok() }
+}
+
+/// Admits `pod` on `node` next to the already admitted, running `active` pods.
+pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
+    let spec = pod.spec.as_ref().ok_or_else(|| reject("UnexpectedAdmissionError", "pod has no spec".into()))?;
+    if let Some(os) = spec.os.as_ref().map(|o| o.name.as_str())
+        && os != "linux"
+    {
+        return Err(reject(
+            "PodOSNotSupported",
+            format!("Failed to admit pod as the OS field doesn't match node OS: pod OS is {os}, node OS is linux"),
+        ));
+    }
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    if let Some(n) = &spec.node_name
+        && !n.is_empty()
+        && *n != node_name
+    {
+        return Err(reject(
+            "NodeName",
+            "Predicate NodeName failed: node(s) didn't match the requested node name".into(),
+        ));
+    }
+    if !node_affinity_ok(spec, node) {
+        return Err(reject(
+            "NodeAffinity",
+            "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector".into(),
+        ));
+    }
+    if let Some(t) = tolerates_no_execute_taints(spec, node) {
+        return Err(reject(
+            "Taint",
+            format!("Predicate TaintToleration failed: node(s) had untolerated taint {{{t}}}"),
+        ));
+    }
+    let used_ports: HashSet<(String, i32)> =
+        active.iter().filter_map(|p| p.spec.as_ref()).flat_map(host_ports).collect();
+    if host_ports(spec).iter().any(|p| used_ports.contains(p)) {
+        return Err(reject(
+            "NodePorts",
+            "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
+        ));
+    }
+    if let Some(max) = allocatable(node, "pods")
+        && active.len() as i64 + 1 > max
+    {
+        return Err(reject(
+            "OutOfpods",
+            format!("Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {max}", active.len()),
+        ));
+    }
+    let want = pod_requests(spec);
+    for (r, reason) in [("cpu", "OutOfcpu"), ("memory", "OutOfmemory"), ("ephemeral-storage", "OutOfephemeral-storage")]
+    {
+        let req = want.get(r).copied().unwrap_or(0);
+        if req == 0 {
+            continue;
+        }
+        let Some(cap) = allocatable(node, r) else { continue };
+        let used: i64 =
+            active.iter().filter_map(|p| p.spec.as_ref()).map(|s| pod_requests(s).get(r).copied().unwrap_or(0)).sum();
+        if used + req > cap {
+            return Err(reject(
+                reason,
+                format!("Node didn't have enough resource: {r}, requested: {req}, used: {used}, capacity: {cap}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"disk": "ssd", "kubernetes.io/os": "linux"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoExecute"}]},
+            "status": {"allocatable": {"cpu": "2", "memory": "1Gi", "pods": "3", "ephemeral-storage": "10Gi"}}
+        }))
+        .unwrap()
+    }
+
+    fn pod(extra: serde_json::Value) -> Pod {
+        let mut spec = serde_json::json!({
+            "nodeName": "n1",
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}],
+            "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}}]
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn admits_a_fitting_pod() {
+        assert_eq!(admit(&pod(serde_json::json!({})), &node(), &[]), Ok(()));
+    }
+
+    #[test]
+    fn rejects_with_upstream_reasons() {
+        let n = node();
+        let four = vec![pod(serde_json::json!({})); 3];
+        assert_eq!(admit(&pod(serde_json::json!({})), &n, &four).unwrap_err().reason, "OutOfpods");
+        let two = vec![pod(serde_json::json!({})); 2];
+        let big = pod(
+            serde_json::json!({"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1500m"}}}]}),
+        );
+        let r = admit(&big, &n, &two).unwrap_err();
+        assert_eq!(r.reason, "OutOfcpu");
+        assert_eq!(r.message, "Node didn't have enough resource: cpu, requested: 1500, used: 1000, capacity: 2000");
+        let sel = pod(serde_json::json!({"nodeSelector": {"disk": "hdd"}}));
+        assert_eq!(admit(&sel, &n, &[]).unwrap_err().reason, "NodeAffinity");
+        let untolerated = pod(serde_json::json!({"tolerations": []}));
+        assert_eq!(admit(&untolerated, &n, &[]).unwrap_err().reason, "Taint");
+        let win = pod(serde_json::json!({"os": {"name": "windows"}}));
+        assert_eq!(admit(&win, &n, &[]).unwrap_err().reason, "PodOSNotSupported");
+        let port = serde_json::json!({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
+        let r = admit(&pod(port.clone()), &n, &[pod(port)]).unwrap_err();
+        assert_eq!(r.reason, "NodePorts");
+    }
+
+    #[test]
+    fn requests_take_the_largest_init_container() {
+        let p = pod(serde_json::json!({
+            "initContainers": [{"name": "i", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
+        }));
+        assert_eq!(pod_requests(p.spec.as_ref().unwrap())["cpu"], 1000);
+    }
+}
