@@ -458,6 +458,25 @@ impl Worker {
             .cgroup_manager_duration
             .get_or_create(&OperationLabels { operation_type: "update".into() })
             .observe(cg_start.elapsed().as_secs_f64());
+        // Volumes before containers (upstream `WaitForAttachAndMount`): a volume that was
+        // never set up keeps the pod waiting; a failed refresh of one in use does not.
+        match self.deps.runtime.volumes().mount_pod_volumes(&pod).await {
+            Ok(volumes) => {
+                for f in volumes.remount_failures() {
+                    self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", f.to_string());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(pod = %name, error = %e, "volumes not ready");
+                for f in e.set_up_failures() {
+                    self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", f.to_string());
+                }
+                if e.set_up_failures().is_empty() {
+                    self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", e.to_string());
+                }
+                return ERROR_REQUEUE;
+            }
+        }
         let result = self.deps.runtime.sync_pod(&pod, &rt_status).await;
         for e in &result.errors {
             tracing::debug!(pod = %name, error = %e, "sync error");
@@ -523,7 +542,9 @@ impl Worker {
             return false;
         }
         if self.desired {
-            return true;
+            // A finished pod keeps its status and logs, not its volumes (upstream unmounts
+            // them in SyncTerminatedPod).
+            return self.clean_up_volumes().await;
         }
         let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
             Ok(s) => s,
@@ -539,11 +560,38 @@ impl Worker {
             tracing::warn!(error = %e, "failed to stop leftover containers");
             return false;
         }
+        // Unmount before the pod directory is removed: removing it with a tmpfs still
+        // mounted would fail, and must never reach into anything mounted there.
+        if !self.clean_up_volumes().await {
+            return false;
+        }
         if let Err(e) = self.deps.runtime.remove_pod(&rt_status).await {
             tracing::warn!(error = %e, "failed to remove pod from the runtime; retrying");
             return false;
         }
         self.deps.status.remove(self.uid());
+        true
+    }
+
+    /// Unmounts and removes the pod's volumes (blocking work, off the async workers).
+    async fn clean_up_volumes(&self) -> bool {
+        let volumes = self.deps.runtime.volumes().clone();
+        let uid = self.uid.clone();
+        let cleaned = tokio::task::spawn_blocking(move || volumes.cleanup_pod(&uid))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if let Err(e) = cleaned {
+            tracing::warn!(error = %e, "failed to clean up the pod's volumes; retrying");
+            if let Some(pod) = &self.pod {
+                self.deps.recorder.record(
+                    pod_ref(pod),
+                    EventType::Warning,
+                    "FailedUnmount",
+                    format!("UnmountVolume.TearDown failed: {e}"),
+                );
+            }
+            return false;
+        }
         true
     }
 }

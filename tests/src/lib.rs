@@ -5,6 +5,8 @@
 //! One containerd is shared by every end-to-end test, and a kubelet owns every pod it
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
+pub mod apiserver;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -133,11 +135,19 @@ pub struct AgentOptions {
     /// `--evented-pleg`: the eBPF PLEG (true) or the relisting PLEG alone (false).
     pub evented_pleg: bool,
     pub extra_flags: Vec<String>,
+    /// `--kubeconfig`: API-server mode against this kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
-        Self { sync_frequency: "10s", extra_config: String::new(), evented_pleg: true, extra_flags: Vec::new() }
+        Self {
+            sync_frequency: "10s",
+            extra_config: String::new(),
+            evented_pleg: true,
+            extra_flags: Vec::new(),
+            kubeconfig: None,
+        }
     }
 }
 
@@ -212,6 +222,9 @@ authorization:
         let mut flags = opts.extra_flags.clone();
         flags.push(format!("--evented-pleg={}", opts.evented_pleg));
         flags.push(format!("--event-api-socket={}", dir.path().join("events.sock").display()));
+        if let Some(k) = &opts.kubeconfig {
+            flags.push(format!("--kubeconfig={}", k.display()));
+        }
         let mut agent = Self {
             flags,
             child: None,

@@ -215,7 +215,7 @@ mod tests {
         .unwrap()
     }
 
-    fn pod(extra: serde_json::Value) -> Pod {
+    fn pod(extra: &serde_json::Value) -> Pod {
         let mut spec = serde_json::json!({
             "nodeName": "n1",
             "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}],
@@ -229,35 +229,35 @@ mod tests {
 
     #[test]
     fn admits_a_fitting_pod() {
-        assert_eq!(admit(&pod(serde_json::json!({})), &node(), &[]), Ok(()));
+        assert_eq!(admit(&pod(&serde_json::json!({})), &node(), &[]), Ok(()));
     }
 
     #[test]
     fn rejects_with_upstream_reasons() {
         let n = node();
-        let four = vec![pod(serde_json::json!({})); 3];
-        assert_eq!(admit(&pod(serde_json::json!({})), &n, &four).unwrap_err().reason, "OutOfpods");
-        let two = vec![pod(serde_json::json!({})); 2];
+        let four = vec![pod(&serde_json::json!({})); 3];
+        assert_eq!(admit(&pod(&serde_json::json!({})), &n, &four).unwrap_err().reason, "OutOfpods");
+        let two = vec![pod(&serde_json::json!({})); 2];
         let big = pod(
-            serde_json::json!({"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1500m"}}}]}),
+            &serde_json::json!({"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "1500m"}}}]}),
         );
         let r = admit(&big, &n, &two).unwrap_err();
         assert_eq!(r.reason, "OutOfcpu");
         assert_eq!(r.message, "Node didn't have enough resource: cpu, requested: 1500, used: 1000, capacity: 2000");
-        let sel = pod(serde_json::json!({"nodeSelector": {"disk": "hdd"}}));
+        let sel = pod(&serde_json::json!({"nodeSelector": {"disk": "hdd"}}));
         assert_eq!(admit(&sel, &n, &[]).unwrap_err().reason, "NodeAffinity");
-        let untolerated = pod(serde_json::json!({"tolerations": []}));
+        let untolerated = pod(&serde_json::json!({"tolerations": []}));
         assert_eq!(admit(&untolerated, &n, &[]).unwrap_err().reason, "Taint");
-        let win = pod(serde_json::json!({"os": {"name": "windows"}}));
+        let win = pod(&serde_json::json!({"os": {"name": "windows"}}));
         assert_eq!(admit(&win, &n, &[]).unwrap_err().reason, "PodOSNotSupported");
         let port = serde_json::json!({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
-        let r = admit(&pod(port.clone()), &n, &[pod(port)]).unwrap_err();
+        let r = admit(&pod(&port), &n, &[pod(&port)]).unwrap_err();
         assert_eq!(r.reason, "NodePorts");
     }
 
     #[test]
     fn requests_take_the_largest_init_container() {
-        let p = pod(serde_json::json!({
+        let p = pod(&serde_json::json!({
             "initContainers": [{"name": "i", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
         }));
         assert_eq!(pod_requests(p.spec.as_ref().unwrap())["cpu"], 1000);

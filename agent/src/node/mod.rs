@@ -378,6 +378,23 @@ impl NodeManager {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
+            // Like upstream's tryUpdateNodeStatus, read the node every period: a node object
+            // that was deleted is registered again at once, not at the next report.
+            match api.get_opt(&self.settings.node_name).await {
+                Ok(None) => {
+                    tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
+                    if let Some(n) = self.register_until_done(&shutdown).await {
+                        last_reported.clone_from(&n.status);
+                        last_report_at = tokio::time::Instant::now();
+                    }
+                    continue;
+                }
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the node object");
+                    continue;
+                }
+            }
             let status = self.compute_status(last_reported.as_ref()).await;
             let changed = last_reported.as_ref().is_none_or(|old| !same_status(old, &status));
             if !changed && last_report_at.elapsed() < self.settings.report_frequency {

@@ -4,7 +4,6 @@
 //! app containers with crash-loop back-off, and kills with grace periods.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -16,13 +15,16 @@ use super::labels;
 use super::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
-use crate::events::{EventRecorder, EventType, pod_ref};
+use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics};
+use crate::volumes::{NoApiServer, VolumeManager};
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
 pub const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
 /// Default `terminationGracePeriodSeconds` (API server defaulting).
 pub const DEFAULT_GRACE_PERIOD_SECS: i64 = 30;
+/// The hosts file the kubelet manages in containers.
+const ETC_HOSTS: &str = "/etc/hosts";
 
 /// Waiting reasons as upstream (`kubecontainer` errors and `images` errors).
 pub mod reasons {
@@ -290,6 +292,8 @@ pub struct RuntimeManager {
     /// `ReasonCache`; cleared by a successful start.
     reasons: Mutex<HashMap<(String, String), (String, String)>>,
     recorder: Option<Arc<dyn EventRecorder>>,
+    volumes: Arc<VolumeManager>,
+    dns: dns::DnsSettings,
 }
 
 impl RuntimeManager {
@@ -306,12 +310,37 @@ impl RuntimeManager {
             rt,
             cm,
             metrics,
-            cfg,
             backoff: Mutex::new(backoff),
             image_backoff: Mutex::new(image_backoff),
             reasons: Mutex::new(HashMap::new()),
             recorder: None,
+            // Standalone until told otherwise: emptyDir/hostPath work, API objects fail clearly.
+            volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
+            dns: dns::DnsSettings::default(),
+            cfg,
         }
+    }
+
+    /// Uses `volumes` for pod volumes and as the source of `ConfigMap`s and `Secret`s for
+    /// environment variables. Default: a manager over `root_dir` with [`NoApiServer`].
+    #[must_use]
+    pub fn with_volumes(mut self, volumes: Arc<VolumeManager>) -> Self {
+        self.volumes = volumes;
+        self
+    }
+
+    /// Cluster DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`). Default: the
+    /// `KubeletConfiguration` defaults (no cluster DNS, no domain, `/etc/resolv.conf`).
+    #[must_use]
+    pub fn with_dns(mut self, dns: dns::DnsSettings) -> Self {
+        self.dns = dns;
+        self
+    }
+
+    /// The volume manager (the pod workers mount and clean up through it).
+    #[must_use]
+    pub fn volumes(&self) -> &Arc<VolumeManager> {
+        &self.volumes
     }
 
     /// Records pod events (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`, ...) as upstream.
@@ -430,7 +459,7 @@ impl RuntimeManager {
         self.prune_init_containers(spec, status).await;
 
         let mut sandbox_id = actions.sandbox_id.clone();
-        let sandbox_config = match self.sandbox_config(pod, actions.attempt) {
+        let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, actions.create_sandbox) {
             Ok(c) => c,
             Err(e) => {
                 result.errors.push(format!("CreatePodSandboxConfig: {e}"));
@@ -678,6 +707,7 @@ impl RuntimeManager {
         let image_ref = self.ensure_image(pod, container, sandbox_config).await?;
         let config = self
             .container_config(pod, container, init, restart_count, &image_ref, pod_ips)
+            .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         let id = self
             .rt
@@ -695,6 +725,12 @@ impl RuntimeManager {
 
     /// Builds the CRI sandbox config of a pod (upstream `generatePodSandboxConfig`).
     pub fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<api::PodSandboxConfig> {
+        self.sandbox_config_recording(pod, attempt, false)
+    }
+
+    /// [`Self::sandbox_config`], recording the DNS warnings as events when `record` (only
+    /// when a sandbox is created, so that a resync does not repeat them).
+    fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, record: bool) -> Result<api::PodSandboxConfig> {
         let spec = pod.spec.as_ref().expect("pod has a spec");
         let host_network = is_host_network(spec);
         // Host-network sandboxes fail in containerd 1.6 when a hostname is set; the
@@ -702,7 +738,10 @@ impl RuntimeManager {
         let hostname = if host_network {
             String::new()
         } else {
-            spec.hostname.clone().unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default())
+            let (hostname, domain) = dns::pod_hostname_and_domain(pod, &self.dns.cluster_domain)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            dns::kernel_hostname(&hostname, &domain, spec.set_hostname_as_fqdn.unwrap_or(false))
+                .map_err(|e| Error::Invalid(e.to_string()))?
         };
         let mut port_mappings = Vec::new();
         for c in &spec.containers {
@@ -756,23 +795,16 @@ impl RuntimeManager {
                 .unwrap_or_default(),
             ..Default::default()
         };
-        let dns_config = if spec.dns_policy.as_deref() == Some("None") {
-            spec.dns_config.as_ref().map(|d| api::DnsConfig {
-                servers: d.nameservers.clone().unwrap_or_default(),
-                searches: d.searches.clone().unwrap_or_default(),
-                options: d
-                    .options
-                    .iter()
-                    .flatten()
-                    .map(|o| match &o.value {
-                        Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                        None => o.name.clone().unwrap_or_default(),
-                    })
-                    .collect(),
-            })
-        } else {
-            None
-        };
+        let host_resolv = dns::read_resolv_conf(&self.dns.resolv_conf).map_err(|e| Error::Invalid(e.to_string()))?;
+        let (dns_config, dns_events) =
+            dns::pod_dns_config(pod, &self.dns, host_resolv.as_ref(), self.cfg.host_ip.as_deref());
+        if record && let Some(r) = &self.recorder {
+            for e in dns_events {
+                let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
+                r.record(object, EventType::Warning, e.reason, e.message);
+            }
+        }
+        let dns_config = Some(dns_config);
         Ok(api::PodSandboxConfig {
             metadata: Some(api::PodSandboxMetadata {
                 name: pod.metadata.name.clone().unwrap_or_default(),
@@ -792,7 +824,7 @@ impl RuntimeManager {
     }
 
     /// Builds the CRI container config (upstream `generateContainerConfig`).
-    fn container_config(
+    async fn container_config(
         &self,
         pod: &Pod,
         container: &Container,
@@ -801,14 +833,24 @@ impl RuntimeManager {
         image_ref: &str,
         pod_ips: &[String],
     ) -> std::result::Result<api::ContainerConfig, String> {
-        let envs = crate::runtime::manager::env::resolve(pod, container, &self.cfg, pod_ips)?;
+        let ctx = env::Context {
+            cfg: &self.cfg,
+            pod_ips,
+            source: self.volumes.object_source().as_ref(),
+            node: self.volumes.node_allocatable(),
+        };
+        let resolved = env::resolve(pod, container, &ctx).await.map_err(|e| e.to_string())?;
+        for warning in resolved.warnings {
+            self.event(pod, EventType::Warning, "InvalidEnvironmentVariableNames", warning);
+        }
+        let envs = resolved.vars;
         let env_map: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let command = container.command.iter().flatten().map(|c| env::expand(c, &env_map)).collect();
         let args = container.args.iter().flatten().map(|c| env::expand(c, &env_map)).collect();
         let log_dir = self.pod_log_dir(pod).join(&container.name);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;
-        let mounts = self.make_mounts(pod, container, pod_ips)?;
+        let mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
         let sc = container.security_context.as_ref();
         let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
         let caps = sc.and_then(|s| s.capabilities.as_ref());
@@ -882,46 +924,52 @@ impl RuntimeManager {
         })
     }
 
-    /// Mounts the kubelet adds itself: a managed /etc/hosts for pods on the pod network
-    /// and the termination-message file. Volumes are not supported yet (their issue is
-    /// the API-server one); a pod that mounts one is refused with a clear reason.
-    fn make_mounts(
+    /// The container's mounts, in upstream `makeMounts` order: its volumes (set up by the
+    /// volume manager before the runtime sync; set up here if that has not happened), the
+    /// managed `/etc/hosts` unless the container mounts its own, then the
+    /// termination-message file.
+    async fn make_mounts(
         &self,
         pod: &Pod,
         container: &Container,
         pod_ips: &[String],
+        envs: &[(String, String)],
     ) -> std::result::Result<Vec<api::Mount>, String> {
         let spec = pod.spec.as_ref().expect("pod has a spec");
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        if let Some(vm) = container.volume_mounts.as_ref().and_then(|v| v.first()) {
-            return Err(format!(
-                "volume mount {:?} of container {:?}: volumes are not supported by this swiftlet version yet",
-                vm.name, container.name
-            ));
-        }
+        let volumes = match self.volumes.mounted_volumes(uid) {
+            Some(v) => v,
+            None => self.volumes.mount_pod_volumes(pod).await.map_err(|e| e.to_string())?,
+        };
+        let mut mounts = self.volumes.container_mounts(pod, container, &volumes, envs).map_err(|e| e.to_string())?;
         let pod_dir = self.pod_dir(uid);
-        let mut mounts = Vec::new();
-        if !is_host_network(spec) {
+
+        // Host-network pods report the node's IPs as theirs.
+        let host_network = is_host_network(spec);
+        let ips: Vec<String> = if host_network && pod_ips.is_empty() {
+            self.cfg.host_ip.iter().cloned().collect()
+        } else {
+            pod_ips.to_vec()
+        };
+        let own_hosts = container.volume_mounts.iter().flatten().any(|m| m.mount_path == ETC_HOSTS);
+        if !ips.is_empty() && !own_hosts {
+            let aliases = spec.host_aliases.as_deref().unwrap_or_default();
+            let content = if host_network {
+                let node_hosts = std::fs::read_to_string(ETC_HOSTS).map_err(|e| format!("reading {ETC_HOSTS}: {e}"))?;
+                dns::node_hosts_content(&node_hosts, aliases)
+            } else {
+                let (hostname, domain) =
+                    dns::pod_hostname_and_domain(pod, &self.dns.cluster_domain).map_err(|e| e.to_string())?;
+                dns::managed_hosts_content(&ips, &hostname, &domain, aliases)
+            };
             let hosts = pod_dir.join("etc-hosts");
-            let hostname = spec.hostname.clone().unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
-            let mut content = String::from(
-                "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
-            );
-            for ip in pod_ips {
-                let _ = writeln!(content, "{ip}\t{hostname}");
-            }
-            for ha in spec.host_aliases.iter().flatten() {
-                let _ = writeln!(
-                    content,
-                    "\n# Entries added by HostAliases.\n{}\t{}",
-                    ha.ip,
-                    ha.hostnames.clone().unwrap_or_default().join("\t")
-                );
-            }
             std::fs::create_dir_all(&pod_dir).map_err(|e| format!("creating {}: {e}", pod_dir.display()))?;
             std::fs::write(&hosts, content).map_err(|e| format!("writing {}: {e}", hosts.display()))?;
+            // Written with the umask; upstream forces 0644 so that any container user reads it.
+            std::fs::set_permissions(&hosts, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .map_err(|e| format!("chmod {}: {e}", hosts.display()))?;
             mounts.push(api::Mount {
-                container_path: "/etc/hosts".into(),
+                container_path: ETC_HOSTS.into(),
                 host_path: hosts.to_string_lossy().into_owned(),
                 ..Default::default()
             });
@@ -1085,14 +1133,641 @@ fn remove_dir_if_exists(dir: &std::path::Path) -> std::io::Result<()> {
     }
 }
 
-/// Environment variables of a container: values, downward API field refs, and
-/// `$(VAR)` expansion as upstream (`makeEnvironmentVariables`, `expansion.Expand`).
+/// Pod DNS and names, as upstream `pkg/kubelet/network/dns` (`GetPodDNS`) and
+/// `kubelet_pods.go` (`GeneratePodHostNameAndDomain`, the managed `/etc/hosts`).
+///
+/// The DNS functions are pure: they take the parsed host `resolv.conf` and return the CRI
+/// `DnsConfig` plus the warning events to record, so every policy is tested without files.
+/// Options merged from several places keep their first position (upstream goes through a
+/// Go map, whose order is random).
+pub mod dns {
+    use std::collections::HashSet;
+    use std::fmt::Write as _;
+
+    use k8s_openapi::api::core::v1::{HostAlias, Pod, PodDNSConfig};
+
+    use super::{api, is_host_network, pod_full_name};
+
+    /// Upstream `MaxDNSNameservers`.
+    pub const MAX_NAMESERVERS: usize = 3;
+    /// Upstream `MaxDNSSearchPaths`.
+    pub const MAX_SEARCH_PATHS: usize = 32;
+    /// Upstream `MaxDNSSearchListChars`.
+    pub const MAX_SEARCH_LIST_CHARS: usize = 2048;
+    /// Longest search domain glibc tolerates (`DNS1123SubdomainMaxLength`).
+    const MAX_DOMAIN_LEN: usize = 253;
+    /// Upstream `defaultDNSOptions` for cluster DNS.
+    const DEFAULT_OPTIONS: &str = "ndots:5";
+    /// The hostname the kernel accepts (64 bytes with the NUL).
+    const HOSTNAME_MAX_LEN: usize = 63;
+    /// Header of the managed hosts file.
+    const MANAGED_HOSTS_HEADER: &str = "# Kubernetes-managed hosts file.\n";
+    /// Header of the hosts file of host-network pods.
+    const MANAGED_HOSTS_HEADER_HOST_NETWORK: &str = "# Kubernetes-managed hosts file (host network).\n";
+
+    /// The kubelet's DNS settings (`KubeletConfiguration`).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct DnsSettings {
+        /// `clusterDNS`: the cluster DNS servers. Default: none (`ClusterFirst` pods then
+        /// fall back to `Default`, with a `MissingClusterDNS` warning).
+        pub cluster_dns: Vec<String>,
+        /// `clusterDomain`: e.g. `cluster.local`. Default: empty (no cluster search paths).
+        pub cluster_domain: String,
+        /// `resolvConf`: the host resolver file the `Default` policy copies. Default
+        /// `/etc/resolv.conf`; empty means none (pods then get `nameserver 127.0.0.1`).
+        pub resolv_conf: String,
+    }
+
+    impl Default for DnsSettings {
+        fn default() -> Self {
+            Self { cluster_dns: Vec::new(), cluster_domain: String::new(), resolv_conf: "/etc/resolv.conf".into() }
+        }
+    }
+
+    /// Errors of DNS configuration.
+    #[derive(Debug, thiserror::Error)]
+    pub enum Error {
+        /// The host resolver file cannot be read.
+        #[error("could not open resolv conf file {path}: {source}")]
+        Read {
+            path: String,
+            #[source]
+            source: std::io::Error,
+        },
+        /// The host resolver file has a bad line (upstream's message).
+        #[error("Encountered error while parsing resolv conf file. Error: nameserver list is empty ")]
+        EmptyNameserver,
+        /// `spec.hostname` or `spec.subdomain` is not a DNS label.
+        #[error("pod {field} {value:?} is not a valid DNS label")]
+        InvalidLabel { field: &'static str, value: String },
+        /// The truncated hostname is empty.
+        #[error("hostname for pod {pod:?} was invalid: {hostname:?}")]
+        InvalidHostname { pod: String, hostname: String },
+        /// `setHostnameAsFQDN` with a name the kernel cannot hold.
+        #[error(
+            "failed to construct FQDN from pod hostname and cluster domain, FQDN {fqdn} is too long (64 characters is the max, {} characters requested)",
+            fqdn.len()
+        )]
+        FqdnTooLong { fqdn: String },
+    }
+
+    /// A parsed `resolv.conf`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct ResolvConf {
+        /// `nameserver` lines, in order.
+        pub nameservers: Vec<String>,
+        /// The last `search` line, trailing dots removed and `.` dropped.
+        pub searches: Vec<String>,
+        /// `options`, merged by name (a later one replaces an earlier one).
+        pub options: Vec<String>,
+    }
+
+    /// A warning to record: `(on the node?, reason, message)`.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct DnsEvent {
+        /// Recorded on the node rather than on the pod.
+        pub node: bool,
+        /// `MissingClusterDNS` or `DNSConfigForming`.
+        pub reason: &'static str,
+        /// The message, as upstream.
+        pub message: String,
+    }
+
+    fn option_name(o: &str) -> &str {
+        o.split(':').next().unwrap_or(o)
+    }
+
+    /// Upstream `appendOptions`: later options replace earlier ones of the same name.
+    fn append_options(options: &mut Vec<String>, new: &[&str]) {
+        for o in new {
+            match options.iter_mut().find(|x| option_name(x) == option_name(o)) {
+                Some(x) => (*o).clone_into(x),
+                None => options.push((*o).to_owned()),
+            }
+        }
+    }
+
+    /// Upstream `parseResolvConf`.
+    pub fn parse_resolv_conf(text: &str) -> Result<ResolvConf, Error> {
+        let mut rc = ResolvConf::default();
+        let mut empty_nameserver = false;
+        for line in text.lines() {
+            let line = line.trim();
+            if line.starts_with('#') {
+                continue;
+            }
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields.first().copied() {
+                Some("nameserver") => match fields.get(1) {
+                    Some(ns) => rc.nameservers.push((*ns).to_owned()),
+                    None => empty_nameserver = true,
+                },
+                Some("search") => {
+                    rc.searches =
+                        fields[1..].iter().filter(|s| **s != ".").map(|s| s.trim_end_matches('.').to_owned()).collect();
+                }
+                Some("options") => append_options(&mut rc.options, &fields[1..]),
+                _ => {}
+            }
+        }
+        if empty_nameserver { Err(Error::EmptyNameserver) } else { Ok(rc) }
+    }
+
+    /// Reads and parses the host resolver file (`None` when `resolvConf` is empty).
+    pub fn read_resolv_conf(path: &str) -> Result<Option<ResolvConf>, Error> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_owned(), source })?;
+        parse_resolv_conf(&text).map(Some)
+    }
+
+    fn omit_duplicates(v: Vec<String>) -> Vec<String> {
+        let mut seen = HashSet::new();
+        v.into_iter().filter(|s| seen.insert(s.clone())).collect()
+    }
+
+    /// How a pod resolves names (upstream `podDNSType`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum DnsType {
+        Cluster,
+        Host,
+        None,
+    }
+
+    fn dns_type(pod: &Pod) -> DnsType {
+        let spec = pod.spec.as_ref().expect("pod has a spec");
+        match spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
+            "None" => DnsType::None,
+            // Host-network pods cannot reach the cluster DNS through the service network.
+            "ClusterFirst" if is_host_network(spec) => DnsType::Host,
+            "ClusterFirstWithHostNet" | "ClusterFirst" => DnsType::Cluster,
+            "Default" => DnsType::Host,
+            other => {
+                tracing::error!(pod = %pod_full_name(pod), policy = other, "invalid DNSPolicy; falling back to ClusterFirst");
+                DnsType::Cluster
+            }
+        }
+    }
+
+    /// Upstream `mergeDNSOptions`: `name[:value]` entries, the pod's replace the base's.
+    fn merge_options(existing: &[String], pod: &PodDNSConfig) -> Vec<String> {
+        let mut merged: Vec<(String, String)> = Vec::new();
+        let mut put = |name: &str, value: &str| match merged.iter_mut().find(|(n, _)| n == name) {
+            Some(e) => value.clone_into(&mut e.1),
+            None => merged.push((name.to_owned(), value.to_owned())),
+        };
+        for o in existing {
+            match o.split_once(':') {
+                Some((n, v)) => put(n, v),
+                None => put(o, ""),
+            }
+        }
+        for o in pod.options.iter().flatten() {
+            put(o.name.as_deref().unwrap_or_default(), o.value.as_deref().unwrap_or_default());
+        }
+        merged.into_iter().map(|(n, v)| if v.is_empty() { n } else { format!("{n}:{v}") }).collect()
+    }
+
+    /// Upstream `formDNSSearchFitsLimits`.
+    fn fit_searches(mut searches: Vec<String>, events: &mut Vec<DnsEvent>) -> Vec<String> {
+        let mut exceeded = false;
+        if searches.len() > MAX_SEARCH_PATHS {
+            searches.truncate(MAX_SEARCH_PATHS);
+            exceeded = true;
+        }
+        let before = searches.len();
+        searches.retain(|s| s.len() <= MAX_DOMAIN_LEN);
+        exceeded |= searches.len() != before;
+        let line_len = searches.join(" ").len();
+        if line_len > MAX_SEARCH_LIST_CHARS {
+            let mut cut_len = 0;
+            while let Some(last) = searches.pop() {
+                cut_len += last.len() + 1;
+                if line_len - cut_len <= MAX_SEARCH_LIST_CHARS {
+                    break;
+                }
+            }
+            exceeded = true;
+        }
+        if exceeded {
+            let message = format!(
+                "Search Line limits were exceeded, some search paths have been omitted, the applied search line is: {}",
+                searches.join(" ")
+            );
+            tracing::error!(%message, "search line limits exceeded");
+            events.push(DnsEvent { node: false, reason: "DNSConfigForming", message });
+        }
+        searches
+    }
+
+    /// Upstream `GetPodDNS`. `host` is the parsed `resolvConf` (`None` when it is empty);
+    /// `node_ip` picks the loopback nameserver in that case.
+    #[must_use]
+    pub fn pod_dns_config(
+        pod: &Pod,
+        settings: &DnsSettings,
+        host: Option<&ResolvConf>,
+        node_ip: Option<&str>,
+    ) -> (api::DnsConfig, Vec<DnsEvent>) {
+        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let host = host.cloned().unwrap_or_default();
+        let mut events = Vec::new();
+        let mut cfg = api::DnsConfig { servers: host.nameservers, searches: host.searches, options: host.options };
+        let mut kind = dns_type(pod);
+        if kind == DnsType::Cluster && settings.cluster_dns.is_empty() {
+            let message = "kubelet does not have ClusterDNS IP configured and cannot create Pod using \"ClusterFirst\" policy. Falling back to \"Default\" policy.".to_owned();
+            events.push(DnsEvent { node: true, reason: "MissingClusterDNS", message: message.clone() });
+            events.push(DnsEvent {
+                node: false,
+                reason: "MissingClusterDNS",
+                message: format!("pod: {:?}. {message}", pod_full_name(pod)),
+            });
+            kind = DnsType::Host;
+        }
+        match kind {
+            DnsType::None => cfg = api::DnsConfig::default(),
+            DnsType::Cluster => {
+                // The cluster DNS is the only nameserver: it forwards what it cannot answer.
+                cfg.servers.clone_from(&settings.cluster_dns);
+                if !settings.cluster_domain.is_empty() {
+                    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                    let d = &settings.cluster_domain;
+                    let mut searches = vec![format!("{ns}.svc.{d}"), format!("svc.{d}"), d.clone()];
+                    searches.append(&mut cfg.searches);
+                    cfg.searches = omit_duplicates(searches);
+                }
+                cfg.options = vec![DEFAULT_OPTIONS.to_owned()];
+            }
+            DnsType::Host => {
+                if settings.resolv_conf.is_empty() {
+                    // No resolver file: "the nameserver on the local machine", as upstream.
+                    let v6 = node_ip.is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+                    cfg.servers = vec![if v6 { "::1" } else { "127.0.0.1" }.to_owned()];
+                    cfg.searches = vec![".".to_owned()];
+                }
+            }
+        }
+        if let Some(pod_dns) = &spec.dns_config {
+            cfg.servers.extend(pod_dns.nameservers.iter().flatten().cloned());
+            cfg.servers = omit_duplicates(std::mem::take(&mut cfg.servers));
+            cfg.searches.extend(pod_dns.searches.iter().flatten().cloned());
+            cfg.searches = omit_duplicates(std::mem::take(&mut cfg.searches));
+            cfg.options = merge_options(&cfg.options, pod_dns);
+        }
+        if cfg.servers.len() > MAX_NAMESERVERS {
+            cfg.servers.truncate(MAX_NAMESERVERS);
+            let message = format!(
+                "Nameserver limits were exceeded, some nameservers have been omitted, the applied nameserver line is: {}",
+                cfg.servers.join(" ")
+            );
+            tracing::error!(%message, "nameserver limits exceeded");
+            events.push(DnsEvent { node: false, reason: "DNSConfigForming", message });
+        }
+        cfg.searches = fit_searches(std::mem::take(&mut cfg.searches), &mut events);
+        (cfg, events)
+    }
+
+    fn is_dns1123_label(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    }
+
+    /// Upstream `GeneratePodHostNameAndDomain`: `spec.hostname` or the pod name (cut to 63
+    /// characters without a trailing `-` or `.`), and `<subdomain>.<ns>.svc.<domain>` when
+    /// the pod has a subdomain.
+    pub fn pod_hostname_and_domain(pod: &Pod, cluster_domain: &str) -> Result<(String, String), Error> {
+        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let mut hostname = name.clone();
+        if let Some(h) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
+            if !is_dns1123_label(h) {
+                return Err(Error::InvalidLabel { field: "Hostname", value: h.to_owned() });
+            }
+            h.clone_into(&mut hostname);
+        }
+        if hostname.len() > HOSTNAME_MAX_LEN {
+            let cut = hostname[..HOSTNAME_MAX_LEN].trim_end_matches(['-', '.']).to_owned();
+            tracing::error!(pod = %name, truncated = %cut, "hostname for pod was too long, truncated it");
+            if cut.is_empty() {
+                return Err(Error::InvalidHostname { pod: name, hostname });
+            }
+            hostname = cut;
+        }
+        let mut domain = String::new();
+        if let Some(sub) = spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
+            if !is_dns1123_label(sub) {
+                return Err(Error::InvalidLabel { field: "Subdomain", value: sub.to_owned() });
+            }
+            let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+            domain = format!("{sub}.{ns}.svc.{cluster_domain}");
+        }
+        Ok((hostname, domain))
+    }
+
+    /// Upstream `GetNodenameForKernel`: the FQDN when `setHostnameAsFQDN` and there is a
+    /// domain, else the hostname.
+    pub fn kernel_hostname(hostname: &str, domain: &str, set_fqdn: bool) -> Result<String, Error> {
+        if !set_fqdn || domain.is_empty() {
+            return Ok(hostname.to_owned());
+        }
+        let fqdn = format!("{hostname}.{domain}");
+        if fqdn.len() > HOSTNAME_MAX_LEN + 1 {
+            return Err(Error::FqdnTooLong { fqdn });
+        }
+        Ok(fqdn)
+    }
+
+    fn host_aliases(aliases: &[HostAlias]) -> String {
+        if aliases.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from("\n# Entries added by HostAliases.\n");
+        for a in aliases {
+            let _ = writeln!(out, "{}\t{}", a.ip, a.hostnames.iter().flatten().cloned().collect::<Vec<_>>().join("\t"));
+        }
+        out
+    }
+
+    /// Upstream `managedHostsFileContent`: localhost entries, the pod's IPs with its
+    /// (fully qualified) hostname, then the host aliases.
+    #[must_use]
+    pub fn managed_hosts_content(ips: &[String], hostname: &str, domain: &str, aliases: &[HostAlias]) -> String {
+        let mut out = String::from(MANAGED_HOSTS_HEADER);
+        out.push_str("127.0.0.1\tlocalhost\n");
+        out.push_str("::1\tlocalhost ip6-localhost ip6-loopback\n");
+        out.push_str("fe00::0\tip6-localnet\n");
+        out.push_str("fe00::0\tip6-mcastprefix\n");
+        out.push_str("fe00::1\tip6-allnodes\n");
+        out.push_str("fe00::2\tip6-allrouters\n");
+        for ip in ips {
+            if domain.is_empty() {
+                let _ = writeln!(out, "{ip}\t{hostname}");
+            } else {
+                let _ = writeln!(out, "{ip}\t{hostname}.{domain}\t{hostname}");
+            }
+        }
+        out.push_str(&host_aliases(aliases));
+        out
+    }
+
+    /// Upstream `nodeHostsFileContent`: the node's hosts file plus the host aliases, for
+    /// host-network pods.
+    #[must_use]
+    pub fn node_hosts_content(node_hosts: &str, aliases: &[HostAlias]) -> String {
+        format!("{MANAGED_HOSTS_HEADER_HOST_NETWORK}{node_hosts}{}", host_aliases(aliases))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use serde_json::json;
+
+        use super::*;
+
+        fn pod(spec: serde_json::Value) -> Pod {
+            let mut spec = spec;
+            spec["containers"] = json!([{"name": "c"}]);
+            serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u"}, "spec": spec}))
+                .unwrap()
+        }
+
+        fn host() -> ResolvConf {
+            parse_resolv_conf(
+                "# generated\nnameserver 192.0.2.53\nnameserver 192.0.2.54\nsearch old.example\nsearch corp.example. lab.example .\noptions ndots:2 timeout:1\noptions ndots:3 rotate\n",
+            )
+            .unwrap()
+        }
+
+        fn cluster() -> DnsSettings {
+            DnsSettings {
+                cluster_dns: vec!["10.96.0.10".into()],
+                cluster_domain: "cluster.local".into(),
+                ..DnsSettings::default()
+            }
+        }
+
+        #[test]
+        fn parses_resolv_conf_as_upstream() {
+            let h = host();
+            assert_eq!(h.nameservers, ["192.0.2.53", "192.0.2.54"]);
+            assert_eq!(h.searches, ["corp.example", "lab.example"]);
+            assert_eq!(h.options, ["ndots:3", "timeout:1", "rotate"]);
+            assert_eq!(
+                parse_resolv_conf("nameserver\n").unwrap_err().to_string(),
+                "Encountered error while parsing resolv conf file. Error: nameserver list is empty "
+            );
+        }
+
+        #[test]
+        fn cluster_first() {
+            let (cfg, events) = pod_dns_config(&pod(json!({})), &cluster(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["10.96.0.10"]);
+            assert_eq!(
+                cfg.searches,
+                ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example", "lab.example"]
+            );
+            assert_eq!(cfg.options, ["ndots:5"]);
+            assert!(events.is_empty());
+            // No cluster domain: the host's search paths only.
+            let s = DnsSettings { cluster_domain: String::new(), ..cluster() };
+            let (cfg, _) = pod_dns_config(&pod(json!({"dnsPolicy": "ClusterFirst"})), &s, Some(&host()), None);
+            assert_eq!(cfg.searches, ["corp.example", "lab.example"]);
+        }
+
+        #[test]
+        fn cluster_first_without_cluster_dns_falls_back_to_default() {
+            let (cfg, events) = pod_dns_config(&pod(json!({})), &DnsSettings::default(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["192.0.2.53", "192.0.2.54"]);
+            assert_eq!(cfg.options, ["ndots:3", "timeout:1", "rotate"]);
+            assert_eq!(events.len(), 2);
+            assert!(events[0].node && events[0].reason == "MissingClusterDNS");
+            assert_eq!(
+                events[1].message,
+                "pod: \"web_shop(u)\". kubelet does not have ClusterDNS IP configured and cannot create Pod using \"ClusterFirst\" policy. Falling back to \"Default\" policy."
+            );
+        }
+
+        #[test]
+        fn host_network_policies() {
+            let (cfg, _) = pod_dns_config(&pod(json!({"hostNetwork": true})), &cluster(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["192.0.2.53", "192.0.2.54"], "ClusterFirst + hostNetwork = Default");
+            let p = pod(json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}));
+            let (cfg, _) = pod_dns_config(&p, &cluster(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["10.96.0.10"]);
+        }
+
+        #[test]
+        fn default_policy_and_empty_resolv_conf() {
+            let p = pod(json!({"dnsPolicy": "Default"}));
+            let (cfg, _) = pod_dns_config(&p, &cluster(), Some(&host()), None);
+            assert_eq!((cfg.servers.len(), cfg.searches.len()), (2, 2));
+            let s = DnsSettings { resolv_conf: String::new(), ..cluster() };
+            let (cfg, _) = pod_dns_config(&p, &s, None, Some("192.0.2.1"));
+            assert_eq!((cfg.servers, cfg.searches), (vec!["127.0.0.1".to_string()], vec![".".to_string()]));
+            let (cfg, _) = pod_dns_config(&p, &s, None, Some("2001:db8::1"));
+            assert_eq!(cfg.servers, ["::1"]);
+        }
+
+        #[test]
+        fn none_policy_and_dns_config_merge() {
+            let p = pod(json!({"dnsPolicy": "None", "dnsConfig": {
+                "nameservers": ["1.1.1.1"], "searches": ["a.example"],
+                "options": [{"name": "ndots", "value": "1"}, {"name": "edns0"}]}}));
+            let (cfg, _) = pod_dns_config(&p, &cluster(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["1.1.1.1"]);
+            assert_eq!(cfg.searches, ["a.example"]);
+            assert_eq!(cfg.options, ["ndots:1", "edns0"]);
+
+            let p = pod(
+                json!({"dnsConfig": {"nameservers": ["10.96.0.10", "1.1.1.1"], "searches": ["svc.cluster.local", "x"],
+                                             "options": [{"name": "ndots", "value": "2"}]}}),
+            );
+            let (cfg, _) = pod_dns_config(&p, &cluster(), Some(&host()), None);
+            assert_eq!(cfg.servers, ["10.96.0.10", "1.1.1.1"]);
+            assert_eq!(cfg.searches.last().unwrap(), "x");
+            assert_eq!(cfg.searches.iter().filter(|s| *s == "svc.cluster.local").count(), 1);
+            assert_eq!(cfg.options, ["ndots:2"]);
+        }
+
+        #[test]
+        fn limits_are_enforced_with_a_warning() {
+            let p = pod(json!({"dnsPolicy": "None", "dnsConfig": {
+                "nameservers": ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"],
+                "searches": (0..40).map(|i| format!("d{i}.example")).collect::<Vec<_>>()}}));
+            let (cfg, events) = pod_dns_config(&p, &cluster(), None, None);
+            assert_eq!(cfg.servers.len(), 3);
+            assert_eq!(cfg.searches.len(), 32);
+            assert_eq!(events.len(), 2);
+            assert_eq!(
+                events[0].message,
+                "Nameserver limits were exceeded, some nameservers have been omitted, the applied nameserver line is: 1.1.1.1 2.2.2.2 3.3.3.3"
+            );
+            assert!(events[1].message.starts_with("Search Line limits were exceeded"));
+
+            // 2048 characters at most; over-long domains are dropped.
+            let long: Vec<String> = (0..12).map(|i| format!("{}{i}.example", "x".repeat(200))).collect();
+            let mut searches = long.clone();
+            searches.insert(0, "y".repeat(300));
+            let p = pod(json!({"dnsPolicy": "None", "dnsConfig": {"searches": searches}}));
+            let (cfg, events) = pod_dns_config(&p, &cluster(), None, None);
+            assert!(cfg.searches.join(" ").len() <= MAX_SEARCH_LIST_CHARS);
+            assert_eq!(cfg.searches, long[..9]);
+            assert_eq!(events.len(), 1);
+        }
+
+        #[test]
+        fn hostnames_and_domains() {
+            let p = pod(json!({"hostname": "h", "subdomain": "sub"}));
+            assert_eq!(
+                pod_hostname_and_domain(&p, "cluster.local").unwrap(),
+                ("h".into(), "sub.shop.svc.cluster.local".into())
+            );
+            let mut p = pod(json!({}));
+            p.metadata.name = Some(format!("{}-.abc", "a".repeat(62)));
+            assert_eq!(pod_hostname_and_domain(&p, "").unwrap().0, "a".repeat(62));
+            let p = pod(json!({"hostname": "Bad_Name"}));
+            assert_eq!(
+                pod_hostname_and_domain(&p, "").unwrap_err().to_string(),
+                "pod Hostname \"Bad_Name\" is not a valid DNS label"
+            );
+            assert_eq!(
+                kernel_hostname("h", "sub.shop.svc.cluster.local", true).unwrap(),
+                "h.sub.shop.svc.cluster.local"
+            );
+            assert_eq!(kernel_hostname("h", "d", false).unwrap(), "h");
+            assert!(kernel_hostname(&"h".repeat(40), &"d".repeat(30), true).is_err());
+        }
+
+        #[test]
+        fn hosts_files() {
+            let aliases: Vec<HostAlias> =
+                serde_json::from_value(json!([{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar.local"]}])).unwrap();
+            let content = managed_hosts_content(&["10.0.0.5".into()], "web", "sub.shop.svc.cluster.local", &aliases);
+            assert_eq!(
+                content,
+                "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
+                 fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n\
+                 10.0.0.5\tweb.sub.shop.svc.cluster.local\tweb\n\n# Entries added by HostAliases.\n10.1.2.3\tfoo.local\tbar.local\n"
+            );
+            assert!(managed_hosts_content(&["10.0.0.5".into()], "web", "", &[]).ends_with("10.0.0.5\tweb\n"));
+            assert_eq!(
+                node_hosts_content("127.0.0.1 localhost\n", &[]),
+                "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n"
+            );
+        }
+    }
+}
+
+/// Environment variables of a container, as upstream `makeEnvironmentVariables`: `envFrom`
+/// (`ConfigMap`s and `Secret`s, with `prefix`) first, then `env` in order (values with `$(VAR)`
+/// expansion over what is defined so far, and `valueFrom`: `fieldRef`, `resourceFieldRef`,
+/// `configMapKeyRef`, `secretKeyRef`), later definitions replacing earlier ones.
+///
+/// Service link variables (`enableServiceLinks`, `<SVC>_SERVICE_HOST`, ...) need the
+/// Services of the namespace from the API server; no service source exists yet, so none
+/// are produced, as the upstream kubelet does without an API client. `envFrom` keys are
+/// checked with the relaxed rules that are GA since Kubernetes 1.34 (printable ASCII
+/// except `=`); keys that fail are skipped with an `InvalidEnvironmentVariableNames`
+/// warning, as upstream.
 pub mod env {
     use std::collections::HashMap;
 
-    use k8s_openapi::api::core::v1::{Container, Pod};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 
     use super::RuntimeManagerConfig;
+    use crate::volumes::downward_api::{self, NodeAllocatable};
+    use crate::volumes::source::{self, ObjectSource};
+
+    /// Why a container's environment cannot be built (the container then waits with
+    /// `CreateContainerConfigError`).
+    #[derive(Debug, thiserror::Error)]
+    pub enum Error {
+        /// `configMapKeyRef` to a key the `ConfigMap` lacks.
+        #[error("couldn't find key {key} in ConfigMap {namespace}/{name}")]
+        ConfigMapKey { key: String, namespace: String, name: String },
+        /// `secretKeyRef` to a key the `Secret` lacks.
+        #[error("couldn't find key {key} in Secret {namespace}/{name}")]
+        SecretKey { key: String, namespace: String, name: String },
+        /// A required `ConfigMap` or `Secret` does not exist (upstream's API error text).
+        #[error("{resource} {name:?} not found")]
+        NotFound { resource: &'static str, name: String },
+        /// The object source failed (for example: no API server).
+        #[error(transparent)]
+        Source(#[from] source::Error),
+        /// A `fieldRef` or `resourceFieldRef` that cannot be resolved.
+        #[error("env[{index}] {name:?}: {source}")]
+        DownwardApi {
+            index: usize,
+            name: String,
+            #[source]
+            source: downward_api::Error,
+        },
+    }
+
+    /// What [`resolve`] needs besides the pod.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Context<'a> {
+        /// Node name and IP for `spec.nodeName` / `status.hostIP`.
+        pub cfg: &'a RuntimeManagerConfig,
+        /// The pod's IPs (`status.podIP(s)`).
+        pub pod_ips: &'a [String],
+        /// `ConfigMap`s and `Secret`s.
+        pub source: &'a dyn ObjectSource,
+        /// Defaults for limits the container does not set (`resourceFieldRef`).
+        pub node: &'a NodeAllocatable,
+    }
+
+    /// A resolved environment.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct Resolved {
+        /// Name → value, in definition order.
+        pub vars: Vec<(String, String)>,
+        /// `InvalidEnvironmentVariableNames` warnings to record as pod events.
+        pub warnings: Vec<String>,
+    }
 
     /// Expands `$(NAME)` references; `$$` escapes a `$`; unknown references stay as written.
     #[must_use]
@@ -1128,73 +1803,232 @@ pub mod env {
         out
     }
 
-    fn field_ref(pod: &Pod, path: &str, cfg: &RuntimeManagerConfig, pod_ips: &[String]) -> Result<String, String> {
-        let m = &pod.metadata;
+    /// Upstream `podFieldSelectorRuntimeValue`: the pod's own and status fields, then the
+    /// metadata fields the downward API offers.
+    fn field_ref(
+        pod: &Pod,
+        path: &str,
+        cfg: &RuntimeManagerConfig,
+        pod_ips: &[String],
+    ) -> Result<String, downward_api::Error> {
         let spec = pod.spec.as_ref();
-        let map_key = |prefix: &str, map: Option<&std::collections::BTreeMap<String, String>>| {
-            path.strip_prefix(prefix)
-                .and_then(|r| r.strip_suffix("']"))
-                .map(|k| map.and_then(|m| m.get(k)).cloned().unwrap_or_default())
-        };
         Ok(match path {
-            "metadata.name" => m.name.clone().unwrap_or_default(),
-            "metadata.namespace" => m.namespace.clone().unwrap_or_default(),
-            "metadata.uid" => m.uid.clone().unwrap_or_default(),
             "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_else(|| cfg.node_name.clone()),
             "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
             "status.hostIP" | "status.hostIPs" => cfg.host_ip.clone().unwrap_or_default(),
             "status.podIP" => pod_ips.first().cloned().unwrap_or_default(),
             "status.podIPs" => pod_ips.join(","),
-            _ => {
-                if let Some(v) = map_key("metadata.labels['", m.labels.as_ref()) {
-                    v
-                } else if let Some(v) = map_key("metadata.annotations['", m.annotations.as_ref()) {
-                    v
-                } else {
-                    return Err(format!("unsupported fieldRef fieldPath {path:?}"));
-                }
-            }
+            _ => downward_api::metadata_field(pod, path)?,
         })
     }
 
-    /// Resolves the container's env list in order; later entries may refer to earlier ones.
-    pub fn resolve(
-        pod: &Pod,
-        container: &Container,
-        cfg: &RuntimeManagerConfig,
-        pod_ips: &[String],
-    ) -> Result<Vec<(String, String)>, String> {
-        let mut out: Vec<(String, String)> = Vec::new();
-        if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-            return Err(format!(
-                "container {:?}: envFrom needs ConfigMaps/Secrets from an API server; not available to static pods",
-                container.name
-            ));
+    /// Environment variable names as the API accepts them since `RelaxedEnvironmentVariableValidation`
+    /// went GA: non-empty printable ASCII without `=`.
+    fn is_env_var_name(name: &str) -> bool {
+        !name.is_empty() && name.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'=')
+    }
+
+    /// `ConfigMap`s and `Secret`s read once per resolution (upstream keeps the same maps).
+    #[derive(Default)]
+    struct Objects {
+        config_maps: HashMap<String, Option<ConfigMap>>,
+        secrets: HashMap<String, Option<Secret>>,
+    }
+
+    impl Objects {
+        async fn config_map(&mut self, ctx: &Context<'_>, ns: &str, name: &str) -> Result<Option<&ConfigMap>, Error> {
+            if !self.config_maps.contains_key(name) {
+                let cm = ctx.source.config_map(ns, name).await?;
+                self.config_maps.insert(name.to_owned(), cm);
+            }
+            Ok(self.config_maps[name].as_ref())
         }
-        for (i, e) in container.env.iter().flatten().enumerate() {
-            let value = if let Some(vf) = &e.value_from {
-                if let Some(fr) = &vf.field_ref {
-                    field_ref(pod, &fr.field_path, cfg, pod_ips)
-                        .map_err(|err| format!("env[{i}] {:?}: {err}", e.name))?
-                } else {
-                    return Err(format!(
-                        "env[{i}] {:?}: only valueFrom.fieldRef is supported for static pods (configMapKeyRef, secretKeyRef and resourceFieldRef need the API server or are not implemented yet)",
-                        e.name
-                    ));
+
+        async fn secret(&mut self, ctx: &Context<'_>, ns: &str, name: &str) -> Result<Option<&Secret>, Error> {
+            if !self.secrets.contains_key(name) {
+                let s = ctx.source.secret(ns, name).await?;
+                self.secrets.insert(name.to_owned(), s);
+            }
+            Ok(self.secrets[name].as_ref())
+        }
+    }
+
+    fn set(out: &mut Vec<(String, String)>, name: String, value: String) {
+        out.retain(|(k, _)| *k != name);
+        out.push((name, value));
+    }
+
+    /// Resolves the container's environment.
+    pub async fn resolve(pod: &Pod, container: &Container, ctx: &Context<'_>) -> Result<Resolved, Error> {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let mut objects = Objects::default();
+        let mut out = Resolved::default();
+
+        for from in container.env_from.iter().flatten() {
+            let prefix = from.prefix.as_deref().unwrap_or_default();
+            let (kind, name, entries): (&str, &str, Vec<(String, String)>) = if let Some(r) = &from.config_map_ref {
+                match objects.config_map(ctx, ns, &r.name).await? {
+                    Some(cm) => ("configMap", &r.name, cm.data.clone().unwrap_or_default().into_iter().collect()),
+                    None if r.optional == Some(true) => continue,
+                    None => return Err(Error::NotFound { resource: "configmap", name: r.name.clone() }),
+                }
+            } else if let Some(r) = &from.secret_ref {
+                match objects.secret(ctx, ns, &r.name).await? {
+                    Some(s) => (
+                        "secret",
+                        &r.name,
+                        s.data
+                            .iter()
+                            .flatten()
+                            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+                            .collect(),
+                    ),
+                    None if r.optional == Some(true) => continue,
+                    None => return Err(Error::NotFound { resource: "secret", name: r.name.clone() }),
                 }
             } else {
-                let vars: HashMap<&str, &str> = out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                expand(e.value.as_deref().unwrap_or_default(), &vars)
+                continue;
             };
-            out.retain(|(k, _)| k != &e.name);
-            out.push((e.name.clone(), value));
+            let mut invalid = Vec::new();
+            for (k, v) in entries {
+                let key = format!("{prefix}{k}");
+                if is_env_var_name(&key) {
+                    set(&mut out.vars, key, v);
+                } else {
+                    invalid.push(key);
+                }
+            }
+            if !invalid.is_empty() {
+                invalid.sort();
+                out.warnings.push(format!(
+                    "Keys [{}] from the EnvFrom {kind} {ns}/{name} were skipped since they are considered invalid environment variable names.",
+                    invalid.join(", ")
+                ));
+            }
+        }
+
+        for (index, e) in container.env.iter().flatten().enumerate() {
+            let downward = |source| Error::DownwardApi { index, name: e.name.clone(), source };
+            let value = match &e.value_from {
+                Some(vf) if e.value.as_deref().unwrap_or_default().is_empty() => {
+                    if let Some(fr) = &vf.field_ref {
+                        field_ref(pod, &fr.field_path, ctx.cfg, ctx.pod_ips).map_err(downward)?
+                    } else if let Some(rf) = &vf.resource_field_ref {
+                        let r = if rf.container_name.as_deref().unwrap_or_default().is_empty() {
+                            downward_api::container_resource_value(pod, container, rf, ctx.node)
+                        } else {
+                            downward_api::resource_value_by_container_name(pod, rf, ctx.node)
+                        };
+                        r.map_err(downward)?
+                    } else if let Some(r) = &vf.config_map_key_ref {
+                        let optional = r.optional == Some(true);
+                        let Some(cm) = objects.config_map(ctx, ns, &r.name).await? else {
+                            if optional {
+                                continue;
+                            }
+                            return Err(Error::NotFound { resource: "configmap", name: r.name.clone() });
+                        };
+                        match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                            Some(v) => v.clone(),
+                            None if optional => continue,
+                            None => {
+                                return Err(Error::ConfigMapKey {
+                                    key: r.key.clone(),
+                                    namespace: ns.to_owned(),
+                                    name: r.name.clone(),
+                                });
+                            }
+                        }
+                    } else if let Some(r) = &vf.secret_key_ref {
+                        let optional = r.optional == Some(true);
+                        let Some(s) = objects.secret(ctx, ns, &r.name).await? else {
+                            if optional {
+                                continue;
+                            }
+                            return Err(Error::NotFound { resource: "secret", name: r.name.clone() });
+                        };
+                        match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                            Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                            None if optional => continue,
+                            None => {
+                                return Err(Error::SecretKey {
+                                    key: r.key.clone(),
+                                    namespace: ns.to_owned(),
+                                    name: r.name.clone(),
+                                });
+                            }
+                        }
+                    } else {
+                        String::new()
+                    }
+                }
+                _ => {
+                    let vars: HashMap<&str, &str> = out.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    expand(e.value.as_deref().unwrap_or_default(), &vars)
+                }
+            };
+            set(&mut out.vars, e.name.clone(), value);
         }
         Ok(out)
     }
 
     #[cfg(test)]
     mod tests {
+        use std::path::PathBuf;
+
+        use k8s_openapi::ByteString;
+        use serde_json::json;
+
         use super::*;
+        use crate::volumes::{FakeObjectSource, NoApiServer};
+
+        const NODE: NodeAllocatable = NodeAllocatable { cpu_milli: 4000, memory: 8 << 30, ephemeral_storage: 1 << 40 };
+
+        fn cfg() -> RuntimeManagerConfig {
+            RuntimeManagerConfig {
+                pod_logs_dir: PathBuf::from("/logs"),
+                root_dir: PathBuf::from("/root"),
+                node_name: "node-1".into(),
+                host_ip: Some("192.0.2.1".into()),
+            }
+        }
+
+        fn source() -> FakeObjectSource {
+            let src = FakeObjectSource::new();
+            src.set_config_map(
+                serde_json::from_value(json!({
+                    "metadata": {"name": "cfg", "namespace": "ns"},
+                    "data": {"LOG_LEVEL": "debug", "1BAD": "x", "a=b": "y", "url": "http://db"}
+                }))
+                .unwrap(),
+            );
+            let mut s = Secret::default();
+            s.metadata.name = Some("sec".into());
+            s.metadata.namespace = Some("ns".into());
+            s.data = Some([("password".to_string(), ByteString(b"hunter2".to_vec()))].into());
+            src.set_secret(s);
+            src
+        }
+
+        #[expect(clippy::needless_pass_by_value, reason = "call sites read better with json! literals")]
+        fn pod(container: serde_json::Value) -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"app": "web"}},
+                "spec": {"serviceAccountName": "sa", "containers": [container]}
+            }))
+            .unwrap()
+        }
+
+        async fn run(p: &Pod, src: &dyn ObjectSource) -> Result<Resolved, Error> {
+            let cfg = cfg();
+            let ips = vec!["10.0.0.5".to_string(), "fd00::5".to_string()];
+            let ctx = Context { cfg: &cfg, pod_ips: &ips, source: src, node: &NODE };
+            resolve(p, &p.spec.as_ref().unwrap().containers[0], &ctx).await
+        }
+
+        fn get<'a>(r: &'a Resolved, k: &str) -> Option<&'a str> {
+            r.vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+        }
 
         #[test]
         fn expansion() {
@@ -1202,6 +2036,101 @@ pub mod env {
             assert_eq!(expand("x$(A)y$(B)", &vars), "x1ytwo");
             assert_eq!(expand("$(C) $$(A) $", &vars), "$(C) $(A) $");
             assert_eq!(expand("é$(A", &vars), "é$(A");
+        }
+
+        #[tokio::test]
+        async fn fields_keys_resources_and_expansion() {
+            let p = pod(json!({
+                "name": "c",
+                "resources": {"limits": {"memory": "1Gi"}, "requests": {"cpu": "250m"}},
+                "env": [
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+                    {"name": "IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+                    {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                    {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "LOG_LEVEL"}}},
+                    {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "password"}}},
+                    {"name": "MEM_MI", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+                    {"name": "CPU_LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+                    {"name": "CPU_REQ_M", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+                    {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "nope", "optional": true}}},
+                    {"name": "OPT2", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k", "optional": true}}},
+                    {"name": "GREETING", "value": "$(POD) on $(NODE) at $(LEVEL) $(UNKNOWN)"}
+                ]
+            }));
+            let r = run(&p, &source()).await.unwrap();
+            assert_eq!(get(&r, "POD"), Some("p"));
+            assert_eq!(get(&r, "APP"), Some("web"));
+            assert_eq!(get(&r, "NODE"), Some("node-1"));
+            assert_eq!(get(&r, "SA"), Some("sa"));
+            assert_eq!(get(&r, "IPS"), Some("10.0.0.5,fd00::5"));
+            assert_eq!(get(&r, "HOST"), Some("192.0.2.1"));
+            assert_eq!(get(&r, "LEVEL"), Some("debug"));
+            assert_eq!(get(&r, "PW"), Some("hunter2"));
+            assert_eq!(get(&r, "MEM_MI"), Some("1024"));
+            // No cpu limit: the node's 4 cores.
+            assert_eq!(get(&r, "CPU_LIMIT"), Some("4"));
+            assert_eq!(get(&r, "CPU_REQ_M"), Some("250"));
+            assert_eq!(get(&r, "OPT"), None);
+            assert_eq!(get(&r, "OPT2"), None);
+            assert_eq!(get(&r, "GREETING"), Some("p on node-1 at debug $(UNKNOWN)"));
+        }
+
+        #[tokio::test]
+        async fn env_from_with_prefix_and_invalid_keys() {
+            let p = pod(json!({
+                "name": "c",
+                "envFrom": [
+                    {"configMapRef": {"name": "cfg"}},
+                    {"prefix": "S_", "secretRef": {"name": "sec"}},
+                    {"configMapRef": {"name": "absent", "optional": true}}
+                ],
+                "env": [{"name": "LOG_LEVEL", "value": "info"}, {"name": "U", "value": "$(url)/$(S_password)"}]
+            }));
+            let r = run(&p, &source()).await.unwrap();
+            let names: Vec<&str> = r.vars.iter().map(|(k, _)| k.as_str()).collect();
+            // 1BAD is valid under the relaxed rules; a=b is not.
+            assert_eq!(names, ["1BAD", "url", "S_password", "LOG_LEVEL", "U"]);
+            assert_eq!(get(&r, "LOG_LEVEL"), Some("info"), "env overrides envFrom");
+            assert_eq!(get(&r, "U"), Some("http://db/hunter2"));
+            assert_eq!(
+                r.warnings,
+                vec![
+                    "Keys [a=b] from the EnvFrom configMap ns/cfg were skipped since they are considered invalid environment variable names."
+                ]
+            );
+        }
+
+        #[tokio::test]
+        async fn errors_as_upstream() {
+            let src = source();
+            let msg = |e: Error| e.to_string();
+            let one = |env: serde_json::Value| pod(json!({"name": "c", "env": [env]}));
+            let p = one(json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "missing"}}}));
+            assert_eq!(msg(run(&p, &src).await.unwrap_err()), "couldn't find key missing in ConfigMap ns/cfg");
+            let p = one(json!({"name": "X", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "missing"}}}));
+            assert_eq!(msg(run(&p, &src).await.unwrap_err()), "couldn't find key missing in Secret ns/sec");
+            let p = one(json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}));
+            assert_eq!(msg(run(&p, &src).await.unwrap_err()), "configmap \"absent\" not found");
+            let p = pod(json!({"name": "c", "envFrom": [{"secretRef": {"name": "absent"}}]}));
+            assert_eq!(msg(run(&p, &src).await.unwrap_err()), "secret \"absent\" not found");
+            let p = one(json!({"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}));
+            assert_eq!(msg(run(&p, &src).await.unwrap_err()), "env[0] \"X\": unsupported fieldPath: status.phase");
+            let p = one(json!({"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}));
+            assert_eq!(
+                msg(run(&p, &src).await.unwrap_err()),
+                "env[0] \"X\": unsupported container resource : limits.gpu"
+            );
+            // Standalone: optional does not excuse a source that cannot answer.
+            let p = one(
+                json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k", "optional": true}}}),
+            );
+            assert_eq!(
+                msg(run(&p, &NoApiServer).await.unwrap_err()),
+                "ConfigMap ns/cfg: no API server (standalone mode)"
+            );
         }
     }
 }
@@ -1376,5 +2305,217 @@ mod tests {
         let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![c]));
         assert_eq!(a.containers_to_start, vec![0]);
         assert!(a.containers_to_kill.contains_key("a-0"));
+    }
+
+    /// Volumes, env, DNS and `/etc/hosts` wired through the runtime manager and the pod
+    /// workers, on the fake runtime and the fake object source.
+    mod wiring {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use serde_json::json;
+        use tokio_util::sync::CancellationToken;
+        use tokio_util::task::TaskTracker;
+
+        use super::super::*;
+        use crate::cm::FakePodContainerManager;
+        use crate::events::MemoryRecorder;
+        use crate::pod_workers::{PodWorkers, SyncDeps, WorkType};
+        use crate::runtime::fake::FakeRuntime;
+        use crate::status::{StatusManager, StatusProvider as _};
+        use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
+
+        struct Env {
+            dir: tempfile::TempDir,
+            src: FakeObjectSource,
+            recorder: Arc<MemoryRecorder>,
+            rm: Arc<RuntimeManager>,
+        }
+
+        fn env(dns: dns::DnsSettings) -> Env {
+            let dir = tempfile::tempdir().unwrap();
+            let src = FakeObjectSource::new();
+            let recorder = Arc::new(MemoryRecorder::new("node-1"));
+            let volumes = VolumeManager::new(dir.path().join("root"), Arc::new(src.clone()))
+                .with_mounter(Arc::new(FakeMounter::default()))
+                .with_node_allocatable(NodeAllocatable {
+                    cpu_milli: 2000,
+                    memory: 1 << 30,
+                    ephemeral_storage: 1 << 30,
+                });
+            let rm = RuntimeManager::new(
+                Arc::new(FakeRuntime::with_images(&["img"])),
+                Arc::new(FakePodContainerManager::default()),
+                Arc::new(KubeletMetrics::unregistered()),
+                RuntimeManagerConfig {
+                    pod_logs_dir: dir.path().join("logs"),
+                    root_dir: dir.path().join("root"),
+                    node_name: "node-1".into(),
+                    host_ip: Some("192.0.2.1".into()),
+                },
+                Backoff::default(),
+                Backoff::default(),
+            )
+            .with_recorder(recorder.clone())
+            .with_volumes(Arc::new(volumes))
+            .with_dns(dns);
+            Env { dir, src, recorder, rm: Arc::new(rm) }
+        }
+
+        fn cluster_dns(dir: &std::path::Path) -> dns::DnsSettings {
+            let resolv = dir.join("resolv.conf");
+            std::fs::write(&resolv, "nameserver 192.0.2.53\nsearch corp.example\noptions timeout:2\n").unwrap();
+            dns::DnsSettings {
+                cluster_dns: vec!["10.96.0.10".into()],
+                cluster_domain: "cluster.local".into(),
+                resolv_conf: resolv.to_string_lossy().into_owned(),
+            }
+        }
+
+        fn pod() -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+                "spec": {
+                    "hostname": "web-0", "subdomain": "web",
+                    "hostAliases": [{"ip": "10.9.9.9", "hostnames": ["legacy.local"]}],
+                    "volumes": [{"name": "cfg", "configMap": {"name": "app"}}],
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                        "terminationMessagePath": "",
+                        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
+                        "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "level"}}}]
+                    }]
+                }
+            }))
+            .unwrap()
+        }
+
+        fn app_config(level: &str) -> ConfigMap {
+            serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}, "data": {"level": level}}))
+                .unwrap()
+        }
+
+        fn events(r: &MemoryRecorder, reason: &str) -> Vec<String> {
+            r.list().into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).collect()
+        }
+
+        #[tokio::test]
+        async fn container_config_has_volumes_env_and_hosts() {
+            let e = env(cluster_dns(tempfile::tempdir().unwrap().path()));
+            e.src.set_config_map(app_config("debug"));
+            let p = pod();
+            let c = &p.spec.as_ref().unwrap().containers[0];
+            let ips = vec!["10.0.0.7".to_string()];
+            let cfg = e.rm.container_config(&p, c, false, 0, "img", &ips).await.unwrap();
+            assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
+            let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
+            assert!(app.readonly);
+            assert_eq!(std::fs::read_to_string(std::path::Path::new(&app.host_path).join("level")).unwrap(), "debug");
+            let hosts = cfg.mounts.iter().find(|m| m.container_path == "/etc/hosts").unwrap();
+            let content = std::fs::read_to_string(&hosts.host_path).unwrap();
+            assert!(content.contains("10.0.0.7\tweb-0.web.shop.svc.cluster.local\tweb-0\n"), "{content}");
+            assert!(content.ends_with("# Entries added by HostAliases.\n10.9.9.9\tlegacy.local\n"), "{content}");
+            assert!(e.dir.path().join("root/pods/u1/volumes/kubernetes.io~configmap/cfg/..data").exists());
+        }
+
+        #[tokio::test]
+        async fn env_errors_are_create_container_config_errors() {
+            let e = env(dns::DnsSettings::default());
+            let p = pod();
+            e.src.set_config_map(
+                serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}})).unwrap(),
+            );
+            let c = &p.spec.as_ref().unwrap().containers[0];
+            let err = e.rm.container_config(&p, c, false, 0, "img", &[]).await.unwrap_err();
+            assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
+        }
+
+        #[tokio::test]
+        async fn sandbox_dns_and_hostname() {
+            let tmp = tempfile::tempdir().unwrap();
+            let e = env(cluster_dns(tmp.path()));
+            let mut p = pod();
+            p.spec.as_mut().unwrap().set_hostname_as_fqdn = Some(true);
+            let sb = e.rm.sandbox_config(&p, 0).unwrap();
+            assert_eq!(sb.hostname, "web-0.web.shop.svc.cluster.local");
+            let d = sb.dns_config.unwrap();
+            assert_eq!(d.servers, ["10.96.0.10"]);
+            assert_eq!(d.searches, ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example"]);
+            assert_eq!(d.options, ["ndots:5"]);
+
+            // No cluster DNS: the host's resolver, and warnings on the pod and the node when
+            // a sandbox is created.
+            let e = env(dns::DnsSettings { cluster_dns: vec![], ..cluster_dns(tmp.path()) });
+            let sb = e.rm.sandbox_config_recording(&p, 0, true).unwrap();
+            assert_eq!(sb.dns_config.unwrap().servers, ["192.0.2.53"]);
+            let missing = e.recorder.list();
+            assert_eq!(missing.len(), 2);
+            assert_eq!(missing[0].involved_object.kind.as_deref(), Some("Node"));
+            assert_eq!(missing[1].involved_object.kind.as_deref(), Some("Pod"));
+            e.rm.sandbox_config(&p, 0).unwrap();
+            assert_eq!(e.recorder.list().len(), 2, "no events outside sandbox creation");
+
+            // An unreadable resolv.conf fails the sandbox, as upstream.
+            let e =
+                env(dns::DnsSettings { resolv_conf: "/nonexistent/resolv.conf".into(), ..dns::DnsSettings::default() });
+            assert!(e.rm.sandbox_config(&p, 0).unwrap_err().to_string().starts_with("could not open resolv conf file"));
+        }
+
+        /// The pod worker hooks: a missing `ConfigMap` keeps the pod waiting with
+        /// `FailedMount`; once it exists the pod starts; removal cleans the volumes.
+        #[tokio::test]
+        async fn pod_workers_wait_for_volumes_and_clean_them_up() {
+            let tmp = tempfile::tempdir().unwrap();
+            let e = env(cluster_dns(tmp.path()));
+            let status = Arc::new(StatusManager::default());
+            let stop = CancellationToken::new();
+            let workers = PodWorkers::new(
+                Arc::new(SyncDeps {
+                    runtime: e.rm.clone(),
+                    cm: Arc::new(FakePodContainerManager::default()),
+                    status: status.clone(),
+                    metrics: Arc::new(KubeletMetrics::unregistered()),
+                    recorder: e.recorder.clone(),
+                    runtime_name: "fake".into(),
+                    sync_frequency: Duration::from_millis(50),
+                    host_ip: None,
+                }),
+                TaskTracker::new(),
+                stop.clone(),
+            );
+            let p = pod();
+            workers.update_pod(p.clone(), WorkType::Create);
+            for _ in 0..100 {
+                if !events(&e.recorder, "FailedMount").is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                events(&e.recorder, "FailedMount"),
+                vec!["MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found"]
+            );
+            assert!(!e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("Started")));
+
+            e.src.set_config_map(app_config("info"));
+            workers.update_pod(p.clone(), WorkType::Sync);
+            for _ in 0..200 {
+                if status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running")) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(status.get("u1").and_then(|s| s.phase), Some("Running".into()));
+            let vol_dir = e.dir.path().join("root/pods/u1/volumes");
+            assert!(vol_dir.exists());
+
+            workers.update_pod(p, WorkType::Kill { grace: None });
+            tokio::time::timeout(Duration::from_secs(5), workers.wait_finished("u1")).await.unwrap();
+            assert!(!vol_dir.exists());
+            assert!(!e.dir.path().join("root/pods/u1").exists());
+            stop.cancel();
+        }
     }
 }

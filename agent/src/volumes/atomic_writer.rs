@@ -94,6 +94,9 @@ impl FileProjection {
 /// Relative path (as given in `items[].path` or a key) → file.
 pub type Payload = BTreeMap<String, FileProjection>;
 
+/// A hook run on a new version directory before it becomes visible.
+pub type SetPerms<'a> = &'a dyn Fn(&Path) -> io::Result<()>;
+
 /// Upstream `validatePath`: relative, no `..` element, not starting with `..`, bounded lengths.
 pub fn validate_path(target: &str) -> Result<()> {
     let invalid = |reason: String| Err(Error::InvalidPath { reason });
@@ -160,7 +163,7 @@ impl AtomicWriter {
     /// Projects `payload`; returns whether anything was written. `set_perms` runs on the new
     /// version directory after its files are written and before it becomes visible (used
     /// for `fsGroup` ownership).
-    pub fn write(&self, payload: &Payload, set_perms: Option<&dyn Fn(&Path) -> io::Result<()>>) -> Result<bool> {
+    pub fn write(&self, payload: &Payload, set_perms: Option<SetPerms<'_>>) -> Result<bool> {
         // (1) validate and clean.
         let mut clean_payload: BTreeMap<String, &FileProjection> = BTreeMap::new();
         for (path, file) in payload {
@@ -213,7 +216,7 @@ impl AtomicWriter {
         &self,
         payload: &BTreeMap<String, &FileProjection>,
         ts_dir: &Path,
-        set_perms: Option<&dyn Fn(&Path) -> io::Result<()>>,
+        set_perms: Option<SetPerms<'_>>,
     ) -> Result<()> {
         // (6) the payload.
         write_payload_to_dir(payload, ts_dir)?;

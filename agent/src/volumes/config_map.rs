@@ -17,7 +17,7 @@ pub struct MissingKey {
     pub key: String,
 }
 
-/// The files of a ConfigMap volume (or projection).
+/// The files of a `ConfigMap` volume (or projection).
 pub fn make_payload(
     items: &[KeyToPath],
     config_map: &ConfigMap,

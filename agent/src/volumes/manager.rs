@@ -492,8 +492,8 @@ impl VolumeManager {
         }
         if let Some(p) = &s.secret {
             let optional = p.optional == Some(true);
-            let sec = self.secret(pod, &p.name, optional).await?;
-            return Ok(secret::make_payload(p.items.as_deref().unwrap_or_default(), &sec, default_mode, optional)?);
+            let obj = self.secret(pod, &p.name, optional).await?;
+            return Ok(secret::make_payload(p.items.as_deref().unwrap_or_default(), &obj, default_mode, optional)?);
         }
         if let Some(p) = &s.downward_api {
             return Ok(downward_api::collect_data(p.items.as_deref().unwrap_or_default(), pod, node, default_mode)?);
@@ -522,7 +522,9 @@ impl VolumeManager {
         let spec = pod.spec.as_ref().expect("checked by the caller");
         let result = (|| {
             empty_dir::setup_dir(&mv.path)?;
-            if mv.memory {
+            // A volume in use already has its tmpfs (reading the mount table on every
+            // refresh of every secret would be the expensive part of a sync).
+            if mv.memory && !in_use {
                 let size = empty_dir::memory_size(self.node_allocatable().memory, pod, None);
                 empty_dir::set_up_tmpfs(&mv.path, size, self.mounter.as_ref())?;
             }

@@ -5,8 +5,8 @@
 //! `<root-dir>/pods/<uid>/volumes/kubernetes.io~<plugin>/<name>`.
 //!
 //! - [`VolumeManager::mount_pod_volumes`] runs on every `SyncPod` before the runtime sync: it
-//!   sets up each volume a container uses, and refreshes the API-backed ones (new ConfigMap
-//!   and Secret content, tokens near expiry) through the [`atomic_writer`]. A volume that
+//!   sets up each volume a container uses, and refreshes the API-backed ones (new `ConfigMap`
+//!   and `Secret` content, tokens near expiry) through the [`atomic_writer`]. A volume that
 //!   was never set up blocks the pod (event `FailedMount`, retried); a failed refresh of a
 //!   volume that is already in use is reported and the old content stays.
 //! - [`VolumeManager::container_mounts`] turns `volumeMounts` into CRI mounts (`readOnly`,
@@ -21,7 +21,7 @@
 //! Not implemented: persistent volumes, CSI, ephemeral and image volumes (refused with an
 //! error naming the type), clusterTrustBundle and podCertificate projections, the alpha
 //! fields `emptyDir.mode` and the `user`/`defaultUser` of atomic-writer volumes (their
-//! feature gates are off by default upstream), SELinux relabeling, `emptyDir.sizeLimit`
+//! feature gates are off by default upstream), `SELinux` relabeling, `emptyDir.sizeLimit`
 //! enforcement (eviction's job), and the jitter upstream adds to token refresh.
 
 pub mod atomic_writer;
@@ -50,7 +50,7 @@ pub enum VolumeError {
     /// The API object could not be read.
     #[error(transparent)]
     Source(#[from] source::Error),
-    /// A required ConfigMap or Secret does not exist (`configmap "x" not found`).
+    /// A required `ConfigMap` or `Secret` does not exist (`configmap "x" not found`).
     #[error("{resource} {name:?} not found")]
     NotFound {
         /// `configmap` or `secret`, as upstream's message.
@@ -58,10 +58,10 @@ pub enum VolumeError {
         /// The object's name.
         name: String,
     },
-    /// A required ConfigMap key is missing.
+    /// A required `ConfigMap` key is missing.
     #[error(transparent)]
     ConfigMapKey(#[from] config_map::MissingKey),
-    /// A required Secret key is missing.
+    /// A required `Secret` key is missing.
     #[error(transparent)]
     SecretKey(#[from] secret::MissingKey),
     /// A downward API item failed.

@@ -1,4 +1,4 @@
-//! Where volumes and environment variables get API objects from: ConfigMaps, Secrets and
+//! Where volumes and environment variables get API objects from: `ConfigMap`s, `Secret`s and
 //! service account tokens (upstream: the kubelet's `configmap.Manager`, `secret.Manager` and
 //! the `TokenRequest` call of `token.Manager`).
 //!
@@ -69,9 +69,9 @@ pub struct ServiceAccountToken {
 /// Reads the API objects that pods refer to.
 #[async_trait]
 pub trait ObjectSource: Send + Sync + std::fmt::Debug {
-    /// The ConfigMap `namespace/name`; `Ok(None)` when it does not exist.
+    /// The `ConfigMap` `namespace/name`; `Ok(None)` when it does not exist.
     async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>>;
-    /// The Secret `namespace/name`; `Ok(None)` when it does not exist.
+    /// The `Secret` `namespace/name`; `Ok(None)` when it does not exist.
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>>;
     /// A token for `namespace/service_account` (`TokenRequest`), with the given audiences
     /// (empty: the API server's default) and lifetime, bound to `pod`.
@@ -163,25 +163,25 @@ impl FakeObjectSource {
         self
     }
 
-    /// Adds or replaces a ConfigMap (keyed by its metadata namespace and name).
+    /// Adds or replaces a `ConfigMap` (keyed by its metadata namespace and name).
     pub fn set_config_map(&self, cm: ConfigMap) {
         let key = (cm.metadata.namespace.clone().unwrap_or_default(), cm.metadata.name.clone().unwrap_or_default());
         self.state.lock().unwrap().config_maps.insert(key, cm);
     }
 
-    /// Deletes a ConfigMap.
+    /// Deletes a `ConfigMap`.
     pub fn remove_config_map(&self, namespace: &str, name: &str) {
         self.state.lock().unwrap().config_maps.remove(&(namespace.into(), name.into()));
     }
 
-    /// Adds or replaces a Secret (keyed by its metadata namespace and name).
+    /// Adds or replaces a `Secret` (keyed by its metadata namespace and name).
     pub fn set_secret(&self, secret: Secret) {
         let key =
             (secret.metadata.namespace.clone().unwrap_or_default(), secret.metadata.name.clone().unwrap_or_default());
         self.state.lock().unwrap().secrets.insert(key, secret);
     }
 
-    /// Deletes a Secret.
+    /// Deletes a `Secret`.
     pub fn remove_secret(&self, namespace: &str, name: &str) {
         self.state.lock().unwrap().secrets.remove(&(namespace.into(), name.into()));
     }

@@ -1,8 +1,8 @@
 //! What the real server does to an object between decoding and storing it: the v1
 //! defaulting functions (`pkg/apis/core/v1/defaults.go`), the admission plugins a
-//! kubelet sees the effect of (ServiceAccount, Priority, DefaultTolerationSeconds), the
-//! registry strategies' `PrepareForCreate` (pod status Pending + QoS class, generation 1,
-//! the SchedulingGated condition; namespace finalizer and name label) and the little
+//! kubelet sees the effect of (`ServiceAccount`, Priority, `DefaultTolerationSeconds`), the
+//! registry strategies' `PrepareForCreate` (pod status Pending + `qosClass`, generation 1,
+//! the `SchedulingGated` condition; namespace finalizer and name label) and the little
 //! validation the double does.
 
 use serde_json::{Map, Value, json};
@@ -174,14 +174,14 @@ fn default_volume(v: &mut Map<String, Value>) {
     if let Some(h) = obj_at(v, "hostPath") {
         default(h, "type", json!(""));
     }
-    if let Some(items) = v.pointer_mut("/downwardAPI/items").and_then(Value::as_array_mut) {
+    if let Some(items) = v.get_mut("downwardAPI").and_then(|d| d.get_mut("items")).and_then(Value::as_array_mut) {
         for i in items {
             if let Some(fr) = i.get_mut("fieldRef").and_then(Value::as_object_mut) {
                 default(fr, "apiVersion", json!("v1"));
             }
         }
     }
-    if let Some(sources) = v.pointer_mut("/projected/sources").and_then(Value::as_array_mut) {
+    if let Some(sources) = v.get_mut("projected").and_then(|p| p.get_mut("sources")).and_then(Value::as_array_mut) {
         for s in sources {
             if let Some(t) = s.get_mut("serviceAccountToken").and_then(Value::as_object_mut) {
                 default(t, "expirationSeconds", json!(3600));
@@ -201,14 +201,14 @@ fn default_volume(v: &mut Map<String, Value>) {
 pub(crate) struct PodAdmission<'a> {
     /// The pod's namespace.
     pub namespace: &'a str,
-    /// Whether the ServiceAccount's token volume is injected (`kube-api-access-*`).
+    /// Whether the `ServiceAccount`'s token volume is injected (`kube-api-access-*`).
     pub mount_token: bool,
     /// Looks up whether a service account exists in the pod's namespace.
     pub service_account_exists: &'a dyn Fn(&str) -> bool,
 }
 
 impl PodAdmission<'_> {
-    /// ServiceAccount, Priority and DefaultTolerationSeconds, in the upstream plugin order.
+    /// `ServiceAccount`, Priority and `DefaultTolerationSeconds`, in the upstream plugin order.
     pub(crate) fn admit(&self, pod: &mut Value) -> Result<(), String> {
         let mirror = meta::meta(pod).get("annotations").and_then(|a| a.get(MIRROR_POD_ANNOTATION)).is_some();
         let spec = ensure_object(ensure_object(pod).entry("spec").or_insert_with(|| json!({})));
@@ -272,7 +272,7 @@ fn ensure_list<'a>(m: &'a mut Map<String, Value>, key: &str) -> &'a mut Vec<Valu
     v.as_array_mut().expect("array")
 }
 
-/// The projected volume the ServiceAccount plugin adds (`kube-api-access-<5 chars>`),
+/// The projected volume the `ServiceAccount` plugin adds (`kube-api-access-<5 chars>`),
 /// mounted read-only at the well-known path in every container.
 fn mount_token_volume(spec: &mut Map<String, Value>) {
     const PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -310,8 +310,8 @@ fn mount_token_volume(spec: &mut Map<String, Value>) {
     }
 }
 
-/// `podStrategy.PrepareForCreate`: generation 1, status reset to Pending with the QoS
-/// class, and the SchedulingGated condition for gated pods.
+/// `podStrategy.PrepareForCreate`: generation 1, status reset to Pending with the `QoS`
+/// class, and the `SchedulingGated` condition for gated pods.
 pub(crate) fn prepare_pod_for_create(pod: &mut Value) {
     meta::meta_mut(pod).insert("generation".into(), json!(1));
     let qos = qos_class(pod);
@@ -360,9 +360,9 @@ pub(crate) fn qos_class(pod: &Value) -> &'static str {
         }
     };
     let pod_level = pod.pointer("/spec/resources").filter(|r| {
-        ["requests", "limits"].iter().any(|k| {
-            r.get(*k).and_then(Value::as_object).is_some_and(|m| QOS.iter().any(|q| m.contains_key(*q)))
-        })
+        ["requests", "limits"]
+            .iter()
+            .any(|k| r.get(*k).and_then(Value::as_object).is_some_and(|m| QOS.iter().any(|q| m.contains_key(*q))))
     });
     if let Some(res) = pod_level {
         add(res, &mut guaranteed);

@@ -2,16 +2,16 @@
 //!
 //! Requests authenticate with `Authorization: Bearer <token>`: a static token the test
 //! configured (token → [`UserInfo`]), or a service-account token this server issued
-//! through TokenRequest. Anything else is a 401 (anonymous access is off). Requests are
+//! through `TokenRequest`. Anything else is a 401 (anonymous access is off). Requests are
 //! not authorized (every authenticated user may do everything); the [`Authorizer`] only
-//! answers SubjectAccessReviews, which is what a kubelet asks.
+//! answers `SubjectAccessReviews`, which is what a kubelet asks.
 //!
-//! TokenRequest follows `pkg/registry/core/serviceaccount/storage/token.go`: default
+//! `TokenRequest` follows `pkg/registry/core/serviceaccount/storage/token.go`: default
 //! expiry 1 h, at least 10 min, audiences default to the API audiences, binding to a pod
 //! (UID checked, and the pod must run as that service account) or a secret or node, and
 //! the kubelet's 3607 s tokens extended to a year with a `warnafter` claim. Tokens are
 //! JWTs whose signature is keyed with a per-server secret (so they look and validate like
-//! the real ones, but are not RS256 signatures). TokenReview follows
+//! the real ones, but are not `RS256` signatures). `TokenReview` follows
 //! `pkg/registry/authentication/tokenreview`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,11 +42,7 @@ impl UserInfo {
     /// A user with a name and groups.
     #[must_use]
     pub fn new(username: &str, groups: &[&str]) -> Self {
-        Self {
-            username: username.into(),
-            groups: groups.iter().map(|g| (*g).to_string()).collect(),
-            ..Self::default()
-        }
+        Self { username: username.into(), groups: groups.iter().map(|g| (*g).to_string()).collect(), ..Self::default() }
     }
 
     fn to_json(&self) -> Value {
@@ -61,10 +57,10 @@ impl UserInfo {
     }
 }
 
-/// A decision function for SubjectAccessReviews.
+/// A decision function for `SubjectAccessReviews`.
 pub type AuthorizerFn = dyn Fn(&SubjectAccessReviewSpec) -> SubjectAccessReviewStatus + Send + Sync;
 
-/// How SubjectAccessReviews (and their self/local variants) are answered.
+/// How `SubjectAccessReviews` (and their self/local variants) are answered.
 #[derive(Clone, Default)]
 pub enum Authorizer {
     /// Everything is allowed (the default).
@@ -135,7 +131,10 @@ pub(crate) struct Auth {
 
 /// The outcome of authenticating a token.
 pub(crate) enum Authn {
-    Ok { user: UserInfo, audiences: Vec<String> },
+    Ok {
+        user: UserInfo,
+        audiences: Vec<String>,
+    },
     /// Not a token of this server (no error, as the union authenticator says).
     Unknown,
     /// A token of this server that does not authenticate (expired, wrong audience, ...).
@@ -175,11 +174,8 @@ impl Auth {
 
     fn issue(&self, claims: &Value) -> String {
         let header = json!({ "alg": "RS256", "kid": self.key_id });
-        let data = format!(
-            "{}.{}",
-            URL_SAFE_NO_PAD.encode(header.to_string()),
-            URL_SAFE_NO_PAD.encode(claims.to_string())
-        );
+        let data =
+            format!("{}.{}", URL_SAFE_NO_PAD.encode(header.to_string()), URL_SAFE_NO_PAD.encode(claims.to_string()));
         let sig = self.sign(&data);
         format!("{data}.{sig}")
     }
@@ -200,7 +196,7 @@ impl Auth {
             return Authn::Ok { user, audiences: auds };
         }
         let Some(claims) = self.verify(token) else { return Authn::Unknown };
-        self.validate_sa_claims(d, &claims, &audiences)
+        Self::validate_sa_claims(d, &claims, &audiences)
     }
 
     fn verify(&self, token: &str) -> Option<Value> {
@@ -213,7 +209,7 @@ impl Auth {
         (claims["iss"] == self.issuer.as_str()).then_some(claims)
     }
 
-    fn validate_sa_claims(&self, d: &Data, claims: &Value, audiences: &[String]) -> Authn {
+    fn validate_sa_claims(d: &Data, claims: &Value, audiences: &[String]) -> Authn {
         let now = jiff::Timestamp::now().as_second();
         if claims["exp"].as_i64().is_some_and(|exp| exp < now) {
             return Authn::Failed("service account token has expired".into());
@@ -248,7 +244,10 @@ impl Auth {
         }
         if let Some(node) = k["node"]["name"].as_str() {
             extra.insert("authentication.kubernetes.io/node-name".into(), vec![node.to_string()]);
-            extra.insert("authentication.kubernetes.io/node-uid".into(), vec![k["node"]["uid"].as_str().unwrap_or("").into()]);
+            extra.insert(
+                "authentication.kubernetes.io/node-uid".into(),
+                vec![k["node"]["uid"].as_str().unwrap_or("").into()],
+            );
         }
         if let Some(jti) = claims["jti"].as_str() {
             extra.insert("authentication.kubernetes.io/credential-id".into(), vec![format!("JTI={jti}")]);
@@ -298,7 +297,7 @@ impl Auth {
         out
     }
 
-    /// SubjectAccessReview and its self and local variants.
+    /// `SubjectAccessReview` and its self and local variants.
     pub(crate) fn access_review(
         &self,
         info: &ResourceInfo,

@@ -67,19 +67,16 @@ async fn serve(
     body: &Bytes,
     record: &mut RecordedRequest,
 ) -> Response<Body> {
-    match shared.failures.check(record) {
-        Some(FailureMode::Status(code)) => return status_response(&StatusError::injected(code)),
-        Some(FailureMode::Hang) => {
-            if !shared.failures.hang(record, cancel).await {
-                // The server stopped while the request hung: the connection goes away.
-                return status_response(&StatusError::new(503, "ServiceUnavailable", "server stopping"));
-            }
-        }
-        None => {}
+    let failure = shared.failures.check(record);
+    if let Some(FailureMode::Status(code)) = failure {
+        return status_response(&StatusError::injected(code));
     }
-    let user = match authenticate(shared, &parts.headers) {
-        Some(u) => u,
-        None => return status_response(&StatusError::unauthorized()),
+    if failure == Some(FailureMode::Hang) && !shared.failures.hang(record, cancel).await {
+        // The server stopped while the request hung: the connection goes away.
+        return status_response(&StatusError::new(503, "ServiceUnavailable", "server stopping"));
+    }
+    let Some(user) = authenticate(shared, &parts.headers) else {
+        return status_response(&StatusError::unauthorized());
     };
     record.user = Some(user.username.clone());
     match route(shared, cancel, parts, body, &user) {
@@ -132,15 +129,12 @@ fn pct_decode(s: &str, plus_is_space: bool) -> String {
     while i < b.len() {
         match b[i] {
             b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 3;
-                    }
-                    Err(_) => {
-                        out.push(b'%');
-                        i += 1;
-                    }
+                if let Ok(v) = u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    out.push(v);
+                    i += 3;
+                } else {
+                    out.push(b'%');
+                    i += 1;
                 }
             }
             b'+' if plus_is_space => {
@@ -255,7 +249,7 @@ fn route(
                 start_watch(shared, cancel, &t, &q)
             } else {
                 let opts = list_opts(t.info, &q)?;
-                let list = registry::list(&mut shared.store.lock(), t.info, ns, opts)?;
+                let list = registry::list(&mut shared.store.lock(), t.info, ns, &opts)?;
                 Ok(json_response(200, &list))
             }
         }
@@ -336,13 +330,19 @@ fn route(
             let (opts, dry) = delete_opts_from(ev.get("deleteOptions"), &q)?;
             let ctx = Ctx { dry_run: ctx.dry_run || dry, ..ctx };
             registry::delete(&mut shared.store.lock(), ctx, t.info, ns, name, &opts)?;
-            Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+            Ok(json_response(
+                201,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
         }
         (&Method::POST, Some(name), Some("binding")) if t.info.storage == "pods" => {
             let b = parse_json(body)?;
             let node = meta::str_at(&b, &["target", "name"]).to_string();
             bind(shared, ctx, t.info, ns, name, &node)?;
-            Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+            Ok(json_response(
+                201,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
         }
         (&Method::GET | &Method::POST | &Method::PUT | &Method::PATCH | &Method::DELETE, _, Some(sub))
             if !t.info.has_subresource(sub) =>
@@ -510,11 +510,19 @@ fn bind(
     let mut d = shared.store.lock();
     let pod = registry::get(&d, info, ns, name)?;
     if meta::has_deletion_timestamp(&pod) {
-        return Err(StatusError::conflict(info, name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+        return Err(StatusError::conflict(
+            info,
+            name,
+            &format!("pod {name} is being deleted, cannot be assigned to a host"),
+        ));
     }
     let current = meta::str_at(&pod, &["spec", "nodeName"]);
     if !current.is_empty() {
-        return Err(StatusError::conflict(info, name, &format!("pod {name} is already assigned to node \"{current}\"")));
+        return Err(StatusError::conflict(
+            info,
+            name,
+            &format!("pod {name} is already assigned to node \"{current}\""),
+        ));
     }
     if ctx.dry_run {
         return Ok(());

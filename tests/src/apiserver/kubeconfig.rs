@@ -8,7 +8,8 @@ use base64::engine::general_purpose::STANDARD;
 
 /// Renders a kubeconfig for `server` (with the CA when the server speaks HTTPS).
 pub(crate) fn render(server: &str, ca_pem: Option<&str>, token: &str) -> String {
-    let ca = ca_pem.map(|pem| format!("    certificate-authority-data: {}\n", STANDARD.encode(pem))).unwrap_or_default();
+    let ca =
+        ca_pem.map(|pem| format!("    certificate-authority-data: {}\n", STANDARD.encode(pem))).unwrap_or_default();
     format!(
         "apiVersion: v1
 kind: Config
@@ -34,8 +35,8 @@ users:
 
 /// Writes `<dir>/kubeconfig` (mode 0600, as credentials should be) and returns its path.
 pub(crate) fn write(dir: &Path, contents: &str) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     std::fs::create_dir_all(dir)?;
     let path = dir.join("kubeconfig");
     let tmp = dir.join(".kubeconfig.tmp");

@@ -84,15 +84,6 @@ pub(crate) fn time_string(unix_seconds: i64) -> String {
     jiff::Timestamp::from_second(unix_seconds).map(|t| t.to_string()).unwrap_or_default()
 }
 
-/// Now, as `metav1.MicroTime` serializes it (RFC 3339 with microseconds).
-pub(crate) fn now_micro() -> String {
-    let t = jiff::Timestamp::now();
-    let whole = t.as_second();
-    let micros = t.subsec_microsecond().max(0);
-    let base = time_string(whole);
-    format!("{}.{micros:06}Z", base.trim_end_matches('Z'))
-}
-
 /// Parses `metav1.Time` to Unix seconds.
 pub(crate) fn parse_time(s: &str) -> Option<i64> {
     s.parse::<jiff::Timestamp>().ok().map(jiff::Timestamp::as_second)

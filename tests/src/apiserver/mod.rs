@@ -12,13 +12,13 @@
 //!   a resume is older);
 //! - [`registry`]: create/get/list/update/delete with optimistic concurrency, the status
 //!   subresource, pod graceful deletion, finalizers, namespace lifecycle;
-//! - [`admission`]: pod defaults and the ServiceAccount, Priority and
-//!   DefaultTolerationSeconds plugins, pod status Pending + QoS class;
+//! - [`admission`]: pod defaults and the `ServiceAccount`, Priority and
+//!   `DefaultTolerationSeconds` plugins, pod status Pending + `qosClass`;
 //! - [`patch`]: merge, JSON and strategic merge patches;
 //! - [`watch`]: watches with resume, selectors applied to old and new state, bookmarks;
-//! - [`auth`]: static tokens, TokenRequest, TokenReview, SubjectAccessReview answers.
+//! - [`auth`]: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers.
 //!
-//! Not served: protobuf, tables, aggregated discovery, OpenAPI, `/log`, `/exec`,
+//! Not served: protobuf, tables, aggregated discovery, `OpenAPI`, `/log`, `/exec`,
 //! server-side apply field management (apply is a merge that may create), garbage
 //! collection (`propagationPolicy` is ignored), RBAC on requests, snapshots of the past
 //! (`resourceVersionMatch=Exact` of an old version is 410), other resources.
@@ -39,11 +39,11 @@ mod resources;
 mod selector;
 mod status;
 mod store;
+#[cfg(test)]
+mod tests;
 mod tls;
 mod views;
 mod watch;
-#[cfg(test)]
-mod tests;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -107,16 +107,16 @@ pub struct Options {
     /// The kubeconfig user's bearer token; it authenticates as `admin` in
     /// `system:masters`. Default `swiftlet-test-token`.
     pub token: String,
-    /// More tokens and who they are (requests and TokenReviews); default none.
+    /// More tokens and who they are (requests and `TokenReviews`); default none.
     pub tokens: HashMap<String, UserInfo>,
-    /// How SubjectAccessReviews are answered; default [`Authorizer::AllowAll`].
+    /// How `SubjectAccessReviews` are answered; default [`Authorizer::AllowAll`].
     pub authorizer: Authorizer,
     /// Events kept per resource for watches to resume from; default 1000.
     pub watch_history: usize,
     /// Interval of BOOKMARK events on watches that allow them; default 60 s (the real
     /// server's bookmark frequency).
     pub bookmark_interval: Duration,
-    /// The ServiceAccount admission plugin mounts a `kube-api-access-*` projected token
+    /// The `ServiceAccount` admission plugin mounts a `kube-api-access-*` projected token
     /// volume in pods, as the real one does by default; default false here (the agent's
     /// tests opt in), and then `kube-root-ca.crt` exists in every namespace.
     pub mount_service_account_token: bool,
@@ -364,16 +364,10 @@ impl TestApiServer {
         });
         seed(&shared, tls.as_deref().map(|t| t.ca_pem.as_str()));
         let dir = tempfile::Builder::new().prefix("swiftlet-apiserver-").tempdir().map_err(Error::Kubeconfig)?;
-        let server = Self {
-            shared,
-            addr,
-            tls,
-            running: Mutex::new(None),
-            kubeconfig: PathBuf::new(),
-            _dir: dir,
-        };
-        let kubeconfig = server.write_kubeconfig(server._dir.path())?;
-        let server = Self { kubeconfig, ..server };
+        let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
+        let text = kubeconfig::render(&url, tls.as_deref().map(|t| t.ca_pem.as_str()), &shared.opts.token);
+        let kubeconfig = kubeconfig::write(dir.path(), &text).map_err(Error::Kubeconfig)?;
+        let server = Self { shared, addr, tls, running: Mutex::new(None), kubeconfig, _dir: dir };
         server.serve(listener);
         Ok(server)
     }
@@ -488,7 +482,7 @@ impl TestApiServer {
         self.shared.failures.set(Vec::clear);
     }
 
-    /// Changes how SubjectAccessReviews are answered.
+    /// Changes how `SubjectAccessReviews` are answered.
     pub fn set_authorizer(&self, authorizer: Authorizer) {
         self.shared.auth.set_authorizer(authorizer);
     }
@@ -556,15 +550,16 @@ impl TestApiServer {
     {
         let Ok(info) = Self::info::<K>() else { return Vec::new() };
         let d = self.shared.store.lock();
-        d.iter(info.storage, namespace)
-            .filter_map(|o| serde_json::from_value(views::to_view(info, o)).ok())
-            .collect()
+        d.iter(info.storage, namespace).filter_map(|o| serde_json::from_value(views::to_view(info, o)).ok()).collect()
     }
 
     /// Replaces an object (PUT semantics, including the resourceVersion check when set).
     pub fn update<K>(&self, obj: &K) -> Result<K>
     where
-        K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> + Serialize + DeserializeOwned,
+        K: k8s_openapi::Resource
+            + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+            + Serialize
+            + DeserializeOwned,
     {
         self.put(obj, Part::Main)
     }
@@ -572,21 +567,36 @@ impl TestApiServer {
     /// Replaces an object's status (PUT `/status` semantics).
     pub fn update_status<K>(&self, obj: &K) -> Result<K>
     where
-        K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> + Serialize + DeserializeOwned,
+        K: k8s_openapi::Resource
+            + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+            + Serialize
+            + DeserializeOwned,
     {
         self.put(obj, Part::Status)
     }
 
     fn put<K>(&self, obj: &K, part: Part) -> Result<K>
     where
-        K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta> + Serialize + DeserializeOwned,
+        K: k8s_openapi::Resource
+            + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>
+            + Serialize
+            + DeserializeOwned,
     {
         let info = Self::info::<K>()?;
         let m = obj.metadata();
         let name = m.name.clone().unwrap_or_default();
         let ns = if info.namespaced { Some(m.namespace.clone().unwrap_or_else(|| "default".into())) } else { None };
         let v = serde_json::to_value(obj)?;
-        let u = registry::update(&mut self.shared.store.lock(), self.ctx(), info, ns.as_deref(), &name, part, false, |_| Ok(v))?;
+        let u = registry::update(
+            &mut self.shared.store.lock(),
+            self.ctx(),
+            info,
+            ns.as_deref(),
+            &name,
+            part,
+            false,
+            |_| Ok(v),
+        )?;
         Ok(serde_json::from_value(u.object)?)
     }
 
@@ -598,13 +608,14 @@ impl TestApiServer {
     {
         let info = Self::info::<K>()?;
         let part = if status { Part::Status } else { Part::Main };
-        let u = registry::update(&mut self.shared.store.lock(), self.ctx(), info, namespace, name, part, false, |cur| {
-            let cur = cur.ok_or_else(|| StatusError::not_found(info, name))?;
-            let mut k: K = serde_json::from_value(cur.clone())
-                .map_err(|e| StatusError::internal(&format!("decoding {name}: {e}")))?;
-            f(&mut k);
-            serde_json::to_value(&k).map_err(|e| StatusError::internal(&format!("encoding {name}: {e}")))
-        })?;
+        let u =
+            registry::update(&mut self.shared.store.lock(), self.ctx(), info, namespace, name, part, false, |cur| {
+                let cur = cur.ok_or_else(|| StatusError::not_found(info, name))?;
+                let mut k: K = serde_json::from_value(cur.clone())
+                    .map_err(|e| StatusError::internal(&format!("decoding {name}: {e}")))?;
+                f(&mut k);
+                serde_json::to_value(&k).map_err(|e| StatusError::internal(&format!("encoding {name}: {e}")))
+            })?;
         Ok(serde_json::from_value(u.object)?)
     }
 
@@ -643,10 +654,11 @@ impl TestApiServer {
             // Any change of this kind of object wakes us up; a lag just means re-checking.
             loop {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Err(_) => return Err(Error::Timeout(timeout)),
+                    Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
+                        return Err(Error::Timeout(timeout));
+                    }
                     Ok(Ok(e)) if e.storage != info.storage => {}
                     Ok(Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => break,
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return Err(Error::Timeout(timeout)),
                 }
             }
         }

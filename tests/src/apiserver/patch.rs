@@ -56,11 +56,7 @@ pub(crate) fn json_patch(target: &mut Value, patch: &Value) -> Result<(), Status
     let p: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| StatusError::bad_request(format!("error decoding patch: {e}")))?;
     json_patch::patch(target, &p).map_err(|e| {
-        StatusError::new(
-            422,
-            "Invalid",
-            format!("the server rejected our request due to an error in our request: {e}"),
-        )
+        StatusError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
     })
 }
 
@@ -84,10 +80,21 @@ fn list_strategy(kind: &str, path: &[String]) -> ListStrategy {
         _ => {}
     }
     match (kind, p.as_slice()) {
-        ("Pod", ["spec", "containers" | "initContainers" | "ephemeralContainers"])
-        | ("Pod", ["spec", "volumes" | "imagePullSecrets" | "resourceClaims" | "schedulingGates"])
-        | ("Pod", ["spec", "containers" | "initContainers" | "ephemeralContainers", "env"])
-        | ("Pod", ["status", "resourceClaimStatuses"]) => ListStrategy::MergeKey("name"),
+        (
+            "Pod",
+            [
+                "spec",
+                "containers"
+                | "initContainers"
+                | "ephemeralContainers"
+                | "volumes"
+                | "imagePullSecrets"
+                | "resourceClaims"
+                | "schedulingGates",
+            ]
+            | ["spec", "containers" | "initContainers" | "ephemeralContainers", "env"]
+            | ["status", "resourceClaimStatuses"],
+        ) => ListStrategy::MergeKey("name"),
         ("Pod", ["spec", "containers" | "initContainers" | "ephemeralContainers", "ports"]) => {
             ListStrategy::MergeKey("containerPort")
         }
@@ -133,12 +140,9 @@ fn strip(v: &Value) -> Value {
                 .map(|(k, v)| (k.clone(), strip(v)))
                 .collect(),
         ),
-        Value::Array(a) => Value::Array(
-            a.iter()
-                .filter(|e| !matches!(directive(e), Some("delete" | "replace")))
-                .map(strip)
-                .collect(),
-        ),
+        Value::Array(a) => {
+            Value::Array(a.iter().filter(|e| !matches!(directive(e), Some("delete" | "replace"))).map(strip).collect())
+        }
         other => other.clone(),
     }
 }
@@ -146,7 +150,7 @@ fn strip(v: &Value) -> Value {
 fn merge_map(
     target: &mut Map<String, Value>,
     patch: &Map<String, Value>,
-    path: &mut Vec<String>,
+    fields: &mut Vec<String>,
     kind: &str,
 ) -> Result<(), StatusError> {
     match patch.get("$patch").and_then(Value::as_str) {
@@ -182,16 +186,16 @@ fn merge_map(
             target.remove(k);
             continue;
         }
-        path.push(k.clone());
+        fields.push(k.clone());
         match (target.get_mut(k), v) {
             (Some(Value::Object(cur)), Value::Object(pm)) => {
                 if directive(v) == Some("delete") {
                     target.remove(k);
                 } else {
-                    merge_map(cur, pm, path, kind)?;
+                    merge_map(cur, pm, fields, kind)?;
                 }
             }
-            (Some(Value::Array(cur)), Value::Array(pl)) => merge_list(cur, pl, path, kind)?,
+            (Some(Value::Array(cur)), Value::Array(pl)) => merge_list(cur, pl, fields, kind)?,
             (_, Value::Object(_)) if directive(v) == Some("delete") => {
                 target.remove(k);
             }
@@ -199,12 +203,12 @@ fn merge_map(
                 target.insert(k.clone(), strip(v));
             }
         }
-        path.pop();
+        fields.pop();
     }
     for (field, order) in orders {
-        path.push(field.to_string());
-        let strategy = list_strategy(kind, path);
-        path.pop();
+        fields.push(field.to_string());
+        let strategy = list_strategy(kind, fields);
+        fields.pop();
         if let Some(Value::Array(cur)) = target.get_mut(field) {
             reorder(cur, order, strategy);
         }
@@ -215,8 +219,8 @@ fn merge_map(
     Ok(())
 }
 
-fn merge_list(cur: &mut Vec<Value>, patch: &[Value], path: &mut Vec<String>, kind: &str) -> Result<(), StatusError> {
-    match list_strategy(kind, path) {
+fn merge_list(cur: &mut Vec<Value>, patch: &[Value], fields: &mut Vec<String>, kind: &str) -> Result<(), StatusError> {
+    match list_strategy(kind, fields) {
         ListStrategy::Replace => {
             *cur = patch.iter().filter(|e| directive(e).is_none()).map(strip).collect();
         }
@@ -236,7 +240,7 @@ fn merge_list(cur: &mut Vec<Value>, patch: &[Value], path: &mut Vec<String>, kin
                 let Some(pm) = e.as_object() else {
                     return Err(StatusError::bad_request(format!(
                         "strategic merge patch: element of {} is not an object",
-                        path.join(".")
+                        fields.join(".")
                     )));
                 };
                 let Some(kv) = pm.get(key) else {
@@ -253,7 +257,7 @@ fn merge_list(cur: &mut Vec<Value>, patch: &[Value], path: &mut Vec<String>, kin
                         if !target.is_object() {
                             *target = Value::Object(Map::new());
                         }
-                        merge_map(target.as_object_mut().expect("object"), pm, path, kind)?;
+                        merge_map(target.as_object_mut().expect("object"), pm, fields, kind)?;
                     }
                     (_, None) => cur.push(strip(e)),
                 }

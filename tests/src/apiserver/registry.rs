@@ -2,7 +2,7 @@
 //! `pkg/registry/rest`) with the per-resource strategies: create, get, list, guaranteed
 //! update (optimistic concurrency on `metadata.resourceVersion`), the status
 //! subresource, graceful deletion of pods, finalizers, and the namespace lifecycle
-//! (NamespaceLifecycle admission plus what the namespace controller does on deletion).
+//! (`NamespaceLifecycle` admission plus what the namespace controller does on deletion).
 
 use serde_json::{Value, json};
 
@@ -22,7 +22,7 @@ pub(crate) const IMMORTAL_NAMESPACES: &[&str] = &["default", "kube-system", "kub
 pub(crate) struct Ctx {
     /// `?dryRun=All`: everything but the write.
     pub dry_run: bool,
-    /// The ServiceAccount admission plugin mounts the token volume.
+    /// The `ServiceAccount` admission plugin mounts the token volume.
     pub mount_token: bool,
 }
 
@@ -61,11 +61,17 @@ fn key(info: &ResourceInfo, ns: Option<&str>, name: &str) -> Key {
 }
 
 /// Whether `obj` is in `ns` (when given) and matches both selectors.
-pub(crate) fn matches(info: &ResourceInfo, obj: &Value, ns: Option<&str>, label: &LabelSelector, field: &FieldSelector) -> bool {
+pub(crate) fn matches(
+    info: &ResourceInfo,
+    obj: &Value,
+    ns: Option<&str>,
+    label: &LabelSelector,
+    field: &FieldSelector,
+) -> bool {
     ns.is_none_or(|ns| meta::namespace(obj) == ns) && label.matches(obj) && field.matches(info, obj)
 }
 
-/// NamespaceLifecycle: the namespace must exist and not be terminating.
+/// `NamespaceLifecycle`: the namespace must exist and not be terminating.
 fn check_namespace(d: &Data, info: &ResourceInfo, ns: &str, name: &str) -> Result<(), StatusError> {
     let Some(n) = d.get("namespaces", &(String::new(), ns.to_string())) else {
         return Err(StatusError::namespace_not_found(ns));
@@ -93,7 +99,13 @@ fn invalid(info: &ResourceInfo, name: &str, errs: &[FieldError]) -> StatusError 
 }
 
 /// Creates an object received at `info` under the URL namespace `url_ns`.
-pub(crate) fn create(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, url_ns: Option<&str>, obj: Value) -> Result<Value, StatusError> {
+pub(crate) fn create(
+    d: &mut Data,
+    ctx: Ctx,
+    info: &'static ResourceInfo,
+    url_ns: Option<&str>,
+    obj: Value,
+) -> Result<Value, StatusError> {
     if !obj.is_object() {
         return Err(StatusError::bad_request("the body of the request must be a JSON object"));
     }
@@ -135,7 +147,11 @@ pub(crate) fn create(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, url_ns
     if meta::name(&obj).is_empty() {
         let prefix = meta::meta_str(&obj, "generateName").to_string();
         if prefix.is_empty() {
-            return Err(invalid(info, "", &[FieldError::required("metadata.name", "name or generateName is required")]));
+            return Err(invalid(
+                info,
+                "",
+                &[FieldError::required("metadata.name", "name or generateName is required")],
+            ));
         }
         let name = loop {
             let candidate = meta::generate_name(&prefix);
@@ -178,7 +194,7 @@ pub(crate) fn create(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, url_ns
     Ok(views::to_view(info, &stored))
 }
 
-/// What the controllers do for a new namespace: the `default` ServiceAccount.
+/// What the controllers do for a new namespace: the `default` `ServiceAccount`.
 pub(crate) fn on_namespace_created(d: &mut Data, ns: &str) {
     let sa_info = resources::find("", "v1", "serviceaccounts").expect("served");
     if d.get("serviceaccounts", &(ns.to_string(), "default".into())).is_none() {
@@ -195,8 +211,11 @@ fn prepare_for_create(d: &Data, ctx: Ctx, info: &ResourceInfo, ns: &str, obj: &m
         "pods" => {
             admission::default_pod(obj);
             let exists = |sa: &str| d.get("serviceaccounts", &(ns.to_string(), sa.to_string())).is_some();
-            let plugins =
-                admission::PodAdmission { namespace: ns, mount_token: ctx.mount_token, service_account_exists: &exists };
+            let plugins = admission::PodAdmission {
+                namespace: ns,
+                mount_token: ctx.mount_token,
+                service_account_exists: &exists,
+            };
             plugins.admit(obj).map_err(|why| StatusError::forbidden(info, meta::name(obj), &why))?;
             admission::prepare_pod_for_create(obj);
         }
@@ -233,11 +252,13 @@ fn validate_create(info: &ResourceInfo, obj: &Value) -> Result<(), StatusError> 
 
 /// Gets one object.
 pub(crate) fn get(d: &Data, info: &ResourceInfo, ns: Option<&str>, name: &str) -> Result<Value, StatusError> {
-    d.get(info.storage, &key(info, ns, name)).map(|o| views::to_view(info, &o)).ok_or_else(|| StatusError::not_found(info, name))
+    d.get(info.storage, &key(info, ns, name))
+        .map(|o| views::to_view(info, &o))
+        .ok_or_else(|| StatusError::not_found(info, name))
 }
 
 /// Lists objects (a `*List` object), with pagination through `limit`/`continue`.
-pub(crate) fn list(d: &mut Data, info: &ResourceInfo, ns: Option<&str>, opts: ListOpts) -> Result<Value, StatusError> {
+pub(crate) fn list(d: &mut Data, info: &ResourceInfo, ns: Option<&str>, opts: &ListOpts) -> Result<Value, StatusError> {
     let (rv, items) = if let Some(token) = &opts.continue_token {
         let page = d.take_page(token).ok_or_else(|| {
             StatusError::expired(
@@ -303,6 +324,7 @@ pub(crate) struct Updated {
 
 /// A guaranteed update: `f` computes the new object from the current one (in the view of
 /// `info`) under the lock; the resourceVersion it carries, if any, is the precondition.
+#[expect(clippy::too_many_arguments, reason = "the parameters of the upstream `Update` plus the strategy switch")]
 pub(crate) fn update(
     d: &mut Data,
     ctx: Ctx,
@@ -493,7 +515,11 @@ fn before_update(info: &ResourceInfo, part: Part, new: &mut Value, old: &Value) 
             return Err(invalid(
                 info,
                 &name,
-                &[FieldError::invalid("metadata.deletionTimestamp", m["deletionTimestamp"].clone(), "field is immutable")],
+                &[FieldError::invalid(
+                    "metadata.deletionTimestamp",
+                    m["deletionTimestamp"].clone(),
+                    "field is immutable",
+                )],
             ));
         }
         None => {
@@ -530,7 +556,14 @@ fn pod_grace(pod: &Value, requested: Option<i64>) -> i64 {
 }
 
 /// Deletes an object: graceful deletion for pods, finalizers for every kind.
-pub(crate) fn delete(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, ns: Option<&str>, name: &str, opts: &DeleteOpts) -> Result<Deleted, StatusError> {
+pub(crate) fn delete(
+    d: &mut Data,
+    ctx: Ctx,
+    info: &'static ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    opts: &DeleteOpts,
+) -> Result<Deleted, StatusError> {
     let k = key(info, ns, name);
     let Some(old) = d.get(info.storage, &k) else {
         return Err(StatusError::not_found(info, name));
@@ -541,10 +574,7 @@ pub(crate) fn delete(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, ns: Op
         return Err(StatusError::conflict(
             info,
             name,
-            &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta::uid(&old)
-            ),
+            &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta::uid(&old)),
         ));
     }
     if let Some(rv) = &opts.precondition_rv
@@ -634,7 +664,13 @@ fn after_removal(d: &mut Data, info: &ResourceInfo, ns: &str) {
 
 /// Namespace deletion: the namespace REST sets Terminating; the namespace controller then
 /// deletes every object in it (pods gracefully) and finalizes the namespace once empty.
-fn delete_namespace(d: &mut Data, ctx: Ctx, info: &'static ResourceInfo, name: &str, old: &Value) -> Result<Deleted, StatusError> {
+fn delete_namespace(
+    d: &mut Data,
+    ctx: Ctx,
+    info: &'static ResourceInfo,
+    name: &str,
+    old: &Value,
+) -> Result<Deleted, StatusError> {
     if IMMORTAL_NAMESPACES.contains(&name) {
         return Err(StatusError::forbidden(info, name, "this namespace may not be deleted"));
     }

@@ -20,7 +20,7 @@ pub(crate) struct ResourceInfo {
     /// The key of the storage this resource lives in. Two resources share one storage
     /// when the real server stores them once (core/v1 and events.k8s.io/v1 events).
     pub storage: &'static str,
-    /// Create-only review resources (TokenReview, SubjectAccessReview): nothing is stored.
+    /// Create-only review resources (`TokenReview`, `SubjectAccessReview`): nothing is stored.
     pub review: bool,
 }
 

@@ -166,14 +166,9 @@ impl FieldSelector {
 
     pub(crate) fn matches(&self, info: &ResourceInfo, obj: &Value) -> bool {
         self.reqs.iter().all(|(k, eq, v)| {
-            let actual = field_value(info, obj, k).unwrap_or_default();
+            let actual = field_value(info, obj, k);
             (actual == *v) == *eq
         })
-    }
-
-    /// The `metadata.name` this selector pins, if any (`kube`'s `watch_object`).
-    pub(crate) fn is_empty(&self) -> bool {
-        self.reqs.is_empty()
     }
 }
 
@@ -286,9 +281,9 @@ fn convert_field_label(info: &ResourceInfo, key: &str) -> Option<String> {
 }
 
 /// The value of a selectable field of a stored object.
-fn field_value(info: &ResourceInfo, obj: &Value, key: &str) -> Option<String> {
+fn field_value(info: &ResourceInfo, obj: &Value, key: &str) -> String {
     let s = |path: &[&str]| meta::str_at(obj, path).to_string();
-    Some(match key {
+    match key {
         "metadata.name" => meta::name(obj).to_string(),
         "metadata.namespace" => meta::namespace(obj).to_string(),
         "spec.hostNetwork" | "spec.unschedulable" => {
@@ -307,7 +302,7 @@ fn field_value(info: &ResourceInfo, obj: &Value, key: &str) -> Option<String> {
             let path: Vec<&str> = key.split('.').collect();
             s(&path)
         }
-    })
+    }
 }
 
 #[cfg(test)]

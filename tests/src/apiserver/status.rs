@@ -76,8 +76,12 @@ impl StatusError {
     }
 
     pub(crate) fn conflict(info: &ResourceInfo, name: &str, why: &str) -> Self {
-        Self::new(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": {why}", info.group_resource()))
-            .with_details(Self::resource_details(info, name))
+        Self::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", info.group_resource()),
+        )
+        .with_details(Self::resource_details(info, name))
     }
 
     /// `NewInvalid`: 422 with one cause per field error (`field`, `FieldValue...` reason).

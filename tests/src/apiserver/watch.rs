@@ -102,7 +102,9 @@ pub(crate) fn start(store: Arc<Store>, p: WatchParams, cancel: CancellationToken
     }
     let requested = match p.resource_version.as_deref() {
         None | Some("" | "0") => None,
-        Some(r) => Some(r.parse::<u64>().map_err(|_| StatusError::bad_request(format!("invalid resource version: {r}")))?),
+        Some(r) => {
+            Some(r.parse::<u64>().map_err(|_| StatusError::bad_request(format!("invalid resource version: {r}")))?)
+        }
     };
     let mut first: Vec<Bytes> = Vec::new();
     let mut end_after_first = false;

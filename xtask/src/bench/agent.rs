@@ -8,6 +8,7 @@
 //! (through the agent, else through CRI), the process, the cgroups, the directory.
 
 use std::{
+    collections::BTreeSet,
     fmt, fs,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
@@ -18,7 +19,14 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
-use crate::{cleanup, containerd, cri::CriClient, testbed::Layout};
+use crate::{
+    cleanup, containerd,
+    cri::{CriClient, PodSandbox},
+    testbed::Layout,
+};
+
+/// `PodSandboxState::SANDBOX_READY`.
+const SANDBOX_READY: i32 = 0;
 
 /// Namespace of every bench pod: CRI sandboxes in it are the bench's.
 pub const NAMESPACE: &str = "swiftlet-bench";
@@ -438,6 +446,61 @@ impl Drop for BenchAgent {
     }
 }
 
+/// What is wrong with the test bed's sandboxes for a measurement that expects exactly the
+/// ready sandboxes `ours` in the bench namespace and nothing else, if anything.
+///
+/// The test bed is shared: an end-to-end test starting meanwhile removes every sandbox
+/// (the bench's too), and its pods would be taken over by the bench's agent. Either makes
+/// the figures wrong, so the bench stops rather than print them.
+pub fn disturbance(sandboxes: &[PodSandbox], ours: &BTreeSet<String>) -> Option<String> {
+    let foreign: Vec<String> = sandboxes
+        .iter()
+        .filter_map(|s| {
+            s.metadata.as_ref().filter(|m| m.namespace != NAMESPACE).map(|m| format!("{}/{}", m.namespace, m.name))
+        })
+        .collect();
+    if !foreign.is_empty() {
+        return Some(format!(
+            "pods of someone else appeared in the test bed ({}): another agent or an end-to-end test is using it",
+            foreign.join(", ")
+        ));
+    }
+    let ready: BTreeSet<String> = sandboxes
+        .iter()
+        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .map(|s| s.id.clone())
+        .collect();
+    if &ready != ours {
+        return Some(format!(
+            "{} of the bench's {} pod sandboxes stopped or vanished and {} appeared: something else (an end-to-end \
+             test's clean-up?) is stopping pods in the test bed",
+            ours.difference(&ready).count(),
+            ours.len(),
+            ready.difference(ours).count()
+        ));
+    }
+    None
+}
+
+/// The ready sandboxes of the bench namespace.
+pub async fn ready_bench_sandboxes(cri: &mut CriClient) -> Result<BTreeSet<String>> {
+    Ok(cri
+        .list_pod_sandboxes()
+        .await?
+        .into_iter()
+        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .map(|s| s.id)
+        .collect())
+}
+
+/// Fails if the test bed is not as the measurement left it (see [`disturbance`]).
+pub async fn ensure_undisturbed(cri: &mut CriClient, ours: &BTreeSet<String>) -> Result<()> {
+    match disturbance(&cri.list_pod_sandboxes().await?, ours) {
+        Some(why) => bail!("the test bed was disturbed during the measurement, the figures would be wrong: {why}"),
+        None => Ok(()),
+    }
+}
+
 /// CRI sandboxes in the bench namespace.
 pub async fn bench_sandboxes(cri: &mut CriClient) -> Result<Vec<String>> {
     Ok(cri
@@ -465,6 +528,34 @@ pub async fn remove_bench_sandboxes(cri: &mut CriClient) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cri::PodSandboxMetadata;
+
+    fn sandbox(id: &str, namespace: &str, state: i32) -> PodSandbox {
+        PodSandbox {
+            id: id.into(),
+            metadata: Some(PodSandboxMetadata {
+                name: format!("pod-{id}"),
+                uid: id.into(),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            state,
+        }
+    }
+
+    #[test]
+    fn notices_foreign_and_replaced_sandboxes() {
+        let ours: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let fine = [sandbox("a", NAMESPACE, 0), sandbox("b", NAMESPACE, 0)];
+        assert_eq!(disturbance(&fine, &ours), None);
+
+        let foreign = [sandbox("a", NAMESPACE, 0), sandbox("b", NAMESPACE, 0), sandbox("x", "default", 0)];
+        assert!(disturbance(&foreign, &ours).unwrap().contains("default/pod-x"));
+
+        // b was stopped (NOTREADY) and a replaced by c.
+        let stopped = [sandbox("c", NAMESPACE, 0), sandbox("b", NAMESPACE, 1)];
+        assert!(disturbance(&stopped, &ours).unwrap().starts_with("2 of the bench's 2 pod sandboxes"));
+    }
 
     #[test]
     fn reads_pods_and_container_ids() {

@@ -36,7 +36,7 @@ use crate::{
         agent::{self, BenchAgent, NAMESPACE, NODE_NAME, PlegMode, PodView},
         latency::{Kill, KillOutcome, Summary, outcome},
         procfs::{self, CpuSample},
-        records::{self, LogTail},
+        records::{self, LogTail, Record},
         report::{self, Environment, IdleFigures, LatencyFigures, ModeResult},
     },
     cleanup, containerd,
@@ -315,7 +315,7 @@ async fn run_mode(
     eprintln!("bench: removing the latency pods");
     agent.remove_manifests()?;
     agent.wait_drained(cri, DRAIN_TIMEOUT).await.context("removing the latency pods")?;
-    let idle = idle_phase(agent, idle_pods, containerd_pid).await.context("idle phase")?;
+    let idle = idle_phase(agent, cri, idle_pods, containerd_pid).await.context("idle phase")?;
     Ok(ModeResult { mode, latency, idle })
 }
 
@@ -401,7 +401,12 @@ impl Pauses {
 
 /// Polls `/pods` until exactly the pods `names` are there, each with `per_pod` running
 /// containers, and returns them sorted by name.
-async fn wait_running(agent: &mut BenchAgent, names: &[String], per_pod: usize) -> Result<Vec<PodView>> {
+async fn wait_running(
+    agent: &mut BenchAgent,
+    cri: &mut CriClient,
+    names: &[String],
+    per_pod: usize,
+) -> Result<Vec<PodView>> {
     let want: BTreeSet<String> = names.iter().map(|n| format!("{n}-{NODE_NAME}")).collect();
     let total = names.len() * per_pod;
     let timeout = Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(total).unwrap_or(u32::MAX);
@@ -409,6 +414,11 @@ async fn wait_running(agent: &mut BenchAgent, names: &[String], per_pod: usize) 
     let mut last_note = Instant::now();
     loop {
         agent.ensure_alive()?;
+        // Only foreign pods count here: the bench's own sandboxes are still coming.
+        let sandboxes = cri.list_pod_sandboxes().await?;
+        if let Some(why) = agent::disturbance(&sandboxes, &agent::ready_bench_sandboxes(cri).await?) {
+            bail!("the test bed is not the bench's alone: {why}");
+        }
         let pods = agent.pods().await?;
         let others = pods.iter().filter(|p| !want.contains(&p.name)).count();
         let mut ours: Vec<PodView> = pods.into_iter().filter(|p| want.contains(&p.name)).collect();
@@ -454,6 +464,20 @@ fn opt_ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "—".to_owned(), report::fmt_ms)
 }
 
+/// `ContainerDied` events between `from_ns` and `to_ns` of containers the bench did not
+/// kill: in a healthy run there are none.
+pub fn unexpected_exits(records: &[Record], kills: &[Kill], from_ns: u64, to_ns: u64) -> usize {
+    let killed: BTreeSet<&str> = kills.iter().map(|k| k.container_id.as_str()).collect();
+    records
+        .iter()
+        .filter(|r| {
+            matches!(r, Record::Dispatch(d) if d.kind == "ContainerDied"
+                && (from_ns..=to_ns).contains(&d.mono_ns)
+                && !killed.contains(d.id.as_str()))
+        })
+        .count()
+}
+
 async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize) -> Result<LatencyFigures> {
     let n_pods = exits.div_ceil(CONTAINERS_PER_POD);
     let names: Vec<String> = (0..n_pods).map(|i| format!("lat-{i:02}")).collect();
@@ -462,7 +486,7 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     for name in &names {
         agent.write_manifest(&format!("{name}.json"), &pod_manifest(name, CONTAINERS_PER_POD))?;
     }
-    let pods = wait_running(agent, &names, CONTAINERS_PER_POD).await?;
+    let pods = wait_running(agent, cri, &names, CONTAINERS_PER_POD).await?;
     let start_secs = started.elapsed().as_secs_f64();
     eprintln!("bench: {} containers running after {start_secs:.0} s", n_pods * CONTAINERS_PER_POD);
 
@@ -478,6 +502,8 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     }
     // Let the agent finish the work of the start-up before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let sandboxes = agent::ready_bench_sandboxes(cri).await?;
+    ensure!(sandboxes.len() == n_pods, "{} ready bench sandboxes for {n_pods} pods", sandboxes.len());
 
     let agent_pid = agent.pid().context("agent pid")?;
     let mut tail = LogTail::from_end(&agent.log_path)?;
@@ -491,6 +517,9 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     for (i, t) in targets.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(pauses.next_ms(KILL_PAUSE_MAX_MS))).await;
         agent.ensure_alive()?;
+        if i % 10 == 0 {
+            agent::ensure_undisturbed(cri, &sandboxes).await?;
+        }
         if !procfs::in_container(t.pid, &t.id) {
             eprintln!("bench: container {} (pid {}) is already gone: not killed", t.id, t.pid);
             skipped += 1;
@@ -550,12 +579,16 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
         }
     }
     let cpu_after = CpuSample::take(agent_pid)?;
+    let cpu_after_mono_ns = procfs::monotonic_ns();
     let (cpu_seconds, wall_seconds) = cpu_after.since(&cpu_before);
+    agent::ensure_undisturbed(cri, &sandboxes).await?;
 
     // The figures come from the whole log: a record that came after the wait still counts.
     let log = fs::read_to_string(&agent.log_path).with_context(|| format!("reading {}", agent.log_path.display()))?;
     let all = records::parse_all(&log);
     let outcomes: Vec<KillOutcome> = kills.iter().map(|k| outcome(k, &all)).collect();
+    let unexpected_exits =
+        kills.first().map_or(0, |first| unexpected_exits(&all, &kills, first.t_kill_ns, cpu_after_mono_ns));
     let of = |f: fn(&KillOutcome) -> Option<u64>| Summary::of(outcomes.iter().filter_map(f));
     Ok(LatencyFigures {
         pods: n_pods,
@@ -570,27 +603,41 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
         kill_to_status: of(|o| o.kill_to_status_ns),
         kill_to_running: of(|o| o.kill_to_running_ns),
         without_kernel_time: outcomes.iter().filter(|o| o.dispatched_without_kernel_time()).count(),
+        unexpected_exits,
         timeouts,
         cpu_seconds,
         wall_seconds,
     })
 }
 
-async fn idle_phase(agent: &mut BenchAgent, n: usize, containerd_pid: Option<i32>) -> Result<IdleFigures> {
+async fn idle_phase(
+    agent: &mut BenchAgent,
+    cri: &mut CriClient,
+    n: usize,
+    containerd_pid: Option<i32>,
+) -> Result<IdleFigures> {
     let names: Vec<String> = (0..n).map(|i| format!("idle-{i:03}")).collect();
     eprintln!("bench: idle phase: {n} single-container pods");
     let started = Instant::now();
     for name in &names {
         agent.write_manifest(&format!("{name}.json"), &pod_manifest(name, 1))?;
     }
-    wait_running(agent, &names, 1).await?;
+    wait_running(agent, cri, &names, 1).await?;
     let start_secs = started.elapsed().as_secs_f64();
+    let sandboxes = agent::ready_bench_sandboxes(cri).await?;
+    ensure!(sandboxes.len() == n, "{} ready bench sandboxes for {n} pods", sandboxes.len());
     eprintln!("bench: {n} pods running after {start_secs:.0} s; settling {SETTLE:?}, then measuring {IDLE_WINDOW:?}");
     tokio::time::sleep(SETTLE).await;
     let pid = agent.pid().context("agent pid")?;
     let before = CpuSample::take(pid)?;
     let containerd_before = containerd_pid.and_then(|p| CpuSample::take(p).ok());
-    tokio::time::sleep(IDLE_WINDOW).await;
+    // Checked every few seconds (a ListPodSandbox costs containerd well under 1 % of this
+    // window): should another agent's pods appear, stop before ours takes them over.
+    let window_end = Instant::now() + IDLE_WINDOW;
+    while let Some(left) = window_end.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) {
+        tokio::time::sleep(left.min(Duration::from_secs(5))).await;
+        agent::ensure_undisturbed(cri, &sandboxes).await?;
+    }
     agent.ensure_alive()?;
     let after = CpuSample::take(pid)?;
     let containerd_cores = containerd_pid.and_then(|p| CpuSample::take(p).ok()).zip(containerd_before).map(|(a, b)| {
@@ -599,6 +646,7 @@ async fn idle_phase(agent: &mut BenchAgent, n: usize, containerd_pid: Option<i32
     });
     let (rss_bytes, peak_rss_bytes) = procfs::memory(pid)?;
     let (cpu, wall) = after.since(&before);
+    agent::ensure_undisturbed(cri, &sandboxes).await?;
     Ok(IdleFigures {
         pods: n,
         start_secs,
@@ -652,6 +700,33 @@ mod tests {
         assert_eq!(xs, (0..1000).map(|_| b.next_ms(1000)).collect::<Vec<_>>());
         // Spread over the range, not stuck in one part of it.
         assert!(xs.iter().any(|x| *x < 100) && xs.iter().any(|x| *x >= 900));
+    }
+
+    #[test]
+    fn counts_exits_the_bench_did_not_cause() {
+        use crate::bench::records::Dispatch;
+        let died = |mono: u64, id: &str| {
+            Record::Dispatch(Dispatch {
+                mono_ns: mono,
+                kernel_ns: 0,
+                uid: "u".into(),
+                id: id.into(),
+                kind: "ContainerDied".into(),
+            })
+        };
+        let kill = Kill {
+            pod_uid: "u".into(),
+            container: "c0".into(),
+            container_id: "mine".into(),
+            restarts_before: 0,
+            t_kill_ns: 100,
+        };
+        let mut started = died(150, "other");
+        if let Record::Dispatch(d) = &mut started {
+            d.kind = "ContainerStarted".into();
+        }
+        let records = [died(50, "before"), died(150, "mine"), started, died(160, "other"), died(900, "after")];
+        assert_eq!(unexpected_exits(&records, &[kill], 100, 500), 1);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct LatencyFigures {
     pub kill_to_running: Option<Summary>,
     /// `ContainerDied` dispatches that carried no kernel time (found by a relist).
     pub without_kernel_time: usize,
+    /// `ContainerDied` events of containers the bench did not kill, during the kill phase.
+    pub unexpected_exits: usize,
     /// Kills whose dispatch / status / restart was not seen within the per-kill wait.
     pub timeouts: [usize; 3],
     /// Agent CPU seconds and wall seconds over the kill phase.
@@ -224,6 +226,12 @@ fn rows(results: &[ModeResult]) -> Vec<Row> {
         }),
         "",
         "",
+    ));
+    rows.push(row(
+        "exits the bench did not cause",
+        per_mode(results, |r| r.latency.unexpected_exits.to_string()),
+        "",
+        "0",
     ));
     rows.push(row(
         "timeouts⁴ (dispatch / status / restart)",

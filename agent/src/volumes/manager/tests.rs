@@ -35,11 +35,12 @@ fn env() -> Env {
 }
 
 /// A pod `p` (uid `u1`) in `default` with container `c` mounting `mounts`.
+#[expect(clippy::needless_pass_by_value, reason = "call sites read better with json! literals")]
 fn pod(volumes: serde_json::Value, mounts: serde_json::Value) -> Pod {
-    pod_with(volumes, mounts, json!({}))
+    pod_with(&volumes, &mounts, &json!({}))
 }
 
-fn pod_with(volumes: serde_json::Value, mounts: serde_json::Value, security: serde_json::Value) -> Pod {
+fn pod_with(volumes: &serde_json::Value, mounts: &serde_json::Value, security: &serde_json::Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": "default", "uid": "u1", "labels": {"app": "web"}},
         "spec": {
@@ -360,11 +361,11 @@ async fn fs_group_and_fs_user() {
     let e = env();
     e.src.set_config_map(config_map("c", &[("k", "v")]));
     let p = pod_with(
-        json!([{"name": "cfg", "configMap": {"name": "c", "defaultMode": 0o400}},
-               {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
-               {"name": "scratch", "emptyDir": {}}]),
-        json!([mount("cfg", "/c"), mount("tok", "/t"), mount("scratch", "/s")]),
-        json!({"fsGroup": 2000, "runAsUser": 1000}),
+        &json!([{"name": "cfg", "configMap": {"name": "c", "defaultMode": 0o400}},
+                {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+                {"name": "scratch", "emptyDir": {}}]),
+        &json!([mount("cfg", "/c"), mount("tok", "/t"), mount("scratch", "/s")]),
+        &json!({"fsGroup": 2000, "runAsUser": 1000}),
     );
     let vols = e.vm.mount_pod_volumes(&p).await.unwrap();
     let cfg = &vols.get("cfg").unwrap().path;
@@ -511,15 +512,15 @@ async fn orphaned_pod_directories_are_removed() {
 /// `cleanup_pod` — and by a guard if an assertion fails first.
 #[tokio::test]
 async fn real_memory_empty_dir() {
-    if !crate::volumes::mounter::running_as_root() {
-        eprintln!("skipping: needs root");
-        return;
-    }
     struct Unmount(PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
             let _ = SystemMounter.unmount(&self.0);
         }
+    }
+    if !crate::volumes::mounter::running_as_root() {
+        eprintln!("skipping: needs root");
+        return;
     }
     let dir = tempfile::tempdir().unwrap();
     let vm = VolumeManager::new(dir.path(), Arc::new(NoApiServer)).with_node_allocatable(NODE);

@@ -1,0 +1,182 @@
+//! End-to-end tests of API-server mode: a real `swiftlet` joined to the project's test
+//! API server (a test double of kube-apiserver, see `swiftlet_tests::apiserver`) and
+//! running pods in the real containerd of the test bed.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::json;
+use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+
+const NODE: &str = "e2e-node";
+
+async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent =
+        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
+            .await?;
+    Ok((api, agent, cri))
+}
+
+fn pod(name: &str, spec: &serde_json::Value) -> Pod {
+    let mut s = json!({
+        "nodeName": NODE,
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{
+            "name": "main",
+            "image": "localhost/busybox:latest",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+        }]
+    });
+    for (k, v) in spec.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": s}),
+    )
+    .unwrap()
+}
+
+fn condition<'a>(p: &'a Pod, type_: &str) -> Option<&'a str> {
+    p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).map(|c| c.status.as_str())
+}
+
+async fn wait_pod(api: &TestApiServer, name: &str, secs: u64, pred: impl Fn(&Pod) -> bool) -> Result<Pod> {
+    let p = api.wait_for::<Pod>(Some("default"), name, Duration::from_secs(secs), |p| p.is_some_and(&pred)).await?;
+    Ok(p.expect("present"))
+}
+
+#[tokio::test]
+async fn node_registers_stays_ready_and_renews_its_lease() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let node = api
+        .wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
+            n.and_then(|n| n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned())
+                .is_some_and(|c| c.status == "True")
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("node not Ready: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))?
+        .unwrap();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("kubernetes.io/hostname").map(String::as_str), Some(NODE));
+    assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("linux"));
+    let status = node.status.clone().unwrap();
+    let cap = status.capacity.clone().unwrap();
+    assert!(cap.contains_key("cpu") && cap.contains_key("memory") && cap.contains_key("pods"));
+    let alloc = status.allocatable.clone().unwrap();
+    assert!(alloc.contains_key("ephemeral-storage"));
+    let info = status.node_info.clone().unwrap();
+    assert!(info.container_runtime_version.starts_with("containerd://"), "{}", info.container_runtime_version);
+    assert!(info.kubelet_version.starts_with("v1.37"));
+    for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        let c = status.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap();
+        assert_eq!(c.status, "False", "{t}");
+    }
+    // The lease exists, is held by the node and gets renewed.
+    let lease =
+        api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |l| l.is_some()).await?.unwrap();
+    let spec = lease.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(NODE));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+    let first = spec.renew_time.clone().unwrap();
+    let renewed = api
+        .wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(20), |l| {
+            l.and_then(|l| l.spec.as_ref()?.renew_time.clone()).is_some_and(|t| t.0 > first.0)
+        })
+        .await?;
+    assert!(renewed.is_some());
+    // A deleted node object is registered again.
+    api.delete::<Node>(None, NODE, Some(0))?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some())
+        .await
+        .map_err(|e| anyhow::anyhow!("node not registered again: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn api_pod_runs_reports_status_and_is_deleted_gracefully() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    let created = api.create(&pod("web", &json!({})))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    let p = wait_pod(&api, "web", 60, |p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && condition(p, "Ready") == Some("True")
+    })
+    .await?;
+    let st = p.status.clone().unwrap();
+    assert!(st.pod_ip.is_some(), "podIP");
+    assert!(st.host_ip.is_some(), "hostIP");
+    assert!(st.start_time.is_some(), "startTime");
+    assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
+    for c in ["PodReadyToStartContainers", "Initialized", "ContainersReady", "PodScheduled"] {
+        assert_eq!(condition(&p, c), Some("True"), "{c}");
+    }
+    let cs = &st.container_statuses.unwrap()[0];
+    assert!(cs.container_id.as_deref().is_some_and(|c| c.starts_with("containerd://")));
+    assert!(cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some());
+    assert_eq!(cri.containers(&uid).await?.len(), 1);
+    // Graceful deletion: the API sets deletionTimestamp; the kubelet stops the pod and
+    // then deletes the object with grace 0.
+    api.delete::<Pod>(Some("default"), "web", Some(5))?;
+    api.wait_for::<Pod>(Some("default"), "web", Duration::from_mins(1), |p| p.is_none()).await?;
+    assert!(cri.sandboxes(&uid).await?.iter().all(|s| s.state != 0), "sandbox stopped");
+    let deletes: Vec<_> =
+        api.requests().into_iter().filter(|r| r.method == "DELETE" && r.path.ends_with("/pods/web")).collect();
+    assert!(!deletes.is_empty(), "the kubelet deleted the pod object");
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn admission_rejects_a_pod_that_does_not_fit() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
+        n.is_some_and(|n| n.status.as_ref().and_then(|s| s.allocatable.as_ref()).is_some())
+    })
+    .await?;
+    let big = pod(
+        "huge",
+        &json!({"containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
+                               "resources": {"requests": {"cpu": "1000"}}}]}),
+    );
+    let uid = api.create(&big)?.metadata.uid.unwrap();
+    let p =
+        wait_pod(&api, "huge", 30, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")).await?;
+    let st = p.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("OutOfcpu"));
+    assert!(st.message.unwrap_or_default().starts_with("Pod was rejected: Node didn't have enough resource: cpu"));
+    assert!(cri.sandboxes(&uid).await?.is_empty(), "a rejected pod never runs");
+    api.delete::<Pod>(Some("default"), "huge", Some(0))?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn static_pods_get_mirror_pods() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    agent.write_manifest(
+        "static.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\nspec:\n  containers:\n  - name: main\n    image: localhost/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sleep\", \"3600\"]\n",
+    )?;
+    let name = format!("static-{NODE}");
+    let mirror =
+        wait_pod(&api, &name, 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
+    let ann = mirror.metadata.annotations.clone().unwrap_or_default();
+    assert!(ann.contains_key("kubernetes.io/config.mirror"), "{ann:?}");
+    assert_eq!(mirror.metadata.owner_references.unwrap()[0].kind, "Node");
+    // Deleted by someone: recreated.
+    api.delete::<Pod>(Some("default"), &name, Some(0))?;
+    api.wait_for::<Pod>(Some("default"), &name, Duration::from_secs(30), |p| p.is_none()).await?;
+    api.wait_for::<Pod>(Some("default"), &name, Duration::from_secs(30), |p| p.is_some()).await?;
+    // Manifest removed: the mirror goes too.
+    agent.remove_manifest("static.yaml")?;
+    api.wait_for::<Pod>(Some("default"), &name, Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
