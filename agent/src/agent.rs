@@ -255,6 +255,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         .crash_loop_back_off
         .max_container_restart_period
         .map_or(crate::runtime::backoff::MAX, crate::config::GoDuration::to_std);
+    // ConfigMaps, Secrets and tokens for volumes and env: from the API server, or none.
+    let object_source: Arc<dyn crate::volumes::source::ObjectSource> = match &client {
+        Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.clone())),
+        None => Arc::new(crate::volumes::source::NoApiServer),
+    };
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -273,7 +278,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             ),
             Backoff::default(),
         )
-        .with_recorder(recorder.clone()),
+        .with_recorder(recorder.clone())
+        .with_dns(crate::runtime::manager::dns::DnsSettings {
+            cluster_dns: kc.cluster_dns.clone(),
+            cluster_domain: kc.cluster_domain.clone(),
+            resolv_conf: kc.resolv_conf.clone(),
+        })
+        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source))),
     );
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if client.is_some() {

@@ -211,6 +211,13 @@ impl SyncLoop {
         });
         let known: HashSet<String> = desired.iter().chain(workers.iter()).chain(runtime_pods.keys()).cloned().collect();
         self.runtime.cleanup_orphaned_log_dirs(&known);
+        let volumes = self.runtime.volumes().clone();
+        let known_volumes = known.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = volumes.cleanup_orphans(&known_volumes) {
+                tracing::warn!(error = %e, "failed to clean up orphaned pod volumes");
+            }
+        });
         self.runtime.gc_backoff();
         self.update_pod_count_metrics();
     }

@@ -166,8 +166,16 @@ async fn static_pods_get_mirror_pods() -> Result<()> {
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\nspec:\n  containers:\n  - name: main\n    image: localhost/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sleep\", \"3600\"]\n",
     )?;
     let name = format!("static-{NODE}");
-    let mirror =
-        wait_pod(&api, &name, 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
+    let mirror = wait_pod(&api, &name, 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .await
+        .map_err(|e| {
+            let seen: Option<Pod> = api.get(Some("default"), &name);
+            anyhow::anyhow!(
+                "mirror pod not Running: {e}\nmirror: {:?}\n{}",
+                seen.map(|p| p.status),
+                swiftlet_tests::tail(&agent.log(), 40)
+            )
+        })?;
     let ann = mirror.metadata.annotations.clone().unwrap_or_default();
     assert!(ann.contains_key("kubernetes.io/config.mirror"), "{ann:?}");
     assert_eq!(mirror.metadata.owner_references.unwrap()[0].kind, "Node");
@@ -178,5 +186,43 @@ async fn static_pods_get_mirror_pods() -> Result<()> {
     // Manifest removed: the mirror goes too.
     agent.remove_manifest("static.yaml")?;
     api.wait_for::<Pod>(Some("default"), &name, Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+/// The API server goes away for 60 s: pods keep running (a container that dies meanwhile
+/// is restarted), and once it is back the pod's status there converges.
+#[tokio::test]
+async fn api_server_outage_leaves_pods_running_and_status_converges() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    let uid = api.create(&pod("steady", &json!({})))?.metadata.uid.unwrap();
+    wait_pod(&api, "steady", 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
+    let sandbox = cri.sandboxes(&uid).await?[0].id.clone();
+    api.stop().await;
+    // During the outage a container dies; the node still restarts it.
+    let cid = cri.containers(&uid).await?[0].id.clone();
+    let st = cri.container_status(&cid).await?;
+    let info: serde_json::Value = serde_json::from_str(st.info.get("info").map_or("{}", String::as_str))?;
+    let pid = i32::try_from(info["pid"].as_i64().unwrap_or(0))?;
+    // SAFETY: kill(2) on the container's init process, found through CRI.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while cri.containers(&uid).await?.iter().filter(|c| c.state == 1).count() != 1 {
+        assert!(std::time::Instant::now() < deadline, "container not restarted during the outage");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_mins(1)).await; // the outage itself, as specified
+    api.restart().await?;
+    let p = wait_pod(&api, "steady", 60, |p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| cs[0].restart_count == 1 && cs[0].state.as_ref().is_some_and(|s| s.running.is_some()))
+    })
+    .await?;
+    assert_eq!(p.metadata.uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(cri.sandboxes(&uid).await?[0].id, sandbox, "the sandbox was never touched");
+    api.delete::<Pod>(Some("default"), "steady", Some(0))?;
     agent.shutdown(&cri).await
 }

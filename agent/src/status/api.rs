@@ -144,7 +144,9 @@ impl StatusWriter {
         let uid = if is_static_pod(pod) { None } else { pod.metadata.uid.as_deref() };
         match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status_patch(uid, status))).await {
             Ok(_) => Ok(()),
-            // Gone (deleted, or a static pod whose mirror does not exist yet): nothing to write.
+            // A static pod's mirror may not exist yet: try again until it does.
+            Err(e @ kube::Error::Api(_)) if is_static_pod(pod) => Err(e),
+            // An API pod that is gone has no status to write.
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
             Err(e) => Err(e),
         }

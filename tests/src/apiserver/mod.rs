@@ -8,20 +8,23 @@
 //! `pkg/apis/core/v1/defaults.go`, the admission plugins): each submodule says which
 //! upstream code it follows.
 //!
-//! - [`store`]: one global resourceVersion, per-resource watch history (410 Expired when
+//! - `store`: one global resourceVersion, per-resource watch history (410 Expired when
 //!   a resume is older);
-//! - [`registry`]: create/get/list/update/delete with optimistic concurrency, the status
+//! - `registry`: create/get/list/update/delete with optimistic concurrency, the status
 //!   subresource, pod graceful deletion, finalizers, namespace lifecycle;
-//! - [`admission`]: pod defaults and the `ServiceAccount`, Priority and
+//! - `admission`: pod defaults and the `ServiceAccount`, Priority and
 //!   `DefaultTolerationSeconds` plugins, pod status Pending + `qosClass`;
-//! - [`patch`]: merge, JSON and strategic merge patches;
-//! - [`watch`]: watches with resume, selectors applied to old and new state, bookmarks;
-//! - [`auth`]: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers.
+//! - `patch`: merge, JSON and strategic merge patches;
+//! - `watch`: watches with resume, selectors applied to old and new state, bookmarks;
+//! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers.
 //!
 //! Not served: protobuf, tables, aggregated discovery, `OpenAPI`, `/log`, `/exec`,
 //! server-side apply field management (apply is a merge that may create), garbage
 //! collection (`propagationPolicy` is ignored), RBAC on requests, snapshots of the past
-//! (`resourceVersionMatch=Exact` of an old version is 410), other resources.
+//! (`resourceVersionMatch=Exact` of an old version is 410), `managedFields`, event TTLs,
+//! anonymous requests (every path, `/version` and `/healthz` included, needs a token:
+//! the real server with `--anonymous-auth=false`), most validation (names, pod
+//! containers and pod-update immutability are checked), other resources.
 //!
 //! Test controls: [`TestApiServer`] starts it on 127.0.0.1, writes a kubeconfig, gives
 //! typed access to the store (`create`, `get`, `list`, `modify`, `delete`, `wait_for`),

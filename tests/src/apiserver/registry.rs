@@ -353,6 +353,13 @@ pub(crate) fn update(
     }
     let mut new = views::to_storage(info, new);
     check_identity(info, ns, name, &mut new)?;
+    // Every decoded object is defaulted, updates and patches included.
+    match info.storage {
+        "pods" => admission::default_pod(&mut new),
+        "nodes" => admission::default_node(&mut new),
+        "secrets" => admission::default_secret(&mut new),
+        _ => {}
+    }
     // Optimistic concurrency.
     let new_rv = meta::resource_version(&new).to_string();
     if new_rv.is_empty() {
@@ -370,9 +377,11 @@ pub(crate) fn update(
     }
     before_update(info, part, &mut new, &old)?;
     // A write that changes nothing is not a write (no new resourceVersion, no event).
+    // The real server compares its canonical encoding, in which an omitted field, a null
+    // and an empty list are the same thing.
     let mut cmp = new.clone();
     meta::meta_mut(&mut cmp).insert("resourceVersion".into(), json!(meta::resource_version(&old)));
-    if cmp == *old {
+    if canonical(&cmp) == canonical(&old) {
         return Ok(Updated { object: old_view, created: false });
     }
     if ctx.dry_run {
@@ -394,6 +403,20 @@ pub(crate) fn update(
         try_finalize_namespace(d, name);
     }
     Ok(Updated { object: views::to_view(info, &stored), created: false })
+}
+
+/// `v` without nulls and empty lists (what encoding a decoded Go object would drop).
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, x)| !x.is_null() && !x.as_array().is_some_and(Vec::is_empty))
+                .map(|(k, x)| (k.clone(), canonical(x)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
 }
 
 /// The name and namespace in the body must be those of the URL.

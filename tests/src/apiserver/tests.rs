@@ -194,6 +194,15 @@ async fn update_conflicts_and_status_subresource() -> Result<()> {
     assert_eq!(after.status.as_ref().and_then(|s| s.qos_class.as_deref()), Some("BestEffort"));
     assert_eq!(after.spec.as_ref().and_then(|s| s.active_deadline_seconds), None);
 
+    // The server's canonical form: a null, an absent field and an empty list are the same,
+    // so writing back what was read (through k8s-openapi, which drops nulls) is no write.
+    let with_nulls = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "True", "lastProbeTime": null, "lastTransitionTime": null}
+    ]}});
+    let patched = pods.patch_status("p", &PatchParams::default(), &Patch::Merge(with_nulls)).await?;
+    let rewritten = pods.replace_status("p", &PostParams::default(), &patched).await?;
+    assert_eq!(rewritten.metadata.resource_version, patched.metadata.resource_version);
+
     // Nodes: status through the main resource ignored; spec through /status ignored.
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes.create(&PostParams::default(), &node("n1")).await?;
