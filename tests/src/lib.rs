@@ -110,6 +110,17 @@ impl Cri {
         Ok(())
     }
 
+    /// Runs a command in a container (CRI `ExecSync`): (exit code, stdout).
+    pub async fn exec(&self, id: &str, cmd: &[&str]) -> Result<(i32, String)> {
+        let req = cri::ExecSyncRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(ToString::to_string).collect(),
+            timeout: 10,
+        };
+        let resp = self.client.clone().exec_sync(req).await?.into_inner();
+        Ok((resp.exit_code, String::from_utf8_lossy(&resp.stdout).into_owned()))
+    }
+
     /// Full status of a container (verbose: includes the runtime spec with cgroup paths).
     pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatusResponse> {
         let req = cri::ContainerStatusRequest { container_id: id.into(), verbose: true };

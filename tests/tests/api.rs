@@ -226,3 +226,130 @@ async fn api_server_outage_leaves_pods_running_and_status_converges() -> Result<
     api.delete::<Pod>(Some("default"), "steady", Some(0))?;
     agent.shutdown(&cri).await
 }
+
+async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
+    Ok(cri
+        .containers(uid)
+        .await?
+        .into_iter()
+        .find(|c| c.state == 1)
+        .map(|c| c.id)
+        .ok_or_else(|| anyhow::anyhow!("no running container"))?)
+}
+
+async fn cat(cri: &Cri, id: &str, path: &str) -> Result<String> {
+    let (code, out) = cri.exec(id, &["cat", path]).await?;
+    anyhow::ensure!(code == 0, "cat {path} exited {code}");
+    Ok(out)
+}
+
+/// ConfigMap, Secret and projected token volumes, env from them, and an updated
+/// ConfigMap reaching the mounted file on a later sync.
+#[tokio::test]
+async fn configmap_secret_and_token_volumes_and_env() -> Result<()> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "settings", "namespace": "default"},
+        "data": {"greeting": "hello", "color": "blue"}
+    }))?;
+    api.create(&cm)?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "creds", "namespace": "default"},
+        "data": {"password": "czNjcmV0"}
+    }))?;
+    api.create(&secret)?;
+    let spec = json!({
+        "volumes": [
+            {"name": "cfg", "configMap": {"name": "settings"}},
+            {"name": "sec", "secret": {"secretName": "creds", "defaultMode": 256}},
+            {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 3600}}]}},
+            {"name": "scratch", "emptyDir": {}}
+        ],
+        "containers": [{
+            "name": "main",
+            "image": "localhost/busybox:latest",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+            "env": [
+                {"name": "GREETING", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "greeting"}}},
+                {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                {"name": "MEM_LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}}
+            ],
+            "envFrom": [{"prefix": "CFG_", "configMapRef": {"name": "settings"}}],
+            "resources": {"limits": {"memory": "64Mi"}},
+            "volumeMounts": [
+                {"name": "cfg", "mountPath": "/etc/settings"},
+                {"name": "sec", "mountPath": "/etc/creds", "readOnly": true},
+                {"name": "tok", "mountPath": "/var/run/tok"},
+                {"name": "scratch", "mountPath": "/scratch"}
+            ]
+        }]
+    });
+    let uid = api.create(&pod("volumes", &spec))?.metadata.uid.unwrap();
+    wait_pod(&api, "volumes", 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))?;
+    let id = running_container(&cri, &uid).await?;
+    assert_eq!(cat(&cri, &id, "/etc/settings/greeting").await?, "hello");
+    assert_eq!(cat(&cri, &id, "/etc/creds/password").await?, "s3cret");
+    assert!(cat(&cri, &id, "/var/run/tok/token").await?.split('.').count() == 3, "a JWT");
+    let (_, env) = cri.exec(&id, &["sh", "-c", "echo $GREETING $PASSWORD $CFG_color $MEM_LIMIT"]).await?;
+    assert_eq!(env.trim(), "hello s3cret blue 64");
+    let (code, _) = cri.exec(&id, &["sh", "-c", "echo x > /scratch/f && cat /scratch/f"]).await?;
+    assert_eq!(code, 0, "emptyDir is writable");
+    // The ConfigMap changes: the file follows on a later pod sync.
+    api.modify::<ConfigMap>(Some("default"), "settings", false, |c| {
+        c.data.get_or_insert_with(Default::default).insert("greeting".into(), "bonjour".into());
+    })?;
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
+    while cat(&cri, &id, "/etc/settings/greeting").await? != "bonjour" {
+        assert!(std::time::Instant::now() < deadline, "ConfigMap update did not reach the volume");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    api.delete::<Pod>(Some("default"), "volumes", Some(0))?;
+    agent.shutdown(&cri).await
+}
+
+/// resolv.conf as the pod's dnsPolicy says (clusterDNS and clusterDomain configured).
+#[tokio::test]
+async fn dns_policies() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        extra_config: "clusterDNS: [10.96.0.10]\nclusterDomain: cluster.local\n".into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    let first = api.create(&pod("dns-cluster", &json!({})))?.metadata.uid.unwrap();
+    let none = api
+        .create(&pod(
+            "dns-none",
+            &json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["192.0.2.53"], "searches": ["example.test"], "options": [{"name": "ndots", "value": "2"}]}}),
+        ))?
+        .metadata
+        .uid
+        .unwrap();
+    for name in ["dns-cluster", "dns-none"] {
+        wait_pod(&api, name, 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
+    }
+    let conf = cat(&cri, &running_container(&cri, &first).await?, "/etc/resolv.conf").await?;
+    assert!(conf.contains("nameserver 10.96.0.10"), "{conf}");
+    assert!(conf.contains("search default.svc.cluster.local svc.cluster.local cluster.local"), "{conf}");
+    assert!(conf.contains("ndots:5"), "{conf}");
+    let conf = cat(&cri, &running_container(&cri, &none).await?, "/etc/resolv.conf").await?;
+    assert!(
+        conf.contains("nameserver 192.0.2.53") && conf.contains("search example.test") && conf.contains("ndots:2"),
+        "{conf}"
+    );
+    let hosts = cat(&cri, &running_container(&cri, &first).await?, "/etc/hosts").await?;
+    assert!(hosts.contains("dns-cluster"), "{hosts}");
+    api.delete::<Pod>(Some("default"), "dns-cluster", Some(0))?;
+    api.delete::<Pod>(Some("default"), "dns-none", Some(0))?;
+    agent.shutdown(&cri).await
+}
