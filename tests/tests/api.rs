@@ -228,13 +228,12 @@ async fn api_server_outage_leaves_pods_running_and_status_converges() -> Result<
 }
 
 async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
-    Ok(cri
-        .containers(uid)
+    cri.containers(uid)
         .await?
         .into_iter()
         .find(|c| c.state == 1)
         .map(|c| c.id)
-        .ok_or_else(|| anyhow::anyhow!("no running container"))?)
+        .ok_or_else(|| anyhow::anyhow!("no running container"))
 }
 
 async fn cat(cri: &Cri, id: &str, path: &str) -> Result<String> {
@@ -243,8 +242,8 @@ async fn cat(cri: &Cri, id: &str, path: &str) -> Result<String> {
     Ok(out)
 }
 
-/// ConfigMap, Secret and projected token volumes, env from them, and an updated
-/// ConfigMap reaching the mounted file on a later sync.
+/// `ConfigMap`, `Secret` and projected token volumes, env from them, and an updated
+/// `ConfigMap` reaching the mounted file on a later sync.
 #[tokio::test]
 async fn configmap_secret_and_token_volumes_and_env() -> Result<()> {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
