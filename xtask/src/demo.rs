@@ -12,7 +12,10 @@ use crate::{
     testbed::{self, DEMO_ROOT, Layout, State},
 };
 
-pub async fn run(ctx: &Ctx, layout: &Layout) -> Result<()> {
+/// Port of the test API server in `demo --cluster`.
+const DEMO_APISERVER_PORT: u16 = 6443;
+
+pub async fn run(ctx: &Ctx, layout: &Layout, cluster: bool) -> Result<()> {
     let config = ctx.workspace.join("examples/kubelet-config.yaml");
     let static_pods = ctx.workspace.join("examples/static-pods");
     for p in [&config, &static_pods] {
@@ -23,15 +26,40 @@ pub async fn run(ctx: &Ctx, layout: &Layout) -> Result<()> {
 
     let state = testbed::up(ctx, layout).await?;
 
-    eprintln!("==> cargo build -p swiftlet");
+    eprintln!("==> cargo build -p swiftlet -p swiftlet-tests --bins");
     let status = std::process::Command::new(&ctx.cargo)
-        .args(["build", "-p", "swiftlet"])
+        .args(["build", "-p", "swiftlet", "-p", "swiftlet-tests", "--bins"])
         .current_dir(&ctx.workspace)
         .status()
-        .context("running cargo build -p swiftlet")?;
+        .context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build -p swiftlet failed");
+        bail!("cargo build failed");
     }
+    // The test API server (a test double of kube-apiserver) for `--cluster`; killed by
+    // pid when the demo ends.
+    let apiserver = if cluster {
+        let kubeconfig = std::env::temp_dir().join("swiftlet-demo-kubeconfig");
+        let child = std::process::Command::new(ctx.target_dir.join("debug/swiftlet-test-apiserver"))
+            .arg("--port")
+            .arg(DEMO_APISERVER_PORT.to_string())
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting swiftlet-test-apiserver")?;
+        for _ in 0..100 {
+            if kubeconfig.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        if !kubeconfig.exists() {
+            bail!("the test API server did not write {}", kubeconfig.display());
+        }
+        Some((ApiServerGuard(child), kubeconfig))
+    } else {
+        None
+    };
 
     // The agent's root dir is ours to remove at `down` only if the demo creates it.
     let demo_root = Path::new(DEMO_ROOT);
@@ -51,6 +79,11 @@ pub async fn run(ctx: &Ctx, layout: &Layout) -> Result<()> {
     println!("  curl -sk https://127.0.0.1:10250/pods");
     println!("  curl -sk https://127.0.0.1:10250/metrics");
     println!("  ctr -a {} -n k8s.io containers ls", socket.display());
+    if let Some((_, kubeconfig)) = &apiserver {
+        println!("Joined the test API server at https://127.0.0.1:{DEMO_APISERVER_PORT} (kubeconfig {}):", kubeconfig.display());
+        println!("  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/nodes");
+        println!("  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/pods");
+    }
     println!("Ctrl-C stops swiftlet (SIGTERM); the test bed stays up.");
     println!();
 
@@ -66,10 +99,23 @@ pub async fn run(ctx: &Ctx, layout: &Layout) -> Result<()> {
         .arg("--hostname-override")
         .arg("swiftlet-demo")
         .current_dir(&ctx.workspace);
+    if let Some((_, kubeconfig)) = &apiserver {
+        cmd.arg("--kubeconfig").arg(kubeconfig);
+    }
     let (status, interrupted) = run_foreground(cmd, &binary.display().to_string()).await?;
     eprintln!("demo: swiftlet exited: {status}");
     eprintln!("The test bed is still up; `cargo xtask testbed down` cleans up.");
     if status.success() || interrupted { Ok(()) } else { bail!("swiftlet exited with {status}") }
+}
+
+/// Stops the demo's test API server (by its pid) when the demo ends.
+struct ApiServerGuard(std::process::Child);
+
+impl Drop for ApiServerGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Runs `cmd` in its own process group until it exits. The first SIGINT/SIGTERM we get is

@@ -49,7 +49,12 @@ enum Cmd {
         test_args: Vec<String>,
     },
     /// Bring the test bed up and run the agent against it in the foreground.
-    Demo,
+    Demo {
+        /// Join the project's test API server (started on 127.0.0.1:6443) instead of
+        /// running standalone: the node registers and API pods run.
+        #[arg(long)]
+        cluster: bool,
+    },
     /// Benchmarks against the test bed; they print figures (never run in CI).
     Bench {
         #[command(subcommand)]
@@ -111,7 +116,7 @@ async fn main() -> ExitCode {
             TestbedCmd::Smoke { keep } => testbed::smoke(&layout, keep).await,
         },
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
-        Cmd::Demo => demo::run(&ctx, &layout).await,
+        Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command } => bench::run(&ctx, &layout, command).await,
     };
     match result {
