@@ -194,20 +194,23 @@ fn node_settings(cfg: &Config, node_ip: Option<std::net::IpAddr>) -> crate::node
 }
 
 /// A client of the API server from a kubeconfig file.
-async fn kube_client(path: &std::path::Path) -> Result<kube::Client, Error> {
+/// Requests are rate limited by `kubeAPIQPS`/`kubeAPIBurst` as upstream.
+async fn kube_client(path: &std::path::Path, qps: i32, burst: i32) -> Result<kube::Client, Error> {
     let err = |message: String| Error::Kubeconfig { path: path.display().to_string(), message };
     let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
         .await
         .map_err(|e| err(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(e.to_string()))?;
+    let bucket = Arc::new(crate::api_throttle::TokenBucket::new(qps as f32, burst));
+    Ok(builder.with_layer(&crate::api_throttle::ThrottleLayer(bucket)).build())
 }
 
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
     let kc = &cfg.kubelet;
     let client = match &cfg.kubeconfig {
-        Some(path) => Some(kube_client(path).await?),
+        Some(path) => Some(kube_client(path, kc.kube_api_qps, kc.kube_api_burst).await?),
         None => None,
     };
     let mode = if client.is_some() { "API server" } else { "standalone: static pods only" };

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod api_objects;
+pub mod api_throttle;
 pub mod cm;
 pub mod config;
 pub mod event_api;

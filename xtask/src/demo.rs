@@ -80,9 +80,16 @@ pub async fn run(ctx: &Ctx, layout: &Layout, cluster: bool) -> Result<()> {
     println!("  curl -sk https://127.0.0.1:10250/metrics");
     println!("  ctr -a {} -n k8s.io containers ls", socket.display());
     if let Some((_, kubeconfig)) = &apiserver {
-        println!("Joined the test API server at https://127.0.0.1:{DEMO_APISERVER_PORT} (kubeconfig {}):", kubeconfig.display());
-        println!("  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/nodes");
-        println!("  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/pods");
+        println!(
+            "Joined the test API server at https://127.0.0.1:{DEMO_APISERVER_PORT} (kubeconfig {}):",
+            kubeconfig.display()
+        );
+        println!(
+            "  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/nodes"
+        );
+        println!(
+            "  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/pods"
+        );
     }
     println!("Ctrl-C stops swiftlet (SIGTERM); the test bed stays up.");
     println!();
