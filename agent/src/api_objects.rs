@@ -1,10 +1,14 @@
 //! [`KubeObjectSource`]: `ConfigMap`s, `Secret`s and service-account tokens from the API
 //! server, for volumes and environment variables in API-server mode.
 //!
-//! Objects are read with a GET on each pod sync (upstream's `Get` change-detection
-//! strategy), so an updated `ConfigMap` reaches mounted files on the next sync of the pods
-//! that use it. Tokens come from the `TokenRequest` API, bound to the pod.
+//! `ConfigMap`s and `Secret`s come from a watch-based cache (upstream's default `Watch`
+//! change-detection strategy): the first read of an object starts a watch of that one
+//! object (`fieldSelector=metadata.name=<name>`, so the node never lists secrets it does
+//! not use), later reads are served from the cache, and an update reaches the mounted
+//! files on the next sync of the pods that use it. A watch unused for
+//! [`CACHE_IDLE`] is stopped. Tokens come from the `TokenRequest` API, bound to the pod.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -15,10 +19,98 @@ use kube::api::PostParams;
 
 use crate::volumes::source::{BoundPod, Error, ObjectSource, Result, ServiceAccountToken};
 
+/// How long a cached object's watch lives without a read (pods read their objects on
+/// every sync, at least once per `syncFrequency`).
+pub const CACHE_IDLE: Duration = Duration::from_mins(5);
+
+/// What the cache knows of one object.
+#[derive(Clone, Debug)]
+enum Cached<K> {
+    /// The watch has not listed yet (or is recovering from an error).
+    Unsynced,
+    Absent,
+    Present(K),
+}
+
+struct CacheEntry<K> {
+    value: Arc<std::sync::RwLock<Cached<K>>>,
+    task: tokio::task::JoinHandle<()>,
+    last_used: tokio::time::Instant,
+}
+
+/// Watch-backed cache of one kind of namespaced object.
+struct ObjectCache<K> {
+    entries: std::sync::Mutex<std::collections::HashMap<(String, String), CacheEntry<K>>>,
+}
+
+impl<K> Default for ObjectCache<K> {
+    fn default() -> Self {
+        Self { entries: std::sync::Mutex::default() }
+    }
+}
+
+impl<K> ObjectCache<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default,
+{
+    /// The cached object once its watch has synced; `None` (not cached yet) otherwise,
+    /// after starting the watch.
+    fn cached(&self, client: &kube::Client, namespace: &str, name: &str) -> Cached<K> {
+        use futures::StreamExt as _;
+        let mut entries = self.entries.lock().unwrap();
+        let now = tokio::time::Instant::now();
+        entries.retain(|_, e| {
+            let keep = now.duration_since(e.last_used) < CACHE_IDLE;
+            if !keep {
+                e.task.abort();
+            }
+            keep
+        });
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(e) = entries.get_mut(&key) {
+            e.last_used = now;
+            return e.value.read().unwrap().clone();
+        }
+        let value = Arc::new(std::sync::RwLock::new(Cached::Unsynced));
+        let slot = value.clone();
+        let api: Api<K> = Api::namespaced(client.clone(), namespace);
+        let cfg = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = tokio::spawn(async move {
+            let mut stream = kube::runtime::watcher(api, cfg).boxed();
+            let mut listed: Option<K> = None;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(kube::runtime::watcher::Event::Init) => listed = None,
+                    Ok(kube::runtime::watcher::Event::InitApply(o)) => listed = Some(o),
+                    Ok(kube::runtime::watcher::Event::InitDone) => {
+                        *slot.write().unwrap() = listed.take().map_or(Cached::Absent, Cached::Present);
+                    }
+                    Ok(kube::runtime::watcher::Event::Apply(o)) => *slot.write().unwrap() = Cached::Present(o),
+                    Ok(kube::runtime::watcher::Event::Delete(_)) => *slot.write().unwrap() = Cached::Absent,
+                    // kube-runtime backs off and retries; until it recovers, reads fall
+                    // back to GETs.
+                    Err(_) => *slot.write().unwrap() = Cached::Unsynced,
+                }
+            }
+        });
+        entries.insert(key, CacheEntry { value, task, last_used: now });
+        Cached::Unsynced
+    }
+}
+
 /// Object source backed by the API server.
 #[derive(Clone)]
 pub struct KubeObjectSource {
     client: kube::Client,
+    config_maps: Arc<ObjectCache<ConfigMap>>,
+    secrets: Arc<ObjectCache<Secret>>,
 }
 
 impl std::fmt::Debug for KubeObjectSource {
@@ -30,7 +122,7 @@ impl std::fmt::Debug for KubeObjectSource {
 impl KubeObjectSource {
     #[must_use]
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self { client, config_maps: Arc::default(), secrets: Arc::default() }
     }
 }
 
@@ -41,11 +133,21 @@ fn api_err(kind: &'static str, namespace: &str, name: &str, e: &kube::Error) -> 
 #[async_trait]
 impl ObjectSource for KubeObjectSource {
     async fn config_map(&self, namespace: &str, name: &str) -> Result<Option<ConfigMap>> {
+        match self.config_maps.cached(&self.client, namespace, name) {
+            Cached::Present(c) => return Ok(Some(c)),
+            Cached::Absent => return Ok(None),
+            Cached::Unsynced => {}
+        }
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         api.get_opt(name).await.map_err(|e| api_err("ConfigMap", namespace, name, &e))
     }
 
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>> {
+        match self.secrets.cached(&self.client, namespace, name) {
+            Cached::Present(s) => return Ok(Some(s)),
+            Cached::Absent => return Ok(None),
+            Cached::Unsynced => {}
+        }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         api.get_opt(name).await.map_err(|e| api_err("Secret", namespace, name, &e))
     }
