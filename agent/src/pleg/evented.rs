@@ -536,19 +536,27 @@ impl EventedPleg {
     /// Polls CRI until the container is in `want` (the runtime lags the kernel by a few
     /// ms), with a short exponential back-off, up to [`CONFIRM_DEADLINE`].
     async fn confirm(&self, id: &str, want: PlegState) -> Confirmation {
-        let give_up = tokio::time::Instant::now() + CONFIRM_DEADLINE;
-        let mut pause = Duration::from_micros(500);
+        let started = tokio::time::Instant::now();
+        let give_up = started + CONFIRM_DEADLINE;
         loop {
             match runtime_state(self.rt.as_ref(), id).await {
                 Some((s, name)) if s == want => return Confirmation::Agreed(name),
                 Some((s, _)) if rank(s) > rank(want) => return Confirmation::Passed,
                 _ => {}
             }
+            // containerd records an exit some tens of ms after the kernel (it runs `runc
+            // delete` first): poll finely while that is likely, then back off. A doubling
+            // back-off would overshoot the moment it agrees by up to its last step.
+            let elapsed = started.elapsed();
+            let pause = if elapsed < Duration::from_millis(200) {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(25)
+            };
             if tokio::time::Instant::now() + pause > give_up {
                 return Confirmation::TimedOut;
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
 
