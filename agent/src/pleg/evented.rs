@@ -548,11 +548,8 @@ impl EventedPleg {
             // delete` first): poll finely while that is likely, then back off. A doubling
             // back-off would overshoot the moment it agrees by up to its last step.
             let elapsed = started.elapsed();
-            let pause = if elapsed < Duration::from_millis(200) {
-                Duration::from_millis(2)
-            } else {
-                Duration::from_millis(25)
-            };
+            let pause =
+                if elapsed < Duration::from_millis(200) { Duration::from_millis(2) } else { Duration::from_millis(25) };
             if tokio::time::Instant::now() + pause > give_up {
                 return Confirmation::TimedOut;
             }
