@@ -1428,13 +1428,7 @@ pub mod dns {
         (cfg, events)
     }
 
-    fn is_dns1123_label(s: &str) -> bool {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    }
+    use crate::sources::defaults::is_dns1123_label;
 
     /// Upstream `GeneratePodHostNameAndDomain`: `spec.hostname` or the pod name (cut to 63
     /// characters without a trailing `-` or `.`), and `<subdomain>.<ns>.svc.<domain>` when

@@ -39,7 +39,8 @@ pub fn static_pod_uid(pod: &Pod, node_name: &str, source: &str) -> String {
     hex::encode(h.finalize())
 }
 
-fn is_dns1123_label(s: &str) -> bool {
+/// A lowercase RFC 1123 label (names of containers, namespaces, hostnames).
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
