@@ -453,17 +453,8 @@ impl Drop for BenchAgent {
 /// (the bench's too), and its pods would be taken over by the bench's agent. Either makes
 /// the figures wrong, so the bench stops rather than print them.
 pub fn disturbance(sandboxes: &[PodSandbox], ours: &BTreeSet<String>) -> Option<String> {
-    let foreign: Vec<String> = sandboxes
-        .iter()
-        .filter_map(|s| {
-            s.metadata.as_ref().filter(|m| m.namespace != NAMESPACE).map(|m| format!("{}/{}", m.namespace, m.name))
-        })
-        .collect();
-    if !foreign.is_empty() {
-        return Some(format!(
-            "pods of someone else appeared in the test bed ({}): another agent or an end-to-end test is using it",
-            foreign.join(", ")
-        ));
+    if let Some(why) = foreign_pods(sandboxes) {
+        return Some(why);
     }
     let ready: BTreeSet<String> = sandboxes
         .iter()
@@ -480,6 +471,21 @@ pub fn disturbance(sandboxes: &[PodSandbox], ours: &BTreeSet<String>) -> Option<
         ));
     }
     None
+}
+
+/// What is foreign in the test bed (sandboxes outside the bench namespace), if anything.
+pub fn foreign_pods(sandboxes: &[PodSandbox]) -> Option<String> {
+    let foreign: Vec<String> = sandboxes
+        .iter()
+        .filter(|s| s.metadata.as_ref().is_none_or(|m| m.namespace != NAMESPACE))
+        .map(|s| s.metadata.as_ref().map_or_else(|| s.id.clone(), |m| format!("{}/{}", m.namespace, m.name)))
+        .collect();
+    (!foreign.is_empty()).then(|| {
+        format!(
+            "pods of someone else appeared in the test bed ({}): another agent or an end-to-end test is using it",
+            foreign.join(", ")
+        )
+    })
 }
 
 /// The ready sandboxes of the bench namespace.

@@ -19,7 +19,7 @@ use crate::{Ctx, testbed::Layout};
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
     /// PLEG latency (kill → pod worker → pod status), CPU per event, idle CPU and RSS with
-    /// many pods: evented vs relist. Takes about 10 minutes; needs the machine to itself.
+    /// many pods: evented vs relist. Takes about 12 minutes; needs the machine and the test bed to itself.
     Pleg(pleg::PlegArgs),
 }
 

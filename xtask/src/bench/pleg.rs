@@ -8,7 +8,8 @@
 //!    one at a time after a random 0–1 s pause, and the bench waits (at most 5 s) until
 //!    the agent's log shows the `ContainerDied` dispatch, the status update and the
 //!    restart. Latencies come from the agent's records ([`records`]) matched to the kill
-//!    times ([`latency`]); CPU is the agent's over the whole kill phase.
+//!    times ([`latency`]); CPU is the agent's over the whole kill phase, and over 10 s
+//!    without kills just before (its background, to report the kills' own cost).
 //! 2. Idle: the latency pods go, `idle_pods` single-container pods come; once all run and
 //!    10 s have passed, the agent's CPU over 30 s and its RSS.
 //! 3. Teardown: every manifest removed, pods drained, agent stopped, cgroups and
@@ -56,6 +57,9 @@ const KILL_PAUSE_MAX_MS: u64 = 1000;
 /// come from the records' own timestamps; this only paces the kills.
 const LOG_POLL: Duration = Duration::from_millis(2);
 const SETTLE: Duration = Duration::from_secs(10);
+/// How long the agent's background CPU is measured with the latency pods running, before
+/// the kills: what the kill phase would cost without kills.
+const BACKGROUND_WINDOW: Duration = Duration::from_secs(10);
 const IDLE_WINDOW: Duration = Duration::from_secs(30);
 const DRAIN_TIMEOUT: Duration = Duration::from_mins(3);
 /// The containers' command: sleeps until killed; a graceful stop (SIGTERM) ends it at once.
@@ -97,10 +101,13 @@ pub struct PlegArgs {
     swiftlet_bin: Option<PathBuf>,
 }
 
-/// What must be undone however the bench ends: the agent of the PLEG being measured.
+/// What outlives the bench however it ends: the agent of the PLEG being measured (to
+/// undo) and the figures of the PLEGs measured so far (to publish).
 #[derive(Debug, Default)]
 struct Session {
     agent: Option<BenchAgent>,
+    env: Option<Environment>,
+    results: Vec<ModeResult>,
 }
 
 impl Session {
@@ -144,16 +151,22 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &PlegArgs) -> Result<()> {
     if let Err(e) = &cleanup {
         eprintln!("bench: {e:#}");
     }
+    // The PLEGs measured before a failure or an interrupt still have their figures.
+    let published = match &session.env {
+        Some(env) if !session.results.is_empty() => publish(ctx, &session.results, env, outcome.is_err()),
+        _ => Ok(()),
+    };
     let bed = if bed_was_up || args.keep_testbed {
         Ok(())
     } else {
         eprintln!("bench: the test bed was down before the bench: taking it down");
         testbed::down(ctx, layout).await
     };
-    match (outcome, cleanup, bed) {
-        (Ok(()), Ok(()), Ok(())) => Ok(()),
-        (Err(e), ..) | (Ok(()), Err(e), _) => Err(e),
-        (Ok(()), Ok(()), Err(e)) => Err(e.context("taking the test bed down")),
+    match (outcome, cleanup, bed, published) {
+        (Ok(()), Ok(()), Ok(()), Ok(())) => Ok(()),
+        (Err(e), ..) | (Ok(()), Err(e), ..) => Err(e),
+        (Ok(()), Ok(()), Err(e), _) => Err(e.context("taking the test bed down")),
+        (Ok(()), Ok(()), Ok(()), Err(e)) => Err(e.context("writing the report")),
     }
 }
 
@@ -168,9 +181,8 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Sessio
     let mut cri = CriClient::connect(&layout.socket()).await?;
     preflight(&mut cri, layout).await?;
     let version = cri.version().await?;
-    let env = environment(ctx, &version, args.swiftlet_bin.as_deref());
+    session.env = Some(environment(ctx, &version, args.swiftlet_bin.as_deref()));
 
-    let mut results = Vec::new();
     for mode in args.mode.modes() {
         eprintln!();
         eprintln!("==> bench pleg: {mode}");
@@ -178,18 +190,30 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Sessio
             .await
             .with_context(|| format!("{} run", mode.name()))?;
         session.end_agent(ctx, layout).await.with_context(|| format!("tearing down the {} run", mode.name()))?;
-        results.push(result);
+        session.results.push(result);
     }
+    Ok(())
+}
 
-    let text = report::text(&results);
-    let md = report::markdown(&results, &env);
+/// Prints the table and writes it as Markdown to `target/bench/pleg.md`.
+fn publish(ctx: &Ctx, results: &[ModeResult], env: &Environment, incomplete: bool) -> Result<()> {
+    let text = report::text(results);
+    let mut md = report::markdown(results, env);
+    if incomplete {
+        md.push_str("\n**Incomplete**: the bench failed before it measured every PLEG it was asked to.\n");
+    }
     let path = bench_dir(ctx).join("pleg.md");
     fs::create_dir_all(bench_dir(ctx))?;
     fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
     println!();
     println!(
-        "swiftlet PLEG benchmark, {} ({}, {} cores, kernel {}, {})",
-        env.date, env.cpu, env.cores, env.kernel, env.runtime
+        "swiftlet PLEG benchmark, {} ({}, {} cores, kernel {}, {}){}",
+        env.date,
+        env.cpu,
+        env.cores,
+        env.kernel,
+        env.runtime,
+        if incomplete { " — INCOMPLETE" } else { "" }
     );
     println!();
     print!("{text}");
@@ -231,19 +255,9 @@ async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
         "another swiftlet uses the test bed (pid {others:?}); the bench needs the test bed to itself"
     );
     agent::remove_bench_sandboxes(cri).await.context("removing sandboxes an earlier bench left")?;
-    let foreign: Vec<String> = cri
-        .list_pod_sandboxes()
-        .await?
-        .into_iter()
-        .map(|s| s.metadata.map_or_else(|| s.id.clone(), |m| format!("{}/{}", m.namespace, m.name)))
-        .collect();
-    ensure!(
-        foreign.is_empty(),
-        "the test bed runs {} pod(s) that are not the bench's ({}): an end-to-end test or demo is using it, and \
-         the bench's agent would take them over. Try again when it is idle.",
-        foreign.len(),
-        foreign.join(", ")
-    );
+    if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
+        bail!("{why}; the bench's agent would take them over. Try again when the test bed is idle.");
+    }
     let stale = |p: &Path| {
         p.file_name().and_then(|n| n.to_str()).and_then(bench_owner).is_some_and(|pid| !containerd::is_alive(pid))
     };
@@ -415,8 +429,7 @@ async fn wait_running(
     loop {
         agent.ensure_alive()?;
         // Only foreign pods count here: the bench's own sandboxes are still coming.
-        let sandboxes = cri.list_pod_sandboxes().await?;
-        if let Some(why) = agent::disturbance(&sandboxes, &agent::ready_bench_sandboxes(cri).await?) {
+        if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
             bail!("the test bed is not the bench's alone: {why}");
         }
         let pods = agent.pods().await?;
@@ -512,8 +525,13 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     let mut kills = Vec::with_capacity(targets.len());
     let mut skipped = 0;
     let mut timeouts = [0; 3];
-    eprintln!("bench: killing {} containers one at a time", targets.len());
+    let background_before = CpuSample::take(agent_pid)?;
+    tokio::time::sleep(BACKGROUND_WINDOW).await;
     let cpu_before = CpuSample::take(agent_pid)?;
+    let (background_cpu, background_wall) = cpu_before.since(&background_before);
+    let background_cores = background_cpu / background_wall;
+    eprintln!("bench: background CPU with {n_pods} pods and no kills: {background_cores:.4} cores");
+    eprintln!("bench: killing {} containers one at a time", targets.len());
     for (i, t) in targets.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(pauses.next_ms(KILL_PAUSE_MAX_MS))).await;
         agent.ensure_alive()?;
@@ -607,6 +625,7 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
         timeouts,
         cpu_seconds,
         wall_seconds,
+        background_cores,
     })
 }
 

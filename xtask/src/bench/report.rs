@@ -38,12 +38,21 @@ pub struct LatencyFigures {
     /// Agent CPU seconds and wall seconds over the kill phase.
     pub cpu_seconds: f64,
     pub wall_seconds: f64,
+    /// Agent CPU with the same pods and no kills, measured just before the kill phase.
+    pub background_cores: f64,
 }
 
 impl LatencyFigures {
-    /// Agent CPU seconds per 1000 kill+restart cycles.
+    /// Agent CPU seconds per 1000 kill+restart cycles, all of the kill phase's CPU.
     pub fn cpu_per_1000(&self) -> Option<f64> {
         (self.kills > 0).then(|| self.cpu_seconds / self.kills as f64 * 1000.0)
+    }
+
+    /// The same without the background: what the kills themselves cost.
+    pub fn net_cpu_per_1000(&self) -> Option<f64> {
+        (self.kills > 0).then(|| {
+            (self.cpu_seconds - self.background_cores * self.wall_seconds).max(0.0) / self.kills as f64 * 1000.0
+        })
     }
 }
 
@@ -249,6 +258,18 @@ fn rows(results: &[ModeResult]) -> Vec<Row> {
         "",
     ));
     rows.push(row(
+        "… net of the background⁵",
+        per_mode(results, |r| r.latency.net_cpu_per_1000().map_or_else(|| "—".to_owned(), |c| format!("{c:.2} CPU-s"))),
+        "",
+        "",
+    ));
+    rows.push(row(
+        "agent background CPU, latency pods, no kills",
+        per_mode(results, |r| format!("{:.4} cores", r.latency.background_cores)),
+        "",
+        "",
+    ));
+    rows.push(row(
         "agent CPU during the kill phase",
         per_mode(results, |r| {
             let l = &r.latency;
@@ -303,7 +324,8 @@ fn footnotes(results: &[ModeResult]) -> Vec<String> {
         "³ evented: ContainerDied events found by the safety relist instead of the sensors.".to_owned(),
         "⁴ kills whose dispatch, status update or restart was not seen within 5 s.".to_owned(),
         "⁵ each kill causes a restart, so this is per kill+restart cycle: agent CPU over the whole kill phase \
-         (including background work such as relists during the pauses) divided by the kills."
+         (including background work such as relists during the pauses) divided by the kills; net: minus the \
+         background CPU measured over 10 s with the same pods just before the kills."
             .to_owned(),
         "⁶ the runtime's CPU over the same idle window: relisting costs containerd CPU too.".to_owned(),
         "kubelet 1.28 (kind, this machine): (b) is kill → terminated in the API; idle with 100 pods.".to_owned(),
@@ -434,6 +456,7 @@ mod tests {
                 kill_to_status: Some(summary(20_000_000, 60_000_000)),
                 cpu_seconds: 1.0,
                 wall_seconds: 100.0,
+                background_cores: 0.004,
                 ..LatencyFigures::default()
             },
             idle: IdleFigures { pods: 100, cores: 0.002, rss_bytes: 20 * 1024 * 1024, ..IdleFigures::default() },
@@ -458,6 +481,8 @@ mod tests {
         assert!(b_p99.contains("60.0 ms ✗") && b_p99.contains("984 ms"), "{b_p99}");
         // 1 CPU-s over 200 kills.
         assert!(t.contains("5.00 CPU-s"));
+        // Net: (1 - 0.004 × 100) / 200 × 1000.
+        assert!(t.contains("3.00 CPU-s"));
         assert!(t.contains("0.0020 cores ✓"));
         // Columns line up: every row of the table is as wide as its longest cell allows.
         // Right-aligned columns: the header and the figures end in the same column.
