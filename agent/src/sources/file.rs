@@ -168,7 +168,9 @@ impl FileSource {
     fn watch(&self, wake: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
         let dir = self.dir.clone();
         let mut w = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
+            // Our own scan opens and reads every manifest: those access events must not
+            // wake another scan, or the source rereads the directory forever.
+            if res.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
                 let _ = wake.send(());
             }
         }) {
