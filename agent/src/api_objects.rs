@@ -7,15 +7,18 @@
 //! not use), later reads are served from the cache, and an update reaches the mounted
 //! files on the next sync of the pods that use it. A watch unused for
 //! [`CACHE_IDLE`] is stopped. Tokens come from the `TokenRequest` API, bound to the pod.
+//! Services are listed and watched cluster-wide from the start, as upstream's service
+//! informer does, for the service-link environment variables.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use kube::Api;
 use kube::api::PostParams;
+use kube::runtime::{reflector, watcher};
 
 use crate::volumes::source::{BoundPod, Error, ObjectSource, Result, ServiceAccountToken};
 
@@ -105,12 +108,54 @@ where
     }
 }
 
+/// All services of the cluster, from a reflector (upstream's service informer: the
+/// kubelet lists and watches every service, for the service-link environment variables).
+struct ServiceLister {
+    store: reflector::Store<Service>,
+    synced: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceLister {
+    /// Starts the reflector; needs a tokio runtime.
+    fn start(client: kube::Client) -> Self {
+        use futures::StreamExt as _;
+        use kube::runtime::WatchStreamExt as _;
+        let (store, writer) = reflector::store();
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = synced.clone();
+        let api: Api<Service> = Api::all(client);
+        let task = tokio::spawn(async move {
+            let stream = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .modify(|s: &mut Service| s.metadata.managed_fields = None)
+                .reflect(writer);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => flag.store(true, std::sync::atomic::Ordering::Release),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "watching services"),
+                }
+            }
+        });
+        Self { store, synced, task }
+    }
+}
+
+impl Drop for ServiceLister {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Object source backed by the API server.
 #[derive(Clone)]
 pub struct KubeObjectSource {
     client: kube::Client,
     config_maps: Arc<ObjectCache<ConfigMap>>,
     secrets: Arc<ObjectCache<Secret>>,
+    services: Arc<ServiceLister>,
 }
 
 impl std::fmt::Debug for KubeObjectSource {
@@ -120,9 +165,11 @@ impl std::fmt::Debug for KubeObjectSource {
 }
 
 impl KubeObjectSource {
+    /// A source on `client`; starts the service reflector, so it needs a tokio runtime.
     #[must_use]
     pub fn new(client: kube::Client) -> Self {
-        Self { client, config_maps: Arc::default(), secrets: Arc::default() }
+        let services = Arc::new(ServiceLister::start(client.clone()));
+        Self { client, config_maps: Arc::default(), secrets: Arc::default(), services }
     }
 }
 
@@ -188,5 +235,9 @@ impl ObjectSource for KubeObjectSource {
         let secs = status.expiration_timestamp.map_or(0, |t| t.0.as_second());
         let expiration = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
         Ok(ServiceAccountToken { token: status.token.unwrap_or_default(), expiration })
+    }
+
+    fn services(&self) -> Option<Vec<Arc<Service>>> {
+        self.services.synced.load(std::sync::atomic::Ordering::Acquire).then(|| self.services.store.state())
     }
 }

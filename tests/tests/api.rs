@@ -260,6 +260,20 @@ async fn configmap_secret_and_token_volumes_and_env() -> Result<()> {
         "data": {"password": "czNjcmV0"}
     }))?;
     api.create(&secret)?;
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": "backend", "namespace": "default"},
+        "spec": {"ports": [{"name": "http", "port": 8080}]}
+    }))?;
+    let backend_ip = api.create(&svc)?.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+    // Service links off: only the kubernetes service's variables.
+    let unlinked = json!({
+        "enableServiceLinks": false,
+        "containers": [{
+            "name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+        }]
+    });
+    let unlinked_uid = api.create(&pod("unlinked", &unlinked))?.metadata.uid.unwrap();
     let spec = json!({
         "volumes": [
             {"name": "cfg", "configMap": {"name": "settings"}},
@@ -297,6 +311,22 @@ async fn configmap_secret_and_token_volumes_and_env() -> Result<()> {
     assert!(cat(&cri, &id, "/var/run/tok/token").await?.split('.').count() == 3, "a JWT");
     let (_, env) = cri.exec(&id, &["sh", "-c", "echo $GREETING $PASSWORD $CFG_color $MEM_LIMIT"]).await?;
     assert_eq!(env.trim(), "hello s3cret blue 64");
+    let (_, env) = cri
+        .exec(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "echo $BACKEND_SERVICE_HOST $BACKEND_SERVICE_PORT_HTTP $BACKEND_PORT $KUBERNETES_SERVICE_HOST",
+            ],
+        )
+        .await?;
+    assert_eq!(env.trim(), format!("{backend_ip} 8080 tcp://{backend_ip}:8080 10.96.0.1"));
+    wait_pod(&api, "unlinked", 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
+    let bare_id = running_container(&cri, &unlinked_uid).await?;
+    let (_, env) = cri.exec(&bare_id, &["sh", "-c", "echo [$BACKEND_SERVICE_HOST] $KUBERNETES_SERVICE_PORT"]).await?;
+    assert_eq!(env.trim(), "[] 443");
+    api.delete::<Pod>(Some("default"), "unlinked", Some(0))?;
     let (code, _) = cri.exec(&id, &["sh", "-c", "echo x > /scratch/f && cat /scratch/f"]).await?;
     assert_eq!(code, 0, "emptyDir is writable");
     // The ConfigMap changes: the file follows on a later pod sync.

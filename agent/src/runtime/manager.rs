@@ -1707,9 +1707,9 @@ pub mod dns {
 /// except `=`); keys that fail are skipped with an `InvalidEnvironmentVariableNames`
 /// warning, as upstream.
 pub mod env {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
 
-    use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+    use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 
     use super::RuntimeManagerConfig;
     use crate::volumes::downward_api::{self, NodeAllocatable};
@@ -1731,6 +1731,9 @@ pub mod env {
         /// The object source failed (for example: no API server).
         #[error(transparent)]
         Source(#[from] source::Error),
+        /// The service list has not completed once (API pods only; upstream's text).
+        #[error("services have not yet been read at least once, cannot construct envvars")]
+        ServicesNotSynced,
         /// A `fieldRef` or `resourceFieldRef` that cannot be resolved.
         #[error("env[{index}] {name:?}: {source}")]
         DownwardApi {
@@ -1852,9 +1855,81 @@ pub mod env {
         out.push((name, value));
     }
 
-    /// Resolves the container's environment.
+    /// Upstream `makeEnvVariableName`: upper case, `.` and `-` become `_`, and a leading
+    /// digit gets a `_` in front.
+    fn service_var_prefix(name: &str) -> String {
+        let up = name.replace(['.', '-'], "_").to_uppercase();
+        if up.starts_with(|c: char| c.is_ascii_digit()) { format!("_{up}") } else { up }
+    }
+
+    /// The variables of one service (upstream `envvars.FromServices`): `<NAME>_SERVICE_HOST`,
+    /// `<NAME>_SERVICE_PORT` (first port), `<NAME>_SERVICE_PORT_<PORTNAME>` for named ports,
+    /// and the Docker link variables `<NAME>_PORT`, `<NAME>_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR]`.
+    fn service_vars(svc: &Service, out: &mut BTreeMap<String, String>) {
+        let Some(spec) = &svc.spec else { return };
+        let ip = spec.cluster_ip.as_deref().unwrap_or_default();
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        if ip.is_empty() || ip == "None" || ports.is_empty() {
+            return;
+        }
+        let prefix = service_var_prefix(svc.metadata.name.as_deref().unwrap_or_default());
+        out.insert(format!("{prefix}_SERVICE_HOST"), ip.to_owned());
+        out.insert(format!("{prefix}_SERVICE_PORT"), ports[0].port.to_string());
+        for p in ports {
+            if let Some(name) = p.name.as_deref().filter(|n| !n.is_empty()) {
+                out.insert(format!("{prefix}_SERVICE_PORT_{}", service_var_prefix(name)), p.port.to_string());
+            }
+        }
+        let host = if ip.contains(':') { format!("[{ip}]") } else { ip.to_owned() };
+        for (i, p) in ports.iter().enumerate() {
+            let proto = p.protocol.as_deref().filter(|p| !p.is_empty()).unwrap_or("TCP");
+            let url = format!("{}://{host}:{}", proto.to_lowercase(), p.port);
+            if i == 0 {
+                out.insert(format!("{prefix}_PORT"), url.clone());
+            }
+            let port_prefix = format!("{prefix}_PORT_{}_{}", p.port, proto.to_uppercase());
+            out.insert(format!("{port_prefix}_PROTO"), proto.to_lowercase());
+            out.insert(format!("{port_prefix}_PORT"), p.port.to_string());
+            out.insert(format!("{port_prefix}_ADDR"), ip.to_owned());
+            out.insert(port_prefix, url);
+        }
+    }
+
+    /// Upstream `getServiceEnvVarMap`: the `kubernetes` service of `default` always, the
+    /// services of the pod's namespace when `enableServiceLinks`; services without a
+    /// cluster IP (headless, `ExternalName`) give nothing.
+    #[must_use]
+    pub fn service_env(services: &[std::sync::Arc<Service>], ns: &str, links: bool) -> BTreeMap<String, String> {
+        let mut chosen: BTreeMap<&str, &Service> = BTreeMap::new();
+        for svc in services {
+            let (Some(name), svc_ns) = (svc.metadata.name.as_deref(), svc.metadata.namespace.as_deref()) else {
+                continue;
+            };
+            if svc_ns == Some("default") && name == "kubernetes" {
+                chosen.entry(name).or_insert(svc);
+            } else if svc_ns == Some(ns) && links {
+                chosen.insert(name, svc);
+            }
+        }
+        let mut out = BTreeMap::new();
+        for svc in chosen.values() {
+            service_vars(svc, &mut out);
+        }
+        out
+    }
+
+    /// Resolves the container's environment: `envFrom`, then `env` (with `$(VAR)`
+    /// references to earlier variables and service variables), then the service variables
+    /// the container does not set itself.
     pub async fn resolve(pod: &Pod, container: &Container, ctx: &Context<'_>) -> Result<Resolved, Error> {
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let links = pod.spec.as_ref().and_then(|s| s.enable_service_links).unwrap_or(true);
+        let services = match ctx.source.services() {
+            Some(s) => service_env(&s, ns, links),
+            // Static pods must start without the API server; the others wait for the list.
+            None if crate::sources::is_static_pod(pod) => BTreeMap::new(),
+            None => return Err(Error::ServicesNotSynced),
+        };
         let mut objects = Objects::default();
         let mut out = Resolved::default();
 
@@ -1957,11 +2032,18 @@ pub mod env {
                     }
                 }
                 _ => {
-                    let vars: HashMap<&str, &str> = out.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let mut vars: HashMap<&str, &str> =
+                        services.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    vars.extend(out.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                     expand(e.value.as_deref().unwrap_or_default(), &vars)
                 }
             };
             set(&mut out.vars, e.name.clone(), value);
+        }
+        for (k, v) in services {
+            if !out.vars.iter().any(|(name, _)| *name == k) {
+                out.vars.push((k, v));
+            }
         }
         Ok(out)
     }
@@ -2022,6 +2104,92 @@ pub mod env {
 
         fn get<'a>(r: &'a Resolved, k: &str) -> Option<&'a str> {
             r.vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+        }
+
+        #[expect(clippy::needless_pass_by_value, reason = "call sites read better with json! literals")]
+        fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"clusterIP": ip, "ports": ports}
+            }))
+            .unwrap()
+        }
+
+        fn cluster_services() -> Vec<Service> {
+            vec![
+                svc("default", "kubernetes", "10.96.0.1", json!([{"name": "https", "port": 443, "protocol": "TCP"}])),
+                svc(
+                    "ns",
+                    "my-db.v2",
+                    "10.96.0.7",
+                    json!([{"port": 5432}, {"name": "metrics-http", "port": 9187, "protocol": "TCP"}]),
+                ),
+                svc("ns", "1dns", "fd00::a", json!([{"name": "dns", "port": 53, "protocol": "UDP"}])),
+                svc("ns", "headless", "None", json!([{"port": 80}])),
+                svc("other", "elsewhere", "10.96.0.9", json!([{"port": 80}])),
+            ]
+        }
+
+        #[tokio::test]
+        async fn service_links_as_upstream() {
+            let src = source();
+            src.set_services(Some(cluster_services()));
+            let p = pod(json!({"name": "c", "image": "i", "env": [
+                {"name": "DB", "value": "$(MY_DB_V2_SERVICE_HOST):$(MY_DB_V2_SERVICE_PORT)"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": "override"},
+            ]}));
+            let r = run(&p, &src).await.unwrap();
+            let expect = [
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+                ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+                ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+                ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+                ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+                ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+                ("MY_DB_V2_SERVICE_HOST", "10.96.0.7"),
+                ("MY_DB_V2_SERVICE_PORT", "5432"),
+                ("MY_DB_V2_SERVICE_PORT_METRICS_HTTP", "9187"),
+                ("MY_DB_V2_PORT", "tcp://10.96.0.7:5432"),
+                ("MY_DB_V2_PORT_9187_TCP", "tcp://10.96.0.7:9187"),
+                ("_1DNS_SERVICE_HOST", "fd00::a"),
+                ("_1DNS_PORT", "udp://[fd00::a]:53"),
+                ("_1DNS_PORT_53_UDP_PROTO", "udp"),
+                ("_1DNS_PORT_53_UDP_ADDR", "fd00::a"),
+                // The container's own value wins; references see the service variables.
+                ("KUBERNETES_SERVICE_PORT", "override"),
+                ("DB", "10.96.0.7:5432"),
+            ];
+            for (k, v) in expect {
+                assert_eq!(get(&r, k), Some(v), "{k}");
+            }
+            assert_eq!(r.vars.iter().filter(|(k, _)| k == "KUBERNETES_SERVICE_PORT").count(), 1);
+            assert!(!r.vars.iter().any(|(k, _)| k.starts_with("HEADLESS") || k.starts_with("ELSEWHERE")), "{r:?}");
+            // The container's variables come first, in definition order.
+            assert_eq!(r.vars[0].0, "DB");
+
+            // enableServiceLinks: false keeps only the kubernetes service.
+            let mut off = p.clone();
+            off.spec.as_mut().unwrap().enable_service_links = Some(false);
+            let r = run(&off, &src).await.unwrap();
+            assert_eq!(get(&r, "KUBERNETES_SERVICE_HOST"), Some("10.96.0.1"));
+            assert_eq!(get(&r, "MY_DB_V2_SERVICE_HOST"), None);
+            assert_eq!(get(&r, "DB"), Some("$(MY_DB_V2_SERVICE_HOST):$(MY_DB_V2_SERVICE_PORT)"));
+        }
+
+        #[tokio::test]
+        async fn unsynced_services_block_api_pods_only() {
+            let src = source();
+            src.set_services(None);
+            let p = pod(json!({"name": "c", "image": "i"}));
+            let e = run(&p, &src).await.unwrap_err();
+            assert_eq!(e.to_string(), "services have not yet been read at least once, cannot construct envvars");
+            let mut static_pod = p.clone();
+            static_pod.metadata.annotations =
+                Some([(crate::sources::CONFIG_SOURCE_ANNOTATION.to_string(), "file".to_string())].into());
+            assert!(run(&static_pod, &src).await.unwrap().vars.is_empty());
+            // Standalone: no services, no variables.
+            assert!(run(&p, &NoApiServer).await.unwrap().vars.is_empty());
         }
 
         #[test]

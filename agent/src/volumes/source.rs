@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 
 use crate::runtime::backoff::{Clock, SystemClock};
 
@@ -83,6 +83,9 @@ pub trait ObjectSource: Send + Sync + std::fmt::Debug {
         expiration_seconds: i64,
         pod: &BoundPod,
     ) -> Result<ServiceAccountToken>;
+    /// Every `Service` of the cluster, for service-link environment variables (upstream's
+    /// service lister); `None` while the first list has not completed.
+    fn services(&self) -> Option<Vec<Arc<Service>>>;
 }
 
 /// The standalone source: there is no API server, so every object is unavailable. Static
@@ -110,6 +113,11 @@ impl ObjectSource for NoApiServer {
     ) -> Result<ServiceAccountToken> {
         Err(Error::NoApiServer { kind: "ServiceAccount", namespace: namespace.into(), name: service_account.into() })
     }
+
+    /// Without an API server there are no services (upstream: no service env vars).
+    fn services(&self) -> Option<Vec<Arc<Service>>> {
+        Some(Vec::new())
+    }
 }
 
 /// One `TokenRequest` a [`FakeObjectSource`] answered.
@@ -127,12 +135,26 @@ pub struct TokenRequestRecord {
     pub pod: BoundPod,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct FakeState {
     config_maps: HashMap<(String, String), ConfigMap>,
     secrets: HashMap<(String, String), Secret>,
     tokens: Vec<TokenRequestRecord>,
     failure: Option<String>,
+    /// `None`: the service list has not synced.
+    services: Option<Vec<Arc<Service>>>,
+}
+
+impl Default for FakeState {
+    fn default() -> Self {
+        Self {
+            config_maps: HashMap::new(),
+            secrets: HashMap::new(),
+            tokens: Vec::new(),
+            failure: None,
+            services: Some(Vec::new()),
+        }
+    }
 }
 
 /// In-memory [`ObjectSource`] for tests: objects are set and removed at will; tokens are
@@ -184,6 +206,11 @@ impl FakeObjectSource {
     /// Deletes a `Secret`.
     pub fn remove_secret(&self, namespace: &str, name: &str) {
         self.state.lock().unwrap().secrets.remove(&(namespace.into(), name.into()));
+    }
+
+    /// Replaces the services; `None` makes the service list unsynced.
+    pub fn set_services(&self, services: Option<Vec<Service>>) {
+        self.state.lock().unwrap().services = services.map(|v| v.into_iter().map(Arc::new).collect());
     }
 
     /// Makes every call fail with `message` (an API error) until cleared with `None`.
@@ -241,6 +268,10 @@ impl ObjectSource for FakeObjectSource {
             token: format!("token-{n}"),
             expiration: self.clock.now() + Duration::from_secs(expiration_seconds.max(0).unsigned_abs()),
         })
+    }
+
+    fn services(&self) -> Option<Vec<Arc<Service>>> {
+        self.state.lock().unwrap().services.clone()
     }
 }
 

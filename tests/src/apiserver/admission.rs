@@ -517,6 +517,131 @@ pub(crate) fn prepare_namespace_for_create(ns: &mut Value) {
     o.insert("status".into(), json!({ "phase": "Active" }));
 }
 
+/// The service CIDR the double allocates cluster IPs from (kubeadm's default); its first
+/// address belongs to the `kubernetes` service in `default`.
+pub(crate) const SERVICE_CIDR: (std::net::Ipv4Addr, u8) = (std::net::Ipv4Addr::new(10, 96, 0, 0), 12);
+
+fn in_service_cidr(ip: std::net::Ipv4Addr) -> bool {
+    let (base, bits) = SERVICE_CIDR;
+    let mask = u32::MAX << (32 - bits);
+    u32::from(ip) & mask == u32::from(base) & mask
+}
+
+/// `SetDefaults_Service` and the REST strategy's `PrepareForCreate`: type `ClusterIP`,
+/// session affinity `None`, each port's protocol `TCP` and `targetPort` = `port`,
+/// single-stack IPv4, internal traffic policy `Cluster`. `allocated` are the cluster IPs
+/// in use: a service without `clusterIP` gets the lowest free one (the real allocator
+/// picks at random; tests only need uniqueness).
+pub(crate) fn default_service(svc: &mut Value, allocated: &std::collections::HashSet<String>) {
+    let spec = ensure_object(ensure_object(svc).entry("spec").or_insert_with(|| json!({})));
+    default(spec, "type", json!("ClusterIP"));
+    default(spec, "sessionAffinity", json!("None"));
+    for p in list_at(spec, "ports").into_iter().flatten() {
+        let p = ensure_object(p);
+        default(p, "protocol", json!("TCP"));
+        if let Some(port) = p.get("port").cloned() {
+            default(p, "targetPort", port);
+        }
+    }
+    if spec.get("type").and_then(Value::as_str) == Some("ExternalName") {
+        return;
+    }
+    default(spec, "internalTrafficPolicy", json!("Cluster"));
+    let ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+    let ip = if ip.is_empty() {
+        let (base, bits) = SERVICE_CIDR;
+        let size = 1u32 << (32 - bits);
+        let free = (1..size - 1)
+            .map(|i| std::net::Ipv4Addr::from(u32::from(base) + i).to_string())
+            .find(|c| !allocated.contains(c));
+        let Some(free) = free else { return };
+        spec.insert("clusterIP".into(), json!(free));
+        free
+    } else {
+        ip
+    };
+    default(spec, "clusterIPs", json!([ip]));
+    if ip != "None" {
+        default(spec, "ipFamilies", json!(["IPv4"]));
+        default(spec, "ipFamilyPolicy", json!("SingleStack"));
+    }
+}
+
+/// `ValidateService`, the part tests run into: a DNS-1035 name, ports (required unless
+/// headless or `ExternalName`; 1–65535; named and unique when more than one; TCP, UDP or
+/// SCTP), and a cluster IP that is `None` or a free address of the service CIDR.
+pub(crate) fn validate_service(svc: &Value, allocated: &std::collections::HashSet<String>) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let name = meta::name(svc);
+    let dns1035 =
+        name.len() <= 63 && name.starts_with(|c: char| c.is_ascii_lowercase()) && meta::is_dns1123_label(name);
+    if !dns1035 {
+        errs.push(FieldError::invalid(
+            "metadata.name",
+            json!(name),
+            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an \
+             alphabetic character, and end with an alphanumeric character",
+        ));
+    }
+    let spec = svc.get("spec").cloned().unwrap_or(Value::Null);
+    let kind = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP");
+    let cluster_ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or("");
+    let ports = spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    if ports.is_empty() && kind != "ExternalName" && cluster_ip != "None" {
+        errs.push(FieldError::required("spec.ports", ""));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, p) in ports.iter().enumerate() {
+        let pname = p.get("name").and_then(Value::as_str).unwrap_or("");
+        if ports.len() > 1 && pname.is_empty() {
+            errs.push(FieldError::required(format!("spec.ports[{i}].name"), ""));
+        } else if !pname.is_empty() && !names.insert(pname.to_string()) {
+            errs.push(FieldError::duplicate(format!("spec.ports[{i}].name"), json!(pname)));
+        }
+        let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
+        if !(1..=65535).contains(&port) {
+            errs.push(FieldError::invalid(
+                format!("spec.ports[{i}].port"),
+                json!(port),
+                "must be between 1 and 65535, inclusive",
+            ));
+        }
+        let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+        if !["TCP", "UDP", "SCTP"].contains(&proto) {
+            errs.push(FieldError::invalid(
+                format!("spec.ports[{i}].protocol"),
+                json!(proto),
+                "supported values: \"SCTP\", \"TCP\", \"UDP\"",
+            ));
+        }
+    }
+    if kind != "ExternalName" && cluster_ip != "None" {
+        match cluster_ip.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) if !in_service_cidr(ip) => errs.push(FieldError::invalid(
+                "spec.clusterIPs",
+                json!([cluster_ip]),
+                format!(
+                    "failed to allocate IP {cluster_ip}: provided IP is not in the valid range. \
+                     The range of valid IPs is {}/{}",
+                    SERVICE_CIDR.0, SERVICE_CIDR.1
+                ),
+            )),
+            Ok(_) if allocated.contains(cluster_ip) => errs.push(FieldError::invalid(
+                "spec.clusterIPs",
+                json!([cluster_ip]),
+                format!("failed to allocate IP {cluster_ip}: provided IP is already allocated"),
+            )),
+            Ok(_) => {}
+            Err(_) => errs.push(FieldError::invalid(
+                "spec.clusterIP",
+                json!(cluster_ip),
+                "must be empty, 'None', or a valid IP address",
+            )),
+        }
+    }
+    errs
+}
+
 /// `SetDefaults_Secret`: type Opaque.
 pub(crate) fn default_secret(secret: &mut Value) {
     default(ensure_object(secret), "type", json!("Opaque"));

@@ -365,7 +365,7 @@ impl TestApiServer {
             server_address: addr.to_string(),
             opts,
         });
-        seed(&shared, tls.as_deref().map(|t| t.ca_pem.as_str()));
+        seed(&shared, tls.as_deref().map(|t| t.ca_pem.as_str()), addr.port());
         let dir = tempfile::Builder::new().prefix("swiftlet-apiserver-").tempdir().map_err(Error::Kubeconfig)?;
         let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
         let text = kubeconfig::render(&url, tls.as_deref().map(|t| t.ca_pem.as_str()), &shared.opts.token);
@@ -678,11 +678,21 @@ impl Drop for TestApiServer {
 }
 
 /// The objects a fresh cluster has: the system namespaces with their `default` service
-/// accounts (and, when tokens are mounted, `kube-root-ca.crt`).
-fn seed(shared: &Shared, ca_pem: Option<&str>) {
+/// accounts (and, when tokens are mounted, `kube-root-ca.crt`), and the `kubernetes`
+/// service in `default` on the first address of the service CIDR (10.96.0.1:443 → the
+/// server's port, as the real server's controller keeps it).
+fn seed(shared: &Shared, ca_pem: Option<&str>, port: u16) {
     let ns_info = resources::find("", "v1", "namespaces").expect("served");
     let cm_info = resources::find("", "v1", "configmaps").expect("served");
+    let svc_info = resources::find("", "v1", "services").expect("served");
     let mut d = shared.store.lock();
+    let kubernetes = serde_json::json!({
+        "metadata": { "name": "kubernetes", "labels": { "component": "apiserver", "provider": "kubernetes" } },
+        "spec": {
+            "clusterIP": "10.96.0.1",
+            "ports": [{ "name": "https", "port": 443, "protocol": "TCP", "targetPort": port }],
+        },
+    });
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let obj = serde_json::json!({ "metadata": { "name": ns } });
         let _ = registry::create(&mut d, Ctx::default(), ns_info, None, obj);
@@ -692,6 +702,7 @@ fn seed(shared: &Shared, ca_pem: Option<&str>) {
             let _ = registry::create(&mut d, Ctx::default(), cm_info, Some(ns), cm);
         }
     }
+    let _ = registry::create(&mut d, Ctx::default(), svc_info, Some("default"), kubernetes);
 }
 
 async fn accept_loop(

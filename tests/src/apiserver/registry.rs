@@ -222,9 +222,27 @@ fn prepare_for_create(d: &Data, ctx: Ctx, info: &ResourceInfo, ns: &str, obj: &m
         "nodes" => admission::default_node(obj),
         "namespaces" => admission::prepare_namespace_for_create(obj),
         "secrets" => admission::default_secret(obj),
+        "services" => {
+            let allocated = allocated_cluster_ips(d, None);
+            admission::default_service(obj, &allocated);
+            let errs = admission::validate_service(obj, &allocated);
+            if !errs.is_empty() {
+                return Err(invalid(info, meta::name(obj), &errs));
+            }
+        }
         _ => {}
     }
     Ok(())
+}
+
+/// The cluster IPs the stored services hold, but `except` (namespace, name).
+fn allocated_cluster_ips(d: &Data, except: Option<(&str, &str)>) -> std::collections::HashSet<String> {
+    d.iter("services", None)
+        .filter(|s| except.is_none_or(|(ns, n)| meta::namespace(s) != ns || meta::name(s) != n))
+        .filter_map(|s| s.pointer("/spec/clusterIP").and_then(Value::as_str))
+        .filter(|ip| !ip.is_empty() && *ip != "None")
+        .map(str::to_string)
+        .collect()
 }
 
 fn validate_create(info: &ResourceInfo, obj: &Value) -> Result<(), StatusError> {
@@ -234,6 +252,8 @@ fn validate_create(info: &ResourceInfo, obj: &Value) -> Result<(), StatusError> 
         "namespaces" => meta::is_dns1123_label(name),
         // Lease and event names are path segments upstream.
         "leases.coordination.k8s.io" | "events" => !name.contains('/') && name != "." && name != "..",
+        // DNS-1035, checked with the rest of the service.
+        "services" => true,
         _ => meta::is_dns1123_subdomain(name),
     };
     if !ok {
@@ -501,8 +521,34 @@ fn before_update(info: &ResourceInfo, part: Part, new: &mut Value, old: &Value) 
                 };
             }
         }
-        ("nodes" | "namespaces", Part::Status) => {
+        ("nodes" | "namespaces" | "services", Part::Status) => {
             restore(obj, "spec");
+        }
+        ("services", Part::Main) => {
+            restore(obj, "status");
+            // `patchAllocatedValues`: an update without a cluster IP keeps the allocated one.
+            let spec = meta::ensure_object(obj.entry("spec").or_insert_with(|| json!({})));
+            for field in ["clusterIP", "clusterIPs"] {
+                if spec.get(field).is_none_or(|v| v.is_null() || v == "" || v == &json!([]))
+                    && let Some(v) = old.pointer(&format!("/spec/{field}"))
+                {
+                    spec.insert(field.into(), v.clone());
+                }
+            }
+            admission::default_service(new, &std::collections::HashSet::new());
+            let (new_ip, old_ip) = (new.pointer("/spec/clusterIP"), old.pointer("/spec/clusterIP"));
+            let mut errs = Vec::new();
+            if new_ip != old_ip {
+                errs.push(FieldError::invalid(
+                    "spec.clusterIPs[0]",
+                    new_ip.cloned().unwrap_or(Value::Null),
+                    "may not change once set",
+                ));
+            }
+            errs.extend(admission::validate_service(new, &std::collections::HashSet::new()));
+            if !errs.is_empty() {
+                return Err(invalid(info, &name, &errs));
+            }
         }
         ("namespaces", Part::Finalize) => {
             let fins = new.pointer("/spec/finalizers").cloned();

@@ -10,7 +10,7 @@ use k8s_openapi::api::authentication::v1::{
 };
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, Service, ServiceAccount};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams,
 };
@@ -786,5 +786,69 @@ async fn events_in_both_api_versions_and_store_helpers() -> Result<()> {
         let _ = srv.delete::<Pod>(Some("default"), "h", Some(0));
     });
     assert!(res?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn services_get_cluster_ips_and_keep_them() -> Result<()> {
+    let srv = server().await?;
+    let client = srv.client().await?;
+    let all: Api<Service> = Api::all(client.clone());
+    let listed = all.list(&ListParams::default()).await?.items;
+    let names: Vec<_> = listed.iter().map(|s| (s.metadata.namespace.clone(), s.metadata.name.clone())).collect();
+    assert_eq!(names, [(Some("default".to_string()), Some("kubernetes".to_string()))]);
+    let k = listed[0].spec.clone().context("spec")?;
+    assert_eq!(k.cluster_ip.as_deref(), Some("10.96.0.1"));
+    let port = &k.ports.context("ports")?[0];
+    assert_eq!((port.name.as_deref(), port.port), (Some("https"), 443));
+
+    let svcs: Api<Service> = Api::default_namespaced(client);
+    let web: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"ports": [{"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}]},
+    }))?;
+    let web = svcs.create(&PostParams::default(), &web).await?;
+    let spec = web.spec.clone().context("spec")?;
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.2"), "the lowest free address");
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    let ports = spec.ports.context("ports")?;
+    assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+    assert_eq!(ports[0].target_port, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(80)));
+
+    // A taken address, a bad name, unnamed ports and a bad port number are 422s naming the field.
+    let taken: Service = serde_json::from_value(json!({
+        "metadata": {"name": "taken"}, "spec": {"clusterIP": "10.96.0.2", "ports": [{"port": 80}]},
+    }))?;
+    let e = api_err(svcs.create(&PostParams::default(), &taken).await);
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("provided IP is already allocated"), "{}", e.message);
+    let bad: Service = serde_json::from_value(json!({
+        "metadata": {"name": "1bad"}, "spec": {"ports": [{"port": 80}, {"port": 70000}]},
+    }))?;
+    let e = api_err(svcs.create(&PostParams::default(), &bad).await);
+    assert_eq!(e.code, 422);
+    for field in ["metadata.name", "spec.ports[1].name", "spec.ports[1].port"] {
+        assert!(e.message.contains(field), "{field} in {}", e.message);
+    }
+    let headless: Service =
+        serde_json::from_value(json!({"metadata": {"name": "headless"}, "spec": {"clusterIP": "None"}}))?;
+    let headless = svcs.create(&PostParams::default(), &headless).await?;
+    assert_eq!(headless.spec.and_then(|s| s.cluster_ip).as_deref(), Some("None"));
+
+    // Updates keep the allocated address and cannot change it.
+    let kept =
+        svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await?;
+    assert_eq!(kept.spec.and_then(|s| s.cluster_ip).as_deref(), Some("10.96.0.2"));
+    let e = api_err(
+        svcs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"clusterIP": "10.96.0.9"}}))).await,
+    );
+    assert_eq!(e.code, 422);
+    assert!(e.message.contains("spec.clusterIPs[0]"), "{}", e.message);
+    // A deleted service's address is free again.
+    svcs.delete("web", &DeleteParams::default()).await?;
+    let again: Service =
+        serde_json::from_value(json!({"metadata": {"name": "again"}, "spec": {"ports": [{"port": 8080}]}}))?;
+    let again = svcs.create(&PostParams::default(), &again).await?;
+    assert_eq!(again.spec.and_then(|s| s.cluster_ip).as_deref(), Some("10.96.0.2"));
     Ok(())
 }
