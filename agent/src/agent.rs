@@ -263,6 +263,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.clone())),
         None => Arc::new(crate::volumes::source::NoApiServer),
     };
+    // Exits the evented PLEG sees before containerd records them.
+    let kernel_exits = Arc::new(crate::pleg::exits::KernelExits::default());
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -282,6 +284,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             Backoff::default(),
         )
         .with_recorder(recorder.clone())
+        .with_kernel_exits(kernel_exits.clone())
         .with_dns(crate::runtime::manager::dns::DnsSettings {
             cluster_dns: kc.cluster_dns.clone(),
             cluster_domain: kc.cluster_domain.clone(),
@@ -348,7 +351,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 index,
                 memory_hierarchy,
                 Some(sink),
-            );
+            )
+            .with_exits(kernel_exits.clone());
             tracing::info!(
                 safety_relist = ?cfg.swiftlet.pleg_relist_period,
                 "evented PLEG: container lifecycle from the kernel (eBPF)"

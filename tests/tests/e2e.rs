@@ -312,8 +312,9 @@ async fn agent_kill9_and_restart_restarts_no_container(evented: bool) -> Result<
         assert!(std::time::Instant::now() < deadline, "PLEG is not relisting");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(cri.containers(&uid(&a)).await?, before_a, "no container of keep-a changed");
-    assert_eq!(cri.containers(&uid(&b)).await?, before_b, "no container of keep-b changed");
+    let log = swiftlet_tests::tail(&agent.log(), 60);
+    assert_eq!(cri.containers(&uid(&a)).await?, before_a, "no container of keep-a changed:\n{log}");
+    assert_eq!(cri.containers(&uid(&b)).await?, before_b, "no container of keep-b changed:\n{log}");
     assert_eq!(cri.sandboxes(&uid(&a)).await?, sandbox_a);
     assert_eq!(restarts(&agent.pod("keep-a").await?.unwrap(), "main"), 0);
     agent.shutdown(&cri).await

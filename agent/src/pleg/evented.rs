@@ -8,6 +8,12 @@
 //! is ahead of containerd by a few milliseconds), records the new state, and emits the
 //! [`PodLifecycleEvent`] at once: kernel speed, CRI truth.
 //!
+//! Exits are the exception, because they are where speed matters and where containerd
+//! lags most (it records an exit only after `runc delete`, tens of milliseconds later):
+//! the exit of a container's pid-1 ends the container, so the PLEG records it in
+//! [`KernelExits`] — which the runtime manager lays over CRI's answer — and emits
+//! `ContainerDied` without waiting for CRI.
+//!
 //! Underneath, the relisting PLEG keeps running at a slow period (30 s by default). A
 //! change it finds that the kernel path did not report is a *repair*: it is forwarded,
 //! counted in `kubelet_evented_pleg_relist_repairs_total` and logged, because it means
@@ -26,6 +32,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::exits::{KernelExits, wall_time_of};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::metrics::{KernelEventLabels, KubeletMetrics};
@@ -65,13 +72,17 @@ pub enum KernelEvent {
         memcg_id: u64,
         ns_init: bool,
     },
-    /// A process (thread group) exited.
+    /// A process (thread group) exited. `ns_init`: it was pid 1 of its pid namespace,
+    /// so the namespace (the container) ended with it. `main_process`: it was the first
+    /// process that exec'd in its cgroup since the sensors started (the container's main
+    /// process when the cgroup was created under their watch).
     Exit {
         ktime_ns: u64,
         pid: u32,
         cgroup2_id: u64,
         memcg_id: u64,
         ns_init: bool,
+        main_process: bool,
         exit_code: i32,
         signal: i32,
     },
@@ -228,7 +239,17 @@ struct Work {
     cid: String,
     want: PlegState,
     ktime: u64,
+    /// Exit code and signal, for exits.
     exit: Option<(i32, i32)>,
+}
+
+/// What to do with a kernel event after [`EventedPleg::classify`].
+#[derive(Debug)]
+enum Next {
+    /// Emit this at once (an exit, already recorded).
+    Emit(PodLifecycleEvent),
+    /// Confirm with CRI first.
+    Confirm(Work),
 }
 
 #[derive(Debug, Default)]
@@ -247,6 +268,8 @@ struct State {
     /// running when `StartContainer` returns, a little before its process execs), so a
     /// finding is a miss only if the kernel has not reported it within [`SUSPECT_GRACE`].
     suspects: HashMap<String, (PlegState, tokio::time::Instant, String)>,
+    /// Container names CRI told when confirming starts, for the exits' observations.
+    names: HashMap<String, String>,
     index: CgroupIndex,
 }
 
@@ -262,6 +285,7 @@ pub struct EventedPleg {
     kernel_alive: Arc<AtomicBool>,
     fallback: Arc<Mutex<Option<String>>>,
     sink: Option<ObservedSink>,
+    exits: Arc<KernelExits>,
 }
 
 impl std::fmt::Debug for EventedPleg {
@@ -357,7 +381,16 @@ impl EventedPleg {
             kernel_alive: Arc::new(AtomicBool::new(true)),
             fallback: Arc::new(Mutex::new(None)),
             sink,
+            exits: Arc::default(),
         }
+    }
+
+    /// Records kernel-seen exits in `exits` (shared with the runtime manager, which
+    /// lays them over CRI's pod status).
+    #[must_use]
+    pub fn with_exits(mut self, exits: Arc<KernelExits>) -> Self {
+        self.exits = exits;
+        self
     }
 
     /// The relisting PLEG underneath (its snapshot feeds housekeeping).
@@ -378,18 +411,21 @@ impl EventedPleg {
         }
     }
 
-    /// Handles one kernel event; returns the lifecycle event to emit once CRI agrees.
+    /// Handles one kernel event; returns the lifecycle event to emit (for a start, once
+    /// CRI agrees).
     #[cfg(test)]
     async fn handle_kernel_event(&self, ev: KernelEvent) -> Option<PodLifecycleEvent> {
-        let work = self.classify(&ev)?;
-        self.complete(work).await
+        match self.classify(&ev)? {
+            Next::Emit(e) => Some(e),
+            Next::Confirm(work) => self.complete(work).await,
+        }
     }
 
     /// The synchronous part of handling a kernel event, run in event order: keeps the
     /// cgroup index current and resolves exec/exit to a container *before* a later
-    /// rmdir of that container's cgroup can remove the mapping. Returns the CRI
-    /// confirmation still to do.
-    fn classify(&self, ev: &KernelEvent) -> Option<Work> {
+    /// rmdir of that container's cgroup can remove the mapping. Returns the exit event
+    /// to emit, or the CRI confirmation still to do.
+    fn classify(&self, ev: &KernelEvent) -> Option<Next> {
         self.metrics
             .evented_pleg_kernel_events
             .get_or_create(&KernelEventLabels { kind: ev.kind_label().into() })
@@ -434,6 +470,9 @@ impl EventedPleg {
             }
             KernelEvent::OomKill { ktime_ns, cgroup2_id, memcg_id, .. } => {
                 if let Some(r) = self.lookup(cgroup2_id, memcg_id) {
+                    if let Some(cid) = &r.container_id {
+                        self.exits.record_oom(cid, wall_time_of(ktime_ns));
+                    }
                     self.observe(Observed {
                         pod_uid: r.pod_uid,
                         container_id: r.container_id.unwrap_or_default(),
@@ -448,13 +487,13 @@ impl EventedPleg {
             }
             KernelEvent::Reclaim { .. }
             | KernelEvent::Exec { ns_init: false, .. }
-            | KernelEvent::Exit { ns_init: false, .. } => {
+            | KernelEvent::Exit { ns_init: false, main_process: false, .. } => {
                 return None;
             }
             KernelEvent::Exec { cgroup2_id, memcg_id, ktime_ns, .. } => {
                 (self.lookup(cgroup2_id, memcg_id)?, PlegState::Running, ktime_ns, None)
             }
-            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, pid, .. } => {
+            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, pid, ns_init, .. } => {
                 let Some(target) = self.lookup(cgroup2_id, memcg_id) else {
                     tracing::debug!(
                         pid,
@@ -464,18 +503,45 @@ impl EventedPleg {
                     );
                     return None;
                 };
-                (target, PlegState::Exited, ktime_ns, Some((exit_code, signal)))
+                (target, PlegState::Exited, ktime_ns, Some((exit_code, signal, ns_init)))
             }
         };
         let cid = target.container_id.clone()?;
         let mut s = self.state.lock().unwrap();
         tracing::trace!(container = %cid, ?want, known = ?s.known.get(&cid), "kernel lifecycle event");
         advance(&mut s.kernel_seen, &cid, want);
+        // The end of a container's pid namespace is the end of the container: emit it
+        // now. A "main process" exit without that certainty (a container sharing the
+        // host's or the pod's pid namespace, or a cgroup older than the sensors, where the
+        // first exec seen may be any process) waits for CRI like a start.
+        if let Some((code, signal, true)) = exit {
+            if !advance(&mut s.known, &cid, want) {
+                return None;
+            }
+            let container_name = s.names.get(&cid).cloned().unwrap_or_default();
+            drop(s);
+            self.exits.record(&target.pod_uid, &cid, code, wall_time_of(ktime));
+            self.observe(Observed {
+                pod_uid: target.pod_uid.clone(),
+                container_id: cid.clone(),
+                container_name,
+                kind: ObservedKind::ContainerDied,
+                kernel_time_ns: ktime,
+                exit_code: Some(code),
+                signal: Some(signal).filter(|s| *s != 0),
+            });
+            return Some(Next::Emit(PodLifecycleEvent {
+                pod_uid: target.pod_uid,
+                kind: PodLifecycleEventType::ContainerDied,
+                data: cid,
+                kernel_time_ns: Some(ktime),
+            }));
+        }
         if s.known.get(&cid).is_some_and(|k| rank(*k) >= rank(want)) {
             return None;
         }
         *s.pending.entry(cid.clone()).or_default() += 1;
-        Some(Work { pod_uid: target.pod_uid, cid, want, ktime, exit })
+        Some(Next::Confirm(Work { pod_uid: target.pod_uid, cid, want, ktime, exit: exit.map(|(c, s, _)| (c, s)) }))
     }
 
     /// The asynchronous part: waits for CRI to agree, then records and emits.
@@ -502,22 +568,25 @@ impl EventedPleg {
                 return None;
             }
         };
+        if !container_name.is_empty() {
+            s.names.insert(cid.clone(), container_name.clone());
+        }
         if !advance(&mut s.known, &cid, want) {
             // A later state was recorded while we waited (e.g. the exit of a container
             // whose start we were confirming): this event is stale.
             return None;
         }
         drop(s);
-        let kind = if want == PlegState::Running {
-            PodLifecycleEventType::ContainerStarted
+        let (kind, observed) = if want == PlegState::Running {
+            (PodLifecycleEventType::ContainerStarted, ObservedKind::ContainerStarted)
         } else {
-            PodLifecycleEventType::ContainerDied
+            (PodLifecycleEventType::ContainerDied, ObservedKind::ContainerDied)
         };
         self.observe(Observed {
             pod_uid: pod_uid.clone(),
             container_id: cid.clone(),
             container_name,
-            kind: if want == PlegState::Running { ObservedKind::ContainerStarted } else { ObservedKind::ContainerDied },
+            kind: observed,
             kernel_time_ns: ktime,
             exit_code: exit.map(|e| e.0),
             signal: exit.map(|e| e.1).filter(|s| *s != 0),
@@ -571,6 +640,8 @@ impl EventedPleg {
             if new == PlegState::NonExistent {
                 // Removals are the kubelet's own doing; forget the id and pass it on.
                 s.known.remove(&e.data);
+                s.names.remove(&e.data);
+                self.exits.forget(&e.data);
                 if !s.suspects.contains_key(&e.data) {
                     s.kernel_seen.remove(&e.data);
                 }
@@ -647,7 +718,16 @@ impl EventedPleg {
                     };
                     // Resolve in order; each CRI confirmation then runs on its own, never
                     // holding up the next event.
-                    let Some(work) = self.classify(&ev) else { continue };
+                    let work = match self.classify(&ev) {
+                        None => continue,
+                        Some(Next::Emit(e)) => {
+                            if tx.send(e).await.is_err() {
+                                tracing::debug!("sync loop gone");
+                            }
+                            continue;
+                        }
+                        Some(Next::Confirm(work)) => work,
+                    };
                     let this = self.clone();
                     let tx = tx.clone();
                     inflight.spawn(async move {
@@ -773,27 +853,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn kernel_exit_becomes_container_died_once_cri_agrees() {
+    async fn kernel_exit_is_container_died_at_once_and_recorded_for_the_status() {
         let (rt, pleg, cid, _) = setup().await;
-        // The kernel is ahead of the runtime: CRI still says running for a moment.
-        let rt2 = rt.clone();
-        let cid2 = cid.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            rt2.exit_container(&cid2, 3);
-        });
+        let exits = Arc::new(KernelExits::default());
+        let pleg = pleg.with_exits(exits.clone());
+        // The kernel is ahead of the runtime: CRI still says running.
         let exit = KernelEvent::Exit {
-            ktime_ns: 5,
+            ktime_ns: monotonic_now_ns(),
             pid: 9,
             cgroup2_id: 42,
             memcg_id: 0,
             ns_init: true,
-            exit_code: 3,
-            signal: 0,
+            main_process: false,
+            exit_code: 137,
+            signal: 9,
         };
-        let ev = pleg.handle_kernel_event(exit.clone()).await.unwrap();
+        let Some(Next::Emit(ev)) = pleg.classify(&exit) else { panic!("an exit is emitted without CRI") };
+        assert_eq!(
+            rt.container_status(&cid).await.unwrap().state,
+            api::ContainerState::ContainerRunning as i32,
+            "CRI has not caught up"
+        );
         assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
-        assert_eq!((ev.pod_uid.as_str(), ev.data.as_str(), ev.kernel_time_ns), ("u1", cid.as_str(), Some(5)));
+        let KernelEvent::Exit { ktime_ns, .. } = exit else { unreachable!() };
+        assert_eq!((ev.pod_uid.as_str(), ev.data.as_str(), ev.kernel_time_ns), ("u1", cid.as_str(), Some(ktime_ns)));
+        let rec = exits.get(&cid).expect("recorded for the pod status");
+        assert_eq!((rec.pod_uid.as_str(), rec.exit_code, rec.oom_killed), ("u1", 137, false));
+        let age = std::time::SystemTime::now().duration_since(rec.finished_at).unwrap();
+        assert!(age < Duration::from_secs(5), "the kernel time in wall-clock terms: {age:?} ago");
+        // The runtime catches up; nothing more is emitted.
+        rt.exit_container(&cid, 137);
         // The same state again is not news.
         assert!(pleg.handle_kernel_event(exit).await.is_none());
         // Other processes' exits and unknown cgroups are ignored.
@@ -803,6 +892,7 @@ mod tests {
             cgroup2_id: 42,
             memcg_id: 0,
             ns_init: false,
+            main_process: false,
             exit_code: 0,
             signal: 0,
         };
@@ -813,10 +903,37 @@ mod tests {
             cgroup2_id: 99,
             memcg_id: 0,
             ns_init: true,
+            main_process: false,
             exit_code: 0,
             signal: 0,
         };
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_main_process_exit_outside_pid_1_waits_for_the_runtime() {
+        // After an agent restart the first exec seen in an old container's cgroup may be
+        // any process (a `sleep` of a shell loop): its exit must not kill the container.
+        let (rt, pleg, cid, _) = setup().await;
+        let exits = Arc::new(KernelExits::default());
+        let pleg = pleg.with_exits(exits.clone());
+        let exit = KernelEvent::Exit {
+            ktime_ns: 1,
+            pid: 77,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: false,
+            main_process: true,
+            exit_code: 0,
+            signal: 0,
+        };
+        assert!(pleg.handle_kernel_event(exit.clone()).await.is_none(), "CRI says running: nothing happened");
+        assert!(exits.is_empty());
+        // When CRI does agree (a hostPID container's main process), it is a ContainerDied.
+        rt.exit_container(&cid, 0);
+        let ev = pleg.handle_kernel_event(exit).await.expect("confirmed by CRI");
+        assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
+        assert!(exits.is_empty(), "CRI already has it");
     }
 
     #[tokio::test(start_paused = true)]
@@ -855,6 +972,7 @@ mod tests {
             cgroup2_id: 42,
             memcg_id: 0,
             ns_init: true,
+            main_process: false,
             exit_code: 0,
             signal: 0,
         };
@@ -876,6 +994,7 @@ mod tests {
             cgroup2_id: 42,
             memcg_id: 0,
             ns_init: true,
+            main_process: false,
             exit_code: 0,
             signal: 0,
         };
@@ -927,6 +1046,7 @@ mod tests {
             cgroup2_id: 42,
             memcg_id: 0,
             ns_init: true,
+            main_process: false,
             exit_code: 0,
             signal: 0,
         };

@@ -4,11 +4,14 @@
 //! - [`relist::GenericPleg`] lists the runtime periodically and diffs (upstream's generic
 //!   PLEG). Alone, at 1 s, it is the PLEG when eBPF is off or cannot load.
 //! - [`evented::EventedPleg`] turns kernel events (container init exec/exit, seen by the
-//!   eBPF sensors in microseconds) into lifecycle events after confirming the new state
-//!   with one CRI status call, and keeps a slow relist (30 s) underneath as a safety net
-//!   that repairs, counts and logs anything the kernel path missed.
+//!   eBPF sensors in microseconds) into lifecycle events — starts after confirming the new
+//!   state with CRI, exits of a container's pid 1 at once, recorded in
+//!   [`exits::KernelExits`] for the pod status until containerd catches up — and keeps a
+//!   slow relist (30 s) underneath as a safety net that repairs, counts and logs anything
+//!   the kernel path missed.
 
 pub mod evented;
+pub mod exits;
 pub mod relist;
 pub mod sensors;
 

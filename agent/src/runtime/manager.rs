@@ -294,6 +294,8 @@ pub struct RuntimeManager {
     recorder: Option<Arc<dyn EventRecorder>>,
     volumes: Arc<VolumeManager>,
     dns: dns::DnsSettings,
+    /// Exits the kernel saw before the runtime recorded them (evented PLEG).
+    kernel_exits: Option<Arc<crate::pleg::exits::KernelExits>>,
 }
 
 impl RuntimeManager {
@@ -317,8 +319,17 @@ impl RuntimeManager {
             // Standalone until told otherwise: emptyDir/hostPath work, API objects fail clearly.
             volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
             dns: dns::DnsSettings::default(),
+            kernel_exits: None,
             cfg,
         }
+    }
+
+    /// Lays the exits the evented PLEG saw in the kernel over CRI's answers in
+    /// [`Self::pod_status`] (see [`crate::pleg::exits`]).
+    #[must_use]
+    pub fn with_kernel_exits(mut self, exits: Arc<crate::pleg::exits::KernelExits>) -> Self {
+        self.kernel_exits = Some(exits);
+        self
     }
 
     /// Uses `volumes` for pod volumes and as the source of `ConfigMap`s and `Secret`s for
@@ -389,9 +400,13 @@ impl RuntimeManager {
         self.image_backoff.lock().unwrap().gc();
     }
 
-    /// Fetches a pod's runtime status.
+    /// Fetches a pod's runtime status, with the exits the kernel saw first.
     pub async fn pod_status(&self, uid: &str) -> Result<RuntimePodStatus> {
-        RuntimePodStatus::fetch(self.rt.as_ref(), uid).await
+        let mut status = RuntimePodStatus::fetch(self.rt.as_ref(), uid).await?;
+        if let Some(exits) = &self.kernel_exits {
+            exits.apply(&mut status);
+        }
+        Ok(status)
     }
 
     fn pod_log_dir(&self, pod: &Pod) -> PathBuf {
