@@ -1,0 +1,97 @@
+//! One probe run as upstream's `prober.probe` does it: the runner is retried while it
+//! errors (three attempts in all), a failure or error is reported as an `Unhealthy`
+//! warning event on the container, a warning as a `ProbeWarning` event, and the
+//! outcome is reduced to `Success` or `Failure` (or an error, which the worker throws
+//! away).
+//!
+//! As in 1.28, an `Unknown` result without an error is a failure with an `Unhealthy`
+//! event; newer upstream versions count it as a failure without the event.
+
+use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, PodStatus, Probe};
+
+use super::{Inner, ProbeResult, ProbeType};
+use crate::events::{EventType, pod_ref};
+
+/// Upstream `maxProbeRetries`.
+pub(super) const MAX_PROBE_RETRIES: usize = 3;
+
+/// Upstream `events.ContainerUnhealthy`.
+pub const REASON_UNHEALTHY: &str = "Unhealthy";
+/// Upstream `events.ContainerProbeWarning`.
+pub const REASON_PROBE_WARNING: &str = "ProbeWarning";
+
+/// What one probe run is about.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target<'a> {
+    pub probe_type: ProbeType,
+    pub pod: &'a Pod,
+    pub container: &'a Container,
+    pub sidecar: bool,
+    pub probe: &'a Probe,
+}
+
+/// The event reference of a container (upstream `GenerateContainerRef`).
+fn container_ref(pod: &Pod, container: &str, init: bool) -> ObjectReference {
+    let mut r = pod_ref(pod);
+    let list = if init { "initContainers" } else { "containers" };
+    r.field_path = Some(format!("spec.{list}{{{container}}}"));
+    r
+}
+
+/// Runs the probe; `Ok` is `Success` or `Failure`, `Err` the error of the last attempt.
+pub(super) async fn run(
+    inner: &Inner,
+    t: Target<'_>,
+    status: &PodStatus,
+    container_id: &str,
+) -> Result<ProbeResult, String> {
+    let mut outcome = None;
+    for _ in 0..MAX_PROBE_RETRIES {
+        let o = inner.runner.run(t.probe_type, t.pod, status, t.container, container_id, t.probe).await;
+        let errored = o.error.is_some();
+        outcome = Some(o);
+        if !errored {
+            break;
+        }
+    }
+    let outcome = outcome.expect("at least one attempt");
+    let object = || container_ref(t.pod, &t.container.name, t.sidecar);
+    let pod = t.pod.metadata.name.as_deref().unwrap_or_default();
+    let container = t.container.name.as_str();
+    if let Some(error) = outcome.error {
+        tracing::debug!(probe_type = %t.probe_type, pod, container, %error, "probe errored");
+        inner.recorder.record(
+            object(),
+            EventType::Warning,
+            REASON_UNHEALTHY,
+            format!("{} probe errored: {error}", t.probe_type),
+        );
+        return Err(error);
+    }
+    match outcome.result {
+        ProbeResult::Success => {
+            tracing::trace!(probe_type = %t.probe_type, pod, container, "probe succeeded");
+            Ok(ProbeResult::Success)
+        }
+        ProbeResult::Warning => {
+            inner.recorder.record(
+                object(),
+                EventType::Warning,
+                REASON_PROBE_WARNING,
+                format!("{} probe warning: {}", t.probe_type, outcome.output),
+            );
+            tracing::debug!(probe_type = %t.probe_type, pod, container, output = %outcome.output, "probe succeeded with a warning");
+            Ok(ProbeResult::Success)
+        }
+        result @ (ProbeResult::Failure | ProbeResult::Unknown) => {
+            tracing::debug!(probe_type = %t.probe_type, pod, container, ?result, output = %outcome.output, "probe failed");
+            inner.recorder.record(
+                object(),
+                EventType::Warning,
+                REASON_UNHEALTHY,
+                format!("{} probe failed: {}", t.probe_type, outcome.output),
+            );
+            Ok(ProbeResult::Failure)
+        }
+    }
+}
