@@ -1,5 +1,6 @@
-//! Pod lifecycle handlers of the kubelet. Now: admission (`lifecycle/predicate.go`),
-//! the checks a kubelet makes before it runs a pod bound to it. Hooks (postStart,
-//! preStop) come with the probes issue.
+//! Pod lifecycle handlers of the kubelet: admission (`lifecycle/predicate.go`), the
+//! checks a kubelet makes before it runs a pod bound to it, and the container hooks
+//! (`lifecycle/handlers.go`): postStart and preStop handlers.
 
 pub mod admission;
+pub mod hooks;

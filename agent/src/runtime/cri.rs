@@ -1,8 +1,9 @@
 //! [`RemoteRuntime`]: the CRI client over a unix socket (tonic).
 //!
 //! Every call carries the runtime request timeout (`runtimeRequestTimeout`, 2m by
-//! default; `StopContainer` gets its grace period on top, image pulls have none, as
-//! upstream) and is recorded in `kubelet_runtime_operations_total`,
+//! default; `StopContainer` gets its grace period on top and `ExecSync` its command
+//! timeout on top, image pulls and `ExecSync` without a timeout get none, as upstream)
+//! and is recorded in `kubelet_runtime_operations_total`,
 //! `kubelet_runtime_operations_duration_seconds` and
 //! `kubelet_runtime_operations_errors_total` under the upstream `operation_type` names.
 //! The channel connects lazily and reconnects on its own, so a runtime restart only
@@ -216,6 +217,20 @@ impl RuntimeService for RemoteRuntime {
         Ok(self.call("list_images", Some(self.timeout), c.list_images(req)).await?.images)
     }
 
+    async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
+        let mut c = self.runtime.clone();
+        let req = api::ExecSyncRequest { container_id: id.into(), cmd, timeout: timeout.as_secs() as i64 };
+        // As upstream: the runtime enforces the command's timeout; the call itself gets the
+        // request timeout on top so the runtime's DeadlineExceeded arrives before ours. No
+        // timeout (lifecycle hooks) means no deadline at all.
+        let deadline = (!timeout.is_zero()).then(|| self.timeout + timeout);
+        let mut request = tonic::Request::new(req);
+        if let Some(d) = deadline {
+            request.set_timeout(d);
+        }
+        self.call("exec_sync", deadline, c.exec_sync(request)).await
+    }
+
     async fn pull_image(
         &self,
         image: &str,
@@ -243,6 +258,125 @@ mod tests {
         assert_eq!(socket_path("/run/c.sock").unwrap(), PathBuf::from("/run/c.sock"));
         assert!(socket_path("tcp://1.2.3.4:5").unwrap_err().to_string().contains("unix://"));
         assert!(socket_path("relative.sock").is_err());
+    }
+
+    /// A CRI runtime that only answers `ExecSync`: after `delay`, with `reply`; it records
+    /// each request and its `grpc-timeout` header.
+    #[derive(Clone)]
+    struct ExecOnlyRuntime {
+        delay: Duration,
+        reply: Result<api::ExecSyncResponse, tonic::Status>,
+        seen: Arc<std::sync::Mutex<Vec<SeenExec>>>,
+    }
+
+    /// A request and its `grpc-timeout` header.
+    type SeenExec = (api::ExecSyncRequest, Option<String>);
+
+    type BoxFuture<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+    impl tonic::server::UnaryService<api::ExecSyncRequest> for ExecOnlyRuntime {
+        type Response = api::ExecSyncResponse;
+        type Future = BoxFuture<Result<tonic::Response<Self::Response>, tonic::Status>>;
+
+        fn call(&mut self, request: tonic::Request<api::ExecSyncRequest>) -> Self::Future {
+            let this = self.clone();
+            Box::pin(async move {
+                let deadline = request.metadata().get("grpc-timeout").map(|v| v.to_str().unwrap().to_string());
+                this.seen.lock().unwrap().push((request.into_inner(), deadline));
+                tokio::time::sleep(this.delay).await;
+                this.reply.clone().map(tonic::Response::new)
+            })
+        }
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for ExecOnlyRuntime {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+            assert_eq!(req.uri().path(), "/runtime.v1.RuntimeService/ExecSync");
+            let this = self.clone();
+            Box::pin(
+                async move { Ok(tonic::server::Grpc::new(tonic_prost::ProstCodec::default()).unary(this, req).await) },
+            )
+        }
+    }
+
+    /// Serves `runtime` on a socket in `dir`; returns a client with request timeout `timeout`.
+    fn serve(
+        dir: &std::path::Path,
+        runtime: ExecOnlyRuntime,
+        timeout: Duration,
+    ) -> (RemoteRuntime, Arc<KubeletMetrics>) {
+        let path = dir.join("cri.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .serve_with_incoming(runtime, tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let rt = RemoteRuntime::new(&format!("unix://{}", path.display()), timeout, metrics.clone()).unwrap();
+        (rt, metrics)
+    }
+
+    fn exec_only(delay: Duration, reply: Result<api::ExecSyncResponse, tonic::Status>) -> ExecOnlyRuntime {
+        ExecOnlyRuntime { delay, reply, seen: Arc::default() }
+    }
+
+    #[tokio::test]
+    async fn exec_sync_sends_the_timeout_and_returns_the_exit_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let reply = api::ExecSyncResponse { stdout: b"out".to_vec(), stderr: b"err".to_vec(), exit_code: 3 };
+        let runtime = exec_only(Duration::ZERO, Ok(reply.clone()));
+        let (rt, metrics) = serve(dir.path(), runtime.clone(), Duration::from_secs(2));
+        let cmd = vec!["cat".to_string(), "/tmp/x".to_string()];
+        assert_eq!(rt.exec_sync("c1", cmd.clone(), Duration::from_secs(3)).await.unwrap(), reply);
+        assert_eq!(rt.exec_sync("c1", cmd.clone(), Duration::ZERO).await.unwrap(), reply);
+        let seen = runtime.seen.lock().unwrap().clone();
+        assert_eq!(seen[0].0, api::ExecSyncRequest { container_id: "c1".into(), cmd: cmd.clone(), timeout: 3 });
+        // The call's deadline is the command timeout plus the request timeout (5s).
+        let deadline = seen[0].1.as_deref().expect("a deadline is sent");
+        let deadline_ms: u64 = match deadline.split_at(deadline.len() - 1) {
+            (n, "m") => n.parse().unwrap(),
+            (n, "u") => n.parse::<u64>().unwrap() / 1000,
+            (n, "n") => n.parse::<u64>().unwrap() / 1_000_000,
+            (n, "S") => n.parse::<u64>().unwrap() * 1000,
+            other => panic!("unexpected grpc-timeout {other:?}"),
+        };
+        assert!((4_900..=5_000).contains(&deadline_ms), "{deadline}");
+        assert_eq!(seen[1], (api::ExecSyncRequest { container_id: "c1".into(), cmd, timeout: 0 }, None));
+        let labels = crate::metrics::OperationLabels { operation_type: "exec_sync".into() };
+        assert_eq!(metrics.runtime_operations.get_or_create(&labels).get(), 2);
+    }
+
+    #[tokio::test]
+    async fn exec_sync_deadlines() {
+        let dir = tempfile::tempdir().unwrap();
+        // The runtime's own DeadlineExceeded comes back as such.
+        let runtime = exec_only(Duration::ZERO, Err(tonic::Status::deadline_exceeded("timeout 1s exceeded")));
+        let (rt, _) = serve(dir.path(), runtime, Duration::from_millis(100));
+        let err = rt.exec_sync("c1", vec!["sleep".into()], Duration::from_secs(1)).await.unwrap_err();
+        assert!(matches!(&err, Error::Rpc { status, .. } if status.code() == tonic::Code::DeadlineExceeded), "{err}");
+
+        // A runtime slower than the command timeout still answers within the call's
+        // deadline (command timeout + request timeout)...
+        let dir = tempfile::tempdir().unwrap();
+        let slow = exec_only(Duration::from_millis(900), Ok(api::ExecSyncResponse::default()));
+        let (rt, _) = serve(dir.path(), slow, Duration::from_millis(300));
+        assert!(rt.exec_sync("c1", vec!["x".into()], Duration::from_secs(1)).await.is_ok());
+        // ...but not past it.
+        let dir = tempfile::tempdir().unwrap();
+        let stuck = exec_only(Duration::from_secs(3), Ok(api::ExecSyncResponse::default()));
+        let (rt, _) = serve(dir.path(), stuck, Duration::from_millis(300));
+        let start = Instant::now();
+        let err = rt.exec_sync("c1", vec!["x".into()], Duration::from_secs(1)).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(1_250) && took < Duration::from_secs(3), "{took:?} {err}");
     }
 
     #[tokio::test]

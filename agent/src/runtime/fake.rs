@@ -1,15 +1,63 @@
 //! [`FakeRuntime`]: an in-memory CRI for unit tests of the modules above the runtime.
 //! Containers run until told otherwise ([`FakeRuntime::exit_container`]); every call is
 //! recorded so tests can assert what the kubelet asked for.
+//!
+//! `ExecSync` answers, in order of precedence: the next response queued for the container
+//! ([`FakeRuntime::push_exec_response`]), the handler ([`FakeRuntime::set_exec_handler`]),
+//! or exit code 0 with no output for a running container (`NotFound` for an unknown one,
+//! an error for a stopped one, as containerd answers).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use super::backoff::{Clock, SystemClock};
 use super::{Result, RuntimeService, api};
+
+/// Answers `ExecSync` calls: (container id, command, timeout) → response.
+pub type ExecHandler = dyn Fn(&str, &[String], Duration) -> Result<api::ExecSyncResponse> + Send + Sync;
+
+/// One recorded `ExecSync` call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCall {
+    pub container_id: String,
+    pub cmd: Vec<String>,
+    pub timeout: Duration,
+}
+
+/// An exec response for a test: exit code, stdout and stderr.
+#[must_use]
+pub fn exec_response(exit_code: i32, stdout: &str, stderr: &str) -> api::ExecSyncResponse {
+    api::ExecSyncResponse { stdout: stdout.as_bytes().to_vec(), stderr: stderr.as_bytes().to_vec(), exit_code }
+}
+
+/// The error a CRI runtime answers when a command outlives its `ExecSync` timeout.
+#[must_use]
+pub fn exec_deadline_exceeded() -> super::Error {
+    super::Error::Rpc {
+        operation: "exec_sync",
+        status: tonic::Status::deadline_exceeded("failed to exec in container: timeout exceeded"),
+    }
+}
+
+#[derive(Default)]
+struct ExecScript {
+    queued: HashMap<String, VecDeque<Result<api::ExecSyncResponse>>>,
+    handler: Option<Arc<ExecHandler>>,
+    calls: Vec<ExecCall>,
+}
+
+impl std::fmt::Debug for ExecScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecScript")
+            .field("queued", &self.queued.keys().collect::<Vec<_>>())
+            .field("handler", &self.handler.is_some())
+            .field("calls", &self.calls)
+            .finish()
+    }
+}
 
 #[derive(Debug, Default)]
 struct State {
@@ -20,6 +68,7 @@ struct State {
     container_sandbox: HashMap<String, String>,
     images: Vec<String>,
     calls: Vec<String>,
+    exec: ExecScript,
 }
 
 /// In-memory runtime.
@@ -94,6 +143,26 @@ impl FakeRuntime {
             .collect();
         v.sort();
         v.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Queues the answer to the next `ExecSync` in container `id` (answers are used in the
+    /// order they were queued, before the handler).
+    pub fn push_exec_response(&self, id: &str, response: Result<api::ExecSyncResponse>) {
+        self.state.lock().unwrap().exec.queued.entry(id.to_string()).or_default().push_back(response);
+    }
+
+    /// Answers every `ExecSync` without a queued response with `handler`.
+    pub fn set_exec_handler(
+        &self,
+        handler: impl Fn(&str, &[String], Duration) -> Result<api::ExecSyncResponse> + Send + Sync + 'static,
+    ) {
+        self.state.lock().unwrap().exec.handler = Some(Arc::new(handler));
+    }
+
+    /// The `ExecSync` calls made so far, in order.
+    #[must_use]
+    pub fn exec_calls(&self) -> Vec<ExecCall> {
+        self.state.lock().unwrap().exec.calls.clone()
     }
 
     fn record(&self, call: &str) -> std::sync::MutexGuard<'_, State> {
@@ -283,6 +352,30 @@ impl RuntimeService for FakeRuntime {
             .collect())
     }
 
+    async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
+        let handler = {
+            let mut s = self.record("exec_sync");
+            s.exec.calls.push(ExecCall { container_id: id.to_string(), cmd: cmd.clone(), timeout });
+            if let Some(response) = s.exec.queued.get_mut(id).and_then(VecDeque::pop_front) {
+                return response;
+            }
+            if let Some(h) = &s.exec.handler {
+                Arc::clone(h)
+            } else {
+                let c = s.containers.get(id).ok_or_else(|| not_found(id))?;
+                if c.state != api::ContainerState::ContainerRunning as i32 {
+                    return Err(super::Error::Rpc {
+                        operation: "exec_sync",
+                        status: tonic::Status::unknown(format!("container {id} is not running")),
+                    });
+                }
+                return Ok(api::ExecSyncResponse::default());
+            }
+        };
+        // Called without the lock: a handler may use the runtime itself.
+        handler(id, &cmd, timeout)
+    }
+
     async fn pull_image(
         &self,
         image: &str,
@@ -294,5 +387,50 @@ impl RuntimeService for FakeRuntime {
             operation: "pull_image",
             status: tonic::Status::unavailable(format!("no registry for {image}")),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn running_container(rt: &FakeRuntime) -> String {
+        let sandbox = rt.run_pod_sandbox(api::PodSandboxConfig::default(), String::new()).await.unwrap();
+        let id = rt
+            .create_container(&sandbox, api::ContainerConfig::default(), api::PodSandboxConfig::default())
+            .await
+            .unwrap();
+        rt.start_container(&id).await.unwrap();
+        id
+    }
+
+    #[tokio::test]
+    async fn exec_answers_queue_then_handler_then_default() {
+        let rt = FakeRuntime::default();
+        let id = running_container(&rt).await;
+        let second = Duration::from_secs(1);
+        // Default: a running container runs anything with exit code 0.
+        assert_eq!(rt.exec_sync(&id, vec!["true".into()], second).await.unwrap(), api::ExecSyncResponse::default());
+        rt.exit_container(&id, 0);
+        assert!(rt.exec_sync(&id, vec!["true".into()], second).await.is_err(), "not running");
+        assert!(rt.exec_sync("nope", vec!["true".into()], second).await.unwrap_err().is_not_found());
+
+        rt.set_exec_handler(|id, cmd, _| Ok(exec_response(cmd.len() as i32, id, "")));
+        rt.push_exec_response("nope", Err(exec_deadline_exceeded()));
+        rt.push_exec_response("nope", Ok(exec_response(7, "", "")));
+        assert!(rt.exec_sync("nope", vec![], second).await.is_err());
+        assert_eq!(rt.exec_sync("nope", vec![], second).await.unwrap().exit_code, 7);
+        assert_eq!(
+            rt.exec_sync("nope", vec!["a".into(), "b".into()], second).await.unwrap(),
+            exec_response(2, "nope", "")
+        );
+
+        let calls = rt.exec_calls();
+        assert_eq!(calls.len(), 6);
+        assert_eq!(
+            calls[5],
+            ExecCall { container_id: "nope".into(), cmd: vec!["a".into(), "b".into()], timeout: second }
+        );
+        assert_eq!(rt.calls().iter().filter(|c| *c == "exec_sync").count(), 6);
     }
 }

@@ -82,6 +82,10 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
     /// Every image the runtime has.
     async fn list_images(&self) -> Result<Vec<api::Image>>;
+    /// Runs `cmd` in a container and waits for it (`ExecSync`). `timeout` is the runtime's
+    /// limit on the command (sent in whole seconds; zero means none); a non-zero exit code
+    /// is a normal response, not an error.
+    async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse>;
     /// Pulls an image; returns the image reference the runtime stored it under.
     async fn pull_image(
         &self,
