@@ -265,6 +265,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     };
     // Exits the evented PLEG sees before containerd records them.
     let kernel_exits = Arc::new(crate::pleg::exits::KernelExits::default());
+    // Startup, liveness and readiness probes; their own registry for /metrics/probes.
+    let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
+    let probes = crate::prober::ProbeManager::new(
+        Arc::new(crate::prober::runner::HandlerRunner::new(rt.clone())),
+        recorder.clone(),
+        prober_metrics.clone(),
+    );
+    let probe_updates = probes.take_updates();
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -285,6 +293,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         )
         .with_recorder(recorder.clone())
         .with_kernel_exits(kernel_exits.clone())
+        .with_probes(probes.clone(), &runtime_name)
         .with_dns(crate::runtime::manager::dns::DnsSettings {
             cluster_dns: kc.cluster_dns.clone(),
             cluster_domain: kc.cluster_domain.clone(),
@@ -377,6 +386,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         Arc::new(registry),
     )
     .health_check(pleg_health.clone())
+    .metrics_endpoint("/metrics/probes", prober_metrics.registry())
     .route(
         "/events",
         get(move || {
@@ -465,7 +475,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         recorder: recorder.clone(),
         rejected: std::sync::Mutex::default(),
     };
-    tracker.spawn(sync_loop.run(update_rx, pleg_rx, shutdown.clone()).instrument(tracing::info_span!("sync_loop")));
+    tracker.spawn(
+        sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),
+    );
     let server_shutdown = shutdown.clone();
     let server_task =
         tokio::spawn(async move { server.run(server_shutdown).await }.instrument(tracing::info_span!("server")));

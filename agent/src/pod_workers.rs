@@ -385,8 +385,12 @@ impl Worker {
                 start_time: Some(self.first_seen),
                 host_ip: self.deps.host_ip.as_deref(),
                 qos_class: qos.as_str(),
+                probes: self.deps.runtime.probes(),
             },
         );
+        if let Some(probes) = self.deps.runtime.probes() {
+            probes.set_pod_status(self.uid(), &status);
+        }
         if tracing::enabled!(target: "pod_status", tracing::Level::DEBUG) {
             // A stable, parseable record for `cargo xtask bench pleg` (enable with
             // RUST_LOG=pod_status=debug): each computed status, with its containers.
@@ -435,6 +439,10 @@ impl Worker {
             self.state = WorkerState::Terminating;
             self.workers.set_state(&self.uid, WorkerState::Terminating);
             return Duration::ZERO;
+        }
+        // Probe workers for the pod's containers (idempotent, as upstream `AddPod` in SyncPod).
+        if let Some(probes) = self.deps.runtime.probes() {
+            probes.add_pod(&pod);
         }
         let cg_start = Instant::now();
         let cm = self.deps.cm.clone();
@@ -505,6 +513,11 @@ impl Worker {
         };
         if let Some(pod) = &self.pod {
             tracing::info!(pod = %pod_full_name(pod), grace = ?self.grace, "terminating pod");
+            // Nothing must restart a container of a terminating pod (upstream
+            // `StopLivenessAndStartup`); readiness keeps reporting.
+            if let Some(probes) = self.deps.runtime.probes() {
+                probes.stop_liveness_and_startup(pod);
+            }
         }
         if let Err(e) = self.deps.runtime.kill_pod(self.pod.as_ref(), &rt_status, self.grace).await {
             tracing::warn!(error = %e, "failed to kill pod; retrying");
@@ -517,6 +530,9 @@ impl Worker {
                 );
             }
             return false;
+        }
+        if let Some(probes) = self.deps.runtime.probes() {
+            probes.remove_pod(self.uid());
         }
         // Completed pods keep a final status; so do API pods being deleted, whose last
         // status (all containers terminated) is written before the object is removed.

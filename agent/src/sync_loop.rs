@@ -219,7 +219,21 @@ impl SyncLoop {
             }
         });
         self.runtime.gc_backoff();
+        if let Some(probes) = self.runtime.probes() {
+            // Probe workers of pods that are neither wanted nor still being torn down.
+            let keep: HashSet<String> = desired.iter().chain(workers.iter()).cloned().collect();
+            probes.cleanup_pods(&keep);
+        }
         self.update_pod_count_metrics();
+    }
+
+    /// A probe result changed: sync the pod (a failed liveness or startup probe kills
+    /// and restarts the container there; readiness and `started` reach the status).
+    pub fn handle_probe_update(&self, u: &crate::prober::ProbeUpdate) {
+        if let Some(pod) = self.pod_manager.get(&u.pod_uid) {
+            tracing::debug!(uid = %u.pod_uid, container = %u.container_name, probe = %u.probe_type, result = ?u.result, "probe result changed");
+            self.workers.update_pod(pod, WorkType::Sync);
+        }
     }
 
     /// Runs until shutdown.
@@ -227,8 +241,10 @@ impl SyncLoop {
         self,
         mut updates: mpsc::Receiver<PodUpdate>,
         mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+        probe_updates: Option<mpsc::UnboundedReceiver<crate::prober::ProbeUpdate>>,
         shutdown: CancellationToken,
     ) {
+        let mut probe_updates = probe_updates;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -236,6 +252,10 @@ impl SyncLoop {
                 () = shutdown.cancelled() => return,
                 Some(u) = updates.recv() => self.handle_update(u),
                 Some(ev) = pleg_events.recv() => self.handle_pleg_event(&ev),
+                Some(u) = async { match probe_updates.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                } } => self.handle_probe_update(&u),
                 _ = housekeeping.tick() => self.housekeeping(),
             }
         }

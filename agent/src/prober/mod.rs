@@ -80,6 +80,7 @@
 pub mod metrics;
 mod probe;
 mod results;
+pub mod runner;
 mod worker;
 
 #[cfg(test)]

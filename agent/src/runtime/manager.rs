@@ -36,6 +36,8 @@ pub mod reasons {
     pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
     pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
     pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+    /// The postStart hook failed (upstream `ErrPostStartHook`); the container was killed.
+    pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
     pub const CONTAINER_CREATING: &str = "ContainerCreating";
     pub const POD_INITIALIZING: &str = "PodInitializing";
 }
@@ -55,8 +57,11 @@ pub struct PodActions {
     pub next_init_container: Option<usize>,
     /// Indexes into `spec.containers` to start.
     pub containers_to_start: Vec<usize>,
-    /// Running containers to kill: container id -> (name, reason).
+    /// Running containers to kill: container id -> (name, message of the `Killing` event).
     pub containers_to_kill: BTreeMap<String, (String, String)>,
+    /// Grace periods for kills a failed liveness/startup probe asked for (the probe's
+    /// own `terminationGracePeriodSeconds`): container id -> seconds.
+    pub kill_grace: BTreeMap<String, i64>,
 }
 
 /// Outcome of one `SyncPod`.
@@ -167,6 +172,16 @@ fn pod_sandbox_changed(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32,
 /// Upstream `computePodActions`.
 #[must_use]
 pub fn compute_pod_actions(pod: &Pod, status: &RuntimePodStatus) -> PodActions {
+    compute_pod_actions_with(pod, status, &|_, _| None)
+}
+
+/// [`compute_pod_actions`] with the prober's verdicts: `probe_kill(container, id)` says
+/// whether a failed liveness or startup probe wants the running container killed.
+pub fn compute_pod_actions_with(
+    pod: &Pod,
+    status: &RuntimePodStatus,
+    probe_kill: &dyn Fn(&Container, &str) -> Option<crate::prober::ProbeKill>,
+) -> PodActions {
     let spec = pod.spec.as_ref().expect("pod has a spec");
     let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(spec, status);
     let mut actions =
@@ -234,9 +249,18 @@ pub fn compute_pod_actions(pod: &Pod, status: &RuntimePodStatus) -> PodActions {
             Some(s) if s.state == ContainerState::Running => {
                 if !s.hash.is_empty() && s.hash != labels::container_hash(c) {
                     actions.containers_to_start.push(i);
-                    actions
-                        .containers_to_kill
-                        .insert(s.id.clone(), (c.name.clone(), format!("Container {} definition changed", c.name)));
+                    actions.containers_to_kill.insert(
+                        s.id.clone(),
+                        (c.name.clone(), format!("Container {} definition changed, will be restarted", c.name)),
+                    );
+                } else if let Some(kill) = probe_kill(c, &s.id) {
+                    // Upstream: a failed liveness/startup probe kills the container; it
+                    // starts again unless the restart policy is Never.
+                    if kill.restart {
+                        actions.containers_to_start.push(i);
+                    }
+                    actions.containers_to_kill.insert(s.id.clone(), (c.name.clone(), kill.message));
+                    actions.kill_grace.insert(s.id.clone(), kill.grace_period_seconds);
                 } else {
                     keep += 1;
                 }
@@ -296,6 +320,11 @@ pub struct RuntimeManager {
     dns: dns::DnsSettings,
     /// Exits the kernel saw before the runtime recorded them (evented PLEG).
     kernel_exits: Option<Arc<crate::pleg::exits::KernelExits>>,
+    /// The prober (liveness/startup verdicts) and the runtime's name, which prefixes
+    /// container ids in the API status (`containerd://<id>`).
+    probes: Option<(crate::prober::ProbeManager, String)>,
+    /// Runs postStart / preStop hooks.
+    hooks: crate::lifecycle::hooks::HandlerRunner,
 }
 
 impl RuntimeManager {
@@ -309,7 +338,6 @@ impl RuntimeManager {
         image_backoff: Backoff,
     ) -> Self {
         Self {
-            rt,
             cm,
             metrics,
             backoff: Mutex::new(backoff),
@@ -320,8 +348,25 @@ impl RuntimeManager {
             volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
             dns: dns::DnsSettings::default(),
             kernel_exits: None,
+            probes: None,
+            hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
+            rt,
             cfg,
         }
+    }
+
+    /// Kills and restarts containers whose liveness or startup probe failed, as
+    /// `probes` says. `runtime_name` prefixes container ids in the API status.
+    #[must_use]
+    pub fn with_probes(mut self, probes: crate::prober::ProbeManager, runtime_name: &str) -> Self {
+        self.probes = Some((probes, runtime_name.to_string()));
+        self
+    }
+
+    /// The prober, when probes are on.
+    #[must_use]
+    pub fn probes(&self) -> Option<&crate::prober::ProbeManager> {
+        self.probes.as_ref().map(|(p, _)| p)
     }
 
     /// Lays the exits the evented PLEG saw in the kernel over CRI's answers in
@@ -428,7 +473,12 @@ impl RuntimeManager {
     /// and ensured the pod cgroup.
     pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> SyncResult {
         let spec = pod.spec.as_ref().expect("pod has a spec");
-        let actions = compute_pod_actions(pod, status);
+        let actions = match &self.probes {
+            Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
+                probes.container_to_kill(pod, &c.name, &format!("{runtime_name}://{id}"))
+            }),
+            None => compute_pod_actions(pod, status),
+        };
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let mut result = SyncResult::default();
 
@@ -465,7 +515,8 @@ impl RuntimeManager {
         } else {
             for (id, (name, why)) in &actions.containers_to_kill {
                 tracing::info!(pod = %pod_full_name(pod), container = %name, reason = %why, "killing container");
-                if let Err(e) = self.kill_container(pod, id, name, None).await {
+                let grace = actions.kill_grace.get(id).copied();
+                if let Err(e) = self.kill_container(pod, id, name, grace, why, status.ips()).await {
                     result.errors.push(format!("KillContainer {name}: {e}"));
                     return result;
                 }
@@ -578,12 +629,16 @@ impl RuntimeManager {
                     .inc();
                 self.set_reason(uid, &container.name, reason, msg.clone());
                 let event_reason = match reason {
-                    reasons::IMAGE_PULL_BACK_OFF => "BackOff",
-                    reasons::ERR_IMAGE_NEVER_PULL => reasons::ERR_IMAGE_NEVER_PULL,
-                    reasons::INVALID_IMAGE_NAME => "InspectFailed",
-                    _ => "Failed",
+                    reasons::IMAGE_PULL_BACK_OFF => Some("BackOff"),
+                    reasons::ERR_IMAGE_NEVER_PULL => Some(reasons::ERR_IMAGE_NEVER_PULL),
+                    reasons::INVALID_IMAGE_NAME => Some("InspectFailed"),
+                    // FailedPostStartHook was recorded, without the hook's output.
+                    reasons::POST_START_HOOK_ERROR => None,
+                    _ => Some("Failed"),
                 };
-                self.event(pod, EventType::Warning, event_reason, format!("Error: {reason}: {msg}"));
+                if let Some(event_reason) = event_reason {
+                    self.event(pod, EventType::Warning, event_reason, format!("Error: {reason}: {msg}"));
+                }
                 result.errors.push(format!("{reason}: {msg}"));
                 if let Some(r) = retry {
                     result.requeue_after = Some(result.requeue_after.map_or(r, |x| x.min(r)));
@@ -735,6 +790,34 @@ impl RuntimeManager {
         }
         self.event(pod, EventType::Normal, "Started", format!("Started container {}", container.name));
         tracing::info!(pod = %pod_full_name(pod), container = %container.name, id = %id, restart_count, "started container");
+        if let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+            use crate::lifecycle::hooks;
+            let ctx = hooks::HookContext { pod, container, container_id: &id, pod_ips };
+            let span = tracing::info_span!("post_start_hook", pod = %pod_full_name(pod), container = %container.name);
+            let outcome = tracing::Instrument::instrument(
+                self.hooks.run(&ctx, handler, &tokio_util::sync::CancellationToken::new()),
+                span,
+            )
+            .await;
+            if let Some(msg) = outcome.http_fallback {
+                self.event(pod, EventType::Warning, hooks::LIFECYCLE_HTTP_FALLBACK, msg);
+            }
+            if let Err(e) = outcome.result {
+                tracing::warn!(pod = %pod_full_name(pod), container = %container.name, error = %e.message, "postStart hook failed");
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    hooks::FAILED_POST_START_HOOK,
+                    hooks::FAILED_POST_START_HOOK_MESSAGE.into(),
+                );
+                if let Err(kill) =
+                    self.kill_container(pod, &id, &container.name, None, hooks::FAILED_POST_START_HOOK, pod_ips).await
+                {
+                    tracing::warn!(container = %id, error = %kill, "failed to kill the container after its postStart hook failed");
+                }
+                return Err((reasons::POST_START_HOOK_ERROR, e.message, None));
+            }
+        }
         Ok(())
     }
 
@@ -1042,13 +1125,67 @@ impl RuntimeManager {
         }
     }
 
-    async fn kill_container(&self, pod: &Pod, id: &str, name: &str, grace_override: Option<i64>) -> Result<()> {
-        let grace = grace_override
-            .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+    /// The spec of the container (or init container) `name`.
+    fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
+        let spec = pod.spec.as_ref()?;
+        spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == name)
+    }
+
+    /// Upstream's grace period for stopping a container: the override (deletion or
+    /// probe), else the pod's `terminationGracePeriodSeconds`, else 30 s.
+    fn grace_period(pod: Option<&Pod>, grace_override: Option<i64>) -> i64 {
+        grace_override
+            .or_else(|| pod.and_then(|p| p.spec.as_ref()).and_then(|s| s.termination_grace_period_seconds))
             .unwrap_or(DEFAULT_GRACE_PERIOD_SECS)
-            .max(MINIMUM_GRACE_PERIOD_SECS);
+    }
+
+    /// Runs the container's preStop hook, if any, within `grace` seconds; returns the
+    /// grace period left for `StopContainer` (never under the 2 s minimum).
+    async fn pre_stop(&self, pod: &Pod, id: &str, name: &str, grace: i64, pod_ips: &[String]) -> i64 {
+        use crate::lifecycle::hooks;
+        let Some(container) = Self::container_spec(pod, name) else { return grace.max(MINIMUM_GRACE_PERIOD_SECS) };
+        let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) else {
+            return grace.max(MINIMUM_GRACE_PERIOD_SECS);
+        };
+        let ctx = hooks::HookContext { pod, container, container_id: id, pod_ips };
+        let span = tracing::info_span!("pre_stop_hook", pod = %pod_full_name(pod), container = %name, grace);
+        let run = tracing::Instrument::instrument(
+            self.hooks.execute_pre_stop_hook(&ctx, handler, grace, &tokio_util::sync::CancellationToken::new()),
+            span,
+        )
+        .await;
+        if let Some(outcome) = &run.outcome {
+            if let Err(e) = &outcome.result {
+                tracing::warn!(pod = %pod_full_name(pod), container = %name, error = %e.message, "preStop hook failed");
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    hooks::FAILED_PRE_STOP_HOOK,
+                    hooks::FAILED_PRE_STOP_HOOK_MESSAGE.into(),
+                );
+            }
+            if let Some(msg) = &outcome.http_fallback {
+                self.event(pod, EventType::Warning, hooks::LIFECYCLE_HTTP_FALLBACK, msg.clone());
+            }
+        }
+        hooks::grace_period_after_pre_stop(grace, run.elapsed_secs)
+    }
+
+    /// Upstream `killContainer`: the `Killing` event with `message`, the preStop hook
+    /// within the grace period, then `StopContainer` with what is left of it.
+    async fn kill_container(
+        &self,
+        pod: &Pod,
+        id: &str,
+        name: &str,
+        grace_override: Option<i64>,
+        message: &str,
+        pod_ips: &[String],
+    ) -> Result<()> {
+        let grace = Self::grace_period(Some(pod), grace_override);
+        self.event(pod, EventType::Normal, "Killing", message.to_string());
+        let grace = self.pre_stop(pod, id, name, grace, pod_ips).await;
         tracing::debug!(pod = %pod_full_name(pod), container = %name, grace, "stopping container");
-        self.event(pod, EventType::Normal, "Killing", format!("Stopping container {name}"));
         match self.rt.stop_container(id, grace).await {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
@@ -1063,10 +1200,7 @@ impl RuntimeManager {
         status: &RuntimePodStatus,
         grace_override: Option<i64>,
     ) -> Result<()> {
-        let grace = grace_override
-            .or_else(|| pod.and_then(|p| p.spec.as_ref()).and_then(|s| s.termination_grace_period_seconds))
-            .unwrap_or(DEFAULT_GRACE_PERIOD_SECS)
-            .max(MINIMUM_GRACE_PERIOD_SECS);
+        let grace = Self::grace_period(pod, grace_override);
         let running: Vec<_> = status
             .containers
             .iter()
@@ -1078,6 +1212,13 @@ impl RuntimeManager {
             }
         }
         let stops = running.iter().map(|c| async move {
+            // Each container's preStop hook runs within its own grace period, in parallel.
+            let grace = match pod {
+                Some(pod) if c.state == ContainerState::Running => {
+                    self.pre_stop(pod, &c.id, &c.name, grace, status.ips()).await
+                }
+                _ => grace.max(MINIMUM_GRACE_PERIOD_SECS),
+            };
             match self.rt.stop_container(&c.id, grace).await {
                 Err(e) if !e.is_not_found() => Err(e),
                 _ => Ok(()),
@@ -2482,6 +2623,132 @@ mod tests {
         let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![c]));
         assert_eq!(a.containers_to_start, vec![0]);
         assert!(a.containers_to_kill.contains_key("a-0"));
+    }
+
+    #[test]
+    fn failed_liveness_kills_and_restarts_unless_never() {
+        let kill = |restart| {
+            move |c: &Container, id: &str| {
+                (c.name == "a" && id == "a-0").then(|| crate::prober::ProbeKill {
+                    probe_type: crate::prober::ProbeType::Liveness,
+                    message: "Container a failed liveness probe, will be restarted".into(),
+                    grace_period_seconds: 7,
+                    restart,
+                })
+            }
+        };
+        let p = pod("Always", &[], &["a", "b"]);
+        let s = status(
+            vec![sandbox(true, 0)],
+            vec![
+                ctr(&p, "a", ContainerState::Running, 0, 0, false),
+                ctr(&p, "b", ContainerState::Running, 0, 0, false),
+            ],
+        );
+        let a = compute_pod_actions_with(&p, &s, &kill(true));
+        assert_eq!(a.containers_to_start, [0]);
+        assert_eq!(a.containers_to_kill["a-0"].1, "Container a failed liveness probe, will be restarted");
+        assert_eq!(a.kill_grace["a-0"], 7);
+        assert!(!a.kill_pod, "b keeps running");
+        let never = pod("Never", &[], &["a"]);
+        let s = status(vec![sandbox(true, 0)], vec![ctr(&never, "a", ContainerState::Running, 0, 0, false)]);
+        let a = compute_pod_actions_with(&never, &s, &kill(false));
+        assert!(a.containers_to_start.is_empty());
+        assert!(a.containers_to_kill.contains_key("a-0"));
+    }
+
+    /// postStart and preStop hooks through the runtime manager, on the fake runtime.
+    mod hooks_wiring {
+        use std::sync::Arc;
+
+        use serde_json::json;
+
+        use super::super::*;
+        use crate::cm::FakePodContainerManager;
+        use crate::events::MemoryRecorder;
+        use crate::runtime::fake::{FakeRuntime, exec_response};
+
+        fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
+            let dir = tempfile::tempdir().unwrap();
+            let fake = Arc::new(FakeRuntime::with_images(&["img"]));
+            let recorder = Arc::new(MemoryRecorder::new("node-1"));
+            let rm = RuntimeManager::new(
+                fake.clone(),
+                Arc::new(FakePodContainerManager::default()),
+                Arc::new(KubeletMetrics::unregistered()),
+                RuntimeManagerConfig {
+                    pod_logs_dir: dir.path().join("logs"),
+                    root_dir: dir.path().join("root"),
+                    node_name: "node-1".into(),
+                    host_ip: None,
+                },
+                Backoff::default(),
+                Backoff::default(),
+            )
+            .with_recorder(recorder.clone());
+            (dir, fake, recorder, rm)
+        }
+
+        fn hooked(lifecycle: &serde_json::Value) -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [{
+                        "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                        "terminationMessagePath": "", "lifecycle": lifecycle
+                    }]
+                }
+            }))
+            .unwrap()
+        }
+
+        fn events(r: &MemoryRecorder, reason: &str) -> Vec<String> {
+            r.list().into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).collect()
+        }
+
+        #[tokio::test]
+        async fn a_failing_post_start_hook_kills_the_container() {
+            let (_dir, fake, recorder, rm) = setup();
+            fake.set_exec_handler(|_, cmd, _| Ok(exec_response(i32::from(cmd[0] == "false"), "", "nope")));
+            let p = hooked(&json!({"postStart": {"exec": {"command": ["false"]}}}));
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.iter().any(|e| e.starts_with("PostStartHookError")), "{:?}", r.errors);
+            assert_eq!(events(&recorder, "FailedPostStartHook"), ["PostStartHook failed"]);
+            assert_eq!(events(&recorder, "Killing"), ["FailedPostStartHook"]);
+            assert!(events(&recorder, "Failed").is_empty(), "no generic Failed event with the hook's output");
+            let calls = fake.calls();
+            let pos = |c: &str| calls.iter().position(|x| x == c).unwrap_or(usize::MAX);
+            assert!(pos("start_container") < pos("exec_sync") && pos("exec_sync") < pos("stop_container"), "{calls:?}");
+            let (reason, msg) = rm.start_failure("u1", "c").unwrap();
+            assert_eq!(reason, "PostStartHookError");
+            assert!(msg.contains("Exec lifecycle hook ([false])"), "{msg}");
+        }
+
+        #[tokio::test]
+        async fn pre_stop_runs_before_the_stop_signal() {
+            let (_dir, fake, recorder, rm) = setup();
+            let p = hooked(&json!({"preStop": {"exec": {"command": ["sh", "-c", "echo bye"]}}}));
+            let st = rm.pod_status("u1").await.unwrap();
+            assert!(rm.sync_pod(&p, &st).await.errors.is_empty());
+            assert!(fake.exec_calls().is_empty(), "no hook at start");
+            let st = rm.pod_status("u1").await.unwrap();
+            rm.kill_pod(Some(&p), &st, None).await.unwrap();
+            let calls = fake.calls();
+            let pos = |c: &str| calls.iter().position(|x| x == c).unwrap_or(usize::MAX);
+            assert!(pos("exec_sync") < pos("stop_container"), "{calls:?}");
+            assert_eq!(fake.exec_calls()[0].cmd, ["sh", "-c", "echo bye"]);
+            assert!(events(&recorder, "FailedPreStopHook").is_empty());
+            // A failing preStop is reported and the container is stopped all the same.
+            fake.set_exec_handler(|_, _, _| Ok(exec_response(2, "", "")));
+            let p2 = hooked(&json!({"preStop": {"exec": {"command": ["false"]}}}));
+            let st = rm.pod_status("u1").await.unwrap();
+            let _ = rm.sync_pod(&p2, &st).await;
+            let st = rm.pod_status("u1").await.unwrap();
+            rm.kill_pod(Some(&p2), &st, None).await.unwrap();
+            assert_eq!(events(&recorder, "FailedPreStopHook"), ["PreStopHook failed"]);
+        }
     }
 
     /// Volumes, env, DNS and `/etc/hosts` wired through the runtime manager and the pod

@@ -30,6 +30,8 @@ pub struct StatusInputs<'a> {
     pub host_ip: Option<&'a str>,
     /// `QoS` class of the pod.
     pub qos_class: &'a str,
+    /// The prober, which decides `ready` and `started` (without it: running = ready).
+    pub probes: Option<&'a crate::prober::ProbeManager>,
 }
 
 fn time(t: SystemTime) -> Time {
@@ -308,7 +310,8 @@ fn container_statuses(
             ..Default::default()
         });
     }
-    // Readiness: no probes yet, so a running container is ready and started.
+    // Without a prober, a running container is ready and started (the prober's
+    // verdicts replace these in `generate_api_pod_status`).
     let mut out: Vec<ContainerStatus> = containers
         .iter()
         .filter_map(|c| statuses.remove(&c.name))
@@ -411,7 +414,7 @@ fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -
     condition("Initialized", false, Some("ContainersNotInitialized"), Some(msgs.join(", ")))
 }
 
-/// Upstream `generateAPIPodStatus` (without probes and resize, which come later).
+/// Upstream `generateAPIPodStatus` (without resize), with the prober's readiness.
 #[must_use]
 pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &StatusInputs<'_>) -> PodStatus {
     let spec = pod.spec.as_ref().expect("pod has a spec");
@@ -426,6 +429,9 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     s.container_statuses = Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, false));
     if has_init {
         s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, true));
+    }
+    if let Some(probes) = inputs.probes {
+        probes.update_pod_status(pod, &mut s);
     }
     let all: Vec<ContainerStatus> =
         s.container_statuses.iter().flatten().chain(s.init_container_statuses.iter().flatten()).cloned().collect();
@@ -612,6 +618,7 @@ mod tests {
             start_time: None,
             host_ip: None,
             qos_class: "BestEffort",
+            probes: None,
         };
         let s = generate_api_pod_status(&p, &rt, &inputs);
         let c = &s.container_statuses.as_ref().unwrap()[0];
@@ -641,6 +648,7 @@ mod tests {
             start_time: Some(SystemTime::now()),
             host_ip: Some("192.0.2.1"),
             qos_class: "Guaranteed",
+            probes: None,
         };
         let s = generate_api_pod_status(&p, &rt, &inputs);
         assert_eq!(s.phase.as_deref(), Some("Running"));

@@ -1,0 +1,71 @@
+//! [`HandlerRunner`]: the real [`ProbeRunner`], over the handlers of [`crate::probe`]
+//! (exec through CRI `ExecSync`, HTTP, TCP and gRPC from the node).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
+
+use super::{ProbeOutcome, ProbeRunner, ProbeType};
+use crate::probe::{self, Prober};
+use crate::runtime::RuntimeService;
+
+/// Runs probes with the real handlers. The worker retries errors, so one call is one run.
+#[derive(Debug)]
+pub struct HandlerRunner {
+    prober: Prober,
+}
+
+impl HandlerRunner {
+    #[must_use]
+    pub fn new(runtime: Arc<dyn RuntimeService>) -> Self {
+        Self { prober: Prober::new(runtime) }
+    }
+}
+
+/// The worker's view of a handler's answer: an error (the probe could not run) is
+/// thrown away after retries, whatever result it carries, as upstream.
+fn outcome(response: probe::ProbeResponse) -> ProbeOutcome {
+    match response {
+        Ok(o) => match o.result {
+            probe::ProbeResult::Success => ProbeOutcome::success(o.output),
+            probe::ProbeResult::Warning => ProbeOutcome::warning(o.output),
+            probe::ProbeResult::Failure => ProbeOutcome::failure(o.output),
+            probe::ProbeResult::Unknown => ProbeOutcome::unknown(o.output),
+        },
+        Err(e) => ProbeOutcome::error(e.message),
+    }
+}
+
+#[async_trait]
+impl ProbeRunner for HandlerRunner {
+    async fn run(
+        &self,
+        _probe_type: ProbeType,
+        pod: &Pod,
+        status: &PodStatus,
+        container: &Container,
+        container_id: &str,
+        probe: &Probe,
+    ) -> ProbeOutcome {
+        outcome(self.prober.run_probe(probe, pod, status, container, container_id).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prober::ProbeResult;
+
+    #[test]
+    fn handler_answers_map_to_worker_outcomes() {
+        let ok = |r| outcome(Ok(probe::Outcome::new(r, "out")));
+        assert_eq!(ok(probe::ProbeResult::Success).result, ProbeResult::Success);
+        assert_eq!(ok(probe::ProbeResult::Warning).result, ProbeResult::Warning);
+        assert_eq!(ok(probe::ProbeResult::Failure).result, ProbeResult::Failure);
+        assert_eq!(ok(probe::ProbeResult::Unknown).result, ProbeResult::Unknown);
+        assert_eq!(ok(probe::ProbeResult::Failure).output, "out");
+        let err = outcome(Err(probe::ProbeError::unknown("dial failed")));
+        assert_eq!(err.error.as_deref(), Some("dial failed"));
+    }
+}
