@@ -366,6 +366,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 safety_relist = ?cfg.swiftlet.pleg_relist_period,
                 "evented PLEG: container lifecycle from the kernel (eBPF)"
             );
+            // Loading parsed the kernel's BTF; give that memory back.
+            crate::memory::trim();
             (relist, Some(evented), Ok(running))
         }
         Err(why) => {

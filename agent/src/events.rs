@@ -111,6 +111,15 @@ pub fn pod_ref(pod: &k8s_openapi::api::core::v1::Pod) -> ObjectReference {
     }
 }
 
+/// Reference to one container of a pod (upstream `GenerateContainerRef`): the pod, with
+/// `fieldPath` `spec.containers{name}` or `spec.initContainers{name}`.
+#[must_use]
+pub fn container_ref(pod: &k8s_openapi::api::core::v1::Pod, container: &str) -> ObjectReference {
+    let init = pod.spec.as_ref().is_some_and(|s| s.init_containers.iter().flatten().any(|c| c.name == container));
+    let list = if init { "initContainers" } else { "containers" };
+    ObjectReference { field_path: Some(format!("spec.{list}{{{container}}}")), ..pod_ref(pod) }
+}
+
 /// Reference to the node for node-level events.
 #[must_use]
 pub fn node_ref(node: &str) -> ObjectReference {

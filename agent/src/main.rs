@@ -9,6 +9,7 @@ use clap::Parser as _;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    swiftlet::memory::limit_malloc_arenas();
     let flags = swiftlet::config::Flags::parse();
     let cfg = match swiftlet::config::load(flags) {
         Ok(c) => c,

@@ -21,6 +21,9 @@ use crate::sources::{PodUpdate, is_static_pod};
 /// Upstream `housekeepingPeriod`.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
 
+/// How often freed heap memory is handed back to the kernel.
+pub const MEMORY_TRIM_PERIOD: Duration = Duration::from_mins(1);
+
 /// A pod the API server marked for deletion is terminated with its deletion grace
 /// period (upstream: `deletionGracePeriodSeconds`), else `kind`.
 fn deletion_or(pod: &k8s_openapi::api::core::v1::Pod, kind: WorkType) -> WorkType {
@@ -247,6 +250,9 @@ impl SyncLoop {
         let mut probe_updates = probe_updates;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Freed heap back to the kernel now and then (see `crate::memory`).
+        let mut trim = tokio::time::interval(MEMORY_TRIM_PERIOD);
+        trim.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -257,6 +263,9 @@ impl SyncLoop {
                     None => std::future::pending().await,
                 } } => self.handle_probe_update(&u),
                 _ = housekeeping.tick() => self.housekeeping(),
+                _ = trim.tick() => {
+                    tokio::task::spawn_blocking(crate::memory::trim);
+                }
             }
         }
     }

@@ -24,9 +24,9 @@ const BUSYBOX: &str = "localhost/busybox:latest";
 const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
 /// How long any one expected change may take.
 const TIMEOUT: Duration = Duration::from_mins(1);
-/// The upstream capture `/metrics/probes` is compared with (`SWIFTLET_REFERENCE_DIR`
-/// overrides the directory).
-const REFERENCE_DIR: &str = "/work/shared/reference/kubelet-1.28";
+/// The upstream capture `/metrics/probes` is compared with, kept in the repository
+/// (`SWIFTLET_REFERENCE_DIR` overrides the directory).
+const REFERENCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/reference/kubelet-1.28");
 /// The Prometheus client's default histogram buckets, which upstream's probe duration
 /// histogram uses.
 const DEFAULT_BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, f64::INFINITY];
@@ -430,6 +430,7 @@ async fn liveness_failure_restarts_the_container(agent: &Agent, cri: &Cri) -> Re
     })
     .await?;
     assert_eq!(message(&killing), "Container main failed liveness probe, will be restarted");
+    assert_eq!(killing["involvedObject"]["fieldPath"], "spec.containers{main}", "{killing}");
 
     // At least failureThreshold failures were counted before the kill, and the probe
     // keeps running against the new container, which creates the file again and passes.
@@ -993,11 +994,13 @@ async fn poststart_failure_restarts_the_container(agent: &Agent) -> Result<()> {
     let uid = uid(&p);
     let e = wait_event(agent, &uid, "FailedPostStartHook", |e| is_event(e, "Warning", "FailedPostStartHook")).await?;
     assert_eq!(message(&e), "PostStartHook failed");
+    assert_eq!(e["involvedObject"]["fieldPath"], "spec.containers{main}", "{e}");
     // Upstream kills the container with the message `FailedPostStartHook`.
-    wait_event(agent, &uid, "Killing (postStart)", |e| {
+    let killing = wait_event(agent, &uid, "Killing (postStart)", |e| {
         is_event(e, "Normal", "Killing") && message(e) == "FailedPostStartHook"
     })
     .await?;
+    assert_eq!(killing["involvedObject"]["fieldPath"], "spec.containers{main}", "{killing}");
     Ok(())
 }
 

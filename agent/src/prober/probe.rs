@@ -7,10 +7,10 @@
 //! As in 1.28, an `Unknown` result without an error is a failure with an `Unhealthy`
 //! event; newer upstream versions count it as a failure without the event.
 
-use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, PodStatus, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
 
 use super::{Inner, ProbeResult, ProbeType};
-use crate::events::{EventType, pod_ref};
+use crate::events::EventType;
 
 /// Upstream `maxProbeRetries`.
 pub(super) const MAX_PROBE_RETRIES: usize = 3;
@@ -26,16 +26,7 @@ pub(super) struct Target<'a> {
     pub probe_type: ProbeType,
     pub pod: &'a Pod,
     pub container: &'a Container,
-    pub sidecar: bool,
     pub probe: &'a Probe,
-}
-
-/// The event reference of a container (upstream `GenerateContainerRef`).
-fn container_ref(pod: &Pod, container: &str, init: bool) -> ObjectReference {
-    let mut r = pod_ref(pod);
-    let list = if init { "initContainers" } else { "containers" };
-    r.field_path = Some(format!("spec.{list}{{{container}}}"));
-    r
 }
 
 /// Runs the probe; `Ok` is `Success` or `Failure`, `Err` the error of the last attempt.
@@ -55,7 +46,7 @@ pub(super) async fn run(
         }
     }
     let outcome = outcome.expect("at least one attempt");
-    let object = || container_ref(t.pod, &t.container.name, t.sidecar);
+    let object = || crate::events::container_ref(t.pod, &t.container.name);
     let pod = t.pod.metadata.name.as_deref().unwrap_or_default();
     let container = t.container.name.as_str();
     if let Some(error) = outcome.error {

@@ -254,13 +254,8 @@ impl Worker {
             result = tracing::field::Empty,
             duration = tracing::field::Empty,
         );
-        let target = Target {
-            probe_type: self.probe_type(),
-            pod: &self.pod,
-            container: &self.container,
-            sidecar: self.sidecar,
-            probe: &self.spec,
-        };
+        let target =
+            Target { probe_type: self.probe_type(), pod: &self.pod, container: &self.container, probe: &self.spec };
         let begin = Instant::now();
         let outcome = probe::run(&self.mgr, target, status, bare_container_id(id)).instrument(span.clone()).await;
         let elapsed = begin.elapsed();

@@ -412,6 +412,13 @@ impl RuntimeManager {
         }
     }
 
+    /// An event about one container (`involvedObject.fieldPath` names it, as upstream).
+    fn container_event(&self, pod: &Pod, container: &str, type_: EventType, reason: &str, message: String) {
+        if let Some(r) = &self.recorder {
+            r.record(crate::events::container_ref(pod, container), type_, reason, message);
+        }
+    }
+
     #[must_use]
     pub fn runtime(&self) -> &Arc<dyn RuntimeService> {
         &self.rt
@@ -601,8 +608,9 @@ impl RuntimeManager {
                 pod_full_name(pod)
             );
             self.set_reason(uid, &container.name, reasons::CRASH_LOOP_BACK_OFF, msg.clone());
-            self.event(
+            self.container_event(
                 pod,
+                &container.name,
                 EventType::Warning,
                 "BackOff",
                 format!("Back-off restarting failed container {} in pod {}", container.name, pod_full_name(pod)),
@@ -637,7 +645,13 @@ impl RuntimeManager {
                     _ => Some("Failed"),
                 };
                 if let Some(event_reason) = event_reason {
-                    self.event(pod, EventType::Warning, event_reason, format!("Error: {reason}: {msg}"));
+                    self.container_event(
+                        pod,
+                        &container.name,
+                        EventType::Warning,
+                        event_reason,
+                        format!("Error: {reason}: {msg}"),
+                    );
                 }
                 result.errors.push(format!("{reason}: {msg}"));
                 if let Some(r) = retry {
@@ -720,8 +734,9 @@ impl RuntimeManager {
         };
         if policy != "Always" {
             if let Some(img) = present {
-                self.event(
+                self.container_event(
                     pod,
+                    &container.name,
                     EventType::Normal,
                     "Pulled",
                     format!("Container image \"{image}\" already present on machine"),
@@ -742,12 +757,13 @@ impl RuntimeManager {
             return Err((reasons::IMAGE_PULL_BACK_OFF, format!("Back-off pulling image \"{image}\""), Some(rem)));
         }
         tracing::info!(pod = %pod_full_name(pod), %image, "pulling image");
-        self.event(pod, EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
+        self.container_event(pod, &container.name, EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
         let pull_start = std::time::Instant::now();
         match self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await {
             Ok(r) => {
-                self.event(
+                self.container_event(
                     pod,
+                    &container.name,
                     EventType::Normal,
                     "Pulled",
                     format!("Successfully pulled image \"{image}\" in {:.3}s", pull_start.elapsed().as_secs_f64()),
@@ -784,11 +800,23 @@ impl RuntimeManager {
             .create_container(sandbox_id, config, sandbox_config.clone())
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
-        self.event(pod, EventType::Normal, "Created", format!("Created container {}", container.name));
+        self.container_event(
+            pod,
+            &container.name,
+            EventType::Normal,
+            "Created",
+            format!("Created container {}", container.name),
+        );
         if let Err(e) = self.rt.start_container(&id).await {
             return Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None));
         }
-        self.event(pod, EventType::Normal, "Started", format!("Started container {}", container.name));
+        self.container_event(
+            pod,
+            &container.name,
+            EventType::Normal,
+            "Started",
+            format!("Started container {}", container.name),
+        );
         tracing::info!(pod = %pod_full_name(pod), container = %container.name, id = %id, restart_count, "started container");
         if let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             use crate::lifecycle::hooks;
@@ -804,8 +832,9 @@ impl RuntimeManager {
             }
             if let Err(e) = outcome.result {
                 tracing::warn!(pod = %pod_full_name(pod), container = %container.name, error = %e.message, "postStart hook failed");
-                self.event(
+                self.container_event(
                     pod,
+                    &container.name,
                     EventType::Warning,
                     hooks::FAILED_POST_START_HOOK,
                     hooks::FAILED_POST_START_HOOK_MESSAGE.into(),
@@ -1157,8 +1186,9 @@ impl RuntimeManager {
         if let Some(outcome) = &run.outcome {
             if let Err(e) = &outcome.result {
                 tracing::warn!(pod = %pod_full_name(pod), container = %name, error = %e.message, "preStop hook failed");
-                self.event(
+                self.container_event(
                     pod,
+                    name,
                     EventType::Warning,
                     hooks::FAILED_PRE_STOP_HOOK,
                     hooks::FAILED_PRE_STOP_HOOK_MESSAGE.into(),
@@ -1183,7 +1213,7 @@ impl RuntimeManager {
         pod_ips: &[String],
     ) -> Result<()> {
         let grace = Self::grace_period(Some(pod), grace_override);
-        self.event(pod, EventType::Normal, "Killing", message.to_string());
+        self.container_event(pod, name, EventType::Normal, "Killing", message.to_string());
         let grace = self.pre_stop(pod, id, name, grace, pod_ips).await;
         tracing::debug!(pod = %pod_full_name(pod), container = %name, grace, "stopping container");
         match self.rt.stop_container(id, grace).await {
@@ -1208,7 +1238,13 @@ impl RuntimeManager {
             .collect();
         if let Some(pod) = pod {
             for c in running.iter().filter(|c| c.state == ContainerState::Running) {
-                self.event(pod, EventType::Normal, "Killing", format!("Stopping container {}", c.name));
+                self.container_event(
+                    pod,
+                    &c.name,
+                    EventType::Normal,
+                    "Killing",
+                    format!("Stopping container {}", c.name),
+                );
             }
         }
         let stops = running.iter().map(|c| async move {
