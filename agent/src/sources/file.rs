@@ -226,6 +226,22 @@ mod tests {
 
     const GOOD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: c\n    image: localhost/busybox:latest\n";
 
+    /// The README's demo runs `examples/static-pods`: every one must be accepted.
+    #[test]
+    fn example_static_pods_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/static-pods");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let pod = parse_manifest(&text, &path.to_string_lossy(), "node-1")
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!pod.spec.unwrap().containers.is_empty());
+            n += 1;
+        }
+        assert!(n >= 3, "the examples are there");
+    }
+
     #[test]
     fn yaml_and_json_manifests_and_bad_ones() {
         let dir = tempfile::tempdir().unwrap();
