@@ -273,6 +273,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         prober_metrics.clone(),
     );
     let probe_updates = probes.take_updates();
+    let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -294,6 +295,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         .with_recorder(recorder.clone())
         .with_kernel_exits(kernel_exits.clone())
         .with_probes(probes.clone(), &runtime_name)
+        .with_startup_tracker(startup.clone())
         .with_dns(crate::runtime::manager::dns::DnsSettings {
             cluster_dns: kc.cluster_dns.clone(),
             cluster_domain: kc.cluster_domain.clone(),
@@ -420,6 +422,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 cfg.node_name.clone(),
                 update_tx.clone(),
                 mirrors.clone(),
+                startup.clone(),
                 shutdown.clone(),
             )
             .instrument(tracing::info_span!("api_pods")),

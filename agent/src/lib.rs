@@ -19,6 +19,7 @@ pub mod mirror;
 pub mod node;
 pub mod pleg;
 pub mod pod_manager;
+pub mod pod_startup;
 pub mod pod_workers;
 pub mod probe;
 pub mod prober;

@@ -14,6 +14,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+/// Upstream `podStartupDurationBuckets` (seconds), for the pod start histograms.
+pub const POD_STARTUP_BUCKETS: [f64; 25] = [
+    0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0,
+    600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0,
+];
+
 /// `metrics.DefBuckets` of the Prometheus Go client.
 pub const DEF_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
@@ -109,6 +115,13 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
     pub pod_status_sync_duration: Histogram,
+    /// From the agent first seeing a pod to the pod running.
+    pub pod_start_duration: Histogram,
+    /// The pod startup latency SLI: creation → all containers started and observed,
+    /// minus image pulling.
+    pub pod_start_sli_duration: Histogram,
+    /// Creation → all containers started and observed, image pulls included.
+    pub pod_start_total_duration: Histogram,
     /// swiftlet: kernel events received from the eBPF sensors, by kind.
     pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
     /// swiftlet: kernel events lost because the ring buffer was full.
@@ -150,6 +163,9 @@ impl KubeletMetrics {
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
             pod_status_sync_duration: def_histogram(),
+            pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),
@@ -294,6 +310,21 @@ impl KubeletMetrics {
             "kubelet_pod_status_sync_duration_seconds",
             "[ALPHA] Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur",
             self.pod_status_sync_duration.clone(),
+        );
+        r.register(
+            "kubelet_pod_start_duration_seconds",
+            "[ALPHA] Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
+            self.pod_start_duration.clone(),
+        );
+        r.register(
+            "kubelet_pod_start_sli_duration_seconds",
+            "[ALPHA] Duration in seconds to start a pod, excluding time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_sli_duration.clone(),
+        );
+        r.register(
+            "kubelet_pod_start_total_duration_seconds",
+            "[ALPHA] Duration in seconds to start a pod since creation, including time to pull images and run init containers, measured from pod creation timestamp to when all its containers are reported as started and observed via watch",
+            self.pod_start_total_duration.clone(),
         );
         r.register(
             "kubelet_containers_per_pod_count",

@@ -354,6 +354,9 @@ impl Worker {
                     self.deps.status.pod_finished(pod);
                 }
                 self.workers.set_state(&self.uid, WorkerState::Finished);
+                if let Some(t) = self.deps.runtime.startup_tracker() {
+                    t.forget(&self.uid);
+                }
                 tracing::info!("pod worker finished");
                 return;
             }
@@ -390,6 +393,9 @@ impl Worker {
         );
         if let Some(probes) = self.deps.runtime.probes() {
             probes.set_pod_status(self.uid(), &status);
+        }
+        if let Some(t) = self.deps.runtime.startup_tracker() {
+            t.status_updated(pod, old.as_ref(), &status, self.first_seen);
         }
         if tracing::enabled!(target: "pod_status", tracing::Level::DEBUG) {
             // A stable, parseable record for `cargo xtask bench pleg` (enable with

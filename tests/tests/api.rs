@@ -122,6 +122,14 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() -> Result<()> {
     assert!(cs.container_id.as_deref().is_some_and(|c| c.starts_with("containerd://")));
     assert!(cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some());
     assert_eq!(cri.containers(&uid).await?.len(), 1);
+    // The pod startup SLI is observed once the running status comes back on the watch.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.metric("kubelet_pod_start_sli_duration_seconds_count").await? < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "no pod start SLI observation");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(agent.metric("kubelet_pod_start_sli_duration_seconds_count").await? as u64, 1);
+    assert_eq!(agent.metric("kubelet_pod_start_total_duration_seconds_count").await? as u64, 1);
     // Graceful deletion: the API sets deletionTimestamp; the kubelet stops the pod and
     // then deletes the object with grace 0.
     api.delete::<Pod>(Some("default"), "web", Some(5))?;

@@ -356,6 +356,21 @@ async fn healthz_pods_and_metrics_are_served() -> Result<()> {
         .output()?;
     let complaints = String::from_utf8_lossy(&out.stderr);
     assert!(!complaints.lines().any(|l| l.contains("error") || l.contains("parse")), "promtool: {complaints}");
+    // The pod startup SLI: one observation per started pod (standalone: when the status
+    // shows every container running).
+    for family in ["kubelet_pod_start_sli_duration_seconds", "kubelet_pod_start_total_duration_seconds"] {
+        assert_eq!(agent.metric(&format!("{family}_count")).await? as u64, 0, "{family} before any pod");
+    }
+    agent.write_manifest("one.yaml", &pod_yaml("one", "Always", SERVE, ""))?;
+    agent.write_manifest("two.yaml", &pod_yaml("two", "Always", SERVE, ""))?;
+    agent.wait_pod("one", Duration::from_mins(1), |p| running(p, "main")).await?;
+    agent.wait_pod("two", Duration::from_mins(1), |p| running(p, "main")).await?;
+    for family in ["kubelet_pod_start_sli_duration_seconds", "kubelet_pod_start_total_duration_seconds"] {
+        assert_eq!(agent.metric(&format!("{family}_count")).await? as u64, 2, "{family}: one per started pod");
+        let sum = agent.metric(&format!("{family}_sum")).await?;
+        assert!(sum > 0.0 && sum < 120.0, "{family}_sum {sum}");
+    }
+    assert!(agent.metric("kubelet_pod_start_duration_seconds_count").await? >= 2.0);
     agent.shutdown(&cri).await
 }
 

@@ -325,6 +325,8 @@ pub struct RuntimeManager {
     probes: Option<(crate::prober::ProbeManager, String)>,
     /// Runs postStart / preStop hooks.
     hooks: crate::lifecycle::hooks::HandlerRunner,
+    /// Pod start latency (image pulls are excluded from the SLI).
+    startup: Option<Arc<crate::pod_startup::PodStartupTracker>>,
 }
 
 impl RuntimeManager {
@@ -349,6 +351,7 @@ impl RuntimeManager {
             dns: dns::DnsSettings::default(),
             kernel_exits: None,
             probes: None,
+            startup: None,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -361,6 +364,19 @@ impl RuntimeManager {
     pub fn with_probes(mut self, probes: crate::prober::ProbeManager, runtime_name: &str) -> Self {
         self.probes = Some((probes, runtime_name.to_string()));
         self
+    }
+
+    /// Tracks pod start latency (`kubelet_pod_start_*` metrics).
+    #[must_use]
+    pub fn with_startup_tracker(mut self, tracker: Arc<crate::pod_startup::PodStartupTracker>) -> Self {
+        self.startup = Some(tracker);
+        self
+    }
+
+    /// The pod start latency tracker, if any.
+    #[must_use]
+    pub fn startup_tracker(&self) -> Option<&Arc<crate::pod_startup::PodStartupTracker>> {
+        self.startup.as_ref()
     }
 
     /// The prober, when probes are on.
@@ -758,8 +774,16 @@ impl RuntimeManager {
         }
         tracing::info!(pod = %pod_full_name(pod), %image, "pulling image");
         self.container_event(pod, &container.name, EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(t) = &self.startup {
+            t.image_started_pulling(uid);
+        }
+        let pulled = self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await;
+        if let Some(t) = &self.startup {
+            t.image_finished_pulling(uid);
+        }
         let pull_start = std::time::Instant::now();
-        match self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await {
+        match pulled {
             Ok(r) => {
                 self.container_event(
                     pod,

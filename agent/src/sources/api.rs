@@ -7,6 +7,7 @@
 //! does not mistake the node's API pods for orphans after an agent restart.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
@@ -40,6 +41,7 @@ pub async fn run(
     node_name: String,
     tx: mpsc::Sender<PodUpdate>,
     mirrors: crate::mirror::MirrorStore,
+    startup: Arc<crate::pod_startup::PodStartupTracker>,
     shutdown: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
@@ -59,6 +61,9 @@ pub async fn run(
                 false
             }
             Ok(watcher::Event::InitApply(p)) => {
+                if !is_mirror_pod(&p) {
+                    startup.observed_on_watch(&p, std::time::SystemTime::now());
+                }
                 if let (Some(m), Some(uid)) = (init.as_mut(), p.metadata.uid.clone()) {
                     m.insert(uid, p);
                 }
@@ -69,6 +74,9 @@ pub async fn run(
                 true
             }
             Ok(watcher::Event::Apply(p)) => {
+                if !is_mirror_pod(&p) {
+                    startup.observed_on_watch(&p, std::time::SystemTime::now());
+                }
                 if let Some(uid) = p.metadata.uid.clone() {
                     pods.insert(uid, p);
                 }
