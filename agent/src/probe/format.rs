@@ -1,5 +1,6 @@
 //! Go's text for the values that appear in probe and hook messages (`%q` strings, `%v`
-//! durations and string slices, `net` errors), so events read as upstream's.
+//! durations and string slices, `net` errors), so events read as upstream's; the
+//! downward API's `%q` values use [`quote`] too.
 
 use std::fmt::Write as _;
 use std::io;

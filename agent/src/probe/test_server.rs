@@ -141,3 +141,16 @@ async fn answer(State(seen): State<Arc<Mutex<Vec<Seen>>>>, request: Request) -> 
         _ => StatusCode::NOT_FOUND.into_response(),
     }
 }
+
+/// The pod the handler and hook tests probe: `prod/web`, uid `uid-1`.
+pub(crate) fn pod() -> k8s_openapi::api::core::v1::Pod {
+    k8s_openapi::api::core::v1::Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("prod".into()),
+            uid: Some("uid-1".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}

@@ -1,23 +1,10 @@
 use k8s_openapi::api::core::v1::{
     ContainerPort, EnvVar, EnvVarSource, ExecAction, GRPCAction, HTTPGetAction, ObjectFieldSelector, TCPSocketAction,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::test_server::TestServer;
+use super::test_server::{TestServer, pod};
 use super::*;
 use crate::runtime::fake::{FakeRuntime, exec_response};
-
-fn pod() -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some("web".into()),
-            namespace: Some("prod".into()),
-            uid: Some("uid-1".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
 
 fn status(ip: &str) -> PodStatus {
     PodStatus { pod_ip: Some(ip.into()), ..Default::default() }

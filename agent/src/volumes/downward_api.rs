@@ -10,7 +10,6 @@
 //! [`NodeAllocatable::detect`].
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, Pod, ResourceFieldSelector};
@@ -96,38 +95,14 @@ fn fs_capacity(path: &Path) -> Option<i64> {
 /// Resource name of ephemeral storage.
 pub const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 
-/// Go's `%q` for the strings of [`format_map`]: a double-quoted string with Go escapes.
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 /// Upstream `FormatMap`: `key="value"` lines sorted by key, values quoted as Go does.
 #[must_use]
 pub fn format_map(map: Option<&BTreeMap<String, String>>) -> String {
-    map.into_iter().flatten().map(|(k, v)| format!("{k}={}", go_quote(v))).collect::<Vec<_>>().join("\n")
+    map.into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", crate::probe::format::quote(v)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Upstream `ExtractFieldPathAsString` for the metadata fields both volumes and env offer:

@@ -1,21 +1,8 @@
 use k8s_openapi::api::core::v1::{ExecAction, HTTPGetAction, HTTPHeader, SleepAction, TCPSocketAction};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
-use crate::probe::test_server::TestServer;
+use crate::probe::test_server::{TestServer, pod};
 use crate::runtime::fake::{FakeRuntime, exec_response};
-
-fn pod() -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some("web".into()),
-            namespace: Some("prod".into()),
-            uid: Some("uid-1".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
 
 fn container() -> Container {
     Container { name: "app".into(), ..Default::default() }
