@@ -29,6 +29,40 @@ pub struct OperationLabels {
     pub operation_type: String,
 }
 
+/// Label set `image_size_in_bytes` of `kubelet_image_pull_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageSizeLabels {
+    pub image_size_in_bytes: String,
+}
+
+/// Upstream `imagePullDurationBuckets` (seconds).
+pub const IMAGE_PULL_BUCKETS: [f64; 18] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0,
+    3600.0,
+];
+
+/// Upstream `GetImageSizeBucket`: the label of the size range an image falls in.
+#[must_use]
+pub fn image_size_bucket(bytes: u64) -> &'static str {
+    const MIB: u64 = 1024 * 1024;
+    const GIB: u64 = 1024 * MIB;
+    const BUCKETS: [(u64, &str); 12] = [
+        (0, "0-10MB"),
+        (10 * MIB, "10MB-100MB"),
+        (100 * MIB, "100MB-500MB"),
+        (500 * MIB, "500MB-1GB"),
+        (GIB, "1GB-5GB"),
+        (5 * GIB, "5GB-10GB"),
+        (10 * GIB, "10GB-20GB"),
+        (20 * GIB, "20GB-30GB"),
+        (30 * GIB, "30GB-40GB"),
+        (40 * GIB, "40GB-60GB"),
+        (60 * GIB, "60GB-100GB"),
+        (100 * GIB, "GT100GB"),
+    ];
+    BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
+}
+
 /// Label set `container_state` of `kubelet_running_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerStateLabels {
@@ -115,6 +149,8 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
     pub pod_status_sync_duration: Histogram,
+    /// Image pulls by the image's size range.
+    pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
     /// From the agent first seeing a pod to the pod running.
     pub pod_start_duration: Histogram,
     /// The pod startup latency SLI: creation → all containers started and observed,
@@ -163,6 +199,7 @@ impl KubeletMetrics {
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
             pod_status_sync_duration: def_histogram(),
+            image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
             pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
             pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
             pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
@@ -312,6 +349,11 @@ impl KubeletMetrics {
             self.pod_status_sync_duration.clone(),
         );
         r.register(
+            "kubelet_image_pull_duration_seconds",
+            "[ALPHA] Duration in seconds to pull an image",
+            self.image_pull_duration.clone(),
+        );
+        r.register(
             "kubelet_pod_start_duration_seconds",
             "[ALPHA] Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
             self.pod_start_duration.clone(),
@@ -352,6 +394,15 @@ impl KubeletMetrics {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn image_size_buckets_as_upstream() {
+        assert_eq!(image_size_bucket(0), "0-10MB");
+        assert_eq!(image_size_bucket(10 * 1024 * 1024 - 1), "0-10MB");
+        assert_eq!(image_size_bucket(10 * 1024 * 1024), "10MB-100MB");
+        assert_eq!(image_size_bucket(3 << 30), "1GB-5GB");
+        assert_eq!(image_size_bucket(200 << 30), "GT100GB");
+    }
+
     use super::*;
 
     #[test]

@@ -778,19 +778,31 @@ impl RuntimeManager {
         if let Some(t) = &self.startup {
             t.image_started_pulling(uid);
         }
+        let pull_start = std::time::Instant::now();
         let pulled = self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await;
+        let pull_seconds = pull_start.elapsed().as_secs_f64();
         if let Some(t) = &self.startup {
             t.image_finished_pulling(uid);
         }
-        let pull_start = std::time::Instant::now();
         match pulled {
             Ok(r) => {
+                // kubelet_image_pull_duration_seconds, by the pulled image's size.
+                let size = match self.rt.image_status(&r).await {
+                    Ok(Some(i)) => i.size,
+                    _ => 0,
+                };
+                self.metrics
+                    .image_pull_duration
+                    .get_or_create(&crate::metrics::ImageSizeLabels {
+                        image_size_in_bytes: crate::metrics::image_size_bucket(size).into(),
+                    })
+                    .observe(pull_seconds);
                 self.container_event(
                     pod,
                     &container.name,
                     EventType::Normal,
                     "Pulled",
-                    format!("Successfully pulled image \"{image}\" in {:.3}s", pull_start.elapsed().as_secs_f64()),
+                    format!("Successfully pulled image \"{image}\" in {pull_seconds:.3}s"),
                 );
                 Ok(r)
             }
