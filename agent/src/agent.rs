@@ -225,6 +225,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let host_ip = if client.is_some() { node_ip.map(|ip| ip.to_string()) } else { cfg.node_ip.clone() };
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
+    registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
 
     let endpoint = kc.container_runtime_endpoint.clone();
     let remote = RemoteRuntime::new(&endpoint, kc.runtime_request_timeout.to_std(), metrics.clone())

@@ -23,6 +23,7 @@ pub mod pod_startup;
 pub mod pod_workers;
 pub mod probe;
 pub mod prober;
+pub mod process_metrics;
 pub mod runtime;
 pub mod server;
 pub mod sources;
