@@ -18,7 +18,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    swiftlet::telemetry::init(cfg.verbosity, cfg.kubelet.logging.format == "json");
     // Both ring and aws-lc-rs may be linked through dependencies; pick one explicitly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("swiftlet").build() {
@@ -28,7 +27,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    // The span exporter's gRPC channel lives on the runtime: set it up inside it.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        let json = cfg.kubelet.logging.format == "json";
+        match swiftlet::telemetry::TracingSettings::from_config(&cfg)
+            .and_then(|tracing| swiftlet::telemetry::init(cfg.verbosity, json, tracing.as_ref()))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("swiftlet: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let code = runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();
         tokio::spawn(async move {
@@ -44,7 +57,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Queued spans go out while the runtime (and so the exporter's channel) still runs.
+    telemetry.shutdown();
+    code
 }
 
 async fn wait_for_signal() {

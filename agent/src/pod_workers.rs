@@ -319,11 +319,13 @@ impl Worker {
             let start = Instant::now();
             next_sync = match self.state {
                 WorkerState::Syncing => {
-                    let after = self.sync_pod().await;
+                    let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
+                    let after = self.sync_pod().instrument(span).await;
                     Some(tokio::time::Instant::now() + after)
                 }
                 WorkerState::Terminating => {
-                    if self.sync_terminating_pod().await {
+                    let span = crate::telemetry::sync_terminating_pod_span(&self.uid, self.pod.as_ref());
+                    if self.sync_terminating_pod().instrument(span).await {
                         self.state = WorkerState::Terminated;
                         self.workers.set_state(&self.uid, WorkerState::Terminated);
                         work = Some(WorkType::Sync);
@@ -333,7 +335,8 @@ impl Worker {
                     }
                 }
                 WorkerState::Terminated => {
-                    if self.sync_terminated_pod().await {
+                    let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
+                    if self.sync_terminated_pod().instrument(span).await {
                         if !self.desired {
                             self.state = WorkerState::Finished;
                         }

@@ -204,12 +204,30 @@ pub fn validate(kc: &KubeletConfiguration) -> Vec<String> {
     if !is_clean_absolute(&kc.pod_logs_dir) {
         p.add("podLogsDir", format!("{:?} must be an absolute, normalized path", kc.pod_logs_dir));
     }
-    if let Some(tracing) = &kc.tracing
-        && let Some(rate) = tracing.sampling_rate_per_million
-    {
-        p.in_range("tracing.samplingRatePerMillion", rate.into(), 0, 1_000_000);
-    }
+    validate_tracing(kc, &mut p);
     p.0
+}
+
+/// Upstream's component-base `ValidateTracingConfiguration`, with its messages.
+fn validate_tracing(kc: &KubeletConfiguration, p: &mut Problems) {
+    let Some(tracing) = &kc.tracing else { return };
+    if let Some(rate) = tracing.sampling_rate_per_million {
+        const FIELD: &str = "tracing.samplingRatePerMillion";
+        if rate < 0 {
+            p.add(FIELD, format!("Invalid value: {rate}: sampling rate must be positive"));
+        }
+        if rate > 1_000_000 {
+            p.add(
+                FIELD,
+                format!("Invalid value: {rate}: sampling rate per million must be less than or equal to one million"),
+            );
+        }
+    }
+    if let Some(endpoint) = &tracing.endpoint
+        && let Err(message) = crate::telemetry::CollectorEndpoint::parse(endpoint)
+    {
+        p.add("tracing.endpoint", message);
+    }
 }
 
 fn validate_tls(kc: &KubeletConfiguration, p: &mut Problems) {
@@ -472,6 +490,47 @@ mod tests {
             assert!(problems.iter().any(|p| p.starts_with(want)), "{want} in {problems:#?}");
         }
         assert_eq!(problems.len(), expected.len(), "{problems:#?}");
+    }
+
+    #[test]
+    fn tracing_as_upstream_validates_it() {
+        use crate::config::TracingConfiguration;
+        let with = |endpoint: Option<&str>, rate: Option<i32>| KubeletConfiguration {
+            tracing: Some(TracingConfiguration {
+                endpoint: endpoint.map(str::to_owned),
+                sampling_rate_per_million: rate,
+            }),
+            ..KubeletConfiguration::default()
+        };
+        for (endpoint, rate) in [
+            (None, None),
+            (Some("localhost:4317"), Some(0)),
+            (Some("unix:///run/otel.sock"), Some(1_000_000)),
+            (Some("dns:///collector.monitoring:4317"), Some(100)),
+            (Some("https://collector.example:4317"), None),
+        ] {
+            assert_eq!(validate(&with(endpoint, rate)), Vec::<String>::new(), "{endpoint:?} {rate:?}");
+        }
+        assert_eq!(
+            validate(&with(None, Some(-1))),
+            ["tracing.samplingRatePerMillion: Invalid value: -1: sampling rate must be positive"]
+        );
+        assert_eq!(
+            validate(&with(None, Some(1_000_001))),
+            ["tracing.samplingRatePerMillion: Invalid value: 1000001: sampling rate per million must be less \
+                 than or equal to one million"]
+        );
+        let problems = validate(&with(Some("tcp://collector:4317"), None));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with(
+                "tracing.endpoint: Invalid value: \"tcp://collector:4317\": unsupported scheme: tcp.  Options \
+                 are none, dns, unix, or unix-abstract.  See https://github.com/grpc/grpc/blob/master/doc/naming.md"
+            ),
+            "{problems:?}"
+        );
+        let problems = validate(&with(Some("collector:otlp"), None));
+        assert!(problems[0].starts_with("tracing.endpoint: Invalid value: \"dns://collector:otlp\": "), "{problems:?}");
     }
 
     #[test]

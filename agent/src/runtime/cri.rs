@@ -8,6 +8,12 @@
 //! `kubelet_runtime_operations_errors_total` under the upstream `operation_type` names.
 //! The channel connects lazily and reconnects on its own, so a runtime restart only
 //! fails the calls made while it is down.
+//!
+//! Each call is also a trace span named after its gRPC method
+//! (`runtime.v1.RuntimeService/RunPodSandbox`, with `rpc.*` attributes and the status
+//! code; see [`crate::telemetry::cri_span`]) and sends its trace context to the runtime
+//! (`traceparent`), as upstream's otelgrpc interceptor does. Both cost nothing when
+//! tracing is off.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -18,10 +24,16 @@ use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
+use tracing::Instrument as _;
 
 use super::{Error, Result, RuntimeService, api};
 use crate::metrics::KubeletMetrics;
+use crate::telemetry::{self, PropagateTraceContext};
+
+/// The channel of both clients: each request carries its span's trace context.
+type TracedChannel = InterceptedService<Channel, PropagateTraceContext>;
 
 /// The kubelet's maximum gRPC message size for CRI (16 MiB).
 const MAX_MSG_SIZE: usize = 16 * 1024 * 1024;
@@ -29,8 +41,8 @@ const MAX_MSG_SIZE: usize = 16 * 1024 * 1024;
 /// CRI client for one runtime endpoint.
 #[derive(Clone, Debug)]
 pub struct RemoteRuntime {
-    runtime: RuntimeServiceClient<Channel>,
-    images: ImageServiceClient<Channel>,
+    runtime: RuntimeServiceClient<TracedChannel>,
+    images: ImageServiceClient<TracedChannel>,
     timeout: Duration,
     metrics: Arc<KubeletMetrics>,
 }
@@ -69,10 +81,10 @@ impl RemoteRuntime {
                 async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
             }));
         Ok(Self {
-            runtime: RuntimeServiceClient::new(channel.clone())
+            runtime: RuntimeServiceClient::with_interceptor(channel.clone(), PropagateTraceContext)
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
-            images: ImageServiceClient::new(channel)
+            images: ImageServiceClient::with_interceptor(channel, PropagateTraceContext)
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
             timeout,
@@ -80,20 +92,40 @@ impl RemoteRuntime {
         })
     }
 
-    /// Runs one CRI call with a deadline and records it.
-    async fn call<T, F>(&self, operation: &'static str, timeout: Option<Duration>, fut: F) -> Result<T>
+    /// Runs one CRI call with a deadline and records it: `operation` is the metrics'
+    /// `operation_type`, `method` the full gRPC method (the span's name).
+    async fn call<T, F>(
+        &self,
+        operation: &'static str,
+        method: &'static str,
+        timeout: Option<Duration>,
+        fut: F,
+    ) -> Result<T>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        let span = telemetry::cri_span(method);
         let start = Instant::now();
-        let result = match timeout {
-            Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(r) => r.map_err(|status| Error::Rpc { operation, status }),
-                Err(_) => Err(Error::Timeout { operation, timeout: t }),
-            },
-            None => fut.await.map_err(|status| Error::Rpc { operation, status }),
-        };
+        let result = async {
+            match timeout {
+                Some(t) => match tokio::time::timeout(t, fut).await {
+                    Ok(r) => r.map_err(|status| Error::Rpc { operation, status }),
+                    Err(_) => Err(Error::Timeout { operation, timeout: t }),
+                },
+                None => fut.await.map_err(|status| Error::Rpc { operation, status }),
+            }
+        }
+        .instrument(span.clone())
+        .await;
         self.metrics.observe_runtime_operation(operation, start.elapsed().as_secs_f64(), result.is_err());
+        if !span.is_disabled() {
+            match &result {
+                Ok(_) => telemetry::record_grpc_status(&span, tonic::Code::Ok, ""),
+                Err(Error::Rpc { status, .. }) => telemetry::record_grpc_status(&span, status.code(), status.message()),
+                // Our own deadline: what a gRPC client deadline reports.
+                Err(e) => telemetry::record_grpc_status(&span, tonic::Code::DeadlineExceeded, &e.to_string()),
+            }
+        }
         if let Err(e) = &result {
             tracing::debug!(operation, error = %e, "CRI call failed");
         }
@@ -106,14 +138,21 @@ impl RuntimeService for RemoteRuntime {
     async fn version(&self) -> Result<api::VersionResponse> {
         let mut c = self.runtime.clone();
         let req = api::VersionRequest { version: "v1".into() };
-        self.call("version", Some(self.timeout), c.version(req)).await
+        self.call("version", "runtime.v1.RuntimeService/Version", Some(self.timeout), c.version(req)).await
     }
 
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: String) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = api::RunPodSandboxRequest { config: Some(config), runtime_handler };
         // Upstream gives RunPodSandbox twice the normal timeout: CNI setup can be slow.
-        let resp = self.call("run_podsandbox", Some(self.timeout * 2), c.run_pod_sandbox(req)).await?;
+        let resp = self
+            .call(
+                "run_podsandbox",
+                "runtime.v1.RuntimeService/RunPodSandbox",
+                Some(self.timeout * 2),
+                Box::pin(c.run_pod_sandbox(req)),
+            )
+            .await?;
         if resp.pod_sandbox_id.is_empty() {
             return Err(Error::MissingField { operation: "run_podsandbox", field: "pod_sandbox_id" });
         }
@@ -123,28 +162,55 @@ impl RuntimeService for RemoteRuntime {
     async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = api::StopPodSandboxRequest { pod_sandbox_id: id.into() };
-        self.call("stop_podsandbox", Some(self.timeout), c.stop_pod_sandbox(req)).await?;
+        self.call(
+            "stop_podsandbox",
+            "runtime.v1.RuntimeService/StopPodSandbox",
+            Some(self.timeout),
+            c.stop_pod_sandbox(req),
+        )
+        .await?;
         Ok(())
     }
 
     async fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = api::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
-        self.call("remove_podsandbox", Some(self.timeout), c.remove_pod_sandbox(req)).await?;
+        self.call(
+            "remove_podsandbox",
+            "runtime.v1.RuntimeService/RemovePodSandbox",
+            Some(self.timeout),
+            c.remove_pod_sandbox(req),
+        )
+        .await?;
         Ok(())
     }
 
     async fn pod_sandbox_status(&self, id: &str) -> Result<api::PodSandboxStatus> {
         let mut c = self.runtime.clone();
         let req = api::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: false };
-        let resp = self.call("podsandbox_status", Some(self.timeout), c.pod_sandbox_status(req)).await?;
+        let resp = self
+            .call(
+                "podsandbox_status",
+                "runtime.v1.RuntimeService/PodSandboxStatus",
+                Some(self.timeout),
+                c.pod_sandbox_status(req),
+            )
+            .await?;
         resp.status.ok_or(Error::MissingField { operation: "podsandbox_status", field: "status" })
     }
 
     async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
         let mut c = self.runtime.clone();
         let req = api::ListPodSandboxRequest { filter };
-        Ok(self.call("list_podsandbox", Some(self.timeout), c.list_pod_sandbox(req)).await?.items)
+        Ok(self
+            .call(
+                "list_podsandbox",
+                "runtime.v1.RuntimeService/ListPodSandbox",
+                Some(self.timeout),
+                c.list_pod_sandbox(req),
+            )
+            .await?
+            .items)
     }
 
     async fn create_container(
@@ -159,7 +225,14 @@ impl RuntimeService for RemoteRuntime {
             config: Some(config),
             sandbox_config: Some(sandbox_config),
         };
-        let resp = self.call("create_container", Some(self.timeout), Box::pin(c.create_container(req))).await?;
+        let resp = self
+            .call(
+                "create_container",
+                "runtime.v1.RuntimeService/CreateContainer",
+                Some(self.timeout),
+                Box::pin(c.create_container(req)),
+            )
+            .await?;
         if resp.container_id.is_empty() {
             return Err(Error::MissingField { operation: "create_container", field: "container_id" });
         }
@@ -169,7 +242,13 @@ impl RuntimeService for RemoteRuntime {
     async fn start_container(&self, id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = api::StartContainerRequest { container_id: id.into() };
-        self.call("start_container", Some(self.timeout), c.start_container(req)).await?;
+        self.call(
+            "start_container",
+            "runtime.v1.RuntimeService/StartContainer",
+            Some(self.timeout),
+            c.start_container(req),
+        )
+        .await?;
         Ok(())
     }
 
@@ -177,27 +256,54 @@ impl RuntimeService for RemoteRuntime {
         let mut c = self.runtime.clone();
         let req = api::StopContainerRequest { container_id: id.into(), timeout: timeout_secs };
         let grace = Duration::from_secs(timeout_secs.max(0) as u64);
-        self.call("stop_container", Some(self.timeout + grace), c.stop_container(req)).await?;
+        self.call(
+            "stop_container",
+            "runtime.v1.RuntimeService/StopContainer",
+            Some(self.timeout + grace),
+            c.stop_container(req),
+        )
+        .await?;
         Ok(())
     }
 
     async fn remove_container(&self, id: &str) -> Result<()> {
         let mut c = self.runtime.clone();
         let req = api::RemoveContainerRequest { container_id: id.into() };
-        self.call("remove_container", Some(self.timeout), c.remove_container(req)).await?;
+        self.call(
+            "remove_container",
+            "runtime.v1.RuntimeService/RemoveContainer",
+            Some(self.timeout),
+            c.remove_container(req),
+        )
+        .await?;
         Ok(())
     }
 
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {
         let mut c = self.runtime.clone();
         let req = api::ListContainersRequest { filter };
-        Ok(self.call("list_containers", Some(self.timeout), c.list_containers(req)).await?.containers)
+        Ok(self
+            .call(
+                "list_containers",
+                "runtime.v1.RuntimeService/ListContainers",
+                Some(self.timeout),
+                c.list_containers(req),
+            )
+            .await?
+            .containers)
     }
 
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
         let mut c = self.runtime.clone();
         let req = api::ContainerStatusRequest { container_id: id.into(), verbose: false };
-        let resp = self.call("container_status", Some(self.timeout), c.container_status(req)).await?;
+        let resp = self
+            .call(
+                "container_status",
+                "runtime.v1.RuntimeService/ContainerStatus",
+                Some(self.timeout),
+                c.container_status(req),
+            )
+            .await?;
         resp.status.ok_or(Error::MissingField { operation: "container_status", field: "status" })
     }
 
@@ -208,13 +314,19 @@ impl RuntimeService for RemoteRuntime {
             verbose: false,
         };
         // containerd answers a missing image with an empty response, not NOT_FOUND.
-        Ok(self.call("image_status", Some(self.timeout), c.image_status(req)).await?.image)
+        Ok(self
+            .call("image_status", "runtime.v1.ImageService/ImageStatus", Some(self.timeout), c.image_status(req))
+            .await?
+            .image)
     }
 
     async fn list_images(&self) -> Result<Vec<api::Image>> {
         let mut c = self.images.clone();
         let req = api::ListImagesRequest { filter: None };
-        Ok(self.call("list_images", Some(self.timeout), c.list_images(req)).await?.images)
+        Ok(self
+            .call("list_images", "runtime.v1.ImageService/ListImages", Some(self.timeout), c.list_images(req))
+            .await?
+            .images)
     }
 
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
@@ -228,7 +340,7 @@ impl RuntimeService for RemoteRuntime {
         if let Some(d) = deadline {
             request.set_timeout(d);
         }
-        self.call("exec_sync", deadline, c.exec_sync(request)).await
+        self.call("exec_sync", "runtime.v1.RuntimeService/ExecSync", deadline, c.exec_sync(request)).await
     }
 
     async fn pull_image(
@@ -244,7 +356,10 @@ impl RuntimeService for RemoteRuntime {
             sandbox_config,
         };
         // Pulls have no deadline upstream: a large image on a slow link is not an error.
-        Ok(self.call("pull_image", None, Box::pin(c.pull_image(req))).await?.image_ref)
+        Ok(self
+            .call("pull_image", "runtime.v1.ImageService/PullImage", None, Box::pin(c.pull_image(req)))
+            .await?
+            .image_ref)
     }
 }
 
@@ -267,6 +382,8 @@ mod tests {
         delay: Duration,
         reply: Result<api::ExecSyncResponse, tonic::Status>,
         seen: Arc<std::sync::Mutex<Vec<SeenExec>>>,
+        /// The `traceparent` of each request.
+        traceparents: Arc<std::sync::Mutex<Vec<Option<String>>>>,
     }
 
     /// A request and its `grpc-timeout` header.
@@ -282,6 +399,8 @@ mod tests {
             let this = self.clone();
             Box::pin(async move {
                 let deadline = request.metadata().get("grpc-timeout").map(|v| v.to_str().unwrap().to_string());
+                let traceparent = request.metadata().get("traceparent").map(|v| v.to_str().unwrap().to_string());
+                this.traceparents.lock().unwrap().push(traceparent);
                 this.seen.lock().unwrap().push((request.into_inner(), deadline));
                 tokio::time::sleep(this.delay).await;
                 this.reply.clone().map(tonic::Response::new)
@@ -325,7 +444,7 @@ mod tests {
     }
 
     fn exec_only(delay: Duration, reply: Result<api::ExecSyncResponse, tonic::Status>) -> ExecOnlyRuntime {
-        ExecOnlyRuntime { delay, reply, seen: Arc::default() }
+        ExecOnlyRuntime { delay, reply, seen: Arc::default(), traceparents: Arc::default() }
     }
 
     #[tokio::test]
@@ -377,6 +496,55 @@ mod tests {
         let err = rt.exec_sync("c1", vec!["x".into()], Duration::from_secs(1)).await.unwrap_err();
         let took = start.elapsed();
         assert!(took >= Duration::from_millis(1_250) && took < Duration::from_secs(3), "{took:?} {err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_are_client_spans_that_send_their_trace_context() {
+        use crate::telemetry::test_collector::{TestCollector, flush, pipeline, subscriber};
+        let (collector, addr) = TestCollector::start().await;
+        let telemetry = pipeline(addr, 1_000_000);
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = exec_only(Duration::ZERO, Err(tonic::Status::deadline_exceeded("timeout 1s exceeded")));
+        let (rt, metrics) = serve(dir.path(), runtime.clone(), Duration::from_secs(2));
+        {
+            let _subscriber = tracing::subscriber::set_default(subscriber(&telemetry));
+            let sync = telemetry::sync_pod_span("uid-1", None, "sync");
+            let err =
+                rt.exec_sync("c1", vec!["true".into()], Duration::from_secs(1)).instrument(sync).await.unwrap_err();
+            assert!(matches!(err, Error::Rpc { .. }), "{err}");
+        }
+        flush(&telemetry);
+        let spans = collector.wait_for(2).await;
+        let sync = spans.iter().find(|s| s.name == "syncPod").expect("syncPod");
+        let exec = spans.iter().find(|s| s.name == "runtime.v1.RuntimeService/ExecSync").expect("the CRI span");
+        assert_eq!(
+            (exec.trace_id.as_str(), exec.parent_span_id.as_str()),
+            (sync.trace_id.as_str(), sync.span_id.as_str())
+        );
+        assert_eq!(exec.kind, 3, "client");
+        let int = |v| opentelemetry_proto::tonic::common::v1::any_value::Value::IntValue(v);
+        let string = |v: &str| opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(v.to_owned());
+        assert_eq!(exec.attributes["rpc.system"], string("grpc"));
+        assert_eq!(exec.attributes["rpc.service"], string("runtime.v1.RuntimeService"));
+        assert_eq!(exec.attributes["rpc.method"], string("ExecSync"));
+        assert_eq!(exec.attributes["rpc.grpc.status_code"], int(4));
+        assert_eq!(exec.status, (2, "timeout 1s exceeded".to_owned()));
+        // The runtime received the CRI span's context.
+        let sent = runtime.traceparents.lock().unwrap().clone();
+        assert_eq!(sent, [Some(format!("00-{}-{}-01", exec.trace_id, exec.span_id))]);
+        // The metrics are as before.
+        let labels = crate::metrics::OperationLabels { operation_type: "exec_sync".into() };
+        assert_eq!(metrics.runtime_operations_errors.get_or_create(&labels).get(), 1);
+        tokio::task::block_in_place(|| telemetry.shutdown());
+    }
+
+    #[tokio::test]
+    async fn without_tracing_no_trace_context_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = exec_only(Duration::ZERO, Ok(api::ExecSyncResponse::default()));
+        let (rt, _) = serve(dir.path(), runtime.clone(), Duration::from_secs(2));
+        rt.exec_sync("c1", vec!["true".into()], Duration::ZERO).await.unwrap();
+        assert_eq!(runtime.traceparents.lock().unwrap().clone(), [None]);
     }
 
     #[tokio::test]

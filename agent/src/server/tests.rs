@@ -354,6 +354,90 @@ async fn metrics_are_prometheus_text_that_promtool_accepts() {
     );
 }
 
+/// GETs `url` with request headers; returns the status, the response headers and the raw
+/// body (not decompressed).
+async fn get_with(
+    client: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+    let mut request = client.get(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap_or_else(|e| panic!("GET {url}: {e:?}"));
+    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+    let headers = response.headers().clone();
+    (status, headers, response.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test]
+async fn metrics_negotiate_openmetrics_and_gzip() {
+    let mut registry = Registry::default();
+    let operations = Family::<OperationLabels, Counter>::default();
+    registry.register("kubelet_runtime_operations", "Cumulative number of runtime operations", operations.clone());
+    operations.get_or_create(&OperationLabels { operation_type: "version".into() }).inc();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let server = Running::start(
+        settings,
+        Endpoints::new(Arc::new(FakePods::default()), Arc::new(registry))
+            .metrics_endpoint("/metrics/probes", Arc::new(Registry::default())),
+    );
+    let client = client(dir.path(), None);
+    let content_type = |headers: &reqwest::header::HeaderMap| headers["content-type"].to_str().unwrap().to_owned();
+    let url = server.url("/metrics");
+
+    // Prometheus' own Accept header: OpenMetrics 1.0.0, ending in # EOF.
+    let prometheus_accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;\
+                             q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let (status, headers, body) = get_with(&client, &url, &[("accept", prometheus_accept)]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type(&headers), "application/openmetrics-text; version=1.0.0; charset=utf-8");
+    assert!(headers.get("content-encoding").is_none());
+    let open = String::from_utf8(body).unwrap();
+    assert!(open.contains("kubelet_runtime_operations_total{operation_type=\"version\"} 1\n"), "{open}");
+    assert!(open.ends_with("# EOF\n"), "{open}");
+
+    // No Accept, or text/plain: Prometheus text 0.0.4.
+    for accept in [None, Some("text/plain;version=0.0.4")] {
+        let headers_in: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let (status, headers, body) = get_with(&client, &url, &headers_in).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type(&headers), "text/plain; version=0.0.4; charset=utf-8", "{accept:?}");
+        assert!(!String::from_utf8(body).unwrap().contains("# EOF"));
+    }
+
+    // gzip round trip, in both formats and on the other endpoints too.
+    for (accept, want_type, eof) in [
+        ("text/plain", "text/plain; version=0.0.4; charset=utf-8", false),
+        (
+            "application/openmetrics-text; version=1.0.0",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            true,
+        ),
+    ] {
+        let (status, headers, body) = get_with(&client, &url, &[("accept", accept), ("accept-encoding", "gzip")]).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type(&headers), want_type);
+        assert_eq!(headers["content-encoding"], "gzip");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(body.as_slice()), &mut text).unwrap();
+        assert!(text.contains("kubelet_runtime_operations_total{operation_type=\"version\"} 1\n"), "{text}");
+        assert_eq!(text.ends_with("# EOF\n"), eof, "{text}");
+    }
+    let (status, headers, body) =
+        get_with(&client, &server.url("/metrics/probes"), &[("accept-encoding", "gzip, deflate")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "gzip");
+    assert_eq!(&body[..2], &[0x1f, 0x8b], "a gzip stream");
+    // gzip;q=0 means "not gzip".
+    let (_, headers, _) = get_with(&client, &url, &[("accept-encoding", "gzip;q=0")]).await;
+    assert!(headers.get("content-encoding").is_none());
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_self_signed_certificate_is_written_and_reused() {
     let dir = tempfile::tempdir().unwrap();
