@@ -243,11 +243,15 @@ impl Worker {
         true
     }
 
-    /// Runs the probe in a `probe` span and records the metrics. `None` when it errored.
+    /// Runs the probe in a `probe` span (exported with the pod's uid when tracing is on)
+    /// and records the metrics. `None` when it errored.
     async fn probe(&self, status: &PodStatus, id: &str) -> Option<ProbeResult> {
+        // Exported as an OpenTelemetry span when tracing is on (a root span per run).
         let span = tracing::info_span!(
+            target: crate::telemetry::SPAN_TARGET,
             "probe",
             probe_type = %self.probe_type(),
+            k8s.pod.uid = self.pod.metadata.uid.as_deref().unwrap_or_default(),
             pod = self.pod.metadata.name.as_deref().unwrap_or_default(),
             namespace = self.pod.metadata.namespace.as_deref().unwrap_or_default(),
             container = %self.container.name,
