@@ -32,7 +32,13 @@ impl MetricsFormat {
     /// Encodes `registry` into `out`; `OpenMetrics` ends with `# EOF`.
     pub(super) fn encode(self, out: &mut String, registry: &Registry) -> std::fmt::Result {
         match self {
-            Self::PrometheusText => prometheus_text::encode(out, registry),
+            Self::PrometheusText => {
+                let mut text = String::new();
+                prometheus_text::encode(&mut text, registry)?;
+                // Upstream's few counters without `_total` keep their names.
+                out.push_str(&crate::metrics::with_upstream_counter_names(&text));
+                Ok(())
+            }
             Self::OpenMetrics1 | Self::OpenMetrics0 => text::encode(out, registry),
         }
     }
