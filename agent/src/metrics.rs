@@ -87,6 +87,12 @@ pub fn image_size_bucket(bytes: u64) -> &'static str {
     BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
 }
 
+/// Label set `runtime_handler` of `kubelet_run_podsandbox_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeHandlerLabels {
+    pub runtime_handler: String,
+}
+
 /// Label set `container_state` of `kubelet_running_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerStateLabels {
@@ -173,6 +179,10 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
     pub pod_status_sync_duration: Histogram,
+    /// `RunPodSandbox` durations by runtime handler (`""`: the default).
+    pub run_podsandbox_duration: HistogramFamily<RuntimeHandlerLabels>,
+    /// Lifecycle `httpGet` hooks that fell back from HTTPS to HTTP.
+    pub lifecycle_handler_http_fallbacks: Counter,
     /// Image pulls by the image's size range.
     pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
     /// From the agent first seeing a pod to the pod running.
@@ -223,6 +233,8 @@ impl KubeletMetrics {
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
             pod_status_sync_duration: def_histogram(),
+            run_podsandbox_duration: Family::new_with_constructor(def_histogram),
+            lifecycle_handler_http_fallbacks: Counter::default(),
             image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
             pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
             pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
@@ -373,6 +385,16 @@ impl KubeletMetrics {
             self.pod_status_sync_duration.clone(),
         );
         r.register(
+            "kubelet_run_podsandbox_duration_seconds",
+            "[ALPHA] Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler",
+            self.run_podsandbox_duration.clone(),
+        );
+        r.register(
+            "kubelet_lifecycle_handler_http_fallbacks",
+            "[ALPHA] The number of times lifecycle handlers successfully fell back to http from https",
+            self.lifecycle_handler_http_fallbacks.clone(),
+        );
+        r.register(
             "kubelet_image_pull_duration_seconds",
             "[ALPHA] Duration in seconds to pull an image",
             self.image_pull_duration.clone(),
@@ -463,12 +485,10 @@ mod tests {
         ("kubelet_http_inflight_requests", "HTTP server instrumentation not yet"),
         ("kubelet_http_requests_duration_seconds", "HTTP server instrumentation not yet"),
         ("kubelet_http_requests_total", "HTTP server instrumentation not yet"),
-        ("kubelet_lifecycle_handler_http_fallbacks_total", "the fallback is an event only, so far"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
         ("kubelet_mirror_pods", "not counted yet"),
         ("kubelet_orphan_pod_cleaned_volumes", "not counted yet"),
         ("kubelet_orphan_pod_cleaned_volumes_errors", "not counted yet"),
-        ("kubelet_run_podsandbox_duration_seconds", "not timed separately yet"),
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
         ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),
         ("kubelet_topology_manager_admission_requests_total", "no topology manager yet"),
@@ -528,6 +548,7 @@ mod tests {
                 r#static: "false".into(),
             })
             .set(1);
+        m.run_podsandbox_duration.get_or_create(&RuntimeHandlerLabels { runtime_handler: String::new() }).observe(0.5);
         m.image_pull_duration.get_or_create(&ImageSizeLabels { image_size_in_bytes: "0-10MB".into() }).observe(1.0);
         let mut ours = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut ours, &reg).unwrap();

@@ -709,7 +709,12 @@ impl RuntimeManager {
         std::fs::create_dir_all(self.pod_log_dir(pod))
             .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
-        let id = self.rt.run_pod_sandbox(config.clone(), handler).await?;
+        let started = std::time::Instant::now();
+        let id = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await?;
+        self.metrics
+            .run_podsandbox_duration
+            .get_or_create(&crate::metrics::RuntimeHandlerLabels { runtime_handler: handler })
+            .observe(started.elapsed().as_secs_f64());
         let st = self.rt.pod_sandbox_status(&id).await?;
         let mut ips = Vec::new();
         if let Some(net) = st.network {
@@ -864,6 +869,7 @@ impl RuntimeManager {
             )
             .await;
             if let Some(msg) = outcome.http_fallback {
+                self.metrics.lifecycle_handler_http_fallbacks.inc();
                 self.event(pod, EventType::Warning, hooks::LIFECYCLE_HTTP_FALLBACK, msg);
             }
             if let Err(e) = outcome.result {
@@ -1231,6 +1237,7 @@ impl RuntimeManager {
                 );
             }
             if let Some(msg) = &outcome.http_fallback {
+                self.metrics.lifecycle_handler_http_fallbacks.inc();
                 self.event(pod, EventType::Warning, hooks::LIFECYCLE_HTTP_FALLBACK, msg.clone());
             }
         }
