@@ -25,6 +25,7 @@ pub mod prober;
 pub mod runtime;
 pub mod server;
 pub mod sources;
+pub mod stats;
 pub mod status;
 pub mod sync_loop;
 pub mod telemetry;
