@@ -27,6 +27,7 @@ pub mod process_metrics;
 pub mod runtime;
 pub mod server;
 pub mod sources;
+pub mod stats;
 pub mod status;
 pub mod sync_loop;
 pub mod telemetry;

@@ -1,0 +1,559 @@
+//! Reading one cgroup's usage files, on cgroup v1 and v2, as cAdvisor's libcontainer
+//! handler does (`container/libcontainer/handler.go` `setCPUStats`/`setMemoryStats`,
+//! runc's `fs`/`fs2` readers).
+//!
+//! What each number is:
+//!
+//! | value | v1 | v2 |
+//! |---|---|---|
+//! | cpu total | `cpuacct.usage` (ns) | `cpu.stat` `usage_usec` |
+//! | cpu user/system | `cpuacct.stat` `user`/`system` (`USER_HZ` ticks) | `cpu.stat` `user_usec`/`system_usec` |
+//! | throttling | `cpu.stat` `nr_periods`/`nr_throttled`/`throttled_time` (cpu hierarchy) | `cpu.stat` `nr_periods`/`nr_throttled`/`throttled_usec` |
+//! | memory usage | `memory.usage_in_bytes` | `memory.current` (root: `anon` + `file` of `memory.stat`) |
+//! | working set | usage − `total_inactive_file`, floored at 0 | usage − `inactive_file`, floored at 0 |
+//! | rss / cache / mapped | `total_rss` / `total_cache` / `total_mapped_file` | `anon` / `file` / `file_mapped` |
+//! | page faults | `pgfault` / `pgmajfault` (the cgroup's own, not `total_*`: cAdvisor's choice, so a pod cgroup without tasks of its own reports 0 on v1) | `pgfault` / `pgmajfault` (hierarchical) |
+//! | max usage | `memory.max_usage_in_bytes` | `memory.peak` (5.19+) |
+//! | failcnt | `memory.failcnt` | — |
+//! | limit | `memory.limit_in_bytes` | `memory.max` |
+//! | swap | `total_swap` (with swap accounting) | `memory.swap.current` |
+//! | swap limit | `memory.memsw.limit_in_bytes` (memory+swap, as cAdvisor uses it) | `memory.swap.max` |
+//! | OOM kills | `memory.oom_control` `oom_kill` (4.13+) | `memory.events` `oom_kill` |
+//! | tasks | `pids.current` | `pids.current` |
+//! | processes | lines of `cgroup.procs` (memory hierarchy) | lines of `cgroup.procs` |
+//! | PSI | `{cpu,memory,io}.pressure` of the hybrid cgroup2 mount, if any | `{cpu,memory,io}.pressure` |
+//!
+//! Limits above 2^62 count as unlimited (upstream `isMemoryUnlimited`). A file that is
+//! missing leaves its field `None`; a cgroup whose directories are all gone reads as
+//! vanished ([`CgroupReader::read`] returns `None`), which the collector skips.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Above this a memory limit means "unlimited" (the kernel rounds `max` to a page
+/// multiple, so it is not `i64::MAX`).
+pub const UNLIMITED_THRESHOLD: u64 = 1 << 62;
+
+/// Nanoseconds per `USER_HZ` tick in `cpuacct.stat` and `/proc/stat` (`USER_HZ` is 100 on
+/// every Linux architecture the agent runs on).
+pub const NANOS_PER_USER_HZ_TICK: u64 = 10_000_000;
+
+/// Where the cgroup hierarchies are mounted. Cgroup paths given to the reader are
+/// relative to each hierarchy's root (`/kubepods/burstable/pod<uid>/<id>`), the same in
+/// every v1 hierarchy (both drivers place a container at the same path in each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupHierarchies {
+    /// cgroup v1 (legacy, or hybrid with a controller-less cgroup2 mount).
+    V1 {
+        /// The `cpuacct` hierarchy.
+        cpuacct: PathBuf,
+        /// The `cpu` hierarchy (throttling), when mounted.
+        cpu: Option<PathBuf>,
+        /// The `memory` hierarchy.
+        memory: PathBuf,
+        /// The `pids` hierarchy, when mounted.
+        pids: Option<PathBuf>,
+        /// The hybrid cgroup2 mount (`<root>/unified`), read for PSI only.
+        unified: Option<PathBuf>,
+    },
+    /// cgroup v2 (unified).
+    V2 {
+        /// The cgroup2 mount.
+        root: PathBuf,
+    },
+}
+
+impl CgroupHierarchies {
+    /// Finds the hierarchies under a cgroup filesystem root (`/sys/fs/cgroup`): unified if
+    /// the root has `cgroup.controllers`, otherwise v1 with `cpuacct` (or a co-mounted
+    /// `cpu,cpuacct`), `memory`, and optionally `cpu`, `pids` and `unified`.
+    pub fn detect(fs_root: &Path) -> io::Result<Self> {
+        if fs_root.join("cgroup.controllers").exists() {
+            return Ok(Self::V2 { root: fs_root.to_path_buf() });
+        }
+        let first = |names: &[&str]| names.iter().map(|n| fs_root.join(n)).find(|p| p.is_dir());
+        let not_found = |what: &str| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no {what} cgroup hierarchy under {}", fs_root.display()))
+        };
+        let cpuacct = first(&["cpuacct", "cpu,cpuacct", "cpuacct,cpu"]).ok_or_else(|| not_found("cpuacct"))?;
+        let memory = first(&["memory"]).ok_or_else(|| not_found("memory"))?;
+        let unified = first(&["unified"]).filter(|p| p.join("cgroup.procs").exists());
+        Ok(Self::V1 {
+            cpuacct,
+            cpu: first(&["cpu", "cpu,cpuacct", "cpuacct,cpu"]),
+            memory,
+            pids: first(&["pids"]),
+            unified,
+        })
+    }
+
+    /// Whether this is cgroup v2.
+    #[must_use]
+    pub const fn is_v2(&self) -> bool {
+        matches!(self, Self::V2 { .. })
+    }
+}
+
+/// Joins a cgroup path (`/kubepods/pod1`, `kubepods/pod1` or `/`) under a hierarchy.
+pub(crate) fn join(root: &Path, cgroup: &str) -> PathBuf {
+    let rel = cgroup.trim_start_matches('/');
+    if rel.is_empty() { root.to_path_buf() } else { root.join(rel) }
+}
+
+/// CPU usage of a cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CpuUsage {
+    /// Cumulative CPU time, nanoseconds.
+    pub total_ns: u64,
+    /// Cumulative user-mode time, nanoseconds.
+    pub user_ns: Option<u64>,
+    /// Cumulative kernel-mode time, nanoseconds.
+    pub system_ns: Option<u64>,
+    /// CFS throttling, when the quota controller is there.
+    pub throttling: Option<Throttling>,
+    /// Average usage in nano-cores since the previous collection (set by the collector;
+    /// `None` on the first collection of a cgroup).
+    pub nano_cores: Option<u64>,
+}
+
+/// CFS bandwidth throttling counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Throttling {
+    /// Enforcement periods elapsed.
+    pub periods: u64,
+    /// Periods in which the cgroup was throttled.
+    pub throttled_periods: u64,
+    /// Total throttled time, nanoseconds.
+    pub throttled_ns: u64,
+}
+
+/// Memory usage of a cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// All memory charged, bytes.
+    pub usage: u64,
+    /// Usage minus inactive file pages (floored at 0); `None` without `memory.stat`.
+    pub working_set: Option<u64>,
+    /// Anonymous memory.
+    pub rss: Option<u64>,
+    /// Page cache.
+    pub cache: Option<u64>,
+    /// Mapped file pages.
+    pub mapped_file: Option<u64>,
+    /// Inactive file pages.
+    pub inactive_file: Option<u64>,
+    /// Minor page faults.
+    pub pgfault: Option<u64>,
+    /// Major page faults.
+    pub pgmajfault: Option<u64>,
+    /// Peak usage.
+    pub max_usage: Option<u64>,
+    /// Times the limit was hit (v1).
+    pub failcnt: Option<u64>,
+    /// The limit; `None` when unlimited or unknown.
+    pub limit: Option<u64>,
+    /// Swap in use.
+    pub swap: Option<u64>,
+    /// Swap limit (v1: memory+swap); `None` when unlimited or unknown.
+    pub swap_limit: Option<u64>,
+    /// Processes killed by the OOM killer in this cgroup.
+    pub oom_kills: Option<u64>,
+}
+
+/// One line of a PSI file.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiLine {
+    /// `avg10`, percent.
+    pub avg10: f64,
+    /// `avg60`, percent.
+    pub avg60: f64,
+    /// `avg300`, percent.
+    pub avg300: f64,
+    /// `total`, microseconds.
+    pub total: u64,
+}
+
+/// A PSI file (`cpu.pressure`, `memory.pressure`, `io.pressure`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pressure {
+    /// `some` line.
+    pub some: PsiLine,
+    /// `full` line (absent for cpu on kernels before 5.13: zero).
+    pub full: PsiLine,
+}
+
+/// Everything read from one cgroup in one collection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CgroupStats {
+    /// When it was read.
+    pub time: SystemTime,
+    /// CPU usage, when `cpuacct.usage`/`cpu.stat` could be read.
+    pub cpu: Option<CpuUsage>,
+    /// Memory usage, when the usage file could be read.
+    pub memory: Option<MemoryUsage>,
+    /// Tasks (threads) in the cgroup (`pids.current`).
+    pub tasks: Option<u64>,
+    /// Processes in the cgroup (`cgroup.procs`), when asked for.
+    pub processes: Option<u64>,
+    /// One process of the cgroup (the first of `cgroup.procs`), when asked for.
+    pub first_pid: Option<u32>,
+    /// CPU pressure.
+    pub cpu_pressure: Option<Pressure>,
+    /// Memory pressure.
+    pub memory_pressure: Option<Pressure>,
+    /// IO pressure.
+    pub io_pressure: Option<Pressure>,
+}
+
+/// What to read besides CPU and memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Read `cgroup.procs` (process count and a pid for the network namespace).
+    pub procs: bool,
+}
+
+/// Reads cgroups, reusing one buffer for every file.
+#[derive(Debug)]
+pub struct CgroupReader {
+    hierarchies: CgroupHierarchies,
+    buf: String,
+}
+
+/// Whether an error means the file (or its cgroup) does not exist (any more).
+fn is_gone(e: &io::Error) -> bool {
+    // ENODEV: reading a file of a cgroup removed after it was opened.
+    e.kind() == io::ErrorKind::NotFound
+        || e.raw_os_error() == Some(libc::ENODEV)
+        || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Reads a whole small file into `buf`; `None` if it does not exist.
+pub(crate) fn read_into<'a>(buf: &'a mut String, path: &Path) -> Option<&'a str> {
+    buf.clear();
+    match File::open(path).and_then(|mut f| f.read_to_string(buf)) {
+        Ok(_) => Some(buf.as_str()),
+        Err(e) => {
+            if !is_gone(&e) {
+                tracing::debug!(path = %path.display(), error = %e, "stats: cannot read");
+            }
+            None
+        }
+    }
+}
+
+/// Parses a single unsigned integer file.
+pub(crate) fn parse_u64(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// Parses a v2 limit file: `None` for `max` (unlimited) or an unreadable value.
+fn parse_v2_limit(text: &str) -> Option<u64> {
+    text.trim().parse().ok().and_then(limited)
+}
+
+/// A limit, or `None` above the unlimited threshold.
+const fn limited(v: u64) -> Option<u64> {
+    if v > UNLIMITED_THRESHOLD { None } else { Some(v) }
+}
+
+/// Looks a key up in a flat keyed file (`key value` per line).
+pub(crate) fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        if k == key { v.trim().parse().ok() } else { None }
+    })
+}
+
+/// Parses a PSI file (`some avg10=… avg60=… avg300=… total=…`, then `full …`).
+pub(crate) fn parse_pressure(text: &str) -> Option<Pressure> {
+    let mut out = Pressure::default();
+    let mut found = false;
+    for line in text.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let target = match fields.next() {
+            Some("some") => &mut out.some,
+            Some("full") => &mut out.full,
+            _ => continue,
+        };
+        for field in fields {
+            let Some((k, v)) = field.split_once('=') else { continue };
+            match k {
+                "avg10" => target.avg10 = v.parse().ok()?,
+                "avg60" => target.avg60 = v.parse().ok()?,
+                "avg300" => target.avg300 = v.parse().ok()?,
+                "total" => target.total = v.parse().ok()?,
+                _ => {}
+            }
+        }
+        found = true;
+    }
+    found.then_some(out)
+}
+
+/// The v1 `memory.stat` fields we use (hierarchical `total_*` where cAdvisor uses them).
+#[derive(Debug, Default)]
+struct V1MemoryStat {
+    total_inactive_file: Option<u64>,
+    total_rss: Option<u64>,
+    total_cache: Option<u64>,
+    total_mapped_file: Option<u64>,
+    total_swap: Option<u64>,
+    rss: Option<u64>,
+    cache: Option<u64>,
+    mapped_file: Option<u64>,
+    inactive_file: Option<u64>,
+    swap: Option<u64>,
+    pgfault: Option<u64>,
+    pgmajfault: Option<u64>,
+}
+
+fn parse_v1_memory_stat(text: &str) -> V1MemoryStat {
+    let mut s = V1MemoryStat::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(' ') else { continue };
+        let slot = match k {
+            "total_inactive_file" => &mut s.total_inactive_file,
+            "total_rss" => &mut s.total_rss,
+            "total_cache" => &mut s.total_cache,
+            "total_mapped_file" => &mut s.total_mapped_file,
+            "total_swap" => &mut s.total_swap,
+            "rss" => &mut s.rss,
+            "cache" => &mut s.cache,
+            "mapped_file" => &mut s.mapped_file,
+            "inactive_file" => &mut s.inactive_file,
+            "swap" => &mut s.swap,
+            "pgfault" => &mut s.pgfault,
+            "pgmajfault" => &mut s.pgmajfault,
+            _ => continue,
+        };
+        *slot = v.trim().parse().ok();
+    }
+    s
+}
+
+/// The v2 `memory.stat` fields we use.
+#[derive(Debug, Default)]
+struct V2MemoryStat {
+    anon: Option<u64>,
+    file: Option<u64>,
+    file_mapped: Option<u64>,
+    inactive_file: Option<u64>,
+    pgfault: Option<u64>,
+    pgmajfault: Option<u64>,
+}
+
+fn parse_v2_memory_stat(text: &str) -> V2MemoryStat {
+    let mut s = V2MemoryStat::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(' ') else { continue };
+        let slot = match k {
+            "anon" => &mut s.anon,
+            "file" => &mut s.file,
+            "file_mapped" => &mut s.file_mapped,
+            "inactive_file" => &mut s.inactive_file,
+            "pgfault" => &mut s.pgfault,
+            "pgmajfault" => &mut s.pgmajfault,
+            _ => continue,
+        };
+        *slot = v.trim().parse().ok();
+    }
+    s
+}
+
+/// Counts the lines of `cgroup.procs` and returns the first pid.
+fn parse_procs(text: &str) -> (u64, Option<u32>) {
+    let mut count = 0;
+    let mut first = None;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        count += 1;
+        if first.is_none() {
+            first = line.trim().parse().ok();
+        }
+    }
+    (count, first)
+}
+
+impl CgroupReader {
+    /// A reader of the given hierarchies.
+    #[must_use]
+    pub fn new(hierarchies: CgroupHierarchies) -> Self {
+        Self { hierarchies, buf: String::with_capacity(4096) }
+    }
+
+    /// The hierarchies read.
+    #[must_use]
+    pub const fn hierarchies(&self) -> &CgroupHierarchies {
+        &self.hierarchies
+    }
+
+    /// Reads one cgroup at `time`. `None` if the cgroup does not exist (it vanished
+    /// between listing and reading, or never existed); files that are missing in an
+    /// existing cgroup leave their fields `None`.
+    pub fn read(&mut self, cgroup: &str, time: SystemTime, opts: ReadOptions) -> Option<CgroupStats> {
+        let Self { hierarchies, buf } = self;
+        let mut stats = CgroupStats {
+            time,
+            cpu: None,
+            memory: None,
+            tasks: None,
+            processes: None,
+            first_pid: None,
+            cpu_pressure: None,
+            memory_pressure: None,
+            io_pressure: None,
+        };
+        let exists = match &*hierarchies {
+            CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, unified } => {
+                let cpuacct_dir = join(cpuacct, cgroup);
+                let memory_dir = join(memory, cgroup);
+                stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu.as_deref().map(|c| join(c, cgroup)).as_deref());
+                stats.memory = v1_memory(buf, &memory_dir);
+                if let Some(p) = pids {
+                    stats.tasks = read_into(buf, &join(p, cgroup).join("pids.current")).and_then(parse_u64);
+                }
+                if opts.procs {
+                    procs(buf, &memory_dir, &mut stats);
+                }
+                if let Some(u) = unified {
+                    pressure(buf, &join(u, cgroup), &mut stats);
+                }
+                stats.cpu.is_some() || stats.memory.is_some() || cpuacct_dir.is_dir() || memory_dir.is_dir()
+            }
+            CgroupHierarchies::V2 { root } => {
+                let dir = join(root, cgroup);
+                let is_root = cgroup.trim_matches('/').is_empty();
+                stats.cpu = v2_cpu(buf, &dir);
+                stats.memory = v2_memory(buf, &dir, is_root);
+                stats.tasks = read_into(buf, &dir.join("pids.current")).and_then(parse_u64);
+                if opts.procs {
+                    procs(buf, &dir, &mut stats);
+                }
+                pressure(buf, &dir, &mut stats);
+                stats.cpu.is_some() || stats.memory.is_some() || dir.is_dir()
+            }
+        };
+        exists.then_some(stats)
+    }
+
+    /// The directory of a cgroup in the hierarchy whose modification time stands for the
+    /// cgroup's creation (cAdvisor's `CreationTime` of raw cgroups): cpuacct on v1.
+    #[must_use]
+    pub fn primary_dir(&self, cgroup: &str) -> PathBuf {
+        match &self.hierarchies {
+            CgroupHierarchies::V1 { cpuacct, .. } => join(cpuacct, cgroup),
+            CgroupHierarchies::V2 { root } => join(root, cgroup),
+        }
+    }
+
+    /// The reader's scratch buffer, for other small files read in the same pass.
+    pub(crate) fn buffer(&mut self) -> &mut String {
+        &mut self.buf
+    }
+}
+
+fn procs(buf: &mut String, dir: &Path, stats: &mut CgroupStats) {
+    if let Some(text) = read_into(buf, &dir.join("cgroup.procs")) {
+        let (count, first) = parse_procs(text);
+        stats.processes = Some(count);
+        stats.first_pid = first;
+    }
+}
+
+fn pressure(buf: &mut String, dir: &Path, stats: &mut CgroupStats) {
+    stats.cpu_pressure = read_into(buf, &dir.join("cpu.pressure")).and_then(parse_pressure);
+    stats.memory_pressure = read_into(buf, &dir.join("memory.pressure")).and_then(parse_pressure);
+    stats.io_pressure = read_into(buf, &dir.join("io.pressure")).and_then(parse_pressure);
+}
+
+fn v1_cpu(buf: &mut String, cpuacct: &Path, cpu: Option<&Path>) -> Option<CpuUsage> {
+    let total_ns = read_into(buf, &cpuacct.join("cpuacct.usage")).and_then(parse_u64)?;
+    let mut out = CpuUsage { total_ns, ..CpuUsage::default() };
+    if let Some(text) = read_into(buf, &cpuacct.join("cpuacct.stat")) {
+        out.user_ns = keyed(text, "user").map(|t| t.saturating_mul(NANOS_PER_USER_HZ_TICK));
+        out.system_ns = keyed(text, "system").map(|t| t.saturating_mul(NANOS_PER_USER_HZ_TICK));
+    }
+    if let Some(text) = cpu.and_then(|c| read_into(buf, &c.join("cpu.stat"))) {
+        out.throttling = match (keyed(text, "nr_periods"), keyed(text, "nr_throttled"), keyed(text, "throttled_time")) {
+            (Some(periods), Some(throttled_periods), Some(throttled_ns)) => {
+                Some(Throttling { periods, throttled_periods, throttled_ns })
+            }
+            _ => None,
+        };
+    }
+    Some(out)
+}
+
+fn v1_memory(buf: &mut String, dir: &Path) -> Option<MemoryUsage> {
+    let usage = read_into(buf, &dir.join("memory.usage_in_bytes")).and_then(parse_u64)?;
+    let mut out = MemoryUsage { usage, ..MemoryUsage::default() };
+    if let Some(text) = read_into(buf, &dir.join("memory.stat")) {
+        let s = parse_v1_memory_stat(text);
+        // memory.use_hierarchy is 1 on every kernel a kubelet supports: cAdvisor then
+        // uses the hierarchical totals (falling back to the local ones without them).
+        let inactive = s.total_inactive_file.or(s.inactive_file);
+        out.working_set = Some(inactive.map_or(usage, |i| usage.saturating_sub(i)));
+        out.inactive_file = inactive;
+        out.rss = s.total_rss.or(s.rss);
+        out.cache = s.total_cache.or(s.cache);
+        out.mapped_file = s.total_mapped_file.or(s.mapped_file);
+        out.swap = s.total_swap.or(s.swap);
+        out.pgfault = s.pgfault;
+        out.pgmajfault = s.pgmajfault;
+    }
+    out.max_usage = read_into(buf, &dir.join("memory.max_usage_in_bytes")).and_then(parse_u64);
+    out.failcnt = read_into(buf, &dir.join("memory.failcnt")).and_then(parse_u64);
+    out.limit = read_into(buf, &dir.join("memory.limit_in_bytes")).and_then(parse_u64).and_then(limited);
+    out.swap_limit = read_into(buf, &dir.join("memory.memsw.limit_in_bytes")).and_then(parse_u64).and_then(limited);
+    out.oom_kills = read_into(buf, &dir.join("memory.oom_control")).and_then(|t| keyed(t, "oom_kill"));
+    Some(out)
+}
+
+fn v2_cpu(buf: &mut String, dir: &Path) -> Option<CpuUsage> {
+    let text = read_into(buf, &dir.join("cpu.stat"))?;
+    let usec = |k| keyed(text, k).map(|v: u64| v.saturating_mul(1000));
+    let throttling = match (keyed(text, "nr_periods"), keyed(text, "nr_throttled"), usec("throttled_usec")) {
+        (Some(periods), Some(throttled_periods), Some(throttled_ns)) => {
+            Some(Throttling { periods, throttled_periods, throttled_ns })
+        }
+        _ => None,
+    };
+    Some(CpuUsage {
+        total_ns: usec("usage_usec")?,
+        user_ns: usec("user_usec"),
+        system_ns: usec("system_usec"),
+        throttling,
+        nano_cores: None,
+    })
+}
+
+fn v2_memory(buf: &mut String, dir: &Path, is_root: bool) -> Option<MemoryUsage> {
+    let current = read_into(buf, &dir.join("memory.current")).and_then(parse_u64);
+    let stat = read_into(buf, &dir.join("memory.stat")).map(parse_v2_memory_stat);
+    // The root cgroup has no memory.current: runc emulates it as anon + file.
+    let usage = match (current, &stat) {
+        (Some(u), _) => u,
+        (None, Some(s)) if is_root => s.anon?.saturating_add(s.file?),
+        _ => return None,
+    };
+    let mut out = MemoryUsage { usage, ..MemoryUsage::default() };
+    if let Some(s) = stat {
+        out.working_set = Some(s.inactive_file.map_or(usage, |i| usage.saturating_sub(i)));
+        out.inactive_file = s.inactive_file;
+        out.rss = s.anon;
+        out.cache = s.file;
+        out.mapped_file = s.file_mapped;
+        out.pgfault = s.pgfault;
+        out.pgmajfault = s.pgmajfault;
+    }
+    if is_root {
+        return Some(out);
+    }
+    out.max_usage = read_into(buf, &dir.join("memory.peak")).and_then(parse_u64);
+    out.limit = read_into(buf, &dir.join("memory.max")).and_then(parse_v2_limit);
+    out.swap = read_into(buf, &dir.join("memory.swap.current")).and_then(parse_u64);
+    out.swap_limit = read_into(buf, &dir.join("memory.swap.max")).and_then(parse_v2_limit);
+    out.oom_kills = read_into(buf, &dir.join("memory.events")).and_then(|t| keyed(t, "oom_kill"));
+    Some(out)
+}

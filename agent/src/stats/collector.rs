@@ -1,0 +1,659 @@
+//! One collection pass: what runs ([`Inventory`]) in, raw numbers ([`Collection`]) out.
+//!
+//! Each cgroup's files are read once per pass, each pod's network namespace once, each
+//! log directory listed once; `du` walks of writable layers and volumes are cached for
+//! [`CollectorConfig::du_interval`] (upstream measures volumes once a minute too,
+//! `volumeStatsAggPeriod`). CPU rates (`usageNanoCores`) are computed against the sample
+//! kept from the previous pass of the same cgroup: the first pass of a cgroup has none, as
+//! upstream's CRI stats provider; a pass sooner than [`CollectorConfig::rate_min_window`]
+//! after the kept sample reuses the last rate without replacing the sample (upstream's
+//! non-updating `getContainerUsageNanoCores`), so on-demand passes between periodic ones do
+//! not shrink the window. State for cgroups and paths not seen in a pass is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::cgroup::{
+    CgroupHierarchies, CgroupReader, CgroupStats, CpuUsage, MemoryUsage, ReadOptions, join, read_into,
+};
+use super::fs::{self, DiskUsage, FsInfo};
+use super::procfs::{Interface, Procfs};
+use super::summary::PvcReference;
+
+/// What runs on the node: the input of a collection. Built by the caller from its pod
+/// manager and runtime cache (no CRI stats calls); containers should be the running ones
+/// only (upstream drops terminated containers from stats).
+#[derive(Debug, Clone, Default)]
+pub struct Inventory {
+    /// The node's name.
+    pub node_name: String,
+    /// The cgroup holding all pods (`/kubepods`), reported as the `pods` system
+    /// container; `None` when `cgroupsPerQOS` is off.
+    pub pods_cgroup: Option<String>,
+    /// Further system containers (`kubelet`, `runtime`, `misc`) by cgroup.
+    pub system_containers: Vec<SystemContainerInventory>,
+    /// A path on the node's root filesystem as the kubelet sees it: its root directory
+    /// (`/var/lib/kubelet`). Its filesystem is `node.fs` and the capacity side of logs and
+    /// ephemeral storage.
+    pub root_fs_path: PathBuf,
+    /// The runtime's image filesystem (from CRI `ImageFsInfo`, which the caller may cache).
+    pub image_fs: Option<ImageFsInventory>,
+    /// The pods.
+    pub pods: Vec<PodInventory>,
+}
+
+/// A system container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemContainerInventory {
+    /// `kubelet`, `runtime` or `misc` (see `SYSTEM_CONTAINER_*`).
+    pub name: String,
+    /// Its cgroup path.
+    pub cgroup: String,
+    /// Its start time when known (the kubelet's: the agent's start); otherwise the
+    /// cgroup directory's modification time when first seen.
+    pub start_time: Option<SystemTime>,
+}
+
+/// The image filesystem as CRI `ImageFsInfo` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageFsInventory {
+    /// The filesystem's mount point (`fs_id.mountpoint`), for `statvfs`.
+    pub mountpoint: PathBuf,
+    /// Bytes used by images.
+    pub used_bytes: Option<u64>,
+    /// Inodes used by images.
+    pub inodes_used: Option<u64>,
+    /// When the runtime measured it; the collection time if unknown.
+    pub time: Option<SystemTime>,
+}
+
+/// A pod with at least a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInventory {
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// The pod cgroup (`/kubepods/burstable/pod<uid>`).
+    pub cgroup: String,
+    /// The sandbox's creation time (CRI `PodSandbox.created_at`): the pod's `startTime`.
+    pub start_time: Option<SystemTime>,
+    /// The sandbox id.
+    pub sandbox_id: String,
+    /// The sandbox's cgroup; one of its processes names the pod's network namespace.
+    pub sandbox_cgroup: Option<String>,
+    /// The pod log directory (`/var/log/pods/<ns>_<name>_<uid>`): files directly in it
+    /// count towards ephemeral storage.
+    pub log_dir: Option<PathBuf>,
+    /// The pod's `etc-hosts` file (`<root>/pods/<uid>/etc-hosts`), if the kubelet made one.
+    pub etc_hosts: Option<PathBuf>,
+    /// Volumes to measure.
+    pub volumes: Vec<VolumeInventory>,
+    /// Running containers.
+    pub containers: Vec<ContainerInventory>,
+}
+
+/// A running container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInventory {
+    /// Name in the pod spec.
+    pub name: String,
+    /// Runtime id.
+    pub id: String,
+    /// Cgroup path.
+    pub cgroup: String,
+    /// Creation time (CRI `Container.created_at`): the container's `startTime`.
+    pub start_time: Option<SystemTime>,
+    /// Image reference.
+    pub image: String,
+    /// The container's log directory (`<pod log dir>/<container name>`).
+    pub log_dir: Option<PathBuf>,
+    /// The writable layer's directory (the snapshot's upper dir), when known.
+    pub writable_layer: Option<PathBuf>,
+}
+
+/// A pod volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeInventory {
+    /// Name in the pod spec.
+    pub name: String,
+    /// Its directory on the node.
+    pub path: PathBuf,
+    /// A local ephemeral volume (emptyDir on disk, configMap, gitRepo: upstream
+    /// `IsLocalEphemeralVolume`), counted in the pod's ephemeral storage.
+    pub local_ephemeral: bool,
+    /// The claim, for a persistent volume.
+    pub pvc: Option<PvcReference>,
+}
+
+/// Settings of a [`Collector`].
+#[derive(Debug, Clone)]
+pub struct CollectorConfig {
+    /// Where the cgroups are.
+    pub cgroups: CgroupHierarchies,
+    /// procfs (`/proc`).
+    pub proc_root: PathBuf,
+    /// How long a `du` of a writable layer or volume is reused. Default 60 s.
+    pub du_interval: Duration,
+    /// The shortest window a CPU rate is computed over. Default 1 s.
+    pub rate_min_window: Duration,
+}
+
+impl CollectorConfig {
+    /// Defaults for `hierarchies` and `/proc`.
+    #[must_use]
+    pub fn new(cgroups: CgroupHierarchies) -> Self {
+        Self {
+            cgroups,
+            proc_root: PathBuf::from("/proc"),
+            du_interval: Duration::from_mins(1),
+            rate_min_window: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A network namespace's interfaces at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkSample {
+    /// When read.
+    pub time: SystemTime,
+    /// Interfaces in `/proc/net/dev` order, without the ignored ones.
+    pub interfaces: Vec<Interface>,
+}
+
+/// A filesystem's `statvfs` at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSample {
+    /// When read.
+    pub time: SystemTime,
+    /// The numbers.
+    pub info: FsInfo,
+}
+
+/// A `du` at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageSample {
+    /// When measured.
+    pub time: SystemTime,
+    /// What is used; `None` when there was nothing to measure (a log directory without
+    /// files).
+    pub usage: Option<DiskUsage>,
+}
+
+/// The image filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageFsSample {
+    /// When measured.
+    pub time: SystemTime,
+    /// Its `statvfs`, when the mount point could be examined.
+    pub info: Option<FsInfo>,
+    /// Bytes used by images.
+    pub used_bytes: Option<u64>,
+    /// Inodes used by images.
+    pub inodes_used: Option<u64>,
+}
+
+/// Swap of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwapSample {
+    /// When read.
+    pub time: SystemTime,
+    /// Swap in use.
+    pub usage: u64,
+    /// Swap free.
+    pub available: u64,
+}
+
+/// Process limits of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RlimitSample {
+    /// When read.
+    pub time: SystemTime,
+    /// Task ceiling.
+    pub max_pid: Option<i64>,
+    /// Tasks.
+    pub tasks: Option<i64>,
+}
+
+/// Node-level numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSample {
+    /// Boot time.
+    pub boot_time: Option<SystemTime>,
+    /// The root cgroup (CPU from `cpuacct.usage`/`cpu.stat`, memory from the root's
+    /// files), with `/proc/stat` and `/proc/meminfo` filling what the root cgroup lacks,
+    /// and node PSI from `/proc/pressure`.
+    pub stats: CgroupStats,
+    /// `MemTotal`.
+    pub memory_capacity: Option<u64>,
+    /// Swap.
+    pub swap: Option<SwapSample>,
+    /// Interfaces of the host network namespace.
+    pub network: Option<NetworkSample>,
+    /// The root filesystem.
+    pub fs: Option<FsSample>,
+    /// The image filesystem.
+    pub image_fs: Option<ImageFsSample>,
+    /// Process limits.
+    pub rlimit: Option<RlimitSample>,
+}
+
+/// A system container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SystemContainerSample {
+    /// Its name (`pods`, `kubelet`, ...).
+    pub name: String,
+    /// Its start time.
+    pub start_time: Option<SystemTime>,
+    /// Its cgroup.
+    pub stats: CgroupStats,
+}
+
+/// A container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSample {
+    /// Name.
+    pub name: String,
+    /// Runtime id.
+    pub id: String,
+    /// Image.
+    pub image: String,
+    /// Creation time.
+    pub start_time: Option<SystemTime>,
+    /// Its cgroup.
+    pub stats: CgroupStats,
+    /// The writable layer, when its directory is known.
+    pub rootfs: Option<UsageSample>,
+    /// Its log files, when the log directory exists.
+    pub logs: Option<UsageSample>,
+}
+
+/// A volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeSample {
+    /// Name.
+    pub name: String,
+    /// Counted in ephemeral storage.
+    pub local_ephemeral: bool,
+    /// The claim.
+    pub pvc: Option<PvcReference>,
+    /// Its `du`.
+    pub usage: UsageSample,
+    /// Its filesystem.
+    pub fs: Option<FsInfo>,
+}
+
+/// A pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSample {
+    /// UID.
+    pub uid: String,
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Sandbox creation time.
+    pub start_time: Option<SystemTime>,
+    /// The pod cgroup, `None` if it could not be read.
+    pub stats: Option<CgroupStats>,
+    /// The pod's network namespace.
+    pub network: Option<NetworkSample>,
+    /// Containers whose cgroups could be read (vanished ones are left out).
+    pub containers: Vec<ContainerSample>,
+    /// Volumes that could be measured.
+    pub volumes: Vec<VolumeSample>,
+    /// Files directly in the pod log directory.
+    pub logs: Option<UsageSample>,
+    /// The `etc-hosts` file.
+    pub etc_hosts: Option<UsageSample>,
+}
+
+/// The result of one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Collection {
+    /// The node's name.
+    pub node_name: String,
+    /// When the pass started.
+    pub time: SystemTime,
+    /// Node-level numbers.
+    pub node: NodeSample,
+    /// System containers (`pods` first).
+    pub system_containers: Vec<SystemContainerSample>,
+    /// Pods with at least one readable container, in inventory order.
+    pub pods: Vec<PodSample>,
+}
+
+/// The clock of a collector (injectable for tests).
+pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+#[derive(Debug, Clone, Copy)]
+struct CpuRecord {
+    time: SystemTime,
+    total_ns: u64,
+    nano_cores: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DuRecord {
+    time: SystemTime,
+    usage: Option<DiskUsage>,
+}
+
+/// Collects stats; keeps the state that spans passes (previous CPU samples, `du` cache,
+/// first-seen start times). Blocking file I/O: call [`Collector::collect`] from a blocking
+/// context (`spawn_blocking`), every 10 s (the eviction manager's period upstream) and,
+/// if wanted, on demand.
+pub struct Collector {
+    config: CollectorConfig,
+    reader: CgroupReader,
+    clock: Clock,
+    cpu: HashMap<String, CpuRecord>,
+    du: HashMap<PathBuf, DuRecord>,
+    start_times: HashMap<String, SystemTime>,
+}
+
+impl std::fmt::Debug for Collector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collector")
+            .field("config", &self.config)
+            .field("cpu_records", &self.cpu.len())
+            .field("du_records", &self.du.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The key of the node's CPU record when it comes from `/proc/stat`.
+const PROC_STAT_KEY: &str = "\0/proc/stat";
+
+impl Collector {
+    /// A collector using the system clock.
+    #[must_use]
+    pub fn new(config: CollectorConfig) -> Self {
+        Self::with_clock(config, Arc::new(SystemTime::now))
+    }
+
+    /// A collector using `clock` for every timestamp (tests).
+    #[must_use]
+    pub fn with_clock(config: CollectorConfig, clock: Clock) -> Self {
+        let reader = CgroupReader::new(config.cgroups.clone());
+        Self { config, reader, clock, cpu: HashMap::new(), du: HashMap::new(), start_times: HashMap::new() }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub const fn config(&self) -> &CollectorConfig {
+        &self.config
+    }
+
+    /// One pass over what `inventory` describes.
+    pub fn collect(&mut self, inventory: &Inventory) -> Collection {
+        let time = (self.clock)();
+        let mut seen_cgroups: HashSet<String> = HashSet::new();
+        let mut seen_paths: HashSet<PathBuf> = HashSet::new();
+
+        let node = self.collect_node(inventory, time, &mut seen_cgroups);
+
+        let mut system_containers = Vec::new();
+        let mut system_cgroups: HashSet<&str> = HashSet::new();
+        let pods_sc = inventory.pods_cgroup.as_ref().map(|cg| SystemContainerInventory {
+            name: super::summary::SYSTEM_CONTAINER_PODS.to_owned(),
+            cgroup: cg.clone(),
+            start_time: None,
+        });
+        for sc in pods_sc.iter().chain(&inventory.system_containers) {
+            system_cgroups.insert(sc.cgroup.as_str());
+            let now = (self.clock)();
+            let Some(mut stats) = self.reader.read(&sc.cgroup, now, ReadOptions::default()) else { continue };
+            self.rate(&sc.cgroup, &mut stats, &mut seen_cgroups);
+            let start_time = sc.start_time.or_else(|| self.first_seen(&sc.cgroup));
+            system_containers.push(SystemContainerSample { name: sc.name.clone(), start_time, stats });
+        }
+        self.start_times.retain(|k, _| system_cgroups.contains(k.as_str()));
+
+        let mut pods = Vec::with_capacity(inventory.pods.len());
+        for pod in &inventory.pods {
+            if let Some(p) = self.collect_pod(pod, &mut seen_cgroups, &mut seen_paths) {
+                pods.push(p);
+            }
+        }
+
+        self.cpu.retain(|k, _| seen_cgroups.contains(k));
+        self.du.retain(|k, _| seen_paths.contains(k));
+        Collection { node_name: inventory.node_name.clone(), time, node, system_containers, pods }
+    }
+
+    fn collect_node(&mut self, inventory: &Inventory, time: SystemTime, seen: &mut HashSet<String>) -> NodeSample {
+        let mut stats = self.reader.read("/", time, ReadOptions::default()).unwrap_or(CgroupStats {
+            time,
+            cpu: None,
+            memory: None,
+            tasks: None,
+            processes: None,
+            first_pid: None,
+            cpu_pressure: None,
+            memory_pressure: None,
+            io_pressure: None,
+        });
+        let proc_root = self.config.proc_root.clone();
+        let mut procfs = Procfs::new(&proc_root, self.reader.buffer());
+        let stat = procfs.stat();
+        let meminfo = procfs.meminfo();
+        let cpu_key = if stats.cpu.is_some() {
+            "/"
+        } else {
+            stats.cpu = stat.and_then(|s| s.busy_ns).map(|total_ns| CpuUsage {
+                total_ns,
+                user_ns: stat.and_then(|s| s.user_ns),
+                system_ns: stat.and_then(|s| s.system_ns),
+                ..CpuUsage::default()
+            });
+            PROC_STAT_KEY
+        };
+        if stats.memory.is_none() {
+            stats.memory = meminfo.and_then(|m| {
+                let usage = m.total?.saturating_sub(m.free?);
+                Some(MemoryUsage {
+                    usage,
+                    working_set: Some(m.inactive_file.map_or(usage, |i| usage.saturating_sub(i))),
+                    inactive_file: m.inactive_file,
+                    rss: m.anon,
+                    ..MemoryUsage::default()
+                })
+            });
+        }
+        // The node's pressure is the system-wide one.
+        for (resource, slot) in
+            [("cpu", &mut stats.cpu_pressure), ("memory", &mut stats.memory_pressure), ("io", &mut stats.io_pressure)]
+        {
+            if let Some(p) = procfs.pressure(resource) {
+                *slot = Some(p);
+            }
+        }
+        let swap = meminfo.and_then(|m| {
+            let (total, free) = (m.swap_total?, m.swap_free?);
+            Some(SwapSample { time, usage: total.saturating_sub(free), available: free })
+        });
+        let network = procfs
+            .net_dev(Some(1))
+            .or_else(|| procfs.net_dev(None))
+            .map(|interfaces| NetworkSample { time: (self.clock)(), interfaces });
+        let rlimit_time = (self.clock)();
+        let rlimit = RlimitSample { time: rlimit_time, max_pid: procfs.max_pid(), tasks: procfs.tasks() };
+        let rlimit = (rlimit.max_pid.is_some() || rlimit.tasks.is_some()).then_some(rlimit);
+        self.rate(cpu_key, &mut stats, seen);
+
+        let fs = match fs::statvfs(&inventory.root_fs_path) {
+            Ok(info) => Some(FsSample { time: (self.clock)(), info }),
+            Err(e) => {
+                tracing::debug!(path = %inventory.root_fs_path.display(), error = %e, "stats: statvfs of the root filesystem failed");
+                None
+            }
+        };
+        let image_fs = inventory.image_fs.as_ref().map(|i| ImageFsSample {
+            time: i.time.unwrap_or(time),
+            info: fs::statvfs(&i.mountpoint).ok(),
+            used_bytes: i.used_bytes,
+            inodes_used: i.inodes_used,
+        });
+        NodeSample {
+            boot_time: stat.and_then(|s| s.boot_time),
+            stats,
+            memory_capacity: meminfo.and_then(|m| m.total),
+            swap,
+            network,
+            fs,
+            image_fs,
+            rlimit,
+        }
+    }
+
+    fn collect_pod(
+        &mut self,
+        pod: &PodInventory,
+        seen_cgroups: &mut HashSet<String>,
+        seen_paths: &mut HashSet<PathBuf>,
+    ) -> Option<PodSample> {
+        let mut containers = Vec::with_capacity(pod.containers.len());
+        for c in &pod.containers {
+            let now = (self.clock)();
+            // A container that exited and was removed since the inventory was taken.
+            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true }) else { continue };
+            self.rate(&c.cgroup, &mut stats, seen_cgroups);
+            let rootfs = c.writable_layer.as_deref().map(|p| self.du_cached(p, seen_paths));
+            let logs = c.log_dir.as_deref().and_then(|d| self.files(d));
+            containers.push(ContainerSample {
+                name: c.name.clone(),
+                id: c.id.clone(),
+                image: c.image.clone(),
+                start_time: c.start_time,
+                stats,
+                rootfs,
+                logs,
+            });
+        }
+        // Upstream lists pods from their containers' stats: no running container, no pod.
+        if containers.is_empty() {
+            return None;
+        }
+        let now = (self.clock)();
+        let mut stats = self.reader.read(&pod.cgroup, now, ReadOptions::default());
+        if let Some(s) = stats.as_mut() {
+            self.rate(&pod.cgroup, s, seen_cgroups);
+        }
+
+        let pid = pod
+            .sandbox_cgroup
+            .as_deref()
+            .and_then(|cg| self.first_pid(cg))
+            .or_else(|| containers.iter().find_map(|c| c.stats.first_pid));
+        let network = pid.and_then(|pid| {
+            let time = (self.clock)();
+            let proc_root = self.config.proc_root.clone();
+            Procfs::new(&proc_root, self.reader.buffer())
+                .net_dev(Some(pid))
+                .map(|interfaces| NetworkSample { time, interfaces })
+        });
+
+        let mut volumes = Vec::with_capacity(pod.volumes.len());
+        for v in &pod.volumes {
+            let usage = self.du_cached(&v.path, seen_paths);
+            if usage.usage.is_none() {
+                continue;
+            }
+            volumes.push(VolumeSample {
+                name: v.name.clone(),
+                local_ephemeral: v.local_ephemeral,
+                pvc: v.pvc.clone(),
+                usage,
+                fs: fs::statvfs(&v.path).ok(),
+            });
+        }
+        let logs = pod.log_dir.as_deref().and_then(|d| self.files(d));
+        let etc_hosts = pod.etc_hosts.as_deref().and_then(|p| {
+            let time = (self.clock)();
+            fs::disk_usage(p).ok().map(|u| UsageSample { time, usage: Some(u) })
+        });
+        Some(PodSample {
+            uid: pod.uid.clone(),
+            name: pod.name.clone(),
+            namespace: pod.namespace.clone(),
+            start_time: pod.start_time,
+            stats,
+            network,
+            containers,
+            volumes,
+            logs,
+            etc_hosts,
+        })
+    }
+
+    /// Sets the CPU rate of `stats` from the record of `key` and updates the record.
+    fn rate(&mut self, key: &str, stats: &mut CgroupStats, seen: &mut HashSet<String>) {
+        let Some(cpu) = stats.cpu.as_mut() else { return };
+        seen.insert(key.to_owned());
+        let fresh = CpuRecord { time: stats.time, total_ns: cpu.total_ns, nano_cores: None };
+        let Some(prev) = self.cpu.get_mut(key) else {
+            self.cpu.insert(key.to_owned(), fresh);
+            return;
+        };
+        let window = stats.time.duration_since(prev.time).ok().filter(|_| cpu.total_ns >= prev.total_ns);
+        match window {
+            // The counter went back (a new cgroup at the same path) or the clock did.
+            None => *prev = fresh,
+            Some(w) if w < self.config.rate_min_window || w.is_zero() => cpu.nano_cores = prev.nano_cores,
+            Some(w) => {
+                let nano_cores = ((cpu.total_ns - prev.total_ns) as f64 / w.as_nanos() as f64 * 1e9) as u64;
+                cpu.nano_cores = Some(nano_cores);
+                *prev = CpuRecord { nano_cores: Some(nano_cores), ..fresh };
+            }
+        }
+    }
+
+    /// The start time of a system container: its cgroup directory's modification time
+    /// the first time it is seen (cAdvisor's creation time of raw cgroups).
+    fn first_seen(&mut self, cgroup: &str) -> Option<SystemTime> {
+        if let Some(t) = self.start_times.get(cgroup) {
+            return Some(*t);
+        }
+        let t = std::fs::metadata(self.reader.primary_dir(cgroup)).and_then(|m| m.modified()).ok()?;
+        self.start_times.insert(cgroup.to_owned(), t);
+        Some(t)
+    }
+
+    /// The first process of a cgroup.
+    fn first_pid(&mut self, cgroup: &str) -> Option<u32> {
+        let dir = match self.reader.hierarchies() {
+            CgroupHierarchies::V1 { memory, .. } => join(memory, cgroup),
+            CgroupHierarchies::V2 { root } => join(root, cgroup),
+        };
+        let text = read_into(self.reader.buffer(), &dir.join("cgroup.procs"))?;
+        text.lines().find_map(|l| l.trim().parse().ok())
+    }
+
+    /// The files directly in a log directory, measured now; `None` if the directory
+    /// cannot be read.
+    fn files(&self, dir: &Path) -> Option<UsageSample> {
+        let time = (self.clock)();
+        fs::files_usage(dir).ok().map(|usage| UsageSample { time, usage })
+    }
+
+    /// A `du` of `path`, reused for `du_interval`. A path that cannot be examined has no
+    /// usage.
+    fn du_cached(&mut self, path: &Path, seen: &mut HashSet<PathBuf>) -> UsageSample {
+        seen.insert(path.to_path_buf());
+        let now = (self.clock)();
+        if let Some(r) = self.du.get(path) {
+            let age = now.duration_since(r.time).ok();
+            if age.is_some_and(|a| a < self.config.du_interval) {
+                return UsageSample { time: r.time, usage: r.usage };
+            }
+        }
+        let usage = fs::disk_usage(path).ok();
+        self.du.insert(path.to_path_buf(), DuRecord { time: now, usage });
+        UsageSample { time: now, usage }
+    }
+}

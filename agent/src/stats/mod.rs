@@ -1,0 +1,95 @@
+//! Per-container, per-pod and node stats from cgroup and proc files (upstream
+//! `pkg/kubelet/stats` with cAdvisor's cgroup readers), and the two endpoints built on
+//! them: `/stats/summary` (the Summary API, [`summary`]) and `/metrics/resource`
+//! ([`resource_metrics`]).
+//!
+//! # Use
+//! 1. Build a [`Collector`] once from a [`CollectorConfig`] ([`CgroupHierarchies::detect`]
+//!    on `/sys/fs/cgroup`, procfs at `/proc`).
+//! 2. Every 10 s (upstream's eviction-manager period, which is what updates
+//!    `usageNanoCores` upstream) and, if wanted, on demand: describe what runs in an
+//!    [`Inventory`] (pods, their cgroups, sandbox and running containers, log directories,
+//!    volumes: all things the agent already knows, no CRI stats call) and call
+//!    [`Collector::collect`] from a blocking context. It returns a [`Collection`] of raw
+//!    numbers; keep the latest one (behind an `Arc`) for the endpoints and the eviction
+//!    manager.
+//! 3. `/stats/summary`: serialize [`Collection::summary`] with `serde_json` (compact, as
+//!    upstream), or [`Collection::cpu_and_memory_summary`] when the query has
+//!    `only_cpu_and_memory=true` ([`only_cpu_and_memory`] parses the query as upstream).
+//! 4. `/metrics/resource`: [`Collection::resource_metrics`] (or
+//!    [`resource_metrics::render`]`(None)` when no collection is available, which reports
+//!    `scrape_error 1`), served as [`resource_metrics::CONTENT_TYPE`].
+//!
+//! # Upstream behaviour kept
+//! Upstream (1.28, containerd) takes container CPU/memory from cAdvisor's cgroup reads,
+//! the writable layer from CRI `ListContainerStats`, pod CPU/memory/swap from the pod
+//! cgroup, network from the sandbox's network namespace, log and volume usage from `du`,
+//! node numbers from the root cgroup. The same sources are read here directly, in one
+//! pass (see [`cgroup`] for what each number is, [`build`] for how the Summary is filled).
+//! Containers and pods that vanished between the inventory and the read are left out, as
+//! upstream's stats list only what it could read; pods without a running container are
+//! left out, as upstream's CRI provider lists pods from their containers.
+//!
+//! # Deviations
+//! - `usageNanoCores` is computed between two passes of this collector (not cAdvisor's
+//!   own housekeeping samples) and is absent on a cgroup's first pass.
+//! - The writable layer's usage is a `du` of the directory the caller names (cached for
+//!   [`CollectorConfig::du_interval`]), not containerd's snapshot usage; without a
+//!   directory, `rootfs` has capacity only.
+//! - PSI (`psi`, `io`) is included wherever the kernel has pressure files, including the
+//!   hybrid cgroup2 mount of v1 hosts; upstream gates it on `KubeletPSI` (1.33+) and reads
+//!   it on v2 only.
+//! - `/metrics/resource` adds the swap usage families of newer kubelets to the 1.28 set.
+//! - Accelerators, user-defined metrics, volume health and `runtime.containerFs` are never
+//!   filled.
+
+pub mod build;
+pub mod cgroup;
+pub mod collector;
+pub mod fs;
+pub mod procfs;
+pub mod resource_metrics;
+pub mod summary;
+
+#[cfg(test)]
+mod tests;
+
+pub use cgroup::{CgroupHierarchies, CgroupStats, CpuUsage, MemoryUsage};
+pub use collector::{
+    Collection, Collector, CollectorConfig, ContainerInventory, ImageFsInventory, Inventory, PodInventory,
+    SystemContainerInventory, VolumeInventory,
+};
+pub use summary::Summary;
+
+impl Collection {
+    /// The full Summary (`/stats/summary`).
+    #[must_use]
+    pub fn summary(&self) -> Summary {
+        build::summary(self, true)
+    }
+
+    /// The CPU-and-memory Summary (`/stats/summary?only_cpu_and_memory=true`, and what
+    /// `/metrics/resource` is built from): node, system containers, pods and containers
+    /// with their names, start times, `cpu`, `memory` and `swap` only.
+    #[must_use]
+    pub fn cpu_and_memory_summary(&self) -> Summary {
+        build::summary(self, false)
+    }
+
+    /// The `/metrics/resource` text.
+    #[must_use]
+    pub fn resource_metrics(&self) -> String {
+        resource_metrics::render(Some(&self.cpu_and_memory_summary()))
+    }
+}
+
+/// Whether a `/stats/summary` query string asks for CPU and memory only: exactly one
+/// `only_cpu_and_memory` parameter whose value is `true` (upstream `handleSummary`).
+#[must_use]
+pub fn only_cpu_and_memory(query: Option<&str>) -> bool {
+    let values: Vec<String> = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .filter(|(k, _)| k == "only_cpu_and_memory")
+        .map(|(_, v)| v.into_owned())
+        .collect();
+    values.len() == 1 && values[0] == "true"
+}

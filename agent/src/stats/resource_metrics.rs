@@ -1,0 +1,323 @@
+//! `/metrics/resource`: the kubelet's resource metrics collector
+//! (`pkg/kubelet/metrics/collectors/resource_metrics.go`) over the CPU-and-memory Summary,
+//! written as Prometheus text exposition 0.0.4 the way the Go client writes it.
+//!
+//! - Families, types, label names and help texts are those of kubelet 1.28 (see
+//!   `tests/fixtures/reference/kubelet-1.28/metrics-resource.txt`; all `[ALPHA]` there),
+//!   plus the swap usage families newer kubelets add (`node_swap_usage_bytes`,
+//!   `pod_swap_usage_bytes`, `container_swap_usage_bytes`, with their upstream help texts),
+//!   emitted when swap stats exist. Not emitted: `container_swap_limit_bytes` and
+//!   `resource_scrape_error` (newer upstream only).
+//! - Samples carry the stats' time as a millisecond timestamp, as upstream's
+//!   `NewLazyMetricWithTimestamp` does; `container_start_time_seconds` and `scrape_error`
+//!   have none. The node's swap sample is stamped with the node memory time, as upstream.
+//! - Families are sorted by name, samples by label values (label names sorted), families
+//!   without samples are left out, values are formatted as Go's
+//!   `strconv.FormatFloat(v, 'g', -1, 64)` (`1.6e+07`, `0.01328234`), all as the Go client's
+//!   registry and text encoder do. A repeated label set (two pods of one name) keeps the
+//!   first sample, where the Go registry would fail the family.
+//!
+//! prometheus-client is not used: it cannot attach sample timestamps.
+
+use std::fmt::Write as _;
+
+use super::summary::{Summary, Time};
+
+/// The `Content-Type` of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Writes `v` as Go's `strconv.FormatFloat(v, 'g', -1, 64)` (the Go client's text
+/// encoder), e.g. `0`, `1`, `0.5`, `5028.767409292`, `1.6576512e+07`, `1e-05`, `+Inf`.
+pub fn write_go_float(out: &mut String, v: f64) {
+    if v.is_nan() {
+        out.push_str("NaN");
+        return;
+    }
+    if v.is_infinite() {
+        out.push_str(if v > 0.0 { "+Inf" } else { "-Inf" });
+        return;
+    }
+    if v == 0.0 {
+        out.push('0');
+        return;
+    }
+    // Rust's `{:e}` gives the shortest round-tripping digits, like Go's precision -1.
+    let sci = format!("{v:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (neg, mantissa) = mantissa.strip_prefix('-').map_or((false, mantissa), |m| (true, m));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    if neg {
+        out.push('-');
+    }
+    // Go switches to %e when the exponent is < -4 or >= 6 for the shortest precision.
+    if !(-4..6).contains(&exp) {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        out.push('e');
+        out.push(if exp < 0 { '-' } else { '+' });
+        let _ = write!(out, "{:02}", exp.unsigned_abs());
+    } else if exp >= 0 {
+        let int_len = exp as usize + 1;
+        if digits.len() <= int_len {
+            out.push_str(&digits);
+            out.extend(std::iter::repeat_n('0', int_len - digits.len()));
+        } else {
+            out.push_str(&digits[..int_len]);
+            out.push('.');
+            out.push_str(&digits[int_len..]);
+        }
+    } else {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', exp.unsigned_abs() as usize - 1));
+        out.push_str(&digits);
+    }
+}
+
+/// Escapes a label value (`\`, `"`, newline).
+fn escape_label(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// Escapes a help text (`\`, newline).
+fn escape_help(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// One metric family of the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    /// Name.
+    pub name: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    /// Help text with the stability prefix.
+    pub help: &'static str,
+    /// Label names, sorted.
+    pub labels: &'static [&'static str],
+}
+
+const CONTAINER: &[&str] = &["container", "namespace", "pod"];
+const POD: &[&str] = &["namespace", "pod"];
+
+/// Every family the endpoint can serve, sorted by name.
+pub const FAMILIES: [Family; 11] = [
+    Family {
+        name: "container_cpu_usage_seconds_total",
+        kind: "counter",
+        help: "[ALPHA] Cumulative cpu time consumed by the container in core-seconds",
+        labels: CONTAINER,
+    },
+    Family {
+        name: "container_memory_working_set_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current working set of the container in bytes",
+        labels: CONTAINER,
+    },
+    Family {
+        name: "container_start_time_seconds",
+        kind: "gauge",
+        help: "[ALPHA] Start time of the container since unix epoch in seconds",
+        labels: CONTAINER,
+    },
+    Family {
+        name: "container_swap_usage_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current amount of the container swap usage in bytes. Reported only on non-windows systems",
+        labels: CONTAINER,
+    },
+    Family {
+        name: "node_cpu_usage_seconds_total",
+        kind: "counter",
+        help: "[ALPHA] Cumulative cpu time consumed by the node in core-seconds",
+        labels: &[],
+    },
+    Family {
+        name: "node_memory_working_set_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current working set of the node in bytes",
+        labels: &[],
+    },
+    Family {
+        name: "node_swap_usage_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current swap usage of the node in bytes. Reported only on non-windows systems",
+        labels: &[],
+    },
+    Family {
+        name: "pod_cpu_usage_seconds_total",
+        kind: "counter",
+        help: "[ALPHA] Cumulative cpu time consumed by the pod in core-seconds",
+        labels: POD,
+    },
+    Family {
+        name: "pod_memory_working_set_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current working set of the pod in bytes",
+        labels: POD,
+    },
+    Family {
+        name: "pod_swap_usage_bytes",
+        kind: "gauge",
+        help: "[ALPHA] Current amount of the pod swap usage in bytes. Reported only on non-windows systems",
+        labels: POD,
+    },
+    Family {
+        name: "scrape_error",
+        kind: "gauge",
+        help: "[ALPHA] 1 if there was an error while getting container metrics, 0 otherwise",
+        labels: &[],
+    },
+];
+
+#[derive(Debug)]
+struct Sample {
+    /// Label values in the family's (sorted) label order.
+    values: Vec<String>,
+    value: f64,
+    timestamp_ms: Option<i64>,
+}
+
+fn ns_to_seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+fn sample(values: &[&str], value: f64, time: Option<&Time>) -> Sample {
+    Sample {
+        values: values.iter().map(|v| (*v).to_owned()).collect(),
+        value,
+        timestamp_ms: time.and_then(Time::unix_millis),
+    }
+}
+
+/// Renders the endpoint from the CPU-and-memory Summary, or `None` when it could not be
+/// produced (then only `scrape_error 1`, as upstream).
+#[must_use]
+pub fn render(summary: Option<&Summary>) -> String {
+    let mut samples: Vec<Vec<Sample>> = FAMILIES.iter().map(|_| Vec::new()).collect();
+    let idx = |name: &str| FAMILIES.iter().position(|f| f.name == name).expect("known family");
+    let scrape_error = if summary.is_some() { 0.0 } else { 1.0 };
+    if let Some(s) = summary {
+        let node = &s.node;
+        if let Some(cpu) = &node.cpu
+            && let Some(ns) = cpu.usage_core_nano_seconds
+        {
+            samples[idx("node_cpu_usage_seconds_total")].push(sample(&[], ns_to_seconds(ns), Some(&cpu.time)));
+        }
+        if let Some(m) = &node.memory
+            && let Some(ws) = m.working_set_bytes
+        {
+            samples[idx("node_memory_working_set_bytes")].push(sample(&[], ws as f64, Some(&m.time)));
+        }
+        if let Some(sw) = &node.swap
+            && let Some(u) = sw.swap_usage_bytes
+        {
+            let time = node.memory.as_ref().map_or(&sw.time, |m| &m.time);
+            samples[idx("node_swap_usage_bytes")].push(sample(&[], u as f64, Some(time)));
+        }
+        for pod in &s.pods {
+            let (name, ns) = (pod.pod_ref.name.as_str(), pod.pod_ref.namespace.as_str());
+            for c in &pod.containers {
+                let labels = [c.name.as_str(), ns, name];
+                if c.start_time.unix_millis().is_some_and(|ms| ms >= 1000)
+                    && let Some(secs) = c.start_time.unix_seconds_f64()
+                {
+                    samples[idx("container_start_time_seconds")].push(sample(&labels, secs, None));
+                }
+                if let Some(cpu) = &c.cpu
+                    && let Some(v) = cpu.usage_core_nano_seconds
+                {
+                    samples[idx("container_cpu_usage_seconds_total")].push(sample(
+                        &labels,
+                        ns_to_seconds(v),
+                        Some(&cpu.time),
+                    ));
+                }
+                if let Some(m) = &c.memory
+                    && let Some(ws) = m.working_set_bytes
+                {
+                    samples[idx("container_memory_working_set_bytes")].push(sample(&labels, ws as f64, Some(&m.time)));
+                }
+                if let Some(sw) = &c.swap
+                    && let Some(u) = sw.swap_usage_bytes
+                {
+                    samples[idx("container_swap_usage_bytes")].push(sample(&labels, u as f64, Some(&sw.time)));
+                }
+            }
+            let labels = [ns, name];
+            if let Some(cpu) = &pod.cpu
+                && let Some(v) = cpu.usage_core_nano_seconds
+            {
+                samples[idx("pod_cpu_usage_seconds_total")].push(sample(&labels, ns_to_seconds(v), Some(&cpu.time)));
+            }
+            if let Some(m) = &pod.memory
+                && let Some(ws) = m.working_set_bytes
+            {
+                samples[idx("pod_memory_working_set_bytes")].push(sample(&labels, ws as f64, Some(&m.time)));
+            }
+            if let Some(sw) = &pod.swap
+                && let Some(u) = sw.swap_usage_bytes
+            {
+                samples[idx("pod_swap_usage_bytes")].push(sample(&labels, u as f64, Some(&sw.time)));
+            }
+        }
+    }
+    samples[idx("scrape_error")].push(sample(&[], scrape_error, None));
+
+    let mut out = String::with_capacity(256 + samples.iter().map(Vec::len).sum::<usize>() * 160);
+    for (family, mut rows) in FAMILIES.iter().zip(samples) {
+        if rows.is_empty() {
+            continue;
+        }
+        rows.sort_by(|a, b| a.values.cmp(&b.values).then(a.timestamp_ms.cmp(&b.timestamp_ms)));
+        rows.dedup_by(|later, earlier| later.values == earlier.values);
+        out.push_str("# HELP ");
+        out.push_str(family.name);
+        out.push(' ');
+        escape_help(&mut out, family.help);
+        out.push_str("\n# TYPE ");
+        out.push_str(family.name);
+        out.push(' ');
+        out.push_str(family.kind);
+        out.push('\n');
+        for row in &rows {
+            out.push_str(family.name);
+            if !family.labels.is_empty() {
+                out.push('{');
+                for (i, (name, value)) in family.labels.iter().zip(&row.values).enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(name);
+                    out.push_str("=\"");
+                    escape_label(&mut out, value);
+                    out.push('"');
+                }
+                out.push('}');
+            }
+            out.push(' ');
+            write_go_float(&mut out, row.value);
+            if let Some(ts) = row.timestamp_ms {
+                let _ = write!(out, " {ts}");
+            }
+            out.push('\n');
+        }
+    }
+    out
+}

@@ -1,0 +1,999 @@
+//! Tests of the stats module over fixture cgroup and proc trees (v1 and v2) in a
+//! temporary directory, the Summary JSON against the kubelet 1.28 sample, and
+//! `/metrics/resource` against the 1.28 inventory.
+
+#![allow(clippy::float_cmp, clippy::many_single_char_names, clippy::similar_names)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::collector::Clock;
+use super::resource_metrics::{self, write_go_float};
+use super::summary::{Summary, Time};
+use super::*;
+
+const SUMMARY_SAMPLE: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/summary-sample.json");
+const RESOURCE_INVENTORY: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/metrics-resource.txt");
+
+const POD_UID: &str = "fcda0808-b6d1-42dd-b8ec-a4159717362c";
+const POD_CG: &str = "/kubepods/burstable/podfcda0808-b6d1-42dd-b8ec-a4159717362c";
+const T0: u64 = 1_796_059_689; // 2026-11-30T17:28:09Z
+
+/// Writes a fixture file under `root` (a leading `/` of `rel` is part of the relative path:
+/// fixtures never escape the temporary directory).
+fn write(root: &Path, rel: &str, content: &str) {
+    let path = root.join(rel.trim_start_matches('/'));
+    assert!(path.starts_with(root) && !rel.contains(".."), "{}", path.display());
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, content).unwrap();
+}
+
+fn at(secs: u64, millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
+}
+
+/// A clock the test moves.
+fn test_clock(start: SystemTime) -> (Clock, Arc<Mutex<SystemTime>>) {
+    let now = Arc::new(Mutex::new(start));
+    let handle = Arc::clone(&now);
+    (Arc::new(move || *now.lock().unwrap()), handle)
+}
+
+const NET_DEV: &str = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:    1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0
+  eth0:    1296      12    1    0    0     0          0         0      752       8    2    0    0     0       0          0
+";
+
+const HOST_NET_DEV: &str = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo: 403308441   93134    0    0    0     0          0         0 403308441   93134    0    0    0     0       0          0
+  ifb0:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+  eth0: 569474224  400000    0    0    0     0          0         0  1685543   20000    0    0    0     0       0          0
+veth1234:   5000      50    0    0    0     0          0         0     5000      50    0    0    0     0       0          0
+";
+
+const PSI: &str =
+    "some avg10=1.50 avg60=0.25 avg300=0.00 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=789\n";
+
+/// procfs shared by both fixtures: no swap, 24 GiB, boot at `T0 - 5281`.
+fn write_proc(proc_root: &Path) {
+    write(
+        proc_root,
+        "stat",
+        "cpu  1000 100 500 90000 50 10 20 30 0 0\ncpu0 1000 100 500 90000 50 10 20 30 0 0\nbtime 1796054408\n",
+    );
+    write(
+        proc_root,
+        "meminfo",
+        "MemTotal:       25165824 kB\nMemFree:        12000000 kB\nInactive(file):  6000000 kB\nAnonPages:        200000 kB\nSwapTotal:             0 kB\nSwapFree:              0 kB\n",
+    );
+    write(proc_root, "loadavg", "4.10 6.41 4.61 1/386 27015\n");
+    write(proc_root, "sys/kernel/pid_max", "32768\n");
+    write(proc_root, "sys/kernel/threads-max", "192730\n");
+    write(proc_root, "1/net/dev", HOST_NET_DEV);
+    write(proc_root, "4240/net/dev", NET_DEV);
+    write(proc_root, "pressure/cpu", PSI);
+    write(proc_root, "pressure/memory", PSI);
+    write(proc_root, "pressure/io", PSI);
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    cg: PathBuf,
+    proc_root: PathBuf,
+    now: Arc<Mutex<SystemTime>>,
+    collector: Collector,
+    inventory: Inventory,
+}
+
+impl Fixture {
+    fn collect(&mut self) -> Collection {
+        self.collector.collect(&self.inventory)
+    }
+
+    fn advance(&self, d: Duration) {
+        let mut now = self.now.lock().unwrap();
+        *now += d;
+    }
+
+    fn set_v1_cpu(&self, cgroup: &str, ns: u64) {
+        write(&self.cg, &format!("cpuacct{cgroup}/cpuacct.usage"), &format!("{ns}\n"));
+    }
+}
+
+fn inventory(root: &Path, with_v1_sandbox: bool) -> Inventory {
+    let logs = root.join("var/log/pods/nodebench_web_fcda0808-b6d1-42dd-b8ec-a4159717362c");
+    Inventory {
+        node_name: "node-a".to_owned(),
+        pods_cgroup: Some("/kubepods".to_owned()),
+        system_containers: Vec::new(),
+        root_fs_path: root.to_path_buf(),
+        image_fs: Some(ImageFsInventory {
+            mountpoint: root.to_path_buf(),
+            used_bytes: Some(2_125_824),
+            inodes_used: Some(69),
+            time: Some(at(T0 - 1, 0)),
+        }),
+        pods: vec![
+            PodInventory {
+                uid: POD_UID.to_owned(),
+                name: "web".to_owned(),
+                namespace: "nodebench".to_owned(),
+                cgroup: POD_CG.to_owned(),
+                start_time: Some(at(T0 - 70, 250)),
+                sandbox_id: "sandbox1".to_owned(),
+                sandbox_cgroup: with_v1_sandbox.then(|| format!("{POD_CG}/sandbox1")),
+                log_dir: Some(logs.clone()),
+                etc_hosts: Some(root.join("var/lib/kubelet/pods/uid/etc-hosts")),
+                volumes: vec![
+                    VolumeInventory {
+                        name: "scratch".to_owned(),
+                        path: root.join("volumes/scratch"),
+                        local_ephemeral: true,
+                        pvc: None,
+                    },
+                    VolumeInventory {
+                        name: "sec".to_owned(),
+                        path: root.join("volumes/sec"),
+                        local_ephemeral: false,
+                        pvc: None,
+                    },
+                    VolumeInventory {
+                        name: "missing".to_owned(),
+                        path: root.join("volumes/missing"),
+                        local_ephemeral: true,
+                        pvc: None,
+                    },
+                ],
+                containers: vec![
+                    ContainerInventory {
+                        name: "app".to_owned(),
+                        id: "c1".to_owned(),
+                        cgroup: format!("{POD_CG}/c1"),
+                        start_time: Some(at(T0 - 70, 500)),
+                        image: "registry.k8s.io/pause:3.9".to_owned(),
+                        log_dir: Some(logs.join("app")),
+                        writable_layer: Some(root.join("layers/c1")),
+                    },
+                    ContainerInventory {
+                        name: "sidecar".to_owned(),
+                        id: "c2".to_owned(),
+                        cgroup: format!("{POD_CG}/c2"),
+                        start_time: Some(at(T0 - 60, 0)),
+                        image: "busybox".to_owned(),
+                        log_dir: Some(logs.join("sidecar")),
+                        writable_layer: None,
+                    },
+                    ContainerInventory {
+                        name: "bare".to_owned(),
+                        id: "c3".to_owned(),
+                        cgroup: format!("{POD_CG}/c3"),
+                        start_time: Some(at(T0 - 50, 0)),
+                        image: "busybox".to_owned(),
+                        log_dir: None,
+                        writable_layer: None,
+                    },
+                    // Exited and removed after the inventory was taken.
+                    ContainerInventory {
+                        name: "gone".to_owned(),
+                        id: "c4".to_owned(),
+                        cgroup: format!("{POD_CG}/c4"),
+                        start_time: Some(at(T0 - 40, 0)),
+                        image: "busybox".to_owned(),
+                        log_dir: None,
+                        writable_layer: None,
+                    },
+                ],
+            },
+            // A pod whose only container vanished: left out.
+            PodInventory {
+                uid: "u2".to_owned(),
+                name: "ghost".to_owned(),
+                namespace: "default".to_owned(),
+                cgroup: "/kubepods/besteffort/podu2".to_owned(),
+                start_time: Some(at(T0 - 10, 0)),
+                sandbox_id: "sandbox2".to_owned(),
+                containers: vec![ContainerInventory {
+                    name: "c".to_owned(),
+                    id: "c9".to_owned(),
+                    cgroup: "/kubepods/besteffort/podu2/c9".to_owned(),
+                    start_time: Some(at(T0 - 10, 0)),
+                    ..ContainerInventory::default()
+                }],
+                ..PodInventory::default()
+            },
+        ],
+    }
+}
+
+/// Files that are not cgroup files: logs, writable layer, volumes, etc-hosts.
+fn write_node_files(root: &Path) {
+    let logs = root.join("var/log/pods/nodebench_web_fcda0808-b6d1-42dd-b8ec-a4159717362c");
+    write(&logs, "app/0.log", &"x".repeat(5000));
+    write(&logs, "app/0.log.20261130-172800", &"y".repeat(100));
+    std::fs::create_dir_all(logs.join("sidecar")).unwrap();
+    write(root, "layers/c1/etc/motd", &"m".repeat(10_000));
+    write(root, "volumes/scratch/data", &"d".repeat(3000));
+    write(root, "volumes/sec/token", "secret");
+    write(root, "var/lib/kubelet/pods/uid/etc-hosts", "127.0.0.1 localhost\n");
+}
+
+const V1_UNLIMITED: &str = "9223372036854771712\n";
+
+fn v1_fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let cg = root.join("cgroup");
+    let proc_root = root.join("proc");
+    write_proc(&proc_root);
+    write_node_files(&root);
+    for h in ["cpu", "pids"] {
+        std::fs::create_dir_all(cg.join(h)).unwrap();
+    }
+    write(&cg, "unified/cgroup.procs", "");
+
+    // Root cgroup.
+    write(&cg, "cpuacct/cpuacct.usage", "5028767409292\n");
+    write(&cg, "cpuacct/cpuacct.stat", "user 300000\nsystem 100000\n");
+    write(&cg, "memory/memory.usage_in_bytes", "1642434560\n");
+    write(
+        &cg,
+        "memory/memory.stat",
+        "cache 10543104\nrss 5771264\npgfault 121269\npgmajfault 0\ninactive_file 53248\ntotal_cache 1100000000\ntotal_rss 487071744\ntotal_inactive_file 528900096\ntotal_swap 0\n",
+    );
+    write(&cg, "memory/memory.limit_in_bytes", V1_UNLIMITED);
+
+    // kubepods: the "pods" system container.
+    write(&cg, "cpuacct/kubepods/cpuacct.usage", "78435920175\n");
+    write(&cg, "memory/kubepods/memory.usage_in_bytes", "22806528\n");
+    write(
+        &cg,
+        "memory/kubepods/memory.stat",
+        "pgfault 0\npgmajfault 0\ntotal_rss 536576\ntotal_inactive_file 8192\ntotal_swap 0\n",
+    );
+    write(&cg, "memory/kubepods/memory.limit_in_bytes", "25276514304\n");
+
+    // The pod cgroup: no tasks of its own, so pgfault is 0 (cAdvisor reads the local one).
+    let pod = POD_CG;
+    write(&cg, &format!("cpuacct{pod}/cpuacct.usage"), "35392488\n");
+    write(&cg, &format!("memory{pod}/memory.usage_in_bytes"), "811008\n");
+    write(
+        &cg,
+        &format!("memory{pod}/memory.stat"),
+        "pgfault 0\npgmajfault 0\ntotal_rss 102400\ntotal_inactive_file 0\ntotal_pgfault 9999\ntotal_swap 0\n",
+    );
+    write(&cg, &format!("memory{pod}/memory.limit_in_bytes"), V1_UNLIMITED);
+    write(&cg, &format!("memory{pod}/memory.memsw.limit_in_bytes"), V1_UNLIMITED);
+
+    // The sandbox: only its process matters (its network namespace).
+    write(&cg, &format!("memory{pod}/sandbox1/cgroup.procs"), "4240\n");
+
+    // c1: everything, with a limit.
+    write(&cg, &format!("cpuacct{pod}/c1/cpuacct.usage"), "13282340\n");
+    write(&cg, &format!("cpuacct{pod}/c1/cpuacct.stat"), "user 1\nsystem 0\n");
+    write(&cg, &format!("cpu{pod}/c1/cpu.stat"), "nr_periods 10\nnr_throttled 2\nthrottled_time 5000000\n");
+    write(&cg, &format!("memory{pod}/c1/memory.usage_in_bytes"), "499712\n");
+    write(
+        &cg,
+        &format!("memory{pod}/c1/memory.stat"),
+        "cache 400000\nrss 53248\npgfault 744\npgmajfault 2\ninactive_file 4096\ntotal_cache 400000\ntotal_rss 53248\ntotal_mapped_file 8192\ntotal_inactive_file 4096\ntotal_swap 0\ntotal_pgfault 744\n",
+    );
+    write(&cg, &format!("memory{pod}/c1/memory.limit_in_bytes"), "268435456\n");
+    write(&cg, &format!("memory{pod}/c1/memory.memsw.limit_in_bytes"), V1_UNLIMITED);
+    write(&cg, &format!("memory{pod}/c1/memory.max_usage_in_bytes"), "600000\n");
+    write(&cg, &format!("memory{pod}/c1/memory.failcnt"), "0\n");
+    write(&cg, &format!("memory{pod}/c1/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+    write(&cg, &format!("memory{pod}/c1/cgroup.procs"), "4242\n4243\n");
+    write(&cg, &format!("pids{pod}/c1/pids.current"), "5\n");
+    write(&cg, &format!("unified{pod}/c1/cpu.pressure"), PSI);
+
+    // c2: more inactive file pages than usage (the working set floors at 0).
+    write(&cg, &format!("cpuacct{pod}/c2/cpuacct.usage"), "1000\n");
+    write(&cg, &format!("memory{pod}/c2/memory.usage_in_bytes"), "1000\n");
+    write(
+        &cg,
+        &format!("memory{pod}/c2/memory.stat"),
+        "total_inactive_file 5000\ntotal_rss 0\npgfault 1\npgmajfault 0\n",
+    );
+    write(&cg, &format!("memory{pod}/c2/cgroup.procs"), "4250\n");
+
+    // c3: no memory.stat, no cpuacct.stat, no limit files.
+    write(&cg, &format!("cpuacct{pod}/c3/cpuacct.usage"), "2000\n");
+    write(&cg, &format!("memory{pod}/c3/memory.usage_in_bytes"), "4096\n");
+
+    let hierarchies = CgroupHierarchies::detect(&cg).unwrap();
+    let (clock, now) = test_clock(at(T0, 123));
+    let mut config = CollectorConfig::new(hierarchies);
+    config.proc_root = proc_root.clone();
+    let collector = Collector::with_clock(config, clock);
+    let inventory = inventory(&root, true);
+    Fixture { _dir: dir, root, cg, proc_root, now, collector, inventory }
+}
+
+fn v2_fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let cg = root.join("cgroup");
+    let proc_root = root.join("proc");
+    write_proc(&proc_root);
+    write_node_files(&root);
+    write(&cg, "cgroup.controllers", "cpuset cpu io memory hugetlb pids\n");
+    // The root has cpu.stat and memory.stat but no memory.current.
+    write(&cg, "cpu.stat", "usage_usec 50000000\nuser_usec 30000000\nsystem_usec 20000000\n");
+    write(
+        &cg,
+        "memory.stat",
+        "anon 1000000\nfile 3000000\nfile_mapped 10000\ninactive_file 2000000\npgfault 10\npgmajfault 1\n",
+    );
+
+    write(&cg, "kubepods/cpu.stat", "usage_usec 40000000\nuser_usec 30000000\nsystem_usec 10000000\n");
+    write(&cg, "kubepods/memory.current", "2000000\n");
+    write(&cg, "kubepods/memory.stat", "anon 1500000\nfile 500000\ninactive_file 100000\npgfault 5\npgmajfault 0\n");
+    write(&cg, "kubepods/memory.max", "25276514304\n");
+
+    let pod = POD_CG;
+    write(&cg, &format!("{pod}/cpu.stat"), "usage_usec 35392\nuser_usec 20000\nsystem_usec 15392\n");
+    write(&cg, &format!("{pod}/memory.current"), "811008\n");
+    write(&cg, &format!("{pod}/memory.stat"), "anon 102400\nfile 700000\ninactive_file 0\npgfault 800\npgmajfault 0\n");
+    write(&cg, &format!("{pod}/memory.max"), "max\n");
+    write(&cg, &format!("{pod}/memory.swap.current"), "0\n");
+    write(&cg, &format!("{pod}/memory.swap.max"), "max\n");
+    write(&cg, &format!("{pod}/io.pressure"), PSI);
+    write(&cg, &format!("{pod}/sandbox1/cgroup.procs"), "4240\n");
+
+    write(
+        &cg,
+        &format!("{pod}/c1/cpu.stat"),
+        "usage_usec 13282\nuser_usec 10000\nsystem_usec 3282\nnr_periods 10\nnr_throttled 2\nthrottled_usec 5000\n",
+    );
+    write(&cg, &format!("{pod}/c1/memory.current"), "499712\n");
+    write(
+        &cg,
+        &format!("{pod}/c1/memory.stat"),
+        "anon 53248\nfile 400000\nfile_mapped 8192\ninactive_file 4096\npgfault 744\npgmajfault 2\n",
+    );
+    write(&cg, &format!("{pod}/c1/memory.max"), "268435456\n");
+    write(&cg, &format!("{pod}/c1/memory.peak"), "600000\n");
+    write(&cg, &format!("{pod}/c1/memory.events"), "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n");
+    write(&cg, &format!("{pod}/c1/memory.swap.current"), "4096\n");
+    write(&cg, &format!("{pod}/c1/memory.swap.max"), "1048576\n");
+    write(&cg, &format!("{pod}/c1/pids.current"), "5\n");
+    write(&cg, &format!("{pod}/c1/cgroup.procs"), "4242\n4243\n");
+    write(&cg, &format!("{pod}/c1/cpu.pressure"), PSI);
+    write(&cg, &format!("{pod}/c1/memory.pressure"), PSI);
+    write(&cg, &format!("{pod}/c1/io.pressure"), PSI);
+
+    write(&cg, &format!("{pod}/c2/cpu.stat"), "usage_usec 1\n");
+    write(&cg, &format!("{pod}/c2/memory.current"), "1000\n");
+    write(&cg, &format!("{pod}/c2/memory.stat"), "anon 0\nfile 1000\ninactive_file 5000\n");
+    write(&cg, &format!("{pod}/c2/cgroup.procs"), "4250\n");
+
+    write(&cg, &format!("{pod}/c3/cpu.stat"), "usage_usec 2\n");
+    write(&cg, &format!("{pod}/c3/memory.current"), "4096\n");
+
+    let hierarchies = CgroupHierarchies::detect(&cg).unwrap();
+    assert!(hierarchies.is_v2());
+    let (clock, now) = test_clock(at(T0, 123));
+    let mut config = CollectorConfig::new(hierarchies);
+    config.proc_root = proc_root.clone();
+    let collector = Collector::with_clock(config, clock);
+    let inventory = inventory(&root, true);
+    Fixture { _dir: dir, root, cg, proc_root, now, collector, inventory }
+}
+
+fn pod<'a>(s: &'a Summary, name: &str) -> &'a summary::PodStats {
+    s.pods.iter().find(|p| p.pod_ref.name == name).unwrap_or_else(|| panic!("pod {name} missing"))
+}
+
+fn container<'a>(p: &'a summary::PodStats, name: &str) -> &'a summary::ContainerStats {
+    p.containers.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("container {name} missing"))
+}
+
+/// `du` of a tree by hand: (bytes, inodes).
+fn du(path: &Path) -> (u64, u64) {
+    let m = std::fs::symlink_metadata(path).unwrap();
+    let mut out = (m.blocks() * 512, 1);
+    if m.is_dir() {
+        for e in std::fs::read_dir(path).unwrap() {
+            let (b, i) = du(&e.unwrap().path());
+            out.0 += b;
+            out.1 += i;
+        }
+    }
+    out
+}
+
+#[test]
+fn summary_sample_round_trips_without_losing_fields() {
+    let original: serde_json::Value = serde_json::from_str(SUMMARY_SAMPLE).unwrap();
+    let parsed: Summary = serde_json::from_str(SUMMARY_SAMPLE).unwrap();
+    assert_eq!(parsed.node.node_name, "node-a");
+    assert_eq!(parsed.pods.len(), 2);
+    assert_eq!(parsed.node.network.as_ref().unwrap().default_interface.name, "eth0");
+    let again = serde_json::to_value(&parsed).unwrap();
+    assert_eq!(again, original);
+    // And the text itself: same keys in the same order as the Go encoder wrote them.
+    let text = serde_json::to_string_pretty(&parsed).unwrap();
+    assert_eq!(text.trim(), SUMMARY_SAMPLE.trim());
+}
+
+#[test]
+fn time_is_rfc3339_seconds_or_null() {
+    let t = Time::from(at(T0, 999));
+    assert_eq!(serde_json::to_string(&t).unwrap(), "\"2026-11-30T17:28:09Z\"");
+    assert_eq!(t.unix_millis(), Some(T0 as i64 * 1000 + 999));
+    assert_eq!(serde_json::to_string(&Time::zero()).unwrap(), "null");
+    let back: Time = serde_json::from_str("\"2026-11-30T17:28:09Z\"").unwrap();
+    assert_eq!(back, Time::from(at(T0, 0)));
+    let null: Time = serde_json::from_str("null").unwrap();
+    assert!(null.is_zero());
+}
+
+#[test]
+fn network_without_eth0_still_writes_an_empty_name() {
+    let n = summary::NetworkStats { time: Time::from(at(T0, 0)), ..Default::default() };
+    assert_eq!(serde_json::to_string(&n).unwrap(), r#"{"time":"2026-11-30T17:28:09Z","name":""}"#);
+}
+
+#[test]
+fn v1_hierarchies_are_detected() {
+    let f = v1_fixture();
+    let CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, unified } = f.collector.config().cgroups.clone() else {
+        panic!("not v1")
+    };
+    assert_eq!(cpuacct, f.cg.join("cpuacct"));
+    assert_eq!(cpu, Some(f.cg.join("cpu")));
+    assert_eq!(memory, f.cg.join("memory"));
+    assert_eq!(pids, Some(f.cg.join("pids")));
+    assert_eq!(unified, Some(f.cg.join("unified")));
+}
+
+#[test]
+fn v1_container_pod_and_node_numbers() {
+    let mut f = v1_fixture();
+    let c = f.collect();
+    let s = c.summary();
+
+    // Node: root cgroup, MemTotal for the limit, boot time from /proc/stat.
+    let node = &s.node;
+    assert_eq!(node.node_name, "node-a");
+    assert_eq!(node.start_time, Time::from(at(1_796_054_408, 0)));
+    let cpu = node.cpu.as_ref().unwrap();
+    assert_eq!(cpu.usage_core_nano_seconds, Some(5_028_767_409_292));
+    assert_eq!(cpu.usage_nano_cores, None, "no rate on the first pass");
+    let mem = node.memory.as_ref().unwrap();
+    assert_eq!(mem.usage_bytes, Some(1_642_434_560));
+    assert_eq!(mem.working_set_bytes, Some(1_642_434_560 - 528_900_096));
+    assert_eq!(mem.rss_bytes, Some(487_071_744));
+    assert_eq!(mem.page_faults, Some(121_269));
+    assert_eq!(mem.available_bytes, Some(25_165_824 * 1024 - (1_642_434_560 - 528_900_096)));
+    let swap = node.swap.as_ref().unwrap();
+    assert_eq!((swap.swap_available_bytes, swap.swap_usage_bytes), (Some(0), Some(0)));
+    let rlimit = node.rlimit.as_ref().unwrap();
+    assert_eq!((rlimit.max_pid, rlimit.num_of_running_processes), (Some(32768), Some(386)));
+    let net = node.network.as_ref().unwrap();
+    let names: Vec<&str> = net.interfaces.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["ifb0", "eth0"], "lo and veths are ignored, file order kept");
+    assert_eq!(net.default_interface.rx_bytes, Some(569_474_224));
+    let fs = node.fs.as_ref().unwrap();
+    assert!(fs.capacity_bytes.unwrap() > 0 && fs.inodes.is_some() && fs.used_bytes.is_some());
+    let image_fs = node.runtime.as_ref().unwrap().image_fs.as_ref().unwrap();
+    assert_eq!((image_fs.used_bytes, image_fs.inodes_used), (Some(2_125_824), Some(69)));
+    assert_eq!(image_fs.capacity_bytes, fs.capacity_bytes);
+    assert!(node.io.is_some(), "node PSI from /proc/pressure");
+
+    // The pods system container.
+    assert_eq!(node.system_containers.len(), 1);
+    let pods = &node.system_containers[0];
+    assert_eq!(pods.name, "pods");
+    assert!(!pods.start_time.is_zero());
+    let pm = pods.memory.as_ref().unwrap();
+    assert_eq!(pm.working_set_bytes, Some(22_806_528 - 8192));
+    assert_eq!(pm.available_bytes, Some(25_276_514_304 - (22_806_528 - 8192)));
+    assert_eq!(pods.swap.as_ref().unwrap().swap_usage_bytes, Some(0));
+
+    // Pods: the ghost pod (only a vanished container) is left out.
+    assert_eq!(s.pods.len(), 1);
+    let p = pod(&s, "web");
+    assert_eq!(p.pod_ref.uid, POD_UID);
+    assert_eq!(p.pod_ref.namespace, "nodebench");
+    assert_eq!(p.start_time, Time::from(at(T0 - 70, 250)));
+    let names: Vec<&str> = p.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["app", "sidecar", "bare"], "the vanished container is skipped");
+    let pm = p.memory.as_ref().unwrap();
+    assert_eq!((pm.usage_bytes, pm.working_set_bytes, pm.rss_bytes), (Some(811_008), Some(811_008), Some(102_400)));
+    assert_eq!(pm.page_faults, Some(0), "v1 page faults are the cgroup's own, as cAdvisor reads them");
+    assert_eq!(pm.available_bytes, None, "no limit, no availableBytes");
+    assert_eq!(p.cpu.as_ref().unwrap().usage_core_nano_seconds, Some(35_392_488));
+    assert_eq!(p.process_stats.as_ref().unwrap().process_count, Some(3));
+    let swap = p.swap.as_ref().unwrap();
+    assert_eq!((swap.swap_usage_bytes, swap.swap_available_bytes), (Some(0), None));
+
+    // Network of the sandbox's namespace.
+    let net = p.network.as_ref().unwrap();
+    assert_eq!(net.interfaces.len(), 1);
+    assert_eq!(net.default_interface.name, "eth0");
+    assert_eq!(
+        (
+            net.default_interface.rx_bytes,
+            net.default_interface.rx_errors,
+            net.default_interface.tx_bytes,
+            net.default_interface.tx_errors
+        ),
+        (Some(1296), Some(1), Some(752), Some(2))
+    );
+
+    // app: working set = usage - total_inactive_file; availableBytes = limit - working set.
+    let app = container(p, "app");
+    assert_eq!(app.start_time, Time::from(at(T0 - 70, 500)));
+    let m = app.memory.as_ref().unwrap();
+    assert_eq!(m.usage_bytes, Some(499_712));
+    assert_eq!(m.working_set_bytes, Some(499_712 - 4096));
+    assert_eq!(m.rss_bytes, Some(53_248));
+    assert_eq!((m.page_faults, m.major_page_faults), (Some(744), Some(2)));
+    assert_eq!(m.available_bytes, Some(268_435_456 - (499_712 - 4096)));
+    assert!(m.psi.is_none(), "no memory.pressure for app");
+    let cpu = app.cpu.as_ref().unwrap();
+    assert_eq!(cpu.usage_core_nano_seconds, Some(13_282_340));
+    let psi = cpu.psi.as_ref().unwrap();
+    assert_eq!((psi.some.avg10, psi.some.total, psi.full.total), (1.5, 123_456, 789));
+    assert_eq!(app.swap.as_ref().unwrap().swap_usage_bytes, Some(0));
+
+    // Raw numbers kept for /metrics/cadvisor.
+    let raw = &c.pods[0].containers[0].stats;
+    let rm = raw.memory.as_ref().unwrap();
+    assert_eq!(
+        (rm.cache, rm.mapped_file, rm.max_usage, rm.failcnt, rm.oom_kills),
+        (Some(400_000), Some(8192), Some(600_000), Some(0), Some(3))
+    );
+    assert_eq!(rm.limit, Some(268_435_456));
+    assert_eq!(rm.swap_limit, None, "memsw unlimited");
+    let rc = raw.cpu.as_ref().unwrap();
+    assert_eq!((rc.user_ns, rc.system_ns), (Some(10_000_000), Some(0)));
+    assert_eq!(rc.throttling.map(|t| (t.periods, t.throttled_periods, t.throttled_ns)), Some((10, 2, 5_000_000)));
+    assert_eq!((raw.tasks, raw.processes, raw.first_pid), (Some(5), Some(2), Some(4242)));
+
+    // sidecar: inactive_file above usage floors the working set at 0.
+    let sidecar = container(p, "sidecar");
+    assert_eq!(sidecar.memory.as_ref().unwrap().working_set_bytes, Some(0));
+
+    // bare: missing files leave fields out instead of reporting zeros.
+    let bare = container(p, "bare");
+    let m = bare.memory.as_ref().unwrap();
+    assert_eq!(m.usage_bytes, Some(4096));
+    assert_eq!((m.working_set_bytes, m.rss_bytes, m.page_faults, m.available_bytes), (None, None, None, None));
+    assert_eq!(bare.cpu.as_ref().unwrap().usage_core_nano_seconds, Some(2000));
+    assert!(bare.logs.is_none(), "no log dir");
+    let json = serde_json::to_value(bare).unwrap();
+    assert!(json["memory"].get("workingSetBytes").is_none(), "{json}");
+    assert!(json["memory"].get("rssBytes").is_none(), "{json}");
+}
+
+#[test]
+fn filesystem_logs_volumes_and_ephemeral_storage() {
+    let mut f = v1_fixture();
+    let s = f.collect().summary();
+    let p = pod(&s, "web");
+    let root_fs = s.node.fs.clone().unwrap();
+
+    let app = container(p, "app");
+    let rootfs = app.rootfs.as_ref().unwrap();
+    let layer = du(&f.root.join("layers/c1"));
+    assert_eq!((rootfs.used_bytes, rootfs.inodes_used), (Some(layer.0), Some(layer.1)));
+    assert_eq!(layer.1, 3, "dir, etc, motd");
+    assert_eq!(rootfs.capacity_bytes, root_fs.capacity_bytes);
+    let logs = app.logs.as_ref().unwrap();
+    let log_dir = f.root.join("var/log/pods/nodebench_web_fcda0808-b6d1-42dd-b8ec-a4159717362c/app");
+    let files: u64 = std::fs::read_dir(&log_dir).unwrap().map(|e| e.unwrap().metadata().unwrap().blocks() * 512).sum();
+    assert_eq!((logs.used_bytes, logs.inodes_used), (Some(files), Some(2)), "files only, not the directory");
+    assert_eq!(logs.available_bytes, root_fs.available_bytes);
+
+    // An empty log directory: logs present, usage unknown (upstream adds nothing).
+    let sidecar = container(p, "sidecar");
+    let logs = sidecar.logs.as_ref().unwrap();
+    assert_eq!((logs.used_bytes, logs.inodes_used), (None, None));
+    let rootfs = sidecar.rootfs.as_ref().unwrap();
+    assert!(rootfs.capacity_bytes.is_some() && rootfs.used_bytes.is_none());
+
+    // Volumes: local ephemeral first; an unreadable one is left out.
+    let names: Vec<&str> = p.volume_stats.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["scratch", "sec"]);
+    let scratch = du(&f.root.join("volumes/scratch"));
+    assert_eq!((p.volume_stats[0].fs.used_bytes, p.volume_stats[0].fs.inodes_used), (Some(scratch.0), Some(2)));
+
+    // Ephemeral storage: writable layers + logs + local ephemeral volumes + etc-hosts.
+    let etc_hosts = du(&f.root.join("var/lib/kubelet/pods/uid/etc-hosts"));
+    let e = p.ephemeral_storage.as_ref().unwrap();
+    assert_eq!(e.used_bytes, Some(layer.0 + files + scratch.0 + etc_hosts.0));
+    assert_eq!(e.inodes_used, Some(layer.1 + 2 + 2 + 1));
+    assert_eq!(e.capacity_bytes, root_fs.capacity_bytes);
+
+    // The du cache: a grown layer is seen again only after du_interval.
+    write(&f.root, "layers/c1/new", &"n".repeat(50_000));
+    f.advance(Duration::from_secs(10));
+    let s = f.collect().summary();
+    assert_eq!(container(pod(&s, "web"), "app").rootfs.as_ref().unwrap().inodes_used, Some(3));
+    f.advance(Duration::from_mins(1));
+    let s = f.collect().summary();
+    assert_eq!(container(pod(&s, "web"), "app").rootfs.as_ref().unwrap().inodes_used, Some(4));
+}
+
+#[test]
+fn usage_nano_cores_comes_from_two_samples() {
+    let mut f = v1_fixture();
+    let first = f.collect().summary();
+    assert!(container(pod(&first, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores.is_none());
+    assert!(pod(&first, "web").cpu.as_ref().unwrap().usage_nano_cores.is_none());
+
+    // 10 s later, app used 2.5 s of CPU: 0.25 cores; the node used 5 s: 0.5 cores.
+    f.advance(Duration::from_secs(10));
+    f.set_v1_cpu(&format!("{POD_CG}/c1"), 13_282_340 + 2_500_000_000);
+    f.set_v1_cpu("", 5_028_767_409_292 + 5_000_000_000);
+    let second = f.collect().summary();
+    let app = container(pod(&second, "web"), "app");
+    assert_eq!(app.cpu.as_ref().unwrap().usage_nano_cores, Some(250_000_000));
+    assert_eq!(second.node.cpu.as_ref().unwrap().usage_nano_cores, Some(500_000_000));
+    assert_eq!(container(pod(&second, "web"), "sidecar").cpu.as_ref().unwrap().usage_nano_cores, Some(0));
+
+    // An on-demand pass 200 ms later keeps the last rate and the 10 s base.
+    f.advance(Duration::from_millis(200));
+    f.set_v1_cpu(&format!("{POD_CG}/c1"), 13_282_340 + 2_600_000_000);
+    let third = f.collect().summary();
+    assert_eq!(container(pod(&third, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores, Some(250_000_000));
+
+    // The next periodic pass measures from the 10 s sample: 1 s of CPU in 10 s.
+    f.advance(Duration::from_millis(9800));
+    f.set_v1_cpu(&format!("{POD_CG}/c1"), 13_282_340 + 3_500_000_000);
+    let fourth = f.collect().summary();
+    assert_eq!(container(pod(&fourth, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores, Some(100_000_000));
+
+    // A counter that went back (the cgroup was recreated) restarts without a rate.
+    f.advance(Duration::from_secs(10));
+    f.set_v1_cpu(&format!("{POD_CG}/c1"), 1000);
+    let fifth = f.collect().summary();
+    assert_eq!(container(pod(&fifth, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores, None);
+}
+
+#[test]
+fn a_container_vanishing_between_passes_is_skipped() {
+    let mut f = v1_fixture();
+    assert_eq!(f.collect().pods[0].containers.len(), 3);
+    for h in ["cpuacct", "memory", "cpu", "pids", "unified"] {
+        let _ = std::fs::remove_dir_all(f.cg.join(h).join(POD_CG.trim_start_matches('/')).join("c2"));
+    }
+    let c = f.collect();
+    let names: Vec<&str> = c.pods[0].containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["app", "bare"]);
+}
+
+#[test]
+fn v2_numbers_psi_and_root_memory() {
+    let mut f = v2_fixture();
+    let c = f.collect();
+    let s = c.summary();
+
+    // Root: usage = anon + file, working set = usage - inactive_file.
+    let mem = s.node.memory.as_ref().unwrap();
+    assert_eq!(
+        (mem.usage_bytes, mem.working_set_bytes, mem.rss_bytes),
+        (Some(4_000_000), Some(2_000_000), Some(1_000_000))
+    );
+    assert_eq!(s.node.cpu.as_ref().unwrap().usage_core_nano_seconds, Some(50_000_000_000));
+
+    let pods = &s.node.system_containers[0];
+    assert_eq!(pods.memory.as_ref().unwrap().available_bytes, Some(25_276_514_304 - 1_900_000));
+
+    let p = pod(&s, "web");
+    assert_eq!(p.cpu.as_ref().unwrap().usage_core_nano_seconds, Some(35_392_000));
+    let pm = p.memory.as_ref().unwrap();
+    assert_eq!((pm.working_set_bytes, pm.page_faults, pm.available_bytes), (Some(811_008), Some(800), None));
+    let io = p.io.as_ref().unwrap();
+    assert_eq!(io.psi.as_ref().unwrap().some.avg60, 0.25);
+
+    let app = container(p, "app");
+    let m = app.memory.as_ref().unwrap();
+    assert_eq!((m.usage_bytes, m.working_set_bytes, m.rss_bytes), (Some(499_712), Some(499_712 - 4096), Some(53_248)));
+    assert_eq!(m.available_bytes, Some(268_435_456 - (499_712 - 4096)));
+    assert!(m.psi.is_some());
+    let swap = app.swap.as_ref().unwrap();
+    assert_eq!((swap.swap_usage_bytes, swap.swap_available_bytes), (Some(4096), Some(1_048_576 - 4096)));
+    assert!(app.io.is_some());
+
+    let raw = &c.pods[0].containers[0].stats;
+    let rm = raw.memory.as_ref().unwrap();
+    assert_eq!(
+        (rm.oom_kills, rm.max_usage, rm.cache, rm.mapped_file),
+        (Some(1), Some(600_000), Some(400_000), Some(8192))
+    );
+    let rc = raw.cpu.as_ref().unwrap();
+    assert_eq!((rc.total_ns, rc.user_ns, rc.system_ns), (13_282_000, Some(10_000_000), Some(3_282_000)));
+    assert_eq!(rc.throttling.map(|t| t.throttled_ns), Some(5_000_000));
+
+    // PSI JSON shape.
+    let json = serde_json::to_value(app).unwrap();
+    assert_eq!(
+        json["cpu"]["psi"]["some"],
+        serde_json::json!({"total": 123_456, "avg10": 1.5, "avg60": 0.25, "avg300": 0})
+    );
+    assert_eq!(json["io"]["psi"]["full"]["total"], 789);
+
+    assert_eq!(container(p, "sidecar").memory.as_ref().unwrap().working_set_bytes, Some(0));
+    let bare = container(p, "bare").memory.clone().unwrap();
+    assert_eq!((bare.working_set_bytes, bare.rss_bytes), (None, None));
+
+    // Rates on v2 too.
+    f.advance(Duration::from_secs(10));
+    write(&f.cg, &format!("{POD_CG}/c1/cpu.stat"), "usage_usec 1013282\n");
+    let s = f.collect().summary();
+    assert_eq!(container(pod(&s, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores, Some(100_000_000));
+}
+
+#[test]
+fn network_falls_back_to_a_container_process() {
+    let mut f = v1_fixture();
+    f.inventory.pods[0].sandbox_cgroup = None;
+    write(&f.proc_root, "4242/net/dev", NET_DEV);
+    let s = f.collect().summary();
+    assert_eq!(pod(&s, "web").network.as_ref().unwrap().default_interface.tx_bytes, Some(752));
+}
+
+#[test]
+fn cpu_and_memory_summary_keeps_only_cpu_memory_and_swap() {
+    let mut f = v1_fixture();
+    let s = f.collect().cpu_and_memory_summary();
+    let json = serde_json::to_value(&s).unwrap();
+    let node: BTreeSet<&str> = json["node"].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(node, BTreeSet::from(["nodeName", "systemContainers", "startTime", "cpu", "memory", "swap"]));
+    let pod = json["pods"][0].as_object().unwrap();
+    let keys: BTreeSet<&str> = pod.keys().map(String::as_str).collect();
+    assert_eq!(keys, BTreeSet::from(["podRef", "startTime", "containers", "cpu", "memory", "swap"]));
+    let c: BTreeSet<&str> = pod["containers"][0].as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(c, BTreeSet::from(["name", "startTime", "cpu", "memory", "swap"]));
+    assert!(json["node"]["io"].is_null() && json["pods"][0]["io"].is_null());
+    assert!(json["node"]["memory"]["psi"].is_object(), "PSI is part of the memory stats");
+}
+
+#[test]
+fn only_cpu_and_memory_query() {
+    assert!(only_cpu_and_memory(Some("only_cpu_and_memory=true")));
+    assert!(only_cpu_and_memory(Some("a=b&only_cpu_and_memory=true")));
+    assert!(!only_cpu_and_memory(Some("only_cpu_and_memory=True")));
+    assert!(!only_cpu_and_memory(Some("only_cpu_and_memory=true&only_cpu_and_memory=true")));
+    assert!(!only_cpu_and_memory(None));
+}
+
+#[test]
+fn go_float_formatting() {
+    let cases: [(f64, &str); 16] = [
+        (0.0, "0"),
+        (1.0, "1"),
+        (-1.0, "-1"),
+        (0.5, "0.5"),
+        (0.013_282_34, "0.01328234"),
+        (5_028.767_409_292, "5028.767409292"),
+        (123_456.0, "123456"),
+        (1_234_567.0, "1.234567e+06"),
+        (16_576_512.0, "1.6576512e+07"),
+        (1e8, "1e+08"),
+        (1_796_059_619.5, "1.7960596195e+09"),
+        (0.0001, "0.0001"),
+        (0.000_01, "1e-05"),
+        (1e100, "1e+100"),
+        (f64::INFINITY, "+Inf"),
+        (f64::NAN, "NaN"),
+    ];
+    for (v, want) in cases {
+        let mut s = String::new();
+        write_go_float(&mut s, v);
+        assert_eq!(s, want, "{v}");
+    }
+}
+
+/// One family of the text format: TYPE, HELP and its samples.
+#[derive(Debug, Default)]
+struct Parsed {
+    kind: String,
+    help: String,
+    samples: Vec<(BTreeMap<String, String>, String, Option<i64>)>,
+}
+
+fn parse_text(text: &str) -> BTreeMap<String, Parsed> {
+    let mut out: BTreeMap<String, Parsed> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            out.entry(name.to_owned()).or_default().help = help.to_owned();
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            out.entry(name.to_owned()).or_default().kind = kind.to_owned();
+        } else {
+            let (series, rest) = if let Some((name, rest)) = line.split_once('{') {
+                let (labels, rest) = rest.split_once('}').unwrap();
+                (name, (labels, rest.trim()))
+            } else {
+                let (name, rest) = line.split_once(' ').unwrap();
+                (name, ("", rest))
+            };
+            let labels = rest
+                .0
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(|l| {
+                    let (k, v) = l.split_once('=').unwrap();
+                    (k.to_owned(), v.trim_matches('"').to_owned())
+                })
+                .collect();
+            let mut fields = rest.1.split(' ');
+            let value = fields.next().unwrap().to_owned();
+            let ts = fields.next().map(|t| t.parse().unwrap());
+            out.get_mut(series)
+                .unwrap_or_else(|| panic!("sample before TYPE: {line}"))
+                .samples
+                .push((labels, value, ts));
+        }
+    }
+    out
+}
+
+fn rendered_after_two_passes() -> String {
+    let mut f = v1_fixture();
+    f.collect();
+    f.advance(Duration::from_secs(10));
+    f.collect().resource_metrics()
+}
+
+#[test]
+fn resource_metrics_match_the_kubelet_inventory() {
+    let text = rendered_after_two_passes();
+    let ours = parse_text(&text);
+    let mut reference: BTreeMap<String, (String, BTreeSet<String>, String)> = BTreeMap::new();
+    for line in RESOURCE_INVENTORY.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let labels = if cols[2] == "-" { BTreeSet::new() } else { cols[2].split(',').map(str::to_owned).collect() };
+        reference.insert(cols[0].to_owned(), (cols[1].to_owned(), labels, cols[4].to_owned()));
+    }
+    for (name, (kind, labels, help)) in &reference {
+        let f = ours.get(name).unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+        assert_eq!(&f.kind, kind, "TYPE of {name}");
+        assert_eq!(&f.help, help, "HELP of {name}");
+        assert!(!f.samples.is_empty(), "{name}");
+        for (l, _, _) in &f.samples {
+            let names: BTreeSet<String> = l.keys().cloned().collect();
+            assert_eq!(&names, labels, "labels of {name}");
+        }
+    }
+    // The only additions: the swap families of newer kubelets.
+    let extra: BTreeSet<&str> = ours.keys().filter(|k| !reference.contains_key(*k)).map(String::as_str).collect();
+    assert_eq!(extra, BTreeSet::from(["container_swap_usage_bytes", "node_swap_usage_bytes", "pod_swap_usage_bytes"]));
+    for name in &extra {
+        let family = resource_metrics::FAMILIES.iter().find(|f| f.name == *name).unwrap();
+        assert_eq!(ours[*name].kind, "gauge");
+        let labels: BTreeSet<String> = family.labels.iter().map(|s| (*s).to_owned()).collect();
+        for (l, _, _) in &ours[*name].samples {
+            assert_eq!(l.keys().cloned().collect::<BTreeSet<_>>(), labels);
+        }
+    }
+}
+
+#[test]
+fn resource_metrics_values_order_and_timestamps() {
+    let text = rendered_after_two_passes();
+    let ours = parse_text(&text);
+    // Families sorted by name.
+    let order: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()).collect();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(order, sorted);
+
+    // Containers sorted by label values (container first), vanished ones absent.
+    let cpu = &ours["container_cpu_usage_seconds_total"].samples;
+    let names: Vec<&str> = cpu.iter().map(|s| s.0["container"].as_str()).collect();
+    assert_eq!(names, ["app", "bare", "sidecar"]);
+    assert_eq!(cpu[0].0["pod"], "web");
+    assert_eq!(cpu[0].0["namespace"], "nodebench");
+    assert_eq!(cpu[0].1, "0.01328234");
+    // The second pass ran at T0+10s.123 (the test clock): milliseconds of the stats' time.
+    let ts = (T0 + 10) as i64 * 1000 + 123;
+    assert_eq!(cpu[0].2, Some(ts));
+
+    // bare has no working set: no sample rather than a zero.
+    let ws = &ours["container_memory_working_set_bytes"].samples;
+    let names: Vec<&str> = ws.iter().map(|s| s.0["container"].as_str()).collect();
+    assert_eq!(names, ["app", "sidecar"]);
+    assert_eq!(ws[0].1, "495616");
+
+    // Start times: seconds with the fraction, no timestamp.
+    let start = &ours["container_start_time_seconds"].samples;
+    assert_eq!(start[0].1, "1.7960596195e+09");
+    assert_eq!(start[0].2, None);
+
+    assert_eq!(ours["node_cpu_usage_seconds_total"].samples[0].1, "5028.767409292");
+    assert_eq!(ours["node_memory_working_set_bytes"].samples[0].1, "1.113534464e+09");
+    assert_eq!(ours["pod_memory_working_set_bytes"].samples[0].1, "811008");
+    assert_eq!(ours["scrape_error"].samples, vec![(BTreeMap::new(), "0".to_owned(), None)]);
+    assert!(text.contains("# HELP scrape_error [ALPHA] 1 if there was an error while getting container metrics, 0 otherwise\n# TYPE scrape_error gauge\nscrape_error 0\n"));
+}
+
+#[test]
+fn resource_metrics_without_a_summary_report_a_scrape_error() {
+    let text = resource_metrics::render(None);
+    assert_eq!(
+        text,
+        "# HELP scrape_error [ALPHA] 1 if there was an error while getting container metrics, 0 otherwise\n# TYPE scrape_error gauge\nscrape_error 1\n"
+    );
+}
+
+#[test]
+fn resource_metrics_escape_label_values() {
+    let mut s = Summary::default();
+    s.pods.push(summary::PodStats {
+        pod_ref: summary::PodReference {
+            name: "a\"b\\c".to_owned(),
+            namespace: "n\nx".to_owned(),
+            uid: "u".to_owned(),
+        },
+        memory: Some(summary::MemoryStats { working_set_bytes: Some(1), ..Default::default() }),
+        ..Default::default()
+    });
+    let text = resource_metrics::render(Some(&s));
+    assert!(text.contains("pod_memory_working_set_bytes{namespace=\"n\\nx\",pod=\"a\\\"b\\\\c\"} 1\n"), "{text}");
+}
+
+#[test]
+fn promtool_accepts_the_resource_metrics() {
+    let Ok(out) = std::process::Command::new("promtool").arg("--version").output() else {
+        eprintln!("promtool not installed: skipped");
+        return;
+    };
+    assert!(out.status.success());
+    let text = rendered_after_two_passes();
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check metrics failed:\n{stdout}{stderr}\n{text}");
+}
+
+/// Read-only: the node-level numbers of the machine running the tests, when it has a
+/// cgroup filesystem.
+#[test]
+fn reads_the_real_host() {
+    let Ok(hierarchies) = CgroupHierarchies::detect(Path::new("/sys/fs/cgroup")) else {
+        eprintln!("no cgroup filesystem: skipped");
+        return;
+    };
+    let mut config = CollectorConfig::new(hierarchies);
+    config.rate_min_window = Duration::ZERO;
+    let mut collector = Collector::new(config);
+    let inventory =
+        Inventory { node_name: "host".to_owned(), root_fs_path: PathBuf::from("/"), ..Inventory::default() };
+    collector.collect(&inventory);
+    std::thread::sleep(Duration::from_millis(50));
+    let s = collector.collect(&inventory).summary();
+    let cpu = s.node.cpu.as_ref().unwrap();
+    assert!(cpu.usage_core_nano_seconds.unwrap() > 0);
+    assert!(cpu.usage_nano_cores.is_some());
+    let mem = s.node.memory.as_ref().unwrap();
+    assert!(mem.working_set_bytes.unwrap() > 0 && mem.working_set_bytes <= mem.usage_bytes);
+    assert!(mem.available_bytes.is_some());
+    assert!(s.node.fs.as_ref().unwrap().capacity_bytes.unwrap() > 0);
+    assert!(s.node.rlimit.as_ref().unwrap().max_pid.unwrap() > 0);
+    assert!(!s.node.start_time.is_zero());
+    assert!(s.node.network.is_some());
+}
