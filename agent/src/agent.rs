@@ -111,6 +111,78 @@ impl HealthCheck for PlegHealth {
     }
 }
 
+/// The stats provider, or `None` when the cgroup hierarchies cannot be found (the stats
+/// endpoints then say so).
+fn stats_provider(
+    cfg: &Config,
+    kc: &crate::config::KubeletConfiguration,
+    rt: Arc<dyn RuntimeService>,
+    pods: PodManager,
+    cm: Arc<dyn PodContainerManager>,
+) -> Option<Arc<crate::stats::provider::StatsProvider>> {
+    use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
+    let hierarchies = match CgroupHierarchies::detect(std::path::Path::new("/sys/fs/cgroup")) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "no cgroup hierarchies for stats; /stats/summary and /metrics/resource are off");
+            return None;
+        }
+    };
+    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
+    let settings = crate::stats::provider::StatsSettings {
+        node_name: cfg.node_name.clone(),
+        root_dir: cfg.root_dir.clone(),
+        pod_logs_dir: kc.pod_logs_dir.clone().into(),
+        pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
+    };
+    let collector = Collector::new(CollectorConfig::new(hierarchies));
+    Some(Arc::new(crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm)))
+}
+
+type StatsState = Option<Arc<crate::stats::provider::StatsProvider>>;
+
+/// `/stats/summary[?only_cpu_and_memory=true]`.
+async fn summary_handler(
+    axum::extract::State(stats): axum::extract::State<StatsState>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let unavailable = |why: String| (http::StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    let Some(stats) = stats else { return unavailable("stats are not available on this node\n".into()) };
+    match stats.collection().await {
+        Ok(c) => {
+            let summary = if crate::stats::only_cpu_and_memory(query.as_deref()) {
+                c.cpu_and_memory_summary()
+            } else {
+                c.summary()
+            };
+            Json(summary).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "collecting stats");
+            (http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed to get node info: {e}\n")).into_response()
+        }
+    }
+}
+
+/// `/metrics/resource`: `scrape_error 1` when the stats cannot be collected.
+async fn resource_metrics_handler(
+    axum::extract::State(stats): axum::extract::State<StatsState>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let text = match &stats {
+        Some(s) => match s.collection().await {
+            Ok(c) => c.resource_metrics(),
+            Err(e) => {
+                tracing::warn!(error = %e, "collecting stats");
+                crate::stats::resource_metrics::render(None)
+            }
+        },
+        None => crate::stats::resource_metrics::render(None),
+    };
+    ([(http::header::CONTENT_TYPE, crate::stats::resource_metrics::CONTENT_TYPE)], text).into_response()
+}
+
 /// Publishes what the evented PLEG observed on the node event API, with the pod's and
 /// container's names.
 fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> ObservedSink {
@@ -386,6 +458,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     });
 
     let events_view = memory_events.clone();
+    let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone());
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),
@@ -400,7 +473,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 Json(serde_json::json!({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items}))
             }
         }),
-    );
+    )
+    .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
+    .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source));
     let server = Server::new(ServerSettings::from_config(&cfg)?, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);

@@ -371,6 +371,44 @@ async fn healthz_pods_and_metrics_are_served() -> Result<()> {
         assert!(sum > 0.0 && sum < 120.0, "{family}_sum {sum}");
     }
     assert!(agent.metric("kubelet_pod_start_duration_seconds_count").await? >= 2.0);
+
+    // /stats/summary and /metrics/resource from the cgroups of the running pods.
+    let (code, body) = agent.get("/stats/summary").await?;
+    assert_eq!(code, 200, "{body}");
+    let summary: Value = serde_json::from_str(&body)?;
+    assert_eq!(summary["node"]["nodeName"], "e2e-node");
+    assert!(summary["node"]["memory"]["workingSetBytes"].as_u64().unwrap_or(0) > 0, "{}", summary["node"]);
+    for name in ["one", "two"] {
+        let pod = summary["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["podRef"]["name"] == format!("{name}-e2e-node"))
+            .unwrap_or_else(|| panic!("{name} in the summary: {body}"));
+        let c = &pod["containers"][0];
+        assert_eq!(c["name"], "main");
+        assert!(c["memory"]["workingSetBytes"].as_u64().unwrap_or(0) > 0, "{c}");
+        assert!(c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap_or(0) > 0, "{c}");
+        assert!(pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0) > 0, "{pod}");
+    }
+    let (code, resource) = agent.get("/metrics/resource").await?;
+    assert_eq!(code, 200);
+    assert!(
+        resource.lines().any(|l| l.starts_with(
+            "container_memory_working_set_bytes{container=\"main\",namespace=\"default\",pod=\"one-e2e-node\"}"
+        )),
+        "{resource}"
+    );
+    assert!(resource.contains("scrape_error 0"), "{resource}");
+    let file = agent.dir.path().join("resource.txt");
+    std::fs::write(&file, &resource)?;
+    let out = std::process::Command::new("promtool")
+        .arg("check")
+        .arg("metrics")
+        .stdin(std::fs::File::open(&file)?)
+        .output()?;
+    let complaints = String::from_utf8_lossy(&out.stderr);
+    assert!(!complaints.lines().any(|l| l.contains("error") || l.contains("parse")), "promtool: {complaints}");
     agent.shutdown(&cri).await
 }
 

@@ -48,6 +48,7 @@ pub mod cgroup;
 pub mod collector;
 pub mod fs;
 pub mod procfs;
+pub mod provider;
 pub mod resource_metrics;
 pub mod summary;
 
