@@ -579,3 +579,130 @@ async fn evented_pleg_misses_nothing_under_churn() -> Result<()> {
     assert!(repairs < 0.5, "the relist repaired {repairs} changes the kernel path missed:\n{}", repaired.join("\n"));
     agent.shutdown(&cri).await
 }
+
+/// Debian's Prometheus scrapes the agent's metrics endpoints (HTTPS, as a real setup
+/// would) while a busy container burns CPU and a memory hog fills 48 MiB of its `/dev/shm`;
+/// `PromQL` then sees the CPU rate, a working set that matches the hog's cgroup within 10 %,
+/// and one pod start SLI observation per started pod.
+#[tokio::test]
+async fn prometheus_scrapes_every_endpoint() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(EVENTED).await?;
+    let limits = "    resources:\n      limits:\n        cpu: 100m\n";
+    agent.write_manifest(
+        "busy.yaml",
+        &pod_yaml("busy", "Always", "trap 'exit 0' TERM; while true; do :; done", limits),
+    )?;
+    let hog_script =
+        "dd if=/dev/zero of=/dev/shm/hog bs=1M count=48 2>/dev/null; trap 'exit 0' TERM; while true; do sleep 1; done";
+    agent.write_manifest("hog.yaml", &pod_yaml("hog", "Always", hog_script, ""))?;
+    agent.wait_pod("busy", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let hog = agent.wait_pod("hog", Duration::from_mins(1), |p| running(p, "main")).await?;
+
+    let dir = agent.dir.path().join("prometheus");
+    std::fs::create_dir_all(&dir)?;
+    let mut config = String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
+    for (job, path) in [("kubelet", "/metrics"), ("resource", "/metrics/resource"), ("probes", "/metrics/probes")] {
+        writeln!(
+            config,
+            "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['127.0.0.1:{}']",
+            agent.https_port
+        )?;
+    }
+    std::fs::write(dir.join("prometheus.yml"), &config)?;
+    let web = swiftlet_tests::free_port()?;
+    let mut prometheus = std::process::Command::new("prometheus")
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log"))?)
+        .spawn()?;
+    let result = async {
+        let client = reqwest::Client::new();
+        let query = |q: String| {
+            let client = client.clone();
+            async move {
+                let v: Value = client
+                    .get(format!("http://127.0.0.1:{web}/api/v1/query"))
+                    .query(&[("query", q.as_str())])
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                anyhow::Ok(
+                    v["data"]["result"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|r| r["value"][1].as_str().and_then(|s| s.parse::<f64>().ok()))
+                        .collect::<Vec<f64>>(),
+                )
+            }
+        };
+        let eventually = |what: &'static str, q: String, ok: fn(&[f64]) -> bool| {
+            let query = &query;
+            async move {
+                let deadline = std::time::Instant::now() + Duration::from_mins(1);
+                loop {
+                    let got = query(q.clone()).await.unwrap_or_default();
+                    if ok(&got) {
+                        return anyhow::Ok(got);
+                    }
+                    anyhow::ensure!(std::time::Instant::now() < deadline, "{what}: {q} gave {got:?}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
+        eventually("every endpoint scraped", "sum(up)".into(), |v| v.first().is_some_and(|x| *x >= 3.0)).await?;
+        eventually(
+            "the busy container's CPU rate",
+            "rate(container_cpu_usage_seconds_total{pod=\"busy-e2e-node\",container=\"main\"}[5s])".into(),
+            |v| v.first().is_some_and(|x| *x > 0.0),
+        )
+        .await?;
+        eventually("one SLI observation per started pod", "kubelet_pod_start_sli_duration_seconds_count".into(), |v| {
+            v.first().is_some_and(|x| (*x - 2.0).abs() < f64::EPSILON)
+        })
+        .await?;
+        let ws = eventually(
+            "the hog's working set",
+            "container_memory_working_set_bytes{pod=\"hog-e2e-node\",container=\"main\"}".into(),
+            |v| v.first().is_some_and(|x| *x > 40.0 * 1024.0 * 1024.0),
+        )
+        .await?[0];
+        // What the hog's memory cgroup itself says now.
+        let uid = hog["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let id = cri.containers(&uid).await?.into_iter().find(|c| c.state == 1).map(|c| c.id).unwrap_or_default();
+        let cgroup = format!("{}/kubepods/besteffort/pod{uid}/{id}", agent.cgroup_root.trim_start_matches('/'));
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory").join(&cgroup);
+        let (usage, stat, inactive_key) = if v1.exists() {
+            (
+                std::fs::read_to_string(v1.join("memory.usage_in_bytes"))?,
+                std::fs::read_to_string(v1.join("memory.stat"))?,
+                "total_inactive_file",
+            )
+        } else {
+            let v2 = std::path::Path::new("/sys/fs/cgroup").join(&cgroup);
+            (
+                std::fs::read_to_string(v2.join("memory.current"))?,
+                std::fs::read_to_string(v2.join("memory.stat"))?,
+                "inactive_file",
+            )
+        };
+        let inactive: f64 =
+            stat.lines().find_map(|l| l.strip_prefix(inactive_key).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0);
+        let truth = usage.trim().parse::<f64>()? - inactive;
+        anyhow::ensure!((ws - truth).abs() <= truth * 0.10, "working set {ws} vs the cgroup's {truth}");
+        anyhow::Ok(())
+    }
+    .await;
+    // Stop our own Prometheus (by pid) whatever happened.
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    result.map_err(|e| {
+        let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+        anyhow::anyhow!("{e}\nprometheus log:\n{}", swiftlet_tests::tail(&log, 20))
+    })?;
+    agent.shutdown(&cri).await
+}
