@@ -464,6 +464,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         Arc::new(registry),
     )
     .health_check(pleg_health.clone())
+    .http_metrics(metrics.clone())
     .metrics_endpoint("/metrics/probes", prober_metrics.registry())
     .route(
         "/events",

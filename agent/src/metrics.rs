@@ -87,6 +87,15 @@ pub fn image_size_bucket(bytes: u64) -> &'static str {
     BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
 }
 
+/// Label set of the `kubelet_http_*` families.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub path: String,
+    pub server_type: String,
+    pub long_running: String,
+}
+
 /// Label set `runtime_handler` of `kubelet_run_podsandbox_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuntimeHandlerLabels {
@@ -179,6 +188,10 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
     pub pod_status_sync_duration: Histogram,
+    /// Requests to the HTTPS API, in flight, and their durations.
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_inflight_requests: Family<HttpLabels, Gauge>,
+    pub http_requests_duration: HistogramFamily<HttpLabels>,
     /// `RunPodSandbox` durations by runtime handler (`""`: the default).
     pub run_podsandbox_duration: HistogramFamily<RuntimeHandlerLabels>,
     /// Lifecycle `httpGet` hooks that fell back from HTTPS to HTTP.
@@ -233,6 +246,9 @@ impl KubeletMetrics {
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
             pod_status_sync_duration: def_histogram(),
+            http_requests: Family::default(),
+            http_inflight_requests: Family::default(),
+            http_requests_duration: Family::new_with_constructor(def_histogram),
             run_podsandbox_duration: Family::new_with_constructor(def_histogram),
             lifecycle_handler_http_fallbacks: Counter::default(),
             image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
@@ -385,6 +401,21 @@ impl KubeletMetrics {
             self.pod_status_sync_duration.clone(),
         );
         r.register(
+            "kubelet_http_requests",
+            "[ALPHA] Number of the http requests received since the server started",
+            self.http_requests.clone(),
+        );
+        r.register(
+            "kubelet_http_inflight_requests",
+            "[ALPHA] Number of the inflight http requests",
+            self.http_inflight_requests.clone(),
+        );
+        r.register(
+            "kubelet_http_requests_duration_seconds",
+            "[ALPHA] Duration in seconds to serve http requests",
+            self.http_requests_duration.clone(),
+        );
+        r.register(
             "kubelet_run_podsandbox_duration_seconds",
             "[ALPHA] Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler",
             self.run_podsandbox_duration.clone(),
@@ -482,9 +513,6 @@ mod tests {
         ("kubelet_evented_pleg_connection_success_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_graceful_shutdown_end_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_graceful_shutdown_start_time_seconds", "no graceful node shutdown yet"),
-        ("kubelet_http_inflight_requests", "HTTP server instrumentation not yet"),
-        ("kubelet_http_requests_duration_seconds", "HTTP server instrumentation not yet"),
-        ("kubelet_http_requests_total", "HTTP server instrumentation not yet"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
         ("kubelet_mirror_pods", "not counted yet"),
         ("kubelet_orphan_pod_cleaned_volumes", "not counted yet"),
@@ -548,6 +576,15 @@ mod tests {
                 r#static: "false".into(),
             })
             .set(1);
+        let http = HttpLabels {
+            method: "GET".into(),
+            path: "pods".into(),
+            server_type: "readwrite".into(),
+            long_running: "false".into(),
+        };
+        m.http_requests.get_or_create(&http).inc();
+        m.http_inflight_requests.get_or_create(&http).set(0);
+        m.http_requests_duration.get_or_create(&http).observe(0.01);
         m.run_podsandbox_duration.get_or_create(&RuntimeHandlerLabels { runtime_handler: String::new() }).observe(0.5);
         m.image_pull_duration.get_or_create(&ImageSizeLabels { image_size_in_bytes: "0-10MB".into() }).observe(1.0);
         let mut ours = String::new();

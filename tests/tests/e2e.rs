@@ -364,6 +364,13 @@ async fn healthz_pods_and_metrics_are_served() -> Result<()> {
         assert!(metrics.contains(family), "missing {family}");
     }
     assert!(metrics.contains("operation_type=\"list_podsandbox\""));
+    // Requests to the API are counted by root path (this one's `/metrics` scrape at least).
+    assert!(
+        metrics.lines().any(|l| l.starts_with("kubelet_http_requests_total{")
+            && l.contains("path=\"metrics\"")
+            && l.contains("server_type=\"readwrite\"")),
+        "kubelet_http_requests_total"
+    );
     // promtool accepts the exposition format.
     promtool_accepts(&agent, "metrics.txt", &metrics)?;
     // The pod startup SLI: one observation per started pod (standalone: when the status

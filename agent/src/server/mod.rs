@@ -210,6 +210,7 @@ pub struct Endpoints {
     health_checks: Vec<Arc<dyn HealthCheck>>,
     authorizer: Option<Arc<dyn Authorizer>>,
     routes: Router,
+    http_metrics: Option<Arc<crate::metrics::KubeletMetrics>>,
 }
 
 impl std::fmt::Debug for Endpoints {
@@ -230,7 +231,15 @@ impl Endpoints {
             health_checks: Vec::new(),
             authorizer: None,
             routes: Router::new(),
+            http_metrics: None,
         }
+    }
+
+    /// Counts every request to the HTTPS API in `kubelet_http_*` of `metrics`.
+    #[must_use]
+    pub fn http_metrics(mut self, metrics: Arc<crate::metrics::KubeletMetrics>) -> Self {
+        self.http_metrics = Some(metrics);
+        self
     }
 
     /// Adds a check to both `/healthz` endpoints (after the built-in `ping`).
@@ -304,8 +313,13 @@ impl Server {
                     authorizer,
                 };
                 let tls = Arc::new(tls::server_config(&tls_settings)?);
-                let router = https_router(configz, endpoints, &healthz)
+                let http_metrics = endpoints.http_metrics.clone();
+                let mut router = https_router(configz, endpoints, &healthz)
                     .layer(middleware::from_fn_with_state(auth, auth::filter));
+                // Outermost, as upstream counts in ServeHTTP before any filter.
+                if let Some(m) = http_metrics {
+                    router = router.layer(middleware::from_fn_with_state(m, count_requests));
+                }
                 Some(HttpsListener { listener: bind(HTTPS_API, addr)?, tls, router })
             }
         };
@@ -428,6 +442,85 @@ fn https_router(configz: serde_json::Value, endpoints: Endpoints, healthz: &heal
         router = router.route(&path, get(metrics).with_state(registry));
     }
     router.merge(endpoints.routes).fallback(not_found)
+}
+
+/// Upstream `getURLRootPath`: `metrics/<x>` for metrics paths, else the first segment.
+fn url_root_path(path: &str) -> String {
+    let mut parts = path.trim_start_matches('/').splitn(3, '/');
+    let first = parts.next().unwrap_or_default();
+    match (first, parts.next()) {
+        ("metrics", Some(second)) => format!("metrics/{second}"),
+        _ => first.to_string(),
+    }
+}
+
+/// The `path` label: a path the server serves, else `other` (upstream
+/// `getMetricBucket`, which keeps the label's values bounded).
+fn metric_path_bucket(path: &str) -> String {
+    const KNOWN: &[&str] = &[
+        "pods",
+        "runningpods",
+        "stats",
+        "metrics",
+        "metrics/cadvisor",
+        "metrics/probes",
+        "metrics/resource",
+        "healthz",
+        "configz",
+        "events",
+        "logs",
+        "containerLogs",
+        "exec",
+        "attach",
+        "portForward",
+        "run",
+        "debug",
+        "checkpoint",
+        "spec",
+    ];
+    let root = url_root_path(path);
+    if KNOWN.contains(&root.as_str()) { root } else { "other".into() }
+}
+
+/// Upstream `getMetricMethodBucket`: the standard methods, else `other`.
+fn metric_method_bucket(method: &http::Method) -> String {
+    const KNOWN: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"];
+    if KNOWN.contains(&method.as_str()) { method.as_str().to_string() } else { "other".into() }
+}
+
+/// Takes a request out of the in-flight gauge however its handler ends (a client that
+/// goes away drops the future).
+struct InFlight(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// `kubelet_http_requests_total`, `kubelet_http_inflight_requests` and
+/// `kubelet_http_requests_duration_seconds` of every request (upstream `ServeHTTP`).
+async fn count_requests(
+    State(metrics): State<Arc<crate::metrics::KubeletMetrics>>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let path = metric_path_bucket(request.uri().path());
+    let long_running = ["exec", "attach", "portforward", "debug"].contains(&path.as_str());
+    let labels = crate::metrics::HttpLabels {
+        method: metric_method_bucket(request.method()),
+        path,
+        server_type: "readwrite".into(),
+        long_running: long_running.to_string(),
+    };
+    metrics.http_requests.get_or_create(&labels).inc();
+    let gauge = metrics.http_inflight_requests.get_or_create(&labels).clone();
+    gauge.inc();
+    let _in_flight = InFlight(gauge);
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    metrics.http_requests_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+    response
 }
 
 async fn serve_configz(State(document): State<Arc<serde_json::Value>>) -> Response {

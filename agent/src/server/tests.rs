@@ -597,3 +597,17 @@ async fn shutdown_before_serving_still_returns() {
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), server.run(shutdown)).await.expect("run returns").unwrap();
 }
+
+#[test]
+fn request_metric_labels_follow_upstream() {
+    assert_eq!(super::url_root_path("/metrics/cadvisor"), "metrics/cadvisor");
+    assert_eq!(super::url_root_path("/metrics"), "metrics");
+    assert_eq!(super::url_root_path("/stats/summary"), "stats");
+    assert_eq!(super::url_root_path("/containerLogs/ns/pod/c"), "containerLogs");
+    assert_eq!(super::metric_path_bucket("/pods"), "pods");
+    assert_eq!(super::metric_path_bucket("/metrics/resource"), "metrics/resource");
+    assert_eq!(super::metric_path_bucket("/no/such/thing"), "other");
+    assert_eq!(super::metric_path_bucket("/metrics/nope"), "other");
+    assert_eq!(super::metric_method_bucket(&http::Method::GET), "GET");
+    assert_eq!(super::metric_method_bucket(&http::Method::from_bytes(b"BREW").unwrap()), "other");
+}
