@@ -500,6 +500,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 update_tx.clone(),
                 mirrors.clone(),
                 startup.clone(),
+                metrics.clone(),
                 shutdown.clone(),
             )
             .instrument(tracing::info_span!("api_pods")),

@@ -188,6 +188,8 @@ pub struct KubeletMetrics {
     pub node_name: Family<NodeLabels, Gauge>,
     pub containers_per_pod: Histogram,
     pub pod_status_sync_duration: Histogram,
+    /// Mirror pods seen on the API watch.
+    pub mirror_pods: Gauge,
     /// Requests to the HTTPS API, in flight, and their durations.
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_inflight_requests: Family<HttpLabels, Gauge>,
@@ -246,6 +248,7 @@ impl KubeletMetrics {
             // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
             containers_per_pod: Histogram::new(exponential_buckets(1.0, 2.0, 5)),
             pod_status_sync_duration: def_histogram(),
+            mirror_pods: Gauge::default(),
             http_requests: Family::default(),
             http_inflight_requests: Family::default(),
             http_requests_duration: Family::new_with_constructor(def_histogram),
@@ -401,6 +404,11 @@ impl KubeletMetrics {
             self.pod_status_sync_duration.clone(),
         );
         r.register(
+            "kubelet_mirror_pods",
+            "[ALPHA] The number of mirror pods the kubelet will try to create (one per admitted static pod)",
+            self.mirror_pods.clone(),
+        );
+        r.register(
             "kubelet_http_requests",
             "[ALPHA] Number of the http requests received since the server started",
             self.http_requests.clone(),
@@ -514,7 +522,6 @@ mod tests {
         ("kubelet_graceful_shutdown_end_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_graceful_shutdown_start_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
-        ("kubelet_mirror_pods", "not counted yet"),
         ("kubelet_orphan_pod_cleaned_volumes", "not counted yet"),
         ("kubelet_orphan_pod_cleaned_volumes_errors", "not counted yet"),
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),

@@ -187,6 +187,11 @@ async fn static_pods_get_mirror_pods() -> Result<()> {
     let ann = mirror.metadata.annotations.clone().unwrap_or_default();
     assert!(ann.contains_key("kubernetes.io/config.mirror"), "{ann:?}");
     assert_eq!(mirror.metadata.owner_references.unwrap()[0].kind, "Node");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.metric("kubelet_mirror_pods").await? < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "kubelet_mirror_pods did not count the mirror pod");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Deleted by someone: recreated.
     api.delete::<Pod>(Some("default"), &name, Some(0))?;
     api.wait_for::<Pod>(Some("default"), &name, Duration::from_secs(30), |p| p.is_none()).await?;

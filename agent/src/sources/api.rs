@@ -42,6 +42,7 @@ pub async fn run(
     tx: mpsc::Sender<PodUpdate>,
     mirrors: crate::mirror::MirrorStore,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
+    metrics: Arc<crate::metrics::KubeletMetrics>,
     shutdown: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
@@ -96,6 +97,8 @@ pub async fn run(
             }
         };
         if changed {
+            let mirror_count = pods.values().filter(|p| is_mirror_pod(p)).count();
+            metrics.mirror_pods.set(i64::try_from(mirror_count).unwrap_or(i64::MAX));
             *mirrors.write().unwrap() = pods
                 .values()
                 .filter(|p| is_mirror_pod(p))
