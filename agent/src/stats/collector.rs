@@ -264,6 +264,8 @@ pub struct ContainerSample {
     pub image: String,
     /// Creation time.
     pub start_time: Option<SystemTime>,
+    /// Its cgroup path (from the inventory).
+    pub cgroup: String,
     /// Its cgroup.
     pub stats: CgroupStats,
     /// The writable layer, when its directory is known.
@@ -298,6 +300,8 @@ pub struct PodSample {
     pub namespace: String,
     /// Sandbox creation time.
     pub start_time: Option<SystemTime>,
+    /// The pod cgroup's path (from the inventory).
+    pub cgroup: String,
     /// The pod cgroup, `None` if it could not be read.
     pub stats: Option<CgroupStats>,
     /// The pod's network namespace.
@@ -530,6 +534,7 @@ impl Collector {
                 id: c.id.clone(),
                 image: c.image.clone(),
                 start_time: c.start_time,
+                cgroup: c.cgroup.clone(),
                 stats,
                 rootfs,
                 logs,
@@ -582,6 +587,7 @@ impl Collector {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             start_time: pod.start_time,
+            cgroup: pod.cgroup.clone(),
             stats,
             network,
             containers,

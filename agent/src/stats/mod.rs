@@ -19,6 +19,7 @@
 //! 4. `/metrics/resource`: [`Collection::resource_metrics`] (or
 //!    [`resource_metrics::render`]`(None)` when no collection is available, which reports
 //!    `scrape_error 1`), served as [`resource_metrics::CONTENT_TYPE`].
+//! 5. `/metrics/cadvisor`: [`Collection::cadvisor_metrics`] ([`cadvisor`]).
 //!
 //! # Upstream behaviour kept
 //! Upstream (1.28, containerd) takes container CPU/memory from cAdvisor's cgroup reads,
@@ -44,6 +45,7 @@
 //!   filled.
 
 pub mod build;
+pub mod cadvisor;
 pub mod cgroup;
 pub mod collector;
 pub mod fs;
@@ -81,6 +83,13 @@ impl Collection {
     #[must_use]
     pub fn resource_metrics(&self) -> String {
         resource_metrics::render(Some(&self.cpu_and_memory_summary()))
+    }
+
+    /// The `/metrics/cadvisor` text ([`cadvisor::render`]; machine facts read from the
+    /// host), served as [`cadvisor::CONTENT_TYPE`].
+    #[must_use]
+    pub fn cadvisor_metrics(&self) -> String {
+        cadvisor::render(self)
     }
 }
 

@@ -78,7 +78,7 @@ pub fn write_go_float(out: &mut String, v: f64) {
 }
 
 /// Escapes a label value (`\`, `"`, newline).
-fn escape_label(out: &mut String, v: &str) {
+pub(crate) fn escape_label(out: &mut String, v: &str) {
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -90,7 +90,7 @@ fn escape_label(out: &mut String, v: &str) {
 }
 
 /// Escapes a help text (`\`, newline).
-fn escape_help(out: &mut String, v: &str) {
+pub(crate) fn escape_help(out: &mut String, v: &str) {
     for c in v.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

@@ -17,6 +17,7 @@ use super::*;
 
 const SUMMARY_SAMPLE: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/summary-sample.json");
 const RESOURCE_INVENTORY: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/metrics-resource.txt");
+const CADVISOR_INVENTORY: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/metrics-cadvisor.txt");
 
 const POD_UID: &str = "fcda0808-b6d1-42dd-b8ec-a4159717362c";
 const POD_CG: &str = "/kubepods/burstable/podfcda0808-b6d1-42dd-b8ec-a4159717362c";
@@ -996,4 +997,194 @@ fn reads_the_real_host() {
     assert!(s.node.rlimit.as_ref().unwrap().max_pid.unwrap() > 0);
     assert!(!s.node.start_time.is_zero());
     assert!(s.node.network.is_some());
+}
+
+fn cadvisor_machine() -> cadvisor::MachineInfo {
+    cadvisor::MachineInfo {
+        boot_id: "b00t".to_owned(),
+        machine_id: "m4ch1ne".to_owned(),
+        system_uuid: String::new(),
+        cpu_cores: Some(4),
+        cpu_physical_cores: Some(2),
+        cpu_sockets: Some(1),
+        kernel_version: "6.1.0".to_owned(),
+        os_version: "Debian GNU/Linux 12 (bookworm)".to_owned(),
+    }
+}
+
+fn cadvisor_after_two_passes() -> (Collection, String) {
+    let mut f = v1_fixture();
+    f.collect();
+    f.advance(Duration::from_secs(10));
+    let c = f.collect();
+    let text = cadvisor::render_with(&c, &cadvisor_machine());
+    (c, text)
+}
+
+/// The 1.28 inventory: family -> (TYPE, label names, HELP).
+fn cadvisor_reference() -> BTreeMap<String, (String, BTreeSet<String>, String)> {
+    let mut reference = BTreeMap::new();
+    for line in CADVISOR_INVENTORY.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let labels = if cols[2] == "-" { BTreeSet::new() } else { cols[2].split(',').map(str::to_owned).collect() };
+        reference.insert(cols[0].to_owned(), (cols[1].to_owned(), labels, cols[4].to_owned()));
+    }
+    reference
+}
+
+#[test]
+fn cadvisor_families_match_the_kubelet_inventory() {
+    let reference = cadvisor_reference();
+    let (_, text) = cadvisor_after_two_passes();
+    let ours = parse_text(&text);
+    for family in &cadvisor::FAMILIES {
+        let (kind, labels, help) = reference.get(family.name).unwrap_or_else(|| panic!("{} not upstream", family.name));
+        assert_eq!(family.kind, kind, "TYPE of {}", family.name);
+        assert_eq!(family.help, help, "HELP of {}", family.name);
+        let declared: BTreeSet<String> = family.labels.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(&declared, labels, "labels of {}", family.name);
+        let f = ours.get(family.name).unwrap_or_else(|| panic!("{} not announced:\n{text}", family.name));
+        assert_eq!(&f.kind, kind);
+        assert_eq!(&f.help, help);
+        for (l, _, _) in &f.samples {
+            assert_eq!(&l.keys().cloned().collect::<BTreeSet<_>>(), labels, "labels of {}", family.name);
+        }
+    }
+    // Every announced family is in the table.
+    assert_eq!(ours.len(), cadvisor::FAMILIES.len());
+}
+
+#[test]
+fn cadvisor_rendered_and_left_out_families_cover_the_inventory() {
+    let reference: BTreeSet<String> = cadvisor_reference().into_keys().collect();
+    let rendered: BTreeSet<String> = cadvisor::FAMILIES.iter().map(|f| f.name.to_owned()).collect();
+    let left_out: BTreeSet<String> = cadvisor::NOT_RENDERED.iter().map(|(n, _)| (*n).to_owned()).collect();
+    assert!(rendered.is_disjoint(&left_out), "{:?}", rendered.intersection(&left_out).collect::<Vec<_>>());
+    assert_eq!(left_out.len(), cadvisor::NOT_RENDERED.len(), "duplicates in NOT_RENDERED");
+    assert!(cadvisor::NOT_RENDERED.iter().all(|(_, why)| !why.is_empty()));
+    let union: BTreeSet<String> = rendered.union(&left_out).cloned().collect();
+    assert_eq!(union, reference);
+}
+
+#[test]
+fn cadvisor_values_labels_and_timestamps() {
+    let (c, text) = cadvisor_after_two_passes();
+    let ours = parse_text(&text);
+    let order: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()).collect();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(order, sorted);
+
+    let pod = &c.pods[0];
+    let app = pod.containers.iter().find(|c| c.name == "app").unwrap();
+    let find = |family: &str, container: &str, id: &str| {
+        ours[family]
+            .samples
+            .iter()
+            .find(|s| s.0["container"] == container && s.0["id"] == id)
+            .unwrap_or_else(|| panic!("{family} {container} {id}:\n{text}"))
+            .clone()
+    };
+    let ts = (T0 + 10) as i64 * 1000 + 123;
+
+    let ws = find("container_memory_working_set_bytes", "app", &app.cgroup);
+    assert_eq!(ws.1, "495616");
+    assert_eq!(ws.2, Some(ts));
+    assert_eq!(ws.0["pod"], "web");
+    assert_eq!(ws.0["namespace"], "nodebench");
+    assert_eq!(ws.0["name"], app.id);
+    assert_eq!(ws.0["image"], app.image);
+
+    let cpu = find("container_cpu_usage_seconds_total", "app", &app.cgroup);
+    assert_eq!(cpu.0["cpu"], "total");
+    assert_eq!(cpu.1, "0.01328234");
+    assert_eq!(cpu.2, Some(ts));
+
+    // The pod cgroup row: pod and namespace, no container, image or name.
+    let pod_ws = find("container_memory_working_set_bytes", "", POD_CG);
+    assert_eq!(pod_ws.1, "811008");
+    assert_eq!((pod_ws.0["pod"].as_str(), pod_ws.0["name"].as_str(), pod_ws.0["image"].as_str()), ("web", "", ""));
+    // Network on the pod row, per interface.
+    let rx: Vec<(String, String)> = ours["container_network_receive_bytes_total"]
+        .samples
+        .iter()
+        .filter(|s| s.0["id"] == POD_CG)
+        .map(|s| (s.0["interface"].clone(), s.1.clone()))
+        .collect();
+    assert!(rx.contains(&("eth0".to_owned(), "1296".to_owned())), "{rx:?}");
+
+    // The root row.
+    let root = find("container_cpu_usage_seconds_total", "", "/");
+    assert_eq!(root.1, "5028.767409292");
+    assert_eq!(root.0["pod"], "");
+
+    // Spec and start time: no timestamp.
+    let start = find("container_start_time_seconds", "app", &app.cgroup);
+    assert_eq!(start.1, "1.7960596195e+09");
+    assert_eq!(start.2, None);
+
+    // Machine families.
+    let cores = &ours["machine_cpu_cores"].samples;
+    assert_eq!(cores.len(), 1);
+    assert_eq!(cores[0].0["boot_id"], "b00t");
+    assert_eq!(cores[0].0["system_uuid"], "");
+    assert_eq!(cores[0].1, "4");
+    assert_eq!(ours["machine_memory_bytes"].samples[0].1, "2.5769803776e+10");
+    assert!(text.contains("\ncontainer_scrape_error 0\n"));
+    assert!(text.contains("\nmachine_scrape_error 0\n"));
+    assert!(text.contains("cadvisor_version_info{cadvisorRevision=\"\",cadvisorVersion=\"\",dockerVersion=\"\",kernelVersion=\"6.1.0\",osVersion=\"Debian GNU/Linux 12 (bookworm)\"} 1\n"));
+}
+
+#[test]
+fn cadvisor_families_are_announced_without_samples() {
+    let (mut c, _) = cadvisor_after_two_passes();
+    c.pods.clear();
+    c.node.network = None;
+    let text = cadvisor::render_with(&c, &cadvisor::MachineInfo::default());
+    assert!(text.contains("# HELP container_network_receive_bytes_total Cumulative count of bytes received\n# TYPE container_network_receive_bytes_total counter\n# HELP"));
+    // Unreadable machine facts: empty label values, no core count.
+    assert!(text.contains("machine_memory_bytes{boot_id=\"\",machine_id=\"\",system_uuid=\"\"} "), "{text}");
+    assert!(!text.contains("\nmachine_cpu_cores{"));
+}
+
+#[test]
+fn cadvisor_cpuinfo_counts() {
+    let text = "processor\t: 0\nphysical id\t: 0\ncore id\t: 0\n\nprocessor\t: 1\nphysical id\t: 0\ncore id\t: 0\n\nprocessor\t: 2\nphysical id\t: 1\ncore id\t: 0\n";
+    assert_eq!(cadvisor::parse_cpuinfo(text), (Some(3), Some(2), Some(2)));
+    assert_eq!(cadvisor::parse_cpuinfo(""), (None, None, None));
+}
+
+#[test]
+fn promtool_accepts_the_cadvisor_metrics() {
+    let Ok(out) = std::process::Command::new("promtool").arg("--version").output() else {
+        eprintln!("promtool not installed: skipped");
+        return;
+    };
+    assert!(out.status.success());
+    let (_, text) = cadvisor_after_two_passes();
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // promtool 2.x has no switch for its naming lints; the upstream names trip two of them
+    // (camelCase labels of cadvisor_version_info, a counter without `_total`). Anything
+    // else (a parse error, another lint) fails.
+    let known = [
+        "cadvisor_version_info label names should be written in 'snake_case' not 'camelCase'",
+        "container_memory_failcnt counter metrics should have \"_total\" suffix",
+    ];
+    let unexpected: Vec<&str> =
+        stdout.lines().chain(stderr.lines()).filter(|l| !l.trim().is_empty() && !known.contains(l)).collect();
+    assert!(unexpected.is_empty(), "promtool check metrics failed:\n{stdout}{stderr}\n{text}");
 }
