@@ -183,6 +183,22 @@ async fn resource_metrics_handler(
     ([(http::header::CONTENT_TYPE, crate::stats::resource_metrics::CONTENT_TYPE)], text).into_response()
 }
 
+/// `/metrics/cadvisor`: the cAdvisor families from the same collection.
+async fn cadvisor_handler(axum::extract::State(stats): axum::extract::State<StatsState>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(stats) = stats else {
+        return (http::StatusCode::SERVICE_UNAVAILABLE, "stats are not available on this node\n").into_response();
+    };
+    match stats.collection().await {
+        Ok(c) => ([(http::header::CONTENT_TYPE, crate::stats::resource_metrics::CONTENT_TYPE)], c.cadvisor_metrics())
+            .into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "collecting stats");
+            (http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed to collect stats: {e}\n")).into_response()
+        }
+    }
+}
+
 /// Publishes what the evented PLEG observed on the node event API, with the pod's and
 /// container's names.
 fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> ObservedSink {
@@ -476,7 +492,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         }),
     )
     .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
-    .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source));
+    .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source.clone()))
+    .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source));
     let server = Server::new(ServerSettings::from_config(&cfg)?, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);

@@ -587,7 +587,7 @@ async fn evented_pleg_misses_nothing_under_churn() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
-/// Debian's Prometheus scrapes the agent's metrics endpoints (HTTPS, as a real setup
+/// Debian's Prometheus scrapes the agent's four metrics endpoints (HTTPS, as a real setup
 /// would) while a busy container burns CPU and a memory hog fills 48 MiB of its `/dev/shm`;
 /// `PromQL` then sees the CPU rate, a working set that matches the hog's cgroup within 10 %,
 /// and one pod start SLI observation per started pod.
@@ -609,7 +609,12 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
     let dir = agent.dir.path().join("prometheus");
     std::fs::create_dir_all(&dir)?;
     let mut config = String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
-    for (job, path) in [("kubelet", "/metrics"), ("resource", "/metrics/resource"), ("probes", "/metrics/probes")] {
+    for (job, path) in [
+        ("kubelet", "/metrics"),
+        ("resource", "/metrics/resource"),
+        ("probes", "/metrics/probes"),
+        ("cadvisor", "/metrics/cadvisor"),
+    ] {
         writeln!(
             config,
             "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['127.0.0.1:{}']",
@@ -661,7 +666,13 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
                 }
             }
         };
-        eventually("every endpoint scraped", "sum(up)".into(), |v| v.first().is_some_and(|x| *x >= 3.0)).await?;
+        eventually("every endpoint scraped", "sum(up)".into(), |v| v.first().is_some_and(|x| *x >= 4.0)).await?;
+        eventually(
+            "the hog's cAdvisor working set",
+            "container_memory_working_set_bytes{job=\"cadvisor\",pod=\"hog-e2e-node\",container=\"main\"}".into(),
+            |v| v.first().is_some_and(|x| *x > 40.0 * 1024.0 * 1024.0),
+        )
+        .await?;
         eventually(
             "the busy container's CPU rate",
             "rate(container_cpu_usage_seconds_total{pod=\"busy-e2e-node\",container=\"main\"}[5s])".into(),
@@ -674,7 +685,7 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
         .await?;
         let ws = eventually(
             "the hog's working set",
-            "container_memory_working_set_bytes{pod=\"hog-e2e-node\",container=\"main\"}".into(),
+            "container_memory_working_set_bytes{job=\"resource\",pod=\"hog-e2e-node\",container=\"main\"}".into(),
             |v| v.first().is_some_and(|x| *x > 40.0 * 1024.0 * 1024.0),
         )
         .await?[0];
