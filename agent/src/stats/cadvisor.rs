@@ -41,13 +41,12 @@
 //!   collection has no data for them.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cgroup::CgroupStats;
 use super::collector::{Collection, NetworkSample};
-use super::resource_metrics::{escape_help, escape_label, write_go_float};
+use super::resource_metrics::{write_family_header, write_sample};
 
 pub use super::resource_metrics::CONTENT_TYPE;
 
@@ -475,32 +474,10 @@ fn write_text(families: &[Family], samples: Vec<Vec<Sample>>) -> String {
             |s: &Sample| family.labels.iter().map(|l| s.labels.get(l).cloned().unwrap_or_default()).collect::<Vec<_>>();
         rows.sort_by_cached_key(key);
         rows.dedup_by(|later, earlier| later.labels == earlier.labels);
-        text.push_str("# HELP ");
-        text.push_str(family.name);
-        text.push(' ');
-        escape_help(&mut text, family.help);
-        let _ = writeln!(text, "\n# TYPE {} {}", family.name, family.kind);
+        write_family_header(&mut text, family.name, family.help, family.kind);
         for row in &rows {
-            text.push_str(family.name);
-            if !family.labels.is_empty() {
-                text.push('{');
-                for (n, name) in family.labels.iter().enumerate() {
-                    if n > 0 {
-                        text.push(',');
-                    }
-                    text.push_str(name);
-                    text.push_str("=\"");
-                    escape_label(&mut text, row.labels.get(name).map_or("", String::as_str));
-                    text.push('"');
-                }
-                text.push('}');
-            }
-            text.push(' ');
-            write_go_float(&mut text, row.value);
-            if let Some(ts) = row.timestamp_ms {
-                let _ = write!(text, " {ts}");
-            }
-            text.push('\n');
+            let labels = family.labels.iter().map(|name| (*name, row.labels.get(*name).map_or("", String::as_str)));
+            write_sample(&mut text, family.name, labels, row.value, row.timestamp_ms);
         }
     }
     text

@@ -287,37 +287,58 @@ pub fn render(summary: Option<&Summary>) -> String {
         }
         rows.sort_by(|a, b| a.values.cmp(&b.values).then(a.timestamp_ms.cmp(&b.timestamp_ms)));
         rows.dedup_by(|later, earlier| later.values == earlier.values);
-        out.push_str("# HELP ");
-        out.push_str(family.name);
-        out.push(' ');
-        escape_help(&mut out, family.help);
-        out.push_str("\n# TYPE ");
-        out.push_str(family.name);
-        out.push(' ');
-        out.push_str(family.kind);
-        out.push('\n');
+        write_family_header(&mut out, family.name, family.help, family.kind);
         for row in &rows {
-            out.push_str(family.name);
-            if !family.labels.is_empty() {
-                out.push('{');
-                for (i, (name, value)) in family.labels.iter().zip(&row.values).enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(name);
-                    out.push_str("=\"");
-                    escape_label(&mut out, value);
-                    out.push('"');
-                }
-                out.push('}');
-            }
-            out.push(' ');
-            write_go_float(&mut out, row.value);
-            if let Some(ts) = row.timestamp_ms {
-                let _ = write!(out, " {ts}");
-            }
-            out.push('\n');
+            write_sample(
+                &mut out,
+                family.name,
+                family.labels.iter().copied().zip(row.values.iter().map(String::as_str)),
+                row.value,
+                row.timestamp_ms,
+            );
         }
     }
     out
+}
+
+/// `# HELP` and `# TYPE` lines of a family.
+pub(crate) fn write_family_header(out: &mut String, name: &str, help: &str, kind: &str) {
+    out.push_str("# HELP ");
+    out.push_str(name);
+    out.push(' ');
+    escape_help(out, help);
+    out.push_str("\n# TYPE ");
+    out.push_str(name);
+    out.push(' ');
+    out.push_str(kind);
+    out.push('\n');
+}
+
+/// One sample line: `name{labels} value [timestamp_ms]`, Go-formatted.
+pub(crate) fn write_sample<'a>(
+    out: &mut String,
+    name: &str,
+    labels: impl Iterator<Item = (&'a str, &'a str)>,
+    value: f64,
+    timestamp_ms: Option<i64>,
+) {
+    out.push_str(name);
+    let mut first = true;
+    for (label, v) in labels {
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        out.push_str(label);
+        out.push_str("=\"");
+        escape_label(out, v);
+        out.push('"');
+    }
+    if !first {
+        out.push('}');
+    }
+    out.push(' ');
+    write_go_float(out, value);
+    if let Some(ts) = timestamp_ms {
+        let _ = write!(out, " {ts}");
+    }
+    out.push('\n');
 }
