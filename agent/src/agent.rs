@@ -119,6 +119,7 @@ fn stats_provider(
     rt: Arc<dyn RuntimeService>,
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
+    volumes: Arc<crate::volumes::VolumeManager>,
 ) -> Option<Arc<crate::stats::provider::StatsProvider>> {
     use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
     let hierarchies = match CgroupHierarchies::detect(std::path::Path::new("/sys/fs/cgroup")) {
@@ -136,7 +137,7 @@ fn stats_provider(
         pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
     };
     let collector = Collector::new(CollectorConfig::new(hierarchies));
-    Some(Arc::new(crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm)))
+    Some(Arc::new(crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)))
 }
 
 type StatsState = Option<Arc<crate::stats::provider::StatsProvider>>;
@@ -474,7 +475,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     });
 
     let events_view = memory_events.clone();
-    let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone());
+    let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone(), runtime.volumes().clone());
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),

@@ -1,7 +1,8 @@
 //! [`StatsProvider`]: what the agent knows about its pods, turned into an [`Inventory`]
 //! for the [`Collector`], collected on demand for `/stats/summary` and `/metrics/resource`.
 //!
-//! The inventory comes from the pod manager (names, volumes), one CRI `ListPodSandbox` and
+//! The inventory comes from the pod manager (names), the volume manager (the volumes it
+//! set up), one CRI `ListPodSandbox` and
 //! one `ListContainers` (ids, creation times, images; no `ListContainerStats`, which costs
 //! about a second at 250 pods), and the cgroup paths the agent itself chose
 //! (`cgroup_parent` of the pod, the container id under it). Collections are made when
@@ -20,6 +21,7 @@ use crate::cm::PodContainerManager;
 use crate::pod_manager::PodManager;
 use crate::runtime::pod_status::time_from_nanos;
 use crate::runtime::{RuntimeService, api, labels};
+use crate::volumes::VolumeManager;
 
 /// A collection this young is served again instead of collecting anew.
 pub const REUSE: Duration = Duration::from_secs(1);
@@ -43,6 +45,7 @@ pub struct StatsProvider {
     runtime: Arc<dyn RuntimeService>,
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
+    volumes: Arc<VolumeManager>,
     last: tokio::sync::Mutex<Option<(Instant, Arc<Collection>)>>,
 }
 
@@ -52,35 +55,23 @@ impl std::fmt::Debug for StatsProvider {
     }
 }
 
-/// Volumes whose usage counts as the pod's local ephemeral storage (upstream
-/// `IsLocalEphemeralVolume`: emptyDir not in memory, configMap, gitRepo).
-fn pod_volumes(root_dir: &std::path::Path, pod: &Pod) -> Vec<VolumeInventory> {
+/// The pod's volumes as the volume manager set them up (plugin, path, medium), with
+/// upstream's `IsLocalEphemeralVolume` (emptyDir not in memory, configMap) deciding what
+/// counts as the pod's ephemeral storage. Host paths have no stats upstream either.
+fn pod_volumes(volumes: &VolumeManager, uid: &str) -> Vec<VolumeInventory> {
     use crate::volumes::manager::Plugin;
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let base = root_dir.join("pods").join(uid).join("volumes");
-    let mut out = Vec::new();
-    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        let (plugin, ephemeral) = if let Some(e) = &v.empty_dir {
-            (Plugin::EmptyDir, e.medium.as_deref() != Some("Memory"))
-        } else if v.config_map.is_some() {
-            (Plugin::ConfigMap, true)
-        } else if v.secret.is_some() {
-            (Plugin::Secret, false)
-        } else if v.downward_api.is_some() {
-            (Plugin::DownwardApi, false)
-        } else if v.projected.is_some() {
-            (Plugin::Projected, false)
-        } else {
-            continue;
-        };
-        out.push(VolumeInventory {
+    volumes
+        .mounted_volumes(uid)
+        .iter()
+        .flat_map(crate::volumes::manager::PodVolumes::iter)
+        .filter(|v| v.plugin != Plugin::HostPath)
+        .map(|v| VolumeInventory {
             name: v.name.clone(),
-            path: base.join(plugin.dir_name()).join(&v.name),
-            local_ephemeral: ephemeral,
+            path: v.path.clone(),
+            local_ephemeral: (v.plugin == Plugin::EmptyDir && !v.memory) || v.plugin == Plugin::ConfigMap,
             pvc: None,
-        });
-    }
-    out
+        })
+        .collect()
 }
 
 impl StatsProvider {
@@ -91,6 +82,7 @@ impl StatsProvider {
         runtime: Arc<dyn RuntimeService>,
         pods: PodManager,
         cm: Arc<dyn PodContainerManager>,
+        volumes: Arc<VolumeManager>,
     ) -> Self {
         Self {
             settings,
@@ -98,6 +90,7 @@ impl StatsProvider {
             runtime,
             pods,
             cm,
+            volumes,
             last: tokio::sync::Mutex::default(),
         }
     }
@@ -153,7 +146,7 @@ impl StatsProvider {
                 sandbox_id: sb.id.clone(),
                 log_dir: Some(log_dir),
                 etc_hosts: etc_hosts.exists().then_some(etc_hosts),
-                volumes: pod_volumes(&self.settings.root_dir, pod),
+                volumes: pod_volumes(&self.volumes, uid),
                 containers,
             });
         }
