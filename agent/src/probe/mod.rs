@@ -14,8 +14,8 @@
 //! a container port's name, the exec command gets `$(VAR)` expansion of the container's
 //! static `env` (upstream `ExpandContainerCommandOnlyStatic`), and `timeoutSeconds`
 //! defaults to 1. A handler returns `(result, output)` or an error that carries its own
-//! result, like upstream's `(probe.Result, string, error)`; [`Prober::run_probe_with_retries`]
-//! retries errors (not failures) up to three times, as upstream.
+//! result, like upstream's `(probe.Result, string, error)`; the prober's workers retry
+//! errors (not failures) up to [`MAX_PROBE_RETRIES`] runs, as upstream.
 //!
 //! Messages follow upstream's Go text (`Get "url": ...`, `dial tcp addr: connect: connection
 //! refused`, ...) so events read the same. Deviations: HTTPS probes speak HTTP/1.1 only (Go
@@ -214,26 +214,6 @@ impl Prober {
         }
         let name = &container.name;
         Err(ProbeError::unknown(format!("missing probe handler for {}:{name}", pod_full_name(pod))))
-    }
-
-    /// [`Prober::run_probe`] again while it errors, up to [`MAX_PROBE_RETRIES`] runs (a
-    /// failure is not retried), as upstream `runProbeWithRetries`.
-    pub async fn run_probe_with_retries(
-        &self,
-        probe: &Probe,
-        pod: &Pod,
-        status: &PodStatus,
-        container: &Container,
-        container_id: &str,
-    ) -> ProbeResponse {
-        let mut last = self.run_probe(probe, pod, status, container, container_id).await;
-        for _ in 1..MAX_PROBE_RETRIES {
-            if last.is_ok() {
-                break;
-            }
-            last = self.run_probe(probe, pod, status, container, container_id).await;
-        }
-        last
     }
 }
 

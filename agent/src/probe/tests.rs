@@ -178,18 +178,3 @@ async fn a_probe_without_a_handler_is_an_error() {
         prober.run_probe(&Probe::default(), &pod(), &status("127.0.0.1"), &container("a", 1), "abc").await.unwrap_err();
     assert_eq!(err, ProbeError::unknown("missing probe handler for web_prod(uid-1):app"));
 }
-
-#[tokio::test]
-async fn errors_are_retried_but_failures_are_not() {
-    let (rt, prober) = prober();
-    let probe = Probe { exec: Some(ExecAction { command: Some(vec!["check".into()]) }), ..Default::default() };
-    // No such container: an error, run three times.
-    let err = prober.run_probe_with_retries(&probe, &pod(), &status("1.2.3.4"), &container("a", 1), "gone").await;
-    assert_eq!(err.unwrap_err().result, ProbeResult::Unknown);
-    assert_eq!(rt.exec_calls().len(), MAX_PROBE_RETRIES);
-    // A failure is final at once.
-    rt.push_exec_response("c", Ok(exec_response(1, "", "no")));
-    let out = prober.run_probe_with_retries(&probe, &pod(), &status("1.2.3.4"), &container("a", 1), "c").await;
-    assert_eq!(out.unwrap(), Outcome::failure("no"));
-    assert_eq!(rt.exec_calls().len(), MAX_PROBE_RETRIES + 1);
-}

@@ -12,9 +12,6 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
 use super::{Inner, ProbeResult, ProbeType};
 use crate::events::EventType;
 
-/// Upstream `maxProbeRetries`.
-pub(super) const MAX_PROBE_RETRIES: usize = 3;
-
 /// Upstream `events.ContainerUnhealthy`.
 pub const REASON_UNHEALTHY: &str = "Unhealthy";
 /// Upstream `events.ContainerProbeWarning`.
@@ -37,7 +34,7 @@ pub(super) async fn run(
     container_id: &str,
 ) -> Result<ProbeResult, String> {
     let mut outcome = None;
-    for _ in 0..MAX_PROBE_RETRIES {
+    for _ in 0..crate::probe::MAX_PROBE_RETRIES {
         let o = inner.runner.run(t.probe_type, t.pod, status, t.container, container_id, t.probe).await;
         let errored = o.error.is_some();
         outcome = Some(o);
