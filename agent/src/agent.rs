@@ -202,7 +202,13 @@ async fn cadvisor_handler(axum::extract::State(stats): axum::extract::State<Stat
 
 /// Publishes what the evented PLEG observed on the node event API, with the pod's and
 /// container's names.
-fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> ObservedSink {
+/// A container's first exec also goes into its pod's start trace.
+fn observed_sink(
+    bus: EventBus,
+    pods: PodManager,
+    relist: GenericPleg,
+    startup: Arc<crate::pod_startup::PodStartupTracker>,
+) -> ObservedSink {
     Arc::new(move |o: Observed| {
         let pod = pods.get(&o.pod_uid);
         let container_name = if o.container_name.is_empty() {
@@ -214,6 +220,14 @@ fn observed_sink(bus: EventBus, pods: PodManager, relist: GenericPleg) -> Observ
         } else {
             o.container_name.clone()
         };
+        if o.kind == ObservedKind::ContainerStarted {
+            startup.first_exec(
+                &o.pod_uid,
+                &container_name,
+                &o.container_id,
+                crate::pleg::exits::wall_time_of(o.kernel_time_ns),
+            );
+        }
         let kind = match o.kind {
             ObservedKind::ContainerStarted => NodeEventKind::ContainerStarted,
             ObservedKind::ContainerDied => NodeEventKind::ContainerDied,
@@ -443,7 +457,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             if let Some(d) = &kubepods_dirs.memory_v1 {
                 index.scan(memory_hierarchy, d);
             }
-            let sink = observed_sink(event_bus.clone(), pod_manager.clone(), relist.clone());
+            startup.set_first_execs_reported(true);
+            let sink = observed_sink(event_bus.clone(), pod_manager.clone(), relist.clone(), startup.clone());
             let evented = EventedPleg::new(
                 relist.clone(),
                 rt.clone(),

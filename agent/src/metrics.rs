@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -46,6 +47,17 @@ pub const POD_STARTUP_BUCKETS: [f64; 25] = [
 
 /// `metrics.DefBuckets` of the Prometheus Go client.
 pub const DEF_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// The exemplar of a traced observation: the trace it belongs to, under the label name
+/// Prometheus and Grafana look for (`trace_id`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceExemplar {
+    pub trace_id: String,
+}
+
+/// A histogram whose observations may carry a trace id as their bucket's exemplar.
+/// `OpenMetrics` shows the exemplars; Prometheus text 0.0.4 has no place for them.
+pub type TracedHistogram = HistogramWithExemplars<TraceExemplar>;
 
 /// Label set `operation_type`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -200,13 +212,14 @@ pub struct KubeletMetrics {
     pub lifecycle_handler_http_fallbacks: Counter,
     /// Image pulls by the image's size range.
     pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
-    /// From the agent first seeing a pod to the pod running.
-    pub pod_start_duration: Histogram,
+    /// From the agent first seeing a pod to the pod running. The pod start histograms
+    /// carry the pod's start trace as an exemplar ([`TraceExemplar`]; `OpenMetrics` only).
+    pub pod_start_duration: TracedHistogram,
     /// The pod startup latency SLI: creation → all containers started and observed,
     /// minus image pulling.
-    pub pod_start_sli_duration: Histogram,
+    pub pod_start_sli_duration: TracedHistogram,
     /// Creation → all containers started and observed, image pulls included.
-    pub pod_start_total_duration: Histogram,
+    pub pod_start_total_duration: TracedHistogram,
     /// swiftlet: kernel events received from the eBPF sensors, by kind.
     pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
     /// swiftlet: kernel events lost because the ring buffer was full.
@@ -255,9 +268,9 @@ impl KubeletMetrics {
             run_podsandbox_duration: Family::new_with_constructor(def_histogram),
             lifecycle_handler_http_fallbacks: Counter::default(),
             image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
-            pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
-            pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
-            pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
+            pod_start_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
+            pod_start_sli_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
+            pod_start_total_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),

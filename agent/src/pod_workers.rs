@@ -320,6 +320,10 @@ impl Worker {
             next_sync = match self.state {
                 WorkerState::Syncing => {
                     let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
+                    // Until the pod is Ready, its syncs are steps of its start trace.
+                    if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
+                        crate::telemetry::set_trace_parent(&span, &root);
+                    }
                     let after = self.sync_pod().instrument(span).await;
                     Some(tokio::time::Instant::now() + after)
                 }
@@ -477,7 +481,13 @@ impl Worker {
             .observe(cg_start.elapsed().as_secs_f64());
         // Volumes before containers (upstream `WaitForAttachAndMount`): a volume that was
         // never set up keeps the pod waiting; a failed refresh of one in use does not.
-        match self.deps.runtime.volumes().mount_pod_volumes(&pod).await {
+        let volumes_span = crate::telemetry::pod_step_span("waitForAttachAndMount", "", "");
+        let mounted = self.deps.runtime.volumes().mount_pod_volumes(&pod).instrument(volumes_span.clone()).await;
+        if let Err(e) = &mounted {
+            crate::telemetry::record_error(&volumes_span, &e.to_string());
+        }
+        drop(volumes_span);
+        match mounted {
             Ok(volumes) => {
                 for f in volumes.remount_failures() {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", f.to_string());

@@ -69,8 +69,23 @@ impl SyncLoop {
         }
         for pod in changes.added {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
-            if pod.metadata.deletion_timestamp.is_none() && !self.admit(&pod) {
-                continue;
+            let startup = self.runtime.startup_tracker();
+            if let Some(t) = startup {
+                t.begin_trace(&pod);
+            }
+            if pod.metadata.deletion_timestamp.is_none() {
+                let span = crate::telemetry::pod_step_span("admitPod", "", "");
+                let root = startup.and_then(|t| t.trace_root(pod.metadata.uid.as_deref().unwrap_or_default()));
+                if let Some(root) = &root {
+                    crate::telemetry::set_trace_parent(&span, root);
+                }
+                if !span.in_scope(|| self.admit(&pod)) {
+                    crate::telemetry::record_error(&span, "rejected by admission");
+                    if let (Some(t), Some(uid)) = (startup, pod.metadata.uid.as_deref()) {
+                        t.end_trace(uid, crate::pod_startup::StartOutcome::Rejected);
+                    }
+                    continue;
+                }
             }
             let kind = deletion_or(&pod, WorkType::Create);
             self.workers.update_pod(pod, kind);

@@ -334,6 +334,17 @@ authorization:
         Ok((r.status().as_u16(), r.text().await?))
     }
 
+    /// GET `path` over HTTPS with an `Accept` header.
+    pub async fn get_accepting(&self, path: &str, accept: &str) -> Result<(u16, String)> {
+        let r = self
+            .http
+            .get(format!("https://127.0.0.1:{}{path}", self.https_port))
+            .header("Accept", accept)
+            .send()
+            .await?;
+        Ok((r.status().as_u16(), r.text().await?))
+    }
+
     /// Items of `/pods`.
     pub async fn pods(&self) -> Result<Vec<Value>> {
         let (code, body) = self.get("/pods").await?;

@@ -724,3 +724,101 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
     })?;
     agent.shutdown(&cri).await
 }
+
+/// The start trace of a pod: one trace from admission to Ready, exported over OTLP to an
+/// in-test receiver, and its id on the pod start histograms' exemplars.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_start_is_one_trace_and_the_histograms_point_to_it() -> Result<()> {
+    use swiftlet::telemetry::test_collector::Value::StringValue;
+    let _g = testbed_lock().await;
+    let (collector, addr) = swiftlet::telemetry::test_collector::TestCollector::start().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions {
+        extra_config: format!("tracing:\n  endpoint: {addr}\n  samplingRatePerMillion: 1000000\n"),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let volume = "    volumeMounts:\n    - {name: scratch, mountPath: /scratch}\n  volumes:\n  - name: scratch\n    emptyDir: {}\n";
+    agent.write_manifest("traced.yaml", &pod_yaml("traced", "Always", SERVE, volume))?;
+    let p = agent
+        .wait_pod("traced", Duration::from_mins(1), |p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .await?;
+    let uid = uid(&p);
+
+    // The root ends at Ready (plus a moment for the first exec), then the batch goes out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let root = loop {
+        let found = collector
+            .spans()
+            .into_iter()
+            .find(|s| s.name == "podStartup" && s.attributes.get("k8s.pod.uid") == Some(&StringValue(uid.clone())));
+        if let Some(root) = found {
+            break root;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no podStartup span for {uid}: {:#?}", collector.spans());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    anyhow::ensure!(root.parent_span_id.is_empty(), "the start trace is a root: {root:#?}");
+    assert_eq!(root.attributes.get("k8s.pod.start.outcome"), Some(&StringValue("ready".into())));
+    let events: Vec<&str> = root.events.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(events.contains(&"Ready"), "{events:?}");
+    let main = StringValue("main".into());
+    assert!(
+        root.events.iter().any(|(name, a)| name == "firstExec" && a.get("k8s.container.name") == Some(&main)),
+        "the eBPF sensors' first exec of the container: {:?}",
+        root.events
+    );
+
+    // Its children, once the steps inside syncPod have been exported too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let tree = loop {
+        let spans: Vec<_> = collector.spans().into_iter().filter(|s| s.trace_id == root.trace_id).collect();
+        let has = |name: &str| spans.iter().any(|s| s.name == name);
+        let done = ["admitPod", "syncPod", "waitForAttachAndMount", "ensureImageExists", "startContainer"]
+            .iter()
+            .all(|n| has(n))
+            && has("runtime.v1.RuntimeService/RunPodSandbox")
+            && has("runtime.v1.RuntimeService/StartContainer");
+        if done {
+            break spans;
+        }
+        let names: Vec<_> = spans.iter().map(|s| s.name.clone()).collect();
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the start trace has only {names:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let by_id = |id: &str| tree.iter().find(|s| s.span_id == id);
+    let parent_name = |name: &str| {
+        let s = tree.iter().find(|s| s.name == name).unwrap();
+        by_id(&s.parent_span_id).map(|p| p.name.clone()).unwrap_or_default()
+    };
+    assert_eq!(parent_name("admitPod"), "podStartup");
+    assert_eq!(parent_name("syncPod"), "podStartup");
+    assert_eq!(parent_name("waitForAttachAndMount"), "syncPod");
+    assert_eq!(parent_name("runtime.v1.RuntimeService/RunPodSandbox"), "syncPod");
+    assert_eq!(parent_name("ensureImageExists"), "syncPod");
+    assert_eq!(parent_name("startContainer"), "syncPod");
+    assert_eq!(parent_name("runtime.v1.RuntimeService/StartContainer"), "startContainer");
+    let start = tree.iter().find(|s| s.name == "startContainer").unwrap();
+    assert_eq!(start.attributes.get("k8s.container.name"), Some(&StringValue("main".into())));
+
+    // The pod start histograms' exemplars carry that trace (OpenMetrics only).
+    let (code, body) = agent.get_accepting("/metrics", "application/openmetrics-text; version=1.0.0").await?;
+    assert_eq!(code, 200);
+    let exemplar = format!("# {{trace_id=\"{}\"}}", root.trace_id);
+    for family in ["kubelet_pod_start_duration_seconds_bucket", "kubelet_pod_start_sli_duration_seconds_bucket"] {
+        assert!(
+            body.lines().any(|l| l.starts_with(family) && l.contains(&exemplar)),
+            "no {family} exemplar {exemplar}:\n{}",
+            body.lines().filter(|l| l.starts_with(family)).collect::<Vec<_>>().join("\n")
+        );
+    }
+    let (_, text) = agent.get("/metrics").await?;
+    assert!(!text.contains("trace_id"), "Prometheus text 0.0.4 has no exemplars");
+    agent.shutdown(&cri).await
+}

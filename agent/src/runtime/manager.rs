@@ -831,9 +831,52 @@ impl RuntimeManager {
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
-        let image_ref = self.ensure_image(pod, container, sandbox_config).await?;
+        let image = container.image.as_deref().unwrap_or_default();
+        let image_span = crate::telemetry::pod_step_span("ensureImageExists", &container.name, image);
+        let ensured =
+            tracing::Instrument::instrument(self.ensure_image(pod, container, sandbox_config), image_span.clone())
+                .await;
+        if let Err((reason, msg, _)) = &ensured {
+            crate::telemetry::record_error(&image_span, &format!("{reason}: {msg}"));
+        }
+        drop(image_span);
+        let image_ref = ensured?;
+        let span = crate::telemetry::pod_step_span("startContainer", &container.name, image);
+        let started = tracing::Instrument::instrument(
+            self.create_and_start_container(
+                pod,
+                container,
+                init,
+                restart_count,
+                sandbox_id,
+                sandbox_config,
+                pod_ips,
+                &image_ref,
+            ),
+            span.clone(),
+        )
+        .await;
+        if let Err((reason, msg, _)) = &started {
+            crate::telemetry::record_error(&span, &format!("{reason}: {msg}"));
+        }
+        started
+    }
+
+    /// The part of [`Self::start_container`] after the image: create, start, postStart.
+    #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
+    async fn create_and_start_container(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        init: bool,
+        restart_count: u32,
+        sandbox_id: &str,
+        sandbox_config: &api::PodSandboxConfig,
+        pod_ips: &[String],
+        image_ref: &str,
+    ) -> Result<(), (&'static str, String, Option<Duration>)> {
         let config = self
-            .container_config(pod, container, init, restart_count, &image_ref, pod_ips)
+            .container_config(pod, container, init, restart_count, image_ref, pod_ips)
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         let id = self

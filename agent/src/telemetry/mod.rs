@@ -25,8 +25,8 @@
 //! their span ([`PropagateTraceContext`]), as upstream's otelgrpc interceptor sends.
 
 mod endpoint;
-#[cfg(test)]
-pub(crate) mod test_collector;
+#[cfg(any(test, feature = "test-collector"))]
+pub mod test_collector;
 #[cfg(test)]
 mod tests;
 
@@ -308,6 +308,85 @@ pub fn sync_terminated_pod_span(uid: &str, pod: Option<&Pod>) -> Span {
     );
     record_pod(&span, pod);
     span
+}
+
+/// The root of a pod's start trace (beyond upstream, see [`crate::pod_startup`]): from
+/// the agent first seeing the pod to its `Ready` condition. A root whatever span is
+/// current, so that it is sampled on its own.
+pub fn pod_startup_span(pod: &Pod) -> Span {
+    let span = tracing::info_span!(
+        target: SPAN_TARGET,
+        parent: None,
+        "podStartup",
+        k8s.pod.uid = pod.metadata.uid.as_deref().unwrap_or_default(),
+        k8s.pod = Empty,
+        k8s.pod.name = Empty,
+        k8s.namespace.name = Empty,
+        k8s.pod.start.outcome = Empty,
+    );
+    record_pod(&span, Some(pod));
+    span
+}
+
+/// One step of a pod start, a child of the current trace span: `admitPod`,
+/// `waitForAttachAndMount` (volume setup), `ensureImageExists` (the image, pulled or
+/// not: `container.image.name`), `startContainer` (create, start and postStart of one
+/// container); `container` names the container (`k8s.container.name`) or is empty.
+pub fn pod_step_span(step: &'static str, container: &str, image: &str) -> Span {
+    let span = tracing::info_span!(
+        target: SPAN_TARGET,
+        "pod_step",
+        otel.name = step,
+        k8s.container.name = Empty,
+        container.image.name = Empty,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+    );
+    if !container.is_empty() {
+        span.record("k8s.container.name", container);
+    }
+    if !image.is_empty() {
+        span.record("container.image.name", image);
+    }
+    span
+}
+
+/// Marks `span` as failed with `message` (the OpenTelemetry span status).
+pub fn record_error(span: &Span, message: &str) {
+    span.record("otel.status_code", "error");
+    span.record("otel.status_description", message);
+}
+
+/// Makes `span`'s trace parent `parent` (the `tracing` tree, and so the log context,
+/// stays as it is). Call before `span` is first entered.
+pub fn set_trace_parent(span: &Span, parent: &Span) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() || parent.is_disabled() {
+        return;
+    }
+    if let Err(error) = span.set_parent(parent.context()) {
+        tracing::debug!(%error, "setting a span's trace parent");
+    }
+}
+
+/// The trace id of `span` (lowercase hex) when it is recorded and sampled.
+#[must_use]
+pub fn sampled_trace_id(span: &Span) -> Option<String> {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if span.is_disabled() {
+        return None;
+    }
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    (span_context.is_valid() && span_context.is_sampled()).then(|| span_context.trace_id().to_string())
+}
+
+/// Adds the event `name` with `attributes` to `span`, at `when`.
+pub fn add_span_event(span: &Span, name: &'static str, when: std::time::SystemTime, attributes: Vec<KeyValue>) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if !span.is_disabled() {
+        span.add_event_with_timestamp(name, when, attributes);
+    }
 }
 
 /// `k8s.pod` (`namespace/name`, as `klog.KObj`), `k8s.pod.name`, `k8s.namespace.name`.

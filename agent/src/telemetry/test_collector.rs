@@ -10,14 +10,17 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::KeyValue;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
+/// An attribute value as received.
+pub use opentelemetry_proto::tonic::common::v1::any_value::Value;
+#[cfg(test)]
 use tracing_subscriber::layer::SubscriberExt as _;
 
+#[cfg(test)]
 use super::{CollectorEndpoint, Telemetry, TracingSettings};
 
 /// One received span, with its resource and scope.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ExportedSpan {
+pub struct ExportedSpan {
     pub name: String,
     /// Lowercase hex, as in `traceparent`.
     pub trace_id: String,
@@ -31,11 +34,13 @@ pub(crate) struct ExportedSpan {
     pub status: (i32, String),
     pub resource: BTreeMap<String, Value>,
     pub scope: String,
+    /// Span events: name and attributes, in order.
+    pub events: Vec<(String, BTreeMap<String, Value>)>,
 }
 
 /// The receiver: every span of every export, in arrival order.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct TestCollector {
+pub struct TestCollector {
     spans: Arc<Mutex<Vec<ExportedSpan>>>,
 }
 
@@ -65,6 +70,7 @@ impl TraceService for TestCollector {
                         status: span.status.map(|s| (s.code, s.message)).unwrap_or_default(),
                         resource: resource.clone(),
                         scope: scope.clone(),
+                        events: span.events.iter().map(|e| (e.name.clone(), attributes(&e.attributes))).collect(),
                     });
                 }
             }
@@ -76,7 +82,7 @@ impl TraceService for TestCollector {
 
 impl TestCollector {
     /// Serves on an ephemeral port of 127.0.0.1 until the runtime ends.
-    pub(crate) async fn start() -> (Self, SocketAddr) {
+    pub async fn start() -> (Self, SocketAddr) {
         let collector = Self::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -89,7 +95,7 @@ impl TestCollector {
     }
 
     /// Serves on the unix socket `listener` until the runtime ends.
-    pub(crate) fn start_on_unix(listener: tokio::net::UnixListener) -> Self {
+    pub fn start_on_unix(listener: tokio::net::UnixListener) -> Self {
         let collector = Self::default();
         tokio::spawn(
             tonic::transport::Server::builder()
@@ -100,12 +106,13 @@ impl TestCollector {
     }
 
     /// What has arrived so far.
-    pub(crate) fn spans(&self) -> Vec<ExportedSpan> {
+    #[must_use]
+    pub fn spans(&self) -> Vec<ExportedSpan> {
         self.spans.lock().unwrap().clone()
     }
 
     /// Waits (up to 10 s) until at least `n` spans arrived; returns them all.
-    pub(crate) async fn wait_for(&self, n: usize) -> Vec<ExportedSpan> {
+    pub async fn wait_for(&self, n: usize) -> Vec<ExportedSpan> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let spans = self.spans();
@@ -120,11 +127,13 @@ impl TestCollector {
 
 /// A pipeline exporting to `addr` (as `host:port`, the upstream form) with `rate` per
 /// million, for node `node-1`.
+#[cfg(test)]
 pub(crate) fn pipeline(addr: SocketAddr, rate: u32) -> Telemetry {
     pipeline_to(&addr.to_string(), rate)
 }
 
 /// A pipeline exporting to `endpoint` (any `tracing.endpoint` form).
+#[cfg(test)]
 pub(crate) fn pipeline_to(endpoint: &str, rate: u32) -> Telemetry {
     let settings = TracingSettings {
         endpoint: CollectorEndpoint::parse(endpoint).unwrap(),
@@ -136,11 +145,13 @@ pub(crate) fn pipeline_to(endpoint: &str, rate: u32) -> Telemetry {
 
 /// A subscriber with only the trace layer of `telemetry` (install with
 /// `tracing::subscriber::set_default` on the thread that makes the spans).
+#[cfg(test)]
 pub(crate) fn subscriber(telemetry: &Telemetry) -> impl tracing::Subscriber + Send + Sync + use<> {
     tracing_subscriber::registry().with(telemetry.layer())
 }
 
 /// Exports what is queued (blocking; the collector runs on the other worker threads).
+#[cfg(test)]
 pub(crate) fn flush(telemetry: &Telemetry) {
     tokio::task::block_in_place(|| telemetry.flush());
 }
