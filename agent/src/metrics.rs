@@ -212,6 +212,10 @@ pub struct KubeletMetrics {
     pub lifecycle_handler_http_fallbacks: Counter,
     /// Image pulls by the image's size range.
     pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
+    /// Orphaned pods whose volumes the last housekeeping sweep cleaned up.
+    pub orphan_pod_cleaned_volumes: Gauge,
+    /// Orphaned pods whose volumes the last sweep failed to clean up.
+    pub orphan_pod_cleaned_volumes_errors: Gauge,
     /// From the agent first seeing a pod to the pod running. The pod start histograms
     /// carry the pod's start trace as an exemplar ([`TraceExemplar`]; `OpenMetrics` only).
     pub pod_start_duration: TracedHistogram,
@@ -268,6 +272,8 @@ impl KubeletMetrics {
             run_podsandbox_duration: Family::new_with_constructor(def_histogram),
             lifecycle_handler_http_fallbacks: Counter::default(),
             image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
+            orphan_pod_cleaned_volumes: Gauge::default(),
+            orphan_pod_cleaned_volumes_errors: Gauge::default(),
             pod_start_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_sli_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_total_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
@@ -452,6 +458,16 @@ impl KubeletMetrics {
             self.image_pull_duration.clone(),
         );
         r.register(
+            "kubelet_orphan_pod_cleaned_volumes",
+            "[ALPHA] The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep.",
+            self.orphan_pod_cleaned_volumes.clone(),
+        );
+        r.register(
+            "kubelet_orphan_pod_cleaned_volumes_errors",
+            "[ALPHA] The number of orphaned Pods whose volumes failed to be cleaned in the last periodic sweep.",
+            self.orphan_pod_cleaned_volumes_errors.clone(),
+        );
+        r.register(
             "kubelet_pod_start_duration_seconds",
             "[ALPHA] Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
             self.pod_start_duration.clone(),
@@ -535,8 +551,6 @@ mod tests {
         ("kubelet_graceful_shutdown_end_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_graceful_shutdown_start_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
-        ("kubelet_orphan_pod_cleaned_volumes", "not counted yet"),
-        ("kubelet_orphan_pod_cleaned_volumes_errors", "not counted yet"),
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
         ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),
         ("kubelet_topology_manager_admission_requests_total", "no topology manager yet"),

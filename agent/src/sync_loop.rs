@@ -231,10 +231,13 @@ impl SyncLoop {
         self.runtime.cleanup_orphaned_log_dirs(&known);
         let volumes = self.runtime.volumes().clone();
         let known_volumes = known.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = volumes.cleanup_orphans(&known_volumes) {
-                tracing::warn!(error = %e, "failed to clean up orphaned pod volumes");
+        let metrics = self.metrics.clone();
+        tokio::task::spawn_blocking(move || match volumes.cleanup_orphans(&known_volumes) {
+            Ok(sweep) => {
+                metrics.orphan_pod_cleaned_volumes.set(sweep.removed.len() as i64);
+                metrics.orphan_pod_cleaned_volumes_errors.set(sweep.failed.len() as i64);
             }
+            Err(e) => tracing::warn!(error = %e, "failed to clean up orphaned pod volumes"),
         });
         self.runtime.gc_backoff();
         if let Some(probes) = self.runtime.probes() {

@@ -657,13 +657,13 @@ impl VolumeManager {
     /// Cleans up pod directories under `<root>/pods` whose UID is not in `known` (pods
     /// removed while the agent was down): unmounts their volumes and removes the whole
     /// directory, unless something is still mounted there. `known` must include pods the
-    /// runtime still has containers for. Blocking. Returns the UIDs removed; failures are
-    /// logged and retried at the next call.
-    pub fn cleanup_orphans(&self, known: &HashSet<String>) -> Result<Vec<String>> {
+    /// runtime still has containers for. Blocking. Returns the UIDs removed and those
+    /// that could not be (logged, and retried at the next call).
+    pub fn cleanup_orphans(&self, known: &HashSet<String>) -> Result<OrphanSweep> {
         let pods = self.root_dir.join("pods");
         let entries = match std::fs::read_dir(&pods) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OrphanSweep::default()),
             Err(source) => return Err(Error::Io { op: "read", path: pods, source }),
         };
         let mut uids: BTreeSet<String> = BTreeSet::new();
@@ -672,7 +672,7 @@ impl VolumeManager {
                 uids.insert(e.file_name().to_string_lossy().into_owned());
             }
         }
-        let mut removed = Vec::new();
+        let mut sweep = OrphanSweep::default();
         for uid in uids.into_iter().filter(|u| !known.contains(u)) {
             let outcome = self.cleanup_pod(&uid).and_then(|()| {
                 let dir = self.pod_dir(&uid);
@@ -681,13 +681,26 @@ impl VolumeManager {
             match outcome {
                 Ok(()) => {
                     tracing::info!(pod_uid = %uid, "removed orphaned pod directory");
-                    removed.push(uid);
+                    sweep.removed.push(uid);
                 }
-                Err(e) => tracing::warn!(pod_uid = %uid, error = %e, "orphaned pod directory not removed"),
+                Err(e) => {
+                    tracing::warn!(pod_uid = %uid, error = %e, "orphaned pod directory not removed");
+                    sweep.failed.push(uid);
+                }
             }
         }
-        Ok(removed)
+        Ok(sweep)
     }
+}
+
+/// What one [`VolumeManager::cleanup_orphans`] sweep did (upstream's
+/// `kubelet_orphan_pod_cleaned_volumes` and `_errors` report its two counts).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OrphanSweep {
+    /// Orphaned pods whose volumes and directory were removed.
+    pub removed: Vec<String>,
+    /// Orphaned pods whose clean-up failed.
+    pub failed: Vec<String>,
 }
 
 /// Upstream `ExpandContainerVolumeMounts`: `$(VAR)` from the container's environment; a
