@@ -579,6 +579,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     if let Some(api) = event_api {
         tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
     }
+    // Validation made sure containerLogMaxSize is a quantity.
+    match crate::logs::rotation::RotationPolicy::from_config(kc) {
+        Ok(policy) => {
+            let logs = Arc::new(crate::logs::rotation::ContainerLogManager::new(rt.clone(), policy));
+            tracker.spawn(logs.run(shutdown.clone()).instrument(tracing::info_span!("container_logs")));
+        }
+        Err(e) => tracing::error!(error = %e, "container log rotation is off"),
+    }
     let sync_loop = SyncLoop {
         pod_manager,
         workers,

@@ -822,3 +822,77 @@ async fn a_pod_start_is_one_trace_and_the_histograms_point_to_it() -> Result<()>
     assert!(!text.contains("trace_id"), "Prometheus text 0.0.4 has no exemplars");
     agent.shutdown(&cri).await
 }
+
+/// Log rotation with a chatty container: files rotate at the size, at most
+/// containerLogMaxFiles are kept (older ones gzipped), and the kept files hold an unbroken
+/// run of lines up to the last one written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chatty_container_logs_rotate_without_losing_lines() -> Result<()> {
+    use std::io::Read as _;
+    const LINES: u32 = 2000;
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions {
+        extra_config: "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\ncontainerLogMonitorInterval: 3s\n".into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let script = format!("i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line-$i; usleep 5000; done; {SERVE}");
+    agent.write_manifest("chatty.yaml", &pod_yaml("chatty", "Always", &script, ""))?;
+    let p = agent.wait_pod("chatty", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let dir = agent.logs_dir.join(format!("default_chatty-{}_{}", agent.node_name, uid(&p))).join("main");
+    let files = |dir: &std::path::Path| -> Result<Vec<String>> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(dir)?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        Ok(v)
+    };
+    let read_all = |dir: &std::path::Path, names: &[String]| -> Result<String> {
+        // Oldest rotation first; the current file (`0.log`, sorted first) last.
+        let mut text = String::new();
+        for name in names.iter().skip(1).chain(names.first()) {
+            let path = dir.join(name);
+            if path.extension().is_some_and(|x| x == "gz") {
+                flate2::read::GzDecoder::new(std::fs::File::open(&path)?).read_to_string(&mut text)?;
+            } else {
+                text.push_str(&std::fs::read_to_string(&path)?);
+            }
+        }
+        Ok(text)
+    };
+    // Until the container has written its last line and that line is in a settled file set.
+    let deadline = std::time::Instant::now() + Duration::from_mins(2);
+    let mut max_seen = 0;
+    let (names, text) = loop {
+        let names = files(&dir)?;
+        max_seen = max_seen.max(names.len());
+        anyhow::ensure!(
+            names.len() <= 3 + 1,
+            "more files than containerLogMaxFiles (+ one being compressed): {names:?}"
+        );
+        if let Ok(text) = read_all(&dir, &names)
+            && text.contains(&format!(" line-{LINES}\n"))
+            && files(&dir)? == names
+        {
+            break (names, text);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the last line never showed: {names:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(names.len() <= 3, "{names:?}");
+    assert!(names.iter().any(|n| n.rsplit('.').next() == Some("gz")), "older rotations are compressed: {names:?}");
+    // CRI log lines: `<time> stdout F line-N`.
+    let numbers: Vec<u32> =
+        text.lines().filter_map(|l| l.rsplit(' ').next()?.strip_prefix("line-")?.parse().ok()).collect();
+    assert!(
+        numbers.first().is_some_and(|n| *n > 1),
+        "the oldest rotations were removed: starts at {:?}",
+        numbers.first()
+    );
+    for pair in numbers.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "a line is missing between {} and {} ({names:?})", pair[0], pair[1]);
+    }
+    assert_eq!(numbers.last(), Some(&LINES));
+    assert!(max_seen <= 4, "{max_seen}");
+    agent.shutdown(&cri).await
+}

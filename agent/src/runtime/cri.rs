@@ -329,6 +329,19 @@ impl RuntimeService for RemoteRuntime {
             .images)
     }
 
+    async fn reopen_container_log(&self, id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = api::ReopenContainerLogRequest { container_id: id.into() };
+        self.call(
+            "reopen_container_log",
+            "runtime.v1.RuntimeService/ReopenContainerLog",
+            Some(self.timeout),
+            c.reopen_container_log(req),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
         let mut c = self.runtime.clone();
         let req = api::ExecSyncRequest { container_id: id.into(), cmd, timeout: timeout.as_secs() as i64 };

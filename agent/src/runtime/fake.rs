@@ -69,6 +69,8 @@ struct State {
     images: Vec<String>,
     calls: Vec<String>,
     exec: ExecScript,
+    /// `ReopenContainerLog` fails with this message.
+    reopen_failure: Option<String>,
 }
 
 /// In-memory runtime.
@@ -118,6 +120,11 @@ impl FakeRuntime {
     #[must_use]
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Makes `ReopenContainerLog` fail with `message` (or succeed again with `None`).
+    pub fn fail_reopen_log(&self, message: Option<&str>) {
+        self.state.lock().unwrap().reopen_failure = message.map(str::to_owned);
     }
 
     /// Makes a running container exit with `code`.
@@ -307,10 +314,12 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {
         let s = self.record("list_containers");
+        let state = filter.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
         let sel = filter.map(|f| f.label_selector).unwrap_or_default();
         Ok(s.containers
             .values()
             .filter(|c| sel.iter().all(|(k, v)| c.labels.get(k) == Some(v)))
+            .filter(|c| state.is_none_or(|want| c.state == want))
             .map(|c| api::Container {
                 id: c.id.clone(),
                 pod_sandbox_id: s.container_sandbox.get(&c.id).cloned().unwrap_or_default(),
@@ -324,6 +333,30 @@ impl RuntimeService for FakeRuntime {
                 image_id: String::new(),
             })
             .collect())
+    }
+
+    async fn reopen_container_log(&self, id: &str) -> Result<()> {
+        let s = self.record("reopen_container_log");
+        let c = s.containers.get(id).ok_or_else(|| not_found(id))?;
+        if let Some(message) = &s.reopen_failure {
+            return Err(super::Error::Rpc { operation: "fake", status: tonic::Status::unknown(message.clone()) });
+        }
+        if c.state != api::ContainerState::ContainerRunning as i32 {
+            return Err(super::Error::Rpc {
+                operation: "fake",
+                status: tonic::Status::failed_precondition("container is not running"),
+            });
+        }
+        // Like the runtime: new output goes to a new file at the (absolute) log path.
+        let path = std::path::Path::new(&c.log_path);
+        if path.is_absolute() {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| super::Error::Rpc { operation: "fake", status: tonic::Status::internal(e.to_string()) })?;
+        }
+        Ok(())
     }
 
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {

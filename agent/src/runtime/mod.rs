@@ -86,6 +86,9 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// limit on the command (sent in whole seconds; zero means none); a non-zero exit code
     /// is a normal response, not an error.
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse>;
+    /// Asks the runtime to reopen a container's log file (`ReopenContainerLog`), after the
+    /// kubelet renamed it for rotation: new output goes to a new file at the log path.
+    async fn reopen_container_log(&self, id: &str) -> Result<()>;
     /// Pulls an image; returns the image reference the runtime stored it under.
     async fn pull_image(
         &self,

@@ -1,0 +1,3 @@
+//! Container logs on the node: rotation of the CRI log files.
+
+pub mod rotation;
