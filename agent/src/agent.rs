@@ -200,6 +200,23 @@ async fn cadvisor_handler(axum::extract::State(stats): axum::extract::State<Stat
     }
 }
 
+/// What the container GC needs to know of pods: gone = neither desired nor being worked on.
+#[derive(Debug)]
+struct GcPods {
+    manager: PodManager,
+    workers: crate::pod_workers::PodWorkers,
+}
+
+impl crate::gc::PodPresence for GcPods {
+    fn sources_ready(&self) -> bool {
+        self.manager.sources_ready()
+    }
+
+    fn is_gone(&self, pod_uid: &str) -> bool {
+        self.manager.get(pod_uid).is_none() && !self.workers.known_uids().contains(pod_uid)
+    }
+}
+
 /// Publishes what the evented PLEG observed on the node event API, with the pod's and
 /// container's names.
 /// A container's first exec also goes into its pod's start trace.
@@ -579,6 +596,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     if let Some(api) = event_api {
         tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
     }
+    let gc_pods = Arc::new(GcPods { manager: pod_manager.clone(), workers: workers.clone() });
+    let gc = Arc::new(crate::gc::ContainerGc::new(rt.clone(), gc_pods, cfg.container_gc));
+    tracker.spawn(
+        gc.run(crate::gc::CONTAINER_GC_PERIOD, shutdown.clone()).instrument(tracing::info_span!("container_gc")),
+    );
     // Validation made sure containerLogMaxSize is a quantity.
     match crate::logs::rotation::RotationPolicy::from_config(kc) {
         Ok(policy) => {

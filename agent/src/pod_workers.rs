@@ -511,7 +511,6 @@ impl Worker {
         // Show the outcome at once rather than at the next PLEG event.
         if let Ok(after) = self.deps.runtime.pod_status(self.uid()).await {
             self.update_status(&pod, &after, false);
-            self.deps.runtime.prune_dead_containers(&after).await;
         }
         let resync = resync_after(self.deps.sync_frequency);
         match result.requeue_after {

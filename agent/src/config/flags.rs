@@ -109,6 +109,16 @@ pub struct Flags {
     /// 1 s relisting PLEG alone, as the upstream kubelet does.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub evented_pleg: Option<bool>,
+    /// Minimum age of a dead container before garbage collection (upstream's deprecated
+    /// flag; default 0).
+    #[arg(long, value_name = "DURATION")]
+    pub minimum_container_ttl_duration: Option<GoDuration>,
+    /// Dead containers kept per (pod, container); below 0: no limit (default 1).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub maximum_dead_containers_per_container: Option<i32>,
+    /// Dead containers kept on the node; below 0: no limit (default -1).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub maximum_dead_containers: Option<i32>,
     /// swiftlet only: period of the safety-net relist that runs under the evented PLEG.
     /// Default 30s. (Without eBPF the relist period is the upstream 1s.)
     #[arg(long, value_name = "DURATION")]

@@ -133,6 +133,8 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     /// `--config`.
     pub config_file: Option<PathBuf>,
+    /// Container garbage collection (upstream's flag-only `GCPolicy`).
+    pub container_gc: crate::gc::ContainerGcPolicy,
     /// Settings that exist only in swiftlet (flags; not part of `KubeletConfiguration`).
     pub swiftlet: SwiftletOptions,
 }
@@ -197,10 +199,18 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
     if flags.pleg_relist_period.is_some_and(|d| d.to_std().is_zero()) {
         problems.push("--pleg-relist-period: must be greater than 0".to_owned());
     }
+    if flags.minimum_container_ttl_duration.is_some_and(GoDuration::is_negative) {
+        problems.push("--minimum-container-ttl-duration: must not be negative".to_owned());
+    }
     if !problems.is_empty() {
         return Err(invalid(&flags, problems));
     }
     Ok(Config {
+        container_gc: crate::gc::ContainerGcPolicy {
+            min_age: flags.minimum_container_ttl_duration.map_or(std::time::Duration::ZERO, GoDuration::to_std),
+            max_per_pod_container: flags.maximum_dead_containers_per_container.unwrap_or(1),
+            max_containers: flags.maximum_dead_containers.unwrap_or(-1),
+        },
         verbosity: u8::try_from(kubelet.logging.verbosity).unwrap_or(u8::MAX),
         kubelet,
         node_name,

@@ -436,3 +436,30 @@ fn hostname_errors_name_the_flag() {
     let err = load_with_hostname(Flags::default(), || Err(io::Error::other("no uts"))).unwrap_err();
     assert!(err.to_string().contains("--hostname-override"), "{err}");
 }
+
+#[test]
+fn container_gc_flags_default_as_upstream_and_can_be_set() {
+    let minimal = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    let c = load_file(minimal, &[]).unwrap();
+    assert_eq!(c.container_gc, crate::gc::ContainerGcPolicy::default());
+    assert_eq!((c.container_gc.max_per_pod_container, c.container_gc.max_containers), (1, -1));
+    let c = load_file(
+        minimal,
+        &[
+            "--minimum-container-ttl-duration=1m",
+            "--maximum-dead-containers-per-container=3",
+            "--maximum-dead-containers=100",
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        c.container_gc,
+        crate::gc::ContainerGcPolicy {
+            min_age: std::time::Duration::from_mins(1),
+            max_per_pod_container: 3,
+            max_containers: 100,
+        }
+    );
+    let p = problems(load_file(minimal, &["--minimum-container-ttl-duration=-1s"]));
+    assert!(p.iter().any(|p| p.contains("--minimum-container-ttl-duration")), "{p:?}");
+}

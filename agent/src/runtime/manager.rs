@@ -1221,24 +1221,6 @@ impl RuntimeManager {
         }
     }
 
-    /// Removes exited app containers beyond the newest two per name (the running or
-    /// latest one, and the previous one whose state is `lastState`). A crash-looping
-    /// container must not fill the runtime.
-    pub async fn prune_dead_containers(&self, status: &RuntimePodStatus) {
-        let mut seen: HashMap<&str, usize> = HashMap::new();
-        for c in &status.containers {
-            let n = seen.entry(c.name.as_str()).or_default();
-            *n += 1;
-            if *n > 2
-                && c.state == ContainerState::Exited
-                && let Err(e) = self.rt.remove_container(&c.id).await
-                && !e.is_not_found()
-            {
-                tracing::warn!(container = %c.id, error = %e, "failed to remove dead container");
-            }
-        }
-    }
-
     /// The spec of the container (or init container) `name`.
     fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
         let spec = pod.spec.as_ref()?;
