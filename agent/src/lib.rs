@@ -23,6 +23,7 @@ pub mod pleg;
 pub mod pod_manager;
 pub mod pod_startup;
 pub mod pod_workers;
+pub mod pressure;
 pub mod probe;
 pub mod prober;
 pub mod process_metrics;

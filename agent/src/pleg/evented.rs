@@ -286,6 +286,8 @@ pub struct EventedPleg {
     fallback: Arc<Mutex<Option<String>>>,
     sink: Option<ObservedSink>,
     exits: Arc<KernelExits>,
+    /// Where direct reclaim in pod cgroups and OOM kills are signalled (eviction).
+    pressure: Option<crate::pressure::PressureSignals>,
 }
 
 impl std::fmt::Debug for EventedPleg {
@@ -382,6 +384,7 @@ impl EventedPleg {
             fallback: Arc::new(Mutex::new(None)),
             sink,
             exits: Arc::default(),
+            pressure: None,
         }
     }
 
@@ -390,6 +393,14 @@ impl EventedPleg {
     #[must_use]
     pub fn with_exits(mut self, exits: Arc<KernelExits>) -> Self {
         self.exits = exits;
+        self
+    }
+
+    /// Signals direct reclaim starting in a pod's memory cgroup and OOM kills to
+    /// `pressure` (the eviction manager's fast path).
+    #[must_use]
+    pub fn with_pressure(mut self, pressure: crate::pressure::PressureSignals) -> Self {
+        self.pressure = Some(pressure);
         self
     }
 
@@ -469,6 +480,9 @@ impl EventedPleg {
                 return None;
             }
             KernelEvent::OomKill { ktime_ns, cgroup2_id, memcg_id, .. } => {
+                if let Some(p) = &self.pressure {
+                    p.send(crate::pressure::PressureSource::KernelOom);
+                }
                 if let Some(r) = self.lookup(cgroup2_id, memcg_id) {
                     if let Some(cid) = &r.container_id {
                         self.exits.record_oom(cid, wall_time_of(ktime_ns));
@@ -482,6 +496,14 @@ impl EventedPleg {
                         exit_code: None,
                         signal: Some(9),
                     });
+                }
+                return None;
+            }
+            KernelEvent::Reclaim { memcg_id, begin: true, direct: true, .. } => {
+                if let Some(p) = &self.pressure
+                    && self.lookup(0, memcg_id).is_some()
+                {
+                    p.send(crate::pressure::PressureSource::KernelReclaim);
                 }
                 return None;
             }
@@ -850,6 +872,26 @@ mod tests {
         idx.insert(CGROUP2_HIERARCHY, 42, &format!("/kubepods/podu1/{cid}"));
         let pleg = EventedPleg::new(relist, rt.clone(), metrics, Duration::from_secs(30), idx, 7, None);
         (rt, pleg, cid, sb)
+    }
+
+    #[tokio::test]
+    async fn direct_reclaim_in_a_pod_cgroup_and_oom_kills_signal_pressure() {
+        let (_, pleg, cid, _) = setup().await;
+        let (signals, mut rx) = crate::pressure::PressureSignals::channel();
+        let mut idx = CgroupIndex::default();
+        idx.insert(7, 99, &format!("/kubepods/podu1/{cid}"));
+        pleg.state.lock().unwrap().index = idx;
+        let pleg = pleg.with_pressure(signals);
+        let reclaim = |memcg_id, begin, direct| KernelEvent::Reclaim { ktime_ns: 1, memcg_id, begin, direct };
+        // kswapd, the end of a reclaim, and reclaim outside the pods: no signal.
+        for ev in [reclaim(99, true, false), reclaim(99, false, true), reclaim(5, true, true)] {
+            assert!(pleg.classify(&ev).is_none());
+        }
+        assert!(rx.try_recv().is_err());
+        assert!(pleg.classify(&reclaim(99, true, true)).is_none(), "not a lifecycle event");
+        assert_eq!(rx.try_recv().unwrap().source, crate::pressure::PressureSource::KernelReclaim);
+        pleg.classify(&KernelEvent::OomKill { ktime_ns: 1, pid: 3, cgroup2_id: 0, memcg_id: 99 });
+        assert_eq!(rx.try_recv().unwrap().source, crate::pressure::PressureSource::KernelOom);
     }
 
     #[tokio::test]
