@@ -6,6 +6,7 @@
 //!   down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
 //! - `bench pleg`: PLEG latency and agent cost, evented vs relist (figures, not a test).
+//! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
 //!
 //! xtask builds with no system tools (no protoc, no clang): it is what installs them.
 

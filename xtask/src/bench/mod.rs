@@ -3,13 +3,18 @@
 //!
 //! - `pleg`: container exit → pod worker → pod status latency, CPU per event, idle CPU and
 //!   RSS, for the evented (eBPF) PLEG and the 1 s relisting PLEG side by side.
+//! - `scrape`: wall time and agent CPU per scrape of `/metrics`, `/metrics/cadvisor`,
+//!   `/metrics/resource` and `/stats/summary` with 100 and 250 running containers, against
+//!   the upstream kubelet's figures.
 
 mod agent;
+mod https;
 mod latency;
 mod pleg;
 mod procfs;
 mod records;
 mod report;
+mod scrape;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -21,10 +26,15 @@ pub enum BenchCmd {
     /// PLEG latency (kill → pod worker → pod status), CPU per event, idle CPU and RSS with
     /// many pods: evented vs relist. Takes about 12 minutes; needs the machine and the test bed to itself.
     Pleg(pleg::PlegArgs),
+    /// Wall time and agent CPU per scrape of /metrics, /metrics/cadvisor, /metrics/resource
+    /// and /stats/summary at 100 and 250 running containers, against kubelet 1.28. Takes
+    /// 10 to 15 minutes; needs the machine and the test bed to itself.
+    Scrape(scrape::ScrapeArgs),
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, command: BenchCmd) -> Result<()> {
     match command {
         BenchCmd::Pleg(args) => pleg::run(ctx, layout, &args).await,
+        BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
     }
 }

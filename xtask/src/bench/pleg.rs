@@ -119,12 +119,12 @@ impl Session {
     }
 }
 
-fn bench_dir(ctx: &Ctx) -> PathBuf {
+pub(super) fn bench_dir(ctx: &Ctx) -> PathBuf {
     ctx.target_dir.join("bench")
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
-async fn interrupted() -> &'static str {
+pub(super) async fn interrupted() -> &'static str {
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
         return std::future::pending().await;
     };
@@ -222,7 +222,7 @@ fn publish(ctx: &Ctx, results: &[ModeResult], env: &Environment, incomplete: boo
     Ok(())
 }
 
-fn build_release(ctx: &Ctx) -> Result<PathBuf> {
+pub(super) fn build_release(ctx: &Ctx) -> Result<PathBuf> {
     eprintln!("==> cargo build --release -p swiftlet");
     let status = Command::new(&ctx.cargo)
         .args(["build", "--release", "-p", "swiftlet"])
@@ -244,7 +244,7 @@ fn bench_owner(name: &str) -> Option<i32> {
 /// Makes sure the test bed is ours alone, and removes what earlier benches that could
 /// not clean up (killed with SIGKILL) left: sandboxes in the bench namespace, cgroup roots
 /// and directories of bench processes that are gone.
-async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
+pub(super) async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
     let socket = layout.socket().display().to_string();
     let others = containerd::find_processes(|a| {
         a.first().is_some_and(|a0| Path::new(a0).file_name().is_some_and(|n| n == "swiftlet"))
@@ -277,7 +277,7 @@ async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
     Ok(())
 }
 
-fn environment(ctx: &Ctx, version: &VersionResponse, swiftlet_bin: Option<&Path>) -> Environment {
+pub(super) fn environment(ctx: &Ctx, version: &VersionResponse, swiftlet_bin: Option<&Path>) -> Environment {
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let git = |args: &[&str]| {
         Command::new("git")
@@ -415,7 +415,7 @@ impl Pauses {
 
 /// Polls `/pods` until exactly the pods `names` are there, each with `per_pod` running
 /// containers, and returns them sorted by name.
-async fn wait_running(
+pub(super) async fn wait_running(
     agent: &mut BenchAgent,
     cri: &mut CriClient,
     names: &[String],
@@ -423,7 +423,9 @@ async fn wait_running(
 ) -> Result<Vec<PodView>> {
     let want: BTreeSet<String> = names.iter().map(|n| format!("{n}-{NODE_NAME}")).collect();
     let total = names.len() * per_pod;
-    let timeout = Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(total).unwrap_or(u32::MAX);
+    // Half a second per container and per sandbox (what many single-container pods cost).
+    let timeout =
+        Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(total + names.len()).unwrap_or(u32::MAX);
     let started = Instant::now();
     let mut last_note = Instant::now();
     loop {

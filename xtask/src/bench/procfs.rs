@@ -57,6 +57,25 @@ pub fn cpu_seconds(pid: i32) -> Result<f64> {
     Ok(ticks as f64 / clock_ticks_per_sec() as f64)
 }
 
+/// CPU time a process has used so far (user + system, all its threads, exited ones
+/// included), in nanoseconds: the kernel's own runtime account read through the process's
+/// CPU-time clock (`clock_getcpuclockid(3)`). `/proc/<pid>/stat` has the same total, but
+/// in clock ticks (10 ms), too coarse for what one request costs.
+pub fn cpu_ns(pid: i32) -> Result<u64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: clock_getcpuclockid only writes into the clockid_t we own.
+    let rc = unsafe { libc::clock_getcpuclockid(pid, &raw mut clock) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc)).with_context(|| format!("CPU clock of pid {pid}"));
+    }
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime only writes into the timespec we own.
+    if unsafe { libc::clock_gettime(clock, &raw mut ts) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("reading the CPU clock of pid {pid}"));
+    }
+    Ok((ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
 /// Resident and peak resident memory (`VmRSS`, `VmHWM`) in bytes.
 pub fn memory(pid: i32) -> Result<(u64, u64)> {
     let path = format!("/proc/{pid}/status");
@@ -109,6 +128,21 @@ mod tests {
         let own = fs::read_to_string("/proc/self/stat").unwrap();
         assert!(parse_stat_cpu_ticks(&own).is_some());
         assert!(memory(std::process::id() as i32).unwrap().0 > 0);
+    }
+
+    #[test]
+    fn cpu_clock_is_exact_proc_stat() {
+        let pid = std::process::id() as i32;
+        // /proc/<pid>/stat is the same account truncated to ticks: never ahead of the clock.
+        let ticks_ns = (cpu_seconds(pid).unwrap() * 1e9) as u64;
+        let a = cpu_ns(pid).unwrap();
+        assert!(a >= ticks_ns, "clock {a} ns, stat {ticks_ns} ns");
+        let spin_until = a + 2_000_000;
+        let started = Instant::now();
+        while cpu_ns(pid).unwrap() < spin_until && started.elapsed().as_secs() < 10 {}
+        assert!(cpu_ns(pid).unwrap() >= spin_until);
+        // No such process: pids stay below pid_max, which is at most 2^22.
+        assert!(cpu_ns((1 << 22) + 1).is_err());
     }
 
     #[test]
