@@ -87,6 +87,12 @@ pub fn image_size_bucket(bytes: u64) -> &'static str {
     BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
 }
 
+/// Label set `reason` of `kubelet_image_garbage_collected_total`: `age` or `space`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageGcReasonLabels {
+    pub reason: String,
+}
+
 /// Label set of the `kubelet_http_*` families.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -200,6 +206,8 @@ pub struct KubeletMetrics {
     pub lifecycle_handler_http_fallbacks: Counter,
     /// Image pulls by the image's size range.
     pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
+    /// Images removed by image GC, by reason (`age`, `space`); upstream since 1.30.
+    pub image_garbage_collected: Family<ImageGcReasonLabels, Counter>,
     /// From the agent first seeing a pod to the pod running.
     pub pod_start_duration: Histogram,
     /// The pod startup latency SLI: creation → all containers started and observed,
@@ -255,6 +263,7 @@ impl KubeletMetrics {
             run_podsandbox_duration: Family::new_with_constructor(def_histogram),
             lifecycle_handler_http_fallbacks: Counter::default(),
             image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
+            image_garbage_collected: Family::default(),
             pod_start_duration: Histogram::new(POD_STARTUP_BUCKETS),
             pod_start_sli_duration: Histogram::new(POD_STARTUP_BUCKETS),
             pod_start_total_duration: Histogram::new(POD_STARTUP_BUCKETS),
@@ -437,6 +446,11 @@ impl KubeletMetrics {
             "kubelet_image_pull_duration_seconds",
             "[ALPHA] Duration in seconds to pull an image",
             self.image_pull_duration.clone(),
+        );
+        r.register(
+            "kubelet_image_garbage_collected",
+            "[ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age",
+            self.image_garbage_collected.clone(),
         );
         r.register(
             "kubelet_pod_start_duration_seconds",
