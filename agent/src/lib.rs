@@ -13,6 +13,7 @@ pub mod config;
 pub mod event_api;
 pub mod events;
 pub mod gc;
+pub mod images;
 pub mod lifecycle;
 pub mod logs;
 pub mod memory;

@@ -99,6 +99,12 @@ pub fn image_size_bucket(bytes: u64) -> &'static str {
     BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
 }
 
+/// Label set `reason` of `kubelet_image_garbage_collected_total`: `age` or `space`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ImageGcReasonLabels {
+    pub reason: String,
+}
+
 /// Label set of the `kubelet_http_*` families.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -219,6 +225,8 @@ pub struct KubeletMetrics {
     /// From the agent first seeing a pod to the pod running. The pod start histograms
     /// carry the pod's start trace as an exemplar ([`TraceExemplar`]; `OpenMetrics` only).
     pub pod_start_duration: TracedHistogram,
+    /// Images removed by image GC, by reason (`age`, `space`); upstream since 1.30.
+    pub image_garbage_collected: Family<ImageGcReasonLabels, Counter>,
     /// The pod startup latency SLI: creation → all containers started and observed,
     /// minus image pulling.
     pub pod_start_sli_duration: TracedHistogram,
@@ -277,6 +285,7 @@ impl KubeletMetrics {
             pod_start_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_sli_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_total_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
+            image_garbage_collected: Family::default(),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),
@@ -466,6 +475,11 @@ impl KubeletMetrics {
             "kubelet_orphan_pod_cleaned_volumes_errors",
             "[ALPHA] The number of orphaned Pods whose volumes failed to be cleaned in the last periodic sweep.",
             self.orphan_pod_cleaned_volumes_errors.clone(),
+        );
+        r.register(
+            "kubelet_image_garbage_collected",
+            "[ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age",
+            self.image_garbage_collected.clone(),
         );
         r.register(
             "kubelet_pod_start_duration_seconds",

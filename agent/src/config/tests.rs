@@ -463,3 +463,37 @@ fn container_gc_flags_default_as_upstream_and_can_be_set() {
     let p = problems(load_file(minimal, &["--minimum-container-ttl-duration=-1s"]));
     assert!(p.iter().any(|p| p.contains("--minimum-container-ttl-duration")), "{p:?}");
 }
+
+#[test]
+fn image_pull_and_gc_settings_are_validated_like_upstream() {
+    let load = |yaml: &str| load_file(&format!("{HEADER}{yaml}"), &[]);
+    let one_problem = |yaml: &str| {
+        let p = problems(load(yaml));
+        assert_eq!(p.len(), 1, "{yaml}: {p:#?}");
+        p[0].clone()
+    };
+    assert_eq!(one_problem("maxParallelImagePulls: 0\n"), "maxParallelImagePulls: 0 must be a positive number");
+    assert_eq!(
+        one_problem("serializeImagePulls: true\nmaxParallelImagePulls: 2\n"),
+        "maxParallelImagePulls: cannot be larger than 1 unless serializeImagePulls is false"
+    );
+    assert!(load("serializeImagePulls: true\nmaxParallelImagePulls: 1\n").is_ok());
+    let parallel = load("serializeImagePulls: false\nmaxParallelImagePulls: 5\n").unwrap().kubelet;
+    assert_eq!((parallel.serialize_image_pulls, parallel.max_parallel_image_pulls), (false, Some(5)));
+
+    assert_eq!(
+        one_problem("imageGCHighThresholdPercent: 101\n"),
+        "imageGCHighThresholdPercent: 101 must be between 0 and 100, inclusive"
+    );
+    assert_eq!(
+        one_problem("imageGCHighThresholdPercent: 80\nimageGCLowThresholdPercent: 80\n"),
+        "imageGCLowThresholdPercent: 80 must be less than imageGCHighThresholdPercent 80"
+    );
+    assert_eq!(one_problem("imageMaximumGCAge: -1s\n"), "imageMaximumGCAge: -1s must not be negative");
+    assert_eq!(
+        one_problem("imageMaximumGCAge: 1m\n"),
+        "imageMaximumGCAge: 1m0s must be greater than imageMinimumGCAge 2m0s"
+    );
+    let aged = load("imageMaximumGCAge: 168h\n").unwrap().kubelet;
+    assert_eq!(aged.image_maximum_gc_age, GoDuration::from_hours(168));
+}

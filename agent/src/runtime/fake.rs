@@ -6,18 +6,92 @@
 //! ([`FakeRuntime::push_exec_response`]), the handler ([`FakeRuntime::set_exec_handler`]),
 //! or exit code 0 with no output for a running container (`NotFound` for an unknown one,
 //! an error for a stopped one, as containerd answers).
+//!
+//! Images: the node's images ([`FakeRuntime::with_images`], [`FakeRuntime::add_image`])
+//! are found by id, repo tag (`busybox` and `busybox:latest` are the same reference, as
+//! containerd resolves them) or repo digest. `PullImage` runs the pull hook first
+//! ([`FakeRuntime::set_pull_hook`]: it may wait, or fail the pull), then copies the image
+//! from the fake registry ([`FakeRuntime::add_registry_image`]) to the node, or fails with
+//! `Unavailable` when the registry has no such image. `RemoveImage` fails for the images
+//! told to ([`FakeRuntime::fail_remove_image`]); `ImageFsInfo` answers what
+//! [`FakeRuntime::set_image_fs_info`] set, or one filesystem holding the images.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
 use super::backoff::{Clock, SystemClock};
 use super::{Result, RuntimeService, api};
 
 /// Answers `ExecSync` calls: (container id, command, timeout) → response.
 pub type ExecHandler = dyn Fn(&str, &[String], Duration) -> Result<api::ExecSyncResponse> + Send + Sync;
+
+/// Runs at the start of every `PullImage`: (image, credentials) → `Ok` to go on with the
+/// pull, `Err` to fail it. It may wait (a sleep, a `Notify`) to keep the pull in flight.
+pub type PullHook = dyn Fn(&str, Option<&api::AuthConfig>) -> BoxFuture<'static, Result<()>> + Send + Sync;
+
+/// One recorded `PullImage` call.
+#[derive(Clone, PartialEq)]
+pub struct PullCall {
+    pub image: String,
+    pub auth: Option<api::AuthConfig>,
+}
+
+impl std::fmt::Debug for PullCall {
+    // Never print credentials, not even in tests.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullCall")
+            .field("image", &self.image)
+            .field("auth", &self.auth.as_ref().map(|a| &a.server_address))
+            .finish()
+    }
+}
+
+/// The node's images, the fake registry, and what was asked of them.
+#[derive(Default)]
+struct Images {
+    local: Vec<api::Image>,
+    registry: Vec<api::Image>,
+    pull_hook: Option<Arc<PullHook>>,
+    pulls: Vec<PullCall>,
+    failing_removals: Vec<String>,
+    removed: Vec<String>,
+    fs_info: Option<api::ImageFsInfoResponse>,
+}
+
+impl std::fmt::Debug for Images {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Images")
+            .field("local", &self.local.iter().map(|i| &i.id).collect::<Vec<_>>())
+            .field("registry", &self.registry.iter().map(|i| &i.id).collect::<Vec<_>>())
+            .field("pull_hook", &self.pull_hook.is_some())
+            .field("pulls", &self.pulls)
+            .field("removed", &self.removed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `name` with the default tag when it has neither tag nor digest, so that `busybox` and
+/// `busybox:latest` compare equal.
+fn with_default_tag(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if name.contains('@') || last.contains(':') { name.to_string() } else { format!("{name}:latest") }
+}
+
+fn image_matches(image: &api::Image, name: &str) -> bool {
+    image.id == name
+        || image.repo_digests.iter().any(|d| d == name)
+        || image.repo_tags.iter().any(|t| with_default_tag(t) == with_default_tag(name))
+}
+
+/// An image as the fake stores it: id `sha256:<name>`, tagged `name`, 1024 bytes.
+#[must_use]
+pub fn fake_image(name: &str) -> api::Image {
+    api::Image { id: format!("sha256:{name}"), repo_tags: vec![name.to_string()], size: 1024, ..Default::default() }
+}
 
 /// One recorded `ExecSync` call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +140,7 @@ struct State {
     sandboxes: HashMap<String, (api::PodSandboxConfig, i32, i64)>,
     containers: HashMap<String, api::ContainerStatus>,
     container_sandbox: HashMap<String, String>,
-    images: Vec<String>,
+    images: Images,
     calls: Vec<String>,
     exec: ExecScript,
     /// `ReopenContainerLog` fails with this message.
@@ -95,8 +169,56 @@ impl FakeRuntime {
     #[must_use]
     pub fn with_images(images: &[&str]) -> Self {
         let rt = Self::default();
-        rt.state.lock().unwrap().images = images.iter().map(ToString::to_string).collect();
+        rt.state.lock().unwrap().images.local = images.iter().map(|i| fake_image(i)).collect();
         rt
+    }
+
+    /// Puts `image` on the node (replacing an image with the same id).
+    pub fn add_image(&self, image: api::Image) {
+        let mut s = self.state.lock().unwrap();
+        s.images.local.retain(|i| i.id != image.id);
+        s.images.local.push(image);
+    }
+
+    /// The images on the node.
+    #[must_use]
+    pub fn images(&self) -> Vec<api::Image> {
+        self.state.lock().unwrap().images.local.clone()
+    }
+
+    /// Makes `image` pullable: a pull of one of its tags or digests copies it to the node.
+    pub fn add_registry_image(&self, image: api::Image) {
+        self.state.lock().unwrap().images.registry.push(image);
+    }
+
+    /// Runs `hook` at the start of every `PullImage` (see [`PullHook`]).
+    pub fn set_pull_hook(
+        &self,
+        hook: impl Fn(&str, Option<&api::AuthConfig>) -> BoxFuture<'static, Result<()>> + Send + Sync + 'static,
+    ) {
+        self.state.lock().unwrap().images.pull_hook = Some(Arc::new(hook));
+    }
+
+    /// The `PullImage` calls made so far, in order.
+    #[must_use]
+    pub fn pull_calls(&self) -> Vec<PullCall> {
+        self.state.lock().unwrap().images.pulls.clone()
+    }
+
+    /// Makes `RemoveImage` of the image with this id fail.
+    pub fn fail_remove_image(&self, id: &str) {
+        self.state.lock().unwrap().images.failing_removals.push(id.to_string());
+    }
+
+    /// What `RemoveImage` removed so far, in order (as asked for: id or reference).
+    #[must_use]
+    pub fn removed_images(&self) -> Vec<String> {
+        self.state.lock().unwrap().images.removed.clone()
+    }
+
+    /// Answers `ImageFsInfo` with `info` from now on.
+    pub fn set_image_fs_info(&self, info: api::ImageFsInfoResponse) {
+        self.state.lock().unwrap().images.fs_info = Some(info);
     }
 
     /// Uses `clock` for container start and finish times (paused-time tests).
@@ -366,23 +488,44 @@ impl RuntimeService for FakeRuntime {
 
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>> {
         let s = self.record("image_status");
-        Ok(s.images
-            .iter()
-            .any(|i| i == image)
-            .then(|| api::Image { id: format!("sha256:{image}"), ..Default::default() }))
+        Ok(s.images.local.iter().find(|i| image_matches(i, image)).cloned())
     }
 
     async fn list_images(&self) -> Result<Vec<api::Image>> {
         let s = self.record("list_images");
-        Ok(s.images
-            .iter()
-            .map(|i| api::Image {
-                id: format!("sha256:{i}"),
-                repo_tags: vec![i.clone()],
-                size: 1024,
-                ..Default::default()
-            })
-            .collect())
+        Ok(s.images.local.clone())
+    }
+
+    async fn remove_image(&self, image: &str) -> Result<()> {
+        let mut s = self.record("remove_image");
+        let failing =
+            s.images.local.iter().any(|i| image_matches(i, image) && s.images.failing_removals.contains(&i.id));
+        if failing {
+            return Err(super::Error::Rpc {
+                operation: "remove_image",
+                status: tonic::Status::unknown(format!("failed to remove image {image:?}: image is busy")),
+            });
+        }
+        s.images.local.retain(|i| !image_matches(i, image));
+        s.images.removed.push(image.to_string());
+        Ok(())
+    }
+
+    async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse> {
+        let s = self.record("image_fs_info");
+        if let Some(info) = &s.images.fs_info {
+            return Ok(info.clone());
+        }
+        let used: u64 = s.images.local.iter().map(|i| i.size).sum();
+        Ok(api::ImageFsInfoResponse {
+            image_filesystems: vec![api::FilesystemUsage {
+                timestamp: self.now_nanos(),
+                fs_id: Some(api::FilesystemIdentifier { mountpoint: "/var/lib/containerd".into() }),
+                used_bytes: Some(api::UInt64Value { value: used }),
+                inodes_used: Some(api::UInt64Value { value: s.images.local.len() as u64 }),
+            }],
+            container_filesystems: Vec::new(),
+        })
     }
 
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
@@ -412,14 +555,29 @@ impl RuntimeService for FakeRuntime {
     async fn pull_image(
         &self,
         image: &str,
-        _auth: Option<api::AuthConfig>,
+        auth: Option<api::AuthConfig>,
         _sandbox_config: Option<api::PodSandboxConfig>,
     ) -> Result<String> {
-        let _s = self.record("pull_image");
-        Err(super::Error::Rpc {
-            operation: "pull_image",
-            status: tonic::Status::unavailable(format!("no registry for {image}")),
-        })
+        let hook = {
+            let mut s = self.record("pull_image");
+            s.images.pulls.push(PullCall { image: image.to_string(), auth: auth.clone() });
+            s.images.pull_hook.clone()
+        };
+        // Awaited without the lock: the hook may take (paused) time.
+        if let Some(hook) = hook {
+            hook(image, auth.as_ref()).await?;
+        }
+        let mut s = self.state.lock().unwrap();
+        let Some(found) = s.images.registry.iter().find(|i| image_matches(i, image)).cloned() else {
+            return Err(super::Error::Rpc {
+                operation: "pull_image",
+                status: tonic::Status::unavailable(format!("no registry for {image}")),
+            });
+        };
+        s.images.local.retain(|i| i.id != found.id);
+        let id = found.id.clone();
+        s.images.local.push(found);
+        Ok(id)
     }
 }
 

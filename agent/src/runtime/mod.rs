@@ -82,6 +82,11 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
     /// Every image the runtime has.
     async fn list_images(&self) -> Result<Vec<api::Image>>;
+    /// Removes an image by id or reference (`RemoveImage`); an image that is already gone
+    /// is not an error.
+    async fn remove_image(&self, image: &str) -> Result<()>;
+    /// The filesystems the runtime keeps images on (`ImageFsInfo`).
+    async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse>;
     /// Runs `cmd` in a container and waits for it (`ExecSync`). `timeout` is the runtime's
     /// limit on the command (sent in whole seconds; zero means none); a non-zero exit code
     /// is a normal response, not an error.

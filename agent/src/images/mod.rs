@@ -1,0 +1,2 @@
+pub mod gc;
+pub mod puller;
