@@ -411,7 +411,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 crash_max,
                 Arc::new(crate::runtime::backoff::TokioClock::new()),
             ),
-            Backoff::default(),
+            Arc::new(
+                crate::images::puller::ImageManager::new(
+                    rt.clone(),
+                    crate::images::puller::PullerConfig::from_config(kc),
+                    metrics.clone(),
+                )
+                .with_recorder(recorder.clone())
+                .with_startup_tracker(startup.clone()),
+            ),
         )
         .with_recorder(recorder.clone())
         .with_kernel_exits(kernel_exits.clone())
@@ -595,6 +603,38 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     }
     if let Some(api) = event_api {
         tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
+    }
+    // Image GC keeps the sandbox image: the flag's, else the runtime's own.
+    let sandbox_image = match &cfg.pod_infra_container_image {
+        Some(image) => Some(image.clone()),
+        None => match rt.status(true).await {
+            Ok(status) => crate::runtime::sandbox_image_of(&status),
+            Err(e) => {
+                tracing::warn!(error = %e, "runtime status");
+                None
+            }
+        },
+    };
+    match crate::images::gc::ImageGcManager::new(
+        rt.clone(),
+        Arc::new(crate::images::gc::Statvfs),
+        crate::images::gc::ImageGcPolicy::from_config(kc),
+        metrics.clone(),
+    ) {
+        Ok(gc) => {
+            let mut gc = gc.with_recorder(recorder.clone(), &cfg.node_name);
+            match &sandbox_image {
+                Some(image) => {
+                    tracing::info!(%image, "image GC keeps the sandbox image");
+                    gc = gc.with_sandbox_image(image);
+                }
+                None => tracing::warn!(
+                    "the runtime did not name its sandbox image; set --pod-infra-container-image so image GC keeps it"
+                ),
+            }
+            tracker.spawn(Arc::new(gc).run(shutdown.clone()).instrument(tracing::info_span!("image_gc")));
+        }
+        Err(e) => tracing::error!(error = %e, "image GC is off"),
     }
     let gc_pods = Arc::new(GcPods { manager: pod_manager.clone(), workers: workers.clone() });
     let gc = Arc::new(crate::gc::ContainerGc::new(rt.clone(), gc_pods, cfg.container_gc));

@@ -682,7 +682,7 @@ mod tests {
                 host_ip: None,
             },
             Backoff::new(crate::runtime::backoff::INITIAL, crate::runtime::backoff::MAX, clock),
-            Backoff::default(),
+            Arc::new(crate::images::puller::ImageManager::new(rt.clone(), Default::default(), metrics.clone())),
         );
         let status = Arc::new(StatusManager::default());
         let deps = Arc::new(SyncDeps {

@@ -109,6 +109,10 @@ pub struct Flags {
     /// 1 s relisting PLEG alone, as the upstream kubelet does.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub evented_pleg: Option<bool>,
+    /// The sandbox (pause) image, kept by image GC. Default: the runtime's own, from its
+    /// verbose CRI status.
+    #[arg(long, value_name = "IMAGE")]
+    pub pod_infra_container_image: Option<String>,
     /// Minimum age of a dead container before garbage collection (upstream's deprecated
     /// flag; default 0).
     #[arg(long, value_name = "DURATION")]

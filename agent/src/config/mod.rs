@@ -133,6 +133,9 @@ pub struct Config {
     pub node_labels: BTreeMap<String, String>,
     /// `--config`.
     pub config_file: Option<PathBuf>,
+    /// `--pod-infra-container-image`: the sandbox image image GC keeps (`None`: ask the
+    /// runtime).
+    pub pod_infra_container_image: Option<String>,
     /// Container garbage collection (upstream's flag-only `GCPolicy`).
     pub container_gc: crate::gc::ContainerGcPolicy,
     /// Settings that exist only in swiftlet (flags; not part of `KubeletConfiguration`).
@@ -206,6 +209,7 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         return Err(invalid(&flags, problems));
     }
     Ok(Config {
+        pod_infra_container_image: flags.pod_infra_container_image.clone().filter(|i| !i.is_empty()),
         container_gc: crate::gc::ContainerGcPolicy {
             min_age: flags.minimum_container_ttl_duration.map_or(std::time::Duration::ZERO, GoDuration::to_std),
             max_per_pod_container: flags.maximum_dead_containers_per_container.unwrap_or(1),

@@ -141,6 +141,12 @@ impl RuntimeService for RemoteRuntime {
         self.call("version", "runtime.v1.RuntimeService/Version", Some(self.timeout), c.version(req)).await
     }
 
+    async fn status(&self, verbose: bool) -> Result<api::StatusResponse> {
+        let mut c = self.runtime.clone();
+        let req = api::StatusRequest { verbose };
+        self.call("status", "runtime.v1.RuntimeService/Status", Some(self.timeout), c.status(req)).await
+    }
+
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: String) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = api::RunPodSandboxRequest { config: Some(config), runtime_handler };

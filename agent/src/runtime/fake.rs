@@ -313,6 +313,16 @@ impl RuntimeService for FakeRuntime {
         })
     }
 
+    async fn status(&self, verbose: bool) -> Result<api::StatusResponse> {
+        let _s = self.record("status");
+        let info = if verbose {
+            HashMap::from([("config".to_string(), r#"{"sandboxImage":"registry.k8s.io/pause:3.9"}"#.to_string())])
+        } else {
+            HashMap::new()
+        };
+        Ok(api::StatusResponse { info, ..Default::default() })
+    }
+
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, _handler: String) -> Result<String> {
         let mut s = self.record("run_podsandbox");
         s.next_id += 1;

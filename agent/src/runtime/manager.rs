@@ -28,11 +28,11 @@ const ETC_HOSTS: &str = "/etc/hosts";
 
 /// Waiting reasons as upstream (`kubecontainer` errors and `images` errors).
 pub mod reasons {
+    pub use crate::images::puller::reasons::{
+        ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR, IMAGE_PULL_BACK_OFF, INVALID_IMAGE_NAME,
+        REGISTRY_UNAVAILABLE, SIGNATURE_VALIDATION_FAILED,
+    };
     pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
-    pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
-    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
-    pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
-    pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
     pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
     pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
     pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
@@ -41,6 +41,17 @@ pub mod reasons {
     pub const CONTAINER_CREATING: &str = "ContainerCreating";
     pub const POD_INITIALIZING: &str = "PodInitializing";
 }
+
+/// Waiting reasons the image manager gives (it records their events itself).
+const IMAGE_REASONS: [&str; 7] = [
+    reasons::ERR_IMAGE_PULL,
+    reasons::IMAGE_PULL_BACK_OFF,
+    reasons::ERR_IMAGE_NEVER_PULL,
+    reasons::INVALID_IMAGE_NAME,
+    reasons::IMAGE_INSPECT_ERROR,
+    reasons::REGISTRY_UNAVAILABLE,
+    reasons::SIGNATURE_VALIDATION_FAILED,
+];
 
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -311,7 +322,8 @@ pub struct RuntimeManager {
     metrics: Arc<KubeletMetrics>,
     cfg: RuntimeManagerConfig,
     backoff: Mutex<Backoff>,
-    image_backoff: Mutex<Backoff>,
+    /// Pulls images as their pull policy says (events, back-off, credentials).
+    images: Arc<crate::images::puller::ImageManager>,
     /// Last start failure per (pod uid, container name): (reason, message). Upstream
     /// `ReasonCache`; cleared by a successful start.
     reasons: Mutex<HashMap<(String, String), (String, String)>>,
@@ -337,13 +349,13 @@ impl RuntimeManager {
         metrics: Arc<KubeletMetrics>,
         cfg: RuntimeManagerConfig,
         backoff: Backoff,
-        image_backoff: Backoff,
+        images: Arc<crate::images::puller::ImageManager>,
     ) -> Self {
         Self {
             cm,
             metrics,
             backoff: Mutex::new(backoff),
-            image_backoff: Mutex::new(image_backoff),
+            images,
             reasons: Mutex::new(HashMap::new()),
             recorder: None,
             // Standalone until told otherwise: emptyDir/hostPath work, API objects fail clearly.
@@ -459,13 +471,13 @@ impl RuntimeManager {
         self.reasons.lock().unwrap().retain(|(u, _), _| u != uid);
         let prefix = format!("{uid}/");
         self.backoff.lock().unwrap().forget_prefix(&prefix);
-        self.image_backoff.lock().unwrap().forget_prefix(&prefix);
+        self.images.forget_pod(uid);
     }
 
     /// Drops expired back-off entries (housekeeping).
     pub fn gc_backoff(&self) {
         self.backoff.lock().unwrap().gc();
-        self.image_backoff.lock().unwrap().gc();
+        self.images.gc_backoff();
     }
 
     /// Fetches a pod's runtime status, with the exits the kernel saw first.
@@ -652,22 +664,14 @@ impl RuntimeManager {
                     .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
                     .inc();
                 self.set_reason(uid, &container.name, reason, msg.clone());
-                let event_reason = match reason {
-                    reasons::IMAGE_PULL_BACK_OFF => Some("BackOff"),
-                    reasons::ERR_IMAGE_NEVER_PULL => Some(reasons::ERR_IMAGE_NEVER_PULL),
-                    reasons::INVALID_IMAGE_NAME => Some("InspectFailed"),
-                    // FailedPostStartHook was recorded, without the hook's output.
-                    reasons::POST_START_HOOK_ERROR => None,
-                    _ => Some("Failed"),
-                };
-                if let Some(event_reason) = event_reason {
-                    self.container_event(
-                        pod,
-                        &container.name,
-                        EventType::Warning,
-                        event_reason,
-                        format!("Error: {reason}: {msg}"),
-                    );
+                // The image manager recorded its own events (Failed, BackOff, ...); upstream
+                // adds "Error: <reason>" for an image failure. FailedPostStartHook was
+                // recorded, without the hook's output.
+                let image_failure = IMAGE_REASONS.contains(&reason);
+                if reason != reasons::POST_START_HOOK_ERROR {
+                    let message =
+                        if image_failure { format!("Error: {reason}") } else { format!("Error: {reason}: {msg}") };
+                    self.container_event(pod, &container.name, EventType::Warning, "Failed", message);
                 }
                 result.errors.push(format!("{reason}: {msg}"));
                 if let Some(r) = retry {
@@ -727,97 +731,9 @@ impl RuntimeManager {
         Ok((id, ips))
     }
 
-    /// Pulls the image as the pull policy says. Errors carry the waiting reason.
-    async fn ensure_image(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        sandbox_config: &api::PodSandboxConfig,
-    ) -> Result<String, (&'static str, String, Option<Duration>)> {
-        let image = container.image.clone().unwrap_or_default();
-        if image.is_empty() || image.contains(char::is_whitespace) {
-            return Err((
-                reasons::INVALID_IMAGE_NAME,
-                format!("Failed to apply default image tag {image:?}: invalid reference format"),
-                None,
-            ));
-        }
-        let policy = container.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
-        let present = match self.rt.image_status(&image).await {
-            Ok(img) => img,
-            Err(e) => {
-                return Err((
-                    reasons::ERR_IMAGE_PULL,
-                    format!("ImageStatus {image}: {e}"),
-                    Some(Duration::from_secs(10)),
-                ));
-            }
-        };
-        if policy != "Always" {
-            if let Some(img) = present {
-                self.container_event(
-                    pod,
-                    &container.name,
-                    EventType::Normal,
-                    "Pulled",
-                    format!("Container image \"{image}\" already present on machine"),
-                );
-                return Ok(img.id);
-            }
-            if policy == "Never" {
-                return Err((
-                    reasons::ERR_IMAGE_NEVER_PULL,
-                    format!("Container image \"{image}\" is not present with pull policy of Never"),
-                    None,
-                ));
-            }
-        }
-        let key = format!("{}/{}", pod.metadata.uid.as_deref().unwrap_or_default(), image);
-        let now = SystemTime::now();
-        if let Some(rem) = self.image_backoff.lock().unwrap().remaining_since(&key, now) {
-            return Err((reasons::IMAGE_PULL_BACK_OFF, format!("Back-off pulling image \"{image}\""), Some(rem)));
-        }
-        tracing::info!(pod = %pod_full_name(pod), %image, "pulling image");
-        self.container_event(pod, &container.name, EventType::Normal, "Pulling", format!("Pulling image \"{image}\""));
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        if let Some(t) = &self.startup {
-            t.image_started_pulling(uid);
-        }
-        let pull_start = std::time::Instant::now();
-        let pulled = self.rt.pull_image(&image, None, Some(sandbox_config.clone())).await;
-        let pull_seconds = pull_start.elapsed().as_secs_f64();
-        if let Some(t) = &self.startup {
-            t.image_finished_pulling(uid);
-        }
-        match pulled {
-            Ok(r) => {
-                // kubelet_image_pull_duration_seconds, by the pulled image's size.
-                let size = match self.rt.image_status(&r).await {
-                    Ok(Some(i)) => i.size,
-                    _ => 0,
-                };
-                self.metrics
-                    .image_pull_duration
-                    .get_or_create(&crate::metrics::ImageSizeLabels {
-                        image_size_in_bytes: crate::metrics::image_size_bucket(size).into(),
-                    })
-                    .observe(pull_seconds);
-                self.container_event(
-                    pod,
-                    &container.name,
-                    EventType::Normal,
-                    "Pulled",
-                    format!("Successfully pulled image \"{image}\" in {pull_seconds:.3}s"),
-                );
-                Ok(r)
-            }
-            Err(e) => {
-                let mut b = self.image_backoff.lock().unwrap();
-                b.next(&key, now);
-                let wait = b.current(&key);
-                Err((reasons::ERR_IMAGE_PULL, format!("failed to pull image \"{image}\": {e}"), wait))
-            }
-        }
+    /// The registry credentials to try for `image` (none yet: anonymous pulls).
+    fn image_credentials(&self, _pod: &Pod, _image: &str) -> Vec<api::AuthConfig> {
+        Vec::new()
     }
 
     #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
@@ -833,9 +749,10 @@ impl RuntimeManager {
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
         let image = container.image.as_deref().unwrap_or_default();
         let image_span = crate::telemetry::pod_step_span("ensureImageExists", &container.name, image);
-        let ensured =
-            tracing::Instrument::instrument(self.ensure_image(pod, container, sandbox_config), image_span.clone())
-                .await;
+        let pulled =
+            self.images.ensure_image_exists(pod, container, self.image_credentials(pod, image), Some(sandbox_config));
+        let ensured: Result<String, (&'static str, String, Option<Duration>)> =
+            tracing::Instrument::instrument(pulled, image_span.clone()).await.map_err(Into::into);
         if let Err((reason, msg, _)) = &ensured {
             crate::telemetry::record_error(&image_span, &format!("{reason}: {msg}"));
         }
@@ -2776,10 +2693,13 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let fake = Arc::new(FakeRuntime::with_images(&["img"]));
             let recorder = Arc::new(MemoryRecorder::new("node-1"));
+            let metrics = Arc::new(KubeletMetrics::unregistered());
+            let images = crate::images::puller::ImageManager::new(fake.clone(), Default::default(), metrics.clone())
+                .with_recorder(recorder.clone());
             let rm = RuntimeManager::new(
                 fake.clone(),
                 Arc::new(FakePodContainerManager::default()),
-                Arc::new(KubeletMetrics::unregistered()),
+                metrics,
                 RuntimeManagerConfig {
                     pod_logs_dir: dir.path().join("logs"),
                     root_dir: dir.path().join("root"),
@@ -2787,7 +2707,7 @@ mod tests {
                     host_ip: None,
                 },
                 Backoff::default(),
-                Backoff::default(),
+                Arc::new(images),
             )
             .with_recorder(recorder.clone());
             (dir, fake, recorder, rm)
@@ -2892,10 +2812,13 @@ mod tests {
                     memory: 1 << 30,
                     ephemeral_storage: 1 << 30,
                 });
+            let fake = Arc::new(FakeRuntime::with_images(&["img"]));
+            let metrics = Arc::new(KubeletMetrics::unregistered());
+            let images = crate::images::puller::ImageManager::new(fake.clone(), Default::default(), metrics.clone());
             let rm = RuntimeManager::new(
-                Arc::new(FakeRuntime::with_images(&["img"])),
+                fake,
                 Arc::new(FakePodContainerManager::default()),
-                Arc::new(KubeletMetrics::unregistered()),
+                metrics,
                 RuntimeManagerConfig {
                     pod_logs_dir: dir.path().join("logs"),
                     root_dir: dir.path().join("root"),
@@ -2903,7 +2826,7 @@ mod tests {
                     host_ip: Some("192.0.2.1".into()),
                 },
                 Backoff::default(),
-                Backoff::default(),
+                Arc::new(images),
             )
             .with_recorder(recorder.clone())
             .with_volumes(Arc::new(volumes))

@@ -56,11 +56,22 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The sandbox (pause) image the runtime uses, from its verbose status (containerd's
+/// `info.config.sandboxImage`).
+#[must_use]
+pub fn sandbox_image_of(status: &api::StatusResponse) -> Option<String> {
+    let config: serde_json::Value = serde_json::from_str(status.info.get("config")?).ok()?;
+    config.get("sandboxImage")?.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
 /// The CRI calls the kubelet makes, one method per RPC. The real implementation is
 /// [`RemoteRuntime`]; [`fake::FakeRuntime`] keeps state in memory for unit tests.
 #[async_trait]
 pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     async fn version(&self) -> Result<api::VersionResponse>;
+    /// The runtime's conditions; `verbose` adds its `info` (containerd: its CRI config as
+    /// JSON under `config`).
+    async fn status(&self, verbose: bool) -> Result<api::StatusResponse>;
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: String) -> Result<String>;
     async fn stop_pod_sandbox(&self, id: &str) -> Result<()>;
     async fn remove_pod_sandbox(&self, id: &str) -> Result<()>;
