@@ -623,14 +623,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     ) {
         Ok(gc) => {
             let mut gc = gc.with_recorder(recorder.clone(), &cfg.node_name);
-            match &sandbox_image {
-                Some(image) => {
-                    tracing::info!(%image, "image GC keeps the sandbox image");
-                    gc = gc.with_sandbox_image(image);
-                }
-                None => tracing::warn!(
+            if let Some(image) = &sandbox_image {
+                tracing::info!(%image, "image GC keeps the sandbox image");
+                gc = gc.with_sandbox_image(image);
+            } else {
+                tracing::warn!(
                     "the runtime did not name its sandbox image; set --pod-infra-container-image so image GC keeps it"
-                ),
+                );
             }
             tracker.spawn(Arc::new(gc).run(shutdown.clone()).instrument(tracing::info_span!("image_gc")));
         }

@@ -682,7 +682,11 @@ mod tests {
                 host_ip: None,
             },
             Backoff::new(crate::runtime::backoff::INITIAL, crate::runtime::backoff::MAX, clock),
-            Arc::new(crate::images::puller::ImageManager::new(rt.clone(), Default::default(), metrics.clone())),
+            Arc::new(crate::images::puller::ImageManager::new(
+                rt.clone(),
+                crate::images::puller::PullerConfig::default(),
+                metrics.clone(),
+            )),
         );
         let status = Arc::new(StatusManager::default());
         let deps = Arc::new(SyncDeps {

@@ -6,6 +6,9 @@
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
 pub mod apiserver;
+pub mod registry;
+
+pub use registry::TestRegistry;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

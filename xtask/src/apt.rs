@@ -23,6 +23,9 @@ pub const PACKAGES: &[&str] = &[
     "iproute2",
     "gcc",
     "libc6-dev",
+    // The test registries (`registry`).
+    "docker-registry",
+    "skopeo",
 ];
 
 /// Parses `dpkg -s` output: installed means a `Status: install ok installed` line.

@@ -112,7 +112,10 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
     if !test_args.is_empty() {
         cmd.arg("--").args(test_args);
     }
-    cmd.env("SWIFTLET_CRI_ENDPOINT", layout.endpoint()).env("SWIFTLET_TESTBED", "1").stdout(Stdio::piped());
+    cmd.env("SWIFTLET_CRI_ENDPOINT", layout.endpoint())
+        .env("SWIFTLET_TESTBED", "1")
+        .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
+        .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("running cargo test")?;
     let stdout = child.stdout.take().context("cargo test stdout")?;
     for line in BufReader::new(stdout).lines() {
@@ -135,7 +138,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
     let mut r = Report { results: Vec::new(), step: 0, total: 8 };
     let mut totals = TestTotals::default();
 
-    let t = r.header("testbed up (apt packages, images, containerd)");
+    let t = r.header("testbed up (apt packages, images, containerd, registries)");
     let bed_up = r.record("testbed up", t, testbed::up(ctx, layout).await.map(drop));
 
     let t = r.header("cargo build --workspace --all-targets --locked");

@@ -103,6 +103,11 @@ disabled_plugins = [
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni_conf}"
     max_conf_num = 1
+
+  # Per-registry `<host:port>/hosts.toml` (the test registries' CA and schemes), read on
+  # every pull: `cargo xtask registry up` can add them while containerd runs.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{registry_hosts}"
 "#,
         root = p(layout.containerd_root()),
         state = p(layout.containerd_state()),
@@ -111,6 +116,7 @@ disabled_plugins = [
         pause = PAUSE_IMAGE,
         runc_root = p(layout.runc_root()),
         cni_conf = p(layout.cni_conf_dir()),
+        registry_hosts = p(layout.registry_hosts_dir()),
     )
 }
 
@@ -341,6 +347,7 @@ mod tests {
         assert!(toml.contains("restrict_oom_score_adj = true"));
         assert!(toml.contains("SystemdCgroup = false"));
         assert!(toml.contains(r#"sandbox_image = "localhost/pause:3.10""#));
+        assert!(toml.contains(r#"config_path = "/x/root/certs.d""#));
         assert!(toml.starts_with("# ") && toml.contains("\nversion = 2\n"));
     }
 

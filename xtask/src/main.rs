@@ -2,6 +2,8 @@
 //!
 //! - `testbed up|down|status|check-clean|smoke`: a private containerd with CNI and local
 //!   images, for end-to-end tests (see `testbed`).
+//! - `registry up|down|status`: the test bed's image registries on loopback (plain HTTP,
+//!   and HTTPS with basic auth), holding the local images (see `registry`).
 //! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
 //!   down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
@@ -18,6 +20,7 @@ mod containerd;
 mod cri;
 mod demo;
 mod images;
+mod registry;
 mod testbed;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -37,6 +40,17 @@ enum Cmd {
     Testbed {
         #[command(subcommand)]
         command: TestbedCmd,
+    },
+    /// Manage the test bed's image registries (`testbed up` starts them too).
+    Registry {
+        #[command(subcommand)]
+        command: RegistryCmd,
+        /// The test bed root dir (default: the standard test bed's).
+        #[arg(long, global = true, requires = "state_dir")]
+        root_dir: Option<PathBuf>,
+        /// The test bed state dir (default: the standard test bed's).
+        #[arg(long, global = true, requires = "root_dir")]
+        state_dir: Option<PathBuf>,
     },
     /// Run what CI runs: test bed up, build, fmt, clippy, tests, test bed down, check-clean.
     Test {
@@ -81,6 +95,23 @@ enum TestbedCmd {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum RegistryCmd {
+    /// Install docker-registry and skopeo, start both registries, push the local images.
+    Up {
+        /// Port of the plain HTTP registry on 127.0.0.1.
+        #[arg(long, default_value_t = registry::Ports::default().plain)]
+        plain_port: u16,
+        /// Port of the HTTPS + basic auth registry on 127.0.0.1.
+        #[arg(long, default_value_t = registry::Ports::default().tls)]
+        tls_port: u16,
+    },
+    /// Stop the registries and remove their files.
+    Down,
+    /// Show whether the registries are up (exit 1 if not).
+    Status,
+}
+
 /// Where the workspace and its build output are.
 #[derive(Debug, Clone)]
 pub struct Ctx {
@@ -116,6 +147,19 @@ async fn main() -> ExitCode {
             TestbedCmd::CheckClean => testbed::check_clean_cmd(&layout),
             TestbedCmd::Smoke { keep } => testbed::smoke(&layout, keep).await,
         },
+        Cmd::Registry { command, root_dir, state_dir } => {
+            let layout = match (root_dir, state_dir) {
+                (Some(root), Some(state)) => testbed::Layout::new(root, state),
+                _ => layout,
+            };
+            match command {
+                RegistryCmd::Up { plain_port, tls_port } => {
+                    registry::up_cmd(&ctx, &layout, registry::Ports { plain: plain_port, tls: tls_port })
+                }
+                RegistryCmd::Down => registry::down(&ctx, &layout),
+                RegistryCmd::Status => registry::status(&layout),
+            }
+        }
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command } => bench::run(&ctx, &layout, command).await,

@@ -4,10 +4,12 @@
 //! - `/var/lib/swiftlet-testbed` (root): containerd's root (images, snapshots), its config
 //!   `containerd.toml`, its log `containerd.log`, the CNI conflist (`cni/net.d`), host-local
 //!   IPAM state (`cni/ipam`), pod logs of the smoke pod.
+//!   The test registries (`registry`, see the `registry` module) and containerd's
+//!   `hosts.toml` files for them (`certs.d`) are there too.
 //! - `/run/swiftlet-testbed` (state): the socket `containerd.sock`, containerd's state,
 //!   runc's root (`runc`), pod network namespaces
 //!   (`containerd/io.containerd.grpc.v1.cri/netns/cni-*`), and `testbed.json`, the record
-//!   `down` works from.
+//!   `down` works from; `registry.json`, the registries' record.
 //! - Outside them, unavoidably: the `swiftlet0` bridge, portmap's iptables chains, pod
 //!   cgroups under `kubepods`, `/var/lib/cni/results`, shim sockets in `/run/containerd/s`.
 //! - `<target>/xtask/images`: the image tarball cache (kept across `down`, like any build
@@ -37,6 +39,7 @@ use crate::{
     containerd::{self, CNI_NETWORK},
     cri::{self, CriClient},
     images::{self, BuiltImage},
+    registry,
 };
 
 /// The test bed's directories and every path derived from them.
@@ -104,6 +107,21 @@ impl Layout {
 
     pub fn state_file(&self) -> PathBuf {
         self.state.join("testbed.json")
+    }
+
+    /// The test registries' files (see `registry`).
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root.join("registry")
+    }
+
+    /// containerd's registry `config_path`: one `<host:port>/hosts.toml` per registry.
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.root.join("certs.d")
+    }
+
+    /// `registry.json`, the test registries' record (endpoints, credentials, CA).
+    pub fn registry_state_file(&self) -> PathBuf {
+        self.state.join("registry.json")
     }
 
     pub fn dirs(&self) -> Vec<PathBuf> {
@@ -216,6 +234,12 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
             state.containerd_pid.unwrap_or_default(),
             state.runtime
         );
+        if fs::read_to_string(layout.containerd_config()).ok() != Some(containerd::config_toml(layout)) {
+            eprintln!(
+                "warning: containerd runs with an older config than this xtask writes (e.g. without the \
+                 registry config_path the test registries need); `testbed down` then `up` applies it"
+            );
+        }
     } else {
         // Never two containerds on one state: stop any leftover of ours first.
         for pid in containerd::find_processes(|a| containerd::is_our_containerd(a, &layout.containerd_config())) {
@@ -241,6 +265,13 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         state.images.insert(image.name.clone(), image.image_id.clone());
     }
     state.save(layout)?;
+    let registries = registry::up(layout, registry::Ports::default(), &built)?;
+    eprintln!(
+        "test registries up: http://{} and https://{} ({})",
+        registries.plain.endpoint,
+        registries.tls.endpoint,
+        layout.registry_state_file().display()
+    );
     eprintln!("test bed up; state in {}", layout.state_file().display());
     println!("{}", state.cri_endpoint);
     Ok(state)
@@ -393,6 +424,7 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
         steps.run("stopping containerd", containerd::terminate(pid, Duration::from_secs(20)));
     }
     steps.run("deleting runc leftovers", delete_runc_leftovers(layout));
+    steps.run("stopping registries", registry::stop(ctx, layout));
     steps.run("killing shims", kill_shims(layout));
 
     let mut dirs = layout.dirs();
@@ -448,6 +480,7 @@ pub fn check_clean(layout: &Layout, state: Option<&State>) -> Vec<String> {
     for pid in containerd::find_processes(|a| containerd::is_our_shim(a, &socket)) {
         left.push(format!("shim process {pid} serving {}", socket.display()));
     }
+    left.extend(registry::leftovers(layout));
 
     let mut dirs = layout.dirs();
     match state {

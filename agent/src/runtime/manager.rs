@@ -324,6 +324,8 @@ pub struct RuntimeManager {
     backoff: Mutex<Backoff>,
     /// Pulls images as their pull policy says (events, back-off, credentials).
     images: Arc<crate::images::puller::ImageManager>,
+    /// Registry credentials of the node (docker config files).
+    node_credentials: crate::images::credentials::NodeCredentials,
     /// Last start failure per (pod uid, container name): (reason, message). Upstream
     /// `ReasonCache`; cleared by a successful start.
     reasons: Mutex<HashMap<(String, String), (String, String)>>,
@@ -356,6 +358,7 @@ impl RuntimeManager {
             metrics,
             backoff: Mutex::new(backoff),
             images,
+            node_credentials: crate::images::credentials::NodeCredentials::new(&cfg.root_dir),
             reasons: Mutex::new(HashMap::new()),
             recorder: None,
             // Standalone until told otherwise: emptyDir/hostPath work, API objects fail clearly.
@@ -731,9 +734,54 @@ impl RuntimeManager {
         Ok((id, ips))
     }
 
-    /// The registry credentials to try for `image` (none yet: anonymous pulls).
-    fn image_credentials(&self, _pod: &Pod, _image: &str) -> Vec<api::AuthConfig> {
-        Vec::new()
+    /// The registry credentials to try for `image`, in order (upstream
+    /// `getPullSecretsForPod` + the union keyring): the pod's `imagePullSecrets` first,
+    /// then the node's docker config. A pull secret that cannot be read is a
+    /// `FailedToRetrieveImagePullSecret` warning and the pull goes on without it, as
+    /// upstream; a malformed one is logged and skipped. Empty: an anonymous pull.
+    async fn image_credentials(&self, pod: &Pod, image: &str) -> Vec<api::AuthConfig> {
+        use crate::images::credentials::{Keyring, credentials_for_image};
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let names: Vec<&str> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.as_str())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let mut secrets = Vec::new();
+        let mut missing = Vec::new();
+        for name in names {
+            match self.volumes.object_source().secret(namespace, name).await {
+                Ok(Some(secret)) => secrets.push(secret),
+                Ok(None) => missing.push(name),
+                Err(e) => {
+                    tracing::warn!(pod = %pod_full_name(pod), secret = name, error = %e, "reading an image pull secret");
+                    missing.push(name);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            self.event(
+                pod,
+                EventType::Warning,
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                    missing.join(", ")
+                ),
+            );
+        }
+        let (pod_keyring, errors) = Keyring::from_pull_secrets(&secrets);
+        for e in errors {
+            tracing::warn!(pod = %pod_full_name(pod), error = %e, "image pull secret");
+        }
+        let node_keyring = self.node_credentials.keyring();
+        match credentials_for_image(image, &[&pod_keyring, &node_keyring]) {
+            Ok(found) => found.iter().map(crate::images::credentials::Credential::auth_config).collect(),
+            // The image manager reports the bad name.
+            Err(_) => Vec::new(),
+        }
     }
 
     #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
@@ -749,8 +797,8 @@ impl RuntimeManager {
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
         let image = container.image.as_deref().unwrap_or_default();
         let image_span = crate::telemetry::pod_step_span("ensureImageExists", &container.name, image);
-        let pulled =
-            self.images.ensure_image_exists(pod, container, self.image_credentials(pod, image), Some(sandbox_config));
+        let credentials = self.image_credentials(pod, image).await;
+        let pulled = self.images.ensure_image_exists(pod, container, credentials, Some(sandbox_config));
         let ensured: Result<String, (&'static str, String, Option<Duration>)> =
             tracing::Instrument::instrument(pulled, image_span.clone()).await.map_err(Into::into);
         if let Err((reason, msg, _)) = &ensured {
@@ -2694,8 +2742,12 @@ mod tests {
             let fake = Arc::new(FakeRuntime::with_images(&["img"]));
             let recorder = Arc::new(MemoryRecorder::new("node-1"));
             let metrics = Arc::new(KubeletMetrics::unregistered());
-            let images = crate::images::puller::ImageManager::new(fake.clone(), Default::default(), metrics.clone())
-                .with_recorder(recorder.clone());
+            let images = crate::images::puller::ImageManager::new(
+                fake.clone(),
+                crate::images::puller::PullerConfig::default(),
+                metrics.clone(),
+            )
+            .with_recorder(recorder.clone());
             let rm = RuntimeManager::new(
                 fake.clone(),
                 Arc::new(FakePodContainerManager::default()),
@@ -2814,7 +2866,11 @@ mod tests {
                 });
             let fake = Arc::new(FakeRuntime::with_images(&["img"]));
             let metrics = Arc::new(KubeletMetrics::unregistered());
-            let images = crate::images::puller::ImageManager::new(fake.clone(), Default::default(), metrics.clone());
+            let images = crate::images::puller::ImageManager::new(
+                fake.clone(),
+                crate::images::puller::PullerConfig::default(),
+                metrics.clone(),
+            );
             let rm = RuntimeManager::new(
                 fake,
                 Arc::new(FakePodContainerManager::default()),
