@@ -329,6 +329,17 @@ impl RuntimeService for RemoteRuntime {
             .images)
     }
 
+    async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse> {
+        let mut c = self.images.clone();
+        self.call(
+            "image_fs_info",
+            "runtime.v1.ImageService/ImageFsInfo",
+            Some(self.timeout),
+            c.image_fs_info(api::ImageFsInfoRequest {}),
+        )
+        .await
+    }
+
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse> {
         let mut c = self.runtime.clone();
         let req = api::ExecSyncRequest { container_id: id.into(), cmd, timeout: timeout.as_secs() as i64 };

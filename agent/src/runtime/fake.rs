@@ -67,6 +67,7 @@ struct State {
     containers: HashMap<String, api::ContainerStatus>,
     container_sandbox: HashMap<String, String>,
     images: Vec<String>,
+    image_fs: Option<api::ImageFsInfoResponse>,
     calls: Vec<String>,
     exec: ExecScript,
 }
@@ -157,6 +158,11 @@ impl FakeRuntime {
         handler: impl Fn(&str, &[String], Duration) -> Result<api::ExecSyncResponse> + Send + Sync + 'static,
     ) {
         self.state.lock().unwrap().exec.handler = Some(Arc::new(handler));
+    }
+
+    /// Answers `ImageFsInfo` with `response` (without one: `Unimplemented`).
+    pub fn set_image_fs_info(&self, response: api::ImageFsInfoResponse) {
+        self.state.lock().unwrap().image_fs = Some(response);
     }
 
     /// The `ExecSync` calls made so far, in order.
@@ -337,6 +343,14 @@ impl RuntimeService for FakeRuntime {
             .iter()
             .any(|i| i == image)
             .then(|| api::Image { id: format!("sha256:{image}"), ..Default::default() }))
+    }
+
+    async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse> {
+        let s = self.record("image_fs_info");
+        s.image_fs.clone().ok_or_else(|| super::Error::Rpc {
+            operation: "image_fs_info",
+            status: tonic::Status::unimplemented("ImageFsInfo"),
+        })
     }
 
     async fn list_images(&self) -> Result<Vec<api::Image>> {

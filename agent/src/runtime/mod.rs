@@ -86,6 +86,11 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// limit on the command (sent in whole seconds; zero means none); a non-zero exit code
     /// is a normal response, not an error.
     async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: Duration) -> Result<api::ExecSyncResponse>;
+    /// The runtime's image (and, if separate, container) filesystems (`ImageFsInfo`).
+    /// Runtimes that do not answer it report `Unimplemented`.
+    async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse> {
+        Err(Error::Rpc { operation: "image_fs_info", status: tonic::Status::unimplemented("ImageFsInfo") })
+    }
     /// Pulls an image; returns the image reference the runtime stored it under.
     async fn pull_image(
         &self,
