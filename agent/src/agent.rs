@@ -516,6 +516,10 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
 
     let events_view = memory_events.clone();
     let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone(), runtime.volumes().clone());
+    if let Some(stats) = &stats_source {
+        // Walks writable layers and volumes in the background; scrapes read its cache.
+        tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));
+    }
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),
         Arc::new(registry),

@@ -60,6 +60,8 @@ struct Images {
     failing_removals: Vec<String>,
     removed: Vec<String>,
     fs_info: Option<api::ImageFsInfoResponse>,
+    /// `ImageFsInfo` answers `Unimplemented` (a runtime without it).
+    fs_info_unimplemented: bool,
 }
 
 impl std::fmt::Debug for Images {
@@ -219,6 +221,11 @@ impl FakeRuntime {
     /// Answers `ImageFsInfo` with `info` from now on.
     pub fn set_image_fs_info(&self, info: api::ImageFsInfoResponse) {
         self.state.lock().unwrap().images.fs_info = Some(info);
+    }
+
+    /// Makes `ImageFsInfo` answer `Unimplemented`, as a runtime without it.
+    pub fn unimplement_image_fs_info(&self) {
+        self.state.lock().unwrap().images.fs_info_unimplemented = true;
     }
 
     /// Uses `clock` for container start and finish times (paused-time tests).
@@ -523,6 +530,12 @@ impl RuntimeService for FakeRuntime {
 
     async fn image_fs_info(&self) -> Result<api::ImageFsInfoResponse> {
         let s = self.record("image_fs_info");
+        if s.images.fs_info_unimplemented {
+            return Err(super::Error::Rpc {
+                operation: "image_fs_info",
+                status: tonic::Status::unimplemented("ImageFsInfo"),
+            });
+        }
         if let Some(info) = &s.images.fs_info {
             return Ok(info.clone());
         }

@@ -20,6 +20,23 @@
 //! - `machine_*` families carry `boot_id, machine_id, system_uuid` from
 //!   `/proc/sys/kernel/random/boot_id`, `/etc/machine-id` and
 //!   `/sys/class/dmi/id/product_uuid` (empty when unreadable).
+//! - Filesystem families (`container_fs_*`, label `device`), as cAdvisor with the kubelet's
+//!   containerd handler fills them (its `GetSpec` says `HasFilesystem: false` for
+//!   containerd containers, so no container or pod has usage rows):
+//!   - the root row `id="/"` has one row per cAdvisor partition (see
+//!     [`super::mounts::partitions`]; taken from the mount table once, as cAdvisor does at
+//!     start): `container_fs_limit_bytes` = capacity, `container_fs_usage_bytes` =
+//!     capacity − free, `container_fs_inodes_total`/`_free` from `statvfs`, and every
+//!     counter family from that device's `/proc/diskstats` row (0 without one, e.g.
+//!     tmpfs). The `*_seconds_total` values are the kernel's milliseconds divided by 10^9,
+//!     exactly as cAdvisor computes them (`float64(fs.ReadTime) / float64(time.Second)`),
+//!     so they agree with upstream-fed dashboards rather than with their unit;
+//!   - every cgroup row (root, pods, containers) whose block I/O controller has per-device
+//!     counters also has `container_fs_reads_total`/`container_fs_writes_total` per device
+//!     (cAdvisor's `DiskIo.IoServiced`; v1 `blkio.*io_serviced_recursive`, v2 `io.stat`
+//!     `rios`/`wios`), the device named `/dev/<disk>` from `/sys/block` (the root row looks
+//!     in its partitions first). On a clash with a filesystem row of the root the block
+//!     I/O row is kept, as the Go registry keeps the first of two identical series.
 //! - Every family in [`FAMILIES`] is announced with HELP/TYPE even without samples;
 //!   families sorted by name, samples by label values, values as Go's `FormatFloat('g')`.
 //!
@@ -38,14 +55,21 @@
 //! - `cadvisor_version_info` has empty `cadvisorRevision`, `cadvisorVersion` and
 //!   `dockerVersion` (there is no cAdvisor); kernel and OS versions are the host's.
 //! - The families listed in [`NOT_RENDERED`] are left out (not even announced): the
-//!   collection has no data for them.
+//!   collection has no data for them. cAdvisor's other disk families
+//!   (`container_fs_reads_bytes_total`, `container_fs_writes_bytes_total`,
+//!   `container_blkio_device_usage_total`) are not in kubelet 1.28's reference capture and
+//!   not rendered; neither are block I/O rows from the BFQ debug or CFQ statistics (sectors,
+//!   merges, service and wait times, queue) that cAdvisor would add where a kernel has them.
+//! - The partitions are those of the agent's mount table at its first collection (cAdvisor:
+//!   when the kubelet starts); mounts made later (pod volumes, sandbox `shm`) get no row
+//!   until the agent restarts, as upstream.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cgroup::CgroupStats;
-use super::collector::{Collection, NetworkSample};
+use super::collector::{Collection, FilesystemSample, NetworkSample};
 use super::resource_metrics::{write_family_header, write_sample};
 
 pub use super::resource_metrics::CONTENT_TYPE;
@@ -65,6 +89,7 @@ pub struct Family {
 
 const C: &[&str] = &["container", "id", "image", "name", "namespace", "pod"];
 const C_CPU: &[&str] = &["container", "cpu", "id", "image", "name", "namespace", "pod"];
+const C_DEV: &[&str] = &["container", "device", "id", "image", "name", "namespace", "pod"];
 const C_NET: &[&str] = &["container", "id", "image", "interface", "name", "namespace", "pod"];
 const C_FAIL: &[&str] = &["container", "failure_type", "id", "image", "name", "namespace", "pod", "scope"];
 const MACHINE: &[&str] = &["boot_id", "machine_id", "system_uuid"];
@@ -76,7 +101,7 @@ const fn fam(name: &'static str, kind: &'static str, labels: &'static [&'static 
 
 /// Every family the endpoint renders, sorted by name (help texts and label sets of
 /// kubelet 1.28's cAdvisor).
-pub const FAMILIES: [Family; 34] = [
+pub const FAMILIES: [Family; 49] = [
     fam(
         "cadvisor_version_info",
         "gauge",
@@ -86,6 +111,31 @@ pub const FAMILIES: [Family; 34] = [
     fam("container_cpu_system_seconds_total", "counter", C, "Cumulative system cpu time consumed in seconds."),
     fam("container_cpu_usage_seconds_total", "counter", C_CPU, "Cumulative cpu time consumed in seconds."),
     fam("container_cpu_user_seconds_total", "counter", C, "Cumulative user cpu time consumed in seconds."),
+    fam("container_fs_inodes_free", "gauge", C_DEV, "Number of available Inodes"),
+    fam("container_fs_inodes_total", "gauge", C_DEV, "Number of Inodes"),
+    fam("container_fs_io_current", "gauge", C_DEV, "Number of I/Os currently in progress"),
+    fam("container_fs_io_time_seconds_total", "counter", C_DEV, "Cumulative count of seconds spent doing I/Os"),
+    fam("container_fs_io_time_weighted_seconds_total", "counter", C_DEV, "Cumulative weighted I/O time in seconds"),
+    fam(
+        "container_fs_limit_bytes",
+        "gauge",
+        C_DEV,
+        "Number of bytes that can be consumed by the container on this filesystem.",
+    ),
+    fam("container_fs_read_seconds_total", "counter", C_DEV, "Cumulative count of seconds spent reading"),
+    fam("container_fs_reads_merged_total", "counter", C_DEV, "Cumulative count of reads merged"),
+    fam("container_fs_reads_total", "counter", C_DEV, "Cumulative count of reads completed"),
+    fam("container_fs_sector_reads_total", "counter", C_DEV, "Cumulative count of sector reads completed"),
+    fam("container_fs_sector_writes_total", "counter", C_DEV, "Cumulative count of sector writes completed"),
+    fam(
+        "container_fs_usage_bytes",
+        "gauge",
+        C_DEV,
+        "Number of bytes that are consumed by the container on this filesystem.",
+    ),
+    fam("container_fs_write_seconds_total", "counter", C_DEV, "Cumulative count of seconds spent writing"),
+    fam("container_fs_writes_merged_total", "counter", C_DEV, "Cumulative count of writes merged"),
+    fam("container_fs_writes_total", "counter", C_DEV, "Cumulative count of writes completed"),
     fam("container_last_seen", "gauge", C, "Last time a container was seen by the exporter"),
     fam("container_memory_cache", "gauge", C, "Number of bytes of page cache memory."),
     fam("container_memory_failcnt", "counter", C, "Number of memory usage hits limits"),
@@ -144,24 +194,9 @@ pub const FAMILIES: [Family; 34] = [
 ];
 
 /// Families of kubelet 1.28's `/metrics/cadvisor` that are not rendered, with the reason.
-pub const NOT_RENDERED: [(&str, &str); 26] = [
+pub const NOT_RENDERED: [(&str, &str); 11] = [
     ("container_cpu_load_average_10s", "needs cAdvisor's netlink task stats; not collected"),
     ("container_file_descriptors", "needs a walk of every process's /proc/<pid>/fd; not collected"),
-    ("container_fs_inodes_free", "per-device container filesystem stats (device label) are not collected"),
-    ("container_fs_inodes_total", "per-device container filesystem stats (device label) are not collected"),
-    ("container_fs_io_current", "per-device disk I/O stats are not collected"),
-    ("container_fs_io_time_seconds_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_io_time_weighted_seconds_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_limit_bytes", "per-device container filesystem stats (device label) are not collected"),
-    ("container_fs_read_seconds_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_reads_merged_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_reads_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_sector_reads_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_sector_writes_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_usage_bytes", "per-device container filesystem stats (device label) are not collected"),
-    ("container_fs_write_seconds_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_writes_merged_total", "per-device disk I/O stats are not collected"),
-    ("container_fs_writes_total", "per-device disk I/O stats are not collected"),
     ("container_sockets", "needs a walk of every process's /proc/<pid>/fd; not collected"),
     ("container_spec_cpu_period", "cpu.cfs_period_us / cpu.max are not read by the collector"),
     ("container_spec_cpu_shares", "cpu.shares / cpu.weight are not read by the collector"),
@@ -372,6 +407,48 @@ impl Out {
         }
     }
 
+    /// Block I/O rows of a cgroup (cAdvisor's `DiskIo.IoServiced`): one per device.
+    fn io(&mut self, row: &Row<'_>, stats: &CgroupStats) {
+        let ts = millis(stats.time);
+        for d in &stats.io {
+            let labels = Self::with(row.labels(), &[("device", d.device.as_str())]);
+            self.push("container_fs_reads_total", labels.clone(), d.reads as f64, ts);
+            self.push("container_fs_writes_total", labels, d.writes as f64, ts);
+        }
+    }
+
+    /// The node's filesystem rows (cAdvisor's `Filesystem` stats of `/`): usage from
+    /// `statvfs`, counters from `/proc/diskstats` (zero for a filesystem without a disk
+    /// row). Times are the kernel's milliseconds divided by 10^9, as cAdvisor divides them.
+    fn filesystems(&mut self, row: &Row<'_>, filesystems: &[FilesystemSample], time: SystemTime) {
+        let ts = millis(time);
+        let ms = |v: u64| v as f64 / 1e9;
+        for f in filesystems {
+            let labels = Self::with(row.labels(), &[("device", f.device.as_str())]);
+            let d = f.disk.unwrap_or_default();
+            let values = [
+                ("container_fs_inodes_free", f.info.inodes_free as f64),
+                ("container_fs_inodes_total", f.info.inodes as f64),
+                ("container_fs_limit_bytes", f.info.capacity as f64),
+                ("container_fs_usage_bytes", f.info.usage as f64),
+                ("container_fs_reads_total", d.reads_completed as f64),
+                ("container_fs_sector_reads_total", d.sectors_read as f64),
+                ("container_fs_reads_merged_total", d.reads_merged as f64),
+                ("container_fs_read_seconds_total", ms(d.read_time_ms)),
+                ("container_fs_writes_total", d.writes_completed as f64),
+                ("container_fs_sector_writes_total", d.sectors_written as f64),
+                ("container_fs_writes_merged_total", d.writes_merged as f64),
+                ("container_fs_write_seconds_total", ms(d.write_time_ms)),
+                ("container_fs_io_current", d.io_in_progress as f64),
+                ("container_fs_io_time_seconds_total", ms(d.io_time_ms)),
+                ("container_fs_io_time_weighted_seconds_total", ms(d.weighted_io_time_ms)),
+            ];
+            for (family, v) in values {
+                self.push(family, labels.clone(), v, ts);
+            }
+        }
+    }
+
     fn network(&mut self, row: &Row<'_>, net: &NetworkSample) {
         let ts = millis(net.time);
         for i in &net.interfaces {
@@ -407,6 +484,9 @@ pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
 
     let root = Row { id: "/", name: "", image: "", container: "", pod: "", namespace: "" };
     out.row(&root, &collection.node.stats, collection.node.boot_time, seen);
+    // Block I/O rows first: on a device name clash the registry keeps the first.
+    out.io(&root, &collection.node.stats);
+    out.filesystems(&root, &collection.node.filesystems, collection.node.stats.time);
     if let Some(net) = &collection.node.network {
         out.network(&root, net);
     }
@@ -415,6 +495,7 @@ pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
             Row { id: &pod.cgroup, name: "", image: "", container: "", pod: &pod.name, namespace: &pod.namespace };
         if let Some(stats) = &pod.stats {
             out.row(&row, stats, pod.start_time, seen);
+            out.io(&row, stats);
         }
         if let Some(net) = &pod.network {
             out.network(&row, net);
@@ -429,6 +510,7 @@ pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
                 namespace: &pod.namespace,
             };
             out.row(&row, &c.stats, c.start_time, seen);
+            out.io(&row, &c.stats);
         }
     }
     out.push("container_scrape_error", BTreeMap::new(), 0.0, None);

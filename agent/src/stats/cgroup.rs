@@ -22,6 +22,7 @@
 //! | tasks | `pids.current` | `pids.current` |
 //! | processes | lines of `cgroup.procs` (memory hierarchy) | lines of `cgroup.procs` |
 //! | PSI | `{cpu,memory,io}.pressure` of the hybrid cgroup2 mount, if any | `{cpu,memory,io}.pressure` |
+//! | block I/O operations per device (when asked for) | the first of `blkio.bfq.io_serviced_recursive`, `blkio.io_serviced_recursive`, `blkio.throttle.io_serviced_recursive` with device lines (runc's order) | `io.stat` `rios`/`wios` |
 //!
 //! Limits above 2^62 count as unlimited (upstream `isMemoryUnlimited`). A file that is
 //! missing leaves its field `None`; a cgroup whose directories are all gone reads as
@@ -55,6 +56,8 @@ pub enum CgroupHierarchies {
         memory: PathBuf,
         /// The `pids` hierarchy, when mounted.
         pids: Option<PathBuf>,
+        /// The `blkio` hierarchy, when mounted.
+        blkio: Option<PathBuf>,
         /// The hybrid cgroup2 mount (`<root>/unified`), read for PSI only.
         unified: Option<PathBuf>,
     },
@@ -85,6 +88,7 @@ impl CgroupHierarchies {
             cpu: first(&["cpu", "cpu,cpuacct", "cpuacct,cpu"]),
             memory,
             pids: first(&["pids"]),
+            blkio: first(&["blkio"]),
             unified,
         })
     }
@@ -205,6 +209,23 @@ pub struct CgroupStats {
     pub memory_pressure: Option<Pressure>,
     /// IO pressure.
     pub io_pressure: Option<Pressure>,
+    /// Block I/O operations per device, when asked for (empty without data).
+    pub io: Vec<DeviceIo>,
+}
+
+/// Block I/O operations of a cgroup on one device (cAdvisor's `IoServiced`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceIo {
+    /// Device major number.
+    pub major: u32,
+    /// Device minor number.
+    pub minor: u32,
+    /// The device's name (`/dev/sda`), filled by the collector; empty when unknown.
+    pub device: String,
+    /// Read operations.
+    pub reads: u64,
+    /// Write operations.
+    pub writes: u64,
 }
 
 /// What to read besides CPU and memory.
@@ -212,6 +233,8 @@ pub struct CgroupStats {
 pub struct ReadOptions {
     /// Read `cgroup.procs` (process count and a pid for the network namespace).
     pub procs: bool,
+    /// Read block I/O operations per device.
+    pub io: bool,
 }
 
 /// Reads cgroups, reusing one buffer for every file.
@@ -219,6 +242,8 @@ pub struct ReadOptions {
 pub struct CgroupReader {
     hierarchies: CgroupHierarchies,
     buf: String,
+    /// The v1 `io_serviced` files this kernel has (looked up once at the blkio root).
+    v1_io_files: Option<Vec<&'static str>>,
 }
 
 /// Whether an error means the file (or its cgroup) does not exist (any more).
@@ -379,7 +404,7 @@ impl CgroupReader {
     /// A reader of the given hierarchies.
     #[must_use]
     pub fn new(hierarchies: CgroupHierarchies) -> Self {
-        Self { hierarchies, buf: String::with_capacity(4096) }
+        Self { hierarchies, buf: String::with_capacity(4096), v1_io_files: None }
     }
 
     /// The hierarchies read.
@@ -392,7 +417,7 @@ impl CgroupReader {
     /// between listing and reading, or never existed); files that are missing in an
     /// existing cgroup leave their fields `None`.
     pub fn read(&mut self, cgroup: &str, time: SystemTime, opts: ReadOptions) -> Option<CgroupStats> {
-        let Self { hierarchies, buf } = self;
+        let Self { hierarchies, buf, v1_io_files } = self;
         let mut stats = CgroupStats {
             time,
             cpu: None,
@@ -403,9 +428,10 @@ impl CgroupReader {
             cpu_pressure: None,
             memory_pressure: None,
             io_pressure: None,
+            io: Vec::new(),
         };
         let exists = match &*hierarchies {
-            CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, unified } => {
+            CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, blkio, unified } => {
                 let cpuacct_dir = join(cpuacct, cgroup);
                 let memory_dir = join(memory, cgroup);
                 stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu.as_deref().map(|c| join(c, cgroup)).as_deref());
@@ -415,6 +441,13 @@ impl CgroupReader {
                 }
                 if opts.procs {
                     procs(buf, &memory_dir, &mut stats);
+                }
+                if opts.io
+                    && let Some(b) = blkio
+                {
+                    let files = v1_io_files
+                        .get_or_insert_with(|| V1_IO_SERVICED.into_iter().filter(|f| b.join(f).exists()).collect());
+                    stats.io = v1_io(buf, &join(b, cgroup), files);
                 }
                 if let Some(u) = unified {
                     pressure(buf, &join(u, cgroup), &mut stats);
@@ -429,6 +462,9 @@ impl CgroupReader {
                 stats.tasks = read_into(buf, &dir.join("pids.current")).and_then(parse_u64);
                 if opts.procs {
                     procs(buf, &dir, &mut stats);
+                }
+                if opts.io {
+                    stats.io = read_into(buf, &dir.join("io.stat")).map(parse_io_stat).unwrap_or_default();
                 }
                 pressure(buf, &dir, &mut stats);
                 stats.cpu.is_some() || stats.memory.is_some() || dir.is_dir()
@@ -451,6 +487,69 @@ impl CgroupReader {
     pub(crate) fn buffer(&mut self) -> &mut String {
         &mut self.buf
     }
+}
+
+/// The v1 files of I/O operations, in runc's order of preference.
+const V1_IO_SERVICED: [&str; 3] =
+    ["blkio.bfq.io_serviced_recursive", "blkio.io_serviced_recursive", "blkio.throttle.io_serviced_recursive"];
+
+fn v1_io(buf: &mut String, dir: &Path, files: &[&str]) -> Vec<DeviceIo> {
+    for file in files {
+        if let Some(text) = read_into(buf, &dir.join(file)) {
+            let io = parse_blkio_serviced(text);
+            if !io.is_empty() {
+                return io;
+            }
+        }
+    }
+    Vec::new()
+}
+
+fn device_entry(out: &mut Vec<DeviceIo>, dev: &str) -> Option<usize> {
+    let (major, minor) = dev.split_once(':')?;
+    let (major, minor) = (major.parse().ok()?, minor.parse().ok()?);
+    if let Some(i) = out.iter().position(|d| d.major == major && d.minor == minor) {
+        return Some(i);
+    }
+    out.push(DeviceIo { major, minor, ..DeviceIo::default() });
+    Some(out.len() - 1)
+}
+
+/// Parses a v1 `io_serviced` file (`8:0 Read 12` lines and a final `Total` line).
+pub(crate) fn parse_blkio_serviced(text: &str) -> Vec<DeviceIo> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let (Some(dev), Some(op), Some(v)) = (f.next(), f.next(), f.next()) else { continue };
+        let Ok(v) = v.parse::<u64>() else { continue };
+        let Some(i) = device_entry(&mut out, dev) else { continue };
+        match op {
+            "Read" => out[i].reads = v,
+            "Write" => out[i].writes = v,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Parses a v2 `io.stat` (`8:0 rbytes=… wbytes=… rios=… wios=… dbytes=… dios=…`).
+pub(crate) fn parse_io_stat(text: &str) -> Vec<DeviceIo> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let Some(dev) = f.next() else { continue };
+        let Some(i) = device_entry(&mut out, dev) else { continue };
+        for kv in f {
+            let Some((k, v)) = kv.split_once('=') else { continue };
+            let Ok(v) = v.parse::<u64>() else { continue };
+            match k {
+                "rios" => out[i].reads = v,
+                "wios" => out[i].writes = v,
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 fn procs(buf: &mut String, dir: &Path, stats: &mut CgroupStats) {

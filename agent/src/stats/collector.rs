@@ -1,9 +1,17 @@
 //! One collection pass: what runs ([`Inventory`]) in, raw numbers ([`Collection`]) out.
 //!
 //! Each cgroup's files are read once per pass, each pod's network namespace once, each
-//! log directory listed once; `du` walks of writable layers and volumes are cached for
-//! [`CollectorConfig::du_interval`] (upstream measures volumes once a minute too,
-//! `volumeStatsAggPeriod`). CPU rates (`usageNanoCores`) are computed against the sample
+//! log directory listed once (its files `lstat`ed, as upstream does on every request);
+//! writable layers and volumes are never walked by a pass: their `du` comes from the
+//! [`FsUsageCache`], which walks them in the background (see [`Collector::fs_usage`];
+//! upstream measures volumes and cAdvisor's writable layers once a minute too). A
+//! container's writable layer is the `upperdir` of the overlay mounted at `/` in its mount
+//! namespace (`/proc/<pid>/mountinfo` of one of its processes), looked up once per
+//! container, unless the inventory names it. The node's filesystems for
+//! `/metrics/cadvisor` are cAdvisor's partitions of the agent's mount table, read once (as
+//! cAdvisor does at start), with `statvfs` and `/proc/diskstats` on every pass; block I/O
+//! counters are read with each root, pod and container cgroup. CPU rates
+//! (`usageNanoCores`) are computed against the sample
 //! kept from the previous pass of the same cgroup: the first pass of a cgroup has none, as
 //! upstream's CRI stats provider; a pass sooner than [`CollectorConfig::rate_min_window`]
 //! after the kept sample reuses the last rate without replacing the sample (upstream's
@@ -16,11 +24,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::cgroup::{
-    CgroupHierarchies, CgroupReader, CgroupStats, CpuUsage, MemoryUsage, ReadOptions, join, read_into,
+    CgroupHierarchies, CgroupReader, CgroupStats, CpuUsage, DeviceIo, MemoryUsage, ReadOptions, join, read_into,
 };
 use super::fs::{self, DiskUsage, FsInfo};
+use super::mounts::{self, DiskStats, Partition};
 use super::procfs::{Interface, Procfs};
 use super::summary::PvcReference;
+use super::usage_cache::{FsUsageCache, FsUsageConfig};
 
 /// What runs on the node: the input of a collection. Built by the caller from its pod
 /// manager and runtime cache (no CRI stats calls); containers should be the running ones
@@ -112,7 +122,8 @@ pub struct ContainerInventory {
     pub image: String,
     /// The container's log directory (`<pod log dir>/<container name>`).
     pub log_dir: Option<PathBuf>,
-    /// The writable layer's directory (the snapshot's upper dir), when known.
+    /// The writable layer's directory (the snapshot's upper dir), when the caller knows
+    /// it; otherwise the collector finds it from one of the container's processes.
     pub writable_layer: Option<PathBuf>,
 }
 
@@ -137,8 +148,10 @@ pub struct CollectorConfig {
     pub cgroups: CgroupHierarchies,
     /// procfs (`/proc`).
     pub proc_root: PathBuf,
-    /// How long a `du` of a writable layer or volume is reused. Default 60 s.
-    pub du_interval: Duration,
+    /// sysfs (`/sys`), for the block devices.
+    pub sys_root: PathBuf,
+    /// How often writable layers and volumes are walked (in the background).
+    pub fs_usage: FsUsageConfig,
     /// The shortest window a CPU rate is computed over. Default 1 s.
     pub rate_min_window: Duration,
 }
@@ -150,7 +163,8 @@ impl CollectorConfig {
         Self {
             cgroups,
             proc_root: PathBuf::from("/proc"),
-            du_interval: Duration::from_mins(1),
+            sys_root: PathBuf::from("/sys"),
+            fs_usage: FsUsageConfig::default(),
             rate_min_window: Duration::from_secs(1),
         }
     }
@@ -172,6 +186,17 @@ pub struct FsSample {
     pub time: SystemTime,
     /// The numbers.
     pub info: FsInfo,
+}
+
+/// One of cAdvisor's partitions of the node, for `/metrics/cadvisor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilesystemSample {
+    /// The `device` label ([`Partition::device`]).
+    pub device: String,
+    /// Its `statvfs`.
+    pub info: FsInfo,
+    /// Its `/proc/diskstats` row, when it is a disk cAdvisor reads.
+    pub disk: Option<DiskStats>,
 }
 
 /// A `du` at a time.
@@ -240,6 +265,8 @@ pub struct NodeSample {
     pub image_fs: Option<ImageFsSample>,
     /// Process limits.
     pub rlimit: Option<RlimitSample>,
+    /// cAdvisor's partitions of the node (the `container_fs_*` rows of `/`), by device.
+    pub filesystems: Vec<FilesystemSample>,
 }
 
 /// A system container.
@@ -268,7 +295,7 @@ pub struct ContainerSample {
     pub cgroup: String,
     /// Its cgroup.
     pub stats: CgroupStats,
-    /// The writable layer, when its directory is known.
+    /// The writable layer, when its directory is known and was measured.
     pub rootfs: Option<UsageSample>,
     /// Its log files, when the log directory exists.
     pub logs: Option<UsageSample>,
@@ -341,23 +368,32 @@ struct CpuRecord {
     nano_cores: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct DuRecord {
-    time: SystemTime,
-    usage: Option<DiskUsage>,
+/// A container's writable layer as found in its mount table.
+#[derive(Debug, Clone)]
+struct LayerRecord {
+    /// The upper directory, `None` when not found.
+    path: Option<PathBuf>,
+    /// When looked up.
+    checked: SystemTime,
 }
 
-/// Collects stats; keeps the state that spans passes (previous CPU samples, `du` cache,
-/// first-seen start times). Blocking file I/O: call [`Collector::collect`] from a blocking
-/// context (`spawn_blocking`), every 10 s (the eviction manager's period upstream) and,
-/// if wanted, on demand.
+/// Collects stats; keeps the state that spans passes (previous CPU samples, the `du`
+/// cache, writable layer paths, first-seen start times, the node's partitions). Blocking
+/// file I/O: call [`Collector::collect`] from a blocking context (`spawn_blocking`), every
+/// 10 s (the eviction manager's period upstream) and, if wanted, on demand.
 pub struct Collector {
     config: CollectorConfig,
     reader: CgroupReader,
     clock: Clock,
     cpu: HashMap<String, CpuRecord>,
-    du: HashMap<PathBuf, DuRecord>,
+    usage: Arc<FsUsageCache>,
+    layers: HashMap<String, LayerRecord>,
     start_times: HashMap<String, SystemTime>,
+    partitions: Option<Vec<Partition>>,
+    block_devices: Option<HashMap<(u32, u32), String>>,
+    /// Whether a writable layer that could not be found was logged as a warning (once;
+    /// the others at debug).
+    layer_warned: bool,
 }
 
 impl std::fmt::Debug for Collector {
@@ -365,7 +401,8 @@ impl std::fmt::Debug for Collector {
         f.debug_struct("Collector")
             .field("config", &self.config)
             .field("cpu_records", &self.cpu.len())
-            .field("du_records", &self.du.len())
+            .field("fs_usage", &self.usage)
+            .field("layers", &self.layers.len())
             .finish_non_exhaustive()
     }
 }
@@ -384,7 +421,26 @@ impl Collector {
     #[must_use]
     pub fn with_clock(config: CollectorConfig, clock: Clock) -> Self {
         let reader = CgroupReader::new(config.cgroups.clone());
-        Self { config, reader, clock, cpu: HashMap::new(), du: HashMap::new(), start_times: HashMap::new() }
+        let usage = Arc::new(FsUsageCache::new(config.fs_usage, Arc::clone(&clock)));
+        Self {
+            config,
+            reader,
+            clock,
+            cpu: HashMap::new(),
+            usage,
+            layers: HashMap::new(),
+            start_times: HashMap::new(),
+            partitions: None,
+            block_devices: None,
+            layer_warned: false,
+        }
+    }
+
+    /// The `du` cache of writable layers and volumes: run [`FsUsageCache::run`] in the
+    /// background (or call [`FsUsageCache::refresh_due`]) or these stay unmeasured.
+    #[must_use]
+    pub fn fs_usage(&self) -> Arc<FsUsageCache> {
+        Arc::clone(&self.usage)
     }
 
     /// The settings.
@@ -426,22 +482,26 @@ impl Collector {
         }
 
         self.cpu.retain(|k, _| seen_cgroups.contains(k));
-        self.du.retain(|k, _| seen_paths.contains(k));
+        self.usage.retain(&seen_paths);
+        let ids: HashSet<&str> = inventory.pods.iter().flat_map(|p| &p.containers).map(|c| c.id.as_str()).collect();
+        self.layers.retain(|id, _| ids.contains(id.as_str()));
         Collection { node_name: inventory.node_name.clone(), time, node, system_containers, pods }
     }
 
     fn collect_node(&mut self, inventory: &Inventory, time: SystemTime, seen: &mut HashSet<String>) -> NodeSample {
-        let mut stats = self.reader.read("/", time, ReadOptions::default()).unwrap_or(CgroupStats {
-            time,
-            cpu: None,
-            memory: None,
-            tasks: None,
-            processes: None,
-            first_pid: None,
-            cpu_pressure: None,
-            memory_pressure: None,
-            io_pressure: None,
-        });
+        let mut stats =
+            self.reader.read("/", time, ReadOptions { io: true, ..ReadOptions::default() }).unwrap_or(CgroupStats {
+                time,
+                cpu: None,
+                memory: None,
+                tasks: None,
+                processes: None,
+                first_pid: None,
+                cpu_pressure: None,
+                memory_pressure: None,
+                io_pressure: None,
+                io: Vec::new(),
+            });
         let proc_root = self.config.proc_root.clone();
         let mut procfs = Procfs::new(&proc_root, self.reader.buffer());
         let stat = procfs.stat();
@@ -503,6 +563,8 @@ impl Collector {
             used_bytes: i.used_bytes,
             inodes_used: i.inodes_used,
         });
+        let filesystems = self.filesystems();
+        self.name_devices(&mut stats.io, true);
         NodeSample {
             boot_time: stat.and_then(|s| s.boot_time),
             stats,
@@ -512,7 +574,101 @@ impl Collector {
             fs,
             image_fs,
             rlimit,
+            filesystems,
         }
+    }
+
+    /// cAdvisor's partitions (read once) with their `statvfs` and disk statistics now.
+    fn filesystems(&mut self) -> Vec<FilesystemSample> {
+        let proc_root = self.config.proc_root.clone();
+        let partitions = self.partitions.get_or_insert_with(|| {
+            let path = proc_root.join("self/mountinfo");
+            match std::fs::read_to_string(&path) {
+                Ok(text) => mounts::partitions(&mounts::parse_mountinfo(&text)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "stats: no mount table; no filesystem rows in /metrics/cadvisor");
+                    Vec::new()
+                }
+            }
+        });
+        if partitions.is_empty() {
+            return Vec::new();
+        }
+        let disks = std::fs::read_to_string(proc_root.join("diskstats"))
+            .map(|t| mounts::parse_diskstats(&t))
+            .unwrap_or_default();
+        partitions
+            .iter()
+            .filter_map(|p| match fs::statvfs(&p.mount_point) {
+                Ok(info) => Some(FilesystemSample {
+                    device: p.device.clone(),
+                    info,
+                    disk: mounts::disk_stats_of(&disks, p).copied(),
+                }),
+                Err(e) => {
+                    tracing::debug!(mount = %p.mount_point.display(), error = %e, "stats: statvfs failed");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Names the devices of block I/O rows as cAdvisor does: the node's own rows look in
+    /// its partitions first, then in the machine's disks; other cgroups the other way round.
+    fn name_devices(&mut self, io: &mut [DeviceIo], node: bool) {
+        if io.is_empty() {
+            return;
+        }
+        let sys_block = self.config.sys_root.join("block");
+        let disks = self.block_devices.get_or_insert_with(|| mounts::block_devices(&sys_block));
+        let partitions = self.partitions.as_deref().unwrap_or_default();
+        for d in io {
+            let disk = || disks.get(&(d.major, d.minor)).cloned();
+            let part =
+                || partitions.iter().find(|p| p.major == d.major && p.minor == d.minor).map(|p| p.device.clone());
+            d.device = if node { part().or_else(disk) } else { disk().or_else(part) }.unwrap_or_default();
+        }
+    }
+
+    /// The writable layer of a container: the inventory's, else the overlay upper dir of
+    /// the root mount of one of its processes (looked up once; a failed look-up is retried
+    /// after the `du` interval).
+    fn writable_layer(&mut self, c: &ContainerInventory, pid: Option<u32>) -> Option<PathBuf> {
+        if let Some(p) = &c.writable_layer {
+            return Some(p.clone());
+        }
+        let now = (self.clock)();
+        let retry = self.config.fs_usage.interval;
+        match self.layers.get(&c.id) {
+            Some(r) if r.path.is_some() => return r.path.clone(),
+            Some(r) if now.duration_since(r.checked).is_ok_and(|age| age < retry) => return None,
+            _ => {}
+        }
+        let pid = pid?;
+        let path = self.config.proc_root.join(pid.to_string()).join("mountinfo");
+        let (found, why) = match read_into(self.reader.buffer(), &path) {
+            None => (None, "its mount table cannot be read"),
+            Some(text) => match mounts::root_overlay_upperdir(text) {
+                None => (None, "its root is not an overlay with an upper dir"),
+                Some(upper) if upper.is_dir() => (Some(upper), ""),
+                Some(_) => (None, "its overlay upper dir is not visible from the agent"),
+            },
+        };
+        if found.is_none() {
+            if self.layer_warned {
+                tracing::debug!(container = %c.id, pid, reason = why, "stats: writable layer not found");
+            } else {
+                self.layer_warned = true;
+                tracing::warn!(
+                    container = %c.id,
+                    pid,
+                    reason = why,
+                    "stats: writable layer of a container not found; its rootfs usage is left out (further ones are logged at debug)"
+                );
+            }
+        }
+        self.layers.insert(c.id.clone(), LayerRecord { path: found.clone(), checked: now });
+        found
     }
 
     fn collect_pod(
@@ -525,9 +681,16 @@ impl Collector {
         for c in &pod.containers {
             let now = (self.clock)();
             // A container that exited and was removed since the inventory was taken.
-            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true }) else { continue };
+            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true, io: true }) else {
+                continue;
+            };
             self.rate(&c.cgroup, &mut stats, seen_cgroups);
-            let rootfs = c.writable_layer.as_deref().map(|p| self.du_cached(p, seen_paths));
+            self.name_devices(&mut stats.io, false);
+            let rootfs = self.writable_layer(c, stats.first_pid).and_then(|p| {
+                let sample = self.usage.get(&p);
+                seen_paths.insert(p);
+                sample
+            });
             let logs = c.log_dir.as_deref().and_then(|d| self.files(d));
             containers.push(ContainerSample {
                 name: c.name.clone(),
@@ -545,9 +708,10 @@ impl Collector {
             return None;
         }
         let now = (self.clock)();
-        let mut stats = self.reader.read(&pod.cgroup, now, ReadOptions::default());
+        let mut stats = self.reader.read(&pod.cgroup, now, ReadOptions { io: true, ..ReadOptions::default() });
         if let Some(s) = stats.as_mut() {
             self.rate(&pod.cgroup, s, seen_cgroups);
+            self.name_devices(&mut s.io, false);
         }
 
         let pid = pod
@@ -565,10 +729,9 @@ impl Collector {
 
         let mut volumes = Vec::with_capacity(pod.volumes.len());
         for v in &pod.volumes {
-            let usage = self.du_cached(&v.path, seen_paths);
-            if usage.usage.is_none() {
-                continue;
-            }
+            seen_paths.insert(v.path.clone());
+            // Not measured yet, or not measurable: left out.
+            let Some(usage) = self.usage.get(&v.path) else { continue };
             volumes.push(VolumeSample {
                 name: v.name.clone(),
                 local_ephemeral: v.local_ephemeral,
@@ -644,22 +807,14 @@ impl Collector {
     /// cannot be read.
     fn files(&self, dir: &Path) -> Option<UsageSample> {
         let time = (self.clock)();
-        fs::files_usage(dir).ok().map(|usage| UsageSample { time, usage })
-    }
-
-    /// A `du` of `path`, reused for `du_interval`. A path that cannot be examined has no
-    /// usage.
-    fn du_cached(&mut self, path: &Path, seen: &mut HashSet<PathBuf>) -> UsageSample {
-        seen.insert(path.to_path_buf());
-        let now = (self.clock)();
-        if let Some(r) = self.du.get(path) {
-            let age = now.duration_since(r.time).ok();
-            if age.is_some_and(|a| a < self.config.du_interval) {
-                return UsageSample { time: r.time, usage: r.usage };
+        match fs::files_usage(dir) {
+            Ok(usage) => Some(UsageSample { time, usage }),
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!(path = %dir.display(), error = %e, "stats: cannot list a log directory");
+                }
+                None
             }
         }
-        let usage = fs::disk_usage(path).ok();
-        self.du.insert(path.to_path_buf(), DuRecord { time: now, usage });
-        UsageSample { time: now, usage }
     }
 }

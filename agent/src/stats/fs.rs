@@ -3,7 +3,7 @@
 //! `volume.NewMetricsDu`): every entry under the path, the path itself included, counts
 //! one inode and `st_blocks × 512` bytes; symlinks are not followed, other filesystems
 //! are not entered, and hard links (`st_nlink > 1`) count once. Entries deleted during
-//! the walk are ignored.
+//! the walk are ignored; directories that cannot be listed are counted ([`Walk`]).
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -66,40 +66,72 @@ impl DiskUsage {
     }
 }
 
+/// What a walk found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// What the readable part of the tree occupies.
+    pub usage: DiskUsage,
+    /// Directories under the path that could not be listed (other than vanished ones).
+    pub unreadable: u64,
+}
+
 /// `du` of `path` (a directory tree, a file or a symlink). Errors if `path` itself
 /// cannot be examined.
 pub fn disk_usage(path: &Path) -> io::Result<DiskUsage> {
+    walk(path).map(|w| w.usage)
+}
+
+/// `du` of `path`, telling how many directories could not be listed. Iterative (no
+/// recursion however deep the tree); entries and directories that vanish during the walk
+/// are skipped silently.
+pub fn walk(path: &Path) -> io::Result<Walk> {
+    walk_with(path, &mut |_| {})
+}
+
+/// [`walk`], calling `before_list` with each directory just before listing it (tests use
+/// it to change the tree during the walk).
+pub(crate) fn walk_with(path: &Path, before_list: &mut dyn FnMut(&Path)) -> io::Result<Walk> {
     let top = std::fs::symlink_metadata(path)?;
-    let mut usage = DiskUsage::default();
+    let mut out = Walk::default();
     let mut seen = HashSet::new();
-    count(&top, &mut usage, &mut seen);
-    if top.is_dir() {
-        walk(path, top.dev(), &mut usage, &mut seen);
+    count(&top, &mut out.usage, &mut seen);
+    if !top.is_dir() {
+        return Ok(out);
     }
-    Ok(usage)
+    let dev = top.dev();
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        before_list(&dir);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(_) => {
+                out.unreadable += 1;
+                continue;
+            }
+        };
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            // lstat through the directory handle; a vanished entry is skipped.
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.dev() != dev {
+                continue;
+            }
+            count(&meta, &mut out.usage, &mut seen);
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn count(meta: &std::fs::Metadata, usage: &mut DiskUsage, seen: &mut HashSet<u64>) {
-    if meta.nlink() > 1 && !seen.insert(meta.ino()) {
+    if meta.nlink() > 1 && !meta.is_dir() && !seen.insert(meta.ino()) {
         return;
     }
     usage.bytes = usage.bytes.saturating_add(meta.blocks().saturating_mul(512));
     usage.inodes = usage.inodes.saturating_add(1);
-}
-
-fn walk(dir: &Path, dev: u64, usage: &mut DiskUsage, seen: &mut HashSet<u64>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
-        if meta.dev() != dev {
-            continue;
-        }
-        count(&meta, usage, seen);
-        if meta.is_dir() {
-            walk(&path, dev, usage, seen);
-        }
-    }
 }
 
 /// Usage of the non-directory entries directly in `dir` (upstream `fileMetricsByDir`, for

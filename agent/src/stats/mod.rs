@@ -5,7 +5,9 @@
 //!
 //! # Use
 //! 1. Build a [`Collector`] once from a [`CollectorConfig`] ([`CgroupHierarchies::detect`]
-//!    on `/sys/fs/cgroup`, procfs at `/proc`).
+//!    on `/sys/fs/cgroup`, procfs at `/proc`), and spawn [`FsUsageCache::run`] of its
+//!    [`Collector::fs_usage`]: the background walks of writable layers and volumes (a pass
+//!    only reads that cache).
 //! 2. Every 10 s (upstream's eviction-manager period, which is what updates
 //!    `usageNanoCores` upstream) and, if wanted, on demand: describe what runs in an
 //!    [`Inventory`] (pods, their cgroups, sandbox and running containers, log directories,
@@ -25,7 +27,9 @@
 //! Upstream (1.28, containerd) takes container CPU/memory from cAdvisor's cgroup reads,
 //! the writable layer from CRI `ListContainerStats`, pod CPU/memory/swap from the pod
 //! cgroup, network from the sandbox's network namespace, log and volume usage from `du`,
-//! node numbers from the root cgroup. The same sources are read here directly, in one
+//! node numbers from the root cgroup, `node.fs` from `statvfs` of the kubelet's root
+//! directory and `node.runtime.imageFs` from CRI `ImageFsInfo` (usage) plus `statvfs` of
+//! its mount point (capacity); `runtime.containerFs` does not exist in 1.28. The same sources are read here directly, in one
 //! pass (see [`cgroup`] for what each number is, [`build`] for how the Summary is filled).
 //! Containers and pods that vanished between the inventory and the read are left out, as
 //! upstream's stats list only what it could read; pods without a running container are
@@ -34,25 +38,32 @@
 //! # Deviations
 //! - `usageNanoCores` is computed between two passes of this collector (not cAdvisor's
 //!   own housekeeping samples) and is absent on a cgroup's first pass.
-//! - The writable layer's usage is a `du` of the directory the caller names (cached for
-//!   [`CollectorConfig::du_interval`]), not containerd's snapshot usage; without a
-//!   directory, `rootfs` has capacity only.
+//! - The writable layer's usage is a `du` of the overlay upper directory of the
+//!   container's root mount (what containerd's overlayfs snapshotter measures for
+//!   `ListContainerStats`, without asking it), walked in the background at most every
+//!   [`FsUsageConfig::interval`] plus jitter, so `rootfs.time` is that walk's; until the
+//!   first walk (or with another snapshotter) `rootfs` has capacity only. Volumes are
+//!   walked the same way. Logs are listed on every pass, as upstream.
+//! - Without an `ImageFsInfo` answer the summary still succeeds, without
+//!   `runtime.imageFs` (upstream fails the whole request).
 //! - PSI (`psi`, `io`) is included wherever the kernel has pressure files, including the
 //!   hybrid cgroup2 mount of v1 hosts; upstream gates it on `KubeletPSI` (1.33+) and reads
 //!   it on v2 only.
 //! - `/metrics/resource` adds the swap usage families of newer kubelets to the 1.28 set.
-//! - Accelerators, user-defined metrics, volume health and `runtime.containerFs` are never
-//!   filled.
+//! - Accelerators, user-defined metrics, volume health and `runtime.containerFs` (1.29+)
+//!   are never filled.
 
 pub mod build;
 pub mod cadvisor;
 pub mod cgroup;
 pub mod collector;
 pub mod fs;
+pub mod mounts;
 pub mod procfs;
 pub mod provider;
 pub mod resource_metrics;
 pub mod summary;
+pub mod usage_cache;
 
 #[cfg(test)]
 mod tests;
@@ -63,6 +74,7 @@ pub use collector::{
     SystemContainerInventory, VolumeInventory,
 };
 pub use summary::Summary;
+pub use usage_cache::{FsUsageCache, FsUsageConfig};
 
 impl Collection {
     /// The full Summary (`/stats/summary`).

@@ -4,19 +4,30 @@
 //! The inventory comes from the pod manager (names), the volume manager (the volumes it
 //! set up), one CRI `ListPodSandbox` and
 //! one `ListContainers` (ids, creation times, images; no `ListContainerStats`, which costs
-//! about a second at 250 pods), and the cgroup paths the agent itself chose
-//! (`cgroup_parent` of the pod, the container id under it). Collections are made when
-//! asked for, not on a timer, so an idle node spends nothing on them; one younger than
-//! [`REUSE`] is served again, so that concurrent scrapes share the work.
+//! about a second at 250 pods), CRI `ImageFsInfo` (one call, reused for [`IMAGE_FS_REUSE`]),
+//! and the cgroup paths the agent itself chose (`cgroup_parent` of the pod, the container
+//! id under it). Log directories are the CRI log paths the runtime manager gives
+//! containers (`<podLogsDir>/<namespace>_<name>_<uid>/<container>/<restart>.log`); writable
+//! layers are found by the collector from the containers' own mount tables. Collections
+//! are made when asked for, not on a timer, so an idle node spends nothing on them; one
+//! younger than [`REUSE`] is served again, so that concurrent scrapes share the work.
+//! Directory walks (writable layers, volumes) happen only in the background task
+//! [`StatsProvider::fs_usage`] runs; the agent spawns it.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{Collection, Collector, ContainerInventory, Inventory, PodInventory, VolumeInventory};
+use super::{
+    Collection, Collector, ContainerInventory, FsUsageCache, ImageFsInventory, Inventory, PodInventory, VolumeInventory,
+};
 use crate::cm::PodContainerManager;
 use crate::pod_manager::PodManager;
 use crate::runtime::pod_status::time_from_nanos;
@@ -25,6 +36,23 @@ use crate::volumes::VolumeManager;
 
 /// A collection this young is served again instead of collecting anew.
 pub const REUSE: Duration = Duration::from_secs(1);
+
+/// An `ImageFsInfo` answer this young is used again instead of asking the runtime.
+pub const IMAGE_FS_REUSE: Duration = Duration::from_secs(10);
+
+/// The image filesystem from an `ImageFsInfo` answer: the first image filesystem, as
+/// upstream 1.28 reports only that one (`ImageFsStats`).
+#[must_use]
+pub fn image_fs_inventory(response: &api::ImageFsInfoResponse) -> Option<ImageFsInventory> {
+    let fs = response.image_filesystems.first()?;
+    let mountpoint = fs.fs_id.as_ref().map(|id| id.mountpoint.as_str()).filter(|m| !m.is_empty())?;
+    Some(ImageFsInventory {
+        mountpoint: Path::new(mountpoint).to_path_buf(),
+        used_bytes: fs.used_bytes.as_ref().map(|v| v.value),
+        inodes_used: fs.inodes_used.as_ref().map(|v| v.value),
+        time: u64::try_from(fs.timestamp).ok().filter(|&n| n > 0).map(|n| UNIX_EPOCH + Duration::from_nanos(n)),
+    })
+}
 
 /// Where the agent keeps what the stats need.
 #[derive(Debug, Clone)]
@@ -46,7 +74,10 @@ pub struct StatsProvider {
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<VolumeManager>,
+    fs_usage: Arc<FsUsageCache>,
     last: tokio::sync::Mutex<Option<(Instant, Arc<Collection>)>>,
+    image_fs: tokio::sync::Mutex<Option<(Instant, Option<ImageFsInventory>)>>,
+    image_fs_warned: AtomicBool,
 }
 
 impl std::fmt::Debug for StatsProvider {
@@ -86,13 +117,54 @@ impl StatsProvider {
     ) -> Self {
         Self {
             settings,
+            fs_usage: collector.fs_usage(),
             collector: Arc::new(Mutex::new(collector)),
             runtime,
             pods,
             cm,
             volumes,
             last: tokio::sync::Mutex::default(),
+            image_fs: tokio::sync::Mutex::default(),
+            image_fs_warned: AtomicBool::new(false),
         }
+    }
+
+    /// The `du` cache of writable layers and volumes; spawn its
+    /// [`run`](FsUsageCache::run) once, or those usages stay unknown.
+    #[must_use]
+    pub fn fs_usage(&self) -> Arc<FsUsageCache> {
+        Arc::clone(&self.fs_usage)
+    }
+
+    /// The image filesystem, from an `ImageFsInfo` answer at most [`IMAGE_FS_REUSE`] old.
+    /// Without an answer (an error is logged once as a warning) the node has no
+    /// `runtime.imageFs` and writable layers take their capacity from the root filesystem.
+    async fn image_fs(&self) -> Option<ImageFsInventory> {
+        let mut cached = self.image_fs.lock().await;
+        if let Some((at, fs)) = cached.as_ref()
+            && at.elapsed() < IMAGE_FS_REUSE
+        {
+            return fs.clone();
+        }
+        let fs = match self.runtime.image_fs_info().await {
+            Ok(r) => {
+                let fs = image_fs_inventory(&r);
+                if fs.is_none() {
+                    tracing::debug!("stats: ImageFsInfo named no image filesystem");
+                }
+                fs
+            }
+            Err(e) => {
+                if self.image_fs_warned.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(error = %e, "stats: ImageFsInfo failed");
+                } else {
+                    tracing::warn!(error = %e, "stats: ImageFsInfo failed; no image filesystem stats");
+                }
+                None
+            }
+        };
+        *cached = Some((Instant::now(), fs.clone()));
+        fs
     }
 
     /// Builds the inventory from the pod manager and one listing of the runtime.
@@ -155,7 +227,7 @@ impl StatsProvider {
             pods_cgroup: self.settings.pods_cgroup.clone(),
             system_containers: Vec::new(),
             root_fs_path: self.settings.root_dir.clone(),
-            image_fs: None,
+            image_fs: self.image_fs().await,
             pods,
         })
     }

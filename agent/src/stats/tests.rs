@@ -97,6 +97,11 @@ impl Fixture {
         self.collector.collect(&self.inventory)
     }
 
+    /// Walks what the last pass registered (the background task's work).
+    fn refresh_fs(&self) -> usize {
+        self.collector.fs_usage().refresh_due()
+    }
+
     fn advance(&self, d: Duration) {
         let mut now = self.now.lock().unwrap();
         *now += d;
@@ -222,6 +227,56 @@ fn write_node_files(root: &Path) {
     write(root, "volumes/scratch/data", &"d".repeat(3000));
     write(root, "volumes/sec/token", "secret");
     write(root, "var/lib/kubelet/pods/uid/etc-hosts", "127.0.0.1 localhost\n");
+    // sidecar's writable layer, found from its process's mount table (pid 4250).
+    write(root, "layers/c2/tmp/scratch", &"s".repeat(2000));
+    let proc_root = root.join("proc");
+    write(
+        &proc_root,
+        "4250/mountinfo",
+        &format!(
+            "700 600 0:90 / / rw,relatime - overlay overlay rw,lowerdir=/snap/1/fs:/snap/2/fs,upperdir={},workdir={}\n701 700 0:91 / /proc rw - proc proc rw\n",
+            root.join("layers/c2").display(),
+            root.join("work/c2").display()
+        ),
+    );
+    write_mounts(root);
+}
+
+/// The agent's mount table, disk statistics and block devices.
+fn write_mounts(root: &Path) {
+    for d in ["bind", "shm", "shm2", "ovl", "with space"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let r = root.display();
+    write(
+        &root.join("proc"),
+        "self/mountinfo",
+        &format!(
+            "1 0 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
+2 1 254:0 /data {r}/bind rw,relatime - ext4 /dev/vda rw
+3 1 0:23 / {r}/shm rw,nosuid - tmpfs tmpfs rw,size=65536k
+4 1 0:24 / {r}/shm2 rw - tmpfs tmpfs rw
+5 1 0:50 / {r}/ovl rw - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+6 1 0:22 / /sys rw - sysfs sysfs rw
+7 1 8:17 / {r}/gone rw - xfs /dev/sdb1 rw
+8 1 8:32 / {r}/with\\040space rw - ext4 /dev/sdc rw
+"
+        ),
+    );
+    write(
+        &root.join("proc"),
+        "diskstats",
+        " 254       0 vda 10 1 80 5000 20 2 160 7000 0 9000 12000 0 0 0 0
+   8      32 sdc 3 0 24 15 0 0 0 0 1 20 15
+   7       0 loop0 9 9 9 9 9 9 9 9 9 9 9
+ 259       0 nvme0n1 5 5 5 5 5 5 5 5 5 5 5
+",
+    );
+    let sys = root.join("sys/block");
+    for (name, dev) in [("vda", "254:0"), ("sdb", "8:16"), ("loop0", "7:0"), ("sr0", "11:0"), ("nvme0c0n1", "259:1")] {
+        write(&sys, &format!("{name}/dev"), &format!("{dev}\n"));
+    }
+    write(&sys, "nvme0c0n1/hidden", "1\n");
 }
 
 const V1_UNLIMITED: &str = "9223372036854771712\n";
@@ -237,6 +292,19 @@ fn v1_fixture() -> Fixture {
         std::fs::create_dir_all(cg.join(h)).unwrap();
     }
     write(&cg, "unified/cgroup.procs", "");
+    // Block I/O: nothing at the root (as on the test machines), per device below.
+    write(&cg, "blkio/blkio.throttle.io_serviced_recursive", "Total 0\n");
+    write(
+        &cg,
+        &format!("blkio{POD_CG}/blkio.throttle.io_serviced_recursive"),
+        "254:0 Read 8\n254:0 Write 3\nTotal 11\n",
+    );
+    write(&cg, &format!("blkio{POD_CG}/c1/blkio.bfq.io_serviced_recursive"), "Total 0\n");
+    write(
+        &cg,
+        &format!("blkio{POD_CG}/c1/blkio.throttle.io_serviced_recursive"),
+        "254:0 Read 7\n254:0 Write 3\n254:0 Sync 10\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 10\n8:16 Read 1\n8:16 Write 0\n8:16 Total 1\n1:5 Read 2\n1:5 Write 0\nTotal 13\n",
+    );
 
     // Root cgroup.
     write(&cg, "cpuacct/cpuacct.usage", "5028767409292\n");
@@ -311,6 +379,7 @@ fn v1_fixture() -> Fixture {
     let (clock, now) = test_clock(at(T0, 123));
     let mut config = CollectorConfig::new(hierarchies);
     config.proc_root = proc_root.clone();
+    config.sys_root = root.join("sys");
     let collector = Collector::with_clock(config, clock);
     let inventory = inventory(&root, true);
     Fixture { _dir: dir, root, cg, proc_root, now, collector, inventory }
@@ -368,6 +437,7 @@ fn v2_fixture() -> Fixture {
     write(&cg, &format!("{pod}/c1/cpu.pressure"), PSI);
     write(&cg, &format!("{pod}/c1/memory.pressure"), PSI);
     write(&cg, &format!("{pod}/c1/io.pressure"), PSI);
+    write(&cg, &format!("{pod}/c1/io.stat"), "254:0 rbytes=4096 wbytes=8192 rios=4 wios=2 dbytes=0 dios=0\n");
 
     write(&cg, &format!("{pod}/c2/cpu.stat"), "usage_usec 1\n");
     write(&cg, &format!("{pod}/c2/memory.current"), "1000\n");
@@ -382,6 +452,7 @@ fn v2_fixture() -> Fixture {
     let (clock, now) = test_clock(at(T0, 123));
     let mut config = CollectorConfig::new(hierarchies);
     config.proc_root = proc_root.clone();
+    config.sys_root = root.join("sys");
     let collector = Collector::with_clock(config, clock);
     let inventory = inventory(&root, true);
     Fixture { _dir: dir, root, cg, proc_root, now, collector, inventory }
@@ -444,13 +515,15 @@ fn network_without_eth0_still_writes_an_empty_name() {
 #[test]
 fn v1_hierarchies_are_detected() {
     let f = v1_fixture();
-    let CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, unified } = f.collector.config().cgroups.clone() else {
+    let CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, blkio, unified } = f.collector.config().cgroups.clone()
+    else {
         panic!("not v1")
     };
     assert_eq!(cpuacct, f.cg.join("cpuacct"));
     assert_eq!(cpu, Some(f.cg.join("cpu")));
     assert_eq!(memory, f.cg.join("memory"));
     assert_eq!(pids, Some(f.cg.join("pids")));
+    assert_eq!(blkio, Some(f.cg.join("blkio")));
     assert_eq!(unified, Some(f.cg.join("unified")));
 }
 
@@ -578,6 +651,15 @@ fn v1_container_pod_and_node_numbers() {
 #[test]
 fn filesystem_logs_volumes_and_ephemeral_storage() {
     let mut f = v1_fixture();
+    // The first pass only registers writable layers and volumes: nothing walked yet.
+    let s = f.collect().summary();
+    let p = pod(&s, "web");
+    let rootfs = container(p, "app").rootfs.clone().unwrap();
+    assert!(rootfs.capacity_bytes.is_some() && rootfs.used_bytes.is_none(), "{rootfs:?}");
+    assert!(p.volume_stats.is_empty());
+    assert_eq!(f.collector.fs_usage().walks(), 0, "a pass never walks");
+    // The background walk: both layers (c1 named, c2 found), three volumes.
+    assert_eq!(f.refresh_fs(), 5);
     let s = f.collect().summary();
     let p = pod(&s, "web");
     let root_fs = s.node.fs.clone().unwrap();
@@ -587,18 +669,26 @@ fn filesystem_logs_volumes_and_ephemeral_storage() {
     let layer = du(&f.root.join("layers/c1"));
     assert_eq!((rootfs.used_bytes, rootfs.inodes_used), (Some(layer.0), Some(layer.1)));
     assert_eq!(layer.1, 3, "dir, etc, motd");
-    assert_eq!(rootfs.capacity_bytes, root_fs.capacity_bytes);
+    let image_fs = s.node.runtime.as_ref().unwrap().image_fs.as_ref().unwrap();
+    assert_eq!(rootfs.capacity_bytes, image_fs.capacity_bytes, "the image filesystem's capacity");
+    assert_eq!(rootfs.inodes, image_fs.inodes);
     let logs = app.logs.as_ref().unwrap();
     let log_dir = f.root.join("var/log/pods/nodebench_web_fcda0808-b6d1-42dd-b8ec-a4159717362c/app");
     let files: u64 = std::fs::read_dir(&log_dir).unwrap().map(|e| e.unwrap().metadata().unwrap().blocks() * 512).sum();
     assert_eq!((logs.used_bytes, logs.inodes_used), (Some(files), Some(2)), "files only, not the directory");
     assert_eq!(logs.available_bytes, root_fs.available_bytes);
+    assert_eq!(logs.capacity_bytes, root_fs.capacity_bytes);
 
-    // An empty log directory: logs present, usage unknown (upstream adds nothing).
+    // sidecar: an empty log directory (usage unknown, as upstream adds nothing), and a
+    // writable layer found as the upper dir of its process's root overlay.
     let sidecar = container(p, "sidecar");
     let logs = sidecar.logs.as_ref().unwrap();
     assert_eq!((logs.used_bytes, logs.inodes_used), (None, None));
+    let sidecar_layer = du(&f.root.join("layers/c2"));
     let rootfs = sidecar.rootfs.as_ref().unwrap();
+    assert_eq!((rootfs.used_bytes, rootfs.inodes_used), (Some(sidecar_layer.0), Some(3)));
+    // bare: no process, no layer: capacity only.
+    let rootfs = container(p, "bare").rootfs.as_ref().unwrap();
     assert!(rootfs.capacity_bytes.is_some() && rootfs.used_bytes.is_none());
 
     // Volumes: local ephemeral first; an unreadable one is left out.
@@ -610,18 +700,27 @@ fn filesystem_logs_volumes_and_ephemeral_storage() {
     // Ephemeral storage: writable layers + logs + local ephemeral volumes + etc-hosts.
     let etc_hosts = du(&f.root.join("var/lib/kubelet/pods/uid/etc-hosts"));
     let e = p.ephemeral_storage.as_ref().unwrap();
-    assert_eq!(e.used_bytes, Some(layer.0 + files + scratch.0 + etc_hosts.0));
-    assert_eq!(e.inodes_used, Some(layer.1 + 2 + 2 + 1));
+    assert_eq!(e.used_bytes, Some(layer.0 + files + sidecar_layer.0 + scratch.0 + etc_hosts.0));
+    assert_eq!(e.inodes_used, Some(layer.1 + 2 + 3 + 2 + 1));
     assert_eq!(e.capacity_bytes, root_fs.capacity_bytes);
 
-    // The du cache: a grown layer is seen again only after du_interval.
+    // A grown layer is seen after its next walk only, never by a pass.
     write(&f.root, "layers/c1/new", &"n".repeat(50_000));
     f.advance(Duration::from_secs(10));
     let s = f.collect().summary();
     assert_eq!(container(pod(&s, "web"), "app").rootfs.as_ref().unwrap().inodes_used, Some(3));
-    f.advance(Duration::from_mins(1));
+    assert_eq!(f.refresh_fs(), 0, "not due before the interval");
+    f.collector.fs_usage().measure(&f.root.join("layers/c1"));
     let s = f.collect().summary();
-    assert_eq!(container(pod(&s, "web"), "app").rootfs.as_ref().unwrap().inodes_used, Some(4));
+    let rootfs = container(pod(&s, "web"), "app").rootfs.clone().unwrap();
+    assert_eq!(rootfs.inodes_used, Some(4));
+    assert_eq!(rootfs.time, Time::from(at(T0 + 10, 123)), "the walk's time");
+
+    // Gone containers and volumes are forgotten.
+    f.inventory.pods[0].containers.truncate(1);
+    f.inventory.pods[0].volumes.clear();
+    f.collect();
+    assert_eq!(f.collector.fs_usage().len(), 1);
 }
 
 #[test]
@@ -982,7 +1081,13 @@ fn reads_the_real_host() {
         Inventory { node_name: "host".to_owned(), root_fs_path: PathBuf::from("/"), ..Inventory::default() };
     collector.collect(&inventory);
     std::thread::sleep(Duration::from_millis(50));
-    let s = collector.collect(&inventory).summary();
+    let c = collector.collect(&inventory);
+    // cAdvisor's partitions of this machine include the root filesystem's source.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = mounts::parse_mountinfo(&mountinfo).into_iter().find(|m| m.mount_point == Path::new("/")).unwrap();
+    let root_fs = c.node.filesystems.iter().find(|f| f.device == root.source).expect("a row for /");
+    assert!(root_fs.info.capacity > 0 && root_fs.info.inodes > 0);
+    let s = c.summary();
     let cpu = s.node.cpu.as_ref().unwrap();
     assert!(cpu.usage_core_nano_seconds.unwrap() > 0);
     assert!(cpu.usage_nano_cores.is_some());
@@ -1009,12 +1114,17 @@ fn cadvisor_machine() -> cadvisor::MachineInfo {
 }
 
 fn cadvisor_after_two_passes() -> (Collection, String) {
+    let (_, c, text) = cadvisor_fixture_after_two_passes();
+    (c, text)
+}
+
+fn cadvisor_fixture_after_two_passes() -> (Fixture, Collection, String) {
     let mut f = v1_fixture();
     f.collect();
     f.advance(Duration::from_secs(10));
     let c = f.collect();
     let text = cadvisor::render_with(&c, &cadvisor_machine());
-    (c, text)
+    (f, c, text)
 }
 
 /// The 1.28 inventory: family -> (TYPE, label names, HELP).
@@ -1045,9 +1155,22 @@ fn cadvisor_families_match_the_kubelet_inventory() {
         for (l, _, _) in &f.samples {
             assert_eq!(&l.keys().cloned().collect::<BTreeSet<_>>(), labels, "labels of {}", family.name);
         }
+        // What the reference capture has rows of, the fixture renders rows of.
+        let captured = CADVISOR_INVENTORY
+            .lines()
+            .find_map(|l| l.strip_prefix(family.name)?.strip_prefix('\t')?.split('\t').nth(2)?.parse::<usize>().ok());
+        if captured.is_some_and(|n| n > 0) {
+            assert!(!f.samples.is_empty(), "{} has rows upstream but none here:\n{text}", family.name);
+        }
     }
     // Every announced family is in the table.
     assert_eq!(ours.len(), cadvisor::FAMILIES.len());
+    // Every family with a `device` label upstream is rendered.
+    for (name, (_, labels, _)) in &reference {
+        if labels.contains("device") {
+            assert!(cadvisor::FAMILIES.iter().any(|f| f.name == name), "{name} is not rendered");
+        }
+    }
 }
 
 #[test]
@@ -1157,14 +1280,475 @@ fn promtool_accepts_the_cadvisor_metrics() {
     let out = promtool_check(&text);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    // promtool 2.x has no switch for its naming lints; the upstream names trip two of them
-    // (camelCase labels of cadvisor_version_info, a counter without `_total`). Anything
-    // else (a parse error, another lint) fails.
+    // promtool 2.x has no switch for its naming lints; the upstream names trip three of
+    // them (camelCase labels of cadvisor_version_info, a counter without `_total`, a gauge
+    // with it). Anything else (a parse error, another lint) fails.
     let known = [
         "cadvisor_version_info label names should be written in 'snake_case' not 'camelCase'",
         "container_memory_failcnt counter metrics should have \"_total\" suffix",
+        "container_fs_inodes_total non-counter metrics should not have \"_total\" suffix",
     ];
     let unexpected: Vec<&str> =
         stdout.lines().chain(stderr.lines()).filter(|l| !l.trim().is_empty() && !known.contains(l)).collect();
     assert!(unexpected.is_empty(), "promtool check metrics failed:\n{stdout}{stderr}\n{text}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Filesystem stats: the walker, the background `du` cache, mount tables, the Summary's
+// filesystem fields and the `container_fs_*` families.
+
+/// A small tree: `dir/{a (3000 B), link (hard link to a), sym -> /usr, sub/{b (10 B)}}`.
+fn walk_tree() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("tree");
+    write(&top, "a", &"a".repeat(3000));
+    write(&top, "sub/b", "0123456789");
+    std::fs::hard_link(top.join("a"), top.join("link")).unwrap();
+    std::os::unix::fs::symlink("/usr", top.join("sym")).unwrap();
+    (dir, top)
+}
+
+fn lstat_bytes(p: &Path) -> u64 {
+    std::fs::symlink_metadata(p).unwrap().blocks() * 512
+}
+
+#[test]
+fn walker_counts_blocks_and_inodes_like_du() {
+    let (_dir, top) = walk_tree();
+    let w = fs::walk(&top).unwrap();
+    let want = lstat_bytes(&top)
+        + lstat_bytes(&top.join("a"))
+        + lstat_bytes(&top.join("sym"))
+        + lstat_bytes(&top.join("sub"))
+        + lstat_bytes(&top.join("sub/b"));
+    // tree, a (once for both links), sym (not followed), sub, sub/b.
+    assert_eq!(w.usage, fs::DiskUsage { bytes: want, inodes: 5 });
+    assert_eq!(w.unreadable, 0);
+    // A file alone, and a path that does not exist.
+    assert_eq!(fs::disk_usage(&top.join("sub/b")).unwrap().inodes, 1);
+    assert!(fs::walk(&top.join("missing")).is_err());
+}
+
+#[test]
+fn walker_skips_what_vanishes_and_counts_what_it_cannot_list() {
+    // Two subdirectories; when the first is about to be listed, the other vanishes.
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("t");
+    write(&top, "d1/f", "x");
+    write(&top, "d2/g", "y");
+    let mut first: Option<PathBuf> = None;
+    let w = fs::walk_with(&top, &mut |d| {
+        if d != top && first.is_none() {
+            first = Some(d.to_path_buf());
+            let other = if d.ends_with("d1") { top.join("d2") } else { top.join("d1") };
+            std::fs::remove_dir_all(other).unwrap();
+        }
+    })
+    .unwrap();
+    // t, d1, d2 (seen before it vanished), and the file of the one listed.
+    assert_eq!((w.usage.inodes, w.unreadable), (4, 0));
+
+    // A directory replaced by a file between being seen and being listed.
+    write(&top, "d3/h", "z");
+    let w = fs::walk_with(&top, &mut |d| {
+        if d.ends_with("d3") {
+            std::fs::remove_dir_all(d).unwrap();
+            std::fs::write(d, "now a file").unwrap();
+        }
+    })
+    .unwrap();
+    assert_eq!(w.unreadable, 1, "{w:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fs_usage_cache_walks_in_the_background_with_jittered_cadence() {
+    let (_dir, top) = walk_tree();
+    let config = FsUsageConfig { interval: Duration::from_mins(1), jitter: 0.5, idle: Duration::from_mins(5) };
+    let cache = Arc::new(FsUsageCache::new(config, Arc::new(SystemTime::now)));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&cache).run(shutdown.clone()));
+
+    // Asking registers the path and never walks; the background task walks it at once.
+    assert!(cache.get(&top).is_none());
+    assert_eq!(cache.walks(), 0);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(cache.walks(), 1);
+    let first = cache.get(&top).unwrap();
+    assert_eq!(first.usage.unwrap().inodes, 5);
+
+    // Not again before the interval; again within interval × (1 + jitter).
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    assert_eq!(cache.walks(), 1);
+    std::fs::write(top.join("new"), "n").unwrap();
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(cache.walks(), 2);
+    assert_eq!(cache.get(&top).unwrap().usage.unwrap().inodes, 6);
+
+    // Scraped every 10 s for 10 minutes: one walk per 60..90 s.
+    let before = cache.walks();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(cache.get(&top).is_some());
+    }
+    let walks = cache.walks() - before;
+    assert!((6..=11).contains(&walks), "{walks} walks in 10 minutes");
+
+    // Nobody asks: the walks stop after `idle`.
+    tokio::time::sleep(Duration::from_mins(7)).await;
+    let idle = cache.walks();
+    tokio::time::sleep(Duration::from_hours(1)).await;
+    assert_eq!(cache.walks(), idle, "an unwanted path is not walked");
+    // Asked again: stale value at once, a fresh walk right after.
+    assert!(cache.get(&top).is_some());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(cache.walks(), idle + 1);
+
+    // A path that cannot be examined: no usage, no panic, still retried.
+    let missing = top.join("missing");
+    assert!(cache.get(&missing).is_none());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(cache.get(&missing).is_none());
+    assert_eq!(cache.len(), 2);
+    cache.retain(&std::collections::HashSet::from([top.clone()]));
+    assert_eq!(cache.len(), 1);
+
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[test]
+fn mountinfo_escapes_and_root_overlay_upper_dir() {
+    let text = "700 600 0:90 / / rw,relatime master:3 - overlay overlay rw,lowerdir=/s/1/fs:/s/2/fs,upperdir=/var/lib/containerd/snap\\0542/fs,workdir=/w
+701 700 0:91 / /my\\040dir rw - tmpfs tmp\\011fs rw
+bogus line
+";
+    let m = mounts::parse_mountinfo(text);
+    assert_eq!(m.len(), 2);
+    assert_eq!((m[0].major, m[0].minor), (0, 90));
+    assert_eq!(m[1].mount_point, PathBuf::from("/my dir"));
+    assert_eq!(m[1].source, "tmp\tfs");
+    assert_eq!(mounts::option(&m[0].super_options, "workdir").as_deref(), Some("/w"));
+    // The escaped comma stays part of the path.
+    assert_eq!(mounts::root_overlay_upperdir(text), Some(PathBuf::from("/var/lib/containerd/snap,2/fs")));
+    // A root that is not an overlay, or a read-only overlay: no writable layer.
+    assert_eq!(mounts::root_overlay_upperdir("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n"), None);
+    assert_eq!(mounts::root_overlay_upperdir("1 0 0:5 / / rw - overlay overlay ro,lowerdir=/a:/b\n"), None);
+    assert_eq!(mounts::root_overlay_upperdir(""), None);
+}
+
+#[test]
+fn partitions_follow_cadvisor() {
+    let text = "1 0 254:0 / / rw - ext4 /dev/vda rw
+2 1 254:0 /data /srv rw - ext4 /dev/vda rw
+3 1 0:23 / /dev/shm rw - tmpfs tmpfs rw
+4 1 0:24 / /run rw - tmpfs tmpfs rw
+5 1 0:50 / /run/c/rootfs rw - overlay overlay rw,upperdir=/u
+6 1 0:22 / /sys rw - sysfs sysfs rw
+7 1 0:40 / /mnt/nfs rw - nfs4 server:/export rw
+8 1 8:16 / /data rw - xfs /dev/sdb rw
+";
+    let p = mounts::partitions(&mounts::parse_mountinfo(text));
+    let devices: Vec<(&str, &str)> = p.iter().map(|p| (p.device.as_str(), p.mount_point.to_str().unwrap())).collect();
+    assert_eq!(
+        devices,
+        [
+            ("/dev/sdb", "/data"),
+            ("/dev/shm", "/dev/shm"),
+            ("/dev/vda", "/"),
+            ("/run", "/run"),
+            ("overlay_0-50", "/run/c/rootfs"),
+            ("server:/export", "/mnt/nfs"),
+        ]
+    );
+    // The root's raw source is added whatever its type (cAdvisor's system root label).
+    let p = mounts::partitions(&mounts::parse_mountinfo("1 0 0:31 / / rw - overlay overlay rw\n"));
+    let devices: Vec<&str> = p.iter().map(|p| p.device.as_str()).collect();
+    assert_eq!(devices, ["overlay", "overlay_0-31"]);
+}
+
+#[test]
+fn diskstats_keep_cadvisors_devices() {
+    let text = "   8       0 sda 1 2 3 4 5 6 7 8 9 10 11 0 0 0 0
+   8       1 sda1 1 0 0 0 0 0 0 0 0 0 0
+ 202       0 xvda 1 0 0 0 0 0 0 0 0 0 0
+ 253       0 dm-0 1 0 0 0 0 0 0 0 0 0 0
+ 259       0 nvme0n1 1 0 0 0 0 0 0 0 0 0 0
+   7       0 loop0 1 0 0 0 0 0 0 0 0 0 0
+  11       0 sr0 1 0 0 0 0 0 0 0 0 0 0
+ 254       0 vdb 1 0 0
+";
+    let d = mounts::parse_diskstats(text);
+    let mut names: Vec<&str> = d.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["/dev/dm-0", "/dev/sda", "/dev/sda1", "/dev/xvda"]);
+    let sda = d["/dev/sda"];
+    assert_eq!(
+        (sda.reads_completed, sda.read_time_ms, sda.writes_completed, sda.io_in_progress, sda.weighted_io_time_ms),
+        (1, 4, 5, 9, 11)
+    );
+    // A partition found by number when its name is not a disk row.
+    let p = mounts::Partition {
+        device: "/dev/root".to_owned(),
+        mount_point: PathBuf::from("/"),
+        fs_type: "ext4".to_owned(),
+        major: 8,
+        minor: 1,
+    };
+    assert_eq!(mounts::disk_stats_of(&d, &p).map(|s| s.minor), Some(1));
+}
+
+#[test]
+fn block_io_files() {
+    let v1 = cgroup::parse_blkio_serviced("8:0 Read 7\n8:0 Write 3\n8:0 Total 10\n8:16 Read 1\nTotal 11\n");
+    assert_eq!(
+        v1.iter().map(|d| (d.major, d.minor, d.reads, d.writes)).collect::<Vec<_>>(),
+        [(8, 0, 7, 3), (8, 16, 1, 0)]
+    );
+    assert!(cgroup::parse_blkio_serviced("Total 0\n").is_empty());
+    let v2 = cgroup::parse_io_stat("8:0 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0\n253:1 rbytes=0\n");
+    assert_eq!(
+        v2.iter().map(|d| (d.major, d.minor, d.reads, d.writes)).collect::<Vec<_>>(),
+        [(8, 0, 3, 4), (253, 1, 0, 0)]
+    );
+}
+
+#[test]
+fn block_devices_are_named_like_cadvisor() {
+    let dir = tempfile::tempdir().unwrap();
+    write_mounts(dir.path());
+    let disks = mounts::block_devices(&dir.path().join("sys/block"));
+    let mut names: Vec<(&(u32, u32), &str)> = disks.iter().map(|(k, v)| (k, v.as_str())).collect();
+    names.sort_unstable();
+    assert_eq!(names, [(&(8, 16), "/dev/sdb"), (&(254, 0), "/dev/vda")]);
+}
+
+fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+    v.as_object().unwrap_or_else(|| panic!("not an object: {v}")).keys().cloned().collect()
+}
+
+#[test]
+fn filesystem_stats_have_the_reference_fields() {
+    let reference: serde_json::Value = serde_json::from_str(SUMMARY_SAMPLE).unwrap();
+    let mut f = v1_fixture();
+    f.collect();
+    f.refresh_fs();
+    let c = f.collect();
+    let ours = serde_json::to_value(c.summary()).unwrap();
+    let node = &ours["node"];
+    assert_eq!(keys(&node["fs"]), keys(&reference["node"]["fs"]));
+    assert_eq!(keys(&node["runtime"]), keys(&reference["node"]["runtime"]), "imageFs only, as 1.28");
+    assert_eq!(keys(&node["runtime"]["imageFs"]), keys(&reference["node"]["runtime"]["imageFs"]));
+    assert_eq!(node["runtime"]["imageFs"]["usedBytes"], 2_125_824);
+    assert_eq!(node["runtime"]["imageFs"]["time"], "2026-11-30T17:28:08Z", "the runtime's time");
+    let rc = &reference["pods"][0]["containers"][0];
+    let rp = &reference["pods"][0];
+    let pod = &ours["pods"][0];
+    let app = pod["containers"].as_array().unwrap().iter().find(|c| c["name"] == "app").unwrap();
+    assert_eq!(keys(&app["rootfs"]), keys(&rc["rootfs"]));
+    assert_eq!(keys(&app["logs"]), keys(&rc["logs"]));
+    assert_eq!(keys(&pod["ephemeral-storage"]), keys(&rp["ephemeral-storage"]));
+    for v in pod["volume"].as_array().unwrap() {
+        assert_eq!(keys(v), keys(&rp["volume"][0]));
+    }
+    // The CPU-and-memory variant has none of them.
+    let small = serde_json::to_value(c.cpu_and_memory_summary()).unwrap();
+    assert!(small["node"].get("fs").is_none() && small["node"].get("runtime").is_none());
+    assert!(small["pods"][0].get("ephemeral-storage").is_none() && small["pods"][0].get("volume").is_none());
+    assert!(small["pods"][0]["containers"][0].get("rootfs").is_none());
+}
+
+#[test]
+fn missing_mount_table_and_invisible_layers_leave_stats_out() {
+    let mut f = v1_fixture();
+    std::fs::remove_file(f.proc_root.join("self/mountinfo")).unwrap();
+    // sidecar's upper dir is not visible from here (containerd in another namespace).
+    write(
+        &f.proc_root,
+        "4250/mountinfo",
+        "1 0 0:90 / / rw - overlay overlay rw,lowerdir=/a,upperdir=/nowhere/snapshots/9/fs,workdir=/w\n",
+    );
+    f.collect();
+    f.refresh_fs();
+    let c = f.collect();
+    assert!(c.node.filesystems.is_empty());
+    let s = c.summary();
+    let rootfs = container(pod(&s, "web"), "sidecar").rootfs.clone().unwrap();
+    assert!(rootfs.capacity_bytes.is_some() && rootfs.used_bytes.is_none());
+    let text = cadvisor::render_with(&c, &cadvisor_machine());
+    let ours = parse_text(&text);
+    assert!(ours["container_fs_usage_bytes"].samples.is_empty());
+    assert!(text.contains("# TYPE container_fs_usage_bytes gauge\n"), "announced without samples");
+}
+
+#[test]
+fn cadvisor_filesystem_rows() {
+    let reference = cadvisor_reference();
+    let (f, c, text) = cadvisor_fixture_after_two_passes();
+    let ours = parse_text(&text);
+    let ts = (T0 + 10) as i64 * 1000 + 123;
+    let shm = f.root.join("shm").display().to_string();
+    let shm2 = f.root.join("shm2").display().to_string();
+    let mut want = vec!["/dev/sdc", "/dev/vda", "overlay_0-50", shm.as_str(), shm2.as_str()];
+    want.sort_unstable();
+
+    let fs_families: Vec<&String> = reference.keys().filter(|k| k.starts_with("container_fs_")).collect();
+    assert_eq!(fs_families.len(), 15);
+    for name in &fs_families {
+        let f = &ours[name.as_str()];
+        assert!(!f.samples.is_empty(), "{name} has no rows");
+        assert!(f.samples.iter().all(|s| s.2 == Some(ts)), "{name}: every row carries the stats' time");
+        // The root's rows: one per partition that could be examined (not `gone`).
+        let mut devices: Vec<&str> =
+            f.samples.iter().filter(|s| s.0["id"] == "/").map(|s| s.0["device"].as_str()).collect();
+        devices.sort_unstable();
+        assert_eq!(devices, want, "{name}");
+        // Usage-type families exist on the root only (containerd containers have none).
+        if !matches!(name.as_str(), "container_fs_reads_total" | "container_fs_writes_total") {
+            assert!(f.samples.iter().all(|s| s.0["id"] == "/"), "{name} has a non-root row");
+        }
+    }
+    let value = |family: &str, id: &str, device: &str| {
+        ours[family]
+            .samples
+            .iter()
+            .find(|s| s.0["id"] == id && s.0["device"] == device)
+            .unwrap_or_else(|| panic!("{family} {id} {device}:\n{text}"))
+            .1
+            .clone()
+    };
+    // /dev/vda: statvfs of "/", counters of its diskstats row; times are ms / 1e9.
+    let vda = c.node.filesystems.iter().find(|f| f.device == "/dev/vda").unwrap();
+    let go = |v: u64| {
+        let mut g = String::new();
+        write_go_float(&mut g, v as f64);
+        g
+    };
+    let root = fs::statvfs(Path::new("/")).unwrap();
+    assert_eq!((vda.info.capacity, vda.info.inodes), (root.capacity, root.inodes), "statvfs of the mount point");
+    assert_eq!(value("container_fs_limit_bytes", "/", "/dev/vda"), go(vda.info.capacity));
+    assert_eq!(value("container_fs_usage_bytes", "/", "/dev/vda"), go(vda.info.usage), "capacity - free");
+    assert_eq!(value("container_fs_inodes_total", "/", "/dev/vda"), go(vda.info.inodes));
+    assert_eq!(value("container_fs_inodes_free", "/", "/dev/vda"), go(vda.info.inodes_free));
+    // The mount point with an escaped space was found.
+    assert!(c.node.filesystems.iter().any(|f| f.device == "/dev/sdc"));
+    for (family, want) in [
+        ("container_fs_reads_total", "10"),
+        ("container_fs_reads_merged_total", "1"),
+        ("container_fs_sector_reads_total", "80"),
+        ("container_fs_read_seconds_total", "5e-06"),
+        ("container_fs_writes_total", "20"),
+        ("container_fs_writes_merged_total", "2"),
+        ("container_fs_sector_writes_total", "160"),
+        ("container_fs_write_seconds_total", "7e-06"),
+        ("container_fs_io_current", "0"),
+        ("container_fs_io_time_seconds_total", "9e-06"),
+        ("container_fs_io_time_weighted_seconds_total", "1.2e-05"),
+    ] {
+        assert_eq!(value(family, "/", "/dev/vda"), want, "{family}");
+    }
+    assert_eq!(value("container_fs_io_current", "/", "/dev/sdc"), "1");
+    assert_eq!(value("container_fs_reads_total", "/", "overlay_0-50"), "0", "no disk row: zero");
+
+    // Block I/O of the container and pod cgroups, by disk name ("" when unknown).
+    let app = &c.pods[0].containers[0];
+    assert_eq!(value("container_fs_reads_total", &app.cgroup, "/dev/vda"), "7");
+    assert_eq!(value("container_fs_writes_total", &app.cgroup, "/dev/vda"), "3");
+    assert_eq!(value("container_fs_reads_total", &app.cgroup, "/dev/sdb"), "1");
+    assert_eq!(value("container_fs_reads_total", &app.cgroup, ""), "2");
+    assert_eq!(value("container_fs_reads_total", POD_CG, "/dev/vda"), "8");
+    let row = ours["container_fs_reads_total"].samples.iter().find(|s| s.0["id"] == app.cgroup).unwrap();
+    assert_eq!((row.0["container"].as_str(), row.0["pod"].as_str(), row.0["name"].as_str()), ("app", "web", "c1"));
+    // Containers without block I/O data have no rows.
+    let sidecar = &c.pods[0].containers[1];
+    assert!(!ours["container_fs_reads_total"].samples.iter().any(|s| s.0["id"] == sidecar.cgroup));
+}
+
+#[test]
+fn cadvisor_block_io_on_cgroup_v2() {
+    let mut f = v2_fixture();
+    let c = f.collect();
+    let app = &c.pods[0].containers[0];
+    assert_eq!(app.stats.io.len(), 1);
+    assert_eq!((app.stats.io[0].device.as_str(), app.stats.io[0].reads, app.stats.io[0].writes), ("/dev/vda", 4, 2));
+    let ours = parse_text(&cadvisor::render_with(&c, &cadvisor_machine()));
+    let row = ours["container_fs_writes_total"].samples.iter().find(|s| s.0["id"] == app.cgroup).unwrap();
+    assert_eq!((row.0["device"].as_str(), row.1.as_str()), ("/dev/vda", "2"));
+}
+
+fn provider_for(
+    f: &Fixture,
+    runtime: Arc<crate::runtime::fake::FakeRuntime>,
+    collector: Collector,
+) -> provider::StatsProvider {
+    let settings = provider::StatsSettings {
+        node_name: "node-a".to_owned(),
+        root_dir: f.root.clone(),
+        pod_logs_dir: f.root.join("var/log/pods"),
+        pods_cgroup: Some("/kubepods".to_owned()),
+    };
+    provider::StatsProvider::new(
+        settings,
+        collector,
+        runtime,
+        crate::pod_manager::PodManager::new(&[]),
+        Arc::new(crate::cm::fake::FakePodContainerManager::default()),
+        Arc::new(crate::volumes::VolumeManager::new(f.root.join("pods"), Arc::new(crate::volumes::NoApiServer))),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn image_fs_info_is_asked_once_per_ten_seconds() {
+    use crate::runtime::api;
+    let f = v1_fixture();
+    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    runtime.set_image_fs_info(api::ImageFsInfoResponse {
+        image_filesystems: vec![api::FilesystemUsage {
+            timestamp: (T0 as i64 - 1) * 1_000_000_000,
+            fs_id: Some(api::FilesystemIdentifier { mountpoint: f.root.display().to_string() }),
+            used_bytes: Some(api::UInt64Value { value: 2_125_824 }),
+            inodes_used: Some(api::UInt64Value { value: 69 }),
+        }],
+        container_filesystems: Vec::new(),
+    });
+    let config = f.collector.config().clone();
+    let p = provider_for(&f, Arc::clone(&runtime), Collector::new(config));
+    let asked = || runtime.calls().iter().filter(|c| *c == "image_fs_info").count();
+
+    let c = p.collection().await.unwrap();
+    let image_fs = c.summary().node.runtime.unwrap().image_fs.unwrap();
+    assert_eq!((image_fs.used_bytes, image_fs.inodes_used), (Some(2_125_824), Some(69)));
+    assert_eq!(image_fs.capacity_bytes, Some(fs::statvfs(&f.root).unwrap().capacity));
+    assert_eq!(image_fs.time, Time::from(at(T0 - 1, 0)));
+    assert_eq!(asked(), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    p.collection().await.unwrap();
+    assert_eq!(asked(), 1, "reused");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    p.collection().await.unwrap();
+    assert_eq!(asked(), 2);
+
+    // A runtime without ImageFsInfo: the summary still works, without runtime stats.
+    let bare = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    bare.unimplement_image_fs_info();
+    let p = provider_for(&f, bare, Collector::new(f.collector.config().clone()));
+    let s = p.collection().await.unwrap().summary();
+    assert!(s.node.runtime.is_none() && s.node.fs.is_some());
+}
+
+#[test]
+fn image_fs_inventory_takes_the_first_image_filesystem() {
+    use crate::runtime::api;
+    let fs = |m: &str, ts: i64| api::FilesystemUsage {
+        timestamp: ts,
+        fs_id: Some(api::FilesystemIdentifier { mountpoint: m.to_owned() }),
+        used_bytes: Some(api::UInt64Value { value: 1 }),
+        inodes_used: None,
+    };
+    let r =
+        api::ImageFsInfoResponse { image_filesystems: vec![fs("/a", 0), fs("/b", 5)], container_filesystems: vec![] };
+    let i = provider::image_fs_inventory(&r).unwrap();
+    assert_eq!((i.mountpoint, i.used_bytes, i.inodes_used, i.time), (PathBuf::from("/a"), Some(1), None, None));
+    let r = api::ImageFsInfoResponse { image_filesystems: vec![fs("", 5)], container_filesystems: vec![] };
+    assert!(provider::image_fs_inventory(&r).is_none());
+    assert!(provider::image_fs_inventory(&api::ImageFsInfoResponse::default()).is_none());
 }

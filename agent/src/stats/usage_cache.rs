@@ -1,0 +1,235 @@
+//! [`FsUsageCache`]: `du` walks of writable layers and volumes, done in the background so
+//! that a collection (a scrape) never walks a directory.
+//!
+//! A collection asks for a path's usage with [`FsUsageCache::get`]: it gets the latest
+//! measurement (or nothing before the first one) and registers the path. A background
+//! task ([`FsUsageCache::run`]) walks each registered path when it is due: at once when
+//! first registered, then after `interval` plus a random jitter of up to
+//! `jitter × interval` (upstream: cAdvisor's fs handler and the kubelet's volume stat
+//! calculator both wait `period × (1 + rand)`, period 1 min). Walks run one after the other
+//! on the blocking pool, never holding the cache's lock. Paths the collector no longer
+//! reports are dropped ([`FsUsageCache::retain`]); paths nobody asked for during `idle`
+//! are not walked any more until asked for again (a node nobody scrapes walks nothing).
+//!
+//! A path that cannot be examined has no usage; the first failure (and the first walk that
+//! meets unreadable directories) of a path is logged as a warning, later ones at debug.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::collector::{Clock, UsageSample};
+use super::fs::{self, DiskUsage};
+
+/// Settings of a [`FsUsageCache`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FsUsageConfig {
+    /// The shortest time between two walks of a path. Default 1 min.
+    pub interval: Duration,
+    /// The random extra wait, as a fraction of `interval` (0 = none). Default 1.0.
+    pub jitter: f64,
+    /// A path nobody asked for this long is not walked until asked for again.
+    /// Default 5 min.
+    pub idle: Duration,
+}
+
+impl Default for FsUsageConfig {
+    fn default() -> Self {
+        Self { interval: Duration::from_mins(1), jitter: 1.0, idle: Duration::from_mins(5) }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// The latest result: when measured, and the usage (`None`: could not be examined).
+    last: Option<(SystemTime, Option<DiskUsage>)>,
+    /// When the next walk is due.
+    due: Instant,
+    /// When a collection last asked for it.
+    wanted: Instant,
+    /// Whether the last walk failed or met unreadable directories (to warn once).
+    troubled: bool,
+}
+
+/// Cached `du` of paths, refreshed in the background (see the module docs).
+pub struct FsUsageCache {
+    config: FsUsageConfig,
+    clock: Clock,
+    entries: Mutex<HashMap<PathBuf, Entry>>,
+    wake: tokio::sync::Notify,
+    walks: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for FsUsageCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsUsageCache")
+            .field("config", &self.config)
+            .field("paths", &self.entries.lock().map(|e| e.len()).unwrap_or_default())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FsUsageCache {
+    /// A cache stamping measurements with `clock`.
+    #[must_use]
+    pub fn new(config: FsUsageConfig, clock: Clock) -> Self {
+        Self {
+            config,
+            clock,
+            entries: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            walks: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// The settings.
+    #[must_use]
+    pub const fn config(&self) -> &FsUsageConfig {
+        &self.config
+    }
+
+    /// How many walks were made so far.
+    #[must_use]
+    pub fn walks(&self) -> u64 {
+        self.walks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The latest measurement of `path`, registering it for the background walks. Never
+    /// walks. `None` before the first measurement and when the path could not be
+    /// examined.
+    pub fn get(&self, path: &Path) -> Option<UsageSample> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut wake = false;
+        let entry = entries.entry(path.to_path_buf()).or_insert_with(|| {
+            wake = true;
+            Entry { last: None, due: now, wanted: now, troubled: false }
+        });
+        // An idle path that is asked for again is due at once.
+        if entry.due <= now && now.saturating_duration_since(entry.wanted) >= self.config.idle {
+            wake = true;
+        }
+        entry.wanted = now;
+        let sample = entry.last.and_then(|(time, usage)| usage.map(|u| UsageSample { time, usage: Some(u) }));
+        drop(entries);
+        if wake {
+            self.wake.notify_one();
+        }
+        sample
+    }
+
+    /// Forgets every path not in `keep`.
+    pub fn retain(&self, keep: &HashSet<PathBuf>) {
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        entries.retain(|p, _| keep.contains(p));
+    }
+
+    /// The number of registered paths.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or_default()
+    }
+
+    /// Whether no path is registered.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn is_wanted(&self, e: &Entry, now: Instant) -> bool {
+        now.saturating_duration_since(e.wanted) < self.config.idle
+    }
+
+    /// The paths due at `now` (wanted ones only).
+    fn due(&self, now: Instant) -> Vec<PathBuf> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut due: Vec<(Instant, PathBuf)> = entries
+            .iter()
+            .filter(|(_, e)| e.due <= now && self.is_wanted(e, now))
+            .map(|(p, e)| (e.due, p.clone()))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// When the next path is due that will still be wanted then.
+    fn next_due(&self, now: Instant) -> Option<Instant> {
+        let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        entries.values().filter(|e| self.is_wanted(e, e.due.max(now))).map(|e| e.due).min()
+    }
+
+    /// The wait after a walk: `interval × (1 + rand × jitter)`.
+    fn next_wait(&self) -> Duration {
+        let jitter = if self.config.jitter > 0.0 { rand::random::<f64>() * self.config.jitter } else { 0.0 };
+        self.config.interval.mul_f64(1.0 + jitter)
+    }
+
+    /// Walks one path now (blocking) and records the result.
+    pub fn measure(&self, path: &Path) {
+        let result = fs::walk(path);
+        let time = (self.clock)();
+        self.walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let due = Instant::now() + self.next_wait();
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Dropped by `retain` while being walked: forget the result.
+        let Some(entry) = entries.get_mut(path) else { return };
+        let trouble = match &result {
+            Ok(w) if w.unreadable == 0 => None,
+            Ok(w) => Some(format!("{} directories could not be read", w.unreadable)),
+            Err(e) => Some(e.to_string()),
+        };
+        match (&trouble, entry.troubled) {
+            (Some(why), false) => {
+                tracing::warn!(path = %path.display(), error = %why, "stats: cannot measure disk usage");
+            }
+            (Some(why), true) => {
+                tracing::debug!(path = %path.display(), error = %why, "stats: cannot measure disk usage");
+            }
+            (None, _) => {}
+        }
+        entry.troubled = trouble.is_some();
+        entry.last = Some((time, result.ok().map(|w| w.usage)));
+        entry.due = due;
+    }
+
+    /// Walks every path due now, one after the other (blocking); returns how many.
+    pub fn refresh_due(&self) -> usize {
+        let due = self.due(Instant::now());
+        for p in &due {
+            self.measure(p);
+        }
+        due.len()
+    }
+
+    /// The background task: walks paths as they fall due, on the blocking pool, until
+    /// `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let now = Instant::now();
+            if !self.due(now).is_empty() {
+                let me = Arc::clone(&self);
+                let walk = tokio::task::spawn_blocking(move || me.refresh_due());
+                tokio::select! {
+                    // A walk in progress finishes on its own; nobody waits for it.
+                    () = shutdown.cancelled() => return,
+                    r = walk => {
+                        if let Err(e) = r {
+                            tracing::warn!(error = %e, "stats: disk usage walk failed");
+                        }
+                    }
+                }
+                continue;
+            }
+            let sleep = tokio::time::sleep_until(self.next_due(now).unwrap_or(now + self.config.idle));
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.wake.notified() => {}
+                () = sleep => {}
+            }
+        }
+    }
+}
