@@ -12,6 +12,7 @@ pub mod cm;
 pub mod config;
 pub mod event_api;
 pub mod events;
+pub mod eviction;
 pub mod gc;
 pub mod images;
 pub mod lifecycle;

@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 /// Upstream counters whose names do not end in `_total` (the Go client writes a counter's
 /// name as given; prometheus-client always appends `_total`).
-pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events"];
+pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events", "kubelet_evictions"];
 
 /// Renames [`COUNTERS_WITHOUT_TOTAL`] back to upstream's names in a Prometheus text
 /// exposition (`HELP`, `TYPE` and sample lines), so existing dashboards find them.

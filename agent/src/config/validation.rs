@@ -307,8 +307,8 @@ fn validate_eviction(kc: &KubeletConfiguration, p: &mut Problems) {
         for (signal, value) in map {
             if !EVICTION_SIGNALS.contains(&signal.as_str()) {
                 p.add(&format!("{field}[{signal}]"), "unsupported eviction signal");
-            } else if !is_threshold(value) {
-                p.add(&format!("{field}[{signal}]"), format!("{value:?} must be a quantity or a percentage"));
+            } else if let Some(problem) = crate::eviction::thresholds::check_threshold(field, signal, value) {
+                p.add(&format!("{field}[{signal}]"), problem);
             }
         }
     }
@@ -425,14 +425,6 @@ fn is_quantity(text: &str) -> bool {
     }
 }
 
-/// An eviction threshold: a quantity or a percentage in [0, 100].
-fn is_threshold(text: &str) -> bool {
-    match text.strip_suffix('%') {
-        Some(percent) => percent.parse::<f64>().is_ok_and(|v| (0.0..=100.0).contains(&v)),
-        None => is_quantity(text),
-    }
-}
-
 fn is_clean_absolute(path: &str) -> bool {
     let p = Path::new(path);
     p.is_absolute()
@@ -458,10 +450,6 @@ mod tests {
         for bad in ["", "Mi", "10MB", "1.2.3", "ten", "1e", "10 Mi"] {
             assert!(!is_quantity(bad), "{bad}");
         }
-        assert!(is_threshold("10%"));
-        assert!(is_threshold("7.5%"));
-        assert!(!is_threshold("101%"));
-        assert!(is_threshold("100Mi"));
     }
 
     #[test]
@@ -478,10 +466,15 @@ mod tests {
         let mut kc = KubeletConfiguration::default();
         kc.eviction_soft.insert("memory.available".into(), "200Mi".into());
         kc.eviction_hard.insert("disk.full".into(), "1%".into());
+        kc.eviction_hard.insert("nodefs.available".into(), "0".into());
+        kc.eviction_minimum_reclaim.insert("memory.available".into(), "0%".into());
         kc.enforce_node_allocatable = vec!["pods".into(), "system-reserved".into(), "pods".into()];
         let problems = validate(&kc);
         let expected = [
             "evictionHard[disk.full]: unsupported eviction signal",
+            "evictionHard[nodefs.available]: eviction threshold nodefs.available must be positive: 0",
+            "evictionMinimumReclaim[memory.available]: eviction percentage minimum reclaim memory.available must be \
+             positive: 0%",
             "evictionSoftGracePeriod[memory.available]: required",
             "systemReservedCgroup: must be specified",
             "enforceNodeAllocatable: duplicated enforcement \"pods\"",
