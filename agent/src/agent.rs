@@ -539,6 +539,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
     .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source.clone()))
     .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source));
+    // Webhook authentication and authorization ask the API server (TokenReview,
+    // SubjectAccessReview); standalone, the server refuses those settings.
+    let endpoints = match &client {
+        Some(c) => endpoints.api_client(c.clone()),
+        None => endpoints,
+    };
     let server = Server::new(ServerSettings::from_config(&cfg)?, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);

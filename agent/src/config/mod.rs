@@ -10,12 +10,12 @@
 //! # Which fields have an effect
 //! Every upstream v1beta1 field is accepted and kept (and shown by `/configz`), so an
 //! upstream config file loads unchanged. The agent acts on a growing subset; as of now:
-//! - server: `enableServer`, `address`, `port`, `healthzPort`, `healthzBindAddress`,
-//!   `tlsCertFile`, `tlsPrivateKeyFile`, `tlsCipherSuites`, `tlsMinVersion`,
-//!   `authentication.x509.clientCAFile`, `authentication.anonymous.enabled`, and
-//!   `authentication.webhook.enabled` / `authorization.mode` (only the non-webhook settings
-//!   are served; the webhook ones are refused at start, see [`crate::server`]),
-//!   `readOnlyPort` (only 0).
+//! - server: `enableServer`, `address`, `port`, `readOnlyPort`, `healthzPort`,
+//!   `healthzBindAddress`, `tlsCertFile`, `tlsPrivateKeyFile`, `tlsCipherSuites`,
+//!   `tlsMinVersion`, `authentication.x509.clientCAFile`, `authentication.anonymous.enabled`,
+//!   `authentication.webhook.enabled`/`cacheTTL`, `authorization.mode` and
+//!   `authorization.webhook.cacheAuthorizedTTL`/`cacheUnauthorizedTTL` (the webhooks need
+//!   `--kubeconfig`; see [`crate::server`]).
 //! - used by the modules being written (sources, sync loop, runtime, node, cm, eviction,
 //!   images, gc, telemetry): `staticPodPath`, `syncFrequency`, `fileCheckFrequency`,
 //!   `containerRuntimeEndpoint`, `imageServiceEndpoint`, `runtimeRequestTimeout`,

@@ -1,11 +1,55 @@
-//! The kubelet's HTTP endpoints: the authenticated HTTPS API on `address:port` (10250) and
-//! the plain-HTTP `/healthz` on `healthzBindAddress:healthzPort` (10248).
+//! The kubelet's HTTP endpoints: the authenticated HTTPS API on `address:port` (10250), the
+//! unauthenticated read-only API on `address:readOnlyPort` (off by default), and the
+//! plain-HTTP `/healthz` on `healthzBindAddress:healthzPort` (10248).
 //!
 //! HTTPS routes: `/pods` (a `PodList` from a [`PodsProvider`]), `/metrics` (from a
 //! `prometheus_client` registry; see below), `/healthz` (see [`HealthCheck`]),
 //! `/configz`, plus whatever later modules add through [`Endpoints::route`]; everything else
 //! is 404. Every HTTPS request passes authentication and authorization first (see the
 //! `auth` module docs), unknown paths included, as upstream.
+//!
+//! # Authentication and authorization
+//! - x509 client certificates against `authentication.x509.clientCAFile` (re-read when it
+//!   changes; see `tls`), bearer tokens through `TokenReview`
+//!   (`authentication.webhook.enabled`, cached for `cacheTTL`), anonymous requests only with
+//!   `authentication.anonymous.enabled` (the `auth` module).
+//! - `authorization.mode: Webhook` asks `SubjectAccessReview` for `nodes/<subresource>`
+//!   (cached for `cacheAuthorizedTTL` / `cacheUnauthorizedTTL`), with upstream's
+//!   fine-grained subresources and their fallback to `proxy`; `AlwaysAllow` allows every
+//!   authenticated request (`auth`, `webhook`, `cache`).
+//! - The webhooks need the agent's API client ([`Endpoints::api_client`]). Without one
+//!   (standalone, no `--kubeconfig`) [`Server::new`] refuses them as upstream does ("no
+//!   client provided, cannot use webhook authentication"), naming the settings to change.
+//!   Both are the v1beta1 defaults, so a standalone agent must set
+//!   `authentication.webhook.enabled: false` and `authorization.mode: AlwaysAllow`.
+//!
+//! # The read-only port
+//! With `readOnlyPort` set, plain HTTP on `address:readOnlyPort` without authentication or
+//! authorization, serving what upstream's read-only server serves (`NewServer` with no auth
+//! and no debugging handlers): `/healthz`, `/pods`, `/stats/...` and `/metrics`,
+//! `/metrics/cadvisor`, `/metrics/resource`, `/metrics/probes`. The debugging paths
+//! (`/run`, `/exec`, `/attach`, `/portForward`, `/containerLogs`, `/runningpods`,
+//! `/debug/pprof`, `/logs`) answer 405 "Debug endpoints are disabled.", everything else
+//! (`/configz` included) 404. Requests count in `kubelet_http_*` with `server_type`
+//! `readonly`.
+//!
+//! # Limits
+//! Both API listeners (not the loopback healthz one):
+//! - request heads (request line and headers) over [`MAX_HEADER_BYTES`] get 431 (HTTP/1;
+//!   HTTP/2 the same limit on the header list). Upstream allows 1 MiB; a kubelet's clients
+//!   send a bearer token at most, so 32 KiB leaves room for large OIDC tokens while keeping
+//!   a flood of huge heads cheap;
+//! - a client must send a request's head within [`HEADER_READ_TIMEOUT`] (30 s) and finish
+//!   the TLS handshake within 10 s, or the connection is closed (upstream: a 4 h read
+//!   timeout). Slow clients hold only their own connection;
+//! - requests other than the streaming and long-running ones (`/exec`, `/attach`,
+//!   `/portForward`, `/containerLogs`, `/logs`, `/run`, `/debug`, `/checkpoint`) must be
+//!   answered within [`REQUEST_TIMEOUT`] (60 s, webhook reviews included), else 504 with a
+//!   `Timeout` Status, as the API server answers non-long-running requests; upstream has no
+//!   such limit;
+//! - paths with `.` or `..` segments (also percent-encoded) are 400 before authentication:
+//!   the mapping of paths to subresources must never see one path and route another
+//!   (upstream's Go mux redirects them to the cleaned path, also before authentication).
 //!
 //! # Metrics formats
 //! Every metrics endpoint negotiates as the Go client (`expfmt.NegotiateIncludingOpenMetrics`):
@@ -20,28 +64,26 @@
 //! `gzip` (as promhttp), at the fastest level: metrics text compresses about tenfold even
 //! so, and the scrape's CPU is what the agent economizes.
 //!
-//! # Settings that are refused at start
-//! Webhook authentication (`authentication.webhook.enabled`, bearer tokens checked with
-//! `TokenReview`) and webhook authorization (`authorization.mode: Webhook`, decisions by
-//! `SubjectAccessReview`) are not implemented yet. Both are the v1beta1 *defaults*, so a
-//! config file that does not mention them asks for them; [`Server::new`] refuses them with
-//! an error that names the settings to change, rather than serving with weaker checks than
-//! the file asks for. The upstream kubelet refuses them too when it has no API client
-//! (standalone mode, no `--kubeconfig`). `readOnlyPort` other than 0 is refused likewise.
-//!
 //! # Deliberate differences from the upstream kubelet
 //! - `/healthz` shows why a check failed (upstream: "reason withheld"); see `healthz`.
-//! - 401/403 bodies are `v1` `Status` JSON (upstream: the same words as plain text).
+//! - 401/403/500 bodies are `v1` `Status` JSON (upstream: the same words as plain text).
 //! - A bearer token without webhook authentication is a 401 (upstream: anonymous).
+//! - HEAD requests are authorized with the empty verb, as upstream, but then served (axum
+//!   answers HEAD on GET routes; upstream's routes are GET only).
+//! - The limits above (upstream: 1 MiB heads, 4 h timeouts, no per-request timeout).
 //! - The self-signed certificate is ECDSA P-256 and self-signed (upstream: RSA 2048 signed
 //!   by a throwaway CA written next to it); an existing one is reused only while it is
 //!   valid, covers the node name and matches its key (upstream: whenever it exists).
+//! - Webhook reviews time out after 10 s for authorization too (upstream: authentication
+//!   only) and retry 503 too.
 
 mod auth;
+mod cache;
 mod healthz;
 mod metrics_format;
 mod pods;
 mod tls;
+mod webhook;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -57,19 +99,24 @@ use axum::{Json, Router, middleware};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::{AlwaysAllow, Authorizer, Decision, FakeAuthorizer, RequestAttributes, UserInfo};
+pub use auth::{
+    AlwaysAllow, Authorizer, Decision, FakeAuthorizer, FakeTokenAuthenticator, RequestAttributes, ReviewError,
+    TokenAuthenticator, UserInfo,
+};
+pub use cache::{CACHE_CAPACITY, CachedAuthorizer, CachedTokenAuthenticator};
 pub use healthz::{FakeHealthCheck, HealthCheck, PingCheck};
 pub use pods::{FakePods, PodsProvider};
 pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, TlsSettings};
+pub use webhook::{REVIEW_TIMEOUT, SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 
 use crate::config::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, Config};
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Settings the server does not implement; each line names what to change.
-    #[error("unsupported server settings:\n  {}", problems.join("\n  "))]
-    Unsupported {
+    /// Settings the server cannot serve as they are; each line names what to change.
+    #[error("server settings that cannot be served:\n  {}", problems.join("\n  "))]
+    Settings {
         /// One problem per line.
         problems: Vec<String>,
     },
@@ -85,7 +132,7 @@ pub enum Error {
     /// A listener could not be bound.
     #[error("binding the {endpoint} to {addr}: {source}")]
     Bind {
-        /// `HTTPS API` or `healthz endpoint`.
+        /// `HTTPS API`, `read-only API` or `healthz endpoint`.
         endpoint: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -108,7 +155,7 @@ pub enum Error {
     /// A listener failed while serving.
     #[error("serving the {endpoint} on {addr}: {source}")]
     Serve {
-        /// `HTTPS API` or `healthz endpoint`.
+        /// `HTTPS API`, `read-only API` or `healthz endpoint`.
         endpoint: &'static str,
         /// The address.
         addr: SocketAddr,
@@ -122,7 +169,36 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 const HTTPS_API: &str = "HTTPS API";
+const READ_ONLY_API: &str = "read-only API";
 const HEALTHZ: &str = "healthz endpoint";
+
+/// Largest request head (request line and headers) the API listeners read.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// Time a client has to send a request's head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a non-streaming request has to be answered.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// Limits of the API listeners (see the module docs). Default: the constants above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request head; at least 8 KiB (hyper's minimum). Default: [`MAX_HEADER_BYTES`].
+    pub max_header_bytes: usize,
+    /// Default: [`HEADER_READ_TIMEOUT`].
+    pub header_read_timeout: Duration,
+    /// Default: [`REQUEST_TIMEOUT`].
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: MAX_HEADER_BYTES,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+        }
+    }
+}
 
 /// What the server needs from the configuration. Built with [`ServerSettings::from_config`];
 /// the fields are public so tests (and embedders) can bind elsewhere, e.g. to port 0.
@@ -130,22 +206,30 @@ const HEALTHZ: &str = "healthz endpoint";
 pub struct ServerSettings {
     /// `address:port`; `None` when `enableServer` is false.
     pub https_addr: Option<SocketAddr>,
+    /// `address:readOnlyPort`; `None` when `readOnlyPort` is 0 (the default).
+    pub read_only_addr: Option<SocketAddr>,
     /// `healthzBindAddress:healthzPort`; `None` when `healthzPort` is 0.
     pub healthz_addr: Option<SocketAddr>,
-    /// `readOnlyPort` (only 0 is supported).
-    pub read_only_port: i32,
     /// Certificates and client verification.
     pub tls: TlsSettings,
     /// The node name (authorization attributes).
     pub node_name: String,
     /// `authentication.anonymous.enabled`.
     pub anonymous_auth: bool,
-    /// `authentication.webhook.enabled` (refused when true).
+    /// `authentication.webhook.enabled`: bearer tokens checked with `TokenReview`.
     pub webhook_authentication: bool,
+    /// `authentication.webhook.cacheTTL`.
+    pub token_cache_ttl: Duration,
     /// `authorization.mode`.
     pub authorization_mode: String,
+    /// `authorization.webhook.cacheAuthorizedTTL`.
+    pub authorized_ttl: Duration,
+    /// `authorization.webhook.cacheUnauthorizedTTL`.
+    pub unauthorized_ttl: Duration,
     /// The `/configz` document.
     pub configz: serde_json::Value,
+    /// Limits of the API listeners.
+    pub limits: Limits,
     /// How long open requests may finish after shutdown is asked. Default: 5s.
     pub shutdown_grace_period: Duration,
 }
@@ -166,6 +250,11 @@ impl ServerSettings {
             Ok::<_, Error>(SocketAddr::new(ip, port))
         };
         let https_addr = if kc.enable_server { Some(addr("address", &kc.address, "port", kc.port)?) } else { None };
+        let read_only_addr = if kc.read_only_port == 0 {
+            None
+        } else {
+            Some(addr("address", &kc.address, "readOnlyPort", kc.read_only_port)?)
+        };
         let healthz_addr = if kc.healthz_port == 0 {
             None
         } else {
@@ -182,8 +271,8 @@ impl ServerSettings {
         let cert_and_key = non_empty(&kc.tls_cert_file).zip(non_empty(&kc.tls_private_key_file));
         Ok(Self {
             https_addr,
+            read_only_addr,
             healthz_addr,
-            read_only_port: kc.read_only_port,
             tls: TlsSettings {
                 cert_and_key,
                 cert_dir: config.cert_dir.clone(),
@@ -195,20 +284,26 @@ impl ServerSettings {
             node_name: config.node_name.clone(),
             anonymous_auth: kc.authentication.anonymous.enabled,
             webhook_authentication: kc.authentication.webhook.enabled,
+            token_cache_ttl: kc.authentication.webhook.cache_ttl.to_std(),
             authorization_mode: kc.authorization.mode.clone(),
+            authorized_ttl: kc.authorization.webhook.cache_authorized_ttl.to_std(),
+            unauthorized_ttl: kc.authorization.webhook.cache_unauthorized_ttl.to_std(),
             configz: kc.to_configz_json(),
+            limits: Limits::default(),
             shutdown_grace_period: Duration::from_secs(5),
         })
     }
 }
 
 /// What the HTTPS API serves: the providers of the built-in routes and the routes of later
-/// modules (a router builder).
+/// modules (a router builder), and what authentication and authorization need.
 pub struct Endpoints {
     pods: Arc<dyn PodsProvider>,
     metrics: Vec<(String, Arc<Registry>)>,
     health_checks: Vec<Arc<dyn HealthCheck>>,
     authorizer: Option<Arc<dyn Authorizer>>,
+    token_authenticator: Option<Arc<dyn TokenAuthenticator>>,
+    api_client: Option<kube::Client>,
     routes: Router,
     http_metrics: Option<Arc<crate::metrics::KubeletMetrics>>,
 }
@@ -217,7 +312,11 @@ impl std::fmt::Debug for Endpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let metrics: Vec<&str> = self.metrics.iter().map(|(path, _)| path.as_str()).collect();
         let checks: Vec<&str> = self.health_checks.iter().map(|c| c.name()).collect();
-        f.debug_struct("Endpoints").field("metrics", &metrics).field("health_checks", &checks).finish_non_exhaustive()
+        f.debug_struct("Endpoints")
+            .field("metrics", &metrics)
+            .field("health_checks", &checks)
+            .field("api_client", &self.api_client.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -230,12 +329,14 @@ impl Endpoints {
             metrics: vec![("/metrics".to_owned(), metrics)],
             health_checks: Vec::new(),
             authorizer: None,
+            token_authenticator: None,
+            api_client: None,
             routes: Router::new(),
             http_metrics: None,
         }
     }
 
-    /// Counts every request to the HTTPS API in `kubelet_http_*` of `metrics`.
+    /// Counts every request to the API listeners in `kubelet_http_*` of `metrics`.
     #[must_use]
     pub fn http_metrics(mut self, metrics: Arc<crate::metrics::KubeletMetrics>) -> Self {
         self.http_metrics = Some(metrics);
@@ -257,10 +358,19 @@ impl Endpoints {
     }
 
     /// Adds an authenticated route (`/stats/summary`, `/containerLogs/...`, ...). The
-    /// handler finds the caller's [`UserInfo`] in the request extensions.
+    /// handler finds the caller's [`UserInfo`] in the request extensions. (On the read-only
+    /// port the route is served, without a user, when its path is one upstream serves there.)
     #[must_use]
     pub fn route(mut self, path: &str, method_router: MethodRouter) -> Self {
         self.routes = self.routes.route(path, method_router);
+        self
+    }
+
+    /// The API server client that webhook authentication (`TokenReview`) and authorization
+    /// (`SubjectAccessReview`) ask; without one, those settings are refused.
+    #[must_use]
+    pub fn api_client(mut self, client: kube::Client) -> Self {
+        self.api_client = Some(client);
         self
     }
 
@@ -270,13 +380,23 @@ impl Endpoints {
         self.authorizer = Some(authorizer);
         self
     }
+
+    /// Checks bearer tokens with `authenticator` (as given: no cache is added), whatever
+    /// `authentication.webhook.enabled` says.
+    #[must_use]
+    pub fn token_authenticator(mut self, authenticator: Arc<dyn TokenAuthenticator>) -> Self {
+        self.token_authenticator = Some(authenticator);
+        self
+    }
 }
 
-/// Both listeners, bound and ready to serve.
+/// The listeners, bound and ready to serve.
 #[derive(Debug)]
 pub struct Server {
     https: Option<HttpsListener>,
+    read_only: Option<(std::net::TcpListener, Router)>,
     healthz: Option<(std::net::TcpListener, Router)>,
+    limits: Limits,
     shutdown_grace_period: Duration,
 }
 
@@ -289,51 +409,76 @@ struct HttpsListener {
 
 impl Server {
     /// Checks the settings, prepares TLS (writing a self-signed certificate if needed) and
-    /// binds both listeners.
+    /// binds the listeners.
     pub fn new(settings: ServerSettings, endpoints: Endpoints) -> Result<Self> {
-        let authorizer = check_supported(&settings, endpoints.authorizer.clone())?;
+        let (tokens, authorizer) = authentication_and_authorization(&settings, &endpoints)?;
         let ServerSettings {
             https_addr,
+            read_only_addr,
             healthz_addr,
             tls: tls_settings,
             node_name,
             anonymous_auth,
             configz,
+            limits,
             shutdown_grace_period,
             ..
         } = settings;
         let healthz = healthz::Healthz::new(&endpoints.health_checks);
+        let http_metrics = endpoints.http_metrics.clone();
+        let base = https_router(configz, endpoints, &healthz);
+        let guard = Arc::new(limits);
         let https = match https_addr {
             None => None,
             Some(addr) => {
+                let tls = tls::server_config(&tls_settings)?;
                 let auth = auth::AuthState {
-                    x509: tls_settings.client_ca_file.is_some(),
+                    client_ca: tls.client_ca,
+                    tokens,
                     anonymous: anonymous_auth,
                     node_name,
                     authorizer,
                 };
-                let tls = Arc::new(tls::server_config(&tls_settings)?);
-                let http_metrics = endpoints.http_metrics.clone();
-                let mut router = https_router(configz, endpoints, &healthz)
-                    .layer(middleware::from_fn_with_state(auth, auth::filter));
+                let mut router = base
+                    .clone()
+                    .layer(middleware::from_fn_with_state(auth, auth::filter))
+                    .layer(middleware::from_fn_with_state(guard.clone(), guard_request));
                 // Outermost, as upstream counts in ServeHTTP before any filter.
-                if let Some(m) = http_metrics {
-                    router = router.layer(middleware::from_fn_with_state(m, count_requests));
+                if let Some(m) = &http_metrics {
+                    router = router.layer(middleware::from_fn_with_state((m.clone(), "readwrite"), count_requests));
                 }
-                Some(HttpsListener { listener: bind(HTTPS_API, addr)?, tls, router })
+                Some(HttpsListener { listener: bind(HTTPS_API, addr)?, tls: Arc::new(tls.config), router })
+            }
+        };
+        let read_only = match read_only_addr {
+            None => None,
+            Some(addr) => {
+                let mut router = base
+                    .layer(middleware::from_fn(read_only_paths))
+                    .layer(middleware::from_fn_with_state(guard, guard_request));
+                if let Some(m) = &http_metrics {
+                    router = router.layer(middleware::from_fn_with_state((m.clone(), "readonly"), count_requests));
+                }
+                Some((bind(READ_ONLY_API, addr)?, router))
             }
         };
         let healthz = match healthz_addr {
             None => None,
             Some(addr) => Some((bind(HEALTHZ, addr)?, healthz.router().fallback(not_found))),
         };
-        Ok(Self { https, healthz, shutdown_grace_period })
+        Ok(Self { https, read_only, healthz, limits, shutdown_grace_period })
     }
 
     /// The bound address of the HTTPS API (the real port when 0 was asked).
     #[must_use]
     pub fn https_addr(&self) -> Option<SocketAddr> {
         self.https.as_ref().and_then(|h| h.listener.local_addr().ok())
+    }
+
+    /// The bound address of the read-only API.
+    #[must_use]
+    pub fn read_only_addr(&self) -> Option<SocketAddr> {
+        self.read_only.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// The bound address of the healthz endpoint.
@@ -345,9 +490,8 @@ impl Server {
     /// Serves until `shutdown` is cancelled, then lets open requests finish for the grace
     /// period. Returns early with the error if a listener fails.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
-        let Self { https, healthz, shutdown_grace_period: grace } = self;
-        let https_shutdown = shutdown.clone();
-        let https = async move {
+        let Self { https, read_only, healthz, limits, shutdown_grace_period: grace } = self;
+        let https = async {
             let Some(HttpsListener { listener, tls, router }) = https else {
                 return Ok(());
             };
@@ -355,23 +499,25 @@ impl Server {
             let serve_error = |source| Error::Serve { endpoint: HTTPS_API, addr, source };
             let handle = axum_server::Handle::new();
             let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-            let serve = axum_server::from_tcp_rustls(listener, config)
-                .map_err(serve_error)?
-                .handle(handle.clone())
-                .serve(router.into_make_service());
-            // Asks for the graceful stop, then leaves `serve` to drain (bounded by `grace`).
-            let stop = async {
-                https_shutdown.cancelled().await;
-                handle.graceful_shutdown(Some(grace));
-                std::future::pending::<()>().await;
-            };
+            let mut server =
+                axum_server::from_tcp_rustls(listener, config).map_err(serve_error)?.handle(handle.clone());
+            apply_limits(&mut server, &limits);
             tracing::info!(%addr, "serving the HTTPS API");
-            tokio::select! {
-                result = serve => result.map_err(serve_error),
-                () = stop => unreachable!("stop never completes"),
-            }
+            serve_until(server.serve(router.into_make_service()), &handle, &shutdown, grace).await.map_err(serve_error)
         };
-        let healthz = async move {
+        let read_only = async {
+            let Some((listener, router)) = read_only else {
+                return Ok(());
+            };
+            let addr = local_addr(&listener, READ_ONLY_API)?;
+            let serve_error = |source| Error::Serve { endpoint: READ_ONLY_API, addr, source };
+            let handle = axum_server::Handle::new();
+            let mut server = axum_server::from_tcp(listener).map_err(serve_error)?.handle(handle.clone());
+            apply_limits(&mut server, &limits);
+            tracing::warn!(%addr, "serving the read-only API without authentication (readOnlyPort)");
+            serve_until(server.serve(router.into_make_service()), &handle, &shutdown, grace).await.map_err(serve_error)
+        };
+        let healthz = async {
             let Some((listener, router)) = healthz else {
                 return Ok(());
             };
@@ -385,51 +531,153 @@ impl Server {
                 () = async { shutdown.cancelled().await; tokio::time::sleep(grace).await } => Ok(()),
             }
         };
-        tokio::try_join!(https, healthz).map(|_| ())
+        tokio::try_join!(https, read_only, healthz).map(|_| ())
     }
 }
 
-/// The authorizer for these settings, or every reason they cannot be served.
-fn check_supported(settings: &ServerSettings, authorizer: Option<Arc<dyn Authorizer>>) -> Result<Arc<dyn Authorizer>> {
-    let mut problems = Vec::new();
-    if settings.webhook_authentication {
-        problems.push(
-            "authentication.webhook.enabled: bearer token (webhook) authentication is not \
-             supported yet, and it is on by default in kubelet.config.k8s.io/v1beta1; set \
-             authentication.webhook.enabled: false and authenticate clients with \
-             authentication.x509.clientCAFile (--client-ca-file)"
-                .to_owned(),
-        );
-    }
-    let authorizer = match (settings.authorization_mode.as_str(), authorizer) {
-        (_, Some(authorizer)) => Some(authorizer),
-        (AUTHORIZATION_MODE_ALWAYS_ALLOW, None) => Some(Arc::new(AlwaysAllow) as Arc<dyn Authorizer>),
-        (AUTHORIZATION_MODE_WEBHOOK, None) => {
-            problems.push(
-                "authorization.mode: Webhook (the v1beta1 default) is not supported yet; set \
-                 authorization.mode: AlwaysAllow (or --authorization-mode=AlwaysAllow). \
-                 AlwaysAllow lets every authenticated client use the whole API, so limit who \
-                 authenticates: authentication.x509.clientCAFile and \
-                 authentication.anonymous.enabled: false"
-                    .to_owned(),
-            );
-            None
-        }
-        (other, None) => {
-            problems.push(format!("authorization.mode: unsupported value {other:?}, must be \"AlwaysAllow\""));
-            None
-        }
+/// Runs `serve` until `shutdown`, then asks `handle` for a graceful stop and leaves
+/// `serve` to drain (bounded by `grace`).
+async fn serve_until(
+    serve: impl Future<Output = io::Result<()>>,
+    handle: &axum_server::Handle<SocketAddr>,
+    shutdown: &CancellationToken,
+    grace: Duration,
+) -> io::Result<()> {
+    let stop = async {
+        shutdown.cancelled().await;
+        handle.graceful_shutdown(Some(grace));
+        std::future::pending::<()>().await;
     };
-    if settings.read_only_port != 0 {
-        problems.push(format!(
-            "readOnlyPort: the unauthenticated read-only port is not supported; set \
-             readOnlyPort: 0 (the default), not {}",
-            settings.read_only_port
-        ));
+    tokio::select! {
+        result = serve => result,
+        () = stop => unreachable!("stop never completes"),
     }
+}
+
+/// Head size and read timeouts of an API listener (see the module docs).
+fn apply_limits<Acceptor>(server: &mut axum_server::Server<SocketAddr, Acceptor>, limits: &Limits) {
+    let builder = server.http_builder();
+    builder.http1().max_buf_size(limits.max_header_bytes.max(8 * 1024)).header_read_timeout(limits.header_read_timeout);
+    builder.http2().max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+}
+
+/// The token authenticator (if tokens are accepted) and the authorizer.
+type AuthParts = (Option<Arc<dyn TokenAuthenticator>>, Arc<dyn Authorizer>);
+
+/// The token authenticator and the authorizer for these settings, or every reason they
+/// cannot be served.
+fn authentication_and_authorization(settings: &ServerSettings, endpoints: &Endpoints) -> Result<AuthParts> {
+    let mut problems = Vec::new();
+    let tokens: Option<Arc<dyn TokenAuthenticator>> =
+        match (&endpoints.token_authenticator, &endpoints.api_client, settings.webhook_authentication) {
+            (Some(tokens), _, _) => Some(tokens.clone()),
+            (None, _, false) => None,
+            (None, Some(client), true) => Some(Arc::new(CachedTokenAuthenticator::new(
+                Arc::new(TokenReviewAuthenticator::new(client.clone())),
+                settings.token_cache_ttl,
+            ))),
+            (None, None, true) => {
+                problems.push(
+                    "authentication.webhook.enabled: no client provided, cannot use webhook authentication \
+                     (bearer tokens are checked with a TokenReview, which needs --kubeconfig); it is on by \
+                     default in kubelet.config.k8s.io/v1beta1, so a standalone agent must set \
+                     authentication.webhook.enabled: false and authenticate clients with \
+                     authentication.x509.clientCAFile (--client-ca-file)"
+                        .to_owned(),
+                );
+                None
+            }
+        };
+    let authorizer: Option<Arc<dyn Authorizer>> =
+        match (&endpoints.authorizer, settings.authorization_mode.as_str(), &endpoints.api_client) {
+            (Some(authorizer), _, _) => Some(authorizer.clone()),
+            (None, AUTHORIZATION_MODE_ALWAYS_ALLOW, _) => Some(Arc::new(AlwaysAllow)),
+            (None, AUTHORIZATION_MODE_WEBHOOK, Some(client)) => Some(Arc::new(CachedAuthorizer::new(
+                Arc::new(SubjectAccessReviewAuthorizer::new(client.clone())),
+                settings.authorized_ttl,
+                settings.unauthorized_ttl,
+            ))),
+            (None, AUTHORIZATION_MODE_WEBHOOK, None) => {
+                problems.push(
+                    "authorization.mode: Webhook (the v1beta1 default): no client provided, cannot use \
+                     webhook authorization (decisions are asked with a SubjectAccessReview, which needs \
+                     --kubeconfig); a standalone agent must set authorization.mode: AlwaysAllow \
+                     (--authorization-mode=AlwaysAllow). AlwaysAllow lets every authenticated client use \
+                     the whole API, so limit who authenticates: authentication.x509.clientCAFile and \
+                     authentication.anonymous.enabled: false"
+                        .to_owned(),
+                );
+                None
+            }
+            (None, other, _) => {
+                problems.push(format!(
+                    "authorization.mode: unsupported value {other:?}, must be one of [\"AlwaysAllow\", \"Webhook\"]"
+                ));
+                None
+            }
+        };
     match authorizer {
-        Some(authorizer) if problems.is_empty() => Ok(authorizer),
-        _ => Err(Error::Unsupported { problems }),
+        Some(authorizer) if problems.is_empty() => Ok((tokens, authorizer)),
+        _ => Err(Error::Settings { problems }),
+    }
+}
+
+/// Paths served on the read-only port (upstream's default handlers).
+const READ_ONLY_PATHS: [&str; 4] = ["/healthz", "/pods", "/stats", "/metrics"];
+/// Paths the read-only port refuses with 405 (upstream `InstallDebuggingDisabledHandlers`).
+const DEBUG_PATHS: [&str; 8] =
+    ["/run", "/exec", "/attach", "/portForward", "/containerLogs", "/runningpods", "/debug/pprof", "/logs"];
+
+/// The read-only port's filter (see the module docs).
+async fn read_only_paths(request: axum::extract::Request, next: middleware::Next) -> Response {
+    let path = request.uri().path();
+    if READ_ONLY_PATHS.iter().any(|p| auth::is_subpath(path, p)) {
+        return next.run(request).await;
+    }
+    if DEBUG_PATHS.iter().any(|p| auth::is_subpath(path, p)) {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "Debug endpoints are disabled.\n",
+        )
+            .into_response();
+    }
+    not_found().await
+}
+
+/// Path roots whose requests stream or may run long: no request timeout.
+const LONG_RUNNING: [&str; 8] =
+    ["exec", "attach", "portForward", "containerLogs", "logs", "run", "debug", "checkpoint"];
+
+/// Whether a path has `.` or `..` segments, percent-encoded or not.
+fn has_dot_segments(path: &str) -> bool {
+    path.split('/').any(|segment| {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
+/// The limits in front of authentication (see the module docs): bad paths, request timeout.
+async fn guard_request(
+    State(limits): State<Arc<Limits>>,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    if has_dot_segments(path) {
+        return auth::status(StatusCode::BAD_REQUEST, "BadRequest", "invalid path: dot segments are not allowed");
+    }
+    let root = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    if LONG_RUNNING.contains(&root) {
+        return next.run(request).await;
+    }
+    match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => auth::status(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!("Timeout: request did not complete within {:?}", limits.request_timeout),
+        ),
     }
 }
 
@@ -499,9 +747,10 @@ impl Drop for InFlight {
 }
 
 /// `kubelet_http_requests_total`, `kubelet_http_inflight_requests` and
-/// `kubelet_http_requests_duration_seconds` of every request (upstream `ServeHTTP`).
+/// `kubelet_http_requests_duration_seconds` of every request (upstream `ServeHTTP`), with
+/// `server_type` `readwrite` (HTTPS) or `readonly`.
 async fn count_requests(
-    State(metrics): State<Arc<crate::metrics::KubeletMetrics>>,
+    State((metrics, server_type)): State<(Arc<crate::metrics::KubeletMetrics>, &'static str)>,
     request: axum::extract::Request,
     next: middleware::Next,
 ) -> Response {
@@ -510,7 +759,7 @@ async fn count_requests(
     let labels = crate::metrics::HttpLabels {
         method: metric_method_bucket(request.method()),
         path,
-        server_type: "readwrite".into(),
+        server_type: server_type.into(),
         long_running: long_running.to_string(),
     };
     metrics.http_requests.get_or_create(&labels).inc();

@@ -1,7 +1,10 @@
 //! Tests over real sockets on 127.0.0.1 (ephemeral ports): healthz, authentication,
 //! client certificates, the routes, `/metrics` through promtool, the self-signed
-//! certificate, and the settings refused at start.
+//! certificate and the reloading of configured files, the read-only port, the limits, and
+//! the settings refused at start. (Webhook authentication and authorization against a
+//! real HTTP API server: `tests/tests/server_auth.rs`.)
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::task::JoinHandle;
 
 use super::*;
@@ -21,8 +25,8 @@ use super::*;
 fn settings(cert_dir: &Path) -> ServerSettings {
     ServerSettings {
         https_addr: Some("127.0.0.1:0".parse().unwrap()),
+        read_only_addr: None,
         healthz_addr: Some("127.0.0.1:0".parse().unwrap()),
-        read_only_port: 0,
         tls: TlsSettings {
             cert_and_key: None,
             cert_dir: cert_dir.to_owned(),
@@ -34,8 +38,12 @@ fn settings(cert_dir: &Path) -> ServerSettings {
         node_name: "node-1".to_owned(),
         anonymous_auth: false,
         webhook_authentication: false,
+        token_cache_ttl: Duration::from_mins(2),
         authorization_mode: AUTHORIZATION_MODE_ALWAYS_ALLOW.to_owned(),
+        authorized_ttl: Duration::from_mins(5),
+        unauthorized_ttl: Duration::from_secs(30),
         configz: serde_json::json!({"kubeletconfig": {"maxPods": 110}}),
+        limits: Limits::default(),
         shutdown_grace_period: Duration::from_secs(1),
     }
 }
@@ -88,13 +96,23 @@ impl Running {
 /// A client that trusts the server's certificate in `cert_dir`, optionally presenting a
 /// client certificate.
 fn client(cert_dir: &Path, identity: Option<&Identity>) -> reqwest::Client {
+    let config = tls_client_config(cert_dir, identity, &[&rustls::version::TLS12, &rustls::version::TLS13]);
+    reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap()
+}
+
+/// The rustls side of [`client`], for these protocol versions.
+fn tls_client_config(
+    cert_dir: &Path,
+    identity: Option<&Identity>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> rustls::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in tls::read_certs(&cert_dir.join(SELF_SIGNED_CERT_FILE)).unwrap() {
         roots.add(cert).unwrap();
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(roots);
     let mut config = match identity {
@@ -102,7 +120,7 @@ fn client(cert_dir: &Path, identity: Option<&Identity>) -> reqwest::Client {
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap()
+    config
 }
 
 /// A certificate and its key.
@@ -259,13 +277,35 @@ async fn client_certificates_are_verified_against_the_client_ca() {
     let (status, _, _) = get(&client(&cert_dir, None), &server.url("/pods")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
-    // A certificate from another CA never authenticates.
+    // A certificate from another CA never authenticates: 401, as upstream (the handshake
+    // succeeds; authentication checks the chain).
     let mallory = TestCa::new("other-ca").client("mallory", "system:masters");
-    match client(&cert_dir, Some(&mallory)).get(server.url("/pods")).send().await {
-        Err(_) => {} // the TLS handshake failed
-        Ok(response) => assert_eq!(response.status().as_u16(), 401),
-    }
+    let (status, _, _) = get(&client(&cert_dir, Some(&mallory)), &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(authorizer.seen().len(), 1, "mallory never reached authorization");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_certificate_fails_even_with_anonymous_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test-ca");
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let cert_dir = dir.path().join("pki");
+    let mut settings = settings(&cert_dir);
+    settings.tls.client_ca_file = Some(ca_file);
+    settings.anonymous_auth = true;
+    let server = Running::start(settings, endpoints());
+    let mallory = TestCa::new("other-ca").client("mallory", "system:masters");
+    let (status, _, _) = get(&client(&cert_dir, Some(&mallory)), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "not anonymous: upstream's union authenticator fails on error");
+    let (status, _, _) = get(&client(&cert_dir, None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK, "no certificate at all is anonymous");
+    // A certificate with an empty CN is no identity, and no error either: anonymous.
+    let nameless = ca.client("", "system:masters");
+    let (status, _, _) = get(&client(&cert_dir, Some(&nameless)), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
     server.stop().await;
 }
 
@@ -279,7 +319,105 @@ async fn denied_requests_are_forbidden() {
     let (status, _, body) = get(&client(dir.path(), None), &server.url("/metrics")).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["message"], "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource=metrics)");
+    assert_eq!(
+        body["message"],
+        "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource(s)=[metrics])"
+    );
+    let (status, _, body) = get(&client(dir.path(), None), &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["message"],
+        "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource(s)=[pods proxy])"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn fine_grained_subresources_fall_back_to_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    // Only nodes/proxy is granted, as to clients from before fine-grained authorization.
+    let proxy_only = Arc::new(FakeAuthorizer::from_fn(|a| {
+        Ok(if a.subresource == "proxy" { Decision::Allow } else { Decision::Deny("not granted".into()) })
+    }));
+    let summary = axum::routing::get(|| async { "{}" });
+    let server = Running::start(settings, endpoints().authorizer(proxy_only.clone()).route("/stats/summary", summary));
+    let client = client(dir.path(), None);
+    for (path, want) in [
+        ("/pods", StatusCode::OK),
+        ("/healthz", StatusCode::OK),
+        ("/configz", StatusCode::OK),
+        ("/stats/summary", StatusCode::FORBIDDEN),
+        ("/metrics", StatusCode::FORBIDDEN),
+        ("/spec/", StatusCode::NOT_FOUND),
+    ] {
+        let (status, _, _) = get(&client, &server.url(path)).await;
+        assert_eq!(status, want, "{path}");
+    }
+    let asked: Vec<(String, String)> = proxy_only.seen().into_iter().map(|a| (a.path, a.subresource)).collect();
+    let asked: Vec<(&str, &str)> = asked.iter().map(|(p, s)| (p.as_str(), s.as_str())).collect();
+    assert_eq!(
+        asked,
+        [
+            ("/pods", "pods"),
+            ("/pods", "proxy"),
+            ("/healthz", "healthz"),
+            ("/healthz", "proxy"),
+            ("/configz", "configz"),
+            ("/configz", "proxy"),
+            ("/stats/summary", "stats"),
+            ("/metrics", "metrics"),
+            ("/spec/", "proxy"),
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn authorizer_errors_are_500s() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let broken = Arc::new(FakeAuthorizer::from_fn(|_| {
+        Err(ReviewError::Timeout { review: "SubjectAccessReview", timeout: Duration::from_secs(10) })
+    }));
+    let server = Running::start(settings, endpoints().authorizer(broken));
+    let (status, _, body) = get(&client(dir.path(), None), &server.url("/pods")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["message"],
+        "Authorization error (user=system:anonymous, verb=get, resource=nodes, subresource=pods)"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bearer_tokens_authenticate_through_the_token_authenticator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let tokens = Arc::new(FakeTokenAuthenticator::default());
+    tokens.add("good-token", UserInfo { name: "alice".into(), groups: vec!["team-a".into()], ..UserInfo::default() });
+    let authorizer = Arc::new(FakeAuthorizer::new(Decision::Allow));
+    let route = axum::routing::get(|axum::Extension(user): axum::Extension<UserInfo>| async move {
+        format!("{} {:?}", user.name, user.groups)
+    });
+    let server = Running::start(
+        settings,
+        endpoints().token_authenticator(tokens.clone()).authorizer(authorizer.clone()).route("/stats/summary", route),
+    );
+    let client = client(dir.path(), None);
+    let response = client.get(server.url("/stats/summary")).bearer_auth("good-token").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.text().await.unwrap(), r#"alice ["team-a", "system:authenticated"]"#);
+    // A rejected token is 401 although anonymous access is on (upstream: FailOnError).
+    let response = client.get(server.url("/stats/summary")).bearer_auth("bad-token").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    assert_eq!(tokens.calls(), 2);
+    assert_eq!(authorizer.seen().len(), 1, "the rejected token never reached authorization");
     server.stop().await;
 }
 
@@ -504,30 +642,44 @@ async fn configured_certificate_files_are_used() {
 }
 
 #[test]
-fn webhook_settings_are_refused_with_what_to_change() {
+fn webhook_settings_need_an_api_client() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = settings(dir.path());
-    // The v1beta1 defaults.
+    // The v1beta1 defaults, standalone.
     settings.webhook_authentication = true;
     settings.authorization_mode = AUTHORIZATION_MODE_WEBHOOK.to_owned();
-    settings.read_only_port = 10255;
     let err = Server::new(settings, endpoints()).unwrap_err();
     let text = err.to_string();
     for want in [
-        "authentication.webhook.enabled: bearer token (webhook) authentication is not supported yet",
-        "set authentication.webhook.enabled: false",
-        "authorization.mode: Webhook (the v1beta1 default) is not supported yet",
-        "set authorization.mode: AlwaysAllow",
-        "readOnlyPort: the unauthenticated read-only port is not supported",
+        "authentication.webhook.enabled: no client provided, cannot use webhook authentication",
+        "must set authentication.webhook.enabled: false",
+        "authorization.mode: Webhook (the v1beta1 default): no client provided, cannot use webhook authorization",
+        "must set authorization.mode: AlwaysAllow",
     ] {
         assert!(text.contains(want), "{want:?} in:\n{text}");
     }
-    assert!(matches!(err, Error::Unsupported { ref problems } if problems.len() == 3));
+    assert!(matches!(err, Error::Settings { ref problems } if problems.len() == 2));
     assert!(!dir.path().join(SELF_SIGNED_CERT_FILE).exists(), "refused before any file is written");
+
+    let mut settings = self::settings(dir.path());
+    settings.authorization_mode = "RBAC".to_owned();
+    let err = Server::new(settings, endpoints()).unwrap_err();
+    assert!(err.to_string().contains("authorization.mode: unsupported value \"RBAC\""), "{err}");
+}
+
+#[tokio::test]
+async fn webhook_settings_are_served_with_an_api_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.webhook_authentication = true;
+    settings.authorization_mode = AUTHORIZATION_MODE_WEBHOOK.to_owned();
+    // The client connects lazily: nothing needs to listen there for the server to start.
+    let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    assert!(Server::new(settings, endpoints().api_client(client)).is_ok());
 }
 
 #[test]
-fn settings_from_a_default_config_are_refused() {
+fn settings_from_a_default_config_are_refused_standalone() {
     let dir = tempfile::tempdir().unwrap();
     let flags = crate::config::Flags::try_parse_from([
         "swiftlet",
@@ -539,10 +691,20 @@ fn settings_from_a_default_config_are_refused() {
     let settings = ServerSettings::from_config(&config).unwrap();
     assert_eq!(settings.https_addr, Some("0.0.0.0:10250".parse().unwrap()));
     assert_eq!(settings.healthz_addr, Some("127.0.0.1:10248".parse().unwrap()));
+    assert_eq!(settings.read_only_addr, None);
     assert_eq!(settings.tls.names[0], "node-1");
     assert_eq!(settings.configz["kubeletconfig"]["port"], 10250);
+    assert!(settings.webhook_authentication);
+    assert_eq!(
+        (settings.token_cache_ttl, settings.authorized_ttl, settings.unauthorized_ttl),
+        (Duration::from_mins(2), Duration::from_mins(5), Duration::from_secs(30))
+    );
     let err = Server::new(settings, endpoints()).unwrap_err();
-    assert!(err.to_string().contains("authorization.mode: Webhook"), "{err}");
+    assert!(err.to_string().contains("no client provided, cannot use webhook authorization"), "{err}");
+
+    config.kubelet.read_only_port = 10255;
+    let settings = ServerSettings::from_config(&config).unwrap();
+    assert_eq!(settings.read_only_addr, Some("0.0.0.0:10255".parse().unwrap()));
 
     // An unvalidated port never turns into "any port".
     config.kubelet.port = 0;
@@ -608,4 +770,308 @@ fn request_metric_labels_follow_upstream() {
     assert_eq!(super::metric_path_bucket("/metrics/nope"), "other");
     assert_eq!(super::metric_method_bucket(&http::Method::GET), "GET");
     assert_eq!(super::metric_method_bucket(&http::Method::from_bytes(b"BREW").unwrap()), "other");
+}
+
+/// Sends `request` as is over plain TCP and returns what the server answered until it
+/// closed the connection (or 10 s passed).
+async fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// [`raw_http`] over TLS, trusting the certificate in `cert_dir`.
+async fn raw_https(addr: SocketAddr, cert_dir: &Path, request: &[u8]) -> String {
+    let config = tls_client_config(cert_dir, None, &[&rustls::version::TLS13]);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn the_read_only_port_serves_upstreams_read_only_paths_without_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.read_only_addr = Some("127.0.0.1:0".parse().unwrap());
+    let mut registry = Registry::default();
+    let kubelet_metrics = Arc::new(crate::metrics::KubeletMetrics::new(&mut registry, "node-1"));
+    let registry = Arc::new(registry);
+    let summary = axum::routing::get(|| async { r#"{"node":{}}"# });
+    let events = axum::routing::get(|| async { "[]" });
+    let server = Server::new(
+        settings,
+        Endpoints::new(Arc::new(FakePods::new(vec![sample_pod()])), registry.clone())
+            .http_metrics(kubelet_metrics)
+            .metrics_endpoint("/metrics/probes", Arc::new(Registry::default()))
+            .route("/stats/summary", summary)
+            .route("/events", events),
+    )
+    .unwrap();
+    let addr = server.read_only_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.run(shutdown.clone()));
+    let plain = reqwest::Client::new();
+    let url = |path: &str| format!("http://{addr}{path}");
+    for (path, want) in [
+        ("/pods", StatusCode::OK),
+        ("/healthz", StatusCode::OK),
+        ("/healthz/ping", StatusCode::OK),
+        ("/stats/summary", StatusCode::OK),
+        ("/metrics", StatusCode::OK),
+        ("/metrics/probes", StatusCode::OK),
+        ("/configz", StatusCode::NOT_FOUND),
+        ("/events", StatusCode::NOT_FOUND),
+        ("/spec/", StatusCode::NOT_FOUND),
+        ("/nope", StatusCode::NOT_FOUND),
+        ("/exec/ns/pod/c", StatusCode::METHOD_NOT_ALLOWED),
+        ("/containerLogs/ns/pod/c", StatusCode::METHOD_NOT_ALLOWED),
+        ("/logs/", StatusCode::METHOD_NOT_ALLOWED),
+        ("/debug/pprof/", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let (status, _, body) = get(&plain, &url(path)).await;
+        assert_eq!(status, want, "{path}: {body}");
+        if want == StatusCode::METHOD_NOT_ALLOWED {
+            assert_eq!(body, "Debug endpoints are disabled.\n");
+        }
+    }
+    let (_, _, pods) = get(&plain, &url("/pods")).await;
+    assert!(pods.contains(r#""kind":"PodList""#), "{pods}");
+    let (_, _, metrics) = get(&plain, &url("/metrics")).await;
+    assert!(
+        metrics.contains(
+            r#"kubelet_http_requests_total{method="GET",path="pods",server_type="readonly",long_running="false"} 2"#
+        ),
+        "{metrics}"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn huge_heads_get_431_and_bad_paths_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    settings.read_only_addr = Some("127.0.0.1:0".parse().unwrap());
+    let server = Server::new(settings, endpoints()).unwrap();
+    let (https, read_only) = (server.https_addr().unwrap(), server.read_only_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.run(shutdown.clone()));
+
+    let big = "x".repeat(64 * 1024);
+    let huge = format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
+    assert!(raw_http(read_only, huge.as_bytes()).await.starts_with("HTTP/1.1 431"));
+    assert!(raw_https(https, dir.path(), huge.as_bytes()).await.starts_with("HTTP/1.1 431"));
+    // Just under the limit is fine.
+    let fits =
+        format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n", "x".repeat(30_000));
+    assert!(raw_https(https, dir.path(), fits.as_bytes()).await.starts_with("HTTP/1.1 200"));
+    // Many headers.
+    let many = (0..200).fold(String::new(), |mut headers, i| {
+        let _ = write!(headers, "X-H{i}: v\r\n");
+        headers
+    });
+    let many = format!("GET /healthz HTTP/1.1\r\nHost: x\r\n{many}Connection: close\r\n\r\n");
+    assert!(raw_https(https, dir.path(), many.as_bytes()).await.starts_with("HTTP/1.1 431"));
+
+    for path in ["/stats/../exec/ns/pod/c", "/pods/./x", "/stats/%2e%2e/configz", "/%2E/pods"] {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let answer = raw_https(https, dir.path(), request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("dot segments"), "{answer}");
+        let answer = raw_http(read_only, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+    }
+    for (request, want) in [
+        ("GET /pods?%ZZ=%%&&== HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "HTTP/1.1 200"),
+        ("GET /%ZZ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "HTTP/1.1 404"),
+        ("GET //pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "HTTP/1.1 404"),
+        ("GET /pods\x01 HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 400"),
+        ("BREW /pods HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "HTTP/1.1 405"),
+        ("GARBAGE\r\n\r\n", "HTTP/1.1 400"),
+    ] {
+        let answer = raw_https(https, dir.path(), request.as_bytes()).await;
+        assert!(answer.starts_with(want), "{request:?}: {answer}");
+    }
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn slow_requests_time_out_and_slow_clients_are_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    settings.read_only_addr = Some("127.0.0.1:0".parse().unwrap());
+    settings.limits.request_timeout = Duration::from_millis(300);
+    settings.limits.header_read_timeout = Duration::from_millis(500);
+    let hang = axum::routing::get(std::future::pending::<&'static str>);
+    let server =
+        Server::new(settings, endpoints().route("/stats/summary", hang.clone()).route("/exec/{ns}/{pod}/{c}", hang))
+            .unwrap();
+    let (https, read_only) = (server.https_addr().unwrap(), server.read_only_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.run(shutdown.clone()));
+    let client = client(dir.path(), None);
+
+    let (status, _, body) = get(&client, &format!("https://localhost:{}/stats/summary", https.port())).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["reason"], "Timeout");
+    // Streaming paths have no request timeout.
+    let streaming = client.get(format!("https://localhost:{}/exec/ns/pod/c", https.port())).send();
+    assert!(tokio::time::timeout(Duration::from_secs(1), streaming).await.is_err(), "still waiting");
+
+    // A client that sends half a request head is cut off; others are served meanwhile.
+    let mut slow = tokio::net::TcpStream::connect(read_only).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let (status, _, _) = get(&reqwest::Client::new(), &format!("http://{read_only}/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the slow connection was closed");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_scrapes_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let server = Running::start(settings, endpoints());
+    let client = client(dir.path(), None);
+    let url = server.url("/metrics");
+    let scrapes: Vec<_> = (0..1000)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move { client.get(&url).send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    for scrape in scrapes {
+        assert_eq!(scrape.await.unwrap().unwrap(), 200);
+    }
+    server.stop().await;
+}
+
+/// A self-signed certificate for `localhost` as PEM (certificate, key).
+fn localhost_pair() -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn configured_certificate_files_are_reloaded_when_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (dir.path().join("serving.crt"), dir.path().join("serving.key"));
+    let (first_cert, first_key) = localhost_pair();
+    std::fs::write(&cert_file, &first_cert).unwrap();
+    std::fs::write(&key_file, &first_key).unwrap();
+    let trust = |pem: &str| {
+        let trust_dir = tempfile::tempdir().unwrap();
+        std::fs::write(trust_dir.path().join(SELF_SIGNED_CERT_FILE), pem).unwrap();
+        trust_dir
+    };
+    let mut settings = settings(&dir.path().join("pki"));
+    settings.anonymous_auth = true;
+    settings.tls.cert_and_key = Some((cert_file.clone(), key_file.clone()));
+    let server = Running::start(settings, endpoints());
+    let first = trust(&first_cert);
+    let (status, _, _) = get(&client(first.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Rotated: new connections get the new pair.
+    let (second_cert, second_key) = localhost_pair();
+    std::fs::write(&key_file, &second_key).unwrap();
+    std::fs::write(&cert_file, &second_cert).unwrap();
+    let second = trust(&second_cert);
+    let (status, _, _) = get(&client(second.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(client(first.path(), None).get(server.url("/healthz")).send().await.is_err(), "the old one is gone");
+
+    // A rotation that does not load (a key that does not match) keeps the last good pair.
+    let (_, third_key) = localhost_pair();
+    std::fs::write(&key_file, &third_key).unwrap();
+    let (status, _, _) = get(&client(second.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    std::fs::write(&cert_file, "garbage").unwrap();
+    let (status, _, _) = get(&client(second.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_ca_file_is_reloaded_when_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_ca, new_ca) = (TestCa::new("old-ca"), TestCa::new("new-ca"));
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &old_ca.pem).unwrap();
+    let cert_dir = dir.path().join("pki");
+    let mut settings = settings(&cert_dir);
+    settings.tls.client_ca_file = Some(ca_file.clone());
+    let server = Running::start(settings, endpoints());
+    let (old_user, new_user) = (old_ca.client("old", "g"), new_ca.client("new", "g"));
+    let status_of = async |identity: &Identity| get(&client(&cert_dir, Some(identity)), &server.url("/pods")).await.0;
+    assert_eq!(status_of(&old_user).await, StatusCode::OK);
+    assert_eq!(status_of(&new_user).await, StatusCode::UNAUTHORIZED);
+
+    std::fs::write(&ca_file, &new_ca.pem).unwrap();
+    assert_eq!(status_of(&old_user).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(status_of(&new_user).await, StatusCode::OK);
+    // A bundle that does not load keeps the last good one.
+    std::fs::write(&ca_file, "not a certificate").unwrap();
+    assert_eq!(status_of(&new_user).await, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tls_min_version_and_cipher_suites_are_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    settings.tls.min_version = "VersionTLS13".to_owned();
+    let server = Running::start(settings, endpoints());
+    let tls12_only =
+        |config: rustls::ClientConfig| reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap();
+    let old_client = tls12_only(tls_client_config(dir.path(), None, &[&rustls::version::TLS12]));
+    assert!(old_client.get(server.url("/healthz")).send().await.is_err(), "TLS 1.2 is refused");
+    let (status, _, _) = get(&client(dir.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+
+    // TLS 1.2 limited to one suite: a client offering only another fails; TLS 1.3 is not
+    // affected (as in Go).
+    let mut settings = self::settings(dir.path());
+    settings.anonymous_auth = true;
+    settings.tls.cipher_suites = vec!["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384".to_owned()];
+    let server = Running::start(settings, endpoints());
+    let with_suite = |suite: rustls::SupportedCipherSuite| {
+        let mut provider = rustls::crypto::ring::default_provider();
+        provider.cipher_suites = vec![suite];
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in tls::read_certs(&dir.path().join(SELF_SIGNED_CERT_FILE)).unwrap() {
+            roots.add(cert).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap()
+    };
+    let allowed = with_suite(rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384);
+    assert_eq!(allowed.get(server.url("/healthz")).send().await.unwrap().status().as_u16(), 200);
+    let other = with_suite(rustls::crypto::ring::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
+    assert!(other.get(server.url("/healthz")).send().await.is_err());
+    let (status, _, _) = get(&client(dir.path(), None), &server.url("/healthz")).await;
+    assert_eq!(status, StatusCode::OK, "TLS 1.3");
+    server.stop().await;
 }

@@ -1,6 +1,24 @@
 //! TLS of the HTTPS API: the serving certificate (`tlsCertFile`/`tlsPrivateKeyFile`, or a
-//! self-signed one in the cert dir as the kubelet makes), client certificate verification
+//! self-signed one in the cert dir as the kubelet makes), client certificates checked
 //! against `authentication.x509.clientCAFile`, and the cipher suites / minimum version.
+//!
+//! # Reloading
+//! `tlsCertFile`/`tlsPrivateKeyFile` and `clientCAFile` are re-read when they change, as
+//! upstream's dynamic certificate controllers do: each TLS handshake (serving pair) or each
+//! request with a client certificate (CA bundle) compares the files' inode, size and mtime
+//! with what was loaded, which costs a `stat` and catches in-place writes, renames and
+//! Kubernetes' symlink swaps alike. A change that does not load (half-written files, a key
+//! that does not match the certificate) is logged once and the previous material keeps
+//! serving. The self-signed pair is made once at start and not watched (upstream neither).
+//!
+//! # Client certificates
+//! As upstream (`ClientAuth: RequestClientCert` with the x509 authenticator behind it),
+//! the handshake only asks for a client certificate and checks that the client holds its
+//! key (the `CertificateVerify` signature); whether the chain leads to the client CA is
+//! decided per request by [`ClientCa::verify`], in authentication. A certificate from
+//! another CA therefore gets 401 like upstream rather than a failed handshake, and a
+//! reloaded CA bundle applies to connections already open. The CA names hinted in the
+//! handshake are those of the bundle at start (upstream: the same).
 //!
 //! The rustls configuration names the ring provider explicitly, so nothing here depends on
 //! a process-wide default provider having been installed.
@@ -8,14 +26,20 @@
 use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::SystemTime;
 
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme, SupportedCipherSuite,
+};
 
 use super::{Error, Result};
 use crate::config::tls_cipher_suite_id;
@@ -32,13 +56,14 @@ const SELF_SIGNED_VALIDITY: time::Duration = time::Duration::days(365);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsSettings {
     /// `tlsCertFile` and `tlsPrivateKeyFile`; `None` means self-signed in `cert_dir`.
+    /// Re-read when they change.
     pub cert_and_key: Option<(PathBuf, PathBuf)>,
     /// `--cert-dir`: where the self-signed certificate is kept.
     pub cert_dir: PathBuf,
     /// Names the self-signed certificate covers (the node name and the hostname);
     /// `localhost`, `127.0.0.1` and `::1` are always added.
     pub names: Vec<String>,
-    /// `authentication.x509.clientCAFile`.
+    /// `authentication.x509.clientCAFile`; re-read when it changes.
     pub client_ca_file: Option<PathBuf>,
     /// `tlsCipherSuites` (Go names); empty means the rustls defaults.
     pub cipher_suites: Vec<String>,
@@ -46,12 +71,30 @@ pub struct TlsSettings {
     pub min_version: String,
 }
 
+/// The rustls configuration of the HTTPS API and the client CA that authentication checks
+/// client certificates against.
+#[derive(Debug)]
+pub(crate) struct Tls {
+    pub config: ServerConfig,
+    pub client_ca: Option<Arc<ClientCa>>,
+}
+
 /// Builds the rustls server configuration (writing a self-signed certificate if needed).
-pub(crate) fn server_config(settings: &TlsSettings) -> Result<ServerConfig> {
+pub(crate) fn server_config(settings: &TlsSettings) -> Result<Tls> {
     let provider = Arc::new(provider(settings)?);
-    let (certs, key) = match &settings.cert_and_key {
-        Some((cert, key)) => (read_certs(cert)?, read_key(key)?),
-        None => self_signed(&settings.cert_dir, &settings.names, &provider)?,
+    let serving: Arc<dyn ResolvesServerCert> = if let Some((cert, key)) = &settings.cert_and_key {
+        let paths = vec![cert.clone(), key.clone()];
+        let load_provider = provider.clone();
+        Arc::new(ServingCertificate(Reloading::new("serving certificate", paths, move |paths| {
+            certified_key(&paths[0], &paths[1], &load_provider)
+        })?))
+    } else {
+        let (certs, key) = self_signed(&settings.cert_dir, &settings.names, &provider)?;
+        let signing_key = provider
+            .key_provider
+            .load_private_key(key)
+            .map_err(|e| Error::Tls(format!("self-signed serving key: {e}")))?;
+        Arc::new(ServingCertificate(Reloading::fixed(CertifiedKey::new(certs, signing_key))))
     };
     let versions: &[&rustls::SupportedProtocolVersion] = if settings.min_version == "VersionTLS13" {
         &[&rustls::version::TLS13]
@@ -61,26 +104,234 @@ pub(crate) fn server_config(settings: &TlsSettings) -> Result<ServerConfig> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
         .map_err(|e| Error::Tls(format!("protocol versions: {e}")))?;
-    let builder = match &settings.client_ca_file {
+    let (builder, client_ca) = match &settings.client_ca_file {
         Some(ca_file) => {
+            let client_ca = Arc::new(ClientCa::load(ca_file, provider.clone())?);
+            let verifier = RequestClientCertificate {
+                hints: client_ca.current().root_hint_subjects().to_vec(),
+                algorithms: provider.signature_verification_algorithms,
+            };
+            (builder.with_client_cert_verifier(Arc::new(verifier)), Some(client_ca))
+        }
+        None => (builder.with_no_client_auth(), None),
+    };
+    let mut config = builder.with_cert_resolver(serving);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Tls { config, client_ca })
+}
+
+/// The pair in `cert_path`/`key_path`, checked to belong together.
+fn certified_key(cert_path: &Path, key_path: &Path, provider: &CryptoProvider) -> Result<CertifiedKey> {
+    let certs = read_certs(cert_path)?;
+    let key = read_key(key_path)?;
+    let signing_key =
+        provider.key_provider.load_private_key(key).map_err(|e| Error::Tls(format!("{}: {e}", key_path.display())))?;
+    let certified = CertifiedKey::new(certs, signing_key);
+    certified
+        .keys_match()
+        .map_err(|e| Error::Tls(format!("{} does not match {}: {e}", key_path.display(), cert_path.display())))?;
+    Ok(certified)
+}
+
+/// What identifies a version of a file: a rewrite in place changes the size or mtime, a
+/// rename or symlink swap the inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStamp {
+    /// The stamp of `path` (following symlinks); `None` when it cannot be read.
+    fn of(path: &Path) -> Option<Self> {
+        let meta = fs::metadata(path).ok()?;
+        Some(Self { dev: meta.dev(), ino: meta.ino(), len: meta.len(), modified: meta.modified().ok() })
+    }
+}
+
+/// How a [`Reloading`] value is loaded from its files.
+type LoadFn<T> = dyn Fn(&[PathBuf]) -> Result<T> + Send + Sync;
+
+/// A value loaded from files and loaded again when they change (see the module docs).
+struct Reloading<T> {
+    what: &'static str,
+    paths: Vec<PathBuf>,
+    load: Box<LoadFn<T>>,
+    state: RwLock<Loaded<T>>,
+}
+
+struct Loaded<T> {
+    /// The files' stamps when `value` was loaded.
+    stamps: Vec<Option<FileStamp>>,
+    value: Arc<T>,
+    /// The stamps of the last version that failed to load (logged once, not retried).
+    failed: Option<Vec<Option<FileStamp>>>,
+}
+
+impl<T> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading").field("what", &self.what).field("paths", &self.paths).finish_non_exhaustive()
+    }
+}
+
+impl<T> Reloading<T> {
+    /// Loads `paths` now (an error here is fatal: there is nothing to fall back to).
+    fn new(
+        what: &'static str,
+        paths: Vec<PathBuf>,
+        load: impl Fn(&[PathBuf]) -> Result<T> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let stamps = paths.iter().map(|p| FileStamp::of(p)).collect();
+        let value = Arc::new(load(&paths)?);
+        Ok(Self { what, paths, load: Box::new(load), state: RwLock::new(Loaded { stamps, value, failed: None }) })
+    }
+
+    /// A value that never changes.
+    fn fixed(value: T) -> Self {
+        Self {
+            what: "fixed",
+            paths: Vec::new(),
+            load: Box::new(|_| Err(Error::Tls("a fixed value is never reloaded".to_owned()))),
+            state: RwLock::new(Loaded { stamps: Vec::new(), value: Arc::new(value), failed: None }),
+        }
+    }
+
+    /// The current value, loaded again first if the files changed since.
+    fn get(&self) -> Arc<T> {
+        if self.paths.is_empty() {
+            return self.state.read().unwrap_or_else(PoisonError::into_inner).value.clone();
+        }
+        let stamps: Vec<Option<FileStamp>> = self.paths.iter().map(|p| FileStamp::of(p)).collect();
+        {
+            let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+            if state.stamps == stamps || state.failed.as_ref() == Some(&stamps) {
+                return state.value.clone();
+            }
+        }
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        if state.stamps == stamps || state.failed.as_ref() == Some(&stamps) {
+            return state.value.clone();
+        }
+        match (self.load)(&self.paths) {
+            Ok(value) => {
+                tracing::info!(what = self.what, files = ?self.paths, "reloaded after the files changed");
+                *state = Loaded { stamps, value: Arc::new(value), failed: None };
+            }
+            Err(error) => {
+                tracing::warn!(
+                    what = self.what,
+                    files = ?self.paths,
+                    %error,
+                    "the files changed but do not load; keeping the previous version"
+                );
+                state.failed = Some(stamps);
+            }
+        }
+        state.value.clone()
+    }
+}
+
+/// The serving certificate, re-read on change when it comes from files.
+#[derive(Debug)]
+struct ServingCertificate(Reloading<CertifiedKey>);
+
+impl ResolvesServerCert for ServingCertificate {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.get())
+    }
+}
+
+/// `authentication.x509.clientCAFile`: the verifier of client certificate chains, re-read
+/// when the file changes.
+#[derive(Debug)]
+pub(crate) struct ClientCa(Reloading<Arc<dyn ClientCertVerifier>>);
+
+impl ClientCa {
+    fn load(path: &Path, provider: Arc<CryptoProvider>) -> Result<Self> {
+        Ok(Self(Reloading::new("client CA bundle", vec![path.to_owned()], move |paths| {
+            let ca_file = &paths[0];
             let mut roots = RootCertStore::empty();
             for cert in read_certs(ca_file)? {
                 roots.add(cert).map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))?;
             }
-            // Requests without a certificate must still reach authentication (anonymous),
-            // so a certificate is optional; one that is presented must verify.
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config =
-        builder.with_single_cert(certs, key).map_err(|e| Error::Tls(format!("serving certificate: {e}")))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+                .map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))
+        })?))
+    }
+
+    fn current(&self) -> Arc<Arc<dyn ClientCertVerifier>> {
+        self.0.get()
+    }
+
+    /// Whether the chain a client presented (leaf first, as sent) leads to the CA bundle
+    /// and is valid now for client authentication; else why not.
+    pub(crate) fn verify(&self, chain: &[Vec<u8>]) -> std::result::Result<(), String> {
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Err("no client certificate".to_owned());
+        };
+        let leaf = CertificateDer::from(leaf.as_slice());
+        let intermediates: Vec<CertificateDer<'_>> =
+            intermediates.iter().map(|c| CertificateDer::from(c.as_slice())).collect();
+        self.current()
+            .verify_client_cert(&leaf, &intermediates, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| format!("verifying certificate: {e}"))
+    }
+}
+
+/// The handshake side of client certificates (see the module docs): asks for one, does not
+/// require it, checks the client's signature with the certificate's key, and leaves the
+/// chain to [`ClientCa::verify`].
+#[derive(Debug)]
+struct RequestClientCertificate {
+    hints: Vec<DistinguishedName>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ClientCertVerifier for RequestClientCertificate {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> std::result::Result<ClientCertVerified, rustls::Error> {
+        // Deferred to authentication, which checks every request's chain (ClientCa::verify).
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
 }
 
 /// The ring provider restricted to the configured TLS 1.2 suites (TLS 1.3 suites are

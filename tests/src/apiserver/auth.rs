@@ -95,6 +95,28 @@ impl Authorizer {
         }))
     }
 
+    /// A kubelet's view of RBAC: allowed when a rule `(subject, verb, subresource)` matches a
+    /// review of `nodes/<subresource>`, where the subject is the user's name or one of its
+    /// groups and `"*"` matches any verb or subresource; otherwise no opinion (`allowed:
+    /// false`), as RBAC answers. Reviews of other resources are never allowed.
+    #[must_use]
+    pub fn node_rules(rules: &[(&str, &str, &str)]) -> Self {
+        let rules: Vec<(String, String, String)> =
+            rules.iter().map(|(s, v, r)| ((*s).to_string(), (*v).to_string(), (*r).to_string())).collect();
+        Self::allow_if(move |spec| {
+            let Some(ra) = spec.resource_attributes.as_ref() else { return false };
+            if ra.resource.as_deref() != Some("nodes") || ra.group.as_deref().is_some_and(|g| !g.is_empty()) {
+                return false;
+            }
+            let verb = ra.verb.as_deref().unwrap_or("");
+            let subresource = ra.subresource.as_deref().unwrap_or("");
+            let is_subject = |s: &str| {
+                spec.user.as_deref() == Some(s) || spec.groups.as_ref().is_some_and(|g| g.iter().any(|g| g == s))
+            };
+            rules.iter().any(|(s, v, r)| is_subject(s) && (v == "*" || v == verb) && (r == "*" || r == subresource))
+        })
+    }
+
     fn decide(&self, spec: &SubjectAccessReviewSpec) -> SubjectAccessReviewStatus {
         match self {
             Self::AllowAll => SubjectAccessReviewStatus {

@@ -16,7 +16,9 @@
 //!   `DefaultTolerationSeconds` plugins, pod status Pending + `qosClass`;
 //! - `patch`: merge, JSON and strategic merge patches;
 //! - `watch`: watches with resume, selectors applied to old and new state, bookmarks;
-//! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers.
+//! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers
+//!   (everything allowed, denied, a predicate, or a kubelet's `nodes/<subresource>` rules),
+//!   and [`TestApiServer::reviews`] lists the reviews clients posted.
 //!
 //! Not served: protobuf, tables, aggregated discovery, `OpenAPI`, `/log`, `/exec`,
 //! server-side apply field management (apply is a merge that may create), garbage
@@ -468,6 +470,18 @@ impl TestApiServer {
     #[must_use]
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.shared.requests.lock().unwrap_or_else(PoisonError::into_inner).1.clone()
+    }
+
+    /// The bodies of the `TokenReviews` (`kind` `"tokenreviews"`) or
+    /// `SubjectAccessReviews` (`"subjectaccessreviews"`) posted so far, in arrival order.
+    /// (`TokenReview` bodies hold the token: this is a test server.)
+    #[must_use]
+    pub fn reviews(&self, kind: &str) -> Vec<Value> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.path.rsplit('/').next() == Some(kind))
+            .filter_map(|r| r.body_json())
+            .collect()
     }
 
     /// Forgets the recorded requests.

@@ -745,6 +745,39 @@ async fn token_request_and_reviews() -> Result<()> {
     assert_eq!(allowed(access_reviews.create(&PostParams::default(), &sar("bob")).await?), Some((false, false)));
     let e = api_err(access_reviews.create(&PostParams::default(), &SubjectAccessReview::default()).await);
     assert_eq!(e.code, 422);
+
+    // A kubelet's rules: nodes/<subresource> by user or group.
+    srv.set_authorizer(Authorizer::node_rules(&[("alice", "get", "stats"), ("ops", "*", "proxy")]));
+    let node_sar = |user: &str, groups: &[&str], verb: &str, subresource: &str| SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.into()),
+            groups: Some(groups.iter().map(|g| (*g).to_string()).collect()),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                version: Some("v1".into()),
+                resource: Some("nodes".into()),
+                subresource: Some(subresource.into()),
+                name: Some("node-1".into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    for (user, groups, verb, subresource, want) in [
+        ("alice", &[][..], "get", "stats", true),
+        ("alice", &[], "create", "stats", false),
+        ("alice", &[], "get", "proxy", false),
+        ("bob", &["ops"], "create", "proxy", true),
+        ("bob", &["ops"], "get", "metrics", false),
+    ] {
+        let r = access_reviews.create(&PostParams::default(), &node_sar(user, groups, verb, subresource)).await?;
+        assert_eq!(allowed(r), Some((want, false)), "{user} {verb} {subresource}");
+    }
+    assert_eq!(srv.reviews("tokenreviews").len(), 3);
+    let access_review_bodies = srv.reviews("subjectaccessreviews");
+    assert_eq!(access_review_bodies.len(), 10);
+    assert_eq!(access_review_bodies[9]["spec"]["resourceAttributes"]["subresource"], "metrics");
     Ok(())
 }
 
