@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -63,6 +64,7 @@ pub fn swiftlet_bin() -> Result<PathBuf> {
 #[derive(Clone, Debug)]
 pub struct Cri {
     client: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
 }
 
 impl Cri {
@@ -74,7 +76,7 @@ impl Cri {
                 async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
             },
         ));
-        Ok(Self { client: RuntimeServiceClient::new(channel) })
+        Ok(Self { client: RuntimeServiceClient::new(channel.clone()), images: ImageServiceClient::new(channel) })
     }
 
     fn selector(uid: &str) -> HashMap<String, String> {
@@ -109,6 +111,25 @@ impl Cri {
             let mut c = self.client.clone();
             c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sb.id.clone() }).await?;
             c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sb.id }).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the runtime has `image` (CRI `ImageStatus`).
+    pub async fn has_image(&self, image: &str) -> Result<bool> {
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+            verbose: false,
+        };
+        Ok(self.images.clone().image_status(req).await?.into_inner().image.is_some())
+    }
+
+    /// Removes `image` if the runtime has it (CRI `RemoveImage`).
+    pub async fn remove_image(&self, image: &str) -> Result<()> {
+        if self.has_image(image).await? {
+            let req =
+                cri::RemoveImageRequest { image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }) };
+            self.images.clone().remove_image(req).await?;
         }
         Ok(())
     }

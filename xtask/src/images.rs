@@ -149,6 +149,8 @@ pub struct RunConfig {
     pub cmd: Option<Vec<String>>,
     #[serde(rename = "WorkingDir")]
     pub working_dir: String,
+    #[serde(rename = "Labels", skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Serialize)]
@@ -337,11 +339,43 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
+/// Prefix of the registry copies' names (see [`build_registry_copies`]).
+const REGISTRY_COPY_PREFIX: &str = "localhost/registry-copy/";
+
+/// The label that sets a registry copy apart from the image it copies.
+fn labels(name: &str) -> BTreeMap<String, String> {
+    if name.starts_with(REGISTRY_COPY_PREFIX) {
+        BTreeMap::from([("io.swiftlet.testbed.copy".to_owned(), "registry".to_owned())])
+    } else {
+        BTreeMap::new()
+    }
+}
+
+/// The images to push to the test registries: the same files as [`build_all`]'s, with a
+/// label, so that their image ids differ from the imported images'. containerd removes
+/// an image by id with all its names: a test that removes a pulled copy must not take
+/// the node's `localhost/...` image (the sandbox image!) with it. Pairs of (the local
+/// image's name, its copy).
+pub fn build_registry_copies(workspace: &Path, cache_dir: &Path) -> Result<Vec<(String, BuiltImage)>> {
+    fs::create_dir_all(cache_dir).with_context(|| format!("creating image cache {}", cache_dir.display()))?;
+    let pause = build_pause_named(workspace, cache_dir, &format!("{REGISTRY_COPY_PREFIX}pause:3.10"))?;
+    let busybox = build_busybox_named(cache_dir, &format!("{REGISTRY_COPY_PREFIX}busybox:latest"))?;
+    Ok(vec![(PAUSE_IMAGE.to_owned(), pause), (BUSYBOX_IMAGE.to_owned(), busybox)])
+}
+
 fn build_pause(workspace: &Path, cache_dir: &Path) -> Result<BuiltImage> {
+    build_pause_named(workspace, cache_dir, PAUSE_IMAGE)
+}
+
+fn build_busybox(cache_dir: &Path) -> Result<BuiltImage> {
+    build_busybox_named(cache_dir, BUSYBOX_IMAGE)
+}
+
+fn build_pause_named(workspace: &Path, cache_dir: &Path, name: &str) -> Result<BuiltImage> {
     let source_path = workspace.join("xtask/assets/pause.c");
     let source = fs::read(&source_path).with_context(|| format!("reading {}", source_path.display()))?;
-    let key = cache_key(PAUSE_IMAGE, &[&source]);
-    cached(cache_dir, PAUSE_IMAGE, &key, || {
+    let key = cache_key(name, &[&source]);
+    cached(cache_dir, name, &key, || {
         let out = cache_dir.join("pause.bin");
         let status = Command::new("gcc")
             .args(["-static", "-O2", "-s", "-Wall", "-o"])
@@ -354,25 +388,26 @@ fn build_pause(workspace: &Path, cache_dir: &Path) -> Result<BuiltImage> {
         let binary = fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
         fs::remove_file(&out).ok();
         oci_archive(
-            PAUSE_IMAGE,
+            name,
             &pause_layer(&binary),
             &RunConfig {
                 env: vec![DEFAULT_PATH.into()],
                 entrypoint: Some(vec!["/pause".into()]),
                 cmd: None,
                 working_dir: "/".into(),
+                labels: labels(name),
             },
         )
     })
 }
 
-fn build_busybox(cache_dir: &Path) -> Result<BuiltImage> {
+fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
     // busybox-static installs /bin/busybox; a dynamically linked busybox would not run in
     // an image without a libc.
     let path = Path::new("/bin/busybox");
     let binary = fs::read(path).with_context(|| format!("reading {} (apt package busybox-static)", path.display()))?;
-    let key = cache_key(BUSYBOX_IMAGE, &[&binary]);
-    cached(cache_dir, BUSYBOX_IMAGE, &key, || {
+    let key = cache_key(name, &[&binary]);
+    cached(cache_dir, name, &key, || {
         let out = Command::new(path)
             .arg("--list-full")
             .output()
@@ -383,13 +418,14 @@ fn build_busybox(cache_dir: &Path) -> Result<BuiltImage> {
             bail!("busybox lists too few applets; is it busybox-static?");
         }
         oci_archive(
-            BUSYBOX_IMAGE,
+            name,
             &busybox_layer(&binary, &applets),
             &RunConfig {
                 env: vec![DEFAULT_PATH.into()],
                 entrypoint: None,
                 cmd: Some(vec!["sh".into()]),
                 working_dir: "/".into(),
+                labels: labels(name),
             },
         )
     })
@@ -467,6 +503,7 @@ mod tests {
             entrypoint: Some(vec!["/pause".into()]),
             cmd: None,
             working_dir: "/".into(),
+            labels: BTreeMap::new(),
         };
         let archive = oci_archive(PAUSE_IMAGE, &pause_layer(b"\x7fELF"), &run).unwrap();
         let files = read_tar(&archive.tar);

@@ -406,10 +406,11 @@ fn skopeo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Pushes `image` into both registries.
-fn push(state: &State, image: &BuiltImage) -> Result<()> {
+/// Pushes `image` (the registry copy of the local image `local`) into both registries,
+/// under `local`'s repository and tag.
+fn push(state: &State, local: &str, image: &BuiltImage) -> Result<()> {
     let src = format!("oci-archive:{}", image.tar_path.display());
-    let target = repository_tag(&image.name);
+    let target = repository_tag(local);
     let plain = format!("docker://{}/{target}", state.plain.endpoint);
     // `--insecure-policy`: no signature policy applies to our own images (and Debian's
     // /etc/containers/policy.json need not exist).
@@ -519,10 +520,11 @@ fn healthy(layout: &Layout, state: Option<&State>, kind: Kind, port: u16, config
     (ours && containerd::is_alive(pid) && same_config && tcp_answers(port)).then_some(pid)
 }
 
-/// `registry up` (also run by `testbed up`): see the module docs. `built` are the test
-/// bed's images (built by the caller). Idempotent: running registries with the same
+/// `registry up` (also run by `testbed up`): see the module docs. `copies` are the
+/// registry copies of the test bed's images ([`images::build_registry_copies`], built by
+/// the caller): distinct image ids, so removing a pulled copy never removes a local image. Idempotent: running registries with the same
 /// configuration are kept, and pushes of unchanged images are no-ops.
-pub fn up(layout: &Layout, ports: Ports, built: &[BuiltImage]) -> Result<State> {
+pub fn up(layout: &Layout, ports: Ports, copies: &[(String, BuiltImage)]) -> Result<State> {
     require_root()?;
     apt::ensure(PACKAGES)?;
     let previous = State::load(layout).unwrap_or_else(|e| {
@@ -617,9 +619,9 @@ pub fn up(layout: &Layout, ports: Ports, built: &[BuiltImage]) -> Result<State> 
         }
     }
 
-    for image in built {
-        push(&state, image)?;
-        state.images.insert(image.name.clone(), repository_tag(&image.name));
+    for (local, image) in copies {
+        push(&state, local, image)?;
+        state.images.insert(local.clone(), repository_tag(local));
     }
     if let Some(first) = state.images.values().next() {
         verify(&state, first)?;
@@ -636,8 +638,8 @@ pub fn up(layout: &Layout, ports: Ports, built: &[BuiltImage]) -> Result<State> 
 pub fn up_cmd(ctx: &Ctx, layout: &Layout, ports: Ports) -> Result<()> {
     require_root()?;
     apt::ensure(&["gcc", "libc6-dev", "busybox-static"])?;
-    let built = images::build_all(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
-    let state = up(layout, ports, &built)?;
+    let copies = images::build_registry_copies(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
+    let state = up(layout, ports, &copies)?;
     println!("plain: http://{}", state.plain.endpoint);
     println!("tls:   https://{} (user {}, CA {})", state.tls.endpoint, state.username, state.ca_cert.display());
     println!("state: {}", layout.registry_state_file().display());

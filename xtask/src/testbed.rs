@@ -265,7 +265,8 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         state.images.insert(image.name.clone(), image.image_id.clone());
     }
     state.save(layout)?;
-    let registries = registry::up(layout, registry::Ports::default(), &built)?;
+    let copies = images::build_registry_copies(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
+    let registries = registry::up(layout, registry::Ports::default(), &copies)?;
     eprintln!(
         "test registries up: http://{} and https://{} ({})",
         registries.plain.endpoint,

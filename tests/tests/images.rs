@@ -1,0 +1,352 @@
+//! Image pulls against the test bed's real registries (`cargo xtask testbed up` starts
+//! Debian's docker-registry on 127.0.0.1: plain HTTP, and TLS with basic auth): pull
+//! policies, credentials (pull secrets and the node's docker config), back-off.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::registry::TestRegistry;
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+
+const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
+
+fn manifest(name: &str, image: &str, policy: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: {image}
+    imagePullPolicy: {policy}
+    command: ["sh", "-c", "{SERVE}"]
+"#
+    )
+}
+
+fn main_state(p: &Value) -> &Value {
+    p["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "main"))
+        .map_or(&Value::Null, |c| &c["state"])
+}
+
+fn waiting_reason(p: &Value) -> &str {
+    main_state(p)["waiting"]["reason"].as_str().unwrap_or_default()
+}
+
+fn running(p: &Value) -> bool {
+    !main_state(p)["running"].is_null()
+}
+
+/// (reason, message) of the events of pod `name` (its full static pod name).
+async fn events_of(agent: &Agent, name: &str) -> Result<Vec<(String, String)>> {
+    let (_, body) = agent.get("/events").await?;
+    let events: Value = serde_json::from_str(&body)?;
+    Ok(events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["involvedObject"]["name"] == format!("{name}-{}", agent.node_name))
+        .map(|e| {
+            (e["reason"].as_str().unwrap_or_default().to_owned(), e["message"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect())
+}
+
+/// Images the tests pull must not be on the node before they start.
+async fn forget_images(cri: &Cri, images: &[&str]) -> Result<()> {
+    for image in images {
+        cri.remove_image(image).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn pull_policies_against_a_real_registry() -> Result<()> {
+    let _g = testbed_lock().await;
+    let reg = TestRegistry::load()?;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let image = reg.plain_image("busybox:latest");
+    let missing = reg.plain_image("busybox:no-such-tag");
+    forget_images(&cri, &[&image]).await?;
+    let agent = Agent::start(AgentOptions::default()).await?;
+
+    // Never, and the image is not there.
+    agent.write_manifest("never.yaml", &manifest("never", &image, "Never"))?;
+    agent.wait_pod("never", Duration::from_secs(30), |p| waiting_reason(p) == "ErrImageNeverPull").await?;
+    assert!(!cri.has_image(&image).await?, "Never pulled nothing");
+    let events = events_of(&agent, "never").await?;
+    assert!(
+        events.iter().any(|(r, m)| r == "ErrImageNeverPull"
+            && m == &format!("Container image \"{image}\" is not present with pull policy of Never")),
+        "{events:?}"
+    );
+
+    // Always pulls.
+    agent.write_manifest("always.yaml", &manifest("always", &image, "Always"))?;
+    agent.wait_pod("always", Duration::from_mins(1), running).await?;
+    assert!(cri.has_image(&image).await?);
+    let events = events_of(&agent, "always").await?;
+    assert!(events.iter().any(|(r, m)| r == "Pulling" && m == &format!("Pulling image \"{image}\"")), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Pulled" && m.starts_with(&format!("Successfully pulled image \"{image}\" in "))),
+        "{events:?}"
+    );
+
+    // IfNotPresent: the image is there now, no pull.
+    agent.write_manifest("present.yaml", &manifest("present", &image, "IfNotPresent"))?;
+    agent.wait_pod("present", Duration::from_mins(1), running).await?;
+    let events = events_of(&agent, "present").await?;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Pulled" && m == &format!("Container image \"{image}\" already present on machine")),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|(r, _)| r == "Pulling"), "no pull: {events:?}");
+
+    // A tag the registry does not have: ErrImagePull, then the back-off.
+    agent.write_manifest("missing.yaml", &manifest("missing", &missing, "Always"))?;
+    agent.wait_pod("missing", Duration::from_secs(30), |p| waiting_reason(p) == "ErrImagePull").await?;
+    agent.wait_pod("missing", Duration::from_secs(30), |p| waiting_reason(p) == "ImagePullBackOff").await?;
+    let events = events_of(&agent, "missing").await?;
+    assert!(
+        events.iter().any(|(r, m)| r == "Failed" && m.starts_with(&format!("Failed to pull image \"{missing}\""))),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(r, m)| r == "BackOff" && m == &format!("Back-off pulling image \"{missing}\"")),
+        "{events:?}"
+    );
+    agent.shutdown(&cri).await?;
+    forget_images(&cri, &[&image]).await
+}
+
+/// The node's docker config (`<root-dir>/config.json`) lets a static pod pull from the
+/// registry that wants a password; without it the pull fails with a clear error.
+#[tokio::test]
+async fn node_credentials_open_the_private_registry() -> Result<()> {
+    let _g = testbed_lock().await;
+    let reg = TestRegistry::load()?;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let image = reg.tls_image("busybox:latest");
+    forget_images(&cri, &[&image]).await?;
+    let agent = Agent::start(AgentOptions::default()).await?;
+    agent.write_manifest("anon.yaml", &manifest("anon", &image, "IfNotPresent"))?;
+    agent.wait_pod("anon", Duration::from_secs(30), |p| waiting_reason(p) == "ErrImagePull").await?;
+    let events = events_of(&agent, "anon").await?;
+    let failed = events.iter().find(|(r, _)| r == "Failed").map(|(_, m)| m.clone()).unwrap_or_default();
+    assert!(failed.starts_with(&format!("Failed to pull image \"{image}\"")), "{events:?}");
+    assert!(failed.contains("401") || failed.to_lowercase().contains("unauthorized"), "{failed}");
+    agent.shutdown(&cri).await?;
+
+    // The node's credentials are read once per 5 minutes, as upstream caches them: a new
+    // agent, with the file in place from the start.
+    let mut agent = Agent::start(AgentOptions::default()).await?;
+    agent.stop()?;
+    let root = agent.dir.path().join("root");
+    std::fs::create_dir_all(&root)?;
+    std::fs::write(root.join("config.json"), reg.docker_config_json(&reg.username, &reg.password))?;
+    agent.spawn().await?;
+    agent.write_manifest("private.yaml", &manifest("private", &image, "IfNotPresent"))?;
+    agent.wait_pod("private", Duration::from_mins(1), running).await?;
+    assert!(cri.has_image(&image).await?);
+    agent.shutdown(&cri).await?;
+    forget_images(&cri, &[&image]).await
+}
+
+/// API mode: a pod's imagePullSecrets open the private registry; without the secret
+/// the pull fails, and a secret that does not exist is reported.
+#[tokio::test]
+async fn image_pull_secrets_open_the_private_registry() -> Result<()> {
+    let _g = testbed_lock().await;
+    let reg = TestRegistry::load()?;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let image = reg.tls_image("busybox:latest");
+    forget_images(&cri, &[&image]).await?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent =
+        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
+            .await?;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(reg.pull_secret("default", "regcred"))?;
+    api.create(&secret)?;
+    let pod = |name: &str, secrets: Value| -> Result<k8s_openapi::api::core::v1::Pod> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": agent.node_name,
+                "terminationGracePeriodSeconds": 2,
+                "imagePullSecrets": secrets,
+                "containers": [{"name": "main", "image": image, "imagePullPolicy": "Always",
+                                "command": ["sh", "-c", SERVE]}]
+            }
+        }))?)
+    };
+    api.create(&pod("nosecret", json!([{"name": "absent"}]))?)?;
+    api.create(&pod("withsecret", json!([{"name": "regcred"}]))?)?;
+    let reason = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.first())
+            .and_then(|c| c.state.as_ref())
+            .map(|s| {
+                if s.running.is_some() {
+                    "Running".to_owned()
+                } else {
+                    s.waiting.as_ref().and_then(|w| w.reason.clone()).unwrap_or_default()
+                }
+            })
+            .unwrap_or_default()
+    };
+    let wait = |name: &'static str, want: &'static [&'static str]| {
+        let api = &api;
+        async move {
+            api.wait_for::<k8s_openapi::api::core::v1::Pod>(Some("default"), name, Duration::from_mins(1), |p| {
+                p.is_some_and(|p| want.contains(&reason(p).as_str()))
+            })
+            .await
+        }
+    };
+    wait("withsecret", &["Running"]).await?;
+    wait("nosecret", &["ErrImagePull", "ImagePullBackOff"]).await?;
+    let events: Vec<(String, String, String)> = api
+        .list::<k8s_openapi::api::core::v1::Event>(Some("default"))
+        .into_iter()
+        .map(|e| {
+            (e.involved_object.name.unwrap_or_default(), e.reason.unwrap_or_default(), e.message.unwrap_or_default())
+        })
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|(n, r, m)| n == "nosecret" && r == "FailedToRetrieveImagePullSecret" && m.contains("(absent)")),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|(n, r, _)| n == "nosecret" && r == "Failed"), "{events:?}");
+    for name in ["nosecret", "withsecret"] {
+        api.delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), name, Some(0))?;
+    }
+    agent.shutdown(&cri).await?;
+    forget_images(&cri, &[&image]).await
+}
+
+/// A TCP proxy in front of the plain registry that holds every request for `delay`
+/// and records when each started and for which repository: pulls become slow enough to
+/// see whether they overlap.
+struct SlowRegistry {
+    port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
+    hosts_dir: std::path::PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowRegistry {
+    async fn start(upstream: &str, delay: Duration) -> Result<Self> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = requests.clone();
+        let upstream = upstream.to_owned();
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let (upstream, log) = (upstream.clone(), log.clone());
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    let (mut cr, mut cw) = client.split();
+                    let (mut sr, mut sw) = server.split();
+                    let to_server = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let head = String::from_utf8_lossy(&buf[..n.min(200)]).into_owned();
+                            if let Some(path) = head.lines().next().and_then(|l| l.split(' ').nth(1)) {
+                                log.lock().unwrap().push((std::time::Instant::now(), path.to_owned()));
+                                tokio::time::sleep(delay).await;
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = sw.shutdown().await;
+                    };
+                    let to_client = tokio::io::copy(&mut sr, &mut cw);
+                    let _ = tokio::join!(to_server, to_client);
+                });
+            }
+        });
+        // containerd speaks plain HTTP to it (the hosts dir of `cargo xtask registry up`).
+        let hosts_dir = std::path::PathBuf::from(format!("/var/lib/swiftlet-testbed/certs.d/127.0.0.1:{port}"));
+        std::fs::create_dir_all(&hosts_dir)?;
+        std::fs::write(
+            hosts_dir.join("hosts.toml"),
+            format!(
+                "server = \"http://127.0.0.1:{port}\"\n\n[host.\"http://127.0.0.1:{port}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
+        Ok(Self { port, requests, hosts_dir, task })
+    }
+
+    /// (first, last) request time of the pulls of `repository`.
+    fn span_of(&self, repository: &str) -> Option<(std::time::Instant, std::time::Instant)> {
+        let prefix = format!("/v2/{repository}/");
+        let times: Vec<_> =
+            self.requests.lock().unwrap().iter().filter(|(_, p)| p.starts_with(&prefix)).map(|(t, _)| *t).collect();
+        Some((*times.iter().min()?, *times.iter().max()?))
+    }
+}
+
+impl Drop for SlowRegistry {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_dir_all(&self.hosts_dir);
+    }
+}
+
+/// Two pods whose images are slow to pull, started together: their pulls overlap only
+/// when `serializeImagePulls` is false.
+async fn pulls_overlap(config: &str) -> Result<bool> {
+    let reg = TestRegistry::load()?;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let slow = SlowRegistry::start(&reg.plain, Duration::from_millis(400)).await?;
+    let images = [format!("127.0.0.1:{}/busybox:latest", slow.port), format!("127.0.0.1:{}/pause:3.10", slow.port)];
+    forget_images(&cri, &[&images[0], &images[1]]).await?;
+    let agent = Agent::start(AgentOptions { extra_config: config.to_owned(), ..AgentOptions::default() }).await?;
+    agent.write_manifest("a.yaml", &manifest("a", &images[0], "IfNotPresent"))?;
+    // The pause image has no shell: its own entrypoint runs.
+    let pause =
+        manifest("b", &images[1], "IfNotPresent").replace(&format!("    command: [\"sh\", \"-c\", \"{SERVE}\"]\n"), "");
+    agent.write_manifest("b.yaml", &pause)?;
+    for name in ["a", "b"] {
+        agent.wait_pod(name, Duration::from_mins(2), running).await?;
+    }
+    let (a, b) = (slow.span_of("busybox"), slow.span_of("pause"));
+    agent.shutdown(&cri).await?;
+    forget_images(&cri, &[&images[0], &images[1]]).await?;
+    let ((a0, a1), (b0, b1)) = (a.expect("busybox pulled"), b.expect("pause pulled"));
+    Ok(a0 <= b1 && b0 <= a1)
+}
+
+#[tokio::test]
+async fn serialized_pulls_never_overlap_and_parallel_ones_do() -> Result<()> {
+    let _g = testbed_lock().await;
+    assert!(!pulls_overlap("serializeImagePulls: true\n").await?, "serialized pulls overlapped");
+    assert!(
+        pulls_overlap("serializeImagePulls: false\nmaxParallelImagePulls: 2\n").await?,
+        "parallel pulls did not overlap"
+    );
+    Ok(())
+}
