@@ -79,9 +79,12 @@
 
 mod auth;
 mod cache;
+mod container_logs;
 mod healthz;
 mod metrics_format;
 mod pods;
+mod streaming;
+mod system_logs;
 mod tls;
 mod webhook;
 
@@ -106,6 +109,7 @@ pub use auth::{
 pub use cache::{CACHE_CAPACITY, CachedAuthorizer, CachedTokenAuthenticator};
 pub use healthz::{FakeHealthCheck, HealthCheck, PingCheck};
 pub use pods::{FakePods, PodsProvider};
+pub use system_logs::SYSTEM_LOG_DIR;
 pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, TlsSettings};
 pub use webhook::{REVIEW_TIMEOUT, SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 
@@ -366,6 +370,50 @@ impl Endpoints {
         self
     }
 
+    /// Serves the debugging handlers (`/exec`, `/attach`, `/portForward`, `/run`,
+    /// `/containerLogs`) and `/logs/` as `handlers` says (see the module docs); without
+    /// this call those paths are 404.
+    #[must_use]
+    pub fn debugging_handlers(mut self, handlers: DebuggingHandlers) -> Self {
+        use axum::routing::post;
+        if !handlers.enable_debugging_handlers {
+            for root in ["run", "exec", "attach", "portForward", "containerLogs", "logs"] {
+                self.routes = self.routes.route(&format!("/{root}/{{*rest}}"), axum::routing::any(debugging_disabled));
+            }
+            return self;
+        }
+        let stream_state = streaming::StreamingState {
+            pods: self.pods.clone(),
+            runtime: handlers.runtime.clone(),
+            idle_timeout: handlers.streaming_connection_idle_timeout,
+        };
+        let exec = get(streaming::exec).post(streaming::exec).with_state(stream_state.clone());
+        let attach = get(streaming::attach).post(streaming::attach).with_state(stream_state.clone());
+        let port_forward = get(streaming::port_forward).post(streaming::port_forward).with_state(stream_state.clone());
+        let run = post(streaming::run).with_state(stream_state);
+        let logs_state = container_logs::LogsState { pods: self.pods.clone(), runtime: handlers.runtime };
+        self.routes = self
+            .routes
+            .route("/exec/{ns}/{pod}/{container}", exec.clone())
+            .route("/exec/{ns}/{pod}/{uid}/{container}", exec)
+            .route("/attach/{ns}/{pod}/{container}", attach.clone())
+            .route("/attach/{ns}/{pod}/{uid}/{container}", attach)
+            .route("/portForward/{ns}/{pod}", port_forward.clone())
+            .route("/portForward/{ns}/{pod}/{uid}", port_forward)
+            .route("/run/{ns}/{pod}/{container}", run.clone())
+            .route("/run/{ns}/{pod}/{uid}/{container}", run)
+            .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs::container_logs).with_state(logs_state));
+        self.routes = if handlers.enable_system_log_handler {
+            let logs = system_logs::SystemLogs { root: Arc::new(handlers.system_log_dir) };
+            self.routes
+                .route("/logs/", get(system_logs::root).with_state(logs.clone()))
+                .route("/logs/{*path}", get(system_logs::path).with_state(logs))
+        } else {
+            self.routes.route("/logs/", get(system_logs::disabled)).route("/logs/{*path}", get(system_logs::disabled))
+        };
+        self
+    }
+
     /// The API server client that webhook authentication (`TokenReview`) and authorization
     /// (`SubjectAccessReview`) ask; without one, those settings are refused.
     #[must_use]
@@ -388,6 +436,60 @@ impl Endpoints {
         self.token_authenticator = Some(authenticator);
         self
     }
+}
+
+/// What the debugging handlers need and the settings that turn them on.
+#[derive(Clone)]
+pub struct DebuggingHandlers {
+    /// The runtime: streaming URLs, `ExecSync`, container statuses.
+    pub runtime: Arc<dyn crate::runtime::RuntimeService>,
+    /// `enableDebuggingHandlers` (default true): off, the paths answer 405.
+    pub enable_debugging_handlers: bool,
+    /// `enableSystemLogHandler` (default true): `/logs/`.
+    pub enable_system_log_handler: bool,
+    /// `streamingConnectionIdleTimeout` (default 4h).
+    pub streaming_connection_idle_timeout: Duration,
+    /// What `/logs/` serves. Default: [`SYSTEM_LOG_DIR`].
+    pub system_log_dir: PathBuf,
+}
+
+impl std::fmt::Debug for DebuggingHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DebuggingHandlers")
+            .field("enable_debugging_handlers", &self.enable_debugging_handlers)
+            .field("enable_system_log_handler", &self.enable_system_log_handler)
+            .field("streaming_connection_idle_timeout", &self.streaming_connection_idle_timeout)
+            .field("system_log_dir", &self.system_log_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DebuggingHandlers {
+    /// The handlers as `kc` configures them.
+    #[must_use]
+    pub fn from_config(
+        runtime: Arc<dyn crate::runtime::RuntimeService>,
+        kc: &crate::config::KubeletConfiguration,
+    ) -> Self {
+        Self {
+            runtime,
+            enable_debugging_handlers: kc.enable_debugging_handlers,
+            enable_system_log_handler: kc.enable_system_log_handler,
+            streaming_connection_idle_timeout: kc.streaming_connection_idle_timeout.to_std(),
+            system_log_dir: PathBuf::from(SYSTEM_LOG_DIR),
+        }
+    }
+}
+
+/// The debugging paths with `enableDebuggingHandlers: false` (upstream
+/// `InstallDebuggingDisabledHandlers`).
+async fn debugging_disabled() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "Debug endpoints are disabled.\n",
+    )
+        .into_response()
 }
 
 /// The listeners, bound and ready to serve.
