@@ -4,8 +4,9 @@
 //!
 //! HTTPS routes: `/pods` (a `PodList` from a [`PodsProvider`]), `/metrics` (from a
 //! `prometheus_client` registry; see below), `/healthz` (see [`HealthCheck`]),
-//! `/configz`, plus whatever later modules add through [`Endpoints::route`]; everything else
-//! is 404. Every HTTPS request passes authentication and authorization first (see the
+//! `/configz`, the debugging handlers and `/logs/` (see below, with
+//! [`Endpoints::debugging_handlers`]), plus whatever later modules add through
+//! [`Endpoints::route`]; everything else is 404. Every HTTPS request passes authentication and authorization first (see the
 //! `auth` module docs), unknown paths included, as upstream.
 //!
 //! # Authentication and authorization
@@ -22,6 +23,22 @@
 //!   client provided, cannot use webhook authentication"), naming the settings to change.
 //!   Both are the v1beta1 defaults, so a standalone agent must set
 //!   `authentication.webhook.enabled: false` and `authorization.mode: AlwaysAllow`.
+//!
+//! # Debugging handlers and streaming
+//! With `enableDebuggingHandlers` (default true; off, the paths answer 405 "Debug
+//! endpoints are disabled." as upstream):
+//! - `/exec/{ns}/{pod}[/{uid}]/{container}` and `/attach/...` (GET or POST; `command`,
+//!   `stdin`, `stdout`, `stderr`, `tty` = `1`), `/portForward/{ns}/{pod}[/{uid}]` (WebSocket
+//!   clients add `port`): the runtime's streaming URL (CRI `Exec`, `Attach`,
+//!   `PortForward`) and the client's upgrade proxied to it and spliced, with
+//!   `streamingConnectionIdleTimeout` — the protocols are the runtime's: SPDY/3.1 and
+//!   WebSocket `v5.channel.k8s.io` / `v4.channel.k8s.io` (see `streaming` for the
+//!   details, errors and deviations);
+//! - `POST /run/{ns}/{pod}[/{uid}]/{container}?cmd=...`: `ExecSync`, stdout then stderr;
+//! - `/containerLogs/{ns}/{pod}/{container}`: the CRI log file with upstream's options,
+//!   streamed (see `container_logs` and [`crate::logs::reader`]);
+//! - `/logs/` with `enableSystemLogHandler` (default true; else 405 "logs endpoint is
+//!   disabled."): `/var/log` as a file server that cannot leave it (`system_logs`).
 //!
 //! # The read-only port
 //! With `readOnlyPort` set, plain HTTP on `address:readOnlyPort` without authentication or
@@ -76,6 +93,11 @@
 //!   valid, covers the node name and matches its key (upstream: whenever it exists).
 //! - Webhook reviews time out after 10 s for authorization too (upstream: authentication
 //!   only) and retry 503 too.
+//! - Streaming: a container or pod not running in the runtime is 404 (upstream 500);
+//!   credentials are not passed to the runtime's streaming server; `http://` streaming
+//!   URLs only. `/containerLogs` reads the rest of a rotated file before the new one
+//!   (upstream may drop it) and not the docker JSON format. `/logs/` refuses symlinks
+//!   leading out of `/var/log` and serves no `Range`.
 
 mod auth;
 mod cache;
