@@ -156,6 +156,7 @@ async fn exec_is_proxied_to_the_runtime_and_spliced() {
     assert_eq!(status, 101);
     assert!(headers.contains(&("sec-websocket-protocol".into(), "v5.channel.k8s.io".into())), "{headers:?}");
     assert!(headers.contains(&("upgrade".into(), "websocket".into())), "{headers:?}");
+    assert!(headers.iter().any(|(k, v)| k == "connection" && v.eq_ignore_ascii_case("upgrade")), "{headers:?}");
     conn.write_all(b"hello").await.unwrap();
     let mut buf = [0u8; 5];
     conn.read_exact(&mut buf).await.unwrap();
