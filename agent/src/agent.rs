@@ -536,6 +536,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             }
         }),
     )
+    .debugging_handlers(crate::server::DebuggingHandlers::from_config(rt.clone(), kc))
     .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
     .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source.clone()))
     .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source));

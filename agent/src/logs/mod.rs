@@ -1,3 +1,5 @@
-//! Container logs on the node: rotation of the CRI log files.
+//! Container logs on the node: rotation of the CRI log files, and reading them for
+//! `/containerLogs`.
 
+pub mod reader;
 pub mod rotation;

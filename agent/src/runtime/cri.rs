@@ -381,6 +381,28 @@ impl RuntimeService for RemoteRuntime {
         self.call("exec_sync", "runtime.v1.RuntimeService/ExecSync", deadline, c.exec_sync(request)).await
     }
 
+    async fn exec(&self, request: api::ExecRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let resp = self.call("exec", "runtime.v1.RuntimeService/Exec", Some(self.timeout), c.exec(request)).await?;
+        non_empty_url("exec", resp.url)
+    }
+
+    async fn attach(&self, request: api::AttachRequest) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let resp =
+            self.call("attach", "runtime.v1.RuntimeService/Attach", Some(self.timeout), c.attach(request)).await?;
+        non_empty_url("attach", resp.url)
+    }
+
+    async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
+        let mut c = self.runtime.clone();
+        let req = api::PortForwardRequest { pod_sandbox_id: sandbox_id.into(), port: ports };
+        let resp = self
+            .call("port_forward", "runtime.v1.RuntimeService/PortForward", Some(self.timeout), c.port_forward(req))
+            .await?;
+        non_empty_url("port_forward", resp.url)
+    }
+
     async fn pull_image(
         &self,
         image: &str,
@@ -399,6 +421,11 @@ impl RuntimeService for RemoteRuntime {
             .await?
             .image_ref)
     }
+}
+
+/// A streaming call's URL; the CRI contract requires one.
+fn non_empty_url(operation: &'static str, url: String) -> Result<String> {
+    if url.is_empty() { Err(Error::MissingField { operation, field: "url" }) } else { Ok(url) }
 }
 
 #[cfg(test)]

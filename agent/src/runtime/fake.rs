@@ -147,6 +147,18 @@ struct State {
     exec: ExecScript,
     /// `ReopenContainerLog` fails with this message.
     reopen_failure: Option<String>,
+    /// Base of the URLs `Exec`, `Attach` and `PortForward` answer.
+    streaming_url: Option<String>,
+    /// The streaming requests made so far.
+    streaming: Vec<StreamingCall>,
+}
+
+/// One recorded `Exec`, `Attach` or `PortForward` call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamingCall {
+    Exec(api::ExecRequest),
+    Attach(api::AttachRequest),
+    PortForward { sandbox_id: String, ports: Vec<i32> },
 }
 
 /// In-memory runtime.
@@ -160,6 +172,15 @@ impl Default for FakeRuntime {
     fn default() -> Self {
         Self { state: Mutex::default(), clock: Arc::new(SystemClock) }
     }
+}
+
+/// The fake's streaming URL for `kind` and `id`, or `NotFound` when `exists` is false.
+fn streaming_url(s: &State, kind: &str, id: &str, exists: bool) -> Result<String> {
+    if !exists {
+        return Err(not_found(id));
+    }
+    let base = s.streaming_url.as_deref().unwrap_or("http://127.0.0.1:10010");
+    Ok(format!("{base}/{kind}/{id}"))
 }
 
 fn not_found(what: &str) -> super::Error {
@@ -254,6 +275,19 @@ impl FakeRuntime {
     /// Makes `ReopenContainerLog` fail with `message` (or succeed again with `None`).
     pub fn fail_reopen_log(&self, message: Option<&str>) {
         self.state.lock().unwrap().reopen_failure = message.map(str::to_owned);
+    }
+
+    /// Answers `Exec`, `Attach` and `PortForward` with URLs under `base` (e.g. the address
+    /// of a test's streaming server): `<base>/exec/<container id>`, `<base>/attach/<id>`,
+    /// `<base>/portforward/<sandbox id>`. Default: `http://127.0.0.1:10010`.
+    pub fn set_streaming_url(&self, base: &str) {
+        self.state.lock().unwrap().streaming_url = Some(base.trim_end_matches('/').to_owned());
+    }
+
+    /// The `Exec`, `Attach` and `PortForward` calls made so far, in order.
+    #[must_use]
+    pub fn streaming_calls(&self) -> Vec<StreamingCall> {
+        self.state.lock().unwrap().streaming.clone()
     }
 
     /// Makes a running container exit with `code`.
@@ -573,6 +607,27 @@ impl RuntimeService for FakeRuntime {
         };
         // Called without the lock: a handler may use the runtime itself.
         handler(id, &cmd, timeout)
+    }
+
+    async fn exec(&self, request: api::ExecRequest) -> Result<String> {
+        let mut s = self.record("exec");
+        let url = streaming_url(&s, "exec", &request.container_id, s.containers.contains_key(&request.container_id))?;
+        s.streaming.push(StreamingCall::Exec(request));
+        Ok(url)
+    }
+
+    async fn attach(&self, request: api::AttachRequest) -> Result<String> {
+        let mut s = self.record("attach");
+        let url = streaming_url(&s, "attach", &request.container_id, s.containers.contains_key(&request.container_id))?;
+        s.streaming.push(StreamingCall::Attach(request));
+        Ok(url)
+    }
+
+    async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String> {
+        let mut s = self.record("port_forward");
+        let url = streaming_url(&s, "portforward", sandbox_id, s.sandboxes.contains_key(sandbox_id))?;
+        s.streaming.push(StreamingCall::PortForward { sandbox_id: sandbox_id.to_owned(), ports });
+        Ok(url)
     }
 
     async fn pull_image(

@@ -105,6 +105,14 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// Asks the runtime to reopen a container's log file (`ReopenContainerLog`), after the
     /// kubelet renamed it for rotation: new output goes to a new file at the log path.
     async fn reopen_container_log(&self, id: &str) -> Result<()>;
+    /// Prepares a streaming exec (`Exec`): the URL of the runtime's streaming server that
+    /// serves it (SPDY or WebSocket, see [`crate::server`]).
+    async fn exec(&self, request: api::ExecRequest) -> Result<String>;
+    /// Prepares a streaming attach (`Attach`): the URL that serves it.
+    async fn attach(&self, request: api::AttachRequest) -> Result<String>;
+    /// Prepares port forwarding into a sandbox (`PortForward`): the URL that serves it.
+    /// `ports` may be empty (SPDY clients name ports per stream).
+    async fn port_forward(&self, sandbox_id: &str, ports: Vec<i32>) -> Result<String>;
     /// Pulls an image; returns the image reference the runtime stored it under.
     async fn pull_image(
         &self,

@@ -4,8 +4,9 @@
 //!
 //! HTTPS routes: `/pods` (a `PodList` from a [`PodsProvider`]), `/metrics` (from a
 //! `prometheus_client` registry; see below), `/healthz` (see [`HealthCheck`]),
-//! `/configz`, plus whatever later modules add through [`Endpoints::route`]; everything else
-//! is 404. Every HTTPS request passes authentication and authorization first (see the
+//! `/configz`, the debugging handlers and `/logs/` (see below, with
+//! [`Endpoints::debugging_handlers`]), plus whatever later modules add through
+//! [`Endpoints::route`]; everything else is 404. Every HTTPS request passes authentication and authorization first (see the
 //! `auth` module docs), unknown paths included, as upstream.
 //!
 //! # Authentication and authorization
@@ -22,6 +23,22 @@
 //!   client provided, cannot use webhook authentication"), naming the settings to change.
 //!   Both are the v1beta1 defaults, so a standalone agent must set
 //!   `authentication.webhook.enabled: false` and `authorization.mode: AlwaysAllow`.
+//!
+//! # Debugging handlers and streaming
+//! With `enableDebuggingHandlers` (default true; off, the paths answer 405 "Debug
+//! endpoints are disabled." as upstream):
+//! - `/exec/{ns}/{pod}[/{uid}]/{container}` and `/attach/...` (GET or POST; `command`,
+//!   `stdin`, `stdout`, `stderr`, `tty` = `1`), `/portForward/{ns}/{pod}[/{uid}]` (WebSocket
+//!   clients add `port`): the runtime's streaming URL (CRI `Exec`, `Attach`,
+//!   `PortForward`) and the client's upgrade proxied to it and spliced, with
+//!   `streamingConnectionIdleTimeout` — the protocols are the runtime's: SPDY/3.1 and
+//!   WebSocket `v5.channel.k8s.io` / `v4.channel.k8s.io` (see `streaming` for the
+//!   details, errors and deviations);
+//! - `POST /run/{ns}/{pod}[/{uid}]/{container}?cmd=...`: `ExecSync`, stdout then stderr;
+//! - `/containerLogs/{ns}/{pod}/{container}`: the CRI log file with upstream's options,
+//!   streamed (see `container_logs` and [`crate::logs::reader`]);
+//! - `/logs/` with `enableSystemLogHandler` (default true; else 405 "logs endpoint is
+//!   disabled."): `/var/log` as a file server that cannot leave it (`system_logs`).
 //!
 //! # The read-only port
 //! With `readOnlyPort` set, plain HTTP on `address:readOnlyPort` without authentication or
@@ -76,12 +93,20 @@
 //!   valid, covers the node name and matches its key (upstream: whenever it exists).
 //! - Webhook reviews time out after 10 s for authorization too (upstream: authentication
 //!   only) and retry 503 too.
+//! - Streaming: a container or pod not running in the runtime is 404 (upstream 500);
+//!   credentials are not passed to the runtime's streaming server; `http://` streaming
+//!   URLs only. `/containerLogs` reads the rest of a rotated file before the new one
+//!   (upstream may drop it) and not the docker JSON format. `/logs/` refuses symlinks
+//!   leading out of `/var/log` and serves no `Range`.
 
 mod auth;
 mod cache;
+mod container_logs;
 mod healthz;
 mod metrics_format;
 mod pods;
+mod streaming;
+mod system_logs;
 mod tls;
 mod webhook;
 
@@ -106,6 +131,7 @@ pub use auth::{
 pub use cache::{CACHE_CAPACITY, CachedAuthorizer, CachedTokenAuthenticator};
 pub use healthz::{FakeHealthCheck, HealthCheck, PingCheck};
 pub use pods::{FakePods, PodsProvider};
+pub use system_logs::SYSTEM_LOG_DIR;
 pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, TlsSettings};
 pub use webhook::{REVIEW_TIMEOUT, SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 
@@ -366,6 +392,50 @@ impl Endpoints {
         self
     }
 
+    /// Serves the debugging handlers (`/exec`, `/attach`, `/portForward`, `/run`,
+    /// `/containerLogs`) and `/logs/` as `handlers` says (see the module docs); without
+    /// this call those paths are 404.
+    #[must_use]
+    pub fn debugging_handlers(mut self, handlers: DebuggingHandlers) -> Self {
+        use axum::routing::post;
+        if !handlers.enable_debugging_handlers {
+            for root in ["run", "exec", "attach", "portForward", "containerLogs", "logs"] {
+                self.routes = self.routes.route(&format!("/{root}/{{*rest}}"), axum::routing::any(debugging_disabled));
+            }
+            return self;
+        }
+        let stream_state = streaming::StreamingState {
+            pods: self.pods.clone(),
+            runtime: handlers.runtime.clone(),
+            idle_timeout: handlers.streaming_connection_idle_timeout,
+        };
+        let exec = get(streaming::exec).post(streaming::exec).with_state(stream_state.clone());
+        let attach = get(streaming::attach).post(streaming::attach).with_state(stream_state.clone());
+        let port_forward = get(streaming::port_forward).post(streaming::port_forward).with_state(stream_state.clone());
+        let run = post(streaming::run).with_state(stream_state);
+        let logs_state = container_logs::LogsState { pods: self.pods.clone(), runtime: handlers.runtime };
+        self.routes = self
+            .routes
+            .route("/exec/{ns}/{pod}/{container}", exec.clone())
+            .route("/exec/{ns}/{pod}/{uid}/{container}", exec)
+            .route("/attach/{ns}/{pod}/{container}", attach.clone())
+            .route("/attach/{ns}/{pod}/{uid}/{container}", attach)
+            .route("/portForward/{ns}/{pod}", port_forward.clone())
+            .route("/portForward/{ns}/{pod}/{uid}", port_forward)
+            .route("/run/{ns}/{pod}/{container}", run.clone())
+            .route("/run/{ns}/{pod}/{uid}/{container}", run)
+            .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs::container_logs).with_state(logs_state));
+        self.routes = if handlers.enable_system_log_handler {
+            let logs = system_logs::SystemLogs { root: Arc::new(handlers.system_log_dir) };
+            self.routes
+                .route("/logs/", get(system_logs::root).with_state(logs.clone()))
+                .route("/logs/{*path}", get(system_logs::path).with_state(logs))
+        } else {
+            self.routes.route("/logs/", get(system_logs::disabled)).route("/logs/{*path}", get(system_logs::disabled))
+        };
+        self
+    }
+
     /// The API server client that webhook authentication (`TokenReview`) and authorization
     /// (`SubjectAccessReview`) ask; without one, those settings are refused.
     #[must_use]
@@ -388,6 +458,60 @@ impl Endpoints {
         self.token_authenticator = Some(authenticator);
         self
     }
+}
+
+/// What the debugging handlers need and the settings that turn them on.
+#[derive(Clone)]
+pub struct DebuggingHandlers {
+    /// The runtime: streaming URLs, `ExecSync`, container statuses.
+    pub runtime: Arc<dyn crate::runtime::RuntimeService>,
+    /// `enableDebuggingHandlers` (default true): off, the paths answer 405.
+    pub enable_debugging_handlers: bool,
+    /// `enableSystemLogHandler` (default true): `/logs/`.
+    pub enable_system_log_handler: bool,
+    /// `streamingConnectionIdleTimeout` (default 4h).
+    pub streaming_connection_idle_timeout: Duration,
+    /// What `/logs/` serves. Default: [`SYSTEM_LOG_DIR`].
+    pub system_log_dir: PathBuf,
+}
+
+impl std::fmt::Debug for DebuggingHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DebuggingHandlers")
+            .field("enable_debugging_handlers", &self.enable_debugging_handlers)
+            .field("enable_system_log_handler", &self.enable_system_log_handler)
+            .field("streaming_connection_idle_timeout", &self.streaming_connection_idle_timeout)
+            .field("system_log_dir", &self.system_log_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DebuggingHandlers {
+    /// The handlers as `kc` configures them.
+    #[must_use]
+    pub fn from_config(
+        runtime: Arc<dyn crate::runtime::RuntimeService>,
+        kc: &crate::config::KubeletConfiguration,
+    ) -> Self {
+        Self {
+            runtime,
+            enable_debugging_handlers: kc.enable_debugging_handlers,
+            enable_system_log_handler: kc.enable_system_log_handler,
+            streaming_connection_idle_timeout: kc.streaming_connection_idle_timeout.to_std(),
+            system_log_dir: PathBuf::from(SYSTEM_LOG_DIR),
+        }
+    }
+}
+
+/// The debugging paths with `enableDebuggingHandlers: false` (upstream
+/// `InstallDebuggingDisabledHandlers`).
+async fn debugging_disabled() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "Debug endpoints are disabled.\n",
+    )
+        .into_response()
 }
 
 /// The listeners, bound and ready to serve.
