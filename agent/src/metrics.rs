@@ -19,13 +19,15 @@ use prometheus_client::registry::Registry;
 /// name as given; prometheus-client always appends `_total`).
 pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events", "kubelet_evictions"];
 
-/// Renames [`COUNTERS_WITHOUT_TOTAL`] back to upstream's names in a Prometheus text
-/// exposition (`HELP`, `TYPE` and sample lines), so existing dashboards find them.
+/// Makes a Prometheus text exposition read as the Go client writes it, so existing
+/// dashboards and alerts match: [`COUNTERS_WITHOUT_TOTAL`] get their upstream names back
+/// (`HELP`, `TYPE` and sample lines), and `le` / `quantile` values are written as Go's
+/// `strconv.FormatFloat(v, 'g', -1, 64)` does (`5`, not `5.0`; `1e+06`).
 #[must_use]
 pub fn with_upstream_counter_names(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        let fixed = COUNTERS_WITHOUT_TOTAL.iter().find_map(|name| {
+        let renamed = COUNTERS_WITHOUT_TOTAL.iter().find_map(|name| {
             let ours = format!("{name}_total");
             let rest = line
                 .strip_prefix(&format!("# HELP {ours}"))
@@ -34,9 +36,85 @@ pub fn with_upstream_counter_names(text: &str) -> String {
                 .or_else(|| line.strip_prefix(&ours).map(|r| ("", r)))?;
             rest.1.starts_with([' ', '{']).then(|| format!("{}{name}{}", rest.0, rest.1))
         });
+        let line = renamed.as_deref().unwrap_or(line);
+        match go_float_labels(line) {
+            Some(fixed) => out.push_str(&fixed),
+            None => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// In an `OpenMetrics` exposition, [`COUNTERS_WITHOUT_TOTAL`] are typed `unknown` with
+/// samples under upstream's names (`OpenMetrics` counters must end in `_total`, and a
+/// scraper would store them so): what Prometheus stores is then what it stores from the
+/// upstream kubelet's text.
+#[must_use]
+pub fn openmetrics_with_upstream_counter_names(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut fixed = None;
+        for name in COUNTERS_WITHOUT_TOTAL {
+            if line.starts_with(&format!("# TYPE {name} counter")) {
+                fixed = Some(format!("# TYPE {name} unknown\n"));
+            } else if let Some(rest) = line.strip_prefix(&format!("{name}_total")).filter(|r| r.starts_with([' ', '{']))
+            {
+                fixed = Some(format!("{name}{rest}"));
+            } else if line.strip_prefix(&format!("{name}_created")).is_some_and(|r| r.starts_with([' ', '{'])) {
+                fixed = Some(String::new());
+            }
+        }
         out.push_str(fixed.as_deref().unwrap_or(line));
     }
     out
+}
+
+/// `line` with its `le="…"` / `quantile="…"` values in Go's float format, if any changed.
+fn go_float_labels(line: &str) -> Option<String> {
+    if line.starts_with('#') || !(line.contains("le=\"") || line.contains("quantile=\"")) {
+        return None;
+    }
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    let mut changed = false;
+    while let Some(pos) = ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min() {
+        let (start, key_len) = pos;
+        let value_start = start + key_len;
+        let Some(len) = rest[value_start..].find('"') else { break };
+        let value = &rest[value_start..value_start + len];
+        out.push_str(&rest[..value_start]);
+        match value.parse::<f64>() {
+            Ok(v) if v.is_finite() => {
+                let go = go_float(v);
+                changed |= go != value;
+                out.push_str(&go);
+            }
+            _ => out.push_str(value),
+        }
+        rest = &rest[value_start + len..];
+    }
+    out.push_str(rest);
+    changed.then_some(out)
+}
+
+/// Go's `strconv.FormatFloat(v, 'g', -1, 64)`: the shortest digits, as `%e` when the
+/// decimal exponent is below -4 or at least 6 (`1e+06`, `5e-05`), else plain (`3600`,
+/// `0.005`).
+#[must_use]
+pub fn go_float(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    // Rust's `{:e}` and `{}` both give the shortest round-trip digits.
+    let e = format!("{v:e}");
+    let (mantissa, exp) = e.split_once('e').unwrap_or((&e, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if exp < -4 || exp >= 6 {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mantissa}e{sign}{:02}", exp.abs())
+    } else {
+        format!("{v}")
+    }
 }
 
 /// Upstream `podStartupDurationBuckets` (seconds), for the pod start histograms.
@@ -599,6 +677,40 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn floats_are_written_as_go_writes_them() {
+        for (v, go) in [
+            (5.0, "5"),
+            (0.005, "0.005"),
+            (3600.0, "3600"),
+            (100_000.0, "100000"),
+            (1e6, "1e+06"),
+            (1_234_567.0, "1.234567e+06"),
+            (0.0001, "0.0001"),
+            (0.00005, "5e-05"),
+            (2.5, "2.5"),
+            (-1.0, "-1"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(go_float(v), go, "{v}");
+        }
+        let text =
+            "# TYPE h histogram\nh_bucket{le=\"5.0\"} 1\nh_bucket{op=\"x\",le=\"+Inf\"} 2\ns{quantile=\"0.5\"} 1\n";
+        assert_eq!(
+            with_upstream_counter_names(text),
+            "# TYPE h histogram\nh_bucket{le=\"5\"} 1\nh_bucket{op=\"x\",le=\"+Inf\"} 2\ns{quantile=\"0.5\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn openmetrics_keeps_upstream_names_of_counters_without_total() {
+        let text = "# HELP kubelet_evictions x.\n# TYPE kubelet_evictions counter\nkubelet_evictions_total{eviction_signal=\"memory.available\"} 2\nkubelet_evictions_created{eviction_signal=\"memory.available\"} 1.5e9\n# EOF\n";
+        assert_eq!(
+            openmetrics_with_upstream_counter_names(text),
+            "# HELP kubelet_evictions x.\n# TYPE kubelet_evictions unknown\nkubelet_evictions{eviction_signal=\"memory.available\"} 2\n# EOF\n"
+        );
     }
 
     #[test]

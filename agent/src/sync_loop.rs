@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cm::PodContainerManager;
-use crate::metrics::{KubeletMetrics, StaticLabels};
+use crate::metrics::{KubeletMetrics, StaticLabels, WorkingPodLabels};
 use crate::pleg::relist::GenericPleg;
 use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
 use crate::pod_manager::PodManager;
@@ -194,6 +194,50 @@ impl SyncLoop {
         }
     }
 
+    /// `kubelet_working_pods` (upstream `HandlePodCleanups`): the pods with a worker by
+    /// lifecycle (`sync`, `terminating`, `terminated`) and whether they are still desired
+    /// (`desired`) or not (`orphan`), plus pods only the runtime has (`runtime_only`,
+    /// `static="unknown"`). Every combination is set, zero included.
+    fn update_working_pods(
+        &self,
+        desired: &HashSet<String>,
+        runtime_pods: &std::collections::BTreeMap<String, impl Sized>,
+    ) {
+        use crate::pod_workers::WorkerState;
+        let mut counts: std::collections::HashMap<(&str, &str, &str), i64> = std::collections::HashMap::new();
+        for lifecycle in ["sync", "terminating", "terminated"] {
+            for config in ["desired", "orphan"] {
+                for r#static in ["true", "false"] {
+                    counts.insert((lifecycle, config, r#static), 0);
+                }
+            }
+            counts.insert((lifecycle, "runtime_only", "unknown"), 0);
+        }
+        let states = self.workers.states();
+        for (uid, state) in &states {
+            let lifecycle = match state {
+                WorkerState::Syncing => "sync",
+                WorkerState::Terminating => "terminating",
+                WorkerState::Terminated | WorkerState::Finished => "terminated",
+            };
+            let config = if desired.contains(uid) { "desired" } else { "orphan" };
+            let is_static = self.pod_manager.get(uid).is_some_and(|p| is_static_pod(&p));
+            *counts.entry((lifecycle, config, if is_static { "true" } else { "false" })).or_default() += 1;
+        }
+        let runtime_only = runtime_pods.keys().filter(|u| !states.contains_key(*u) && !desired.contains(*u)).count();
+        *counts.entry(("sync", "runtime_only", "unknown")).or_default() += runtime_only as i64;
+        for ((lifecycle, config, r#static), n) in counts {
+            self.metrics
+                .working_pods
+                .get_or_create(&WorkingPodLabels {
+                    lifecycle: lifecycle.into(),
+                    config: config.into(),
+                    r#static: r#static.into(),
+                })
+                .set(n);
+        }
+    }
+
     /// Upstream `HandlePodCleanups`: terminate runtime pods nobody wants, remove orphaned
     /// pod cgroups and log directories. Does nothing until every source has reported
     /// once and the PLEG has listed the runtime, so a restart never kills what it
@@ -205,6 +249,7 @@ impl SyncLoop {
         let desired: HashSet<String> = self.pod_manager.pods().into_iter().filter_map(|p| p.metadata.uid).collect();
         let workers = self.workers.known_uids();
         let runtime_pods = self.pleg.runtime_pods();
+        self.update_working_pods(&desired, &runtime_pods);
         for (uid, rp) in &runtime_pods {
             if !desired.contains(uid) && !workers.contains(uid) {
                 self.workers.kill_orphan(rp);

@@ -35,11 +35,16 @@ impl MetricsFormat {
             Self::PrometheusText => {
                 let mut text = String::new();
                 prometheus_text::encode(&mut text, registry)?;
-                // Upstream's few counters without `_total` keep their names.
+                // Upstream's few counters without `_total` keep their names; `le` as Go writes it.
                 out.push_str(&crate::metrics::with_upstream_counter_names(&text));
                 Ok(())
             }
-            Self::OpenMetrics1 | Self::OpenMetrics0 => text::encode(out, registry),
+            Self::OpenMetrics1 | Self::OpenMetrics0 => {
+                let mut text = String::new();
+                text::encode(&mut text, registry)?;
+                out.push_str(&crate::metrics::openmetrics_with_upstream_counter_names(&text));
+                Ok(())
+            }
         }
     }
 }
