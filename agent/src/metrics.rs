@@ -109,11 +109,11 @@ pub fn go_float(v: f64) -> String {
     let e = format!("{v:e}");
     let (mantissa, exp) = e.split_once('e').unwrap_or((&e, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
-    if !(-4..6).contains(&exp) {
+    if (-4..6).contains(&exp) {
+        format!("{v}")
+    } else {
         let sign = if exp < 0 { '-' } else { '+' };
         format!("{mantissa}e{sign}{:02}", exp.abs())
-    } else {
-        format!("{v}")
     }
 }
 
