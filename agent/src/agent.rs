@@ -57,6 +57,8 @@ pub enum Error {
     Server(#[from] crate::server::Error),
     #[error("event API: {0}")]
     EventApi(#[from] crate::event_api::Error),
+    #[error("{0}")]
+    Eviction(#[from] crate::eviction::thresholds::Errors),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -346,6 +348,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
     registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
+    let eviction_metrics = crate::eviction::EvictionMetrics::new(&mut registry);
+    let eviction_config = crate::eviction::EvictionConfig::from_kubelet_configuration(kc)?;
+    // Kernel memory-pressure signals (PSI, memcg thresholds, eBPF reclaim) wake the
+    // eviction manager; it is made once the stats and pod workers exist.
+    let (pressure, pressure_rx) = crate::pressure::PressureSignals::channel();
+    let eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>> = Arc::default();
 
     let endpoint = kc.container_runtime_endpoint.clone();
     let remote = RemoteRuntime::new(&endpoint, kc.runtime_request_timeout.to_std(), metrics.clone())
@@ -493,7 +501,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 memory_hierarchy,
                 Some(sink),
             )
-            .with_exits(kernel_exits.clone());
+            .with_exits(kernel_exits.clone())
+            .with_pressure(pressure.clone());
             tracing::info!(
                 safety_relist = ?cfg.swiftlet.pleg_relist_period,
                 "evented PLEG: container lifecycle from the kernel (eBPF)"
@@ -539,7 +548,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     .debugging_handlers(crate::server::DebuggingHandlers::from_config(rt.clone(), kc))
     .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
     .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source.clone()))
-    .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source));
+    .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source.clone()));
     // Webhook authentication and authorization ask the API server (TokenReview,
     // SubjectAccessReview); standalone, the server refuses those settings.
     let endpoints = match &client {
@@ -581,7 +590,17 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             crate::node::MachineFacts::detect(&cfg.root_dir),
             rt.clone(),
             Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
-        );
+        )
+        .with_pressure({
+            let eviction = eviction.clone();
+            Arc::new(move || {
+                eviction.get().map_or_else(crate::node::Pressure::default, |m| crate::node::Pressure {
+                    memory: m.is_under_memory_pressure(),
+                    disk: m.is_under_disk_pressure(),
+                    pid: m.is_under_pid_pressure(),
+                })
+            })
+        });
         node_handle = Some(node.current_handle());
         tracker.spawn(
             crate::mirror::run(
@@ -626,7 +645,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             }
         },
     };
-    match crate::images::gc::ImageGcManager::new(
+    let image_gc = match crate::images::gc::ImageGcManager::new(
         rt.clone(),
         Arc::new(crate::images::gc::Statvfs),
         crate::images::gc::ImageGcPolicy::from_config(kc),
@@ -642,15 +661,48 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                     "the runtime did not name its sandbox image; set --pod-infra-container-image so image GC keeps it"
                 );
             }
-            tracker.spawn(Arc::new(gc).run(shutdown.clone()).instrument(tracing::info_span!("image_gc")));
+            let gc = Arc::new(gc);
+            tracker.spawn(gc.clone().run(shutdown.clone()).instrument(tracing::info_span!("image_gc")));
+            Some(gc)
         }
-        Err(e) => tracing::error!(error = %e, "image GC is off"),
-    }
+        Err(e) => {
+            tracing::error!(error = %e, "image GC is off");
+            None
+        }
+    };
     let gc_pods = Arc::new(GcPods { manager: pod_manager.clone(), workers: workers.clone() });
     let gc = Arc::new(crate::gc::ContainerGc::new(rt.clone(), gc_pods, cfg.container_gc));
     tracker.spawn(
-        gc.run(crate::gc::CONTAINER_GC_PERIOD, shutdown.clone()).instrument(tracing::info_span!("container_gc")),
+        gc.clone()
+            .run(crate::gc::CONTAINER_GC_PERIOD, shutdown.clone())
+            .instrument(tracing::info_span!("container_gc")),
     );
+    if let Some(provider) = &stats_source {
+        {
+            use crate::eviction::adapters::{AgentKiller, AgentPods, AgentReclaimer, AgentStats};
+            let manager = Arc::new(crate::eviction::EvictionManager::new(
+                eviction_config,
+                crate::eviction::Dependencies {
+                    stats: Arc::new(AgentStats { provider: provider.clone(), root_dir: cfg.root_dir.clone() }),
+                    pods: Arc::new(AgentPods {
+                        manager: pod_manager.clone(),
+                        workers: workers.clone(),
+                        status: status.clone(),
+                    }),
+                    killer: Arc::new(AgentKiller { workers: workers.clone() }),
+                    reclaimer: Arc::new(AgentReclaimer { containers: gc.clone(), images: image_gc.clone() }),
+                    recorder: recorder.clone(),
+                    metrics: eviction_metrics,
+                    node_name: cfg.node_name.clone(),
+                },
+            ));
+            let _ = eviction.set(manager.clone());
+            tracker.spawn(manager.run(pressure_rx, shutdown.clone()).instrument(tracing::info_span!("eviction")));
+            crate::pressure::spawn_watchers(&tracker, &pressure, kc, &shutdown);
+        }
+    } else {
+        tracing::warn!("no stats: node-pressure eviction is off");
+    }
     // Validation made sure containerLogMaxSize is a quantity.
     match crate::logs::rotation::RotationPolicy::from_config(kc) {
         Ok(policy) => {
@@ -670,6 +722,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         status: status.clone(),
         recorder: recorder.clone(),
         rejected: std::sync::Mutex::default(),
+        eviction,
     };
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),

@@ -49,7 +49,16 @@ pub enum WorkType {
     Kill {
         grace: Option<i64>,
     },
+    /// Terminate the pod but keep it (evicted: it stays, `Failed`, until its source
+    /// removes it; it never starts again). `grace` overrides the pod's own.
+    Evict {
+        grace: Option<i64>,
+    },
 }
+
+/// A change applied to every status the worker computes for a pod from now on (an
+/// eviction's `Failed`/`Evicted`).
+pub type StatusOverride = Arc<dyn Fn(&mut k8s_openapi::api::core::v1::PodStatus) + Send + Sync>;
 
 impl WorkType {
     fn metric_label(&self) -> &'static str {
@@ -57,7 +66,7 @@ impl WorkType {
             Self::Create => "create",
             Self::Update => "update",
             Self::Sync => "sync",
-            Self::Kill { .. } => "kill",
+            Self::Kill { .. } | Self::Evict { .. } => "kill",
         }
     }
 }
@@ -96,9 +105,20 @@ struct Handle {
     full_name: (String, String),
 }
 
-#[derive(Debug, Default)]
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("workers", &self.workers)
+            .field("overrides", &self.overrides.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[derive(Default)]
 struct Registry {
     workers: HashMap<String, Handle>,
+    /// Status overrides by pod UID (evictions), until the worker finishes.
+    overrides: HashMap<String, StatusOverride>,
 }
 
 /// The set of pod workers.
@@ -179,6 +199,7 @@ impl PodWorkers {
         let mut reg = self.registry.lock().unwrap();
         if state == WorkerState::Finished {
             reg.workers.remove(uid);
+            reg.overrides.remove(uid);
             drop(reg);
             self.finished.notify_waiters();
         } else if let Some(h) = reg.workers.get_mut(uid) {
@@ -197,6 +218,26 @@ impl PodWorkers {
     #[must_use]
     pub fn states(&self) -> HashMap<String, WorkerState> {
         self.registry.lock().unwrap().workers.iter().map(|(u, h)| (u.clone(), h.state)).collect()
+    }
+
+    /// Evicts `pod`: from now on every status of it goes through `status` (phase
+    /// `Failed`, reason `Evicted`, ...), and it is terminated with `grace` (seconds; 0:
+    /// at once) but stays known, as upstream keeps an evicted pod until its source
+    /// deletes it.
+    pub fn evict(&self, pod: Pod, grace: i64, status: StatusOverride) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.registry.lock().unwrap().overrides.insert(uid, status);
+        self.update_pod(pod, WorkType::Evict { grace: Some(grace) });
+    }
+
+    fn status_override(&self, uid: &str) -> Option<StatusOverride> {
+        self.registry.lock().unwrap().overrides.get(uid).cloned()
+    }
+
+    /// Whether `uid` has a worker that has not terminated the pod yet.
+    #[must_use]
+    pub fn is_running(&self, uid: &str) -> bool {
+        self.registry.lock().unwrap().workers.get(uid).is_some_and(|h| h.state == WorkerState::Syncing)
     }
 
     /// UIDs that have a worker.
@@ -233,7 +274,8 @@ struct Worker {
 /// Combines two pending work items: a kill wins, then create, update, sync.
 fn merge_kind(a: WorkType, b: WorkType) -> WorkType {
     let rank = |k: &WorkType| match k {
-        WorkType::Kill { .. } => 3,
+        WorkType::Kill { .. } => 4,
+        WorkType::Evict { .. } => 3,
         WorkType::Create => 2,
         WorkType::Update => 1,
         WorkType::Sync => 0,
@@ -287,8 +329,10 @@ impl Worker {
                 work = Some(merge_kind(work.take().unwrap_or(WorkType::Sync), k));
             }
             let kind = work.take().unwrap_or(WorkType::Sync);
-            if let WorkType::Kill { grace } = kind {
-                self.desired = false;
+            if let WorkType::Kill { grace } | WorkType::Evict { grace } = kind {
+                if matches!(kind, WorkType::Kill { .. }) {
+                    self.desired = false;
+                }
                 self.grace = grace.or(self.grace);
                 if self.state == WorkerState::Syncing {
                     self.state = WorkerState::Terminating;
@@ -384,7 +428,7 @@ impl Worker {
         let old = self.deps.status.get(self.uid());
         let failures = self.start_failures(pod);
         let qos = crate::cm::qos_class(pod);
-        let status = generate_api_pod_status(
+        let mut status = generate_api_pod_status(
             pod,
             rt,
             &StatusInputs {
@@ -398,6 +442,9 @@ impl Worker {
                 probes: self.deps.runtime.probes(),
             },
         );
+        if let Some(apply) = self.workers.status_override(self.uid()) {
+            apply(&mut status);
+        }
         if let Some(probes) = self.deps.runtime.probes() {
             probes.set_pod_status(self.uid(), &status);
         }

@@ -249,5 +249,122 @@ pub fn memcg_usage_threshold(capacity: u64, threshold: u64, inactive_file: u64) 
     capacity.saturating_sub(threshold).saturating_add(inactive_file)
 }
 
+/// Starts the kernel watchers that feed `signals` (see the module docs): a PSI trigger
+/// on `/proc/pressure/memory` (100 ms of stall within 2 s), and, on cgroup v1, memcg
+/// usage thresholds where the working set of the root memory cgroup meets the
+/// `memory.available` hard threshold and that of the pods cgroup meets the
+/// `allocatableMemory.available` one (recomputed every 10 s as the page cache changes).
+/// What the kernel refuses is logged; the eviction manager's 10 s passes go on.
+pub fn spawn_watchers(
+    tracker: &tokio_util::task::TaskTracker,
+    signals: &PressureSignals,
+    kc: &crate::config::KubeletConfiguration,
+    shutdown: &CancellationToken,
+) {
+    match PsiTrigger::new(Path::new("/proc/pressure/memory"), Duration::from_millis(100), Duration::from_secs(2)) {
+        Ok(trigger) => {
+            tracing::info!("memory pressure: PSI trigger on /proc/pressure/memory");
+            tracker.spawn(trigger.forward(signals.clone(), shutdown.clone()));
+        }
+        Err(e) => tracing::warn!(error = %e, "no PSI trigger: memory pressure is seen by the 10 s pass and eBPF only"),
+    }
+    let memory_root = Path::new("/sys/fs/cgroup/memory");
+    if !memory_root.join("cgroup.event_control").exists() {
+        return;
+    }
+    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
+    let hard = |signal: &str| kc.eviction_hard.get(signal).cloned();
+    let targets = [
+        (hard("memory.available"), memory_root.to_path_buf(), None),
+        (
+            hard("allocatableMemory.available"),
+            memory_root.join(format!("{}/kubepods", root.trim_start_matches('/'))),
+            Some(()),
+        ),
+    ];
+    for (threshold, cgroup, pods) in targets {
+        let Some(threshold) = threshold else { continue };
+        let signals = signals.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            watch_memcg(&cgroup, &threshold, pods.is_some(), &signals, &shutdown).await;
+        });
+    }
+}
+
+/// Keeps a memcg usage threshold on `cgroup` where its working set meets `threshold`
+/// (a quantity or a percentage of the capacity), re-registered when the page cache moves
+/// it; forwards crossings.
+async fn watch_memcg(
+    cgroup: &Path,
+    threshold: &str,
+    limited: bool,
+    signals: &PressureSignals,
+    shutdown: &CancellationToken,
+) {
+    let mut current: Option<MemcgThreshold> = None;
+    loop {
+        let wanted = memcg_threshold_for(cgroup, threshold, limited);
+        if let Some(usage) = wanted
+            && current.as_ref().is_none_or(|c| c.threshold().abs_diff(usage) > usage / 100)
+        {
+            match MemcgThreshold::new(cgroup, usage) {
+                Ok(n) => {
+                    tracing::debug!(cgroup = %cgroup.display(), usage, "memory threshold notification");
+                    current = Some(n);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "memory threshold notification");
+                    return;
+                }
+            }
+        }
+        let refresh = tokio::time::sleep(Duration::from_secs(10));
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = refresh => {}
+            () = async {
+                match &current {
+                    Some(n) => n.forward(signals, shutdown).await,
+                    None => std::future::pending().await,
+                }
+            } => return,
+        }
+    }
+}
+
+/// The usage (bytes) at which `cgroup`'s working set reaches its capacity minus
+/// `threshold`: capacity is `MemTotal` for the root, the cgroup's limit otherwise.
+fn memcg_threshold_for(cgroup: &Path, threshold: &str, limited: bool) -> Option<u64> {
+    let read = |f: &str| std::fs::read_to_string(cgroup.join(f)).ok();
+    let capacity = if limited {
+        read("memory.limit_in_bytes")?.trim().parse::<u64>().ok().filter(|l| *l < 1 << 60)?
+    } else {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kb: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        kb * 1024
+    };
+    let stat = read("memory.stat")?;
+    let inactive = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("total_inactive_file "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let bytes = match threshold.strip_suffix('%') {
+        Some(p) => (capacity as f64 * p.trim().parse::<f64>().ok()? / 100.0) as u64,
+        None => {
+            u64::try_from(threshold.parse::<crate::cm::quantity::ParsedQuantity>().ok()?.value_saturating()).ok()?
+        }
+    };
+    Some(memcg_usage_threshold(capacity, bytes, inactive))
+}
+
 #[cfg(test)]
 mod tests;

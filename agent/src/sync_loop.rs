@@ -49,6 +49,8 @@ pub struct SyncLoop {
     pub recorder: Arc<dyn crate::events::EventRecorder>,
     /// Pods refused by admission (they never get a worker).
     pub rejected: std::sync::Mutex<HashSet<String>>,
+    /// The eviction manager, once made: under node pressure it refuses pods too.
+    pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
 }
 
 impl SyncLoop {
@@ -133,8 +135,12 @@ impl SyncLoop {
     /// Node admission (API mode, once the node is registered): a refused pod gets a
     /// `Failed` status with the kubelet's reason and message and never runs.
     fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-        let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) else { return true };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        // Node pressure first (upstream's eviction admit handler), API mode or not.
+        if let Some(Err(r)) = self.eviction.get().map(|m| m.admit(pod)) {
+            return self.reject(pod, &uid, r);
+        }
+        let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) else { return true };
         let rejected = self.rejected.lock().unwrap().clone();
         let active: Vec<_> = self
             .pod_manager
@@ -149,7 +155,19 @@ impl SyncLoop {
             .collect();
         match crate::lifecycle::admission::admit(pod, &node, &active) {
             Ok(()) => true,
-            Err(r) => {
+            Err(r) => self.reject(pod, &uid, r),
+        }
+    }
+
+    /// Refuses `pod`: a `Failed` status with the kubelet's reason and message, an event.
+    fn reject(
+        &self,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        uid: &str,
+        r: crate::lifecycle::admission::Rejection,
+    ) -> bool {
+        {
+            {
                 tracing::warn!(pod = %crate::runtime::manager::pod_full_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
                 self.recorder.record(
                     crate::events::pod_ref(pod),
@@ -158,7 +176,7 @@ impl SyncLoop {
                     r.message.clone(),
                 );
                 self.status.set(
-                    &uid,
+                    uid,
                     k8s_openapi::api::core::v1::PodStatus {
                         phase: Some("Failed".into()),
                         reason: Some(r.reason),
@@ -166,7 +184,7 @@ impl SyncLoop {
                         ..Default::default()
                     },
                 );
-                self.rejected.lock().unwrap().insert(uid);
+                self.rejected.lock().unwrap().insert(uid.to_owned());
                 false
             }
         }

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cm::resources::is_critical_pod;
 use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
 use crate::lifecycle::admission::Rejection;
+use crate::pressure::PressureSignal;
 
 use super::evaluate::{
     ConditionsObservedAt, ReclaimFunction, ThresholdsObservedAt, merge_thresholds, node_conditions,
@@ -120,38 +121,6 @@ pub enum Trigger {
         /// When the kernel reported it (or when the agent saw it).
         at: Instant,
     },
-}
-
-/// A kernel pressure signal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PressureSignal {
-    /// Where it came from (the metric label; keep the set small).
-    pub source: String,
-    /// When it was seen.
-    pub at: Instant,
-}
-
-/// The sending side of the pressure signal channel.
-#[derive(Debug, Clone)]
-pub struct PressureSender(mpsc::Sender<PressureSignal>);
-
-impl PressureSender {
-    /// Signals pressure seen now; never blocks (a full queue already holds a pass).
-    pub fn notify(&self, source: &str) {
-        self.notify_at(source, Instant::now());
-    }
-
-    /// Signals pressure seen at `at`.
-    pub fn notify_at(&self, source: &str, at: Instant) {
-        let _ = self.0.try_send(PressureSignal { source: source.to_owned(), at });
-    }
-}
-
-/// A channel for [`EvictionManager::run`]: give the sender to the PSI/eBPF watchers.
-#[must_use]
-pub fn pressure_channel() -> (PressureSender, mpsc::Receiver<PressureSignal>) {
-    let (tx, rx) = mpsc::channel(64);
-    (PressureSender(tx), rx)
 }
 
 /// An eviction decided by a pass.
@@ -497,7 +466,7 @@ impl EvictionManager {
                             first = more;
                         }
                     }
-                    Trigger::Signal { source: first.source, at: first.at }
+                    Trigger::Signal { source: first.source.label().to_owned(), at: first.at }
                 }
                 () = tokio::time::sleep_until(next) => Trigger::Periodic,
             };

@@ -46,11 +46,10 @@
 //! 6. **Events and metrics**: pass the agent's [`EventRecorder`](crate::events::EventRecorder)
 //!    and `EvictionMetrics::new(&mut registry)` on the `/metrics` registry
 //!    (`kubelet_evictions` is already in [`crate::metrics::COUNTERS_WITHOUT_TOTAL`]).
-//! 7. **Spawn**: `let (pressure, rx) = pressure_channel();`
+//! 7. **Spawn**: `let (pressure, rx) = crate::pressure::PressureSignals::channel();`
 //!    `tracker.spawn(manager.clone().run(rx, shutdown.clone()).instrument(span))`; give
-//!    `pressure` (cloneable) to the PSI / eBPF reclaim watchers, which call
-//!    `pressure.notify("psi")` (or `notify_at` with the kernel's time mapped to an
-//!    `Instant`) whenever memory pressure rises; each signal runs a pass at once.
+//!    `pressure` (cloneable) to the PSI / memcg / eBPF watchers of [`crate::pressure`],
+//!    which send a signal whenever memory pressure rises; each signal runs a pass at once.
 //! 8. **Node status**: `MemoryPressure` / `DiskPressure` / `PIDPressure` are
 //!    `manager.is_under_*_pressure()`; the node status module turns them into
 //!    conditions (reasons `KubeletHasInsufficientMemory`, ...) and the
@@ -60,8 +59,8 @@
 //!    [MemoryPressure]. `.
 //!
 //! # Differences from upstream
-//! - No memcg threshold notifiers (`kernelMemcgNotification`): the agent feeds kernel
-//!   signals through [`PressureSender`] instead; periodic passes still run every 10 s.
+//! - Kernel signals ([`crate::pressure`]: PSI triggers, memcg thresholds, eBPF reclaim)
+//!   start a pass at once; periodic passes still run every 10 s.
 //! - No local storage limit evictions (emptyDir `sizeLimit`, ephemeral-storage limits).
 //! - Split image/container filesystems (`KubeletSeparateDiskGC`) are not supported:
 //!   `containerfs.*` thresholds follow `nodefs.*` or `imagefs.*`.
@@ -73,6 +72,7 @@
 //!   agent's `EventRecorder` has no annotations.
 //! - Ties in ranking keep the active pods' order (upstream's sort is not stable).
 
+pub mod adapters;
 pub mod evaluate;
 pub mod manager;
 pub mod messages;
@@ -87,7 +87,7 @@ mod tests;
 
 pub use manager::{
     ActivePods, BoxError, Dependencies, Eviction, EvictionManager, MONITORING_INTERVAL, NodeReclaimer, PodKiller,
-    PressureSender, PressureSignal, StatsSource, Trigger, pressure_channel,
+    StatsSource, Trigger,
 };
 pub use messages::{REASON, admit};
 pub use metrics::EvictionMetrics;

@@ -891,7 +891,7 @@ async fn admission_under_pressure() {
 async fn loop_runs_on_signals_and_waits_for_cleanup() {
     let h =
         Harness::new(&kc(), node(2 * GI, vec![usage("a", GI), usage("b", GI)]), vec![pod("a", 0, ""), pod("b", 0, "")]);
-    let (pressure, rx) = pressure_channel();
+    let (pressure, rx) = crate::pressure::PressureSignals::channel();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(h.manager.clone().run(rx, shutdown.clone()));
     // The first pass runs at once and finds nothing.
@@ -899,14 +899,14 @@ async fn loop_runs_on_signals_and_waits_for_cleanup() {
     assert_eq!(h.stats.reads.load(Ordering::SeqCst), 1);
     // Memory runs low and the kernel says so: a pass right away, not at the 10 s tick.
     h.set(node(10 * MI, vec![usage("a", GI), usage("b", 900 * MI)]));
-    pressure.notify("psi");
-    pressure.notify("psi");
+    pressure.send(crate::pressure::PressureSource::Psi);
+    pressure.send(crate::pressure::PressureSource::Psi);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(h.killed(), ["a"]);
     assert!(h.metrics_text().contains("swiftlet_eviction_signal_to_decision_seconds_count{source=\"psi\"} 1"));
     // Waiting for "a" to be cleaned up: no pass, whatever the signals say.
     h.pods.pods.lock().unwrap().remove(0);
-    pressure.notify("psi");
+    pressure.send(crate::pressure::PressureSource::Psi);
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(h.killed(), ["a"]);
     let reads = h.stats.reads.load(Ordering::SeqCst);
@@ -922,7 +922,7 @@ async fn loop_runs_on_signals_and_waits_for_cleanup() {
 #[tokio::test(start_paused = true)]
 async fn loop_times_out_waiting_for_cleanup_and_ticks_every_10s() {
     let h = Harness::new(&kc(), node(10 * MI, vec![usage("a", GI)]), vec![pod("a", 0, "")]);
-    let (_pressure, rx) = pressure_channel();
+    let (_pressure, rx) = crate::pressure::PressureSignals::channel();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(h.manager.clone().run(rx, shutdown.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;

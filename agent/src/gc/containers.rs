@@ -18,6 +18,12 @@ pub trait PodPresence: Send + Sync + std::fmt::Debug {
     /// The pod is neither desired nor being worked on: its runtime leftovers may all go
     /// (upstream `ShouldPodContentBeRemoved`).
     fn is_gone(&self, pod_uid: &str) -> bool;
+    /// The pod is terminated for good (evicted, or finished and not restarting): under
+    /// disk pressure its dead containers may all go too (upstream
+    /// `ShouldPodRuntimeBeRemoved`).
+    fn is_terminated(&self, _pod_uid: &str) -> bool {
+        false
+    }
 }
 
 /// A dead container, as the collector sees it.
@@ -66,17 +72,35 @@ impl ContainerGc {
     /// # Errors
     /// Listing containers or sandboxes failed.
     pub async fn collect(&self, now: SystemTime) -> crate::runtime::Result<(usize, usize)> {
+        self.collect_with(now, false).await
+    }
+
+    /// Upstream `DeleteAllUnusedContainers` (the eviction manager's reclaim under disk
+    /// pressure): [`Self::collect`], with the pods that are terminated for good treated
+    /// as gone.
+    ///
+    /// # Errors
+    /// Listing containers or sandboxes failed.
+    pub async fn collect_for_eviction(&self, now: SystemTime) -> crate::runtime::Result<(usize, usize)> {
+        self.collect_with(now, true).await
+    }
+
+    async fn collect_with(&self, now: SystemTime, terminated_too: bool) -> crate::runtime::Result<(usize, usize)> {
         let containers = self.runtime.list_containers(None).await?;
-        let removed_containers = self.evict_containers(&containers, now).await;
+        let removed_containers = self.evict_containers(&containers, now, terminated_too).await;
         let remaining = self.runtime.list_containers(None).await?;
-        let removed_sandboxes = self.evict_sandboxes(&remaining).await?;
+        let removed_sandboxes = self.evict_sandboxes(&remaining, terminated_too).await?;
         if removed_containers + removed_sandboxes > 0 {
             tracing::info!(containers = removed_containers, sandboxes = removed_sandboxes, "garbage collected");
         }
         Ok((removed_containers, removed_sandboxes))
     }
 
-    async fn evict_containers(&self, containers: &[api::Container], now: SystemTime) -> usize {
+    fn removable(&self, uid: &str, terminated_too: bool) -> bool {
+        self.pods.is_gone(uid) || terminated_too && self.pods.is_terminated(uid)
+    }
+
+    async fn evict_containers(&self, containers: &[api::Container], now: SystemTime, terminated_too: bool) -> usize {
         let newest_gc_time =
             nanos(now).saturating_sub(i64::try_from(self.policy.min_age.as_nanos()).unwrap_or(i64::MAX));
         // Dead containers per (pod UID, container name), newest first.
@@ -98,7 +122,8 @@ impl ContainerGc {
         }
         let mut removed = 0;
         if self.pods.sources_ready() {
-            let gone: Vec<(String, String)> = units.keys().filter(|(uid, _)| self.pods.is_gone(uid)).cloned().collect();
+            let gone: Vec<(String, String)> =
+                units.keys().filter(|(uid, _)| self.removable(uid, terminated_too)).cloned().collect();
             for key in gone {
                 if let Some(unit) = units.remove(&key) {
                     removed += self.remove_containers(&unit).await;
@@ -160,7 +185,11 @@ impl ContainerGc {
         removed
     }
 
-    async fn evict_sandboxes(&self, containers: &[api::Container]) -> crate::runtime::Result<usize> {
+    async fn evict_sandboxes(
+        &self,
+        containers: &[api::Container],
+        terminated_too: bool,
+    ) -> crate::runtime::Result<usize> {
         let with_containers: HashSet<&str> = containers.iter().map(|c| c.pod_sandbox_id.as_str()).collect();
         let mut by_pod: HashMap<String, Vec<(String, i64, bool)>> = HashMap::new();
         for s in self.runtime.list_pod_sandbox(None).await? {
@@ -173,7 +202,7 @@ impl ContainerGc {
         let mut removed = 0;
         for (uid, mut sandboxes) in by_pod {
             sandboxes.sort_by_key(|(_, created, _)| std::cmp::Reverse(*created));
-            let keep = usize::from(!(sources_ready && self.pods.is_gone(&uid)));
+            let keep = usize::from(!(sources_ready && self.removable(&uid, terminated_too)));
             for (id, _, active) in sandboxes.iter().skip(keep) {
                 if *active {
                     continue;

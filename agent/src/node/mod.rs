@@ -157,15 +157,42 @@ fn condition(type_: &str, ok: bool, reason: &str, message: &str) -> NodeConditio
     }
 }
 
-/// The node's conditions; `health` decides Ready. Pressure conditions come from the
-/// eviction manager later; until then they report no pressure, as a kubelet without
-/// thresholds crossed does.
+/// The eviction manager's pressure conditions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pressure {
+    pub memory: bool,
+    pub disk: bool,
+    pub pid: bool,
+}
+
+/// Reads the current [`Pressure`] (the eviction manager's).
+pub type PressureFn = Arc<dyn Fn() -> Pressure + Send + Sync>;
+
+/// The node's conditions: `health` decides Ready, `pressure` the pressure conditions
+/// (upstream's reasons and messages).
 #[must_use]
-pub fn conditions(health: &Result<(), String>) -> Vec<NodeCondition> {
+pub fn conditions(health: &Result<(), String>, pressure: Pressure) -> Vec<NodeCondition> {
     vec![
-        condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-        condition("DiskPressure", false, "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-        condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        if pressure.memory {
+            condition(
+                "MemoryPressure",
+                true,
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            )
+        } else {
+            condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available")
+        },
+        if pressure.disk {
+            condition("DiskPressure", true, "KubeletHasDiskPressure", "kubelet has disk pressure")
+        } else {
+            condition("DiskPressure", false, "KubeletHasNoDiskPressure", "kubelet has no disk pressure")
+        },
+        if pressure.pid {
+            condition("PIDPressure", true, "KubeletHasInsufficientPID", "kubelet has insufficient PID available")
+        } else {
+            condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available")
+        },
         match health {
             Ok(()) => condition("Ready", true, "KubeletReady", "kubelet is posting ready status"),
             Err(why) => condition("Ready", false, "KubeletNotReady", why),
@@ -209,6 +236,7 @@ pub struct NodeManager {
     facts: MachineFacts,
     rt: Arc<dyn RuntimeService>,
     health: HealthFn,
+    pressure: Option<PressureFn>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
 }
@@ -228,7 +256,14 @@ impl NodeManager {
         rt: Arc<dyn RuntimeService>,
         health: HealthFn,
     ) -> Self {
-        Self { client, settings, facts, rt, health, current: Arc::default() }
+        Self { client, settings, facts, rt, health, pressure: None, current: Arc::default() }
+    }
+
+    /// Reports the pressure conditions `pressure` reads (the eviction manager's).
+    #[must_use]
+    pub fn with_pressure(mut self, pressure: PressureFn) -> Self {
+        self.pressure = Some(pressure);
+        self
     }
 
     /// The node as last registered or reported.
@@ -255,7 +290,8 @@ impl NodeManager {
         let (capacity, allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
         let runtime_ok = self.rt.version().await.map(|_| ()).map_err(|e| format!("container runtime is down: {e}"));
         let health = runtime_ok.and_then(|()| (self.health)());
-        let mut conds = conditions(&health);
+        let pressure = self.pressure.as_ref().map(|p| p()).unwrap_or_default();
+        let mut conds = conditions(&health, pressure);
         stamp_conditions(&mut conds, old.and_then(|o| o.conditions.as_deref()));
         let images = self.rt.list_images().await.map(|i| node_images(&i)).unwrap_or_default();
         let mut addresses = Vec::new();
@@ -550,15 +586,21 @@ mod tests {
 
     #[test]
     fn transition_times_move_only_on_flips() {
-        let mut a = conditions(&Ok(()));
+        let mut a = conditions(&Ok(()), Pressure::default());
         stamp_conditions(&mut a, None);
-        let mut b = conditions(&Ok(()));
+        let mut b = conditions(&Ok(()), Pressure::default());
         stamp_conditions(&mut b, Some(&a));
         assert_eq!(a[3].last_transition_time, b[3].last_transition_time);
-        let mut c = conditions(&Err("PLEG is not healthy".into()));
+        let mut c = conditions(&Err("PLEG is not healthy".into()), Pressure { memory: true, ..Pressure::default() });
         stamp_conditions(&mut c, Some(&b));
         assert_eq!(c[3].status, "False");
         assert_eq!(c[3].reason.as_deref(), Some("KubeletNotReady"));
+        assert_eq!(
+            (c[0].status.as_str(), c[0].reason.as_deref()),
+            ("True", Some("KubeletHasInsufficientMemory")),
+            "memory pressure from the eviction manager"
+        );
+        assert_ne!(c[0].last_transition_time, b[0].last_transition_time);
         let sa = NodeStatus { conditions: Some(a), ..Default::default() };
         let sb = NodeStatus { conditions: Some(b), ..Default::default() };
         assert!(same_status(&sa, &sb), "only heartbeats differ");

@@ -237,9 +237,27 @@ impl StatsProvider {
     /// # Errors
     /// When the runtime cannot be listed.
     pub async fn collection(&self) -> crate::runtime::Result<Arc<Collection>> {
+        self.collection_within(REUSE).await
+    }
+
+    /// A collection made now (the eviction manager's: each of its passes must see newer
+    /// stats than the last); it also serves the next scrapes for [`REUSE`].
+    ///
+    /// # Errors
+    /// When the runtime cannot be listed.
+    pub async fn fresh_collection(&self) -> crate::runtime::Result<Arc<Collection>> {
+        self.collection_within(Duration::ZERO).await
+    }
+
+    /// The mount point of the runtime's image filesystem, if it reports one.
+    pub async fn image_fs_mountpoint(&self) -> Option<std::path::PathBuf> {
+        self.image_fs().await.map(|fs| fs.mountpoint)
+    }
+
+    async fn collection_within(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
         let mut last = self.last.lock().await;
         if let Some((at, c)) = last.as_ref()
-            && at.elapsed() < REUSE
+            && at.elapsed() < max_age
         {
             return Ok(c.clone());
         }
