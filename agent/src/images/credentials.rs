@@ -40,6 +40,7 @@
 //! position only). The CRI `AuthConfig` built by [`Credential::auth_config`] is a generated
 //! type whose `Debug` prints everything: never log it.
 
+use crate::images::puller::{ImageNameError, ImageReference};
 use std::{
     collections::BTreeMap,
     fmt,
@@ -642,7 +643,7 @@ impl Keyring {
     }
 
     /// Credentials for `repository` (a normalised repository without tag or digest, e.g.
-    /// `quay.io/team/app` or `docker.io/library/busybox`: see [`repository_to_pull`]),
+    /// `quay.io/team/app` or `docker.io/library/busybox`: see [`credentials_for_image`]),
     /// most specific key first (upstream `BasicDockerKeyring.Lookup`).
     #[must_use]
     pub fn lookup(&self, repository: &str) -> Vec<&Credential> {
@@ -657,134 +658,12 @@ impl Keyring {
 
 /// Every credential to try, in order, for pulling `image` (as written in the pod spec):
 /// the keyrings' lookups concatenated (upstream `UnionDockerKeyring`: the pull secrets'
-/// keyring first, then the node's). Empty means pull without credentials.
-pub fn credentials_for_image(image: &str, keyrings: &[&Keyring]) -> Result<Vec<Credential>, InvalidImageName> {
-    let repository = repository_to_pull(image)?;
+/// keyring first, then the node's) for the image's normalized repository
+/// ([`ImageReference`]: `busybox:1.36` → `docker.io/library/busybox`). Empty means pull
+/// without credentials.
+pub fn credentials_for_image(image: &str, keyrings: &[&Keyring]) -> Result<Vec<Credential>, ImageNameError> {
+    let repository = ImageReference::parse(image)?.repository;
     Ok(keyrings.iter().flat_map(|k| k.lookup(&repository)).cloned().collect())
-}
-
-// ---------------------------------------------------------------------------------------
-// Image names (upstream `parsers.ParseImageName` over docker's `ParseNormalizedNamed`).
-
-/// An image reference the docker reference grammar rejects.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("couldn't parse image name {image:?}: {reason}")]
-pub struct InvalidImageName {
-    pub image: String,
-    pub reason: &'static str,
-}
-
-const DEFAULT_DOMAIN: &str = "docker.io";
-const LEGACY_DEFAULT_DOMAIN: &str = "index.docker.io";
-
-/// The repository `image` is pulled from, normalised as docker does and without tag or
-/// digest: `busybox:1.36` -> `docker.io/library/busybox`, `quay.io/a/b@sha256:...` ->
-/// `quay.io/a/b`, `127.0.0.1:5000/app:v1` -> `127.0.0.1:5000/app`. This is what upstream
-/// looks credentials up for.
-pub fn repository_to_pull(image: &str) -> Result<String, InvalidImageName> {
-    let fail = |reason| Err(InvalidImageName { image: image.to_owned(), reason });
-    if image.len() == 64 && image.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return fail("cannot specify 64-byte hexadecimal strings");
-    }
-    let (domain, remainder) = match image.split_once('/') {
-        Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" || first.to_lowercase() != first => {
-            (first, rest.to_owned())
-        }
-        _ => (DEFAULT_DOMAIN, image.to_owned()),
-    };
-    let domain = if domain == LEGACY_DEFAULT_DOMAIN { DEFAULT_DOMAIN } else { domain };
-    let remainder =
-        if domain == DEFAULT_DOMAIN && !remainder.contains('/') { format!("library/{remainder}") } else { remainder };
-    let (name_and_tag, digest) = remainder.split_once('@').map_or((&remainder[..], None), |(n, d)| (n, Some(d)));
-    let (path, tag) = name_and_tag.split_once(':').map_or((name_and_tag, None), |(p, t)| (p, Some(t)));
-    if path.to_lowercase() != path {
-        return fail("repository name must be lowercase");
-    }
-    if !valid_domain(domain) {
-        return fail("invalid registry host");
-    }
-    if path.is_empty() || !path.split('/').all(valid_path_component) {
-        return fail("invalid repository path");
-    }
-    if tag.is_some_and(|t| !valid_tag(t)) {
-        return fail("invalid tag");
-    }
-    if digest.is_some_and(|d| !valid_digest(d)) {
-        return fail("invalid digest");
-    }
-    let name = format!("{domain}/{path}");
-    if name.len() > 255 {
-        return fail("repository name must not be more than 255 characters");
-    }
-    Ok(name)
-}
-
-fn valid_domain(domain: &str) -> bool {
-    let (host, port) = if domain.starts_with('[') {
-        match domain.find(']') {
-            Some(end) => (&domain[..=end], &domain[end + 1..]),
-            None => return false,
-        }
-    } else {
-        domain.rfind(':').map_or((domain, ""), |i| domain.split_at(i))
-    };
-    let port_ok = port.is_empty() || (port.len() > 1 && port[1..].bytes().all(|b| b.is_ascii_digit()));
-    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        !v6.is_empty() && v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
-    } else {
-        host.split('.').all(|label| {
-            !label.is_empty()
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-    };
-    port_ok && host_ok
-}
-
-/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`
-fn valid_path_component(c: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = c.as_bytes();
-    if bytes.is_empty() || !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
-        return false;
-    }
-    let mut i = 0;
-    while i < bytes.len() {
-        if alnum(bytes[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < bytes.len() && !alnum(bytes[i]) {
-            i += 1;
-        }
-        let sep = &c[start..i];
-        if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|b| b == b'-')) {
-            return false;
-        }
-    }
-    true
-}
-
-/// `[\w][\w.-]{0,127}`
-fn valid_tag(t: &str) -> bool {
-    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
-    !t.is_empty() && t.len() <= 128 && word(t.as_bytes()[0]) && t.bytes().all(|b| word(b) || b == b'.' || b == b'-')
-}
-
-/// `algorithm:encoded`, e.g. `sha256:` and 64 hex digits.
-fn valid_digest(d: &str) -> bool {
-    let Some((algorithm, encoded)) = d.split_once(':') else {
-        return false;
-    };
-    let algorithm_ok = !algorithm.is_empty()
-        && algorithm
-            .split(['+', '.', '_', '-'])
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
-    let encoded_ok = encoded.len() >= 32
-        && encoded.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'=' || b == b'_' || b == b'-');
-    algorithm_ok && encoded_ok
 }
 
 // ---------------------------------------------------------------------------------------

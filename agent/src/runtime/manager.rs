@@ -53,6 +53,22 @@ const IMAGE_REASONS: [&str; 7] = [
     reasons::SIGNATURE_VALIDATION_FAILED,
 ];
 
+/// Runs `step` of a container start inside its trace span, marking the span failed with
+/// the waiting reason and message if it fails.
+async fn traced_step<T>(
+    name: &'static str,
+    container: &str,
+    image: &str,
+    step: impl std::future::Future<Output = Result<T, (&'static str, String, Option<Duration>)>>,
+) -> Result<T, (&'static str, String, Option<Duration>)> {
+    let span = crate::telemetry::pod_step_span(name, container, image);
+    let outcome = tracing::Instrument::instrument(step, span.clone()).await;
+    if let Err((reason, msg, _)) = &outcome {
+        crate::telemetry::record_error(&span, &format!("{reason}: {msg}"));
+    }
+    outcome
+}
+
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodActions {
@@ -796,35 +812,22 @@ impl RuntimeManager {
         pod_ips: &[String],
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
         let image = container.image.as_deref().unwrap_or_default();
-        let image_span = crate::telemetry::pod_step_span("ensureImageExists", &container.name, image);
         let credentials = self.image_credentials(pod, image).await;
-        let pulled = self.images.ensure_image_exists(pod, container, credentials, Some(sandbox_config));
-        let ensured: Result<String, (&'static str, String, Option<Duration>)> =
-            tracing::Instrument::instrument(pulled, image_span.clone()).await.map_err(Into::into);
-        if let Err((reason, msg, _)) = &ensured {
-            crate::telemetry::record_error(&image_span, &format!("{reason}: {msg}"));
-        }
-        drop(image_span);
-        let image_ref = ensured?;
-        let span = crate::telemetry::pod_step_span("startContainer", &container.name, image);
-        let started = tracing::Instrument::instrument(
-            self.create_and_start_container(
-                pod,
-                container,
-                init,
-                restart_count,
-                sandbox_id,
-                sandbox_config,
-                pod_ips,
-                &image_ref,
-            ),
-            span.clone(),
-        )
-        .await;
-        if let Err((reason, msg, _)) = &started {
-            crate::telemetry::record_error(&span, &format!("{reason}: {msg}"));
-        }
-        started
+        let pulled = async {
+            self.images.ensure_image_exists(pod, container, credentials, Some(sandbox_config)).await.map_err(Into::into)
+        };
+        let image_ref = traced_step("ensureImageExists", &container.name, image, pulled).await?;
+        let started = self.create_and_start_container(
+            pod,
+            container,
+            init,
+            restart_count,
+            sandbox_id,
+            sandbox_config,
+            pod_ips,
+            &image_ref,
+        );
+        traced_step("startContainer", &container.name, image, started).await
     }
 
     /// The part of [`Self::start_container`] after the image: create, start, postStart.
