@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     swiftlet::memory::limit_malloc_arenas();
+    let _ = swiftlet::memory::raise_open_files_limit();
     let flags = swiftlet::config::Flags::parse();
     let cfg = match swiftlet::config::load(flags) {
         Ok(c) => c,

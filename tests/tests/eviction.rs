@@ -155,3 +155,60 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+/// PID pressure: `pid.available` (`pid_max` − running processes) set just below what
+/// the node has free now, and a pod that forks 300 sleepers (bounded by podPidsLimit):
+/// that pod is evicted, the Guaranteed pod beside it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_loop_is_evicted_under_pid_pressure() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    // What the node has free, as the agent counts it (a first agent, without thresholds).
+    let probe = Agent::start(AgentOptions::default()).await?;
+    let (_, summary) = probe.get("/stats/summary").await?;
+    probe.shutdown(&cri).await?;
+    let summary: serde_json::Value = serde_json::from_str(&summary)?;
+    let rlimit = &summary["node"]["rlimit"];
+    let (max, cur) = (rlimit["maxpid"].as_i64().unwrap_or(0), rlimit["curproc"].as_i64().unwrap_or(0));
+    anyhow::ensure!(max > 0 && cur > 0, "no rlimit stats: {rlimit}");
+    // Pressure once 150 more processes run than now.
+    let threshold = max - cur - 150;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        extra_config: format!("evictionHard:\n  pid.available: \"{threshold}\"\npodPidsLimit: 400\n"),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
+        let guaranteed =
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}});
+        api.create(&pod("guaranteed", steady, &guaranteed)?)?;
+        let running = |p: &Pod| main_state(p).is_some_and(|s| s.running.is_some());
+        api.wait_for::<Pod>(Some("default"), "guaranteed", Duration::from_mins(1), |p| p.is_some_and(running)).await?;
+        let forker = "i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; wait";
+        api.create(&pod("forker", forker, &json!({}))?)?;
+        let evicted = api
+            .wait_for::<Pod>(Some("default"), "forker", Duration::from_mins(1), |p| {
+                p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("forker not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))?
+            .expect("present");
+        let message = evicted.status.and_then(|s| s.message).unwrap_or_default();
+        assert!(message.starts_with("The node was low on resource: pids."), "{message}");
+        let g = api.get::<Pod>(Some("default"), "guaranteed").expect("guaranteed pod");
+        assert!(running(&g), "the Guaranteed pod still runs: {:?}", g.status);
+        anyhow::Ok(())
+    }))
+    .await;
+    for name in ["guaranteed", "forker"] {
+        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
+    }
+    let stopped = agent.shutdown(&cri).await;
+    match outcome {
+        Ok(result) => result.and(stopped),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}

@@ -29,7 +29,7 @@
 //! vanished ([`CgroupReader::read`] returns `None`), which the collector skips.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -254,11 +254,71 @@ fn is_gone(e: &io::Error) -> bool {
         || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// Reads a whole small file into `buf`; `None` if it does not exist.
+/// Open stats files, kept between collections: a collection re-reads each one from
+/// offset 0 (`pread`: cgroup and proc files are regenerated on every read from the
+/// start) instead of walking its long path, opening and closing it again — which was
+/// most of a collection's cost. Entries not read during a collection are closed by
+/// [`sweep_open_files`].
+static OPEN_FILES: std::sync::LazyLock<std::sync::Mutex<OpenFiles>> = std::sync::LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct OpenFiles {
+    files: std::collections::HashMap<PathBuf, (File, u64)>,
+    generation: u64,
+}
+
+/// Closes the files no read touched since the last sweep (call once per collection).
+pub(crate) fn sweep_open_files() {
+    let mut open = OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let generation = open.generation;
+    open.files.retain(|_, (_, used)| *used == generation);
+    open.generation += 1;
+}
+
+/// Reads all of `file` from offset 0 into `buf`.
+fn pread_all(file: &File, buf: &mut String) -> io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let mut bytes = std::mem::take(buf).into_bytes();
+    bytes.clear();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = file.read_at(&mut chunk, bytes.len() as u64)?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    *buf = String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(())
+}
+
+/// Reads a whole small file into `buf`; `None` if it does not exist. The file stays open
+/// for the next collection (see [`OPEN_FILES`]).
 pub(crate) fn read_into<'a>(buf: &'a mut String, path: &Path) -> Option<&'a str> {
     buf.clear();
-    match File::open(path).and_then(|mut f| f.read_to_string(buf)) {
-        Ok(_) => Some(buf.as_str()),
+    let mut open = OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let generation = open.generation;
+    if let Some((file, used)) = open.files.get_mut(path) {
+        *used = generation;
+        // A removed cgroup file fails the read (ENODEV); a removed regular file (fixtures,
+        // proc-like trees) would still read, so its link count tells.
+        let linked = {
+            use std::os::unix::fs::MetadataExt as _;
+            file.metadata().is_ok_and(|m| m.nlink() > 0)
+        };
+        if linked && pread_all(file, buf).is_ok() {
+            return Some(buf.as_str());
+        }
+        // Gone (a removed cgroup, an exited process) or replaced: open it again.
+        open.files.remove(path);
+        buf.clear();
+    }
+    let read = File::open(path).and_then(|f| pread_all(&f, buf).map(|()| f));
+    match read {
+        Ok(file) => {
+            open.files.insert(path.to_owned(), (file, generation));
+            Some(buf.as_str())
+        }
         Err(e) => {
             if !is_gone(&e) {
                 tracing::debug!(path = %path.display(), error = %e, "stats: cannot read");

@@ -451,6 +451,13 @@ impl Collector {
 
     /// One pass over what `inventory` describes.
     pub fn collect(&mut self, inventory: &Inventory) -> Collection {
+        let collection = self.collect_once(inventory);
+        // Files of containers and processes that are gone are closed.
+        super::cgroup::sweep_open_files();
+        collection
+    }
+
+    fn collect_once(&mut self, inventory: &Inventory) -> Collection {
         let time = (self.clock)();
         let mut seen_cgroups: HashSet<String> = HashSet::new();
         let mut seen_paths: HashSet<PathBuf> = HashSet::new();
