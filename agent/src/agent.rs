@@ -139,7 +139,10 @@ fn stats_provider(
         pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
     };
     let collector = Collector::new(CollectorConfig::new(hierarchies));
-    Some(Arc::new(crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)))
+    Some(Arc::new(
+        crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)
+            .with_housekeeping(crate::stats::provider::HOUSEKEEPING_INTERVAL),
+    ))
 }
 
 type StatsState = Option<Arc<crate::stats::provider::StatsProvider>>;
@@ -528,6 +531,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     if let Some(stats) = &stats_source {
         // Walks writable layers and volumes in the background; scrapes read its cache.
         tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));
+        tracker.spawn(
+            stats.clone().run_housekeeping(shutdown.clone()).instrument(tracing::info_span!("stats_housekeeping")),
+        );
     }
     let endpoints = Endpoints::new(
         Arc::new(PodsView { manager: pod_manager.clone(), status: status.clone() }),

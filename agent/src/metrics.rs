@@ -25,16 +25,21 @@ pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events", "ku
 /// `strconv.FormatFloat(v, 'g', -1, 64)` does (`5`, not `5.0`; `1e+06`).
 #[must_use]
 pub fn with_upstream_counter_names(text: &str) -> String {
+    let upstream_names: Vec<(String, String, String, &str)> = COUNTERS_WITHOUT_TOTAL
+        .iter()
+        .map(|name| (format!("# HELP {name}_total"), format!("# TYPE {name}_total"), format!("{name}_total"), *name))
+        .collect();
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        let renamed = COUNTERS_WITHOUT_TOTAL.iter().find_map(|name| {
-            let ours = format!("{name}_total");
-            let rest = line
-                .strip_prefix(&format!("# HELP {ours}"))
-                .map(|r| ("# HELP ", r))
-                .or_else(|| line.strip_prefix(&format!("# TYPE {ours}")).map(|r| ("# TYPE ", r)))
-                .or_else(|| line.strip_prefix(&ours).map(|r| ("", r)))?;
-            rest.1.starts_with([' ', '{']).then(|| format!("{}{name}{}", rest.0, rest.1))
+        let renamed = upstream_names.iter().find_map(|(help, type_, sample, name)| {
+            let (prefix, rest) = if let Some(r) = line.strip_prefix(help.as_str()) {
+                ("# HELP ", r)
+            } else if let Some(r) = line.strip_prefix(type_.as_str()) {
+                ("# TYPE ", r)
+            } else {
+                ("", line.strip_prefix(sample.as_str())?)
+            };
+            rest.starts_with([' ', '{']).then(|| format!("{prefix}{name}{rest}"))
         });
         let line = renamed.as_deref().unwrap_or(line);
         match go_float_labels(line) {
@@ -71,7 +76,7 @@ pub fn openmetrics_with_upstream_counter_names(text: &str) -> String {
 
 /// `line` with its `le="…"` / `quantile="…"` values in Go's float format, if any changed.
 fn go_float_labels(line: &str) -> Option<String> {
-    if line.starts_with('#') || !(line.contains("le=\"") || line.contains("quantile=\"")) {
+    if line.starts_with('#') || !line.contains("=\"") || !(line.contains("le=\"") || line.contains("quantile=\"")) {
         return None;
     }
     let mut out = String::with_capacity(line.len());

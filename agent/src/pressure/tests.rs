@@ -73,11 +73,11 @@ async fn a_memcg_threshold_on_a_missing_cgroup_names_it() {
 #[tokio::test]
 async fn a_psi_trigger_fires_when_a_cgroup_thrashes() {
     let cg = TestCgroup::new("psi");
-    // A 64 MiB file read over and over in a 24 MiB cgroup: every read reclaims the
-    // cgroup's own page cache, which the kernel counts as memory stall.
+    // A 96 MiB file written, then read over and over, from a 24 MiB cgroup: its page
+    // cache is charged to the cgroup, and every step reclaims the cgroup's own pages,
+    // which the kernel counts as memory stall.
     std::fs::write(cg.dir.join("memory.limit_in_bytes"), (24 * 1024 * 1024).to_string()).unwrap();
     let file = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
-    std::fs::write(file.path(), vec![1u8; 64 * 1024 * 1024]).unwrap();
     let trigger =
         PsiTrigger::new(Path::new("/proc/pressure/memory"), Duration::from_millis(5), Duration::from_secs(2)).unwrap();
     let (signals, mut rx) = PressureSignals::channel();
@@ -90,7 +90,7 @@ async fn a_psi_trigger_fires_when_a_cgroup_thrashes() {
             Command::new("sh")
                 .arg("-c")
                 .arg(format!(
-                    "echo $$ > {}/cgroup.procs && for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do cat {path} > /dev/null; done",
+                    "echo $$ > {}/cgroup.procs && dd if=/dev/zero of={path} bs=1M count=96 2>/dev/null && for i in 1 2 3 4 5 6 7 8 9 10; do cat {path} > /dev/null; done",
                     dir.display()
                 ))
                 .status()

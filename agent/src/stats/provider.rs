@@ -8,9 +8,17 @@
 //! and the cgroup paths the agent itself chose (`cgroup_parent` of the pod, the container
 //! id under it). Log directories are the CRI log paths the runtime manager gives
 //! containers (`<podLogsDir>/<namespace>_<name>_<uid>/<container>/<restart>.log`); writable
-//! layers are found by the collector from the containers' own mount tables. Collections
-//! are made when asked for, not on a timer, so an idle node spends nothing on them; one
-//! younger than [`REUSE`] is served again, so that concurrent scrapes share the work.
+//! layers are found by the collector from the containers' own mount tables.
+//!
+//! When are collections made: with [`StatsProvider::with_housekeeping`] (what the agent
+//! does), like cAdvisor's housekeeping but only while someone reads the stats: the first
+//! request after a quiet spell collects, and from then on [`StatsProvider::run_housekeeping`]
+//! collects every [`HOUSEKEEPING_INTERVAL`] (10 s, the kubelet's cAdvisor setting) for as
+//! long as requests keep coming ([`HOUSEKEEPING_IDLE`]); requests are served the latest
+//! collection, at most an interval and a half old. A scrape then costs only its
+//! rendering, as upstream's do, and a node nobody scrapes spends nothing. Without
+//! housekeeping, a collection younger than [`REUSE`] is served again, so that concurrent
+//! scrapes share the work. The eviction manager always asks for a fresh one.
 //! Directory walks (writable layers, volumes) happen only in the background task
 //! [`StatsProvider::fs_usage`] runs; the agent spawns it.
 
@@ -34,8 +42,15 @@ use crate::runtime::pod_status::time_from_nanos;
 use crate::runtime::{RuntimeService, api, labels};
 use crate::volumes::VolumeManager;
 
-/// A collection this young is served again instead of collecting anew.
+/// A collection this young is served again instead of collecting anew (without
+/// housekeeping).
 pub const REUSE: Duration = Duration::from_secs(1);
+
+/// How often housekeeping collects while the stats are being read.
+pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Housekeeping stops this long after the last request.
+pub const HOUSEKEEPING_IDLE: Duration = Duration::from_mins(2);
 
 /// An `ImageFsInfo` answer this young is used again instead of asking the runtime.
 pub const IMAGE_FS_REUSE: Duration = Duration::from_secs(10);
@@ -78,6 +93,10 @@ pub struct StatsProvider {
     last: tokio::sync::Mutex<Option<(Instant, Arc<Collection>)>>,
     image_fs: tokio::sync::Mutex<Option<(Instant, Option<ImageFsInventory>)>>,
     image_fs_warned: AtomicBool,
+    /// Housekeeping interval, if housekeeping runs.
+    housekeeping: Option<Duration>,
+    /// When the stats were last asked for (housekeeping runs while this is recent).
+    last_request: std::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for StatsProvider {
@@ -126,6 +145,38 @@ impl StatsProvider {
             last: tokio::sync::Mutex::default(),
             image_fs: tokio::sync::Mutex::default(),
             image_fs_warned: AtomicBool::new(false),
+            housekeeping: None,
+            last_request: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Serves collections made by [`Self::run_housekeeping`] every `every` while the
+    /// stats are being read (see the module docs).
+    #[must_use]
+    pub fn with_housekeeping(mut self, every: Duration) -> Self {
+        self.housekeeping = Some(every);
+        self
+    }
+
+    /// Collects every housekeeping interval while requests keep coming, until `shutdown`.
+    pub async fn run_housekeeping(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        let Some(every) = self.housekeeping else { return };
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let wanted = self.last_request.lock().unwrap().is_some_and(|t| t.elapsed() < HOUSEKEEPING_IDLE);
+            // The eviction manager collects every 10 s too: one recent enough will do.
+            let recent = self.last.lock().await.as_ref().is_some_and(|(at, _)| at.elapsed() < every / 2);
+            if wanted
+                && !recent
+                && let Err(e) = self.fresh_collection().await
+            {
+                tracing::debug!(error = %e, "stats housekeeping");
+            }
         }
     }
 
@@ -232,12 +283,15 @@ impl StatsProvider {
         })
     }
 
-    /// A collection no older than [`REUSE`].
+    /// A collection no older than [`REUSE`] (or, with housekeeping, than an interval and a
+    /// half).
     ///
     /// # Errors
     /// When the runtime cannot be listed.
     pub async fn collection(&self) -> crate::runtime::Result<Arc<Collection>> {
-        self.collection_within(REUSE).await
+        *self.last_request.lock().unwrap() = Some(Instant::now());
+        let max_age = self.housekeeping.map_or(REUSE, |every| every + every / 2);
+        self.collection_within(max_age).await
     }
 
     /// A collection made now (the eviction manager's: each of its passes must see newer

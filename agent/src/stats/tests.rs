@@ -1752,3 +1752,32 @@ fn image_fs_inventory_takes_the_first_image_filesystem() {
     assert!(provider::image_fs_inventory(&r).is_none());
     assert!(provider::image_fs_inventory(&api::ImageFsInfoResponse::default()).is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn housekeeping_collects_while_the_stats_are_read_and_scrapes_reuse_it() {
+    let f = v1_fixture();
+    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let p = Arc::new(
+        provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
+            .with_housekeeping(provider::HOUSEKEEPING_INTERVAL),
+    );
+    let collections = || runtime.calls().iter().filter(|c| *c == "list_podsandbox").count();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let housekeeping = tokio::spawn(Arc::clone(&p).run_housekeeping(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(collections(), 0, "nobody asked: nothing collected");
+    p.collection().await.unwrap();
+    assert_eq!(collections(), 1, "the first request collects");
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let background = collections();
+    assert!(background >= 2, "housekeeping collected in the background: {background}");
+    p.collection().await.unwrap();
+    assert_eq!(collections(), background, "a scrape reads the latest collection");
+    // Two minutes without requests: housekeeping stops.
+    tokio::time::sleep(provider::HOUSEKEEPING_IDLE + Duration::from_secs(20)).await;
+    let stopped = collections();
+    tokio::time::sleep(Duration::from_mins(1)).await;
+    assert_eq!(collections(), stopped, "no collections once nobody reads");
+    shutdown.cancel();
+    housekeeping.await.unwrap();
+}
