@@ -243,12 +243,20 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-{extra}
+{eviction}{extra}
 ",
             manifests = manifests.display(),
             logs = logs_dir.display(),
             sync = opts.sync_frequency,
             extra = opts.extra_config,
+            // The host's disks are the test's nodefs and imagefs: a full developer disk must
+            // not put the node under pressure (and refuse every pod). Tests of eviction set
+            // their own thresholds.
+            eviction = if opts.extra_config.contains("evictionHard") {
+                ""
+            } else {
+                "evictionHard:\n  memory.available: 100Mi\n"
+            },
         );
         std::fs::write(&config_path, config)?;
         let _ = rustls::crypto::ring::default_provider().install_default();
