@@ -268,44 +268,39 @@ where
 
 /// `syncPod` (upstream `Kubelet.SyncPod`): `update_type` is `create`, `update`, `sync`
 /// or `kill`.
+#[must_use]
 pub fn sync_pod_span(uid: &str, pod: Option<&Pod>, update_type: &str) -> Span {
-    let span = tracing::info_span!(
-        target: SPAN_TARGET,
-        "syncPod",
-        k8s.pod.uid = uid,
-        k8s.pod = Empty,
-        k8s.pod.name = Empty,
-        k8s.pod.update_type = update_type,
-        k8s.namespace.name = Empty,
-    );
-    record_pod(&span, pod);
-    span
+    pod_sync_span("syncPod", uid, pod, Some(update_type))
 }
 
 /// `syncTerminatingPod` (upstream `Kubelet.SyncTerminatingPod`).
+#[must_use]
 pub fn sync_terminating_pod_span(uid: &str, pod: Option<&Pod>) -> Span {
-    let span = tracing::info_span!(
-        target: SPAN_TARGET,
-        "syncTerminatingPod",
-        k8s.pod.uid = uid,
-        k8s.pod = Empty,
-        k8s.pod.name = Empty,
-        k8s.namespace.name = Empty,
-    );
-    record_pod(&span, pod);
-    span
+    pod_sync_span("syncTerminatingPod", uid, pod, None)
 }
 
 /// `syncTerminatedPod` (upstream `Kubelet.SyncTerminatedPod`).
+#[must_use]
 pub fn sync_terminated_pod_span(uid: &str, pod: Option<&Pod>) -> Span {
+    pod_sync_span("syncTerminatedPod", uid, pod, None)
+}
+
+/// One of the pod worker's sync spans, named `name`, with the pod's attributes and, for
+/// `syncPod`, `k8s.pod.update_type`.
+fn pod_sync_span(name: &'static str, uid: &str, pod: Option<&Pod>, update_type: Option<&str>) -> Span {
     let span = tracing::info_span!(
         target: SPAN_TARGET,
-        "syncTerminatedPod",
+        "pod_sync",
+        otel.name = name,
         k8s.pod.uid = uid,
         k8s.pod = Empty,
         k8s.pod.name = Empty,
+        k8s.pod.update_type = Empty,
         k8s.namespace.name = Empty,
     );
+    if let Some(update_type) = update_type {
+        span.record("k8s.pod.update_type", update_type);
+    }
     record_pod(&span, pod);
     span
 }
