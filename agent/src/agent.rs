@@ -658,7 +658,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         metrics.clone(),
     ) {
         Ok(gc) => {
-            let mut gc = gc.with_recorder(recorder.clone(), &cfg.node_name);
+            let mut gc = gc.with_recorder(recorder.clone(), &cfg.node_name).with_period(cfg.swiftlet.image_gc_period);
             if let Some(image) = &sandbox_image {
                 tracing::info!(%image, "image GC keeps the sandbox image");
                 gc = gc.with_sandbox_image(image);

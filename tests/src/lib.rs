@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod registry;
+pub mod scratch;
 pub mod streaming;
 
 pub use registry::TestRegistry;
@@ -116,6 +117,20 @@ impl Cri {
         Ok(())
     }
 
+    /// CRI `Version`: the runtime answers.
+    pub async fn version(&self) -> Result<cri::VersionResponse> {
+        Ok(self.client.clone().version(cri::VersionRequest { version: String::new() }).await?.into_inner())
+    }
+
+    /// Pulls `image` (CRI `PullImage`, no credentials); returns its image reference.
+    pub async fn pull_image(&self, image: &str) -> Result<String> {
+        let req = cri::PullImageRequest {
+            image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        Ok(self.images.clone().pull_image(req).await?.into_inner().image_ref)
+    }
+
     /// Whether the runtime has `image` (CRI `ImageStatus`).
     pub async fn has_image(&self, image: &str) -> Result<bool> {
         let req = cri::ImageStatusRequest {
@@ -173,6 +188,10 @@ pub struct AgentOptions {
     pub extra_flags: Vec<String>,
     /// `--kubeconfig`: API-server mode against this kubeconfig.
     pub kubeconfig: Option<PathBuf>,
+    /// The runtime, when not the test bed's (e.g. a [`scratch::ScratchContainerd`]).
+    pub cri_endpoint: Option<String>,
+    /// `--root-dir` (the node filesystem), when not a directory of the agent's own.
+    pub root_dir: Option<PathBuf>,
 }
 
 impl Default for AgentOptions {
@@ -183,6 +202,8 @@ impl Default for AgentOptions {
             evented_pleg: true,
             extra_flags: Vec::new(),
             kubeconfig: None,
+            cri_endpoint: None,
+            root_dir: None,
         }
     }
 }
@@ -199,6 +220,8 @@ pub struct Agent {
     pub cgroup_root: String,
     pub node_name: String,
     config_path: PathBuf,
+    /// `--root-dir`.
+    pub root_dir: PathBuf,
     endpoint: String,
     flags: Vec<String>,
     http: reqwest::Client,
@@ -208,7 +231,10 @@ pub struct Agent {
 impl Agent {
     /// Writes the config and starts the agent; returns once `/healthz` answers.
     pub async fn start(opts: AgentOptions) -> Result<Self> {
-        let endpoint = cri_endpoint()?;
+        let endpoint = match opts.cri_endpoint.clone() {
+            Some(e) => e,
+            None => cri_endpoint()?,
+        };
         Cri::connect(&endpoint)?.remove_all().await?;
         let dir = tempfile::Builder::new().prefix("swiftlet-e2e-").tempdir()?;
         let manifests = dir.path().join("manifests");
@@ -279,6 +305,7 @@ authorization:
             cgroup_root,
             node_name: "e2e-node".into(),
             config_path,
+            root_dir: opts.root_dir.clone().unwrap_or_else(|| dir.path().join("root")),
             endpoint,
             http,
             log_path,
@@ -286,6 +313,18 @@ authorization:
         };
         agent.spawn().await?;
         Ok(agent)
+    }
+
+    /// Adds a command-line flag for the next [`Self::spawn`].
+    pub fn add_flag(&mut self, flag: &str) {
+        self.flags.push(flag.to_owned());
+    }
+
+    /// Changes the config file (the next [`Self::spawn`] reads it).
+    pub fn rewrite_config(&self, change: impl FnOnce(&str) -> String) -> Result<()> {
+        let config = std::fs::read_to_string(&self.config_path)?;
+        std::fs::write(&self.config_path, change(&config))?;
+        Ok(())
     }
 
     /// Starts (or restarts) the process with the same config and directories.
@@ -297,7 +336,7 @@ authorization:
             .arg("--container-runtime-endpoint")
             .arg(&self.endpoint)
             .arg("--root-dir")
-            .arg(self.dir.path().join("root"))
+            .arg(&self.root_dir)
             .arg("--cert-dir")
             .arg(self.dir.path().join("pki"))
             .arg("--hostname-override")

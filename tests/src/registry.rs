@@ -31,6 +31,8 @@ pub struct TestRegistry {
     pub password: String,
     /// The CA of `tls`'s certificate (PEM file).
     pub ca_cert: PathBuf,
+    /// containerd's registry `config_path`: one `<host:port>/hosts.toml` per registry.
+    pub hosts_dir: PathBuf,
     /// Local image name -> `repository:tag` in both registries.
     pub images: BTreeMap<String, String>,
 }
@@ -43,6 +45,7 @@ impl fmt::Debug for TestRegistry {
             .field("username", &self.username)
             .field("password", &"<redacted>")
             .field("ca_cert", &self.ca_cert)
+            .field("hosts_dir", &self.hosts_dir)
             .field("images", &self.images)
             .finish()
     }
@@ -80,6 +83,7 @@ impl TestRegistry {
             username: s("/username")?,
             password: s("/password")?,
             ca_cert: PathBuf::from(s("/ca_cert")?),
+            hosts_dir: PathBuf::from(s("/hosts_dir")?),
             images,
         })
     }
@@ -132,7 +136,7 @@ mod tests {
             r#"{
               "plain": {"endpoint": "127.0.0.1:5000", "scheme": "http", "pid": 1},
               "tls": {"endpoint": "127.0.0.1:5443", "scheme": "https", "pid": 2},
-              "username": "swiftlet", "password": "s3cret", "ca_cert": "/r/ca.crt",
+              "username": "swiftlet", "password": "s3cret", "ca_cert": "/r/ca.crt", "hosts_dir": "/r/certs.d",
               "images": {"localhost/busybox:latest": "busybox:latest"}
             }"#,
         )

@@ -350,3 +350,90 @@ async fn serialized_pulls_never_overlap_and_parallel_ones_do() -> Result<()> {
     );
     Ok(())
 }
+
+/// Image GC on a real containerd whose image filesystem is a 256 MiB loop-mounted file
+/// (a private containerd: GC must not take the shared test bed's local images, which
+/// cannot be pulled back). With `imageGCHighThresholdPercent` 1 the filesystem is over the
+/// threshold at once; the agent's first round removes the two unused images and keeps the
+/// image of a running container and the sandbox image.
+#[tokio::test]
+async fn image_gc_removes_unused_images_and_keeps_the_in_use_and_sandbox_images() -> Result<()> {
+    use swiftlet_tests::scratch::{ScratchContainerd, ScratchOptions};
+    let _g = testbed_lock().await;
+    let reg = TestRegistry::load()?;
+    let pause = reg.plain_image("pause:3.10");
+    let in_use = reg.plain_image("busybox:latest");
+    let unused = [reg.plain_image("busybox:spare-1"), reg.plain_image("busybox:spare-2")];
+    let mut containerd = ScratchContainerd::start(&ScratchOptions {
+        root_size_mib: 256,
+        sandbox_image: pause.clone(),
+        registry_hosts_dir: reg.hosts_dir.clone(),
+    })
+    .await?;
+    let cri = Cri::connect(&containerd.endpoint)?;
+    let outcome = async {
+        let mut agent = Agent::start(AgentOptions {
+            cri_endpoint: Some(containerd.endpoint.clone()),
+            // The containerd has no pod network.
+            extra_flags: vec![format!("--pod-infra-container-image={pause}")],
+            ..AgentOptions::default()
+        })
+        .await?;
+        let result = async {
+            // A running pod (its sandbox pulls the pause image), and two images nobody uses.
+            let pod = manifest("gc-keeper", &in_use, "IfNotPresent").replace("spec:\n", "spec:\n  hostNetwork: true\n");
+            agent.write_manifest("keeper.yaml", &pod)?;
+            agent.wait_pod("gc-keeper", Duration::from_mins(1), running).await?;
+            for image in &unused {
+                cri.pull_image(image).await?;
+            }
+            for image in [&pause, &in_use, &unused[0], &unused[1]] {
+                anyhow::ensure!(cri.has_image(image).await?, "{image} should be on the node before GC");
+            }
+            let (capacity, available) = containerd.root.space()?;
+            anyhow::ensure!(available < capacity, "the image filesystem shows no usage");
+
+            // Restarted with GC thresholds the filesystem is over and rounds every 2 s (the
+            // images are new to the restarted agent: its first round, at once, finds them
+            // younger than imageMinimumGCAge; 0 would mean the 2m default, as upstream).
+            agent.stop()?;
+            agent.add_flag("--image-gc-period=2s");
+            agent.rewrite_config(|c| {
+                format!("{c}imageGCHighThresholdPercent: 1\nimageGCLowThresholdPercent: 0\nimageMinimumGCAge: 1s\n")
+            })?;
+            agent.spawn().await?;
+            let deadline = std::time::Instant::now() + Duration::from_mins(1);
+            loop {
+                let mut left = Vec::new();
+                for image in &unused {
+                    if cri.has_image(image).await? {
+                        left.push(image.clone());
+                    }
+                }
+                if left.is_empty() {
+                    break;
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "image GC did not remove {left:?}:\n{}",
+                    swiftlet_tests::tail(&agent.log(), 40)
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            anyhow::ensure!(cri.has_image(&in_use).await?, "the running container's image was removed");
+            anyhow::ensure!(cri.has_image(&pause).await?, "the sandbox image was removed");
+            let removed = agent.metric("kubelet_image_garbage_collected_total{reason=\"space\"}").await?;
+            anyhow::ensure!((removed - 2.0).abs() < f64::EPSILON, "kubelet_image_garbage_collected_total: {removed}");
+            // The pod never noticed.
+            let p = agent.pod("gc-keeper").await?.unwrap_or_default();
+            anyhow::ensure!(running(&p), "the pod stopped running: {p}");
+            anyhow::Ok(())
+        }
+        .await;
+        let down = agent.shutdown(&cri).await;
+        result.and(down)
+    }
+    .await;
+    let stopped = containerd.stop().await;
+    outcome.map_err(|e| anyhow::anyhow!("{e:#}\nscratch containerd log:\n{}", containerd.log_tail(20))).and(stopped)
+}

@@ -344,8 +344,12 @@ const REGISTRY_COPY_PREFIX: &str = "localhost/registry-copy/";
 
 /// The label that sets a registry copy apart from the image it copies.
 fn labels(name: &str) -> BTreeMap<String, String> {
-    if name.starts_with(REGISTRY_COPY_PREFIX) {
-        BTreeMap::from([("io.swiftlet.testbed.copy".to_owned(), "registry".to_owned())])
+    if let Some(copy) = name.strip_prefix(REGISTRY_COPY_PREFIX) {
+        let mut labels = BTreeMap::from([("io.swiftlet.testbed.copy".to_owned(), "registry".to_owned())]);
+        if let Some(tag) = SPARE_TAGS.iter().find(|t| copy.ends_with(&format!(":{t}"))) {
+            labels.insert("io.swiftlet.testbed.spare".to_owned(), (*tag).to_owned());
+        }
+        labels
     } else {
         BTreeMap::new()
     }
@@ -360,8 +364,18 @@ pub fn build_registry_copies(workspace: &Path, cache_dir: &Path) -> Result<Vec<(
     fs::create_dir_all(cache_dir).with_context(|| format!("creating image cache {}", cache_dir.display()))?;
     let pause = build_pause_named(workspace, cache_dir, &format!("{REGISTRY_COPY_PREFIX}pause:3.10"))?;
     let busybox = build_busybox_named(cache_dir, &format!("{REGISTRY_COPY_PREFIX}busybox:latest"))?;
-    Ok(vec![(PAUSE_IMAGE.to_owned(), pause), (BUSYBOX_IMAGE.to_owned(), busybox)])
+    let mut copies = vec![(PAUSE_IMAGE.to_owned(), pause), (BUSYBOX_IMAGE.to_owned(), busybox)];
+    // Images of their own (own ids, shared layers) that tests may pull and have
+    // garbage-collected; no local image has their names.
+    for tag in SPARE_TAGS {
+        let spare = build_busybox_named(cache_dir, &format!("{REGISTRY_COPY_PREFIX}busybox:{tag}"))?;
+        copies.push((format!("localhost/busybox:{tag}"), spare));
+    }
+    Ok(copies)
 }
+
+/// Tags of the registries' spare busybox images (see [`build_registry_copies`]).
+const SPARE_TAGS: [&str; 2] = ["spare-1", "spare-2"];
 
 fn build_pause(workspace: &Path, cache_dir: &Path) -> Result<BuiltImage> {
     build_pause_named(workspace, cache_dir, PAUSE_IMAGE)

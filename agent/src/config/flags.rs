@@ -123,6 +123,9 @@ pub struct Flags {
     /// Dead containers kept on the node; below 0: no limit (default -1).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub maximum_dead_containers: Option<i32>,
+    /// swiftlet only: how often image GC runs (upstream's constant `ImageGCPeriod`, 5m).
+    #[arg(long, value_name = "DURATION")]
+    pub image_gc_period: Option<GoDuration>,
     /// swiftlet only: period of the safety-net relist that runs under the evented PLEG.
     /// Default 30s. (Without eBPF the relist period is the upstream 1s.)
     #[arg(long, value_name = "DURATION")]

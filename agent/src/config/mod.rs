@@ -150,6 +150,8 @@ pub struct SwiftletOptions {
     pub evented_pleg: bool,
     /// `--pleg-relist-period`: the safety-net relist under the evented PLEG. Default: 30s.
     pub pleg_relist_period: std::time::Duration,
+    /// `--image-gc-period`: how often image GC runs. Default: 5m (upstream's constant).
+    pub image_gc_period: std::time::Duration,
     /// `--event-api-socket`: `None` turns the event API off. Default:
     /// `<root-dir>/swiftlet/events.sock`.
     pub event_api_socket: Option<PathBuf>,
@@ -202,6 +204,9 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
     if flags.pleg_relist_period.is_some_and(|d| d.to_std().is_zero()) {
         problems.push("--pleg-relist-period: must be greater than 0".to_owned());
     }
+    if flags.image_gc_period.is_some_and(|d| d.is_negative() || d.to_std().is_zero()) {
+        problems.push("--image-gc-period: must be greater than 0".to_owned());
+    }
     if flags.minimum_container_ttl_duration.is_some_and(GoDuration::is_negative) {
         problems.push("--minimum-container-ttl-duration: must not be negative".to_owned());
     }
@@ -226,6 +231,7 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         swiftlet: SwiftletOptions {
             evented_pleg: flags.evented_pleg.unwrap_or(true),
             pleg_relist_period: flags.pleg_relist_period.map_or(std::time::Duration::from_secs(30), GoDuration::to_std),
+            image_gc_period: flags.image_gc_period.map_or(crate::images::gc::IMAGE_GC_PERIOD, GoDuration::to_std),
             event_api_socket: match &flags.event_api_socket {
                 Some(p) if p.as_os_str().is_empty() => None,
                 Some(p) => Some(p.clone()),

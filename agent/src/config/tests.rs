@@ -465,6 +465,18 @@ fn container_gc_flags_default_as_upstream_and_can_be_set() {
 }
 
 #[test]
+fn image_gc_period_defaults_to_upstreams_constant() {
+    let minimal = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    assert_eq!(load_file(minimal, &[]).unwrap().swiftlet.image_gc_period, std::time::Duration::from_mins(5));
+    let c = load_file(minimal, &["--image-gc-period=30s"]).unwrap();
+    assert_eq!(c.swiftlet.image_gc_period, std::time::Duration::from_secs(30));
+    for bad in ["--image-gc-period=0s", "--image-gc-period=-1m"] {
+        let p = problems(load_file(minimal, &[bad]));
+        assert!(p.iter().any(|p| p.contains("--image-gc-period: must be greater than 0")), "{bad}: {p:?}");
+    }
+}
+
+#[test]
 fn image_pull_and_gc_settings_are_validated_like_upstream() {
     let load = |yaml: &str| load_file(&format!("{HEADER}{yaml}"), &[]);
     let one_problem = |yaml: &str| {

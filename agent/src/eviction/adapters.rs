@@ -16,6 +16,9 @@ use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, WorkerState};
 use crate::status::StatusProvider;
 
+/// How old disk usages may be when pods are ranked under disk pressure.
+pub const FRESH_DISK_USAGE: Duration = Duration::from_secs(5);
+
 /// Stats: a fresh collection per pass.
 #[derive(Debug)]
 pub struct AgentStats {
@@ -29,6 +32,12 @@ impl StatsSource for AgentStats {
     async fn snapshot(&self) -> Result<NodeSnapshot, BoxError> {
         let dedicated = self.has_dedicated_image_fs().await.unwrap_or(false);
         let collection = self.provider.fresh_collection().await?;
+        Ok(NodeSnapshot::from_summary(&collection.summary(), dedicated))
+    }
+
+    async fn snapshot_with_fresh_disk_usage(&self) -> Result<NodeSnapshot, BoxError> {
+        let dedicated = self.has_dedicated_image_fs().await.unwrap_or(false);
+        let collection = self.provider.fresh_collection_with_disk_usage(FRESH_DISK_USAGE).await?;
         Ok(NodeSnapshot::from_summary(&collection.summary(), dedicated))
     }
 

@@ -74,6 +74,15 @@ pub trait StatsSource: Send + Sync {
     /// Whether the runtime's image filesystem is another device than the kubelet's root
     /// filesystem (`HasDedicatedImageFs`). Asked until it answers, then never again.
     async fn has_dedicated_image_fs(&self) -> Result<bool, BoxError>;
+
+    /// Stats whose disk usage (writable layers, logs, volumes) was measured just now,
+    /// for ranking pods under disk pressure. Those usages come from background `du`
+    /// walks a minute or two apart (as upstream's), which can miss what a pod wrote since
+    /// and rank the wrong pod first; the agent walks again what is older than a few
+    /// seconds. By default, [`Self::snapshot`].
+    async fn snapshot_with_fresh_disk_usage(&self) -> Result<NodeSnapshot, BoxError> {
+        self.snapshot().await
+    }
 }
 
 /// The pods (upstream's `ActivePodsFunc` and `PodCleanedUpFunc`).
@@ -337,6 +346,18 @@ impl EvictionManager {
             tracing::error!("eviction manager: eviction thresholds have been met, but no pods are active to evict");
             return None;
         }
+        // Disk signals rank by usages measured now (see `snapshot_with_fresh_disk_usage`).
+        let snapshot = if threshold.signal.node_condition() == NodeCondition::DiskPressure {
+            match self.deps.stats.snapshot_with_fresh_disk_usage().await {
+                Ok(fresh) => fresh,
+                Err(error) => {
+                    tracing::warn!(%error, "eviction manager: cannot refresh disk usage; ranking by the last measurements");
+                    snapshot
+                }
+            }
+        } else {
+            snapshot
+        };
         let usage = snapshot.pods_by_uid();
         let ranked = rank(&active, &usage, Ranking::for_signal(threshold.signal, dedicated_image_fs));
         tracing::info!(pods = ?ranked.iter().map(|p| p.metadata.name.as_deref().unwrap_or_default()).collect::<Vec<_>>(), "eviction manager: pods ranked for eviction");

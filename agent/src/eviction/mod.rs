@@ -61,6 +61,10 @@
 //! # Differences from upstream
 //! - Kernel signals ([`crate::pressure`]: PSI triggers, memcg thresholds, eBPF reclaim)
 //!   start a pass at once; periodic passes still run every 10 s.
+//! - Under disk pressure, pods are ranked by disk usages measured at most 5 s before
+//!   (what the background `du` walks have not measured since is walked first): upstream
+//!   ranks by walks up to two minutes old and can pick a pod that wrote nothing lately
+//!   over the one filling the disk.
 //! - No local storage limit evictions (emptyDir `sizeLimit`, ephemeral-storage limits).
 //! - Split image/container filesystems (`KubeletSeparateDiskGC`) are not supported:
 //!   `containerfs.*` thresholds follow `nodefs.*` or `imagefs.*`.

@@ -802,6 +802,73 @@ async fn disk_pressure_reclaims_node_resources_first() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn disk_pressure_ranks_by_disk_usage_measured_now() {
+    /// The background `du` has not seen what "writer" wrote; a walk now does.
+    struct StaleDu {
+        stale: NodeSnapshot,
+        fresh: NodeSnapshot,
+        fresh_reads: AtomicU64,
+    }
+    #[async_trait]
+    impl StatsSource for StaleDu {
+        async fn snapshot(&self) -> Result<NodeSnapshot, BoxError> {
+            Ok(stamp(self.stale.clone(), UNIX_EPOCH + Duration::from_secs(1)))
+        }
+        async fn snapshot_with_fresh_disk_usage(&self) -> Result<NodeSnapshot, BoxError> {
+            self.fresh_reads.fetch_add(1, Ordering::SeqCst);
+            Ok(stamp(self.fresh.clone(), UNIX_EPOCH + Duration::from_secs(2)))
+        }
+        async fn has_dedicated_image_fs(&self) -> Result<bool, BoxError> {
+            Ok(true)
+        }
+    }
+    let volume = serde_json::json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}});
+    let pods = vec![
+        pod_with("idle", 0, &[("web", "", "")], volume.clone()),
+        pod_with("writer", 0, &[("web", "", "")], volume),
+    ];
+    let with = |writer: u64| {
+        let mut s =
+            node(2 * GI, vec![disk_usage("idle", 0, MI, &[]), disk_usage("writer", 0, MI, &[("scratch", writer)])]);
+        s.node_fs = Some(fs(100 * GI, 5 * GI));
+        s
+    };
+    let stats = Arc::new(StaleDu { stale: with(0), fresh: with(3 * GI), fresh_reads: AtomicU64::new(0) });
+    let h = Harness::new(&kc(), NodeSnapshot::default(), vec![]);
+    let killer = Arc::new(FakeKiller::default());
+    let deps = Dependencies {
+        stats: stats.clone(),
+        pods: Arc::new(FakePods { pods: Mutex::new(pods), cleaned_up: AtomicBool::new(true) }),
+        killer: killer.clone(),
+        reclaimer: h.reclaimer.clone(),
+        recorder: Arc::new(MemoryRecorder::new("n")),
+        metrics: EvictionMetrics::default(),
+        node_name: "n".into(),
+    };
+    let m = EvictionManager::new(EvictionConfig::from_kubelet_configuration(&kc()).unwrap(), deps);
+    let e = m.synchronize(Trigger::Periodic).await.expect("evicts");
+    assert_eq!(e.pod.metadata.name.as_deref(), Some("writer"), "the stale usages tie; the fresh ones do not");
+    assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 1);
+
+    // Memory pressure does not walk disks.
+    let mut memory = with(0);
+    memory.memory = node(10 * MI, vec![]).memory;
+    let stats = Arc::new(StaleDu { stale: memory.clone(), fresh: memory, fresh_reads: AtomicU64::new(0) });
+    let deps = Dependencies {
+        stats: stats.clone(),
+        pods: Arc::new(FakePods { pods: Mutex::new(vec![pod("a", 0, "")]), cleaned_up: AtomicBool::new(true) }),
+        killer,
+        reclaimer: h.reclaimer.clone(),
+        recorder: Arc::new(MemoryRecorder::new("n")),
+        metrics: EvictionMetrics::default(),
+        node_name: "n".into(),
+    };
+    let m = EvictionManager::new(EvictionConfig::from_kubelet_configuration(&kc()).unwrap(), deps);
+    assert!(m.synchronize(Trigger::Periodic).await.is_some());
+    assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn memory_is_reclaimed_before_disk() {
     let mut s = node(10 * MI, vec![usage("a", GI)]);
     s.node_fs = Some(fs(100 * GI, GI));

@@ -208,6 +208,8 @@ pub struct ImageGcManager {
     metrics: Arc<KubeletMetrics>,
     recorder: Option<(Arc<dyn EventRecorder>, String)>,
     sandbox_image: Option<String>,
+    /// How often [`Self::run`] runs a round.
+    period: Duration,
     /// By image id.
     records: Mutex<HashMap<String, ImageRecord>>,
     /// One round at a time: the periodic one and an eviction's `delete_unused_images`.
@@ -231,6 +233,7 @@ impl ImageGcManager {
             metrics,
             recorder: None,
             sandbox_image: None,
+            period: IMAGE_GC_PERIOD,
             records: Mutex::default(),
             round: tokio::sync::Mutex::new(()),
         })
@@ -240,6 +243,13 @@ impl ImageGcManager {
     #[must_use]
     pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>, node_name: &str) -> Self {
         self.recorder = Some((recorder, node_name.to_string()));
+        self
+    }
+
+    /// Rounds every `period` instead of [`IMAGE_GC_PERIOD`] (swiftlet's `--image-gc-period`).
+    #[must_use]
+    pub fn with_period(mut self, period: Duration) -> Self {
+        self.period = period;
         self
     }
 
@@ -263,7 +273,7 @@ impl ImageGcManager {
         }
     }
 
-    /// Runs a round every [`IMAGE_GC_PERIOD`], the first at once, until `shutdown`; does
+    /// Runs a round every period ([`IMAGE_GC_PERIOD`] unless [`Self::with_period`]), the first at once, until `shutdown`; does
     /// nothing when the policy turns GC off. A failed round is logged; the second and
     /// later failures in a row are also an `ImageGCFailed` event (the first may only be
     /// stats that are not ready yet).
@@ -273,7 +283,7 @@ impl ImageGcManager {
             return;
         }
         let began = Instant::now();
-        let mut tick = tokio::time::interval(IMAGE_GC_PERIOD);
+        let mut tick = tokio::time::interval(self.period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failed_before = false;
         loop {

@@ -303,6 +303,23 @@ impl StatsProvider {
         self.collection_within(Duration::ZERO).await
     }
 
+    /// A collection made now whose disk usages (writable layers, logs, volumes) are no
+    /// older than `max_age`: what the background walks have not measured since is walked
+    /// first (see [`FsUsageCache::refresh_older_than`]).
+    ///
+    /// # Errors
+    /// When the runtime cannot be listed.
+    pub async fn fresh_collection_with_disk_usage(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
+        // One collection first, so that every current path is registered with the cache.
+        self.fresh_collection().await?;
+        let usage = Arc::clone(&self.fs_usage);
+        let walked = tokio::task::spawn_blocking(move || usage.refresh_older_than(max_age))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        tracing::debug!(walked, "stats: disk usage refreshed");
+        self.fresh_collection().await
+    }
+
     /// The mount point of the runtime's image filesystem, if it reports one.
     pub async fn image_fs_mountpoint(&self) -> Option<std::path::PathBuf> {
         self.image_fs().await.map(|fs| fs.mountpoint)

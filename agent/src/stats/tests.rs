@@ -1416,6 +1416,30 @@ async fn fs_usage_cache_walks_in_the_background_with_jittered_cadence() {
     task.await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn fs_usage_cache_walks_what_is_older_than_asked_on_demand() {
+    let (_dir, top) = walk_tree();
+    let config = FsUsageConfig { interval: Duration::from_mins(1), jitter: 0.0, idle: Duration::from_mins(5) };
+    let (clock, clock_now) = test_clock(UNIX_EPOCH + Duration::from_secs(1000));
+    let cache = FsUsageCache::new(config, clock);
+    let other = top.join("sub");
+    assert!(cache.get(&top).is_none() && cache.get(&other).is_none());
+    // Never measured: walked.
+    assert_eq!(cache.refresh_older_than(Duration::from_secs(5)), 2);
+    assert_eq!(cache.get(&top).unwrap().usage.unwrap().inodes, 5);
+    // Measured just now: not again.
+    assert_eq!(cache.refresh_older_than(Duration::from_secs(5)), 0);
+    // Older than asked: walked again and sees what was written since.
+    std::fs::write(top.join("new"), "n").unwrap();
+    *clock_now.lock().unwrap() += Duration::from_secs(6);
+    assert_eq!(cache.refresh_older_than(Duration::from_secs(5)), 2);
+    assert_eq!(cache.get(&top).unwrap().usage.unwrap().inodes, 6);
+    // Paths nobody wants any more are not walked.
+    tokio::time::sleep(Duration::from_mins(6)).await;
+    *clock_now.lock().unwrap() += Duration::from_mins(6);
+    assert_eq!(cache.refresh_older_than(Duration::from_secs(5)), 0);
+}
+
 #[test]
 fn mountinfo_escapes_and_root_overlay_upper_dir() {
     let text = "700 600 0:90 / / rw,relatime master:3 - overlay overlay rw,lowerdir=/s/1/fs:/s/2/fs,upperdir=/var/lib/containerd/snap\\0542/fs,workdir=/w

@@ -205,6 +205,29 @@ impl FsUsageCache {
         due.len()
     }
 
+    /// Walks now (blocking) every wanted path whose latest measurement is older than
+    /// `max_age` or that was never measured; returns how many. For callers that cannot
+    /// wait for the background walks (the eviction manager ranking pods by disk usage).
+    pub fn refresh_older_than(&self, max_age: Duration) -> usize {
+        let now = Instant::now();
+        let stamp = (self.clock)();
+        let stale: Vec<PathBuf> = {
+            let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            entries
+                .iter()
+                .filter(|(_, e)| self.is_wanted(e, now))
+                .filter(|(_, e)| {
+                    e.last.is_none_or(|(time, _)| stamp.duration_since(time).unwrap_or_default() > max_age)
+                })
+                .map(|(p, _)| p.clone())
+                .collect()
+        };
+        for p in &stale {
+            self.measure(p);
+        }
+        stale.len()
+    }
+
     /// The background task: walks paths as they fall due, on the blocking pool, until
     /// `shutdown`.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
