@@ -493,8 +493,19 @@ pub fn check_clean(layout: &Layout, state: Option<&State>) -> Vec<String> {
             for p in cleanup::mounts_under(&m, &dirs) {
                 left.push(format!("mount {}", p.display()));
             }
+            // The end-to-end tests' own: agents' volumes, loop filesystems.
+            for p in m.iter().map(|m| &m.mount_point).filter(|p| is_e2e_temp(p)) {
+                left.push(format!("end-to-end test mount {}", p.display()));
+            }
         }
         Err(e) => left.push(format!("cannot read mounts: {e:#}")),
+    }
+    // The end-to-end tests' private containerds (tests/src/scratch.rs) and their shims.
+    for pid in containerd::find_processes(|a| {
+        a.first().is_some_and(|p| p.contains("containerd"))
+            && a.windows(2).any(|w| (w[0] == "--config" || w[0] == "-address") && is_e2e_temp(Path::new(&w[1])))
+    }) {
+        left.push(format!("end-to-end test containerd or shim process {pid}"));
     }
     for d in dirs.iter().filter(|d| d.exists()) {
         left.push(format!("directory {}", d.display()));
@@ -529,6 +540,15 @@ pub fn check_clean(layout: &Layout, state: Option<&State>) -> Vec<String> {
         }
     }
     left
+}
+
+/// Whether `path` is in a temporary directory of the end-to-end tests
+/// (`<tmp>/swiftlet-e2e-*`).
+fn is_e2e_temp(path: &Path) -> bool {
+    path.strip_prefix(std::env::temp_dir())
+        .ok()
+        .and_then(|rest| rest.components().next())
+        .is_some_and(|first| first.as_os_str().to_string_lossy().starts_with("swiftlet-e2e-"))
 }
 
 /// `testbed check-clean` on its own.
@@ -714,6 +734,15 @@ mod tests {
         assert_eq!(json["cri_endpoint"], format!("unix://{}/state/containerd.sock", dir.display()));
         assert_eq!(json["containerd_pid"], 42);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn e2e_temp_dirs_are_recognised() {
+        let tmp = std::env::temp_dir();
+        assert!(is_e2e_temp(&tmp.join("swiftlet-e2e-loop-x1/mnt")));
+        assert!(is_e2e_temp(&tmp.join("swiftlet-e2e-ctrd-x/containerd.sock")));
+        assert!(!is_e2e_temp(&tmp.join("other/swiftlet-e2e-x")));
+        assert!(!is_e2e_temp(Path::new("/var/lib/swiftlet-e2e-x")));
     }
 
     #[test]
