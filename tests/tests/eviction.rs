@@ -2,7 +2,8 @@
 //! on `kubepods`), `evictionHard` `allocatableMemory.available` fits inside it, and a
 //! `BestEffort` pod allocates steadily. The agent must evict it — on the kernel's memcg
 //! threshold signal, before the kernel's OOM killer acts — and leave the Guaranteed pod
-//! beside it alone.
+//! beside it alone. Also: PID pressure with a fork loop, and disk pressure on a loop-mounted
+//! node filesystem.
 
 use std::time::Duration;
 
@@ -33,6 +34,22 @@ fn pod(name: &str, script: &str, resources: &serde_json::Value) -> Result<Pod> {
 
 fn main_state(p: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
     p.status.as_ref()?.container_statuses.as_ref()?.first()?.state.as_ref()
+}
+
+/// Waits until `kubelet_evictions` counts one eviction on `signal` (counted once the kill
+/// is done).
+async fn counted_once(agent: &Agent, signal: &str) -> Result<()> {
+    let counted = format!("kubelet_evictions{{eviction_signal=\"{signal}\"}} 1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, text) = agent.get("/metrics").await?;
+        if text.lines().any(|l| l == counted) {
+            return Ok(());
+        }
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("kubelet_evictions")).collect();
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no {counted}: {lines:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,18 +127,7 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
             .and_then(|c| c.first())
             .map_or(0, |c| c.restart_count);
         assert_eq!(restarts, 0);
-        // Counted once the kill is done.
-        let counted = "kubelet_evictions{eviction_signal=\"allocatableMemory.available\"} 1";
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let (_, text) = agent.get("/metrics").await?;
-            if text.lines().any(|l| l == counted) {
-                break;
-            }
-            let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("kubelet_evictions")).collect();
-            anyhow::ensure!(std::time::Instant::now() < deadline, "no {counted}: {lines:#?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        counted_once(&agent, "allocatableMemory.available").await?;
         // The kernel's signal, not the 10 s pass, decided.
         let kernel_decisions = agent
             .metric("swiftlet_eviction_signal_to_decision_seconds_count{source=\"memcg_threshold\"}")
@@ -209,6 +215,113 @@ async fn a_fork_loop_is_evicted_under_pid_pressure() -> Result<()> {
     let stopped = agent.shutdown(&cri).await;
     match outcome {
         Ok(result) => result.and(stopped),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// A pod whose emptyDir is on the node filesystem (the agent's root dir).
+fn disk_pod(name: &str, script: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": "e2e-node",
+            "terminationGracePeriodSeconds": 2,
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
+                            "command": ["sh", "-c", script],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]
+        }
+    }))?)
+}
+
+/// `DiskPressure`'s status on the node object, if reported.
+fn disk_pressure(api: &TestApiServer) -> Option<String> {
+    let node = api.get::<k8s_openapi::api::core::v1::Node>(None, "e2e-node")?;
+    node.status?.conditions?.into_iter().find(|c| c.type_ == "DiskPressure").map(|c| c.status)
+}
+
+/// Disk pressure on a node filesystem of its own: the agent's root dir (where emptyDir
+/// volumes live) on a 128 MiB loop-mounted ext4, `evictionHard` `nodefs.available` 50 %.
+/// A pod that writes 80 MiB into its emptyDir is evicted and the node reports
+/// `DiskPressure`; the pod beside it, which wrote 1 MiB, stays. Once the evicted pod's
+/// volume is gone, the space is back and the condition clears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let mut nodefs = swiftlet_tests::scratch::LoopFs::create(128)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        root_dir: Some(nodefs.mountpoint.join("kubelet")),
+        extra_config: "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 50%\n\
+                       evictionPressureTransitionPeriod: 5s\nnodeStatusUpdateFrequency: 2s\n"
+            .into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
+        let running = |p: &Pod| main_state(p).is_some_and(|s| s.running.is_some());
+        api.create(&disk_pod("quiet", &format!("dd if=/dev/zero of=/data/f bs=1M count=1; {steady}"))?)?;
+        api.wait_for::<Pod>(Some("default"), "quiet", Duration::from_mins(1), |p| p.is_some_and(running)).await?;
+        let node_ready = api
+            .wait_for::<Node>(None, "e2e-node", Duration::from_secs(30), |n| {
+                n.is_some() && disk_pressure(&api).as_deref() == Some("False")
+            })
+            .await;
+        node_ready.map_err(|e| anyhow::anyhow!("no DiskPressure=False before the test: {e}"))?;
+        let (capacity, available) = nodefs.space()?;
+        anyhow::ensure!(available * 2 > capacity, "the node filesystem is already half full: {available}/{capacity}");
+
+        api.create(&disk_pod("filler", &format!("dd if=/dev/zero of=/data/f bs=1M count=80; sync; {steady}"))?)?;
+        let evicted = api
+            .wait_for::<Pod>(Some("default"), "filler", Duration::from_mins(1), |p| {
+                p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("filler not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 40)))?
+            .expect("present");
+        let status = evicted.status.clone().unwrap_or_default();
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        let message = status.message.unwrap_or_default();
+        assert!(
+            message.starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: "),
+            "{message}"
+        );
+        assert!(message.contains("Container main was using"), "{message}");
+        api.wait_for::<Node>(None, "e2e-node", Duration::from_secs(30), |_| {
+            disk_pressure(&api).as_deref() == Some("True")
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the node never reported DiskPressure: {e}"))?;
+        let quiet = api.get::<Pod>(Some("default"), "quiet").expect("quiet pod");
+        assert!(running(&quiet), "the quiet pod still runs: {:?}", quiet.status);
+        counted_once(&agent, "nodefs.available").await?;
+
+        // The evicted pod's emptyDir goes with it: the space comes back, the condition clears.
+        api.wait_for::<Node>(None, "e2e-node", Duration::from_mins(1), |_| {
+            disk_pressure(&api).as_deref() == Some("False")
+        })
+        .await
+        .map_err(|e| {
+            let space = nodefs.space().map(|(c, a)| format!("{a}/{c} bytes available")).unwrap_or_default();
+            anyhow::anyhow!("DiskPressure did not clear ({space}): {e}\n{}", swiftlet_tests::tail(&agent.log(), 30))
+        })?;
+        let (capacity, available) = nodefs.space()?;
+        assert!(available * 2 > capacity, "the space did not come back: {available}/{capacity}");
+        anyhow::Ok(())
+    }))
+    .await;
+    for name in ["quiet", "filler"] {
+        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
+    }
+    let stopped = agent.shutdown(&cri).await;
+    let unmounted = nodefs.remove();
+    match outcome {
+        Ok(result) => result.and(stopped).and(unmounted),
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
