@@ -46,6 +46,7 @@ use super::evaluate::{
     sort_by_eviction_priority, thresholds_first_observed_at, thresholds_met, thresholds_met_grace_period,
     thresholds_updated_stats,
 };
+use super::local_storage::{self, LocalStorageLimit};
 use super::messages::{REASON, admit, apply_eviction_status, disruption_target_condition, eviction_message};
 use super::metrics::{EvictionMetrics, SignalLabels, SourceLabels};
 use super::observations::{NodeSnapshot, Observations, make_observations};
@@ -150,8 +151,13 @@ pub struct Eviction {
     pub message: String,
     /// The eviction event's annotations (`offending_containers`, ...).
     pub annotations: BTreeMap<String, String>,
-    /// The `DisruptionTarget` condition.
-    pub condition: PodCondition,
+    /// The `DisruptionTarget` condition (none for local storage limit evictions, as
+    /// upstream).
+    pub condition: Option<PodCondition>,
+    /// For a local storage limit eviction, which limit (then `signal` is
+    /// `nodefs.available`, the filesystem the limits protect, and `resource`
+    /// `ephemeral-storage`).
+    pub limit: Option<LocalStorageLimit>,
 }
 
 impl Eviction {
@@ -161,7 +167,7 @@ impl Eviction {
     /// Writes the eviction into the pod's status (phase `Failed`, reason, message,
     /// condition with `lastTransitionTime` `now`).
     pub fn apply_to_status(&self, status: &mut PodStatus, now: Time) {
-        apply_eviction_status(status, &self.message, &self.condition, now);
+        apply_eviction_status(status, &self.message, self.condition.as_ref(), now);
     }
 }
 
@@ -283,7 +289,7 @@ impl EvictionManager {
 
     /// One pass (upstream `synchronize`); returns the eviction it decided, if any.
     pub async fn synchronize(&self, trigger: Trigger) -> Option<Eviction> {
-        if self.config.thresholds.is_empty() {
+        if self.config.thresholds.is_empty() && !self.config.local_storage_capacity_isolation {
             return None;
         }
         let (configured, dedicated_image_fs) = self.thresholds().await?;
@@ -323,6 +329,11 @@ impl EvictionManager {
             state.last_observations = observations.clone();
             updated
         };
+        if self.config.local_storage_capacity_isolation
+            && let Some(eviction) = self.local_storage_eviction(&active, &snapshot, dedicated_image_fs).await
+        {
+            return Some(eviction);
+        }
         if thresholds.is_empty() {
             return None;
         }
@@ -392,9 +403,10 @@ impl EvictionManager {
                 resource,
                 hard: threshold.is_hard(),
                 grace_period_seconds,
-                condition: disruption_target_condition(&message),
+                condition: Some(disruption_target_condition(&message)),
                 message,
                 annotations,
+                limit: None,
             };
             if let Trigger::Signal { source, at } = &trigger {
                 let labels = SourceLabels { source: source.clone() };
@@ -413,6 +425,52 @@ impl EvictionManager {
         }
         tracing::info!("eviction manager: unable to evict any pods from the node");
         None
+    }
+
+    /// `localStorageEviction`: evicts, at once, every active pod over one of its local
+    /// storage limits ([`super::local_storage`]); returns the first of them.
+    async fn local_storage_eviction(
+        &self,
+        active: &[Pod],
+        snapshot: &NodeSnapshot,
+        dedicated_image_fs: bool,
+    ) -> Option<Eviction> {
+        let usage = snapshot.pods_by_uid();
+        let mut first = None;
+        for pod in active {
+            let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+            let Some(violation) = usage.get(uid).and_then(|u| local_storage::violation(pod, u, dedicated_image_fs))
+            else {
+                continue;
+            };
+            if is_critical_pod(pod) {
+                tracing::error!(pod = ?pod.metadata.name, "eviction manager: cannot evict a critical pod");
+                continue;
+            }
+            let eviction = Eviction {
+                pod: pod.clone(),
+                signal: Signal::NodeFsAvailable,
+                resource: Resource::EphemeralStorage,
+                hard: true,
+                grace_period_seconds: 0,
+                message: violation.message,
+                annotations: BTreeMap::new(),
+                condition: None,
+                limit: Some(violation.limit),
+            };
+            tracing::info!(pod = ?pod.metadata.name, limit = violation.limit.metric_label(), "eviction manager: pod over its local storage limit");
+            self.deps.recorder.record(pod_ref(pod), EventType::Warning, REASON, eviction.message.clone());
+            match self.deps.killer.kill_pod(&eviction).await {
+                Ok(()) => tracing::info!(pod = ?pod.metadata.name, "eviction manager: pod is evicted successfully"),
+                Err(error) => {
+                    tracing::error!(pod = ?pod.metadata.name, %error, "eviction manager: pod failed to evict");
+                }
+            }
+            let labels = SignalLabels { eviction_signal: violation.limit.metric_label().to_owned() };
+            self.deps.metrics.evictions.get_or_create(&labels).inc();
+            first.get_or_insert(eviction);
+        }
+        first
     }
 
     /// `reclaimNodeLevelResources`: runs the signal's reclaim functions; true when fresh

@@ -129,10 +129,11 @@ pub fn disruption_target_condition(message: &str) -> PodCondition {
 /// What the pod worker writes into an evicted pod's status (upstream's status function
 /// of `killPodNow`): phase `Failed`, reason `Evicted`, the message, and `condition`
 /// upserted (its `lastTransitionTime` set to `now` when its status changes).
-pub fn apply_eviction_status(status: &mut PodStatus, message: &str, condition: &PodCondition, now: Time) {
+pub fn apply_eviction_status(status: &mut PodStatus, message: &str, condition: Option<&PodCondition>, now: Time) {
     status.phase = Some("Failed".to_owned());
     status.reason = Some(REASON.to_owned());
     status.message = Some(message.to_owned());
+    let Some(condition) = condition else { return };
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
         Some(existing) => {

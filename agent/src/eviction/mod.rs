@@ -65,7 +65,6 @@
 //!   (what the background `du` walks have not measured since is walked first): upstream
 //!   ranks by walks up to two minutes old and can pick a pod that wrote nothing lately
 //!   over the one filling the disk.
-//! - No local storage limit evictions (emptyDir `sizeLimit`, ephemeral-storage limits).
 //! - Split image/container filesystems (`KubeletSeparateDiskGC`) are not supported:
 //!   `containerfs.*` thresholds follow `nodefs.*` or `imagefs.*`.
 //! - Swap is not added to `memory.available`.
@@ -78,6 +77,7 @@
 
 pub mod adapters;
 pub mod evaluate;
+pub mod local_storage;
 pub mod manager;
 pub mod messages;
 pub mod metrics;

@@ -113,6 +113,8 @@ pub struct PodUsage {
     pub volumes: Vec<VolumeUsage>,
     /// Processes of the pod's containers.
     pub process_count: Option<u64>,
+    /// The pod's ephemeral storage (writable layers, logs, local volumes).
+    pub ephemeral_storage_used_bytes: Option<u64>,
 }
 
 /// What the eviction manager reads in one pass. `None` fields have no observation, and
@@ -207,6 +209,7 @@ impl NodeSnapshot {
                     })
                     .collect(),
                 process_count: p.process_stats.as_ref().and_then(|s| s.process_count),
+                ephemeral_storage_used_bytes: p.ephemeral_storage.as_ref().and_then(|e| e.used_bytes),
             })
             .collect();
         Self {

@@ -679,10 +679,10 @@ async fn hard_memory_eviction_message_events_and_metrics() {
             ("starved_resource", "memory")
         ])
     );
-    assert_eq!(e.condition.type_, "DisruptionTarget");
-    assert_eq!(e.condition.status, "True");
-    assert_eq!(e.condition.reason.as_deref(), Some("TerminationByKubelet"));
-    assert_eq!(e.condition.message.as_deref(), Some(message));
+    assert_eq!(e.condition.as_ref().unwrap().type_, "DisruptionTarget");
+    assert_eq!(e.condition.as_ref().unwrap().status, "True");
+    assert_eq!(e.condition.as_ref().unwrap().reason.as_deref(), Some("TerminationByKubelet"));
+    assert_eq!(e.condition.as_ref().unwrap().message.as_deref(), Some(message));
     assert_eq!(
         h.events(),
         [
@@ -1005,4 +1005,104 @@ async fn loop_times_out_waiting_for_cleanup_and_ticks_every_10s() {
     assert_eq!(h.stats.reads.load(Ordering::SeqCst), reads + 1, "one periodic pass per 10 s");
     shutdown.cancel();
     task.await.unwrap();
+}
+
+// ---------------------------------------------------------------- local storage limits
+
+/// A pod whose containers have `ephemeral-storage` limits; `extra` merged into it.
+fn limited(name: &str, limits: &[(&str, &str)], extra: serde_json::Value) -> Pod {
+    let containers: Vec<serde_json::Value> = limits
+        .iter()
+        .map(|(c, limit)| {
+            let resources = if limit.is_empty() {
+                serde_json::json!({})
+            } else {
+                serde_json::json!({"limits": {"ephemeral-storage": limit}})
+            };
+            serde_json::json!({"name": c, "image": "busybox", "resources": resources})
+        })
+        .collect();
+    let mut pod = serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"containers": containers},
+    });
+    merge(&mut pod, extra);
+    serde_json::from_value(pod).unwrap()
+}
+
+#[test]
+fn local_storage_limits_in_upstream_order_and_words() {
+    use super::local_storage::{LocalStorageLimit, violation};
+    let sized = serde_json::json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}});
+    let mut u = disk_usage("a", 0, 0, &[("scratch", 2 * MI)]);
+    let p = limited("a", &[("web", "")], sized.clone());
+    let v = violation(&p, &u, false).unwrap();
+    assert_eq!(v.limit, LocalStorageLimit::EmptyDir);
+    assert_eq!(v.message, "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ");
+    u.volumes[0].usage.used_bytes = Some(MI);
+    assert_eq!(violation(&p, &u, false), None, "at the limit is not over it");
+
+    // The pod's total: the containers' limits add up (1G + 500M, printed as the first's format).
+    let p = limited("a", &[("web", "1G"), ("side", "500M")], serde_json::json!({}));
+    let mut u = disk_usage("a", 0, 0, &[]);
+    u.ephemeral_storage_used_bytes = Some(1_600_000_000);
+    let v = violation(&p, &u, false).unwrap();
+    assert_eq!(v.limit, LocalStorageLimit::Pod);
+    assert_eq!(v.message, "Pod ephemeral local storage usage exceeds the total limit of containers 1500M. ");
+
+    // A container: its logs, plus its writable layer unless the image filesystem is apart.
+    let p = limited("a", &[("web", "1Gi")], serde_json::json!({}));
+    let mut u = disk_usage("a", 600 * MI, 600 * MI, &[]);
+    u.ephemeral_storage_used_bytes = Some(GI);
+    let v = violation(&p, &u, false).unwrap();
+    assert_eq!(v.limit, LocalStorageLimit::Container);
+    assert_eq!(v.message, "Container web exceeded its local ephemeral storage limit \"1Gi\". ");
+    assert_eq!(violation(&p, &u, true), None);
+    assert_eq!(LocalStorageLimit::Container.metric_label(), "ephemeralcontainerfs.limit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_over_local_storage_limits_are_evicted_at_once_without_node_pressure() {
+    let sized = serde_json::json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}});
+    let critical = serde_json::json!({"spec": {
+        "priority": 2_000_001_000,
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}],
+    }});
+    let pods = vec![
+        limited("over", &[("web", "")], sized.clone()),
+        limited("fine", &[("web", "1Gi")], serde_json::json!({})),
+        limited("critical", &[("web", "")], critical),
+        limited("also-over", &[("web", "")], sized),
+    ];
+    let stats = node(
+        2 * GI,
+        vec![
+            disk_usage("over", 0, 0, &[("scratch", 2 * MI)]),
+            disk_usage("fine", 0, MI, &[]),
+            disk_usage("critical", 0, 0, &[("scratch", 2 * MI)]),
+            disk_usage("also-over", 0, 0, &[("scratch", 2 * MI)]),
+        ],
+    );
+    // No eviction thresholds at all: the limits still hold.
+    let mut config = kc();
+    config.eviction_hard = BTreeMap::new();
+    let h = Harness::new(&config, stats.clone(), pods.clone());
+    let e = h.manager.synchronize(Trigger::Periodic).await.expect("evicts");
+    assert_eq!(h.killed(), ["over", "also-over"], "every pod over a limit, in one pass; never a critical one");
+    assert_eq!(e.pod.metadata.name.as_deref(), Some("over"));
+    assert_eq!((e.grace_period_seconds, e.condition.is_none()), (0, true));
+    assert!(e.annotations.is_empty());
+    let mut pod_status = k8s_openapi::api::core::v1::PodStatus::default();
+    e.apply_to_status(&mut pod_status, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
+    assert_eq!((pod_status.phase.as_deref(), pod_status.reason.as_deref()), (Some("Failed"), Some("Evicted")));
+    assert!(pod_status.conditions.is_none(), "no DisruptionTarget for local storage evictions");
+    assert!(h.metrics_text().contains("kubelet_evictions{eviction_signal=\"emptydirfs.limit\"} 2"));
+    assert!(h.events().iter().any(|(_, r, m)| r == "Evicted" && m.starts_with("Usage of EmptyDir volume")));
+    assert!(h.manager.node_conditions().is_empty());
+
+    // localStorageCapacityIsolation off: nothing.
+    config.local_storage_capacity_isolation = false;
+    let h = Harness::new(&config, stats, pods);
+    assert!(h.manager.synchronize(Trigger::Periodic).await.is_none());
+    assert!(h.killed().is_empty());
 }

@@ -243,6 +243,9 @@ pub struct EvictionConfig {
     pub pressure_transition_period: Duration,
     /// Upper bound of the grace period of soft evictions, seconds. Default: 0.
     pub max_pod_grace_period_seconds: i64,
+    /// `localStorageCapacityIsolation`: evict pods over their local storage limits
+    /// ([`super::local_storage`]). Default: true.
+    pub local_storage_capacity_isolation: bool,
 }
 
 impl Default for EvictionConfig {
@@ -467,6 +470,7 @@ impl EvictionConfig {
             thresholds,
             pressure_transition_period: kc.eviction_pressure_transition_period.to_std(),
             max_pod_grace_period_seconds,
+            local_storage_capacity_isolation: kc.local_storage_capacity_isolation,
         })
     }
 }
