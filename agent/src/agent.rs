@@ -370,9 +370,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         cgroup_driver: kc.cgroup_driver.clone(),
         pod_pids_limit: kc.pod_pids_limit,
         cpu_cfs_quota: kc.cpu_cfs_quota,
+        enforcement: {
+            let facts = crate::node::MachineFacts::detect(&cfg.root_dir);
+            crate::cm::allocatable::plan(kc, crate::cm::allocatable::Capacity::detect(facts.cpus, facts.memory_bytes))
+        },
         ..CgroupConfig::default()
     })?;
     let kubepods_dirs = cgroups.kubepods_dirs();
+    let allocatable_enforced = cgroups.config().enforcement.pods.is_some();
     let cm: Arc<dyn PodContainerManager> = Arc::new(cgroups);
     cm.ensure_node_cgroups()?;
 
@@ -386,6 +391,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         }
         None => Arc::new(memory_events.clone()),
     };
+    if allocatable_enforced {
+        recorder.record(
+            crate::events::node_ref(&cfg.node_name),
+            crate::events::EventType::Normal,
+            "NodeAllocatableEnforced",
+            "Updated Node Allocatable limit across pods".to_owned(),
+        );
+    }
     let crash_max = kc
         .crash_loop_back_off
         .max_container_restart_period

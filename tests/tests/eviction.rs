@@ -56,21 +56,33 @@ async fn counted_once(agent: &Agent, signal: &str) -> Result<()> {
 async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_stays() -> Result<()> {
     let _g = testbed_lock().await;
     let cri = Cri::connect(&cri_endpoint()?)?;
-    // The pods cgroup, limited to 400 MiB before the agent starts (its threshold watcher
-    // reads the limit).
-    let cgroup_root = format!("/swiftlet-e2e-{}", std::process::id());
-    let kubepods = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{cgroup_root}/kubepods"));
-    std::fs::create_dir_all(&kubepods)?;
-    std::fs::write(kubepods.join("memory.limit_in_bytes"), (400 * MIB).to_string())?;
+    // The pods cgroup gets 400 MiB: the node allocatable the agent enforces on it, with
+    // everything else reserved for the system.
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no MemTotal in /proc/meminfo"))?;
+    let reserved_kib = total_kib - 400 * MIB / 1024;
     let api = TestApiServer::start(Options::default()).await?;
     let agent = Agent::start(AgentOptions {
         kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        extra_config: "evictionHard:\n  allocatableMemory.available: 150Mi\nevictionPressureTransitionPeriod: 30s\n"
-            .into(),
+        extra_config: format!(
+            "evictionHard:\n  allocatableMemory.available: 150Mi\nevictionPressureTransitionPeriod: 30s\n\
+             systemReserved:\n  memory: {reserved_kib}Ki\n"
+        ),
         ..AgentOptions::default()
     })
     .await?;
-    assert_eq!(agent.cgroup_root, cgroup_root);
+    // Node allocatable, enforced on the real pods cgroup.
+    let kubepods = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{}/kubepods", agent.cgroup_root));
+    let limit = std::fs::read_to_string(kubepods.join("memory.limit_in_bytes"))?;
+    assert_eq!(limit.trim().parse::<u64>()?, 400 * MIB, "the kubepods memory limit");
+    let cpus = u64::try_from(std::thread::available_parallelism()?.get())?;
+    let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{}/kubepods/cpu.shares", agent.cgroup_root))?;
+    assert_eq!(shares.trim().parse::<u64>()?, cpus * 1024, "the kubepods cpu.shares: all CPUs, none reserved");
 
     // Whatever happens, the pods go and the agent stops (a hog left running would
     // disturb every later test).

@@ -17,9 +17,11 @@
 //! [`PodContainerManager::remove_pod_cgroup`] once the pod's containers are gone (and for
 //! orphans found by [`PodContainerManager::list_pod_cgroups`] during housekeeping).
 //!
-//! Node allocatable enforcement, the CPU/memory/topology managers, `MemoryQoS` and pod-level
-//! huge page limits are not implemented yet.
+//! Node allocatable enforcement ([`allocatable`]) happens in
+//! [`PodContainerManager::ensure_node_cgroups`]. The CPU/memory/topology managers,
+//! `MemoryQoS` and pod-level huge page limits are not implemented yet.
 
+pub mod allocatable;
 pub mod cgroupfs;
 pub mod fake;
 pub mod pod_resources;
@@ -83,6 +85,8 @@ pub struct CgroupConfig {
     pub fs_root: PathBuf,
     /// `cpuCFSQuota`: enforce cpu limits with CFS quota. Default true.
     pub cpu_cfs_quota: bool,
+    /// Node allocatable enforcement ([`allocatable::plan`]). Default: none.
+    pub enforcement: allocatable::Enforcement,
 }
 
 impl Default for CgroupConfig {
@@ -94,6 +98,7 @@ impl Default for CgroupConfig {
             pod_pids_limit: -1,
             fs_root: PathBuf::from("/sys/fs/cgroup"),
             cpu_cfs_quota: true,
+            enforcement: allocatable::Enforcement::default(),
         }
     }
 }

@@ -97,6 +97,16 @@ pub enum Error {
         /// The missing directory.
         path: PathBuf,
     },
+    /// `kubeReservedCgroup` / `systemReservedCgroup` does not exist (upstream's message).
+    #[error("Failed to enforce {what} Reserved Cgroup Limits on {name:?}: {name:?} cgroup does not exist ({path})")]
+    ReservedCgroupMissing {
+        /// `Kube` or `System`.
+        what: &'static str,
+        /// The configured cgroup name.
+        name: String,
+        /// The missing directory.
+        path: PathBuf,
+    },
     /// A `QoS` cgroup is missing when a pod cgroup is created in it.
     #[error("parent cgroup {path} does not exist: node cgroups must be ensured first")]
     ParentMissing {
@@ -612,6 +622,22 @@ impl PodContainerManager for CgroupfsPodContainerManager {
             }
             let best_effort = PodResourceConfig { cpu_shares: Some(MIN_SHARES), ..PodResourceConfig::default() };
             Self::apply_limits(h, &kubepods.join("besteffort"), &best_effort)?;
+            if let Some(pods) = &self.config.enforcement.pods {
+                Self::apply_limits(h, &kubepods, pods)?;
+            }
+        }
+        let reserved =
+            [("Kube", &self.config.enforcement.kube_reserved), ("System", &self.config.enforcement.system_reserved)];
+        for (what, enforced) in reserved {
+            let Some((name, limits)) = enforced else { continue };
+            let parts: Vec<&str> = name.split('/').filter(|c| !c.is_empty()).collect();
+            for h in self.hierarchies().iter().filter(|h| !matches!(h.kind, HierarchyKind::HybridUnified)) {
+                let dir = join(&h.mount, &parts);
+                if !dir.is_dir() {
+                    return Err(Error::ReservedCgroupMissing { what, name: name.clone(), path: dir }.into());
+                }
+                Self::apply_limits(h, &dir, limits)?;
+            }
         }
         Ok(())
     }

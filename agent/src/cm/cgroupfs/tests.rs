@@ -385,3 +385,36 @@ fn qos_cgroup_weights_follow_burstable_requests() {
     m.update_qos_cgroups(&pods).unwrap();
     assert_eq!(f.read("", "kubepods/burstable/cpu.weight"), "49");
 }
+
+#[test]
+fn node_allocatable_is_enforced_on_kubepods_and_reserved_cgroups() {
+    use crate::cm::allocatable::Enforcement;
+    let f = Fixture::hybrid();
+    let limits = |shares, memory, pids| PodResourceConfig {
+        cpu_shares: shares,
+        memory_limit: memory,
+        pids_limit: pids,
+        ..PodResourceConfig::default()
+    };
+    let enforcement = Enforcement {
+        pods: Some(limits(Some(3584), Some(8 << 30), Some(4_000_000))),
+        kube_reserved: None,
+        system_reserved: Some(("/system.slice".into(), limits(None, Some(1 << 30), None))),
+    };
+    let m = f.manager_with(CgroupConfig { enforcement, ..f.config() });
+    let err = cgroup_err(m.ensure_node_cgroups().unwrap_err());
+    assert!(
+        err.to_string().starts_with(
+            "Failed to enforce System Reserved Cgroup Limits on \"/system.slice\": \"/system.slice\" cgroup does not exist"
+        ),
+        "{err}"
+    );
+    for h in f.hierarchy_dirs() {
+        f.mkdir(&f.path(h, "system.slice"));
+    }
+    m.ensure_node_cgroups().unwrap();
+    assert_eq!(f.read("cpu", "kubepods/cpu.shares"), "3584");
+    assert_eq!(f.read("memory", "kubepods/memory.limit_in_bytes"), (8u64 << 30).to_string());
+    assert_eq!(f.read("pids", "kubepods/pids.max"), "4000000");
+    assert_eq!(f.read("memory", "system.slice/memory.limit_in_bytes"), (1u64 << 30).to_string());
+}

@@ -1,0 +1,162 @@
+//! Node allocatable enforcement (upstream `enforceNodeAllocatableCgroups` in
+//! `pkg/kubelet/cm/node_container_manager_linux.go`).
+//!
+//! With `pods` in `enforceNodeAllocatable` (the default) the `kubepods` cgroup is limited to
+//! what the node leaves to pods: capacity − `kubeReserved` − `systemReserved` (the hard
+//! eviction thresholds are *not* subtracted here; they only lower the allocatable the node
+//! status reports). That is `cpu.shares` (v2: `cpu.weight`) of the allocatable CPUs, a memory
+//! limit and a pids limit (`pid_max` − reserved pids). With `kube-reserved` /
+//! `system-reserved`, the `kubeReservedCgroup` / `systemReservedCgroup` — which must exist
+//! already — get the reserved amounts as their limits. A missing reserved cgroup stops the
+//! agent at start, as upstream (`"/system.slice" cgroup does not exist`).
+//!
+//! Huge page limits on `kubepods` are not written (this agent reports no huge pages).
+
+use std::collections::BTreeMap;
+
+use super::quantity::{parse_bytes, parse_milli_cpu};
+use super::resources::{PodResourceConfig, milli_cpu_to_shares};
+
+/// What to write where (see the module docs). `Default`: nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Enforcement {
+    /// Limits of the `kubepods` cgroup, with `pods` enforced.
+    pub pods: Option<PodResourceConfig>,
+    /// (`kubeReservedCgroup`, its limits), with `kube-reserved` enforced.
+    pub kube_reserved: Option<(String, PodResourceConfig)>,
+    /// (`systemReservedCgroup`, its limits), with `system-reserved` enforced.
+    pub system_reserved: Option<(String, PodResourceConfig)>,
+}
+
+/// What the machine has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub cpus: u64,
+    pub memory_bytes: u64,
+    /// `/proc/sys/kernel/pid_max`, if known.
+    pub max_pid: Option<i64>,
+}
+
+impl Capacity {
+    /// This machine's.
+    #[must_use]
+    pub fn detect(cpus: u64, memory_bytes: u64) -> Self {
+        let max_pid = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok());
+        Self { cpus, memory_bytes, max_pid }
+    }
+}
+
+/// Reserved amounts of one of `kubeReserved` / `systemReserved`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reserved {
+    milli_cpu: i64,
+    memory: i64,
+    pids: i64,
+}
+
+fn reserved(map: &BTreeMap<String, String>) -> Reserved {
+    Reserved {
+        milli_cpu: map.get("cpu").and_then(|v| parse_milli_cpu(v).ok()).unwrap_or(0).max(0),
+        memory: map.get("memory").and_then(|v| parse_bytes(v).ok()).unwrap_or(0).max(0),
+        pids: map.get("pid").and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0).max(0),
+    }
+}
+
+/// The limits of a reserved cgroup (upstream `getCgroupConfig` of the reservation): only
+/// what is reserved is limited.
+fn reserved_config(r: Reserved, map: &BTreeMap<String, String>) -> PodResourceConfig {
+    PodResourceConfig {
+        cpu_shares: map.contains_key("cpu").then(|| milli_cpu_to_shares(r.milli_cpu)),
+        memory_limit: map.contains_key("memory").then_some(r.memory),
+        pids_limit: map.contains_key("pid").then_some(r.pids),
+        ..PodResourceConfig::default()
+    }
+}
+
+/// The enforcement the configuration asks for on a machine of `capacity`.
+#[must_use]
+pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: Capacity) -> Enforcement {
+    let kube = reserved(&kc.kube_reserved);
+    let system = reserved(&kc.system_reserved);
+    let enforced = |key: &str| kc.enforce_node_allocatable.iter().any(|k| k == key);
+    let total_milli = i64::try_from(capacity.cpus.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let memory = i64::try_from(capacity.memory_bytes).unwrap_or(i64::MAX);
+    let pods = (enforced("pods") && kc.cgroups_per_qos).then(|| PodResourceConfig {
+        cpu_shares: Some(milli_cpu_to_shares((total_milli - kube.milli_cpu - system.milli_cpu).max(0))),
+        memory_limit: Some((memory - kube.memory - system.memory).max(0)),
+        pids_limit: capacity.max_pid.map(|max| (max - kube.pids - system.pids).max(0)),
+        ..PodResourceConfig::default()
+    });
+    Enforcement {
+        pods,
+        kube_reserved: enforced("kube-reserved")
+            .then(|| (kc.kube_reserved_cgroup.clone(), reserved_config(kube, &kc.kube_reserved))),
+        system_reserved: enforced("system-reserved")
+            .then(|| (kc.system_reserved_cgroup.clone(), reserved_config(system, &kc.system_reserved))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KubeletConfiguration;
+
+    const GI: i64 = 1 << 30;
+
+    fn machine() -> Capacity {
+        Capacity { cpus: 4, memory_bytes: 16 << 30, max_pid: Some(4_194_304) }
+    }
+
+    #[test]
+    fn pods_get_capacity_minus_reservations() {
+        let kc = KubeletConfiguration {
+            kube_reserved: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
+            system_reserved: BTreeMap::from([("memory".into(), "512Mi".into()), ("pid".into(), "1000".into())]),
+            ..KubeletConfiguration::default()
+        };
+        let e = plan(&kc, machine());
+        assert_eq!(
+            e.pods,
+            Some(PodResourceConfig {
+                cpu_shares: Some(3584),
+                memory_limit: Some(16 * GI - GI - GI / 2),
+                pids_limit: Some(4_193_304),
+                ..PodResourceConfig::default()
+            })
+        );
+        assert_eq!((e.kube_reserved, e.system_reserved), (None, None), "only pods is enforced by default");
+    }
+
+    #[test]
+    fn reserved_cgroups_get_what_is_reserved() {
+        let kc = KubeletConfiguration {
+            kube_reserved: BTreeMap::from([("cpu".into(), "1".into())]),
+            system_reserved: BTreeMap::from([("memory".into(), "1Gi".into())]),
+            kube_reserved_cgroup: "/kube.slice".into(),
+            system_reserved_cgroup: "/system.slice".into(),
+            enforce_node_allocatable: vec!["kube-reserved".into(), "system-reserved".into()],
+            ..KubeletConfiguration::default()
+        };
+        let e = plan(&kc, machine());
+        assert_eq!(e.pods, None);
+        assert_eq!(
+            e.kube_reserved,
+            Some(("/kube.slice".into(), PodResourceConfig { cpu_shares: Some(1024), ..PodResourceConfig::default() }))
+        );
+        assert_eq!(
+            e.system_reserved,
+            Some((
+                "/system.slice".into(),
+                PodResourceConfig { memory_limit: Some(GI), ..PodResourceConfig::default() }
+            ))
+        );
+    }
+
+    #[test]
+    fn nothing_without_enforcement_or_qos_cgroups() {
+        let none = KubeletConfiguration { enforce_node_allocatable: vec!["none".into()], ..Default::default() };
+        assert_eq!(plan(&none, machine()), Enforcement::default());
+        let no_qos = KubeletConfiguration { cgroups_per_qos: false, ..Default::default() };
+        assert_eq!(plan(&no_qos, machine()).pods, None);
+    }
+}
