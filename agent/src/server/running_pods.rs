@@ -40,11 +40,10 @@ use crate::runtime::{RuntimeService, api};
 /// state here too, so a runtime that ignores the filters still gives the right answer.
 #[must_use]
 pub fn to_api_pods(sandboxes: &[api::PodSandbox], containers: &[api::Container]) -> Vec<Pod> {
-    // uid -> (namespace, name, containers as (created_at, name, image)).
-    let mut pods: BTreeMap<String, (String, String, Vec<(i64, String, String)>)> = BTreeMap::new();
+    let mut pods: BTreeMap<String, Grouped> = BTreeMap::new();
     for sandbox in sandboxes.iter().filter(|s| s.state == api::PodSandboxState::SandboxReady as i32) {
         if let Some(m) = &sandbox.metadata {
-            pods.entry(m.uid.clone()).or_insert_with(|| (m.namespace.clone(), m.name.clone(), Vec::new()));
+            pods.entry(m.uid.clone()).or_insert_with(|| Grouped::new(&m.namespace, &m.name));
         }
     }
     for container in containers.iter().filter(|c| c.state == api::ContainerState::ContainerRunning as i32) {
@@ -52,18 +51,16 @@ pub fn to_api_pods(sandboxes: &[api::PodSandbox], containers: &[api::Container])
             continue;
         };
         let image = container.image.as_ref().map(|i| i.image.clone()).unwrap_or_default();
-        pods.entry(pod.uid).or_insert_with(|| (pod.namespace, pod.name, Vec::new())).2.push((
+        pods.entry(pod.uid).or_insert_with(|| Grouped::new(&pod.namespace, &pod.name)).containers.push((
             container.created_at,
             meta.name.clone(),
             image,
         ));
     }
     let mut pods: Vec<_> = pods.into_iter().collect();
-    pods.sort_by(|(uid_a, (ns_a, name_a, _)), (uid_b, (ns_b, name_b, _))| {
-        (ns_a, name_a, uid_a).cmp(&(ns_b, name_b, uid_b))
-    });
+    pods.sort_by(|(uid_a, a), (uid_b, b)| (&a.namespace, &a.name, uid_a).cmp(&(&b.namespace, &b.name, uid_b)));
     pods.into_iter()
-        .map(|(uid, (namespace, name, mut containers))| {
+        .map(|(uid, Grouped { namespace, name, mut containers })| {
             containers.sort();
             let containers = containers
                 .into_iter()
@@ -85,6 +82,20 @@ pub fn to_api_pods(sandboxes: &[api::PodSandbox], containers: &[api::Container])
             }
         })
         .collect()
+}
+
+/// One pod of the listing while it is grouped.
+struct Grouped {
+    namespace: String,
+    name: String,
+    /// (created at, name, image).
+    containers: Vec<(i64, String, String)>,
+}
+
+impl Grouped {
+    fn new(namespace: &str, name: &str) -> Self {
+        Self { namespace: namespace.to_owned(), name: name.to_owned(), containers: Vec::new() }
+    }
 }
 
 /// The running pods of `runtime` (see the module docs).
