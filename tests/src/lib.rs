@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod registry;
+pub mod spdy;
 pub mod streaming;
 
 pub use registry::TestRegistry;
