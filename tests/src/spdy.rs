@@ -778,7 +778,7 @@ pub fn describe(frame: &Frame) -> String {
 }
 
 /// What came on one stream.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Default, Clone, PartialEq, Eq)]
 pub struct StreamReceived {
     /// The stream's data, in order.
     pub data: Vec<u8>,
@@ -786,6 +786,17 @@ pub struct StreamReceived {
     pub fin: bool,
     /// The server reset the stream with this status.
     pub reset: Option<u32>,
+}
+
+impl std::fmt::Debug for StreamReceived {
+    /// The data as (lossy, escaped) text: what error messages of the tests show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamReceived")
+            .field("data", &String::from_utf8_lossy(&self.data))
+            .field("fin", &self.fin)
+            .field("reset", &self.reset)
+            .finish()
+    }
 }
 
 /// Everything received so far.
