@@ -8,6 +8,7 @@
 pub mod apiserver;
 pub mod registry;
 pub mod scratch;
+pub mod spdy;
 pub mod streaming;
 
 pub use registry::TestRegistry;

@@ -2,8 +2,8 @@
 //! speak: an HTTP/1.1 upgrade over TLS, then the WebSocket channel protocols
 //! (`v5.channel.k8s.io` / `v4.channel.k8s.io`: each binary message is a channel byte and
 //! data; v5 adds the close signal `255 <channel>`), written here from RFC 6455 and
-//! `k8s.io/apimachinery/pkg/util/httpstream/wsstream`, and SPDY/3.1 (the API server's
-//! protocol to the kubelet), enough of it to open streams and read their data.
+//! `k8s.io/apimachinery/pkg/util/httpstream/wsstream`. The SPDY/3.1 client (the API
+//! server's protocol to the kubelet) is [`crate::spdy`], on the same [`upgrade`].
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -1,14 +1,17 @@
 //! End-to-end tests of the streaming endpoints against the real containerd of the test
 //! bed (`cargo xtask testbed up`): `/exec`, `/attach` and `/portForward` proxied to
-//! containerd's streaming server and driven by a client speaking kubectl's protocol
-//! (WebSocket `v5`/`v4.channel.k8s.io`; the agent splices any upgraded protocol, SPDY
-//! included, byte for byte), `/run`, and
-//! `/containerLogs` with `follow` and `previous`.
+//! containerd's streaming server (the agent splices the upgraded connection byte for
+//! byte) and driven by clients speaking kubectl's protocols: WebSocket
+//! `v5`/`v4.channel.k8s.io` (kubectl's default since 1.30/1.31) and SPDY/3.1 with
+//! `v4.channel.k8s.io` and `portforward.k8s.io` (what the API server speaks to kubelets;
+//! [`swiftlet_tests::spdy`]; `SWIFTLET_SPDY_TRACE=1` prints every SPDY frame to stderr,
+//! `=2` their bytes too); `/run`, and `/containerLogs` with `follow` and `previous`.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
+use swiftlet_tests::spdy::Spdy;
 use swiftlet_tests::streaming::{self, WsChannels};
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
 
@@ -55,6 +58,42 @@ async fn setup() -> Result<(Agent, Cri)> {
     Ok((agent, cri))
 }
 
+/// An agent running pod `stream` (all containers running, httpd listening).
+async fn setup_stream_pod() -> Result<(Agent, Cri)> {
+    let (agent, cri) = setup().await?;
+    agent.write_manifest("stream.yaml", STREAM_POD)?;
+    if let Err(e) = agent.wait_pod("stream", Duration::from_mins(1), all_running).await {
+        return Err(finish(agent, &cri, Err(e)).await.expect_err("finish returns the error it is given"));
+    }
+    // httpd listens a moment after its container starts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok((agent, cri))
+}
+
+/// Shows the agent's log tail if `result` failed, and stops the agent.
+async fn finish(agent: Agent, cri: &Cri, result: Result<()>) -> Result<()> {
+    if let Err(e) = &result {
+        eprintln!("{e:#}\n--- agent log tail ---\n{}", swiftlet_tests::tail(&agent.log(), 60));
+    }
+    agent.shutdown(cri).await?;
+    result
+}
+
+/// The exec both clients run in `main`: reads a line, echoes it to stdout and stderr,
+/// exits 3.
+const EXEC_SCRIPT: &str = "read x; echo \"out:$x\"; echo \"err:$x\" >&2; exit 3";
+/// The TTY exec: both ends are a terminal.
+const TTY_SCRIPT: &str = "test -t 0 && test -t 1 && echo is-a-tty";
+/// What port forwarding sends to httpd.
+const HTTP_REQUEST: &[u8] = b"GET /index.html HTTP/1.0\r\nHost: localhost\r\n\r\n";
+
+/// httpd's answer to [`HTTP_REQUEST`].
+fn check_http_response(response: &[u8]) {
+    let response = String::from_utf8_lossy(response);
+    assert!(response.starts_with("HTTP/1.") && response.contains(" 200 OK"), "{response}");
+    assert!(response.contains("hello-from-httpd"), "{response}");
+}
+
 /// `command=` parameters of `args`, URL-encoded.
 fn command(args: &[&str]) -> String {
     args.iter().map(|a| format!("command={}", url_encode(a))).collect::<Vec<_>>().join("&")
@@ -72,8 +111,7 @@ fn url_encode(s: &str) -> String {
 /// Exec over WebSocket: stdin, stdout, stderr and the exit code; a TTY; a refusal.
 async fn exec_websocket(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let script = "read x; echo \"out:$x\"; echo \"err:$x\" >&2; exit 3";
-    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&stderr=1", command(&["sh", "-c", script]));
+    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&stderr=1", command(&["sh", "-c", EXEC_SCRIPT]));
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     assert!(["v5.channel.k8s.io", "v4.channel.k8s.io"].contains(&ws.protocol.as_str()), "{}", ws.protocol);
     ws.send(streaming::STDIN, b"hello\n").await?;
@@ -86,10 +124,7 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
     assert_eq!(out.exit_code()?, 3, "{out:?}");
 
     // A TTY: the command sees a terminal; stderr is not separate.
-    let path = format!(
-        "/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1",
-        command(&["sh", "-c", "test -t 0 && test -t 1 && echo is-a-tty"])
-    );
+    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1", command(&["sh", "-c", TTY_SCRIPT]));
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v4.channel.k8s.io"]).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     assert!(out.stdout.contains("is-a-tty\r\n"), "{out:?}");
@@ -138,18 +173,123 @@ async fn attach_websocket(agent: &Agent) -> Result<()> {
 /// and an error channel, each opened by the server with the port in 2 bytes).
 async fn port_forward(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let request = b"GET /index.html HTTP/1.0\r\nHost: localhost\r\n\r\n";
     let path = format!("/portForward/default/{pod}?port=8080");
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v4.channel.k8s.io"]).await?;
-    ws.send(0, request).await?;
+    ws.send(0, HTTP_REQUEST).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     let data = out.other.get(&0).cloned().unwrap_or_default();
     assert!(data.len() > 2, "{out:?}");
     assert_eq!(&data[..2], &8080u16.to_le_bytes(), "the data channel starts with the port");
-    let response = String::from_utf8_lossy(&data[2..]);
-    assert!(response.starts_with("HTTP/1.") && response.contains(" 200 OK"), "{response}");
-    assert!(response.contains("hello-from-httpd"), "{response}");
+    check_http_response(&data[2..]);
+    Ok(())
+}
 
+/// What client-go's SPDY executor offers, newest first; containerd 1.6 speaks up to v4.
+const SPDY_EXEC_PROTOCOLS: [&str; 4] =
+    ["v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io"];
+
+/// Exec over SPDY/3.1 as kubectl through the API server does it: streams `error`,
+/// `stdin`, `stdout`, `stderr` (each after the reply to the one before), stdin's EOF as
+/// `FLAG_FIN`, the exit code from the v4 status on the error stream; then a TTY with its
+/// `resize` stream; then refusals.
+async fn exec_spdy(agent: &Agent) -> Result<()> {
+    let pod = full(agent, "stream");
+    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&stderr=1", command(&["sh", "-c", EXEC_SCRIPT]));
+    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    assert_eq!(spdy.protocol, "v4.channel.k8s.io");
+    let error = spdy.create_stream(&[("streamtype", "error")]).await?;
+    let stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
+    let stdout = spdy.create_stream(&[("streamtype", "stdout")]).await?;
+    let stderr = spdy.create_stream(&[("streamtype", "stderr")]).await?;
+    spdy.write(stdin, b"spdy\n").await?;
+    spdy.close_write(stdin).await?;
+    // The server writes the status, resets the streams, says GOAWAY and closes.
+    spdy.read_until(Duration::from_secs(30), |r| r.closed).await.context("exec over SPDY")?;
+    let got = spdy.received();
+    assert_eq!(got.text(stdout), "out:spdy\n", "{got:?}");
+    assert_eq!(got.text(stderr), "err:spdy\n", "{got:?}");
+    assert_eq!(got.exit_code(error)?, 3, "{got:?}");
+
+    // A TTY: no stderr stream, a resize stream the server waits for, and the size it
+    // carries reaches the terminal (`stty size` is "rows columns").
+    let script = format!(
+        "{TTY_SCRIPT}; i=0; while [ \"$(stty size)\" = '0 0' ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; \
+         echo \"size $(stty size)\""
+    );
+    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1", command(&["sh", "-c", &script]));
+    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    let error = spdy.create_stream(&[("streamtype", "error")]).await?;
+    // stdin stays open, as a terminal's does (its EOF could hang the shell up).
+    let _stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
+    let stdout = spdy.create_stream(&[("streamtype", "stdout")]).await?;
+    let resize = spdy.create_stream(&[("streamtype", "resize")]).await?;
+    spdy.write(resize, br#"{"Width":100,"Height":30}"#).await?;
+    spdy.read_until(Duration::from_secs(30), |r| r.closed).await.context("TTY exec over SPDY")?;
+    let got = spdy.received();
+    let out = got.text(stdout);
+    assert!(out.contains("is-a-tty\r\n"), "{got:?}");
+    assert!(out.contains("size 30 100\r\n"), "the resize stream's size: {got:?}");
+    assert_eq!(got.exit_code(error)?, 0, "{got:?}");
+
+    // Refusals come before the upgrade, as plain HTTP.
+    let e =
+        Spdy::connect(agent.https_port, "POST", &format!("/exec/default/{pod}/main?command=ls"), &SPDY_EXEC_PROTOCOLS)
+            .await
+            .unwrap_err();
+    assert!(e.to_string().contains("400"), "{e}");
+    let e = Spdy::connect(
+        agent.https_port,
+        "POST",
+        &format!("/exec/default/{pod}/nope?command=ls&stdout=1"),
+        &SPDY_EXEC_PROTOCOLS,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("404"), "{e}");
+    Ok(())
+}
+
+/// Attach over SPDY/3.1 to `echo`, which reads its stdin; the session stays up until the
+/// client goes (`GOAWAY`).
+async fn attach_spdy(agent: &Agent) -> Result<()> {
+    let pod = full(agent, "stream");
+    let path = format!("/attach/default/{pod}/echo?stdin=1&stdout=1&stderr=1");
+    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    let _error = spdy.create_stream(&[("streamtype", "error")]).await?;
+    let stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
+    let stdout = spdy.create_stream(&[("streamtype", "stdout")]).await?;
+    let _stderr = spdy.create_stream(&[("streamtype", "stderr")]).await?;
+    spdy.write(stdin, b"spdy-ping\n").await?;
+    spdy.read_until(Duration::from_secs(30), |r| r.text(stdout).contains("got spdy-ping\n")).await?;
+    // The session is alive both ways: a ping is echoed.
+    spdy.ping(Duration::from_secs(10)).await?;
+    spdy.go_away().await?;
+    Ok(())
+}
+
+/// Port forwarding over SPDY/3.1 (`portforward.k8s.io`) as kubectl does it: per request an
+/// `error` stream (half-closed at once) and a `data` stream with `port` and `requestid`;
+/// two requests on one connection.
+async fn port_forward_spdy(agent: &Agent) -> Result<()> {
+    let pod = full(agent, "stream");
+    let path = format!("/portForward/default/{pod}");
+    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &["portforward.k8s.io"]).await?;
+    assert_eq!(spdy.protocol, "portforward.k8s.io");
+    for request_id in ["0", "1"] {
+        let headers = |kind| [("streamtype", kind), ("port", "8080"), ("requestid", request_id)];
+        let error = spdy.create_stream(&headers("error")).await?;
+        spdy.close_write(error).await?;
+        let data = spdy.create_stream(&headers("data")).await?;
+        spdy.write(data, HTTP_REQUEST).await?;
+        // httpd answers HTTP/1.0 and closes; the server then ends the data stream.
+        spdy.read_until(Duration::from_secs(30), |r| r.ended(data))
+            .await
+            .with_context(|| format!("request {request_id}"))?;
+        let got = spdy.received();
+        check_http_response(got.data(data));
+        assert_eq!(got.text(error), "", "no forwarding error");
+    }
+    spdy.go_away().await?;
     Ok(())
 }
 
@@ -174,11 +314,7 @@ async fn run_in_container(agent: &Agent) -> Result<()> {
 #[tokio::test]
 async fn exec_attach_port_forward_and_run_through_the_runtime_streaming_server() -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = setup().await?;
-    agent.write_manifest("stream.yaml", STREAM_POD)?;
-    agent.wait_pod("stream", Duration::from_mins(1), all_running).await?;
-    // httpd listens a moment after its container starts.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (agent, cri) = setup_stream_pod().await?;
     let result = async {
         exec_websocket(&agent).await.context("exec over WebSocket")?;
         attach_websocket(&agent).await.context("attach")?;
@@ -187,11 +323,21 @@ async fn exec_attach_port_forward_and_run_through_the_runtime_streaming_server()
         Ok::<_, anyhow::Error>(())
     }
     .await;
-    if let Err(e) = &result {
-        eprintln!("{e:#}\n--- agent log tail ---\n{}", swiftlet_tests::tail(&agent.log(), 60));
+    finish(agent, &cri, result).await
+}
+
+#[tokio::test]
+async fn exec_attach_and_port_forward_over_spdy() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup_stream_pod().await?;
+    let result = async {
+        exec_spdy(&agent).await.context("exec over SPDY")?;
+        attach_spdy(&agent).await.context("attach over SPDY")?;
+        port_forward_spdy(&agent).await.context("port forwarding over SPDY")?;
+        Ok::<_, anyhow::Error>(())
     }
-    agent.shutdown(&cri).await?;
-    result
+    .await;
+    finish(agent, &cri, result).await
 }
 
 /// GETs `path` and reads the body until `want` shows up (or the body ends); returns what
@@ -323,9 +469,5 @@ spec:
         Ok::<_, anyhow::Error>(())
     }
     .await;
-    if let Err(e) = &result {
-        eprintln!("{e:#}\n--- agent log tail ---\n{}", swiftlet_tests::tail(&agent.log(), 60));
-    }
-    agent.shutdown(&cri).await?;
-    result
+    finish(agent, &cri, result).await
 }

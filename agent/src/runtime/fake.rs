@@ -413,10 +413,12 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
         let s = self.record("list_podsandbox");
+        let state = filter.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
         let sel = filter.map(|f| f.label_selector).unwrap_or_default();
         Ok(s.sandboxes
             .iter()
             .filter(|(_, (cfg, _, _))| sel.iter().all(|(k, v)| cfg.labels.get(k) == Some(v)))
+            .filter(|(_, (_, st, _))| state.is_none_or(|want| *st == want))
             .map(|(id, (cfg, state, created))| api::PodSandbox {
                 id: id.clone(),
                 metadata: cfg.metadata.clone(),

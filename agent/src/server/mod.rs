@@ -37,6 +37,8 @@
 //! - `POST /run/{ns}/{pod}[/{uid}]/{container}?cmd=...`: `ExecSync`, stdout then stderr;
 //! - `/containerLogs/{ns}/{pod}/{container}`: the CRI log file with upstream's options,
 //!   streamed (see `container_logs` and [`crate::logs::reader`]);
+//! - `/runningpods/`: the pods the runtime runs (ready sandboxes, running containers), as a
+//!   `PodList` with only names, UIDs and container names and images (`running_pods`);
 //! - `/logs/` with `enableSystemLogHandler` (default true; else 405 "logs endpoint is
 //!   disabled."): `/var/log` as a file server that cannot leave it (`system_logs`).
 //!
@@ -105,6 +107,7 @@ mod container_logs;
 mod healthz;
 mod metrics_format;
 mod pods;
+mod running_pods;
 mod streaming;
 mod system_logs;
 mod tls;
@@ -393,7 +396,7 @@ impl Endpoints {
     }
 
     /// Serves the debugging handlers (`/exec`, `/attach`, `/portForward`, `/run`,
-    /// `/containerLogs`) and `/logs/` as `handlers` says (see the module docs); without
+    /// `/containerLogs`, `/runningpods/`) and `/logs/` as `handlers` says (see the module docs); without
     /// this call those paths are 404.
     #[must_use]
     pub fn debugging_handlers(mut self, handlers: DebuggingHandlers) -> Self {
@@ -401,6 +404,9 @@ impl Endpoints {
         if !handlers.enable_debugging_handlers {
             for root in ["run", "exec", "attach", "portForward", "containerLogs", "logs"] {
                 self.routes = self.routes.route(&format!("/{root}/{{*rest}}"), axum::routing::any(debugging_disabled));
+            }
+            for path in ["/runningpods", "/runningpods/"] {
+                self.routes = self.routes.route(path, axum::routing::any(debugging_disabled));
             }
             return self;
         }
@@ -413,6 +419,7 @@ impl Endpoints {
         let attach = get(streaming::attach).post(streaming::attach).with_state(stream_state.clone());
         let port_forward = get(streaming::port_forward).post(streaming::port_forward).with_state(stream_state.clone());
         let run = post(streaming::run).with_state(stream_state);
+        let running_pods = get(running_pods::list_running_pods).with_state(handlers.runtime.clone());
         let logs_state = container_logs::LogsState { pods: self.pods.clone(), runtime: handlers.runtime };
         self.routes = self
             .routes
@@ -424,7 +431,9 @@ impl Endpoints {
             .route("/portForward/{ns}/{pod}/{uid}", port_forward)
             .route("/run/{ns}/{pod}/{container}", run.clone())
             .route("/run/{ns}/{pod}/{uid}/{container}", run)
-            .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs::container_logs).with_state(logs_state));
+            .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs::container_logs).with_state(logs_state))
+            .route("/runningpods/", running_pods.clone())
+            .route("/runningpods", running_pods);
         self.routes = if handlers.enable_system_log_handler {
             let logs = system_logs::SystemLogs { root: Arc::new(handlers.system_log_dir) };
             self.routes

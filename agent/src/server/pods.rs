@@ -40,20 +40,27 @@ impl PodsProvider for FakePods {
     }
 }
 
-/// `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[...]}`, fields in that order.
+/// `{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[...]}`, fields in that order
+/// (also `/runningpods/`).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct PodList {
+pub(crate) struct PodList {
     kind: &'static str,
     api_version: &'static str,
     metadata: EmptyListMeta,
     items: Vec<Pod>,
 }
 
+impl PodList {
+    /// A `v1` `PodList` of `items`.
+    pub(crate) fn v1(items: Vec<Pod>) -> Self {
+        Self { kind: "PodList", api_version: "v1", metadata: EmptyListMeta {}, items }
+    }
+}
+
 #[derive(Serialize)]
 struct EmptyListMeta {}
 
 pub(crate) async fn list_pods(State(provider): State<Arc<dyn PodsProvider>>) -> Response {
-    Json(PodList { kind: "PodList", api_version: "v1", metadata: EmptyListMeta {}, items: provider.pods() })
-        .into_response()
+    Json(PodList::v1(provider.pods())).into_response()
 }

@@ -749,6 +749,136 @@ async fn later_modules_add_authenticated_routes() {
     server.stop().await;
 }
 
+/// A fake runtime running pod `web` (`main` running, `old` exited) and holding the
+/// stopped pod `gone`.
+async fn runtime_with_running_and_stopped_pods() -> Arc<crate::runtime::fake::FakeRuntime> {
+    use crate::runtime::{RuntimeService as _, api, labels};
+    let rt = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    for (uid, name, containers) in [("u1", "web", &["main", "old"][..]), ("u2", "gone", &["main"][..])] {
+        let pod_labels: std::collections::HashMap<String, String> = [
+            (labels::POD_UID.to_owned(), uid.to_owned()),
+            (labels::POD_NAME.to_owned(), name.to_owned()),
+            (labels::POD_NAMESPACE.to_owned(), "default".to_owned()),
+        ]
+        .into();
+        let sandbox_config = api::PodSandboxConfig {
+            metadata: Some(api::PodSandboxMetadata {
+                name: name.to_owned(),
+                namespace: "default".to_owned(),
+                uid: uid.to_owned(),
+                attempt: 0,
+            }),
+            labels: pod_labels.clone(),
+            ..Default::default()
+        };
+        let sandbox = rt.run_pod_sandbox(sandbox_config.clone(), String::new()).await.unwrap();
+        for container in containers {
+            let config = api::ContainerConfig {
+                metadata: Some(api::ContainerMetadata { name: (*container).to_owned(), attempt: 0 }),
+                image: Some(api::ImageSpec { image: "sha256:b0b0".to_owned(), ..Default::default() }),
+                labels: pod_labels.clone(),
+                ..Default::default()
+            };
+            let id = rt.create_container(&sandbox, config, sandbox_config.clone()).await.unwrap();
+            rt.start_container(&id).await.unwrap();
+            if *container == "old" {
+                rt.exit_container(&id, 0);
+            }
+        }
+        if name == "gone" {
+            rt.stop_pod_sandbox(&sandbox).await.unwrap();
+        }
+    }
+    rt
+}
+
+fn debugging_handlers(rt: Arc<crate::runtime::fake::FakeRuntime>, enabled: bool) -> DebuggingHandlers {
+    DebuggingHandlers {
+        runtime: rt,
+        enable_debugging_handlers: enabled,
+        enable_system_log_handler: false,
+        streaming_connection_idle_timeout: Duration::from_mins(1),
+        system_log_dir: "/nonexistent".into(),
+    }
+}
+
+#[tokio::test]
+async fn running_pods_lists_what_the_runtime_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let rt = runtime_with_running_and_stopped_pods().await;
+    // Only nodes/proxy is granted: /runningpods/ asks for pods first, then proxy.
+    let proxy_only = Arc::new(FakeAuthorizer::from_fn(|a| {
+        Ok(if a.subresource == "proxy" { Decision::Allow } else { Decision::Deny("not granted".into()) })
+    }));
+    let server = Running::start(
+        settings,
+        endpoints().authorizer(proxy_only.clone()).debugging_handlers(debugging_handlers(rt, true)),
+    );
+    let client = client(dir.path(), None);
+
+    let (status, content_type, body) = get(&client, &server.url("/runningpods/")).await;
+    assert_eq!((status, content_type.as_str()), (StatusCode::OK, "application/json"), "{body}");
+    assert!(body.starts_with(r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#), "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        list["items"],
+        serde_json::json!([{
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [{"name": "main", "image": "sha256:b0b0"}]},
+        }]),
+        "only the running container of the running pod, not the desired pods of /pods"
+    );
+    let (status, _, _) = get(&client, &server.url("/runningpods")).await;
+    assert_eq!(status, StatusCode::OK);
+    let response = client.post(server.url("/runningpods/")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 405, "GET only");
+
+    let asked: Vec<(String, String, String)> =
+        proxy_only.seen().into_iter().map(|a| (a.path, a.verb, a.subresource)).collect();
+    let asked: Vec<(&str, &str, &str)> = asked.iter().map(|(p, v, s)| (p.as_str(), v.as_str(), s.as_str())).collect();
+    assert_eq!(
+        &asked[..4],
+        [
+            ("/runningpods/", "get", "pods"),
+            ("/runningpods/", "get", "proxy"),
+            ("/runningpods", "get", "pods"),
+            ("/runningpods", "get", "proxy"),
+        ]
+    );
+    server.stop().await;
+
+    let denied = Arc::new(FakeAuthorizer::new(Decision::Deny("no".to_owned())));
+    let rt = runtime_with_running_and_stopped_pods().await;
+    let mut settings = self::settings(dir.path());
+    settings.anonymous_auth = true;
+    let server =
+        Running::start(settings, endpoints().authorizer(denied).debugging_handlers(debugging_handlers(rt, true)));
+    let (status, _, body) = get(&client, &server.url("/runningpods/")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body["message"],
+        "Forbidden (user=system:anonymous, verb=get, resource=nodes, subresource(s)=[pods proxy])"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn running_pods_needs_the_debugging_handlers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let rt = runtime_with_running_and_stopped_pods().await;
+    let server = Running::start(settings, endpoints().debugging_handlers(debugging_handlers(rt, false)));
+    let (status, _, body) = get(&client(dir.path(), None), &server.url("/runningpods/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::METHOD_NOT_ALLOWED, "Debug endpoints are disabled.\n"));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn shutdown_before_serving_still_returns() {
     let dir = tempfile::tempdir().unwrap();
@@ -834,6 +964,7 @@ async fn the_read_only_port_serves_upstreams_read_only_paths_without_auth() {
         ("/containerLogs/ns/pod/c", StatusCode::METHOD_NOT_ALLOWED),
         ("/logs/", StatusCode::METHOD_NOT_ALLOWED),
         ("/debug/pprof/", StatusCode::METHOD_NOT_ALLOWED),
+        ("/runningpods/", StatusCode::METHOD_NOT_ALLOWED),
     ] {
         let (status, _, body) = get(&plain, &url(path)).await;
         assert_eq!(status, want, "{path}: {body}");
