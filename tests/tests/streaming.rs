@@ -211,10 +211,11 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
     assert_eq!(got.exit_code(error)?, 3, "{got:?}");
 
     // A TTY: no stderr stream, a resize stream the server waits for, and the size it
-    // carries reaches the terminal (`stty size` is "rows columns").
+    // carries reaches the terminal (`stty size` is "rows columns"; busybox's prints
+    // nothing while the terminal has no size yet).
     let script = format!(
-        "{TTY_SCRIPT}; i=0; while [ \"$(stty size)\" = '0 0' ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; \
-         echo \"size $(stty size)\""
+        "{TTY_SCRIPT}; i=0; until s=$(stty size 2>/dev/null); [ -n \"$s\" ] && [ \"$s\" != '0 0' ]; do \
+         [ $i -lt 50 ] || break; sleep 0.1; i=$((i+1)); done; echo \"size $s\""
     );
     let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1", command(&["sh", "-c", &script]));
     let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
