@@ -742,6 +742,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         recorder: recorder.clone(),
         rejected: std::sync::Mutex::default(),
         eviction,
+        container_changes: stats_source.as_ref().map(|s| s.container_changes()).unwrap_or_default(),
     };
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),

@@ -51,6 +51,8 @@ pub struct SyncLoop {
     pub rejected: std::sync::Mutex<HashSet<String>>,
     /// The eviction manager, once made: under node pressure it refuses pods too.
     pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
+    /// Bumped on every PLEG event (the stats provider's `container_changes`).
+    pub container_changes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl SyncLoop {
@@ -108,6 +110,7 @@ impl SyncLoop {
 
     /// A PLEG event: sync the pod it concerns (removals need no sync, as upstream).
     pub fn handle_pleg_event(&self, ev: &PodLifecycleEvent) {
+        self.container_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
         if ev.kind == PodLifecycleEventType::ContainerRemoved {
             return;
         }

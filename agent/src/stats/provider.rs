@@ -90,7 +90,11 @@ pub struct StatsProvider {
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<VolumeManager>,
     fs_usage: Arc<FsUsageCache>,
-    last: tokio::sync::Mutex<Option<(Instant, Arc<Collection>)>>,
+    /// The latest collection: when it was made, the [`Self::container_changes`] count it
+    /// saw, and the collection.
+    last: tokio::sync::Mutex<Option<(Instant, u64, Arc<Collection>)>>,
+    /// Bumped by whoever sees containers start or stop (the sync loop, on PLEG events).
+    changes: Arc<std::sync::atomic::AtomicU64>,
     image_fs: tokio::sync::Mutex<Option<(Instant, Option<ImageFsInventory>)>>,
     image_fs_warned: AtomicBool,
     /// Housekeeping interval, if housekeeping runs.
@@ -143,6 +147,7 @@ impl StatsProvider {
             cm,
             volumes,
             last: tokio::sync::Mutex::default(),
+            changes: Arc::default(),
             image_fs: tokio::sync::Mutex::default(),
             image_fs_warned: AtomicBool::new(false),
             housekeeping: None,
@@ -170,7 +175,7 @@ impl StatsProvider {
             }
             let wanted = self.last_request.lock().unwrap().is_some_and(|t| t.elapsed() < HOUSEKEEPING_IDLE);
             // The eviction manager collects every 10 s too: one recent enough will do.
-            let recent = self.last.lock().await.as_ref().is_some_and(|(at, _)| at.elapsed() < every / 2);
+            let recent = self.last.lock().await.as_ref().is_some_and(|(at, _, _)| at.elapsed() < every / 2);
             if wanted
                 && !recent
                 && let Err(e) = self.fresh_collection().await
@@ -325,10 +330,20 @@ impl StatsProvider {
         self.image_fs().await.map(|fs| fs.mountpoint)
     }
 
+    /// The counter to bump when containers start or stop: a collection made before a
+    /// change is not served once it is older than [`REUSE`] (a pod that just started shows
+    /// in the next scrape, as with cAdvisor, which watches cgroups being created).
+    #[must_use]
+    pub fn container_changes(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.changes)
+    }
+
     async fn collection_within(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
         let mut last = self.last.lock().await;
-        if let Some((at, c)) = last.as_ref()
+        let changes = self.changes.load(Ordering::Acquire);
+        if let Some((at, seen, c)) = last.as_ref()
             && at.elapsed() < max_age
+            && (*seen == changes || at.elapsed() < REUSE)
         {
             return Ok(c.clone());
         }
@@ -339,7 +354,7 @@ impl StatsProvider {
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let collection = Arc::new(collection);
-        *last = Some((Instant::now(), collection.clone()));
+        *last = Some((Instant::now(), changes, collection.clone()));
         Ok(collection)
     }
 }

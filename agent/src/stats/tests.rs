@@ -1805,3 +1805,27 @@ async fn housekeeping_collects_while_the_stats_are_read_and_scrapes_reuse_it() {
     shutdown.cancel();
     housekeeping.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_container_change_makes_the_next_scrape_collect_anew() {
+    let f = v1_fixture();
+    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let p = provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
+        .with_housekeeping(provider::HOUSEKEEPING_INTERVAL);
+    let collections = || runtime.calls().iter().filter(|c| *c == "list_podsandbox").count();
+    p.collection().await.unwrap();
+    tokio::time::advance(Duration::from_secs(3)).await;
+    p.collection().await.unwrap();
+    assert_eq!(collections(), 1, "no change: the collection is served again");
+    // A container started (the sync loop saw a PLEG event).
+    p.container_changes().fetch_add(1, std::sync::atomic::Ordering::Release);
+    p.collection().await.unwrap();
+    assert_eq!(collections(), 2, "collected anew after a change");
+    // Changes right after a collection (a burst of events) do not collect again at once.
+    p.container_changes().fetch_add(1, std::sync::atomic::Ordering::Release);
+    p.collection().await.unwrap();
+    assert_eq!(collections(), 2);
+    tokio::time::advance(provider::REUSE).await;
+    p.collection().await.unwrap();
+    assert_eq!(collections(), 3);
+}
