@@ -8,6 +8,8 @@
 //!   the upstream kubelet's figures.
 
 mod agent;
+mod apiserver;
+mod cluster;
 mod https;
 mod latency;
 mod pleg;
@@ -15,6 +17,7 @@ mod procfs;
 mod records;
 mod report;
 mod scrape;
+mod watch;
 
 use anyhow::Result;
 use clap::Subcommand;
