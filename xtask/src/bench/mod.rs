@@ -6,10 +6,13 @@
 //! - `scrape`: wall time and agent CPU per scrape of `/metrics`, `/metrics/cadvisor`,
 //!   `/metrics/resource` and `/stats/summary` with 100 and 250 running containers, against
 //!   the upstream kubelet's figures.
+//! - `eviction`: memory threshold crossed → eviction decision, with the kernel's signals
+//!   and with the periodic 10 s pass alone.
 
 mod agent;
 mod apiserver;
 mod cluster;
+mod eviction;
 mod https;
 mod latency;
 mod pleg;
@@ -33,11 +36,16 @@ pub enum BenchCmd {
     /// and /stats/summary at 100 and 250 running containers, against kubelet 1.28. Takes
     /// 10 to 15 minutes; needs the machine and the test bed to itself.
     Scrape(scrape::ScrapeArgs),
+    /// Memory threshold crossed → eviction decision, with the kernel's signals (the
+    /// default) and with the periodic 10 s pass alone, side by side (20 runs each by
+    /// default, about 2 and 5 minutes); needs the machine and the test bed to itself.
+    Eviction(eviction::EvictionArgs),
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, command: BenchCmd) -> Result<()> {
     match command {
         BenchCmd::Pleg(args) => pleg::run(ctx, layout, &args).await,
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
+        BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
     }
 }
