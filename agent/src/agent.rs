@@ -517,8 +517,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                 memory_hierarchy,
                 Some(sink),
             )
-            .with_exits(kernel_exits.clone())
-            .with_pressure(pressure.clone());
+            .with_exits(kernel_exits.clone());
+            let evented =
+                if cfg.swiftlet.eviction_kernel_signals { evented.with_pressure(pressure.clone()) } else { evented };
             tracing::info!(
                 safety_relist = ?cfg.swiftlet.pleg_relist_period,
                 "evented PLEG: container lifecycle from the kernel (eBPF)"
@@ -717,7 +718,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             ));
             let _ = eviction.set(manager.clone());
             tracker.spawn(manager.run(pressure_rx, shutdown.clone()).instrument(tracing::info_span!("eviction")));
-            crate::pressure::spawn_watchers(&tracker, &pressure, kc, &shutdown);
+            if cfg.swiftlet.eviction_kernel_signals {
+                crate::pressure::spawn_watchers(&tracker, &pressure, kc, &shutdown);
+            } else {
+                tracing::info!("--eviction-kernel-signals=false: memory pressure is seen by the 10 s pass only");
+            }
         }
     } else {
         tracing::warn!("no stats: node-pressure eviction is off");

@@ -7,8 +7,12 @@
 //! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
 //!   down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
-//! - `bench pleg`: PLEG latency and agent cost, evented vs relist (figures, not a test).
+//! - `bench` (`bench all`): every figure with a target in one table, swiftlet and
+//!   optionally another node agent (figures, not a test).
+//! - `bench pleg`: PLEG latency and agent cost, evented vs relist.
 //! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
+//! - `bench eviction`: memory threshold crossed → eviction decision, kernel signals vs
+//!   the 10 s pass.
 //!
 //! xtask builds with no system tools (no protoc, no clang): it is what installs them.
 
@@ -35,6 +39,7 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[expect(clippy::large_enum_variant, reason = "parsed once; the bench's options are plain values")]
 enum Cmd {
     /// Manage the containerd test bed.
     Testbed {
@@ -70,10 +75,14 @@ enum Cmd {
         #[arg(long)]
         cluster: bool,
     },
-    /// Benchmarks against the test bed; they print figures (never run in CI).
+    /// Benchmarks against the test bed; they print figures (never run in CI). Without a
+    /// subcommand: the summary of every figure with a target (`bench all`).
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
         #[command(subcommand)]
-        command: bench::BenchCmd,
+        command: Option<bench::BenchCmd>,
+        #[command(flatten)]
+        all: bench::AllArgs,
     },
 }
 
@@ -162,7 +171,7 @@ async fn main() -> ExitCode {
         }
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
-        Cmd::Bench { command } => bench::run(&ctx, &layout, command).await,
+        Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -134,6 +134,12 @@ pub struct Flags {
     /// `<root-dir>/swiftlet/events.sock`; an empty value turns the API off.
     #[arg(long, value_name = "PATH")]
     pub event_api_socket: Option<PathBuf>,
+    /// swiftlet only: wake the eviction manager on the kernel's memory-pressure signals
+    /// (PSI triggers, memcg thresholds, eBPF reclaim and OOM events). Default true;
+    /// `--eviction-kernel-signals=false` leaves only the periodic 10 s pass, as the
+    /// upstream kubelet without `kernelMemcgNotification`.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub eviction_kernel_signals: Option<bool>,
 }
 
 impl Default for Flags {
@@ -226,6 +232,9 @@ mod tests {
         assert_eq!(flags.root_dir, PathBuf::from("/var/lib/kubelet"));
         assert_eq!(flags.cert_dir, PathBuf::from("/var/lib/kubelet/pki"));
         assert_eq!(parse(&["--v", "2"]).verbosity, Some(2));
+        assert_eq!(parse(&[]).eviction_kernel_signals, None);
+        assert_eq!(parse(&["--eviction-kernel-signals=false"]).eviction_kernel_signals, Some(false));
+        assert_eq!(parse(&["--eviction-kernel-signals"]).eviction_kernel_signals, Some(true));
         assert_eq!(parse(&["-v", "3"]).verbosity, Some(3));
     }
 

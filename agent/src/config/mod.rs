@@ -155,6 +155,10 @@ pub struct SwiftletOptions {
     /// `--event-api-socket`: `None` turns the event API off. Default:
     /// `<root-dir>/swiftlet/events.sock`.
     pub event_api_socket: Option<PathBuf>,
+    /// `--eviction-kernel-signals`: kernel memory-pressure signals (PSI, memcg
+    /// thresholds, eBPF) wake the eviction manager; false leaves the 10 s pass alone.
+    /// Default: true.
+    pub eviction_kernel_signals: bool,
 }
 
 /// Reads the `--config` file, applies defaults and flags, and validates the result.
@@ -237,6 +241,7 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
                 Some(p) => Some(p.clone()),
                 None => Some(flags.root_dir.join("swiftlet").join("events.sock")),
             },
+            eviction_kernel_signals: flags.eviction_kernel_signals.unwrap_or(true),
         },
         config_file: flags.config,
     })

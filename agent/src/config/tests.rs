@@ -509,3 +509,14 @@ fn image_pull_and_gc_settings_are_validated_like_upstream() {
     let aged = load("imageMaximumGCAge: 168h\n").unwrap().kubelet;
     assert_eq!(aged.image_maximum_gc_age, GoDuration::from_hours(168));
 }
+
+#[test]
+fn swiftlet_options_default_to_the_fast_paths() {
+    let defaults = load_with_hostname(flags(&[]), || Ok("host".to_owned())).unwrap().swiftlet;
+    assert!(defaults.evented_pleg);
+    assert!(defaults.eviction_kernel_signals);
+    let polling =
+        load_with_hostname(flags(&["--eviction-kernel-signals=false"]), || Ok("host".to_owned())).unwrap().swiftlet;
+    assert!(!polling.eviction_kernel_signals);
+    assert!(polling.evented_pleg, "the PLEG is another setting");
+}

@@ -292,6 +292,7 @@ impl EvictionManager {
         if self.config.thresholds.is_empty() && !self.config.local_storage_capacity_isolation {
             return None;
         }
+        let pass_mono_ns = crate::pleg::evented::monotonic_now_ns();
         let (configured, dedicated_image_fs) = self.thresholds().await?;
         let active = self.deps.pods.active_pods();
         let snapshot = match self.deps.stats.snapshot().await {
@@ -408,6 +409,27 @@ impl EvictionManager {
                 annotations,
                 limit: None,
             };
+            // A stable, parseable record for `cargo xtask bench eviction` (enable with
+            // RUST_LOG=eviction_decision=debug): when the pass that decided started, when
+            // its kernel signal came (0 for the periodic pass) and when it decided.
+            let decided_mono_ns = crate::pleg::evented::monotonic_now_ns();
+            let (trigger_name, signal_mono_ns) = match &trigger {
+                Trigger::Periodic => ("periodic", 0),
+                Trigger::Signal { source, at } => (
+                    source.as_str(),
+                    decided_mono_ns.saturating_sub(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX)),
+                ),
+            };
+            tracing::debug!(
+                target: "eviction_decision",
+                mono_ns = decided_mono_ns,
+                pass_mono_ns,
+                signal_mono_ns,
+                trigger = trigger_name,
+                uid,
+                eviction_signal = threshold.signal.as_str(),
+                "decided"
+            );
             if let Trigger::Signal { source, at } = &trigger {
                 let labels = SourceLabels { source: source.clone() };
                 self.deps.metrics.signal_to_decision.get_or_create(&labels).observe(at.elapsed().as_secs_f64());

@@ -4,6 +4,10 @@
 //! created in every cgroup hierarchy. Its HTTPS API has a self-signed certificate and
 //! anonymous access, and is read with `curl -sk` (xtask stays pure Rust: no TLS stack).
 //!
+//! The same set-up runs another kubelet-compatible agent (`bench --other-agent`): the
+//! same config file and the upstream flags, without swiftlet's own (`--evented-pleg`,
+//! `--event-api-socket`); and either agent can join the test API server (`--kubeconfig`).
+//!
 //! [`BenchAgent::teardown`] undoes everything whatever state the run stopped in: pods
 //! (through the agent, else through CRI), the process, the cgroups, the directory.
 
@@ -32,8 +36,8 @@ const SANDBOX_READY: i32 = 0;
 pub const NAMESPACE: &str = "swiftlet-bench";
 /// `--hostname-override`: static pod names get `-bench` appended.
 pub const NODE_NAME: &str = "bench";
-/// What the agent logs: info, plus the two record targets the bench parses.
-const RUST_LOG: &str = "info,pleg_dispatch=debug,pod_status=debug";
+/// What the agent logs: info, plus the record targets the benches parse.
+const RUST_LOG: &str = "info,pleg_dispatch=debug,pod_status=debug,eviction_decision=debug";
 
 /// Which PLEG the agent runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,9 +158,20 @@ fn free_port() -> Result<u16> {
 #[derive(Debug)]
 pub struct BenchAgent {
     pub mode: PlegMode,
+    /// What the logs call this agent (`evented`, `relist`, `swiftlet`, `kubelet`, ...).
+    pub label: String,
     binary: PathBuf,
     endpoint: String,
     max_pods: usize,
+    /// swiftlet (its own flags are given), or another kubelet-compatible agent.
+    swiftlet: bool,
+    /// `--kubeconfig`: join an API server.
+    kubeconfig: Option<PathBuf>,
+    /// `KubeletConfiguration` lines appended to the config.
+    extra_config: String,
+    extra_flags: Vec<String>,
+    /// How long [`teardown`](Self::teardown) waits for the agent to remove its pods.
+    drain_timeout: Duration,
     child: Option<Child>,
     pub dir: PathBuf,
     pub manifests: PathBuf,
@@ -169,13 +184,24 @@ pub struct BenchAgent {
 
 impl BenchAgent {
     pub fn new(mode: PlegMode, binary: &Path, endpoint: &str, max_pods: usize) -> Result<Self> {
-        let tag = format!("swiftlet-bench-{}-{}", std::process::id(), mode.name());
+        Self::named(mode.name(), mode, binary, endpoint, max_pods)
+    }
+
+    /// An agent whose directory and cgroup root carry `label` (unique within one bench).
+    pub fn named(label: &str, mode: PlegMode, binary: &Path, endpoint: &str, max_pods: usize) -> Result<Self> {
+        let tag = format!("swiftlet-bench-{}-{label}", std::process::id());
         let dir = std::env::temp_dir().join(&tag);
         Ok(Self {
             mode,
+            label: label.to_owned(),
             binary: binary.to_path_buf(),
             endpoint: endpoint.to_owned(),
             max_pods,
+            swiftlet: true,
+            kubeconfig: None,
+            extra_config: String::new(),
+            extra_flags: Vec::new(),
+            drain_timeout: Duration::from_mins(3),
             child: None,
             manifests: dir.join("manifests"),
             log_path: dir.join("swiftlet.log"),
@@ -184,6 +210,50 @@ impl BenchAgent {
             healthz_port: free_port()?,
             cgroup_root: format!("/{tag}"),
         })
+    }
+
+    /// Runs another kubelet-compatible agent: no swiftlet-only flags.
+    #[must_use]
+    pub fn other_agent(mut self) -> Self {
+        self.swiftlet = false;
+        self
+    }
+
+    /// Joins the API server of `kubeconfig`.
+    #[must_use]
+    pub fn with_kubeconfig(mut self, kubeconfig: &Path) -> Self {
+        self.kubeconfig = Some(kubeconfig.to_path_buf());
+        self
+    }
+
+    /// Appends `KubeletConfiguration` lines (YAML, top level) to the config.
+    #[must_use]
+    pub fn with_config(mut self, yaml: &str) -> Self {
+        self.extra_config.push_str(yaml);
+        if !self.extra_config.ends_with('\n') {
+            self.extra_config.push('\n');
+        }
+        self
+    }
+
+    /// Adds command-line flags.
+    #[must_use]
+    pub fn with_flags(mut self, flags: &[&str]) -> Self {
+        self.extra_flags.extend(flags.iter().map(|f| (*f).to_owned()));
+        self
+    }
+
+    /// How long the teardown waits for the agent to remove its pods (default 3 min).
+    #[must_use]
+    pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// The cgroup root's directory in the v1 memory hierarchy (`None` without one).
+    pub fn memory_cgroup_root(&self) -> Option<PathBuf> {
+        let memory = Path::new("/sys/fs/cgroup/memory");
+        memory.join("memory.limit_in_bytes").exists().then(|| memory.join(self.cgroup_root.trim_start_matches('/')))
     }
 
     /// The cgroup root's directory in every hierarchy.
@@ -201,12 +271,18 @@ impl BenchAgent {
         for d in self.cgroup_dirs() {
             fs::create_dir_all(&d).with_context(|| format!("creating cgroup {}", d.display()))?;
         }
-        let config = format!(
+        let config = self.config();
+        let path = self.dir.join("config.yaml");
+        fs::write(&path, config).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The `KubeletConfiguration` file's text.
+    pub fn config(&self) -> String {
+        format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: {manifests}
-podLogsDir: {logs}
-address: 127.0.0.1
+{logs}address: 127.0.0.1
 port: {https}
 healthzPort: {healthz}
 healthzBindAddress: 127.0.0.1
@@ -219,16 +295,45 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-",
+{extra}",
             manifests = self.manifests.display(),
-            logs = self.dir.join("pod-logs").display(),
+            // podLogsDir is newer than some kubelets (1.28 refuses it): another agent
+            // writes its pod logs to its default, /var/log/pods.
+            logs = if self.swiftlet {
+                format!("podLogsDir: {}\n", self.dir.join("pod-logs").display())
+            } else {
+                String::new()
+            },
             https = self.https_port,
             healthz = self.healthz_port,
             cgroup_root = self.cgroup_root,
             max_pods = self.max_pods.max(110),
-        );
-        let path = self.dir.join("config.yaml");
-        fs::write(&path, config).with_context(|| format!("writing {}", path.display()))
+            extra = self.extra_config,
+        )
+    }
+
+    /// The command-line flags after `--config` (the binary's own directory layout, the
+    /// runtime, the node name, the API server, swiftlet's own flags for swiftlet).
+    pub fn flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            "--container-runtime-endpoint".to_owned(),
+            self.endpoint.clone(),
+            "--root-dir".to_owned(),
+            self.dir.join("root").display().to_string(),
+            "--cert-dir".to_owned(),
+            self.dir.join("pki").display().to_string(),
+            "--hostname-override".to_owned(),
+            NODE_NAME.to_owned(),
+        ];
+        if let Some(k) = &self.kubeconfig {
+            flags.push(format!("--kubeconfig={}", k.display()));
+        }
+        if self.swiftlet {
+            flags.push(format!("--event-api-socket={}", self.dir.join("events.sock").display()));
+            flags.push(self.mode.flag().to_owned());
+        }
+        flags.extend(self.extra_flags.iter().cloned());
+        flags
     }
 
     /// Starts the process and waits until `/healthz` answers.
@@ -237,16 +342,7 @@ authorization:
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--config")
             .arg(self.dir.join("config.yaml"))
-            .arg("--container-runtime-endpoint")
-            .arg(&self.endpoint)
-            .arg("--root-dir")
-            .arg(self.dir.join("root"))
-            .arg("--cert-dir")
-            .arg(self.dir.join("pki"))
-            .arg("--hostname-override")
-            .arg(NODE_NAME)
-            .arg(format!("--event-api-socket={}", self.dir.join("events.sock").display()))
-            .arg(self.mode.flag())
+            .args(self.flags())
             .env("RUST_LOG", RUST_LOG)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -262,7 +358,8 @@ authorization:
             });
         }
         let child = cmd.spawn().with_context(|| format!("starting {}", self.binary.display()))?;
-        eprintln!("bench: started swiftlet pid {} ({}), log {}", child.id(), self.mode, self.log_path.display());
+        let what = if self.swiftlet { format!("swiftlet ({})", self.mode) } else { self.label.clone() };
+        eprintln!("bench: started {what} pid {}, log {}", child.id(), self.log_path.display());
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_mins(1);
         loop {
@@ -271,7 +368,7 @@ authorization:
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("swiftlet did not answer /healthz within 60 s; log tail:\n{}", self.log_tail(40));
+                bail!("{} did not answer /healthz within 60 s; log tail:\n{}", self.label, self.log_tail(40));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -283,10 +380,10 @@ authorization:
 
     /// Fails (with the log's tail) if the agent is not running.
     pub fn ensure_alive(&mut self) -> Result<()> {
-        let Some(child) = self.child.as_mut() else { bail!("swiftlet is not running") };
+        let Some(child) = self.child.as_mut() else { bail!("the agent ({}) is not running", self.label) };
         if let Some(status) = child.try_wait()? {
             self.child = None;
-            bail!("swiftlet exited unexpectedly with {status}; log tail:\n{}", self.log_tail(40));
+            bail!("the agent ({}) exited unexpectedly with {status}; log tail:\n{}", self.label, self.log_tail(40));
         }
         Ok(())
     }
@@ -366,14 +463,14 @@ authorization:
         let deadline = Instant::now() + Duration::from_secs(30);
         while child.try_wait()?.is_none() {
             if Instant::now() > deadline {
-                eprintln!("bench: swiftlet pid {pid} ignored SIGTERM for 30 s: SIGKILL");
+                eprintln!("bench: {} pid {pid} ignored SIGTERM for 30 s: SIGKILL", self.label);
                 child.kill()?;
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let status = child.wait()?;
-        eprintln!("bench: swiftlet pid {pid} stopped ({status})");
+        eprintln!("bench: {} pid {pid} stopped ({status})", self.label);
         Ok(())
     }
 
@@ -395,14 +492,14 @@ authorization:
                 failures.push(format!("removing manifests: {e:#}"));
             }
             if let Some(cri) = cri.as_mut() {
-                eprintln!("bench: removing the pods of the {} run", self.mode.name());
-                if let Err(e) = self.wait_drained(cri, Duration::from_mins(3)).await {
+                eprintln!("bench: removing the pods of the {} run", self.label);
+                if let Err(e) = self.wait_drained(cri, self.drain_timeout).await {
                     eprintln!("bench: the agent did not remove its pods ({e:#}); removing them through CRI");
                 }
             }
         }
         if let Err(e) = self.stop() {
-            failures.push(format!("stopping swiftlet: {e:#}"));
+            failures.push(format!("stopping the agent: {e:#}"));
         }
         if let Some(cri) = cri.as_mut()
             && let Err(e) = remove_bench_sandboxes(cri).await
@@ -561,6 +658,42 @@ mod tests {
         // b was stopped (NOTREADY) and a replaced by c.
         let stopped = [sandbox("c", NAMESPACE, 0), sandbox("b", NAMESPACE, 1)];
         assert!(disturbance(&stopped, &ours).unwrap().starts_with("2 of the bench's 2 pod sandboxes"));
+    }
+
+    #[test]
+    fn another_agent_gets_the_upstream_flags_and_config_only() {
+        let ours =
+            BenchAgent::named("swiftlet", PlegMode::Evented, Path::new("/bin/swiftlet"), "unix:///cri.sock", 100)
+                .unwrap()
+                .with_kubeconfig(Path::new("/tmp/kc"))
+                .with_config("failSwapOn: false")
+                .with_flags(&["--eviction-kernel-signals=false"]);
+        let flags = ours.flags();
+        assert!(flags.contains(&"--kubeconfig=/tmp/kc".to_owned()), "{flags:?}");
+        assert!(flags.contains(&"--evented-pleg=true".to_owned()), "{flags:?}");
+        assert!(flags.iter().any(|f| f.starts_with("--event-api-socket=")), "{flags:?}");
+        assert_eq!(flags.last().map(String::as_str), Some("--eviction-kernel-signals=false"));
+        let config = ours.config();
+        assert!(
+            config.contains("\npodLogsDir: ") && config.ends_with("mode: AlwaysAllow\nfailSwapOn: false\n"),
+            "{config}"
+        );
+        assert!(config.contains("maxPods: 110\n") && config.contains(&format!("cgroupRoot: {}\n", ours.cgroup_root)));
+        assert!(
+            ours.cgroup_root.ends_with("-swiftlet") && ours.dir.ends_with(ours.cgroup_root.trim_start_matches('/'))
+        );
+
+        let other = BenchAgent::named("kubelet", PlegMode::Evented, Path::new("/bin/kubelet"), "unix:///cri.sock", 200)
+            .unwrap()
+            .other_agent();
+        let flags = other.flags();
+        assert!(
+            !flags.iter().any(|f| f.starts_with("--evented-pleg") || f.starts_with("--event-api-socket")),
+            "{flags:?}"
+        );
+        assert_eq!(&flags[..2], ["--container-runtime-endpoint", "unix:///cri.sock"]);
+        assert!(flags.windows(2).any(|w| w == ["--hostname-override", NODE_NAME]));
+        assert!(!other.config().contains("podLogsDir") && other.config().contains("maxPods: 200\n"));
     }
 
     #[test]

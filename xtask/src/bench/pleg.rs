@@ -63,7 +63,7 @@ const BACKGROUND_WINDOW: Duration = Duration::from_secs(10);
 const IDLE_WINDOW: Duration = Duration::from_secs(30);
 const DRAIN_TIMEOUT: Duration = Duration::from_mins(3);
 /// The containers' command: sleeps until killed; a graceful stop (SIGTERM) ends it at once.
-const SLEEPER: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
+pub(super) const SLEEPER: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
@@ -469,7 +469,7 @@ struct Target {
     pid: i32,
 }
 
-fn sig_kill(pid: i32) -> std::io::Result<()> {
+pub(super) fn sig_kill(pid: i32) -> std::io::Result<()> {
     // SAFETY: kill(2) has no memory-safety preconditions; the pid was just checked to be
     // the init process of one of the bench's containers.
     if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }

@@ -4,6 +4,7 @@
 //! ```text
 //! 2026-11-30T18:00:00.000001Z DEBUG pleg_dispatch: dispatched mono_ns=.. kernel_ns=.. uid=.. id=.. kind=ContainerDied
 //! 2026-11-30T18:00:00.000002Z DEBUG pod_worker{..}: pod_status: updated mono_ns=.. uid=.. containers=c0:running:0,c1:terminated:1
+//! 2026-11-30T18:00:00.000003Z DEBUG eviction: eviction_decision: decided mono_ns=.. pass_mono_ns=.. signal_mono_ns=.. trigger=memcg_threshold uid=.. eviction_signal=allocatableMemory.available
 //! ```
 //!
 //! Only `target: message` and the `key=value` fields after it are read; timestamps, levels
@@ -61,14 +62,33 @@ impl StatusUpdate {
     }
 }
 
+/// `eviction_decision: decided`: the eviction manager chose a pod to evict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionDecision {
+    /// `CLOCK_MONOTONIC` ns of the decision.
+    pub mono_ns: u64,
+    /// When the pass that decided started.
+    pub pass_mono_ns: u64,
+    /// When the kernel signal that started the pass reached the agent; 0 for the
+    /// periodic pass.
+    pub signal_mono_ns: u64,
+    /// `periodic`, or the signal's source (`memcg_threshold`, `psi`, `ebpf_reclaim`, ...).
+    pub trigger: String,
+    /// The evicted pod.
+    pub uid: String,
+    pub eviction_signal: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Dispatch(Dispatch),
     Status(StatusUpdate),
+    Eviction(EvictionDecision),
 }
 
 const DISPATCH: &str = "pleg_dispatch: dispatched";
 const STATUS: &str = "pod_status: updated";
+const EVICTION: &str = "eviction_decision: decided";
 
 /// Removes ANSI escape sequences (`ESC [ ... letter`).
 fn strip_ansi(line: &str) -> std::borrow::Cow<'_, str> {
@@ -130,10 +150,20 @@ fn parse_containers(s: &str) -> Option<Vec<ContainerSummary>> {
 /// The record on one log line, if it is one (and well formed).
 pub fn parse_line(line: &str) -> Option<Record> {
     // Cheap filter on the target names (colour codes may split `target: message`).
-    if !line.contains("pleg_dispatch") && !line.contains("pod_status") {
+    if !line.contains("pleg_dispatch") && !line.contains("pod_status") && !line.contains("eviction_decision") {
         return None;
     }
     let line = strip_ansi(line);
+    if let Some(f) = fields_after(&line, EVICTION) {
+        return Some(Record::Eviction(EvictionDecision {
+            mono_ns: field(&f, "mono_ns")?.parse().ok()?,
+            pass_mono_ns: field(&f, "pass_mono_ns")?.parse().ok()?,
+            signal_mono_ns: field(&f, "signal_mono_ns")?.parse().ok()?,
+            trigger: field(&f, "trigger")?.to_owned(),
+            uid: field(&f, "uid")?.to_owned(),
+            eviction_signal: field(&f, "eviction_signal")?.to_owned(),
+        }));
+    }
     if let Some(f) = fields_after(&line, DISPATCH) {
         return Some(Record::Dispatch(Dispatch {
             mono_ns: field(&f, "mono_ns")?.parse().ok()?,
@@ -236,6 +266,28 @@ mod tests {
             panic!("not a status record")
         };
         assert!(s.containers.is_empty());
+    }
+
+    #[test]
+    fn parses_an_eviction_decision_inside_its_span() {
+        let line = "2026-12-02T10:00:00.5Z DEBUG eviction: eviction_decision: decided mono_ns=5000 pass_mono_ns=4000 \
+                    signal_mono_ns=3900 trigger=\"memcg_threshold\" uid=\"9a\" eviction_signal=\"allocatableMemory.available\"";
+        assert_eq!(
+            parse_line(line),
+            Some(Record::Eviction(EvictionDecision {
+                mono_ns: 5000,
+                pass_mono_ns: 4000,
+                signal_mono_ns: 3900,
+                trigger: "memcg_threshold".into(),
+                uid: "9a".into(),
+                eviction_signal: "allocatableMemory.available".into(),
+            }))
+        );
+        let periodic = "x DEBUG eviction_decision: decided mono_ns=7 pass_mono_ns=6 signal_mono_ns=0 trigger=periodic \
+                        uid=u eviction_signal=memory.available";
+        let Some(Record::Eviction(d)) = parse_line(periodic) else { panic!("not an eviction record") };
+        assert_eq!((d.trigger.as_str(), d.signal_mono_ns), ("periodic", 0));
+        assert_eq!(parse_line("x DEBUG eviction_decision: decided mono_ns=7 trigger=periodic uid=u"), None);
     }
 
     #[test]

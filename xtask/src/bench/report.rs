@@ -413,6 +413,51 @@ pub fn markdown(results: &[ModeResult], env: &Environment) -> String {
     out
 }
 
+/// Aligned plain text: first column left, the others right.
+pub fn text_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = " ".repeat(w - c.chars().count());
+            if i == 0 {
+                let _ = write!(s, "{c}{pad}");
+            } else {
+                let _ = write!(s, "  {pad}{c}");
+            }
+        }
+        s.trim_end().to_owned()
+    };
+    let mut out = line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
+    out.push('\n');
+    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row));
+        out.push('\n');
+    }
+    out
+}
+
+/// A Markdown table: first column left, the others right.
+pub fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let cells: Vec<String> = cells.map(|c| if c.is_empty() { " ".to_owned() } else { format!(" {c} ") }).collect();
+        format!("|{}|\n", cells.join("|"))
+    };
+    let mut out = line(&mut header.iter().copied());
+    let _ = writeln!(out, "|---|{}", "---:|".repeat(header.len().saturating_sub(1)));
+    for row in rows {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
+    }
+    out
+}
+
 /// `YYYY-MM-DD HH:MM UTC` for seconds since the Unix epoch.
 pub fn utc_date(unix_secs: u64) -> String {
     let days = (unix_secs / 86_400) as i64;

@@ -399,43 +399,12 @@ fn footnotes(scrapes: usize) -> Vec<String> {
     ]
 }
 
-/// Aligned plain text: first column left, the others right.
-fn text_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
-            let pad = " ".repeat(w - c.chars().count());
-            if i == 0 {
-                let _ = write!(s, "{c}{pad}");
-            } else {
-                let _ = write!(s, "  {pad}{c}");
-            }
-        }
-        s.trim_end().to_owned()
-    };
-    let mut out = line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
-    out.push('\n');
-    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
-    out.push('\n');
-    for row in rows {
-        out.push_str(&line(row));
-        out.push('\n');
-    }
-    out
-}
-
 /// The report as plain text (stdout).
 pub fn text(results: &[PodsResult], scrapes: usize) -> String {
     let mut out = String::new();
     for r in results {
         let _ = writeln!(out, "{}\n", run_line(r, scrapes));
-        out.push_str(&text_table(&HEADER, &rows(r)));
+        out.push_str(&report::text_table(&HEADER, &rows(r)));
         let _ = writeln!(out, "\n{}\n", verdict(r));
     }
     for f in footnotes(scrapes) {
@@ -675,7 +644,7 @@ async fn run_pods(
 
 /// Waits (at most [`STATS_WAIT`]) until `/stats/summary` has CPU rates for every bench
 /// pod's containers; whether it got there.
-async fn wait_for_stats(agent: &mut BenchAgent, n: usize) -> Result<bool> {
+pub(super) async fn wait_for_stats(agent: &mut BenchAgent, n: usize) -> Result<bool> {
     let url = format!("https://127.0.0.1:{}/stats/summary", agent.https_port);
     let deadline = Instant::now() + STATS_WAIT;
     loop {
@@ -759,7 +728,7 @@ async fn measure(
     }))
 }
 
-async fn scrape_endpoint(
+pub(super) async fn scrape_endpoint(
     agent: &mut BenchAgent,
     runtime_pid: Option<i32>,
     endpoint: &Endpoint,
