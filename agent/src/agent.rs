@@ -122,6 +122,7 @@ fn stats_provider(
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<crate::volumes::VolumeManager>,
+    container_changes: Arc<std::sync::atomic::AtomicU64>,
 ) -> Option<Arc<crate::stats::provider::StatsProvider>> {
     use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
     let hierarchies = match CgroupHierarchies::detect(std::path::Path::new("/sys/fs/cgroup")) {
@@ -141,7 +142,8 @@ fn stats_provider(
     let collector = Collector::new(CollectorConfig::new(hierarchies));
     Some(Arc::new(
         crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)
-            .with_housekeeping(crate::stats::provider::HOUSEKEEPING_INTERVAL),
+            .with_housekeeping(crate::stats::provider::HOUSEKEEPING_INTERVAL)
+            .with_container_changes(container_changes),
     ))
 }
 
@@ -408,6 +410,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.clone())),
         None => Arc::new(crate::volumes::source::NoApiServer),
     };
+    // Counts sandbox and container starts and stops (the runtime manager's and the PLEG's):
+    // the stats provider collects anew after one.
+    let container_changes = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Exits the evented PLEG sees before containerd records them.
     let kernel_exits = Arc::new(crate::pleg::exits::KernelExits::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
@@ -447,6 +452,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         )
         .with_recorder(recorder.clone())
         .with_kernel_exits(kernel_exits.clone())
+        .with_container_changes(container_changes.clone())
         .with_probes(probes.clone(), &runtime_name)
         .with_startup_tracker(startup.clone())
         .with_dns(crate::runtime::manager::dns::DnsSettings {
@@ -541,7 +547,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     });
 
     let events_view = memory_events.clone();
-    let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone(), runtime.volumes().clone());
+    let stats_source = stats_provider(
+        &cfg,
+        kc,
+        rt.clone(),
+        pod_manager.clone(),
+        cm.clone(),
+        runtime.volumes().clone(),
+        container_changes.clone(),
+    );
     if let Some(stats) = &stats_source {
         // Walks writable layers and volumes in the background; scrapes read its cache.
         tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));
@@ -747,7 +761,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         recorder: recorder.clone(),
         rejected: std::sync::Mutex::default(),
         eviction,
-        container_changes: stats_source.as_ref().map(|s| s.container_changes()).unwrap_or_default(),
+        container_changes,
     };
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),

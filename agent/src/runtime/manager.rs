@@ -350,6 +350,9 @@ pub struct RuntimeManager {
     dns: dns::DnsSettings,
     /// Exits the kernel saw before the runtime recorded them (evented PLEG).
     kernel_exits: Option<Arc<crate::pleg::exits::KernelExits>>,
+    /// Bumped whenever a sandbox or container is started or stopped (the stats provider's
+    /// `container_changes`).
+    container_changes: Arc<std::sync::atomic::AtomicU64>,
     /// The prober (liveness/startup verdicts) and the runtime's name, which prefixes
     /// container ids in the API status (`containerd://<id>`).
     probes: Option<(crate::prober::ProbeManager, String)>,
@@ -381,6 +384,7 @@ impl RuntimeManager {
             volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
             dns: dns::DnsSettings::default(),
             kernel_exits: None,
+            container_changes: Arc::default(),
             probes: None,
             startup: None,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
@@ -422,6 +426,17 @@ impl RuntimeManager {
     pub fn with_kernel_exits(mut self, exits: Arc<crate::pleg::exits::KernelExits>) -> Self {
         self.kernel_exits = Some(exits);
         self
+    }
+
+    /// Bumps `changes` whenever a sandbox or container is started or stopped.
+    #[must_use]
+    pub fn with_container_changes(mut self, changes: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.container_changes = changes;
+        self
+    }
+
+    fn containers_changed(&self) {
+        self.container_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 
     /// Uses `volumes` for pod volumes and as the source of `ConfigMap`s and `Secret`s for
@@ -734,6 +749,7 @@ impl RuntimeManager {
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
         let started = std::time::Instant::now();
         let id = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await?;
+        self.containers_changed();
         self.metrics
             .run_podsandbox_duration
             .get_or_create(&crate::metrics::RuntimeHandlerLabels { runtime_handler: handler })
@@ -859,7 +875,9 @@ impl RuntimeManager {
             "Created",
             format!("Created container {}", container.name),
         );
-        if let Err(e) = self.rt.start_container(&id).await {
+        let started = self.rt.start_container(&id).await;
+        self.containers_changed();
+        if let Err(e) = started {
             return Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None));
         }
         self.container_event(
@@ -1252,7 +1270,9 @@ impl RuntimeManager {
         self.container_event(pod, name, EventType::Normal, "Killing", message.to_string());
         let grace = self.pre_stop(pod, id, name, grace, pod_ips).await;
         tracing::debug!(pod = %pod_full_name(pod), container = %name, grace, "stopping container");
-        match self.rt.stop_container(id, grace).await {
+        let stopped = self.rt.stop_container(id, grace).await;
+        self.containers_changed();
+        match stopped {
             Err(e) if !e.is_not_found() => Err(e),
             _ => Ok(()),
         }
@@ -1291,7 +1311,9 @@ impl RuntimeManager {
                 }
                 _ => grace.max(MINIMUM_GRACE_PERIOD_SECS),
             };
-            match self.rt.stop_container(&c.id, grace).await {
+            let stopped = self.rt.stop_container(&c.id, grace).await;
+            self.containers_changed();
+            match stopped {
                 Err(e) if !e.is_not_found() => Err(e),
                 _ => Ok(()),
             }
@@ -1306,7 +1328,9 @@ impl RuntimeManager {
             return Err(e);
         }
         for s in &status.sandboxes {
-            match self.rt.stop_pod_sandbox(&s.id).await {
+            let stopped = self.rt.stop_pod_sandbox(&s.id).await;
+            self.containers_changed();
+            match stopped {
                 Err(e) if !e.is_not_found() => return Err(e),
                 _ => {}
             }

@@ -330,9 +330,16 @@ impl StatsProvider {
         self.image_fs().await.map(|fs| fs.mountpoint)
     }
 
+    /// Shares `changes` as [`Self::container_changes`].
+    #[must_use]
+    pub fn with_container_changes(mut self, changes: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.changes = changes;
+        self
+    }
+
     /// The counter to bump when containers start or stop: a collection made before a
-    /// change is not served once it is older than [`REUSE`] (a pod that just started shows
-    /// in the next scrape, as with cAdvisor, which watches cgroups being created).
+    /// change is not served again (a pod that just started shows in the next scrape, as
+    /// with cAdvisor, which watches cgroups being created).
     #[must_use]
     pub fn container_changes(&self) -> Arc<std::sync::atomic::AtomicU64> {
         Arc::clone(&self.changes)
@@ -343,7 +350,7 @@ impl StatsProvider {
         let changes = self.changes.load(Ordering::Acquire);
         if let Some((at, seen, c)) = last.as_ref()
             && at.elapsed() < max_age
-            && (*seen == changes || at.elapsed() < REUSE)
+            && *seen == changes
         {
             return Ok(c.clone());
         }
