@@ -6,8 +6,9 @@
 //!
 //! # Set-up (as `tests/tests/eviction.rs`)
 //! Per mode, the test API server and a release agent joined to it ([`Cluster`]), its
-//! pods cgroup (`<cgroupRoot>/kubepods`, cgroup v1 memory) limited to 300 MiB before the
-//! agent starts, and `evictionHard: allocatableMemory.available: 100Mi`, so the pods'
+//! pods cgroup (`<cgroupRoot>/kubepods`, cgroup v1 memory) limited to 300 MiB by the
+//! agent's node allocatable enforcement (`systemReserved` memory = `MemTotal` − 300 MiB),
+//! and `evictionHard: allocatableMemory.available: 100Mi`, so the pods'
 //! working set may reach 200 MiB. `evictionPressureTransitionPeriod` is 1 s, so that the
 //! `MemoryPressure` condition (which refuses `BestEffort` pods) clears soon after each run.
 //!
@@ -584,22 +585,34 @@ async fn prepare(binaries: &Binaries, layout: &Layout, mode: Mode, slot: &mut Op
         10,
     )?
     .with_config(&format!(
-        "evictionHard:\n  allocatableMemory.available: {}Mi\nevictionPressureTransitionPeriod: 1s\n",
-        THRESHOLD_BYTES / MIB
+        "evictionHard:\n  allocatableMemory.available: {}Mi\nevictionPressureTransitionPeriod: 1s\n\
+         systemReserved:\n  memory: {}Ki\n",
+        THRESHOLD_BYTES / MIB,
+        reserved_for_limit()? / 1024
     ))
     .with_flags(mode.flags());
-    let memory_root = agent.memory_cgroup_root().context(
+    agent.memory_cgroup_root().context(
         "bench eviction needs the cgroup v1 memory controller (/sys/fs/cgroup/memory): the agent's memcg threshold \
          signal is v1's",
     )?;
     let cluster = slot.insert(Cluster::prepare(&binaries.apiserver, agent).await?);
-    // The threshold watcher reads the limit when it starts: set it before the agent runs.
-    let kubepods = memory_root.join("kubepods");
-    fs::create_dir_all(&kubepods).with_context(|| format!("creating {}", kubepods.display()))?;
-    fs::write(kubepods.join("memory.limit_in_bytes"), LIMIT_BYTES.to_string())
-        .with_context(|| format!("limiting {}", kubepods.display()))?;
     cluster.start().await?;
     Ok(())
+}
+
+/// The `systemReserved` memory that leaves [`LIMIT_BYTES`] to pods: the agent enforces
+/// node allocatable (capacity − reservations) as the pods cgroup's memory limit.
+fn reserved_for_limit() -> Result<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let total = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .context("no MemTotal in /proc/meminfo")?
+        * 1024;
+    ensure!(total > 2 * LIMIT_BYTES, "this machine has too little memory ({total} bytes) for the bench");
+    Ok(total - LIMIT_BYTES)
 }
 
 /// Measures `runs` evictions in `mode` with a fresh cluster, left in `slot` for the caller
@@ -618,8 +631,8 @@ pub async fn measure_mode(
     let limit: u64 = fs::read_to_string(kubepods.join("memory.limit_in_bytes"))?.trim().parse()?;
     ensure!(
         limit == LIMIT_BYTES,
-        "the agent changed the pods cgroup's memory limit to {limit} bytes (set: {LIMIT_BYTES}); the bench's threshold \
-         arithmetic would be wrong"
+        "the pods cgroup's memory limit is {limit} bytes, not the {LIMIT_BYTES} that systemReserved should leave; the \
+         bench's threshold arithmetic would be wrong"
     );
     let mut tail = LogTail::from_end(&cluster.agent.log_path)?;
     let mut records: Vec<Record> = Vec::new();
