@@ -63,6 +63,7 @@ pub mod procfs;
 pub mod provider;
 pub mod resource_metrics;
 pub mod summary;
+pub mod synthetic;
 pub mod usage_cache;
 
 #[cfg(test)]
