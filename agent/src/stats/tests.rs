@@ -894,6 +894,55 @@ fn go_float_formatting() {
     }
 }
 
+/// Go's `FormatFloat(v, 'g', -1, 64)` the slow, obvious way: the shortest digits from
+/// `{:e}`, `%e` form when the exponent is < -4 or >= 6.
+fn go_float_oracle(v: f64) -> String {
+    if v == 0.0 {
+        return "0".to_owned();
+    }
+    let sci = format!("{v:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap();
+    let exp: i32 = exp.parse().unwrap();
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    if (-4..6).contains(&exp) {
+        format!("{v}")
+    } else {
+        let fraction = if digits.len() > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+        let e = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{}{fraction}e{e}{:02}", &digits[..1], exp.abs())
+    }
+}
+
+#[test]
+fn go_float_agrees_with_the_obvious_formatting() {
+    let mut values =
+        vec![1e15, 9_007_199_254_740_991.0, 9_007_199_254_740_992.0, 9_007_199_254_740_994.0, 1e21, 5e-324];
+    for e in -30..30 {
+        let p = 10f64.powi(e);
+        values.extend([p, 3.0 * p, 1.5 * p, p * (1.0 + f64::EPSILON), p * 0.999_999]);
+    }
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        values.extend([
+            f64::from_bits(x),
+            (x >> 11) as f64,
+            (x % 100_000_000_000) as f64,
+            (x % 10_000_000) as f64 / 1e9,
+        ]);
+    }
+    for v in values.into_iter().filter(|v| v.is_finite()) {
+        for v in [v, -v] {
+            let mut ours = String::new();
+            write_go_float(&mut ours, v);
+            assert_eq!(ours, go_float_oracle(v), "{v:e}");
+        }
+    }
+}
+
 /// One family of the text format: TYPE, HELP and its samples.
 #[derive(Debug, Default)]
 struct Parsed {
