@@ -25,29 +25,70 @@ pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events", "ku
 /// `strconv.FormatFloat(v, 'g', -1, 64)` does (`5`, not `5.0`; `1e+06`).
 #[must_use]
 pub fn with_upstream_counter_names(text: &str) -> String {
-    let upstream_names: Vec<(String, String, String, &str)> = COUNTERS_WITHOUT_TOTAL
-        .iter()
-        .map(|name| (format!("# HELP {name}_total"), format!("# TYPE {name}_total"), format!("{name}_total"), *name))
-        .collect();
     let mut out = String::with_capacity(text.len());
+    write_with_upstream_counter_names(&mut out, text);
+    out
+}
+
+/// [`with_upstream_counter_names`] appending to `out`: one pass over the text, each line
+/// copied as is unless it names one of [`COUNTERS_WITHOUT_TOTAL`] or has `le`/`quantile`
+/// values to rewrite, which are written in place (no allocation per line).
+pub fn write_with_upstream_counter_names(out: &mut String, text: &str) {
+    out.reserve(text.len());
     for line in text.split_inclusive('\n') {
-        let renamed = upstream_names.iter().find_map(|(help, type_, sample, name)| {
-            let (prefix, rest) = if let Some(r) = line.strip_prefix(help.as_str()) {
-                ("# HELP ", r)
-            } else if let Some(r) = line.strip_prefix(type_.as_str()) {
-                ("# TYPE ", r)
-            } else {
-                ("", line.strip_prefix(sample.as_str())?)
-            };
-            rest.starts_with([' ', '{']).then(|| format!("{prefix}{name}{rest}"))
-        });
-        let line = renamed.as_deref().unwrap_or(line);
-        match go_float_labels(line) {
-            Some(fixed) => out.push_str(&fixed),
-            None => out.push_str(line),
+        match strip_total(line) {
+            Some((prefix, name, rest)) => {
+                out.push_str(prefix);
+                out.push_str(name);
+                if prefix.is_empty() {
+                    push_with_go_float_labels(out, rest);
+                } else {
+                    out.push_str(rest);
+                }
+            }
+            None => push_with_go_float_labels(out, line),
         }
     }
-    out
+}
+
+/// A `HELP`, `TYPE` or sample line of a counter in [`COUNTERS_WITHOUT_TOTAL`], split into
+/// what comes before the name (`# HELP `, `# TYPE ` or nothing), the upstream name, and
+/// what follows `_total`.
+fn strip_total(line: &str) -> Option<(&'static str, &'static str, &str)> {
+    let (prefix, named) = if let Some(r) = line.strip_prefix("# HELP ") {
+        ("# HELP ", r)
+    } else if let Some(r) = line.strip_prefix("# TYPE ") {
+        ("# TYPE ", r)
+    } else {
+        ("", line)
+    };
+    COUNTERS_WITHOUT_TOTAL.iter().find_map(|name| {
+        let rest = named.strip_prefix(name)?.strip_prefix("_total")?;
+        rest.starts_with([' ', '{']).then_some((prefix, *name, rest))
+    })
+}
+
+/// Appends `line` with its `le="…"` / `quantile="…"` values in Go's float format.
+fn push_with_go_float_labels(out: &mut String, line: &str) {
+    if line.starts_with('#') || !(line.contains("le=\"") || line.contains("quantile=\"")) {
+        out.push_str(line);
+        return;
+    }
+    let mut rest = line;
+    while let Some((start, key_len)) =
+        ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min()
+    {
+        let value_start = start + key_len;
+        let Some(len) = rest[value_start..].find('"') else { break };
+        let value = &rest[value_start..value_start + len];
+        out.push_str(&rest[..value_start]);
+        match value.parse::<f64>() {
+            Ok(v) if v.is_finite() => crate::stats::resource_metrics::write_go_float(out, v),
+            _ => out.push_str(value),
+        }
+        rest = &rest[value_start + len..];
+    }
+    out.push_str(rest);
 }
 
 /// In an `OpenMetrics` exposition, [`COUNTERS_WITHOUT_TOTAL`] are typed `unknown` with
@@ -57,49 +98,54 @@ pub fn with_upstream_counter_names(text: &str) -> String {
 #[must_use]
 pub fn openmetrics_with_upstream_counter_names(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let mut fixed = None;
-        for name in COUNTERS_WITHOUT_TOTAL {
-            if line.starts_with(&format!("# TYPE {name} counter")) {
-                fixed = Some(format!("# TYPE {name} unknown\n"));
-            } else if let Some(rest) = line.strip_prefix(&format!("{name}_total")).filter(|r| r.starts_with([' ', '{']))
-            {
-                fixed = Some(format!("{name}{rest}"));
-            } else if line.strip_prefix(&format!("{name}_created")).is_some_and(|r| r.starts_with([' ', '{'])) {
-                fixed = Some(String::new());
-            }
-        }
-        out.push_str(fixed.as_deref().unwrap_or(line));
-    }
+    write_openmetrics_with_upstream_counter_names(&mut out, text);
     out
 }
 
-/// `line` with its `le="…"` / `quantile="…"` values in Go's float format, if any changed.
-fn go_float_labels(line: &str) -> Option<String> {
-    if line.starts_with('#') || !line.contains("=\"") || !(line.contains("le=\"") || line.contains("quantile=\"")) {
-        return None;
+/// [`openmetrics_with_upstream_counter_names`] appending to `out`.
+pub fn write_openmetrics_with_upstream_counter_names(out: &mut String, text: &str) {
+    /// What becomes of a line naming one of [`COUNTERS_WITHOUT_TOTAL`].
+    enum Fix<'a> {
+        /// Its `TYPE` line: `unknown`.
+        Type(&'static str),
+        /// A `_total` sample: under the upstream name, followed by this.
+        Sample(&'static str, &'a str),
+        /// A `_created` sample: left out.
+        Drop,
     }
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    let mut changed = false;
-    while let Some(pos) = ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min() {
-        let (start, key_len) = pos;
-        let value_start = start + key_len;
-        let Some(len) = rest[value_start..].find('"') else { break };
-        let value = &rest[value_start..value_start + len];
-        out.push_str(&rest[..value_start]);
-        match value.parse::<f64>() {
-            Ok(v) if v.is_finite() => {
-                let go = go_float(v);
-                changed |= go != value;
-                out.push_str(&go);
+    out.reserve(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut fix = None;
+        for name in COUNTERS_WITHOUT_TOTAL {
+            let after = |suffix: &str| {
+                line.strip_prefix(name).and_then(|r| r.strip_prefix(suffix)).filter(|r| r.starts_with([' ', '{']))
+            };
+            if line
+                .strip_prefix("# TYPE ")
+                .and_then(|r| r.strip_prefix(name))
+                .is_some_and(|r| r.starts_with(" counter"))
+            {
+                fix = Some(Fix::Type(name));
+            } else if let Some(rest) = after("_total") {
+                fix = Some(Fix::Sample(name, rest));
+            } else if after("_created").is_some() {
+                fix = Some(Fix::Drop);
             }
-            _ => out.push_str(value),
         }
-        rest = &rest[value_start + len..];
+        match fix {
+            None => out.push_str(line),
+            Some(Fix::Type(name)) => {
+                out.push_str("# TYPE ");
+                out.push_str(name);
+                out.push_str(" unknown\n");
+            }
+            Some(Fix::Sample(name, rest)) => {
+                out.push_str(name);
+                out.push_str(rest);
+            }
+            Some(Fix::Drop) => {}
+        }
     }
-    out.push_str(rest);
-    changed.then_some(out)
 }
 
 /// Go's `strconv.FormatFloat(v, 'g', -1, 64)`: the shortest digits, as `%e` when the
@@ -794,6 +840,96 @@ mod tests {
             with_upstream_counter_names(text),
             "# HELP kubelet_pleg_discard_events [ALPHA] x.\n# TYPE kubelet_pleg_discard_events counter\nkubelet_pleg_discard_events 3\nkubelet_pleg_discard_events_totalx 1\nkubelet_started_pods_total 2\n"
         );
+    }
+
+    /// The rewriting as it was first written (a `String` per line, `format!` per float),
+    /// kept to check that the one-pass rewriting writes the same bytes.
+    fn obvious_upstream_names(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.split_inclusive('\n') {
+            let mut line = line.to_owned();
+            for name in COUNTERS_WITHOUT_TOTAL {
+                for prefix in ["# HELP ", "# TYPE ", ""] {
+                    if let Some(rest) = line.strip_prefix(&format!("{prefix}{name}_total"))
+                        && rest.starts_with([' ', '{'])
+                    {
+                        line = format!("{prefix}{name}{rest}");
+                    }
+                }
+            }
+            if !line.starts_with('#') {
+                let mut fixed = String::new();
+                let mut rest = line.as_str();
+                while let Some((start, key)) =
+                    ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min()
+                {
+                    let Some(len) = rest[start + key..].find('"') else { break };
+                    let value = &rest[start + key..start + key + len];
+                    fixed.push_str(&rest[..start + key]);
+                    match value.parse::<f64>() {
+                        Ok(v) if v.is_finite() => fixed.push_str(&go_float(v)),
+                        _ => fixed.push_str(value),
+                    }
+                    rest = &rest[start + key + len..];
+                }
+                fixed.push_str(rest);
+                line = fixed;
+            }
+            out.push_str(&line);
+        }
+        out
+    }
+
+    /// The `OpenMetrics` rewriting as first written.
+    fn obvious_openmetrics_names(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.split_inclusive('\n') {
+            let mut fixed = None;
+            for name in COUNTERS_WITHOUT_TOTAL {
+                if line.starts_with(&format!("# TYPE {name} counter")) {
+                    fixed = Some(format!("# TYPE {name} unknown\n"));
+                } else if let Some(rest) =
+                    line.strip_prefix(&format!("{name}_total")).filter(|r| r.starts_with([' ', '{']))
+                {
+                    fixed = Some(format!("{name}{rest}"));
+                } else if line.strip_prefix(&format!("{name}_created")).is_some_and(|r| r.starts_with([' ', '{'])) {
+                    fixed = Some(String::new());
+                }
+            }
+            out.push_str(fixed.as_deref().unwrap_or(line));
+        }
+        out
+    }
+
+    #[test]
+    fn one_pass_rewriting_writes_what_the_obvious_one_did() {
+        let mut reg = Registry::default();
+        let m = KubeletMetrics::new(&mut reg, "node-a");
+        let eviction = crate::eviction::EvictionMetrics::new(&mut reg);
+        eviction
+            .evictions
+            .get_or_create(&crate::eviction::metrics::SignalLabels { eviction_signal: "memory.available".into() })
+            .inc();
+        m.pleg_discard_events.inc();
+        for (i, op) in ["list_podsandbox", "version", "image_status"].iter().enumerate() {
+            m.observe_runtime_operation(op, 0.003 * i as f64, i == 1);
+        }
+        m.pod_start_duration.observe(1.5, Some(TraceExemplar { trace_id: "abc".into() }), None);
+        m.evented_pleg_event_latency.observe(0.000_2);
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &reg).unwrap();
+        // Lines the registry does not write: a HELP text and labels that look like `le`,
+        // an unclosed value, a TYPE line that only starts like a counter's.
+        text.push_str("# HELP kubelet_evictions_total help with le=\"5.0\"\n");
+        text.push_str(
+            "x{file=\"5.0\",le=\"1e6\",quantile=\"0.50\"} 1\nx{handle=\"nan\",le=\"+Inf\"} 2\ny{le=\"3.0 1\n",
+        );
+        text.push_str("kubelet_evictions_total{le=\"2.0\"} 1\n# TYPE kubelet_evictions counterish\n");
+        assert_eq!(with_upstream_counter_names(&text), obvious_upstream_names(&text));
+        let mut open = String::new();
+        prometheus_client::encoding::text::encode(&mut open, &reg).unwrap();
+        open.push_str("# TYPE kubelet_evictions counterish\nkubelet_pleg_discard_events_created 1\n");
+        assert_eq!(openmetrics_with_upstream_counter_names(&open), obvious_openmetrics_names(&open));
     }
 
     #[test]
