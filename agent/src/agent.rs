@@ -122,6 +122,7 @@ fn stats_provider(
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<crate::volumes::VolumeManager>,
+    metrics: Arc<KubeletMetrics>,
 ) -> Option<Arc<crate::stats::provider::StatsProvider>> {
     use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
     let hierarchies = match CgroupHierarchies::detect(std::path::Path::new("/sys/fs/cgroup")) {
@@ -138,7 +139,9 @@ fn stats_provider(
         pod_logs_dir: kc.pod_logs_dir.clone().into(),
         pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
     };
-    let collector = Collector::new(CollectorConfig::new(hierarchies));
+    let mut config = CollectorConfig::new(hierarchies);
+    config.metrics = Some(metrics);
+    let collector = Collector::new(config);
     Some(Arc::new(
         crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)
             .with_housekeeping(crate::stats::provider::HOUSEKEEPING_INTERVAL),
@@ -527,7 +530,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     });
 
     let events_view = memory_events.clone();
-    let stats_source = stats_provider(&cfg, kc, rt.clone(), pod_manager.clone(), cm.clone(), runtime.volumes().clone());
+    let stats_source = stats_provider(
+        &cfg,
+        kc,
+        rt.clone(),
+        pod_manager.clone(),
+        cm.clone(),
+        runtime.volumes().clone(),
+        metrics.clone(),
+    );
     if let Some(stats) = &stats_source {
         // Walks writable layers and volumes in the background; scrapes read its cache.
         tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));

@@ -281,6 +281,13 @@ pub struct WorkingPodLabels {
     pub r#static: String,
 }
 
+/// Label set `metric_source` of `kubelet_volume_metric_collection_duration_seconds`: how
+/// a usage was measured (`du` here; upstream also `fsquota`, `block` and CSI driver names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetricSourceLabels {
+    pub metric_source: String,
+}
+
 /// Label set `kind` of `kubelet_evented_pleg_kernel_events_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KernelEventLabels {
@@ -361,6 +368,9 @@ pub struct KubeletMetrics {
     pub pod_start_sli_duration: TracedHistogram,
     /// Creation → all containers started and observed, image pulls included.
     pub pod_start_total_duration: TracedHistogram,
+    /// How long measuring a usage took, by how it was measured (`du`): volumes, logs,
+    /// `etc-hosts` and writable layers (see `stats::collector`).
+    pub volume_metric_collection_duration: HistogramFamily<MetricSourceLabels>,
     /// swiftlet: kernel events received from the eBPF sensors, by kind.
     pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
     /// swiftlet: kernel events lost because the ring buffer was full.
@@ -415,6 +425,7 @@ impl KubeletMetrics {
             pod_start_sli_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_total_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             image_garbage_collected: Family::default(),
+            volume_metric_collection_duration: Family::new_with_constructor(def_histogram),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),
@@ -626,6 +637,11 @@ impl KubeletMetrics {
             self.pod_start_total_duration.clone(),
         );
         r.register(
+            "kubelet_volume_metric_collection_duration_seconds",
+            "[ALPHA] Duration in seconds to calculate volume stats",
+            self.volume_metric_collection_duration.clone(),
+        );
+        r.register(
             "kubelet_containers_per_pod_count",
             "[ALPHA] The number of containers per pod",
             self.containers_per_pod.clone(),
@@ -640,6 +656,13 @@ impl KubeletMetrics {
         if failed {
             self.runtime_operations_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records how long measuring a usage took, by how it was measured (upstream
+    /// `CollectVolumeStatCalDuration`; `du` for the stats module's walks).
+    pub fn observe_volume_stat_duration(&self, metric_source: &str, took: std::time::Duration) {
+        let labels = MetricSourceLabels { metric_source: metric_source.to_owned() };
+        self.volume_metric_collection_duration.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
     /// A set of metrics registered nowhere, for unit tests of other modules.
@@ -697,7 +720,6 @@ mod tests {
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
         ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),
         ("kubelet_topology_manager_admission_requests_total", "no topology manager yet"),
-        ("kubelet_volume_metric_collection_duration_seconds", "volume stats come with the stats module"),
     ];
 
     /// (family as upstream names it, type, label names) from an exposition.
@@ -798,6 +820,7 @@ mod tests {
         m.http_requests_duration.get_or_create(&http).observe(0.01);
         m.run_podsandbox_duration.get_or_create(&RuntimeHandlerLabels { runtime_handler: String::new() }).observe(0.5);
         m.image_pull_duration.get_or_create(&ImageSizeLabels { image_size_in_bytes: "0-10MB".into() }).observe(1.0);
+        m.observe_volume_stat_duration("du", std::time::Duration::from_millis(3));
         let mut ours = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut ours, &reg).unwrap();
         let ours = families(&with_upstream_counter_names(&ours));

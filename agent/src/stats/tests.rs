@@ -723,6 +723,34 @@ fn filesystem_logs_volumes_and_ephemeral_storage() {
     assert_eq!(f.collector.fs_usage().len(), 1);
 }
 
+/// `kubelet_volume_metric_collection_duration_seconds_count{metric_source="du"}`.
+fn du_observations(registry: &prometheus_client::registry::Registry) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("kubelet_volume_metric_collection_duration_seconds_count{metric_source=\"du\"} "))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+#[test]
+fn every_du_is_timed_in_the_volume_metric() {
+    let mut f = v1_fixture();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(crate::metrics::KubeletMetrics::new(&mut registry, "node-a"));
+    let mut config = f.collector.config().clone();
+    config.metrics = Some(Arc::clone(&metrics));
+    f.collector = Collector::new(config);
+    assert_eq!(du_observations(&registry), 0, "no series before the first measurement");
+    f.collect();
+    // The pass lists the log directories of the pod and its two containers that have one,
+    // and measures etc-hosts.
+    let listed = du_observations(&registry);
+    assert_eq!(listed, 4);
+    // The background walks: two writable layers, three volumes.
+    assert_eq!(f.refresh_fs(), 5);
+    assert_eq!(du_observations(&registry), listed + 5);
+}
+
 #[test]
 fn usage_nano_cores_comes_from_two_samples() {
     let mut f = v1_fixture();
