@@ -540,6 +540,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         metrics.clone(),
     );
     if let Some(stats) = &stats_source {
+        // `kubelet_container_log_filesystem_used_bytes`, from the latest collection.
+        let latest = Arc::clone(stats);
+        registry.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(Arc::new(
+            move || latest.latest(),
+        ))));
         // Walks writable layers and volumes in the background; scrapes read its cache.
         tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));
         tracker.spawn(

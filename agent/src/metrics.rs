@@ -708,7 +708,6 @@ mod tests {
     /// Upstream `kubelet_*` and `process_*` families of `/metrics` that swiftlet does not
     /// serve, each with the reason (the README lists them too).
     const NOT_SERVED: &[(&str, &str)] = &[
-        ("kubelet_container_log_filesystem_used_bytes", "log sizes come with the stats module"),
         ("kubelet_cpu_manager_pinning_errors_total", "no CPU manager yet"),
         ("kubelet_cpu_manager_pinning_requests_total", "no CPU manager yet"),
         ("kubelet_evented_pleg_connection_error_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
@@ -791,6 +790,14 @@ mod tests {
         let mut reg = Registry::default();
         let m = KubeletMetrics::new(&mut reg, "node-a");
         reg.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
+        let collection = std::sync::Arc::new(crate::stats::synthetic::collection(crate::stats::synthetic::Shape {
+            pods: 1,
+            devices: 0,
+            interfaces: 0,
+        }));
+        reg.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(std::sync::Arc::new(
+            move || Some(std::sync::Arc::clone(&collection)),
+        ))));
         // One sample in each labelled family, so that its label names show.
         m.observe_runtime_operation("list_podsandbox", 0.01, true);
         m.pod_worker_duration.get_or_create(&OperationLabels { operation_type: "sync".into() }).observe(0.1);

@@ -571,7 +571,7 @@ pub fn render(collection: &Collection) -> String {
 /// Each row's identity labels are escaped and written once; samples refer to their row,
 /// so that sorting and writing allocate nothing per sample. Rows are visited in label
 /// order, which leaves most families already sorted, and samples compare their rows by
-/// rank (see [`Row`]) rather than by label values.
+/// rank (see `Row`) rather than by label values.
 #[must_use]
 pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
     let seen = collection.time;

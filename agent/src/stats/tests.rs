@@ -1859,6 +1859,36 @@ async fn housekeeping_collects_while_the_stats_are_read_and_scrapes_reuse_it() {
     housekeeping.await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn latest_never_collects_but_wakes_housekeeping() {
+    let f = v1_fixture();
+    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let p = Arc::new(
+        provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
+            .with_housekeeping(provider::HOUSEKEEPING_INTERVAL),
+    );
+    let collections = || runtime.calls().iter().filter(|c| *c == "list_podsandbox").count();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let housekeeping = tokio::spawn(Arc::clone(&p).run_housekeeping(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(p.latest().is_none(), "nothing collected yet");
+    assert_eq!(collections(), 0, "latest() does not collect");
+    // Woken, housekeeping collects at once, not at its next tick.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(collections(), 1);
+    let first = p.latest().expect("the collection housekeeping made");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(Arc::ptr_eq(&first, &p.latest().unwrap()), "a recent one is reused");
+    assert_eq!(collections(), 1);
+    // Read now and then, housekeeping keeps collections recent.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(p.latest().is_some());
+    }
+    shutdown.cancel();
+    housekeeping.await.unwrap();
+}
+
 /// A small synthetic collection with what the renderers must get exactly right: label
 /// values to escape, pods of one name in two namespaces, interfaces and devices out of
 /// order, a block I/O row clashing with a filesystem row of the root, a pod cgroup that
