@@ -611,9 +611,9 @@ pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
         plain: FAMILIES.iter().map(|_| Vec::new()).collect(),
     };
     for (i, source) in sources.iter().enumerate() {
-        let row = Row::new(i as u32, source.labels, out.rows.last());
-        out.rows.push(row);
         let row = i as u32;
+        let labels = Row::new(row, source.labels, out.rows.last());
+        out.rows.push(labels);
         if let Some(stats) = source.stats {
             out.row(row, stats, source.start, seen);
             // Block I/O rows first: on a device name clash the registry keeps the first.
