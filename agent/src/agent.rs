@@ -117,14 +117,15 @@ impl HealthCheck for PlegHealth {
 /// endpoints then say so).
 fn stats_provider(
     cfg: &Config,
-    kc: &crate::config::KubeletConfiguration,
     rt: Arc<dyn RuntimeService>,
     pods: PodManager,
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<crate::volumes::VolumeManager>,
     container_changes: Arc<std::sync::atomic::AtomicU64>,
+    metrics: Arc<KubeletMetrics>,
 ) -> Option<Arc<crate::stats::provider::StatsProvider>> {
     use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
+    let kc = &cfg.kubelet;
     let hierarchies = match CgroupHierarchies::detect(std::path::Path::new("/sys/fs/cgroup")) {
         Ok(h) => h,
         Err(e) => {
@@ -139,7 +140,9 @@ fn stats_provider(
         pod_logs_dir: kc.pod_logs_dir.clone().into(),
         pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
     };
-    let collector = Collector::new(CollectorConfig::new(hierarchies));
+    let mut config = CollectorConfig::new(hierarchies);
+    config.metrics = Some(metrics);
+    let collector = Collector::new(config);
     Some(Arc::new(
         crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)
             .with_housekeeping(crate::stats::provider::HOUSEKEEPING_INTERVAL)
@@ -549,14 +552,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let events_view = memory_events.clone();
     let stats_source = stats_provider(
         &cfg,
-        kc,
         rt.clone(),
         pod_manager.clone(),
         cm.clone(),
         runtime.volumes().clone(),
         container_changes.clone(),
+        metrics.clone(),
     );
     if let Some(stats) = &stats_source {
+        // `kubelet_container_log_filesystem_used_bytes`, from the latest collection.
+        let latest = Arc::clone(stats);
+        registry.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(Arc::new(
+            move || latest.latest(),
+        ))));
         // Walks writable layers and volumes in the background; scrapes read its cache.
         tracker.spawn(stats.fs_usage().run(shutdown.clone()).instrument(tracing::info_span!("fs_usage")));
         tracker.spawn(

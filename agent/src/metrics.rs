@@ -25,29 +25,70 @@ pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &["kubelet_pleg_discard_events", "ku
 /// `strconv.FormatFloat(v, 'g', -1, 64)` does (`5`, not `5.0`; `1e+06`).
 #[must_use]
 pub fn with_upstream_counter_names(text: &str) -> String {
-    let upstream_names: Vec<(String, String, String, &str)> = COUNTERS_WITHOUT_TOTAL
-        .iter()
-        .map(|name| (format!("# HELP {name}_total"), format!("# TYPE {name}_total"), format!("{name}_total"), *name))
-        .collect();
     let mut out = String::with_capacity(text.len());
+    write_with_upstream_counter_names(&mut out, text);
+    out
+}
+
+/// [`with_upstream_counter_names`] appending to `out`: one pass over the text, each line
+/// copied as is unless it names one of [`COUNTERS_WITHOUT_TOTAL`] or has `le`/`quantile`
+/// values to rewrite, which are written in place (no allocation per line).
+pub fn write_with_upstream_counter_names(out: &mut String, text: &str) {
+    out.reserve(text.len());
     for line in text.split_inclusive('\n') {
-        let renamed = upstream_names.iter().find_map(|(help, type_, sample, name)| {
-            let (prefix, rest) = if let Some(r) = line.strip_prefix(help.as_str()) {
-                ("# HELP ", r)
-            } else if let Some(r) = line.strip_prefix(type_.as_str()) {
-                ("# TYPE ", r)
-            } else {
-                ("", line.strip_prefix(sample.as_str())?)
-            };
-            rest.starts_with([' ', '{']).then(|| format!("{prefix}{name}{rest}"))
-        });
-        let line = renamed.as_deref().unwrap_or(line);
-        match go_float_labels(line) {
-            Some(fixed) => out.push_str(&fixed),
-            None => out.push_str(line),
+        match strip_total(line) {
+            Some((prefix, name, rest)) => {
+                out.push_str(prefix);
+                out.push_str(name);
+                if prefix.is_empty() {
+                    push_with_go_float_labels(out, rest);
+                } else {
+                    out.push_str(rest);
+                }
+            }
+            None => push_with_go_float_labels(out, line),
         }
     }
-    out
+}
+
+/// A `HELP`, `TYPE` or sample line of a counter in [`COUNTERS_WITHOUT_TOTAL`], split into
+/// what comes before the name (`# HELP `, `# TYPE ` or nothing), the upstream name, and
+/// what follows `_total`.
+fn strip_total(line: &str) -> Option<(&'static str, &'static str, &str)> {
+    let (prefix, named) = if let Some(r) = line.strip_prefix("# HELP ") {
+        ("# HELP ", r)
+    } else if let Some(r) = line.strip_prefix("# TYPE ") {
+        ("# TYPE ", r)
+    } else {
+        ("", line)
+    };
+    COUNTERS_WITHOUT_TOTAL.iter().find_map(|name| {
+        let rest = named.strip_prefix(name)?.strip_prefix("_total")?;
+        rest.starts_with([' ', '{']).then_some((prefix, *name, rest))
+    })
+}
+
+/// Appends `line` with its `le="…"` / `quantile="…"` values in Go's float format.
+fn push_with_go_float_labels(out: &mut String, line: &str) {
+    if line.starts_with('#') || !(line.contains("le=\"") || line.contains("quantile=\"")) {
+        out.push_str(line);
+        return;
+    }
+    let mut rest = line;
+    while let Some((start, key_len)) =
+        ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min()
+    {
+        let value_start = start + key_len;
+        let Some(len) = rest[value_start..].find('"') else { break };
+        let value = &rest[value_start..value_start + len];
+        out.push_str(&rest[..value_start]);
+        match value.parse::<f64>() {
+            Ok(v) if v.is_finite() => crate::stats::resource_metrics::write_go_float(out, v),
+            _ => out.push_str(value),
+        }
+        rest = &rest[value_start + len..];
+    }
+    out.push_str(rest);
 }
 
 /// In an `OpenMetrics` exposition, [`COUNTERS_WITHOUT_TOTAL`] are typed `unknown` with
@@ -57,49 +98,54 @@ pub fn with_upstream_counter_names(text: &str) -> String {
 #[must_use]
 pub fn openmetrics_with_upstream_counter_names(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        let mut fixed = None;
-        for name in COUNTERS_WITHOUT_TOTAL {
-            if line.starts_with(&format!("# TYPE {name} counter")) {
-                fixed = Some(format!("# TYPE {name} unknown\n"));
-            } else if let Some(rest) = line.strip_prefix(&format!("{name}_total")).filter(|r| r.starts_with([' ', '{']))
-            {
-                fixed = Some(format!("{name}{rest}"));
-            } else if line.strip_prefix(&format!("{name}_created")).is_some_and(|r| r.starts_with([' ', '{'])) {
-                fixed = Some(String::new());
-            }
-        }
-        out.push_str(fixed.as_deref().unwrap_or(line));
-    }
+    write_openmetrics_with_upstream_counter_names(&mut out, text);
     out
 }
 
-/// `line` with its `le="…"` / `quantile="…"` values in Go's float format, if any changed.
-fn go_float_labels(line: &str) -> Option<String> {
-    if line.starts_with('#') || !line.contains("=\"") || !(line.contains("le=\"") || line.contains("quantile=\"")) {
-        return None;
+/// [`openmetrics_with_upstream_counter_names`] appending to `out`.
+pub fn write_openmetrics_with_upstream_counter_names(out: &mut String, text: &str) {
+    /// What becomes of a line naming one of [`COUNTERS_WITHOUT_TOTAL`].
+    enum Fix<'a> {
+        /// Its `TYPE` line: `unknown`.
+        Type(&'static str),
+        /// A `_total` sample: under the upstream name, followed by this.
+        Sample(&'static str, &'a str),
+        /// A `_created` sample: left out.
+        Drop,
     }
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    let mut changed = false;
-    while let Some(pos) = ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min() {
-        let (start, key_len) = pos;
-        let value_start = start + key_len;
-        let Some(len) = rest[value_start..].find('"') else { break };
-        let value = &rest[value_start..value_start + len];
-        out.push_str(&rest[..value_start]);
-        match value.parse::<f64>() {
-            Ok(v) if v.is_finite() => {
-                let go = go_float(v);
-                changed |= go != value;
-                out.push_str(&go);
+    out.reserve(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut fix = None;
+        for name in COUNTERS_WITHOUT_TOTAL {
+            let after = |suffix: &str| {
+                line.strip_prefix(name).and_then(|r| r.strip_prefix(suffix)).filter(|r| r.starts_with([' ', '{']))
+            };
+            if line
+                .strip_prefix("# TYPE ")
+                .and_then(|r| r.strip_prefix(name))
+                .is_some_and(|r| r.starts_with(" counter"))
+            {
+                fix = Some(Fix::Type(name));
+            } else if let Some(rest) = after("_total") {
+                fix = Some(Fix::Sample(name, rest));
+            } else if after("_created").is_some() {
+                fix = Some(Fix::Drop);
             }
-            _ => out.push_str(value),
         }
-        rest = &rest[value_start + len..];
+        match fix {
+            None => out.push_str(line),
+            Some(Fix::Type(name)) => {
+                out.push_str("# TYPE ");
+                out.push_str(name);
+                out.push_str(" unknown\n");
+            }
+            Some(Fix::Sample(name, rest)) => {
+                out.push_str(name);
+                out.push_str(rest);
+            }
+            Some(Fix::Drop) => {}
+        }
     }
-    out.push_str(rest);
-    changed.then_some(out)
 }
 
 /// Go's `strconv.FormatFloat(v, 'g', -1, 64)`: the shortest digits, as `%e` when the
@@ -235,6 +281,13 @@ pub struct WorkingPodLabels {
     pub r#static: String,
 }
 
+/// Label set `metric_source` of `kubelet_volume_metric_collection_duration_seconds`: how
+/// a usage was measured (`du` here; upstream also `fsquota`, `block` and CSI driver names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MetricSourceLabels {
+    pub metric_source: String,
+}
+
 /// Label set `kind` of `kubelet_evented_pleg_kernel_events_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KernelEventLabels {
@@ -315,6 +368,9 @@ pub struct KubeletMetrics {
     pub pod_start_sli_duration: TracedHistogram,
     /// Creation → all containers started and observed, image pulls included.
     pub pod_start_total_duration: TracedHistogram,
+    /// How long measuring a usage took, by how it was measured (`du`): volumes, logs,
+    /// `etc-hosts` and writable layers (see `stats::collector`).
+    pub volume_metric_collection_duration: HistogramFamily<MetricSourceLabels>,
     /// swiftlet: kernel events received from the eBPF sensors, by kind.
     pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
     /// swiftlet: kernel events lost because the ring buffer was full.
@@ -369,6 +425,7 @@ impl KubeletMetrics {
             pod_start_sli_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             pod_start_total_duration: TracedHistogram::new(POD_STARTUP_BUCKETS.into_iter()),
             image_garbage_collected: Family::default(),
+            volume_metric_collection_duration: Family::new_with_constructor(def_histogram),
             evented_pleg_kernel_events: Family::default(),
             evented_pleg_ringbuf_drops: Counter::default(),
             evented_pleg_relist_repairs: Counter::default(),
@@ -580,6 +637,11 @@ impl KubeletMetrics {
             self.pod_start_total_duration.clone(),
         );
         r.register(
+            "kubelet_volume_metric_collection_duration_seconds",
+            "[ALPHA] Duration in seconds to calculate volume stats",
+            self.volume_metric_collection_duration.clone(),
+        );
+        r.register(
             "kubelet_containers_per_pod_count",
             "[ALPHA] The number of containers per pod",
             self.containers_per_pod.clone(),
@@ -594,6 +656,13 @@ impl KubeletMetrics {
         if failed {
             self.runtime_operations_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records how long measuring a usage took, by how it was measured (upstream
+    /// `CollectVolumeStatCalDuration`; `du` for the stats module's walks).
+    pub fn observe_volume_stat_duration(&self, metric_source: &str, took: std::time::Duration) {
+        let labels = MetricSourceLabels { metric_source: metric_source.to_owned() };
+        self.volume_metric_collection_duration.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
     /// A set of metrics registered nowhere, for unit tests of other modules.
@@ -639,7 +708,6 @@ mod tests {
     /// Upstream `kubelet_*` and `process_*` families of `/metrics` that swiftlet does not
     /// serve, each with the reason (the README lists them too).
     const NOT_SERVED: &[(&str, &str)] = &[
-        ("kubelet_container_log_filesystem_used_bytes", "log sizes come with the stats module"),
         ("kubelet_cpu_manager_pinning_errors_total", "no CPU manager yet"),
         ("kubelet_cpu_manager_pinning_requests_total", "no CPU manager yet"),
         ("kubelet_evented_pleg_connection_error_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
@@ -651,7 +719,6 @@ mod tests {
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
         ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),
         ("kubelet_topology_manager_admission_requests_total", "no topology manager yet"),
-        ("kubelet_volume_metric_collection_duration_seconds", "volume stats come with the stats module"),
     ];
 
     /// (family as upstream names it, type, label names) from an exposition.
@@ -723,6 +790,14 @@ mod tests {
         let mut reg = Registry::default();
         let m = KubeletMetrics::new(&mut reg, "node-a");
         reg.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
+        let collection = std::sync::Arc::new(crate::stats::synthetic::collection(crate::stats::synthetic::Shape {
+            pods: 1,
+            devices: 0,
+            interfaces: 0,
+        }));
+        reg.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(std::sync::Arc::new(
+            move || Some(std::sync::Arc::clone(&collection)),
+        ))));
         // One sample in each labelled family, so that its label names show.
         m.observe_runtime_operation("list_podsandbox", 0.01, true);
         m.pod_worker_duration.get_or_create(&OperationLabels { operation_type: "sync".into() }).observe(0.1);
@@ -752,6 +827,7 @@ mod tests {
         m.http_requests_duration.get_or_create(&http).observe(0.01);
         m.run_podsandbox_duration.get_or_create(&RuntimeHandlerLabels { runtime_handler: String::new() }).observe(0.5);
         m.image_pull_duration.get_or_create(&ImageSizeLabels { image_size_in_bytes: "0-10MB".into() }).observe(1.0);
+        m.observe_volume_stat_duration("du", std::time::Duration::from_millis(3));
         let mut ours = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut ours, &reg).unwrap();
         let ours = families(&with_upstream_counter_names(&ours));
@@ -794,6 +870,96 @@ mod tests {
             with_upstream_counter_names(text),
             "# HELP kubelet_pleg_discard_events [ALPHA] x.\n# TYPE kubelet_pleg_discard_events counter\nkubelet_pleg_discard_events 3\nkubelet_pleg_discard_events_totalx 1\nkubelet_started_pods_total 2\n"
         );
+    }
+
+    /// The rewriting as it was first written (a `String` per line, `format!` per float),
+    /// kept to check that the one-pass rewriting writes the same bytes.
+    fn obvious_upstream_names(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.split_inclusive('\n') {
+            let mut line = line.to_owned();
+            for name in COUNTERS_WITHOUT_TOTAL {
+                for prefix in ["# HELP ", "# TYPE ", ""] {
+                    if let Some(rest) = line.strip_prefix(&format!("{prefix}{name}_total"))
+                        && rest.starts_with([' ', '{'])
+                    {
+                        line = format!("{prefix}{name}{rest}");
+                    }
+                }
+            }
+            if !line.starts_with('#') {
+                let mut fixed = String::new();
+                let mut rest = line.as_str();
+                while let Some((start, key)) =
+                    ["le=\"", "quantile=\""].iter().filter_map(|k| rest.find(k).map(|p| (p, k.len()))).min()
+                {
+                    let Some(len) = rest[start + key..].find('"') else { break };
+                    let value = &rest[start + key..start + key + len];
+                    fixed.push_str(&rest[..start + key]);
+                    match value.parse::<f64>() {
+                        Ok(v) if v.is_finite() => fixed.push_str(&go_float(v)),
+                        _ => fixed.push_str(value),
+                    }
+                    rest = &rest[start + key + len..];
+                }
+                fixed.push_str(rest);
+                line = fixed;
+            }
+            out.push_str(&line);
+        }
+        out
+    }
+
+    /// The `OpenMetrics` rewriting as first written.
+    fn obvious_openmetrics_names(text: &str) -> String {
+        let mut out = String::new();
+        for line in text.split_inclusive('\n') {
+            let mut fixed = None;
+            for name in COUNTERS_WITHOUT_TOTAL {
+                if line.starts_with(&format!("# TYPE {name} counter")) {
+                    fixed = Some(format!("# TYPE {name} unknown\n"));
+                } else if let Some(rest) =
+                    line.strip_prefix(&format!("{name}_total")).filter(|r| r.starts_with([' ', '{']))
+                {
+                    fixed = Some(format!("{name}{rest}"));
+                } else if line.strip_prefix(&format!("{name}_created")).is_some_and(|r| r.starts_with([' ', '{'])) {
+                    fixed = Some(String::new());
+                }
+            }
+            out.push_str(fixed.as_deref().unwrap_or(line));
+        }
+        out
+    }
+
+    #[test]
+    fn one_pass_rewriting_writes_what_the_obvious_one_did() {
+        let mut reg = Registry::default();
+        let m = KubeletMetrics::new(&mut reg, "node-a");
+        let eviction = crate::eviction::EvictionMetrics::new(&mut reg);
+        eviction
+            .evictions
+            .get_or_create(&crate::eviction::metrics::SignalLabels { eviction_signal: "memory.available".into() })
+            .inc();
+        m.pleg_discard_events.inc();
+        for (i, op) in ["list_podsandbox", "version", "image_status"].iter().enumerate() {
+            m.observe_runtime_operation(op, 0.003 * i as f64, i == 1);
+        }
+        m.pod_start_duration.observe(1.5, Some(TraceExemplar { trace_id: "abc".into() }), None);
+        m.evented_pleg_event_latency.observe(0.000_2);
+        let mut text = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &reg).unwrap();
+        // Lines the registry does not write: a HELP text and labels that look like `le`,
+        // an unclosed value, a TYPE line that only starts like a counter's.
+        text.push_str("# HELP kubelet_evictions_total help with le=\"5.0\"\n");
+        text.push_str(
+            "x{file=\"5.0\",le=\"1e6\",quantile=\"0.50\"} 1\nx{handle=\"nan\",le=\"+Inf\"} 2\ny{le=\"3.0 1\n",
+        );
+        text.push_str("kubelet_evictions_total{le=\"2.0\"} 1\n# TYPE kubelet_evictions counterish\n");
+        assert_eq!(with_upstream_counter_names(&text), obvious_upstream_names(&text));
+        let mut open = String::new();
+        prometheus_client::encoding::text::encode(&mut open, &reg).unwrap();
+        open.push_str("# TYPE kubelet_evictions counterish\nkubelet_pleg_discard_events_created 1\n");
+        assert_eq!(openmetrics_with_upstream_counter_names(&open), obvious_openmetrics_names(&open));
     }
 
     #[test]

@@ -36,13 +36,13 @@ impl MetricsFormat {
                 let mut text = String::new();
                 prometheus_text::encode(&mut text, registry)?;
                 // Upstream's few counters without `_total` keep their names; `le` as Go writes it.
-                out.push_str(&crate::metrics::with_upstream_counter_names(&text));
+                crate::metrics::write_with_upstream_counter_names(out, &text);
                 Ok(())
             }
             Self::OpenMetrics1 | Self::OpenMetrics0 => {
                 let mut text = String::new();
                 text::encode(&mut text, registry)?;
-                out.push_str(&crate::metrics::openmetrics_with_upstream_counter_names(&text));
+                crate::metrics::write_openmetrics_with_upstream_counter_names(out, &text);
                 Ok(())
             }
         }

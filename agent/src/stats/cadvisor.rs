@@ -64,13 +64,12 @@
 //!   when the kubelet starts); mounts made later (pod volumes, sandbox `shm`) get no row
 //!   until the agent restarts, as upstream.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cgroup::CgroupStats;
 use super::collector::{Collection, FilesystemSample, NetworkSample};
-use super::resource_metrics::{write_family_header, write_sample};
+use super::resource_metrics::{escape_label, write_family_header, write_go_float, write_i64, write_sample};
 
 pub use super::resource_metrics::CONTENT_TYPE;
 
@@ -290,13 +289,6 @@ impl MachineInfo {
     }
 }
 
-#[derive(Debug)]
-struct Sample {
-    labels: BTreeMap<&'static str, String>,
-    value: f64,
-    timestamp_ms: Option<i64>,
-}
-
 fn millis(t: SystemTime) -> Option<i64> {
     t.duration_since(UNIX_EPOCH).ok().and_then(|d| i64::try_from(d.as_millis()).ok())
 }
@@ -305,169 +297,267 @@ fn seconds_f64(t: SystemTime) -> Option<f64> {
     t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs_f64())
 }
 
-/// The identity labels of one cgroup row.
+/// The identity labels of a cgroup row, in this order (sorted, as in [`C`]).
+const ROW_LABELS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];
+
+/// The identity labels of one cgroup row: their values (the sort key) and, written once
+/// for all the row's samples, `container="…",id="…",…,pod="…"` with each pair's span.
 struct Row<'a> {
-    id: &'a str,
-    name: &'a str,
-    image: &'a str,
-    container: &'a str,
-    pod: &'a str,
-    namespace: &'a str,
+    values: [&'a str; 6],
+    text: String,
+    spans: [(u32, u32); 6],
+    /// `groups[k]`: the index of the first row whose first `k + 1` values are this row's.
+    /// Rows are sorted by their values, so comparing these compares those values.
+    groups: [u32; 6],
 }
 
-impl Row<'_> {
-    fn labels(&self) -> BTreeMap<&'static str, String> {
-        BTreeMap::from([
-            ("container", self.container.to_owned()),
-            ("id", self.id.to_owned()),
-            ("image", self.image.to_owned()),
-            ("name", self.name.to_owned()),
-            ("namespace", self.namespace.to_owned()),
-            ("pod", self.pod.to_owned()),
-        ])
-    }
-}
-
-struct Out {
-    samples: Vec<Vec<Sample>>,
-}
-
-impl Out {
-    fn push(&mut self, family: &str, labels: BTreeMap<&'static str, String>, value: f64, ts: Option<i64>) {
-        let i = FAMILIES.iter().position(|f| f.name == family).expect("known family");
-        self.samples[i].push(Sample { labels, value, timestamp_ms: ts });
-    }
-
-    fn with(
-        mut labels: BTreeMap<&'static str, String>,
-        extra: &[(&'static str, &str)],
-    ) -> BTreeMap<&'static str, String> {
-        for (k, v) in extra {
-            labels.insert(k, (*v).to_owned());
+impl<'a> Row<'a> {
+    /// Row `index` of `[container, id, image, name, namespace, pod]`, sorted after
+    /// `previous`.
+    fn new(index: u32, values: [&'a str; 6], previous: Option<&Self>) -> Self {
+        let mut groups = [index; 6];
+        if let Some(p) = previous {
+            let common = p.values.iter().zip(&values).take_while(|(a, b)| a == b).count();
+            groups[..common].copy_from_slice(&p.groups[..common]);
         }
-        labels
+        let mut text = String::with_capacity(64 + values.iter().map(|v| v.len()).sum::<usize>());
+        let mut spans = [(0, 0); 6];
+        for (i, (name, value)) in ROW_LABELS.iter().zip(values).enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            let start = text.len() as u32;
+            text.push_str(name);
+            text.push_str("=\"");
+            escape_label(&mut text, value);
+            text.push('"');
+            spans[i] = (start, text.len() as u32);
+        }
+        Self { values, text, spans, groups }
     }
 
-    fn row(&mut self, row: &Row<'_>, stats: &CgroupStats, start: Option<SystemTime>, seen: SystemTime) {
-        let base = row.labels();
+    /// The written pairs of row labels `from..to`.
+    fn pairs(&self, from: usize, to: usize) -> &str {
+        &self.text[self.spans[from].0 as usize..self.spans[to - 1].1 as usize]
+    }
+}
+
+/// How a family's labels are made: runs of a row's identity labels, and up to two
+/// labels of the sample's own (`cpu`, `device`, `interface`, `failure_type`, `scope`).
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Row { from: usize, to: usize },
+    Extra { slot: usize, name: &'static str },
+}
+
+/// The parts of a family with row labels, in label order; `None` for the families
+/// without (`machine_*`, `cadvisor_version_info`, the scrape errors).
+fn plan(family: &Family) -> Option<Vec<Part>> {
+    if !family.labels.contains(&"id") {
+        return None;
+    }
+    let mut parts: Vec<Part> = Vec::new();
+    let mut slot = 0;
+    for name in family.labels {
+        if let Some(i) = ROW_LABELS.iter().position(|l| l == name) {
+            match parts.last_mut() {
+                Some(Part::Row { to, .. }) if *to == i => *to = i + 1,
+                _ => parts.push(Part::Row { from: i, to: i + 1 }),
+            }
+        } else {
+            parts.push(Part::Extra { slot, name });
+            slot += 1;
+        }
+    }
+    debug_assert!(slot <= 2, "{}: at most two labels besides the row's", family.name);
+    Some(parts)
+}
+
+/// The index of a family in [`FAMILIES`], at compile time.
+const fn family_index(name: &str) -> usize {
+    let mut i = 0;
+    while i < FAMILIES.len() {
+        let (a, b) = (FAMILIES[i].name.as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut k = 0;
+            while k < a.len() && a[k] == b[k] {
+                k += 1;
+            }
+            if k == a.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not in FAMILIES");
+}
+
+/// `family!("name")`: the family's index, checked at compile time.
+macro_rules! family {
+    ($name:literal) => {
+        const { family_index($name) }
+    };
+}
+
+/// A sample of a family with row labels.
+#[derive(Debug, Clone, Copy)]
+struct Sample<'a> {
+    row: u32,
+    extra: [&'a str; 2],
+    value: f64,
+    timestamp_ms: Option<i64>,
+}
+
+/// A sample of a family without row labels.
+struct PlainSample {
+    labels: Vec<(&'static str, String)>,
+    value: f64,
+}
+
+struct Out<'a> {
+    rows: Vec<Row<'a>>,
+    /// By family, samples with row labels.
+    samples: Vec<Vec<Sample<'a>>>,
+    /// By family, samples without.
+    plain: Vec<Vec<PlainSample>>,
+}
+
+impl<'a> Out<'a> {
+    fn push(&mut self, family: usize, row: u32, extra: [&'a str; 2], value: f64, timestamp_ms: Option<i64>) {
+        self.samples[family].push(Sample { row, extra, value, timestamp_ms });
+    }
+
+    fn push_plain(&mut self, family: usize, labels: Vec<(&'static str, String)>, value: f64) {
+        self.plain[family].push(PlainSample { labels, value });
+    }
+
+    fn row(&mut self, row: u32, stats: &CgroupStats, start: Option<SystemTime>, seen: SystemTime) {
         let ts = millis(stats.time);
+        let none = [""; 2];
         if let Some(cpu) = &stats.cpu {
             let secs = |ns: u64| ns as f64 / 1e9;
-            self.push(
-                "container_cpu_usage_seconds_total",
-                Self::with(base.clone(), &[("cpu", "total")]),
-                secs(cpu.total_ns),
-                ts,
-            );
+            self.push(family!("container_cpu_usage_seconds_total"), row, ["total", ""], secs(cpu.total_ns), ts);
             if let Some(u) = cpu.user_ns {
-                self.push("container_cpu_user_seconds_total", base.clone(), secs(u), ts);
+                self.push(family!("container_cpu_user_seconds_total"), row, none, secs(u), ts);
             }
             if let Some(s) = cpu.system_ns {
-                self.push("container_cpu_system_seconds_total", base.clone(), secs(s), ts);
+                self.push(family!("container_cpu_system_seconds_total"), row, none, secs(s), ts);
             }
         }
         if let Some(m) = &stats.memory {
-            self.push("container_memory_usage_bytes", base.clone(), m.usage as f64, ts);
+            self.push(family!("container_memory_usage_bytes"), row, none, m.usage as f64, ts);
             let optional = [
-                ("container_memory_working_set_bytes", m.working_set),
-                ("container_memory_rss", m.rss),
-                ("container_memory_cache", m.cache),
-                ("container_memory_mapped_file", m.mapped_file),
-                ("container_memory_max_usage_bytes", m.max_usage),
-                ("container_memory_failcnt", m.failcnt),
-                ("container_memory_swap", m.swap),
-                ("container_oom_events_total", m.oom_kills),
+                (family!("container_memory_working_set_bytes"), m.working_set),
+                (family!("container_memory_rss"), m.rss),
+                (family!("container_memory_cache"), m.cache),
+                (family!("container_memory_mapped_file"), m.mapped_file),
+                (family!("container_memory_max_usage_bytes"), m.max_usage),
+                (family!("container_memory_failcnt"), m.failcnt),
+                (family!("container_memory_swap"), m.swap),
+                (family!("container_oom_events_total"), m.oom_kills),
             ];
             for (family, value) in optional {
                 if let Some(v) = value {
-                    self.push(family, base.clone(), v as f64, ts);
+                    self.push(family, row, none, v as f64, ts);
                 }
             }
             for (kind, value) in [("pgfault", m.pgfault), ("pgmajfault", m.pgmajfault)] {
                 let Some(v) = value else { continue };
                 for scope in ["container", "hierarchy"] {
-                    let labels = Self::with(base.clone(), &[("failure_type", kind), ("scope", scope)]);
-                    self.push("container_memory_failures_total", labels, v as f64, ts);
+                    self.push(family!("container_memory_failures_total"), row, [kind, scope], v as f64, ts);
                 }
             }
-            self.push("container_spec_memory_limit_bytes", base.clone(), m.limit.unwrap_or(0) as f64, None);
-            self.push("container_spec_memory_swap_limit_bytes", base.clone(), m.swap_limit.unwrap_or(0) as f64, None);
+            let limit = m.limit.unwrap_or(0) as f64;
+            self.push(family!("container_spec_memory_limit_bytes"), row, none, limit, None);
+            let swap_limit = m.swap_limit.unwrap_or(0) as f64;
+            self.push(family!("container_spec_memory_swap_limit_bytes"), row, none, swap_limit, None);
         }
         if let Some(p) = stats.processes {
-            self.push("container_processes", base.clone(), p as f64, ts);
+            self.push(family!("container_processes"), row, none, p as f64, ts);
         }
         if let Some(t) = stats.tasks {
-            self.push("container_threads", base.clone(), t as f64, ts);
+            self.push(family!("container_threads"), row, none, t as f64, ts);
         }
         if let Some(secs) = start.and_then(seconds_f64) {
-            self.push("container_start_time_seconds", base.clone(), secs, None);
+            self.push(family!("container_start_time_seconds"), row, none, secs, None);
         }
         if let Some(secs) = seen.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs()) {
-            self.push("container_last_seen", base, secs as f64, ts);
+            self.push(family!("container_last_seen"), row, none, secs as f64, ts);
         }
     }
 
     /// Block I/O rows of a cgroup (cAdvisor's `DiskIo.IoServiced`): one per device.
-    fn io(&mut self, row: &Row<'_>, stats: &CgroupStats) {
+    fn io(&mut self, row: u32, stats: &'a CgroupStats) {
         let ts = millis(stats.time);
         for d in &stats.io {
-            let labels = Self::with(row.labels(), &[("device", d.device.as_str())]);
-            self.push("container_fs_reads_total", labels.clone(), d.reads as f64, ts);
-            self.push("container_fs_writes_total", labels, d.writes as f64, ts);
+            let device = [d.device.as_str(), ""];
+            self.push(family!("container_fs_reads_total"), row, device, d.reads as f64, ts);
+            self.push(family!("container_fs_writes_total"), row, device, d.writes as f64, ts);
         }
     }
 
     /// The node's filesystem rows (cAdvisor's `Filesystem` stats of `/`): usage from
     /// `statvfs`, counters from `/proc/diskstats` (zero for a filesystem without a disk
     /// row). Times are the kernel's milliseconds divided by 10^9, as cAdvisor divides them.
-    fn filesystems(&mut self, row: &Row<'_>, filesystems: &[FilesystemSample], time: SystemTime) {
+    fn filesystems(&mut self, row: u32, filesystems: &'a [FilesystemSample], time: SystemTime) {
         let ts = millis(time);
         let ms = |v: u64| v as f64 / 1e9;
         for f in filesystems {
-            let labels = Self::with(row.labels(), &[("device", f.device.as_str())]);
+            let device = [f.device.as_str(), ""];
             let d = f.disk.unwrap_or_default();
             let values = [
-                ("container_fs_inodes_free", f.info.inodes_free as f64),
-                ("container_fs_inodes_total", f.info.inodes as f64),
-                ("container_fs_limit_bytes", f.info.capacity as f64),
-                ("container_fs_usage_bytes", f.info.usage as f64),
-                ("container_fs_reads_total", d.reads_completed as f64),
-                ("container_fs_sector_reads_total", d.sectors_read as f64),
-                ("container_fs_reads_merged_total", d.reads_merged as f64),
-                ("container_fs_read_seconds_total", ms(d.read_time_ms)),
-                ("container_fs_writes_total", d.writes_completed as f64),
-                ("container_fs_sector_writes_total", d.sectors_written as f64),
-                ("container_fs_writes_merged_total", d.writes_merged as f64),
-                ("container_fs_write_seconds_total", ms(d.write_time_ms)),
-                ("container_fs_io_current", d.io_in_progress as f64),
-                ("container_fs_io_time_seconds_total", ms(d.io_time_ms)),
-                ("container_fs_io_time_weighted_seconds_total", ms(d.weighted_io_time_ms)),
+                (family!("container_fs_inodes_free"), f.info.inodes_free as f64),
+                (family!("container_fs_inodes_total"), f.info.inodes as f64),
+                (family!("container_fs_limit_bytes"), f.info.capacity as f64),
+                (family!("container_fs_usage_bytes"), f.info.usage as f64),
+                (family!("container_fs_reads_total"), d.reads_completed as f64),
+                (family!("container_fs_sector_reads_total"), d.sectors_read as f64),
+                (family!("container_fs_reads_merged_total"), d.reads_merged as f64),
+                (family!("container_fs_read_seconds_total"), ms(d.read_time_ms)),
+                (family!("container_fs_writes_total"), d.writes_completed as f64),
+                (family!("container_fs_sector_writes_total"), d.sectors_written as f64),
+                (family!("container_fs_writes_merged_total"), d.writes_merged as f64),
+                (family!("container_fs_write_seconds_total"), ms(d.write_time_ms)),
+                (family!("container_fs_io_current"), d.io_in_progress as f64),
+                (family!("container_fs_io_time_seconds_total"), ms(d.io_time_ms)),
+                (family!("container_fs_io_time_weighted_seconds_total"), ms(d.weighted_io_time_ms)),
             ];
             for (family, v) in values {
-                self.push(family, labels.clone(), v, ts);
+                self.push(family, row, device, v, ts);
             }
         }
     }
 
-    fn network(&mut self, row: &Row<'_>, net: &NetworkSample) {
+    fn network(&mut self, row: u32, net: &'a NetworkSample) {
         let ts = millis(net.time);
         for i in &net.interfaces {
-            let labels = Self::with(row.labels(), &[("interface", i.name.as_str())]);
+            let interface = [i.name.as_str(), ""];
             let values = [
-                ("container_network_receive_bytes_total", i.rx_bytes),
-                ("container_network_receive_errors_total", i.rx_errors),
-                ("container_network_receive_packets_dropped_total", i.rx_dropped),
-                ("container_network_receive_packets_total", i.rx_packets),
-                ("container_network_transmit_bytes_total", i.tx_bytes),
-                ("container_network_transmit_errors_total", i.tx_errors),
-                ("container_network_transmit_packets_dropped_total", i.tx_dropped),
-                ("container_network_transmit_packets_total", i.tx_packets),
+                (family!("container_network_receive_bytes_total"), i.rx_bytes),
+                (family!("container_network_receive_errors_total"), i.rx_errors),
+                (family!("container_network_receive_packets_dropped_total"), i.rx_dropped),
+                (family!("container_network_receive_packets_total"), i.rx_packets),
+                (family!("container_network_transmit_bytes_total"), i.tx_bytes),
+                (family!("container_network_transmit_errors_total"), i.tx_errors),
+                (family!("container_network_transmit_packets_dropped_total"), i.tx_dropped),
+                (family!("container_network_transmit_packets_total"), i.tx_packets),
             ];
             for (family, v) in values {
-                self.push(family, labels.clone(), v as f64, ts);
+                self.push(family, row, interface, v as f64, ts);
             }
         }
     }
+}
+
+/// What one cgroup row reports.
+struct RowSource<'a> {
+    /// `[container, id, image, name, namespace, pod]`.
+    labels: [&'a str; 6],
+    stats: Option<&'a CgroupStats>,
+    start: Option<SystemTime>,
+    network: Option<&'a NetworkSample>,
+    /// The node's partitions and their time (the root row only).
+    filesystems: Option<(&'a [FilesystemSample], SystemTime)>,
 }
 
 /// Renders the endpoint from `collection`, reading the machine facts from the host.
@@ -477,90 +567,173 @@ pub fn render(collection: &Collection) -> String {
 }
 
 /// Renders the endpoint from `collection` and the given machine facts.
+///
+/// Each row's identity labels are escaped and written once; samples refer to their row,
+/// so that sorting and writing allocate nothing per sample. Rows are visited in label
+/// order, which leaves most families already sorted, and samples compare their rows by
+/// rank (see `Row`) rather than by label values.
 #[must_use]
 pub fn render_with(collection: &Collection, machine: &MachineInfo) -> String {
-    let mut out = Out { samples: FAMILIES.iter().map(|_| Vec::new()).collect() };
     let seen = collection.time;
-
-    let root = Row { id: "/", name: "", image: "", container: "", pod: "", namespace: "" };
-    out.row(&root, &collection.node.stats, collection.node.boot_time, seen);
-    // Block I/O rows first: on a device name clash the registry keeps the first.
-    out.io(&root, &collection.node.stats);
-    out.filesystems(&root, &collection.node.filesystems, collection.node.stats.time);
-    if let Some(net) = &collection.node.network {
-        out.network(&root, net);
-    }
+    let node = &collection.node;
+    let mut sources = Vec::with_capacity(1 + collection.pods.iter().map(|p| 1 + p.containers.len()).sum::<usize>());
+    sources.push(RowSource {
+        labels: ["", "/", "", "", "", ""],
+        stats: Some(&node.stats),
+        start: node.boot_time,
+        network: node.network.as_ref(),
+        filesystems: Some((&node.filesystems, node.stats.time)),
+    });
     for pod in &collection.pods {
-        let row =
-            Row { id: &pod.cgroup, name: "", image: "", container: "", pod: &pod.name, namespace: &pod.namespace };
-        if let Some(stats) = &pod.stats {
-            out.row(&row, stats, pod.start_time, seen);
-            out.io(&row, stats);
-        }
-        if let Some(net) = &pod.network {
-            out.network(&row, net);
-        }
+        sources.push(RowSource {
+            labels: ["", &pod.cgroup, "", "", &pod.namespace, &pod.name],
+            stats: pod.stats.as_ref(),
+            start: pod.start_time,
+            network: pod.network.as_ref(),
+            filesystems: None,
+        });
         for c in &pod.containers {
-            let row = Row {
-                id: &c.cgroup,
-                name: &c.id,
-                image: &c.image,
-                container: &c.name,
-                pod: &pod.name,
-                namespace: &pod.namespace,
-            };
-            out.row(&row, &c.stats, c.start_time, seen);
-            out.io(&row, &c.stats);
+            sources.push(RowSource {
+                labels: [&c.name, &c.cgroup, &c.image, &c.id, &pod.namespace, &pod.name],
+                stats: Some(&c.stats),
+                start: c.start_time,
+                network: None,
+                filesystems: None,
+            });
         }
     }
-    out.push("container_scrape_error", BTreeMap::new(), 0.0, None);
+    // Stable: of two rows with the same labels, the first keeps its samples.
+    sources.sort_by(|a, b| a.labels.cmp(&b.labels));
 
-    let version = BTreeMap::from([
+    let mut out = Out {
+        rows: Vec::with_capacity(sources.len()),
+        samples: FAMILIES.iter().map(|_| Vec::new()).collect(),
+        plain: FAMILIES.iter().map(|_| Vec::new()).collect(),
+    };
+    for (i, source) in sources.iter().enumerate() {
+        let row = i as u32;
+        let labels = Row::new(row, source.labels, out.rows.last());
+        out.rows.push(labels);
+        if let Some(stats) = source.stats {
+            out.row(row, stats, source.start, seen);
+            // Block I/O rows first: on a device name clash the registry keeps the first.
+            out.io(row, stats);
+        }
+        if let Some((filesystems, time)) = source.filesystems {
+            out.filesystems(row, filesystems, time);
+        }
+        if let Some(net) = source.network {
+            out.network(row, net);
+        }
+    }
+    out.push_plain(family!("container_scrape_error"), Vec::new(), 0.0);
+    let version = vec![
         ("cadvisorRevision", String::new()),
         ("cadvisorVersion", String::new()),
         ("dockerVersion", String::new()),
         ("kernelVersion", machine.kernel_version.clone()),
         ("osVersion", machine.os_version.clone()),
-    ]);
-    out.push("cadvisor_version_info", version, 1.0, None);
-    let ids = BTreeMap::from([
+    ];
+    out.push_plain(family!("cadvisor_version_info"), version, 1.0);
+    let ids = vec![
         ("boot_id", machine.boot_id.clone()),
         ("machine_id", machine.machine_id.clone()),
         ("system_uuid", machine.system_uuid.clone()),
-    ]);
+    ];
     let machine_values = [
-        ("machine_cpu_cores", machine.cpu_cores),
-        ("machine_cpu_physical_cores", machine.cpu_physical_cores),
-        ("machine_cpu_sockets", machine.cpu_sockets),
-        ("machine_memory_bytes", collection.node.memory_capacity),
+        (family!("machine_cpu_cores"), machine.cpu_cores),
+        (family!("machine_cpu_physical_cores"), machine.cpu_physical_cores),
+        (family!("machine_cpu_sockets"), machine.cpu_sockets),
+        (family!("machine_memory_bytes"), node.memory_capacity),
     ];
     for (family, value) in machine_values {
         if let Some(v) = value {
-            out.push(family, ids.clone(), v as f64, None);
+            out.push_plain(family, ids.clone(), v as f64);
         }
     }
-    out.push("machine_scrape_error", BTreeMap::new(), 0.0, None);
+    out.push_plain(family!("machine_scrape_error"), Vec::new(), 0.0);
 
-    write_text(&FAMILIES, out.samples)
+    write_text(out)
 }
 
-fn write_text(families: &[Family], samples: Vec<Vec<Sample>>) -> String {
-    let mut text = String::with_capacity(4096 + samples.iter().map(Vec::len).sum::<usize>() * 200);
-    let mut order: Vec<usize> = (0..families.len()).collect();
-    order.sort_by_key(|&i| families[i].name);
-    let mut samples: Vec<Option<Vec<Sample>>> = samples.into_iter().map(Some).collect();
+/// The order of two samples of a family by their label values, in label order. A row
+/// part compares the rows' groups: the parts before it were equal, so the rows' values
+/// before it are.
+fn compare(parts: &[Part], rows: &[Row<'_>], a: &Sample<'_>, b: &Sample<'_>) -> std::cmp::Ordering {
+    let (ga, gb) = (&rows[a.row as usize].groups, &rows[b.row as usize].groups);
+    for part in parts {
+        let order = match *part {
+            Part::Row { to, .. } => ga[to - 1].cmp(&gb[to - 1]),
+            Part::Extra { slot, .. } => a.extra[slot].cmp(b.extra[slot]),
+        };
+        if order.is_ne() {
+            return order;
+        }
+    }
+    std::cmp::Ordering::Equal
+}
+
+fn write_text(mut out: Out<'_>) -> String {
+    let mut order: Vec<usize> = (0..FAMILIES.len()).collect();
+    order.sort_by_key(|&i| FAMILIES[i].name);
+    let plans: Vec<Option<Vec<Part>>> = FAMILIES.iter().map(plan).collect();
+    let rows = &out.rows;
+    // About the text's length (more unless label values need escaping), so that writing
+    // does not reallocate.
+    let mut capacity = 4096;
+    for (family, samples) in FAMILIES.iter().zip(&out.samples) {
+        capacity += family.help.len() + 2 * family.name.len() + 32;
+        for s in samples {
+            capacity += family.name.len() + rows[s.row as usize].text.len() + s.extra[0].len() + s.extra[1].len() + 80;
+        }
+    }
+    let mut text = String::with_capacity(capacity);
     for i in order {
-        let family = &families[i];
-        let mut rows = samples[i].take().unwrap_or_default();
-        let key =
-            |s: &Sample| family.labels.iter().map(|l| s.labels.get(l).cloned().unwrap_or_default()).collect::<Vec<_>>();
-        rows.sort_by_cached_key(key);
-        rows.dedup_by(|later, earlier| later.labels == earlier.labels);
+        let family = &FAMILIES[i];
         write_family_header(&mut text, family.name, family.help, family.kind);
-        for row in &rows {
-            let labels = family.labels.iter().map(|name| (*name, row.labels.get(*name).map_or("", String::as_str)));
-            write_sample(&mut text, family.name, labels, row.value, row.timestamp_ms);
+        if let Some(parts) = &plans[i] {
+            let samples = &mut out.samples[i];
+            samples.sort_by(|a, b| compare(parts, rows, a, b));
+            samples.dedup_by(|later, earlier| compare(parts, rows, later, earlier).is_eq());
+            for s in samples.iter() {
+                write_row_sample(&mut text, family.name, parts, &rows[s.row as usize], s);
+            }
+        } else {
+            let samples = &mut out.plain[i];
+            samples.sort_by(|a, b| a.labels.cmp(&b.labels));
+            samples.dedup_by(|later, earlier| later.labels == earlier.labels);
+            for s in samples.iter() {
+                let labels = s.labels.iter().map(|(name, value)| (*name, value.as_str()));
+                write_sample(&mut text, family.name, labels, s.value, None);
+            }
         }
     }
     text
+}
+
+/// `name{labels} value [timestamp]` of a sample with row labels.
+fn write_row_sample(text: &mut String, name: &str, parts: &[Part], row: &Row<'_>, s: &Sample<'_>) {
+    text.push_str(name);
+    text.push('{');
+    for (k, part) in parts.iter().enumerate() {
+        if k > 0 {
+            text.push(',');
+        }
+        match *part {
+            Part::Row { from, to } => text.push_str(row.pairs(from, to)),
+            Part::Extra { slot, name } => {
+                text.push_str(name);
+                text.push_str("=\"");
+                escape_label(text, s.extra[slot]);
+                text.push('"');
+            }
+        }
+    }
+    text.push_str("} ");
+    write_go_float(text, s.value);
+    if let Some(ts) = s.timestamp_ms {
+        text.push(' ');
+        write_i64(text, ts);
+    }
+    text.push('\n');
 }

@@ -17,6 +17,12 @@
 //! after the kept sample reuses the last rate without replacing the sample (upstream's
 //! non-updating `getContainerUsageNanoCores`), so on-demand passes between periodic ones do
 //! not shrink the window. State for cgroups and paths not seen in a pass is dropped.
+//!
+//! With the agent's metrics ([`CollectorConfig::metrics`]), every measurement upstream
+//! makes with `fs.DiskUsage` (volumes, log files, `etc-hosts`) is timed into
+//! `kubelet_volume_metric_collection_duration_seconds{metric_source="du"}`: here the walks
+//! of volumes and writable layers (which upstream has the runtime measure), each log
+//! directory's listing (upstream: one walk per log file) and each `etc-hosts`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -154,6 +160,11 @@ pub struct CollectorConfig {
     pub fs_usage: FsUsageConfig,
     /// The shortest window a CPU rate is computed over. Default 1 s.
     pub rate_min_window: Duration,
+    /// The agent's metrics: the duration of every `du` (writable layers, volumes,
+    /// `etc-hosts`) and log directory listing goes to
+    /// `kubelet_volume_metric_collection_duration_seconds{metric_source="du"}`. Default
+    /// none.
+    pub metrics: Option<Arc<crate::metrics::KubeletMetrics>>,
 }
 
 impl CollectorConfig {
@@ -166,6 +177,7 @@ impl CollectorConfig {
             sys_root: PathBuf::from("/sys"),
             fs_usage: FsUsageConfig::default(),
             rate_min_window: Duration::from_secs(1),
+            metrics: None,
         }
     }
 }
@@ -421,7 +433,8 @@ impl Collector {
     #[must_use]
     pub fn with_clock(config: CollectorConfig, clock: Clock) -> Self {
         let reader = CgroupReader::new(config.cgroups.clone());
-        let usage = Arc::new(FsUsageCache::new(config.fs_usage, Arc::clone(&clock)));
+        let usage =
+            Arc::new(FsUsageCache::new(config.fs_usage, Arc::clone(&clock)).with_metrics(config.metrics.clone()));
         Self {
             config,
             reader,
@@ -750,7 +763,10 @@ impl Collector {
         let logs = pod.log_dir.as_deref().and_then(|d| self.files(d));
         let etc_hosts = pod.etc_hosts.as_deref().and_then(|p| {
             let time = (self.clock)();
-            fs::disk_usage(p).ok().map(|u| UsageSample { time, usage: Some(u) })
+            let started = std::time::Instant::now();
+            let usage = fs::disk_usage(p);
+            self.observe_du(started);
+            usage.ok().map(|u| UsageSample { time, usage: Some(u) })
         });
         Some(PodSample {
             uid: pod.uid.clone(),
@@ -810,11 +826,21 @@ impl Collector {
         text.lines().find_map(|l| l.trim().parse().ok())
     }
 
+    /// Observes a measurement begun at `started` as upstream's `fs.DiskUsage` does.
+    fn observe_du(&self, started: std::time::Instant) {
+        if let Some(m) = &self.config.metrics {
+            m.observe_volume_stat_duration(fs::DU, started.elapsed());
+        }
+    }
+
     /// The files directly in a log directory, measured now; `None` if the directory
     /// cannot be read.
     fn files(&self, dir: &Path) -> Option<UsageSample> {
         let time = (self.clock)();
-        match fs::files_usage(dir) {
+        let started = std::time::Instant::now();
+        let usage = fs::files_usage(dir);
+        self.observe_du(started);
+        match usage {
             Ok(usage) => Some(UsageSample { time, usage }),
             Err(e) => {
                 if e.kind() != std::io::ErrorKind::NotFound {

@@ -12,6 +12,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+/// The `metric_source` of `kubelet_volume_metric_collection_duration_seconds` for usage
+/// measured by walking (upstream's `du`, its name for `fs.DiskUsage` without quotas).
+pub const DU: &str = "du";
+
 /// A filesystem's size and free space (cAdvisor's `FsInfo`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsInfo {

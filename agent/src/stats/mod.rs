@@ -22,6 +22,13 @@
 //!    [`resource_metrics::render`]`(None)` when no collection is available, which reports
 //!    `scrape_error 1`), served as [`resource_metrics::CONTENT_TYPE`].
 //! 5. `/metrics/cadvisor`: [`Collection::cadvisor_metrics`] ([`cadvisor`]).
+//! 6. `/metrics`: register a [`log_metrics::LogMetricsCollector`] over
+//!    [`provider::StatsProvider::latest`] (`kubelet_container_log_filesystem_used_bytes`),
+//!    and give the collector the agent's metrics ([`CollectorConfig::metrics`]) for
+//!    `kubelet_volume_metric_collection_duration_seconds`.
+//!
+//! [`synthetic`] makes collections of any size without a host, for the renderers'
+//! benchmark (`agent/benches/metrics_render.rs`) and tests.
 //!
 //! # Upstream behaviour kept
 //! Upstream (1.28, containerd) takes container CPU/memory from cAdvisor's cgroup reads,
@@ -52,17 +59,22 @@
 //! - `/metrics/resource` adds the swap usage families of newer kubelets to the 1.28 set.
 //! - Accelerators, user-defined metrics, volume health and `runtime.containerFs` (1.29+)
 //!   are never filled.
+//! - `kubelet_container_log_filesystem_used_bytes` is rendered from the latest collection
+//!   if it is recent, never by collecting during the scrape (upstream lists pod stats per
+//!   scrape): the first scrape after a quiet spell has none.
 
 pub mod build;
 pub mod cadvisor;
 pub mod cgroup;
 pub mod collector;
 pub mod fs;
+pub mod log_metrics;
 pub mod mounts;
 pub mod procfs;
 pub mod provider;
 pub mod resource_metrics;
 pub mod summary;
+pub mod synthetic;
 pub mod usage_cache;
 
 #[cfg(test)]

@@ -18,7 +18,10 @@
 //! collection, at most an interval and a half old. A scrape then costs only its
 //! rendering, as upstream's do, and a node nobody scrapes spends nothing. Without
 //! housekeeping, a collection younger than [`REUSE`] is served again, so that concurrent
-//! scrapes share the work. The eviction manager always asks for a fresh one.
+//! scrapes share the work. The eviction manager always asks for a fresh one. What renders
+//! where it cannot wait (the log usage family of `/metrics`) takes
+//! [`StatsProvider::latest`]: the latest collection if it is recent enough, else nothing
+//! and a wake-up for housekeeping.
 //! Directory walks (writable layers, volumes) happen only in the background task
 //! [`StatsProvider::fs_usage`] runs; the agent spawns it.
 
@@ -90,11 +93,16 @@ pub struct StatsProvider {
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<VolumeManager>,
     fs_usage: Arc<FsUsageCache>,
+    /// Held while collecting: one collection at a time.
+    collecting: tokio::sync::Mutex<()>,
     /// The latest collection: when it was made, the [`Self::container_changes`] count it
     /// saw, and the collection.
-    last: tokio::sync::Mutex<Option<(Instant, u64, Arc<Collection>)>>,
-    /// Bumped by whoever sees containers start or stop (the sync loop, on PLEG events).
+    latest: std::sync::Mutex<Option<(Instant, u64, Arc<Collection>)>>,
+    /// Bumped by whoever sees containers start or stop (the runtime manager and the sync
+    /// loop, on PLEG events).
     changes: Arc<std::sync::atomic::AtomicU64>,
+    /// Wakes housekeeping when a reader found no recent collection.
+    wake: tokio::sync::Notify,
     image_fs: tokio::sync::Mutex<Option<(Instant, Option<ImageFsInventory>)>>,
     image_fs_warned: AtomicBool,
     /// Housekeeping interval, if housekeeping runs.
@@ -146,7 +154,9 @@ impl StatsProvider {
             pods,
             cm,
             volumes,
-            last: tokio::sync::Mutex::default(),
+            collecting: tokio::sync::Mutex::default(),
+            latest: std::sync::Mutex::default(),
+            wake: tokio::sync::Notify::new(),
             changes: Arc::default(),
             image_fs: tokio::sync::Mutex::default(),
             image_fs_warned: AtomicBool::new(false),
@@ -172,10 +182,11 @@ impl StatsProvider {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+                () = self.wake.notified() => {}
             }
             let wanted = self.last_request.lock().unwrap().is_some_and(|t| t.elapsed() < HOUSEKEEPING_IDLE);
             // The eviction manager collects every 10 s too: one recent enough will do.
-            let recent = self.last.lock().await.as_ref().is_some_and(|(at, _, _)| at.elapsed() < every / 2);
+            let recent = self.latest_within(every / 2).is_some();
             if wanted
                 && !recent
                 && let Err(e) = self.fresh_collection().await
@@ -295,8 +306,7 @@ impl StatsProvider {
     /// When the runtime cannot be listed.
     pub async fn collection(&self) -> crate::runtime::Result<Arc<Collection>> {
         *self.last_request.lock().unwrap() = Some(Instant::now());
-        let max_age = self.housekeeping.map_or(REUSE, |every| every + every / 2);
-        self.collection_within(max_age).await
+        self.collection_within(self.max_age()).await
     }
 
     /// A collection made now (the eviction manager's: each of its passes must see newer
@@ -345,15 +355,43 @@ impl StatsProvider {
         Arc::clone(&self.changes)
     }
 
-    async fn collection_within(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
-        let mut last = self.last.lock().await;
-        let changes = self.changes.load(Ordering::Acquire);
-        if let Some((at, seen, c)) = last.as_ref()
-            && at.elapsed() < max_age
-            && *seen == changes
-        {
-            return Ok(c.clone());
+    /// The latest collection, if one younger than [`Self::collection`] serves exists,
+    /// without collecting or waiting: for what renders while it cannot wait (the
+    /// `/metrics` collectors, [`super::log_metrics`]). It counts as a request; when there
+    /// is no recent collection, housekeeping is woken to make one (without housekeeping,
+    /// only one made for another request less than [`REUSE`] ago is found).
+    pub fn latest(&self) -> Option<Arc<Collection>> {
+        *self.last_request.lock().unwrap() = Some(Instant::now());
+        let latest = self.latest_within(self.max_age());
+        if latest.is_none() {
+            self.wake.notify_one();
         }
+        latest
+    }
+
+    /// How old a collection [`Self::collection`] serves may be.
+    fn max_age(&self) -> Duration {
+        self.housekeeping.map_or(REUSE, |every| every + every / 2)
+    }
+
+    /// The latest collection if younger than `max_age` and made after the last container
+    /// change.
+    fn latest_within(&self, max_age: Duration) -> Option<Arc<Collection>> {
+        let changes = self.changes.load(Ordering::Acquire);
+        let latest = self.latest.lock().unwrap();
+        latest
+            .as_ref()
+            .filter(|(at, seen, _)| at.elapsed() < max_age && *seen == changes)
+            .map(|(_, _, c)| Arc::clone(c))
+    }
+
+    async fn collection_within(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
+        let _collecting = self.collecting.lock().await;
+        if let Some(c) = self.latest_within(max_age) {
+            return Ok(c);
+        }
+        // The count before listing: a change during the collection makes it stale at once.
+        let changes = self.changes.load(Ordering::Acquire);
         let inventory = self.inventory().await?;
         let collector = self.collector.clone();
         // File reads: off the async workers.
@@ -361,7 +399,7 @@ impl StatsProvider {
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let collection = Arc::new(collection);
-        *last = Some((Instant::now(), changes, collection.clone()));
+        *self.latest.lock().unwrap() = Some((Instant::now(), changes, collection.clone()));
         Ok(collection)
     }
 }

@@ -11,6 +11,10 @@
 //! reports are dropped ([`FsUsageCache::retain`]); paths nobody asked for during `idle`
 //! are not walked any more until asked for again (a node nobody scrapes walks nothing).
 //!
+//! Each walk's duration goes to `kubelet_volume_metric_collection_duration_seconds` with
+//! `metric_source="du"` when the cache has the agent's metrics
+//! ([`FsUsageCache::with_metrics`]), as upstream's `fs.DiskUsage` observes every walk.
+//!
 //! A path that cannot be examined has no usage; the first failure (and the first walk that
 //! meets unreadable directories) of a path is logged as a warning, later ones at debug.
 
@@ -24,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::collector::{Clock, UsageSample};
 use super::fs::{self, DiskUsage};
+use crate::metrics::KubeletMetrics;
 
 /// Settings of a [`FsUsageCache`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,6 +67,7 @@ pub struct FsUsageCache {
     entries: Mutex<HashMap<PathBuf, Entry>>,
     wake: tokio::sync::Notify,
     walks: std::sync::atomic::AtomicU64,
+    metrics: Option<Arc<KubeletMetrics>>,
 }
 
 impl std::fmt::Debug for FsUsageCache {
@@ -83,7 +89,16 @@ impl FsUsageCache {
             entries: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             walks: std::sync::atomic::AtomicU64::new(0),
+            metrics: None,
         }
+    }
+
+    /// Observes each walk's duration in `metrics`'
+    /// `kubelet_volume_metric_collection_duration_seconds{metric_source="du"}`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<Arc<KubeletMetrics>>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The settings.
@@ -170,7 +185,11 @@ impl FsUsageCache {
 
     /// Walks one path now (blocking) and records the result.
     pub fn measure(&self, path: &Path) {
+        let started = std::time::Instant::now();
         let result = fs::walk(path);
+        if let Some(m) = &self.metrics {
+            m.observe_volume_stat_duration(fs::DU, started.elapsed());
+        }
         let time = (self.clock)();
         self.walks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let due = Instant::now() + self.next_wait();
