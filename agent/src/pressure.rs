@@ -312,6 +312,15 @@ async fn watch_memcg(
                 Ok(n) => {
                     tracing::debug!(cgroup = %cgroup.display(), usage, "memory threshold notification");
                     current = Some(n);
+                    // The kernel notifies crossings only: a threshold registered below the
+                    // usage of now (the page cache moved it while memory was filling up)
+                    // would stay silent, so that counts as a crossing.
+                    let now = std::fs::read_to_string(cgroup.join("memory.usage_in_bytes"))
+                        .ok()
+                        .and_then(|u| u.trim().parse::<u64>().ok());
+                    if now.is_some_and(|now| now >= usage) {
+                        signals.send(PressureSource::MemcgThreshold);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "memory threshold notification");

@@ -271,8 +271,15 @@ impl SyncLoop {
         let workers = self.workers.known_uids();
         let runtime_pods = self.pleg.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);
+        // Only what still runs (upstream lists the runtime's running pods here: a ready
+        // sandbox or a running container); what has stopped is container GC's.
         for (uid, rp) in &runtime_pods {
-            if !desired.contains(uid) && !workers.contains(uid) {
+            let running = rp.sandboxes.values().any(|ready| *ready)
+                || rp
+                    .containers
+                    .values()
+                    .any(|(_, state)| *state == crate::runtime::pod_status::ContainerState::Running);
+            if running && !desired.contains(uid) && !workers.contains(uid) {
                 self.workers.kill_orphan(rp);
             }
         }
