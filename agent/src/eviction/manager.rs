@@ -359,7 +359,10 @@ impl EvictionManager {
             return None;
         }
         // Disk signals rank by usages measured now (see `snapshot_with_fresh_disk_usage`).
-        let snapshot = if threshold.signal.node_condition() == NodeCondition::DiskPressure {
+        // Only when some pod can be evicted: a node full of critical pods walks nothing.
+        let snapshot = if threshold.signal.node_condition() == NodeCondition::DiskPressure
+            && active.iter().any(|p| !is_critical_pod(p))
+        {
             match self.deps.stats.snapshot_with_fresh_disk_usage().await {
                 Ok(fresh) => fresh,
                 Err(error) => {

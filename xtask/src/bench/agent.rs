@@ -295,7 +295,7 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-{extra}",
+{eviction}{extra}",
             manifests = self.manifests.display(),
             // podLogsDir is newer than some kubelets (1.28 refuses it): another agent
             // writes its pod logs to its default, /var/log/pods.
@@ -308,6 +308,14 @@ authorization:
             healthz = self.healthz_port,
             cgroup_root = self.cgroup_root,
             max_pods = self.max_pods.max(110),
+            // The host's disk is the agents' nodefs and imagefs: a nearly full developer
+            // disk must not put the node under disk pressure (whose passes would be
+            // measured too). Benches that test eviction set their own thresholds.
+            eviction = if self.extra_config.contains("evictionHard") {
+                ""
+            } else {
+                "evictionHard:\n  memory.available: 100Mi\n"
+            },
             extra = self.extra_config,
         )
     }
@@ -675,7 +683,8 @@ mod tests {
         assert_eq!(flags.last().map(String::as_str), Some("--eviction-kernel-signals=false"));
         let config = ours.config();
         assert!(
-            config.contains("\npodLogsDir: ") && config.ends_with("mode: AlwaysAllow\nfailSwapOn: false\n"),
+            config.contains("\npodLogsDir: ")
+                && config.ends_with("mode: AlwaysAllow\nevictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n"),
             "{config}"
         );
         assert!(config.contains("maxPods: 110\n") && config.contains(&format!("cgroupRoot: {}\n", ours.cgroup_root)));

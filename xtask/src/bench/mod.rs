@@ -64,3 +64,28 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
     }
 }
+
+/// The end of every bench: takes the test bed down unless `leave_bed_up` (it was up before,
+/// or `--keep-testbed`), and returns the first failure among the bench itself, its
+/// clean-up, taking the test bed down and writing its report.
+pub async fn finish(
+    ctx: &Ctx,
+    layout: &Layout,
+    leave_bed_up: bool,
+    outcome: Result<()>,
+    cleanup: Result<()>,
+    published: Result<()>,
+) -> Result<()> {
+    let bed = if leave_bed_up {
+        Ok(())
+    } else {
+        eprintln!("bench: the test bed was down before the bench: taking it down");
+        crate::testbed::down(ctx, layout).await
+    };
+    match (outcome, cleanup, bed, published) {
+        (Ok(()), Ok(()), Ok(()), Ok(())) => Ok(()),
+        (Err(e), ..) | (Ok(()), Err(e), ..) => Err(e),
+        (Ok(()), Ok(()), Err(e), _) => Err(e.context("taking the test bed down")),
+        (Ok(()), Ok(()), Ok(()), Err(e)) => Err(e.context("writing the report")),
+    }
+}

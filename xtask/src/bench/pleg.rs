@@ -156,18 +156,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &PlegArgs) -> Result<()> {
         Some(env) if !session.results.is_empty() => publish(ctx, &session.results, env, outcome.is_err()),
         _ => Ok(()),
     };
-    let bed = if bed_was_up || args.keep_testbed {
-        Ok(())
-    } else {
-        eprintln!("bench: the test bed was down before the bench: taking it down");
-        testbed::down(ctx, layout).await
-    };
-    match (outcome, cleanup, bed, published) {
-        (Ok(()), Ok(()), Ok(()), Ok(())) => Ok(()),
-        (Err(e), ..) | (Ok(()), Err(e), ..) => Err(e),
-        (Ok(()), Ok(()), Err(e), _) => Err(e.context("taking the test bed down")),
-        (Ok(()), Ok(()), Ok(()), Err(e)) => Err(e.context("writing the report")),
-    }
+    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
 }
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Session) -> Result<()> {

@@ -872,19 +872,8 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &AllArgs) -> Result<()> {
         Some(env) => publish(ctx, &session.figures, env, args),
         None => Ok(()),
     };
-    let bed = if bed_was_up || args.keep_testbed {
-        Ok(())
-    } else {
-        eprintln!("bench: the test bed was down before the bench: taking it down");
-        crate::testbed::down(ctx, layout).await
-    };
     eprintln!("bench: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
-    match (outcome, cleanup, bed, published) {
-        (Ok(()), Ok(()), Ok(()), Ok(())) => Ok(()),
-        (Err(e), ..) | (Ok(()), Err(e), ..) => Err(e),
-        (Ok(()), Ok(()), Err(e), _) => Err(e.context("taking the test bed down")),
-        (Ok(()), Ok(()), Ok(()), Err(e)) => Err(e.context("writing the report")),
-    }
+    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
 }
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session) -> Result<()> {
