@@ -824,29 +824,16 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &EvictionArgs, session: &mut Se
 }
 
 fn publish(ctx: &Ctx, results: &[ModeResult], env: &Environment, incomplete: bool) -> Result<()> {
-    let dir = pleg::bench_dir(ctx);
-    let mut md = markdown(results, env);
-    if incomplete {
-        md.push_str("\n**Incomplete**: the bench failed before it measured every mode it was asked to.\n");
-    }
-    let path = dir.join("eviction.md");
-    fs::create_dir_all(&dir)?;
-    fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    println!();
-    println!(
-        "swiftlet eviction benchmark, {} ({}, {} cores, kernel {}, {}){}",
-        env.date,
-        env.cpu,
-        env.cores,
-        env.kernel,
-        env.runtime,
-        if incomplete { " — INCOMPLETE" } else { "" }
-    );
-    println!();
-    print!("{}", text(results));
-    println!();
-    println!("written to {}", path.display());
-    Ok(())
+    let (md, table) = (markdown(results, env), text(results));
+    super::report::publish(
+        ctx,
+        "eviction.md",
+        "swiftlet eviction benchmark",
+        env,
+        md,
+        &table,
+        incomplete.then_some("mode"),
+    )
 }
 
 #[cfg(test)]

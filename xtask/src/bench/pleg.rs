@@ -186,29 +186,9 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Sessio
 
 /// Prints the table and writes it as Markdown to `target/bench/pleg.md`.
 fn publish(ctx: &Ctx, results: &[ModeResult], env: &Environment, incomplete: bool) -> Result<()> {
-    let text = report::text(results);
-    let mut md = report::markdown(results, env);
-    if incomplete {
-        md.push_str("\n**Incomplete**: the bench failed before it measured every PLEG it was asked to.\n");
-    }
-    let path = bench_dir(ctx).join("pleg.md");
-    fs::create_dir_all(bench_dir(ctx))?;
-    fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    println!();
-    println!(
-        "swiftlet PLEG benchmark, {} ({}, {} cores, kernel {}, {}){}",
-        env.date,
-        env.cpu,
-        env.cores,
-        env.kernel,
-        env.runtime,
-        if incomplete { " — INCOMPLETE" } else { "" }
-    );
-    println!();
-    print!("{text}");
-    println!();
-    println!("written to {}", path.display());
-    Ok(())
+    let md = report::markdown(results, env);
+    let table = report::text(results);
+    report::publish(ctx, "pleg.md", "swiftlet PLEG benchmark", env, md, &table, incomplete.then_some("PLEG"))
 }
 
 pub(super) fn build_release(ctx: &Ctx) -> Result<PathBuf> {

@@ -483,6 +483,43 @@ pub fn cpu_model(cpuinfo: &str) -> Option<String> {
     })
 }
 
+/// Writes a bench's Markdown report to `target/bench/<file>` and prints its table under a
+/// title line naming the machine. `incomplete`: what the bench did not get to measure
+/// (a note in the report, a mark on the title).
+pub fn publish(
+    ctx: &crate::Ctx,
+    file: &str,
+    title: &str,
+    env: &Environment,
+    mut md: String,
+    table: &str,
+    incomplete: Option<&str>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    if let Some(what) = incomplete {
+        let _ = writeln!(md, "\n**Incomplete**: the bench failed before it measured every {what} it was asked to.");
+    }
+    let dir = super::pleg::bench_dir(ctx);
+    let path = dir.join(file);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    println!();
+    println!(
+        "{title}, {} ({}, {} cores, kernel {}, {}){}",
+        env.date,
+        env.cpu,
+        env.cores,
+        env.kernel,
+        env.runtime,
+        if incomplete.is_some() { " — INCOMPLETE" } else { "" }
+    );
+    println!();
+    print!("{table}");
+    println!();
+    println!("written to {}", path.display());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

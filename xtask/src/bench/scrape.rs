@@ -537,29 +537,16 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs, session: &mut Sess
 
 /// Prints the report and writes it as Markdown to `target/bench/scrape.md`.
 fn publish(ctx: &Ctx, results: &[PodsResult], scrapes: usize, env: &Environment, incomplete: bool) -> Result<()> {
-    let dir = pleg::bench_dir(ctx);
-    let mut md = markdown(results, scrapes, env);
-    if incomplete {
-        md.push_str("\n**Incomplete**: the bench failed before it measured every pod count it was asked to.\n");
-    }
-    let path = dir.join("scrape.md");
-    fs::create_dir_all(&dir)?;
-    fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
-    println!();
-    println!(
-        "swiftlet scrape benchmark, {} ({}, {} cores, kernel {}, {}){}",
-        env.date,
-        env.cpu,
-        env.cores,
-        env.kernel,
-        env.runtime,
-        if incomplete { " — INCOMPLETE" } else { "" }
-    );
-    println!();
-    print!("{}", text(results, scrapes));
-    println!();
-    println!("written to {}", path.display());
-    Ok(())
+    let (md, table) = (markdown(results, scrapes, env), text(results, scrapes));
+    super::report::publish(
+        ctx,
+        "scrape.md",
+        "swiftlet scrape benchmark",
+        env,
+        md,
+        &table,
+        incomplete.then_some("pod count"),
+    )
 }
 
 async fn run_pods(

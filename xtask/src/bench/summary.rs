@@ -938,20 +938,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
 }
 
 fn publish(ctx: &Ctx, f: &Figures, env: &Environment, args: &AllArgs) -> Result<()> {
-    let dir = pleg::bench_dir(ctx);
-    let path = dir.join("summary.md");
-    fs::create_dir_all(&dir)?;
-    fs::write(&path, markdown(f, env, args)).with_context(|| format!("writing {}", path.display()))?;
-    println!();
-    println!(
-        "swiftlet benchmark summary, {} ({}, {} cores, kernel {}, {})",
-        env.date, env.cpu, env.cores, env.kernel, env.runtime
-    );
-    println!();
-    print!("{}", text(f));
-    println!();
-    println!("written to {}", path.display());
-    Ok(())
+    super::report::publish(ctx, "summary.md", "swiftlet benchmark summary", env, markdown(f, env, args), &text(f), None)
 }
 
 #[cfg(test)]
