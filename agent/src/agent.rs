@@ -369,6 +369,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let runtime_name = connect_runtime(&remote, &endpoint, &shutdown).await?;
     let rt: Arc<dyn RuntimeService> = Arc::new(remote);
 
+    if kc.fail_swap_on {
+        // No /proc/swaps: no swap (as upstream's `IsSwapOn`).
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "failSwapOn: cannot read /proc/swaps; assuming swap is off");
+            String::new()
+        });
+        crate::cm::check_swap(&swaps)?;
+    }
     let cgroups = CgroupfsPodContainerManager::new(CgroupConfig {
         cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
         cgroups_per_qos: kc.cgroups_per_qos,

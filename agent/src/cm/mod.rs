@@ -53,6 +53,14 @@ pub enum Error {
     /// A quantity in a pod spec does not parse.
     #[error(transparent)]
     InvalidQuantity(#[from] pod_resources::InvalidQuantity),
+    /// Swap is on and `failSwapOn` is true (upstream's message).
+    #[error(
+        "running with swap on is not supported, please disable swap or set --fail-swap-on flag to false. /proc/swaps contained: {lines:?}"
+    )]
+    SwapOn {
+        /// The lines of `/proc/swaps`.
+        lines: Vec<String>,
+    },
     /// A failure injected into [`FakePodContainerManager`]; never produced otherwise.
     #[error("injected failure in {op}: {message}")]
     Injected {
@@ -61,6 +69,19 @@ pub enum Error {
         /// The injected message.
         message: String,
     },
+}
+
+/// `failSwapOn` (upstream's check in `NewContainerManager`): with the text of
+/// `/proc/swaps`, swap is on when it has more lines than its header.
+///
+/// # Errors
+/// [`Error::SwapOn`] when swap is on.
+pub fn check_swap(proc_swaps: &str) -> Result<()> {
+    let lines: Vec<String> = proc_swaps.trim().lines().map(str::to_owned).collect();
+    if lines.len() > 1 {
+        return Err(Error::SwapOn { lines });
+    }
+    Ok(())
 }
 
 /// Result of this module.
@@ -138,4 +159,23 @@ pub trait PodContainerManager: Send + Sync + std::fmt::Debug {
     /// the Burstable pods' cpu requests, besteffort the minimum (upstream
     /// `qosContainerManager.UpdateCgroups`).
     fn update_qos_cgroups(&self, active_pods: &[Pod]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod swap_tests {
+    #[test]
+    fn swap_is_on_when_proc_swaps_lists_a_device() {
+        let header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+        assert!(super::check_swap(header).is_ok());
+        assert!(super::check_swap("").is_ok());
+        let on = format!("{header}/swapfile                               file\t\t1048572\t\t0\t\t-2\n");
+        let err = super::check_swap(&on).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "running with swap on is not supported, please disable swap or set --fail-swap-on flag to false. \
+                 /proc/swaps contained: [\"Filename"
+            ),
+            "{err}"
+        );
+    }
 }
