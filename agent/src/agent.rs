@@ -142,6 +142,8 @@ fn stats_provider(
     };
     let mut config = CollectorConfig::new(hierarchies);
     config.metrics = Some(metrics);
+    // volumeStatsAggPeriod paces every disk usage walk (volumes, writable layers, logs).
+    config.fs_usage.interval = kc.volume_stats_agg_period.to_std();
     let collector = Collector::new(config);
     Some(Arc::new(
         crate::stats::provider::StatsProvider::new(settings, collector, rt, pods, cm, volumes)

@@ -337,3 +337,90 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
         Err(panic) => std::panic::resume_unwind(panic),
     }
 }
+
+/// Local storage limits, with no node pressure at all: a pod whose emptyDir outgrows its
+/// `sizeLimit`, a pod one of whose containers writes past its own `ephemeral-storage`
+/// limit, and a pod over the sum of its containers' limits are evicted with upstream's
+/// messages; the pod within its limits stays. Disk usage is walked
+/// every `volumeStatsAggPeriod` (2 s here instead of 1 min).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        extra_config: "volumeStatsAggPeriod: 2s\n".into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
+        let pod = |name: &str, script: &str, size_limit: &str, limit: &str| -> Result<Pod> {
+            let mut p = disk_pod(name, &format!("{script}; {steady}"))?;
+            let spec = p.spec.as_mut().expect("spec");
+            if !size_limit.is_empty() {
+                spec.volumes.as_mut().expect("volumes")[0].empty_dir.as_mut().expect("emptyDir").size_limit =
+                    Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(size_limit.into()));
+            }
+            if !limit.is_empty() {
+                spec.containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                    limits: Some(std::collections::BTreeMap::from([(
+                        "ephemeral-storage".to_owned(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(limit.into()),
+                    )])),
+                    ..Default::default()
+                });
+            }
+            Ok(p)
+        };
+        api.create(&pod("within", "dd if=/dev/zero of=/data/f bs=1M count=1", "8Mi", "8Mi")?)?;
+        api.create(&pod("volume-over", "dd if=/dev/zero of=/data/f bs=1M count=4", "1Mi", "")?)?;
+        // Two containers: the pod's total limit (2Mi + 100Mi) holds, the writer's own does not.
+        let mut layer = pod("layer-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")?;
+        let containers = &mut layer.spec.as_mut().expect("spec").containers;
+        let mut side = containers[0].clone();
+        side.name = "side".into();
+        side.command = Some(vec!["sh".into(), "-c".into(), steady.into()]);
+        side.volume_mounts = None;
+        if let Some(limits) = side.resources.as_mut().and_then(|r| r.limits.as_mut()) {
+            limits.insert(
+                "ephemeral-storage".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("100Mi".into()),
+            );
+        }
+        containers.push(side);
+        api.create(&layer)?;
+        api.create(&pod("pod-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")?)?;
+        let evicted = |name: &'static str| {
+            let api = &api;
+            let agent = &agent;
+            async move {
+                api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| {
+                    p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("{name} not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))
+                .map(|p| p.and_then(|p| p.status).and_then(|s| s.message).unwrap_or_default())
+            }
+        };
+        assert_eq!(evicted("volume-over").await?, "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ");
+        assert_eq!(evicted("layer-over").await?, "Container main exceeded its local ephemeral storage limit \"2Mi\". ");
+        assert_eq!(
+            evicted("pod-over").await?,
+            "Pod ephemeral local storage usage exceeds the total limit of containers 2Mi. "
+        );
+        let within = api.get::<Pod>(Some("default"), "within").expect("within");
+        assert!(main_state(&within).is_some_and(|s| s.running.is_some()), "{:?}", within.status);
+        anyhow::Ok(())
+    }))
+    .await;
+    for name in ["within", "volume-over", "layer-over", "pod-over"] {
+        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
+    }
+    let stopped = agent.shutdown(&cri).await;
+    match outcome {
+        Ok(result) => result.and(stopped),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}

@@ -33,7 +33,8 @@ use crate::metrics::KubeletMetrics;
 /// Settings of a [`FsUsageCache`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FsUsageConfig {
-    /// The shortest time between two walks of a path. Default 1 min.
+    /// The shortest time between two walks of a path. Default 1 min; the agent sets
+    /// `volumeStatsAggPeriod`.
     pub interval: Duration,
     /// The random extra wait, as a fraction of `interval` (0 = none). Default 1.0.
     pub jitter: f64,
