@@ -181,8 +181,8 @@ async fn summary_handler(
 /// `/metrics/resource`: `scrape_error 1` when the stats cannot be collected.
 async fn resource_metrics_handler(
     axum::extract::State(stats): axum::extract::State<StatsState>,
+    headers: http::HeaderMap,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
     let text = match &stats {
         Some(s) => match s.collection().await {
             Ok(c) => c.resource_metrics(),
@@ -193,18 +193,24 @@ async fn resource_metrics_handler(
         },
         None => crate::stats::resource_metrics::render(None),
     };
-    ([(http::header::CONTENT_TYPE, crate::stats::resource_metrics::CONTENT_TYPE)], text).into_response()
+    crate::server::metrics_response(&headers, crate::stats::resource_metrics::CONTENT_TYPE, text)
 }
 
 /// `/metrics/cadvisor`: the cAdvisor families from the same collection.
-async fn cadvisor_handler(axum::extract::State(stats): axum::extract::State<StatsState>) -> axum::response::Response {
+async fn cadvisor_handler(
+    axum::extract::State(stats): axum::extract::State<StatsState>,
+    headers: http::HeaderMap,
+) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let Some(stats) = stats else {
         return (http::StatusCode::SERVICE_UNAVAILABLE, "stats are not available on this node\n").into_response();
     };
     match stats.collection().await {
-        Ok(c) => ([(http::header::CONTENT_TYPE, crate::stats::resource_metrics::CONTENT_TYPE)], c.cadvisor_metrics())
-            .into_response(),
+        Ok(c) => crate::server::metrics_response(
+            &headers,
+            crate::stats::resource_metrics::CONTENT_TYPE,
+            c.cadvisor_metrics(),
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "collecting stats");
             (http::StatusCode::INTERNAL_SERVER_ERROR, format!("failed to collect stats: {e}\n")).into_response()

@@ -418,6 +418,17 @@ authorization:
         Ok((r.status().as_u16(), r.text().await?))
     }
 
+    /// GET with `headers`; the status, the `Content-Encoding` and the body's bytes as sent.
+    pub async fn get_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<(u16, Option<String>, Vec<u8>)> {
+        let mut req = self.http.get(format!("https://127.0.0.1:{}{path}", self.https_port));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let r = req.send().await?;
+        let encoding = r.headers().get("content-encoding").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        Ok((r.status().as_u16(), encoding, r.bytes().await?.to_vec()))
+    }
+
     /// Items of `/pods`.
     pub async fn pods(&self) -> Result<Vec<Value>> {
         let (code, body) = self.get("/pods").await?;

@@ -418,6 +418,14 @@ async fn healthz_pods_and_metrics_are_served() -> Result<()> {
     );
     assert!(resource.contains("scrape_error 0"), "{resource}");
     promtool_accepts(&agent, "resource.txt", &resource)?;
+    // Every metrics endpoint gzips when asked, as promhttp does (Prometheus asks).
+    for path in ["/metrics", "/metrics/cadvisor", "/metrics/resource", "/metrics/probes"] {
+        let (code, encoding, body) = agent.get_raw(path, &[("Accept-Encoding", "gzip")]).await?;
+        assert_eq!((code, encoding.as_deref()), (200, Some("gzip")), "{path}");
+        assert!(body.starts_with(&[0x1f, 0x8b]), "{path}: not a gzip stream");
+        let (_, plain, _) = agent.get_raw(path, &[]).await?;
+        assert_eq!(plain, None, "{path} without Accept-Encoding");
+    }
     agent.shutdown(&cri).await
 }
 

@@ -914,19 +914,24 @@ async fn serve_configz(State(document): State<Arc<serde_json::Value>>) -> Respon
 async fn metrics(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> Response {
     let text_header = |name| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let format = metrics_format::negotiate(text_header(&header::ACCEPT));
-    let gzip = metrics_format::accepts_gzip(text_header(&header::ACCEPT_ENCODING));
     let mut body = String::new();
     if let Err(error) = format.encode(&mut body, &registry) {
         tracing::error!(%error, "encoding metrics");
         return (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response();
     }
-    if !gzip {
-        return ([(header::CONTENT_TYPE, format.content_type())], body).into_response();
+    metrics_response(&headers, format.content_type(), body)
+}
+
+/// A metrics body as `content_type`, gzip-compressed when the request's `Accept-Encoding`
+/// allows it (promhttp's behaviour, which every upstream metrics endpoint has).
+pub(crate) fn metrics_response(headers: &HeaderMap, content_type: &'static str, body: String) -> Response {
+    let accept_encoding = headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if !metrics_format::accepts_gzip(accept_encoding) {
+        return ([(header::CONTENT_TYPE, content_type)], body).into_response();
     }
     match metrics_format::gzip(body.as_bytes()) {
         Ok(compressed) => {
-            ([(header::CONTENT_TYPE, format.content_type()), (header::CONTENT_ENCODING, "gzip")], compressed)
-                .into_response()
+            ([(header::CONTENT_TYPE, content_type), (header::CONTENT_ENCODING, "gzip")], compressed).into_response()
         }
         Err(error) => {
             tracing::error!(%error, "compressing metrics");
