@@ -385,16 +385,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         });
         crate::cm::check_swap(&swaps)?;
     }
+    // What the node is, once: node allocatable below and the Node object (API mode).
+    let machine = crate::node::MachineFacts::detect(&cfg.root_dir);
     let cgroups = CgroupfsPodContainerManager::new(CgroupConfig {
         cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
         cgroups_per_qos: kc.cgroups_per_qos,
         cgroup_driver: kc.cgroup_driver.clone(),
         pod_pids_limit: kc.pod_pids_limit,
         cpu_cfs_quota: kc.cpu_cfs_quota,
-        enforcement: {
-            let facts = crate::node::MachineFacts::detect(&cfg.root_dir);
-            crate::cm::allocatable::plan(kc, crate::cm::allocatable::Capacity::detect(facts.cpus, facts.memory_bytes))
-        },
+        enforcement: crate::cm::allocatable::plan(
+            kc,
+            crate::cm::allocatable::Capacity::detect(machine.cpus, machine.memory_bytes),
+        ),
         ..CgroupConfig::default()
     })?;
     let kubepods_dirs = cgroups.kubepods_dirs();
@@ -645,7 +647,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         let node = crate::node::NodeManager::new(
             client.clone(),
             node_settings(&cfg, node_ip),
-            crate::node::MachineFacts::detect(&cfg.root_dir),
+            machine.clone(),
             rt.clone(),
             Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
         )

@@ -320,13 +320,13 @@ impl StatsProvider {
 
     /// A collection made now whose disk usages (writable layers, logs, volumes) are no
     /// older than `max_age`: what the background walks have not measured since is walked
-    /// first (see [`FsUsageCache::refresh_older_than`]).
+    /// first (see [`FsUsageCache::refresh_older_than`]). Paths are known to the walks once
+    /// a collection has seen them: call it after one (the eviction manager's pass starts
+    /// with [`Self::fresh_collection`]).
     ///
     /// # Errors
     /// When the runtime cannot be listed.
     pub async fn fresh_collection_with_disk_usage(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
-        // One collection first, so that every current path is registered with the cache.
-        self.fresh_collection().await?;
         let usage = Arc::clone(&self.fs_usage);
         let walked = tokio::task::spawn_blocking(move || usage.refresh_older_than(max_age))
             .await
