@@ -445,6 +445,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     );
     let probe_updates = probes.take_updates();
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
+    // The resource managers: hint providers of the topology manager (admission) and
+    // container lifecycle hooks of the runtime manager (container creation).
+    let topology = crate::cm::topology::TopologyManager::default();
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -788,6 +791,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         rejected: std::sync::Mutex::default(),
         eviction,
         container_changes,
+        admit_handlers: vec![Arc::new(topology)],
     };
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),

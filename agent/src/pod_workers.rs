@@ -368,7 +368,7 @@ impl Worker {
                     if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
                         crate::telemetry::set_trace_parent(&span, &root);
                     }
-                    let after = self.sync_pod().instrument(span).await;
+                    let after = Box::pin(self.sync_pod().instrument(span)).await;
                     Some(tokio::time::Instant::now() + after)
                 }
                 WorkerState::Terminating => {

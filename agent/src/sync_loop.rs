@@ -53,6 +53,8 @@ pub struct SyncLoop {
     pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
     /// Bumped on every PLEG event (the stats provider's `container_changes`).
     pub container_changes: Arc<std::sync::atomic::AtomicU64>,
+    /// Admission checks after the node-fit predicates (topology manager, node shutdown).
+    pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
 }
 
 impl SyncLoop {
@@ -143,7 +145,6 @@ impl SyncLoop {
         if let Some(Err(r)) = self.eviction.get().map(|m| m.admit(pod)) {
             return self.reject(pod, &uid, r);
         }
-        let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) else { return true };
         let rejected = self.rejected.lock().unwrap().clone();
         let active: Vec<_> = self
             .pod_manager
@@ -156,10 +157,17 @@ impl SyncLoop {
                     && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
             })
             .collect();
-        match crate::lifecycle::admission::admit(pod, &node, &active) {
-            Ok(()) => true,
-            Err(r) => self.reject(pod, &uid, r),
+        if let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone())
+            && let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active)
+        {
+            return self.reject(pod, &uid, r);
         }
+        for h in &self.admit_handlers {
+            if let Err(r) = h.admit(pod, &active) {
+                return self.reject(pod, &uid, r);
+            }
+        }
+        true
     }
 
     /// Refuses `pod`: a `Failed` status with the kubelet's reason and message, an event.

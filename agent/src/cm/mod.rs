@@ -23,11 +23,13 @@
 
 pub mod allocatable;
 pub mod cgroupfs;
+pub mod container_lifecycle;
 pub mod fake;
 pub mod pod_resources;
 pub mod qos;
 pub mod quantity;
 pub mod resources;
+pub mod topology;
 
 use std::path::PathBuf;
 

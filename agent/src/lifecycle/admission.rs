@@ -17,6 +17,17 @@ pub struct Rejection {
     pub message: String,
 }
 
+/// An admission check beyond the node-fit predicates (upstream `PodAdmitHandler`): the
+/// topology manager (CPU, memory and device allocation), node shutdown. Handlers run in
+/// registration order, after the eviction and predicate checks, in standalone mode too.
+pub trait PodAdmitHandler: Send + Sync + std::fmt::Debug {
+    /// Admits `pod` next to the `active` pods (admitted, not terminal, `pod` excluded).
+    ///
+    /// # Errors
+    /// The rejection: reason and message as the kubelet writes them.
+    fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection>;
+}
+
 fn reject(reason: &str, message: String) -> Rejection {
     Rejection { reason: reason.into(), message }
 }

@@ -360,6 +360,8 @@ pub struct RuntimeManager {
     hooks: crate::lifecycle::hooks::HandlerRunner,
     /// Pod start latency (image pulls are excluded from the SLI).
     startup: Option<Arc<crate::pod_startup::PodStartupTracker>>,
+    /// The container manager's hooks (CPU, memory, device managers), in order.
+    container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
 }
 
 impl RuntimeManager {
@@ -387,10 +389,30 @@ impl RuntimeManager {
             container_changes: Arc::default(),
             probes: None,
             startup: None,
+            container_hooks: Vec::new(),
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
         }
+    }
+
+    /// Adds a container manager hook, called around every container's creation.
+    #[must_use]
+    pub fn with_container_lifecycle_hook(
+        mut self,
+        hook: Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>,
+    ) -> Self {
+        self.container_hooks.push(hook);
+        self
+    }
+
+    /// Removes a container, telling the container manager's hooks first (upstream
+    /// `removeContainer` calls `PostStopContainer`).
+    async fn remove_container(&self, id: &str) -> Result<()> {
+        for h in &self.container_hooks {
+            h.post_stop_container(id);
+        }
+        self.rt.remove_container(id).await
     }
 
     /// Kills and restarts containers whose liveness or startup probe failed, as
@@ -574,7 +596,7 @@ impl RuntimeManager {
             if actions.create_sandbox {
                 // Old init containers would confuse the init sequence of the new sandbox.
                 for c in status.containers.iter().filter(|c| c.init) {
-                    if let Err(e) = self.rt.remove_container(&c.id).await
+                    if let Err(e) = self.remove_container(&c.id).await
                         && !e.is_not_found()
                     {
                         tracing::warn!(container = %c.id, error = %e, "failed to remove old init container");
@@ -859,15 +881,22 @@ impl RuntimeManager {
         pod_ips: &[String],
         image_ref: &str,
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
-        let config = self
+        let mut config = self
             .container_config(pod, container, init, restart_count, image_ref, pod_ips)
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
+        for h in &self.container_hooks {
+            h.pre_create_container(pod, container, &mut config)
+                .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
+        }
         let id = self
             .rt
             .create_container(sandbox_id, config, sandbox_config.clone())
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
+        for h in &self.container_hooks {
+            h.pre_start_container(pod, container, &id).map_err(|e| (reasons::RUN_CONTAINER_ERROR, e, None))?;
+        }
         self.container_event(
             pod,
             &container.name,
@@ -1199,7 +1228,7 @@ impl RuntimeManager {
             *n += 1;
             if *n > 1
                 && c.state == ContainerState::Exited
-                && let Err(e) = self.rt.remove_container(&c.id).await
+                && let Err(e) = self.remove_container(&c.id).await
                 && !e.is_not_found()
             {
                 tracing::warn!(container = %c.id, error = %e, "failed to prune init container");
@@ -1342,7 +1371,7 @@ impl RuntimeManager {
     /// the pod's log and data directories (upstream: container GC + pod dir cleanup).
     pub async fn remove_pod(&self, status: &RuntimePodStatus) -> Result<()> {
         for c in &status.containers {
-            match self.rt.remove_container(&c.id).await {
+            match self.remove_container(&c.id).await {
                 Err(e) if !e.is_not_found() => return Err(e),
                 _ => {}
             }

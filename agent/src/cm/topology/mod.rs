@@ -1,0 +1,120 @@
+//! Topology hints (upstream `pkg/kubelet/cm/topologymanager`): NUMA affinity masks and
+//! the hint providers (CPU, memory and device managers) the topology manager merges.
+//!
+//! A provider answers per resource name: no entry means "no preference" (upstream's nil
+//! slice), an empty list means "this resource cannot be aligned at all" (upstream's empty
+//! slice).
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::lifecycle::admission::Rejection;
+
+/// A set of NUMA node ids (upstream `bitmask.BitMask`; ids 0..64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NumaMask(pub u64);
+
+impl NumaMask {
+    /// The mask of `nodes`; ids of 64 and above are ignored.
+    #[must_use]
+    pub fn from_nodes(nodes: impl IntoIterator<Item = usize>) -> Self {
+        Self(nodes.into_iter().filter(|n| *n < 64).fold(0, |m, n| m | (1 << n)))
+    }
+
+    /// The node ids in the mask, ascending.
+    #[must_use]
+    pub fn nodes(self) -> Vec<usize> {
+        (0..64).filter(|n| self.0 & (1 << n) != 0).collect()
+    }
+
+    /// How many nodes the mask holds.
+    #[must_use]
+    pub fn count(self) -> u32 {
+        self.0.count_ones()
+    }
+
+    /// Whether the mask holds node `n`.
+    #[must_use]
+    pub fn contains(self, n: usize) -> bool {
+        n < 64 && self.0 & (1 << n) != 0
+    }
+
+    /// The nodes in both masks.
+    #[must_use]
+    pub fn and(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+
+    /// Upstream `IsNarrowerThan`: fewer nodes, or as many with lower ids.
+    #[must_use]
+    pub fn is_narrower_than(self, other: Self) -> bool {
+        match self.count().cmp(&other.count()) {
+            std::cmp::Ordering::Equal => self.0 < other.0,
+            o => o == std::cmp::Ordering::Less,
+        }
+    }
+}
+
+/// One way to place a resource (upstream `TopologyHint`): `affinity` `None` means any
+/// node will do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TopologyHint {
+    pub affinity: Option<NumaMask>,
+    pub preferred: bool,
+}
+
+/// Hints per resource name (see the module docs for absent vs. empty).
+pub type Hints = HashMap<String, Vec<TopologyHint>>;
+
+/// A manager whose resources the topology manager aligns (upstream `HintProvider`).
+pub trait HintProvider: Send + Sync + Debug {
+    /// Hints for one container (scope `container`).
+    fn get_topology_hints(&self, pod: &Pod, container: &Container) -> Hints;
+
+    /// Hints for the whole pod (scope `pod`).
+    fn get_pod_topology_hints(&self, pod: &Pod) -> Hints;
+
+    /// Allocates `container`'s resources within `affinity`, the hint the topology
+    /// manager chose (`TopologyHint::default()` when no policy aligns). A refusal is the
+    /// admission rejection, as upstream (`UnexpectedAdmissionError`, ...).
+    ///
+    /// # Errors
+    /// The rejection when the resources cannot be allocated.
+    fn allocate(&self, pod: &Pod, container: &Container, affinity: &TopologyHint) -> Result<(), Rejection>;
+
+    /// Forgets allocations of pods not in `active` (upstream `removeStaleState` /
+    /// `UpdateAllocatedDevices`).
+    fn remove_stale(&self, _active: &[Pod]) {}
+}
+
+/// The topology manager's admission (upstream `Scope.Admit`). This is the `none`
+/// policy: every container (init containers first) is allocated by every provider,
+/// without alignment.
+#[derive(Debug, Default)]
+pub struct TopologyManager {
+    providers: Vec<std::sync::Arc<dyn HintProvider>>,
+}
+
+impl TopologyManager {
+    /// Adds a hint provider (CPU, memory, device manager).
+    pub fn add_hint_provider(&mut self, p: std::sync::Arc<dyn HintProvider>) {
+        self.providers.push(p);
+    }
+}
+
+impl crate::lifecycle::admission::PodAdmitHandler for TopologyManager {
+    fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection> {
+        for p in &self.providers {
+            p.remove_stale(active);
+        }
+        let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
+        for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+            for p in &self.providers {
+                p.allocate(pod, c, &TopologyHint::default())?;
+            }
+        }
+        Ok(())
+    }
+}
