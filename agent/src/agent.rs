@@ -395,7 +395,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         cpu_cfs_quota: kc.cpu_cfs_quota,
         enforcement: crate::cm::allocatable::plan(
             kc,
-            crate::cm::allocatable::Capacity::detect(machine.cpus, machine.memory_bytes),
+            &crate::cm::allocatable::Capacity::detect(machine.cpus, machine.memory_bytes, machine.hugepages.clone()),
         ),
         ..CgroupConfig::default()
     })?;

@@ -10,12 +10,16 @@
 //! already — get the reserved amounts as their limits. A missing reserved cgroup stops the
 //! agent at start, as upstream (`"/system.slice" cgroup does not exist`).
 //!
-//! Huge page limits on `kubepods` are not written (this agent reports no huge pages).
+//! `kubepods` also gets a hugetlb limit per page size: the preallocated huge pages of that
+//! size minus the reserved `hugepages-<size>` (written only where the hugetlb controller is
+//! on).
 
 use std::collections::BTreeMap;
 
 use super::quantity::{parse_bytes, parse_milli_cpu};
-use super::resources::{PodResourceConfig, milli_cpu_to_shares};
+use super::resources::{
+    HugepageLimits, PodResourceConfig, hugepage_resource_name, hugepage_unit_size, milli_cpu_to_shares,
+};
 
 /// What to write where (see the module docs). `Default`: nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,20 +33,22 @@ pub struct Enforcement {
 }
 
 /// What the machine has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capacity {
     pub cpus: u64,
     pub memory_bytes: u64,
     /// `/proc/sys/kernel/pid_max`, if known.
     pub max_pid: Option<i64>,
+    /// Huge pages: page size in bytes → bytes preallocated.
+    pub hugepages: BTreeMap<u64, u64>,
 }
 
 impl Capacity {
-    /// This machine's.
+    /// This machine's, with the facts the node already read.
     #[must_use]
-    pub fn detect(cpus: u64, memory_bytes: u64) -> Self {
+    pub fn detect(cpus: u64, memory_bytes: u64, hugepages: BTreeMap<u64, u64>) -> Self {
         let max_pid = std::fs::read_to_string("/proc/sys/kernel/pid_max").ok().and_then(|s| s.trim().parse().ok());
-        Self { cpus, memory_bytes, max_pid }
+        Self { cpus, memory_bytes, max_pid, hugepages }
     }
 }
 
@@ -75,7 +81,7 @@ fn reserved_config(r: Reserved, map: &BTreeMap<String, String>) -> PodResourceCo
 
 /// The enforcement the configuration asks for on a machine of `capacity`.
 #[must_use]
-pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: Capacity) -> Enforcement {
+pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> Enforcement {
     let kube = reserved(&kc.kube_reserved);
     let system = reserved(&kc.system_reserved);
     let enforced = |key: &str| kc.enforce_node_allocatable.iter().any(|k| k == key);
@@ -85,6 +91,24 @@ pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: Capacity) -> Enf
         cpu_shares: Some(milli_cpu_to_shares((total_milli - kube.milli_cpu - system.milli_cpu).max(0))),
         memory_limit: Some((memory - kube.memory - system.memory).max(0)),
         pids_limit: capacity.max_pid.map(|max| (max - kube.pids - system.pids).max(0)),
+        hugepage_limits: Some(HugepageLimits {
+            sizes: capacity
+                .hugepages
+                .iter()
+                .filter_map(|(&size, &total)| {
+                    let name = hugepage_resource_name(size);
+                    let reserved = |m: &BTreeMap<String, String>| {
+                        m.get(&name).and_then(|v| parse_bytes(v).ok()).unwrap_or(0).max(0)
+                    };
+                    let total = i64::try_from(total).unwrap_or(i64::MAX);
+                    Some((
+                        hugepage_unit_size(size)?,
+                        (total - reserved(&kc.kube_reserved) - reserved(&kc.system_reserved)).max(0),
+                    ))
+                })
+                .collect(),
+            others: 0,
+        }),
         ..PodResourceConfig::default()
     });
     Enforcement {
@@ -104,23 +128,36 @@ mod tests {
     const GI: i64 = 1 << 30;
 
     fn machine() -> Capacity {
-        Capacity { cpus: 4, memory_bytes: 16 << 30, max_pid: Some(4_194_304) }
+        Capacity {
+            cpus: 4,
+            memory_bytes: 16 << 30,
+            max_pid: Some(4_194_304),
+            hugepages: BTreeMap::from([(2 << 20, 8 << 20), (1 << 30, 0)]),
+        }
     }
 
     #[test]
     fn pods_get_capacity_minus_reservations() {
         let kc = KubeletConfiguration {
             kube_reserved: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
-            system_reserved: BTreeMap::from([("memory".into(), "512Mi".into()), ("pid".into(), "1000".into())]),
+            system_reserved: BTreeMap::from([
+                ("memory".into(), "512Mi".into()),
+                ("pid".into(), "1000".into()),
+                ("hugepages-2Mi".into(), "2Mi".into()),
+            ]),
             ..KubeletConfiguration::default()
         };
-        let e = plan(&kc, machine());
+        let e = plan(&kc, &machine());
         assert_eq!(
             e.pods,
             Some(PodResourceConfig {
                 cpu_shares: Some(3584),
                 memory_limit: Some(16 * GI - GI - GI / 2),
                 pids_limit: Some(4_193_304),
+                hugepage_limits: Some(HugepageLimits {
+                    sizes: BTreeMap::from([("2MB".into(), 6 << 20), ("1GB".into(), 0)]),
+                    others: 0
+                }),
                 ..PodResourceConfig::default()
             })
         );
@@ -137,7 +174,7 @@ mod tests {
             enforce_node_allocatable: vec!["kube-reserved".into(), "system-reserved".into()],
             ..KubeletConfiguration::default()
         };
-        let e = plan(&kc, machine());
+        let e = plan(&kc, &machine());
         assert_eq!(e.pods, None);
         assert_eq!(
             e.kube_reserved,
@@ -155,8 +192,8 @@ mod tests {
     #[test]
     fn nothing_without_enforcement_or_qos_cgroups() {
         let none = KubeletConfiguration { enforce_node_allocatable: vec!["none".into()], ..Default::default() };
-        assert_eq!(plan(&none, machine()), Enforcement::default());
+        assert_eq!(plan(&none, &machine()), Enforcement::default());
         let no_qos = KubeletConfiguration { cgroups_per_qos: false, ..Default::default() };
-        assert_eq!(plan(&no_qos, machine()).pods, None);
+        assert_eq!(plan(&no_qos, &machine()).pods, None);
     }
 }

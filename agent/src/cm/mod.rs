@@ -18,8 +18,9 @@
 //! orphans found by [`PodContainerManager::list_pod_cgroups`] during housekeeping).
 //!
 //! Node allocatable enforcement ([`allocatable`]) happens in
-//! [`PodContainerManager::ensure_node_cgroups`]. The CPU/memory/topology managers,
-//! `MemoryQoS` and pod-level huge page limits are not implemented yet.
+//! [`PodContainerManager::ensure_node_cgroups`], huge page (hugetlb) limits on `kubepods`,
+//! the `QoS` cgroups (unbounded) and pod cgroups (the pod's huge page requests) too, where
+//! the hugetlb controller is on. `MemoryQoS` is not implemented.
 
 pub mod allocatable;
 pub mod cgroupfs;

@@ -104,6 +104,77 @@ pub struct PodResourceConfig {
     pub memory_limit: Option<i64>,
     /// Maximum number of pids.
     pub pids_limit: Option<i64>,
+    /// hugetlb limits; `None` leaves them alone.
+    pub hugepage_limits: Option<HugepageLimits>,
+}
+
+/// hugetlb limits of a cgroup (upstream `ResourceConfig.HugePageLimit`): every page size the
+/// kernel offers is written, those not in `sizes` get `others` (upstream: 0 for pods and
+/// `kubepods`, unbounded for the `QoS` cgroups). A negative value means unbounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HugepageLimits {
+    /// runc page size name (`"2MB"`, see [`hugepage_unit_size`]) → limit in bytes.
+    pub sizes: BTreeMap<String, i64>,
+    /// The limit of page sizes not in `sizes`.
+    pub others: i64,
+}
+
+impl HugepageLimits {
+    /// No limit on any page size (upstream `setHugePagesUnbounded`).
+    #[must_use]
+    pub fn unbounded() -> Self {
+        Self { sizes: BTreeMap::new(), others: -1 }
+    }
+
+    /// The limit of page size `unit` (`"2MB"`).
+    #[must_use]
+    pub fn limit(&self, unit: &str) -> i64 {
+        self.sizes.get(unit).copied().unwrap_or(self.others)
+    }
+}
+
+/// The Kubernetes resource name of a huge page size in bytes (`hugepages-2Mi`, as
+/// upstream's `HugePageResourceName(resource.NewQuantity(size, BinarySI))`).
+#[must_use]
+pub fn hugepage_resource_name(page_bytes: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let (mut n, mut i) = (page_bytes, 0);
+    while n != 0 && n.is_multiple_of(1024) && i < SUFFIXES.len() - 1 {
+        n /= 1024;
+        i += 1;
+    }
+    format!("{}{n}{}", pod_resources::HUGEPAGES_PREFIX, SUFFIXES[i])
+}
+
+/// The huge pages of the host: page size in bytes → bytes preallocated
+/// (`nr_hugepages` × size of each `<dir>/hugepages-<n>kB`), as cAdvisor's machine info.
+#[must_use]
+pub fn host_hugepages(dir: &Path) -> BTreeMap<u64, u64> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let kib: u64 = e.file_name().to_str()?.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+            let pages: u64 = std::fs::read_to_string(e.path().join("nr_hugepages")).ok()?.trim().parse().ok()?;
+            let size = kib.checked_mul(1024)?;
+            Some((size, size.saturating_mul(pages)))
+        })
+        .collect()
+}
+
+/// The pod cgroup's hugetlb limits: its huge page requests (upstream `HugePageLimits`),
+/// every other size 0.
+fn pod_hugepage_limits(requests: &pod_resources::ResourceList) -> HugepageLimits {
+    let sizes = requests
+        .iter()
+        .filter_map(|(name, q)| {
+            let size = quantity::parse(name.strip_prefix(pod_resources::HUGEPAGES_PREFIX)?).ok()?.value()?;
+            Some((hugepage_unit_size(u64::try_from(size).ok()?)?, q.value_saturating()))
+        })
+        .collect();
+    HugepageLimits { sizes, others: 0 }
 }
 
 /// Computes the pod cgroup limits (`ResourceConfigForPod`).
@@ -111,8 +182,8 @@ pub struct PodResourceConfig {
 /// cpu shares come from the summed requests; quota and period only when every container
 /// (and every init container, counted with the sidecars it runs beside) has a cpu limit, or
 /// the pod has a pod-level one; the memory limit likewise. `enforce_cpu_limits = false`
-/// (`cpuCFSQuota: false`) writes an unlimited quota. Huge page limits and `MemoryQoS` are
-/// not applied.
+/// (`cpuCFSQuota: false`) writes an unlimited quota. Huge page limits are the pod's huge page
+/// requests (0 for other sizes). `MemoryQoS` is not applied.
 #[must_use]
 pub fn resource_config_for_pod(pod: &Pod, enforce_cpu_limits: bool) -> PodResourceConfig {
     let requests = pod_resources::pod_requests(pod);
@@ -145,6 +216,7 @@ pub fn resource_config_for_pod(pod: &Pod, enforce_cpu_limits: bool) -> PodResour
             cpu_period: Some(cpu_period),
             memory_limit: Some(memory_limit),
             pids_limit: None,
+            hugepage_limits: Some(pod_hugepage_limits(&requests)),
         },
         QosClass::Burstable => PodResourceConfig {
             cpu_shares: Some(cpu_shares),
@@ -152,8 +224,15 @@ pub fn resource_config_for_pod(pod: &Pod, enforce_cpu_limits: bool) -> PodResour
             cpu_period: cpu_limits_declared.then_some(cpu_period),
             memory_limit: memory_limits_declared.then_some(memory_limit),
             pids_limit: None,
+            hugepage_limits: Some(pod_hugepage_limits(&requests)),
         },
-        QosClass::BestEffort => PodResourceConfig { cpu_shares: Some(MIN_SHARES), ..PodResourceConfig::default() },
+        // Upstream leaves `HugePageLimit` empty, which its cgroup manager writes as 0 for
+        // every size.
+        QosClass::BestEffort => PodResourceConfig {
+            cpu_shares: Some(MIN_SHARES),
+            hugepage_limits: Some(HugepageLimits::default()),
+            ..PodResourceConfig::default()
+        },
     }
 }
 
@@ -549,6 +628,17 @@ mod tests {
     }
 
     #[test]
+    fn host_hugepages_reads_preallocated_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, nr) in [("hugepages-2048kB", "3\n"), ("hugepages-1048576kB", "0\n"), ("stray", "1\n")] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+            std::fs::write(dir.path().join(name).join("nr_hugepages"), nr).unwrap();
+        }
+        assert_eq!(host_hugepages(dir.path()), BTreeMap::from([(2 << 20, 6 << 20), (1 << 30, 0)]));
+        assert!(host_hugepages(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
     fn weights() {
         assert_eq!(cpu_shares_to_cpu_weight(2), 1);
         assert_eq!(cpu_shares_to_cpu_weight(1024), 39);
@@ -569,12 +659,17 @@ mod tests {
                 cpu_period: Some(100_000),
                 memory_limit: Some(256 << 20),
                 pids_limit: None,
+                hugepage_limits: Some(HugepageLimits::default()),
             }
         );
         let best_effort = pod("b", vec![ctr("a", &[], &[])]);
         assert_eq!(
             resource_config_for_pod(&best_effort, true),
-            PodResourceConfig { cpu_shares: Some(2), ..PodResourceConfig::default() }
+            PodResourceConfig {
+                cpu_shares: Some(2),
+                hugepage_limits: Some(HugepageLimits::default()),
+                ..PodResourceConfig::default()
+            }
         );
         // Burstable: all containers limit cpu, one lacks a memory limit.
         let burstable = pod(
@@ -592,14 +687,28 @@ mod tests {
                 cpu_period: Some(100_000),
                 memory_limit: None,
                 pids_limit: None,
+                hugepage_limits: Some(HugepageLimits::default()),
             }
         );
         // Burstable without cpu limits anywhere: shares only.
         let requests_only = pod("u", vec![ctr("a", &[("cpu", "250m"), ("memory", "64Mi")], &[])]);
         assert_eq!(
             resource_config_for_pod(&requests_only, true),
-            PodResourceConfig { cpu_shares: Some(256), ..PodResourceConfig::default() }
+            PodResourceConfig {
+                cpu_shares: Some(256),
+                hugepage_limits: Some(HugepageLimits::default()),
+                ..PodResourceConfig::default()
+            }
         );
+        // Huge page requests become the pod's hugetlb limits (`hugepages-2Mi` → `2MB`).
+        let huge = pod("h", vec![ctr("a", &[], &[("cpu", "1"), ("memory", "1Gi"), ("hugepages-2Mi", "6Mi")])]);
+        assert_eq!(
+            resource_config_for_pod(&huge, true).hugepage_limits,
+            Some(HugepageLimits { sizes: [("2MB".to_owned(), 6 << 20)].into(), others: 0 })
+        );
+        assert_eq!(hugepage_resource_name(2 << 20), "hugepages-2Mi");
+        assert_eq!(hugepage_resource_name(1 << 30), "hugepages-1Gi");
+        assert_eq!(hugepage_resource_name(64 << 10), "hugepages-64Ki");
         // cpuCFSQuota=false: the quota is explicitly unlimited.
         assert_eq!(resource_config_for_pod(&guaranteed, false).cpu_quota, Some(-1));
     }

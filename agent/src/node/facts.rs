@@ -19,6 +19,8 @@ pub struct MachineFacts {
     pub system_uuid: String,
     /// Kubernetes architecture name (`amd64`, `arm64`, ...).
     pub architecture: String,
+    /// Huge pages: page size in bytes → bytes preallocated (`/sys/kernel/mm/hugepages`).
+    pub hugepages: std::collections::BTreeMap<u64, u64>,
 }
 
 fn read(path: &str) -> String {
@@ -90,6 +92,7 @@ impl MachineFacts {
             machine_id: read("/etc/machine-id"),
             system_uuid: read("/sys/class/dmi/id/product_uuid").to_lowercase(),
             architecture: kube_arch(std::env::consts::ARCH).to_string(),
+            hugepages: crate::cm::resources::host_hugepages(Path::new("/sys/kernel/mm/hugepages")),
         }
     }
 }

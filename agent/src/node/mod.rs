@@ -72,6 +72,18 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
+/// A byte count in canonical binary-SI form (`0`, `4Mi`, `1536`), as Go's
+/// `resource.NewQuantity(n, BinarySI).String()`.
+fn binary_si(bytes: u64) -> Quantity {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let (mut n, mut i) = (bytes, 0);
+    while n != 0 && n.is_multiple_of(1024) && i < SUFFIXES.len() - 1 {
+        n /= 1024;
+        i += 1;
+    }
+    Quantity(format!("{n}{}", SUFFIXES[i]))
+}
+
 fn ki(bytes: u64) -> Quantity {
     Quantity(format!("{}Ki", bytes / 1024))
 }
@@ -117,14 +129,23 @@ pub fn capacity_and_allocatable(
     s: &NodeSettings,
     f: &MachineFacts,
 ) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
-    let capacity = BTreeMap::from([
+    let mut capacity = BTreeMap::from([
         ("cpu".to_string(), Quantity(f.cpus.to_string())),
         ("memory".to_string(), ki(f.memory_bytes)),
         ("ephemeral-storage".to_string(), ki(f.ephemeral_storage_bytes)),
         ("pods".to_string(), Quantity(s.max_pods.to_string())),
-        ("hugepages-1Gi".to_string(), Quantity("0".into())),
-        ("hugepages-2Mi".to_string(), Quantity("0".into())),
     ]);
+    // Every page size the kernel offers, with what is preallocated (often 0), as cAdvisor's
+    // machine info; allocatable subtracts the reserved `hugepages-<size>`.
+    let mut hugepages = BTreeMap::new();
+    for (&size, &total) in &f.hugepages {
+        let name = crate::cm::resources::hugepage_resource_name(size);
+        let left = total
+            .saturating_sub(reserved_bytes(&s.kube_reserved, &name))
+            .saturating_sub(reserved_bytes(&s.system_reserved, &name));
+        capacity.insert(name.clone(), binary_si(total));
+        hugepages.insert(name, binary_si(left));
+    }
     let cpu_milli = (f.cpus * 1000)
         .saturating_sub(reserved_milli(&s.kube_reserved, "cpu"))
         .saturating_sub(reserved_milli(&s.system_reserved, "cpu"));
@@ -144,6 +165,7 @@ pub fn capacity_and_allocatable(
     allocatable.insert("memory".into(), ki(mem));
     // Upstream reports allocatable ephemeral storage in plain bytes.
     allocatable.insert("ephemeral-storage".into(), Quantity(eph.to_string()));
+    allocatable.extend(hugepages);
     (capacity, allocatable)
 }
 
@@ -569,9 +591,14 @@ mod tests {
             memory_bytes: 4096 * 1024 * 1024,
             ephemeral_storage_bytes: 100 * 1024 * 1024 * 1024,
             architecture: "amd64".into(),
+            hugepages: BTreeMap::from([(2 << 20, 6 << 20), (1 << 30, 0)]),
             ..Default::default()
         };
-        let (cap, alloc) = capacity_and_allocatable(&settings(), &f);
+        let mut s = settings();
+        s.kube_reserved.insert("hugepages-2Mi".into(), "2Mi".into());
+        let (cap, alloc) = capacity_and_allocatable(&s, &f);
+        assert_eq!((cap["hugepages-2Mi"].0.as_str(), alloc["hugepages-2Mi"].0.as_str()), ("6Mi", "4Mi"));
+        assert_eq!((cap["hugepages-1Gi"].0.as_str(), alloc["hugepages-1Gi"].0.as_str()), ("0", "0"));
         assert_eq!(cap["cpu"].0, "2");
         assert_eq!(cap["memory"].0, "4194304Ki");
         assert_eq!(cap["pods"].0, "110");

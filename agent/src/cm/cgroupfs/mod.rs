@@ -478,6 +478,28 @@ impl CgroupfsPodContainerManager {
         Ok(())
     }
 
+    /// Writes the hugetlb limit of every page size the cgroup `dir` has a
+    /// `hugetlb.<size><suffix>` file for (the kernel's own list of sizes; none when the
+    /// controller is off), as upstream's cgroup manager does for every size runc knows.
+    fn apply_hugetlb(dir: &Path, suffix: &str, limits: &resources::HugepageLimits, unbounded: &str) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Ok(()) };
+        let mut sizes: Vec<String> = entries
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                let size = name.strip_prefix("hugetlb.")?.strip_suffix(suffix)?;
+                // `hugetlb.2MB.rsvd.max` is the reservation limit, not the usage limit.
+                (!size.contains('.')).then(|| size.to_owned())
+            })
+            .collect();
+        sizes.sort();
+        for size in sizes {
+            let limit = limits.limit(&size);
+            let value = if limit < 0 { unbounded.to_owned() } else { limit.to_string() };
+            write_file(&dir.join(format!("hugetlb.{size}{suffix}")), &value)?;
+        }
+        Ok(())
+    }
+
     /// Writes `cfg` into the cgroup `dir` of hierarchy `h`.
     fn apply_limits(h: &Hierarchy, dir: &Path, cfg: &PodResourceConfig) -> Result<()> {
         let file = |name: &str| dir.join(name);
@@ -508,6 +530,13 @@ impl CgroupfsPodContainerManager {
                 {
                     write_file(&file("pids.max"), &pids_max(limit))?;
                 }
+                if controllers.contains("hugetlb")
+                    && let Some(limits) = &cfg.hugepage_limits
+                {
+                    // v1 has no "max": an unbounded limit is the largest page-aligned value,
+                    // which the kernel takes from "-1".
+                    Self::apply_hugetlb(dir, ".limit_in_bytes", limits, "-1")?;
+                }
             }
             HierarchyKind::Unified(_) => {
                 if let Some(shares) = cfg.cpu_shares {
@@ -530,6 +559,9 @@ impl CgroupfsPodContainerManager {
                 }
                 if let Some(limit) = cfg.pids_limit.filter(|p| *p != 0) {
                     write_file(&file("pids.max"), &pids_max(limit))?;
+                }
+                if let Some(limits) = &cfg.hugepage_limits {
+                    Self::apply_hugetlb(dir, ".max", limits, "max")?;
                 }
             }
             HierarchyKind::HybridUnified => {}
@@ -620,8 +652,17 @@ impl PodContainerManager for CgroupfsPodContainerManager {
                     _ => {}
                 }
             }
-            let best_effort = PodResourceConfig { cpu_shares: Some(MIN_SHARES), ..PodResourceConfig::default() };
+            // The QoS cgroups leave huge pages to the pod cgroups (upstream
+            // `setHugePagesUnbounded`).
+            let unbounded = Some(resources::HugepageLimits::unbounded());
+            let best_effort = PodResourceConfig {
+                cpu_shares: Some(MIN_SHARES),
+                hugepage_limits: unbounded.clone(),
+                ..PodResourceConfig::default()
+            };
             Self::apply_limits(h, &kubepods.join("besteffort"), &best_effort)?;
+            let burstable = PodResourceConfig { hugepage_limits: unbounded, ..PodResourceConfig::default() };
+            Self::apply_limits(h, &kubepods.join("burstable"), &burstable)?;
             if let Some(pods) = &self.config.enforcement.pods {
                 Self::apply_limits(h, &kubepods, pods)?;
             }

@@ -113,6 +113,12 @@ pub(crate) mod fixture {
             "pids" => &[("pids.max", "max\n")],
             "cpuset" => &[("cpuset.cpus", "\n"), ("cpuset.mems", "\n")],
             "io" => &[("io.weight", "default 100\n")],
+            "hugetlb" => &[
+                ("hugetlb.2MB.max", "max\n"),
+                ("hugetlb.2MB.rsvd.max", "max\n"),
+                ("hugetlb.1GB.max", "max\n"),
+                ("hugetlb.1GB.rsvd.max", "max\n"),
+            ],
             _ => &[],
         }
     }

@@ -310,6 +310,37 @@ fn unified_enables_only_what_is_offered_and_keeps_what_is_there() {
 }
 
 #[test]
+fn unified_hugetlb_limits() {
+    use crate::cm::allocatable::Enforcement;
+    use crate::cm::resources::{HugepageLimits, PodResourceConfig};
+    let f = Fixture::unified();
+    let pods = PodResourceConfig {
+        hugepage_limits: Some(HugepageLimits { sizes: [("2MB".to_owned(), 8 << 20)].into(), others: 0 }),
+        ..PodResourceConfig::default()
+    };
+    let m = f.manager_with(CgroupConfig {
+        enforcement: Enforcement { pods: Some(pods), ..Enforcement::default() },
+        ..f.config()
+    });
+    m.ensure_node_cgroups().unwrap();
+    // kubepods: allocatable per size; the QoS cgroups: unbounded.
+    assert_eq!(f.read("", "kubepods/hugetlb.2MB.max"), (8 << 20).to_string());
+    assert_eq!(f.read("", "kubepods/hugetlb.1GB.max"), "0");
+    assert_eq!(f.read("", "kubepods/hugetlb.2MB.rsvd.max"), "max", "reservation limits untouched");
+    for qos in ["burstable", "besteffort"] {
+        assert_eq!(f.read("", &format!("kubepods/{qos}/hugetlb.2MB.max")), "max", "{qos}");
+    }
+    // A pod: its huge page requests, every other size 0.
+    let mut g = pod("h1", vec![ctr("a", &[], &[("cpu", "1"), ("memory", "64Mi"), ("hugepages-2Mi", "4Mi")])]);
+    g.metadata.uid = Some("h1".into());
+    m.ensure_pod_cgroup(&g).unwrap();
+    assert_eq!(f.read("", "kubepods/podh1/hugetlb.2MB.max"), (4 << 20).to_string());
+    assert_eq!(f.read("", "kubepods/podh1/hugetlb.1GB.max"), "0");
+    m.ensure_pod_cgroup(&burstable("b1")).unwrap();
+    assert_eq!(f.read("", "kubepods/burstable/podb1/hugetlb.2MB.max"), "0");
+}
+
+#[test]
 fn unified_pod_limits() {
     let f = Fixture::unified();
     let m = f.manager_with(CgroupConfig { pod_pids_limit: 100, ..f.config() });
