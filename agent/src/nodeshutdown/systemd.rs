@@ -99,9 +99,13 @@ impl DbusInhibiter {
     /// Connects to `DBUS_SYSTEM_BUS_ADDRESS`, else [`DEFAULT_SYSTEM_BUS`].
     pub async fn connect() -> Result<Self> {
         let address = std::env::var("DBUS_SYSTEM_BUS_ADDRESS").unwrap_or_else(|_| DEFAULT_SYSTEM_BUS.to_owned());
-        let err = |source| Error::Connect { address: address.clone(), source };
-        let connection =
-            zbus::connection::Builder::address(address.as_str()).map_err(err)?.build().await.map_err(err)?;
+        Self::connect_to(&address).await
+    }
+
+    /// Connects to the bus at `address` (a D-Bus address, e.g. `unix:path=...`).
+    pub async fn connect_to(address: &str) -> Result<Self> {
+        let err = |source| Error::Connect { address: address.to_owned(), source };
+        let connection = zbus::connection::Builder::address(address).map_err(err)?.build().await.map_err(err)?;
         // Properties are read fresh each time: the value changes on a logind reload.
         let logind = LogindProxy::builder(&connection)
             .cache_properties(zbus::proxy::CacheProperties::No)
