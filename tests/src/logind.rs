@@ -266,6 +266,14 @@ impl Logind {
         }
     }
 
+    /// Kills the bus daemon (by pid), as when the system bus goes away.
+    pub fn stop_bus(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+
     /// Emits `PrepareForShutdown(start)` as logind does when a shutdown begins (true) or
     /// is cancelled (false).
     pub async fn prepare_for_shutdown(&self, start: bool) -> Result<()> {
@@ -333,6 +341,11 @@ mod tests {
         logind
             .wait_inhibitors(Duration::from_secs(5), "the release", |i| i.first().is_some_and(|i| i.released.is_some()))
             .await?;
+
+        // The bus going away ends the events (the manager then connects again).
+        let mut logind = logind;
+        logind.stop_bus();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), events.recv()).await?, None);
         Ok(())
     }
 }

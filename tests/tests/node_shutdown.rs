@@ -82,6 +82,29 @@ async fn wait_pod(
     got.context("present")
 }
 
+/// Waits for a `NodeShutdown` event on the node with `message`.
+async fn wait_node_event(api: &TestApiServer, message: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events: Vec<(String, String, String)> = api
+            .list::<k8s_openapi::api::core::v1::Event>(Some("default"))
+            .into_iter()
+            .map(|e| {
+                (
+                    e.involved_object.name.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect();
+        if events.iter().any(|(n, r, m)| n == "e2e-node" && r == "NodeShutdown" && m == message) {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "no NodeShutdown event {message:?} on the node: {events:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn seconds_between(a: jiff::Timestamp, b: jiff::Timestamp) -> f64 {
     (b.as_millisecond() - a.as_millisecond()) as f64 / 1000.0
 }
@@ -130,6 +153,7 @@ async fn shutdown_terminates_regular_then_critical_pods_and_releases_the_inhibit
             s == "False" && r == "KubeletNotReady" && m == "node is shutting down"
         })
         .await?;
+        wait_node_event(&api, "Shutdown manager detected shutdown event").await?;
         // A pod arriving now is rejected.
         api.create(&pod("late", false)?)?;
         let late = wait_pod(&api, &agent, "late", "rejected", |p| {
@@ -209,6 +233,7 @@ async fn shutdown_terminates_regular_then_critical_pods_and_releases_the_inhibit
             .wait_inhibitors(Duration::from_secs(10), "a new lock", |i| i.len() == 2 && i[1].released.is_none())
             .await?;
         assert_eq!(locks[1].mode, "delay");
+        wait_node_event(&api, "Shutdown manager detected shutdown cancellation").await?;
         wait_ready(&api, Duration::from_secs(30), |(s, _, _)| s == "True").await?;
         api.create(&pod("after", false)?)?;
         wait_pod(&api, &agent, "after", "running after the cancellation", running).await?;
