@@ -147,7 +147,43 @@ pub struct Logind {
     address: String,
     connection: zbus::Connection,
     state: Shared,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+/// Starts `dbus-daemon` with `config`, listening on `socket`; returns once it listens.
+async fn spawn_daemon(config: &Path, socket: &Path) -> Result<Child> {
+    let _ = std::fs::remove_file(socket);
+    let mut daemon = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", config.display()))
+        .args(["--nofork", "--nopidfile", "--nosyslog"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting dbus-daemon (Debian package dbus-daemon)")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        if let Some(status) = daemon.try_wait()? {
+            bail!("dbus-daemon exited at start with {status}");
+        }
+        if Instant::now() > deadline {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            bail!("dbus-daemon did not listen on {} in 10s", socket.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(daemon)
+}
+
+/// The stand-in's connection: both objects served, both names owned.
+async fn serve(address: &str, state: &Shared) -> zbus::Result<zbus::Connection> {
+    zbus::connection::Builder::address(address)?
+        .serve_at("/org/freedesktop/login1", LogindManager { state: state.clone() })?
+        .serve_at("/org/freedesktop/systemd1", SystemdManager { state: state.clone() })?
+        .name("org.freedesktop.login1")?
+        .name("org.freedesktop.systemd1")?
+        .build()
+        .await
 }
 
 impl Logind {
@@ -157,45 +193,16 @@ impl Logind {
         let socket = dir.path().join("system_bus_socket");
         let config = dir.path().join("bus.conf");
         std::fs::write(&config, bus_config(&socket))?;
-        let conf_dir = dir.path().join("logind.conf.d");
-        let mut daemon = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", config.display()))
-            .args(["--nofork", "--nopidfile", "--nosyslog"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting dbus-daemon (Debian package dbus-daemon)")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if let Some(status) = daemon.try_wait()? {
-                bail!("dbus-daemon exited at start with {status}");
-            }
-            if Instant::now() > deadline {
-                let _ = daemon.kill();
-                let _ = daemon.wait();
-                bail!("dbus-daemon did not listen on {} in 10s", socket.display());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let mut daemon = spawn_daemon(&config, &socket).await?;
         let address = format!("unix:path={}", socket.display());
         let state = Arc::new(Mutex::new(State {
             delay_usec: u64::try_from(delay.as_micros())?,
             inhibitors: Vec::new(),
             reloads: 0,
-            conf_dir,
+            conf_dir: dir.path().join("logind.conf.d"),
             watchers: Vec::new(),
         }));
-        let connection = async {
-            zbus::connection::Builder::address(address.as_str())?
-                .serve_at("/org/freedesktop/login1", LogindManager { state: state.clone() })?
-                .serve_at("/org/freedesktop/systemd1", SystemdManager { state: state.clone() })?
-                .name("org.freedesktop.login1")?
-                .name("org.freedesktop.systemd1")?
-                .build()
-                .await
-        }
-        .await;
-        let connection = match connection {
+        let connection = match serve(&address, &state).await {
             Ok(c) => c,
             Err(e) => {
                 let _ = daemon.kill();
@@ -203,7 +210,17 @@ impl Logind {
                 bail!("logind stand-in on {address}: {e}");
             }
         };
-        Ok(Self { daemon: Some(daemon), address, connection, state, _dir: dir })
+        Ok(Self { daemon: Some(daemon), address, connection, state, dir })
+    }
+
+    /// Kills the bus daemon and starts a new one on the same socket, with the stand-in
+    /// (and its inhibitor records) back on it: a bus restart as clients see it.
+    pub async fn restart_bus(&mut self) -> Result<()> {
+        self.stop_bus();
+        let socket = self.dir.path().join("system_bus_socket");
+        self.daemon = Some(spawn_daemon(&self.dir.path().join("bus.conf"), &socket).await?);
+        self.connection = serve(&self.address, &self.state).await?;
+        Ok(())
     }
 
     /// The bus address (`DBUS_SYSTEM_BUS_ADDRESS`).
@@ -304,7 +321,7 @@ impl Drop for Logind {
 
 #[cfg(test)]
 mod tests {
-    use swiftlet::nodeshutdown::{DbusInhibiter, Inhibiter as _, systemd};
+    use swiftlet::nodeshutdown::{DbusInhibiter, Inhibiter as _, Manager, PodTerminator, PriorityPeriod, systemd};
 
     use super::*;
 
@@ -346,6 +363,59 @@ mod tests {
         let mut logind = logind;
         logind.stop_bus();
         assert_eq!(tokio::time::timeout(Duration::from_secs(5), events.recv()).await?, None);
+        Ok(())
+    }
+
+    /// No pods to kill.
+    struct NoPods;
+
+    #[async_trait::async_trait]
+    impl PodTerminator for NoPods {
+        async fn terminate(
+            &self,
+            _pod: &k8s_openapi::api::core::v1::Pod,
+            _grace: i64,
+        ) -> Result<(), swiftlet::nodeshutdown::BoxError> {
+            Ok(())
+        }
+    }
+
+    /// The whole manager against the stand-in: the lock at start, a new one after the
+    /// bus restarted (reconnecting every second), the release after a shutdown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_manager_takes_the_lock_again_after_a_bus_restart() -> Result<()> {
+        let mut logind = Logind::start(Duration::from_secs(30)).await?;
+        let root = tempfile::tempdir()?;
+        let manager = Manager::new(
+            vec![PriorityPeriod { priority: 0, grace_seconds: 2 }],
+            root.path(),
+            Arc::new(Vec::new),
+            Arc::new(NoPods),
+        )
+        .with_bus_address(logind.address())
+        .with_logind_conf_dir(logind.conf_dir());
+        let status = manager.status();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(manager.run(stop.clone()));
+        logind.wait_inhibitors(Duration::from_secs(10), "the first lock", |i| i.len() == 1).await?;
+
+        logind.restart_bus().await?;
+        let locks = logind
+            .wait_inhibitors(Duration::from_secs(10), "a lock on the new bus", |i| {
+                i.len() == 2 && i[1].released.is_none()
+            })
+            .await?;
+        assert!(locks[0].released.is_some(), "the lock of the lost connection is closed");
+
+        logind.prepare_for_shutdown(true).await?;
+        logind
+            .wait_inhibitors(Duration::from_secs(10), "the release", |i| i.len() == 2 && i[1].released.is_some())
+            .await?;
+        assert_eq!(status.check(), Err("node is shutting down".to_owned()));
+        let state = std::fs::read_to_string(root.path().join("graceful_node_shutdown_state"))?;
+        assert!(state.starts_with(r#"{"startTime":""#) && !state.contains("0001-01-01"), "{state}");
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task).await??;
         Ok(())
     }
 }

@@ -332,6 +332,8 @@ pub struct Manager {
     terminator: Arc<dyn PodTerminator>,
     storage: storage::Storage,
     logind_conf_dir: std::path::PathBuf,
+    /// The system bus; `None`: `DBUS_SYSTEM_BUS_ADDRESS` at each connection, as upstream.
+    bus_address: Option<String>,
     metrics: Option<Arc<KubeletMetrics>>,
     recorder: Option<(Arc<dyn EventRecorder>, String)>,
     node_sync: Option<Arc<Notify>>,
@@ -362,6 +364,7 @@ impl Manager {
             terminator,
             storage: storage::Storage::new(root_dir.join(STATE_FILE)),
             logind_conf_dir,
+            bus_address: None,
             metrics: None,
             recorder: None,
             node_sync: None,
@@ -414,6 +417,13 @@ impl Manager {
         self
     }
 
+    /// Connects to the bus at `address` instead of the system bus (tests).
+    #[must_use]
+    pub fn with_bus_address(mut self, address: &str) -> Self {
+        self.bus_address = Some(address.to_owned());
+        self
+    }
+
     /// The shared shutdown status (admission and the `Ready` condition).
     #[must_use]
     pub fn status(&self) -> ShutdownStatus {
@@ -455,7 +465,10 @@ impl Manager {
     }
 
     async fn connect(&self) -> Result<(DbusInhibiter, mpsc::Receiver<bool>, InhibitLock)> {
-        let bus = DbusInhibiter::connect().await?;
+        let bus = match &self.bus_address {
+            Some(address) => DbusInhibiter::connect_to(address).await?,
+            None => DbusInhibiter::connect().await?,
+        };
         let (events, lock) = self.start_watching(&bus).await?;
         Ok((bus, events, lock))
     }
