@@ -37,6 +37,9 @@
 //!   terminationGracePeriodSeconds)`; the next group starts when every pod of this one
 //!   is stopped or the group's period is over. Then the end time is written and the lock
 //!   released.
+//! - The state file and the metrics are written only with the
+//!   `GracefulNodeShutdownBasedOnPodPriority` gate on (its default); at start the metrics
+//!   are set from the state file of the last shutdown.
 //! - `PrepareForShutdown(false)` (cancelled): the node is no longer shutting down (Ready
 //!   and admission come back) and a new lock is taken.
 //!
@@ -46,6 +49,8 @@
 //!   tests; default `/etc/systemd/logind.conf.d`).
 //! - Pods are not waited on for volume unmounts between groups (upstream waits for
 //!   CSI volumes; swiftlet has none): a group ends when its pods' workers are done.
+//! - `kubelet_graceful_shutdown_*` are always registered (upstream: only with both gates
+//!   on, which is their default).
 
 pub mod adapters;
 pub mod storage;
@@ -331,6 +336,8 @@ pub struct Manager {
     active_pods: ActivePodsFn,
     terminator: Arc<dyn PodTerminator>,
     storage: storage::Storage,
+    /// State file and metrics (upstream: only with `GracefulNodeShutdownBasedOnPodPriority`).
+    record: bool,
     logind_conf_dir: std::path::PathBuf,
     /// The system bus; `None`: `DBUS_SYSTEM_BUS_ADDRESS` at each connection, as upstream.
     bus_address: Option<String>,
@@ -363,6 +370,7 @@ impl Manager {
             active_pods,
             terminator,
             storage: storage::Storage::new(root_dir.join(STATE_FILE)),
+            record: true,
             logind_conf_dir,
             bus_address: None,
             metrics: None,
@@ -386,7 +394,9 @@ impl Manager {
             return None;
         }
         let active = Arc::new(move || crate::eviction::ActivePods::active_pods(&pods));
-        Some(Self::new(periods, root_dir, active, Arc::new(adapters::AgentTerminator { workers })))
+        let mut manager = Self::new(periods, root_dir, active, Arc::new(adapters::AgentTerminator { workers }));
+        manager.record = kc.feature_gates.get("GracefulNodeShutdownBasedOnPodPriority") != Some(&false);
+        Some(manager)
     }
 
     /// Sets `kubelet_graceful_shutdown_{start,end}_time_seconds`.
@@ -556,19 +566,23 @@ impl Manager {
         tracing::info!("shutdown manager processing shutdown event");
         let pods = (self.active_pods)();
         let start = jiff::Timestamp::now();
-        if let Err(e) = self.storage.store(&storage::State { start_time: Some(start), end_time: None }) {
+        if self.record
+            && let Err(e) = self.storage.store(&storage::State { start_time: Some(start), end_time: None })
+        {
             tracing::error!(error = %e, "failed to store graceful shutdown state");
         }
-        if let Some(m) = &self.metrics {
+        if let Some(m) = self.metrics.as_ref().filter(|_| self.record) {
             m.graceful_shutdown_start_time.set(storage::timestamp(Some(start)));
             m.graceful_shutdown_end_time.set(0.0);
         }
         kill_pods(&self.periods, pods, &self.terminator).await;
         let end = jiff::Timestamp::now();
-        if let Err(e) = self.storage.store(&storage::State { start_time: Some(start), end_time: Some(end) }) {
+        if self.record
+            && let Err(e) = self.storage.store(&storage::State { start_time: Some(start), end_time: Some(end) })
+        {
             tracing::error!(error = %e, "failed to store graceful shutdown state");
         }
-        if let Some(m) = &self.metrics {
+        if let Some(m) = self.metrics.as_ref().filter(|_| self.record) {
             m.graceful_shutdown_end_time.set(storage::timestamp(Some(end)));
         }
         lock.release();
@@ -577,7 +591,7 @@ impl Manager {
 
     /// The metrics from the state file of an earlier shutdown (upstream `setMetrics`).
     fn load_metrics(&self) {
-        let Some(m) = &self.metrics else { return };
+        let Some(m) = self.metrics.as_ref().filter(|_| self.record) else { return };
         match self.storage.load() {
             Ok(state) => {
                 if state.start_time.is_some() {

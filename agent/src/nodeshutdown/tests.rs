@@ -361,3 +361,23 @@ async fn a_shutdown_kills_the_pods_then_releases_the_lock_and_a_cancellation_tak
     assert_eq!(*bus.locks.lock().unwrap(), 2);
     assert_eq!(m.status().check(), Ok(()));
 }
+
+#[test]
+fn metrics_come_back_from_the_state_file_unless_the_priority_gate_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let start: jiff::Timestamp = "2026-12-01T05:00:00Z".parse().unwrap();
+    let end: jiff::Timestamp = "2026-12-01T05:00:30Z".parse().unwrap();
+    storage::Storage::new(dir.path().join(STATE_FILE))
+        .store(&storage::State { start_time: Some(start), end_time: Some(end) })
+        .unwrap();
+    let metrics = Arc::new(KubeletMetrics::new(&mut prometheus_client::registry::Registry::default(), "n"));
+    let fake = Arc::new(FakeTerminator::default());
+    let mut m = manager(dir.path(), vec![], &fake).with_metrics(metrics.clone());
+    m.record = false;
+    m.load_metrics();
+    assert!(metrics.graceful_shutdown_start_time.get().abs() < f64::EPSILON, "gate off: nothing");
+    m.record = true;
+    m.load_metrics();
+    assert!((metrics.graceful_shutdown_start_time.get() - 1_796_101_200.0).abs() < f64::EPSILON);
+    assert!((metrics.graceful_shutdown_end_time.get() - 1_796_101_230.0).abs() < f64::EPSILON);
+}
