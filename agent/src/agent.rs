@@ -631,6 +631,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         );
         tracker.spawn(src.run(update_tx.clone(), shutdown.clone()).instrument(tracing::info_span!("static_pods")));
     }
+    // Graceful node shutdown (`crate::nodeshutdown`); off without grace periods.
+    let mut node_shutdown = crate::nodeshutdown::Manager::from_config(
+        kc,
+        &cfg.root_dir,
+        crate::eviction::adapters::AgentPods {
+            manager: pod_manager.clone(),
+            workers: workers.clone(),
+            status: status.clone(),
+        },
+        workers.clone(),
+    )
+    .map(|m| m.with_metrics(metrics.clone()).with_recorder(recorder.clone() as Arc<dyn EventRecorder>, &cfg.node_name));
+    let shutdown_status = node_shutdown.as_ref().map(crate::nodeshutdown::Manager::status);
     let mut node_handle = None;
     if let Some(client) = &client {
         let mirrors = crate::mirror::MirrorStore::default();
@@ -647,12 +660,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             .instrument(tracing::info_span!("api_pods")),
         );
         let health = pleg_health.clone();
+        let shutting_down = shutdown_status.clone();
         let node = crate::node::NodeManager::new(
             client.clone(),
             node_settings(&cfg, node_ip),
             machine.clone(),
             rt.clone(),
-            Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
+            Arc::new(move || {
+                let pleg = health.check().map_err(|e| format!("PLEG is not healthy: {e}"));
+                crate::nodeshutdown::ready_with_shutdown(pleg, shutting_down.as_ref())
+            }),
         )
         .with_pressure({
             let eviction = eviction.clone();
@@ -665,6 +682,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             })
         });
         node_handle = Some(node.current_handle());
+        node_shutdown = node_shutdown.map(|m| m.with_node_sync(node.sync_now_handle()));
         tracker.spawn(
             crate::mirror::run(
                 client.clone(),
@@ -791,8 +809,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         rejected: std::sync::Mutex::default(),
         eviction,
         container_changes,
-        admit_handlers: vec![Arc::new(topology)],
+        admit_handlers: {
+            let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> = vec![Arc::new(topology)];
+            handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
+            handlers
+        },
     };
+    if let Some(m) = node_shutdown {
+        tracker.spawn(m.run(shutdown.clone()).instrument(tracing::info_span!("node_shutdown")));
+    }
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),
     );

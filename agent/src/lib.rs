@@ -21,6 +21,7 @@ pub mod memory;
 pub mod metrics;
 pub mod mirror;
 pub mod node;
+pub mod nodeshutdown;
 pub mod pleg;
 pub mod pod_manager;
 pub mod pod_startup;

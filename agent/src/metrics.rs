@@ -324,6 +324,9 @@ pub struct KubeletMetrics {
     pub pleg_relist_duration: Histogram,
     pub pleg_relist_interval: Histogram,
     pub pleg_last_seen: Gauge<f64, AtomicU64>,
+    /// Graceful node shutdown (`crate::nodeshutdown`): start and end, Unix seconds.
+    pub graceful_shutdown_start_time: Gauge<f64, AtomicU64>,
+    pub graceful_shutdown_end_time: Gauge<f64, AtomicU64>,
     pub pleg_discard_events: Counter,
     pub pod_worker_duration: HistogramFamily<OperationLabels>,
     pub pod_worker_start_duration: Histogram,
@@ -393,6 +396,8 @@ impl KubeletMetrics {
             pleg_relist_duration: def_histogram(),
             pleg_relist_interval: def_histogram(),
             pleg_last_seen: Gauge::default(),
+            graceful_shutdown_start_time: Gauge::default(),
+            graceful_shutdown_end_time: Gauge::default(),
             pleg_discard_events: Counter::default(),
             pod_worker_duration: Family::new_with_constructor(def_histogram),
             pod_worker_start_duration: def_histogram(),
@@ -468,6 +473,17 @@ impl KubeletMetrics {
             "kubelet_pleg_last_seen_seconds",
             "[ALPHA] Timestamp in seconds when PLEG was last seen active",
             self.pleg_last_seen.clone(),
+        );
+        // Upstream's help of both says "start".
+        r.register(
+            "kubelet_graceful_shutdown_start_time_seconds",
+            "[ALPHA] Last graceful shutdown start time since unix epoch in seconds",
+            self.graceful_shutdown_start_time.clone(),
+        );
+        r.register(
+            "kubelet_graceful_shutdown_end_time_seconds",
+            "[ALPHA] Last graceful shutdown start time since unix epoch in seconds",
+            self.graceful_shutdown_end_time.clone(),
         );
         r.register(
             "kubelet_pleg_discard_events",
@@ -713,8 +729,6 @@ mod tests {
         ("kubelet_evented_pleg_connection_error_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_latency_seconds", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_success_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
-        ("kubelet_graceful_shutdown_end_time_seconds", "no graceful node shutdown yet"),
-        ("kubelet_graceful_shutdown_start_time_seconds", "no graceful node shutdown yet"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
         ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
         ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),

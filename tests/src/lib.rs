@@ -6,6 +6,7 @@
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
 pub mod apiserver;
+pub mod logind;
 pub mod registry;
 pub mod scratch;
 pub mod spdy;
@@ -193,6 +194,8 @@ pub struct AgentOptions {
     pub cri_endpoint: Option<String>,
     /// `--root-dir` (the node filesystem), when not a directory of the agent's own.
     pub root_dir: Option<PathBuf>,
+    /// More environment variables of the process (e.g. [`logind::Logind::agent_env`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for AgentOptions {
@@ -205,6 +208,7 @@ impl Default for AgentOptions {
             kubeconfig: None,
             cri_endpoint: None,
             root_dir: None,
+            env: Vec::new(),
         }
     }
 }
@@ -225,6 +229,7 @@ pub struct Agent {
     pub root_dir: PathBuf,
     endpoint: String,
     flags: Vec<String>,
+    env: Vec<(String, String)>,
     http: reqwest::Client,
     log_path: PathBuf,
 }
@@ -298,6 +303,7 @@ authorization:
         }
         let mut agent = Self {
             flags,
+            env: opts.env.clone(),
             child: None,
             manifests,
             logs_dir,
@@ -345,6 +351,7 @@ authorization:
             .arg("--v")
             .arg("4")
             .args(&self.flags)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

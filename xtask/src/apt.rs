@@ -26,6 +26,8 @@ pub const PACKAGES: &[&str] = &[
     // The test registries (`registry`).
     "docker-registry",
     "skopeo",
+    // The private system bus of the node shutdown tests (`tests/src/logind.rs`).
+    "dbus-daemon",
 ];
 
 /// Parses `dpkg -s` output: installed means a `Status: install ok installed` line.

@@ -520,3 +520,22 @@ fn swiftlet_options_default_to_the_fast_paths() {
     assert!(!polling.eviction_kernel_signals);
     assert!(polling.evented_pleg, "the PLEG is another setting");
 }
+
+#[test]
+fn graceful_shutdown_settings_are_validated_as_upstream() {
+    let yaml = format!(
+        "{HEADER}shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n\
+         shutdownGracePeriodByPodPriority:\n- priority: 0\n  shutdownGracePeriodSeconds: 5\n\
+         featureGates:\n  GracefulNodeShutdown: false\n  GracefulNodeShutdownBasedOnPodPriority: false\n"
+    );
+    let problems = problems(load_file(&yaml, &[]));
+    for want in [
+        "shutdownGracePeriodCriticalPods: 20s must be <= shutdownGracePeriod 10s",
+        "shutdownGracePeriod: requires feature gate GracefulNodeShutdown",
+        "shutdownGracePeriodByPodPriority: requires feature gate GracefulNodeShutdownBasedOnPodPriority",
+        "shutdownGracePeriodByPodPriority: cannot be specified together with shutdownGracePeriod or \
+         shutdownGracePeriodCriticalPods",
+    ] {
+        assert!(problems.iter().any(|p| p == want), "missing {want:?} in {problems:#?}");
+    }
+}

@@ -398,6 +398,13 @@ fn validate_shutdown(kc: &KubeletConfiguration, p: &mut Problems) {
             p.add(field, format!("{value} must be either zero or otherwise >= 1 sec"));
         }
     }
+    let gate_off = |name: &str| kc.feature_gates.get(name) == Some(&false);
+    if total > GoDuration::ZERO && gate_off("GracefulNodeShutdown") {
+        p.add("shutdownGracePeriod", "requires feature gate GracefulNodeShutdown");
+    }
+    if !kc.shutdown_grace_period_by_pod_priority.is_empty() && gate_off("GracefulNodeShutdownBasedOnPodPriority") {
+        p.add("shutdownGracePeriodByPodPriority", "requires feature gate GracefulNodeShutdownBasedOnPodPriority");
+    }
     if !kc.shutdown_grace_period_by_pod_priority.is_empty() && (!total.is_zero() || !critical.is_zero()) {
         p.add(
             "shutdownGracePeriodByPodPriority",

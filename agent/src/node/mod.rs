@@ -259,6 +259,8 @@ pub struct NodeManager {
     rt: Arc<dyn RuntimeService>,
     health: HealthFn,
     pressure: Option<PressureFn>,
+    /// Wakes the status loop before its period (e.g. the node shutdown manager's).
+    sync_now: Arc<tokio::sync::Notify>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
 }
@@ -278,7 +280,13 @@ impl NodeManager {
         rt: Arc<dyn RuntimeService>,
         health: HealthFn,
     ) -> Self {
-        Self { client, settings, facts, rt, health, pressure: None, current: Arc::default() }
+        Self { client, settings, facts, rt, health, pressure: None, sync_now: Arc::default(), current: Arc::default() }
+    }
+
+    /// A handle that makes the status loop compute and report at once.
+    #[must_use]
+    pub fn sync_now_handle(&self) -> Arc<tokio::sync::Notify> {
+        self.sync_now.clone()
     }
 
     /// Reports the pressure conditions `pressure` reads (the eviction manager's).
@@ -435,6 +443,7 @@ impl NodeManager {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
+                () = self.sync_now.notified() => {}
             }
             // Like upstream's tryUpdateNodeStatus, read the node every period: a node object
             // that was deleted is registered again at once, not at the next report.
