@@ -59,6 +59,8 @@ pub enum Error {
     EventApi(#[from] crate::event_api::Error),
     #[error("{0}")]
     Eviction(#[from] crate::eviction::thresholds::Errors),
+    #[error("device manager: {0}")]
+    DeviceManager(#[from] crate::cm::devicemanager::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -447,7 +449,10 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
-    let topology = crate::cm::topology::TopologyManager::default();
+    let mut topology = crate::cm::topology::TopologyManager::default();
+    let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?;
+    devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
+    topology.add_hint_provider(Arc::new(devices.clone()));
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -484,7 +489,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             cluster_domain: kc.cluster_domain.clone(),
             resolv_conf: kc.resolv_conf.clone(),
         })
-        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source))),
+        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
+        .with_container_lifecycle_hook(Arc::new(devices.clone())),
     );
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if client.is_some() {
@@ -663,6 +669,10 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                     pid: m.is_under_pid_pressure(),
                 })
             })
+        })
+        .with_extended_resources({
+            let devices = devices.clone();
+            Arc::new(move || devices.extended_resources())
         });
         node_handle = Some(node.current_handle());
         tracker.spawn(

@@ -19,7 +19,8 @@ pub struct Rejection {
 
 /// An admission check beyond the node-fit predicates (upstream `PodAdmitHandler`): the
 /// topology manager (CPU, memory and device allocation), node shutdown. Handlers run in
-/// registration order, after the eviction and predicate checks, in standalone mode too.
+/// registration order, after the eviction check and before the node-fit predicates (upstream
+/// registers the topology manager before the predicate handler), in standalone mode too.
 pub trait PodAdmitHandler: Send + Sync + std::fmt::Debug {
     /// Admits `pod` next to the `active` pods (admitted, not terminal, `pod` excluded).
     ///
@@ -58,6 +59,37 @@ pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
             )
             .unwrap_or(0);
         out.insert(r.to_string(), apps.max(init) + overhead);
+    }
+    out
+}
+
+/// Effective requests of extended resources (e.g. device plugin resources), as
+/// [`pod_requests`] computes them: requests, or limits when no request is given.
+#[must_use]
+pub fn extended_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
+    let of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, i64> {
+        let res = c.resources.as_ref();
+        let mut m: BTreeMap<String, i64> = BTreeMap::new();
+        for q in [res.and_then(|r| r.limits.as_ref()), res.and_then(|r| r.requests.as_ref())].into_iter().flatten() {
+            for (k, v) in q {
+                if crate::cm::devicemanager::is_extended_resource_name(k) {
+                    m.insert(k.clone(), quantity::parse_bytes(&v.0).unwrap_or(0));
+                }
+            }
+        }
+        m
+    };
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for c in &spec.containers {
+        for (k, v) in of(c) {
+            *out.entry(k).or_default() += v;
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, v) in of(c) {
+            let e = out.entry(k).or_default();
+            *e = (*e).max(v);
+        }
     }
     out
 }
@@ -210,6 +242,22 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
             ));
         }
     }
+    // Extended resources the node does not report are cluster-level: not checked here
+    // (upstream removeMissingExtendedResources).
+    for (r, req) in extended_requests(spec) {
+        let Some(cap) = allocatable(node, &r).filter(|_| req > 0) else { continue };
+        let used: i64 = active
+            .iter()
+            .filter_map(|p| p.spec.as_ref())
+            .map(|s| extended_requests(s).get(&r).copied().unwrap_or(0))
+            .sum();
+        if used + req > cap {
+            return Err(reject(
+                &format!("OutOf{r}"),
+                format!("Node didn't have enough resource: {r}, requested: {req}, used: {used}, capacity: {cap}"),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -264,6 +312,30 @@ mod tests {
         let port = serde_json::json!({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
         let r = admit(&pod(&port), &n, &[pod(&port)]).unwrap_err();
         assert_eq!(r.reason, "NodePorts");
+    }
+
+    #[test]
+    fn extended_resources_against_allocatable() {
+        let mut n = node();
+        n.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("example.com/dev".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()));
+        let dev = |count: &str| {
+            pod(&serde_json::json!({"containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"example.com/dev": count}}}]}))
+        };
+        assert_eq!(admit(&dev("2"), &n, &[]), Ok(()));
+        let r = admit(&dev("2"), &n, &[dev("1")]).unwrap_err();
+        assert_eq!(r.reason, "OutOfexample.com/dev");
+        assert_eq!(r.message, "Node didn't have enough resource: example.com/dev, requested: 2, used: 1, capacity: 2");
+        // A resource the node does not report is cluster-level: not checked.
+        let other = pod(&serde_json::json!({"containers": [{"name": "c", "image": "x",
+            "resources": {"limits": {"example.com/other": "5"}}}]}));
+        assert_eq!(admit(&other, &n, &[]), Ok(()));
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct NodeSettings {
 
 /// Is the node able to run pods: the runtime answers and the PLEG is healthy.
 pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Capacity and allocatable of the device plugin resources (the device manager's).
+pub type ExtendedResourcesFn = Arc<dyn Fn() -> crate::cm::devicemanager::ExtendedResources + Send + Sync>;
 
 fn now() -> Time {
     Time(Timestamp::now())
@@ -237,6 +239,7 @@ pub struct NodeManager {
     rt: Arc<dyn RuntimeService>,
     health: HealthFn,
     pressure: Option<PressureFn>,
+    extended: Option<ExtendedResourcesFn>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
 }
@@ -256,13 +259,21 @@ impl NodeManager {
         rt: Arc<dyn RuntimeService>,
         health: HealthFn,
     ) -> Self {
-        Self { client, settings, facts, rt, health, pressure: None, current: Arc::default() }
+        Self { client, settings, facts, rt, health, pressure: None, extended: None, current: Arc::default() }
     }
 
     /// Reports the pressure conditions `pressure` reads (the eviction manager's).
     #[must_use]
     pub fn with_pressure(mut self, pressure: PressureFn) -> Self {
         self.pressure = Some(pressure);
+        self
+    }
+
+    /// Reports the device plugin resources `extended` reads (upstream's
+    /// `devicePluginResourceCapacityFunc`).
+    #[must_use]
+    pub fn with_extended_resources(mut self, extended: ExtendedResourcesFn) -> Self {
+        self.extended = Some(extended);
         self
     }
 
@@ -287,7 +298,12 @@ impl NodeManager {
 
     /// Computes the full status as of now.
     pub async fn compute_status(&self, old: Option<&NodeStatus>) -> NodeStatus {
-        let (capacity, allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
+        let (mut capacity, mut allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
+        if let Some(ext) = &self.extended {
+            let ext = ext();
+            capacity.extend(ext.capacity.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
+            allocatable.extend(ext.allocatable.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
+        }
         let runtime_ok = self.rt.version().await.map(|_| ()).map_err(|e| format!("container runtime is down: {e}"));
         let health = runtime_ok.and_then(|()| (self.health)());
         let pressure = self.pressure.as_ref().map(|p| p()).unwrap_or_default();
