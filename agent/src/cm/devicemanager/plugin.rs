@@ -97,16 +97,19 @@ struct RegistrationService {
 pub fn validate(r: &RegisterRequest) -> Result<(), String> {
     if r.version != VERSION {
         return Err(format!(
-            "requested API version {:?} is not supported by kubelet. Supported versions are [{VERSION:?}]",
+            "requested API version {:?} is not supported by kubelet. Supported version is [{VERSION:?}]",
             r.version
         ));
     }
     if !is_extended_resource_name(&r.resource_name) {
         return Err(format!("the ResourceName {:?} is invalid", r.resource_name));
     }
-    if r.endpoint.is_empty() || r.endpoint.contains('/') {
+    // Upstream only joins the endpoint to the directory; a path that leaves the
+    // directory is refused here too.
+    let p = Path::new(&r.endpoint);
+    if r.endpoint.is_empty() || p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
         return Err(format!(
-            "the endpoint {:?} is invalid: a socket file name in the device plugin directory",
+            "the endpoint {:?} is invalid: a socket path within the device plugin directory",
             r.endpoint
         ));
     }
@@ -120,7 +123,8 @@ impl Registration for RegistrationService {
         tracing::info!(resource = %r.resource_name, endpoint = %r.endpoint, "device plugin registration request");
         if let Err(e) = validate(&r) {
             tracing::warn!(resource = %r.resource_name, error = %e, "bad device plugin registration request");
-            return Err(Status::invalid_argument(e));
+            // A plain error, as upstream returns it (gRPC code Unknown).
+            return Err(Status::unknown(e));
         }
         let socket = self.inner.dir.join(&r.endpoint);
         let channel = connect_plugin(&socket).await.map_err(|e| {

@@ -120,10 +120,7 @@ fn registration_requests_are_validated_as_upstream() {
     };
     assert_eq!(validate(&ok), Ok(()));
     let e = validate(&RegisterRequest { version: "v1alpha".into(), ..ok.clone() }).unwrap_err();
-    assert_eq!(
-        e,
-        "requested API version \"v1alpha\" is not supported by kubelet. Supported versions are [\"v1beta1\"]"
-    );
+    assert_eq!(e, "requested API version \"v1alpha\" is not supported by kubelet. Supported version is [\"v1beta1\"]");
     for bad in [
         "gpu",
         "kubernetes.io/gpu",
@@ -136,6 +133,8 @@ fn registration_requests_are_validated_as_upstream() {
         assert_eq!(e, format!("the ResourceName {bad:?} is invalid"));
     }
     assert!(validate(&RegisterRequest { endpoint: "../x.sock".into(), ..ok.clone() }).is_err());
+    assert!(validate(&RegisterRequest { endpoint: "/x.sock".into(), ..ok.clone() }).is_err());
+    assert!(validate(&RegisterRequest { endpoint: String::new(), ..ok.clone() }).is_err());
     assert!(is_extended_resource_name("nvidia.com/gpu"));
     assert!(is_extended_resource_name("example.com/fake_dev.1"));
 }
