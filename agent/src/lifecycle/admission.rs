@@ -63,35 +63,15 @@ pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
     out
 }
 
-/// Effective requests of extended resources (e.g. device plugin resources), as
-/// [`pod_requests`] computes them: requests, or limits when no request is given.
+/// Effective requests of extended resources (e.g. device plugin resources): the pod's
+/// requests (defaulted from limits, sidecars and init containers as upstream sums them).
 #[must_use]
-pub fn extended_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
-    let of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, i64> {
-        let res = c.resources.as_ref();
-        let mut m: BTreeMap<String, i64> = BTreeMap::new();
-        for q in [res.and_then(|r| r.limits.as_ref()), res.and_then(|r| r.requests.as_ref())].into_iter().flatten() {
-            for (k, v) in q {
-                if crate::cm::devicemanager::is_extended_resource_name(k) {
-                    m.insert(k.clone(), quantity::parse_bytes(&v.0).unwrap_or(0));
-                }
-            }
-        }
-        m
-    };
-    let mut out: BTreeMap<String, i64> = BTreeMap::new();
-    for c in &spec.containers {
-        for (k, v) in of(c) {
-            *out.entry(k).or_default() += v;
-        }
-    }
-    for c in spec.init_containers.iter().flatten() {
-        for (k, v) in of(c) {
-            let e = out.entry(k).or_default();
-            *e = (*e).max(v);
-        }
-    }
-    out
+pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
+    crate::cm::pod_resources::pod_requests(pod)
+        .into_iter()
+        .filter(|(k, _)| crate::cm::devicemanager::is_extended_resource_name(k))
+        .map(|(k, v)| (k, v.value_saturating()))
+        .collect()
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
@@ -244,13 +224,9 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
     }
     // Extended resources the node does not report are cluster-level: not checked here
     // (upstream removeMissingExtendedResources).
-    for (r, req) in extended_requests(spec) {
+    for (r, req) in extended_requests(pod) {
         let Some(cap) = allocatable(node, &r).filter(|_| req > 0) else { continue };
-        let used: i64 = active
-            .iter()
-            .filter_map(|p| p.spec.as_ref())
-            .map(|s| extended_requests(s).get(&r).copied().unwrap_or(0))
-            .sum();
+        let used: i64 = active.iter().map(|p| extended_requests(p).get(&r).copied().unwrap_or(0)).sum();
         if used + req > cap {
             return Err(reject(
                 &format!("OutOf{r}"),
