@@ -450,7 +450,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
     let mut topology = crate::cm::topology::TopologyManager::default();
-    let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?;
+    let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
+        .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(&mut registry));
     devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
     topology.add_hint_provider(Arc::new(devices.clone()));
     let runtime = Arc::new(

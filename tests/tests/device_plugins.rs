@@ -136,6 +136,9 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     )
     .await?;
     wait_node_devices(&api, "2", "2").await?;
+    let registrations =
+        agent.metric(&format!("kubelet_device_plugin_registration_total{{resource_name=\"{RES}\"}}")).await?;
+    assert!((registrations - 1.0).abs() < f64::EPSILON, "registrations: {registrations}");
 
     let uid = api.create(&device_pod("one", 1))?.metadata.uid.unwrap();
     wait_pod(&api, "one", |p| phase(p) == Some("Running")).await?;
@@ -143,6 +146,9 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     assert_eq!(plugin.preferred_requests().len(), 1);
     assert_eq!(plugin.allocations(), vec![vec!["dev-1".to_string()]]);
     assert_eq!(plugin.pre_starts(), vec![vec!["dev-1".to_string()]]);
+    let allocs =
+        agent.metric(&format!("kubelet_device_plugin_alloc_duration_seconds_count{{resource_name=\"{RES}\"}}")).await?;
+    assert!((allocs - 1.0).abs() < f64::EPSILON, "Allocate calls observed: {allocs}");
     let id = running_container(&cri, &uid).await?;
     exec(&cri, &id, &["test", "-c", "/dev/fake1"]).await?;
     let (code, _) = cri.exec(&id, &["test", "-e", "/dev/fake0"]).await?;

@@ -25,14 +25,17 @@
 //! without ever blocking the agent's own runtime on its own work.
 //!
 //! Deviations and limits: no `sourcesReady` (a container found running at start that
-//! holds checkpointed devices is simply left alone); no device plugin metrics (upstream
-//! registers `kubelet_device_plugin_*` only once a plugin registers, so the reference
-//! list does not have them); the checkpoint checksum is not upstream's (see
-//! [`checkpoint`]); the kubelet socket is not re-created if something deletes it while
-//! the agent runs.
+//! holds checkpointed devices is simply left alone); the checkpoint checksum is not
+//! upstream's (see [`checkpoint`]); extended resources a node object kept from an earlier
+//! node are not reset (upstream's `ShouldResetExtendedResourceCapacity`); a deleted
+//! `kubelet.sock` is not re-created while the agent runs (upstream's neither).
+//!
+//! Metrics: `kubelet_device_plugin_registration_total` and
+//! `kubelet_device_plugin_alloc_duration_seconds` (see [`metrics`]).
 
 pub mod checkpoint;
 mod hints;
+pub mod metrics;
 mod plugin;
 mod state;
 #[cfg(test)]
@@ -151,6 +154,7 @@ struct Inner {
     running_at_start: Mutex<HashSet<(String, String)>>,
     shutdown: CancellationToken,
     handle: tokio::runtime::Handle,
+    metrics: metrics::DevicePluginMetrics,
 }
 
 impl Inner {
@@ -257,8 +261,19 @@ impl DeviceManager {
             running_at_start: Mutex::default(),
             shutdown: CancellationToken::new(),
             handle: rt.handle().clone(),
+            metrics: metrics::DevicePluginMetrics::default(),
         });
         Ok(Self { inner, _rt: Arc::new(DeviceRuntime(Some(rt))) })
+    }
+
+    /// Reports into `metrics` (registered in the `/metrics` registry) instead of
+    /// families registered nowhere. Call before [`Self::start`].
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: metrics::DevicePluginMetrics) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = metrics;
+        }
+        self
     }
 
     /// The registration socket.
@@ -498,7 +513,14 @@ impl DeviceManager {
             };
             tracing::debug!(pod_uid = %pod, container = %container.name, %resource, ?devices, "allocating devices");
             let ids: Vec<String> = devices.iter().cloned().collect();
-            let resp = match self.inner.block_on(async move { api.allocate(ids).await }) {
+            let started = Instant::now();
+            let result = self.inner.block_on(async move { api.allocate(ids).await });
+            self.inner
+                .metrics
+                .alloc_duration
+                .get_or_create(&metrics::DevicePluginMetrics::labels(&resource))
+                .observe(started.elapsed().as_secs_f64());
+            let resp = match result {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
                     rollback();

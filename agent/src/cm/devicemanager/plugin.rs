@@ -121,6 +121,11 @@ impl Registration for RegistrationService {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let r = request.into_inner();
         tracing::info!(resource = %r.resource_name, endpoint = %r.endpoint, "device plugin registration request");
+        self.inner
+            .metrics
+            .registrations
+            .get_or_create(&super::metrics::DevicePluginMetrics::labels(&r.resource_name))
+            .inc();
         if let Err(e) = validate(&r) {
             tracing::warn!(resource = %r.resource_name, error = %e, "bad device plugin registration request");
             // A plain error, as upstream returns it (gRPC code Unknown).
