@@ -300,3 +300,125 @@ fn hints_follow_device_numa_nodes() {
     let one = pod("u3", &[], &[("app", 1)]);
     assert!(m2.get_topology_hints(&one, &one.spec.as_ref().unwrap().containers[0]).is_empty());
 }
+
+/// A plugin served over gRPC on a unix socket, as the manager sees real plugins.
+#[derive(Clone)]
+struct GrpcPlugin {
+    devices: tokio::sync::watch::Sender<Vec<proto::Device>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+type DeviceStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl proto::device_plugin_server::DevicePlugin for GrpcPlugin {
+    type ListAndWatchStream = DeviceStream;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: tonic::Request<proto::Empty>,
+    ) -> Result<tonic::Response<proto::DevicePluginOptions>, Status> {
+        Ok(tonic::Response::new(proto::DevicePluginOptions::default()))
+    }
+
+    async fn list_and_watch(&self, _: tonic::Request<proto::Empty>) -> Result<tonic::Response<DeviceStream>, Status> {
+        use futures::StreamExt as _;
+        let rx = self.devices.subscribe();
+        let stream = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first {
+                rx.changed().await.ok()?;
+            }
+            let devices = rx.borrow_and_update().clone();
+            Some((Ok(proto::ListAndWatchResponse { devices }), (rx, false)))
+        })
+        .take_until(self.stop.clone().cancelled_owned());
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: tonic::Request<proto::PreferredAllocationRequest>,
+    ) -> Result<tonic::Response<proto::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("not offered"))
+    }
+
+    async fn allocate(
+        &self,
+        request: tonic::Request<proto::AllocateRequest>,
+    ) -> Result<tonic::Response<proto::AllocateResponse>, Status> {
+        let ids = request.into_inner().container_requests.remove(0).devices_ids;
+        Ok(tonic::Response::new(FakePlugin::default().allocate(ids).await?))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: tonic::Request<proto::PreStartContainerRequest>,
+    ) -> Result<tonic::Response<proto::PreStartContainerResponse>, Status> {
+        Ok(tonic::Response::new(proto::PreStartContainerResponse {}))
+    }
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_register_over_the_socket_and_stream_their_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    // A socket left by an earlier run is removed at start.
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("stale.sock")).unwrap());
+    let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    m.start(HashSet::new()).unwrap();
+    assert!(!dir.path().join("stale.sock").exists());
+
+    let (devices, _) = tokio::sync::watch::channel(vec![dev("a", true, None), dev("b", true, None)]);
+    let plugin = GrpcPlugin { devices: devices.clone(), stop: tokio_util::sync::CancellationToken::new() };
+    let listener = tokio::net::UnixListener::bind(dir.path().join("p.sock")).unwrap();
+    let stop = plugin.stop.clone();
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming_shutdown(
+        proto::device_plugin_server::DevicePluginServer::new(plugin),
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        stop.clone().cancelled_owned(),
+    ));
+    let channel = connect_plugin(&m.socket()).await.unwrap();
+    let mut reg = proto::registration_client::RegistrationClient::new(channel);
+    let good = RegisterRequest {
+        version: VERSION.into(),
+        endpoint: "p.sock".into(),
+        resource_name: RES.into(),
+        options: None,
+    };
+    let e = reg.register(RegisterRequest { version: "v1".into(), ..good.clone() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert!(e.message().starts_with("requested API version \"v1\" is not supported by kubelet"), "{e}");
+    let e = reg.register(RegisterRequest { endpoint: "nothing.sock".into(), ..good.clone() }).await.unwrap_err();
+    assert!(e.message().contains("nothing.sock"), "{e}");
+    reg.register(good).await.unwrap();
+    eventually("two healthy devices", || m.extended_resources().allocatable.get(RES) == Some(&2)).await;
+
+    devices.send_modify(|d| d[0].health = UNHEALTHY.into());
+    eventually("one unhealthy device", || {
+        let r = m.extended_resources();
+        (r.capacity.get(RES), r.allocatable.get(RES)) == (Some(&2), Some(&1))
+    })
+    .await;
+    // Allocation through the real client; the unhealthy device is never given out.
+    let p = pod("u1", &[], &[("app", 1)]);
+    let m2 = m.clone();
+    let p2 = p.clone();
+    tokio::task::spawn_blocking(move || admit(&m2, &p2, &[])).await.unwrap().unwrap();
+    assert_eq!(ids(&m, "u1", "app"), BTreeSet::from(["b".to_string()]));
+
+    // The plugin goes away: its devices are unhealthy, the resource stays (grace period).
+    stop.cancel();
+    eventually("the plugin's devices unhealthy", || {
+        let r = m.extended_resources();
+        (r.capacity.get(RES), r.allocatable.get(RES)) == (Some(&2), Some(&0))
+    })
+    .await;
+    m.stop();
+}
