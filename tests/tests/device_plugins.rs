@@ -246,3 +246,46 @@ async fn agent_restart_keeps_device_allocations() -> Result<()> {
     plugin.stop().await;
     agent.shutdown(&cri).await
 }
+
+/// Standalone (static pod): with two devices, an init container and the app container
+/// that both ask for two run, because the app container reuses the init container's
+/// devices, as upstream does.
+#[tokio::test]
+async fn init_container_devices_are_reused_by_the_app_container() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent = Agent::start(AgentOptions::default()).await?;
+    let plugin =
+        TestDevicePlugin::start(&agent.root_dir.join("device-plugins"), TestDevicePluginOptions::default()).await?;
+    let manifest = format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: reuse, namespace: default}}
+spec:
+  initContainers:
+  - name: init
+    image: localhost/busybox:latest
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, 'test -c /dev/fake0 && test -c /dev/fake1']
+    resources: {{limits: {{{RES}: 2}}}}
+  containers:
+  - name: main
+    image: localhost/busybox:latest
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]
+    resources: {{limits: {{{RES}: 2}}}}
+"
+    );
+    agent.write_manifest("reuse.yaml", &manifest)?;
+    let p = agent.wait_pod("reuse", Duration::from_mins(1), |p| p["status"]["phase"] == "Running").await?;
+    let uid = p["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    let id = running_container(&cri, &uid).await?;
+    assert_eq!(env(&cri, &id, "FAKE_DEVICES").await?, "dev-0,dev-1");
+    exec(&cri, &id, &["test", "-c", "/dev/fake0"]).await?;
+    // The init container (which checked both nodes and exited 0) and the app container
+    // were given the same two devices.
+    let both = vec!["dev-0".to_string(), "dev-1".to_string()];
+    assert_eq!(plugin.allocations(), vec![both.clone(), both]);
+    plugin.stop().await;
+    agent.shutdown(&cri).await
+}
