@@ -289,3 +289,22 @@ spec:
     plugin.stop().await;
     agent.shutdown(&cri).await
 }
+
+/// A node whose device manager state is gone (no checkpoint: a wiped or new node) that
+/// adopts its existing node object zeroes the extended resources that object still
+/// shows, as upstream.
+#[tokio::test]
+async fn a_wiped_node_zeroes_stale_extended_resources() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, mut agent, cri) = setup().await?;
+    let dir = agent.root_dir.join("device-plugins");
+    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
+    wait_node_devices(&api, "2", "2").await?;
+    plugin.stop().await;
+    wait_node_devices(&api, "2", "0").await?;
+    agent.stop()?;
+    std::fs::remove_file(dir.join("kubelet_internal_checkpoint"))?;
+    agent.spawn().await?;
+    wait_node_devices(&api, "0", "0").await?;
+    agent.shutdown(&cri).await
+}

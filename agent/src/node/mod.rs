@@ -364,7 +364,7 @@ impl NodeManager {
     /// existing object with the same name and make sure our labels are on it.
     pub async fn register(&self) -> Result<Node> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let status = self.compute_status(None).await;
+        let mut status = self.compute_status(None).await;
         let node = self.initial_node(status.clone());
         let registered = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -378,6 +378,9 @@ impl NodeManager {
                     .await
                     .map_err(|source| Error::Api { what: "patch node labels", source })?;
                 tracing::info!(node = %self.settings.node_name, "node already registered; adopted it");
+                if self.extended.as_ref().is_some_and(|e| e().reset_unknown) {
+                    crate::cm::devicemanager::zero_unknown_extended(&mut status, n.status.as_ref());
+                }
                 n
             }
             Err(source) => return Err(Error::Api { what: "create node", source }),

@@ -27,7 +27,7 @@
 //! Deviations and limits: no `sourcesReady` (a container found running at start that
 //! holds checkpointed devices is simply left alone); the checkpoint checksum is not
 //! upstream's (see [`checkpoint`]); extended resources a node object kept from an earlier
-//! node are not reset (upstream's `ShouldResetExtendedResourceCapacity`); a deleted
+//! node are reset only at registration without a checkpoint, as upstream; a deleted
 //! `kubelet.sock` is not re-created while the agent runs (upstream's neither).
 //!
 //! Metrics: `kubelet_device_plugin_registration_total` and
@@ -327,10 +327,11 @@ impl DeviceManager {
     #[must_use]
     pub fn extended_resources(&self) -> ExtendedResources {
         let mut s = self.inner.state.lock().unwrap();
-        let (out, changed) = s.capacity(Instant::now(), self.inner.grace);
+        let (mut out, changed) = s.capacity(Instant::now(), self.inner.grace);
         if changed {
             self.inner.write_checkpoint(&s);
         }
+        out.reset_unknown = !self.inner.checkpoint_path().exists();
         out
     }
 
@@ -842,6 +843,30 @@ pub async fn running_containers(rt: &dyn crate::runtime::RuntimeService) -> Hash
         Err(e) => {
             tracing::warn!(error = %e, "cannot list running containers for the device manager");
             HashSet::new()
+        }
+    }
+}
+
+/// Upstream `reconcileExtendedResource`: every extended resource the existing node object
+/// (`old`) reports and `status` does not is set to 0 in `status`.
+pub fn zero_unknown_extended(
+    status: &mut k8s_openapi::api::core::v1::NodeStatus,
+    old: Option<&k8s_openapi::api::core::v1::NodeStatus>,
+) {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let known: Vec<String> = old
+        .and_then(|o| o.capacity.as_ref())
+        .into_iter()
+        .flat_map(|c| c.keys())
+        .filter(|k| is_extended_resource_name(k))
+        .cloned()
+        .collect();
+    for k in known {
+        let cap = status.capacity.get_or_insert_with(BTreeMap::new);
+        if !cap.contains_key(&k) {
+            tracing::info!(resource = %k, "zeroing an extended resource the existing node object still reports");
+            cap.insert(k.clone(), Quantity("0".into()));
+            status.allocatable.get_or_insert_with(BTreeMap::new).insert(k, Quantity("0".into()));
         }
     }
 }

@@ -81,6 +81,10 @@ pub struct State {
 pub struct ExtendedResources {
     pub capacity: BTreeMap<String, i64>,
     pub allocatable: BTreeMap<String, i64>,
+    /// No checkpoint: the node is new (or was wiped), so extended resources an existing
+    /// node object still shows are zeroed at registration (upstream
+    /// `ShouldResetExtendedResourceCapacity`).
+    pub reset_unknown: bool,
 }
 
 impl State {

@@ -422,3 +422,31 @@ async fn plugins_register_over_the_socket_and_stream_their_devices() {
     .await;
     m.stop();
 }
+
+#[test]
+fn a_recreated_node_zeroes_extended_resources_it_does_not_know() {
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let q = |v: &str| Quantity(v.into());
+    let old = NodeStatus {
+        capacity: Some([(RES.to_string(), q("4")), ("other.example/x".into(), q("1")), ("cpu".into(), q("2"))].into()),
+        ..Default::default()
+    };
+    let mut new = NodeStatus {
+        capacity: Some([(RES.to_string(), q("2")), ("cpu".into(), q("2"))].into()),
+        allocatable: Some([(RES.to_string(), q("2"))].into()),
+        ..Default::default()
+    };
+    zero_unknown_extended(&mut new, Some(&old));
+    let cap = new.capacity.unwrap();
+    assert_eq!(cap[RES], q("2"));
+    assert_eq!(cap["other.example/x"], q("0"));
+    assert_eq!(new.allocatable.unwrap()["other.example/x"], q("0"));
+    // Without a checkpoint the manager asks for the reset; with one it does not.
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    assert!(m.extended_resources().reset_unknown);
+    register(&m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    admit(&m, &pod("u1", &[], &[("app", 1)]), &[]).unwrap();
+    assert!(!m.extended_resources().reset_unknown);
+}
