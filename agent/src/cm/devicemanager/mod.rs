@@ -168,9 +168,15 @@ impl Inner {
         }
     }
 
-    /// Runs `f` on the device runtime and waits for it from a synchronous caller.
+    /// Runs `f` on the device runtime and waits for it from a synchronous caller. On a
+    /// worker of a multi-threaded runtime (the agent's) the worker's other tasks move to
+    /// another thread meanwhile.
     fn block_on<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> Result<T, String> {
-        futures::executor::block_on(self.handle.spawn(f)).map_err(|e| format!("device plugin call failed: {e}"))
+        let task = self.handle.spawn(f);
+        let wait = || futures::executor::block_on(task).map_err(|e| format!("device plugin call failed: {e}"));
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi_thread { tokio::task::block_in_place(wait) } else { wait() }
     }
 }
 
