@@ -803,6 +803,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         eviction,
         container_changes,
         admit_handlers: vec![Arc::new(topology)],
+        update_plugin_resources: Some(Arc::new(devices.clone())),
     };
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),

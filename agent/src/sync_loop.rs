@@ -56,6 +56,8 @@ pub struct SyncLoop {
     /// Admission checks between the eviction check and the node-fit predicates (topology
     /// manager, node shutdown).
     pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
+    /// Adjusts the node before the node-fit predicates (the device manager's).
+    pub update_plugin_resources: Option<Arc<dyn crate::lifecycle::admission::PluginResourceUpdater>>,
 }
 
 impl SyncLoop {
@@ -166,10 +168,13 @@ impl SyncLoop {
                 return self.reject(pod, &uid, r);
             }
         }
-        if let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone())
-            && let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active)
-        {
-            return self.reject(pod, &uid, r);
+        if let Some(mut node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) {
+            if let Some(update) = &self.update_plugin_resources {
+                update.update_plugin_resources(&mut node);
+            }
+            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active) {
+                return self.reject(pod, &uid, r);
+            }
         }
         true
     }

@@ -29,6 +29,13 @@ pub trait PodAdmitHandler: Send + Sync + std::fmt::Debug {
     fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection>;
 }
 
+/// Adjusts the node the node-fit check sees (upstream `pluginResourceUpdateFunc`, the
+/// device manager's `UpdatePluginResources`: allocatable of a device plugin resource is at
+/// least what containers already hold, e.g. right after an agent restart).
+pub trait PluginResourceUpdater: Send + Sync + std::fmt::Debug {
+    fn update_plugin_resources(&self, node: &mut Node);
+}
+
 fn reject(reason: &str, message: String) -> Rejection {
     Rejection { reason: reason.into(), message }
 }

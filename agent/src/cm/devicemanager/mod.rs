@@ -819,6 +819,28 @@ impl HintProvider for DeviceManager {
     }
 }
 
+impl crate::lifecycle::admission::PluginResourceUpdater for DeviceManager {
+    /// Upstream `UpdatePluginResources` (`sanitizeNodeAllocatable`): raises the node's
+    /// allocatable of each device plugin resource to the devices containers hold, so that
+    /// pods admitted again (after an agent restart, before their plugin is back) still fit.
+    fn update_plugin_resources(&self, node: &mut k8s_openapi::api::core::v1::Node) {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let s = self.inner.state.lock().unwrap();
+        for (resource, devices) in &s.allocated {
+            let held = devices.len() as i64;
+            if held == 0 {
+                continue;
+            }
+            let allocatable =
+                node.status.get_or_insert_with(Default::default).allocatable.get_or_insert_with(BTreeMap::new);
+            let have = allocatable.get(resource).and_then(|q| crate::cm::quantity::parse_bytes(&q.0).ok());
+            if have.is_none_or(|h| h < held) {
+                allocatable.insert(resource.clone(), Quantity(held.to_string()));
+            }
+        }
+    }
+}
+
 impl ContainerLifecycleHook for DeviceManager {
     fn pre_create_container(
         &self,

@@ -255,6 +255,10 @@ fn allocations_survive_a_restart_through_the_checkpoint() {
     let mut config = api::ContainerConfig::default();
     m.pre_create_container(&p, &p.spec.as_ref().unwrap().containers[0], &mut config).unwrap();
     assert_eq!(config.devices.len(), 1);
+    // The node-fit check sees at least the held devices as allocatable.
+    let mut node = k8s_openapi::api::core::v1::Node::default();
+    crate::lifecycle::admission::PluginResourceUpdater::update_plugin_resources(&m, &mut node);
+    assert_eq!(node.status.unwrap().allocatable.unwrap()[RES].0, "1");
     // A new pod cannot get devices of an unregistered plugin.
     let r = admit(&m, &pod("u2", &[], &[("c", 1)]), std::slice::from_ref(&p)).unwrap_err();
     assert!(
