@@ -195,7 +195,7 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
 
 /// The agent restarts (SIGTERM, start again): the running pod keeps its container and its
 /// device (restored from the checkpoint), the plugin registers again, and a new pod gets
-/// the other device.
+/// the other device. A second restart with the plugin gone keeps both pods running.
 #[tokio::test]
 async fn agent_restart_keeps_device_allocations() -> Result<()> {
     let _g = testbed_lock().await;
@@ -240,9 +240,28 @@ async fn agent_restart_keeps_device_allocations() -> Result<()> {
     api.create(&device_pod("third", 1))?;
     let p = wait_pod(&api, "third", |p| phase(p) == Some("Failed")).await?;
     assert_eq!(p.status.unwrap().reason.as_deref(), Some("UnexpectedAdmissionError"));
-    assert_eq!(wait_pod(&api, "keeper", |p| phase(p) == Some("Running")).await.map(|_| ())?, ());
 
-    delete_and_wait(&api, &["keeper", "second", "third"]).await?;
+    // Restart again with the plugin gone: the pods holding devices are admitted again
+    // (the node-fit check counts their held devices) and keep running; the resource is
+    // known with no devices until a plugin registers.
+    plugin.stop().await;
+    wait_node_devices(&api, "2", "0").await?;
+    agent.stop()?;
+    agent.spawn().await?;
+    wait_node_devices(&api, "0", "0").await?;
+    for (name, uid, id) in [("keeper", &uid, &id), ("second", &second, &id2)] {
+        let p = wait_pod(&api, name, |p| phase(p).is_some()).await?;
+        assert_eq!(phase(&p), Some("Running"), "{name} was admitted again");
+        assert_eq!(&running_container(&cri, uid).await?, id, "{name} kept its container");
+    }
+    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
+    wait_node_devices(&api, "2", "2").await?;
+    api.create(&device_pod("fourth", 1))?;
+    let p = wait_pod(&api, "fourth", |p| phase(p) == Some("Failed")).await?;
+    assert_eq!(p.status.unwrap().reason.as_deref(), Some("UnexpectedAdmissionError"));
+    assert!(plugin.allocations().is_empty(), "the new plugin was asked for nothing");
+
+    delete_and_wait(&api, &["keeper", "second", "third", "fourth"]).await?;
     plugin.stop().await;
     agent.shutdown(&cri).await
 }
