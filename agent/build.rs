@@ -6,7 +6,7 @@ use std::error::Error;
 use std::path::PathBuf;
 
 /// The `.proto` files to compile, relative to the proto root.
-const PROTOS: &[&str] = &["swiftlet/events/v1/events.proto"];
+const PROTOS: &[&str] = &["swiftlet/events/v1/events.proto", "deviceplugin/v1beta1/api.proto"];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);

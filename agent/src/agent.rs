@@ -59,6 +59,8 @@ pub enum Error {
     EventApi(#[from] crate::event_api::Error),
     #[error("{0}")]
     Eviction(#[from] crate::eviction::thresholds::Errors),
+    #[error("device manager: {0}")]
+    DeviceManager(#[from] crate::cm::devicemanager::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -447,7 +449,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
-    let topology = crate::cm::topology::TopologyManager::default();
+    let mut topology = crate::cm::topology::TopologyManager::default();
+    let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
+        .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(&mut registry));
+    devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
+    topology.add_hint_provider(Arc::new(devices.clone()));
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -484,7 +490,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             cluster_domain: kc.cluster_domain.clone(),
             resolv_conf: kc.resolv_conf.clone(),
         })
-        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source))),
+        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
+        .with_container_lifecycle_hook(Arc::new(devices.clone())),
     );
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if client.is_some() {
@@ -680,6 +687,10 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
                     pid: m.is_under_pid_pressure(),
                 })
             })
+        })
+        .with_extended_resources({
+            let devices = devices.clone();
+            Arc::new(move || devices.extended_resources())
         });
         node_handle = Some(node.current_handle());
         node_shutdown = node_shutdown.map(|m| m.with_node_sync(node.sync_now_handle()));
@@ -814,6 +825,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },
+        update_plugin_resources: Some(Arc::new(devices.clone())),
     };
     if let Some(m) = node_shutdown {
         tracker.spawn(m.run(shutdown.clone()).instrument(tracing::info_span!("node_shutdown")));

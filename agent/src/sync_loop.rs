@@ -53,8 +53,11 @@ pub struct SyncLoop {
     pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
     /// Bumped on every PLEG event (the stats provider's `container_changes`).
     pub container_changes: Arc<std::sync::atomic::AtomicU64>,
-    /// Admission checks after the node-fit predicates (topology manager, node shutdown).
+    /// Admission checks between the eviction check and the node-fit predicates (topology
+    /// manager, node shutdown).
     pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
+    /// Adjusts the node before the node-fit predicates (the device manager's).
+    pub update_plugin_resources: Option<Arc<dyn crate::lifecycle::admission::PluginResourceUpdater>>,
 }
 
 impl SyncLoop {
@@ -157,13 +160,19 @@ impl SyncLoop {
                     && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
             })
             .collect();
-        if let Some(node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone())
-            && let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active)
-        {
-            return self.reject(pod, &uid, r);
-        }
+        // The admit handlers (topology manager: CPU, memory and device allocation) run
+        // before the node-fit predicates, as upstream registers them: a pod asking for
+        // more devices than are free is refused by the device manager.
         for h in &self.admit_handlers {
             if let Err(r) = h.admit(pod, &active) {
+                return self.reject(pod, &uid, r);
+            }
+        }
+        if let Some(mut node) = self.node.as_ref().and_then(|n| n.read().unwrap().clone()) {
+            if let Some(update) = &self.update_plugin_resources {
+                update.update_plugin_resources(&mut node);
+            }
+            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active) {
                 return self.reject(pod, &uid, r);
             }
         }

@@ -6,6 +6,7 @@
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
 pub mod apiserver;
+pub mod device_plugin;
 pub mod logind;
 pub mod registry;
 pub mod scratch;

@@ -25,6 +25,7 @@
 pub mod allocatable;
 pub mod cgroupfs;
 pub mod container_lifecycle;
+pub mod devicemanager;
 pub mod fake;
 pub mod pod_resources;
 pub mod qos;

@@ -19,13 +19,21 @@ pub struct Rejection {
 
 /// An admission check beyond the node-fit predicates (upstream `PodAdmitHandler`): the
 /// topology manager (CPU, memory and device allocation), node shutdown. Handlers run in
-/// registration order, after the eviction and predicate checks, in standalone mode too.
+/// registration order, after the eviction check and before the node-fit predicates (upstream
+/// registers the topology manager before the predicate handler), in standalone mode too.
 pub trait PodAdmitHandler: Send + Sync + std::fmt::Debug {
     /// Admits `pod` next to the `active` pods (admitted, not terminal, `pod` excluded).
     ///
     /// # Errors
     /// The rejection: reason and message as the kubelet writes them.
     fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection>;
+}
+
+/// Adjusts the node the node-fit check sees (upstream `pluginResourceUpdateFunc`, the
+/// device manager's `UpdatePluginResources`: allocatable of a device plugin resource is at
+/// least what containers already hold, e.g. right after an agent restart).
+pub trait PluginResourceUpdater: Send + Sync + std::fmt::Debug {
+    fn update_plugin_resources(&self, node: &mut Node);
 }
 
 fn reject(reason: &str, message: String) -> Rejection {
@@ -60,6 +68,17 @@ pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
         out.insert(r.to_string(), apps.max(init) + overhead);
     }
     out
+}
+
+/// Effective requests of extended resources (e.g. device plugin resources): the pod's
+/// requests (defaulted from limits, sidecars and init containers as upstream sums them).
+#[must_use]
+pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
+    crate::cm::pod_resources::pod_requests(pod)
+        .into_iter()
+        .filter(|(k, _)| crate::cm::devicemanager::is_extended_resource_name(k))
+        .map(|(k, v)| (k, v.value_saturating()))
+        .collect()
 }
 
 fn requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
@@ -210,6 +229,18 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
             ));
         }
     }
+    // Extended resources the node does not report are cluster-level: not checked here
+    // (upstream removeMissingExtendedResources).
+    for (r, req) in extended_requests(pod) {
+        let Some(cap) = allocatable(node, &r).filter(|_| req > 0) else { continue };
+        let used: i64 = active.iter().map(|p| extended_requests(p).get(&r).copied().unwrap_or(0)).sum();
+        if used + req > cap {
+            return Err(reject(
+                &format!("OutOf{r}"),
+                format!("Node didn't have enough resource: {r}, requested: {req}, used: {used}, capacity: {cap}"),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -264,6 +295,30 @@ mod tests {
         let port = serde_json::json!({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
         let r = admit(&pod(&port), &n, &[pod(&port)]).unwrap_err();
         assert_eq!(r.reason, "NodePorts");
+    }
+
+    #[test]
+    fn extended_resources_against_allocatable() {
+        let mut n = node();
+        n.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("example.com/dev".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()));
+        let dev = |count: &str| {
+            pod(&serde_json::json!({"containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"example.com/dev": count}}}]}))
+        };
+        assert_eq!(admit(&dev("2"), &n, &[]), Ok(()));
+        let r = admit(&dev("2"), &n, &[dev("1")]).unwrap_err();
+        assert_eq!(r.reason, "OutOfexample.com/dev");
+        assert_eq!(r.message, "Node didn't have enough resource: example.com/dev, requested: 2, used: 1, capacity: 2");
+        // A resource the node does not report is cluster-level: not checked.
+        let other = pod(&serde_json::json!({"containers": [{"name": "c", "image": "x",
+            "resources": {"limits": {"example.com/other": "5"}}}]}));
+        assert_eq!(admit(&other, &n, &[]), Ok(()));
     }
 
     #[test]

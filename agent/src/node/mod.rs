@@ -67,6 +67,8 @@ pub struct NodeSettings {
 
 /// Is the node able to run pods: the runtime answers and the PLEG is healthy.
 pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Capacity and allocatable of the device plugin resources (the device manager's).
+pub type ExtendedResourcesFn = Arc<dyn Fn() -> crate::cm::devicemanager::ExtendedResources + Send + Sync>;
 
 fn now() -> Time {
     Time(Timestamp::now())
@@ -261,6 +263,7 @@ pub struct NodeManager {
     pressure: Option<PressureFn>,
     /// Wakes the status loop before its period (e.g. the node shutdown manager's).
     sync_now: Arc<tokio::sync::Notify>,
+    extended: Option<ExtendedResourcesFn>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
 }
@@ -280,7 +283,17 @@ impl NodeManager {
         rt: Arc<dyn RuntimeService>,
         health: HealthFn,
     ) -> Self {
-        Self { client, settings, facts, rt, health, pressure: None, sync_now: Arc::default(), current: Arc::default() }
+        Self {
+            client,
+            settings,
+            facts,
+            rt,
+            health,
+            pressure: None,
+            sync_now: Arc::default(),
+            extended: None,
+            current: Arc::default(),
+        }
     }
 
     /// A handle that makes the status loop compute and report at once.
@@ -293,6 +306,14 @@ impl NodeManager {
     #[must_use]
     pub fn with_pressure(mut self, pressure: PressureFn) -> Self {
         self.pressure = Some(pressure);
+        self
+    }
+
+    /// Reports the device plugin resources `extended` reads (upstream's
+    /// `devicePluginResourceCapacityFunc`).
+    #[must_use]
+    pub fn with_extended_resources(mut self, extended: ExtendedResourcesFn) -> Self {
+        self.extended = Some(extended);
         self
     }
 
@@ -317,7 +338,12 @@ impl NodeManager {
 
     /// Computes the full status as of now.
     pub async fn compute_status(&self, old: Option<&NodeStatus>) -> NodeStatus {
-        let (capacity, allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
+        let (mut capacity, mut allocatable) = capacity_and_allocatable(&self.settings, &self.facts);
+        if let Some(ext) = &self.extended {
+            let ext = ext();
+            capacity.extend(ext.capacity.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
+            allocatable.extend(ext.allocatable.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
+        }
         let runtime_ok = self.rt.version().await.map(|_| ()).map_err(|e| format!("container runtime is down: {e}"));
         let health = runtime_ok.and_then(|()| (self.health)());
         let pressure = self.pressure.as_ref().map(|p| p()).unwrap_or_default();
@@ -378,7 +404,7 @@ impl NodeManager {
     /// existing object with the same name and make sure our labels are on it.
     pub async fn register(&self) -> Result<Node> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let status = self.compute_status(None).await;
+        let mut status = self.compute_status(None).await;
         let node = self.initial_node(status.clone());
         let registered = match api.create(&PostParams::default(), &node).await {
             Ok(n) => {
@@ -392,6 +418,9 @@ impl NodeManager {
                     .await
                     .map_err(|source| Error::Api { what: "patch node labels", source })?;
                 tracing::info!(node = %self.settings.node_name, "node already registered; adopted it");
+                if self.extended.as_ref().is_some_and(|e| e().reset_unknown) {
+                    crate::cm::devicemanager::zero_unknown_extended(&mut status, n.status.as_ref());
+                }
                 n
             }
             Err(source) => return Err(Error::Api { what: "create node", source }),
