@@ -71,6 +71,7 @@ impl SyncLoop {
                 self.status.remove(uid);
                 continue;
             }
+            self.resize_pod_removed(&pod);
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
         for pod in changes.added {
@@ -93,6 +94,7 @@ impl SyncLoop {
                     continue;
                 }
             }
+            self.resize_pod_added(&pod);
             let kind = deletion_or(&pod, WorkType::Create);
             self.workers.update_pod(pod, kind);
         }
@@ -101,6 +103,7 @@ impl SyncLoop {
             if self.rejected.lock().unwrap().contains(&uid) {
                 continue;
             }
+            self.resize_pod_updated(&pod);
             let kind = deletion_or(&pod, WorkType::Update);
             self.workers.update_pod(pod, kind);
         }
@@ -279,6 +282,7 @@ impl SyncLoop {
         let workers = self.workers.known_uids();
         let runtime_pods = self.pleg.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);
+        self.resize_housekeeping(&desired);
         // Only what still runs (upstream lists the runtime's running pods here: a ready
         // sandbox or a running container); what has stopped is container GC's.
         for (uid, rp) in &runtime_pods {

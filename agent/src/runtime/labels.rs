@@ -108,9 +108,15 @@ pub fn container_annotations(pod: &Pod, container: &Container, restart_count: u3
 
 /// A stable hash of a container spec: a change means the container must be recreated.
 /// Computed over the canonical JSON of the spec, so it is the same across agent restarts.
+/// Resources and resize policies are left out: a resize changes them in place or restarts
+/// the container as its `resizePolicy` says ([`super::resize`]), as upstream's hash (name
+/// and image only) ignores them.
 #[must_use]
 pub fn container_hash(container: &Container) -> String {
-    let json = serde_json::to_vec(container).unwrap_or_default();
+    let mut container = container.clone();
+    container.resources = None;
+    container.resize_policy = None;
+    let json = serde_json::to_vec(&container).unwrap_or_default();
     let digest = Sha256::digest(&json);
     hex::encode(&digest[..4])
 }

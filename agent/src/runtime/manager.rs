@@ -362,6 +362,8 @@ pub struct RuntimeManager {
     startup: Option<Arc<crate::pod_startup::PodStartupTracker>>,
     /// The container manager's hooks (CPU, memory, device managers), in order.
     container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
+    /// In-place resize: allocations and actuated resources ([`crate::allocation`]).
+    resize: Option<Arc<crate::allocation::AllocationManager>>,
 }
 
 impl RuntimeManager {
@@ -390,6 +392,7 @@ impl RuntimeManager {
             probes: None,
             startup: None,
             container_hooks: Vec::new(),
+            resize: None,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -404,6 +407,21 @@ impl RuntimeManager {
     ) -> Self {
         self.container_hooks.push(hook);
         self
+    }
+
+    /// Actuates in-place resizes with `allocation` (see [`super::resize`]); also records
+    /// what each container starts with.
+    #[must_use]
+    pub fn with_resize(mut self, allocation: Arc<crate::allocation::AllocationManager>) -> Self {
+        self.container_hooks.push(Arc::new(crate::allocation::ActuationHook(allocation.clone())));
+        self.resize = Some(allocation);
+        self
+    }
+
+    /// The allocation manager, when in-place resize is on.
+    #[must_use]
+    pub fn resize(&self) -> Option<&Arc<crate::allocation::AllocationManager>> {
+        self.resize.as_ref()
     }
 
     /// Removes a container, telling the container manager's hooks first (upstream
@@ -564,12 +582,18 @@ impl RuntimeManager {
     /// and ensured the pod cgroup.
     pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> SyncResult {
         let spec = pod.spec.as_ref().expect("pod has a spec");
-        let actions = match &self.probes {
+        let mut actions = match &self.probes {
             Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
                 probes.container_to_kill(pod, &c.name, &format!("{runtime_name}://{id}"))
             }),
             None => compute_pod_actions(pod, status),
         };
+        // In-place resize: restarts join the actions; in-place updates come after the kills.
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let resize_plan = self
+            .resize
+            .as_ref()
+            .and_then(|a| super::resize::compute_pod_resize_action(pod, status, &|c| a.actuated(uid, c), &mut actions));
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let mut result = SyncResult::default();
 
@@ -614,6 +638,16 @@ impl RuntimeManager {
             }
         }
         self.prune_init_containers(spec, status).await;
+        if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
+            match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
+                Ok(()) => a.clear_resize_error(pod),
+                Err(e) => {
+                    tracing::warn!(pod = %pod_full_name(pod), error = %e, "pod resize failed");
+                    a.set_resize_error(pod, &e);
+                    result.errors.push(format!("ResizePod: {e}"));
+                }
+            }
+        }
 
         let mut sandbox_id = actions.sandbox_id.clone();
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, actions.create_sandbox) {

@@ -1,0 +1,111 @@
+//! Pod cgroup reads and writes for in-place resize (upstream `GetPodCgroupConfig`,
+//! `SetPodCgroupConfig`, `GetPodCgroupMemoryUsage`): the cpu and memory settings of an
+//! existing pod cgroup, in every hierarchy that has the controller.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::mounts::{Hierarchy, HierarchyKind};
+use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, pod_uid, read_string};
+use crate::cm::qos::qos_class;
+use crate::cm::resources::PodResourceConfig;
+
+/// v1 `memory.limit_in_bytes` at or above this is "no limit" (`PAGE_COUNTER_MAX` pages).
+const V1_UNLIMITED: i64 = 0x7fff_ffff_ffff_f000;
+
+fn parse_i64(s: &str) -> Option<i64> {
+    s.trim().parse().ok()
+}
+
+impl CgroupfsPodContainerManager {
+    /// The pod cgroup directory of `pod` in hierarchy `h`, when it exists.
+    fn pod_dir_in(&self, h: &Hierarchy, pod: &Pod) -> Result<Option<PathBuf>> {
+        let uid = checked_uid(pod_uid(pod))?;
+        let dir = join(&h.mount, &self.names.qos(qos_class(pod))).join(format!("{POD_PREFIX}{uid}"));
+        Ok(dir.is_dir().then_some(dir))
+    }
+
+    /// Reads the pod cgroup's cpu shares, quota and period, and memory limit (`-1`: none).
+    /// `None` without pod cgroups.
+    pub(crate) fn read_pod_config(&self, pod: &Pod) -> Result<Option<PodResourceConfig>> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(None);
+        }
+        let mut cfg = PodResourceConfig::default();
+        let mut found = false;
+        for h in self.hierarchies() {
+            let Some(dir) = self.pod_dir_in(h, pod)? else { continue };
+            match &h.kind {
+                HierarchyKind::V1(c) => {
+                    if c.contains("cpu") {
+                        found = true;
+                        cfg.cpu_shares =
+                            parse_i64(&read_string(&dir.join("cpu.shares"))?).and_then(|v| u64::try_from(v).ok());
+                        cfg.cpu_quota = parse_i64(&read_string(&dir.join("cpu.cfs_quota_us"))?);
+                        cfg.cpu_period = parse_i64(&read_string(&dir.join("cpu.cfs_period_us"))?)
+                            .and_then(|v| u64::try_from(v).ok());
+                    }
+                    if c.contains("memory") {
+                        found = true;
+                        cfg.memory_limit = parse_i64(&read_string(&dir.join("memory.limit_in_bytes"))?)
+                            .map(|v| if v >= V1_UNLIMITED { -1 } else { v });
+                    }
+                }
+                HierarchyKind::Unified(_) => {
+                    found = true;
+                    if let Ok(w) = read_string(&dir.join("cpu.weight"))
+                        && let Some(w) = parse_i64(&w).and_then(|v| u64::try_from(v).ok())
+                    {
+                        // The inverse of the shares-to-weight conversion.
+                        cfg.cpu_shares = Some(2 + (w.saturating_sub(1)) * 262_142 / 9999);
+                    }
+                    if let Ok(max) = read_string(&dir.join("cpu.max")) {
+                        let mut it = max.split_whitespace();
+                        cfg.cpu_quota = it.next().map(|q| if q == "max" { -1 } else { parse_i64(q).unwrap_or(-1) });
+                        cfg.cpu_period = it.next().and_then(|p| p.parse().ok());
+                    }
+                    if let Ok(m) = read_string(&dir.join("memory.max")) {
+                        cfg.memory_limit = Some(if m.trim() == "max" { -1 } else { parse_i64(&m).unwrap_or(-1) });
+                    }
+                }
+                HierarchyKind::HybridUnified => {}
+            }
+        }
+        Ok(found.then_some(cfg))
+    }
+
+    /// Writes the `Some` settings of `cfg` into the existing pod cgroup.
+    pub(crate) fn write_pod_config(&self, pod: &Pod, cfg: &PodResourceConfig) -> Result<()> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(());
+        }
+        let cfg = PodResourceConfig { pids_limit: None, ..cfg.clone() };
+        for h in self.hierarchies() {
+            if let Some(dir) = self.pod_dir_in(h, pod)? {
+                Self::apply_limits(h, &dir, &cfg)?;
+            }
+        }
+        tracing::debug!(pod = %pod_uid(pod), ?cfg, "pod cgroup resized");
+        Ok(())
+    }
+
+    /// Bytes of memory the pod cgroup uses (v1 `memory.usage_in_bytes`, v2
+    /// `memory.current`).
+    pub(crate) fn read_pod_memory_usage(&self, pod: &Pod) -> Result<Option<u64>> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(None);
+        }
+        for h in self.hierarchies() {
+            let file = match &h.kind {
+                HierarchyKind::V1(c) if c.contains("memory") => "memory.usage_in_bytes",
+                HierarchyKind::Unified(_) => "memory.current",
+                _ => continue,
+            };
+            if let Some(dir) = self.pod_dir_in(h, pod)? {
+                return Ok(read_string(&dir.join(file))?.trim().parse().ok());
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,257 @@
+//! End-to-end tests of in-place pod resize: a real `swiftlet` in API mode against the test
+//! API server, real containers in the test bed's containerd, and the kernel's cgroups
+//! (v1 here: `cpu.cfs_quota_us`, `cpu.shares`, `memory.limit_in_bytes`, the v1 names of
+//! v2's `cpu.max`, `cpu.weight` and `memory.max`) checked for the container and the pod.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+
+const NODE: &str = "e2e-node";
+
+async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent =
+        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
+            .await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    Ok((api, agent, cri))
+}
+
+/// A Burstable pod: requests cpu 100m / memory 64Mi, limits cpu 200m / memory 128Mi.
+fn pod(name: &str, resize_policy: Option<Value>) -> Pod {
+    let mut c = json!({
+        "name": "main",
+        "image": "localhost/busybox:latest",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "200m", "memory": "128Mi"},
+        },
+    });
+    if let Some(p) = resize_policy {
+        c["resizePolicy"] = p;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "containers": [c]},
+    }))
+    .unwrap()
+}
+
+async fn resize(api: &TestApiServer, name: &str, resources: Value) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(api.client().await?, "default");
+    let patch = json!({"spec": {"containers": [{"name": "main", "resources": resources}]}});
+    Ok(pods.patch_subresource("resize", name, &PatchParams::default(), &Patch::Strategic(patch)).await?)
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .is_some_and(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
+}
+
+fn container_status(p: &Pod) -> Value {
+    serde_json::to_value(&p.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0]).unwrap()
+}
+
+fn resize_condition(p: &Pod, type_: &str) -> Option<Value> {
+    let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)?;
+    Some(serde_json::to_value(c).unwrap())
+}
+
+async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
+    cri.containers(uid).await?.into_iter().find(|c| c.state == 1).map(|c| c.id).context("no running container")
+}
+
+/// A v1 cgroup file of the pod (`container = None`) or of one of its containers.
+fn cgroup_file(agent: &Agent, controller: &str, uid: &str, container: Option<&str>, file: &str) -> String {
+    let mut path = format!("/sys/fs/cgroup/{controller}{}/kubepods/burstable/pod{uid}", agent.cgroup_root);
+    if let Some(c) = container {
+        path = format!("{path}/{c}");
+    }
+    std::fs::read_to_string(format!("{path}/{file}")).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// (`cpu.cfs_quota_us`, `cpu.shares`, `memory.limit_in_bytes`) of the pod or a container.
+fn limits(agent: &Agent, uid: &str, container: Option<&str>) -> (String, String, String) {
+    (
+        cgroup_file(agent, "cpu", uid, container, "cpu.cfs_quota_us"),
+        cgroup_file(agent, "cpu", uid, container, "cpu.shares"),
+        cgroup_file(agent, "memory", uid, container, "memory.limit_in_bytes"),
+    )
+}
+
+fn triple(q: &str, s: &str, m: &str) -> (String, String, String) {
+    (q.to_string(), s.to_string(), m.to_string())
+}
+
+/// Polls until `check` holds for the API pod, with the agent's log on failure.
+async fn eventually(
+    api: &TestApiServer,
+    agent: &Agent,
+    name: &str,
+    secs: u64,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Result<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(p) = api.get::<Pod>(Some("default"), name)
+            && check(&p)
+        {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            let p = api.get::<Pod>(Some("default"), name);
+            bail!(
+                "{what}: not reached in {secs}s\nstatus: {}\n{}",
+                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
+                tail(&agent.log(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let created = api.create(&pod("inplace", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "inplace", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    // 200m -> quota 20000 µs of 100000; 100m -> 102 shares; 128Mi.
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+
+    let resized = resize(
+        &api,
+        "inplace",
+        json!({"requests": {"cpu": "150m", "memory": "96Mi"}, "limits": {"cpu": "300m", "memory": "192Mi"}}),
+    )
+    .await?;
+    assert_eq!(resized.metadata.generation, Some(2));
+    let p = eventually(&api, &agent, "inplace", 60, "resize actuated and reported", |p| {
+        let cs = container_status(p);
+        cs["resources"]["limits"] == json!({"cpu": "300m", "memory": "192Mi"})
+            && cs["resources"]["requests"] == json!({"cpu": "150m", "memory": "96Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+            && resize_condition(p, "PodResizePending").is_none()
+    })
+    .await?;
+    let cs = container_status(&p);
+    assert_eq!(cs["allocatedResources"], json!({"cpu": "150m", "memory": "96Mi"}));
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(p.status.as_ref().unwrap().observed_generation, Some(2));
+    // The same container, with new limits in the kernel; the pod cgroup follows.
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("30000", "153", "201326592"));
+    assert_eq!(limits(&agent, &uid, None), triple("30000", "153", "201326592"));
+
+    // And back down: containers shrink before the pod cgroup, still in place.
+    resize(
+        &api,
+        "inplace",
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+    )
+    .await?;
+    eventually(&api, &agent, "inplace", 60, "decrease actuated", |p| {
+        container_status(p)["resources"]["limits"] == json!({"cpu": "200m", "memory": "128Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+    assert!(agent.metric("kubelet_container_requested_resizes_total{resource=\"cpu\",requirement=\"limits\",operation=\"increase\"}").await? >= 1.0);
+
+    api.delete::<Pod>(Some("default"), "inplace", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "inplace", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let policy = json!([
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "RestartContainer"},
+    ]);
+    let created = api.create(&pod("restart", Some(policy)))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "restart", 60, "running", running).await?;
+    let old = running_container(&cri, &uid).await?;
+
+    resize(&api, "restart", json!({"requests": {"memory": "80Mi"}, "limits": {"memory": "160Mi"}})).await?;
+    let p = eventually(&api, &agent, "restart", 90, "restarted with the new memory limit", |p| {
+        let cs = container_status(p);
+        cs["restartCount"] == 1
+            && running(p)
+            && cs["resources"]["limits"]["memory"] == "160Mi"
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["allocatedResources"], json!({"cpu": "100m", "memory": "80Mi"}));
+    let new = running_container(&cri, &uid).await?;
+    assert_ne!(new, old, "a new container");
+    assert_eq!(limits(&agent, &uid, Some(&new)), triple("20000", "102", "167772160"));
+    assert_eq!(cgroup_file(&agent, "memory", &uid, None, "memory.limit_in_bytes"), "167772160");
+
+    api.delete::<Pod>(Some("default"), "restart", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "restart", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn infeasible_resize_is_pending_and_changes_nothing() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let created = api.create(&pod("huge", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "huge", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+
+    // The API refuses what a resize may not do: here a change of QoS class.
+    let err = resize(&api, "huge", json!({"requests": {"cpu": "200m", "memory": "128Mi"}})).await.unwrap_err();
+    assert!(err.to_string().contains("Pod QOS Class may not change as a result of resizing"), "{err}");
+
+    // More cpu than the node has: Infeasible, with upstream's message.
+    resize(&api, "huge", json!({"requests": {"cpu": "100"}, "limits": {"cpu": "100"}})).await?;
+    let p = eventually(&api, &agent, "huge", 60, "PodResizePending Infeasible", |p| {
+        resize_condition(p, "PodResizePending").is_some_and(|c| c["reason"] == "Infeasible")
+    })
+    .await?;
+    let c = resize_condition(&p, "PodResizePending").unwrap();
+    let msg = c["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("Node didn't have enough capacity: cpu, requested: 100000, capacity: "), "{msg}");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["observedGeneration"], 2);
+    assert!(resize_condition(&p, "PodResizeInProgress").is_none());
+    let cs = container_status(&p);
+    assert_eq!(cs["allocatedResources"], json!({"cpu": "100m", "memory": "64Mi"}));
+    assert_eq!(cs["resources"]["limits"], json!({"cpu": "200m", "memory": "128Mi"}));
+    assert_eq!(cs["restartCount"], 0);
+    // Nothing changed on the node.
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+    assert_eq!(agent.metric("kubelet_pod_pending_resizes{reason=\"infeasible\"}").await? as i64, 1);
+
+    api.delete::<Pod>(Some("default"), "huge", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "huge", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
