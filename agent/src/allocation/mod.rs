@@ -21,7 +21,8 @@
 //!   requests) and `resources` (actual, from CRI `ContainerStatus.resources` when the
 //!   runtime reports them, else the actuated record) of running containers, the
 //!   `PodResizePending` / `PodResizeInProgress` conditions with `observedGeneration`, and
-//!   `status.observedGeneration`.
+//!   `status.observedGeneration` and that of the kubelet's own conditions (upstream's
+//!   `PodObservedGenerationTracking`).
 //!
 //! Deviations: swap is never on for containers here (`failSwapOn`, no `LimitedSwap`), so
 //! the swap infeasibility check never fires; pod-level resources are not resizable (the
@@ -265,6 +266,9 @@ fn pod_from_allocation(pod: &Pod, alloc: &PodAllocation) -> (Pod, bool) {
     }
     (out, updated)
 }
+
+/// The conditions the kubelet itself computes (besides the resize ones).
+const KUBELET_CONDITIONS: [&str; 4] = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
 
 /// The two resize conditions of a pod.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -777,12 +781,20 @@ impl AllocationManager {
         if let Some(g) = generation {
             status.observed_generation = Some(g);
         }
+        // The conditions the kubelet computes carry the generation they were computed for
+        // (upstream's PodObservedGenerationTracking, on since 1.34).
         let mut conditions: Vec<PodCondition> = status
             .conditions
             .take()
             .unwrap_or_default()
             .into_iter()
             .filter(|c| c.type_ != reasons::POD_RESIZE_PENDING && c.type_ != reasons::POD_RESIZE_IN_PROGRESS)
+            .map(|mut c| {
+                if KUBELET_CONDITIONS.contains(&c.type_.as_str()) && generation.is_some() {
+                    c.observed_generation = generation;
+                }
+                c
+            })
             .collect();
         conditions.extend(self.conditions(uid));
         status.conditions = Some(conditions);
@@ -925,3 +937,6 @@ impl crate::cm::container_lifecycle::ContainerLifecycleHook for ActuationHook {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -274,7 +274,10 @@ pub fn compute_pod_actions_with(
         }
         match s {
             Some(s) if s.state == ContainerState::Running => {
-                if !s.hash.is_empty() && s.hash != labels::container_hash(c) {
+                if !s.hash.is_empty()
+                    && s.hash != labels::container_hash(c)
+                    && s.hash != labels::legacy_container_hash(c)
+                {
                     actions.containers_to_start.push(i);
                     actions.containers_to_kill.insert(
                         s.id.clone(),
@@ -590,10 +593,10 @@ impl RuntimeManager {
         };
         // In-place resize: restarts join the actions; in-place updates come after the kills.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let resize_plan = self
-            .resize
-            .as_ref()
-            .and_then(|a| super::resize::compute_pod_resize_action(pod, status, &|c| a.actuated(uid, c), &mut actions));
+        let resize_plan = self.resize.as_ref().and_then(|a| {
+            let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
+            super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
+        });
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let mut result = SyncResult::default();
 
@@ -2782,6 +2785,27 @@ mod tests {
         let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![c]));
         assert_eq!(a.containers_to_start, vec![0]);
         assert!(a.containers_to_kill.contains_key("a-0"));
+    }
+
+    #[test]
+    fn changed_resources_do_not_restart_a_container() {
+        let p = pod("Always", &[], &["a"]);
+        let running = ctr(&p, "a", ContainerState::Running, 0, 0, false);
+        let mut resized = p.clone();
+        resized.spec.as_mut().unwrap().containers[0].resources =
+            Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                limits: crate::cm::pod_resources::test_pods::list(&[("cpu", "1")]),
+                ..Default::default()
+            });
+        let a = compute_pod_actions(&resized, &status(vec![sandbox(true, 0)], vec![running.clone()]));
+        assert!(a.containers_to_kill.is_empty() && a.containers_to_start.is_empty(), "{a:?}");
+        // A container an earlier swiftlet created (whole-spec hash) is kept too.
+        let legacy = RuntimeContainerStatus {
+            hash: labels::legacy_container_hash(&p.spec.as_ref().unwrap().containers[0]),
+            ..running
+        };
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![legacy]));
+        assert!(a.containers_to_kill.is_empty(), "{a:?}");
     }
 
     #[test]

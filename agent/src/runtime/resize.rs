@@ -133,13 +133,38 @@ pub fn compute_pod_resize_action(
     (!plan.is_empty()).then_some(plan)
 }
 
+/// What the runtime reports a running container has (CRI `ContainerStatus.resources`),
+/// with the memory request of its allocation (which no runtime knows): the actuated
+/// resources when the agent has no record of them (after a restart). `None` when the
+/// runtime reports nothing (containerd 1.6).
+#[must_use]
+pub fn reported_values(pod: &Pod, status: &RuntimePodStatus, name: &str) -> Option<ResourceValues> {
+    let running = status.find_container(name).filter(|c| c.state == ContainerState::Running)?;
+    let (cpu_request, cpu_limit, memory_limit) =
+        crate::allocation::cri_values(status.container_resources.get(&running.id)?);
+    let spec = pod.spec.as_ref()?;
+    let allocated = spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == name)?;
+    Some(ResourceValues {
+        cpu_request: cpu_request.unwrap_or(0),
+        cpu_limit: cpu_limit.unwrap_or(0),
+        memory_limit: memory_limit.unwrap_or(0),
+        memory_request: ResourceValues::of(allocated.resources.as_ref()).memory_request,
+    })
+}
+
 /// The container to send to the runtime when resizing `resource` (upstream
-/// `updatePodContainerResources`): the resized resource's new values, the other's current.
-fn container_for_update(spec: &Container, u: &ContainerUpdate, memory: bool) -> (Container, ResourceValues) {
+/// `updatePodContainerResources`): the resized resource's new values, the other's current
+/// ones (which a memory update just before a cpu update has already moved).
+fn container_for_update(
+    spec: &Container,
+    current: ResourceValues,
+    desired: ResourceValues,
+    memory: bool,
+) -> (Container, ResourceValues) {
     let values = if memory {
-        ResourceValues { memory_limit: u.desired.memory_limit, memory_request: u.desired.memory_request, ..u.current }
+        ResourceValues { memory_limit: desired.memory_limit, memory_request: desired.memory_request, ..current }
     } else {
-        ResourceValues { cpu_limit: u.desired.cpu_limit, cpu_request: u.desired.cpu_request, ..u.current }
+        ResourceValues { cpu_limit: desired.cpu_limit, cpu_request: desired.cpu_request, ..current }
     };
     let mut c = spec.clone();
     c.resources = Some(values.to_requirements());
@@ -161,7 +186,8 @@ async fn update_containers(
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     for u in updates {
         let Some(spec) = spec_container(pod, u) else { continue };
-        let (container, values) = container_for_update(spec, u, memory);
+        let current = alloc.actuated(uid, &u.name).unwrap_or(u.current);
+        let (container, values) = container_for_update(spec, current, u.desired, memory);
         let linux = crate::cm::linux_container_resources(pod, &container);
         rt.update_container_resources(&u.id, linux)
             .await
@@ -280,3 +306,6 @@ async fn actuate(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -109,3 +109,60 @@ impl CgroupfsPodContainerManager {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::Fixture;
+    use crate::cm::PodContainerManager;
+    use crate::cm::pod_resources::test_pods::{ctr, pod};
+    use crate::cm::resources::PodResourceConfig;
+
+    fn burstable() -> k8s_openapi::api::core::v1::Pod {
+        pod("b1", vec![ctr("a", &[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "200m"), ("memory", "128Mi")])])
+    }
+
+    #[test]
+    fn v1_reads_and_writes_only_what_is_asked() {
+        let f = Fixture::hybrid();
+        let m = f.manager();
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        assert_eq!(m.pod_cgroup_config(&p).unwrap(), None, "no pod cgroup yet");
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = m.pod_cgroup_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (cfg.cpu_shares, cfg.cpu_quota, cfg.cpu_period, cfg.memory_limit),
+            (Some(102), Some(20_000), Some(100_000), Some(128 << 20))
+        );
+        m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(192 << 20), ..Default::default() }).unwrap();
+        assert_eq!(f.read("memory", "kubepods/burstable/podb1/memory.limit_in_bytes"), (192 << 20).to_string());
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.cfs_quota_us"), "20000", "cpu untouched");
+        m.update_pod_cgroup(&p, &PodResourceConfig { cpu_shares: Some(153), ..Default::default() }).unwrap();
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.shares"), "153");
+        std::fs::write(f.path("memory", "kubepods/burstable/podb1/memory.usage_in_bytes"), "4096\n").unwrap();
+        assert_eq!(m.pod_memory_usage(&p).unwrap(), Some(4096));
+    }
+
+    #[test]
+    fn v2_reads_and_writes_cpu_max_weight_and_memory_max() {
+        let f = Fixture::unified();
+        let m = f.manager();
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = m.pod_cgroup_config(&p).unwrap().unwrap();
+        assert_eq!((cfg.cpu_quota, cfg.cpu_period, cfg.memory_limit), (Some(20_000), Some(100_000), Some(128 << 20)));
+        // 102 shares are weight 4, which maps back to about the same shares.
+        assert_eq!(f.read("", "kubepods/burstable/podb1/cpu.weight"), "4");
+        assert!(cfg.cpu_shares.is_some_and(|s| (80..=110).contains(&s)), "{cfg:?}");
+        m.update_pod_cgroup(
+            &p,
+            &PodResourceConfig { cpu_quota: Some(30_000), cpu_period: Some(100_000), ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(f.read("", "kubepods/burstable/podb1/cpu.max"), "30000 100000");
+        assert_eq!(f.read("", "kubepods/burstable/podb1/memory.max"), (128 << 20).to_string());
+        m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(-1), ..Default::default() }).unwrap();
+        assert_eq!(m.pod_cgroup_config(&p).unwrap().unwrap().memory_limit, Some(-1));
+    }
+}
