@@ -255,3 +255,123 @@ async fn infeasible_resize_is_pending_and_changes_nothing() -> Result<()> {
     api.wait_for::<Pod>(Some("default"), "huge", Duration::from_mins(1), |p| p.is_none()).await?;
     agent.shutdown(&cri).await
 }
+
+/// A pod asking for `cpu` (request only) that runs a shell loop.
+fn cpu_pod(name: &str, cpu: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "containers": [{
+            "name": "main",
+            "image": "localhost/busybox:latest",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+            "resources": {"requests": {"cpu": cpu}},
+        }]},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let node = api.get::<Node>(None, NODE).context("node")?;
+    let alloc =
+        node.status.and_then(|s| s.allocatable).and_then(|a| a.get("cpu").cloned()).context("allocatable cpu")?;
+    let cpu = alloc.0.strip_suffix('m').map_or_else(|| alloc.0.parse::<i64>().map(|c| c * 1000), str::parse)?;
+    // The hog leaves 400m; the small pod wants 500m of it.
+    api.create(&cpu_pod("hog", &format!("{}m", cpu - 400)))?;
+    let small = api.create(&cpu_pod("small", "100m"))?;
+    let uid = small.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "hog", 60, "hog running", running).await?;
+    eventually(&api, &agent, "small", 60, "small running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+
+    resize(&api, "small", json!({"requests": {"cpu": "500m"}})).await?;
+    let p = eventually(&api, &agent, "small", 60, "PodResizePending Deferred", |p| {
+        resize_condition(p, "PodResizePending").is_some_and(|c| c["reason"] == "Deferred")
+    })
+    .await?;
+    assert_eq!(
+        resize_condition(&p, "PodResizePending").unwrap()["message"],
+        format!("Node didn't have enough resource: cpu, requested: 500, used: {}, capacity: {cpu}", cpu - 400)
+    );
+    assert_eq!(container_status(&p)["allocatedResources"]["cpu"], "100m");
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, Some(&id), "cpu.shares"), "102");
+
+    // The hog goes: the resize is retried at once and actuated in place.
+    api.delete::<Pod>(Some("default"), "hog", Some(2))?;
+    let p = eventually(&api, &agent, "small", 60, "resize accepted and actuated", |p| {
+        let cs = container_status(p);
+        cs["allocatedResources"]["cpu"] == "500m"
+            && cs["resources"]["requests"]["cpu"] == "500m"
+            && resize_condition(p, "PodResizePending").is_none()
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, Some(&id), "cpu.shares"), "512");
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, None, "cpu.shares"), "512");
+    let accepted = "kubelet_pod_deferred_accepted_resizes_total{retry_trigger=\"pods_removed\"}";
+    assert_eq!(agent.metric(accepted).await? as i64, 1);
+
+    api.delete::<Pod>(Some("default"), "small", Some(2))?;
+    for name in ["hog", "small"] {
+        api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| p.is_none()).await?;
+    }
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, mut agent, cri) = setup().await?;
+    let created = api.create(&pod("kept", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "kept", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    resize(
+        &api,
+        "kept",
+        json!({"requests": {"cpu": "150m", "memory": "64Mi"}, "limits": {"cpu": "300m", "memory": "192Mi"}}),
+    )
+    .await?;
+    eventually(&api, &agent, "kept", 60, "resize actuated", |p| {
+        container_status(p)["resources"]["limits"] == json!({"cpu": "300m", "memory": "192Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    // The checkpoint, in upstream's format, holds the new allocation.
+    let checkpoint = std::fs::read_to_string(agent.root_dir.join("allocated_pods_state"))?;
+    let outer: Value = serde_json::from_str(&checkpoint)?;
+    let data: Value = serde_json::from_str(outer["data"].as_str().context("data")?)?;
+    assert_eq!(
+        data["entries"][&uid]["ContainerResources"]["main"]["limits"],
+        json!({"cpu": "300m", "memory": "192Mi"})
+    );
+    assert!(outer["checksum"].is_u64());
+
+    agent.kill9()?;
+    agent.spawn().await?;
+    // The new agent has synced the pod once it has run a worker for it.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while agent.metric("kubelet_pod_worker_duration_seconds_count{operation_type=\"create\"}").await? < 1.0 {
+        assert!(Instant::now() < deadline, "no pod sync after the restart\n{}", tail(&agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let p = eventually(&api, &agent, "kept", 30, "status kept", |p| {
+        container_status(p)["allocatedResources"] == json!({"cpu": "150m", "memory": "64Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("30000", "153", "201326592"));
+    assert_eq!(limits(&agent, &uid, None), triple("30000", "153", "201326592"));
+
+    api.delete::<Pod>(Some("default"), "kept", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "kept", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}

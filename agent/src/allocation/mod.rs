@@ -477,11 +477,15 @@ impl AllocationManager {
     /// that changes) and queues it for retries. Returns whether a resize was allocated.
     pub fn handle_resize(&self, pod: &Pod, ctx: &ResizeContext<'_>) -> bool {
         let uid = uid_of(pod).to_string();
-        let mut inner = self.inner.lock().unwrap();
-        self.record_requested(&mut inner, pod);
-        let Some(alloc) = inner.allocated.get(&uid).cloned() else { return false };
+        let alloc = {
+            let mut inner = self.inner.lock().unwrap();
+            self.record_requested(&mut inner, pod);
+            inner.allocated.get(&uid).cloned()
+        };
+        let Some(alloc) = alloc else { return false };
         let (allocated_pod, differs) = pod_from_allocation(pod, &alloc);
         if !differs {
+            let mut inner = self.inner.lock().unwrap();
             // Desired == allocated: nothing pending (a resize reverted, or done).
             if let Some(c) = inner.conditions.get_mut(&uid) {
                 c.pending = None;
@@ -492,7 +496,9 @@ impl AllocationManager {
             return false;
         }
         let generation = pod.metadata.generation.unwrap_or(0);
+        // Unlocked: the fit check looks at the other pods' allocations.
         let verdict = self.can_resize(pod, &allocated_pod, ctx);
+        let mut inner = self.inner.lock().unwrap();
         match verdict {
             Ok(()) => {
                 inner.allocated.insert(uid.clone(), allocation_from_pod(pod));

@@ -350,3 +350,20 @@ fn requested_resizes_are_counted_once_per_change() {
     assert_eq!(get("memory", "requests", "decrease"), 1);
     assert_eq!(get("cpu", "requests", "increase"), 0);
 }
+
+#[test]
+fn the_fit_check_may_look_at_other_allocations() {
+    let (m, _) = manager();
+    let a = burstable("a", "100m", "200m", "64Mi");
+    let b = burstable("b", "100m", "200m", "64Mi");
+    m.add_pod(&a);
+    m.add_pod(&b);
+    // As the sync loop's check does: the others at their allocated resources.
+    let fits = |_: &Pod| {
+        let (other, _) = m.update_pod_from_allocation(&b);
+        assert!(other.spec.is_some());
+        Ok(())
+    };
+    let ctx = ResizeContext { allocatable: None, fits: &fits };
+    assert!(m.handle_resize(&resized(&a, "150m", "200m", "64Mi"), &ctx));
+}
