@@ -9,10 +9,10 @@
 //!   can never fit (static pods, Guaranteed pods under the static CPU or memory manager
 //!   policy, more cpu or memory than the node's allocatable), `Deferred` when it does not
 //!   fit next to the other pods now (the node-fit message); otherwise the allocation is
-//!   checkpointed, `PodResizeInProgress` is set and `ResizeStarted` recorded. Deferred and
-//!   infeasible resizes stay queued ([`AllocationManager::retry_pending`]) and are
-//!   retried when pods go away, another resize is allocated, or periodically (upstream's
-//!   30 s, then 3 min).
+//!   checkpointed, `PodResizeInProgress` is set and `ResizeStarted` recorded. Deferred
+//!   resizes stay queued ([`AllocationManager::retry_pending`]) and are retried when pods
+//!   go away or finish, another resize is allocated, or periodically (upstream's 30 s, then
+//!   3 min); an infeasible one is evaluated again when the pod's spec changes.
 //! - **Actuated resources** (in memory): what each running container was last given,
 //!   recorded at container start ([`ActuationHook`]) and after `UpdateContainerResources`.
 //!   After an agent restart nothing is known; [`crate::runtime::resize`] then re-applies
@@ -527,7 +527,10 @@ impl AllocationManager {
                 });
                 c.pending =
                     Some(resize_condition(reasons::POD_RESIZE_PENDING, old.as_ref(), reason, &message, generation));
-                if !inner.pending.contains(&uid) {
+                // Only a deferred resize waits for room; an infeasible one waits for a new spec.
+                if reason != reasons::DEFERRED {
+                    inner.pending.retain(|u| *u != uid);
+                } else if !inner.pending.contains(&uid) {
                     inner.pending.push(uid.clone());
                 }
                 drop(inner);

@@ -119,7 +119,14 @@ fn more_than_allocatable_is_infeasible_with_upstreams_message() {
         ))
     );
     assert_eq!(reasons_of(&rec), ["ResizeInfeasible", "ResizeInfeasible"]);
-    assert!(m.has_pending());
+    assert!(!m.has_pending(), "an infeasible resize is not retried");
+    assert_eq!(
+        m.metrics()
+            .infeasible
+            .get_or_create(&metrics::ReasonDetailLabels { reason_detail: "insufficient_node_allocatable".into() })
+            .get(),
+        2
+    );
     // Reverting the spec clears the condition.
     assert!(!m.handle_resize(&p, &ctx));
     assert_eq!(pending(&m, "u1"), None);

@@ -261,13 +261,14 @@ async fn actuate(
             Some(c) => (limit_value(c.memory_limit), limit_value(desired.memory_limit)),
             None => (0, 0),
         };
+        // Upstream checks the usage against any new limit, not only a lower one.
         if current.is_some()
-            && new < cur
+            && new != i64::MAX
             && let Ok(Some(usage)) = cm.pod_memory_usage(pod)
             && i64::try_from(usage).unwrap_or(i64::MAX) >= new
         {
             return Err(format!(
-                "aborting attempt to set pod memory limit less than current memory usage for pod {name}"
+                "Aborting attempt to set pod memory limit less than current memory usage for pod {name}"
             ));
         }
         if current.is_some() && new > cur {

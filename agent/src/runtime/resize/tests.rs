@@ -221,7 +221,7 @@ async fn a_memory_limit_below_usage_is_refused() {
     cm.inner.set_memory_usage("u1", u64::try_from(100 * MI).unwrap());
     let plan = plan_for(&new, &id, values(100, 200, 64 * MI, 128 * MI));
     let err = do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap_err();
-    assert_eq!(err, "aborting attempt to set pod memory limit less than current memory usage for pod pod-u1");
+    assert_eq!(err, "Aborting attempt to set pod memory limit less than current memory usage for pod pod-u1");
     assert!(cm.log.lock().unwrap().is_empty());
     assert_eq!(cm.updates(), 0);
     assert_eq!(alloc.actuated("u1", "c"), None);
