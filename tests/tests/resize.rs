@@ -160,6 +160,13 @@ async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
     assert_eq!(running_container(&cri, &uid).await?, id);
     assert_eq!(limits(&agent, &uid, Some(&id)), triple("30000", "153", "201326592"));
     assert_eq!(limits(&agent, &uid, None), triple("30000", "153", "201326592"));
+    // The runtime took it (UpdateContainerResources): its ContainerStatus says so too.
+    let st = cri.container_status(&id).await?.status.context("status")?;
+    let linux = st.resources.and_then(|r| r.linux).context("CRI reports no resources")?;
+    assert_eq!(
+        (linux.cpu_quota, linux.cpu_period, linux.cpu_shares, linux.memory_limit_in_bytes),
+        (30_000, 100_000, 153, 201_326_592)
+    );
 
     // And back down: containers shrink before the pod cgroup, still in place.
     resize(

@@ -15,8 +15,9 @@
 //!   3 min); an infeasible one is evaluated again when the pod's spec changes.
 //! - **Actuated resources** (in memory): what each running container was last given,
 //!   recorded at container start ([`ActuationHook`]) and after `UpdateContainerResources`.
-//!   After an agent restart nothing is known; [`crate::runtime::resize`] then re-applies
-//!   the allocation in place once (an idempotent update, never a restart).
+//!   After an agent restart the resources CRI reports stand in; a runtime that reports
+//!   none gets the allocation re-applied in place once by [`crate::runtime::resize`] (an
+//!   idempotent update, never a restart).
 //! - **Status** ([`AllocationManager::amend_status`]): `allocatedResources` (the allocated
 //!   requests) and `resources` (actual, from CRI `ContainerStatus.resources` when the
 //!   runtime reports them, else the actuated record) of running containers, the

@@ -136,7 +136,7 @@ pub fn compute_pod_resize_action(
 /// What the runtime reports a running container has (CRI `ContainerStatus.resources`),
 /// with the memory request of its allocation (which no runtime knows): the actuated
 /// resources when the agent has no record of them (after a restart). `None` when the
-/// runtime reports nothing (containerd 1.6).
+/// runtime reports nothing.
 #[must_use]
 pub fn reported_values(pod: &Pod, status: &RuntimePodStatus, name: &str) -> Option<ResourceValues> {
     let running = status.find_container(name).filter(|c| c.state == ContainerState::Running)?;

@@ -231,7 +231,7 @@ async fn a_memory_limit_below_usage_is_refused() {
 fn reported_resources_stand_in_for_an_unknown_actuation() {
     let p = burstable("100m", "200m", "64Mi", "128Mi", false);
     let mut st = status("id1");
-    assert_eq!(reported_values(&p, &st, "c"), None, "containerd 1.6 reports nothing");
+    assert_eq!(reported_values(&p, &st, "c"), None, "the runtime reports nothing");
     st.container_resources.insert(
         "id1".into(),
         api::LinuxContainerResources {
