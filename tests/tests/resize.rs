@@ -388,3 +388,47 @@ async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<
     api.wait_for::<Pod>(Some("default"), "kept", Duration::from_mins(1), |p| p.is_none()).await?;
     agent.shutdown(&cri).await
 }
+
+#[tokio::test]
+async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let mut p = pod("lowmem", None);
+    // 60Mi of shared memory, charged to the pod's memory cgroup.
+    p.spec.as_mut().context("spec")?.containers[0].command = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        "head -c 62914560 /dev/zero > /dev/shm/fill; touch /tmp/filled; trap 'exit 0' TERM; while true; do sleep 1; done"
+            .into(),
+    ]);
+    let created = api.create(&p)?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "lowmem", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cri.exec(&id, &["test", "-e", "/tmp/filled"]).await?.0 != 0 {
+        assert!(Instant::now() < deadline, "shared memory not filled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    resize(&api, "lowmem", json!({"requests": {"memory": "32Mi"}, "limits": {"memory": "48Mi"}})).await?;
+    let p = eventually(&api, &agent, "lowmem", 60, "PodResizeInProgress Error", |p| {
+        resize_condition(p, "PodResizeInProgress").is_some_and(|c| c["reason"] == "Error")
+    })
+    .await?;
+    let c = resize_condition(&p, "PodResizeInProgress").unwrap();
+    assert_eq!(c["message"], "Aborting attempt to set pod memory limit less than current memory usage for pod lowmem");
+    assert_eq!(c["observedGeneration"], 2);
+    let cs = container_status(&p);
+    // Allocated, not actuated: the kernel keeps the old limit, the container runs on.
+    assert_eq!(cs["allocatedResources"]["memory"], "32Mi");
+    assert_eq!(cs["resources"]["limits"]["memory"], "128Mi");
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(cgroup_file(&agent, "memory", &uid, Some(&id), "memory.limit_in_bytes"), "134217728");
+    assert_eq!(cgroup_file(&agent, "memory", &uid, None, "memory.limit_in_bytes"), "134217728");
+
+    api.delete::<Pod>(Some("default"), "lowmem", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "lowmem", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
