@@ -104,7 +104,7 @@ pub struct ResizeContext<'a> {
     /// Node allocatable (cpu in millicores, memory in bytes), when the node is known.
     pub allocatable: Option<(i64, i64)>,
     /// Admits the pod with its desired resources next to the other active pods (their
-    /// allocated resources): the node-fit predicates and the other admit handlers.
+    /// allocated resources): the node-fit predicates (see [`sync`]).
     pub fits: &'a dyn Fn(&Pod) -> Result<(), Rejection>,
 }
 

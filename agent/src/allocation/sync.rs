@@ -124,3 +124,18 @@ impl SyncLoop {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Node;
+    use serde_json::json;
+
+    #[test]
+    fn node_allocatable_in_millicores_and_bytes() {
+        let node: Node =
+            serde_json::from_value(json!({"status": {"allocatable": {"cpu": "1500m", "memory": "2Gi"}}})).unwrap();
+        assert_eq!(super::node_allocatable(&node), Some((1500, 2 << 30)));
+        let node: Node = serde_json::from_value(json!({"status": {"allocatable": {"cpu": "2"}}})).unwrap();
+        assert_eq!(super::node_allocatable(&node), None, "no memory: no capacity check");
+    }
+}
