@@ -80,7 +80,11 @@ impl CgroupfsPodContainerManager {
         if self.layout.is_none() || !self.config.cgroups_per_qos {
             return Ok(());
         }
-        let cfg = PodResourceConfig { pids_limit: None, ..cfg.clone() };
+        let mut cfg = PodResourceConfig { pids_limit: None, ..cfg.clone() };
+        // `cpuCFSQuota: false`: pod cgroups stay without a quota, as at creation.
+        if !self.config.cpu_cfs_quota && cfg.cpu_quota.is_some() {
+            cfg.cpu_quota = Some(-1);
+        }
         for h in self.hierarchies() {
             if let Some(dir) = self.pod_dir_in(h, pod)? {
                 Self::apply_limits(h, &dir, &cfg)?;
@@ -164,5 +168,17 @@ mod tests {
         assert_eq!(f.read("", "kubepods/burstable/podb1/memory.max"), (128 << 20).to_string());
         m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(-1), ..Default::default() }).unwrap();
         assert_eq!(m.pod_cgroup_config(&p).unwrap().unwrap().memory_limit, Some(-1));
+    }
+
+    #[test]
+    fn without_cfs_quota_the_pod_keeps_no_quota() {
+        let f = Fixture::hybrid();
+        let m = f.manager_with(crate::cm::CgroupConfig { cpu_cfs_quota: false, ..f.config() });
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = PodResourceConfig { cpu_quota: Some(30_000), cpu_period: Some(100_000), ..Default::default() };
+        m.update_pod_cgroup(&p, &cfg).unwrap();
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.cfs_quota_us"), "-1");
     }
 }
