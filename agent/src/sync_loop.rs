@@ -208,7 +208,13 @@ impl SyncLoop {
     /// off the loop: cgroup writes block.
     fn update_qos_cgroups(&self) {
         let cm = self.cm.clone();
-        let pods = self.pod_manager.pods();
+        // At their allocated resources (a resize counts once admitted).
+        let pods: Vec<_> = self
+            .pod_manager
+            .pods()
+            .into_iter()
+            .map(|p| self.runtime.resize().map_or_else(|| p.clone(), |a| a.update_pod_from_allocation(&p).0))
+            .collect();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = cm.update_qos_cgroups(&pods) {
                 tracing::warn!(error = %e, "failed to update QoS cgroups");
