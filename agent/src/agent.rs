@@ -61,6 +61,8 @@ pub enum Error {
     Eviction(#[from] crate::eviction::thresholds::Errors),
     #[error("device manager: {0}")]
     DeviceManager(#[from] crate::cm::devicemanager::Error),
+    #[error("pod allocations: {0}")]
+    Allocation(#[from] crate::allocation::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -367,6 +369,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
     registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
     let eviction_metrics = crate::eviction::EvictionMetrics::new(&mut registry);
+    let resize_metrics = crate::allocation::ResizeMetrics::new(&mut registry);
     let eviction_config = crate::eviction::EvictionConfig::from_kubelet_configuration(kc)?;
     // Kernel memory-pressure signals (PSI, memcg thresholds, eBPF reclaim) wake the
     // eviction manager; it is made once the stats and pod workers exist.
@@ -424,6 +427,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             "Updated Node Allocatable limit across pods".to_owned(),
         );
     }
+    // In-place resize: the allocations admitted pods run with (checkpointed).
+    let allocation = Arc::new(
+        crate::allocation::AllocationManager::new(
+            &cfg.root_dir,
+            crate::allocation::NodeResizeConfig {
+                static_cpu_policy: kc.cpu_manager_policy.eq_ignore_ascii_case("static"),
+                static_memory_policy: kc.memory_manager_policy.eq_ignore_ascii_case("static"),
+            },
+            resize_metrics,
+        )?
+        .with_recorder(recorder.clone()),
+    );
     let crash_max = kc
         .crash_loop_back_off
         .max_container_restart_period
@@ -485,6 +500,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         .with_container_changes(container_changes.clone())
         .with_probes(probes.clone(), &runtime_name)
         .with_startup_tracker(startup.clone())
+        .with_resize(allocation.clone())
         .with_dns(crate::runtime::manager::dns::DnsSettings {
             cluster_dns: kc.cluster_dns.clone(),
             cluster_domain: kc.cluster_domain.clone(),

@@ -6,6 +6,7 @@
 //! flow; `main.rs` only parses flags and hands a [`config::Config`] to [`agent::run`].
 
 pub mod agent;
+pub mod allocation;
 pub mod api_objects;
 pub mod api_throttle;
 pub mod cm;

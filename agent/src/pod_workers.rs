@@ -442,6 +442,9 @@ impl Worker {
                 probes: self.deps.runtime.probes(),
             },
         );
+        if let Some(a) = self.deps.runtime.resize() {
+            a.amend_status(self.pod.as_ref().unwrap_or(pod), rt, &mut status);
+        }
         if let Some(apply) = self.workers.status_override(self.uid()) {
             apply(&mut status);
         }
@@ -485,6 +488,11 @@ impl Worker {
     /// `SyncPod`: returns when to sync again.
     async fn sync_pod(&mut self) -> Duration {
         let Some(pod) = self.pod.clone() else { return self.deps.sync_frequency };
+        // In-place resize: the pod runs with its allocated resources, not the spec's.
+        let pod = match self.deps.runtime.resize() {
+            Some(a) => a.update_pod_from_allocation(&pod).0,
+            None => pod,
+        };
         let name = pod_full_name(&pod);
         let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
             Ok(s) => s,
@@ -557,6 +565,9 @@ impl Worker {
         }
         // Show the outcome at once rather than at the next PLEG event.
         if let Ok(after) = self.deps.runtime.pod_status(self.uid()).await {
+            if let Some(a) = self.deps.runtime.resize() {
+                a.check_resize_in_progress(&pod, &after);
+            }
             self.update_status(&pod, &after, false);
         }
         let resync = resync_after(self.deps.sync_frequency);

@@ -74,6 +74,7 @@ impl SyncLoop {
                 self.status.remove(uid);
                 continue;
             }
+            self.resize_pod_removed(&pod);
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
         for pod in changes.added {
@@ -96,6 +97,7 @@ impl SyncLoop {
                     continue;
                 }
             }
+            self.resize_pod_added(&pod);
             let kind = deletion_or(&pod, WorkType::Create);
             self.workers.update_pod(pod, kind);
         }
@@ -104,6 +106,7 @@ impl SyncLoop {
             if self.rejected.lock().unwrap().contains(&uid) {
                 continue;
             }
+            self.resize_pod_updated(&pod);
             let kind = deletion_or(&pod, WorkType::Update);
             self.workers.update_pod(pod, kind);
         }
@@ -214,7 +217,13 @@ impl SyncLoop {
     /// off the loop: cgroup writes block.
     fn update_qos_cgroups(&self) {
         let cm = self.cm.clone();
-        let pods = self.pod_manager.pods();
+        // At their allocated resources (a resize counts once admitted).
+        let pods: Vec<_> = self
+            .pod_manager
+            .pods()
+            .into_iter()
+            .map(|p| self.runtime.resize().map_or_else(|| p.clone(), |a| a.update_pod_from_allocation(&p).0))
+            .collect();
         tokio::task::spawn_blocking(move || {
             if let Err(e) = cm.update_qos_cgroups(&pods) {
                 tracing::warn!(error = %e, "failed to update QoS cgroups");
@@ -288,6 +297,7 @@ impl SyncLoop {
         let workers = self.workers.known_uids();
         let runtime_pods = self.pleg.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);
+        self.resize_housekeeping(&desired);
         // Only what still runs (upstream lists the runtime's running pods here: a ready
         // sandbox or a running container); what has stopped is container GC's.
         for (uid, rp) in &runtime_pods {

@@ -23,6 +23,8 @@ pub enum FakeCall {
     ListPodCgroups,
     /// `update_qos_cgroups(pods)` with the pods' uids.
     UpdateQosCgroups(Vec<String>),
+    /// `update_pod_cgroup(pod, cfg)` with the pod's uid.
+    UpdatePodCgroup(String, super::resources::PodResourceConfig),
 }
 
 #[derive(Debug, Default)]
@@ -31,6 +33,10 @@ struct State {
     pods: BTreeMap<String, QosClass>,
     calls: Vec<FakeCall>,
     failures: HashMap<&'static str, String>,
+    /// Pod cgroup settings by uid (resize).
+    configs: BTreeMap<String, super::resources::PodResourceConfig>,
+    /// Pod memory usage by uid (resize).
+    memory_usage: BTreeMap<String, u64>,
 }
 
 /// The fake. `cgroupsPerQOS` is on and the cgroup root is `/` unless built otherwise.
@@ -95,6 +101,16 @@ impl FakePodContainerManager {
         self.state().node_cgroups
     }
 
+    /// Sets what [`PodContainerManager::pod_cgroup_config`] reports for `uid`.
+    pub fn set_pod_config(&self, uid: &str, cfg: super::resources::PodResourceConfig) {
+        self.state().configs.insert(uid.to_owned(), cfg);
+    }
+
+    /// Sets what [`PodContainerManager::pod_memory_usage`] reports for `uid`.
+    pub fn set_memory_usage(&self, uid: &str, bytes: u64) {
+        self.state().memory_usage.insert(uid.to_owned(), bytes);
+    }
+
     /// Adds a pod cgroup as if left over from an earlier run (an orphan).
     pub fn insert_pod_cgroup(&self, uid: &str, qos: QosClass) {
         self.state().pods.insert(uid.to_owned(), qos);
@@ -146,6 +162,27 @@ impl PodContainerManager for FakePodContainerManager {
     fn update_qos_cgroups(&self, active_pods: &[Pod]) -> Result<()> {
         self.state().calls.push(FakeCall::UpdateQosCgroups(active_pods.iter().map(uid_of).collect()));
         self.check("update_qos_cgroups")
+    }
+
+    fn pod_cgroup_config(&self, pod: &Pod) -> Result<Option<super::resources::PodResourceConfig>> {
+        Ok(self.state().configs.get(&uid_of(pod)).cloned())
+    }
+
+    fn update_pod_cgroup(&self, pod: &Pod, cfg: &super::resources::PodResourceConfig) -> Result<()> {
+        let uid = uid_of(pod);
+        self.state().calls.push(FakeCall::UpdatePodCgroup(uid.clone(), cfg.clone()));
+        self.check("update_pod_cgroup")?;
+        let mut state = self.state();
+        let cur = state.configs.entry(uid).or_default();
+        cur.cpu_shares = cfg.cpu_shares.or(cur.cpu_shares);
+        cur.cpu_quota = cfg.cpu_quota.or(cur.cpu_quota);
+        cur.cpu_period = cfg.cpu_period.or(cur.cpu_period);
+        cur.memory_limit = cfg.memory_limit.or(cur.memory_limit);
+        Ok(())
+    }
+
+    fn pod_memory_usage(&self, pod: &Pod) -> Result<Option<u64>> {
+        Ok(self.state().memory_usage.get(&uid_of(pod)).copied())
     }
 }
 

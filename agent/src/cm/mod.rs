@@ -163,6 +163,24 @@ pub trait PodContainerManager: Send + Sync + std::fmt::Debug {
     /// the Burstable pods' cpu requests, besteffort the minimum (upstream
     /// `qosContainerManager.UpdateCgroups`).
     fn update_qos_cgroups(&self, active_pods: &[Pod]) -> Result<()>;
+
+    /// The pod cgroup's cpu and memory settings now (upstream `GetPodCgroupConfig`, for
+    /// in-place resize); `None` without a pod cgroup. Default: `None`.
+    fn pod_cgroup_config(&self, _pod: &Pod) -> Result<Option<resources::PodResourceConfig>> {
+        Ok(None)
+    }
+
+    /// Writes the `Some` settings of `cfg` into the existing pod cgroup (upstream
+    /// `SetPodCgroupConfig`, for in-place resize). Default: nothing.
+    fn update_pod_cgroup(&self, _pod: &Pod, _cfg: &resources::PodResourceConfig) -> Result<()> {
+        Ok(())
+    }
+
+    /// Bytes of memory the pod cgroup uses now (upstream `GetPodCgroupMemoryUsage`).
+    /// Default: `None` (unknown).
+    fn pod_memory_usage(&self, _pod: &Pod) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -348,6 +348,20 @@ impl RuntimeService for RemoteRuntime {
         Ok(())
     }
 
+    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req =
+            api::UpdateContainerResourcesRequest { container_id: id.into(), linux: Some(linux), ..Default::default() };
+        self.call(
+            "update_container_resources",
+            "runtime.v1.RuntimeService/UpdateContainerResources",
+            Some(self.timeout),
+            c.update_container_resources(req),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn remove_image(&self, image: &str) -> Result<()> {
         let mut c = self.images.clone();
         let req = api::RemoveImageRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }) };

@@ -534,6 +534,19 @@ impl RuntimeService for FakeRuntime {
         Ok(())
     }
 
+    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()> {
+        let mut s = self.record("update_container_resources");
+        let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        if c.state != api::ContainerState::ContainerRunning as i32 {
+            return Err(super::Error::Rpc {
+                operation: "fake",
+                status: tonic::Status::failed_precondition("container is not running"),
+            });
+        }
+        c.resources = Some(api::ContainerResources { linux: Some(linux), windows: None });
+        Ok(())
+    }
+
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
         let s = self.record("container_status");
         s.containers.get(id).cloned().ok_or_else(|| not_found(id))

@@ -108,8 +108,23 @@ pub fn container_annotations(pod: &Pod, container: &Container, restart_count: u3
 
 /// A stable hash of a container spec: a change means the container must be recreated.
 /// Computed over the canonical JSON of the spec, so it is the same across agent restarts.
+/// Resources and resize policies are left out: a resize changes them in place or restarts
+/// the container as its `resizePolicy` says ([`super::resize`]), as upstream's hash (name
+/// and image only) ignores them.
 #[must_use]
 pub fn container_hash(container: &Container) -> String {
+    let mut container = container.clone();
+    container.resources = None;
+    container.resize_policy = None;
+    let json = serde_json::to_vec(&container).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    hex::encode(&digest[..4])
+}
+
+/// The hash earlier swiftlet versions wrote (over the whole spec, resources included): a
+/// container they created still matches its unchanged spec, so an upgrade restarts nothing.
+#[must_use]
+pub fn legacy_container_hash(container: &Container) -> String {
     let json = serde_json::to_vec(container).unwrap_or_default();
     let digest = Sha256::digest(&json);
     hex::encode(&digest[..4])
@@ -127,6 +142,12 @@ mod tests {
         assert_eq!(h1.len(), 8);
         c.command = Some(vec!["sleep".into()]);
         assert_ne!(h1, container_hash(&c));
+        // Resources and resize policies change in place: not part of the hash.
+        let h2 = container_hash(&c);
+        c.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements::default());
+        c.resize_policy = Some(vec![]);
+        assert_eq!(h2, container_hash(&c));
+        assert_ne!(legacy_container_hash(&c), container_hash(&c));
     }
 
     #[test]

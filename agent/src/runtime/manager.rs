@@ -274,7 +274,10 @@ pub fn compute_pod_actions_with(
         }
         match s {
             Some(s) if s.state == ContainerState::Running => {
-                if !s.hash.is_empty() && s.hash != labels::container_hash(c) {
+                if !s.hash.is_empty()
+                    && s.hash != labels::container_hash(c)
+                    && s.hash != labels::legacy_container_hash(c)
+                {
                     actions.containers_to_start.push(i);
                     actions.containers_to_kill.insert(
                         s.id.clone(),
@@ -362,6 +365,8 @@ pub struct RuntimeManager {
     startup: Option<Arc<crate::pod_startup::PodStartupTracker>>,
     /// The container manager's hooks (CPU, memory, device managers), in order.
     container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
+    /// In-place resize: allocations and actuated resources ([`crate::allocation`]).
+    resize: Option<Arc<crate::allocation::AllocationManager>>,
 }
 
 impl RuntimeManager {
@@ -390,6 +395,7 @@ impl RuntimeManager {
             probes: None,
             startup: None,
             container_hooks: Vec::new(),
+            resize: None,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -404,6 +410,21 @@ impl RuntimeManager {
     ) -> Self {
         self.container_hooks.push(hook);
         self
+    }
+
+    /// Actuates in-place resizes with `allocation` (see [`super::resize`]); also records
+    /// what each container starts with.
+    #[must_use]
+    pub fn with_resize(mut self, allocation: Arc<crate::allocation::AllocationManager>) -> Self {
+        self.container_hooks.push(Arc::new(crate::allocation::ActuationHook(allocation.clone())));
+        self.resize = Some(allocation);
+        self
+    }
+
+    /// The allocation manager, when in-place resize is on.
+    #[must_use]
+    pub fn resize(&self) -> Option<&Arc<crate::allocation::AllocationManager>> {
+        self.resize.as_ref()
     }
 
     /// Removes a container, telling the container manager's hooks first (upstream
@@ -564,12 +585,18 @@ impl RuntimeManager {
     /// and ensured the pod cgroup.
     pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> SyncResult {
         let spec = pod.spec.as_ref().expect("pod has a spec");
-        let actions = match &self.probes {
+        let mut actions = match &self.probes {
             Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
                 probes.container_to_kill(pod, &c.name, &format!("{runtime_name}://{id}"))
             }),
             None => compute_pod_actions(pod, status),
         };
+        // In-place resize: restarts join the actions; in-place updates come after the kills.
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let resize_plan = self.resize.as_ref().and_then(|a| {
+            let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
+            super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
+        });
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let mut result = SyncResult::default();
 
@@ -614,6 +641,16 @@ impl RuntimeManager {
             }
         }
         self.prune_init_containers(spec, status).await;
+        if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
+            match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
+                Ok(()) => a.clear_resize_error(pod),
+                Err(e) => {
+                    tracing::warn!(pod = %pod_full_name(pod), error = %e, "pod resize failed");
+                    a.set_resize_error(pod, &e);
+                    result.errors.push(format!("ResizePod: {e}"));
+                }
+            }
+        }
 
         let mut sandbox_id = actions.sandbox_id.clone();
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, actions.create_sandbox) {
@@ -2748,6 +2785,27 @@ mod tests {
         let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![c]));
         assert_eq!(a.containers_to_start, vec![0]);
         assert!(a.containers_to_kill.contains_key("a-0"));
+    }
+
+    #[test]
+    fn changed_resources_do_not_restart_a_container() {
+        let p = pod("Always", &[], &["a"]);
+        let running = ctr(&p, "a", ContainerState::Running, 0, 0, false);
+        let mut resized = p.clone();
+        resized.spec.as_mut().unwrap().containers[0].resources =
+            Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                limits: crate::cm::pod_resources::test_pods::list(&[("cpu", "1")]),
+                ..Default::default()
+            });
+        let a = compute_pod_actions(&resized, &status(vec![sandbox(true, 0)], vec![running.clone()]));
+        assert!(a.containers_to_kill.is_empty() && a.containers_to_start.is_empty(), "{a:?}");
+        // A container an earlier swiftlet created (whole-spec hash) is kept too.
+        let legacy = RuntimeContainerStatus {
+            hash: labels::legacy_container_hash(&p.spec.as_ref().unwrap().containers[0]),
+            ..running
+        };
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![legacy]));
+        assert!(a.containers_to_kill.is_empty(), "{a:?}");
     }
 
     #[test]

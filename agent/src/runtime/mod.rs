@@ -10,6 +10,7 @@ pub mod fake;
 pub mod labels;
 pub mod manager;
 pub mod pod_status;
+pub mod resize;
 
 use std::time::Duration;
 
@@ -105,6 +106,9 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// Asks the runtime to reopen a container's log file (`ReopenContainerLog`), after the
     /// kubelet renamed it for rotation: new output goes to a new file at the log path.
     async fn reopen_container_log(&self, id: &str) -> Result<()>;
+    /// Changes the resources of a running container (`UpdateContainerResources`), for
+    /// in-place resize.
+    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()>;
     /// Prepares a streaming exec (`Exec`): the URL of the runtime's streaming server that
     /// serves it (SPDY or WebSocket, see [`crate::server`]).
     async fn exec(&self, request: api::ExecRequest) -> Result<String>;

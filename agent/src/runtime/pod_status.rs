@@ -123,6 +123,9 @@ pub struct RuntimePodStatus {
     pub sandboxes: Vec<SandboxStatus>,
     /// Newest first.
     pub containers: Vec<RuntimeContainerStatus>,
+    /// The resources the runtime reports per container id (`ContainerStatus.resources`),
+    /// for the containers it reports them for.
+    pub container_resources: HashMap<String, api::LinuxContainerResources>,
 }
 
 impl RuntimePodStatus {
@@ -198,7 +201,12 @@ impl RuntimePodStatus {
         containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         for c in &containers {
             match rt.container_status(&c.id).await {
-                Ok(st) => out.containers.push(RuntimeContainerStatus::from_cri(c, Some(&st))),
+                Ok(st) => {
+                    if let Some(linux) = st.resources.as_ref().and_then(|r| r.linux.clone()) {
+                        out.container_resources.insert(c.id.clone(), linux);
+                    }
+                    out.containers.push(RuntimeContainerStatus::from_cri(c, Some(&st)));
+                }
                 // Removed between list and status: it no longer belongs to the pod.
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),

@@ -253,8 +253,8 @@ fn route(
                 Ok(json_response(200, &list))
             }
         }
-        (&Method::GET, Some(name), None | Some("status")) => {
-            if t.sub.is_some() && !t.info.has_subresource("status") {
+        (&Method::GET, Some(name), sub @ (None | Some("status" | "resize"))) => {
+            if sub.is_some_and(|s| !t.info.has_subresource(s)) {
                 return Err(StatusError::no_such_resource());
             }
             Ok(json_response(200, &registry::get(&shared.store.lock(), t.info, ns, name)?))
@@ -267,10 +267,11 @@ fn route(
             let created = registry::create(&mut shared.store.lock(), ctx, t.info, ns, obj)?;
             Ok(json_response(201, &created))
         }
-        (&Method::PUT, Some(name), sub @ (None | Some("status" | "finalize"))) => {
+        (&Method::PUT, Some(name), sub @ (None | Some("status" | "finalize" | "resize"))) => {
             let part = match sub {
                 None => Part::Main,
                 Some("status") if t.info.has_subresource("status") => Part::Status,
+                Some("resize") if t.info.has_subresource("resize") => Part::Resize,
                 Some("finalize") if t.info.storage == "namespaces" => Part::Finalize,
                 _ => return Err(StatusError::no_such_resource()),
             };
@@ -278,10 +279,11 @@ fn route(
             let u = registry::update(&mut shared.store.lock(), ctx, t.info, ns, name, part, false, move |_| Ok(obj))?;
             Ok(json_response(if u.created { 201 } else { 200 }, &u.object))
         }
-        (&Method::PATCH, Some(name), sub @ (None | Some("status"))) => {
+        (&Method::PATCH, Some(name), sub @ (None | Some("status" | "resize"))) => {
             let part = match sub {
                 None => Part::Main,
-                Some(_) if t.info.has_subresource("status") => Part::Status,
+                Some("resize") if t.info.has_subresource("resize") => Part::Resize,
+                Some("status") if t.info.has_subresource("status") => Part::Status,
                 Some(_) => return Err(StatusError::no_such_resource()),
             };
             patch_object(shared, ctx, &t, name, part, parts, body, &q)

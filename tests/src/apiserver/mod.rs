@@ -15,6 +15,7 @@
 //! - `admission`: pod defaults and the `ServiceAccount`, Priority and
 //!   `DefaultTolerationSeconds` plugins, pod status Pending + `qosClass`;
 //! - `patch`: merge, JSON and strategic merge patches;
+//! - `resize`: the `pods/resize` subresource (`ValidatePodResize`);
 //! - `watch`: watches with resume, selectors applied to old and new state, bookmarks;
 //! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers
 //!   (everything allowed, denied, a predicate, or a kubelet's `nodes/<subresource>` rules),
@@ -40,6 +41,7 @@ mod kubeconfig;
 mod meta;
 mod patch;
 mod registry;
+mod resize;
 mod resources;
 mod selector;
 mod status;

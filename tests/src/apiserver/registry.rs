@@ -35,6 +35,8 @@ pub(crate) enum Part {
     Status,
     /// `namespaces/<name>/finalize`: only `spec.finalizers` changes.
     Finalize,
+    /// `pods/<name>/resize`: only container cpu/memory resources and resize policies.
+    Resize,
 }
 
 /// `DeleteOptions`, the fields the double honours.
@@ -508,6 +510,11 @@ fn before_update(info: &ResourceInfo, part: Part, new: &mut Value, old: &Value) 
             {
                 meta::ensure_object(meta::ensure_object(new).entry("status").or_insert_with(|| json!({})))
                     .insert("qosClass".into(), q);
+            }
+        }
+        ("pods", Part::Resize) => {
+            if let Err(errs) = super::resize::prepare_and_validate(new, old) {
+                return Err(invalid(info, &name, &errs));
             }
         }
         ("nodes" | "namespaces", Part::Main) => {

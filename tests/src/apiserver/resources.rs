@@ -67,7 +67,12 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
         namespaced: true,
         short_names: &["po"],
         verbs: CRUD,
-        subresources: &[("status", "Pod", STATUS), ("eviction", "Eviction", CREATE), ("binding", "Binding", CREATE)],
+        subresources: &[
+            ("status", "Pod", STATUS),
+            ("eviction", "Eviction", CREATE),
+            ("binding", "Binding", CREATE),
+            ("resize", "Pod", STATUS),
+        ],
         storage: "pods",
         review: false,
     },

@@ -885,3 +885,59 @@ async fn services_get_cluster_ips_and_keep_them() -> Result<()> {
     assert_eq!(again.spec.and_then(|s| s.cluster_ip).as_deref(), Some("10.96.0.2"));
     Ok(())
 }
+
+#[tokio::test]
+async fn resize_subresource_changes_only_resources_with_conflicts_and_generation() -> Result<()> {
+    let srv = server().await?;
+    let pods: Api<Pod> = Api::default_namespaced(srv.client().await?);
+    let mut p = pod("r", Some("n1"));
+    p.spec.as_mut().context("spec")?.containers[0].resources = Some(serde_json::from_value(
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+    )?);
+    let created = pods.create(&PostParams::default(), &p).await?;
+    assert_eq!(created.metadata.generation, Some(1));
+
+    // JSON merge patch replaces the container list: only the resources are taken.
+    let merge = json!({"metadata": {"labels": {"ignored": "yes"}}, "spec": {"containers": [
+        {"name": "c", "image": "other", "resources": {"requests": {"cpu": "150m", "memory": "64Mi"}, "limits": {"cpu": "300m", "memory": "128Mi"}}}
+    ]}});
+    let resized = pods.patch_subresource("resize", "r", &PatchParams::default(), &Patch::Merge(merge)).await?;
+    assert_eq!(resized.metadata.generation, Some(2));
+    let ctr = &resized.spec.as_ref().context("spec")?.containers[0];
+    assert_eq!(ctr.image.as_deref(), Some("busybox"));
+    assert_eq!(serde_json::to_value(&ctr.resources)?["limits"]["cpu"], "300m");
+    assert!(resized.metadata.labels.as_ref().is_some_and(|l| !l.contains_key("ignored")));
+    // GET on the subresource is the pod.
+    let got = pods.get_subresource("resize", "r").await?;
+    assert_eq!(got.metadata.resource_version, resized.metadata.resource_version);
+
+    // PUT with the stale object: 409.
+    let e = api_err(pods.replace_subresource("resize", "r", &PostParams::default(), &created).await);
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    // PUT with the current one, resized back: allowed, generation 3.
+    let mut back = resized.clone();
+    back.spec.as_mut().context("spec")?.containers[0].resources =
+        created.spec.as_ref().context("spec")?.containers[0].resources.clone();
+    let b = pods.replace_subresource("resize", "r", &PostParams::default(), &back).await?;
+    assert_eq!(b.metadata.generation, Some(3));
+
+    // Invalid: other resources; a QoS class change (strategic merge patch by name).
+    let eph = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"ephemeral-storage": "1Gi"}}}]}});
+    let e = api_err(pods.patch_subresource("resize", "r", &PatchParams::default(), &Patch::Strategic(eph)).await);
+    assert_eq!(e.code, 422);
+    assert_eq!(e.message, "Pod \"r\" is invalid: spec: Forbidden: only cpu and memory resources are mutable");
+    let guaranteed =
+        json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "200m", "memory": "128Mi"}}}]}});
+    let e =
+        api_err(pods.patch_subresource("resize", "r", &PatchParams::default(), &Patch::Strategic(guaranteed)).await);
+    assert_eq!(
+        e.message,
+        "Pod \"r\" is invalid: spec: Invalid value: \"Burstable\": Pod QOS Class may not change as a result of resizing"
+    );
+    // The main resource still refuses resource changes.
+    let mut main = b.clone();
+    main.spec.as_mut().context("spec")?.containers[0].resources =
+        resized.spec.as_ref().context("spec")?.containers[0].resources.clone();
+    assert_eq!(api_err(pods.replace("r", &PostParams::default(), &main).await).code, 422);
+    Ok(())
+}

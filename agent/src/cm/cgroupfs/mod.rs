@@ -25,6 +25,7 @@ pub(crate) mod sys;
 mod fixture;
 #[cfg(test)]
 mod real_kernel_tests;
+mod resize;
 #[cfg(test)]
 mod tests;
 
@@ -624,6 +625,18 @@ fn pids_max(limit: i64) -> String {
 }
 
 impl PodContainerManager for CgroupfsPodContainerManager {
+    fn pod_cgroup_config(&self, pod: &Pod) -> super::Result<Option<PodResourceConfig>> {
+        Ok(self.read_pod_config(pod)?)
+    }
+
+    fn update_pod_cgroup(&self, pod: &Pod, cfg: &PodResourceConfig) -> super::Result<()> {
+        Ok(self.write_pod_config(pod, cfg)?)
+    }
+
+    fn pod_memory_usage(&self, pod: &Pod) -> super::Result<Option<u64>> {
+        Ok(self.read_pod_memory_usage(pod)?)
+    }
+
     fn ensure_node_cgroups(&self) -> super::Result<()> {
         let root = self.names.root();
         for h in self.hierarchies() {

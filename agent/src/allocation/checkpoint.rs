@@ -1,0 +1,169 @@
+//! The allocation checkpoint `<root-dir>/allocated_pods_state`, in upstream's (unversioned,
+//! "V1") format so that a kubelet can read what swiftlet wrote and the other way round:
+//!
+//! ```json
+//! {"data":"{\"entries\":{\"<pod uid>\":{\"ContainerResources\":{\"<container>\":{\"limits\":{...},\"requests\":{...}}}}}}","checksum":1178570812}
+//! ```
+//!
+//! `data` is the JSON of the entries (maps sorted by key, as Go encodes them) and
+//! `checksum` the FNV-1a (32 bit) hash of what Go's `hashutil.DeepHashObject` prints for
+//! that string: `(string)` followed by the raw data. A checkpoint whose checksum does not
+//! match is corrupt (upstream refuses to start with it; so do we).
+//!
+//! Upstream's newest format ("v2", a protobuf `PodList` inside the JSON) is not written;
+//! pod-level resource entries (`PodLevelResources`) are read and ignored, as pod-level
+//! resizes are not supported.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use serde::{Deserialize, Serialize};
+
+/// The checkpoint's file name under the root dir (upstream `allocatedPodsStateFile`).
+pub const FILE_NAME: &str = "allocated_pods_state";
+
+/// Errors reading or writing the checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read or written.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error("{path}: cannot decode the checkpoint: {source}")]
+    Decode {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The data does not match its checksum (upstream `ErrCorruptCheckpoint`).
+    #[error("{path}: checkpoint is corrupted")]
+    Corrupt { path: PathBuf },
+}
+
+/// The resources allocated to one pod: container name -> requirements.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodAllocation {
+    #[serde(rename = "ContainerResources", default)]
+    pub container_resources: BTreeMap<String, ResourceRequirements>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Entries {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    entries: BTreeMap<String, PodAllocation>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct File {
+    data: String,
+    checksum: u64,
+}
+
+/// The checksum upstream stores with `data`.
+#[must_use]
+pub fn checksum(data: &str) -> u64 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in b"(string)".iter().chain(data.as_bytes()) {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    u64::from(h)
+}
+
+/// Encodes the allocations as the checkpoint file's bytes.
+#[must_use]
+pub fn encode(allocations: &BTreeMap<String, PodAllocation>) -> Vec<u8> {
+    let data = serde_json::to_string(&Entries { entries: allocations.clone() }).unwrap_or_default();
+    let file = File { checksum: checksum(&data), data };
+    serde_json::to_vec(&file).unwrap_or_default()
+}
+
+/// Decodes a checkpoint file's bytes (`path` only names it in errors).
+///
+/// # Errors
+/// [`Error::Decode`] or [`Error::Corrupt`].
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, PodAllocation>, Error> {
+    let file: File = serde_json::from_slice(bytes).map_err(|source| Error::Decode { path: path.into(), source })?;
+    if checksum(&file.data) != file.checksum {
+        return Err(Error::Corrupt { path: path.into() });
+    }
+    let entries: Entries =
+        serde_json::from_str(&file.data).map_err(|source| Error::Decode { path: path.into(), source })?;
+    Ok(entries.entries)
+}
+
+/// Reads the checkpoint at `path`; a missing file is an empty checkpoint.
+///
+/// # Errors
+/// A read, decode or checksum failure.
+pub fn load(path: &Path) -> Result<BTreeMap<String, PodAllocation>, Error> {
+    match std::fs::read(path) {
+        Ok(bytes) => decode(path, &bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(source) => Err(Error::Io { op: "read", path: path.into(), source }),
+    }
+}
+
+/// Writes the checkpoint atomically (a temporary file renamed over the old one).
+///
+/// # Errors
+/// A write failure.
+pub fn store(path: &Path, allocations: &BTreeMap<String, PodAllocation>) -> Result<(), Error> {
+    let tmp = path.with_extension("tmp");
+    let io = |op, source| Error::Io { op, path: path.into(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
+    }
+    std::fs::write(&tmp, encode(allocations)).map_err(|e| io("write", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("rename into", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    /// Upstream's own fixture (`state_checkpoint_test.go`): swiftlet reads it, and writes
+    /// the same bytes for the same allocation.
+    const UPSTREAM: &str = r#"{"data":"{\"entries\":{\"pod1\":{\"ContainerResources\":{\"container1\":{\"requests\":{\"cpu\":\"1Ki\",\"memory\":\"1Ki\"}}}}}}","checksum":1178570812}"#;
+
+    fn upstream_allocation() -> BTreeMap<String, PodAllocation> {
+        let requests =
+            BTreeMap::from([("cpu".to_string(), Quantity("1Ki".into())), ("memory".into(), Quantity("1Ki".into()))]);
+        let c = ResourceRequirements { requests: Some(requests), ..Default::default() };
+        BTreeMap::from([(
+            "pod1".to_string(),
+            PodAllocation { container_resources: BTreeMap::from([("container1".to_string(), c)]) },
+        )])
+    }
+
+    #[test]
+    fn reads_and_writes_upstreams_format() {
+        let got = decode(Path::new("x"), UPSTREAM.as_bytes()).unwrap();
+        assert_eq!(got, upstream_allocation());
+        assert_eq!(String::from_utf8(encode(&upstream_allocation())).unwrap(), UPSTREAM);
+    }
+
+    #[test]
+    fn a_wrong_checksum_is_corruption() {
+        let bad = UPSTREAM.replace("1178570812", "1178570813");
+        let err = decode(Path::new("/r/allocated_pods_state"), bad.as_bytes()).unwrap_err();
+        assert_eq!(err.to_string(), "/r/allocated_pods_state: checkpoint is corrupted");
+    }
+
+    #[test]
+    fn store_then_load_round_trips_and_missing_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        assert!(load(&path).unwrap().is_empty());
+        store(&path, &upstream_allocation()).unwrap();
+        assert_eq!(load(&path).unwrap(), upstream_allocation());
+        assert!(!path.with_extension("tmp").exists());
+    }
+}

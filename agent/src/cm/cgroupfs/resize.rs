@@ -1,0 +1,184 @@
+//! Pod cgroup reads and writes for in-place resize (upstream `GetPodCgroupConfig`,
+//! `SetPodCgroupConfig`, `GetPodCgroupMemoryUsage`): the cpu and memory settings of an
+//! existing pod cgroup, in every hierarchy that has the controller.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::mounts::{Hierarchy, HierarchyKind};
+use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, pod_uid, read_string};
+use crate::cm::qos::qos_class;
+use crate::cm::resources::PodResourceConfig;
+
+/// v1 `memory.limit_in_bytes` at or above this is "no limit" (`PAGE_COUNTER_MAX` pages).
+const V1_UNLIMITED: i64 = 0x7fff_ffff_ffff_f000;
+
+fn parse_i64(s: &str) -> Option<i64> {
+    s.trim().parse().ok()
+}
+
+impl CgroupfsPodContainerManager {
+    /// The pod cgroup directory of `pod` in hierarchy `h`, when it exists.
+    fn pod_dir_in(&self, h: &Hierarchy, pod: &Pod) -> Result<Option<PathBuf>> {
+        let uid = checked_uid(pod_uid(pod))?;
+        let dir = join(&h.mount, &self.names.qos(qos_class(pod))).join(format!("{POD_PREFIX}{uid}"));
+        Ok(dir.is_dir().then_some(dir))
+    }
+
+    /// Reads the pod cgroup's cpu shares, quota and period, and memory limit (`-1`: none).
+    /// `None` without pod cgroups.
+    pub(crate) fn read_pod_config(&self, pod: &Pod) -> Result<Option<PodResourceConfig>> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(None);
+        }
+        let mut cfg = PodResourceConfig::default();
+        let mut found = false;
+        for h in self.hierarchies() {
+            let Some(dir) = self.pod_dir_in(h, pod)? else { continue };
+            match &h.kind {
+                HierarchyKind::V1(c) => {
+                    if c.contains("cpu") {
+                        found = true;
+                        cfg.cpu_shares =
+                            parse_i64(&read_string(&dir.join("cpu.shares"))?).and_then(|v| u64::try_from(v).ok());
+                        cfg.cpu_quota = parse_i64(&read_string(&dir.join("cpu.cfs_quota_us"))?);
+                        cfg.cpu_period = parse_i64(&read_string(&dir.join("cpu.cfs_period_us"))?)
+                            .and_then(|v| u64::try_from(v).ok());
+                    }
+                    if c.contains("memory") {
+                        found = true;
+                        cfg.memory_limit = parse_i64(&read_string(&dir.join("memory.limit_in_bytes"))?)
+                            .map(|v| if v >= V1_UNLIMITED { -1 } else { v });
+                    }
+                }
+                HierarchyKind::Unified(_) => {
+                    found = true;
+                    if let Ok(w) = read_string(&dir.join("cpu.weight"))
+                        && let Some(w) = parse_i64(&w).and_then(|v| u64::try_from(v).ok())
+                    {
+                        // The inverse of the shares-to-weight conversion.
+                        cfg.cpu_shares = Some(2 + (w.saturating_sub(1)) * 262_142 / 9999);
+                    }
+                    if let Ok(max) = read_string(&dir.join("cpu.max")) {
+                        let mut it = max.split_whitespace();
+                        cfg.cpu_quota = it.next().map(|q| if q == "max" { -1 } else { parse_i64(q).unwrap_or(-1) });
+                        cfg.cpu_period = it.next().and_then(|p| p.parse().ok());
+                    }
+                    if let Ok(m) = read_string(&dir.join("memory.max")) {
+                        cfg.memory_limit = Some(if m.trim() == "max" { -1 } else { parse_i64(&m).unwrap_or(-1) });
+                    }
+                }
+                HierarchyKind::HybridUnified => {}
+            }
+        }
+        Ok(found.then_some(cfg))
+    }
+
+    /// Writes the `Some` settings of `cfg` into the existing pod cgroup.
+    pub(crate) fn write_pod_config(&self, pod: &Pod, cfg: &PodResourceConfig) -> Result<()> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(());
+        }
+        let mut cfg = PodResourceConfig { pids_limit: None, ..cfg.clone() };
+        // `cpuCFSQuota: false`: pod cgroups stay without a quota, as at creation.
+        if !self.config.cpu_cfs_quota && cfg.cpu_quota.is_some() {
+            cfg.cpu_quota = Some(-1);
+        }
+        for h in self.hierarchies() {
+            if let Some(dir) = self.pod_dir_in(h, pod)? {
+                Self::apply_limits(h, &dir, &cfg)?;
+            }
+        }
+        tracing::debug!(pod = %pod_uid(pod), ?cfg, "pod cgroup resized");
+        Ok(())
+    }
+
+    /// Bytes of memory the pod cgroup uses (v1 `memory.usage_in_bytes`, v2
+    /// `memory.current`).
+    pub(crate) fn read_pod_memory_usage(&self, pod: &Pod) -> Result<Option<u64>> {
+        if self.layout.is_none() || !self.config.cgroups_per_qos {
+            return Ok(None);
+        }
+        for h in self.hierarchies() {
+            let file = match &h.kind {
+                HierarchyKind::V1(c) if c.contains("memory") => "memory.usage_in_bytes",
+                HierarchyKind::Unified(_) => "memory.current",
+                _ => continue,
+            };
+            if let Some(dir) = self.pod_dir_in(h, pod)? {
+                return Ok(read_string(&dir.join(file))?.trim().parse().ok());
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::Fixture;
+    use crate::cm::PodContainerManager;
+    use crate::cm::pod_resources::test_pods::{ctr, pod};
+    use crate::cm::resources::PodResourceConfig;
+
+    fn burstable() -> k8s_openapi::api::core::v1::Pod {
+        pod("b1", vec![ctr("a", &[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "200m"), ("memory", "128Mi")])])
+    }
+
+    #[test]
+    fn v1_reads_and_writes_only_what_is_asked() {
+        let f = Fixture::hybrid();
+        let m = f.manager();
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        assert_eq!(m.pod_cgroup_config(&p).unwrap(), None, "no pod cgroup yet");
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = m.pod_cgroup_config(&p).unwrap().unwrap();
+        assert_eq!(
+            (cfg.cpu_shares, cfg.cpu_quota, cfg.cpu_period, cfg.memory_limit),
+            (Some(102), Some(20_000), Some(100_000), Some(128 << 20))
+        );
+        m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(192 << 20), ..Default::default() }).unwrap();
+        assert_eq!(f.read("memory", "kubepods/burstable/podb1/memory.limit_in_bytes"), (192 << 20).to_string());
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.cfs_quota_us"), "20000", "cpu untouched");
+        m.update_pod_cgroup(&p, &PodResourceConfig { cpu_shares: Some(153), ..Default::default() }).unwrap();
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.shares"), "153");
+        std::fs::write(f.path("memory", "kubepods/burstable/podb1/memory.usage_in_bytes"), "4096\n").unwrap();
+        assert_eq!(m.pod_memory_usage(&p).unwrap(), Some(4096));
+    }
+
+    #[test]
+    fn v2_reads_and_writes_cpu_max_weight_and_memory_max() {
+        let f = Fixture::unified();
+        let m = f.manager();
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = m.pod_cgroup_config(&p).unwrap().unwrap();
+        assert_eq!((cfg.cpu_quota, cfg.cpu_period, cfg.memory_limit), (Some(20_000), Some(100_000), Some(128 << 20)));
+        // 102 shares are weight 4, which maps back to about the same shares.
+        assert_eq!(f.read("", "kubepods/burstable/podb1/cpu.weight"), "4");
+        assert!(cfg.cpu_shares.is_some_and(|s| (80..=110).contains(&s)), "{cfg:?}");
+        m.update_pod_cgroup(
+            &p,
+            &PodResourceConfig { cpu_quota: Some(30_000), cpu_period: Some(100_000), ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(f.read("", "kubepods/burstable/podb1/cpu.max"), "30000 100000");
+        assert_eq!(f.read("", "kubepods/burstable/podb1/memory.max"), (128 << 20).to_string());
+        m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(-1), ..Default::default() }).unwrap();
+        assert_eq!(m.pod_cgroup_config(&p).unwrap().unwrap().memory_limit, Some(-1));
+    }
+
+    #[test]
+    fn without_cfs_quota_the_pod_keeps_no_quota() {
+        let f = Fixture::hybrid();
+        let m = f.manager_with(crate::cm::CgroupConfig { cpu_cfs_quota: false, ..f.config() });
+        m.ensure_node_cgroups().unwrap();
+        let p = burstable();
+        m.ensure_pod_cgroup(&p).unwrap();
+        let cfg = PodResourceConfig { cpu_quota: Some(30_000), cpu_period: Some(100_000), ..Default::default() };
+        m.update_pod_cgroup(&p, &cfg).unwrap();
+        assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.cfs_quota_us"), "-1");
+    }
+}

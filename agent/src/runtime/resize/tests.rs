@@ -1,0 +1,249 @@
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{ContainerResizePolicy, Pod};
+
+use super::*;
+use crate::allocation::NodeResizeConfig;
+use crate::cm::fake::{FakeCall, FakePodContainerManager};
+use crate::cm::pod_resources::test_pods::{ctr, pod};
+use crate::cm::{QosClass, Result as CmResult};
+use crate::runtime::api;
+use crate::runtime::fake::FakeRuntime;
+use crate::runtime::pod_status::RuntimeContainerStatus;
+
+fn values(cpu_req: i64, cpu_lim: i64, mem_req: i64, mem_lim: i64) -> ResourceValues {
+    ResourceValues { cpu_request: cpu_req, cpu_limit: cpu_lim, memory_request: mem_req, memory_limit: mem_lim }
+}
+
+fn burstable(cpu_req: &str, cpu_lim: &str, mem_req: &str, mem_lim: &str, memory_restarts: bool) -> Pod {
+    let mut c = ctr("c", &[("cpu", cpu_req), ("memory", mem_req)], &[("cpu", cpu_lim), ("memory", mem_lim)]);
+    if memory_restarts {
+        c.resize_policy = Some(vec![ContainerResizePolicy {
+            resource_name: "memory".into(),
+            restart_policy: "RestartContainer".into(),
+        }]);
+    }
+    pod("u1", vec![c])
+}
+
+fn running(id: &str) -> RuntimeContainerStatus {
+    RuntimeContainerStatus {
+        id: id.into(),
+        name: "c".into(),
+        sandbox_id: "sb".into(),
+        state: ContainerState::Running,
+        created_at: 1,
+        started_at: None,
+        finished_at: None,
+        exit_code: 0,
+        image: String::new(),
+        image_ref: String::new(),
+        reason: String::new(),
+        message: String::new(),
+        hash: String::new(),
+        restart_count: 0,
+        init: false,
+    }
+}
+
+fn status(id: &str) -> RuntimePodStatus {
+    RuntimePodStatus { uid: "u1".into(), containers: vec![running(id)], ..Default::default() }
+}
+
+const MI: i64 = 1 << 20;
+
+#[test]
+fn not_required_resizes_in_place() {
+    let p = burstable("150m", "300m", "64Mi", "192Mi", false);
+    let mut actions = PodActions::default();
+    let now = values(100, 200, 64 * MI, 128 * MI);
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert!(actions.containers_to_kill.is_empty() && actions.containers_to_start.is_empty());
+    assert!(plan.update_pod_resources);
+    assert_eq!(plan.memory.len(), 1);
+    assert_eq!(plan.cpu.len(), 1);
+    assert_eq!(plan.cpu[0].desired, values(150, 300, 64 * MI, 192 * MI));
+    assert_eq!(plan.cpu[0].current, now);
+}
+
+#[test]
+fn restart_container_policy_restarts_on_memory_only() {
+    let p = burstable("100m", "200m", "64Mi", "192Mi", true);
+    let mut actions = PodActions::default();
+    let now = values(100, 200, 64 * MI, 128 * MI);
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert_eq!(actions.containers_to_kill["id1"], ("c".to_string(), "Container c resize requires restart".to_string()));
+    assert_eq!(actions.containers_to_start, [0]);
+    assert!(plan.memory.is_empty() && plan.cpu.is_empty() && plan.update_pod_resources);
+
+    // A cpu change of the same container stays in place.
+    let p = burstable("150m", "200m", "64Mi", "128Mi", true);
+    let mut actions = PodActions::default();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert!(actions.containers_to_kill.is_empty());
+    assert_eq!(plan.cpu.len(), 1);
+}
+
+#[test]
+fn nothing_to_do_when_actuated_matches_or_the_pod_is_killed() {
+    let p = burstable("100m", "200m", "64Mi", "128Mi", true);
+    let now = values(100, 200, 64 * MI, 128 * MI);
+    let mut actions = PodActions::default();
+    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions), None);
+    let mut actions = PodActions { kill_pod: true, ..Default::default() };
+    let other = values(1, 1, 1, 1);
+    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(other), &mut actions), None);
+    assert!(actions.containers_to_kill.is_empty());
+}
+
+#[test]
+fn unknown_actuated_resources_are_reapplied_in_place_never_restarted() {
+    let p = burstable("100m", "200m", "64Mi", "128Mi", true);
+    let mut actions = PodActions::default();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| None, &mut actions).unwrap();
+    assert!(actions.containers_to_kill.is_empty());
+    assert_eq!((plan.memory.len(), plan.cpu.len()), (1, 1));
+}
+
+#[test]
+fn a_memory_request_change_alone_needs_no_runtime_call() {
+    let p = burstable("100m", "200m", "96Mi", "128Mi", false);
+    let mut actions = PodActions::default();
+    let now = values(100, 200, 64 * MI, 128 * MI);
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert!(plan.memory.is_empty() && plan.cpu.is_empty());
+    assert_eq!(plan.memory_request_only, [("c".to_string(), values(100, 200, 96 * MI, 128 * MI))]);
+}
+
+/// A pod container manager that notes, with every pod cgroup write, how many container
+/// updates the runtime had seen by then.
+#[derive(Debug)]
+struct Ordered {
+    inner: FakePodContainerManager,
+    rt: Arc<FakeRuntime>,
+    log: Mutex<Vec<(PodResourceConfig, usize)>>,
+}
+
+impl Ordered {
+    fn updates(&self) -> usize {
+        self.rt.calls().iter().filter(|c| *c == "update_container_resources").count()
+    }
+}
+
+impl PodContainerManager for Ordered {
+    fn ensure_node_cgroups(&self) -> CmResult<()> {
+        self.inner.ensure_node_cgroups()
+    }
+    fn cgroup_parent(&self, pod: &Pod) -> String {
+        self.inner.cgroup_parent(pod)
+    }
+    fn ensure_pod_cgroup(&self, pod: &Pod) -> CmResult<()> {
+        self.inner.ensure_pod_cgroup(pod)
+    }
+    fn remove_pod_cgroup(&self, uid: &str) -> CmResult<()> {
+        self.inner.remove_pod_cgroup(uid)
+    }
+    fn list_pod_cgroups(&self) -> CmResult<Vec<(String, QosClass)>> {
+        self.inner.list_pod_cgroups()
+    }
+    fn pod_cgroup_exists(&self, uid: &str) -> bool {
+        self.inner.pod_cgroup_exists(uid)
+    }
+    fn update_qos_cgroups(&self, pods: &[Pod]) -> CmResult<()> {
+        self.inner.update_qos_cgroups(pods)
+    }
+    fn pod_cgroup_config(&self, pod: &Pod) -> CmResult<Option<PodResourceConfig>> {
+        self.inner.pod_cgroup_config(pod)
+    }
+    fn update_pod_cgroup(&self, pod: &Pod, cfg: &PodResourceConfig) -> CmResult<()> {
+        self.log.lock().unwrap().push((cfg.clone(), self.updates()));
+        self.inner.update_pod_cgroup(pod, cfg)
+    }
+    fn pod_memory_usage(&self, pod: &Pod) -> CmResult<Option<u64>> {
+        self.inner.pod_memory_usage(pod)
+    }
+}
+
+async fn setup(from: &Pod) -> (Arc<FakeRuntime>, Ordered, AllocationManager, String) {
+    let rt = Arc::new(FakeRuntime::default());
+    let sb = rt.run_pod_sandbox(api::PodSandboxConfig::default(), String::new()).await.unwrap();
+    let id = rt.create_container(&sb, api::ContainerConfig::default(), api::PodSandboxConfig::default()).await.unwrap();
+    rt.start_container(&id).await.unwrap();
+    let cm = Ordered { inner: FakePodContainerManager::default(), rt: rt.clone(), log: Mutex::default() };
+    cm.inner.set_pod_config("u1", crate::cm::resources::resource_config_for_pod(from, true));
+    (rt, cm, AllocationManager::in_memory(NodeResizeConfig::default()), id)
+}
+
+fn plan_for(p: &Pod, id: &str, now: ResourceValues) -> ResizePlan {
+    compute_pod_resize_action(p, &status(id), &|_| Some(now), &mut PodActions::default()).unwrap()
+}
+
+#[tokio::test]
+async fn growth_sets_the_pod_cgroup_before_the_containers() {
+    let old = burstable("100m", "200m", "64Mi", "128Mi", false);
+    let new = burstable("150m", "300m", "64Mi", "192Mi", false);
+    let (rt, cm, alloc, id) = setup(&old).await;
+    let plan = plan_for(&new, &id, values(100, 200, 64 * MI, 128 * MI));
+    do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap();
+    let log = cm.log.lock().unwrap().clone();
+    // memory limit (before the memory update), cpu quota and shares (before the cpu update).
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert_eq!((log[0].0.memory_limit, log[0].1), (Some(192 * MI), 0));
+    assert_eq!((log[1].0.cpu_quota, log[1].1), (Some(30_000), 1));
+    assert_eq!((log[2].0.cpu_shares, log[2].1), (Some(153), 1));
+    assert_eq!(cm.updates(), 2);
+    let st = rt.container_status(&id).await.unwrap();
+    let linux = st.resources.unwrap().linux.unwrap();
+    assert_eq!((linux.cpu_quota, linux.cpu_shares, linux.memory_limit_in_bytes), (30_000, 153, 192 * MI));
+    assert_eq!(alloc.actuated("u1", "c"), Some(values(150, 300, 64 * MI, 192 * MI)));
+}
+
+#[tokio::test]
+async fn shrinking_sets_the_pod_cgroup_after_the_containers() {
+    let old = burstable("150m", "300m", "64Mi", "192Mi", false);
+    let new = burstable("100m", "200m", "64Mi", "128Mi", false);
+    let (rt, cm, alloc, id) = setup(&old).await;
+    let plan = plan_for(&new, &id, values(150, 300, 64 * MI, 192 * MI));
+    do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap();
+    let log = cm.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert_eq!((log[0].0.memory_limit, log[0].1), (Some(128 * MI), 1));
+    assert_eq!((log[1].0.cpu_shares, log[1].1), (Some(102), 2));
+    assert_eq!((log[2].0.cpu_quota, log[2].1), (Some(20_000), 2));
+    assert!(cm.inner.calls().iter().any(|c| matches!(c, FakeCall::UpdatePodCgroup(u, _) if u == "u1")));
+}
+
+#[tokio::test]
+async fn a_memory_limit_below_usage_is_refused() {
+    let old = burstable("100m", "200m", "64Mi", "128Mi", false);
+    let new = burstable("100m", "200m", "64Mi", "96Mi", false);
+    let (rt, cm, alloc, id) = setup(&old).await;
+    cm.inner.set_memory_usage("u1", u64::try_from(100 * MI).unwrap());
+    let plan = plan_for(&new, &id, values(100, 200, 64 * MI, 128 * MI));
+    let err = do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap_err();
+    assert_eq!(err, "Aborting attempt to set pod memory limit less than current memory usage for pod pod-u1");
+    assert!(cm.log.lock().unwrap().is_empty());
+    assert_eq!(cm.updates(), 0);
+    assert_eq!(alloc.actuated("u1", "c"), None);
+}
+
+#[test]
+fn reported_resources_stand_in_for_an_unknown_actuation() {
+    let p = burstable("100m", "200m", "64Mi", "128Mi", false);
+    let mut st = status("id1");
+    assert_eq!(reported_values(&p, &st, "c"), None, "the runtime reports nothing");
+    st.container_resources.insert(
+        "id1".into(),
+        api::LinuxContainerResources {
+            cpu_period: 100_000,
+            cpu_quota: 20_000,
+            cpu_shares: 102,
+            memory_limit_in_bytes: 128 * MI,
+            ..Default::default()
+        },
+    );
+    assert_eq!(reported_values(&p, &st, "c"), Some(values(100, 200, 64 * MI, 128 * MI)));
+    let mut actions = PodActions::default();
+    let actual = |c: &str| reported_values(&p, &st, c);
+    assert_eq!(compute_pod_resize_action(&p, &st, &actual, &mut actions), None, "nothing to re-apply");
+}

@@ -1,0 +1,434 @@
+//! End-to-end tests of in-place pod resize: a real `swiftlet` in API mode against the test
+//! API server, real containers in the test bed's containerd, and the kernel's cgroups
+//! (v1 here: `cpu.cfs_quota_us`, `cpu.shares`, `memory.limit_in_bytes`, the v1 names of
+//! v2's `cpu.max`, `cpu.weight` and `memory.max`) checked for the container and the pod.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+
+const NODE: &str = "e2e-node";
+
+async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent =
+        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
+            .await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    Ok((api, agent, cri))
+}
+
+/// A Burstable pod: requests cpu 100m / memory 64Mi, limits cpu 200m / memory 128Mi.
+fn pod(name: &str, resize_policy: Option<Value>) -> Pod {
+    let mut c = json!({
+        "name": "main",
+        "image": "localhost/busybox:latest",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"cpu": "200m", "memory": "128Mi"},
+        },
+    });
+    if let Some(p) = resize_policy {
+        c["resizePolicy"] = p;
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "containers": [c]},
+    }))
+    .unwrap()
+}
+
+async fn resize(api: &TestApiServer, name: &str, resources: Value) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(api.client().await?, "default");
+    let patch = json!({"spec": {"containers": [{"name": "main", "resources": resources}]}});
+    Ok(pods.patch_subresource("resize", name, &PatchParams::default(), &Patch::Strategic(patch)).await?)
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .is_some_and(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
+}
+
+fn container_status(p: &Pod) -> Value {
+    serde_json::to_value(&p.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0]).unwrap()
+}
+
+fn resize_condition(p: &Pod, type_: &str) -> Option<Value> {
+    let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)?;
+    Some(serde_json::to_value(c).unwrap())
+}
+
+async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
+    cri.containers(uid).await?.into_iter().find(|c| c.state == 1).map(|c| c.id).context("no running container")
+}
+
+/// A v1 cgroup file of the pod (`container = None`) or of one of its containers.
+fn cgroup_file(agent: &Agent, controller: &str, uid: &str, container: Option<&str>, file: &str) -> String {
+    let mut path = format!("/sys/fs/cgroup/{controller}{}/kubepods/burstable/pod{uid}", agent.cgroup_root);
+    if let Some(c) = container {
+        path = format!("{path}/{c}");
+    }
+    std::fs::read_to_string(format!("{path}/{file}")).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// (`cpu.cfs_quota_us`, `cpu.shares`, `memory.limit_in_bytes`) of the pod or a container.
+fn limits(agent: &Agent, uid: &str, container: Option<&str>) -> (String, String, String) {
+    (
+        cgroup_file(agent, "cpu", uid, container, "cpu.cfs_quota_us"),
+        cgroup_file(agent, "cpu", uid, container, "cpu.shares"),
+        cgroup_file(agent, "memory", uid, container, "memory.limit_in_bytes"),
+    )
+}
+
+fn triple(q: &str, s: &str, m: &str) -> (String, String, String) {
+    (q.to_string(), s.to_string(), m.to_string())
+}
+
+/// Polls until `check` holds for the API pod, with the agent's log on failure.
+async fn eventually(
+    api: &TestApiServer,
+    agent: &Agent,
+    name: &str,
+    secs: u64,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Result<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(p) = api.get::<Pod>(Some("default"), name)
+            && check(&p)
+        {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            let p = api.get::<Pod>(Some("default"), name);
+            bail!(
+                "{what}: not reached in {secs}s\nstatus: {}\n{}",
+                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
+                tail(&agent.log(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let created = api.create(&pod("inplace", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "inplace", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    // 200m -> quota 20000 µs of 100000; 100m -> 102 shares; 128Mi.
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+
+    let resized = resize(
+        &api,
+        "inplace",
+        json!({"requests": {"cpu": "150m", "memory": "96Mi"}, "limits": {"cpu": "300m", "memory": "192Mi"}}),
+    )
+    .await?;
+    assert_eq!(resized.metadata.generation, Some(2));
+    let p = eventually(&api, &agent, "inplace", 60, "resize actuated and reported", |p| {
+        let cs = container_status(p);
+        cs["resources"]["limits"] == json!({"cpu": "300m", "memory": "192Mi"})
+            && cs["resources"]["requests"] == json!({"cpu": "150m", "memory": "96Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+            && resize_condition(p, "PodResizePending").is_none()
+    })
+    .await?;
+    let cs = container_status(&p);
+    assert_eq!(cs["allocatedResources"], json!({"cpu": "150m", "memory": "96Mi"}));
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(p.status.as_ref().unwrap().observed_generation, Some(2));
+    // The same container, with new limits in the kernel; the pod cgroup follows.
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("30000", "153", "201326592"));
+    assert_eq!(limits(&agent, &uid, None), triple("30000", "153", "201326592"));
+    // The runtime took it (UpdateContainerResources): its ContainerStatus says so too.
+    let st = cri.container_status(&id).await?.status.context("status")?;
+    let linux = st.resources.and_then(|r| r.linux).context("CRI reports no resources")?;
+    assert_eq!(
+        (linux.cpu_quota, linux.cpu_period, linux.cpu_shares, linux.memory_limit_in_bytes),
+        (30_000, 100_000, 153, 201_326_592)
+    );
+
+    // And back down: containers shrink before the pod cgroup, still in place.
+    resize(
+        &api,
+        "inplace",
+        json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "200m", "memory": "128Mi"}}),
+    )
+    .await?;
+    eventually(&api, &agent, "inplace", 60, "decrease actuated", |p| {
+        container_status(p)["resources"]["limits"] == json!({"cpu": "200m", "memory": "128Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+    assert!(agent.metric("kubelet_container_requested_resizes_total{resource=\"cpu\",requirement=\"limits\",operation=\"increase\"}").await? >= 1.0);
+
+    api.delete::<Pod>(Some("default"), "inplace", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "inplace", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let policy = json!([
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "RestartContainer"},
+    ]);
+    let created = api.create(&pod("restart", Some(policy)))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "restart", 60, "running", running).await?;
+    let old = running_container(&cri, &uid).await?;
+
+    resize(&api, "restart", json!({"requests": {"memory": "80Mi"}, "limits": {"memory": "160Mi"}})).await?;
+    let p = eventually(&api, &agent, "restart", 90, "restarted with the new memory limit", |p| {
+        let cs = container_status(p);
+        cs["restartCount"] == 1
+            && running(p)
+            && cs["resources"]["limits"]["memory"] == "160Mi"
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["allocatedResources"], json!({"cpu": "100m", "memory": "80Mi"}));
+    let new = running_container(&cri, &uid).await?;
+    assert_ne!(new, old, "a new container");
+    assert_eq!(limits(&agent, &uid, Some(&new)), triple("20000", "102", "167772160"));
+    assert_eq!(cgroup_file(&agent, "memory", &uid, None, "memory.limit_in_bytes"), "167772160");
+
+    api.delete::<Pod>(Some("default"), "restart", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "restart", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn infeasible_resize_is_pending_and_changes_nothing() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let created = api.create(&pod("huge", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "huge", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+
+    // The API refuses what a resize may not do: here a change of QoS class.
+    let err = resize(&api, "huge", json!({"requests": {"cpu": "200m", "memory": "128Mi"}})).await.unwrap_err();
+    assert!(err.to_string().contains("Pod QOS Class may not change as a result of resizing"), "{err}");
+
+    // More cpu than the node has: Infeasible, with upstream's message.
+    resize(&api, "huge", json!({"requests": {"cpu": "100"}, "limits": {"cpu": "100"}})).await?;
+    let p = eventually(&api, &agent, "huge", 60, "PodResizePending Infeasible", |p| {
+        resize_condition(p, "PodResizePending").is_some_and(|c| c["reason"] == "Infeasible")
+    })
+    .await?;
+    let c = resize_condition(&p, "PodResizePending").unwrap();
+    let msg = c["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("Node didn't have enough capacity: cpu, requested: 100000, capacity: "), "{msg}");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["observedGeneration"], 2);
+    assert!(resize_condition(&p, "PodResizeInProgress").is_none());
+    let cs = container_status(&p);
+    assert_eq!(cs["allocatedResources"], json!({"cpu": "100m", "memory": "64Mi"}));
+    assert_eq!(cs["resources"]["limits"], json!({"cpu": "200m", "memory": "128Mi"}));
+    assert_eq!(cs["restartCount"], 0);
+    // Nothing changed on the node.
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("20000", "102", "134217728"));
+    assert_eq!(limits(&agent, &uid, None), triple("20000", "102", "134217728"));
+    assert_eq!(agent.metric("kubelet_pod_pending_resizes{reason=\"infeasible\"}").await? as i64, 1);
+
+    api.delete::<Pod>(Some("default"), "huge", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "huge", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+/// A pod asking for `cpu` (request only) that runs a shell loop.
+fn cpu_pod(name: &str, cpu: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "containers": [{
+            "name": "main",
+            "image": "localhost/busybox:latest",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+            "resources": {"requests": {"cpu": cpu}},
+        }]},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let node = api.get::<Node>(None, NODE).context("node")?;
+    let alloc =
+        node.status.and_then(|s| s.allocatable).and_then(|a| a.get("cpu").cloned()).context("allocatable cpu")?;
+    let cpu = alloc.0.strip_suffix('m').map_or_else(|| alloc.0.parse::<i64>().map(|c| c * 1000), str::parse)?;
+    // The hog leaves 400m; the small pod wants 500m of it.
+    api.create(&cpu_pod("hog", &format!("{}m", cpu - 400)))?;
+    let small = api.create(&cpu_pod("small", "100m"))?;
+    let uid = small.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "hog", 60, "hog running", running).await?;
+    eventually(&api, &agent, "small", 60, "small running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+
+    resize(&api, "small", json!({"requests": {"cpu": "500m"}})).await?;
+    let p = eventually(&api, &agent, "small", 60, "PodResizePending Deferred", |p| {
+        resize_condition(p, "PodResizePending").is_some_and(|c| c["reason"] == "Deferred")
+    })
+    .await?;
+    assert_eq!(
+        resize_condition(&p, "PodResizePending").unwrap()["message"],
+        format!("Node didn't have enough resource: cpu, requested: 500, used: {}, capacity: {cpu}", cpu - 400)
+    );
+    assert_eq!(container_status(&p)["allocatedResources"]["cpu"], "100m");
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, Some(&id), "cpu.shares"), "102");
+
+    // The hog goes: the resize is retried at once and actuated in place.
+    api.delete::<Pod>(Some("default"), "hog", Some(2))?;
+    let p = eventually(&api, &agent, "small", 60, "resize accepted and actuated", |p| {
+        let cs = container_status(p);
+        cs["allocatedResources"]["cpu"] == "500m"
+            && cs["resources"]["requests"]["cpu"] == "500m"
+            && resize_condition(p, "PodResizePending").is_none()
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, Some(&id), "cpu.shares"), "512");
+    assert_eq!(cgroup_file(&agent, "cpu", &uid, None, "cpu.shares"), "512");
+    // Accepted when the hog finished (graceful deletion) or when it was gone.
+    let mut accepted = 0.0;
+    for trigger in ["pod_terminated", "pods_removed"] {
+        accepted += agent
+            .metric(&format!("kubelet_pod_deferred_accepted_resizes_total{{retry_trigger=\"{trigger}\"}}"))
+            .await?;
+    }
+    assert_eq!(accepted as i64, 1);
+
+    api.delete::<Pod>(Some("default"), "small", Some(2))?;
+    for name in ["hog", "small"] {
+        api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| p.is_none()).await?;
+    }
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, mut agent, cri) = setup().await?;
+    let created = api.create(&pod("kept", None))?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "kept", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    resize(
+        &api,
+        "kept",
+        json!({"requests": {"cpu": "150m", "memory": "64Mi"}, "limits": {"cpu": "300m", "memory": "192Mi"}}),
+    )
+    .await?;
+    eventually(&api, &agent, "kept", 60, "resize actuated", |p| {
+        container_status(p)["resources"]["limits"] == json!({"cpu": "300m", "memory": "192Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    // The checkpoint, in upstream's format, holds the new allocation.
+    let checkpoint = std::fs::read_to_string(agent.root_dir.join("allocated_pods_state"))?;
+    let outer: Value = serde_json::from_str(&checkpoint)?;
+    let data: Value = serde_json::from_str(outer["data"].as_str().context("data")?)?;
+    assert_eq!(
+        data["entries"][&uid]["ContainerResources"]["main"]["limits"],
+        json!({"cpu": "300m", "memory": "192Mi"})
+    );
+    assert!(outer["checksum"].is_u64());
+
+    agent.kill9()?;
+    agent.spawn().await?;
+    // The new agent has synced the pod once it has run a worker for it.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while agent.metric("kubelet_pod_worker_duration_seconds_count{operation_type=\"create\"}").await? < 1.0 {
+        assert!(Instant::now() < deadline, "no pod sync after the restart\n{}", tail(&agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let p = eventually(&api, &agent, "kept", 30, "status kept", |p| {
+        container_status(p)["allocatedResources"] == json!({"cpu": "150m", "memory": "64Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+    })
+    .await?;
+    assert_eq!(container_status(&p)["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(limits(&agent, &uid, Some(&id)), triple("30000", "153", "201326592"));
+    assert_eq!(limits(&agent, &uid, None), triple("30000", "153", "201326592"));
+
+    api.delete::<Pod>(Some("default"), "kept", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "kept", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let mut p = pod("lowmem", None);
+    // 60Mi of shared memory, charged to the pod's memory cgroup.
+    p.spec.as_mut().context("spec")?.containers[0].command = Some(vec![
+        "sh".into(),
+        "-c".into(),
+        "head -c 62914560 /dev/zero > /dev/shm/fill; touch /tmp/filled; trap 'exit 0' TERM; while true; do sleep 1; done"
+            .into(),
+    ]);
+    let created = api.create(&p)?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&api, &agent, "lowmem", 60, "running", running).await?;
+    let id = running_container(&cri, &uid).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cri.exec(&id, &["test", "-e", "/tmp/filled"]).await?.0 != 0 {
+        assert!(Instant::now() < deadline, "shared memory not filled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    resize(&api, "lowmem", json!({"requests": {"memory": "32Mi"}, "limits": {"memory": "48Mi"}})).await?;
+    let p = eventually(&api, &agent, "lowmem", 60, "PodResizeInProgress Error", |p| {
+        resize_condition(p, "PodResizeInProgress").is_some_and(|c| c["reason"] == "Error")
+    })
+    .await?;
+    let c = resize_condition(&p, "PodResizeInProgress").unwrap();
+    assert_eq!(c["message"], "Aborting attempt to set pod memory limit less than current memory usage for pod lowmem");
+    assert_eq!(c["observedGeneration"], 2);
+    let cs = container_status(&p);
+    // Allocated, not actuated: the kernel keeps the old limit, the container runs on.
+    assert_eq!(cs["allocatedResources"]["memory"], "32Mi");
+    assert_eq!(cs["resources"]["limits"]["memory"], "128Mi");
+    assert_eq!(cs["restartCount"], 0);
+    assert_eq!(running_container(&cri, &uid).await?, id);
+    assert_eq!(cgroup_file(&agent, "memory", &uid, Some(&id), "memory.limit_in_bytes"), "134217728");
+    assert_eq!(cgroup_file(&agent, "memory", &uid, None, "memory.limit_in_bytes"), "134217728");
+
+    api.delete::<Pod>(Some("default"), "lowmem", Some(2))?;
+    api.wait_for::<Pod>(Some("default"), "lowmem", Duration::from_mins(1), |p| p.is_none()).await?;
+    agent.shutdown(&cri).await
+}
