@@ -59,6 +59,8 @@ pub enum Error {
     EventApi(#[from] crate::event_api::Error),
     #[error("{0}")]
     Eviction(#[from] crate::eviction::thresholds::Errors),
+    #[error("{0}")]
+    ResourceManagers(#[from] crate::cm::resource_managers::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -345,7 +347,8 @@ async fn kube_client(path: &std::path::Path, qps: i32, burst: i32) -> Result<kub
 }
 
 /// Runs the agent until `shutdown` is cancelled.
-pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
     let client = match &cfg.kubeconfig {
         Some(path) => Some(kube_client(path, kc.kube_api_qps, kc.kube_api_burst).await?),
@@ -447,7 +450,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
-    let topology = crate::cm::topology::TopologyManager::default();
+    let managers = crate::cm::resource_managers::build(kc, &cfg.root_dir, std::path::Path::new("/sys"), &mut registry)?;
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -484,7 +487,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             cluster_domain: kc.cluster_domain.clone(),
             resolv_conf: kc.resolv_conf.clone(),
         })
-        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source))),
+        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
+        .with_container_lifecycle_hook(managers.cpu.clone())
+        .with_container_lifecycle_hook(managers.memory.clone()),
     );
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if client.is_some() {
@@ -778,6 +783,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         }
         Err(e) => tracing::error!(error = %e, "container log rotation is off"),
     }
+    let (pod_manager_view, status_view) = (pod_manager.clone(), status.clone());
     let sync_loop = SyncLoop {
         pod_manager,
         workers,
@@ -791,8 +797,14 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         rejected: std::sync::Mutex::default(),
         eviction,
         container_changes,
-        admit_handlers: vec![Arc::new(topology)],
+        admit_handlers: vec![Arc::new(managers.topology)],
     };
+    tracker.spawn(
+        managers
+            .cpu
+            .run(rt.clone(), crate::cm::resource_managers::active_pods(pod_manager_view, status_view), shutdown.clone())
+            .instrument(tracing::info_span!("cpu_manager")),
+    );
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),
     );

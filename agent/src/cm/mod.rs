@@ -18,16 +18,25 @@
 //! orphans found by [`PodContainerManager::list_pod_cgroups`] during housekeeping).
 //!
 //! Node allocatable enforcement ([`allocatable`]) happens in
-//! [`PodContainerManager::ensure_node_cgroups`]. The CPU/memory/topology managers,
-//! `MemoryQoS` and pod-level huge page limits are not implemented yet.
+//! [`PodContainerManager::ensure_node_cgroups`]. The resource managers: [`cpumanager`],
+//! [`memorymanager`] and the [`topology`] manager that aligns them at admission, over the
+//! [`machine_topology`] read from sysfs. `MemoryQoS` and pod-level huge page limits are not
+//! implemented yet.
 
 pub mod allocatable;
 pub mod cgroupfs;
+pub mod checkpoint;
 pub mod container_lifecycle;
+pub mod cpumanager;
+pub mod cpuset;
 pub mod fake;
+pub mod machine_topology;
+pub mod memorymanager;
+pub mod metrics;
 pub mod pod_resources;
 pub mod qos;
 pub mod quantity;
+pub mod resource_managers;
 pub mod resources;
 pub mod topology;
 

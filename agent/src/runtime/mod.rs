@@ -89,6 +89,11 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     async fn remove_container(&self, id: &str) -> Result<()>;
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>>;
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus>;
+    /// `UpdateContainerResources` with Linux resources (the CPU manager's cpuset updates).
+    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()> {
+        let _ = (id, linux);
+        Err(Error::Invalid("UpdateContainerResources is not supported by this runtime client".into()))
+    }
     /// `None` when the image is not present (the CRI answers with an empty response).
     async fn image_status(&self, image: &str) -> Result<Option<api::Image>>;
     /// Every image the runtime has.

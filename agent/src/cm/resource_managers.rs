@@ -1,0 +1,140 @@
+//! Builds the CPU, memory and topology managers from the `KubeletConfiguration` (upstream
+//! `NewContainerManager`'s part for them), so that the agent's wiring stays a few lines.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use prometheus_client::registry::Registry;
+
+use crate::cm::cpumanager::{ActivePods, CpuManager, CpuManagerConfig};
+use crate::cm::machine_topology::MachineTopology;
+use crate::cm::memorymanager::{MemoryManager, MemoryManagerConfig};
+use crate::cm::metrics::ResourceManagerMetrics;
+use crate::cm::quantity;
+use crate::cm::topology::{TopologyManager, TopologyManagerConfig};
+use crate::config::KubeletConfiguration;
+
+/// A resource manager that cannot start; the agent does not start either.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The machine's topology could not be read.
+    #[error("machine topology: {0}")]
+    Topology(#[from] crate::cm::machine_topology::Error),
+    /// The CPU manager refused the configuration or its checkpoint.
+    #[error("CPU manager: {0}")]
+    Cpu(#[from] crate::cm::cpumanager::Error),
+    /// The memory manager refused the configuration or its checkpoint.
+    #[error("memory manager: {0}")]
+    Memory(#[from] crate::cm::memorymanager::Error),
+    /// The topology manager refused the configuration.
+    #[error("topology manager: {0}")]
+    TopologyManager(String),
+}
+
+/// The managers, wired to each other.
+#[derive(Debug)]
+pub struct ResourceManagers {
+    /// The CPU manager (hint provider, container lifecycle hook, reconcile loop).
+    pub cpu: Arc<CpuManager>,
+    /// The memory manager (hint provider, container lifecycle hook).
+    pub memory: Arc<MemoryManager>,
+    /// The topology manager (admission), with both registered as hint providers.
+    pub topology: TopologyManager,
+}
+
+fn milli_cpu(list: &BTreeMap<String, String>) -> i64 {
+    list.get("cpu").and_then(|q| quantity::parse_milli_cpu(q).ok()).unwrap_or(0)
+}
+
+fn bytes(list: &BTreeMap<String, String>, key: &str) -> u64 {
+    list.get(key).and_then(|q| quantity::parse_bytes(q).ok()).unwrap_or(0).max(0) as u64
+}
+
+/// Reads the machine below `sysfs` and builds the managers.
+///
+/// # Errors
+/// [`Error`] with the manager's upstream message (checkpoint policy mismatch, bad
+/// `reservedSystemCPUs`, static policy without reserved CPUs, `reservedMemory` not
+/// matching node allocatable, unknown policy options, ...).
+pub fn build(
+    kc: &KubeletConfiguration,
+    root_dir: &Path,
+    sysfs: &Path,
+    registry: &mut Registry,
+) -> Result<ResourceManagers, Error> {
+    let topo = MachineTopology::detect(sysfs, &Path::new("/proc").join("meminfo"))?;
+    let metrics = Arc::new(ResourceManagerMetrics::new(registry));
+    let cpu = Arc::new(CpuManager::new(
+        &CpuManagerConfig {
+            policy: kc.cpu_manager_policy.clone(),
+            options: kc.cpu_manager_policy_options.clone(),
+            reserved_system_cpus: kc.reserved_system_cpus.clone(),
+            reserved_milli_cpu: milli_cpu(&kc.kube_reserved) + milli_cpu(&kc.system_reserved),
+            topology_policy: kc.topology_manager_policy.clone(),
+            feature_gates: kc.feature_gates.clone(),
+            reconcile_period: kc.cpu_manager_reconcile_period.to_std(),
+        },
+        topo.clone(),
+        root_dir,
+        Some(metrics.clone()),
+    )?);
+    let mut reserved_memory = BTreeMap::new();
+    for r in &kc.reserved_memory {
+        *reserved_memory.entry(r.numa_node.max(0) as usize).or_insert(0) += bytes(&r.limits, "memory");
+    }
+    // evictionHard memory.available counts only when absolute (a percentage is not a size).
+    let eviction = kc.eviction_hard.get("memory.available").filter(|v| !v.ends_with('%'));
+    let memory = Arc::new(MemoryManager::new(
+        &MemoryManagerConfig {
+            policy: kc.memory_manager_policy.clone(),
+            reserved_memory,
+            node_allocatable_reservation: bytes(&kc.kube_reserved, "memory")
+                + bytes(&kc.system_reserved, "memory")
+                + eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64,
+        },
+        &topo,
+        root_dir,
+    )?);
+    let mut topology = TopologyManager::new(
+        &TopologyManagerConfig {
+            policy: kc.topology_manager_policy.clone(),
+            scope: kc.topology_manager_scope.clone(),
+            options: kc.topology_manager_policy_options.clone(),
+            feature_gates: kc.feature_gates.clone(),
+        },
+        &topo,
+        Some(metrics),
+    )
+    .map_err(Error::TopologyManager)?;
+    topology.add_hint_provider(cpu.clone());
+    topology.add_hint_provider(memory.clone());
+    Ok(ResourceManagers { cpu, memory, topology })
+}
+
+/// Upstream's `server.go`: `reservedSystemCPUs` replaces the cpu of `kubeReserved` and
+/// `systemReserved` (systemReserved.cpu becomes the number of reserved CPUs), so node
+/// allocatable matches the CPUs pods can use.
+pub fn apply_reserved_system_cpus(kc: &mut KubeletConfiguration) {
+    let Ok(set) = crate::cm::cpuset::CpuSet::parse(&kc.reserved_system_cpus) else { return };
+    if set.is_empty() {
+        return;
+    }
+    kc.kube_reserved.remove("cpu");
+    kc.system_reserved.insert("cpu".into(), set.len().to_string());
+}
+
+/// The active pods: known to the pod manager and not in a terminal phase.
+#[must_use]
+pub fn active_pods(pods: crate::pod_manager::PodManager, status: Arc<dyn crate::status::StatusProvider>) -> ActivePods {
+    Arc::new(move || -> Vec<Pod> {
+        pods.pods()
+            .into_iter()
+            .filter(|p| {
+                let u = p.metadata.uid.as_deref().unwrap_or_default();
+                !status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
+            })
+            .collect()
+    })
+}
