@@ -1,1 +1,143 @@
+use super::*;
 
+const GIB: u64 = 1 << 30;
+
+/// Two NUMA nodes of 4 GiB.
+fn topo() -> MachineTopology {
+    MachineTopology::synthetic(2, 1, 2, 1, 4 * GIB)
+}
+
+fn cfg(reserved: &[(usize, u64)], allocatable_reservation: u64) -> MemoryManagerConfig {
+    MemoryManagerConfig {
+        policy: "Static".into(),
+        reserved_memory: reserved.iter().copied().collect(),
+        node_allocatable_reservation: allocatable_reservation,
+    }
+}
+
+fn ok_cfg() -> MemoryManagerConfig {
+    cfg(&[(0, GIB), (1, GIB)], 2 * GIB)
+}
+
+fn pod(uid: &str, memory: &str, guaranteed: bool) -> Pod {
+    let res = if guaranteed {
+        serde_json::json!({"requests": {"cpu": "1", "memory": memory}, "limits": {"cpu": "1", "memory": memory}})
+    } else {
+        serde_json::json!({"requests": {"memory": memory}})
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": uid, "uid": uid},
+        "spec": {"containers": [{"name": "app", "image": "x", "resources": res}]}
+    }))
+    .unwrap()
+}
+
+fn app(p: &Pod) -> &Container {
+    &p.spec.as_ref().unwrap().containers[0]
+}
+
+fn h(nodes: &[usize], preferred: bool) -> TopologyHint {
+    TopologyHint { affinity: Some(NumaMask::from_nodes(nodes.iter().copied())), preferred }
+}
+
+#[test]
+fn reserved_memory_must_match_node_allocatable() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = MemoryManager::new(&cfg(&[], 100 << 20), &topo(), dir.path()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "[memorymanager] the total amount \"0\" of type \"memory\" is not equal to the value \"100Mi\" determined by Node Allocatable feature"
+    );
+    let e = MemoryManager::new(&cfg(&[(5, GIB)], GIB), &topo(), dir.path()).unwrap_err().to_string();
+    assert!(e.contains("NUMA node 5 does not exist"), "{e}");
+    let e = MemoryManager::new(&cfg(&[(0, 5 * GIB)], 5 * GIB), &topo(), dir.path()).unwrap_err().to_string();
+    assert!(e.contains("reserves 5368709120 bytes of memory on NUMA node 0, which only has 4294967296"), "{e}");
+    let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    let table = &m.state().machine[&0].memory_map["memory"];
+    assert_eq!((table.total, table.system_reserved, table.allocatable, table.free), (4 * GIB, GIB, 3 * GIB, 3 * GIB));
+}
+
+#[test]
+fn guaranteed_containers_get_numa_memory_and_cpuset_mems() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    let small = pod("s", "2Gi", true);
+    assert_eq!(
+        m.get_topology_hints(&small, app(&small))["memory"],
+        vec![h(&[0], true), h(&[1], true), h(&[0, 1], false)]
+    );
+    m.allocate(&small, app(&small), &h(&[1], true)).unwrap();
+    assert_eq!(m.memory_numa_nodes("s", "app"), vec![1]);
+    let mut config = api::ContainerConfig::default();
+    m.pre_create_container(&small, app(&small), &mut config).unwrap();
+    assert_eq!(config.linux.unwrap().resources.unwrap().cpuset_mems, "1");
+    // Node 1 has 1 GiB left: a second 2 GiB container fits only node 0; node 1 being used
+    // alone, it cannot be grouped.
+    let next = pod("n", "2Gi", true);
+    assert_eq!(m.get_topology_hints(&next, app(&next))["memory"], vec![h(&[0], true)]);
+    // Bigger than any node: needs both, which node 1's single use forbids.
+    let big = pod("b", "5Gi", true);
+    assert!(m.get_topology_hints(&big, app(&big))["memory"].is_empty());
+    // Without affinity from the topology manager, the default (best) hint is used.
+    m.allocate(&next, app(&next), &TopologyHint::default()).unwrap();
+    assert_eq!(m.memory_numa_nodes("n", "app"), vec![0]);
+    // Burstable pods are not managed.
+    let b = pod("x", "1Gi", false);
+    assert!(m.get_topology_hints(&b, app(&b)).is_empty());
+    m.allocate(&b, app(&b), &TopologyHint::default()).unwrap();
+    assert!(m.memory_numa_nodes("x", "app").is_empty());
+}
+
+#[test]
+fn a_hint_too_small_is_extended_and_stale_pods_are_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    let big = pod("b", "5Gi", true);
+    assert_eq!(m.get_topology_hints(&big, app(&big))["memory"], vec![h(&[0, 1], true)]);
+    // best-effort may hand over node 0 alone: it is widened to both nodes.
+    m.allocate(&big, app(&big), &h(&[0], false)).unwrap();
+    assert_eq!(m.memory_numa_nodes("b", "app"), vec![0, 1]);
+    let s = m.state();
+    assert_eq!(s.machine[&0].cells, vec![0, 1]);
+    assert_eq!(s.machine[&0].memory_map["memory"].free + s.machine[&1].memory_map["memory"].free, GIB);
+    m.remove_stale(&[]);
+    let s = m.state();
+    assert!(s.assignments.is_empty());
+    assert_eq!(s.machine[&0].cells, vec![0]);
+    assert_eq!(s.machine[&1].memory_map["memory"].free, 3 * GIB);
+}
+
+#[test]
+fn the_checkpoint_round_trips_and_refuses_another_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    let p = pod("p", "1Gi", true);
+    m.allocate(&p, app(&p), &h(&[0], true)).unwrap();
+    let before = m.state();
+    drop(m);
+    let text = std::fs::read_to_string(dir.path().join(CHECKPOINT_NAME)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["policyName"], "Static");
+    assert_eq!(v["machineState"]["0"]["memoryMap"]["memory"]["reserved"], GIB);
+    assert_eq!(v["entries"]["p"]["app"][0]["numaAffinity"], serde_json::json!([0]));
+    assert!(v["checksum"].as_u64().is_some_and(|c| c > 0));
+    let again = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    assert_eq!(again.state(), before);
+    drop(again);
+    // Another reservation is another machine state.
+    let e = MemoryManager::new(&cfg(&[(0, 2 * GIB)], 2 * GIB), &topo(), dir.path()).unwrap_err().to_string();
+    assert!(e.contains("the expected machine state is different from the real one"), "{e}");
+    let e =
+        MemoryManager::new(&MemoryManagerConfig { policy: "None".into(), ..Default::default() }, &topo(), dir.path())
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("configured policy \"None\" differs from state checkpoint policy \"Static\""), "{e}");
+    // A tampered file fails its checksum.
+    std::fs::write(
+        dir.path().join(CHECKPOINT_NAME),
+        text.replace("\"numberOfAssignments\":1", "\"numberOfAssignments\":2"),
+    )
+    .unwrap();
+    let e = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap_err().to_string();
+    assert!(e.contains("checkpoint is corrupted"), "{e}");
+}
