@@ -784,6 +784,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Err(e) => tracing::error!(error = %e, "container log rotation is off"),
     }
     let (pod_manager_view, status_view) = (pod_manager.clone(), status.clone());
+    let sources = pod_manager.clone();
+    managers.topology.set_sources_ready(Box::new(move || sources.sources_ready()));
     let sync_loop = SyncLoop {
         pod_manager,
         workers,

@@ -5,7 +5,8 @@
 //! - static policy: a Guaranteed container with `cpu: 1` runs on CPU 1 alone; a Burstable
 //!   container started before it shrinks to CPU 0 (the reconcile loop's
 //!   `UpdateContainerResources`), and grows back to 0-1 once the Guaranteed pod is gone;
-//!   the checkpoint holds the assignment; a restart with another policy refuses to start.
+//!   the checkpoint holds the assignment and survives a crash of the agent; a restart with
+//!   another policy refuses to start.
 //! - topology admission: with `single-numa-node` and `restricted`, a Guaranteed pod asking
 //!   for more exclusive CPUs than are free has no NUMA hint and is refused with
 //!   `TopologyAffinityError`; a pod that fits is admitted next to it.
@@ -142,6 +143,17 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     assert!(state["checksum"].as_u64().is_some_and(|c| c > 0), "{state}");
     assert_eq!(agent.metric("kubelet_cpu_manager_pinning_requests_total").await? as u64, 1);
     assert_eq!(agent.metric("kubelet_cpu_manager_pinning_errors_total").await? as u64, 0);
+
+    // A crash and a restart keep the assignment: the pinned container is not restarted
+    // and stays alone on CPU 1.
+    agent.kill9()?;
+    agent.spawn().await?;
+    agent.wait_pod("pinned", t, running).await?;
+    assert_eq!(container_id(&cri, &pinned_uid).await?, pinned_container, "not restarted");
+    wait_cpus(&agent, &cri, &pinned_container, "1").await?;
+    wait_cpus(&agent, &cri, &shared_id, "0").await?;
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("cpu_manager_state"))?)?;
+    assert_eq!(state["entries"][&pinned_uid]["main"], "1", "{state}");
 
     // Gone: its CPU returns to the shared pool and the shared container grows back.
     agent.remove_manifest("pinned.json")?;

@@ -125,16 +125,22 @@ pub fn apply_reserved_system_cpus(kc: &mut KubeletConfiguration) {
     kc.system_reserved.insert("cpu".into(), set.len().to_string());
 }
 
-/// The active pods: known to the pod manager and not in a terminal phase.
+/// The active pods: known to the pod manager and not in a terminal phase; `None` until
+/// every pod source has delivered its pods.
 #[must_use]
 pub fn active_pods(pods: crate::pod_manager::PodManager, status: Arc<dyn crate::status::StatusProvider>) -> ActivePods {
-    Arc::new(move || -> Vec<Pod> {
-        pods.pods()
+    Arc::new(move || -> Option<Vec<Pod>> {
+        if !pods.sources_ready() {
+            return None;
+        }
+        let active = pods
+            .pods()
             .into_iter()
             .filter(|p| {
                 let u = p.metadata.uid.as_deref().unwrap_or_default();
                 !status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
             })
-            .collect()
+            .collect();
+        Some(active)
     })
 }

@@ -149,8 +149,9 @@ pub struct CpuManagerConfig {
     pub reconcile_period: Duration,
 }
 
-/// The active pods (admitted, not terminal), for stale-state removal.
-pub type ActivePods = Arc<dyn Fn() -> Vec<Pod> + Send + Sync>;
+/// The active pods (admitted, not terminal) for stale-state removal, or `None` while
+/// some pod source has not delivered its pods yet (nothing is stale then).
+pub type ActivePods = Arc<dyn Fn() -> Option<Vec<Pod>> + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -494,13 +495,19 @@ impl CpuManager {
         !stale.is_empty()
     }
 
-    /// One reconcile pass: removes stale state, then returns the running containers whose
-    /// cpuset must change as (container id, cpus). `running` holds (container id, pod UID,
-    /// container name) of the running containers.
-    pub fn reconcile_plan(&self, active: &[Pod], running: &[(String, String, String)]) -> Vec<(String, CpuSet)> {
+    /// One reconcile pass: removes stale state (when `active` is known), then returns the
+    /// running containers whose cpuset must change as (container id, cpus). `running`
+    /// holds (container id, pod UID, container name) of the running containers; only
+    /// containers of active pods are updated.
+    pub fn reconcile_plan(
+        &self,
+        active: Option<&[Pod]>,
+        running: &[(String, String, String)],
+    ) -> Vec<(String, CpuSet)> {
         if !self.is_static {
             return Vec::new();
         }
+        let Some(active) = active else { return Vec::new() };
         let mut inner = self.inner.lock().unwrap();
         if Self::remove_stale_locked(&mut inner, active) {
             self.save(&inner.state);
@@ -538,7 +545,7 @@ impl CpuManager {
 
     /// One reconcile pass against the runtime: lists running containers, updates those
     /// whose cpuset changed.
-    pub async fn reconcile(&self, rt: &dyn RuntimeService, active: &[Pod]) {
+    pub async fn reconcile(&self, rt: &dyn RuntimeService, active: Option<&[Pod]>) {
         use crate::runtime::labels;
         let filter = api::ContainerFilter {
             state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
@@ -583,7 +590,7 @@ impl CpuManager {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = tick.tick() => self.reconcile(rt.as_ref(), &active()).await,
+                _ = tick.tick() => self.reconcile(rt.as_ref(), active().as_deref()).await,
             }
         }
     }

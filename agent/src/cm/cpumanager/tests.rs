@@ -268,19 +268,24 @@ fn reconcile_moves_shared_containers_off_exclusive_cpus_and_back() {
     m.allocate(&g, container(&g, "app"), &any()).unwrap();
     m.pre_start_container(&g, container(&g, "app"), "cg").unwrap();
     let active = vec![shared.clone(), g.clone()];
-    let plan = m.reconcile_plan(&active, &running);
+    let plan = m.reconcile_plan(Some(&active), &running);
     let exclusive = m.cpu_affinity("g", "app");
     assert_eq!(plan, vec![("cs".to_owned(), set("0-15").difference(&exclusive))]);
     for (id, cpus) in plan {
         m.record_update(&id, cpus);
     }
-    assert!(m.reconcile_plan(&active, &running).is_empty(), "nothing changes twice");
+    assert!(m.reconcile_plan(Some(&active), &running).is_empty(), "nothing changes twice");
     // The Guaranteed pod is gone: its CPUs return and the shared container grows back.
-    let plan = m.reconcile_plan(std::slice::from_ref(&shared), &running[..1]);
+    let plan = m.reconcile_plan(Some(std::slice::from_ref(&shared)), &running[..1]);
     assert_eq!(plan, vec![("cs".to_owned(), set("0-15"))]);
     assert!(m.state().assignments.is_empty());
     // Containers of pods that are not active are left alone.
-    assert!(m.reconcile_plan(&[], &running[..1]).is_empty());
+    assert!(m.reconcile_plan(Some(&[]), &running[..1]).is_empty());
+    // Until the pod sources are ready nothing is stale and nothing is updated.
+    let g2 = pod("g2", &[("app", "2")], &[], false);
+    m.allocate(&g2, container(&g2, "app"), &any()).unwrap();
+    assert!(m.reconcile_plan(None, &running).is_empty());
+    assert_eq!(m.state().assignments.len(), 1);
 }
 
 #[test]

@@ -68,8 +68,11 @@ pub struct TopologyManagerConfig {
     pub feature_gates: BTreeMap<String, bool>,
 }
 
+/// Whether every pod source has delivered its pods (upstream `sourcesReady`).
+pub type SourcesReady = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// The topology manager (see the module docs of [`super`]).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct TopologyManager {
     providers: Vec<Arc<dyn HintProvider>>,
     policy: Policy,
@@ -81,6 +84,20 @@ pub struct TopologyManager {
     metrics: Option<Arc<ResourceManagerMetrics>>,
     /// The affinity chosen per (pod UID, container name), upstream's hint store.
     chosen: Mutex<HashMap<(String, String), TopologyHint>>,
+    /// Until every source has delivered its pods, no allocation is stale (a pod not
+    /// yet seen again after a restart keeps its CPUs), as upstream's `removeStaleState`.
+    sources_ready: std::sync::OnceLock<SourcesReady>,
+}
+
+impl std::fmt::Debug for TopologyManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopologyManager")
+            .field("policy", &self.policy)
+            .field("scope", &self.scope)
+            .field("options", &self.options)
+            .field("providers", &self.providers)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TopologyManager {
@@ -130,7 +147,14 @@ impl TopologyManager {
             distances,
             metrics,
             chosen: Mutex::default(),
+            sources_ready: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Tells the manager how to know that every pod source has delivered its pods; until
+    /// it is set and true, admission removes no stale allocations.
+    pub fn set_sources_ready(&self, ready: SourcesReady) {
+        let _ = self.sources_ready.set(ready);
     }
 
     /// Adds a hint provider (CPU, memory, device manager).
@@ -327,8 +351,14 @@ impl TopologyManager {
 
 impl crate::lifecycle::admission::PodAdmitHandler for TopologyManager {
     fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection> {
-        for p in &self.providers {
-            p.remove_stale(active);
+        // The pod being admitted is active too (upstream adds it to the pod manager
+        // first): a re-admission after a restart keeps its allocation.
+        if self.sources_ready.get().is_some_and(|ready| ready()) {
+            let mut live = active.to_vec();
+            live.push(pod.clone());
+            for p in &self.providers {
+                p.remove_stale(&live);
+            }
         }
         {
             let live: std::collections::HashSet<&str> =

@@ -152,7 +152,8 @@ struct Fake {
     pod_hints: Hints,
     refuse: Option<Rejection>,
     allocated: Mutex<Vec<(String, TopologyHint)>>,
-    stale_calls: Mutex<usize>,
+    /// The active pod UIDs of each `remove_stale` call.
+    stale_calls: Mutex<Vec<Vec<String>>>,
 }
 
 impl HintProvider for Fake {
@@ -169,8 +170,9 @@ impl HintProvider for Fake {
         self.allocated.lock().unwrap().push((c.name.clone(), *affinity));
         Ok(())
     }
-    fn remove_stale(&self, _: &[Pod]) {
-        *self.stale_calls.lock().unwrap() += 1;
+    fn remove_stale(&self, active: &[Pod]) {
+        let uids = active.iter().map(|p| p.metadata.uid.clone().unwrap_or_default()).collect();
+        self.stale_calls.lock().unwrap().push(uids);
     }
 }
 
@@ -196,9 +198,12 @@ fn admission_rejects_with_topology_affinity_error_and_counts_it() {
     assert_eq!(r.reason, "TopologyAffinityError");
     assert_eq!(r.message, "Resources cannot be allocated with Topology locality");
     assert!(fake.allocated.lock().unwrap().is_empty(), "nothing is allocated for a rejected pod");
-    assert_eq!(*fake.stale_calls.lock().unwrap(), 1);
-    assert_eq!(metrics.topology_manager_admission_requests.get(), 1);
-    assert_eq!(metrics.topology_manager_admission_errors.get(), 1);
+    assert!(fake.stale_calls.lock().unwrap().is_empty(), "nothing is stale before the sources are ready");
+    m.set_sources_ready(Box::new(|| true));
+    m.admit(&pod(), &[]).unwrap_err();
+    assert_eq!(*fake.stale_calls.lock().unwrap(), vec![vec!["u1".to_owned()]], "the admitted pod counts as active");
+    assert_eq!(metrics.topology_manager_admission_requests.get(), 2);
+    assert_eq!(metrics.topology_manager_admission_errors.get(), 2);
 }
 
 #[test]
