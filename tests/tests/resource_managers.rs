@@ -7,6 +7,9 @@
 //!   `UpdateContainerResources`), and grows back to 0-1 once the Guaranteed pod is gone;
 //!   the checkpoint holds the assignment and survives a crash of the agent; a restart with
 //!   another policy refuses to start.
+//! - memory manager `Static`: a Guaranteed container's memory is reserved on NUMA node 0
+//!   and its `cpuset.mems` set through CRI; `reservedMemory` that does not add up to node
+//!   allocatable's reservation stops the agent with upstream's message.
 //! - topology admission: with `single-numa-node` and `restricted`, a Guaranteed pod asking
 //!   for more exclusive CPUs than are free has no NUMA hint and is refused with
 //!   `TopologyAffinityError`; a pod that fits is admitted next to it.
@@ -106,6 +109,13 @@ async fn wait_cpus(agent: &Agent, cri: &Cri, id: &str, want: &str) -> Result<()>
     }
 }
 
+/// The Linux resources of a container's runtime spec (containerd's verbose status).
+async fn runtime_cpu_spec(cri: &Cri, id: &str) -> Result<Value> {
+    let status = cri.container_status(id).await?;
+    let info: Value = serde_json::from_str(status.info.get("info").context("no verbose info")?)?;
+    Ok(info["runtimeSpec"]["linux"]["resources"]["cpu"].clone())
+}
+
 async fn start(extra: &str) -> Result<(Agent, Cri)> {
     let cri = Cri::connect(&cri_endpoint()?)?;
     let agent =
@@ -134,6 +144,9 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     let pinned_container = container_id(&cri, &pinned_uid).await?;
     wait_cpus(&agent, &cri, &pinned_container, "1").await?;
     wait_cpus(&agent, &cri, &shared_id, "0").await?;
+    // The runtime was told (CreateContainer, then UpdateContainerResources).
+    assert_eq!(runtime_cpu_spec(&cri, &pinned_container).await?["cpus"], "1");
+    assert_eq!(runtime_cpu_spec(&cri, &shared_id).await?["cpus"], "0");
 
     // The checkpoint holds the assignment in upstream's format.
     let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("cpu_manager_state"))?)?;
@@ -223,4 +236,36 @@ async fn single_numa_node_rejects_what_does_not_fit_one_node() -> Result<()> {
 #[tokio::test]
 async fn restricted_rejects_what_has_no_preferred_hint() -> Result<()> {
     rejects_with_topology_affinity_error("restricted").await
+}
+
+#[tokio::test]
+async fn static_memory_policy_reserves_numa_memory_and_checks_reserved_memory() -> Result<()> {
+    let _g = testbed_lock().await;
+    // The test agent's evictionHard memory.available is 100Mi: reservedMemory must match.
+    let config = "memoryManagerPolicy: Static\nreservedMemory:\n- numaNode: 0\n  limits:\n    memory: 100Mi\n";
+    let (mut agent, cri) = start(config).await?;
+    let t = Duration::from_mins(1);
+    agent.write_manifest("mem.json", &manifest("mem", &guaranteed("500m")))?;
+    let p = agent.wait_pod("mem", t, running).await?;
+    let id = container_id(&cri, &uid(&p)).await?;
+    assert_eq!(runtime_cpu_spec(&cri, &id).await?["mems"], "0");
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("memory_manager_state"))?)?;
+    assert_eq!(state["policyName"], "Static");
+    let block = &state["entries"][uid(&p)]["main"][0];
+    assert_eq!(block["numaAffinity"], json!([0]), "{state}");
+    assert_eq!(block["size"], 32 << 20);
+    assert_eq!(state["machineState"]["0"]["memoryMap"]["memory"]["reserved"], 32 << 20);
+    assert_eq!(state["machineState"]["0"]["memoryMap"]["memory"]["systemReserved"], 100 << 20);
+
+    // A reservation that does not match node allocatable's stops the agent.
+    agent.stop()?;
+    agent.rewrite_config(|c| c.replace("memory: 100Mi\n", "memory: 200Mi\n"))?;
+    let err = agent.spawn().await.expect_err("a wrong reservedMemory must stop the agent").to_string();
+    assert!(
+        err.contains("is not equal to the value") && err.contains("determined by Node Allocatable feature"),
+        "{err}"
+    );
+    agent.rewrite_config(|c| c.replace("memory: 200Mi\n", "memory: 100Mi\n"))?;
+    agent.spawn().await?;
+    agent.shutdown(&cri).await
 }
