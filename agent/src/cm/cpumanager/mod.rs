@@ -199,22 +199,36 @@ pub fn guaranteed_cpus(pod: &Pod, container: &Container) -> usize {
     }
 }
 
-/// Exclusive CPUs of a pod: the largest init container's or the sum of the app
-/// containers', whichever is larger (upstream `podGuaranteedCPUs`).
+/// Exclusive CPUs of a pod (upstream `podGuaranteedCPUs`, with sidecars): the largest
+/// of each plain init container's plus the sidecars started before it, and the app
+/// containers' plus every sidecar's.
 #[must_use]
 pub fn pod_guaranteed_cpus(pod: &Pod) -> usize {
     let Some(spec) = pod.spec.as_ref() else { return 0 };
-    let init = spec.init_containers.iter().flatten().map(|c| guaranteed_cpus(pod, c)).max().unwrap_or(0);
+    let (mut init, mut sidecars) = (0, 0);
+    for c in spec.init_containers.iter().flatten() {
+        let n = guaranteed_cpus(pod, c);
+        if pod_resources::is_restartable_init_container(c) {
+            sidecars += n;
+        } else {
+            init = init.max(sidecars + n);
+        }
+    }
     let app: usize = spec.containers.iter().map(|c| guaranteed_cpus(pod, c)).sum();
-    init.max(app)
+    init.max(app + sidecars)
 }
 
 fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
+/// A plain init container: its CPUs are free again once it is done. A sidecar (a
+/// restartable init container) runs next to the app containers and is not.
 fn is_init_container(pod: &Pod, name: &str) -> bool {
-    pod.spec.as_ref().and_then(|s| s.init_containers.as_ref()).is_some_and(|v| v.iter().any(|c| c.name == name))
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|v| v.iter().any(|c| c.name == name && !pod_resources::is_restartable_init_container(c)))
 }
 
 impl CpuManager {

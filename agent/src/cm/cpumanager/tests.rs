@@ -198,6 +198,16 @@ fn app_containers_reuse_init_container_cpus_and_stale_pods_give_them_back() {
     m.remove_stale(&[]);
     assert!(m.state().assignments.is_empty());
     assert_eq!(m.state().default_cpuset, set("0-15"));
+    // A sidecar (restartable init container) runs next to the app: nothing is reused.
+    let mut s = pod("s", &[("app", "2")], &[("side", "2")], false);
+    s.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy = Some("Always".into());
+    m.allocate(&s, container(&s, "side"), &any()).unwrap();
+    m.allocate(&s, container(&s, "app"), &any()).unwrap();
+    assert!(m.cpu_affinity("s", "side").intersection(&m.cpu_affinity("s", "app")).is_empty());
+    assert_eq!(pod_guaranteed_cpus(&s), 4);
+    let mut mixed = pod("m", &[("app", "2")], &[("side", "2"), ("init", "3")], false);
+    mixed.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].restart_policy = Some("Always".into());
+    assert_eq!(pod_guaranteed_cpus(&mixed), 5, "the init runs next to the sidecar started before it");
 }
 
 #[test]

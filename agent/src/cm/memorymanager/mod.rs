@@ -242,11 +242,21 @@ fn requested_memory(pod: &Pod, container: &Container) -> Option<u64> {
     q.value().filter(|v| *v > 0).map(|v| v as u64)
 }
 
+/// The pod's memory as upstream's memory manager sums it (sidecars run next to the app
+/// containers; a plain init container next to the sidecars started before it).
 fn pod_requested_memory(pod: &Pod) -> Option<u64> {
     let spec = pod.spec.as_ref()?;
-    let init = spec.init_containers.iter().flatten().filter_map(|c| requested_memory(pod, c)).max().unwrap_or(0);
+    let (mut init, mut sidecars) = (0, 0);
+    for c in spec.init_containers.iter().flatten() {
+        let n = requested_memory(pod, c).unwrap_or(0);
+        if pod_resources::is_restartable_init_container(c) {
+            sidecars += n;
+        } else {
+            init = init.max(sidecars + n);
+        }
+    }
     let app: u64 = spec.containers.iter().filter_map(|c| requested_memory(pod, c)).sum();
-    Some(init.max(app)).filter(|v| *v > 0)
+    Some(init.max(app + sidecars)).filter(|v| *v > 0)
 }
 
 impl MemoryManager {
