@@ -469,9 +469,24 @@ impl CpuManager {
             }
         }
         for h in &mut hints {
-            h.preferred = h.affinity.is_some_and(|m| m.count() as usize == min_size);
+            let Some(mask) = h.affinity else { continue };
+            h.preferred = mask.count() as usize == min_size
+                || (self.options.align_by_socket && self.is_socket_aligned(mask, min_size));
         }
         hints
+    }
+
+    /// `align-by-socket`: a hint is also preferred when its NUMA nodes span exactly as many
+    /// sockets as the narrowest hint needs (upstream `isHintSocketAligned`).
+    fn is_socket_aligned(&self, mask: NumaMask, min_size: usize) -> bool {
+        let per_socket = self.topo.numa_nodes().len() / self.topo.sockets().len().max(1);
+        if per_socket == 0 {
+            return false;
+        }
+        let min_sockets = min_size.div_ceil(per_socket);
+        let sockets: std::collections::BTreeSet<usize> =
+            self.topo.cpus_in_numa_nodes(&mask.nodes()).iter().map(|c| self.topo.cpus[&c].socket).collect();
+        sockets.len() == min_sockets
     }
 
     /// Forgets assignments of containers not in `active` (upstream `removeStaleState`),

@@ -335,3 +335,23 @@ fn pinning_metrics_count_requests_and_errors() {
     assert_eq!(metrics.cpu_manager_pinning_requests.get(), 2);
     assert_eq!(metrics.cpu_manager_pinning_errors.get(), 1);
 }
+
+#[test]
+fn align_by_socket_prefers_hints_within_the_fewest_sockets() {
+    // 2 sockets × 2 NUMA nodes × 2 cores × 1 thread: node n = CPUs 2n, 2n+1.
+    let t = MachineTopology::synthetic(2, 2, 2, 1, 1 << 30);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = with_options(cfg("0"), &[("align-by-socket", "true")]);
+    c.feature_gates.insert("CPUManagerPolicyAlphaOptions".into(), true);
+    let m = CpuManager::new(&c, t, dir.path(), None).unwrap();
+    let p = pod("p", &[("app", "2")], &[], false);
+    let got = m.get_topology_hints(&p, container(&p, "app"))["cpu"].clone();
+    let preferred: Vec<Vec<usize>> = got.iter().filter(|h| h.preferred).map(|h| h.affinity.unwrap().nodes()).collect();
+    // Node 0 has one free CPU (0 is reserved): {1}, {2}, {3} fit alone; {0,1} spans one
+    // socket and is preferred too; {1,2} spans two and is not.
+    assert!(
+        preferred.contains(&vec![1]) && preferred.contains(&vec![0, 1]) && preferred.contains(&vec![2, 3]),
+        "{got:?}"
+    );
+    assert!(!preferred.contains(&vec![1, 2]), "{got:?}");
+}
