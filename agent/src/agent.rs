@@ -348,6 +348,9 @@ async fn kube_client(path: &std::path::Path, qps: i32, burst: i32) -> Result<kub
 
 /// Runs the agent until `shutdown` is cancelled.
 pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    // /configz shows the configuration as given; reservedSystemCPUs then replaces the
+    // reserved cpu everywhere else (upstream's server.go).
+    let configz = cfg.kubelet.to_configz_json();
     crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
     let client = match &cfg.kubeconfig {
@@ -623,7 +626,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Some(c) => endpoints.api_client(c.clone()),
         None => endpoints,
     };
-    let server = Server::new(ServerSettings::from_config(&cfg)?, endpoints)?;
+    let server = Server::new(ServerSettings { configz, ..ServerSettings::from_config(&cfg)? }, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);
     let (pleg_tx, pleg_rx) = mpsc::channel(1000);

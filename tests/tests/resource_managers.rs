@@ -154,6 +154,12 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     assert_eq!(state["defaultCpuSet"], "0");
     assert_eq!(state["entries"][&pinned_uid]["main"], "1");
     assert!(state["checksum"].as_u64().is_some_and(|c| c > 0), "{state}");
+    // /configz shows the configuration as given (the reserved CPU only moves into
+    // node allocatable).
+    let (_, configz) = agent.get("/configz").await?;
+    let configz: Value = serde_json::from_str(&configz)?;
+    assert_eq!(configz["kubeletconfig"]["reservedSystemCPUs"], "0");
+    assert!(configz["kubeletconfig"].get("systemReserved").is_none(), "{configz}");
     assert_eq!(agent.metric("kubelet_cpu_manager_pinning_requests_total").await? as u64, 1);
     assert_eq!(agent.metric("kubelet_cpu_manager_pinning_errors_total").await? as u64, 0);
 

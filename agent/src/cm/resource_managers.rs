@@ -144,3 +144,65 @@ pub fn active_pods(pods: crate::pod_manager::PodManager, status: Arc<dyn crate::
         Some(active)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sysfs() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let topo = MachineTopology::synthetic(1, 1, 2, 1, 1 << 30);
+        crate::cm::machine_topology::tests::write_sysfs(dir.path(), &topo);
+        dir
+    }
+
+    #[test]
+    fn reserved_system_cpus_replace_the_reserved_cpu() {
+        let mut kc = KubeletConfiguration {
+            reserved_system_cpus: "0,2-3".into(),
+            kube_reserved: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
+            ..KubeletConfiguration::default()
+        };
+        apply_reserved_system_cpus(&mut kc);
+        assert_eq!(kc.kube_reserved, BTreeMap::from([("memory".into(), "1Gi".into())]));
+        assert_eq!(kc.system_reserved, BTreeMap::from([("cpu".into(), "3".into())]));
+        let mut plain = KubeletConfiguration::default();
+        apply_reserved_system_cpus(&mut plain);
+        assert!(plain.system_reserved.is_empty());
+    }
+
+    #[test]
+    fn builds_the_managers_or_names_the_one_that_refuses() {
+        let sys = sysfs();
+        let root = tempfile::tempdir().unwrap();
+        let mut kc = KubeletConfiguration {
+            cpu_manager_policy: "static".into(),
+            reserved_system_cpus: "0".into(),
+            topology_manager_policy: "single-numa-node".into(),
+            ..KubeletConfiguration::default()
+        };
+        let m = build(&kc, root.path(), sys.path(), &mut Registry::default()).unwrap();
+        assert_eq!(m.cpu.reserved().to_string(), "0");
+        assert_eq!(m.topology.policy(), crate::cm::topology::Policy::SingleNumaNode);
+        assert!(root.path().join("cpu_manager_state").exists());
+        assert!(root.path().join("memory_manager_state").exists());
+        drop(m);
+        kc.reserved_system_cpus = String::new();
+        let other = tempfile::tempdir().unwrap();
+        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "CPU manager: [cpumanager] the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero"
+        );
+        kc.kube_reserved.insert("cpu".into(), "200m".into());
+        kc.topology_manager_policy_options.insert("bogus".into(), "1".into());
+        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        assert_eq!(e, "topology manager: unknown Topology Manager Policy option: \"bogus\"");
+        kc.topology_manager_policy_options.clear();
+        kc.memory_manager_policy = "Static".into();
+        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        assert!(e.starts_with("memory manager: [memorymanager] the total amount \"0\""), "{e}");
+        let e = build(&kc, other.path(), Path::new("/nonexistent"), &mut Registry::default()).unwrap_err().to_string();
+        assert!(e.starts_with("machine topology: reading /nonexistent/devices/system/cpu/online"), "{e}");
+    }
+}
