@@ -16,9 +16,9 @@
 //! a machine state that differs from the machine is a startup error.
 //!
 //! Limits: only the `memory` resource is managed (huge pages are not); init containers'
-//! reservations are not reused by app containers (upstream reuses them); the checksum
-//! is computed as upstream's but has not been checked against a file written by the
-//! kubelet.
+//! reservations are not reused by app containers (upstream reuses them). The checksum is
+//! upstream's (checked against upstream's test vector); upstream's newer "v3" layout
+//! (`data` + `dataChecksum`, pod-level entries) is not read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

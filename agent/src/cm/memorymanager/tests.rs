@@ -141,3 +141,13 @@ fn the_checkpoint_round_trips_and_refuses_another_policy() {
     let e = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap_err().to_string();
     assert!(e.contains("checkpoint is corrupted"), "{e}");
 }
+
+#[test]
+fn checksum_matches_upstreams_test_vector() {
+    // From upstream's state_checkpoint_test.go.
+    let file: CheckpointFile = serde_json::from_str(
+        r#"{"policyName":"static","machineState":{"0":{"numberOfAssignments":0,"memoryMap":{"memory":{"total":2048,"systemReserved":512,"allocatable":1536,"reserved":512,"free":1024}},"cells":[]}},"entries":{"pod":{"container1":[{"numaAffinity":[0],"type":"memory","size":512}]}},"checksum":4215593881}"#,
+    )
+    .unwrap();
+    assert_eq!(u64::from(file.checksum()), 4_215_593_881);
+}
