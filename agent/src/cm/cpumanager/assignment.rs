@@ -6,7 +6,8 @@
 //! already broken before breaking more). [`take_distributed`] is the
 //! `distribute-cpus-across-numa` variant: the request is spread evenly, in groups of
 //! `group` CPUs, over the fewest NUMA nodes that can hold it, choosing the nodes whose
-//! free CPUs stay the most balanced afterwards; each node's share is then taken packed.
+//! free CPUs stay the most balanced afterwards (upstream's "balance score"); each node's
+//! share is then taken packed.
 //! Upstream's uncore-cache step (`prefer-align-cpus-by-uncorecache`) is not implemented.
 
 use std::collections::BTreeMap;
@@ -145,59 +146,143 @@ pub fn take_packed(topo: &MachineTopology, available: &CpuSet, n: usize) -> Resu
     Ok(acc.result)
 }
 
-/// Takes `n` CPUs out of `available`, spread over NUMA nodes in groups of `group`
-/// (see the module docs). Falls back to [`take_packed`] when `n` is not a multiple of
-/// `group` or fits in one node.
+/// Takes `n` CPUs out of `available`, spread evenly over NUMA nodes in groups of
+/// `group` CPUs (upstream `takeByTopologyNUMADistributed`): for k = the fewest nodes that
+/// could hold the request up to the most it could need, every k-combination of nodes
+/// that can take an even share is scored by the standard deviation of the free CPUs
+/// every node keeps afterwards (trying each subset of the combination for the
+/// remainder); the best-balanced one is taken, each node's share packed. Falls back to
+/// [`take_packed`] when `n` is not a multiple of `group` or no combination works.
 ///
 /// # Errors
 /// [`Error::NotEnough`] when fewer than `n` are available.
 pub fn take_distributed(topo: &MachineTopology, available: &CpuSet, n: usize, group: usize) -> Result<CpuSet, Error> {
+    let group = group.max(1);
+    if !n.is_multiple_of(group) {
+        return take_packed(topo, available, n);
+    }
     if available.len() < n {
         return Err(Error::NotEnough { requested: n, available: available.len() });
     }
-    let group = group.max(1);
-    let nodes = topo.numa_nodes();
-    let free: Vec<(usize, CpuSet)> =
-        nodes.iter().map(|id| (*id, available.intersection(&topo.cpus_in_numa_nodes(&[*id])))).collect();
-    if !n.is_multiple_of(group) || free.iter().any(|(_, f)| f.len() >= n) {
-        return take_packed(topo, available, n);
+    if n == 0 {
+        return Ok(CpuSet::new());
     }
-    for k in 2..=free.len() {
-        let mut best: Option<(f64, Vec<(usize, usize)>)> = None;
-        for combo in combinations(free.len(), k) {
-            // Even shares in whole groups; the leftover groups go one by one to the nodes
-            // with the most free CPUs.
-            let groups = n / group;
-            let mut shares: Vec<(usize, usize)> = combo.iter().map(|i| (*i, groups / k * group)).collect();
-            let mut order: Vec<usize> = (0..k).collect();
-            order.sort_by_key(|j| std::cmp::Reverse(free[combo[*j]].1.len()));
-            for j in order.iter().take(groups % k) {
-                shares[*j].1 += group;
+    let free_of = |node: usize| available.intersection(&topo.cpus_in_numa_nodes(&[node]));
+    // Nodes with free CPUs, fewest free first (upstream sortAvailableNUMANodes).
+    let mut numas: Vec<usize> = topo.numa_nodes().into_iter().filter(|id| !free_of(*id).is_empty()).collect();
+    numas.sort_by_key(|id| (free_of(*id).len(), *id));
+    let free: BTreeMap<usize, usize> = numas.iter().map(|id| (*id, free_of(*id).len())).collect();
+    // Upstream rangeNUMANodesNeededToSatisfy.
+    let all_nodes = topo.numa_nodes().len().max(1);
+    let groups_total = (topo.cpus.len().max(1) - 1) / group + 1;
+    let groups_per_node = (groups_total - 1) / all_nodes + 1;
+    let groups_needed = (n - 1) / group + 1;
+    let min_k = (groups_needed - 1) / groups_per_node + 1;
+    let max_k = groups_needed.min(numas.len());
+    for k in min_k..=max_k {
+        let mut best: Option<(f64, Vec<usize>, Vec<usize>)> = None;
+        for combo in
+            combinations(numas.len(), k).into_iter().map(|c| c.into_iter().map(|i| numas[i]).collect::<Vec<_>>())
+        {
+            if best.as_ref().is_some_and(|(b, _, _)| *b == 0.0) {
+                break;
             }
-            if shares.iter().any(|(i, s)| free[*i].1.len() < *s) {
+            if combo.iter().map(|id| free[id]).sum::<usize>() < n
+                || combo.iter().map(|id| free[id] / group).sum::<usize>() * group < n
+            {
                 continue;
             }
-            // Balance: variance of every node's free CPUs after the allocation.
-            let left: Vec<f64> = free
-                .iter()
-                .enumerate()
-                .map(|(i, (_, f))| (f.len() - shares.iter().find(|(j, _)| *j == i).map_or(0, |s| s.1)) as f64)
-                .collect();
-            let mean = left.iter().sum::<f64>() / left.len() as f64;
-            let var = left.iter().map(|l| (l - mean) * (l - mean)).sum::<f64>() / left.len() as f64;
-            if best.as_ref().is_none_or(|(b, _)| var < *b) {
-                best = Some((var, shares));
+            let share = n / k / group * group;
+            if combo.iter().any(|id| free[id] < share) {
+                continue;
+            }
+            let mut after = free.clone();
+            for id in &combo {
+                *after.get_mut(id).unwrap() -= share;
+            }
+            let remainder = n - share * k;
+            let mut local: Option<(f64, Vec<usize>)> = None;
+            if remainder == 0 {
+                local = Some((std_dev(after.values()), Vec::new()));
+            }
+            let candidates: Vec<usize> = combo.iter().copied().filter(|id| after[id] >= group).collect();
+            for r in (1..=candidates.len()).rev() {
+                if remainder == 0 {
+                    break;
+                }
+                for subset in combinations(candidates.len(), r) {
+                    let subset: Vec<usize> = subset.into_iter().map(|i| candidates[i]).collect();
+                    if subset.iter().map(|id| after[id]).sum::<usize>() < remainder {
+                        continue;
+                    }
+                    let mut left = after.clone();
+                    let mut rem = remainder;
+                    while rem > 0 {
+                        let before = rem;
+                        for id in &subset {
+                            if rem > 0 && left[id] >= group {
+                                *left.get_mut(id).unwrap() -= group;
+                                rem -= group;
+                            }
+                        }
+                        if rem == before {
+                            break;
+                        }
+                    }
+                    if rem > 0 {
+                        continue;
+                    }
+                    let balance = std_dev(left.values());
+                    if local.as_ref().is_none_or(|(b, _)| balance < *b) {
+                        local = Some((balance, subset));
+                    }
+                }
+            }
+            if let Some((balance, subset)) = local
+                && best.as_ref().is_none_or(|(b, _, _)| balance < *b)
+            {
+                best = Some((balance, combo, subset));
             }
         }
-        if let Some((_, shares)) = best {
-            let mut result = CpuSet::new();
-            for (i, share) in shares {
-                result = result.union(&take_packed(topo, &free[i].1, share)?);
+        let Some((_, combo, subset)) = best else { continue };
+        let share = n / k / group * group;
+        let mut result = CpuSet::new();
+        let mut left: BTreeMap<usize, CpuSet> = combo.iter().map(|id| (*id, free_of(*id))).collect();
+        for id in &combo {
+            let taken = take_packed(topo, &left[id], share)?;
+            left.insert(*id, left[id].difference(&taken));
+            result = result.union(&taken);
+        }
+        let mut rem = n - share * k;
+        while rem > 0 {
+            let before = rem;
+            for id in &subset {
+                if rem > 0 && left[id].len() >= group {
+                    let taken = take_packed(topo, &left[id], group)?;
+                    left.insert(*id, left[id].difference(&taken));
+                    result = result.union(&taken);
+                    rem -= group;
+                }
             }
+            if rem == before {
+                break;
+            }
+        }
+        if rem == 0 {
             return Ok(result);
         }
     }
     take_packed(topo, available, n)
+}
+
+/// Population standard deviation.
+fn std_dev<'a>(values: impl Iterator<Item = &'a usize>) -> f64 {
+    let v: Vec<f64> = values.map(|x| *x as f64).collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / v.len() as f64).sqrt()
 }
 
 fn combinations(n: usize, k: usize) -> Vec<Vec<usize>> {
@@ -267,11 +352,34 @@ mod tests {
     fn distributed_spreads_over_numa_nodes() {
         let t = two_numa_smt();
         let all = t.all_cpus();
-        // Fits in one node: packed.
+        // Fits in one node: the node that stays the most balanced (here: equal, the first).
         assert_eq!(take_distributed(&t, &all, 4, 2).unwrap(), set("0-1,8-9"));
+        // Node 0 is partly used: one node of 4 goes to the freer node 1 (balance).
+        let busy = all.difference(&set("0-1,8-9"));
+        assert_eq!(take_distributed(&t, &busy, 4, 2).unwrap(), set("4-5,12-13"));
         // 12 CPUs: 6 per node, in whole cores.
         let got = take_distributed(&t, &all, 12, 2).unwrap();
         assert_eq!(got.intersection(&t.cpus_in_numa_nodes(&[0])).len(), 6);
         assert_eq!(got.intersection(&t.cpus_in_numa_nodes(&[1])).len(), 6);
+        assert!(
+            got.iter().all(|c| got.contains(t.cpus_in_core(t.cpus[&c].core).iter().next().unwrap())),
+            "whole cores"
+        );
+        // Four nodes of 4 CPUs, 6 asked: the fewest nodes that can hold it (2), an even
+        // share of 2 each and the remainder group on one of them, as upstream.
+        let four_numa = MachineTopology::synthetic(2, 2, 2, 2, 1 << 30);
+        let got = take_distributed(&four_numa, &four_numa.all_cpus(), 6, 2).unwrap();
+        let per_node: Vec<usize> =
+            (0..4).map(|n| got.intersection(&four_numa.cpus_in_numa_nodes(&[n])).len()).collect();
+        assert_eq!(per_node, vec![4, 2, 0, 0]);
+        // 8 CPUs while node 0 has only 2 free: the balance keeps the fuller nodes apart.
+        let busy = four_numa.all_cpus().difference(&four_numa.cpus_in_numa_nodes(&[0])).union(&set("0,8"));
+        let got = take_distributed(&four_numa, &busy, 8, 2).unwrap();
+        let per_node: Vec<usize> =
+            (0..4).map(|n| got.intersection(&four_numa.cpus_in_numa_nodes(&[n])).len()).collect();
+        assert_eq!(per_node.iter().sum::<usize>(), 8);
+        assert_eq!(per_node[0], 0, "the busy node is left alone: {per_node:?}");
+        // Not a multiple of the group: packed.
+        assert_eq!(take_distributed(&t, &all, 3, 2).unwrap(), take_packed(&t, &all, 3).unwrap());
     }
 }
