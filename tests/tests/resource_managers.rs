@@ -12,7 +12,8 @@
 //!   allocatable's reservation stops the agent with upstream's message.
 //! - topology admission: with `single-numa-node` and `restricted`, a Guaranteed pod asking
 //!   for more exclusive CPUs than are free has no NUMA hint and is refused with
-//!   `TopologyAffinityError`; a pod that fits is admitted next to it.
+//!   `TopologyAffinityError`; a pod that fits is admitted next to it. Without a topology
+//!   policy the CPU manager's own refusal rejects it (`UnexpectedAdmissionError`).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -273,5 +274,23 @@ async fn static_memory_policy_reserves_numa_memory_and_checks_reserved_memory() 
     );
     agent.rewrite_config(|c| c.replace("memory: 200Mi\n", "memory: 100Mi\n"))?;
     agent.spawn().await?;
+    agent.shutdown(&cri).await
+}
+
+#[tokio::test]
+async fn without_a_topology_policy_the_cpu_manager_refusal_rejects_the_pod() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = start(STATIC).await?;
+    agent.write_manifest("big.json", &manifest("big", &guaranteed("2")))?;
+    let big = agent.wait_pod("big", Duration::from_mins(1), |p| p["status"]["phase"] == "Failed").await?;
+    assert_eq!(big["status"]["reason"], "UnexpectedAdmissionError", "{}", big["status"]);
+    assert_eq!(
+        big["status"]["message"],
+        "Pod was rejected: Allocate failed due to not enough cpus available to satisfy request: requested=2, available=1, which is unexpected"
+    );
+    assert_eq!(agent.metric("kubelet_cpu_manager_pinning_errors_total").await? as u64, 1);
+    assert_eq!(agent.metric("kubelet_topology_manager_admission_errors_total").await? as u64, 1);
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("cpu_manager_state"))?)?;
+    assert_eq!(state["defaultCpuSet"], "0-1", "a refused pod takes nothing: {state}");
     agent.shutdown(&cri).await
 }
