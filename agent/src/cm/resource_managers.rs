@@ -64,7 +64,19 @@ pub fn build(
     sysfs: &Path,
     registry: &mut Registry,
 ) -> Result<ResourceManagers, Error> {
-    let topo = MachineTopology::detect(sysfs, &Path::new("/proc").join("meminfo"))?;
+    let topo = match MachineTopology::detect(sysfs, &Path::new("/proc").join("meminfo")) {
+        Ok(t) => t,
+        // Without a policy that places anything the topology is not needed.
+        Err(e)
+            if matches!(kc.cpu_manager_policy.as_str(), "" | "none")
+                && matches!(kc.memory_manager_policy.as_str(), "" | "None")
+                && matches!(kc.topology_manager_policy.as_str(), "" | "none") =>
+        {
+            tracing::warn!(error = %e, "cannot read the machine topology; the resource managers have nothing to place");
+            MachineTopology::default()
+        }
+        Err(e) => return Err(e.into()),
+    };
     let metrics = Arc::new(ResourceManagerMetrics::new(registry));
     let cpu = Arc::new(CpuManager::new(
         &CpuManagerConfig {
@@ -204,5 +216,9 @@ mod tests {
         assert!(e.starts_with("memory manager: [memorymanager] the total amount \"0\""), "{e}");
         let e = build(&kc, other.path(), Path::new("/nonexistent"), &mut Registry::default()).unwrap_err().to_string();
         assert!(e.starts_with("machine topology: reading /nonexistent/devices/system/cpu/online"), "{e}");
+        // With nothing to place, an unreadable topology is only a warning.
+        let plain = KubeletConfiguration::default();
+        let fresh = tempfile::tempdir().unwrap();
+        assert!(build(&plain, fresh.path(), Path::new("/nonexistent"), &mut Registry::default()).is_ok());
     }
 }
