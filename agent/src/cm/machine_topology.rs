@@ -4,7 +4,8 @@
 //! Sources, below an injectable sysfs root (`/sys` on a real node, a temporary tree in
 //! unit tests): `devices/system/cpu/online`, each online CPU's
 //! `cpu<N>/topology/{physical_package_id,core_id}`, and each NUMA node's
-//! `devices/system/node/node<N>/{cpulist,meminfo,distance}`. A kernel without NUMA nodes in
+//! `devices/system/node/node<N>/{cpulist,meminfo,distance}` and the node's huge pages
+//! (`hugepages/hugepages-<size>kB/nr_hugepages`). A kernel without NUMA nodes in
 //! sysfs is one node 0 holding every CPU and `/proc/meminfo`'s memory, as cAdvisor does.
 //!
 //! A physical core is identified, as upstream, by the lowest CPU id among its threads:
@@ -36,6 +37,21 @@ pub struct MachineTopology {
     /// NUMA distances: `distances[a][i]` is the distance from node `a` to the `i`-th node
     /// (ascending ids), as the node's `distance` file lists them.
     pub distances: BTreeMap<usize, Vec<u64>>,
+    /// Huge pages of each NUMA node: resource name (`hugepages-2Mi`) → bytes.
+    pub numa_hugepages: BTreeMap<usize, BTreeMap<String, u64>>,
+}
+
+/// The resource name of a huge page size given in KiB (`2048` → `hugepages-2Mi`).
+#[must_use]
+pub fn hugepage_resource(kib: u64) -> String {
+    let size = if kib.is_multiple_of(1 << 20) {
+        format!("{}Gi", kib >> 20)
+    } else if kib.is_multiple_of(1 << 10) {
+        format!("{}Mi", kib >> 10)
+    } else {
+        format!("{kib}Ki")
+    };
+    format!("hugepages-{size}")
 }
 
 /// Reading the topology failed.
@@ -97,6 +113,7 @@ impl MachineTopology {
         let mut node_of_cpu = BTreeMap::new();
         let mut numa_memory = BTreeMap::new();
         let mut distances = BTreeMap::new();
+        let mut numa_hugepages = BTreeMap::new();
         if let Ok(entries) = std::fs::read_dir(&node_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
@@ -112,6 +129,17 @@ impl MachineTopology {
                 if let Ok(text) = std::fs::read_to_string(dir.join("distance")) {
                     distances.insert(id, text.split_whitespace().filter_map(|d| d.parse().ok()).collect());
                 }
+                let mut pages = BTreeMap::new();
+                for e in std::fs::read_dir(dir.join("hugepages")).into_iter().flatten().flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let Some(kib) = name.strip_prefix("hugepages-").and_then(|n| n.strip_suffix("kB")) else {
+                        continue;
+                    };
+                    let Ok(kib) = kib.parse::<u64>() else { continue };
+                    let count = read_num(&e.path().join("nr_hugepages"))? as u64;
+                    pages.insert(hugepage_resource(kib), count * kib * 1024);
+                }
+                numa_hugepages.insert(id, pages);
             }
         }
         if numa_memory.is_empty() {
@@ -142,7 +170,7 @@ impl MachineTopology {
                 (cpu, info)
             })
             .collect();
-        Ok(Self { cpus, numa_memory, distances })
+        Ok(Self { cpus, numa_memory, distances, numa_hugepages })
     }
 
     /// A synthetic machine: `sockets` × `numa_per_socket` NUMA nodes × `cores_per_numa`
@@ -167,7 +195,24 @@ impl MachineTopology {
         let nodes = sockets * numa_per_socket;
         let numa_memory = (0..nodes).map(|n| (n, mem_per_node)).collect();
         let distances = (0..nodes).map(|a| (a, (0..nodes).map(|b| if a == b { 10 } else { 20 }).collect())).collect();
-        Self { cpus, numa_memory, distances }
+        Self { cpus, numa_memory, distances, numa_hugepages: BTreeMap::new() }
+    }
+
+    /// The memory types of a NUMA node: `memory`, then its huge page sizes.
+    #[must_use]
+    pub fn memory_types(&self, node: usize) -> Vec<String> {
+        std::iter::once("memory".to_owned())
+            .chain(self.numa_hugepages.get(&node).into_iter().flat_map(|m| m.keys().cloned()))
+            .collect()
+    }
+
+    /// Bytes of a memory type (`memory`, `hugepages-2Mi`) on a NUMA node (0 if none).
+    #[must_use]
+    pub fn memory_of(&self, node: usize, kind: &str) -> u64 {
+        if kind == "memory" {
+            return self.numa_memory.get(&node).copied().unwrap_or(0);
+        }
+        self.numa_hugepages.get(&node).and_then(|m| m.get(kind)).copied().unwrap_or(0)
     }
 
     /// Every CPU.
@@ -260,12 +305,26 @@ pub(crate) mod tests {
             .unwrap();
             let d: Vec<String> = topo.numa_nodes().iter().map(|b| topo.distance(node, *b).to_string()).collect();
             std::fs::write(dir.join("distance"), d.join(" ") + "\n").unwrap();
+            for (name, bytes) in topo.numa_hugepages.get(&node).into_iter().flatten() {
+                let kib = match name.trim_start_matches("hugepages-") {
+                    "2Mi" => 2048,
+                    "1Gi" => 1 << 20,
+                    other => panic!("test sizes only: {other}"),
+                };
+                let d = dir.join(format!("hugepages/hugepages-{kib}kB"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("nr_hugepages"), format!("{}\n", bytes / (kib * 1024))).unwrap();
+            }
         }
     }
 
     #[test]
     fn reads_a_two_socket_two_numa_smt_machine() {
-        let want = MachineTopology::synthetic(2, 1, 4, 2, 8 << 30);
+        let mut want = MachineTopology::synthetic(2, 1, 4, 2, 8 << 30);
+        for n in 0..2 {
+            want.numa_hugepages
+                .insert(n, BTreeMap::from([("hugepages-2Mi".to_owned(), 64 << 20), ("hugepages-1Gi".to_owned(), 0)]));
+        }
         let dir = tempfile::tempdir().unwrap();
         write_sysfs(dir.path(), &want);
         let got = MachineTopology::detect(dir.path(), Path::new("/nonexistent")).unwrap();
@@ -277,6 +336,12 @@ pub(crate) mod tests {
         assert_eq!(got.cpus_in_core(5).to_string(), "5,13");
         assert_eq!(got.distance(0, 1), 20);
         assert_eq!(got.distance(1, 1), 10);
+        assert_eq!(got.memory_types(1), ["memory", "hugepages-1Gi", "hugepages-2Mi"]);
+        assert_eq!(got.memory_of(1, "hugepages-2Mi"), 64 << 20);
+        assert_eq!(got.memory_of(1, "memory"), 8 << 30);
+        assert_eq!(hugepage_resource(2048), "hugepages-2Mi");
+        assert_eq!(hugepage_resource(1 << 20), "hugepages-1Gi");
+        assert_eq!(hugepage_resource(64), "hugepages-64Ki");
     }
 
     #[test]

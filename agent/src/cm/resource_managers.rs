@@ -92,19 +92,33 @@ pub fn build(
         root_dir,
         Some(metrics.clone()),
     )?);
-    let mut reserved_memory = BTreeMap::new();
+    let mut reserved_memory: BTreeMap<usize, BTreeMap<String, u64>> = BTreeMap::new();
     for r in &kc.reserved_memory {
-        *reserved_memory.entry(r.numa_node.max(0) as usize).or_insert(0) += bytes(&r.limits, "memory");
+        let node = reserved_memory.entry(r.numa_node.max(0) as usize).or_default();
+        for kind in r.limits.keys() {
+            *node.entry(kind.clone()).or_default() += bytes(&r.limits, kind);
+        }
     }
-    // evictionHard memory.available counts only when absolute (a percentage is not a size).
+    // Node allocatable's reservation per memory type (upstream's
+    // nodeAllocatableReservation): kube + system reserved, plus the hard eviction
+    // threshold for memory (absolute only: a percentage is not a size).
     let eviction = kc.eviction_hard.get("memory.available").filter(|v| !v.ends_with('%'));
+    let mut node_allocatable_reservation = BTreeMap::new();
+    for kind in kc.kube_reserved.keys().chain(kc.system_reserved.keys()).filter(|k| k.starts_with("hugepages-")) {
+        node_allocatable_reservation
+            .insert(kind.clone(), bytes(&kc.kube_reserved, kind) + bytes(&kc.system_reserved, kind));
+    }
+    let memory = bytes(&kc.kube_reserved, "memory")
+        + bytes(&kc.system_reserved, "memory")
+        + eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64;
+    if memory > 0 {
+        node_allocatable_reservation.insert("memory".to_owned(), memory);
+    }
     let memory = Arc::new(MemoryManager::new(
         &MemoryManagerConfig {
             policy: kc.memory_manager_policy.clone(),
             reserved_memory,
-            node_allocatable_reservation: bytes(&kc.kube_reserved, "memory")
-                + bytes(&kc.system_reserved, "memory")
-                + eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64,
+            node_allocatable_reservation,
         },
         &topo,
         root_dir,

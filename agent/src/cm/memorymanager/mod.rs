@@ -15,8 +15,11 @@
 //! machineState, entries, checksum), restored at start; a checkpoint of another policy or
 //! a machine state that differs from the machine is a startup error.
 //!
-//! Limits: only the `memory` resource is managed (huge pages are not); init containers'
-//! reservations are not reused by app containers (upstream reuses them). The checksum is
+//! Huge pages (`hugepages-<size>` requests, the nodes' `nr_hugepages`, `reservedMemory`
+//! limits of those types) are managed like `memory`, one block per type.
+//!
+//! Limits: init containers' reservations are not reused by app containers (upstream
+//! reuses them). The checksum is
 //! upstream's (checked against upstream's test vector); upstream's newer "v3" layout
 //! (`data` + `dataChecksum`, pod-level entries) is not read.
 
@@ -203,11 +206,19 @@ impl CheckpointFile {
 pub struct MemoryManagerConfig {
     /// `memoryManagerPolicy`: `None` or `Static`.
     pub policy: String,
-    /// `reservedMemory`: NUMA node → bytes of `memory`.
-    pub reserved_memory: BTreeMap<usize, u64>,
-    /// kubeReserved.memory + systemReserved.memory + evictionHard `memory.available`
-    /// (absolute), bytes.
-    pub node_allocatable_reservation: u64,
+    /// `reservedMemory`: NUMA node → memory type (`memory`, `hugepages-2Mi`, ...) → bytes.
+    pub reserved_memory: BTreeMap<usize, Requests>,
+    /// Node allocatable's reservation per memory type: for `memory`, kubeReserved +
+    /// systemReserved + evictionHard `memory.available` (absolute); for huge pages,
+    /// kubeReserved + systemReserved. Bytes.
+    pub node_allocatable_reservation: Requests,
+}
+
+/// Bytes per memory type (`memory`, `hugepages-<size>`).
+pub type Requests = BTreeMap<String, u64>;
+
+fn is_memory_type(name: &str) -> bool {
+    name == MEMORY || name.starts_with(pod_resources::HUGEPAGES_PREFIX)
 }
 
 /// The memory manager.
@@ -233,30 +244,53 @@ fn uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
-/// The container's memory request when the pod is Guaranteed, else `None`.
-fn requested_memory(pod: &Pod, container: &Container) -> Option<u64> {
+/// The container's memory and huge page requests when the pod is Guaranteed, else
+/// `None` (upstream `getRequestedResources`).
+fn requested_memory(pod: &Pod, container: &Container) -> Option<Requests> {
     if qos_class(pod) != QosClass::Guaranteed {
         return None;
     }
-    let q = pod_resources::get(&pod_resources::container_requests(container), pod_resources::MEMORY);
-    q.value().filter(|v| *v > 0).map(|v| v as u64)
+    let r: Requests = pod_resources::container_requests(container)
+        .into_iter()
+        .filter(|(name, _)| is_memory_type(name))
+        .filter_map(|(name, q)| Some((name, q.value().filter(|v| *v > 0)? as u64)))
+        .collect();
+    Some(r).filter(|r| !r.is_empty())
 }
 
-/// The pod's memory as upstream's memory manager sums it (sidecars run next to the app
-/// containers; a plain init container next to the sidecars started before it).
-fn pod_requested_memory(pod: &Pod) -> Option<u64> {
+/// The pod's memory as upstream's memory manager sums it, per type (sidecars run next
+/// to the app containers; a plain init container next to the sidecars started before it).
+fn pod_requested_memory(pod: &Pod) -> Option<Requests> {
     let spec = pod.spec.as_ref()?;
-    let (mut init, mut sidecars) = (0, 0);
+    let add = |into: &mut Requests, r: &Requests| {
+        for (k, v) in r {
+            *into.entry(k.clone()).or_default() += v;
+        }
+    };
+    let (mut init, mut sidecars) = (Requests::new(), Requests::new());
     for c in spec.init_containers.iter().flatten() {
-        let n = requested_memory(pod, c).unwrap_or(0);
+        let r = requested_memory(pod, c).unwrap_or_default();
         if pod_resources::is_restartable_init_container(c) {
-            sidecars += n;
+            add(&mut sidecars, &r);
         } else {
-            init = init.max(sidecars + n);
+            let mut with = sidecars.clone();
+            add(&mut with, &r);
+            for (k, v) in with {
+                let e = init.entry(k).or_default();
+                *e = (*e).max(v);
+            }
         }
     }
-    let app: u64 = spec.containers.iter().filter_map(|c| requested_memory(pod, c)).sum();
-    Some(init.max(app + sidecars)).filter(|v| *v > 0)
+    let mut long_running = sidecars;
+    for c in &spec.containers {
+        add(&mut long_running, &requested_memory(pod, c).unwrap_or_default());
+    }
+    for (k, v) in init {
+        let e = long_running.entry(k).or_default();
+        *e = (*e).max(v);
+    }
+    long_running.retain(|_, v| *v > 0);
+    Some(long_running).filter(|r| !r.is_empty())
 }
 
 impl MemoryManager {
@@ -276,40 +310,56 @@ impl MemoryManager {
         let path = root_dir.join(CHECKPOINT_NAME);
         let mut machine = BTreeMap::new();
         if is_static {
-            let total: u64 = cfg.reserved_memory.values().sum();
-            if total != cfg.node_allocatable_reservation {
-                return Err(Error::Config(format!(
-                    "the total amount {:?} of type \"memory\" is not equal to the value {:?} determined by Node Allocatable feature",
-                    bytes_text(total),
-                    bytes_text(cfg.node_allocatable_reservation)
-                )));
+            let mut totals = Requests::new();
+            for per_type in cfg.reserved_memory.values() {
+                for (k, v) in per_type {
+                    *totals.entry(k.clone()).or_default() += v;
+                }
             }
-            for (node, bytes) in &cfg.reserved_memory {
-                let Some(have) = topo.numa_memory.get(node) else {
+            let types: std::collections::BTreeSet<&String> =
+                totals.keys().chain(cfg.node_allocatable_reservation.keys().filter(|k| is_memory_type(k))).collect();
+            for kind in types {
+                let (reserved, wanted) = (
+                    totals.get(kind).copied().unwrap_or(0),
+                    cfg.node_allocatable_reservation.get(kind).copied().unwrap_or(0),
+                );
+                if reserved != wanted {
                     return Err(Error::Config(format!(
-                        "reservedMemory: NUMA node {node} does not exist on this machine"
-                    )));
-                };
-                if bytes > have {
-                    return Err(Error::Config(format!(
-                        "kubelet config reserves {bytes} bytes of memory on NUMA node {node}, which only has {have}"
+                        "the total amount {:?} of type {kind:?} is not equal to the value {:?} determined by Node Allocatable feature",
+                        bytes_text(reserved),
+                        bytes_text(wanted)
                     )));
                 }
             }
+            if totals.get(MEMORY).copied().unwrap_or(0) == 0 {
+                return Err(Error::Config("you should specify the system reserved memory".into()));
+            }
+            for (node, per_type) in &cfg.reserved_memory {
+                if !nodes.contains(node) {
+                    return Err(Error::Config(format!(
+                        "reservedMemory: NUMA node {node} does not exist on this machine"
+                    )));
+                }
+                for (kind, bytes) in per_type {
+                    let have = topo.memory_of(*node, kind);
+                    if *bytes > have {
+                        return Err(Error::Config(format!(
+                            "kubelet config reserves {bytes} bytes of {kind} on NUMA node {node}, which only has {have}"
+                        )));
+                    }
+                }
+            }
             for n in &nodes {
-                let total = topo.numa_memory.get(n).copied().unwrap_or(0);
-                let reserved = cfg.reserved_memory.get(n).copied().unwrap_or(0);
-                let alloc = total - reserved;
-                let table =
-                    MemoryTable { total, system_reserved: reserved, allocatable: alloc, reserved: 0, free: alloc };
-                machine.insert(
-                    *n,
-                    NodeState {
-                        number_of_assignments: 0,
-                        memory_map: BTreeMap::from([(MEMORY.into(), table)]),
-                        cells: vec![*n],
-                    },
-                );
+                let mut memory_map = BTreeMap::new();
+                for kind in topo.memory_types(*n) {
+                    let total = topo.memory_of(*n, &kind);
+                    let reserved = cfg.reserved_memory.get(n).and_then(|r| r.get(&kind)).copied().unwrap_or(0);
+                    let alloc = total - reserved;
+                    let table =
+                        MemoryTable { total, system_reserved: reserved, allocatable: alloc, reserved: 0, free: alloc };
+                    memory_map.insert(kind, table);
+                }
+                machine.insert(*n, NodeState { number_of_assignments: 0, memory_map, cells: vec![*n] });
             }
         }
         let policy_name = if is_static { "Static" } else { "None" };
@@ -379,14 +429,14 @@ impl MemoryManager {
         v
     }
 
-    /// Upstream `calculateHints` for `request` bytes.
-    fn calculate_hints(&self, s: &MemoryState, request: u64) -> Vec<TopologyHint> {
+    /// Upstream `calculateHints`: the node groups that can hold every requested type.
+    fn calculate_hints(&self, s: &MemoryState, requests: &Requests) -> Vec<TopologyHint> {
         let mut min_size = self.nodes.len() as u32;
         let mut hints = Vec::new();
         'masks: for mask in iterate_masks(&self.nodes) {
             let bits = mask.nodes();
             let single = bits.len() == 1;
-            let (mut free, mut alloc) = (0, 0);
+            let (mut free, mut alloc) = (Requests::new(), Requests::new());
             for n in &bits {
                 let Some(st) = s.machine.get(n) else { continue 'masks };
                 if single && st.cells.len() > 1 {
@@ -395,15 +445,17 @@ impl MemoryManager {
                 if !single && st.number_of_assignments > 0 && (st.cells.len() == 1 || st.cells != bits) {
                     continue 'masks;
                 }
-                let t = st.memory_map.get(MEMORY).cloned().unwrap_or_default();
-                free += t.free;
-                alloc += t.allocatable;
+                for kind in requests.keys() {
+                    let t = st.memory_map.get(kind).cloned().unwrap_or_default();
+                    *free.entry(kind.clone()).or_default() += t.free;
+                    *alloc.entry(kind.clone()).or_default() += t.allocatable;
+                }
             }
-            if alloc < request {
+            if requests.iter().any(|(k, v)| alloc.get(k).copied().unwrap_or(0) < *v) {
                 continue;
             }
             min_size = min_size.min(mask.count());
-            if free < request {
+            if requests.iter().any(|(k, v)| free.get(k).copied().unwrap_or(0) < *v) {
                 continue;
             }
             hints.push(TopologyHint { affinity: Some(mask), preferred: false });
@@ -433,7 +485,7 @@ impl MemoryManager {
     }
 
     fn allocate_static(&self, pod: &Pod, container: &Container, hint: &TopologyHint) -> Result<(), String> {
-        let Some(request) = requested_memory(pod, container) else { return Ok(()) };
+        let Some(requests) = requested_memory(pod, container) else { return Ok(()) };
         let mut s = self.state.lock().unwrap();
         let uid = uid(pod);
         if s.assignments.get(&uid).is_some_and(|m| m.contains_key(&container.name)) {
@@ -441,7 +493,7 @@ impl MemoryManager {
         }
         let mut best = *hint;
         if best.affinity.is_none() {
-            let default = Self::best_hint(&self.calculate_hints(&s, request)).ok_or_else(|| {
+            let default = Self::best_hint(&self.calculate_hints(&s, &requests)).ok_or_else(|| {
                 "[memorymanager] failed to get the default NUMA affinity, no NUMA nodes with enough memory is available"
                     .to_owned()
             })?;
@@ -451,13 +503,13 @@ impl MemoryManager {
             best = default;
         }
         let mask = best.affinity.unwrap_or_default();
-        let free_in = |m: NumaMask| -> u64 {
-            m.nodes().iter().filter_map(|n| s.machine.get(n)?.memory_map.get(MEMORY)).map(|t| t.free).sum()
+        let free_in = |m: NumaMask, kind: &str| -> u64 {
+            m.nodes().iter().filter_map(|n| s.machine.get(n)?.memory_map.get(kind)).map(|t| t.free).sum()
         };
-        if free_in(mask) < request {
+        if requests.iter().any(|(k, v)| free_in(mask, k) < *v) {
             // Upstream extendTopologyManagerHint: the best hint that contains the mask.
             let wider: Vec<TopologyHint> = self
-                .calculate_hints(&s, request)
+                .calculate_hints(&s, &requests)
                 .into_iter()
                 .filter(|h| h.affinity.is_some_and(|a| a.and(mask) == mask))
                 .collect();
@@ -470,21 +522,24 @@ impl MemoryManager {
             best = ext;
         }
         let bits = best.affinity.unwrap_or_default().nodes();
-        let mut left = request;
-        for n in &bits {
-            let Some(st) = s.machine.get_mut(n) else { continue };
-            st.number_of_assignments += 1;
-            st.cells.clone_from(&bits);
-            let Some(t) = st.memory_map.get_mut(MEMORY) else { continue };
-            let take = left.min(t.free);
-            t.reserved += take;
-            t.free -= take;
-            left -= take;
+        let mut blocks = Vec::new();
+        // One block per type; every node of the group counts one assignment per type,
+        // as upstream.
+        for (kind, size) in &requests {
+            let mut left = *size;
+            for n in &bits {
+                let Some(st) = s.machine.get_mut(n) else { continue };
+                st.number_of_assignments += 1;
+                st.cells.clone_from(&bits);
+                let Some(t) = st.memory_map.get_mut(kind) else { continue };
+                let take = left.min(t.free);
+                t.reserved += take;
+                t.free -= take;
+                left -= take;
+            }
+            blocks.push(Block { numa_affinity: bits.clone(), kind: kind.clone(), size: *size });
         }
-        s.assignments
-            .entry(uid)
-            .or_default()
-            .insert(container.name.clone(), vec![Block { numa_affinity: bits, kind: MEMORY.into(), size: request }]);
+        s.assignments.entry(uid).or_default().insert(container.name.clone(), blocks);
         self.save(&s, "Static");
         Ok(())
     }
@@ -515,14 +570,14 @@ impl MemoryManager {
 /// The restored machine state must describe the same machine (totals, reservations,
 /// allocatable) and account exactly for the restored assignments.
 fn validate(s: &MemoryState, expected: &BTreeMap<usize, NodeState>) -> Result<(), String> {
-    let mut reserved: HashMap<usize, u64> = HashMap::new();
+    let mut reserved: HashMap<(usize, String), u64> = HashMap::new();
     for blocks in s.assignments.values().flat_map(BTreeMap::values) {
         for b in blocks {
             // Attribute a block to its nodes in order, as allocation fills them.
             let mut left = b.size;
             for n in &b.numa_affinity {
-                let cap = expected.get(n).and_then(|st| st.memory_map.get(MEMORY)).map_or(0, |t| t.allocatable);
-                let used = reserved.entry(*n).or_default();
+                let cap = expected.get(n).and_then(|st| st.memory_map.get(&b.kind)).map_or(0, |t| t.allocatable);
+                let used = reserved.entry((*n, b.kind.clone())).or_default();
                 let take = left.min(cap.saturating_sub(*used));
                 *used += take;
                 left -= take;
@@ -531,11 +586,16 @@ fn validate(s: &MemoryState, expected: &BTreeMap<usize, NodeState>) -> Result<()
     }
     for (n, want) in expected {
         let Some(got) = s.machine.get(n) else { return Err(format!("NUMA node {n} is missing from the state")) };
-        let (w, g) = (&want.memory_map[MEMORY], got.memory_map.get(MEMORY).cloned().unwrap_or_default());
-        if (w.total, w.system_reserved, w.allocatable) != (g.total, g.system_reserved, g.allocatable)
-            || g.reserved != reserved.get(n).copied().unwrap_or(0)
-        {
+        if got.memory_map.keys().ne(want.memory_map.keys()) {
             return Err("the expected machine state is different from the real one".into());
+        }
+        for (kind, w) in &want.memory_map {
+            let g = &got.memory_map[kind];
+            if (w.total, w.system_reserved, w.allocatable) != (g.total, g.system_reserved, g.allocatable)
+                || g.reserved != reserved.get(&(*n, kind.clone())).copied().unwrap_or(0)
+            {
+                return Err("the expected machine state is different from the real one".into());
+            }
         }
     }
     Ok(())
@@ -547,16 +607,20 @@ impl HintProvider for MemoryManager {
         if !self.is_static {
             return hints;
         }
-        let Some(request) = requested_memory(pod, container) else { return hints };
+        let Some(requests) = requested_memory(pod, container) else { return hints };
         let s = self.state.lock().unwrap();
-        let list = match s.assignments.get(&uid(pod)).and_then(|m| m.get(&container.name)) {
-            Some(blocks) => {
-                let nodes: Vec<usize> = blocks.iter().flat_map(|b| b.numa_affinity.clone()).collect();
-                vec![TopologyHint { affinity: Some(NumaMask::from_nodes(nodes)), preferred: true }]
+        if let Some(blocks) = s.assignments.get(&uid(pod)).and_then(|m| m.get(&container.name)) {
+            // Already allocated (a re-admission): the hint is where it is.
+            for b in blocks {
+                let mask = NumaMask::from_nodes(b.numa_affinity.iter().copied());
+                hints.insert(b.kind.clone(), vec![TopologyHint { affinity: Some(mask), preferred: true }]);
             }
-            None => self.calculate_hints(&s, request),
-        };
-        hints.insert(MEMORY.into(), list);
+            return hints;
+        }
+        let list = self.calculate_hints(&s, &requests);
+        for kind in requests.keys() {
+            hints.insert(kind.clone(), list.clone());
+        }
         hints
     }
 
@@ -565,19 +629,21 @@ impl HintProvider for MemoryManager {
         if !self.is_static || qos_class(pod) != QosClass::Guaranteed {
             return hints;
         }
-        let Some(request) = pod_requested_memory(pod) else { return hints };
+        let Some(requests) = pod_requested_memory(pod) else { return hints };
         let s = self.state.lock().unwrap();
-        let assigned: Vec<usize> = s
-            .assignments
-            .get(&uid(pod))
-            .map(|m| m.values().flatten().flat_map(|b| b.numa_affinity.clone()).collect())
-            .unwrap_or_default();
-        let list = if assigned.is_empty() {
-            self.calculate_hints(&s, request)
-        } else {
-            vec![TopologyHint { affinity: Some(NumaMask::from_nodes(assigned)), preferred: true }]
-        };
-        hints.insert(MEMORY.into(), list);
+        let assigned: Vec<&Block> =
+            s.assignments.get(&uid(pod)).map(|m| m.values().flatten().collect()).unwrap_or_default();
+        if !assigned.is_empty() {
+            for b in assigned {
+                let mask = NumaMask::from_nodes(b.numa_affinity.iter().copied());
+                hints.insert(b.kind.clone(), vec![TopologyHint { affinity: Some(mask), preferred: true }]);
+            }
+            return hints;
+        }
+        let list = self.calculate_hints(&s, &requests);
+        for kind in requests.keys() {
+            hints.insert(kind.clone(), list.clone());
+        }
         hints
     }
 

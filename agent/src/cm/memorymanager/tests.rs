@@ -10,8 +10,12 @@ fn topo() -> MachineTopology {
 fn cfg(reserved: &[(usize, u64)], allocatable_reservation: u64) -> MemoryManagerConfig {
     MemoryManagerConfig {
         policy: "Static".into(),
-        reserved_memory: reserved.iter().copied().collect(),
-        node_allocatable_reservation: allocatable_reservation,
+        reserved_memory: reserved.iter().map(|(n, b)| (*n, Requests::from([("memory".to_owned(), *b)]))).collect(),
+        node_allocatable_reservation: if allocatable_reservation > 0 {
+            Requests::from([("memory".to_owned(), allocatable_reservation)])
+        } else {
+            Requests::new()
+        },
     }
 }
 
@@ -52,6 +56,8 @@ fn reserved_memory_must_match_node_allocatable() {
     assert!(e.contains("NUMA node 5 does not exist"), "{e}");
     let e = MemoryManager::new(&cfg(&[(0, 5 * GIB)], 5 * GIB), &topo(), dir.path()).unwrap_err().to_string();
     assert!(e.contains("reserves 5368709120 bytes of memory on NUMA node 0, which only has 4294967296"), "{e}");
+    let e = MemoryManager::new(&cfg(&[], 0), &topo(), dir.path()).unwrap_err().to_string();
+    assert_eq!(e, "[memorymanager] you should specify the system reserved memory");
     let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
     let table = &m.state().machine[&0].memory_map["memory"];
     assert_eq!((table.total, table.system_reserved, table.allocatable, table.free), (4 * GIB, GIB, 3 * GIB, 3 * GIB));
@@ -150,4 +156,47 @@ fn checksum_matches_upstreams_test_vector() {
     )
     .unwrap();
     assert_eq!(u64::from(file.checksum()), 4_215_593_881);
+}
+
+#[test]
+fn huge_pages_are_placed_like_memory() {
+    let mut machine = topo();
+    machine.numa_hugepages.insert(0, Requests::from([("hugepages-2Mi".to_owned(), 0)]));
+    machine.numa_hugepages.insert(1, Requests::from([("hugepages-2Mi".to_owned(), GIB)]));
+    let dir = tempfile::tempdir().unwrap();
+    // Reserving huge pages that node allocatable does not reserve is refused.
+    let mut bad = ok_cfg();
+    bad.reserved_memory.get_mut(&1).unwrap().insert("hugepages-2Mi".into(), 2 << 20);
+    let err = MemoryManager::new(&bad, &machine, dir.path()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "[memorymanager] the total amount \"2Mi\" of type \"hugepages-2Mi\" is not equal to the value \"0\" determined by Node Allocatable feature"
+    );
+    let m = MemoryManager::new(&ok_cfg(), &machine, dir.path()).unwrap();
+    assert_eq!(m.state().machine[&1].memory_map["hugepages-2Mi"].allocatable, GIB);
+    let mut hp = pod("h", "1Gi", true);
+    let res = hp.spec.as_mut().unwrap().containers[0].resources.as_mut().unwrap();
+    for list in [res.requests.as_mut().unwrap(), res.limits.as_mut().unwrap()] {
+        list.insert("hugepages-2Mi".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("512Mi".into()));
+    }
+    let hints = m.get_topology_hints(&hp, app(&hp));
+    assert_eq!(hints["hugepages-2Mi"], vec![h(&[1], true), h(&[0, 1], false)]);
+    assert_eq!(hints["memory"], hints["hugepages-2Mi"], "one list for every type");
+    m.allocate(&hp, app(&hp), &TopologyHint::default()).unwrap();
+    assert_eq!(m.memory_numa_nodes("h", "app"), vec![1]);
+    let state = m.state();
+    let blocks = &state.assignments["h"]["app"];
+    assert_eq!(
+        blocks.iter().map(|b| (b.kind.as_str(), b.size)).collect::<Vec<_>>(),
+        [("hugepages-2Mi", 512 << 20), ("memory", GIB)]
+    );
+    assert_eq!(state.machine[&1].memory_map["hugepages-2Mi"].free, 512 << 20);
+    assert_eq!(state.machine[&1].number_of_assignments, 2, "one per type, as upstream");
+    drop(m);
+    // The state with huge pages survives a restart, and is released with the pod.
+    let again = MemoryManager::new(&ok_cfg(), &machine, dir.path()).unwrap();
+    assert_eq!(again.state(), state);
+    again.remove_stale(&[]);
+    assert_eq!(again.state().machine[&1].memory_map["hugepages-2Mi"].free, GIB);
+    assert_eq!(again.state().machine[&1].number_of_assignments, 0);
 }
