@@ -12,7 +12,8 @@
 //!   allocatable's reservation stops the agent with upstream's message.
 //! - topology admission: with `single-numa-node` and `restricted`, a Guaranteed pod asking
 //!   for more exclusive CPUs than are free has no NUMA hint and is refused with
-//!   `TopologyAffinityError`; a pod that fits is admitted next to it. Without a topology
+//!   `TopologyAffinityError`, and with scope `pod` so is a pod of two one-CPU containers
+//!   (each would fit alone); a pod that fits is admitted next to it and gets the CPU. Without a topology
 //!   policy the CPU manager's own refusal rejects it (`UnexpectedAdmissionError`).
 
 use std::path::{Path, PathBuf};
@@ -213,13 +214,28 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     agent.shutdown(&cri).await
 }
 
-async fn rejects_with_topology_affinity_error(policy: &str) -> Result<()> {
+/// Two Guaranteed containers of one exclusive CPU each.
+fn two_container_manifest(name: &str) -> String {
+    let c = |n: &str| {
+        json!({"name": n, "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
+               "command": ["sh", "-c", "sleep 3600"], "resources": guaranteed("1")})
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [c("a"), c("b")]}
+    })
+    .to_string()
+}
+
+async fn rejects_with_topology_affinity_error(policy: &str, scope: &str, big: &str) -> Result<()> {
     let _g = testbed_lock().await;
-    let (agent, cri) = start(&format!("{STATIC}topologyManagerPolicy: {policy}\n")).await?;
+    let (agent, cri) =
+        start(&format!("{STATIC}topologyManagerPolicy: {policy}\ntopologyManagerScope: {scope}\n")).await?;
     let t = Duration::from_mins(1);
 
     // Two exclusive CPUs while one is free: no NUMA node can hold them.
-    agent.write_manifest("big.json", &manifest("big", &guaranteed("2")))?;
+    agent.write_manifest("big.json", big)?;
     let big = agent.wait_pod("big", t, |p| p["status"]["phase"] == "Failed").await?;
     assert_eq!(big["status"]["reason"], "TopologyAffinityError", "{}", big["status"]);
     assert_eq!(big["status"]["message"], "Pod was rejected: Resources cannot be allocated with Topology locality");
@@ -237,12 +253,18 @@ async fn rejects_with_topology_affinity_error(policy: &str) -> Result<()> {
 
 #[tokio::test]
 async fn single_numa_node_rejects_what_does_not_fit_one_node() -> Result<()> {
-    rejects_with_topology_affinity_error("single-numa-node").await
+    rejects_with_topology_affinity_error("single-numa-node", "container", &manifest("big", &guaranteed("2"))).await
 }
 
 #[tokio::test]
 async fn restricted_rejects_what_has_no_preferred_hint() -> Result<()> {
-    rejects_with_topology_affinity_error("restricted").await
+    rejects_with_topology_affinity_error("restricted", "container", &manifest("big", &guaranteed("2"))).await
+}
+
+#[tokio::test]
+async fn pod_scope_rejects_a_pod_whose_containers_together_do_not_fit() -> Result<()> {
+    // Each container alone would fit; the pod's hint is for both.
+    rejects_with_topology_affinity_error("single-numa-node", "pod", &two_container_manifest("big")).await
 }
 
 #[tokio::test]
