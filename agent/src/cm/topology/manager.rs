@@ -86,6 +86,7 @@ pub struct TopologyManager {
     chosen: Mutex<HashMap<(String, String), TopologyHint>>,
     /// Until every source has delivered its pods, no allocation is stale (a pod not
     /// yet seen again after a restart keeps its CPUs), as upstream's `removeStaleState`.
+    /// Unset (a manager outside the agent, e.g. in tests) means ready.
     sources_ready: std::sync::OnceLock<SourcesReady>,
 }
 
@@ -151,8 +152,8 @@ impl TopologyManager {
         })
     }
 
-    /// Tells the manager how to know that every pod source has delivered its pods; until
-    /// it is set and true, admission removes no stale allocations.
+    /// Tells the manager how to know that every pod source has delivered its pods; while
+    /// it says no, admission removes no stale allocations. Set once, before admitting.
     pub fn set_sources_ready(&self, ready: SourcesReady) {
         let _ = self.sources_ready.set(ready);
     }
@@ -353,7 +354,7 @@ impl crate::lifecycle::admission::PodAdmitHandler for TopologyManager {
     fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection> {
         // The pod being admitted is active too (upstream adds it to the pod manager
         // first): a re-admission after a restart keeps its allocation.
-        if self.sources_ready.get().is_some_and(|ready| ready()) {
+        if self.sources_ready.get().is_none_or(|ready| ready()) {
             let mut live = active.to_vec();
             live.push(pod.clone());
             for p in &self.providers {

@@ -198,12 +198,24 @@ fn admission_rejects_with_topology_affinity_error_and_counts_it() {
     assert_eq!(r.reason, "TopologyAffinityError");
     assert_eq!(r.message, "Resources cannot be allocated with Topology locality");
     assert!(fake.allocated.lock().unwrap().is_empty(), "nothing is allocated for a rejected pod");
-    assert!(fake.stale_calls.lock().unwrap().is_empty(), "nothing is stale before the sources are ready");
-    m.set_sources_ready(Box::new(|| true));
-    m.admit(&pod(), &[]).unwrap_err();
     assert_eq!(*fake.stale_calls.lock().unwrap(), vec![vec!["u1".to_owned()]], "the admitted pod counts as active");
-    assert_eq!(metrics.topology_manager_admission_requests.get(), 2);
-    assert_eq!(metrics.topology_manager_admission_errors.get(), 2);
+    assert_eq!(metrics.topology_manager_admission_requests.get(), 1);
+    assert_eq!(metrics.topology_manager_admission_errors.get(), 1);
+}
+
+#[test]
+fn nothing_is_stale_until_the_pod_sources_are_ready() {
+    let mut m = manager("best-effort", "container", &two_nodes());
+    let fake = Arc::new(Fake::default());
+    m.add_hint_provider(fake.clone());
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ready.clone();
+    m.set_sources_ready(Box::new(move || flag.load(std::sync::atomic::Ordering::Relaxed)));
+    m.admit(&pod(), &[]).unwrap();
+    assert!(fake.stale_calls.lock().unwrap().is_empty());
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    m.admit(&pod(), &[]).unwrap();
+    assert_eq!(fake.stale_calls.lock().unwrap().len(), 1);
 }
 
 #[test]
