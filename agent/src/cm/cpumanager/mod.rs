@@ -158,8 +158,6 @@ struct Inner {
     state: CpuState,
     /// Per pod: CPUs of its init containers that its app containers may reuse.
     cpus_to_reuse: HashMap<String, CpuSet>,
-    /// Running containers: id → (pod UID, container name).
-    containers: HashMap<String, (String, String)>,
     /// The cpuset last written to each container id by the reconcile loop.
     last_update: HashMap<String, CpuSet>,
 }
@@ -552,7 +550,6 @@ impl CpuManager {
             if !known {
                 continue;
             }
-            inner.containers.insert(id.clone(), (pod_uid.clone(), name.clone()));
             let want = self.affinity_locked(&inner.state, pod_uid, name);
             if want.is_empty() {
                 tracing::warn!(container = %id, "CPU manager: reconcile found an empty cpuset; skipping");
@@ -786,7 +783,6 @@ impl ContainerLifecycleHook for CpuManager {
     fn pre_start_container(&self, pod: &Pod, container: &Container, container_id: &str) -> Result<(), String> {
         let mut inner = self.inner.lock().unwrap();
         let cpus = self.affinity_locked(&inner.state, &uid(pod), &container.name);
-        inner.containers.insert(container_id.to_owned(), (uid(pod), container.name.clone()));
         if !cpus.is_empty() {
             inner.last_update.insert(container_id.to_owned(), cpus);
         }
@@ -795,7 +791,6 @@ impl ContainerLifecycleHook for CpuManager {
 
     fn post_stop_container(&self, container_id: &str) {
         let mut inner = self.inner.lock().unwrap();
-        inner.containers.remove(container_id);
         inner.last_update.remove(container_id);
     }
 }
