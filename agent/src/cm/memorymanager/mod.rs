@@ -18,8 +18,8 @@
 //! Huge pages (`hugepages-<size>` requests, the nodes' `nr_hugepages`, `reservedMemory`
 //! limits of those types) are managed like `memory`, one block per type.
 //!
-//! Limits: init containers' reservations are not reused by app containers (upstream
-//! reuses them). The checksum is
+//! App containers reuse what the pod's finished init containers reserved on the same
+//! nodes (the init containers' blocks shrink by what was reused, as upstream). The checksum is
 //! upstream's (checked against upstream's test vector); upstream's newer "v3" layout
 //! (`data` + `dataChecksum`, pod-level entries) is not read.
 
@@ -228,6 +228,21 @@ pub struct MemoryManager {
     nodes: Vec<usize>,
     path: PathBuf,
     state: Mutex<MemoryState>,
+    /// Memory of a pod's finished init containers its app containers may reuse:
+    /// (NUMA nodes, type) → bytes (upstream `initContainersReusableMemory`; one pod at a
+    /// time, as pods are admitted one by one).
+    reusable: Mutex<HashMap<String, Reusable>>,
+}
+
+/// Reusable bytes of one pod by (NUMA nodes, type).
+type Reusable = HashMap<(Vec<usize>, String), u64>;
+
+/// A plain init container (not a sidecar): its memory is free again once it is done.
+fn is_plain_init_container(pod: &Pod, name: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|v| v.iter().any(|c| c.name == name && !pod_resources::is_restartable_init_container(c)))
 }
 
 /// Kubernetes quantity text of a byte count (binary suffix when exact).
@@ -388,7 +403,7 @@ impl MemoryManager {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => MemoryState { machine, assignments: BTreeMap::new() },
             Err(e) => return Err(Error::State { path, reason: e.to_string() }),
         };
-        let m = Self { is_static, nodes, path, state: Mutex::new(state) };
+        let m = Self { is_static, nodes, path, state: Mutex::new(state), reusable: Mutex::default() };
         m.save(&m.state.lock().unwrap(), policy_name);
         Ok(m)
     }
@@ -429,8 +444,29 @@ impl MemoryManager {
         v
     }
 
-    /// Upstream `calculateHints`: the node groups that can hold every requested type.
-    fn calculate_hints(&self, s: &MemoryState, requests: &Requests) -> Vec<TopologyHint> {
+    /// Bytes of `kind` the pod's init containers left on exactly `nodes`.
+    fn reusable(&self, pod_uid: &str, nodes: &[usize], kind: &str) -> u64 {
+        let r = self.reusable.lock().unwrap();
+        r.get(pod_uid).and_then(|m| m.get(&(nodes.to_vec(), kind.to_owned()))).copied().unwrap_or(0)
+    }
+
+    /// Upstream `updatePodReusableMemory`: an init container's blocks become reusable, an
+    /// app container's blocks use them up.
+    fn update_reusable(&self, pod: &Pod, container: &str, blocks: &[Block]) {
+        let uid = uid(pod);
+        let mut r = self.reusable.lock().unwrap();
+        r.retain(|u, _| *u == uid);
+        let entry = r.entry(uid).or_default();
+        let init = is_plain_init_container(pod, container);
+        for b in blocks {
+            let slot = entry.entry((b.numa_affinity.clone(), b.kind.clone())).or_default();
+            *slot = if init { (*slot).max(b.size) } else { slot.saturating_sub(b.size) };
+        }
+    }
+
+    /// Upstream `calculateHints`: the node groups that can hold every requested type
+    /// (counting what the pod's init containers leave behind on that group).
+    fn calculate_hints(&self, s: &MemoryState, pod_uid: &str, requests: &Requests) -> Vec<TopologyHint> {
         let mut min_size = self.nodes.len() as u32;
         let mut hints = Vec::new();
         'masks: for mask in iterate_masks(&self.nodes) {
@@ -455,7 +491,7 @@ impl MemoryManager {
                 continue;
             }
             min_size = min_size.min(mask.count());
-            if requests.iter().any(|(k, v)| free.get(k).copied().unwrap_or(0) < *v) {
+            if requests.iter().any(|(k, v)| free.get(k).copied().unwrap_or(0) + self.reusable(pod_uid, &bits, k) < *v) {
                 continue;
             }
             hints.push(TopologyHint { affinity: Some(mask), preferred: false });
@@ -488,12 +524,13 @@ impl MemoryManager {
         let Some(requests) = requested_memory(pod, container) else { return Ok(()) };
         let mut s = self.state.lock().unwrap();
         let uid = uid(pod);
-        if s.assignments.get(&uid).is_some_and(|m| m.contains_key(&container.name)) {
+        if let Some(blocks) = s.assignments.get(&uid).and_then(|m| m.get(&container.name)).cloned() {
+            self.update_reusable(pod, &container.name, &blocks);
             return Ok(());
         }
         let mut best = *hint;
         if best.affinity.is_none() {
-            let default = Self::best_hint(&self.calculate_hints(&s, &requests)).ok_or_else(|| {
+            let default = Self::best_hint(&self.calculate_hints(&s, &uid, &requests)).ok_or_else(|| {
                 "[memorymanager] failed to get the default NUMA affinity, no NUMA nodes with enough memory is available"
                     .to_owned()
             })?;
@@ -504,12 +541,14 @@ impl MemoryManager {
         }
         let mask = best.affinity.unwrap_or_default();
         let free_in = |m: NumaMask, kind: &str| -> u64 {
-            m.nodes().iter().filter_map(|n| s.machine.get(n)?.memory_map.get(kind)).map(|t| t.free).sum()
+            let free: u64 =
+                m.nodes().iter().filter_map(|n| s.machine.get(n)?.memory_map.get(kind)).map(|t| t.free).sum();
+            free + self.reusable(&uid, &m.nodes(), kind)
         };
         if requests.iter().any(|(k, v)| free_in(mask, k) < *v) {
             // Upstream extendTopologyManagerHint: the best hint that contains the mask.
             let wider: Vec<TopologyHint> = self
-                .calculate_hints(&s, &requests)
+                .calculate_hints(&s, &uid, &requests)
                 .into_iter()
                 .filter(|h| h.affinity.is_some_and(|a| a.and(mask) == mask))
                 .collect();
@@ -526,7 +565,8 @@ impl MemoryManager {
         // One block per type; every node of the group counts one assignment per type,
         // as upstream.
         for (kind, size) in &requests {
-            let mut left = *size;
+            // What the pod's finished init containers hold on these nodes is reused.
+            let mut left = size.saturating_sub(self.reusable(&uid, &bits, kind));
             for n in &bits {
                 let Some(st) = s.machine.get_mut(n) else { continue };
                 st.number_of_assignments += 1;
@@ -538,6 +578,32 @@ impl MemoryManager {
                 left -= take;
             }
             blocks.push(Block { numa_affinity: bits.clone(), kind: kind.clone(), size: *size });
+        }
+        self.update_reusable(pod, &container.name, &blocks);
+        // Upstream updateInitContainersMemoryBlocks: shrink the earlier init containers'
+        // blocks by what was reused, so that the pod's blocks add up to what is reserved.
+        if let Some(spec) = pod.spec.as_ref() {
+            for b in &blocks {
+                let mut reused = b.size;
+                for init in spec.init_containers.iter().flatten() {
+                    if init.name == container.name || reused == 0 {
+                        break;
+                    }
+                    if pod_resources::is_restartable_init_container(init) {
+                        continue;
+                    }
+                    let Some(init_blocks) = s.assignments.get_mut(&uid).and_then(|m| m.get_mut(&init.name)) else {
+                        continue;
+                    };
+                    for ib in
+                        init_blocks.iter_mut().filter(|ib| ib.kind == b.kind && ib.numa_affinity == b.numa_affinity)
+                    {
+                        let cut = ib.size.min(reused);
+                        ib.size -= cut;
+                        reused -= cut;
+                    }
+                }
+            }
         }
         s.assignments.entry(uid).or_default().insert(container.name.clone(), blocks);
         self.save(&s, "Static");
@@ -617,7 +683,7 @@ impl HintProvider for MemoryManager {
             }
             return hints;
         }
-        let list = self.calculate_hints(&s, &requests);
+        let list = self.calculate_hints(&s, &uid(pod), &requests);
         for kind in requests.keys() {
             hints.insert(kind.clone(), list.clone());
         }
@@ -640,7 +706,7 @@ impl HintProvider for MemoryManager {
             }
             return hints;
         }
-        let list = self.calculate_hints(&s, &requests);
+        let list = self.calculate_hints(&s, &uid(pod), &requests);
         for kind in requests.keys() {
             hints.insert(kind.clone(), list.clone());
         }
@@ -681,6 +747,7 @@ impl HintProvider for MemoryManager {
         for (p, c) in &stale {
             Self::release(&mut s, p, c);
         }
+        self.reusable.lock().unwrap().retain(|u, _| keep.contains_key(u));
         if !stale.is_empty() {
             self.save(&s, "Static");
         }

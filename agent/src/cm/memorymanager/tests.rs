@@ -200,3 +200,32 @@ fn huge_pages_are_placed_like_memory() {
     assert_eq!(again.state().machine[&1].memory_map["hugepages-2Mi"].free, GIB);
     assert_eq!(again.state().machine[&1].number_of_assignments, 0);
 }
+
+#[test]
+fn app_containers_reuse_init_container_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = MemoryManager::new(&ok_cfg(), &topo(), dir.path()).unwrap();
+    let r = |mem: &str| {
+        let q = serde_json::json!({"cpu": "1", "memory": mem});
+        serde_json::json!({"requests": q, "limits": q})
+    };
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "uid": "p"},
+        "spec": {
+            "initContainers": [{"name": "init", "image": "x", "resources": r("2Gi")}],
+            "containers": [{"name": "app", "image": "x", "resources": r("1Gi")}]
+        }
+    }))
+    .unwrap();
+    let spec = p.spec.as_ref().unwrap();
+    let (init, app) = (&spec.init_containers.as_ref().unwrap()[0], &spec.containers[0]);
+    m.allocate(&p, init, &TopologyHint::default()).unwrap();
+    m.allocate(&p, app, &TopologyHint::default()).unwrap();
+    let state = m.state();
+    let node0 = &state.machine[&0].memory_map["memory"];
+    assert_eq!(node0.reserved, 2 * GIB, "the app reuses the init container's memory");
+    assert_eq!(state.assignments["p"]["app"][0].size, GIB);
+    assert_eq!(state.assignments["p"]["init"][0].size, GIB, "the init block shrinks by what was reused");
+    m.remove_stale(&[]);
+    assert_eq!(m.state().machine[&0].memory_map["memory"].free, 3 * GIB);
+}
