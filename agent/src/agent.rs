@@ -63,6 +63,8 @@ pub enum Error {
     DeviceManager(#[from] crate::cm::devicemanager::Error),
     #[error("pod allocations: {0}")]
     Allocation(#[from] crate::allocation::Error),
+    #[error("{0}")]
+    ResourceManagers(#[from] crate::cm::resource_managers::Error),
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -349,7 +351,11 @@ async fn kube_client(path: &std::path::Path, qps: i32, burst: i32) -> Result<kub
 }
 
 /// Runs the agent until `shutdown` is cancelled.
-pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    // /configz shows the configuration as given; reservedSystemCPUs then replaces the
+    // reserved cpu everywhere else (upstream's server.go).
+    let configz = cfg.kubelet.to_configz_json();
+    crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
     let client = match &cfg.kubeconfig {
         Some(path) => Some(kube_client(path, kc.kube_api_qps, kc.kube_api_burst).await?),
@@ -464,11 +470,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
-    let mut topology = crate::cm::topology::TopologyManager::default();
+    let mut managers =
+        crate::cm::resource_managers::build(kc, &cfg.root_dir, std::path::Path::new("/sys"), &mut registry)?;
     let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
         .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(&mut registry));
     devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
-    topology.add_hint_provider(Arc::new(devices.clone()));
+    managers.topology.add_hint_provider(Arc::new(devices.clone()));
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -507,6 +514,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
             resolv_conf: kc.resolv_conf.clone(),
         })
         .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
+        .with_container_lifecycle_hook(managers.cpu.clone())
+        .with_container_lifecycle_hook(managers.memory.clone())
         .with_container_lifecycle_hook(Arc::new(devices.clone())),
     );
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
@@ -641,7 +650,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         Some(c) => endpoints.api_client(c.clone()),
         None => endpoints,
     };
-    let server = Server::new(ServerSettings::from_config(&cfg)?, endpoints)?;
+    let server = Server::new(ServerSettings { configz, ..ServerSettings::from_config(&cfg)? }, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);
     let (pleg_tx, pleg_rx) = mpsc::channel(1000);
@@ -823,6 +832,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         }
         Err(e) => tracing::error!(error = %e, "container log rotation is off"),
     }
+    let (pod_manager_view, status_view) = (pod_manager.clone(), status.clone());
+    let sources = pod_manager.clone();
+    managers.topology.set_sources_ready(Box::new(move || sources.sources_ready()));
     let sync_loop = SyncLoop {
         pod_manager,
         workers,
@@ -837,7 +849,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
         eviction,
         container_changes,
         admit_handlers: {
-            let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> = vec![Arc::new(topology)];
+            let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> =
+                vec![Arc::new(managers.topology)];
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },
@@ -846,6 +859,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     if let Some(m) = node_shutdown {
         tracker.spawn(m.run(shutdown.clone()).instrument(tracing::info_span!("node_shutdown")));
     }
+    tracker.spawn(
+        managers
+            .cpu
+            .run(rt.clone(), crate::cm::resource_managers::active_pods(pod_manager_view, status_view), shutdown.clone())
+            .instrument(tracing::info_span!("cpu_manager")),
+    );
     tracker.spawn(
         sync_loop.run(update_rx, pleg_rx, probe_updates, shutdown.clone()).instrument(tracing::info_span!("sync_loop")),
     );

@@ -724,15 +724,10 @@ mod tests {
     /// Upstream `kubelet_*` and `process_*` families of `/metrics` that swiftlet does not
     /// serve, each with the reason (the README lists them too).
     const NOT_SERVED: &[(&str, &str)] = &[
-        ("kubelet_cpu_manager_pinning_errors_total", "no CPU manager yet"),
-        ("kubelet_cpu_manager_pinning_requests_total", "no CPU manager yet"),
         ("kubelet_evented_pleg_connection_error_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_latency_seconds", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_success_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
-        ("kubelet_topology_manager_admission_duration_ms", "no topology manager yet"),
-        ("kubelet_topology_manager_admission_errors_total", "no topology manager yet"),
-        ("kubelet_topology_manager_admission_requests_total", "no topology manager yet"),
     ];
 
     /// (family as upstream names it, type, label names) from an exposition.
@@ -803,6 +798,7 @@ mod tests {
     fn families_match_the_reference_inventory() {
         let mut reg = Registry::default();
         let m = KubeletMetrics::new(&mut reg, "node-a");
+        let _resource_managers = crate::cm::metrics::ResourceManagerMetrics::new(&mut reg);
         reg.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
         let collection = std::sync::Arc::new(crate::stats::synthetic::collection(crate::stats::synthetic::Shape {
             pods: 1,

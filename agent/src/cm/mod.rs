@@ -20,16 +20,25 @@
 //! Node allocatable enforcement ([`allocatable`]) happens in
 //! [`PodContainerManager::ensure_node_cgroups`], huge page (hugetlb) limits on `kubepods`,
 //! the `QoS` cgroups (unbounded) and pod cgroups (the pod's huge page requests) too, where
-//! the hugetlb controller is on. `MemoryQoS` is not implemented.
+//! the hugetlb controller is on. The resource managers: [`cpumanager`], [`memorymanager`],
+//! [`devicemanager`] and the [`topology`] manager that aligns them at admission, over the
+//! [`machine_topology`] read from sysfs. `MemoryQoS` is not implemented.
 
 pub mod allocatable;
 pub mod cgroupfs;
+pub mod checkpoint;
 pub mod container_lifecycle;
+pub mod cpumanager;
+pub mod cpuset;
 pub mod devicemanager;
 pub mod fake;
+pub mod machine_topology;
+pub mod memorymanager;
+pub mod metrics;
 pub mod pod_resources;
 pub mod qos;
 pub mod quantity;
+pub mod resource_managers;
 pub mod resources;
 pub mod topology;
 

@@ -157,6 +157,7 @@ pub fn validate(kc: &KubeletConfiguration) -> Vec<String> {
     validate_cgroups(kc, &mut p, gate("CustomCPUCFSQuotaPeriod"));
     validate_eviction(kc, &mut p);
     validate_node_allocatable(kc, &mut p);
+    validate_resource_managers(kc, &mut p);
 
     p.one_of("hairpinMode", &kc.hairpin_mode, &["promiscuous-bridge", "hairpin-veth", "none"]);
     p.one_of(
@@ -388,6 +389,48 @@ fn validate_node_allocatable(kc: &KubeletConfiguration, p: &mut Problems) {
     }
 }
 
+/// `reservedSystemCPUs` and `reservedMemory`, as upstream's `ValidateKubeletConfiguration`.
+fn validate_resource_managers(kc: &KubeletConfiguration, p: &mut Problems) {
+    if !kc.reserved_system_cpus.is_empty() {
+        if !kc.system_reserved_cgroup.is_empty() || !kc.kube_reserved_cgroup.is_empty() {
+            p.add(
+                "reservedSystemCPUs",
+                "can't use reservedSystemCPUs (--reserved-cpus) with systemReservedCgroup (--system-reserved-cgroup) or kubeReservedCgroup (--kube-reserved-cgroup)",
+            );
+        }
+        if let Err(e) = crate::cm::cpuset::CpuSet::parse(&kc.reserved_system_cpus) {
+            p.add(
+                "reservedSystemCPUs",
+                format!("unable to parse reservedSystemCPUs (--reserved-cpus) {}, error: {e}", kc.reserved_system_cpus),
+            );
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for r in &kc.reserved_memory {
+        let node = r.numa_node;
+        for (name, q) in &r.limits {
+            if name != "memory" && !name.starts_with("hugepages-") {
+                p.add(
+                    "reservedMemory",
+                    format!("the limit type {name:?} for NUMA node {node} is not supported, only [memory hugepages-<HugePageSize>] is accepted"),
+                );
+            }
+            if crate::cm::quantity::parse(q).is_ok_and(crate::cm::quantity::ParsedQuantity::is_zero) {
+                p.add(
+                    "reservedMemory",
+                    format!("reserved memory may not be zero for NUMA node {node} and resource {name:?}"),
+                );
+            }
+            if !seen.insert((node, name.clone())) {
+                p.add(
+                    "reservedMemory",
+                    format!("the reserved memory has a duplicate value for NUMA node {node} and resource {name:?}"),
+                );
+            }
+        }
+    }
+}
+
 fn validate_shutdown(kc: &KubeletConfiguration, p: &mut Problems) {
     let (total, critical) = (kc.shutdown_grace_period, kc.shutdown_grace_period_critical_pods);
     if critical > total {
@@ -545,5 +588,43 @@ mod tests {
         let problems = validate(&kc);
         assert!(problems[0].starts_with("tlsCipherSuites[0]: unsupported cipher suite"), "{problems:?}");
         assert!(problems[1].starts_with("tlsMinVersion: \"VersionTLS10\" is not supported"), "{problems:?}");
+    }
+
+    #[test]
+    fn reserved_cpus_and_memory_are_validated_as_upstream() {
+        let kc = KubeletConfiguration {
+            reserved_system_cpus: "0-x".into(),
+            kube_reserved_cgroup: "/kube".into(),
+            reserved_memory: vec![
+                crate::config::kubelet_configuration::MemoryReservation {
+                    numa_node: 0,
+                    limits: [("memory".to_owned(), "0".to_owned()), ("cpu".to_owned(), "1".to_owned())].into(),
+                },
+                crate::config::kubelet_configuration::MemoryReservation {
+                    numa_node: 0,
+                    limits: [("memory".to_owned(), "1Gi".to_owned())].into(),
+                },
+            ],
+            ..KubeletConfiguration::default()
+        };
+        let problems = validate(&kc);
+        let has = |s: &str| problems.iter().any(|p| p.contains(s));
+        assert!(
+            has("reservedSystemCPUs: can't use reservedSystemCPUs (--reserved-cpus) with systemReservedCgroup"),
+            "{problems:#?}"
+        );
+        assert!(
+            has("reservedSystemCPUs: unable to parse reservedSystemCPUs (--reserved-cpus) 0-x, error: invalid cpuset"),
+            "{problems:#?}"
+        );
+        assert!(has("reservedMemory: the limit type \"cpu\" for NUMA node 0 is not supported"), "{problems:#?}");
+        assert!(
+            has("reservedMemory: reserved memory may not be zero for NUMA node 0 and resource \"memory\""),
+            "{problems:#?}"
+        );
+        assert!(
+            has("reservedMemory: the reserved memory has a duplicate value for NUMA node 0 and resource \"memory\""),
+            "{problems:#?}"
+        );
     }
 }

@@ -299,6 +299,21 @@ impl RuntimeService for RemoteRuntime {
             .containers)
     }
 
+    /// Recorded as upstream's instrumented runtime does: operation `update_container`.
+    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req =
+            api::UpdateContainerResourcesRequest { container_id: id.into(), linux: Some(linux), ..Default::default() };
+        self.call(
+            "update_container",
+            "runtime.v1.RuntimeService/UpdateContainerResources",
+            Some(self.timeout),
+            c.update_container_resources(req),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
         let mut c = self.runtime.clone();
         let req = api::ContainerStatusRequest { container_id: id.into(), verbose: false };
@@ -343,20 +358,6 @@ impl RuntimeService for RemoteRuntime {
             "runtime.v1.RuntimeService/ReopenContainerLog",
             Some(self.timeout),
             c.reopen_container_log(req),
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()> {
-        let mut c = self.runtime.clone();
-        let req =
-            api::UpdateContainerResourcesRequest { container_id: id.into(), linux: Some(linux), ..Default::default() };
-        self.call(
-            "update_container_resources",
-            "runtime.v1.RuntimeService/UpdateContainerResources",
-            Some(self.timeout),
-            c.update_container_resources(req),
         )
         .await?;
         Ok(())

@@ -106,8 +106,8 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// Asks the runtime to reopen a container's log file (`ReopenContainerLog`), after the
     /// kubelet renamed it for rotation: new output goes to a new file at the log path.
     async fn reopen_container_log(&self, id: &str) -> Result<()>;
-    /// Changes the resources of a running container (`UpdateContainerResources`), for
-    /// in-place resize.
+    /// Changes the resources of a running container (`UpdateContainerResources`): in-place
+    /// resize, the CPU manager's cpuset updates.
     async fn update_container_resources(&self, id: &str, linux: api::LinuxContainerResources) -> Result<()>;
     /// Prepares a streaming exec (`Exec`): the URL of the runtime's streaming server that
     /// serves it (SPDY or WebSocket, see [`crate::server`]).

@@ -4,6 +4,18 @@
 //! A provider answers per resource name: no entry means "no preference" (upstream's nil
 //! slice), an empty list means "this resource cannot be aligned at all" (upstream's empty
 //! slice).
+//!
+//! [`TopologyManager`] is upstream's manager: policies `none`, `best-effort`, `restricted`
+//! and `single-numa-node`, scopes `container` and `pod`, and the policy options
+//! `prefer-closest-numa-nodes` and `max-allowable-numa-nodes`. At admission it collects
+//! the providers' hints (per container, or once per pod), merges them as upstream's
+//! `HintMerger` does (every permutation of one hint per resource, AND-ed; preferred only
+//! when every hint is preferred and all affinities are equal; the best by preference,
+//! then narrowness or NUMA distance), refuses the pod with `TopologyAffinityError`
+//! ("Resources cannot be allocated with Topology locality") when the policy says so, and
+//! otherwise has every provider allocate within the chosen affinity. A provider's refusal
+//! is the pod's rejection as the provider words it. With `none` no hints are asked for:
+//! every container is allocated without affinity.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -89,32 +101,6 @@ pub trait HintProvider: Send + Sync + Debug {
     fn remove_stale(&self, _active: &[Pod]) {}
 }
 
-/// The topology manager's admission (upstream `Scope.Admit`). This is the `none`
-/// policy: every container (init containers first) is allocated by every provider,
-/// without alignment.
-#[derive(Debug, Default)]
-pub struct TopologyManager {
-    providers: Vec<std::sync::Arc<dyn HintProvider>>,
-}
+mod manager;
 
-impl TopologyManager {
-    /// Adds a hint provider (CPU, memory, device manager).
-    pub fn add_hint_provider(&mut self, p: std::sync::Arc<dyn HintProvider>) {
-        self.providers.push(p);
-    }
-}
-
-impl crate::lifecycle::admission::PodAdmitHandler for TopologyManager {
-    fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), Rejection> {
-        for p in &self.providers {
-            p.remove_stale(active);
-        }
-        let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
-        for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
-            for p in &self.providers {
-                p.allocate(pod, c, &TopologyHint::default())?;
-            }
-        }
-        Ok(())
-    }
-}
+pub use manager::{Policy, PolicyOptions, Scope, TopologyManager, TopologyManagerConfig, iterate_masks};
