@@ -226,23 +226,7 @@ fn retries_go_decreases_first_then_priority() {
 }
 
 fn running(name: &str, id: &str) -> RuntimeContainerStatus {
-    RuntimeContainerStatus {
-        id: id.into(),
-        name: name.into(),
-        sandbox_id: "sb".into(),
-        state: ContainerState::Running,
-        created_at: 1,
-        started_at: None,
-        finished_at: None,
-        exit_code: 0,
-        image: String::new(),
-        image_ref: String::new(),
-        reason: String::new(),
-        message: String::new(),
-        hash: String::new(),
-        restart_count: 0,
-        init: false,
-    }
+    RuntimeContainerStatus::running_for_test(name, id)
 }
 
 #[test]

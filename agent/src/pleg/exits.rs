@@ -163,21 +163,9 @@ mod tests {
 
     fn ctr(id: &str, state: ContainerState) -> RuntimeContainerStatus {
         RuntimeContainerStatus {
-            id: id.into(),
-            name: "c".into(),
-            sandbox_id: "sb".into(),
             state,
-            created_at: 1,
             started_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(10)),
-            finished_at: None,
-            exit_code: 0,
-            image: String::new(),
-            image_ref: String::new(),
-            reason: String::new(),
-            message: String::new(),
-            hash: String::new(),
-            restart_count: 0,
-            init: false,
+            ..RuntimeContainerStatus::running_for_test("c", id)
         }
     }
 

@@ -66,6 +66,30 @@ pub struct RuntimeContainerStatus {
 }
 
 impl RuntimeContainerStatus {
+    /// A running container `name` with runtime id `id` in sandbox `sb`, everything else
+    /// empty: a fixture for other modules' tests.
+    #[cfg(test)]
+    #[must_use]
+    pub fn running_for_test(name: &str, id: &str) -> Self {
+        Self {
+            id: id.into(),
+            name: name.into(),
+            sandbox_id: "sb".into(),
+            state: ContainerState::Running,
+            created_at: 1,
+            started_at: None,
+            finished_at: None,
+            exit_code: 0,
+            image: String::new(),
+            image_ref: String::new(),
+            reason: String::new(),
+            message: String::new(),
+            hash: String::new(),
+            restart_count: 0,
+            init: false,
+        }
+    }
+
     /// Builds the status from a `ContainerStatus` answer and the list entry it belongs to.
     #[must_use]
     pub fn from_cri(listed: &api::Container, status: Option<&api::ContainerStatus>) -> Self {

@@ -466,6 +466,24 @@ impl MemoryManager {
 
     /// Upstream `calculateHints`: the node groups that can hold every requested type
     /// (counting what the pod's init containers leave behind on that group).
+    /// Hints per memory kind: where `assigned` already is (a re-admission), else every
+    /// kind requested gets the computed hints.
+    fn hints_for(&self, s: &MemoryState, pod_uid: &str, assigned: &[&Block], requests: &Requests) -> Hints {
+        let mut hints = Hints::new();
+        if !assigned.is_empty() {
+            for b in assigned {
+                let mask = NumaMask::from_nodes(b.numa_affinity.iter().copied());
+                hints.insert(b.kind.clone(), vec![TopologyHint { affinity: Some(mask), preferred: true }]);
+            }
+            return hints;
+        }
+        let list = self.calculate_hints(s, pod_uid, requests);
+        for kind in requests.keys() {
+            hints.insert(kind.clone(), list.clone());
+        }
+        hints
+    }
+
     fn calculate_hints(&self, s: &MemoryState, pod_uid: &str, requests: &Requests) -> Vec<TopologyHint> {
         let mut min_size = self.nodes.len() as u32;
         let mut hints = Vec::new();
@@ -669,48 +687,25 @@ fn validate(s: &MemoryState, expected: &BTreeMap<usize, NodeState>) -> Result<()
 
 impl HintProvider for MemoryManager {
     fn get_topology_hints(&self, pod: &Pod, container: &Container) -> Hints {
-        let mut hints = Hints::new();
         if !self.is_static {
-            return hints;
+            return Hints::new();
         }
-        let Some(requests) = requested_memory(pod, container) else { return hints };
+        let Some(requests) = requested_memory(pod, container) else { return Hints::new() };
         let s = self.state.lock().unwrap();
-        if let Some(blocks) = s.assignments.get(&uid(pod)).and_then(|m| m.get(&container.name)) {
-            // Already allocated (a re-admission): the hint is where it is.
-            for b in blocks {
-                let mask = NumaMask::from_nodes(b.numa_affinity.iter().copied());
-                hints.insert(b.kind.clone(), vec![TopologyHint { affinity: Some(mask), preferred: true }]);
-            }
-            return hints;
-        }
-        let list = self.calculate_hints(&s, &uid(pod), &requests);
-        for kind in requests.keys() {
-            hints.insert(kind.clone(), list.clone());
-        }
-        hints
+        let assigned: Vec<&Block> =
+            s.assignments.get(&uid(pod)).and_then(|m| m.get(&container.name)).into_iter().flatten().collect();
+        self.hints_for(&s, &uid(pod), &assigned, &requests)
     }
 
     fn get_pod_topology_hints(&self, pod: &Pod) -> Hints {
-        let mut hints = Hints::new();
         if !self.is_static || qos_class(pod) != QosClass::Guaranteed {
-            return hints;
+            return Hints::new();
         }
-        let Some(requests) = pod_requested_memory(pod) else { return hints };
+        let Some(requests) = pod_requested_memory(pod) else { return Hints::new() };
         let s = self.state.lock().unwrap();
         let assigned: Vec<&Block> =
             s.assignments.get(&uid(pod)).map(|m| m.values().flatten().collect()).unwrap_or_default();
-        if !assigned.is_empty() {
-            for b in assigned {
-                let mask = NumaMask::from_nodes(b.numa_affinity.iter().copied());
-                hints.insert(b.kind.clone(), vec![TopologyHint { affinity: Some(mask), preferred: true }]);
-            }
-            return hints;
-        }
-        let list = self.calculate_hints(&s, &uid(pod), &requests);
-        for kind in requests.keys() {
-            hints.insert(kind.clone(), list.clone());
-        }
-        hints
+        self.hints_for(&s, &uid(pod), &assigned, &requests)
     }
 
     fn allocate(&self, pod: &Pod, container: &Container, affinity: &TopologyHint) -> Result<(), Rejection> {

@@ -27,23 +27,7 @@ fn burstable(cpu_req: &str, cpu_lim: &str, mem_req: &str, mem_lim: &str, memory_
 }
 
 fn running(id: &str) -> RuntimeContainerStatus {
-    RuntimeContainerStatus {
-        id: id.into(),
-        name: "c".into(),
-        sandbox_id: "sb".into(),
-        state: ContainerState::Running,
-        created_at: 1,
-        started_at: None,
-        finished_at: None,
-        exit_code: 0,
-        image: String::new(),
-        image_ref: String::new(),
-        reason: String::new(),
-        message: String::new(),
-        hash: String::new(),
-        restart_count: 0,
-        init: false,
-    }
+    RuntimeContainerStatus::running_for_test("c", id)
 }
 
 fn status(id: &str) -> RuntimePodStatus {
