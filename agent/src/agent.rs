@@ -396,8 +396,14 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         });
         crate::cm::check_swap(&swaps)?;
     }
+    // Container resources follow cpuCFSQuota, singleProcessOOMKill and swapBehavior.
+    crate::cm::resources::ContainerResourceOptions::init_host(kc);
     // What the node is, once: node allocatable below and the Node object (API mode).
     let machine = crate::node::MachineFacts::detect(&cfg.root_dir);
+    // The resource managers: hint providers of the topology manager (admission) and
+    // container lifecycle hooks of the runtime manager (container creation).
+    let mut managers =
+        crate::cm::resource_managers::build(kc, &cfg.root_dir, std::path::Path::new("/sys"), &mut registry)?;
     let cgroups = CgroupfsPodContainerManager::new(CgroupConfig {
         cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
         cgroups_per_qos: kc.cgroups_per_qos,
@@ -409,7 +415,11 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             &crate::cm::allocatable::Capacity::detect(machine.cpus, machine.memory_bytes, machine.hugepages.clone()),
         ),
         ..CgroupConfig::default()
-    })?;
+    })?
+    .with_unquoted_pods({
+        let cpu = managers.cpu.clone();
+        Arc::new(move |uid| cpu.pod_runs_without_quota(uid))
+    });
     let kubepods_dirs = cgroups.kubepods_dirs();
     let allocatable_enforced = cgroups.config().enforcement.pods.is_some();
     let cm: Arc<dyn PodContainerManager> = Arc::new(cgroups);
@@ -468,10 +478,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     );
     let probe_updates = probes.take_updates();
     let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
-    // The resource managers: hint providers of the topology manager (admission) and
-    // container lifecycle hooks of the runtime manager (container creation).
-    let mut managers =
-        crate::cm::resource_managers::build(kc, &cfg.root_dir, std::path::Path::new("/sys"), &mut registry)?;
+    // The device manager joins the resource managers.
     let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
         .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(&mut registry));
     devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;

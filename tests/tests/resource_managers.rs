@@ -54,29 +54,47 @@ fn uid(p: &Value) -> String {
     p["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
 }
 
-/// The `cpuset.cpus` file of a container's cgroup on the host (cgroup v1 or v2).
-fn cpuset_file(cgroup_root: &str, id: &str) -> Result<PathBuf> {
-    fn find(dir: &Path, id: &str) -> Option<PathBuf> {
+/// The file `file` of the cgroup named `name` (a container id, `pod<uid>`) on the host:
+/// under the v1 hierarchy `controller`, or the unified one.
+fn cgroup_file(cgroup_root: &str, controller: &str, name: &str, file: &str) -> Result<PathBuf> {
+    fn find(dir: &Path, name: &str, file: &str) -> Option<PathBuf> {
         for e in std::fs::read_dir(dir).ok()?.flatten() {
             if !e.file_type().ok()?.is_dir() {
                 continue;
             }
-            if e.file_name().to_string_lossy() == id {
-                return Some(e.path().join("cpuset.cpus"));
+            if e.file_name().to_string_lossy() == name {
+                return Some(e.path().join(file));
             }
-            if let Some(p) = find(&e.path(), id) {
+            if let Some(p) = find(&e.path(), name, file) {
                 return Some(p);
             }
         }
         None
     }
     let rel = cgroup_root.trim_start_matches('/');
-    for base in ["/sys/fs/cgroup/cpuset", "/sys/fs/cgroup"] {
-        if let Some(p) = find(&Path::new(base).join(rel), id).filter(|p| p.exists()) {
+    let v1 = format!("/sys/fs/cgroup/{controller}");
+    for base in [v1.as_str(), "/sys/fs/cgroup"] {
+        if let Some(p) = find(&Path::new(base).join(rel), name, file).filter(|p| p.exists()) {
             return Ok(p);
         }
     }
-    bail!("no cpuset cgroup for container {id} under {cgroup_root}")
+    bail!("no {file} for cgroup {name} under {cgroup_root}")
+}
+
+/// The `cpuset.cpus` file of a container's cgroup on the host (cgroup v1 or v2).
+fn cpuset_file(cgroup_root: &str, id: &str) -> Result<PathBuf> {
+    cgroup_file(cgroup_root, "cpuset", id, "cpuset.cpus")
+}
+
+/// The CFS quota of the cgroup `name`: v1 `cpu.cfs_quota_us`, else the first field of v2
+/// `cpu.max` (`max` read as -1).
+fn cfs_quota(cgroup_root: &str, name: &str) -> Result<i64> {
+    if let Ok(p) = cgroup_file(cgroup_root, "cpu", name, "cpu.cfs_quota_us") {
+        return Ok(std::fs::read_to_string(p)?.trim().parse()?);
+    }
+    let max = std::fs::read_to_string(cgroup_file(cgroup_root, "cpu", name, "cpu.max")?)?;
+    let quota = max.split_whitespace().next().unwrap_or_default();
+    Ok(if quota == "max" { -1 } else { quota.parse()? })
 }
 
 /// The container of `uid` (its only one).
@@ -149,6 +167,11 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     // The runtime was told (CreateContainer, then UpdateContainerResources).
     assert_eq!(runtime_cpu_spec(&cri, &pinned_container).await?["cpus"], "1");
     assert_eq!(runtime_cpu_spec(&cri, &shared_id).await?["cpus"], "0");
+    // DisableCPUQuotaWithExclusiveCPUs (on by default): the pinned container and its pod
+    // cgroup run without a CFS quota, although the pod limits its CPU.
+    assert_eq!(runtime_cpu_spec(&cri, &pinned_container).await?["quota"], -1);
+    assert_eq!(cfs_quota(&agent.cgroup_root, &pinned_container)?, -1);
+    assert_eq!(cfs_quota(&agent.cgroup_root, &format!("pod{pinned_uid}"))?, -1);
 
     // The checkpoint holds the assignment in upstream's format.
     let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("cpu_manager_state"))?)?;

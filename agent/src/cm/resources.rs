@@ -253,6 +253,11 @@ pub struct ContainerResourceOptions {
     pub cpu_cfs_quota: bool,
     /// `KubeletConfiguration` `singleProcessOOMKill` (default: true on v1, false on v2).
     pub single_process_oom_kill: bool,
+    /// `memorySwap.swapBehavior` is `LimitedSwap` and the `NodeSwap` gate is on (its
+    /// default): Burstable containers get a share of the node's swap (cgroup v2 only).
+    pub limited_swap: bool,
+    /// The node's swap in bytes (`SwapTotal`; cAdvisor's `SwapCapacity`).
+    pub swap_capacity: i64,
 }
 
 impl Default for ContainerResourceOptions {
@@ -265,7 +270,21 @@ impl Default for ContainerResourceOptions {
             swap_controller_available: false,
             cpu_cfs_quota: true,
             single_process_oom_kill: true,
+            limited_swap: false,
+            swap_capacity: 0,
         }
+    }
+}
+
+/// The first `<key>:` line of `/proc/meminfo` text, in bytes.
+fn meminfo_bytes(meminfo: &str, key: &str) -> Option<i64> {
+    let line = meminfo.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+    let mut fields = line.split_whitespace();
+    let kib: i64 = fields.next()?.parse().ok()?;
+    match fields.next() {
+        Some("kB") => kib.checked_mul(1024),
+        None => Some(kib),
+        Some(_) => None,
     }
 }
 
@@ -303,14 +322,7 @@ fn read(path: &Path) -> Result<String> {
 /// Parses `MemTotal` (kB) out of `/proc/meminfo` into bytes.
 #[must_use]
 pub fn parse_meminfo_total(meminfo: &str) -> Option<i64> {
-    let line = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
-    let mut fields = line.split_whitespace();
-    let kib: i64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        Some("kB") => kib.checked_mul(1024),
-        None => Some(kib),
-        Some(_) => None,
-    }
+    meminfo_bytes(meminfo, "MemTotal")
 }
 
 /// Formats a byte size the way runc names hugetlb files (`HugePageUnitSizeFromByteSize`):
@@ -355,8 +367,9 @@ impl ContainerResourceOptions {
     /// is bound to the cgroup2 mount ("cannot set hugetlb limit: container could not join
     /// or create cgroup", seen on these machines).
     pub fn detect_from(paths: &HostPaths) -> Result<Self> {
-        let memory_capacity = parse_meminfo_total(&read(&paths.meminfo)?)
-            .ok_or_else(|| Error::NoMemTotal { path: paths.meminfo.clone() })?;
+        let meminfo = read(&paths.meminfo)?;
+        let memory_capacity =
+            parse_meminfo_total(&meminfo).ok_or_else(|| Error::NoMemTotal { path: paths.meminfo.clone() })?;
         let mounts = super::cgroupfs::mounts::parse_mountinfo(&read(&paths.mountinfo)?);
         let layout = super::cgroupfs::mounts::CgroupLayout::from_mounts(&mounts, &paths.cgroup_fs_root).ok();
         let cgroup_v2 = layout.as_ref().is_some_and(super::cgroupfs::mounts::CgroupLayout::is_unified);
@@ -381,21 +394,50 @@ impl ContainerResourceOptions {
             swap_controller_available,
             cpu_cfs_quota: true,
             single_process_oom_kill: !cgroup_v2,
+            limited_swap: false,
+            swap_capacity: meminfo_bytes(&meminfo, "SwapTotal").unwrap_or(0),
         })
     }
 
-    /// The probed options of this host, probed once; on failure, logged once and
-    /// [`Default`] is used (Burstable containers then get an OOM score adjustment of 999).
-    pub fn host() -> &'static Self {
-        static HOST: OnceLock<ContainerResourceOptions> = OnceLock::new();
-        HOST.get_or_init(|| {
-            Self::detect().unwrap_or_else(|error| {
-                tracing::error!(%error, "cannot probe node resources; using defaults for container resources");
-                Self::default()
-            })
+    /// The kubelet settings that shape container resources: `cpuCFSQuota`,
+    /// `singleProcessOOMKill` (when set), `memorySwap.swapBehavior` with the `NodeSwap`
+    /// gate.
+    #[must_use]
+    pub fn with_config(mut self, kc: &crate::config::KubeletConfiguration) -> Self {
+        self.cpu_cfs_quota = kc.cpu_cfs_quota;
+        if let Some(single) = kc.single_process_oom_kill {
+            self.single_process_oom_kill = single;
+        }
+        self.limited_swap =
+            kc.memory_swap.swap_behavior == "LimitedSwap" && kc.feature_gates.get("NodeSwap").copied().unwrap_or(true);
+        self
+    }
+
+    /// Probes this host once and applies the configuration, for every later
+    /// [`Self::host`]; a no-op when the options are already fixed.
+    pub fn init_host(kc: &crate::config::KubeletConfiguration) {
+        let options = Self::probe().with_config(kc);
+        if HOST_OPTIONS.set(options).is_err() {
+            tracing::warn!("container resource options were fixed before the configuration was applied");
+        }
+    }
+
+    fn probe() -> Self {
+        Self::detect().unwrap_or_else(|error| {
+            tracing::error!(%error, "cannot probe node resources; using defaults for container resources");
+            Self::default()
         })
     }
+
+    /// The options of this host: as [`Self::init_host`] fixed them, else probed once
+    /// with the kubelet defaults; on failure, logged once and [`Default`] is used
+    /// (Burstable containers then get an OOM score adjustment of 999).
+    pub fn host() -> &'static Self {
+        HOST_OPTIONS.get_or_init(Self::probe)
+    }
 }
+
+static HOST_OPTIONS: OnceLock<ContainerResourceOptions> = OnceLock::new();
 
 /// OOM score adjustment of Guaranteed and node-critical containers.
 pub const GUARANTEED_OOM_SCORE_ADJ: i64 = -997;
@@ -524,6 +566,29 @@ pub fn linux_container_resources(pod: &Pod, container: &Container) -> LinuxConta
     linux_container_resources_with(pod, container, ContainerResourceOptions::host())
 }
 
+/// The swap a container may use under `LimitedSwap` (upstream `GetContainerSwapBehavior` +
+/// `calcSwapForBurstablePods`): only containers of Burstable, non-critical pods whose memory
+/// request is set and below their limit, on cgroup v2, get
+/// request / node memory × node swap; `None` means no swap.
+fn limited_swap(pod: &Pod, container: &Container, options: &ContainerResourceOptions) -> Option<i64> {
+    if !options.limited_swap || !options.cgroup_v2 || is_critical_pod(pod) || qos_class(pod) != QosClass::Burstable {
+        return None;
+    }
+    let request = pod_resources::get(&pod_resources::container_requests(container), MEMORY);
+    let limit = pod_resources::get(&pod_resources::container_limits(container), MEMORY);
+    if (request.is_zero() && limit.is_zero()) || request == limit {
+        return None;
+    }
+    let (request, node) = (request.value_saturating(), options.memory_capacity);
+    if node <= 0 || request > node {
+        tracing::error!(request, node, "cannot calculate swap allocation amount; disallowing swap");
+        return None;
+    }
+    #[expect(clippy::cast_precision_loss, clippy::cast_possible_truncation, reason = "upstream computes in float64")]
+    let swap = (request as f64 / node as f64 * options.swap_capacity as f64) as i64;
+    Some(swap)
+}
+
 /// The CRI resources of `container` in `pod` (`generateLinuxContainerResources`).
 ///
 /// - `cpu_shares`: from the cpu request, or from the cpu limit when there is no request
@@ -534,8 +599,9 @@ pub fn linux_container_resources(pod: &Pod, container: &Container) -> LinuxConta
 /// - `oom_score_adj` per [`oom_score_adjust`] (passed even where containerd runs with
 ///   `restrict_oom_score_adj`, which then raises it to its own floor);
 /// - `hugepage_limits` per [`ContainerResourceOptions::hugepage_sizes`];
-/// - no swap: v1 `memory_swap_limit_in_bytes = memory_limit_in_bytes`, v2
-///   `memory.swap.max = 0`, when the kernel has a swap controller;
+/// - swap, when the kernel has a swap controller: on v1 none
+///   (`memory_swap_limit_in_bytes = memory_limit_in_bytes`); on v2 `memory.swap.max` is 0,
+///   or a Burstable container's share of the node's swap under `LimitedSwap`;
 /// - v2 unless `singleProcessOOMKill`: `memory.oom.group = 1`.
 #[must_use]
 pub fn linux_container_resources_with(
@@ -575,10 +641,11 @@ pub fn linux_container_resources_with(
     resources.hugepage_limits = hugepage_limits(container, &options.hugepage_sizes);
     let mut unified = HashMap::new();
     if options.swap_controller_available {
-        // NodeSwap's LimitedSwap is not supported: every container gets NoSwap.
         if options.cgroup_v2 {
-            unified.insert("memory.swap.max".to_owned(), "0".to_owned());
+            let swap = limited_swap(pod, container, options).unwrap_or(0);
+            unified.insert("memory.swap.max".to_owned(), swap.to_string());
         } else {
+            // No swap beyond the memory limit (upstream: swap needs cgroup v2).
             resources.memory_swap_limit_in_bytes = resources.memory_limit_in_bytes;
         }
     }
@@ -625,6 +692,59 @@ mod tests {
         assert_eq!(milli_cpu_to_quota(1000, QUOTA_PERIOD), 100_000);
         assert_eq!(milli_cpu_to_quota(2500, QUOTA_PERIOD), 250_000);
         assert_eq!(milli_cpu_to_quota(200, 50_000), 10_000);
+    }
+
+    #[test]
+    fn limited_swap_gives_burstable_containers_their_share() {
+        let v2 = ContainerResourceOptions {
+            memory_capacity: 8 * GIB,
+            cgroup_v2: true,
+            swap_controller_available: true,
+            limited_swap: true,
+            swap_capacity: 4 * GIB,
+            ..ContainerResourceOptions::default()
+        };
+        let swap = |p: &Pod, o: &ContainerResourceOptions| {
+            linux_container_resources_with(p, &p.spec.as_ref().unwrap().containers[0], o).unified["memory.swap.max"]
+                .clone()
+        };
+        // Burstable, request 1Gi of 8Gi: an eighth of the 4Gi swap.
+        let b = pod("b", vec![ctr("a", &[("memory", "1Gi")], &[("memory", "2Gi")])]);
+        assert_eq!(swap(&b, &v2), (GIB / 2).to_string());
+        // Request equal to the limit, no memory request, Guaranteed, critical: none.
+        let eq = pod("e", vec![ctr("a", &[("cpu", "100m"), ("memory", "1Gi")], &[("memory", "1Gi")])]);
+        let none = pod("n", vec![ctr("a", &[("cpu", "100m")], &[])]);
+        let g = pod("g", vec![ctr("a", &[], &[("cpu", "1"), ("memory", "1Gi")])]);
+        let mut critical = b.clone();
+        critical.spec.as_mut().unwrap().priority = Some(2_000_000_000);
+        for p in [&eq, &none, &g, &critical] {
+            assert_eq!(swap(p, &v2), "0", "{:?}", p.metadata.name);
+        }
+        // NoSwap (the default behaviour): none.
+        assert_eq!(swap(&b, &ContainerResourceOptions { limited_swap: false, ..v2.clone() }), "0");
+        // cgroup v1: never, the swap limit is the memory limit.
+        let v1 = ContainerResourceOptions { cgroup_v2: false, ..v2 };
+        let r = linux_container_resources_with(&b, &b.spec.as_ref().unwrap().containers[0], &v1);
+        assert_eq!(r.memory_swap_limit_in_bytes, 2 * GIB);
+    }
+
+    #[test]
+    fn the_configuration_shapes_the_host_options() {
+        let kc = crate::config::KubeletConfiguration {
+            cpu_cfs_quota: false,
+            single_process_oom_kill: Some(false),
+            memory_swap: crate::config::MemorySwapConfiguration { swap_behavior: "LimitedSwap".into() },
+            ..crate::config::KubeletConfiguration::default()
+        };
+        let o = ContainerResourceOptions::default().with_config(&kc);
+        assert!(!o.cpu_cfs_quota && !o.single_process_oom_kill && o.limited_swap);
+        let mut gated = kc.clone();
+        gated.feature_gates.insert("NodeSwap".into(), false);
+        assert!(!ContainerResourceOptions::default().with_config(&gated).limited_swap);
+        let unset = crate::config::KubeletConfiguration::default();
+        let o = ContainerResourceOptions { single_process_oom_kill: false, ..ContainerResourceOptions::default() }
+            .with_config(&unset);
+        assert!(o.cpu_cfs_quota && !o.single_process_oom_kill && !o.limited_swap, "defaults keep the probed values");
     }
 
     #[test]

@@ -32,6 +32,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -302,8 +303,11 @@ fn cgroup_tree_post_order(dir: &Path, out: &mut Vec<PathBuf>) {
     out.push(dir.to_owned());
 }
 
+/// Which pods get no CFS quota on their pod cgroup (the CPU manager's
+/// `DisableCPUQuotaWithExclusiveCPUs`), by pod uid.
+pub type UnquotedPods = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// The cgroupfs-driver [`PodContainerManager`].
-#[derive(Debug)]
 pub struct CgroupfsPodContainerManager {
     config: CgroupConfig,
     names: CgroupNames,
@@ -312,6 +316,16 @@ pub struct CgroupfsPodContainerManager {
     sys: Box<dyn CgroupSys>,
     /// How long removal waits for killed processes to leave before giving up.
     remove_timeout: Duration,
+    unquoted: Option<UnquotedPods>,
+}
+
+impl std::fmt::Debug for CgroupfsPodContainerManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CgroupfsPodContainerManager")
+            .field("config", &self.config)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CgroupfsPodContainerManager {
@@ -325,6 +339,14 @@ impl CgroupfsPodContainerManager {
             None
         };
         Self::build(cfg, mountinfo.as_deref(), Box::new(RealSys))
+    }
+
+    /// Pods for which `unquoted` says so get their pod cgroup without a CFS quota (upstream:
+    /// pods holding exclusive CPUs, with `DisableCPUQuotaWithExclusiveCPUs`).
+    #[must_use]
+    pub fn with_unquoted_pods(mut self, unquoted: UnquotedPods) -> Self {
+        self.unquoted = Some(unquoted);
+        self
     }
 
     /// Like [`Self::new`] with the mount table given as text (mount points must lie under
@@ -352,7 +374,7 @@ impl CgroupfsPodContainerManager {
             }
             _ => None,
         };
-        Ok(Self { config: cfg, names, layout, sys, remove_timeout: Duration::from_secs(2) })
+        Ok(Self { config: cfg, names, layout, sys, remove_timeout: Duration::from_secs(2), unquoted: None })
     }
 
     fn validate_layout(layout: &CgroupLayout, fs_root: &Path) -> Result<()> {
@@ -709,7 +731,8 @@ impl PodContainerManager for CgroupfsPodContainerManager {
         }
         let uid = checked_uid(pod_uid(pod))?;
         let qos = qos_class(pod);
-        let mut cfg = resources::resource_config_for_pod(pod, self.config.cpu_cfs_quota);
+        let enforce_cpu_limits = self.config.cpu_cfs_quota && !self.unquoted.as_ref().is_some_and(|f| f(uid));
+        let mut cfg = resources::resource_config_for_pod(pod, enforce_cpu_limits);
         if self.config.pod_pids_limit > 0 {
             cfg.pids_limit = Some(self.config.pod_pids_limit);
         }

@@ -341,6 +341,17 @@ fn unified_hugetlb_limits() {
 }
 
 #[test]
+fn pods_with_exclusive_cpus_get_no_cfs_quota() {
+    let f = Fixture::unified();
+    let m = f.manager().with_unquoted_pods(std::sync::Arc::new(|uid| uid == "g1"));
+    m.ensure_node_cgroups().unwrap();
+    m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
+    m.ensure_pod_cgroup(&guaranteed("g2")).unwrap();
+    assert_eq!(f.read("", "kubepods/podg1/cpu.max"), "max 100000");
+    assert_eq!(f.read("", "kubepods/podg2/cpu.max"), "50000 100000");
+}
+
+#[test]
 fn unified_pod_limits() {
     let f = Fixture::unified();
     let m = f.manager_with(CgroupConfig { pod_pids_limit: 100, ..f.config() });

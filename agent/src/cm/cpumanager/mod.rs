@@ -172,6 +172,9 @@ pub struct CpuManager {
     inner: Mutex<Inner>,
     metrics: Option<Arc<ResourceManagerMetrics>>,
     reconcile_period: Duration,
+    /// `DisableCPUQuotaWithExclusiveCPUs` (beta, on by default): containers and pods with
+    /// exclusive CPUs run without a CFS quota.
+    no_quota_with_exclusive: bool,
 }
 
 impl std::fmt::Debug for CpuManager {
@@ -293,6 +296,7 @@ impl CpuManager {
             inner: Mutex::new(Inner { state, ..Inner::default() }),
             metrics,
             reconcile_period: cfg.reconcile_period,
+            no_quota_with_exclusive: cfg.feature_gates.get("DisableCPUQuotaWithExclusiveCPUs").copied().unwrap_or(true),
         })
     }
 
@@ -306,6 +310,16 @@ impl CpuManager {
     #[must_use]
     pub fn state(&self) -> CpuState {
         self.inner.lock().unwrap().state.clone()
+    }
+
+    /// Whether a container of the pod `pod_uid` holds exclusive CPUs and
+    /// `DisableCPUQuotaWithExclusiveCPUs` is on: its pod cgroup then gets no CFS quota
+    /// (upstream `PodHasExclusiveCPUs` in the pod container manager).
+    #[must_use]
+    pub fn pod_runs_without_quota(&self, pod_uid: &str) -> bool {
+        self.no_quota_with_exclusive
+            && self.is_static
+            && self.inner.lock().unwrap().state.assignments.get(pod_uid).is_some_and(|c| !c.is_empty())
     }
 
     /// The CPUs a container runs on: its exclusive CPUs, else the shared pool (without
@@ -772,10 +786,23 @@ impl ContainerLifecycleHook for CpuManager {
         container: &Container,
         config: &mut api::ContainerConfig,
     ) -> Result<(), String> {
-        let cpus = self.cpu_affinity(&uid(pod), &container.name);
+        let (cpus, exclusive) = {
+            let inner = self.inner.lock().unwrap();
+            let uid = uid(pod);
+            (
+                self.affinity_locked(&inner.state, &uid, &container.name),
+                inner.state.get(&uid, &container.name).is_some(),
+            )
+        };
         if !cpus.is_empty() {
             let linux = config.linux.get_or_insert_with(Default::default);
-            linux.resources.get_or_insert_with(Default::default).cpuset_cpus = cpus.to_string();
+            let resources = linux.resources.get_or_insert_with(Default::default);
+            resources.cpuset_cpus = cpus.to_string();
+            // Upstream `DisableCPUQuotaWithExclusiveCPUs`: a container pinned to its own
+            // CPUs is not throttled (only where a quota is enforced at all).
+            if exclusive && self.no_quota_with_exclusive && resources.cpu_period != 0 {
+                resources.cpu_quota = -1;
+            }
         }
         Ok(())
     }

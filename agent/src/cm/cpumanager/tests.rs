@@ -304,10 +304,47 @@ fn pre_create_sets_the_cpuset_and_none_sets_nothing() {
     let m = manager(&cfg("0,8"), dir.path());
     let g = pod("g", &[("app", "2")], &[], false);
     m.allocate(&g, container(&g, "app"), &any()).unwrap();
-    let mut config = api::ContainerConfig::default();
+    // A CFS quota is in force (period set): the pinned container runs without one
+    // (DisableCPUQuotaWithExclusiveCPUs), and so does its pod cgroup.
+    let mut config = api::ContainerConfig {
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(api::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: 200_000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     m.pre_create_container(&g, container(&g, "app"), &mut config).unwrap();
-    let got = config.linux.unwrap().resources.unwrap().cpuset_cpus;
-    assert_eq!(got, m.cpu_affinity("g", "app").to_string());
+    let got = config.linux.unwrap().resources.unwrap();
+    assert_eq!(got.cpuset_cpus, m.cpu_affinity("g", "app").to_string());
+    assert_eq!(got.cpu_quota, -1);
+    assert!(m.pod_runs_without_quota("g"));
+    assert!(!m.pod_runs_without_quota("other"));
+    // A shared-pool container keeps its quota.
+    let b = pod("b", &[("app", "500m")], &[], false);
+    let mut config = api::ContainerConfig {
+        linux: Some(api::LinuxContainerConfig {
+            resources: Some(api::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    m.pre_create_container(&b, container(&b, "app"), &mut config).unwrap();
+    assert_eq!(config.linux.unwrap().resources.unwrap().cpu_quota, 50_000);
+    // The gate turned off keeps every quota.
+    let dir = tempfile::tempdir().unwrap();
+    let mut gated = cfg("0,8");
+    gated.feature_gates.insert("DisableCPUQuotaWithExclusiveCPUs".into(), false);
+    let off = manager(&gated, dir.path());
+    off.allocate(&g, container(&g, "app"), &any()).unwrap();
+    assert!(!off.pod_runs_without_quota("g"));
     let dir = tempfile::tempdir().unwrap();
     let mut none = cfg("");
     none.policy = "none".into();
