@@ -298,6 +298,15 @@ fn reconcile_moves_shared_containers_off_exclusive_cpus_and_back() {
     assert_eq!(m.state().assignments.len(), 1);
 }
 
+/// A container config whose resources enforce a CFS quota of `quota` µs per 100 ms.
+fn with_quota(quota: i64) -> api::ContainerConfig {
+    let resources = api::LinuxContainerResources { cpu_period: 100_000, cpu_quota: quota, ..Default::default() };
+    api::ContainerConfig {
+        linux: Some(api::LinuxContainerConfig { resources: Some(resources), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn pre_create_sets_the_cpuset_and_none_sets_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -306,17 +315,7 @@ fn pre_create_sets_the_cpuset_and_none_sets_nothing() {
     m.allocate(&g, container(&g, "app"), &any()).unwrap();
     // A CFS quota is in force (period set): the pinned container runs without one
     // (DisableCPUQuotaWithExclusiveCPUs), and so does its pod cgroup.
-    let mut config = api::ContainerConfig {
-        linux: Some(api::LinuxContainerConfig {
-            resources: Some(api::LinuxContainerResources {
-                cpu_period: 100_000,
-                cpu_quota: 200_000,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let mut config = with_quota(200_000);
     m.pre_create_container(&g, container(&g, "app"), &mut config).unwrap();
     let got = config.linux.unwrap().resources.unwrap();
     assert_eq!(got.cpuset_cpus, m.cpu_affinity("g", "app").to_string());
@@ -325,17 +324,7 @@ fn pre_create_sets_the_cpuset_and_none_sets_nothing() {
     assert!(!m.pod_runs_without_quota("other"));
     // A shared-pool container keeps its quota.
     let b = pod("b", &[("app", "500m")], &[], false);
-    let mut config = api::ContainerConfig {
-        linux: Some(api::LinuxContainerConfig {
-            resources: Some(api::LinuxContainerResources {
-                cpu_period: 100_000,
-                cpu_quota: 50_000,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let mut config = with_quota(50_000);
     m.pre_create_container(&b, container(&b, "app"), &mut config).unwrap();
     assert_eq!(config.linux.unwrap().resources.unwrap().cpu_quota, 50_000);
     // The gate turned off keeps every quota.
