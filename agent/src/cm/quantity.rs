@@ -182,6 +182,20 @@ fn suffix_of(value: &str, suffix: &str) -> Result<Suffix> {
     }
 }
 
+/// A byte count in canonical binary-SI form (`0`, `4Mi`, `1536`), as Go's
+/// `resource.NewQuantity(n, BinarySI).String()`: the largest power-of-1024 suffix that
+/// divides it exactly.
+#[must_use]
+pub fn binary_si(bytes: u64) -> String {
+    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let (mut n, mut i) = (bytes, 0);
+    while n != 0 && n.is_multiple_of(1024) && i < SUFFIXES.len() - 1 {
+        n /= 1024;
+        i += 1;
+    }
+    format!("{n}{}", SUFFIXES[i])
+}
+
 /// Parses a quantity string exactly as `resource.ParseQuantity` (after the whitespace trim
 /// that `Quantity.UnmarshalJSON` does).
 pub fn parse(input: &str) -> Result<ParsedQuantity> {

@@ -137,13 +137,7 @@ impl HugepageLimits {
 /// upstream's `HugePageResourceName(resource.NewQuantity(size, BinarySI))`).
 #[must_use]
 pub fn hugepage_resource_name(page_bytes: u64) -> String {
-    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    let (mut n, mut i) = (page_bytes, 0);
-    while n != 0 && n.is_multiple_of(1024) && i < SUFFIXES.len() - 1 {
-        n /= 1024;
-        i += 1;
-    }
-    format!("{}{n}{}", pod_resources::HUGEPAGES_PREFIX, SUFFIXES[i])
+    format!("{}{}", pod_resources::HUGEPAGES_PREFIX, quantity::binary_si(page_bytes))
 }
 
 /// The huge pages of the host: page size in bytes → bytes preallocated

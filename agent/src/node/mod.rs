@@ -74,16 +74,8 @@ fn now() -> Time {
     Time(Timestamp::now())
 }
 
-/// A byte count in canonical binary-SI form (`0`, `4Mi`, `1536`), as Go's
-/// `resource.NewQuantity(n, BinarySI).String()`.
 fn binary_si(bytes: u64) -> Quantity {
-    const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    let (mut n, mut i) = (bytes, 0);
-    while n != 0 && n.is_multiple_of(1024) && i < SUFFIXES.len() - 1 {
-        n /= 1024;
-        i += 1;
-    }
-    Quantity(format!("{n}{}", SUFFIXES[i]))
+    Quantity(crate::cm::quantity::binary_si(bytes))
 }
 
 fn ki(bytes: u64) -> Quantity {
