@@ -504,21 +504,7 @@ impl CpuManager {
     /// Forgets assignments of containers not in `active` (upstream `removeStaleState`),
     /// returning their CPUs to the shared pool.
     fn remove_stale_locked(inner: &mut Inner, active: &[Pod]) -> bool {
-        let mut keep: HashMap<String, Vec<String>> = HashMap::new();
-        for p in active {
-            let names = p
-                .spec
-                .as_ref()
-                .map(|s| s.init_containers.iter().flatten().chain(&s.containers).map(|c| c.name.clone()).collect());
-            keep.insert(uid(p), names.unwrap_or_default());
-        }
-        let stale: Vec<(String, String)> = inner
-            .state
-            .assignments
-            .iter()
-            .flat_map(|(pod, m)| m.keys().map(move |c| (pod.clone(), c.clone())))
-            .filter(|(pod, c)| !keep.get(pod).is_some_and(|names| names.contains(c)))
-            .collect();
+        let (keep, stale) = crate::cm::topology::stale_assignments(&inner.state.assignments, active);
         for (pod, c) in &stale {
             tracing::info!(pod = %pod, container = %c, "CPU manager: removing stale assignment");
             let in_use: CpuSet = inner

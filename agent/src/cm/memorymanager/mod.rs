@@ -722,23 +722,8 @@ impl HintProvider for MemoryManager {
         if !self.is_static {
             return;
         }
-        let keep: HashMap<String, Vec<String>> = active
-            .iter()
-            .map(|p| {
-                let names = p
-                    .spec
-                    .as_ref()
-                    .map(|s| s.init_containers.iter().flatten().chain(&s.containers).map(|c| c.name.clone()).collect());
-                (uid(p), names.unwrap_or_default())
-            })
-            .collect();
         let mut s = self.state.lock().unwrap();
-        let stale: Vec<(String, String)> = s
-            .assignments
-            .iter()
-            .flat_map(|(p, m)| m.keys().map(move |c| (p.clone(), c.clone())))
-            .filter(|(p, c)| !keep.get(p).is_some_and(|n| n.contains(c)))
-            .collect();
+        let (keep, stale) = crate::cm::topology::stale_assignments(&s.assignments, active);
         for (p, c) in &stale {
             Self::release(&mut s, p, c);
         }

@@ -80,6 +80,35 @@ pub struct TopologyHint {
 /// Hints per resource name (see the module docs for absent vs. empty).
 pub type Hints = HashMap<String, Vec<TopologyHint>>;
 
+/// Container names of active pods, by pod UID.
+pub type ActiveContainers = HashMap<String, Vec<String>>;
+
+/// What upstream's `removeStaleState` drops: with `assignments` (pod UID → container name →
+/// anything), returns the container names of each `active` pod by UID (init containers
+/// included) and the (pod UID, container) entries no active pod holds.
+#[must_use]
+pub fn stale_assignments<V>(
+    assignments: &std::collections::BTreeMap<String, std::collections::BTreeMap<String, V>>,
+    active: &[Pod],
+) -> (ActiveContainers, Vec<(String, String)>) {
+    let keep: ActiveContainers = active
+        .iter()
+        .map(|p| {
+            let names = p
+                .spec
+                .as_ref()
+                .map(|s| s.init_containers.iter().flatten().chain(&s.containers).map(|c| c.name.clone()).collect());
+            (p.metadata.uid.clone().unwrap_or_default(), names.unwrap_or_default())
+        })
+        .collect();
+    let stale = assignments
+        .iter()
+        .flat_map(|(pod, m)| m.keys().map(move |c| (pod.clone(), c.clone())))
+        .filter(|(pod, c)| !keep.get(pod).is_some_and(|names| names.contains(c)))
+        .collect();
+    (keep, stale)
+}
+
 /// A manager whose resources the topology manager aligns (upstream `HintProvider`).
 pub trait HintProvider: Send + Sync + Debug {
     /// Hints for one container (scope `container`).
