@@ -68,12 +68,7 @@ struct File {
 /// The checksum upstream stores with `data`.
 #[must_use]
 pub fn checksum(data: &str) -> u64 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in b"(string)".iter().chain(data.as_bytes()) {
-        h ^= u32::from(*b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    u64::from(h)
+    u64::from(crate::cm::checkpoint::Spew::string(data).checksum())
 }
 
 /// Encodes the allocations as the checkpoint file's bytes.
@@ -110,18 +105,17 @@ pub fn load(path: &Path) -> Result<BTreeMap<String, PodAllocation>, Error> {
     }
 }
 
-/// Writes the checkpoint atomically (a temporary file renamed over the old one).
+/// Writes the checkpoint atomically, as the resource managers' checkpoints
+/// ([`crate::cm::checkpoint::write_atomic`]).
 ///
 /// # Errors
 /// A write failure.
 pub fn store(path: &Path, allocations: &BTreeMap<String, PodAllocation>) -> Result<(), Error> {
-    let tmp = path.with_extension("tmp");
-    let io = |op, source| Error::Io { op, path: path.into(), source };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
-    }
-    std::fs::write(&tmp, encode(allocations)).map_err(|e| io("write", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("rename into", e))
+    crate::cm::checkpoint::write_atomic(path, &encode(allocations)).map_err(|source| Error::Io {
+        op: "write",
+        path: path.into(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -164,6 +158,7 @@ mod tests {
         assert!(load(&path).unwrap().is_empty());
         store(&path, &upstream_allocation()).unwrap();
         assert_eq!(load(&path).unwrap(), upstream_allocation());
-        assert!(!path.with_extension("tmp").exists());
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(files, [std::ffi::OsString::from(FILE_NAME)], "no temporary file is left");
     }
 }

@@ -4,7 +4,6 @@
 //! `0001-01-01T00:00:00Z`), written atomically (temp file, fsync, rename). It outlives
 //! the agent so that the metrics of the last shutdown survive the reboot.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
@@ -81,20 +80,8 @@ impl Storage {
     pub fn store(&self, state: &State) -> Result<(), Error> {
         let wire = Wire { start_time: to_wire(state.start_time), end_time: to_wire(state.end_time) };
         let data = serde_json::to_vec(&wire).expect("two strings serialize");
-        let io = |source| Error::Io { path: self.path.clone(), source };
-        let dir = self.path.parent().unwrap_or_else(|| Path::new("."));
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let mut tmp = tempfile_in(dir, &name).map_err(io)?;
-        let result = (|| {
-            tmp.1.write_all(&data)?;
-            tmp.1.sync_all()?;
-            std::fs::rename(&tmp.0, &self.path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp.0);
-        }
-        result.map_err(io)
+        crate::cm::checkpoint::write_atomic_with_mode(&self.path, &data, 0o644)
+            .map_err(|source| Error::Io { path: self.path.clone(), source })
     }
 
     /// The state; the default when the file does not exist.
@@ -110,18 +97,5 @@ impl Storage {
             start_time: from_wire(&wire.start_time).map_err(parse)?,
             end_time: from_wire(&wire.end_time).map_err(parse)?,
         })
-    }
-}
-
-/// A new file `.tmp-<name><random>` in `dir`, mode 0644.
-fn tempfile_in(dir: &Path, name: &str) -> std::io::Result<(PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    loop {
-        let path = dir.join(format!(".tmp-{name}{}", rand::random::<u32>()));
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path) {
-            Ok(f) => return Ok((path, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
     }
 }

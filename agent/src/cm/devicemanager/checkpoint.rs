@@ -79,13 +79,9 @@ fn de_b64<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
     base64::engine::general_purpose::STANDARD.decode(s).map_err(serde::de::Error::custom)
 }
 
-/// FNV-1a, 32 bits (upstream hashes its checkpoints with FNV-32a too).
-fn fnv32a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
-}
-
+/// FNV-32a (upstream's checkpoint hash) over our JSON of the data.
 fn checksum(data: &CheckpointData) -> u64 {
-    u64::from(fnv32a(&serde_json::to_vec(data).unwrap_or_default()))
+    u64::from(crate::cm::checkpoint::fnv32a(&serde_json::to_vec(data).unwrap_or_default()))
 }
 
 /// Encodes `data` with its checksum.
@@ -112,10 +108,8 @@ pub fn decode(bytes: &[u8], path: &Path) -> Result<CheckpointData, Error> {
 /// # Errors
 /// [`Error::Write`].
 pub fn write(path: &Path, data: &CheckpointData) -> Result<(), Error> {
-    let err = |source| Error::Write { path: path.display().to_string(), source };
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, encode(data)).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::cm::checkpoint::write_atomic(path, &encode(data))
+        .map_err(|source| Error::Write { path: path.display().to_string(), source })
 }
 
 /// Reads the checkpoint at `path`; `None` when there is none.
