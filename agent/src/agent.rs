@@ -523,8 +523,13 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
         .with_container_lifecycle_hook(managers.cpu.clone())
         .with_container_lifecycle_hook(managers.memory.clone())
-        .with_container_lifecycle_hook(Arc::new(devices.clone())),
+        .with_container_lifecycle_hook(Arc::new(devices.clone()))
+        .with_start_concurrency(cfg.swiftlet.runtime_start_concurrency),
     );
+    match cfg.swiftlet.runtime_start_concurrency {
+        0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),
+        n => tracing::info!(limit = n, "at most {n} sandbox starts and {n} container starts reach the runtime at once"),
+    }
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if client.is_some() {
         sources.push(crate::sources::api::API_SOURCE);

@@ -140,6 +140,11 @@ pub struct Flags {
     /// upstream kubelet without `kernelMemcgNotification`.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub eviction_kernel_signals: Option<bool>,
+    /// swiftlet only: at most N sandbox starts and N container create+start pairs sent to
+    /// the runtime at once; a call that takes over 5 s gives its slot back. Default: twice
+    /// the CPUs, at least 4; 0: no limit, as upstream.
+    #[arg(long, value_name = "N")]
+    pub runtime_start_concurrency: Option<usize>,
 }
 
 impl Default for Flags {
@@ -235,6 +240,10 @@ mod tests {
         assert_eq!(parse(&[]).eviction_kernel_signals, None);
         assert_eq!(parse(&["--eviction-kernel-signals=false"]).eviction_kernel_signals, Some(false));
         assert_eq!(parse(&["--eviction-kernel-signals"]).eviction_kernel_signals, Some(true));
+        assert_eq!(parse(&[]).runtime_start_concurrency, None);
+        assert_eq!(parse(&["--runtime-start-concurrency=0"]).runtime_start_concurrency, Some(0));
+        assert_eq!(parse(&["--runtime-start-concurrency", "8"]).runtime_start_concurrency, Some(8));
+        assert!(Flags::try_parse_from(["swiftlet", "--runtime-start-concurrency=-1"]).is_err());
         assert_eq!(parse(&["-v", "3"]).verbosity, Some(3));
     }
 

@@ -159,6 +159,9 @@ pub struct SwiftletOptions {
     /// thresholds, eBPF) wake the eviction manager; false leaves the 10 s pass alone.
     /// Default: true.
     pub eviction_kernel_signals: bool,
+    /// `--runtime-start-concurrency`: sandbox starts and container create+start pairs sent
+    /// to the runtime at once; 0: no limit. Default: [`crate::runtime::start_gate::default_limit`].
+    pub runtime_start_concurrency: usize,
 }
 
 /// Reads the `--config` file, applies defaults and flags, and validates the result.
@@ -242,6 +245,9 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
                 None => Some(flags.root_dir.join("swiftlet").join("events.sock")),
             },
             eviction_kernel_signals: flags.eviction_kernel_signals.unwrap_or(true),
+            runtime_start_concurrency: flags
+                .runtime_start_concurrency
+                .unwrap_or_else(crate::runtime::start_gate::default_limit),
         },
         config_file: flags.config,
     })

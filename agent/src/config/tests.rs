@@ -522,6 +522,14 @@ fn swiftlet_options_default_to_the_fast_paths() {
 }
 
 #[test]
+fn runtime_start_concurrency_defaults_to_twice_the_cpus_and_zero_lifts_it() {
+    let load = |args: &[&str]| load_with_hostname(flags(args), || Ok("host".to_owned())).unwrap().swiftlet;
+    assert_eq!(load(&[]).runtime_start_concurrency, crate::runtime::start_gate::default_limit());
+    assert_eq!(load(&["--runtime-start-concurrency=0"]).runtime_start_concurrency, 0);
+    assert_eq!(load(&["--runtime-start-concurrency=16"]).runtime_start_concurrency, 16);
+}
+
+#[test]
 fn graceful_shutdown_settings_are_validated_as_upstream() {
     let yaml = format!(
         "{HEADER}shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n\

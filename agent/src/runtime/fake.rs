@@ -15,6 +15,9 @@
 //! `Unavailable` when the registry has no such image. `RemoveImage` fails for the images
 //! told to ([`FakeRuntime::fail_remove_image`]); `ImageFsInfo` answers what
 //! [`FakeRuntime::set_image_fs_info`] set, or one filesystem holding the images.
+//!
+//! `RunPodSandbox`, `CreateContainer` and `StartContainer` first run the start hook
+//! ([`FakeRuntime::set_start_hook`]), which may wait to keep the call in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -32,6 +35,11 @@ pub type ExecHandler = dyn Fn(&str, &[String], Duration) -> Result<api::ExecSync
 /// Runs at the start of every `PullImage`: (image, credentials) → `Ok` to go on with the
 /// pull, `Err` to fail it. It may wait (a sleep, a `Notify`) to keep the pull in flight.
 pub type PullHook = dyn Fn(&str, Option<&api::AuthConfig>) -> BoxFuture<'static, Result<()>> + Send + Sync;
+
+/// Runs at the start of `RunPodSandbox`, `CreateContainer` and `StartContainer`, with the
+/// recorded call name (`run_podsandbox`, `create_container`, `start_container`). It may
+/// wait (a sleep, a `Notify`) to keep the call in flight.
+pub type StartHook = dyn Fn(&'static str) -> BoxFuture<'static, ()> + Send + Sync;
 
 /// One recorded `PullImage` call.
 #[derive(Clone, PartialEq)]
@@ -151,6 +159,16 @@ struct State {
     streaming_url: Option<String>,
     /// The streaming requests made so far.
     streaming: Vec<StreamingCall>,
+    start_hook: StartHookSlot,
+}
+
+#[derive(Default)]
+struct StartHookSlot(Option<Arc<StartHook>>);
+
+impl std::fmt::Debug for StartHookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StartHookSlot").field(&self.0.is_some()).finish()
+    }
 }
 
 /// One recorded `Exec`, `Attach` or `PortForward` call.
@@ -220,6 +238,19 @@ impl FakeRuntime {
         hook: impl Fn(&str, Option<&api::AuthConfig>) -> BoxFuture<'static, Result<()>> + Send + Sync + 'static,
     ) {
         self.state.lock().unwrap().images.pull_hook = Some(Arc::new(hook));
+    }
+
+    /// Runs `hook` at the start of every sandbox or container start (see [`StartHook`]).
+    pub fn set_start_hook(&self, hook: impl Fn(&'static str) -> BoxFuture<'static, ()> + Send + Sync + 'static) {
+        self.state.lock().unwrap().start_hook = StartHookSlot(Some(Arc::new(hook)));
+    }
+
+    /// Runs the start hook, if any, without holding the lock.
+    async fn start_hook(&self, call: &'static str) {
+        let hook = self.state.lock().unwrap().start_hook.0.clone();
+        if let Some(hook) = hook {
+            hook(call).await;
+        }
     }
 
     /// The `PullImage` calls made so far, in order.
@@ -365,6 +396,7 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, _handler: String) -> Result<String> {
+        self.start_hook("run_podsandbox").await;
         let mut s = self.record("run_podsandbox");
         s.next_id += 1;
         s.clock += 1;
@@ -437,6 +469,7 @@ impl RuntimeService for FakeRuntime {
         config: api::ContainerConfig,
         _sandbox_config: api::PodSandboxConfig,
     ) -> Result<String> {
+        self.start_hook("create_container").await;
         let mut s = self.record("create_container");
         if !s.sandboxes.contains_key(sandbox_id) {
             return Err(not_found(sandbox_id));
@@ -462,6 +495,7 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {
+        self.start_hook("start_container").await;
         let mut s = self.record("start_container");
         let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         c.state = api::ContainerState::ContainerRunning as i32;

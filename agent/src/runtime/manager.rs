@@ -367,6 +367,10 @@ pub struct RuntimeManager {
     container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
     /// In-place resize: allocations and actuated resources ([`crate::allocation`]).
     resize: Option<Arc<crate::allocation::AllocationManager>>,
+    /// Limits concurrent `RunPodSandbox` calls ([`super::start_gate`]).
+    sandbox_gate: super::start_gate::StartGate,
+    /// Limits concurrent `CreateContainer`+`StartContainer` pairs.
+    container_gate: super::start_gate::StartGate,
 }
 
 impl RuntimeManager {
@@ -396,10 +400,22 @@ impl RuntimeManager {
             startup: None,
             container_hooks: Vec::new(),
             resize: None,
+            sandbox_gate: super::start_gate::StartGate::default(),
+            container_gate: super::start_gate::StartGate::default(),
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
         }
+    }
+
+    /// Lets at most `limit` sandbox starts and `limit` container create+start pairs reach
+    /// the runtime at once (0: no limit, the default and upstream's behaviour); see
+    /// [`super::start_gate`].
+    #[must_use]
+    pub fn with_start_concurrency(mut self, limit: usize) -> Self {
+        self.sandbox_gate = super::start_gate::StartGate::new(limit);
+        self.container_gate = super::start_gate::StartGate::new(limit);
+        self
     }
 
     /// Adds a container manager hook, called around every container's creation.
@@ -807,7 +823,8 @@ impl RuntimeManager {
             .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
         let started = std::time::Instant::now();
-        let id = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await?;
+        let id =
+            self.sandbox_gate.run("RunPodSandbox", self.rt.run_pod_sandbox(config.clone(), handler.clone())).await?;
         self.containers_changed();
         self.metrics
             .run_podsandbox_duration
@@ -926,26 +943,30 @@ impl RuntimeManager {
             h.pre_create_container(pod, container, &mut config)
                 .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         }
-        let id = self
-            .rt
-            .create_container(sandbox_id, config, sandbox_config.clone())
-            .await
-            .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
-        for h in &self.container_hooks {
-            h.pre_start_container(pod, container, &id).map_err(|e| (reasons::RUN_CONTAINER_ERROR, e, None))?;
-        }
-        self.container_event(
-            pod,
-            &container.name,
-            EventType::Normal,
-            "Created",
-            format!("Created container {}", container.name),
-        );
-        let started = self.rt.start_container(&id).await;
-        self.containers_changed();
-        if let Err(e) = started {
-            return Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None));
-        }
+        let create_and_start = async {
+            let id = self
+                .rt
+                .create_container(sandbox_id, config, sandbox_config.clone())
+                .await
+                .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
+            for h in &self.container_hooks {
+                h.pre_start_container(pod, container, &id).map_err(|e| (reasons::RUN_CONTAINER_ERROR, e, None))?;
+            }
+            self.container_event(
+                pod,
+                &container.name,
+                EventType::Normal,
+                "Created",
+                format!("Created container {}", container.name),
+            );
+            let started = self.rt.start_container(&id).await;
+            self.containers_changed();
+            match started {
+                Ok(()) => Ok(id),
+                Err(e) => Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None)),
+            }
+        };
+        let id = self.container_gate.run("CreateContainer+StartContainer", create_and_start).await?;
         self.container_event(
             pod,
             &container.name,
@@ -2851,7 +2872,7 @@ mod tests {
         use crate::events::MemoryRecorder;
         use crate::runtime::fake::{FakeRuntime, exec_response};
 
-        fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
+        pub(super) fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
             let dir = tempfile::tempdir().unwrap();
             let fake = Arc::new(FakeRuntime::with_images(&["img"]));
             let recorder = Arc::new(MemoryRecorder::new("node-1"));
@@ -2943,6 +2964,134 @@ mod tests {
 
     /// Volumes, env, DNS and `/etc/hosts` wired through the runtime manager and the pod
     /// workers, on the fake runtime and the fake object source.
+    /// The start gate between the pod workers and the runtime ([`super::super::start_gate`]).
+    mod start_gate_wiring {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Duration;
+
+        use futures::FutureExt as _;
+        use serde_json::json;
+
+        use super::super::*;
+        use super::hooks_wiring::setup;
+
+        fn pod(uid: &str) -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("p-{uid}"), "namespace": "default", "uid": uid},
+                "spec": {"containers": [
+                    {"name": "a", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""},
+                    {"name": "b", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}
+                ]}
+            }))
+            .unwrap()
+        }
+
+        /// In-flight and peak counts of one kind of call.
+        #[derive(Default)]
+        struct Flight {
+            now: AtomicUsize,
+            peak: AtomicUsize,
+        }
+
+        /// Starts `pods` pods at once through a manager limited to `limit`; every
+        /// sandbox and container start takes 100 ms. The peaks of (sandbox starts,
+        /// container create+start pairs) in flight.
+        async fn peaks(limit: usize, pods: usize) -> (usize, usize) {
+            let (_dir, fake, _recorder, rm) = setup();
+            let rm = rm.with_start_concurrency(limit);
+            let sandboxes = Arc::new(Flight::default());
+            let containers = Arc::new(Flight::default());
+            fake.set_start_hook({
+                let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+                move |call| {
+                    let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+                    async move {
+                        // A container is in flight from its create to the end of its start.
+                        let flight = match call {
+                            "run_podsandbox" => &sandboxes,
+                            "create_container" => {
+                                let n = containers.now.fetch_add(1, Ordering::SeqCst) + 1;
+                                containers.peak.fetch_max(n, Ordering::SeqCst);
+                                return tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                            _ => {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                containers.now.fetch_sub(1, Ordering::SeqCst);
+                                return;
+                            }
+                        };
+                        let n = flight.now.fetch_add(1, Ordering::SeqCst) + 1;
+                        flight.peak.fetch_max(n, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        flight.now.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    .boxed()
+                }
+            });
+            let all: Vec<Pod> = (0..pods).map(|i| pod(&format!("u{i}"))).collect();
+            let syncs = all.iter().map(|p| async {
+                let st = rm.pod_status(p.metadata.uid.as_deref().unwrap()).await.unwrap();
+                rm.sync_pod(p, &st).await
+            });
+            for r in futures::future::join_all(syncs).await {
+                assert!(r.errors.is_empty(), "{:?}", r.errors);
+            }
+            assert_eq!(fake.calls().iter().filter(|c| *c == "start_container").count(), 2 * pods);
+            (sandboxes.peak.load(Ordering::SeqCst), containers.peak.load(Ordering::SeqCst))
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn starts_reach_the_runtime_at_most_limit_at_a_time() {
+            assert_eq!(peaks(3, 10).await, (3, 3));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn zero_sends_every_start_at_once() {
+            // A pod's containers start one after another, as upstream's SyncPod starts them.
+            assert_eq!(peaks(0, 10).await, (10, 10));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_hung_sandbox_start_does_not_stall_the_other_pods() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let rm = Arc::new(rm.with_start_concurrency(1));
+            let first = Arc::new(AtomicUsize::new(0));
+            let hanging = Arc::new(tokio::sync::Notify::new());
+            fake.set_start_hook({
+                let hanging = hanging.clone();
+                move |call| {
+                    let hang = call == "run_podsandbox" && first.fetch_add(1, Ordering::SeqCst) == 0;
+                    let hanging = hanging.clone();
+                    async move {
+                        if hang {
+                            hanging.notify_one();
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    .boxed()
+                }
+            });
+            let hung = tokio::spawn({
+                let rm = rm.clone();
+                async move {
+                    let p = pod("stuck");
+                    let st = rm.pod_status("stuck").await.unwrap();
+                    rm.sync_pod(&p, &st).await
+                }
+            });
+            hanging.notified().await;
+            let started = tokio::time::Instant::now();
+            let p = pod("next");
+            let st = rm.pod_status("next").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+            assert_eq!(started.elapsed(), crate::runtime::start_gate::HOLD, "the next pod waited for the hold only");
+            assert!(!hung.is_finished());
+            hung.abort();
+        }
+    }
+
     mod wiring {
         use std::sync::Arc;
         use std::time::Duration;
