@@ -505,6 +505,61 @@ async fn container_killed_from_the_host_is_seen_by_the_kernel() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
+/// After an agent restart the sensors are told each running container's main process:
+/// an exec probe's process is not taken for it, and the exit of the real one in a pod
+/// that shares its pid namespace (so not a namespace init) is seen at once. The safety
+/// relist is 5 minutes here, so only the kernel path can tell the agent in time.
+#[tokio::test]
+async fn containers_running_before_an_agent_restart_are_adopted_by_the_sensors() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let mut agent = Agent::start(AgentOptions {
+        sync_frequency: "1m",
+        extra_flags: vec!["--pleg-relist-period=5m".into()],
+        ..AgentOptions::default()
+    })
+    .await?;
+    let shared = pod_yaml("shared", "Always", SERVE, "")
+        .replace("  containers:", "  shareProcessNamespace: true\n  containers:");
+    agent.write_manifest("shared.yaml", &shared)?;
+    let p = agent.wait_pod("shared", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let cid = cri.containers(&uid(&p)).await?[0].id.clone();
+    let pid = container_pid(&cri, &cid).await?;
+    agent.kill9()?;
+    agent.spawn().await?;
+    agent.wait_pod("shared", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let (_, health) = agent.get("/healthz?verbose").await?;
+    assert!(health.contains("[+]pleg ok (evented"), "evented PLEG must be active here (root, BTF): {health}");
+    assert!(
+        agent.log().contains("told the sensors the main process of every container already running"),
+        "{}",
+        swiftlet_tests::tail(&agent.log(), 40)
+    );
+    let mut client = swiftlet::event_api::client::connect(&agent.event_socket()).await?;
+    let request = swiftlet::event_api::proto::WatchRequest { pod_uids: vec![uid(&p)], ..Default::default() };
+    let mut stream = client.watch(request).await?.into_inner();
+    // A process exec'd into the container is not its main process: its exit is no event.
+    assert_eq!(cri.exec(&cid, &["true"]).await?.0, 0);
+    // SAFETY: kill(2) on the container's main process (not pid 1 of its namespace: the
+    // pod's pause process is), found through CRI.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let died = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let Some(ev) = stream.message().await? else { anyhow::bail!("event stream ended") };
+            if ev.kind == swiftlet::event_api::proto::EventKind::ContainerDied as i32 {
+                return Ok(ev);
+            }
+            assert_ne!(ev.kind, swiftlet::event_api::proto::EventKind::ContainerStarted as i32, "{ev:?}");
+        }
+    })
+    .await??;
+    assert_eq!(died.container_id, cid);
+    assert_eq!(died.signal, Some(9));
+    assert!(agent.metric("kubelet_evented_pleg_relist_repairs_total").await? < 0.5, "no repairs");
+    agent.wait_pod("shared", Duration::from_secs(20), |p| restarts(p, "main") == 1).await?;
+    agent.shutdown(&cri).await
+}
+
 #[tokio::test]
 async fn oom_killed_container_is_reported_as_oomkilled() -> Result<()> {
     let _g = testbed_lock().await;

@@ -75,7 +75,9 @@ pub enum KernelEvent {
     /// A process (thread group) exited. `ns_init`: it was pid 1 of its pid namespace,
     /// so the namespace (the container) ended with it. `main_process`: it was the first
     /// process that exec'd in its cgroup since the sensors started (the container's main
-    /// process when the cgroup was created under their watch).
+    /// process when the cgroup was created under their watch), or the main process the
+    /// sensors were told of for a container already running when they started
+    /// ([`super::sensors::start`]).
     Exit {
         ktime_ns: u64,
         pid: u32,

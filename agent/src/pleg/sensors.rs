@@ -97,6 +97,13 @@ pub fn start(dirs: &KubepodsDirs, shutdown: &CancellationToken) -> Result<Runnin
     if watched == 0 {
         return Err("no kubepods cgroup to watch (cgroupsPerQOS is off)".into());
     }
+    // After the watch, so a container started in between is either adopted here or has
+    // its first exec seen by the sensors (adopting it as well names the same process).
+    let adopted: usize =
+        [&dirs.cgroup2, &dirs.memory_v1].into_iter().flatten().map(|root| adopt_running(&mut sensors, root)).sum();
+    if adopted > 0 {
+        tracing::info!(cgroups = adopted, "told the sensors the main process of every container already running");
+    }
     let mut raw = sensors.take_event_stream(shutdown).map_err(|e| e.to_string())?;
     let sensors = Arc::new(sensors);
     let (tx, events) = mpsc::channel(4096);
@@ -113,9 +120,101 @@ pub fn start(dirs: &KubepodsDirs, shutdown: &CancellationToken) -> Result<Runnin
     Ok(Running { events, drops: Box::new(move || sensors.drops()) })
 }
 
+/// Tells the sensors the main process of every container cgroup under `root` (a watched
+/// kubepods directory) that already has processes: the containers an earlier agent
+/// started. Without it, the first exec the sensors see in such a cgroup (an exec probe,
+/// say) would pass for the container's main process, and the real one's exit would only
+/// be seen by the relist when the container shares a pid namespace. Returns how many
+/// cgroups were adopted; a cgroup that cannot be is logged and left to CRI.
+fn adopt_running(sensors: &mut Sensors, root: &std::path::Path) -> usize {
+    let mut adopted = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            let is_container = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(|rel| super::evented::parse_cgroup_path(&rel.to_string_lossy()))
+                .is_some_and(|r| r.container_id.is_some());
+            if !is_container {
+                stack.push(path);
+                continue;
+            }
+            let Some(main) = main_process(&path) else { continue };
+            let result = swiftlet_ebpf::CgroupId::of_dir(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|cgroup| sensors.adopt_cgroup(cgroup, main).map_err(|e| e.to_string()));
+            match result {
+                Ok(()) => adopted += 1,
+                Err(error) => {
+                    tracing::warn!(cgroup = %path.display(), main, %error, "cannot adopt a running container's cgroup");
+                }
+            }
+        }
+    }
+    adopted
+}
+
+/// A container cgroup's main process: of the processes in it, the one that started
+/// first (the runtime's init, which exec'd the container's command; everything else in
+/// the cgroup is its descendant or was exec'd into it later). Ties on the start time
+/// (clock ticks) go to the lower pid. `None` for an empty or vanished cgroup.
+fn main_process(dir: &std::path::Path) -> Option<u32> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((start_time(&stat)?, pid))
+        })
+        .min()
+        .map(|(_, pid)| pid)
+}
+
+/// Field 22 of `/proc/<pid>/stat` (`starttime`, clock ticks since boot). The command
+/// name (field 2) may hold spaces and parentheses, so fields are counted after its last `)`.
+fn start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state).
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_time_is_field_22_counted_after_the_command_name() {
+        let stat = "4242 (my (odd) cmd) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1024 10";
+        assert_eq!(start_time(stat), Some(987_654));
+        assert_eq!(start_time("1 (x) S 0"), None);
+        assert_eq!(start_time("garbage"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(start_time(&own).is_some_and(|t| t > 0));
+    }
+
+    #[test]
+    fn the_main_process_is_the_one_that_started_first() {
+        // This test's own process started before the child it spawns, and both sit in
+        // a fake "cgroup" whose cgroup.procs lists them (child first).
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let me = std::process::id();
+        std::fs::write(dir.path().join("cgroup.procs"), format!("{}\n{me}\n", child.id())).unwrap();
+        let main = main_process(dir.path());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(main, Some(me));
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        assert_eq!(main_process(dir.path()), None);
+        assert_eq!(main_process(&dir.path().join("gone")), None);
+    }
 
     #[test]
     fn memory_hierarchy_is_read_from_proc() {
