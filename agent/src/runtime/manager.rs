@@ -3213,6 +3213,30 @@ mod tests {
         }
 
         #[tokio::test]
+        async fn container_config_carries_the_security_context_and_refuses_root_for_run_as_non_root() {
+            let tmp = tempfile::tempdir().unwrap();
+            let e = env(cluster_dns(tmp.path()));
+            e.src.set_config_map(app_config("debug"));
+            let mut p = pod();
+            p.spec.as_mut().unwrap().security_context = Some(
+                serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
+            );
+            let c = p.spec.as_ref().unwrap().containers[0].clone();
+            let cfg = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap();
+            let sc = cfg.linux.unwrap().security_context.unwrap();
+            assert_eq!(sc.supplemental_groups, [2000]);
+            assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
+            // The fake runtime does not know "img": treated as root, as upstream.
+            assert_eq!(sc.run_as_user, Some(api::Int64Value { value: 0 }));
+            assert!(sc.namespace_options.is_some());
+            let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
+            assert_eq!(sb.supplemental_groups, [2000]);
+            p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
+            let err = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap_err();
+            assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
+        }
+
+        #[tokio::test]
         async fn env_errors_are_create_container_config_errors() {
             let e = env(dns::DnsSettings::default());
             let p = pod();
