@@ -25,10 +25,9 @@ pub const APPARMOR_NOT_ADMITTED_REASON: &str = "AppArmor";
 
 /// Masked `/proc` and `/sys` paths of a container with the `Default` procMount (upstream
 /// `defaultMaskedPaths`, kept in step with moby's defaults).
-pub const DEFAULT_MASKED_PATHS: [&str; 12] = [
+pub const DEFAULT_MASKED_PATHS: [&str; 11] = [
     "/proc/asound",
     "/proc/acpi",
-    "/proc/interrupts",
     "/proc/kcore",
     "/proc/keys",
     "/proc/latency_stats",
