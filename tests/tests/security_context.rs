@@ -152,3 +152,34 @@ async fn apparmor_pod_is_refused_on_a_host_without_apparmor() -> Result<()> {
     agent.remove_manifest("aa.yaml")?;
     agent.shutdown(&cri).await
 }
+
+#[tokio::test]
+async fn seccomp_default_and_localhost_profiles_under_the_root_dir() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let agent =
+        Agent::start(AgentOptions { extra_config: "seccompDefault: true\n".into(), ..AgentOptions::default() }).await?;
+    // An allow-all filter: the process is still in filter mode.
+    let dir = agent.root_dir.join("seccomp/profiles");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("allow.json"), r#"{"defaultAction": "SCMP_ACT_ALLOW"}"#)?;
+    agent.write_manifest(
+        "defaults.yaml",
+        &pod_yaml(
+            "defaults",
+            "{}",
+            &[
+                ("unset", "{}"),
+                ("local", "{seccompProfile: {type: Localhost, localhostProfile: profiles/allow.json}}"),
+                ("unconfined", "{seccompProfile: {type: Unconfined}}"),
+            ],
+        ),
+    )?;
+    let p =
+        agent.wait_pod("defaults", Duration::from_mins(1), |p| running(p, &["unset", "local", "unconfined"])).await?;
+    assert_eq!(proc_status(&cri, &p, "unset", "Seccomp").await?, "2", "seccompDefault makes unset RuntimeDefault");
+    assert_eq!(proc_status(&cri, &p, "local", "Seccomp").await?, "2");
+    assert_eq!(proc_status(&cri, &p, "unconfined", "Seccomp").await?, "0");
+    agent.remove_manifest("defaults.yaml")?;
+    agent.shutdown(&cri).await
+}
