@@ -167,7 +167,7 @@ pub fn verify_run_as_non_root(pod: &Pod, container: &Container, image: &ImageUse
         ))),
         Some(0) => Err(Error::RunAsNonRoot(format!("container has runAsNonRoot and image will run as root {}", who()))),
         Some(uid) if !(1..=i64::from(i32::MAX)).contains(&uid) => Err(Error::RunAsNonRoot(format!(
-            "container has runAsNonRoot and image has an invalid user id ({uid}). (Must be 1-({})): must be between 0 and {} {}",
+            "container has runAsNonRoot and image has an invalid user id ({uid}). (Must be 1-({})): must be between 0 and {}, inclusive {}",
             i32::MAX,
             i32::MAX,
             who()
@@ -648,8 +648,9 @@ mod tests {
         );
         assert!(verify_run_as_non_root(&p, c(&p), &ImageUser { uid: Some(1000), username: String::new() }).is_ok());
         let bad = ImageUser { uid: Some(i64::from(i32::MAX) + 1), username: String::new() };
-        assert!(
-            verify_run_as_non_root(&p, c(&p), &bad).unwrap_err().to_string().contains("invalid user id (2147483648)")
+        assert_eq!(
+            verify_run_as_non_root(&p, c(&p), &bad).unwrap_err().to_string(),
+            "container has runAsNonRoot and image has an invalid user id (2147483648). (Must be 1-(2147483647)): must be between 0 and 2147483647, inclusive (pod: \"p_ns(u1)\", container: c)"
         );
         // runAsUser decides when set: 0 breaks the policy, anything else passes.
         let p = pod(serde_json::json!({"spec": {"securityContext": {"runAsNonRoot": true},
