@@ -183,3 +183,63 @@ async fn seccomp_default_and_localhost_profiles_under_the_root_dir() -> Result<(
     agent.remove_manifest("defaults.yaml")?;
     agent.shutdown(&cri).await
 }
+
+/// Pushes `busybox:<tag>` to the plain test registry: busybox's layers with `User` set in
+/// the image config; returns the image reference to pull.
+async fn push_busybox_with_user(tag: &str, user: &str) -> Result<String> {
+    use sha2::Digest as _;
+    let reg = swiftlet_tests::TestRegistry::load()?;
+    let base = format!("http://{}/v2/busybox", reg.plain);
+    let http = reqwest::Client::new();
+    let accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+    let resp =
+        http.get(format!("{base}/manifests/latest")).header("Accept", accept).send().await?.error_for_status()?;
+    let media_type = resp.headers().get("content-type").context("no manifest content type")?.to_str()?.to_string();
+    let mut manifest: Value = resp.json().await?;
+    let config_digest = manifest["config"]["digest"].as_str().context("manifest has no config")?.to_string();
+    let mut config: Value =
+        http.get(format!("{base}/blobs/{config_digest}")).send().await?.error_for_status()?.json().await?;
+    config["config"]["User"] = Value::String(user.into());
+    let body = serde_json::to_vec(&config)?;
+    let digest = format!("sha256:{:x}", sha2::Sha256::digest(&body));
+    let upload = http.post(format!("{base}/blobs/uploads/")).send().await?.error_for_status()?;
+    let location = upload.headers().get("location").context("no upload location")?.to_str()?.to_string();
+    let location = if location.starts_with("http") { location } else { format!("http://{}{location}", reg.plain) };
+    let sep = if location.contains('?') { '&' } else { '?' };
+    http.put(format!("{location}{sep}digest={digest}"))
+        .header("Content-Type", "application/octet-stream")
+        .body(body.clone())
+        .send()
+        .await?
+        .error_for_status()?;
+    manifest["config"]["digest"] = Value::String(digest);
+    manifest["config"]["size"] = Value::from(body.len());
+    http.put(format!("{base}/manifests/{tag}"))
+        .header("Content-Type", media_type)
+        .body(serde_json::to_vec(&manifest)?)
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(reg.plain_image(&format!("busybox:{tag}")))
+}
+
+#[tokio::test]
+async fn run_as_non_root_uses_the_image_user_from_image_status() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    // runAsNonRoot without runAsUser passes only if ImageStatus gave the kubelet the
+    // image's uid (an image whose user is unknown runs as root).
+    let image = push_busybox_with_user("secctx-uid1000", "1000").await?;
+    agent.write_manifest(
+        "imageuser.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: imageuser\nspec:\n  terminationGracePeriodSeconds: 2\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: main\n    image: {image}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"{SERVE}\"]\n"
+        ),
+    )?;
+    let p = agent.wait_pod("imageuser", Duration::from_mins(1), |p| running(p, &["main"])).await?;
+    let uids = proc_status(&cri, &p, "main", "Uid").await?;
+    assert!(uids.split_whitespace().all(|u| u == "1000"), "Uid: {uids}");
+    agent.remove_manifest("imageuser.yaml")?;
+    agent.shutdown(&cri).await?;
+    cri.remove_image(&image).await
+}
