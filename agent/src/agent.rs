@@ -483,6 +483,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(&mut registry));
     devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
     managers.topology.add_hint_provider(Arc::new(devices.clone()));
+    // Read once, as upstream's AppArmor validator does at start-up.
+    let apparmor_enabled = crate::runtime::security_context::apparmor_enabled_on_host();
     let runtime = Arc::new(
         RuntimeManager::new(
             rt.clone(),
@@ -524,7 +526,12 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .with_container_lifecycle_hook(managers.cpu.clone())
         .with_container_lifecycle_hook(managers.memory.clone())
         .with_container_lifecycle_hook(Arc::new(devices.clone()))
-        .with_start_concurrency(cfg.swiftlet.runtime_start_concurrency),
+        .with_start_concurrency(cfg.swiftlet.runtime_start_concurrency)
+        .with_security(crate::runtime::security_context::SecuritySettings::new(
+            kc.seccomp_default,
+            &cfg.root_dir,
+            apparmor_enabled,
+        )),
     );
     match cfg.swiftlet.runtime_start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),
@@ -863,6 +870,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         admit_handlers: {
             let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> =
                 vec![Arc::new(managers.topology)];
+            handlers.push(Arc::new(crate::runtime::security_context::AppArmorAdmitHandler::new(apparmor_enabled)));
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },

@@ -371,6 +371,9 @@ pub struct RuntimeManager {
     sandbox_gate: super::start_gate::StartGate,
     /// Limits concurrent `CreateContainer`+`StartContainer` pairs.
     container_gate: super::start_gate::StartGate,
+    /// `seccompDefault`, the seccomp profile root and `AppArmor` on the host
+    /// ([`super::security_context`]).
+    security: super::security_context::SecuritySettings,
 }
 
 impl RuntimeManager {
@@ -402,10 +405,19 @@ impl RuntimeManager {
             resize: None,
             sandbox_gate: super::start_gate::StartGate::default(),
             container_gate: super::start_gate::StartGate::default(),
+            security: super::security_context::SecuritySettings::new(false, &cfg.root_dir, false),
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
         }
+    }
+
+    /// The node's security settings: `seccompDefault`, the seccomp profile root
+    /// (`<root-dir>/seccomp`) and whether the host enforces `AppArmor`.
+    #[must_use]
+    pub fn with_security(mut self, security: super::security_context::SecuritySettings) -> Self {
+        self.security = security;
+        self
     }
 
     /// Lets at most `limit` sandbox starts and `limit` container create+start pairs reach
@@ -1049,6 +1061,8 @@ impl RuntimeManager {
         }
         let ns_mode = |node: bool| if node { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
         let sc = spec.security_context.as_ref();
+        let security =
+            super::security_context::sandbox_security_context(pod).map_err(|e| Error::Invalid(e.to_string()))?;
         let linux = api::LinuxPodSandboxConfig {
             cgroup_parent: self.cm.cgroup_parent(pod),
             security_context: Some(api::LinuxSandboxSecurityContext {
@@ -1064,15 +1078,12 @@ impl RuntimeManager {
                     ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
                     ..Default::default()
                 }),
-                run_as_user: sc.and_then(|s| s.run_as_user).map(|v| api::Int64Value { value: v }),
-                run_as_group: sc.and_then(|s| s.run_as_group).map(|v| api::Int64Value { value: v }),
-                supplemental_groups: sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
                 privileged: spec
                     .containers
                     .iter()
                     .chain(spec.init_containers.iter().flatten())
                     .any(|c| c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false)),
-                ..Default::default()
+                ..security
             }),
             sysctls: sc
                 .and_then(|s| s.sysctls.as_ref())
@@ -1136,18 +1147,20 @@ impl RuntimeManager {
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;
         let mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
-        let sc = container.security_context.as_ref();
-        let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
-        let caps = sc.and_then(|s| s.capabilities.as_ref());
+        // Upstream `getImageUser` + `verifyRunAsNonRoot`, then
+        // `determineEffectiveSecurityContext` ([`super::security_context`]).
+        let image = self
+            .rt
+            .image_status(if image_ref.is_empty() { container.image.as_deref().unwrap_or_default() } else { image_ref })
+            .await
+            .map_err(|e| e.to_string())?;
+        let image_user = super::security_context::ImageUser::from_image(image.as_ref());
+        super::security_context::verify_run_as_non_root(pod, container, &image_user).map_err(|e| e.to_string())?;
+        let security = super::security_context::container_security_context(pod, container, &image_user, &self.security)
+            .map_err(|e| e.to_string())?;
         let linux = api::LinuxContainerConfig {
             resources: Some(crate::cm::linux_container_resources(pod, container)),
             security_context: Some(api::LinuxContainerSecurityContext {
-                capabilities: caps.map(|c| api::Capability {
-                    add_capabilities: c.add.clone().unwrap_or_default(),
-                    drop_capabilities: c.drop.clone().unwrap_or_default(),
-                    ..Default::default()
-                }),
-                privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
                 namespace_options: Some(api::NamespaceOption {
                     network: if pod.spec.as_ref().is_some_and(is_host_network) {
                         api::NamespaceMode::Node as i32
@@ -1168,18 +1181,7 @@ impl RuntimeManager {
                     },
                     ..Default::default()
                 }),
-                run_as_user: sc
-                    .and_then(|s| s.run_as_user)
-                    .or_else(|| pod_sc.and_then(|s| s.run_as_user))
-                    .map(|v| api::Int64Value { value: v }),
-                run_as_group: sc
-                    .and_then(|s| s.run_as_group)
-                    .or_else(|| pod_sc.and_then(|s| s.run_as_group))
-                    .map(|v| api::Int64Value { value: v }),
-                readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
-                no_new_privs: sc.and_then(|s| s.allow_privilege_escalation).is_some_and(|a| !a),
-                supplemental_groups: pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
-                ..Default::default()
+                ..security
             }),
         };
         Ok(api::ContainerConfig {
@@ -3208,6 +3210,30 @@ mod tests {
             assert!(content.contains("10.0.0.7\tweb-0.web.shop.svc.cluster.local\tweb-0\n"), "{content}");
             assert!(content.ends_with("# Entries added by HostAliases.\n10.9.9.9\tlegacy.local\n"), "{content}");
             assert!(e.dir.path().join("root/pods/u1/volumes/kubernetes.io~configmap/cfg/..data").exists());
+        }
+
+        #[tokio::test]
+        async fn container_config_carries_the_security_context_and_refuses_root_for_run_as_non_root() {
+            let tmp = tempfile::tempdir().unwrap();
+            let e = env(cluster_dns(tmp.path()));
+            e.src.set_config_map(app_config("debug"));
+            let mut p = pod();
+            p.spec.as_mut().unwrap().security_context = Some(
+                serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
+            );
+            let c = p.spec.as_ref().unwrap().containers[0].clone();
+            let cfg = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap();
+            let sc = cfg.linux.unwrap().security_context.unwrap();
+            assert_eq!(sc.supplemental_groups, [2000]);
+            assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
+            // The fake runtime does not know "img": treated as root, as upstream.
+            assert_eq!(sc.run_as_user, Some(api::Int64Value { value: 0 }));
+            assert!(sc.namespace_options.is_some());
+            let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
+            assert_eq!(sb.supplemental_groups, [2000]);
+            p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
+            let err = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap_err();
+            assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
         }
 
         #[tokio::test]

@@ -11,6 +11,7 @@ pub mod labels;
 pub mod manager;
 pub mod pod_status;
 pub mod resize;
+pub mod security_context;
 pub mod start_gate;
 
 use std::time::Duration;
