@@ -437,6 +437,12 @@ impl RuntimeService for FakeRuntime {
             state: *state,
             created_at: *created,
             network: Some(api::PodSandboxNetworkStatus { ip: "10.0.0.2".into(), additional_ips: vec![] }),
+            // Like containerd: the namespace options the sandbox was created with.
+            linux: Some(api::LinuxPodSandboxStatus {
+                namespaces: Some(api::Namespace {
+                    options: cfg.linux.as_ref().and_then(|l| l.security_context.as_ref()?.namespace_options.clone()),
+                }),
+            }),
             labels: cfg.labels.clone(),
             annotations: cfg.annotations.clone(),
             ..Default::default()
