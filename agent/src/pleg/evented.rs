@@ -153,6 +153,40 @@ pub fn parse_cgroup_path(path: &str) -> Option<CgroupRef> {
     }
 }
 
+/// A pod or container cgroup directory found on disk by [`existing_cgroups`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingCgroup {
+    pub path: PathBuf,
+    /// The directory's inode number: the cgroup id on cgroupfs.
+    pub inode: u64,
+    pub owner: CgroupRef,
+}
+
+/// Every pod and container cgroup under `root` (a kubepods directory in one hierarchy),
+/// found by walking the tree: what the agent reads at start for cgroups created before it
+/// (the evented PLEG's index, the sensors' adoption of running containers).
+#[must_use]
+pub fn existing_cgroups(root: &Path) -> Vec<ExistingCgroup> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut found = Vec::new();
+    let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if !meta.is_dir() {
+                continue;
+            }
+            let path = e.path();
+            if let Some(owner) = path.strip_prefix(root).ok().and_then(|p| parse_cgroup_path(&p.to_string_lossy())) {
+                found.push(ExistingCgroup { path: path.clone(), inode: meta.ino(), owner });
+            }
+            stack.push(path);
+        }
+    }
+    found
+}
+
 /// (hierarchy id, cgroup id) → what the cgroup belongs to.
 #[derive(Debug, Default, Clone)]
 pub struct CgroupIndex {
@@ -163,21 +197,8 @@ impl CgroupIndex {
     /// Indexes the cgroups that already exist under `root` (a kubepods directory in one
     /// hierarchy): on cgroupfs the cgroup id is the directory's inode number.
     pub fn scan(&mut self, hierarchy_id: u32, root: &Path) {
-        use std::os::unix::fs::MetadataExt as _;
-        let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            for e in entries.flatten() {
-                let Ok(meta) = e.metadata() else { continue };
-                if !meta.is_dir() {
-                    continue;
-                }
-                let path = e.path();
-                if let Some(r) = path.strip_prefix(root).ok().and_then(|p| parse_cgroup_path(&p.to_string_lossy())) {
-                    self.map.insert((hierarchy_id, meta.ino()), r);
-                }
-                stack.push(path);
-            }
+        for found in existing_cgroups(root) {
+            self.map.insert((hierarchy_id, found.inode), found.owner);
         }
     }
 

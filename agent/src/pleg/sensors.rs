@@ -128,32 +128,19 @@ pub fn start(dirs: &KubepodsDirs, shutdown: &CancellationToken) -> Result<Runnin
 /// cgroups were adopted; a cgroup that cannot be is logged and left to CRI.
 fn adopt_running(sensors: &mut Sensors, root: &std::path::Path) -> usize {
     let mut adopted = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for entry in entries.flatten() {
-            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let path = entry.path();
-            let is_container = path
-                .strip_prefix(root)
-                .ok()
-                .and_then(|rel| super::evented::parse_cgroup_path(&rel.to_string_lossy()))
-                .is_some_and(|r| r.container_id.is_some());
-            if !is_container {
-                stack.push(path);
-                continue;
-            }
-            let Some(main) = main_process(&path) else { continue };
-            let result = swiftlet_ebpf::CgroupId::of_dir(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|cgroup| sensors.adopt_cgroup(cgroup, main).map_err(|e| e.to_string()));
-            match result {
-                Ok(()) => adopted += 1,
-                Err(error) => {
-                    tracing::warn!(cgroup = %path.display(), main, %error, "cannot adopt a running container's cgroup");
-                }
+    for found in super::evented::existing_cgroups(root) {
+        if found.owner.container_id.is_none() {
+            continue;
+        }
+        let path = &found.path;
+        let Some(main) = main_process(path) else { continue };
+        let result = swiftlet_ebpf::CgroupId::of_dir(path)
+            .map_err(|e| e.to_string())
+            .and_then(|cgroup| sensors.adopt_cgroup(cgroup, main).map_err(|e| e.to_string()));
+        match result {
+            Ok(()) => adopted += 1,
+            Err(error) => {
+                tracing::warn!(cgroup = %path.display(), main, %error, "cannot adopt a running container's cgroup");
             }
         }
     }
