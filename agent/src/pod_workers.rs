@@ -563,13 +563,15 @@ impl Worker {
         for e in &result.errors {
             tracing::debug!(pod = %name, error = %e, "sync error");
         }
-        // Show the outcome at once rather than at the next PLEG event.
-        if let Ok(after) = self.deps.runtime.pod_status(self.uid()).await {
-            if let Some(a) = self.deps.runtime.resize() {
-                a.check_resize_in_progress(&pod, &after);
-            }
-            self.update_status(&pod, &after, false);
+        // Show the outcome at once rather than at the next PLEG event. A sync that left the
+        // runtime alone may still have set a waiting reason (CrashLoopBackOff): the status
+        // it started from serves, without asking the runtime again.
+        let after = if result.touched_runtime { self.deps.runtime.pod_status(self.uid()).await.ok() } else { None };
+        let after = after.as_ref().unwrap_or(&rt_status);
+        if let Some(a) = self.deps.runtime.resize() {
+            a.check_resize_in_progress(&pod, after);
         }
+        self.update_status(&pod, after, false);
         let resync = resync_after(self.deps.sync_frequency);
         match result.requeue_after {
             Some(r) => r.min(resync),
@@ -819,6 +821,44 @@ mod tests {
         let last_remove = calls.iter().rposition(|c| c == "remove_podsandbox").unwrap();
         let last_run = calls.iter().rposition(|c| c == "run_podsandbox").unwrap();
         assert!(last_remove < last_run, "new instance started before old one was removed: {calls:?}");
+        e.stop.cancel();
+    }
+
+    /// A sync that only waits out the crash-loop back-off shows `CrashLoopBackOff` at once,
+    /// from the status it started with: the runtime is read once, not again after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_back_off_sync_reports_its_reason_without_reading_the_runtime_again() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u4", "crash", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        let reads = || e.rt.calls().iter().filter(|c| *c == "list_podsandbox").count();
+        let container = |restarts: i32| {
+            e.status
+                .get("u4")
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .filter(|c| c.restart_count == restarts && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        };
+        // The first crash restarts at once; wait until that sync has shown the restart.
+        while container(0).is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        e.rt.exit_container(&e.rt.containers_named("c")[0], 1);
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        while container(1).is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let before = reads();
+        e.rt.exit_container(&e.rt.containers_named("c").last().cloned().unwrap(), 1);
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        let waiting = |s: &k8s_openapi::api::core::v1::PodStatus| {
+            s.container_statuses.as_ref()?[0].state.as_ref()?.waiting.as_ref()?.reason.clone()
+        };
+        while e.status.get("u4").and_then(|s| waiting(&s)).as_deref() != Some("CrashLoopBackOff") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(e.rt.created_containers(), 2, "still backing off");
+        assert_eq!(reads() - before, 1, "one runtime read for the back-off sync");
         e.stop.cancel();
     }
 

@@ -576,8 +576,27 @@ impl PullThrottle {
 #[derive(Debug)]
 struct Pulled {
     image_ref: String,
-    /// From `ImageStatus` after the pull (best effort: 0 when unknown).
-    size: u64,
+    /// `ImageStatus` after the pull (best effort: `None` when the runtime did not answer).
+    status: Option<api::Image>,
+}
+
+impl Pulled {
+    /// The pulled image's size; 0 when unknown.
+    fn size(&self) -> u64 {
+        self.status.as_ref().map_or(0, |i| i.size)
+    }
+}
+
+/// An image that is on the node, ready to create containers from: what
+/// [`ImageManager::ensure_image_exists`] hands back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnsuredImage {
+    /// The reference to create the container with (the image id).
+    pub image_ref: String,
+    /// The runtime's `ImageStatus` for it when one was already at hand (the presence check,
+    /// or the one after the pull), so the container start need not ask again for the
+    /// image's user; `None` when the runtime gave none.
+    pub status: Option<api::Image>,
 }
 
 /// What a puller hands back: the pull's outcome and how long the pull itself took (queue
@@ -628,11 +647,8 @@ impl PullService {
             }
             pulled.ok_or_else(|| aggregate_errors(&errors))?
         };
-        let size = match self.rt.image_status(image).await {
-            Ok(Some(i)) => i.size,
-            _ => 0,
-        };
-        Ok(Pulled { image_ref, size })
+        let status = self.rt.image_status(image).await.ok().flatten();
+        Ok(Pulled { image_ref, status })
     }
 
     async fn pull_once(
@@ -852,7 +868,8 @@ impl ImageManager {
     }
 
     /// Makes sure `container`'s image is on the node, pulling it as its pull policy says;
-    /// returns the image reference to create the container with (the image id).
+    /// returns the image reference to create the container with (the image id) and the
+    /// image's status when it was read on the way.
     ///
     /// `credentials` are the candidate registry credentials for the image (the keyring's
     /// answer for it, pull secrets first), tried in order; empty means an anonymous pull.
@@ -863,7 +880,7 @@ impl ImageManager {
         container: &Container,
         credentials: Vec<api::AuthConfig>,
         sandbox_config: Option<&api::PodSandboxConfig>,
-    ) -> Result<String, PullError> {
+    ) -> Result<EnsuredImage, PullError> {
         let requested = container.image.as_deref().unwrap_or_default();
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let image = match apply_default_image_tag(requested) {
@@ -877,21 +894,21 @@ impl ImageManager {
         let policy = PullPolicy::of(container);
         if policy != PullPolicy::Always {
             let present = match self.rt.image_status(&image).await {
-                Ok(i) => i.map(|i| i.id).filter(|id| !id.is_empty()),
+                Ok(i) => i.filter(|i| !i.id.is_empty()),
                 Err(e) => {
                     let msg = format!("Failed to inspect image {requested:?}: {}", go_error_text(&e, false));
                     self.event(pod, container, EventType::Warning, events::FAILED_TO_INSPECT_IMAGE, msg.clone());
                     return Err(PullError::new(reasons::IMAGE_INSPECT_ERROR, msg, Some(RETRY_WITHOUT_BACKOFF)));
                 }
             };
-            if let Some(id) = present {
+            if let Some(status) = present {
                 let msg = format!("Container image {requested:?} already present on machine");
                 self.event(pod, container, EventType::Normal, events::PULLED_IMAGE, msg);
                 // Another pod may have pulled it while this one was waiting for its pull.
                 if let Some(t) = &self.startup {
                     t.image_finished_pulling(uid);
                 }
-                return Ok(id);
+                return Ok(EnsuredImage { image_ref: status.id.clone(), status: Some(status) });
             }
             if policy == PullPolicy::Never {
                 let msg = format!("Container image {requested:?} is not present with pull policy of Never");
@@ -942,15 +959,15 @@ impl ImageManager {
                         "Successfully pulled image {requested:?} in {} ({} including waiting). Image size: {} bytes.",
                         go_duration(truncate_to_millis(outcome.duration)),
                         go_duration(total),
-                        pulled.size
+                        pulled.size()
                     ),
                 );
                 self.metrics
                     .image_pull_duration
-                    .get_or_create(&ImageSizeLabels { image_size_in_bytes: image_size_bucket(pulled.size).into() })
+                    .get_or_create(&ImageSizeLabels { image_size_in_bytes: image_size_bucket(pulled.size()).into() })
                     .observe(total.as_secs_f64());
                 self.backoff.lock().unwrap().gc(Instant::now());
-                Ok(pulled.image_ref)
+                Ok(EnsuredImage { image_ref: pulled.image_ref, status: pulled.status })
             }
         }
     }
@@ -1029,7 +1046,10 @@ mod tests {
         }
 
         async fn ensure(&self, uid: &str, image: &str, policy: Option<&str>) -> Result<String, PullError> {
-            self.manager.ensure_image_exists(&pod(uid), &container(image, policy), Vec::new(), None).await
+            self.manager
+                .ensure_image_exists(&pod(uid), &container(image, policy), Vec::new(), None)
+                .await
+                .map(|i| i.image_ref)
         }
 
         /// (type, reason, message) of every event, oldest first.
@@ -1413,7 +1433,7 @@ mod tests {
         });
         let (p, c) = (pod("u1"), container("img:1", Some("Always")));
         let got = h.manager.ensure_image_exists(&p, &c, vec![auth("bad"), auth("good"), auth("unused")], None).await;
-        assert_eq!(got.unwrap(), "sha256:img:1");
+        assert_eq!(got.unwrap().image_ref, "sha256:img:1");
         let users: Vec<_> = h.rt.pull_calls().iter().map(|c| c.auth.clone().unwrap().username).collect();
         assert_eq!(users, ["bad", "good"]);
 

@@ -98,6 +98,10 @@ pub struct SyncResult {
     pub errors: Vec<String>,
     /// Ask the pod worker to sync again after this long (back-off expiry).
     pub requeue_after: Option<Duration>,
+    /// The runtime was asked to change the pod: a kill, a removal, a resize, a sandbox or a
+    /// container start (even one that failed). When false the pod's runtime state is still
+    /// the status the sync was given, and the caller need not ask the runtime again.
+    pub touched_runtime: bool,
 }
 
 fn restart_policy(spec: &PodSpec) -> &str {
@@ -626,9 +630,13 @@ impl RuntimeManager {
             super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
         });
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
-        let mut result = SyncResult::default();
-
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
+        let mut result = SyncResult {
+            touched_runtime: (actions.kill_pod && !nothing_yet)
+                || !actions.containers_to_kill.is_empty()
+                || resize_plan.is_some(),
+            ..SyncResult::default()
+        };
         if actions.kill_pod && !nothing_yet {
             let reason = if actions.create_sandbox {
                 "sandbox changed; a new one will be created"
@@ -668,7 +676,9 @@ impl RuntimeManager {
                 }
             }
         }
-        self.prune_init_containers(spec, status).await;
+        if self.prune_init_containers(spec, status).await {
+            result.touched_runtime = true;
+        }
         if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
             match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
                 Ok(()) => a.clear_resize_error(pod),
@@ -690,6 +700,7 @@ impl RuntimeManager {
         };
         let mut pod_ips = status.ips().to_vec();
         if actions.create_sandbox {
+            result.touched_runtime = true;
             match self.create_sandbox(pod, &sandbox_config).await {
                 Ok((id, ips)) => {
                     sandbox_id = id;
@@ -769,6 +780,7 @@ impl RuntimeManager {
             return;
         }
         let restart_count = status.find_container(&container.name).map_or(0, |c| c.restart_count + 1);
+        result.touched_runtime = true;
         let container_type = if init { "init_container" } else { "container" };
         match self.start_container(pod, container, init, restart_count, sandbox_id, sandbox_config, pod_ips).await {
             Ok(()) => {
@@ -920,7 +932,7 @@ impl RuntimeManager {
         let pulled = async {
             self.images.ensure_image_exists(pod, container, credentials, Some(sandbox_config)).await.map_err(Into::into)
         };
-        let image_ref = traced_step("ensureImageExists", &container.name, image, pulled).await?;
+        let ensured = traced_step("ensureImageExists", &container.name, image, pulled).await?;
         let started = self.create_and_start_container(
             pod,
             container,
@@ -929,7 +941,7 @@ impl RuntimeManager {
             sandbox_id,
             sandbox_config,
             pod_ips,
-            &image_ref,
+            &ensured,
         );
         traced_step("startContainer", &container.name, image, started).await
     }
@@ -945,10 +957,11 @@ impl RuntimeManager {
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
-        image_ref: &str,
+        image: &crate::images::puller::EnsuredImage,
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
+        let image_ref = image.image_ref.as_str();
         let mut config = self
-            .container_config(pod, container, init, restart_count, image_ref, pod_ips)
+            .container_config(pod, container, init, restart_count, image_ref, image.status.as_ref(), pod_ips)
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         for h in &self.container_hooks {
@@ -1120,6 +1133,13 @@ impl RuntimeManager {
     }
 
     /// Builds the CRI container config (upstream `generateContainerConfig`).
+    ///
+    /// `image_status` is the image's `ImageStatus` when the caller already holds it (the
+    /// image manager read it to check presence or after the pull); `None` asks the runtime,
+    /// as upstream's `getImageUser` always does. Upstream asks twice per container start;
+    /// once is enough, and at a 100-pod burst the runtime's time is what start latency is
+    /// made of.
+    #[expect(clippy::too_many_arguments, reason = "mirrors upstream generateContainerConfig inputs")]
     async fn container_config(
         &self,
         pod: &Pod,
@@ -1127,6 +1147,7 @@ impl RuntimeManager {
         init: bool,
         restart_count: u32,
         image_ref: &str,
+        image_status: Option<&api::Image>,
         pod_ips: &[String],
     ) -> std::result::Result<api::ContainerConfig, String> {
         let ctx = env::Context {
@@ -1149,12 +1170,15 @@ impl RuntimeManager {
         let mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
         // Upstream `getImageUser` + `verifyRunAsNonRoot`, then
         // `determineEffectiveSecurityContext` ([`super::security_context`]).
-        let image = self
-            .rt
-            .image_status(if image_ref.is_empty() { container.image.as_deref().unwrap_or_default() } else { image_ref })
-            .await
-            .map_err(|e| e.to_string())?;
-        let image_user = super::security_context::ImageUser::from_image(image.as_ref());
+        let queried;
+        let image = if let Some(i) = image_status {
+            Some(i)
+        } else {
+            let name = if image_ref.is_empty() { container.image.as_deref().unwrap_or_default() } else { image_ref };
+            queried = self.rt.image_status(name).await.map_err(|e| e.to_string())?;
+            queried.as_ref()
+        };
+        let image_user = super::security_context::ImageUser::from_image(image);
         super::security_context::verify_run_as_non_root(pod, container, &image_user).map_err(|e| e.to_string())?;
         let security = super::security_context::container_security_context(pod, container, &image_user, &self.security)
             .map_err(|e| e.to_string())?;
@@ -1278,7 +1302,10 @@ impl RuntimeManager {
 
     /// Keeps only the newest instance of each init container (upstream
     /// `pruneInitContainersBeforeStart`), so restarts do not pile up exited containers.
-    async fn prune_init_containers(&self, spec: &PodSpec, status: &RuntimePodStatus) {
+    /// Removes all but the newest exited instance of each init container; true when it
+    /// asked the runtime to remove any.
+    async fn prune_init_containers(&self, spec: &PodSpec, status: &RuntimePodStatus) -> bool {
+        let mut removed = false;
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for c in &status.containers {
             if !c.init && !spec.init_containers.iter().flatten().any(|i| i.name == c.name) {
@@ -1286,14 +1313,16 @@ impl RuntimeManager {
             }
             let n = seen.entry(c.name.as_str()).or_default();
             *n += 1;
-            if *n > 1
-                && c.state == ContainerState::Exited
-                && let Err(e) = self.remove_container(&c.id).await
-                && !e.is_not_found()
-            {
-                tracing::warn!(container = %c.id, error = %e, "failed to prune init container");
+            if *n > 1 && c.state == ContainerState::Exited {
+                removed = true;
+                if let Err(e) = self.remove_container(&c.id).await
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(container = %c.id, error = %e, "failed to prune init container");
+                }
             }
         }
+        removed
     }
 
     /// The spec of the container (or init container) `name`.
@@ -2902,6 +2931,80 @@ mod tests {
             (dir, fake, recorder, rm)
         }
 
+        /// `touched_runtime` tells the pod worker whether the runtime state it holds is stale.
+        #[tokio::test]
+        async fn a_sync_says_whether_it_touched_the_runtime() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let p = hooked(&json!({}));
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+            // Running, nothing to do.
+            let calls = fake.calls().len();
+            let st = rm.pod_status("u1").await.unwrap();
+            let reads = fake.calls().len() - calls;
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+            assert_eq!(fake.calls().len() - calls, reads, "the sync itself called nothing");
+            // The container died: its restart is a change; the next, in crash-loop back-off, is not.
+            let id = fake.containers_named("c")[0].clone();
+            fake.exit_container(&id, 1);
+            let st = rm.pod_status("u1").await.unwrap();
+            assert!(rm.sync_pod(&p, &st).await.touched_runtime);
+            let id = fake.containers_named("c").last().cloned().unwrap();
+            fake.exit_container(&id, 1);
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
+            assert!(!r.touched_runtime, "{r:?}");
+        }
+
+        /// The image manager's `ImageStatus` (presence check, or the one after a pull) is the
+        /// one the container config reads the image user from: no second call per start.
+        #[tokio::test]
+        async fn a_container_start_reads_the_image_status_once_and_uses_its_user() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let user = |name: &str, uid: i64| api::Image {
+                uid: Some(api::Int64Value { value: uid }),
+                ..crate::runtime::fake::fake_image(name)
+            };
+            fake.add_image(user("img", 1000));
+            let non_root = |image: &str, policy: &str| -> Pod {
+                serde_json::from_value(json!({
+                    "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+                    "spec": {
+                        "securityContext": {"runAsNonRoot": true},
+                        "containers": [{"name": "c", "image": image, "imagePullPolicy": policy,
+                                        "terminationMessagePath": ""}]
+                    }
+                }))
+                .unwrap()
+            };
+            let image_statuses = || fake.calls().iter().filter(|c| *c == "image_status").count();
+
+            // Present (IfNotPresent): one ImageStatus, and its non-root uid lets the pod start.
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&non_root("img", "IfNotPresent"), &st).await;
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+            assert_eq!(image_statuses(), 1);
+            assert_eq!(fake.created_containers(), 1);
+
+            // Pulled (Always): the status read after the pull serves; a root image is refused.
+            fake.add_registry_image(user("root", 0));
+            let before = image_statuses();
+            let st = rm.pod_status("u2").await.unwrap();
+            let mut p = non_root("root", "Always");
+            p.metadata.uid = Some("u2".into());
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(
+                r.errors.iter().any(|e| e.contains("container has runAsNonRoot and image will run as root")),
+                "{:?}",
+                r.errors
+            );
+            assert_eq!(image_statuses() - before, 1, "only the one after the pull");
+            assert_eq!(fake.created_containers(), 1);
+        }
+
         fn hooked(lifecycle: &serde_json::Value) -> Pod {
             serde_json::from_value(json!({
                 "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
@@ -3200,7 +3303,7 @@ mod tests {
             let p = pod();
             let c = &p.spec.as_ref().unwrap().containers[0];
             let ips = vec!["10.0.0.7".to_string()];
-            let cfg = e.rm.container_config(&p, c, false, 0, "img", &ips).await.unwrap();
+            let cfg = e.rm.container_config(&p, c, false, 0, "img", None, &ips).await.unwrap();
             assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
             let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
             assert!(app.readonly);
@@ -3222,7 +3325,7 @@ mod tests {
                 serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
             );
             let c = p.spec.as_ref().unwrap().containers[0].clone();
-            let cfg = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap();
+            let cfg = e.rm.container_config(&p, &c, false, 0, "img", None, &[]).await.unwrap();
             let sc = cfg.linux.unwrap().security_context.unwrap();
             assert_eq!(sc.supplemental_groups, [2000]);
             assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
@@ -3232,7 +3335,7 @@ mod tests {
             let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
             assert_eq!(sb.supplemental_groups, [2000]);
             p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
-            let err = e.rm.container_config(&p, &c, false, 0, "img", &[]).await.unwrap_err();
+            let err = e.rm.container_config(&p, &c, false, 0, "img", None, &[]).await.unwrap_err();
             assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
         }
 
@@ -3244,7 +3347,7 @@ mod tests {
                 serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}})).unwrap(),
             );
             let c = &p.spec.as_ref().unwrap().containers[0];
-            let err = e.rm.container_config(&p, c, false, 0, "img", &[]).await.unwrap_err();
+            let err = e.rm.container_config(&p, c, false, 0, "img", None, &[]).await.unwrap_err();
             assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
         }
 
