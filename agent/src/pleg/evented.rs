@@ -758,7 +758,10 @@ impl EventedPleg {
                 }
                 ev = kernel.recv() => {
                     let Some(ev) = ev else {
-                        self.fall_back("the eBPF event stream ended");
+                        // At shutdown the reader closes the stream too: that is no fallback.
+                        if !shutdown.is_cancelled() {
+                            self.fall_back("the eBPF event stream ended");
+                        }
                         break;
                     };
                     // Resolve in order; each CRI confirmation then runs on its own, never
@@ -1088,6 +1091,26 @@ mod tests {
         assert_eq!(pleg.metrics.evented_pleg_active.get(), 0);
         stop.cancel();
         task.await.unwrap();
+    }
+
+    /// The kernel stream closing because the agent is stopping is not reported as a
+    /// fallback (no error in the log, the gauge untouched).
+    #[tokio::test]
+    async fn end_of_kernel_stream_at_shutdown_is_no_fallback() {
+        let (_rt, pleg, _cid, _) = setup().await;
+        let active = pleg.metrics.evented_pleg_active.get();
+        // Both the token and the closed stream are ready at once: whichever the loop
+        // looks at first, the answer must be the same (a few rounds to be sure).
+        for _ in 0..16 {
+            let (ktx, krx) = mpsc::channel(1);
+            let (tx, _rx) = mpsc::channel(100);
+            let stop = CancellationToken::new();
+            stop.cancel();
+            drop(ktx);
+            pleg.clone().run(krx, Box::new(|| 0), tx, stop).await;
+        }
+        assert_eq!(pleg.fallback_reason(), None);
+        assert_eq!(pleg.metrics.evented_pleg_active.get(), active);
     }
 
     #[test]
