@@ -42,7 +42,8 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -177,11 +178,22 @@ pub struct AgentFigures {
     pub failed: Option<String>,
 }
 
+/// The runtime's own burst ([`runtime_burst`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuntimeBurst {
+    pub pods: usize,
+    pub in_flight: usize,
+    pub latencies: Vec<u64>,
+}
+
 /// Everything the summary shows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Figures {
     /// The runtime's own sandbox + container start (ns).
     pub runtime_start: Vec<u64>,
+    /// The runtime's own burst, straight over CRI: the burst's size, how many starts were
+    /// in flight at most, and each pod's burst start → container started (ns).
+    pub runtime_burst: Option<RuntimeBurst>,
     pub swiftlet: AgentFigures,
     pub other: Option<AgentFigures>,
 }
@@ -369,6 +381,16 @@ pub fn rows(f: &Figures) -> Vec<Row> {
             (None, reference),
             true,
         ));
+        if let Some(b) = f.runtime_burst.as_ref().filter(|b| b.pods == *size) {
+            rows.push(Row {
+                metric: format!("runtime's own {size}-pod burst⁷ (at most {} at a time), p50 / p90 / p99", b.in_flight),
+                swiftlet: p50_p90_p99(summary(&b.latencies).as_ref()),
+                other: if other.is_some() { "(same runtime)".to_owned() } else { String::new() },
+                reference: String::new(),
+                target: String::new(),
+                verdict: "the floor".to_owned(),
+            });
+        }
     }
 
     // Exit detection.
@@ -517,6 +539,11 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
          Another agent is not measured: upstream derives allocatableMemory.available from the node's allocatable, \
          not from the pods cgroup's limit."
             .to_owned(),
+        "⁷ the largest burst's sandbox + container starts straight over CRI, no agent running: all requested at once, \
+         with at most as many RunPodSandbox and as many CreateContainer + StartContainer pairs in flight as the \
+         agent's default --runtime-start-concurrency; each pod from the burst's start until its StartContainer \
+         returned. What the runtime alone takes: no agent's burst can end sooner."
+            .to_owned(),
         format!(
             "Verdicts compare with {} where it was measured, else with the kubelet 1.28's figures; ✓ at ≥ \
              {TARGET_FACTOR:.0}×.",
@@ -571,6 +598,13 @@ pub fn markdown(f: &Figures, env: &Environment, args: &AllArgs) -> String {
 // ---------------------------------------------------------------------------------------
 // The runtime's own start.
 
+/// The agent's default `--runtime-start-concurrency` (twice the CPUs, at least 4), which
+/// the runtime's own burst keeps to.
+fn default_start_concurrency() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (2 * cpus).max(4)
+}
+
 /// Times `n` sandbox + container starts straight over CRI (after one warm-up), removing
 /// each pod before the next. Sandboxes are in the bench namespace and their cgroups under
 /// `/<tag>`, both removed at the end whatever happens.
@@ -580,31 +614,7 @@ async fn runtime_start(cri: &mut CriClient, n: usize) -> Result<Vec<u64>> {
     let result = async {
         let mut out = Vec::with_capacity(n);
         for i in 0..=n {
-            let uid = format!("{tag}-{i:03}");
-            let log_dir = dir.join(&uid);
-            fs::create_dir_all(&log_dir)?;
-            let sandbox = cri::PodSandboxConfig {
-                metadata: Some(cri::PodSandboxMetadata {
-                    name: format!("cri-{i:03}"),
-                    uid: uid.clone(),
-                    namespace: NAMESPACE.into(),
-                    attempt: 0,
-                }),
-                hostname: format!("cri-{i:03}"),
-                log_directory: log_dir.display().to_string(),
-                port_mappings: Vec::new(),
-                labels: HashMap::from([("swiftlet.io/xtask".to_owned(), "bench".to_owned())]),
-                linux: Some(cri::LinuxPodSandboxConfig {
-                    cgroup_parent: format!("/{tag}/kubepods/besteffort/pod{uid}"),
-                }),
-            };
-            let container = cri::ContainerConfig {
-                metadata: Some(cri::ContainerMetadata { name: "c0".into(), attempt: 0 }),
-                image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into() }),
-                command: vec!["sh".into(), "-c".into(), pleg::SLEEPER.into()],
-                args: Vec::new(),
-                log_path: "c0.log".into(),
-            };
+            let (sandbox, container) = cri_pod(&tag, &dir, i)?;
             let t0 = Instant::now();
             let id = cri.run_pod_sandbox(sandbox.clone()).await?;
             let started = async {
@@ -623,13 +633,88 @@ async fn runtime_start(cri: &mut CriClient, n: usize) -> Result<Vec<u64>> {
         anyhow::Ok(out)
     }
     .await;
+    let removed = remove_cri_pods(cri, &tag, &dir).await;
+    let out = result?;
+    removed?;
+    Ok(out)
+}
+
+/// The CRI configs of the bench's own pod `i` (sandbox and its one sleeping container),
+/// logging under `dir`, in cgroups under `/<tag>`.
+fn cri_pod(tag: &str, dir: &Path, i: usize) -> Result<(cri::PodSandboxConfig, cri::ContainerConfig)> {
+    let uid = format!("{tag}-{i:03}");
+    let log_dir = dir.join(&uid);
+    fs::create_dir_all(&log_dir)?;
+    let sandbox = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: format!("cri-{i:03}"),
+            uid: uid.clone(),
+            namespace: NAMESPACE.into(),
+            attempt: 0,
+        }),
+        hostname: format!("cri-{i:03}"),
+        log_directory: log_dir.display().to_string(),
+        port_mappings: Vec::new(),
+        labels: HashMap::from([("swiftlet.io/xtask".to_owned(), "bench".to_owned())]),
+        linux: Some(cri::LinuxPodSandboxConfig { cgroup_parent: format!("/{tag}/kubepods/besteffort/pod{uid}") }),
+    };
+    let container = cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: "c0".into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into() }),
+        command: vec!["sh".into(), "-c".into(), pleg::SLEEPER.into()],
+        args: Vec::new(),
+        log_path: "c0.log".into(),
+    };
+    Ok((sandbox, container))
+}
+
+/// Removes what a CRI measurement tagged `tag` left: its sandboxes, cgroups and log folder.
+async fn remove_cri_pods(cri: &mut CriClient, tag: &str, dir: &Path) -> Result<()> {
     let removed = agent::remove_bench_sandboxes(cri).await;
     for h in cleanup::cgroup_hierarchies() {
-        for d in cleanup::cgroup_tree(&h.join(&tag)) {
+        for d in cleanup::cgroup_tree(&h.join(tag)) {
             let _ = fs::remove_dir(&d);
         }
     }
-    let _ = fs::remove_dir_all(&dir);
+    let _ = fs::remove_dir_all(dir);
+    removed.map(drop)
+}
+
+/// The runtime's own `n`-pod burst: every pod's sandbox + container start requested at once
+/// straight over CRI, with at most `in_flight` sandbox starts and `in_flight` container
+/// create + start pairs running (the agent's default limit); each pod's burst start →
+/// container started (ns). Everything is removed again.
+async fn runtime_burst(cri: &CriClient, n: usize, in_flight: usize) -> Result<RuntimeBurst> {
+    let tag = format!("swiftlet-bench-{}-cri-burst", std::process::id());
+    let dir = std::env::temp_dir().join(&tag);
+    let result = async {
+        let pods = (0..n).map(|i| cri_pod(&tag, &dir, i)).collect::<Result<Vec<_>>>()?;
+        let sandboxes = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        let containers = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (sandbox, container) in pods {
+            let (mut cri, sandboxes, containers) = (cri.clone(), sandboxes.clone(), containers.clone());
+            tasks.spawn(async move {
+                let id = {
+                    let _permit = sandboxes.acquire().await?;
+                    cri.run_pod_sandbox(sandbox.clone()).await?
+                };
+                let _permit = containers.acquire().await?;
+                let c = cri.create_container(&id, container, sandbox).await?;
+                cri.start_container(&c).await?;
+                anyhow::Ok(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX))
+            });
+        }
+        let mut latencies = Vec::with_capacity(n);
+        while let Some(r) = tasks.join_next().await {
+            latencies.push(r??);
+        }
+        anyhow::Ok(RuntimeBurst { pods: n, in_flight, latencies })
+    }
+    .await;
+    let mut cri = cri.clone();
+    let removed = remove_cri_pods(&mut cri, &tag, &dir).await;
     let out = result?;
     removed?;
     Ok(out)
@@ -890,6 +975,11 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
     eprintln!("==> bench: the runtime's own sandbox + container start ({} runs)", args.cri_runs);
     session.figures.runtime_start =
         runtime_start(&mut cri, args.cri_runs as usize).await.context("CRI start-up runs")?;
+    if let Some(&n) = args.bursts.iter().max() {
+        let in_flight = default_start_concurrency();
+        eprintln!("==> bench: the runtime's own {n}-pod burst (at most {in_flight} at a time)");
+        session.figures.runtime_burst = Some(runtime_burst(&cri, n as usize, in_flight).await.context("CRI burst")?);
+    }
 
     eprintln!();
     eprintln!("==> bench: swiftlet");
@@ -1041,6 +1131,11 @@ mod tests {
         });
         Figures {
             runtime_start: (1..=10).map(|i| ms(270 + i)).collect(),
+            runtime_burst: Some(RuntimeBurst {
+                pods: 100,
+                in_flight: 4,
+                latencies: (1..=100).map(|i| ms(25 * i)).collect(),
+            }),
             swiftlet,
             other: other.then(|| agent("kubelet", 3)),
         }
@@ -1059,6 +1154,14 @@ mod tests {
         let burst100 = rows.iter().find(|r| r.metric.starts_with("100-pod burst")).unwrap();
         // p99 of 2010..3000 ms is 2990 ms; 15.1 s / 2.99 s = 5.05.
         assert_eq!(burst100.verdict, "✓ p99 5.1× vs kubelet 1.28");
+        // The runtime's own burst follows the agent's burst of the same size, as its floor.
+        let at = rows.iter().position(|r| r.metric.starts_with("100-pod burst")).unwrap();
+        assert_eq!(rows[at + 1].metric, "runtime's own 100-pod burst⁷ (at most 4 at a time), p50 / p90 / p99");
+        assert_eq!(
+            (rows[at + 1].swiftlet.as_str(), rows[at + 1].verdict.as_str()),
+            ("1250 ms / 2250 ms / 2475 ms", "the floor")
+        );
+        assert!(!rows.iter().any(|r| r.metric.starts_with("runtime's own 30-pod burst")));
         let burst30 = rows.iter().find(|r| r.metric.starts_with("30-pod burst")).unwrap();
         assert_eq!(burst30.reference, "— / — / 4800 ms");
         let exit = rows.iter().find(|r| r.metric.starts_with("exit detection, kill → status in the API")).unwrap();
