@@ -114,6 +114,25 @@ impl PodManager {
         self.inner.read().unwrap().pods.values().cloned().collect()
     }
 
+    /// The UIDs of all desired pods (no pod is copied).
+    #[must_use]
+    pub fn uids(&self) -> std::collections::HashSet<String> {
+        self.inner.read().unwrap().pods.keys().cloned().collect()
+    }
+
+    /// Whether the desired pod `uid` is a static pod (from a file or URL source).
+    #[must_use]
+    pub fn is_static(&self, uid: &str) -> bool {
+        self.inner.read().unwrap().pods.get(uid).is_some_and(crate::sources::is_static_pod)
+    }
+
+    /// How many pods are desired, and how many of them are static.
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.inner.read().unwrap();
+        (inner.pods.len(), inner.pods.values().filter(|p| crate::sources::is_static_pod(p)).count())
+    }
+
     #[must_use]
     pub fn contains(&self, uid: &str) -> bool {
         self.inner.read().unwrap().pods.contains_key(uid)
@@ -142,6 +161,21 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    #[test]
+    fn uids_and_counts_without_copying_pods() {
+        let m = PodManager::new(&["api", "file"]);
+        let mut static_pod = pod("s", "x");
+        static_pod.metadata.annotations =
+            Some(BTreeMap::from([(crate::sources::CONFIG_SOURCE_ANNOTATION.to_owned(), "file".to_owned())]));
+        m.apply(PodUpdate::Set { source: "file", pods: vec![static_pod] });
+        m.apply(PodUpdate::Set { source: "api", pods: vec![pod("a", "x"), pod("b", "x")] });
+        assert_eq!(m.uids(), ["a", "b", "s"].map(String::from).into_iter().collect());
+        assert!(m.is_static("s"));
+        assert!(!m.is_static("a"));
+        assert!(!m.is_static("gone"));
+        assert_eq!(m.counts(), (3, 1));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, WorkType};
 use crate::runtime::RuntimeManager;
-use crate::sources::{PodUpdate, is_static_pod};
+use crate::sources::PodUpdate;
 
 /// Upstream `housekeepingPeriod`.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
@@ -232,9 +232,8 @@ impl SyncLoop {
     }
 
     fn update_pod_count_metrics(&self) {
-        let pods = self.pod_manager.pods();
-        let n_static = pods.iter().filter(|p| is_static_pod(p)).count() as i64;
-        for (label, n) in [("true", n_static), ("false", pods.len() as i64 - n_static)] {
+        let (total, n_static) = self.pod_manager.counts();
+        for (label, n) in [("true", n_static as i64), ("false", (total - n_static) as i64)] {
             let l = StaticLabels { r#static: label.into() };
             self.metrics.desired_pods.get_or_create(&l).set(n);
             self.metrics.active_pods.get_or_create(&l).set(n);
@@ -268,7 +267,7 @@ impl SyncLoop {
                 WorkerState::Terminated | WorkerState::Finished => "terminated",
             };
             let config = if desired.contains(uid) { "desired" } else { "orphan" };
-            let is_static = self.pod_manager.get(uid).is_some_and(|p| is_static_pod(&p));
+            let is_static = self.pod_manager.is_static(uid);
             *counts.entry((lifecycle, config, if is_static { "true" } else { "false" })).or_default() += 1;
         }
         let runtime_only = runtime_pods.keys().filter(|u| !states.contains_key(*u) && !desired.contains(*u)).count();
@@ -293,7 +292,7 @@ impl SyncLoop {
         if !self.pod_manager.sources_ready() || !self.pleg.has_relisted() {
             return;
         }
-        let desired: HashSet<String> = self.pod_manager.pods().into_iter().filter_map(|p| p.metadata.uid).collect();
+        let desired = self.pod_manager.uids();
         let workers = self.workers.known_uids();
         let runtime_pods = self.pleg.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);

@@ -114,7 +114,7 @@ impl SyncLoop {
         a.remove_orphans(desired);
         let terminal: HashSet<String> = desired
             .iter()
-            .filter(|u| self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))))
+            .filter(|u| matches!(self.status.phase(u).as_deref(), Some("Succeeded" | "Failed")))
             .cloned()
             .collect();
         if a.note_terminal_pods(&terminal) {

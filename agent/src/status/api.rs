@@ -59,6 +59,10 @@ impl StatusProvider for ApiStatusManager {
         self.local.get(uid)
     }
 
+    fn phase(&self, uid: &str) -> Option<String> {
+        self.local.phase(uid)
+    }
+
     fn set(&self, uid: &str, status: PodStatus) {
         let changed = self.local.get(uid).as_ref() != Some(&status);
         self.local.set(uid, status.clone());

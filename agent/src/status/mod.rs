@@ -16,6 +16,11 @@ pub use generate::{StatusInputs, generate_api_pod_status, get_phase};
 /// Holds the latest generated status of every pod, by UID.
 pub trait StatusProvider: Send + Sync + std::fmt::Debug {
     fn get(&self, uid: &str) -> Option<PodStatus>;
+    /// The pod's phase alone: housekeeping asks this of every pod every 2 s, and a whole
+    /// status is not cheap to copy.
+    fn phase(&self, uid: &str) -> Option<String> {
+        self.get(uid).and_then(|s| s.phase)
+    }
     fn set(&self, uid: &str, status: PodStatus);
     fn remove(&self, uid: &str);
     /// A pod's worker finished (the pod is terminated and its runtime objects removed).
@@ -35,6 +40,10 @@ pub struct StatusManager {
 impl StatusProvider for StatusManager {
     fn get(&self, uid: &str) -> Option<PodStatus> {
         self.inner.read().unwrap().get(uid).cloned()
+    }
+
+    fn phase(&self, uid: &str) -> Option<String> {
+        self.inner.read().unwrap().get(uid).and_then(|s| s.phase.clone())
     }
 
     fn set(&self, uid: &str, status: PodStatus) {
