@@ -16,6 +16,7 @@ use super::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus
 use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
 use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
+use crate::images::puller::EnsuredImage;
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics};
 use crate::volumes::{NoApiServer, VolumeManager};
 
@@ -631,13 +632,9 @@ impl RuntimeManager {
         });
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
-        let mut result = SyncResult {
-            touched_runtime: (actions.kill_pod && !nothing_yet)
-                || !actions.containers_to_kill.is_empty()
-                || resize_plan.is_some(),
-            ..SyncResult::default()
-        };
+        let mut result = SyncResult::default();
         if actions.kill_pod && !nothing_yet {
+            result.touched_runtime = true;
             let reason = if actions.create_sandbox {
                 "sandbox changed; a new one will be created"
             } else {
@@ -668,6 +665,7 @@ impl RuntimeManager {
             }
         } else {
             for (id, (name, why)) in &actions.containers_to_kill {
+                result.touched_runtime = true;
                 tracing::info!(pod = %pod_full_name(pod), container = %name, reason = %why, "killing container");
                 let grace = actions.kill_grace.get(id).copied();
                 if let Err(e) = self.kill_container(pod, id, name, grace, why, status.ips()).await {
@@ -680,6 +678,7 @@ impl RuntimeManager {
             result.touched_runtime = true;
         }
         if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
+            result.touched_runtime = true;
             match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
                 Ok(()) => a.clear_resize_error(pod),
                 Err(e) => {
@@ -957,11 +956,10 @@ impl RuntimeManager {
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
-        image: &crate::images::puller::EnsuredImage,
+        image: &EnsuredImage,
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
-        let image_ref = image.image_ref.as_str();
         let mut config = self
-            .container_config(pod, container, init, restart_count, image_ref, image.status.as_ref(), pod_ips)
+            .container_config(pod, container, init, restart_count, image, pod_ips)
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         for h in &self.container_hooks {
@@ -1134,22 +1132,21 @@ impl RuntimeManager {
 
     /// Builds the CRI container config (upstream `generateContainerConfig`).
     ///
-    /// `image_status` is the image's `ImageStatus` when the caller already holds it (the
+    /// `image.status` is the image's `ImageStatus` when the caller already holds it (the
     /// image manager read it to check presence or after the pull); `None` asks the runtime,
     /// as upstream's `getImageUser` always does. Upstream asks twice per container start;
     /// once is enough, and at a 100-pod burst the runtime's time is what start latency is
     /// made of.
-    #[expect(clippy::too_many_arguments, reason = "mirrors upstream generateContainerConfig inputs")]
     async fn container_config(
         &self,
         pod: &Pod,
         container: &Container,
         init: bool,
         restart_count: u32,
-        image_ref: &str,
-        image_status: Option<&api::Image>,
+        image: &EnsuredImage,
         pod_ips: &[String],
     ) -> std::result::Result<api::ContainerConfig, String> {
+        let image_ref = image.image_ref.as_str();
         let ctx = env::Context {
             cfg: &self.cfg,
             pod_ips,
@@ -1171,7 +1168,7 @@ impl RuntimeManager {
         // Upstream `getImageUser` + `verifyRunAsNonRoot`, then
         // `determineEffectiveSecurityContext` ([`super::security_context`]).
         let queried;
-        let image = if let Some(i) = image_status {
+        let image = if let Some(i) = &image.status {
             Some(i)
         } else {
             let name = if image_ref.is_empty() { container.image.as_deref().unwrap_or_default() } else { image_ref };
@@ -1301,9 +1298,8 @@ impl RuntimeManager {
     }
 
     /// Keeps only the newest instance of each init container (upstream
-    /// `pruneInitContainersBeforeStart`), so restarts do not pile up exited containers.
-    /// Removes all but the newest exited instance of each init container; true when it
-    /// asked the runtime to remove any.
+    /// `pruneInitContainersBeforeStart`), so restarts do not pile up exited containers;
+    /// true when it asked the runtime to remove any.
     async fn prune_init_containers(&self, spec: &PodSpec, status: &RuntimePodStatus) -> bool {
         let mut removed = false;
         let mut seen: HashMap<&str, usize> = HashMap::new();
@@ -3214,6 +3210,12 @@ mod tests {
         use crate::status::{StatusManager, StatusProvider as _};
         use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
 
+        /// An image as `ensure_image_exists` hands it back when it read no status: the
+        /// container config asks the runtime for the image's user itself.
+        fn unchecked_image(image_ref: &str) -> EnsuredImage {
+            EnsuredImage { image_ref: image_ref.into(), status: None }
+        }
+
         struct Env {
             dir: tempfile::TempDir,
             src: FakeObjectSource,
@@ -3303,7 +3305,7 @@ mod tests {
             let p = pod();
             let c = &p.spec.as_ref().unwrap().containers[0];
             let ips = vec!["10.0.0.7".to_string()];
-            let cfg = e.rm.container_config(&p, c, false, 0, "img", None, &ips).await.unwrap();
+            let cfg = e.rm.container_config(&p, c, false, 0, &unchecked_image("img"), &ips).await.unwrap();
             assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
             let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
             assert!(app.readonly);
@@ -3325,7 +3327,7 @@ mod tests {
                 serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
             );
             let c = p.spec.as_ref().unwrap().containers[0].clone();
-            let cfg = e.rm.container_config(&p, &c, false, 0, "img", None, &[]).await.unwrap();
+            let cfg = e.rm.container_config(&p, &c, false, 0, &unchecked_image("img"), &[]).await.unwrap();
             let sc = cfg.linux.unwrap().security_context.unwrap();
             assert_eq!(sc.supplemental_groups, [2000]);
             assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
@@ -3335,7 +3337,7 @@ mod tests {
             let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
             assert_eq!(sb.supplemental_groups, [2000]);
             p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
-            let err = e.rm.container_config(&p, &c, false, 0, "img", None, &[]).await.unwrap_err();
+            let err = e.rm.container_config(&p, &c, false, 0, &unchecked_image("img"), &[]).await.unwrap_err();
             assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
         }
 
@@ -3347,7 +3349,7 @@ mod tests {
                 serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}})).unwrap(),
             );
             let c = &p.spec.as_ref().unwrap().containers[0];
-            let err = e.rm.container_config(&p, c, false, 0, "img", None, &[]).await.unwrap_err();
+            let err = e.rm.container_config(&p, c, false, 0, &unchecked_image("img"), &[]).await.unwrap_err();
             assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
         }
 
