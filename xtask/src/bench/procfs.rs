@@ -109,9 +109,33 @@ impl CpuSample {
     }
 }
 
+/// The machine's busy share of all its CPUs (0..1) from two `/proc/stat` readings.
+pub fn busy_share(before: &[u64], after: &[u64]) -> Option<f64> {
+    // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
+    let total: u64 = after.iter().zip(before).map(|(a, b)| a.saturating_sub(*b)).sum();
+    let idle = |v: &[u64]| v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total > 0).then(|| 1.0 - idle(after).saturating_sub(idle(before)) as f64 / total as f64)
+}
+
+/// The machine's CPU times (the `cpu` line of `/proc/stat`, its first 8 fields, ticks).
+pub fn machine_cpu_times() -> Option<Vec<u64>> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    line.split_whitespace().take(8).map(|f| f.parse().ok()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_share_leaves_out_idle_and_iowait() {
+        let before = [100, 0, 100, 700, 100, 0, 0, 0];
+        // 100 more user, 50 system, 250 idle, 100 iowait: 150 busy of 500.
+        let after = [200, 0, 150, 950, 200, 0, 0, 0];
+        assert!((busy_share(&before, &after).unwrap() - 0.3).abs() < 1e-9);
+        assert_eq!(busy_share(&before, &before), None);
+    }
 
     #[test]
     fn stat_cpu_ticks_counts_fields_after_the_command_name() {

@@ -723,29 +723,15 @@ async fn runtime_burst(cri: &CriClient, n: usize, in_flight: usize) -> Result<Ru
     Ok(out)
 }
 
-/// The machine's busy share of all its CPUs (0..1) from two `/proc/stat` readings.
-fn busy_share(before: &[u64], after: &[u64]) -> Option<f64> {
-    // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
-    let total: u64 = after.iter().zip(before).map(|(a, b)| a.saturating_sub(*b)).sum();
-    let idle = |v: &[u64]| v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total > 0).then(|| 1.0 - idle(after).saturating_sub(idle(before)) as f64 / total as f64)
-}
-
-fn cpu_times() -> Option<Vec<u64>> {
-    let stat = fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    line.split_whitespace().take(8).map(|f| f.parse().ok()).collect()
-}
-
 /// Waits (at most a minute) until the machine has been under 10 % busy for a second.
 async fn wait_machine_quiet() {
     const QUIET: f64 = 0.10;
     let deadline = Instant::now() + Duration::from_mins(1);
     let mut last = None;
     while Instant::now() < deadline {
-        let before = cpu_times();
+        let before = procfs::machine_cpu_times();
         tokio::time::sleep(Duration::from_secs(1)).await;
-        last = before.zip(cpu_times()).and_then(|(b, a)| busy_share(&b, &a));
+        last = before.zip(procfs::machine_cpu_times()).and_then(|(b, a)| procfs::busy_share(&b, &a));
         if last.is_none_or(|b| b < QUIET) {
             return;
         }
@@ -1172,15 +1158,6 @@ mod tests {
             swiftlet,
             other: other.then(|| agent("kubelet", 3)),
         }
-    }
-
-    #[test]
-    fn busy_share_leaves_out_idle_and_iowait() {
-        let before = [100, 0, 100, 700, 100, 0, 0, 0];
-        // 100 more user, 50 system, 250 idle, 100 iowait: 150 busy of 500.
-        let after = [200, 0, 150, 950, 200, 0, 0, 0];
-        assert!((busy_share(&before, &after).unwrap() - 0.3).abs() < 1e-9);
-        assert_eq!(busy_share(&before, &before), None);
     }
 
     #[test]
