@@ -355,6 +355,26 @@ fn advance(known: &mut HashMap<String, PlegState>, id: &str, new: PlegState) -> 
     }
 }
 
+/// How long to wait before asking CRI again, after `polls` answers that did not agree
+/// yet, `elapsed` after the kernel event.
+///
+/// An exit: containerd records it some tens of ms after the kernel (it runs `runc delete`
+/// first), and the status waits for it: poll finely while that is likely, then every
+/// 25 ms (a doubling back-off would overshoot the moment it agrees by up to its last step).
+///
+/// A start: the container's first exec comes before the runtime's `StartContainer`
+/// returns, which on a node busy starting many pods takes hundreds of ms; the pod worker
+/// that asked for the start learns of it from that call, so nothing waits on this
+/// confirmation. Back off from 5 ms, doubling up to 250 ms: fine polling here cost about
+/// 100 `ContainerStatus` calls per container start, 200 a second in a 100-pod burst, on a
+/// runtime that had no CPU to spare.
+fn confirm_pause(want: PlegState, elapsed: Duration, polls: u32) -> Duration {
+    if want == PlegState::Running {
+        return Duration::from_millis(5u64 << polls.saturating_sub(1).min(6)).min(Duration::from_millis(250));
+    }
+    if elapsed < Duration::from_millis(200) { Duration::from_millis(2) } else { Duration::from_millis(25) }
+}
+
 /// Outcome of waiting for CRI to agree with the kernel.
 enum Confirmation {
     /// CRI shows the state; the container's name.
@@ -647,23 +667,20 @@ impl EventedPleg {
             .cloned()
     }
 
-    /// Polls CRI until the container is in `want` (the runtime lags the kernel by a few
-    /// ms), with a short exponential back-off, up to [`CONFIRM_DEADLINE`].
+    /// Polls CRI until the container is in `want`, up to [`CONFIRM_DEADLINE`], at the
+    /// pace of [`confirm_pause`].
     async fn confirm(&self, id: &str, want: PlegState) -> Confirmation {
         let started = tokio::time::Instant::now();
         let give_up = started + CONFIRM_DEADLINE;
+        let mut polls = 0u32;
         loop {
             match runtime_state(self.rt.as_ref(), id).await {
                 Some((s, name)) if s == want => return Confirmation::Agreed(name),
                 Some((s, _)) if rank(s) > rank(want) => return Confirmation::Passed,
                 _ => {}
             }
-            // containerd records an exit some tens of ms after the kernel (it runs `runc
-            // delete` first): poll finely while that is likely, then back off. A doubling
-            // back-off would overshoot the moment it agrees by up to its last step.
-            let elapsed = started.elapsed();
-            let pause =
-                if elapsed < Duration::from_millis(200) { Duration::from_millis(2) } else { Duration::from_millis(25) };
+            polls += 1;
+            let pause = confirm_pause(want, started.elapsed(), polls);
             if tokio::time::Instant::now() + pause > give_up {
                 return Confirmation::TimedOut;
             }
@@ -976,6 +993,45 @@ mod tests {
             signal: 0,
         };
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_is_confirmed_without_flooding_a_slow_runtime() {
+        // In a burst the first exec comes long before the runtime's StartContainer returns:
+        // the confirmation backs off instead of asking every few ms.
+        let (rt, pleg, _, sb) = setup().await;
+        let cfg = api::ContainerConfig {
+            metadata: Some(api::ContainerMetadata { name: "late".into(), attempt: 0 }),
+            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+            ..Default::default()
+        };
+        let late = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
+        pleg.state.lock().unwrap().index.insert(CGROUP2_HIERARCHY, 43, &format!("/kubepods/podu1/{late}"));
+        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
+        let before = statuses();
+        let starter = {
+            let (rt, late) = (rt.clone(), late.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                rt.start_container(&late).await.unwrap();
+            })
+        };
+        let exec = KernelEvent::Exec { ktime_ns: 1, pid: 88, cgroup2_id: 43, memcg_id: 0, ns_init: true };
+        let ev = pleg.handle_kernel_event(exec).await.expect("confirmed once the runtime agrees");
+        starter.await.unwrap();
+        assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerStarted, late.as_str()));
+        // 0, 5, 15, 35, 75, 155, 315 ms: not yet; 565 ms: running.
+        assert_eq!(statuses() - before, 8);
+    }
+
+    #[test]
+    fn exits_are_confirmed_finely_then_every_25_ms() {
+        let ms = Duration::from_millis;
+        assert_eq!(confirm_pause(PlegState::Exited, ms(10), 5), ms(2));
+        assert_eq!(confirm_pause(PlegState::Exited, ms(250), 120), ms(25));
+        assert_eq!(confirm_pause(PlegState::Running, ms(0), 1), ms(5));
+        assert_eq!(confirm_pause(PlegState::Running, ms(75), 5), ms(80));
+        assert_eq!(confirm_pause(PlegState::Running, ms(1000), 12), ms(250));
     }
 
     #[tokio::test(start_paused = true)]
