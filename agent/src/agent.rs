@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::cm::{CgroupConfig, CgroupfsPodContainerManager, PodContainerManager};
-use crate::config::Config;
+use crate::config::{Config, KubeletConfiguration};
 use crate::event_api::{EventApiServer, EventBus, NodeEvent, NodeEventKind};
 use crate::events::{EventRecorder, MemoryRecorder};
 use crate::metrics::KubeletMetrics;
@@ -337,17 +337,48 @@ fn node_settings(cfg: &Config, node_ip: Option<std::net::IpAddr>) -> crate::node
     }
 }
 
-/// A client of the API server from a kubeconfig file.
-/// Requests are rate limited by `kubeAPIQPS`/`kubeAPIBurst` as upstream.
-async fn kube_client(path: &std::path::Path, qps: i32, burst: i32) -> Result<kube::Client, Error> {
-    let err = |message: String| Error::Kubeconfig { path: path.display().to_string(), message };
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(e.to_string()))?;
-    let bucket = Arc::new(crate::api_throttle::TokenBucket::new(qps as f32, burst));
-    Ok(builder.with_layer(&crate::api_throttle::ThrottleLayer(bucket)).build())
+/// The agent's clients of the API server, built from one kubeconfig as upstream builds
+/// its three (`cmd/kubelet/app/server.go`): pods, pod status, mirror pods, volumes' objects
+/// and webhook reviews go through `main`, limited by `kubeAPIQPS` / `kubeAPIBurst`; events
+/// through a client of their own limited by `eventRecordQPS` / `eventBurst`, so a burst of
+/// events never holds back a status write; node status and the Lease through `heartbeat`,
+/// never throttled (a node must not look dead because its pods were busy), whose requests
+/// time out after the shorter of `nodeStatusUpdateFrequency` and the lease duration.
+#[derive(Clone)]
+struct ApiClients {
+    main: kube::Client,
+    events: kube::Client,
+    heartbeat: kube::Client,
+}
+
+impl ApiClients {
+    async fn from_kubeconfig(path: &std::path::Path, kc: &KubeletConfiguration) -> Result<Self, Error> {
+        let err = |message: String| Error::Kubeconfig { path: path.display().to_string(), message };
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let client = |config: kube::Config, limit: Option<(i32, i32)>| {
+            let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(e.to_string()))?;
+            Ok::<_, Error>(match limit {
+                Some((qps, burst)) => {
+                    let bucket = Arc::new(crate::api_throttle::TokenBucket::new(qps as f32, burst));
+                    builder.with_layer(&crate::api_throttle::ThrottleLayer(bucket)).build()
+                }
+                None => builder.build(),
+            })
+        };
+        let lease = Duration::from_secs(u64::try_from(kc.node_lease_duration_seconds).unwrap_or(0));
+        let timeout = Some(kc.node_status_update_frequency.to_std().min(lease)).filter(|t| !t.is_zero());
+        let mut heartbeat = config.clone();
+        heartbeat.read_timeout = timeout.or(heartbeat.read_timeout);
+        heartbeat.write_timeout = timeout.or(heartbeat.write_timeout);
+        Ok(Self {
+            main: client(config.clone(), Some((kc.kube_api_qps, kc.kube_api_burst)))?,
+            events: client(config, Some((kc.event_record_qps, kc.event_burst)))?,
+            heartbeat: client(heartbeat, None)?,
+        })
+    }
 }
 
 /// Runs the agent until `shutdown` is cancelled.
@@ -357,10 +388,11 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let configz = cfg.kubelet.to_configz_json();
     crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
-    let client = match &cfg.kubeconfig {
-        Some(path) => Some(kube_client(path, kc.kube_api_qps, kc.kube_api_burst).await?),
+    let clients = match &cfg.kubeconfig {
+        Some(path) => Some(ApiClients::from_kubeconfig(path, kc).await?),
         None => None,
     };
+    let client = clients.as_ref().map(|c| c.main.clone());
     let mode = if client.is_some() { "API server" } else { "standalone: static pods only" };
     tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, mode, "starting swiftlet");
     // The node IP: --node-ip, else (API mode) the host's primary address, as hostIP.
@@ -426,10 +458,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     cm.ensure_node_cgroups()?;
 
     let memory_events = MemoryRecorder::new(&cfg.node_name);
-    let recorder: Arc<dyn EventRecorder> = match &client {
+    let recorder: Arc<dyn EventRecorder> = match &clients {
         Some(c) => {
-            let (r, task) =
-                crate::events::ApiRecorder::new(memory_events.clone(), c.clone(), kc.event_record_qps, kc.event_burst);
+            let (r, task) = crate::events::ApiRecorder::new(memory_events.clone(), c.events.clone());
             tokio::spawn(task.instrument(tracing::info_span!("events")));
             Arc::new(r)
         }
@@ -696,7 +727,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     .map(|m| m.with_metrics(metrics.clone()).with_recorder(recorder.clone() as Arc<dyn EventRecorder>, &cfg.node_name));
     let shutdown_status = node_shutdown.as_ref().map(crate::nodeshutdown::Manager::status);
     let mut node_handle = None;
-    if let Some(client) = &client {
+    if let Some(api) = &clients {
+        let client = &api.main;
         let mirrors = crate::mirror::MirrorStore::default();
         tracker.spawn(
             crate::sources::api::run(
@@ -713,7 +745,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         let health = pleg_health.clone();
         let shutting_down = shutdown_status.clone();
         let node = crate::node::NodeManager::new(
-            client.clone(),
+            api.heartbeat.clone(),
             node_settings(&cfg, node_ip),
             machine.clone(),
             rt.clone(),
@@ -906,4 +938,74 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     }
     tracing::info!("swiftlet stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod api_clients_tests {
+    use super::*;
+
+    /// A kubeconfig for a plain-HTTP server that answers `{}` to everything.
+    async fn answering_server(dir: &std::path::Path) -> std::path::PathBuf {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(|| async { "{}" })).await });
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+                 clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+                 users: [{{name: t, user: {{}}}}]\n\
+                 contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    fn get(client: &kube::Client) -> impl std::future::Future<Output = kube::Result<String>> + 'static {
+        let client = client.clone();
+        async move { client.request_text(http::Request::get("/api/v1/namespaces").body(Vec::new()).unwrap()).await }
+    }
+
+    #[tokio::test]
+    async fn events_and_heartbeats_do_not_wait_for_the_pod_clients_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = answering_server(dir.path()).await;
+        let kc = KubeletConfiguration { kube_api_qps: 1, kube_api_burst: 1, ..KubeletConfiguration::default() };
+        let clients = ApiClients::from_kubeconfig(&path, &kc).await.unwrap();
+        // The pod client spends its one token, then four more requests queue for ~4 s.
+        get(&clients.main).await.unwrap();
+        let queued: Vec<_> = (0..4).map(|_| tokio::spawn(get(&clients.main))).collect();
+        tokio::task::yield_now().await;
+        // Events (eventBurst 100) and heartbeats (never throttled) go out at once; had they
+        // shared the pod client's bucket, each would wait behind the queue.
+        let others = async {
+            for _ in 0..5 {
+                get(&clients.events).await.unwrap();
+                get(&clients.heartbeat).await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), others)
+            .await
+            .expect("events and heartbeats waited for the pod client's tokens");
+        assert!(queued.iter().any(|q| !q.is_finished()), "the pod client was not limited to kubeAPIQPS");
+        for q in queued {
+            q.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn event_client_is_limited_by_event_record_qps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = answering_server(dir.path()).await;
+        let kc = KubeletConfiguration { event_record_qps: 1, event_burst: 1, ..KubeletConfiguration::default() };
+        let clients = ApiClients::from_kubeconfig(&path, &kc).await.unwrap();
+        get(&clients.events).await.unwrap();
+        let second = tokio::spawn(get(&clients.events));
+        // The pod client (kubeAPIQPS 50) is not held back by the events' empty bucket.
+        tokio::time::timeout(Duration::from_secs(2), get(&clients.main)).await.unwrap().unwrap();
+        assert!(!second.is_finished(), "the second event went out without waiting for a token");
+        second.await.unwrap().unwrap();
+    }
 }

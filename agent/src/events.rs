@@ -151,38 +151,29 @@ mod tests {
     }
 }
 
-/// Records events in memory (for `/events`) and posts them to the API server, rate
-/// limited as upstream (`eventRecordQPS` per second with a burst of `eventBurst`; events
-/// over the limit are dropped, never queued without bound).
+/// Records events in memory (for `/events`) and posts them to the API server, one at a
+/// time through the agent's events client, whose token bucket (`eventRecordQPS` /
+/// `eventBurst`) spaces them as upstream's event client does. Events wait in a queue of
+/// [`EVENT_QUEUE`]; when it is full (the API server slow or gone), new ones are not posted,
+/// as upstream's broadcaster drops them, never queued without bound.
 #[derive(Debug, Clone)]
 pub struct ApiRecorder {
     memory: MemoryRecorder,
     tx: tokio::sync::mpsc::Sender<Event>,
 }
 
+/// Events waiting to be posted (upstream's broadcaster queues 1000).
+pub const EVENT_QUEUE: usize = 1000;
+
 impl ApiRecorder {
     /// Returns the recorder and the task that posts events.
     pub fn new(
         memory: MemoryRecorder,
         client: kube::Client,
-        qps: i32,
-        burst: i32,
     ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(1024);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(EVENT_QUEUE);
         let task = async move {
-            let burst = f64::from(burst.max(1));
-            let rate = f64::from(qps.max(0));
-            let mut tokens = burst;
-            let mut last = tokio::time::Instant::now();
             while let Some(ev) = rx.recv().await {
-                let now = tokio::time::Instant::now();
-                tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
-                last = now;
-                if qps > 0 && tokens < 1.0 {
-                    tracing::debug!(reason = ?ev.reason, "event dropped by the eventRecordQPS limit");
-                    continue;
-                }
-                tokens -= 1.0;
                 let ns = ev.metadata.namespace.clone().unwrap_or_else(|| "default".into());
                 let api: kube::Api<Event> = kube::Api::namespaced(client.clone(), &ns);
                 if let Err(e) = api.create(&kube::api::PostParams::default(), &ev).await {
