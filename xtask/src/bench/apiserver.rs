@@ -24,7 +24,6 @@ use tokio::{
 };
 
 use crate::{
-    Ctx,
     bench::{agent::NAMESPACE, https},
     containerd,
 };
@@ -33,22 +32,6 @@ use crate::{
 pub const TOKEN: &str = "swiftlet-bench-token";
 /// The longest one API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Builds the server binary (release, like the agent: a debug server would slow every
-/// pod start it serves).
-pub fn build(ctx: &Ctx) -> Result<PathBuf> {
-    eprintln!("==> cargo build --release -p swiftlet-tests --bin swiftlet-test-apiserver");
-    let status = Command::new(&ctx.cargo)
-        .args(["build", "--release", "-p", "swiftlet-tests", "--bin", "swiftlet-test-apiserver"])
-        .current_dir(&ctx.workspace)
-        .status()
-        .context("running cargo build")?;
-    ensure!(
-        status.success(),
-        "building swiftlet-test-apiserver failed ({status}); --apiserver-bin runs one built elsewhere"
-    );
-    Ok(ctx.target_dir.join("release/swiftlet-test-apiserver"))
-}
 
 /// A running test API server.
 #[derive(Debug)]

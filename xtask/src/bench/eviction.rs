@@ -767,14 +767,13 @@ pub async fn prepare_bench(
 ) -> Result<(Binaries, CriClient, Environment, Option<i32>)> {
     let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl", "openssl"])?;
-    let swiftlet = match swiftlet_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => pleg::build_release(ctx)?,
+    let built = if swiftlet_bin.is_none() || apiserver_bin.is_none() { Some(pleg::build_release(ctx)?) } else { None };
+    let given = |p: Option<&Path>, flag: &str, built: Option<PathBuf>| match p {
+        Some(p) => fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display())),
+        None => built.context("no release build"),
     };
-    let apiserver = match apiserver_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--apiserver-bin {}", p.display()))?,
-        None => apiserver::build(ctx)?,
-    };
+    let swiftlet = given(swiftlet_bin, "--swiftlet-bin", built.as_ref().map(|b| b.swiftlet.clone()))?;
+    let apiserver = given(apiserver_bin, "--apiserver-bin", built.map(|b| b.apiserver))?;
     let mut cri = CriClient::connect(&layout.socket()).await?;
     pleg::preflight(&mut cri, layout).await?;
     let version = cri.version().await?;

@@ -513,7 +513,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs, session: &mut Sess
     apt::ensure(&["curl", "openssl"])?;
     let binary = match &args.swiftlet_bin {
         Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => pleg::build_release(ctx)?,
+        None => pleg::build_release(ctx)?.swiftlet,
     };
     let mut cri = CriClient::connect(&layout.socket()).await?;
     pleg::preflight(&mut cri, layout).await?;
