@@ -264,6 +264,17 @@ struct Work {
     ktime: u64,
     /// Exit code and signal, for exits.
     exit: Option<(i32, i32)>,
+    /// How often to ask CRI ([`confirm_pause`]).
+    pace: Pace,
+}
+
+/// How a confirmation polls CRI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// Every 2 ms for 200 ms, then every 25 ms: someone waits for the answer.
+    Fine,
+    /// From 5 ms, doubling up to 250 ms: the answer is slow to come or not awaited.
+    BackOff,
 }
 
 /// What to do with a kernel event after [`EventedPleg::classify`].
@@ -358,21 +369,23 @@ fn advance(known: &mut HashMap<String, PlegState>, id: &str, new: PlegState) -> 
 /// How long to wait before asking CRI again, after `polls` answers that did not agree
 /// yet, `elapsed` after the kernel event.
 ///
-/// An exit: containerd records it some tens of ms after the kernel (it runs `runc delete`
-/// first), and the status waits for it: poll finely while that is likely, then every
-/// 25 ms (a doubling back-off would overshoot the moment it agrees by up to its last step).
+/// [`Pace::Fine`] for the exit of a running container: containerd records it some tens of
+/// ms after the kernel (it runs `runc delete` first), and the status waits for it: poll
+/// finely while that is likely, then every 25 ms (a doubling back-off would overshoot the
+/// moment it agrees by up to its last step).
 ///
-/// A start: the container's first exec comes before the runtime's `StartContainer`
-/// returns, which on a node busy starting many pods takes hundreds of ms; the pod worker
-/// that asked for the start learns of it from that call, so nothing waits on this
-/// confirmation. Back off from 5 ms, doubling up to 250 ms: fine polling here cost about
-/// 100 `ContainerStatus` calls per container start, 200 a second in a 100-pod burst, on a
-/// runtime that had no CPU to spare.
-fn confirm_pause(want: PlegState, elapsed: Duration, polls: u32) -> Duration {
-    if want == PlegState::Running {
-        return Duration::from_millis(5u64 << polls.saturating_sub(1).min(6)).min(Duration::from_millis(250));
+/// [`Pace::BackOff`] for the rest. A start: the container's first exec comes before the
+/// runtime's `StartContainer` returns, which on a node busy starting many pods takes
+/// hundreds of ms, and the pod worker that asked for the start learns of it from that
+/// call. Fine polling there cost about 100 `ContainerStatus` calls per container start,
+/// and some 170 per exit of runc's helper (which never agrees: a 2 s time-out), hundreds
+/// a second in a 100-pod burst, on a runtime that had no CPU to spare.
+fn confirm_pause(pace: Pace, elapsed: Duration, polls: u32) -> Duration {
+    match pace {
+        Pace::BackOff => Duration::from_millis(5u64 << polls.saturating_sub(1).min(6)).min(Duration::from_millis(250)),
+        Pace::Fine if elapsed < Duration::from_millis(200) => Duration::from_millis(2),
+        Pace::Fine => Duration::from_millis(25),
     }
-    if elapsed < Duration::from_millis(200) { Duration::from_millis(2) } else { Duration::from_millis(25) }
 }
 
 /// Outcome of waiting for CRI to agree with the kernel.
@@ -605,14 +618,31 @@ impl EventedPleg {
         if s.known.get(&cid).is_some_and(|k| rank(*k) >= rank(want)) {
             return None;
         }
+        // An exit is awaited (the pod's status waits for it) once the container is known
+        // to run. One of a container not yet seen running is most often the runtime's
+        // own: runc's helper can be the first process to exec in a new container cgroup
+        // and exits a few ms later, before the container's process execs, while CRI goes
+        // on reporting the container created or running for good.
+        let pace = if want == PlegState::Exited && s.known.get(&cid) == Some(&PlegState::Running) {
+            Pace::Fine
+        } else {
+            Pace::BackOff
+        };
         *s.pending.entry(cid.clone()).or_default() += 1;
-        Some(Next::Confirm(Work { pod_uid: target.pod_uid, cid, want, ktime, exit: exit.map(|(c, s, _)| (c, s)) }))
+        Some(Next::Confirm(Work {
+            pod_uid: target.pod_uid,
+            cid,
+            want,
+            ktime,
+            exit: exit.map(|(c, s, _)| (c, s)),
+            pace,
+        }))
     }
 
     /// The asynchronous part: waits for CRI to agree, then records and emits.
     async fn complete(&self, work: Work) -> Option<PodLifecycleEvent> {
-        let Work { pod_uid, cid, want, ktime, exit } = work;
-        let confirmed = self.confirm(&cid, want).await;
+        let Work { pod_uid, cid, want, ktime, exit, pace } = work;
+        let confirmed = self.confirm(&cid, want, pace).await;
         let mut s = self.state.lock().unwrap();
         if let Some(n) = s.pending.get_mut(&cid) {
             *n -= 1;
@@ -669,7 +699,7 @@ impl EventedPleg {
 
     /// Polls CRI until the container is in `want`, up to [`CONFIRM_DEADLINE`], at the
     /// pace of [`confirm_pause`].
-    async fn confirm(&self, id: &str, want: PlegState) -> Confirmation {
+    async fn confirm(&self, id: &str, want: PlegState, pace: Pace) -> Confirmation {
         let started = tokio::time::Instant::now();
         let give_up = started + CONFIRM_DEADLINE;
         let mut polls = 0u32;
@@ -680,7 +710,7 @@ impl EventedPleg {
                 _ => {}
             }
             polls += 1;
-            let pause = confirm_pause(want, started.elapsed(), polls);
+            let pause = confirm_pause(pace, started.elapsed(), polls);
             if tokio::time::Instant::now() + pause > give_up {
                 return Confirmation::TimedOut;
             }
@@ -1025,13 +1055,13 @@ mod tests {
     }
 
     #[test]
-    fn exits_are_confirmed_finely_then_every_25_ms() {
+    fn awaited_exits_are_confirmed_finely_the_rest_with_a_back_off() {
         let ms = Duration::from_millis;
-        assert_eq!(confirm_pause(PlegState::Exited, ms(10), 5), ms(2));
-        assert_eq!(confirm_pause(PlegState::Exited, ms(250), 120), ms(25));
-        assert_eq!(confirm_pause(PlegState::Running, ms(0), 1), ms(5));
-        assert_eq!(confirm_pause(PlegState::Running, ms(75), 5), ms(80));
-        assert_eq!(confirm_pause(PlegState::Running, ms(1000), 12), ms(250));
+        assert_eq!(confirm_pause(Pace::Fine, ms(10), 5), ms(2));
+        assert_eq!(confirm_pause(Pace::Fine, ms(250), 120), ms(25));
+        assert_eq!(confirm_pause(Pace::BackOff, ms(0), 1), ms(5));
+        assert_eq!(confirm_pause(Pace::BackOff, ms(75), 5), ms(80));
+        assert_eq!(confirm_pause(Pace::BackOff, ms(1000), 12), ms(250));
     }
 
     #[tokio::test(start_paused = true)]
@@ -1051,8 +1081,13 @@ mod tests {
             exit_code: 0,
             signal: 0,
         };
+        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
+        let before = statuses();
         assert!(pleg.handle_kernel_event(exit.clone()).await.is_none(), "CRI says running: nothing happened");
         assert!(exits.is_empty());
+        // Not seen running yet (as when runc's helper was the cgroup's first exec): asked
+        // with a back-off until the 2 s time-out, not every 2 ms.
+        assert_eq!(statuses() - before, 13);
         // When CRI does agree (a hostPID container's main process), it is a ContainerDied.
         rt.exit_container(&cid, 0);
         let ev = pleg.handle_kernel_event(exit).await.expect("confirmed by CRI");
