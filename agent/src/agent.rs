@@ -944,12 +944,14 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
 mod api_clients_tests {
     use super::*;
 
-    /// A kubeconfig for a plain-HTTP server that answers `{}` to everything.
-    async fn answering_server(dir: &std::path::Path) -> std::path::PathBuf {
+    /// The agent's clients, configured by `kc`, of a plain-HTTP server that answers `{}` to
+    /// everything (and the folder holding their kubeconfig).
+    async fn clients_of_answering_server(kc: &KubeletConfiguration) -> (tempfile::TempDir, ApiClients) {
+        let dir = tempfile::tempdir().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(|| async { "{}" })).await });
-        let path = dir.join("kubeconfig");
+        let path = dir.path().join("kubeconfig");
         std::fs::write(
             &path,
             format!(
@@ -960,7 +962,8 @@ mod api_clients_tests {
             ),
         )
         .unwrap();
-        path
+        let clients = ApiClients::from_kubeconfig(&path, kc).await.unwrap();
+        (dir, clients)
     }
 
     fn get(client: &kube::Client) -> impl std::future::Future<Output = kube::Result<String>> + 'static {
@@ -970,10 +973,8 @@ mod api_clients_tests {
 
     #[tokio::test]
     async fn events_and_heartbeats_do_not_wait_for_the_pod_clients_tokens() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = answering_server(dir.path()).await;
         let kc = KubeletConfiguration { kube_api_qps: 1, kube_api_burst: 1, ..KubeletConfiguration::default() };
-        let clients = ApiClients::from_kubeconfig(&path, &kc).await.unwrap();
+        let (_dir, clients) = clients_of_answering_server(&kc).await;
         // The pod client spends its one token, then four more requests queue for ~4 s.
         get(&clients.main).await.unwrap();
         let queued: Vec<_> = (0..4).map(|_| tokio::spawn(get(&clients.main))).collect();
@@ -997,10 +998,8 @@ mod api_clients_tests {
 
     #[tokio::test]
     async fn event_client_is_limited_by_event_record_qps() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = answering_server(dir.path()).await;
         let kc = KubeletConfiguration { event_record_qps: 1, event_burst: 1, ..KubeletConfiguration::default() };
-        let clients = ApiClients::from_kubeconfig(&path, &kc).await.unwrap();
+        let (_dir, clients) = clients_of_answering_server(&kc).await;
         get(&clients.events).await.unwrap();
         let second = tokio::spawn(get(&clients.events));
         // The pod client (kubeAPIQPS 50) is not held back by the events' empty bucket.
