@@ -155,9 +155,13 @@ async fn restart_policies_always_onfailure_never(evented: bool) -> Result<()> {
     assert_eq!(term["exitCode"], 3);
     assert_eq!(term["reason"], "Error");
     assert_eq!(restarts(&p, "main"), 0);
-    // Completed pods keep their container (for status and logs) but not a running sandbox.
-    let sandboxes = cri.sandboxes(&uid(&p)).await?;
-    assert!(sandboxes.iter().all(|s| s.state != 0), "sandbox of a finished pod is stopped");
+    // Completed pods keep their container (for status and logs) but not a running sandbox:
+    // as upstream, the terminal phase is reported first, then the pod is terminated.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while cri.sandboxes(&uid(&p)).await?.iter().any(|s| s.state == 0) {
+        assert!(tokio::time::Instant::now() < deadline, "sandbox of a finished pod still ready after 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(cri.containers(&uid(&p)).await?.len(), 1);
     // And they are never restarted: still one container after further syncs.
     let ok = agent.pod("onfail-ok").await?.unwrap();
