@@ -343,7 +343,9 @@ fn node_settings(cfg: &Config, node_ip: Option<std::net::IpAddr>) -> crate::node
 /// through a client of their own limited by `eventRecordQPS` / `eventBurst`, so a burst of
 /// events never holds back a status write; node status and the Lease through `heartbeat`,
 /// never throttled (a node must not look dead because its pods were busy), whose requests
-/// time out after the shorter of `nodeStatusUpdateFrequency` and the lease duration.
+/// time out after the shorter of `nodeStatusUpdateFrequency` and the lease duration. The
+/// node's registration goes through `heartbeat` too (upstream's uses the main client): the
+/// node manager does both, and a registration is a handful of requests.
 #[derive(Clone)]
 struct ApiClients {
     main: kube::Client,
