@@ -767,13 +767,19 @@ pub async fn prepare_bench(
 ) -> Result<(Binaries, CriClient, Environment, Option<i32>)> {
     let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl", "openssl"])?;
-    let built = if swiftlet_bin.is_none() || apiserver_bin.is_none() { Some(pleg::build_release(ctx)?) } else { None };
-    let given = |p: Option<&Path>, flag: &str, built: Option<PathBuf>| match p {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display())),
-        None => built.context("no release build"),
+    // Build when either is missing (the two build together), then take what was given.
+    let mut bins = match (swiftlet_bin, apiserver_bin) {
+        (Some(s), Some(a)) => pleg::ReleaseBins { swiftlet: s.into(), apiserver: a.into() },
+        _ => pleg::build_release(ctx)?,
     };
-    let swiftlet = given(swiftlet_bin, "--swiftlet-bin", built.as_ref().map(|b| b.swiftlet.clone()))?;
-    let apiserver = given(apiserver_bin, "--apiserver-bin", built.map(|b| b.apiserver))?;
+    let given = |p: &Path, flag: &str| fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()));
+    if let Some(p) = swiftlet_bin {
+        bins.swiftlet = given(p, "--swiftlet-bin")?;
+    }
+    if let Some(p) = apiserver_bin {
+        bins.apiserver = given(p, "--apiserver-bin")?;
+    }
+    let pleg::ReleaseBins { swiftlet, apiserver } = bins;
     let mut cri = CriClient::connect(&layout.socket()).await?;
     pleg::preflight(&mut cri, layout).await?;
     let version = cri.version().await?;
