@@ -483,7 +483,7 @@ impl Manager {
         Ok((bus, events, lock))
     }
 
-    /// Makes logind's delay long enough, takes the lock and subscribes to the signal.
+    /// Makes logind's delay long enough, subscribes to the signal and takes the lock.
     pub async fn start_watching(&self, bus: &dyn Inhibiter) -> Result<(mpsc::Receiver<bool>, InhibitLock)> {
         let current = bus.current_inhibit_delay().await?;
         let requested = period_requested(&self.periods);
@@ -511,9 +511,11 @@ impl Manager {
                 pause *= 2;
             }
         }
-        let lock = bus.inhibit_shutdown().await?;
-        // A failed subscription drops (releases) the lock just taken.
+        // Subscribed before the lock is taken (upstream takes the lock first): logind may
+        // announce a shutdown as soon as the lock exists, and a signal sent before the bus
+        // has our match rule is lost, leaving logind waiting out the whole delay.
         let events = bus.monitor_shutdown().await?;
+        let lock = bus.inhibit_shutdown().await?;
         Ok((events, lock))
     }
 

@@ -235,6 +235,8 @@ struct FakeBus {
     after_reload: Option<Duration>,
     reloads: Mutex<u32>,
     locks: Mutex<u32>,
+    /// Locks taken while nobody was subscribed to `PrepareForShutdown`.
+    locks_unwatched: Mutex<u32>,
     events: Mutex<Option<mpsc::Receiver<bool>>>,
 }
 
@@ -246,6 +248,7 @@ impl FakeBus {
             after_reload,
             reloads: Mutex::new(0),
             locks: Mutex::new(0),
+            locks_unwatched: Mutex::new(0),
             events: Mutex::new(Some(rx)),
         };
         (bus, tx)
@@ -260,6 +263,9 @@ impl Inhibiter for FakeBus {
 
     async fn inhibit_shutdown(&self) -> Result<InhibitLock> {
         *self.locks.lock().unwrap() += 1;
+        if self.events.lock().unwrap().is_some() {
+            *self.locks_unwatched.lock().unwrap() += 1;
+        }
         let (_, writer) = std::io::pipe().unwrap();
         Ok(InhibitLock::new(writer.into()))
     }
@@ -308,6 +314,19 @@ async fn a_short_logind_delay_is_raised_through_the_drop_in_and_a_reload() {
     m.start_watching(&bus).await.unwrap();
     assert_eq!(*bus.reloads.lock().unwrap(), 0);
     assert!(!dir.path().join("logind.conf.d").exists());
+}
+
+/// A shutdown announced the moment the lock exists must reach the manager: the
+/// subscription comes first.
+#[tokio::test(start_paused = true)]
+async fn the_signal_is_subscribed_before_the_lock_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeTerminator::default());
+    let m = manager(dir.path(), vec![], &fake);
+    let (bus, _events) = FakeBus::new(Duration::from_secs(30), None);
+    let (_rx, lock) = m.start_watching(&bus).await.unwrap();
+    assert!(lock.is_held());
+    assert_eq!((*bus.locks.lock().unwrap(), *bus.locks_unwatched.lock().unwrap()), (1, 0));
 }
 
 #[tokio::test(start_paused = true)]
