@@ -394,8 +394,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Some(path) => Some(ApiClients::from_kubeconfig(path, kc).await?),
         None => None,
     };
-    let client = clients.as_ref().map(|c| c.main.clone());
-    let mode = if client.is_some() { "API server" } else { "standalone: static pods only" };
+    let mode = if clients.is_some() { "API server" } else { "standalone: static pods only" };
     tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, mode, "starting swiftlet");
     // The node IP: --node-ip, else (API mode) the host's primary address, as hostIP.
     let node_ip: Option<std::net::IpAddr> = cfg
@@ -403,8 +402,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .as_deref()
         .and_then(|s| s.split(',').next())
         .and_then(|s| s.trim().parse().ok())
-        .or_else(|| client.as_ref().and_then(|_| crate::node::facts::default_node_ip()));
-    let host_ip = if client.is_some() { node_ip.map(|ip| ip.to_string()) } else { cfg.node_ip.clone() };
+        .or_else(|| clients.as_ref().and_then(|_| crate::node::facts::default_node_ip()));
+    let host_ip = if clients.is_some() { node_ip.map(|ip| ip.to_string()) } else { cfg.node_ip.clone() };
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
     registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
@@ -493,8 +492,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .max_container_restart_period
         .map_or(crate::runtime::backoff::MAX, crate::config::GoDuration::to_std);
     // ConfigMaps, Secrets and tokens for volumes and env: from the API server, or none.
-    let object_source: Arc<dyn crate::volumes::source::ObjectSource> = match &client {
-        Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.clone())),
+    let object_source: Arc<dyn crate::volumes::source::ObjectSource> = match &clients {
+        Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.main.clone())),
         None => Arc::new(crate::volumes::source::NoApiServer),
     };
     // Counts sandbox and container starts and stops (the runtime manager's and the PLEG's):
@@ -571,13 +570,14 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         n => tracing::info!(limit = n, "at most {n} sandbox starts and {n} container starts reach the runtime at once"),
     }
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
-    if client.is_some() {
+    if clients.is_some() {
         sources.push(crate::sources::api::API_SOURCE);
     }
     let pod_manager = PodManager::new(&sources);
-    let (status, status_writer): (Arc<dyn StatusProvider>, _) = match &client {
+    let (status, status_writer): (Arc<dyn StatusProvider>, _) = match &clients {
         Some(c) => {
-            let (m, w) = crate::status::api::ApiStatusManager::new(c.clone(), pod_manager.clone(), metrics.clone());
+            let (m, w) =
+                crate::status::api::ApiStatusManager::new(c.main.clone(), pod_manager.clone(), metrics.clone());
             (Arc::new(m), Some(w))
         }
         None => (Arc::new(StatusManager::default()), None),
@@ -698,8 +698,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source.clone()));
     // Webhook authentication and authorization ask the API server (TokenReview,
     // SubjectAccessReview); standalone, the server refuses those settings.
-    let endpoints = match &client {
-        Some(c) => endpoints.api_client(c.clone()),
+    let endpoints = match &clients {
+        Some(c) => endpoints.api_client(c.main.clone()),
         None => endpoints,
     };
     let server = Server::new(ServerSettings { configz, ..ServerSettings::from_config(&cfg)? }, endpoints)?;
