@@ -772,12 +772,11 @@ pub async fn prepare_bench(
         (Some(s), Some(a)) => pleg::ReleaseBins { swiftlet: s.into(), apiserver: a.into() },
         _ => pleg::build_release(ctx)?,
     };
-    let given = |p: &Path, flag: &str| fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()));
     if let Some(p) = swiftlet_bin {
-        bins.swiftlet = given(p, "--swiftlet-bin")?;
+        bins.swiftlet = pleg::given_binary(p, "--swiftlet-bin")?;
     }
     if let Some(p) = apiserver_bin {
-        bins.apiserver = given(p, "--apiserver-bin")?;
+        bins.apiserver = pleg::given_binary(p, "--apiserver-bin")?;
     }
     let pleg::ReleaseBins { swiftlet, apiserver } = bins;
     let mut cri = CriClient::connect(&layout.socket()).await?;

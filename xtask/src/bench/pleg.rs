@@ -163,10 +163,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Sessio
     eprintln!("==> bench pleg: test bed");
     let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl"])?;
-    let binary = match &args.swiftlet_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => build_release(ctx)?.swiftlet,
-    };
+    let binary = swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?;
     let mut cri = CriClient::connect(&layout.socket()).await?;
     preflight(&mut cri, layout).await?;
     let version = cri.version().await?;
@@ -197,6 +194,19 @@ pub(super) struct ReleaseBins {
     /// The test API server, in release like the agent: a debug server would slow every
     /// pod start it serves.
     pub apiserver: PathBuf,
+}
+
+/// A binary given on the command line (`flag`), as an absolute path.
+pub(super) fn given_binary(path: &Path, flag: &str) -> Result<PathBuf> {
+    fs::canonicalize(path).with_context(|| format!("{flag} {}", path.display()))
+}
+
+/// The agent to bench: the one given with `--swiftlet-bin`, else a fresh release build.
+pub(super) fn swiftlet_binary(ctx: &Ctx, given: Option<&Path>) -> Result<PathBuf> {
+    match given {
+        Some(p) => given_binary(p, "--swiftlet-bin"),
+        None => Ok(build_release(ctx)?.swiftlet),
+    }
 }
 
 /// Builds the agent and the test API server in release, in one cargo invocation: the two

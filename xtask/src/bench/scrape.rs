@@ -32,7 +32,6 @@
 
 use std::{
     fmt::Write as _,
-    fs,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -511,10 +510,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs, session: &mut Sess
     eprintln!("==> bench scrape: test bed");
     let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl", "openssl"])?;
-    let binary = match &args.swiftlet_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => pleg::build_release(ctx)?.swiftlet,
-    };
+    let binary = pleg::swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?;
     let mut cri = CriClient::connect(&layout.socket()).await?;
     pleg::preflight(&mut cri, layout).await?;
     let version = cri.version().await?;

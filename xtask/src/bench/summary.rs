@@ -984,10 +984,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &AllArgs) -> Result<()> {
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench: test bed and builds");
-    let other = match &args.other_agent {
-        Some(p) => Some(fs::canonicalize(p).with_context(|| format!("--other-agent {}", p.display()))?),
-        None => None,
-    };
+    let other = args.other_agent.as_deref().map(|p| pleg::given_binary(p, "--other-agent")).transpose()?;
     let (binaries, mut cri, env, containerd_pid) =
         eviction::prepare_bench(ctx, layout, args.swiftlet_bin.as_deref(), args.apiserver_bin.as_deref()).await?;
     session.env = Some(env);
