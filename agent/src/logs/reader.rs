@@ -322,6 +322,8 @@ impl LogReader {
         let mut running = true;
         let mut watcher: Option<(notify::RecommendedWatcher, mpsc::Receiver<()>)> = None;
         let mut watch_started = false;
+        // Rotation seen and the old file read again to its end since.
+        let mut old_drained = false;
         let flush = |out: &mut BytesMut| {
             let chunk = out.split().freeze();
             async move { chunk.is_empty() || tx.send(Ok(chunk)).await.is_ok() }
@@ -352,6 +354,13 @@ impl LogReader {
                     if line.is_empty()
                         && let Some(ino) = now.filter(|&ino| ino != current_inode)
                     {
+                        // The end just read may predate the last writes to the old file
+                        // (made before the runtime reopened): read it once more first.
+                        if !old_drained {
+                            old_drained = true;
+                            continue;
+                        }
+                        old_drained = false;
                         match tokio::fs::File::open(&path).await {
                             Ok(f) => {
                                 current_inode = ino;
