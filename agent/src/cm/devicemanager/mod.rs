@@ -498,6 +498,10 @@ impl DeviceManager {
         affinity: &TopologyHint,
     ) -> Result<(), String> {
         let requests = container_requests(&self.inner.state.lock().unwrap(), container);
+        // As upstream (`needsUpdateCheckpoint`): the checkpoint is written only when
+        // devices were handed out; a container without device resources, or one that
+        // holds its devices already, writes nothing (and does not fsync per pod).
+        let mut allocated = false;
         for (resource, needed) in requests {
             self.inner.state.lock().unwrap().update_allocated_devices(pod);
             let reuse = reusable.get(&resource).cloned().unwrap_or_default();
@@ -543,9 +547,12 @@ impl DeviceManager {
                 return Err("no containers return in allocation response".into());
             };
             self.inner.state.lock().unwrap().insert(pod, &container.name, &resource, &devices, first);
+            allocated = true;
         }
-        let s = self.inner.state.lock().unwrap();
-        self.inner.write_checkpoint(&s);
+        if allocated {
+            let s = self.inner.state.lock().unwrap();
+            self.inner.write_checkpoint(&s);
+        }
         Ok(())
     }
 

@@ -230,6 +230,33 @@ fn health_and_a_gone_plugin_shape_capacity() {
 }
 
 #[test]
+fn the_checkpoint_is_written_only_when_devices_are_handed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    register(&m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    let checkpoint = dir.path().join(CHECKPOINT_FILE);
+    let _ = std::fs::remove_file(&checkpoint);
+    // No device resources: nothing to record (upstream writes only on an allocation).
+    let plain: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "plain", "uid": "u0"},
+        "spec": {"containers": [{"name": "app", "image": "x", "resources": {"limits": {"cpu": "1"}}}]}
+    }))
+    .unwrap();
+    admit(&m, &plain, &[]).unwrap();
+    assert!(!checkpoint.exists(), "a pod without devices wrote the checkpoint");
+    // A device handed out is recorded at once.
+    let p = pod("u1", &[], &[("app", 1)]);
+    admit(&m, &p, std::slice::from_ref(&plain)).unwrap();
+    assert!(std::fs::read_to_string(&checkpoint).unwrap().contains("u1"));
+    // Admitted again (a restart's re-admission), the container keeps its device: no write.
+    std::fs::remove_file(&checkpoint).unwrap();
+    admit(&m, &p, &[plain, p.clone()]).unwrap();
+    assert!(!checkpoint.exists(), "a container that already held its devices rewrote the checkpoint");
+    assert_eq!(ids(&m, "u1", "app"), BTreeSet::from(["a".to_string()]));
+    m.stop();
+}
+
+#[test]
 fn allocations_survive_a_restart_through_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
