@@ -191,6 +191,31 @@ pub struct PortMapping {
 pub struct LinuxPodSandboxConfig {
     #[prost(string, tag = "1")]
     pub cgroup_parent: String,
+    #[prost(message, optional, tag = "2")]
+    pub security_context: Option<LinuxSandboxSecurityContext>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LinuxSandboxSecurityContext {
+    #[prost(message, optional, tag = "9")]
+    pub seccomp: Option<SecurityProfile>,
+}
+
+/// `SecurityProfile`; `profile_type` 0 is `RuntimeDefault`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SecurityProfile {
+    #[prost(int32, tag = "1")]
+    pub profile_type: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mount {
+    #[prost(string, tag = "1")]
+    pub container_path: String,
+    #[prost(string, tag = "2")]
+    pub host_path: String,
+    #[prost(bool, tag = "3")]
+    pub readonly: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -241,6 +266,8 @@ pub struct ContainerConfig {
     pub command: Vec<String>,
     #[prost(string, repeated, tag = "4")]
     pub args: Vec<String>,
+    #[prost(message, repeated, tag = "7")]
+    pub mounts: Vec<Mount>,
     #[prost(string, tag = "11")]
     pub log_path: String,
 }

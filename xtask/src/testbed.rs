@@ -627,7 +627,10 @@ pub async fn smoke(layout: &Layout, keep: bool) -> Result<()> {
             host_ip: String::new(),
         }],
         labels: [("swiftlet.io/xtask".to_owned(), "smoke".to_owned())].into(),
-        linux: Some(cri::LinuxPodSandboxConfig { cgroup_parent: format!("/kubepods/besteffort/pod{uid}") }),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/kubepods/besteffort/pod{uid}"),
+            security_context: None,
+        }),
     };
     // runc creates the cgroup parents but never removes them (that is the kubelet's job):
     // note which are new, to remove them with the pod and leave the agents under test a
@@ -654,6 +657,7 @@ pub async fn smoke(layout: &Layout, keep: bool) -> Result<()> {
                 args: vec![format!(
                     "mkdir -p /www && echo {MARKER} > /www/index.html && exec httpd -f -p 8080 -h /www"
                 )],
+                mounts: Vec::new(),
                 log_path: "httpd.log".into(),
             },
             sandbox_config,

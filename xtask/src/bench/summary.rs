@@ -9,7 +9,9 @@
 //! 1. **The runtime's own start** (no agent running): `RunPodSandbox` + `CreateContainer` +
 //!    `StartContainer` of a one-container busybox pod straight over CRI, timed from the
 //!    first request to the last answer (`--cri-runs`, after one unmeasured warm-up);
-//!    each pod is removed before the next.
+//!    each pod is removed before the next. The configs are a kubelet's for such a pod
+//!    (sandbox seccomp `RuntimeDefault`, the managed `/etc/hosts` and termination-log
+//!    mounts), so the runtime does the work it does for the agents' pods.
 //! 2. **Per agent**, a fresh test API server and the agent joined to it ([`Cluster`]; the
 //!    same `KubeletConfiguration` and the upstream flags for both agents), the bench's own
 //!    watch on the pods ([`super::watch`]):
@@ -528,7 +530,9 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
         "¹ from just before the create request to the test API server until the bench's own watch shows phase \
          Running (one busybox container, image present)."
             .to_owned(),
-        "² RunPodSandbox + CreateContainer + StartContainer of the same pod straight over CRI, no agent running."
+        "² RunPodSandbox + CreateContainer + StartContainer of the same pod straight over CRI, no agent running; \
+         shaped as a kubelet's (sandbox under the RuntimeDefault seccomp profile, /etc/hosts and the termination \
+         log mounted)."
             .to_owned(),
         "³ SIGKILL of a container's init process until the bench's watch shows the container stopped or restarted; \
          kubelet 1.28: kill → pod status updated (bench pleg's reference)."
@@ -642,11 +646,24 @@ async fn runtime_start(cri: &mut CriClient, n: usize) -> Result<Vec<u64>> {
 }
 
 /// The CRI configs of the bench's own pod `i` (sandbox and its one sleeping container),
-/// logging under `dir`, in cgroups under `/<tag>`.
+/// logging under `dir`, in cgroups under `/<tag>`. Shaped as a kubelet asks for a plain
+/// pod, so that the runtime does the same work for it: the sandbox under the
+/// `RuntimeDefault` seccomp profile (upstream always sets it on the sandbox, and runc
+/// compiling it is a good part of a sandbox's start), the container with the kubelet's
+/// managed `/etc/hosts` and its termination-message file mounted.
 fn cri_pod(tag: &str, dir: &Path, i: usize) -> Result<(cri::PodSandboxConfig, cri::ContainerConfig)> {
     let uid = format!("{tag}-{i:03}");
     let log_dir = dir.join(&uid);
     fs::create_dir_all(&log_dir)?;
+    let hosts = log_dir.join("etc-hosts");
+    fs::write(&hosts, format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n10.88.0.2\tcri-{i:03}\n"))?;
+    let termination_log = log_dir.join("termination-log");
+    fs::write(&termination_log, "")?;
+    let mount = |container_path: &str, host: &Path| cri::Mount {
+        container_path: container_path.into(),
+        host_path: host.display().to_string(),
+        readonly: false,
+    };
     let sandbox = cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: format!("cri-{i:03}"),
@@ -658,13 +675,19 @@ fn cri_pod(tag: &str, dir: &Path, i: usize) -> Result<(cri::PodSandboxConfig, cr
         log_directory: log_dir.display().to_string(),
         port_mappings: Vec::new(),
         labels: HashMap::from([("swiftlet.io/xtask".to_owned(), "bench".to_owned())]),
-        linux: Some(cri::LinuxPodSandboxConfig { cgroup_parent: format!("/{tag}/kubepods/besteffort/pod{uid}") }),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{tag}/kubepods/besteffort/pod{uid}"),
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                seccomp: Some(cri::SecurityProfile { profile_type: 0 }),
+            }),
+        }),
     };
     let container = cri::ContainerConfig {
         metadata: Some(cri::ContainerMetadata { name: "c0".into(), attempt: 0 }),
         image: Some(cri::ImageSpec { image: BUSYBOX_IMAGE.into() }),
         command: vec!["sh".into(), "-c".into(), pleg::SLEEPER.into()],
         args: Vec::new(),
+        mounts: vec![mount("/etc/hosts", &hosts), mount("/dev/termination-log", &termination_log)],
         log_path: "c0.log".into(),
     };
     Ok((sandbox, container))
