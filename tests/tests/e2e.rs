@@ -509,6 +509,56 @@ async fn container_killed_from_the_host_is_seen_by_the_kernel() -> Result<()> {
     agent.shutdown(&cri).await
 }
 
+/// A process in a container that makes a pid namespace of its own (`unshare -rpf` here,
+/// as a browser's sandbox or a nested runtime does) ends that namespace's init when it
+/// is done; the kernel reports the exit of a pid 1, but not the container's: it goes on,
+/// and its `ContainerDied` is its own init's (killed from the host afterwards).
+#[tokio::test]
+async fn a_pid_namespace_made_inside_a_container_does_not_end_it() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(EVENTED).await?;
+    let mut client = swiftlet::event_api::client::connect(&agent.event_socket()).await?;
+    let request = swiftlet::event_api::proto::WatchRequest {
+        kinds: vec![swiftlet::event_api::proto::EventKind::ContainerDied as i32],
+        ..Default::default()
+    };
+    let mut died = client.watch(request).await?.into_inner();
+    // Ready once the nested namespace has come and gone.
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: nested
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "unshare -rpf sh -c 'exit 0' && touch /tmp/nested-done; {SERVE}"]
+    readinessProbe:
+      exec:
+        command: ["cat", "/tmp/nested-done"]
+      periodSeconds: 1
+"#
+    );
+    agent.write_manifest("nested.yaml", &manifest)?;
+    let p = agent
+        .wait_pod("nested", Duration::from_mins(1), |p| running(p, "main") && container(p, "main")["ready"] == true)
+        .await?;
+    assert_eq!(restarts(&p, "main"), 0, "{p}");
+    let cid = cri.containers(&uid(&p)).await?[0].id.clone();
+    let pid = container_pid(&cri, &cid).await?;
+    // SAFETY: kill(2) on the container's init process, found through CRI.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let first = tokio::time::timeout(Duration::from_secs(10), died.message()).await??.expect("an event");
+    assert_eq!(first.container_id, cid);
+    assert_eq!((first.exit_code, first.signal), (Some(137), Some(9)), "the first death is the init's: {first:?}");
+    let p = agent.wait_pod("nested", Duration::from_secs(10), |p| restarts(p, "main") == 1).await?;
+    assert_eq!(container(&p, "main")["lastState"]["terminated"]["exitCode"], 137);
+    agent.shutdown(&cri).await
+}
+
 /// After an agent restart the sensors are told each running container's main process:
 /// an exec probe's process is not taken for it, and the exit of the real one in a pod
 /// that shares its pid namespace (so not a namespace init) is seen at once. The safety

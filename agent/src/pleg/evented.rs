@@ -10,7 +10,10 @@
 //!
 //! Exits are the exception, because they are where speed matters and where containerd
 //! lags most (it records an exit only after `runc delete`, tens of milliseconds later):
-//! the exit of a container's pid-1 ends the container, so the PLEG records it in
+//! the exit of a container's init ends the container — the first process in the
+//! container's cgroup to exec as pid 1 of a pid namespace; a namespace made inside the
+//! container has an init of its own, whose exit ends nothing but that namespace — so
+//! the PLEG records it in
 //! [`KernelExits`] — which the runtime manager lays over CRI's answer — and emits
 //! `ContainerDied` without waiting for CRI.
 //!
@@ -64,13 +67,16 @@ pub enum KernelEvent {
         cgroup_id: u64,
         path: String,
     },
-    /// A process exec'd; `ns_init` when it is pid 1 of its pid namespace.
+    /// A process exec'd; `ns_init` when it is pid 1 of its pid namespace or the first
+    /// process to exec in its cgroup (a container's main process also when it shares a
+    /// pid namespace); `pid1` only for the former.
     Exec {
         ktime_ns: u64,
         pid: u32,
         cgroup2_id: u64,
         memcg_id: u64,
         ns_init: bool,
+        pid1: bool,
     },
     /// A process (thread group) exited. `ns_init`: it was pid 1 of its pid namespace,
     /// so the namespace (the container) ended with it. `main_process`: it was the first
@@ -304,6 +310,11 @@ struct State {
     suspects: HashMap<String, (PlegState, tokio::time::Instant, String)>,
     /// Container names CRI told when confirming starts, for the exits' observations.
     names: HashMap<String, String>,
+    /// The process (host tgid) that was the first in each container's cgroup to exec as
+    /// pid 1 of a pid namespace: the container's init. A process inside the container
+    /// can make pid namespaces of its own (`unshare -p`, bubblewrap, a browser's sandbox,
+    /// a nested runtime); their inits' exits are not the container's end.
+    inits: HashMap<String, u32>,
     index: CgroupIndex,
 }
 
@@ -497,6 +508,10 @@ impl EventedPleg {
             .evented_pleg_kernel_events
             .get_or_create(&KernelEventLabels { kind: ev.kind_label().into() })
             .inc();
+        // For an exec as pid 1: its tgid. For an exit: its tgid and whether it was the
+        // process the sensors took for the cgroup's main one.
+        let mut exec_pid1 = None;
+        let mut exit_process = (0, false);
         let (target, want, ktime, exit) = match *ev {
             KernelEvent::CgroupMkdir { hierarchy_id, cgroup_id, ref path, ktime_ns } => {
                 let mut s = self.state.lock().unwrap();
@@ -520,6 +535,10 @@ impl EventedPleg {
                     let mut s = self.state.lock().unwrap();
                     let r = s.index.get(hierarchy_id, cgroup_id).cloned();
                     s.index.remove(hierarchy_id, cgroup_id);
+                    // Its events came before its rmdir: the init is of no more use.
+                    if let Some(cid) = r.as_ref().and_then(|r| r.container_id.as_ref()) {
+                        s.inits.remove(cid);
+                    }
                     r
                 };
                 if let (CGROUP2_HIERARCHY, Some(r)) = (hierarchy_id, removed) {
@@ -568,10 +587,12 @@ impl EventedPleg {
             | KernelEvent::Exit { ns_init: false, main_process: false, .. } => {
                 return None;
             }
-            KernelEvent::Exec { cgroup2_id, memcg_id, ktime_ns, .. } => {
+            KernelEvent::Exec { cgroup2_id, memcg_id, ktime_ns, pid, pid1, .. } => {
+                exec_pid1 = pid1.then_some(pid);
                 (self.lookup(cgroup2_id, memcg_id)?, PlegState::Running, ktime_ns, None)
             }
-            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, pid, ns_init, .. } => {
+            KernelEvent::Exit { cgroup2_id, memcg_id, ktime_ns, exit_code, signal, pid, ns_init, main_process } => {
+                exit_process = (pid, main_process);
                 let Some(target) = self.lookup(cgroup2_id, memcg_id) else {
                     tracing::debug!(
                         pid,
@@ -587,12 +608,28 @@ impl EventedPleg {
         let cid = target.container_id.clone()?;
         let mut s = self.state.lock().unwrap();
         tracing::trace!(container = %cid, ?want, known = ?s.known.get(&cid), "kernel lifecycle event");
+        if let Some(pid) = exec_pid1 {
+            s.inits.entry(cid.clone()).or_insert(pid);
+        }
+        // Which pid namespace ended: the container's own (its init's), one made inside the
+        // container (not a lifecycle event at all), or one whose init the sensors did
+        // not see exec (a ring-buffer drop): then the process they took for the main one
+        // (userspace names it for containers older than the sensors), else CRI decides.
+        let ns_end = match (exit, s.inits.get(&cid)) {
+            (Some((_, _, true)), Some(&init)) if init != exit_process.0 => {
+                tracing::trace!(container = %cid, pid = exit_process.0, init, "a pid namespace inside the container ended");
+                return None;
+            }
+            (Some((_, _, true)), Some(_)) => true,
+            (Some((_, _, true)), None) => exit_process.1,
+            _ => false,
+        };
         advance(&mut s.kernel_seen, &cid, want);
         // The end of a container's pid namespace is the end of the container: emit it
         // now. A "main process" exit without that certainty (a container sharing the
         // host's or the pod's pid namespace, or a cgroup older than the sensors, where the
         // first exec seen may be any process) waits for CRI like a start.
-        if let Some((code, signal, true)) = exit {
+        if let (Some((code, signal, _)), true) = (exit, ns_end) {
             if !advance(&mut s.known, &cid, want) {
                 return None;
             }
@@ -733,6 +770,7 @@ impl EventedPleg {
                 // Removals are the kubelet's own doing; forget the id and pass it on.
                 s.known.remove(&e.data);
                 s.names.remove(&e.data);
+                s.inits.remove(&e.data);
                 self.exits.forget(&e.data);
                 if !s.suspects.contains_key(&e.data) {
                     s.kernel_seen.remove(&e.data);
@@ -967,11 +1005,31 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().source, crate::pressure::PressureSource::KernelOom);
     }
 
+    /// The container's init exec'ing as pid 1 (`pid`), as the sensors report it.
+    fn pid1_exec(pid: u32) -> KernelEvent {
+        KernelEvent::Exec { ktime_ns: 1, pid, cgroup2_id: 42, memcg_id: 0, ns_init: true, pid1: true }
+    }
+
+    fn ns_init_exit(pid: u32, code: i32) -> KernelEvent {
+        KernelEvent::Exit {
+            ktime_ns: monotonic_now_ns(),
+            pid,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            main_process: false,
+            exit_code: code,
+            signal: 0,
+        }
+    }
+
     #[tokio::test]
     async fn kernel_exit_is_container_died_at_once_and_recorded_for_the_status() {
         let (rt, pleg, cid, _) = setup().await;
         let exits = Arc::new(KernelExits::default());
         let pleg = pleg.with_exits(exits.clone());
+        let started = pleg.handle_kernel_event(pid1_exec(9)).await.expect("CRI agrees it runs");
+        assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
         // The kernel is ahead of the runtime: CRI still says running.
         let exit = KernelEvent::Exit {
             ktime_ns: monotonic_now_ns(),
@@ -1026,6 +1084,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_end_of_a_pid_namespace_made_inside_the_container_is_not_the_containers() {
+        let (rt, pleg, cid, _) = setup().await;
+        let exits = Arc::new(KernelExits::default());
+        let pleg = pleg.with_exits(exits.clone());
+        assert!(pleg.handle_kernel_event(pid1_exec(100)).await.is_some());
+        // A process in the container makes a pid namespace of its own (`unshare -pf`, a
+        // sandboxing browser): its init execs and exits as pid 1 of that namespace.
+        assert!(pleg.handle_kernel_event(pid1_exec(200)).await.is_none(), "the container runs already");
+        assert!(pleg.classify(&ns_init_exit(200, 0)).is_none(), "not the container's end");
+        assert!(exits.is_empty(), "no exit laid over CRI's answer");
+        // The container's own init ends it, at once.
+        let Some(Next::Emit(ev)) = pleg.classify(&ns_init_exit(100, 3)) else { panic!("the init's exit is emitted") };
+        assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerDied, cid.as_str()));
+        assert_eq!(exits.get(&cid).unwrap().exit_code, 3);
+        // An init exit in a container whose init exec the sensors missed is left to CRI,
+        // which still shows this one running: nothing is recorded.
+        let (rt2, pleg2, _, _) = setup().await;
+        let exits2 = Arc::new(KernelExits::default());
+        let pleg2 = pleg2.with_exits(exits2.clone());
+        assert!(matches!(pleg2.classify(&ns_init_exit(300, 0)), Some(Next::Confirm(_))));
+        assert!(exits2.is_empty());
+        drop((rt, rt2));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_start_is_confirmed_without_flooding_a_slow_runtime() {
         // In a burst the first exec comes long before the runtime's StartContainer returns:
         // the confirmation backs off instead of asking every few ms.
@@ -1046,7 +1129,7 @@ mod tests {
                 rt.start_container(&late).await.unwrap();
             })
         };
-        let exec = KernelEvent::Exec { ktime_ns: 1, pid: 88, cgroup2_id: 43, memcg_id: 0, ns_init: true };
+        let exec = KernelEvent::Exec { ktime_ns: 1, pid: 88, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: true };
         let ev = pleg.handle_kernel_event(exec).await.expect("confirmed once the runtime agrees");
         starter.await.unwrap();
         assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerStarted, late.as_str()));

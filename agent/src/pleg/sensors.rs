@@ -62,6 +62,7 @@ pub fn convert(ev: SensorEvent) -> KernelEvent {
             // The first exec in a container cgroup is its main process, also when the
             // container shares the host's or the pod's pid namespace.
             ns_init: ns_init || first_in_cgroup,
+            pid1: ns_init,
         },
         SensorEvent::Exit { ktime_ns, task, status, ns_init, main_process } => KernelEvent::Exit {
             ktime_ns,
