@@ -272,6 +272,8 @@ struct Work {
     exit: Option<(i32, i32)>,
     /// How often to ask CRI ([`confirm_pause`]).
     pace: Pace,
+    /// An exit that is not a pid 1's: moot once the container's init is seen to exec.
+    not_pid1_exit: bool,
 }
 
 /// How a confirmation polls CRI.
@@ -408,6 +410,10 @@ enum Confirmation {
     Passed,
     /// CRI did not agree in time; the relist will tell.
     TimedOut,
+    /// The exit of a process that was not a pid 1 (taken for the cgroup's main process:
+    /// most often runc's helper, the first to exec there), in a container whose own init
+    /// has exec'd since: not the container's end, no more to ask.
+    Moot,
 }
 
 /// Asks CRI for one container's (or sandbox's) state, and the container's name.
@@ -622,6 +628,8 @@ impl EventedPleg {
             }
             (Some((_, _, true)), Some(_)) => true,
             (Some((_, _, true)), None) => exit_process.1,
+            // Not a pid 1, in a container whose init is: the container goes on.
+            (Some((_, _, false)), Some(_)) => return None,
             _ => false,
         };
         advance(&mut s.kernel_seen, &cid, want);
@@ -673,13 +681,14 @@ impl EventedPleg {
             ktime,
             exit: exit.map(|(c, s, _)| (c, s)),
             pace,
+            not_pid1_exit: exit.is_some_and(|(_, _, ns_init)| !ns_init),
         }))
     }
 
     /// The asynchronous part: waits for CRI to agree, then records and emits.
     async fn complete(&self, work: Work) -> Option<PodLifecycleEvent> {
-        let Work { pod_uid, cid, want, ktime, exit, pace } = work;
-        let confirmed = self.confirm(&cid, want, pace).await;
+        let Work { pod_uid, cid, want, ktime, exit, pace, not_pid1_exit } = work;
+        let confirmed = self.confirm(&cid, want, pace, not_pid1_exit).await;
         let mut s = self.state.lock().unwrap();
         if let Some(n) = s.pending.get_mut(&cid) {
             *n -= 1;
@@ -695,6 +704,7 @@ impl EventedPleg {
                 advance(&mut s.known, &cid, want);
                 return None;
             }
+            Confirmation::Moot => return None,
             Confirmation::TimedOut => {
                 tracing::debug!(container = %cid, ?want, "runtime did not confirm the kernel event in time; the relist will");
                 return None;
@@ -735,12 +745,17 @@ impl EventedPleg {
     }
 
     /// Polls CRI until the container is in `want`, up to [`CONFIRM_DEADLINE`], at the
-    /// pace of [`confirm_pause`].
-    async fn confirm(&self, id: &str, want: PlegState, pace: Pace) -> Confirmation {
+    /// pace of [`confirm_pause`]. A `not_pid1_exit` stops as soon as the container's
+    /// init is known: in a burst, runc's helper exits tens of ms before the container's
+    /// process execs, and CRI never agrees to that exit (it polled 13 times in 2 s).
+    async fn confirm(&self, id: &str, want: PlegState, pace: Pace, not_pid1_exit: bool) -> Confirmation {
         let started = tokio::time::Instant::now();
         let give_up = started + CONFIRM_DEADLINE;
         let mut polls = 0u32;
         loop {
+            if not_pid1_exit && self.state.lock().unwrap().inits.contains_key(id) {
+                return Confirmation::Moot;
+            }
             match runtime_state(self.rt.as_ref(), id).await {
                 Some((s, name)) if s == want => return Confirmation::Agreed(name),
                 Some((s, _)) if rank(s) > rank(want) => return Confirmation::Passed,
@@ -1176,6 +1191,41 @@ mod tests {
         let ev = pleg.handle_kernel_event(exit).await.expect("confirmed by CRI");
         assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
         assert!(exits.is_empty(), "CRI already has it");
+    }
+
+    /// The exit of a process taken for the cgroup's main one that is not a pid 1.
+    fn main_process_exit(pid: u32) -> KernelEvent {
+        KernelEvent::Exit {
+            ktime_ns: 1,
+            pid,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: false,
+            main_process: true,
+            exit_code: 0,
+            signal: 0,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_helper_exit_before_the_init_execs_stops_being_asked_about() {
+        // runc's helper is the first to exec in a new container cgroup (so it is taken
+        // for the main process) and exits before the container's init execs as pid 1.
+        let (rt, pleg, _, _) = setup().await;
+        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
+        let before = statuses();
+        let confirming = {
+            let pleg = pleg.clone();
+            tokio::spawn(async move { pleg.handle_kernel_event(main_process_exit(50)).await })
+        };
+        // Asked at 0 and 5 ms (CRI says running); then the init execs.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(matches!(pleg.classify(&pid1_exec(51)), Some(Next::Confirm(_))));
+        assert!(confirming.await.unwrap().is_none(), "not the container's end");
+        assert_eq!(statuses() - before, 2, "asked until the init showed, not for 2 s");
+        // Later exits of processes other than the init are not asked about at all.
+        assert!(pleg.classify(&main_process_exit(52)).is_none());
+        assert_eq!(statuses() - before, 2);
     }
 
     #[tokio::test(start_paused = true)]
