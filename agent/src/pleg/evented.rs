@@ -1162,37 +1162,6 @@ mod tests {
         assert_eq!(confirm_pause(Pace::BackOff, ms(1000), 12), ms(250));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_main_process_exit_outside_pid_1_waits_for_the_runtime() {
-        // After an agent restart the first exec seen in an old container's cgroup may be
-        // any process (a `sleep` of a shell loop): its exit must not kill the container.
-        let (rt, pleg, cid, _) = setup().await;
-        let exits = Arc::new(KernelExits::default());
-        let pleg = pleg.with_exits(exits.clone());
-        let exit = KernelEvent::Exit {
-            ktime_ns: 1,
-            pid: 77,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: false,
-            main_process: true,
-            exit_code: 0,
-            signal: 0,
-        };
-        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
-        let before = statuses();
-        assert!(pleg.handle_kernel_event(exit.clone()).await.is_none(), "CRI says running: nothing happened");
-        assert!(exits.is_empty());
-        // Not seen running yet (as when runc's helper was the cgroup's first exec): asked
-        // with a back-off until the 2 s time-out, not every 2 ms.
-        assert_eq!(statuses() - before, 13);
-        // When CRI does agree (a hostPID container's main process), it is a ContainerDied.
-        rt.exit_container(&cid, 0);
-        let ev = pleg.handle_kernel_event(exit).await.expect("confirmed by CRI");
-        assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
-        assert!(exits.is_empty(), "CRI already has it");
-    }
-
     /// The exit of a process taken for the cgroup's main one that is not a pid 1.
     fn main_process_exit(pid: u32) -> KernelEvent {
         KernelEvent::Exit {
@@ -1205,6 +1174,28 @@ mod tests {
             exit_code: 0,
             signal: 0,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_main_process_exit_outside_pid_1_waits_for_the_runtime() {
+        // After an agent restart the first exec seen in an old container's cgroup may be
+        // any process (a `sleep` of a shell loop): its exit must not kill the container.
+        let (rt, pleg, cid, _) = setup().await;
+        let exits = Arc::new(KernelExits::default());
+        let pleg = pleg.with_exits(exits.clone());
+        let exit = main_process_exit(77);
+        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
+        let before = statuses();
+        assert!(pleg.handle_kernel_event(exit.clone()).await.is_none(), "CRI says running: nothing happened");
+        assert!(exits.is_empty());
+        // Not seen running yet (as when runc's helper was the cgroup's first exec): asked
+        // with a back-off until the 2 s time-out, not every 2 ms.
+        assert_eq!(statuses() - before, 13);
+        // When CRI does agree (a hostPID container's main process), it is a ContainerDied.
+        rt.exit_container(&cid, 0);
+        let ev = pleg.handle_kernel_event(exit).await.expect("confirmed by CRI");
+        assert_eq!(ev.kind, PodLifecycleEventType::ContainerDied);
+        assert!(exits.is_empty(), "CRI already has it");
     }
 
     #[tokio::test(start_paused = true)]
