@@ -1100,7 +1100,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_end_of_a_pid_namespace_made_inside_the_container_is_not_the_containers() {
-        let (rt, pleg, cid, _) = setup().await;
+        let (_, pleg, cid, _) = setup().await;
         let exits = Arc::new(KernelExits::default());
         let pleg = pleg.with_exits(exits.clone());
         assert!(pleg.handle_kernel_event(pid1_exec(100)).await.is_some());
@@ -1115,12 +1115,11 @@ mod tests {
         assert_eq!(exits.get(&cid).unwrap().exit_code, 3);
         // An init exit in a container whose init exec the sensors missed is left to CRI,
         // which still shows this one running: nothing is recorded.
-        let (rt2, pleg2, _, _) = setup().await;
+        let (_, pleg2, _, _) = setup().await;
         let exits2 = Arc::new(KernelExits::default());
         let pleg2 = pleg2.with_exits(exits2.clone());
         assert!(matches!(pleg2.classify(&ns_init_exit(300, 0)), Some(Next::Confirm(_))));
         assert!(exits2.is_empty());
-        drop((rt, rt2));
     }
 
     #[tokio::test(start_paused = true)]
