@@ -501,6 +501,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let container_changes = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Exits the evented PLEG sees before containerd records them.
     let kernel_exits = Arc::new(crate::pleg::exits::KernelExits::default());
+    // The runtime manager's start calls under way, which the evented PLEG waits on.
+    let starts_in_flight = Arc::new(crate::pleg::starts::StartsInFlight::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
     let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
     let probes = crate::prober::ProbeManager::new(
@@ -545,6 +547,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         )
         .with_recorder(recorder.clone())
         .with_kernel_exits(kernel_exits.clone())
+        .with_starts_in_flight(starts_in_flight.clone())
         .with_container_changes(container_changes.clone())
         .with_probes(probes.clone(), &runtime_name)
         .with_startup_tracker(startup.clone())
@@ -631,7 +634,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 memory_hierarchy,
                 Some(sink),
             )
-            .with_exits(kernel_exits.clone());
+            .with_exits(kernel_exits.clone())
+            .with_starts(starts_in_flight.clone());
             let evented =
                 if cfg.swiftlet.eviction_kernel_signals { evented.with_pressure(pressure.clone()) } else { evented };
             tracing::info!(

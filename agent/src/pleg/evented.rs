@@ -6,7 +6,10 @@
 //! it names the pod and the container (or sandbox) directly. For each such event the
 //! PLEG asks CRI for that one container's status until the runtime agrees (the kernel
 //! is ahead of containerd by a few milliseconds), records the new state, and emits the
-//! [`PodLifecycleEvent`] at once: kernel speed, CRI truth.
+//! [`PodLifecycleEvent`] at once: kernel speed, CRI truth. A start the agent itself asked
+//! for is asked about once its call has returned ([`super::starts`]): the processes of a
+//! new container exec while `StartContainer` is still under way, and CRI cannot agree
+//! before it returns.
 //!
 //! Exits are the exception, because they are where speed matters and where containerd
 //! lags most (it records an exit only after `runc delete`, tens of milliseconds later):
@@ -37,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::exits::{KernelExits, wall_time_of};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
+use super::starts::StartsInFlight;
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::metrics::{KernelEventLabels, KubeletMetrics};
 use crate::runtime::{ContainerState, RuntimeService, api};
@@ -51,6 +55,12 @@ const SUSPECT_GRACE: Duration = Duration::from_secs(2);
 /// How long the PLEG waits for CRI to agree with the kernel before leaving the change
 /// to the safety-net relist.
 const CONFIRM_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long a start (or an exit of a container not seen running) waits for the pod's
+/// start calls to return before asking CRI ([`StartsInFlight`]): starts in a burst take
+/// up to a few seconds; one that takes longer is waiting on something else (a CNI
+/// plugin), and the PLEG goes back to asking.
+const START_SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
 /// A kernel event, as the agent needs it (decoupled from the sensor crate's types).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -302,6 +312,9 @@ struct State {
     /// Counted: runc's own processes in a new container cgroup also exec and exit, so
     /// several confirmations of one container can be in flight at once.
     pending: HashMap<String, usize>,
+    /// Ids whose start is being confirmed: runc's helper and then the container's init
+    /// exec in a new container, and one answer from CRI settles both.
+    starting: std::collections::HashSet<String>,
     /// The most advanced state the kernel reported per container, whether or not it
     /// led to an event: what decides if a relist finding was a miss.
     kernel_seen: HashMap<String, PlegState>,
@@ -333,6 +346,8 @@ pub struct EventedPleg {
     fallback: Arc<Mutex<Option<String>>>,
     sink: Option<ObservedSink>,
     exits: Arc<KernelExits>,
+    /// The pods' start calls under way in the runtime (shared with the runtime manager).
+    starts: Option<Arc<StartsInFlight>>,
     /// Where direct reclaim in pod cgroups and OOM kills are signalled (eviction).
     pressure: Option<crate::pressure::PressureSignals>,
 }
@@ -457,6 +472,7 @@ impl EventedPleg {
             fallback: Arc::new(Mutex::new(None)),
             sink,
             exits: Arc::default(),
+            starts: None,
             pressure: None,
         }
     }
@@ -466,6 +482,14 @@ impl EventedPleg {
     #[must_use]
     pub fn with_exits(mut self, exits: Arc<KernelExits>) -> Self {
         self.exits = exits;
+        self
+    }
+
+    /// Waits for the start calls `starts` marks (the runtime manager's) before confirming a
+    /// start with CRI.
+    #[must_use]
+    pub fn with_starts(mut self, starts: Arc<StartsInFlight>) -> Self {
+        self.starts = Some(starts);
         self
     }
 
@@ -673,6 +697,9 @@ impl EventedPleg {
         } else {
             Pace::BackOff
         };
+        if want == PlegState::Running && !s.starting.insert(cid.clone()) {
+            return None;
+        }
         *s.pending.entry(cid.clone()).or_default() += 1;
         Some(Next::Confirm(Work {
             pod_uid: target.pod_uid,
@@ -688,8 +715,11 @@ impl EventedPleg {
     /// The asynchronous part: waits for CRI to agree, then records and emits.
     async fn complete(&self, work: Work) -> Option<PodLifecycleEvent> {
         let Work { pod_uid, cid, want, ktime, exit, pace, not_pid1_exit } = work;
-        let confirmed = self.confirm(&cid, want, pace, not_pid1_exit).await;
+        let confirmed = self.confirm(&pod_uid, &cid, want, pace, not_pid1_exit).await;
         let mut s = self.state.lock().unwrap();
+        if want == PlegState::Running {
+            s.starting.remove(&cid);
+        }
         if let Some(n) = s.pending.get_mut(&cid) {
             *n -= 1;
             if *n == 0 {
@@ -748,7 +778,18 @@ impl EventedPleg {
     /// pace of [`confirm_pause`]. A `not_pid1_exit` stops as soon as the container's
     /// init is known: in a burst, runc's helper exits tens of ms before the container's
     /// process execs, and CRI never agrees to that exit (it polled 13 times in 2 s).
-    async fn confirm(&self, id: &str, want: PlegState, pace: Pace, not_pid1_exit: bool) -> Confirmation {
+    /// At [`Pace::BackOff`] (a start, or the exit of a container not seen running) it
+    /// first waits for the pod's start calls to return: CRI cannot agree before.
+    async fn confirm(&self, pod_uid: &str, id: &str, want: PlegState, pace: Pace, not_pid1_exit: bool) -> Confirmation {
+        if let (Pace::BackOff, Some(starts)) = (pace, &self.starts)
+            && !starts.settled(pod_uid, START_SETTLE_LIMIT).await
+        {
+            tracing::debug!(
+                pod = pod_uid,
+                container = id,
+                "a start call of the pod is still under way; asking the runtime"
+            );
+        }
         let started = tokio::time::Instant::now();
         let give_up = started + CONFIRM_DEADLINE;
         let mut polls = 0u32;
@@ -1149,6 +1190,48 @@ mod tests {
         assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerStarted, late.as_str()));
         // 0, 5, 15, 35, 75, 155, 315 ms: not yet; 565 ms: running.
         assert_eq!(statuses() - before, 8);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_under_way_is_asked_about_once_its_call_returns() {
+        // The agent's own StartContainer is under way when the container's init execs:
+        // CRI cannot agree before that call returns, so the PLEG waits for it and asks once.
+        let (rt, pleg, _, sb) = setup().await;
+        let starts = Arc::new(StartsInFlight::default());
+        let pleg = pleg.with_starts(starts.clone());
+        let cfg = api::ContainerConfig {
+            metadata: Some(api::ContainerMetadata { name: "late".into(), attempt: 0 }),
+            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+            ..Default::default()
+        };
+        let late = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
+        pleg.state.lock().unwrap().index.insert(CGROUP2_HIERARCHY, 43, &format!("/kubepods/podu1/{late}"));
+        let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
+        let before = statuses();
+        let under_way = starts.begin("u1");
+        let starter = {
+            let (rt, late) = (rt.clone(), late.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                rt.start_container(&late).await.unwrap();
+                drop(under_way);
+            })
+        };
+        let begun = tokio::time::Instant::now();
+        // runc's helper execs first (taken for the main process), then the container's init.
+        let helper =
+            KernelEvent::Exec { ktime_ns: 1, pid: 87, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: false };
+        let init = KernelEvent::Exec { ktime_ns: 2, pid: 88, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: true };
+        let Some(Next::Confirm(work)) = pleg.classify(&helper) else { panic!("a start is confirmed with CRI") };
+        assert!(pleg.classify(&init).is_none(), "the start is being confirmed already");
+        let ev = pleg.complete(work).await.expect("confirmed once the start returned");
+        starter.await.unwrap();
+        assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerStarted, late.as_str()));
+        assert_eq!(begun.elapsed(), Duration::from_millis(400), "at the moment the start returned");
+        assert_eq!(statuses() - before, 1, "asked once, not while the start was under way");
+        assert_eq!(pleg.state.lock().unwrap().inits.get(&late), Some(&88), "the init is known all the same");
+        // A pod with no start under way is asked at once, as before.
+        assert!(starts.settled("u1", Duration::ZERO).await);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod evented;
 pub mod exits;
 pub mod relist;
 pub mod sensors;
+pub mod starts;
 
 use std::time::Duration;
 

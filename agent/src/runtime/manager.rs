@@ -358,6 +358,9 @@ pub struct RuntimeManager {
     dns: dns::DnsSettings,
     /// Exits the kernel saw before the runtime recorded them (evented PLEG).
     kernel_exits: Option<Arc<crate::pleg::exits::KernelExits>>,
+    /// Marks each `RunPodSandbox` and `CreateContainer`+`StartContainer` under way, for
+    /// the evented PLEG (see [`crate::pleg::starts`]).
+    starts: Arc<crate::pleg::starts::StartsInFlight>,
     /// Bumped whenever a sandbox or container is started or stopped (the stats provider's
     /// `container_changes`).
     container_changes: Arc<std::sync::atomic::AtomicU64>,
@@ -403,6 +406,7 @@ impl RuntimeManager {
             volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
             dns: dns::DnsSettings::default(),
             kernel_exits: None,
+            starts: Arc::default(),
             container_changes: Arc::default(),
             probes: None,
             startup: None,
@@ -501,6 +505,14 @@ impl RuntimeManager {
     #[must_use]
     pub fn with_kernel_exits(mut self, exits: Arc<crate::pleg::exits::KernelExits>) -> Self {
         self.kernel_exits = Some(exits);
+        self
+    }
+
+    /// Marks the sandbox and container start calls under way in `starts`, which the
+    /// evented PLEG waits on before asking CRI about a start (see [`crate::pleg::starts`]).
+    #[must_use]
+    pub fn with_starts_in_flight(mut self, starts: Arc<crate::pleg::starts::StartsInFlight>) -> Self {
+        self.starts = starts;
         self
     }
 
@@ -846,8 +858,11 @@ impl RuntimeManager {
             .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
         let started = std::time::Instant::now();
-        let id =
-            self.sandbox_gate.run("RunPodSandbox", self.rt.run_pod_sandbox(config.clone(), handler.clone())).await?;
+        let run = async {
+            let _under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
+            self.rt.run_pod_sandbox(config.clone(), handler.clone()).await
+        };
+        let id = self.sandbox_gate.run("RunPodSandbox", run).await?;
         self.containers_changed();
         self.metrics
             .run_podsandbox_duration
@@ -967,6 +982,7 @@ impl RuntimeManager {
                 .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         }
         let create_and_start = async {
+            let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
             let id = self
                 .rt
                 .create_container(sandbox_id, config, sandbox_config.clone())
@@ -983,6 +999,7 @@ impl RuntimeManager {
                 format!("Created container {}", container.name),
             );
             let started = self.rt.start_container(&id).await;
+            drop(under_way);
             self.containers_changed();
             match started {
                 Ok(()) => Ok(id),
@@ -3063,8 +3080,6 @@ mod tests {
         }
     }
 
-    /// Volumes, env, DNS and `/etc/hosts` wired through the runtime manager and the pod
-    /// workers, on the fake runtime and the fake object source.
     /// The start gate between the pod workers and the runtime ([`super::super::start_gate`]).
     mod start_gate_wiring {
         use std::sync::Arc;
@@ -3153,6 +3168,29 @@ mod tests {
             assert_eq!(peaks(0, 10).await, (10, 10));
         }
 
+        #[tokio::test]
+        async fn the_evented_pleg_is_told_of_each_start_call_under_way() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let starts = Arc::new(crate::pleg::starts::StartsInFlight::default());
+            let rm = rm.with_start_concurrency(2).with_starts_in_flight(starts.clone());
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            fake.set_start_hook({
+                let (starts, seen) = (starts.clone(), seen.clone());
+                move |call| {
+                    seen.lock().unwrap().push((call, starts.in_flight("u1"), starts.in_flight("u2")));
+                    async {}.boxed()
+                }
+            });
+            let p = pod("u1");
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 5, "a sandbox, two creates, two starts: {seen:?}");
+            assert!(seen.iter().all(|&(_, mine, other)| mine && !other), "{seen:?}");
+            assert!(!starts.in_flight("u1"), "nothing under way once the sync is done");
+        }
+
         #[tokio::test(start_paused = true)]
         async fn a_hung_sandbox_start_does_not_stall_the_other_pods() {
             let (_dir, fake, _recorder, rm) = setup();
@@ -3193,6 +3231,8 @@ mod tests {
         }
     }
 
+    /// Volumes, env, DNS and `/etc/hosts` wired through the runtime manager and the pod
+    /// workers, on the fake runtime and the fake object source.
     mod wiring {
         use std::sync::Arc;
         use std::time::Duration;
