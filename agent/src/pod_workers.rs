@@ -12,6 +12,14 @@
 //!   was removed has its containers, sandboxes and directories removed and the worker
 //!   ends ([`WorkerState::Finished`]).
 //!
+//! A PLEG event that a container (or sandbox) started, when the status the worker last
+//! computed already shows it running or past that, brings nothing to sync: the worker
+//! read the runtime after its own start calls returned (see `sync_pod`), and what
+//! follows a start (an exit, a removal) comes as an event of its own. Upstream syncs on
+//! every event; here such an event is dropped, which spares a pod that the worker just
+//! started one full sync (four CRI calls, the cgroup and volume checks) per container,
+//! in a burst when the runtime has the least time for it.
+//!
 //! Static pods that share a full name (an edited manifest gets a new UID) start only
 //! after the previous instance finished, as upstream.
 
@@ -96,6 +104,8 @@ pub struct SyncDeps {
 struct Work {
     pod: Option<Pod>,
     kind: WorkType,
+    /// A PLEG event's: this container (or sandbox) started.
+    started: Option<String>,
 }
 
 #[derive(Debug)]
@@ -143,18 +153,30 @@ impl PodWorkers {
 
     /// Sends work for a pod, starting its worker if needed (upstream `UpdatePod`).
     pub fn update_pod(&self, pod: Pod, kind: WorkType) {
+        self.send(Work { pod: Some(pod), kind, started: None });
+    }
+
+    /// A PLEG event that container (or sandbox) `id` of `pod` started: a sync, unless the
+    /// pod's status already shows it running (see the module docs).
+    pub fn container_started(&self, pod: Pod, id: String) {
+        self.send(Work { pod: Some(pod), kind: WorkType::Sync, started: Some(id) });
+    }
+
+    fn send(&self, work: Work) {
+        let Some(pod) = &work.pod else { return };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut reg = self.registry.lock().unwrap();
-        let (pod, kind) = match reg.workers.get(&uid) {
-            Some(h) => match h.tx.send(Work { pod: Some(pod), kind }) {
+        let work = match reg.workers.get(&uid) {
+            Some(h) => match h.tx.send(work) {
                 Ok(()) => return,
-                Err(mpsc::error::SendError(w)) => (w.pod.expect("sent with a pod"), w.kind),
+                Err(mpsc::error::SendError(w)) => w,
             },
-            None => (pod, kind),
+            None => work,
         };
+        let pod = work.pod.clone().expect("sent with a pod");
         let full_name = full_name_of(&pod);
         let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(Work { pod: Some(pod.clone()), kind }).expect("receiver alive");
+        tx.send(work).expect("receiver alive");
         reg.workers.insert(uid.clone(), Handle { tx, state: WorkerState::Syncing, full_name: full_name.clone() });
         drop(reg);
         self.spawn(&uid, Some(pod), rx, WorkerState::Syncing);
@@ -168,7 +190,7 @@ impl PodWorkers {
         }
         self.deps.metrics.orphaned_runtime_pods.inc();
         let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(Work { pod: None, kind: WorkType::Kill { grace: None } }).expect("receiver alive");
+        tx.send(Work { pod: None, kind: WorkType::Kill { grace: None }, started: None }).expect("receiver alive");
         reg.workers.insert(
             rp.uid.clone(),
             Handle { tx, state: WorkerState::Terminating, full_name: (rp.namespace.clone(), rp.name.clone()) },
@@ -189,6 +211,7 @@ impl PodWorkers {
             workers: self.clone(),
             first_seen: SystemTime::now(),
             started_once: false,
+            seen_started: HashSet::new(),
         };
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
         let shutdown = self.shutdown.clone();
@@ -269,6 +292,9 @@ struct Worker {
     workers: PodWorkers,
     first_seen: SystemTime,
     started_once: bool,
+    /// The sandboxes and containers that the status last computed while syncing shows
+    /// started (running or exited): a PLEG start of one of them is no news.
+    seen_started: HashSet<String>,
 }
 
 /// Combines two pending work items: a kill wins, then create, update, sync.
@@ -290,11 +316,35 @@ fn resync_after(base: Duration) -> Duration {
 }
 
 impl Worker {
-    fn absorb(&mut self, w: Work) -> WorkType {
+    /// Takes in a piece of work; its kind, and whether it can change anything (all but
+    /// a PLEG start the status already shows).
+    fn absorb(&mut self, w: Work) -> (WorkType, bool) {
+        let news = match (&w.kind, &w.started) {
+            (WorkType::Sync, Some(id)) => !self.seen_started.contains(id),
+            _ => true,
+        };
         if let Some(p) = w.pod {
             self.pod = Some(p);
         }
-        w.kind
+        (w.kind, news)
+    }
+
+    /// Notes which sandboxes and containers `status`, which the pod's status was just
+    /// computed from, shows started.
+    fn note_started(&mut self, status: &RuntimePodStatus) {
+        use crate::runtime::ContainerState;
+        self.seen_started = status
+            .sandboxes
+            .iter()
+            .map(|s| s.id.clone())
+            .chain(
+                status
+                    .containers
+                    .iter()
+                    .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Exited))
+                    .map(|c| c.id.clone()),
+            )
+            .collect();
     }
 
     fn uid(&self) -> &str {
@@ -307,6 +357,8 @@ impl Worker {
         }
         let mut next_sync: Option<tokio::time::Instant> = None;
         let mut work: Option<WorkType> = None;
+        // Whether the pending work can change anything.
+        let mut news = false;
         loop {
             if work.is_none() {
                 let sleep = async {
@@ -318,17 +370,33 @@ impl Worker {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     w = rx.recv() => match w {
-                        Some(w) => work = Some(self.absorb(w)),
+                        Some(w) => {
+                            let (k, n) = self.absorb(w);
+                            work = Some(k);
+                            news |= n;
+                        }
                         None => return,
                     },
-                    () = sleep => work = Some(WorkType::Sync),
+                    () = sleep => {
+                        work = Some(WorkType::Sync);
+                        news = true;
+                    }
                 }
             }
             while let Ok(w) = rx.try_recv() {
-                let k = self.absorb(w);
+                let (k, n) = self.absorb(w);
                 work = Some(merge_kind(work.take().unwrap_or(WorkType::Sync), k));
+                news |= n;
             }
             let kind = work.take().unwrap_or(WorkType::Sync);
+            if !std::mem::take(&mut news)
+                && matches!(kind, WorkType::Sync)
+                && self.state == WorkerState::Syncing
+                && self.started_once
+            {
+                tracing::trace!("PLEG start already in the pod's status: no sync");
+                continue;
+            }
             if let WorkType::Kill { grace } | WorkType::Evict { grace } = kind {
                 if matches!(kind, WorkType::Kill { .. }) {
                     self.desired = false;
@@ -346,6 +414,7 @@ impl Worker {
                 {
                     tracing::info!(pod = %pod_full_name(pod), "waiting for the previous instance of this static pod to terminate");
                     work = Some(kind);
+                    news = true;
                     let notified = self.workers.finished.notified();
                     tokio::select! {
                         () = shutdown.cancelled() => return,
@@ -502,6 +571,7 @@ impl Worker {
             }
         };
         let status = self.update_status(&pod, &rt_status, false);
+        self.note_started(&rt_status);
         if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
             tracing::info!(pod = %name, phase = ?status.phase, "pod is terminal; terminating");
             self.state = WorkerState::Terminating;
@@ -572,6 +642,7 @@ impl Worker {
             a.check_resize_in_progress(&pod, after);
         }
         self.update_status(&pod, after, false);
+        self.note_started(after);
         let resync = resync_after(self.deps.sync_frequency);
         match result.requeue_after {
             Some(r) => r.min(resync),
@@ -863,6 +934,47 @@ mod tests {
     }
 
     /// The crash-loop schedule in (paused) time: restarts after 0, 10, 20, 40 and 80 s.
+    /// A PLEG start of a sandbox or container that the pod's status already shows
+    /// started is no reason to sync (the worker read the runtime after starting them);
+    /// a start it has not seen, or any other event, is. In paused time a sleep returns
+    /// once every task is idle: the worker has handled what it was sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_pleg_start_the_status_already_shows_brings_no_sync() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u5", "quiet", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        while e.status.get("u5").is_none_or(|s| s.phase.as_deref() != Some("Running")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let idle = || tokio::time::sleep(Duration::from_secs(1));
+        idle().await;
+        let reads = || e.rt.calls().iter().filter(|c| *c == "list_podsandbox").count();
+        let sandbox = e.rt.list_pod_sandbox(None).await.unwrap()[0].id.clone();
+        let container = e.rt.containers_named("c")[0].clone();
+        let before = reads();
+        for id in [&sandbox, &container] {
+            e.workers.container_started(p.clone(), id.clone());
+            idle().await;
+        }
+        assert_eq!(reads(), before, "both starts were in the status already");
+        // A start the worker has not seen: a sync.
+        e.workers.container_started(p.clone(), "another".into());
+        idle().await;
+        assert_eq!(reads(), before + 1);
+        // An exit: a sync, which restarts the container.
+        e.rt.exit_container(&container, 1);
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        idle().await;
+        assert_eq!(reads(), before + 3, "a sync, with a read after its restart");
+        assert_eq!(e.rt.containers_named("c").len(), 2);
+        // The restarted container's start, seen in that read: no news either.
+        let restarted = e.rt.containers_named("c").into_iter().find(|c| *c != container).unwrap();
+        e.workers.container_started(p, restarted);
+        idle().await;
+        assert_eq!(reads(), before + 3);
+        e.stop.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn crash_loop_restarts_wait_for_the_growing_backoff() {
         let e = env_with(Arc::new(TokioClock::new()));

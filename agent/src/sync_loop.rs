@@ -127,7 +127,11 @@ impl SyncLoop {
         }
         if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
             tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
-            self.workers.update_pod(pod, WorkType::Sync);
+            if ev.kind == PodLifecycleEventType::ContainerStarted {
+                self.workers.container_started(pod, ev.data.clone());
+            } else {
+                self.workers.update_pod(pod, WorkType::Sync);
+            }
             // A stable, parseable record for `cargo xtask bench pleg` (enable with
             // RUST_LOG=pleg_dispatch=debug): when the event reached the pod worker.
             tracing::debug!(
