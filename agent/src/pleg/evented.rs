@@ -7,9 +7,9 @@
 //! PLEG asks CRI for that one container's status until the runtime agrees (the kernel
 //! is ahead of containerd by a few milliseconds), records the new state, and emits the
 //! [`PodLifecycleEvent`] at once: kernel speed, CRI truth. A start the agent itself asked
-//! for is asked about once its call has returned ([`super::starts`]): the processes of a
-//! new container exec while `StartContainer` is still under way, and CRI cannot agree
-//! before it returns.
+//! for waits for its call instead ([`super::starts`]): the processes of a new container
+//! exec while `StartContainer` is still under way, CRI cannot agree before it returns,
+//! and when it returns success that is CRI's answer.
 //!
 //! Exits are the exception, because they are where speed matters and where containerd
 //! lags most (it records an exit only after `runc delete`, tens of milliseconds later):
@@ -779,16 +779,23 @@ impl EventedPleg {
     /// init is known: in a burst, runc's helper exits tens of ms before the container's
     /// process execs, and CRI never agrees to that exit (it polled 13 times in 2 s).
     /// At [`Pace::BackOff`] (a start, or the exit of a container not seen running) it
-    /// first waits for the pod's start calls to return: CRI cannot agree before.
+    /// first waits for the pod's start calls to return: CRI cannot agree before, and a
+    /// start call that succeeded is CRI's agreement already.
     async fn confirm(&self, pod_uid: &str, id: &str, want: PlegState, pace: Pace, not_pid1_exit: bool) -> Confirmation {
-        if let (Pace::BackOff, Some(starts)) = (pace, &self.starts)
-            && !starts.settled(pod_uid, START_SETTLE_LIMIT).await
-        {
-            tracing::debug!(
-                pod = pod_uid,
-                container = id,
-                "a start call of the pod is still under way; asking the runtime"
-            );
+        if let (Pace::BackOff, Some(starts)) = (pace, &self.starts) {
+            if !starts.settled(pod_uid, START_SETTLE_LIMIT).await {
+                tracing::debug!(
+                    pod = pod_uid,
+                    container = id,
+                    "a start call of the pod is still under way; asking the runtime"
+                );
+            }
+            // The start call's success is the runtime's answer already.
+            if want == PlegState::Running
+                && let Some(name) = starts.take_started(id)
+            {
+                return Confirmation::Agreed(name);
+            }
         }
         let started = tokio::time::Instant::now();
         let give_up = started + CONFIRM_DEADLINE;
@@ -1192,10 +1199,11 @@ mod tests {
         assert_eq!(statuses() - before, 8);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_start_under_way_is_asked_about_once_its_call_returns() {
-        // The agent's own StartContainer is under way when the container's init execs:
-        // CRI cannot agree before that call returns, so the PLEG waits for it and asks once.
+    /// The agent's own `StartContainer` is under way when runc's helper and then the
+    /// container's init exec; it returns after 400 ms, its success recorded when
+    /// `succeeded`. The PLEG's event, when it came (after the start), and how many
+    /// `ContainerStatus` calls it made.
+    async fn start_under_way(succeeded: bool) -> (PodLifecycleEvent, Duration, usize) {
         let (rt, pleg, _, sb) = setup().await;
         let starts = Arc::new(StartsInFlight::default());
         let pleg = pleg.with_starts(starts.clone());
@@ -1214,24 +1222,40 @@ mod tests {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(400)).await;
                 rt.start_container(&late).await.unwrap();
+                if succeeded {
+                    under_way.succeeded(&late, "late");
+                }
                 drop(under_way);
             })
         };
         let begun = tokio::time::Instant::now();
-        // runc's helper execs first (taken for the main process), then the container's init.
         let helper =
             KernelEvent::Exec { ktime_ns: 1, pid: 87, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: false };
         let init = KernelEvent::Exec { ktime_ns: 2, pid: 88, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: true };
-        let Some(Next::Confirm(work)) = pleg.classify(&helper) else { panic!("a start is confirmed with CRI") };
+        let Some(Next::Confirm(work)) = pleg.classify(&helper) else { panic!("a start is confirmed") };
         assert!(pleg.classify(&init).is_none(), "the start is being confirmed already");
         let ev = pleg.complete(work).await.expect("confirmed once the start returned");
+        let after = begun.elapsed();
         starter.await.unwrap();
         assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerStarted, late.as_str()));
-        assert_eq!(begun.elapsed(), Duration::from_millis(400), "at the moment the start returned");
-        assert_eq!(statuses() - before, 1, "asked once, not while the start was under way");
-        assert_eq!(pleg.state.lock().unwrap().inits.get(&late), Some(&88), "the init is known all the same");
-        // A pod with no start under way is asked at once, as before.
-        assert!(starts.settled("u1", Duration::ZERO).await);
+        let s = pleg.state.lock().unwrap();
+        assert_eq!(s.inits.get(&late), Some(&88), "the init is known all the same");
+        assert_eq!(s.names.get(&late).map(String::as_str), Some("late"));
+        (ev, after, statuses() - before)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_under_way_is_confirmed_by_its_call_returning_success() {
+        let (_, after, asked) = start_under_way(true).await;
+        assert_eq!(after, Duration::from_millis(400), "at the moment the start returned");
+        assert_eq!(asked, 0, "the call's success was the runtime's answer");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_under_way_without_a_recorded_success_is_asked_about_once_it_returns() {
+        let (_, after, asked) = start_under_way(false).await;
+        assert_eq!(after, Duration::from_millis(400), "at the moment the start returned");
+        assert_eq!(asked, 1, "asked once, not while the start was under way");
     }
 
     #[test]

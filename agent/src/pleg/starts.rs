@@ -9,14 +9,17 @@
 //! several `ContainerStatus` (and, for a sandbox, `PodSandboxStatus`) calls per start,
 //! on a runtime that has no CPU to spare at that moment. The runtime manager marks each
 //! such call here ([`StartsInFlight::begin`]); the PLEG waits for the pod's calls to
-//! return ([`StartsInFlight::settled`]) and then asks once.
+//! return ([`StartsInFlight::settled`]). A call that succeeded is the runtime's own word
+//! that the sandbox is ready or the container running ([`StartGuard::succeeded`]): the
+//! PLEG takes it ([`StartsInFlight::take_started`]) and asks nothing; after a call that
+//! failed it asks CRI.
 //!
 //! Nothing is lost by the wait: the pod worker that made the call is busy in that sync
 //! until the call returns, and the event would wait for the sync to end anyway.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -25,8 +28,15 @@ use tokio::sync::Notify;
 pub struct StartsInFlight {
     /// Start calls under way per pod UID.
     pods: Mutex<HashMap<String, usize>>,
+    /// Sandboxes and containers whose start call succeeded, not yet taken by the PLEG:
+    /// id → (container name, empty for a sandbox; when).
+    returned: Mutex<HashMap<String, (String, Instant)>>,
     ended: Notify,
 }
+
+/// How long a successful start is kept for the PLEG to take: its kernel event comes
+/// within milliseconds; without an evented PLEG nobody takes it.
+const RETURNED_KEPT: Duration = Duration::from_secs(30);
 
 /// One start call under way; the call counts as returned when this is dropped.
 #[derive(Debug)]
@@ -34,6 +44,17 @@ pub struct StartsInFlight {
 pub struct StartGuard {
     starts: Arc<StartsInFlight>,
     pod_uid: String,
+}
+
+impl StartGuard {
+    /// The call succeeded: the runtime reports sandbox (or container) `id` ready (running);
+    /// `name` is the container's, empty for a sandbox.
+    pub fn succeeded(&self, id: &str, name: &str) {
+        let now = Instant::now();
+        let mut returned = self.starts.returned.lock().unwrap();
+        returned.retain(|_, (_, at)| now.duration_since(*at) < RETURNED_KEPT);
+        returned.insert(id.to_string(), (name.to_string(), now));
+    }
 }
 
 impl Drop for StartGuard {
@@ -62,6 +83,13 @@ impl StartsInFlight {
     #[must_use]
     pub fn in_flight(&self, pod_uid: &str) -> bool {
         self.pods.lock().unwrap().contains_key(pod_uid)
+    }
+
+    /// Takes the successful start of sandbox (or container) `id`, if its call returned
+    /// one: the container's name (empty for a sandbox).
+    #[must_use]
+    pub fn take_started(&self, id: &str) -> Option<String> {
+        self.returned.lock().unwrap().remove(id).map(|(name, _)| name)
     }
 
     /// Waits until pod `pod_uid` has no start call under way, for at most `limit`; true
@@ -107,6 +135,19 @@ mod tests {
         drop(container);
         assert!(waiter.await.unwrap());
         assert!(!starts.in_flight("a"));
+    }
+
+    #[test]
+    fn a_successful_start_is_taken_once() {
+        let starts = Arc::new(StartsInFlight::default());
+        {
+            let sandbox = starts.begin("a");
+            sandbox.succeeded("sb1", "");
+            let _failed = starts.begin("a");
+        }
+        assert_eq!(starts.take_started("sb1").as_deref(), Some(""));
+        assert_eq!(starts.take_started("sb1"), None, "taken already");
+        assert_eq!(starts.take_started("c1"), None, "its call failed: nothing to take");
     }
 
     #[tokio::test(start_paused = true)]

@@ -859,8 +859,12 @@ impl RuntimeManager {
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
         let started = std::time::Instant::now();
         let run = async {
-            let _under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
-            self.rt.run_pod_sandbox(config.clone(), handler.clone()).await
+            let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
+            let ran = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await;
+            if let Ok(id) = &ran {
+                under_way.succeeded(id, "");
+            }
+            ran
         };
         let id = self.sandbox_gate.run("RunPodSandbox", run).await?;
         self.containers_changed();
@@ -999,6 +1003,9 @@ impl RuntimeManager {
                 format!("Created container {}", container.name),
             );
             let started = self.rt.start_container(&id).await;
+            if started.is_ok() {
+                under_way.succeeded(&id, &container.name);
+            }
             drop(under_way);
             self.containers_changed();
             match started {
@@ -3189,6 +3196,13 @@ mod tests {
             assert_eq!(seen.len(), 5, "a sandbox, two creates, two starts: {seen:?}");
             assert!(seen.iter().all(|&(_, mine, other)| mine && !other), "{seen:?}");
             assert!(!starts.in_flight("u1"), "nothing under way once the sync is done");
+            // Each successful start is there for the PLEG to take, with the container's name.
+            let sandbox = fake.list_pod_sandbox(None).await.unwrap()[0].id.clone();
+            assert_eq!(starts.take_started(&sandbox).as_deref(), Some(""));
+            for name in ["a", "b"] {
+                let id = fake.containers_named(name)[0].clone();
+                assert_eq!(starts.take_started(&id).as_deref(), Some(name));
+            }
         }
 
         #[tokio::test(start_paused = true)]
