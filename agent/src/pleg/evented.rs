@@ -1170,18 +1170,25 @@ mod tests {
         assert!(exits2.is_empty());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_start_is_confirmed_without_flooding_a_slow_runtime() {
-        // In a burst the first exec comes long before the runtime's StartContainer returns:
-        // the confirmation backs off instead of asking every few ms.
-        let (rt, pleg, _, sb) = setup().await;
+    /// Creates (does not start) container "late" of pod u1 in sandbox `sb`, its cgroup
+    /// (id 43) known to the PLEG.
+    async fn late_container(rt: &FakeRuntime, pleg: &EventedPleg, sb: &str) -> String {
         let cfg = api::ContainerConfig {
             metadata: Some(api::ContainerMetadata { name: "late".into(), attempt: 0 }),
             labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
             ..Default::default()
         };
-        let late = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
+        let late = rt.create_container(sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
         pleg.state.lock().unwrap().index.insert(CGROUP2_HIERARCHY, 43, &format!("/kubepods/podu1/{late}"));
+        late
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_is_confirmed_without_flooding_a_slow_runtime() {
+        // In a burst the first exec comes long before the runtime's StartContainer returns:
+        // the confirmation backs off instead of asking every few ms.
+        let (rt, pleg, _, sb) = setup().await;
+        let late = late_container(&rt, &pleg, &sb).await;
         let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
         let before = statuses();
         let starter = {
@@ -1207,13 +1214,7 @@ mod tests {
         let (rt, pleg, _, sb) = setup().await;
         let starts = Arc::new(StartsInFlight::default());
         let pleg = pleg.with_starts(starts.clone());
-        let cfg = api::ContainerConfig {
-            metadata: Some(api::ContainerMetadata { name: "late".into(), attempt: 0 }),
-            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
-            ..Default::default()
-        };
-        let late = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
-        pleg.state.lock().unwrap().index.insert(CGROUP2_HIERARCHY, 43, &format!("/kubepods/podu1/{late}"));
+        let late = late_container(&rt, &pleg, &sb).await;
         let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
         let before = statuses();
         let under_way = starts.begin("u1");
