@@ -153,18 +153,18 @@ impl PodWorkers {
 
     /// Sends work for a pod, starting its worker if needed (upstream `UpdatePod`).
     pub fn update_pod(&self, pod: Pod, kind: WorkType) {
-        self.send(Work { pod: Some(pod), kind, started: None });
+        self.send(pod, kind, None);
     }
 
     /// A PLEG event that container (or sandbox) `id` of `pod` started: a sync, unless the
     /// pod's status already shows it running (see the module docs).
     pub fn container_started(&self, pod: Pod, id: String) {
-        self.send(Work { pod: Some(pod), kind: WorkType::Sync, started: Some(id) });
+        self.send(pod, WorkType::Sync, Some(id));
     }
 
-    fn send(&self, work: Work) {
-        let Some(pod) = &work.pod else { return };
+    fn send(&self, pod: Pod, kind: WorkType, started: Option<String>) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let work = Work { pod: Some(pod), kind, started };
         let mut reg = self.registry.lock().unwrap();
         let work = match reg.workers.get(&uid) {
             Some(h) => match h.tx.send(work) {
@@ -933,7 +933,6 @@ mod tests {
         e.stop.cancel();
     }
 
-    /// The crash-loop schedule in (paused) time: restarts after 0, 10, 20, 40 and 80 s.
     /// A PLEG start of a sandbox or container that the pod's status already shows
     /// started is no reason to sync (the worker read the runtime after starting them);
     /// a start it has not seen, or any other event, is. In paused time a sleep returns
@@ -975,6 +974,7 @@ mod tests {
         e.stop.cancel();
     }
 
+    /// The crash-loop schedule in (paused) time: restarts after 0, 10, 20, 40 and 80 s.
     #[tokio::test(start_paused = true)]
     async fn crash_loop_restarts_wait_for_the_growing_backoff() {
         let e = env_with(Arc::new(TokioClock::new()));

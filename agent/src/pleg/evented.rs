@@ -29,7 +29,7 @@
 //! If the kernel stream ends, the PLEG falls back to relisting every second and says so
 //! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -314,7 +314,7 @@ struct State {
     pending: HashMap<String, usize>,
     /// Ids whose start is being confirmed: runc's helper and then the container's init
     /// exec in a new container, and one answer from CRI settles both.
-    starting: std::collections::HashSet<String>,
+    starting: HashSet<String>,
     /// The most advanced state the kernel reported per container, whether or not it
     /// led to an event: what decides if a relist finding was a miss.
     kernel_seen: HashMap<String, PlegState>,
