@@ -43,6 +43,8 @@ const RUNTIME_WAIT: Duration = Duration::from_mins(1);
 pub enum Error {
     #[error("--kubeconfig {path}: {message}")]
     Kubeconfig { path: String, message: String },
+    #[error("client certificate: {0}")]
+    Certificate(#[from] crate::certificate::Error),
     #[error("container runtime at {endpoint} is not reachable: {source}")]
     Runtime {
         endpoint: String,
@@ -353,33 +355,136 @@ struct ApiClients {
     heartbeat: kube::Client,
 }
 
-impl ApiClients {
-    async fn from_kubeconfig(path: &std::path::Path, kc: &KubeletConfiguration) -> Result<Self, Error> {
+/// What the three clients are built from: the kubeconfig's `kube::Config` and the two
+/// token buckets, kept across rebuilds (a rotated certificate keeps the request budget).
+#[derive(Clone)]
+struct ApiClientsBase {
+    path: std::path::PathBuf,
+    config: kube::Config,
+    main_bucket: Arc<crate::api_throttle::TokenBucket>,
+    events_bucket: Arc<crate::api_throttle::TokenBucket>,
+    heartbeat_timeout: Option<Duration>,
+}
+
+impl ApiClientsBase {
+    async fn load(path: &std::path::Path, kc: &KubeletConfiguration) -> Result<Self, Error> {
         let err = |message: String| Error::Kubeconfig { path: path.display().to_string(), message };
         let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| err(e.to_string()))?;
-        let client = |config: kube::Config, limit: Option<(i32, i32)>| {
+        let lease = Duration::from_secs(u64::try_from(kc.node_lease_duration_seconds).unwrap_or(0));
+        Ok(Self {
+            path: path.to_path_buf(),
+            config,
+            main_bucket: Arc::new(crate::api_throttle::TokenBucket::new(kc.kube_api_qps as f32, kc.kube_api_burst)),
+            events_bucket: Arc::new(crate::api_throttle::TokenBucket::new(kc.event_record_qps as f32, kc.event_burst)),
+            heartbeat_timeout: Some(kc.node_status_update_frequency.to_std().min(lease)).filter(|t| !t.is_zero()),
+        })
+    }
+
+    /// The three clients, with `pair` as the client certificate when given.
+    fn build(&self, pair: Option<&crate::certificate::store::Pair>) -> Result<ApiClients, Error> {
+        let err = |message: String| Error::Kubeconfig { path: self.path.display().to_string(), message };
+        let mut config = self.config.clone();
+        if let Some(pair) = pair {
+            use base64::Engine as _;
+            let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            config.auth_info.client_certificate = None;
+            config.auth_info.client_key = None;
+            config.auth_info.client_certificate_data = Some(b64(&pair.cert_pem));
+            config.auth_info.client_key_data = Some(b64(&pair.key_pem).into());
+        }
+        let client = |config: kube::Config, bucket: Option<&Arc<crate::api_throttle::TokenBucket>>| {
             let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(e.to_string()))?;
-            Ok::<_, Error>(match limit {
-                Some((qps, burst)) => {
-                    let bucket = Arc::new(crate::api_throttle::TokenBucket::new(qps as f32, burst));
-                    builder.with_layer(&crate::api_throttle::ThrottleLayer(bucket)).build()
-                }
+            Ok::<_, Error>(match bucket {
+                Some(bucket) => builder.with_layer(&crate::api_throttle::ThrottleLayer(bucket.clone())).build(),
                 None => builder.build(),
             })
         };
-        let lease = Duration::from_secs(u64::try_from(kc.node_lease_duration_seconds).unwrap_or(0));
-        let timeout = Some(kc.node_status_update_frequency.to_std().min(lease)).filter(|t| !t.is_zero());
         let mut heartbeat = config.clone();
-        heartbeat.read_timeout = timeout.or(heartbeat.read_timeout);
-        heartbeat.write_timeout = timeout.or(heartbeat.write_timeout);
-        Ok(Self {
-            main: client(config.clone(), Some((kc.kube_api_qps, kc.kube_api_burst)))?,
-            events: client(config, Some((kc.event_record_qps, kc.event_burst)))?,
+        heartbeat.read_timeout = self.heartbeat_timeout.or(heartbeat.read_timeout);
+        heartbeat.write_timeout = self.heartbeat_timeout.or(heartbeat.write_timeout);
+        Ok(ApiClients {
+            main: client(config.clone(), Some(&self.main_bucket))?,
+            events: client(config, Some(&self.events_bucket))?,
             heartbeat: client(heartbeat, None)?,
         })
+    }
+}
+
+impl ApiClients {
+    async fn from_kubeconfig(path: &std::path::Path, kc: &KubeletConfiguration) -> Result<Self, Error> {
+        ApiClientsBase::load(path, kc).await?.build(None)
+    }
+}
+
+/// The API clients when `rotateCertificates` is on: each is a
+/// [`crate::certificate::rotation::RotatingClient`], rebuilt with every new pair.
+struct RotatingApiClients {
+    clients: ApiClients,
+    manager: Arc<crate::certificate::rotation::ClientCertManager>,
+    task: Box<dyn FnOnce(CancellationToken) -> tokio::task::JoinHandle<()> + Send>,
+}
+
+impl RotatingApiClients {
+    /// `None` when the kubeconfig's user has no client certificate (a token, say): there
+    /// is nothing to rotate.
+    async fn new(
+        path: &std::path::Path,
+        kc: &KubeletConfiguration,
+        cert_dir: &std::path::Path,
+        node: &str,
+    ) -> Result<Option<Self>, Error> {
+        use crate::certificate::rotation::{ClientCertManager, RotatingClient};
+        let base = ApiClientsBase::load(path, kc).await?;
+        let store = crate::certificate::bootstrap::client_store(
+            cert_dir,
+            crate::certificate::bootstrap::kubeconfig_cert_files(path),
+        );
+        let current = match store.current()? {
+            Some(pair) => pair,
+            None => match crate::certificate::bootstrap::kubeconfig_client_cert(path) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rotateCertificates: the kubeconfig has no client certificate to rotate");
+                    return Ok(None);
+                }
+            },
+        };
+        let first = base.build(Some(&current))?;
+        let ns = base.config.default_namespace.clone();
+        let cells =
+            [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
+        let clients =
+            ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
+        let manager = ClientCertManager::new(store, node, current);
+        let (run_manager, requester) = (manager.clone(), clients.main.clone());
+        let mut pairs = manager.subscribe();
+        let task = Box::new(move |shutdown: CancellationToken| {
+            tokio::spawn(async move {
+                let rotation = run_manager.run(requester, shutdown.clone());
+                let swaps = async {
+                    while pairs.changed().await.is_ok() {
+                        let pair = pairs.borrow_and_update().clone();
+                        match base.build(Some(&pair)) {
+                            Ok(next) => {
+                                cells[0].swap(next.main);
+                                cells[1].swap(next.events);
+                                cells[2].swap(next.heartbeat);
+                                tracing::info!("the API clients use the new client certificate");
+                            }
+                            Err(e) => tracing::error!(error = %e, "the new client certificate does not load"),
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = rotation => {}
+                    () = swaps => {}
+                }
+            })
+        });
+        Ok(Some(Self { clients, manager, task }))
     }
 }
 
@@ -390,7 +495,21 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let configz = cfg.kubelet.to_configz_json();
     crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
+    if let (Some(path), Some(bootstrap)) = (&cfg.kubeconfig, &cfg.bootstrap_kubeconfig) {
+        crate::certificate::bootstrap::load_client_cert(path, bootstrap, &cfg.cert_dir, &cfg.node_name).await?;
+    }
+    let mut rotation = None;
     let clients = match &cfg.kubeconfig {
+        Some(path) if kc.rotate_certificates => {
+            match RotatingApiClients::new(path, kc, &cfg.cert_dir, &cfg.node_name).await? {
+                Some(rotating) => {
+                    let clients = rotating.clients.clone();
+                    rotation = Some(rotating);
+                    Some(clients)
+                }
+                None => Some(ApiClients::from_kubeconfig(path, kc).await?),
+            }
+        }
         Some(path) => Some(ApiClients::from_kubeconfig(path, kc).await?),
         None => None,
     };
@@ -407,6 +526,10 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
     registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
+    if let Some(rotation) = rotation.take() {
+        rotation.manager.register(&mut registry);
+        drop((rotation.task)(shutdown.clone()));
+    }
     let eviction_metrics = crate::eviction::EvictionMetrics::new(&mut registry);
     let resize_metrics = crate::allocation::ResizeMetrics::new(&mut registry);
     let eviction_config = crate::eviction::EvictionConfig::from_kubelet_configuration(kc)?;

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod allocation;
 pub mod api_objects;
 pub mod api_throttle;
+pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod event_api;

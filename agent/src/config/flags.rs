@@ -23,6 +23,14 @@ pub struct Flags {
     /// kubeconfig of the API server; without it the agent runs standalone (static pods).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig whose credentials (a bootstrap token) request the agent's client
+    /// certificate when the `--kubeconfig` file is missing or its certificate expired; the
+    /// `--kubeconfig` file is then written, pointing at the certificate in `--cert-dir`.
+    #[arg(long, value_name = "FILE")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+    /// Rotate the client certificate before it expires (rotateCertificates).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub rotate_certificates: Option<bool>,
     /// CRI runtime endpoint (containerRuntimeEndpoint).
     #[arg(long, value_name = "URL")]
     pub container_runtime_endpoint: Option<String>,
@@ -184,6 +192,7 @@ impl Flags {
         set(&mut kc.tls_private_key_file, self.tls_private_key_file.as_ref());
         set(&mut kc.read_only_port, self.read_only_port.as_ref());
         set(&mut kc.fail_swap_on, self.fail_swap_on.as_ref());
+        set(&mut kc.rotate_certificates, self.rotate_certificates.as_ref());
     }
 
     /// `--node-labels` as a map; a key given twice keeps its last value, as in the kubelet.
@@ -222,6 +231,8 @@ mod tests {
             "--sync-frequency=1m30s",
             "--fail-swap-on=false",
             "--anonymous-auth",
+            "--bootstrap-kubeconfig=/etc/bootstrap-kubelet.conf",
+            "--rotate-certificates",
             "--max-pods",
             "-1",
         ]);
@@ -233,6 +244,8 @@ mod tests {
         assert_eq!(flags.sync_frequency, Some(GoDuration::from_secs(90)));
         assert_eq!(flags.fail_swap_on, Some(false));
         assert_eq!(flags.anonymous_auth, Some(true));
+        assert_eq!(flags.bootstrap_kubeconfig, Some(PathBuf::from("/etc/bootstrap-kubelet.conf")));
+        assert_eq!(flags.rotate_certificates, Some(true));
         assert_eq!(flags.max_pods, Some(-1));
         assert_eq!(flags.root_dir, PathBuf::from("/var/lib/kubelet"));
         assert_eq!(flags.cert_dir, PathBuf::from("/var/lib/kubelet/pki"));

@@ -121,6 +121,8 @@ pub struct Config {
     pub node_name: String,
     /// `--kubeconfig`; `None` means standalone mode.
     pub kubeconfig: Option<PathBuf>,
+    /// `--bootstrap-kubeconfig` (needs `--kubeconfig`, where the result is written).
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     /// `--root-dir`. Default: /var/lib/kubelet.
     pub root_dir: PathBuf,
     /// `--cert-dir`. Default: /var/lib/kubelet/pki.
@@ -208,6 +210,12 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
             }
         }
     }
+    if flags.bootstrap_kubeconfig.is_some() && flags.kubeconfig.is_none() {
+        problems.push(
+            "--bootstrap-kubeconfig: needs --kubeconfig, the file the bootstrapped credentials are written to"
+                .to_owned(),
+        );
+    }
     if flags.pleg_relist_period.is_some_and(|d| d.to_std().is_zero()) {
         problems.push("--pleg-relist-period: must be greater than 0".to_owned());
     }
@@ -231,6 +239,7 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         kubelet,
         node_name,
         kubeconfig: flags.kubeconfig.clone(),
+        bootstrap_kubeconfig: flags.bootstrap_kubeconfig.clone(),
         root_dir: flags.root_dir.clone(),
         cert_dir: flags.cert_dir.clone(),
         node_ip: flags.node_ip.clone(),

@@ -1,4 +1,5 @@
-//! The HTTP front: request recording and injected failures, bearer-token authentication,
+//! The HTTP front: request recording and injected failures, authentication (client
+//! certificate, then bearer token, as the real server's union authenticator orders them),
 //! routing of `/api`, `/apis`, `/version` and the resource paths, and the REST verbs
 //! (`handlers/{create,get,update,patch,delete,watch}.go` of the real server).
 
@@ -20,7 +21,7 @@ use super::resources::{self, ResourceInfo};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{FieldError, StatusError};
 use super::watch::{self, WatchParams};
-use super::{FailureMode, RecordedRequest, Shared, meta};
+use super::{FailureMode, PeerCertificates, RecordedRequest, Shared, meta};
 
 /// The real server's limit on request bodies (3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -29,6 +30,7 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     cancel: CancellationToken,
+    peer: PeerCertificates,
     req: http::Request<hyper::body::Incoming>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
@@ -55,7 +57,7 @@ pub(crate) async fn handle(
         status: 0,
     };
     record.seq = shared.record(record.clone());
-    let resp = serve(&shared, &cancel, &parts, &body, &mut record).await;
+    let resp = serve(&shared, &cancel, peer.as_deref(), &parts, &body, &mut record).await;
     shared.finish_record(record.seq, resp.status().as_u16(), record.user.take());
     resp
 }
@@ -63,6 +65,7 @@ pub(crate) async fn handle(
 async fn serve(
     shared: &Arc<Shared>,
     cancel: &CancellationToken,
+    peer: Option<&[rustls::pki_types::CertificateDer<'static>]>,
     parts: &http::request::Parts,
     body: &Bytes,
     record: &mut RecordedRequest,
@@ -75,7 +78,7 @@ async fn serve(
         // The server stopped while the request hung: the connection goes away.
         return status_response(&StatusError::new(503, "ServiceUnavailable", "server stopping"));
     }
-    let Some(user) = authenticate(shared, &parts.headers) else {
+    let Some(user) = authenticate(shared, peer, &parts.headers) else {
         return status_response(&StatusError::unauthorized());
     };
     record.user = Some(user.username.clone());
@@ -85,7 +88,30 @@ async fn serve(
     }
 }
 
-fn authenticate(shared: &Shared, headers: &HeaderMap) -> Option<UserInfo> {
+/// The union authenticator: the client certificate if it verifies (user = subject CN,
+/// groups = subject O), else the bearer token; `system:authenticated` is added.
+fn authenticate(
+    shared: &Shared,
+    peer: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+    headers: &HeaderMap,
+) -> Option<UserInfo> {
+    if let Some(chain) = peer
+        && let Ok(c) = shared.ca.authenticate(chain)
+        // A certificate without a common name authenticates nobody.
+        && !c.common_name.is_empty()
+    {
+        let mut groups = c.organizations;
+        groups.push("system:authenticated".into());
+        let mut user = UserInfo { username: c.common_name, groups, ..UserInfo::default() };
+        let fingerprint = meta::hex_string(&<sha2::Sha256 as sha2::Digest>::digest(&chain[0]));
+        user.extra
+            .insert("authentication.kubernetes.io/credential-id".into(), vec![format!("X509SHA256={fingerprint}")]);
+        return Some(user);
+    }
+    bearer(shared, headers)
+}
+
+fn bearer(shared: &Shared, headers: &HeaderMap) -> Option<UserInfo> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
@@ -234,6 +260,7 @@ fn route(
     let ctx = Ctx {
         dry_run: q.get("dryRun").is_some_and(|v| v == "All"),
         mount_token: shared.opts.mount_service_account_token,
+        user: Some(user),
     };
     if let Some(ns) = &t.namespace
         && ns.is_empty()
@@ -253,7 +280,7 @@ fn route(
                 Ok(json_response(200, &list))
             }
         }
-        (&Method::GET, Some(name), sub @ (None | Some("status" | "resize"))) => {
+        (&Method::GET, Some(name), sub @ (None | Some("status" | "resize" | "approval"))) => {
             if sub.is_some_and(|s| !t.info.has_subresource(s)) {
                 return Err(StatusError::no_such_resource());
             }
@@ -267,10 +294,11 @@ fn route(
             let created = registry::create(&mut shared.store.lock(), ctx, t.info, ns, obj)?;
             Ok(json_response(201, &created))
         }
-        (&Method::PUT, Some(name), sub @ (None | Some("status" | "finalize" | "resize"))) => {
+        (&Method::PUT, Some(name), sub @ (None | Some("status" | "finalize" | "resize" | "approval"))) => {
             let part = match sub {
                 None => Part::Main,
                 Some("status") if t.info.has_subresource("status") => Part::Status,
+                Some("approval") if t.info.has_subresource("approval") => Part::Approval,
                 Some("resize") if t.info.has_subresource("resize") => Part::Resize,
                 Some("finalize") if t.info.storage == "namespaces" => Part::Finalize,
                 _ => return Err(StatusError::no_such_resource()),
@@ -279,9 +307,10 @@ fn route(
             let u = registry::update(&mut shared.store.lock(), ctx, t.info, ns, name, part, false, move |_| Ok(obj))?;
             Ok(json_response(if u.created { 201 } else { 200 }, &u.object))
         }
-        (&Method::PATCH, Some(name), sub @ (None | Some("status" | "resize"))) => {
+        (&Method::PATCH, Some(name), sub @ (None | Some("status" | "resize" | "approval"))) => {
             let part = match sub {
                 None => Part::Main,
+                Some("approval") if t.info.has_subresource("approval") => Part::Approval,
                 Some("resize") if t.info.has_subresource("resize") => Part::Resize,
                 Some("status") if t.info.has_subresource("status") => Part::Status,
                 Some(_) => return Err(StatusError::no_such_resource()),
@@ -446,7 +475,7 @@ fn delete_result(info: &ResourceInfo, d: &registry::Deleted) -> Value {
 #[expect(clippy::too_many_arguments, reason = "one PATCH request, unpacked")]
 fn patch_object(
     shared: &Arc<Shared>,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     t: &Target,
     name: &str,
     part: Part,
@@ -500,7 +529,7 @@ fn patch_object(
 /// The Binding subresource (`pkg/registry/core/pod/storage` `assignPod`).
 fn bind(
     shared: &Arc<Shared>,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     info: &'static ResourceInfo,
     ns: Option<&str>,
     name: &str,

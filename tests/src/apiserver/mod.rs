@@ -19,23 +19,39 @@
 //! - `watch`: watches with resume, selectors applied to old and new state, bookmarks;
 //! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers
 //!   (everything allowed, denied, a predicate, or a kubelet's `nodes/<subresource>` rules),
-//!   and [`TestApiServer::reviews`] lists the reviews clients posted.
+//!   and [`TestApiServer::reviews`] lists the reviews clients posted;
+//! - `tls`: the cluster CA, the serving certificate, and client-certificate
+//!   authentication over HTTPS (the x509 authenticator: user = subject CN, groups =
+//!   subject O; a certificate that does not verify is a 401; a valid certificate wins
+//!   over a bearer token, as in the real union authenticator);
+//! - `certificates`: `CertificateSigningRequests` (`certificates.k8s.io/v1`) with the
+//!   `/status` and `/approval` subresources, the requester's identity in the spec, and
+//!   their validation;
+//! - `csr_controller`: a stand-in for kube-controller-manager's CSR approver and signer
+//!   for the kubelet signers ([`CsrController`]: off by default).
 //!
 //! Not served: protobuf, tables, aggregated discovery, `OpenAPI`, `/log`, `/exec`,
 //! server-side apply field management (apply is a merge that may create), garbage
 //! collection (`propagationPolicy` is ignored), RBAC on requests, snapshots of the past
 //! (`resourceVersionMatch=Exact` of an old version is 410), `managedFields`, event TTLs,
-//! anonymous requests (every path, `/version` and `/healthz` included, needs a token:
-//! the real server with `--anonymous-auth=false`), most validation (names, pod
-//! containers and pod-update immutability are checked), other resources.
+//! anonymous requests (every path, `/version` and `/healthz` included, needs a token or
+//! a client certificate: the real server with `--anonymous-auth=false`), most validation
+//! (names, pod containers and pod-update immutability are checked), other resources,
+//! signing for other CSR signers (`kube-apiserver-client`, `legacy-unknown`), the CSR
+//! validation allowances for invalid stored data, `ClusterTrustBundles`, and client
+//! certificates over plain HTTP.
 //!
 //! Test controls: [`TestApiServer`] starts it on 127.0.0.1, writes a kubeconfig, gives
 //! typed access to the store (`create`, `get`, `list`, `modify`, `delete`, `wait_for`),
 //! records requests, injects failures, stops and restarts it on the same port with the
-//! stored data kept.
+//! stored data kept, issues client certificates from the cluster CA, writes kubeconfigs
+//! with other credentials (a bootstrap token, a client certificate), and plays the CSR
+//! controllers.
 
 mod admission;
 mod auth;
+mod certificates;
+mod csr_controller;
 mod http;
 mod kubeconfig;
 mod meta;
@@ -56,7 +72,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
@@ -68,6 +84,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use auth::{Authorizer, AuthorizerFn, UserInfo};
+pub use csr_controller::CsrController;
 pub use status::StatusError;
 
 use registry::{Ctx, DeleteOpts, Part};
@@ -85,7 +102,7 @@ pub enum Error {
     },
     #[error("writing the kubeconfig")]
     Kubeconfig(#[source] std::io::Error),
-    #[error("generating the serving certificate: {0}")]
+    #[error("generating or issuing a certificate: {0}")]
     Tls(String),
     #[error("the API server double does not serve {0}")]
     UnknownResource(String),
@@ -134,6 +151,9 @@ pub struct Options {
     /// restarted server's watch cache starts at the current resourceVersion, so watches
     /// resuming from an older one get 410 and relist, as against a restarted real server.
     pub keep_watch_history_on_restart: bool,
+    /// What the stand-in kube-controller-manager does with CSRs; default
+    /// [`CsrController::Off`] (they stay pending). See [`TestApiServer::set_csr_controller`].
+    pub csr_controller: CsrController,
 }
 
 /// The bearer token of the kubeconfig by default.
@@ -152,6 +172,7 @@ impl Default for Options {
             mount_service_account_token: false,
             service_account_issuer: "https://kubernetes.default.svc.cluster.local".into(),
             keep_watch_history_on_restart: false,
+            csr_controller: CsrController::Off,
         }
     }
 }
@@ -299,10 +320,16 @@ impl Failures {
     }
 }
 
+/// The client's certificate chain of a TLS connection, if it sent one.
+type PeerCertificates = Option<Arc<[rustls::pki_types::CertificateDer<'static>]>>;
+
 /// State shared by every connection, surviving restarts.
 #[derive(Debug)]
 struct Shared {
     store: Arc<Store>,
+    /// The cluster CA (also when serving plain HTTP: the CSR signer signs with it).
+    ca: Arc<tls::ClusterCa>,
+    csr_controller: tokio::sync::watch::Sender<CsrController>,
     auth: auth::Auth,
     opts: Options,
     failures: Failures,
@@ -341,7 +368,7 @@ struct Running {
 pub struct TestApiServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    tls: Option<Arc<tls::TlsMaterial>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     running: Mutex<Option<Running>>,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
@@ -357,22 +384,26 @@ impl TestApiServer {
             .await
             .map_err(|source| Error::Bind { port: opts.port, source })?;
         let addr = listener.local_addr().map_err(|source| Error::Bind { port: opts.port, source })?;
-        let tls = if opts.tls { Some(Arc::new(tls::generate().map_err(Error::Tls)?)) } else { None };
+        let ca = Arc::new(tls::ClusterCa::generate().map_err(Error::Tls)?);
+        let tls = if opts.tls { Some(ca.server_config().map_err(Error::Tls)?) } else { None };
+        let ca_pem = tls.as_ref().map(|_| ca.pem.clone());
         let mut tokens = opts.tokens.clone();
         tokens.insert(opts.token.clone(), UserInfo::new("admin", &["system:masters"]));
         let store = Arc::new(Store::new(opts.watch_history));
         let shared = Arc::new(Shared {
             auth: auth::Auth::new(opts.service_account_issuer.clone(), tokens, opts.authorizer.clone()),
             store,
+            ca,
+            csr_controller: tokio::sync::watch::channel(opts.csr_controller.clone()).0,
             failures: Failures { rules: Mutex::new(Vec::new()), changed: tokio::sync::watch::channel(0).0 },
             requests: Mutex::new((0, Vec::new())),
             server_address: addr.to_string(),
             opts,
         });
-        seed(&shared, tls.as_deref().map(|t| t.ca_pem.as_str()), addr.port());
+        seed(&shared, ca_pem.as_deref(), addr.port());
         let dir = tempfile::Builder::new().prefix("swiftlet-apiserver-").tempdir().map_err(Error::Kubeconfig)?;
         let url = format!("{}://{addr}", if tls.is_some() { "https" } else { "http" });
-        let text = kubeconfig::render(&url, tls.as_deref().map(|t| t.ca_pem.as_str()), &shared.opts.token);
+        let text = kubeconfig::render(&url, ca_pem.as_deref(), &shared.opts.token);
         let kubeconfig = kubeconfig::write(dir.path(), &text).map_err(Error::Kubeconfig)?;
         let server = Self { shared, addr, tls, running: Mutex::new(None), kubeconfig, _dir: dir };
         server.serve(listener);
@@ -385,10 +416,11 @@ impl TestApiServer {
         let accept = tokio::spawn(accept_loop(
             listener,
             self.shared.clone(),
-            self.tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone())),
+            self.tls.as_ref().map(|t| tokio_rustls::TlsAcceptor::from(t.clone())),
             cancel.clone(),
             connections.clone(),
         ));
+        connections.spawn(csr_controller::run(self.shared.clone(), cancel.clone()));
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(Running { cancel, accept, connections });
     }
 
@@ -416,10 +448,88 @@ impl TestApiServer {
         kubeconfig::write(dir, &text).map_err(Error::Kubeconfig)
     }
 
-    /// The CA certificate (PEM) when serving HTTPS.
+    /// Writes `<dir>/<file_name>`, a kubeconfig for this server whose user has `token`
+    /// (a bootstrap kubeconfig, say), and returns its path.
+    pub fn write_kubeconfig_with_token(&self, dir: &Path, file_name: &str, token: &str) -> Result<PathBuf> {
+        let text = kubeconfig::render(&self.url(), self.ca_pem(), token);
+        kubeconfig::write_named(dir, file_name, &text).map_err(Error::Kubeconfig)
+    }
+
+    /// Writes `<dir>/<file_name>`, a kubeconfig for this server whose user
+    /// authenticates with a client certificate (PEM, with its key), and returns its path.
+    pub fn write_kubeconfig_with_client_cert(
+        &self,
+        dir: &Path,
+        file_name: &str,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Result<PathBuf> {
+        let text = kubeconfig::render_cert(&self.url(), self.ca_pem(), cert_pem, key_pem);
+        kubeconfig::write_named(dir, file_name, &text).map_err(Error::Kubeconfig)
+    }
+
+    /// The CA certificate (PEM) when serving HTTPS: the cluster CA, which signs the
+    /// serving certificate, the client certificates the server accepts, and the
+    /// certificates the CSR signer issues.
     #[must_use]
     pub fn ca_pem(&self) -> Option<&str> {
-        self.tls.as_deref().map(|t| t.ca_pem.as_str())
+        self.tls.as_ref().map(|_| self.shared.ca.pem.as_str())
+    }
+
+    /// The cluster CA certificate (PEM), also when serving plain HTTP.
+    #[must_use]
+    pub fn cluster_ca_pem(&self) -> &str {
+        &self.shared.ca.pem
+    }
+
+    /// A new key and a client certificate for it signed by the cluster CA (PEM, PEM):
+    /// subject CN `cn` and O `orgs` (the user and groups the server authenticates it as,
+    /// over HTTPS), `clientAuth`, valid from 5 minutes ago (the signer's backdate) for
+    /// `valid_for`.
+    pub fn issue_client_cert(&self, cn: &str, orgs: &[&str], valid_for: Duration) -> Result<(String, String)> {
+        let now = SystemTime::now();
+        let backdated = now.checked_sub(Duration::from_mins(5)).unwrap_or(now);
+        self.issue_client_cert_between(cn, orgs, backdated, now + valid_for)
+    }
+
+    /// As [`Self::issue_client_cert`], valid from `not_before` to `not_after` (in the past
+    /// for an expired certificate, in the future for one not yet valid).
+    pub fn issue_client_cert_between(
+        &self,
+        cn: &str,
+        orgs: &[&str],
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<(String, String)> {
+        let secs = |t: SystemTime| match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => d.as_secs() as i64,
+            Err(e) => -(e.duration().as_secs() as i64),
+        };
+        self.shared.ca.issue_client(cn, orgs, secs(not_before), secs(not_after)).map_err(Error::Tls)
+    }
+
+    /// A real `kube::Client` that authenticates with a client certificate (PEM, with its
+    /// key) and no token (HTTPS servers only).
+    pub async fn client_with_cert(&self, cert_pem: &str, key_pem: &str) -> Result<kube::Client> {
+        let text = kubeconfig::render_cert(&self.url(), self.ca_pem(), cert_pem, key_pem);
+        let kc = kube::config::Kubeconfig::from_yaml(&text)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// Changes what the stand-in kube-controller-manager does with CSRs; pending CSRs
+    /// are handled at once under the new setting.
+    pub fn set_csr_controller(&self, ctl: CsrController) {
+        self.shared.csr_controller.send_replace(ctl);
+    }
+
+    /// The PEM certificate a CSR was issued (`status.certificate`), once signed.
+    #[must_use]
+    pub fn csr_pem_certificate(&self, name: &str) -> Option<String> {
+        use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+        let csr: CertificateSigningRequest = self.get(None, name)?;
+        let cert = csr.status?.certificate?;
+        (!cert.0.is_empty()).then(|| String::from_utf8_lossy(&cert.0).into_owned())
     }
 
     /// The kubeconfig user's bearer token.
@@ -529,8 +639,13 @@ impl TestApiServer {
             .ok_or_else(|| Error::UnknownResource(format!("{}/{}", K::API_VERSION, K::KIND)))
     }
 
-    fn ctx(&self) -> Ctx {
-        Ctx { dry_run: false, mount_token: self.shared.opts.mount_service_account_token }
+    fn ctx(&self) -> Ctx<'static> {
+        Ctx { dry_run: false, mount_token: self.shared.opts.mount_service_account_token, user: None }
+    }
+
+    /// Who the typed controls act as: the kubeconfig's user.
+    fn admin() -> UserInfo {
+        UserInfo::new("admin", &["system:masters", "system:authenticated"])
     }
 
     /// Creates an object as a client would (defaults and admission apply); namespaced
@@ -546,7 +661,9 @@ impl TestApiServer {
         } else {
             None
         };
-        let out = registry::create(&mut self.shared.store.lock(), self.ctx(), info, ns.as_deref(), v)?;
+        let admin = Self::admin();
+        let ctx = Ctx { user: Some(&admin), ..self.ctx() };
+        let out = registry::create(&mut self.shared.store.lock(), ctx, info, ns.as_deref(), v)?;
         Ok(serde_json::from_value(out)?)
     }
 
@@ -742,20 +859,28 @@ async fn accept_loop(
         connections.spawn(async move {
             let conn_cancel = cancel.clone();
             let serve = async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let shared = shared.clone();
-                    let cancel = cancel.clone();
-                    async move { Ok::<_, std::convert::Infallible>(http::handle(shared, cancel, req).await) }
-                });
+                let service = |peer: PeerCertificates| {
+                    hyper::service::service_fn(move |req| {
+                        let shared = shared.clone();
+                        let cancel = cancel.clone();
+                        let peer = peer.clone();
+                        async move { Ok::<_, std::convert::Infallible>(http::handle(shared, cancel, peer, req).await) }
+                    })
+                };
                 let builder = hyper::server::conn::http1::Builder::new();
                 match tls {
                     Some(acceptor) => {
                         if let Ok(s) = acceptor.accept(stream).await {
-                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                            let peer: PeerCertificates = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .map(|c| c.iter().map(|c| c.clone().into_owned()).collect());
+                            let _ = builder.serve_connection(TokioIo::new(s), service(peer)).await;
                         }
                     }
                     None => {
-                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                        let _ = builder.serve_connection(TokioIo::new(stream), service(None)).await;
                     }
                 }
             };

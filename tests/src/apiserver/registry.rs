@@ -7,6 +7,8 @@
 use serde_json::{Value, json};
 
 use super::admission;
+use super::auth::UserInfo;
+use super::certificates;
 use super::meta;
 use super::resources::{self, ResourceInfo};
 use super::selector::{FieldSelector, LabelSelector};
@@ -19,11 +21,13 @@ pub(crate) const IMMORTAL_NAMESPACES: &[&str] = &["default", "kube-system", "kub
 
 /// Per-request settings.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Ctx {
+pub(crate) struct Ctx<'a> {
     /// `?dryRun=All`: everything but the write.
     pub dry_run: bool,
     /// The `ServiceAccount` admission plugin mounts the token volume.
     pub mount_token: bool,
+    /// Who asked (None: the server itself or a controller).
+    pub user: Option<&'a UserInfo>,
 }
 
 /// Which part of an object an update may change.
@@ -37,6 +41,8 @@ pub(crate) enum Part {
     Finalize,
     /// `pods/<name>/resize`: only container cpu/memory resources and resize policies.
     Resize,
+    /// `certificatesigningrequests/<name>/approval`: only the CSR's conditions.
+    Approval,
 }
 
 /// `DeleteOptions`, the fields the double honours.
@@ -103,7 +109,7 @@ fn invalid(info: &ResourceInfo, name: &str, errs: &[FieldError]) -> StatusError 
 /// Creates an object received at `info` under the URL namespace `url_ns`.
 pub(crate) fn create(
     d: &mut Data,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     info: &'static ResourceInfo,
     url_ns: Option<&str>,
     obj: Value,
@@ -208,7 +214,13 @@ pub(crate) fn on_namespace_created(d: &mut Data, ns: &str) {
     }
 }
 
-fn prepare_for_create(d: &Data, ctx: Ctx, info: &ResourceInfo, ns: &str, obj: &mut Value) -> Result<(), StatusError> {
+fn prepare_for_create(
+    d: &Data,
+    ctx: Ctx<'_>,
+    info: &ResourceInfo,
+    ns: &str,
+    obj: &mut Value,
+) -> Result<(), StatusError> {
     match info.storage {
         "pods" => {
             admission::default_pod(obj);
@@ -224,6 +236,7 @@ fn prepare_for_create(d: &Data, ctx: Ctx, info: &ResourceInfo, ns: &str, obj: &m
         "nodes" => admission::default_node(obj),
         "namespaces" => admission::prepare_namespace_for_create(obj),
         "secrets" => admission::default_secret(obj),
+        certificates::STORAGE => certificates::prepare_for_create(obj, ctx.user)?,
         "services" => {
             let allocated = allocated_cluster_ips(d, None);
             admission::default_service(obj, &allocated);
@@ -253,7 +266,9 @@ fn validate_create(info: &ResourceInfo, obj: &Value) -> Result<(), StatusError> 
     let ok = match info.storage {
         "namespaces" => meta::is_dns1123_label(name),
         // Lease and event names are path segments upstream.
-        "leases.coordination.k8s.io" | "events" => !name.contains('/') && name != "." && name != "..",
+        "leases.coordination.k8s.io" | "events" | certificates::STORAGE => {
+            !name.contains('/') && name != "." && name != ".."
+        }
         // DNS-1035, checked with the rest of the service.
         "services" => true,
         _ => meta::is_dns1123_subdomain(name),
@@ -268,6 +283,9 @@ fn validate_create(info: &ResourceInfo, obj: &Value) -> Result<(), StatusError> 
     }
     if info.storage == "pods" {
         errs.extend(admission::validate_pod(obj));
+    }
+    if info.storage == certificates::STORAGE {
+        errs.extend(certificates::validate_create(obj));
     }
     if errs.is_empty() { Ok(()) } else { Err(invalid(info, name, &errs)) }
 }
@@ -349,7 +367,7 @@ pub(crate) struct Updated {
 #[expect(clippy::too_many_arguments, reason = "the parameters of the upstream `Update` plus the strategy switch")]
 pub(crate) fn update(
     d: &mut Data,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     info: &'static ResourceInfo,
     ns: Option<&str>,
     name: &str,
@@ -512,6 +530,12 @@ fn before_update(info: &ResourceInfo, part: Part, new: &mut Value, old: &Value) 
                     .insert("qosClass".into(), q);
             }
         }
+        (certificates::STORAGE, _) => {
+            let errs = certificates::prepare_and_validate_update(part, new, old);
+            if !errs.is_empty() {
+                return Err(invalid(info, &name, &errs));
+            }
+        }
         ("pods", Part::Resize) => {
             if let Err(errs) = super::resize::prepare_and_validate(new, old) {
                 return Err(invalid(info, &name, &errs));
@@ -634,7 +658,7 @@ fn pod_grace(pod: &Value, requested: Option<i64>) -> i64 {
 /// Deletes an object: graceful deletion for pods, finalizers for every kind.
 pub(crate) fn delete(
     d: &mut Data,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     info: &'static ResourceInfo,
     ns: Option<&str>,
     name: &str,
@@ -742,7 +766,7 @@ fn after_removal(d: &mut Data, info: &ResourceInfo, ns: &str) {
 /// deletes every object in it (pods gracefully) and finalizes the namespace once empty.
 fn delete_namespace(
     d: &mut Data,
-    ctx: Ctx,
+    ctx: Ctx<'_>,
     info: &'static ResourceInfo,
     name: &str,
     old: &Value,

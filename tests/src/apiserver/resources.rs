@@ -194,6 +194,22 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
         review: false,
     },
     ResourceInfo {
+        group: "certificates.k8s.io",
+        version: "v1",
+        plural: "certificatesigningrequests",
+        singular: "certificatesigningrequest",
+        kind: "CertificateSigningRequest",
+        namespaced: false,
+        short_names: &["csr"],
+        verbs: CRUD,
+        subresources: &[
+            ("approval", "CertificateSigningRequest", STATUS),
+            ("status", "CertificateSigningRequest", STATUS),
+        ],
+        storage: "certificatesigningrequests.certificates.k8s.io",
+        review: false,
+    },
+    ResourceInfo {
         group: "authentication.k8s.io",
         version: "v1",
         plural: "tokenreviews",
@@ -261,7 +277,8 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
 ];
 
 /// The API groups served besides the core group, in discovery order.
-const GROUPS: &[&str] = &["coordination.k8s.io", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io"];
+const GROUPS: &[&str] =
+    &["coordination.k8s.io", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io", "certificates.k8s.io"];
 
 /// The resource served at `/api{s}/<group>/<version>/<plural>`.
 pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {

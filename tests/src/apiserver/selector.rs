@@ -261,6 +261,7 @@ fn convert_field_label(info: &ResourceInfo, key: &str) -> Option<String> {
         "nodes" => &["spec.unschedulable"],
         "namespaces" => &["status.phase"],
         "secrets" => &["type"],
+        "certificatesigningrequests.certificates.k8s.io" => &["spec.signerName"],
         "events" => &[
             "involvedObject.kind",
             "involvedObject.namespace",

@@ -180,6 +180,7 @@ pub(crate) enum FieldErrorKind {
     Invalid,
     Forbidden,
     Duplicate,
+    NotSupported,
 }
 
 impl FieldErrorKind {
@@ -189,6 +190,7 @@ impl FieldErrorKind {
             Self::Invalid => "FieldValueInvalid",
             Self::Forbidden => "FieldValueForbidden",
             Self::Duplicate => "FieldValueDuplicate",
+            Self::NotSupported => "FieldValueNotSupported",
         }
     }
 }
@@ -216,6 +218,17 @@ impl FieldError {
         Self { kind: FieldErrorKind::Duplicate, field: field.into(), value: Some(value), detail: String::new() }
     }
 
+    /// `field.NotSupported`: the value and the supported ones.
+    pub(crate) fn not_supported(field: impl Into<String>, value: Value, supported: &[&str]) -> Self {
+        let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
+        Self {
+            kind: FieldErrorKind::NotSupported,
+            field: field.into(),
+            value: Some(value),
+            detail: format!("supported values: {list}"),
+        }
+    }
+
     fn detail_message(&self) -> String {
         let head = match self.kind {
             FieldErrorKind::Required => "Required value".to_string(),
@@ -223,6 +236,9 @@ impl FieldError {
             FieldErrorKind::Duplicate => format!("Duplicate value: {}", self.value.clone().unwrap_or(Value::Null)),
             FieldErrorKind::Invalid => {
                 format!("Invalid value: {}", self.value.clone().unwrap_or(Value::Null))
+            }
+            FieldErrorKind::NotSupported => {
+                format!("Unsupported value: {}", self.value.clone().unwrap_or(Value::Null))
             }
         };
         if self.detail.is_empty() { head } else { format!("{head}: {}", self.detail) }

@@ -941,3 +941,345 @@ async fn resize_subresource_changes_only_resources_with_conflicts_and_generation
     assert_eq!(api_err(pods.replace("r", &PostParams::default(), &main).await).code, 422);
     Ok(())
 }
+
+mod certificates {
+    //! Client-certificate authentication, `CertificateSigningRequests` and the stand-in
+    //! CSR controllers.
+
+    use std::time::{Duration, SystemTime};
+
+    use anyhow::{Context as _, Result};
+    use base64::Engine as _;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+    use serde_json::{Value, json};
+
+    use super::api_err;
+    use crate::apiserver::{CsrController, Options, TestApiServer, UserInfo};
+
+    async fn tls_server() -> Result<TestApiServer> {
+        Ok(TestApiServer::start(Options { tls: true, ..Options::default() }).await?)
+    }
+
+    /// A PEM CSR (one organization at most: rcgen's subjects) and its key.
+    fn csr_pem(cn: &str, org: Option<&str>, sans: &[&str]) -> Result<(String, rcgen::KeyPair)> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut p = rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_string()).collect::<Vec<_>>())?;
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        if let Some(o) = org {
+            p.distinguished_name.push(rcgen::DnType::OrganizationName, o);
+        }
+        Ok((p.serialize_request(&key)?.pem()?, key))
+    }
+
+    fn csr(name: &str, request_pem: &str, signer: &str, usages: &[&str]) -> Value {
+        json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "request": base64::engine::general_purpose::STANDARD.encode(request_pem),
+                "signerName": signer,
+                "usages": usages,
+            },
+        })
+    }
+
+    fn typed(v: Value) -> Result<CertificateSigningRequest> {
+        Ok(serde_json::from_value(v)?)
+    }
+
+    fn condition_types(c: &CertificateSigningRequest) -> Vec<(String, String)> {
+        c.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .map(|c| (c.type_.clone(), c.reason.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    /// `SelfSubjectReview` of the client's user: (username, groups).
+    async fn whoami(client: &kube::Client) -> Result<(String, Vec<String>)> {
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+        let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body)?)?;
+        let out: Value = client.request(req).await?;
+        let u = &out["status"]["userInfo"];
+        let groups = u["groups"].as_array().context("groups")?.iter().filter_map(|g| g.as_str().map(String::from));
+        Ok((u["username"].as_str().unwrap_or("").to_string(), groups.collect()))
+    }
+
+    fn field_causes(s: &kube::core::Status) -> Vec<String> {
+        s.details.iter().flat_map(|d| d.causes.iter()).map(|c| c.field.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn client_certificates_authenticate_as_subject() -> Result<()> {
+        let srv = tls_server().await?;
+        let (cert, key) = srv.issue_client_cert("alice", &["dev", "ops"], Duration::from_hours(1))?;
+        let client = srv.client_with_cert(&cert, &key).await?;
+        let nss: Api<Namespace> = Api::all(client.clone());
+        assert_eq!(nss.list(&ListParams::default()).await?.items.len(), 4);
+        assert_eq!(srv.requests().last().and_then(|r| r.user.clone()).as_deref(), Some("alice"));
+        let (user, groups) = whoami(&client).await?;
+        assert_eq!(user, "alice");
+        assert_eq!(groups, ["dev", "ops", "system:authenticated"]);
+
+        // Refused with 401: another CA's certificate, an expired one, one not yet valid.
+        let other = tls_server().await?;
+        let now = SystemTime::now();
+        let hour = Duration::from_hours(1);
+        let refused = [
+            other.issue_client_cert("alice", &[], hour)?,
+            srv.issue_client_cert_between("alice", &[], now - 2 * hour, now - hour)?,
+            srv.issue_client_cert_between("alice", &[], now + hour, now + 2 * hour)?,
+        ];
+        for (cert, key) in refused {
+            let pods: Api<Pod> = Api::default_namespaced(srv.client_with_cert(&cert, &key).await?);
+            let s = api_err(pods.list(&ListParams::default()).await);
+            assert_eq!((s.code, s.reason.as_str()), (401, "Unauthorized"));
+        }
+        // The bearer token of a bootstrap kubeconfig still works alongside.
+        srv.add_token("bootstrap", UserInfo::new("system:bootstrap:abcdef", &["system:bootstrappers"]));
+        let dir = tempfile::tempdir()?;
+        let path = srv.write_kubeconfig_with_token(dir.path(), "bootstrap-kubeconfig", "bootstrap")?;
+        assert_eq!(path, dir.path().join("bootstrap-kubeconfig"));
+        let kc = kube::config::Kubeconfig::read_from(&path)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+        let (user, _) = whoami(&kube::Client::try_from(cfg)?).await?;
+        assert_eq!(user, "system:bootstrap:abcdef");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn csr_create_validation_and_subresources() -> Result<()> {
+        let srv = tls_server().await?;
+        let csrs: Api<CertificateSigningRequest> = Api::all(srv.client().await?);
+        let (pem, _) = csr_pem("system:node:n1", Some("system:nodes"), &[])?;
+        let mut body = csr("c1", &pem, "example.com/signer", &["client auth"]);
+        body["spec"]["username"] = json!("mallory");
+        body["status"] = json!({"conditions": [{"type": "Approved", "status": "True"}]});
+        let created = csrs.create(&PostParams::default(), &typed(body)?).await?;
+        assert_eq!(created.spec.username.as_deref(), Some("admin"));
+        assert_eq!(
+            created.spec.groups.as_deref(),
+            Some(&["system:masters".to_string(), "system:authenticated".to_string()][..])
+        );
+        assert!(condition_types(&created).is_empty());
+
+        // Invalid requests name their field.
+        let cases = [
+            (csr("bad", "not a csr", "example.com/s", &["client auth"]), "spec.request"),
+            (csr("bad", &pem, "example.com/s", &[]), "spec.usages"),
+            (csr("bad", &pem, "example.com/s", &["flying"]), "spec.usages[0]"),
+            (csr("bad", &pem, "", &["client auth"]), "spec.signerName"),
+            (csr("bad", &pem, "nodomain", &["client auth"]), "spec.signerName"),
+        ];
+        for (body, field) in cases {
+            let s = api_err(csrs.create(&PostParams::default(), &typed(body)?).await);
+            assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{field}: {s:?}");
+            assert_eq!(field_causes(&s), [field]);
+        }
+        let mut short = csr("bad", &pem, "example.com/s", &["client auth"]);
+        short["spec"]["expirationSeconds"] = json!(300);
+        let s = api_err(csrs.create(&PostParams::default(), &typed(short)?).await);
+        assert_eq!((s.code, field_causes(&s)), (422, vec!["spec.expirationSeconds".to_string()]));
+
+        // The main resource keeps spec and status; metadata changes.
+        let pp = PatchParams::default();
+        let p = json!({"metadata": {"labels": {"a": "b"}}, "spec": {"usages": ["server auth"]},
+                       "status": {"conditions": [{"type": "Approved", "status": "True"}]}});
+        let u = csrs.patch("c1", &pp, &Patch::Merge(&p)).await?;
+        assert_eq!(u.spec.usages.as_deref(), Some(&["client auth".to_string()][..]));
+        assert!(condition_types(&u).is_empty());
+        assert_eq!(u.metadata.labels.and_then(|l| l.get("a").cloned()).as_deref(), Some("b"));
+
+        // /status may not approve.
+        let approve = json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "Test"}]}});
+        let s = api_err(csrs.patch_status("c1", &pp, &Patch::Merge(&approve)).await);
+        assert_eq!((s.code, field_causes(&s)), (422, vec!["status.conditions".to_string()]));
+        // /approval changes only the conditions, with time stamps.
+        let mut with_more = approve.clone();
+        with_more["spec"] = json!({"signerName": "example.com/other"});
+        with_more["status"]["certificate"] = json!("Zm9v");
+        let a = csrs.patch_subresource("approval", "c1", &pp, &Patch::Merge(&with_more)).await?;
+        assert_eq!(condition_types(&a), [("Approved".to_string(), "Test".to_string())]);
+        assert_eq!(a.spec.signer_name, "example.com/signer");
+        let st = a.status.as_ref().context("status")?;
+        assert!(st.certificate.is_none());
+        let cond = &st.conditions.as_ref().context("conditions")?[0];
+        assert!(cond.last_update_time.is_some() && cond.last_transition_time.is_some());
+        // Approved and Denied exclude each other; the approval cannot be taken back.
+        let deny = json!({"status": {"conditions": [
+            {"type": "Approved", "status": "True", "reason": "Test"}, {"type": "Denied", "status": "True"}]}});
+        let s = api_err(csrs.patch_subresource("approval", "c1", &pp, &Patch::Merge(&deny)).await);
+        assert_eq!((s.code, field_causes(&s)), (422, vec!["status.conditions[1].type".to_string()]));
+        let s = api_err(
+            csrs.patch_subresource("approval", "c1", &pp, &Patch::Merge(&json!({"status": {"conditions": []}}))).await,
+        );
+        assert_eq!(s.code, 422);
+        // /status sets the certificate (a real one) once, and keeps the approval.
+        let bogus = json!({"status": {"certificate": "Zm9v"}});
+        let s = api_err(csrs.patch_status("c1", &pp, &Patch::Merge(&bogus)).await);
+        assert_eq!((s.code, field_causes(&s)), (422, vec!["status.certificate".to_string()]));
+        let (cert, _) = srv.issue_client_cert("x", &[], Duration::from_hours(1))?;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&cert);
+        let issued = json!({"status": {"certificate": b64, "conditions": [
+            {"type": "Approved", "status": "True", "reason": "Changed"}]}});
+        let st = csrs.patch_status("c1", &pp, &Patch::Merge(&issued)).await?;
+        assert_eq!(condition_types(&st), [("Approved".to_string(), "Test".to_string())]);
+        assert_eq!(srv.csr_pem_certificate("c1").as_deref(), Some(cert.as_str()));
+        let (other, _) = srv.issue_client_cert("y", &[], Duration::from_hours(1))?;
+        let again = json!({"status": {"certificate": base64::engine::general_purpose::STANDARD.encode(other)}});
+        let s = api_err(csrs.patch_status("c1", &pp, &Patch::Merge(&again)).await);
+        assert_eq!((s.code, field_causes(&s)), (422, vec!["status.certificate".to_string()]));
+
+        // Field selectors, discovery.
+        let by_name = csrs.list(&ListParams::default().fields("metadata.name=c1")).await?;
+        assert_eq!(by_name.items.len(), 1);
+        let by_signer = csrs.list(&ListParams::default().fields("spec.signerName=example.com/nope")).await?;
+        assert!(by_signer.items.is_empty());
+        let discovery = kube::Discovery::new(srv.client().await?).run().await?;
+        assert!(discovery.has_group("certificates.k8s.io"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn csr_controller_approves_signs_fails_and_denies() -> Result<()> {
+        let srv = TestApiServer::start(Options {
+            tls: true,
+            csr_controller: CsrController::ApproveAndSign { duration: Duration::from_hours(24) },
+            ..Options::default()
+        })
+        .await?;
+        srv.add_token("bootstrap", UserInfo::new("system:bootstrap:abcdef", &["system:bootstrappers"]));
+        let dir = tempfile::tempdir()?;
+        let path = srv.write_kubeconfig_with_token(dir.path(), "bootstrap-kubeconfig", "bootstrap")?;
+        let kc = kube::config::Kubeconfig::read_from(&path)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+        let csrs: Api<CertificateSigningRequest> = Api::all(kube::Client::try_from(cfg)?);
+        let pp = PostParams::default();
+        let wait = Duration::from_secs(10);
+
+        // Another signer's CSR stays pending.
+        let (pem, _) = csr_pem("someone", None, &[])?;
+        csrs.create(&pp, &typed(csr("other", &pem, "example.com/signer", &["client auth"]))?).await?;
+
+        // A kubelet client CSR is approved and signed.
+        let (pem, key) = csr_pem("system:node:n1", Some("system:nodes"), &[])?;
+        let mut body = csr(
+            "node-n1",
+            &pem,
+            super::super::certificates::KUBELET_CLIENT_SIGNER,
+            &["digital signature", "client auth"],
+        );
+        body["spec"]["expirationSeconds"] = json!(3600);
+        let created = csrs.create(&pp, &typed(body)?).await?;
+        assert_eq!(created.spec.username.as_deref(), Some("system:bootstrap:abcdef"));
+        let signed = srv
+            .wait_for::<CertificateSigningRequest>(None, "node-n1", wait, |c| {
+                c.and_then(|c| c.status.as_ref()).is_some_and(|s| s.certificate.is_some())
+            })
+            .await?
+            .context("signed")?;
+        assert_eq!(condition_types(&signed), [("Approved".to_string(), "AutoApproved".to_string())]);
+        let cert_pem = srv.csr_pem_certificate("node-n1").context("certificate")?;
+        let (_, pem_block) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())?;
+        let (_, cert) = x509_parser::parse_x509_certificate(&pem_block.contents)?;
+        let subject = cert.subject();
+        let text = |a: &x509_parser::x509::AttributeTypeAndValue<'_>| a.as_str().unwrap_or("").to_string();
+        assert_eq!(subject.iter_common_name().map(text).collect::<Vec<_>>(), ["system:node:n1"]);
+        assert_eq!(subject.iter_organization().map(text).collect::<Vec<_>>(), ["system:nodes"]);
+        let now = jiff::Timestamp::now().as_second();
+        let (nb, na) = (cert.validity().not_before.timestamp(), cert.validity().not_after.timestamp());
+        // Backdated 5 minutes; short-lived (below 8 h): NotAfter = now + expirationSeconds.
+        assert!((now - 300 - 5..=now - 300).contains(&nb), "not before {nb}, now {now}");
+        assert!((now + 3600 - 5..=now + 3600).contains(&na), "not after {na}, now {now}");
+        let eku = cert.extended_key_usage()?.context("EKU")?.value;
+        assert!(eku.client_auth && !eku.server_auth);
+        assert!(cert.key_usage()?.context("key usage")?.value.digital_signature());
+        let issuer_ok = cert.issuer().iter_common_name().map(text).any(|cn| cn == "swiftlet-test-apiserver-ca");
+        assert!(issuer_ok);
+
+        // The issued certificate authenticates as the node.
+        let node_client = srv.client_with_cert(&cert_pem, &key.serialize_pem()).await?;
+        let (user, groups) = whoami(&node_client).await?;
+        assert_eq!(user, "system:node:n1");
+        assert!(groups.contains(&"system:nodes".to_string()));
+
+        // A CSR that breaks the signer's rules is approved, then Failed.
+        let (pem, _) = csr_pem("bob", Some("system:nodes"), &[])?;
+        csrs.create(
+            &pp,
+            &typed(csr(
+                "bad",
+                &pem,
+                super::super::certificates::KUBELET_CLIENT_SIGNER,
+                &["digital signature", "client auth"],
+            ))?,
+        )
+        .await?;
+        let failed = srv
+            .wait_for::<CertificateSigningRequest>(None, "bad", wait, |c| {
+                c.is_some_and(|c| condition_types(c).iter().any(|(t, _)| t == "Failed"))
+            })
+            .await?
+            .context("failed")?;
+        assert_eq!(
+            condition_types(&failed),
+            [
+                ("Approved".to_string(), "AutoApproved".to_string()),
+                ("Failed".to_string(), "SignerValidationFailure".to_string())
+            ]
+        );
+        assert!(failed.status.as_ref().and_then(|s| s.certificate.as_ref()).is_none());
+        // A serving CSR without a SAN fails too.
+        let (pem, _) = csr_pem("system:node:n1", Some("system:nodes"), &[])?;
+        csrs.create(
+            &pp,
+            &typed(csr(
+                "serving",
+                &pem,
+                super::super::certificates::KUBELET_SERVING_SIGNER,
+                &["digital signature", "server auth"],
+            ))?,
+        )
+        .await?;
+        srv.wait_for::<CertificateSigningRequest>(None, "serving", wait, |c| {
+            c.is_some_and(|c| condition_types(c).iter().any(|(t, _)| t == "Failed"))
+        })
+        .await?;
+        let other: CertificateSigningRequest = srv.get(None, "other").context("other")?;
+        assert!(condition_types(&other).is_empty());
+
+        // Deny: every pending CSR, the other signer's included.
+        srv.set_csr_controller(CsrController::Deny { reason: "NoWay".into(), message: "denied by test".into() });
+        let denied = srv
+            .wait_for::<CertificateSigningRequest>(None, "other", wait, |c| {
+                !c.is_none_or(|c| condition_types(c).is_empty())
+            })
+            .await?
+            .context("denied")?;
+        assert_eq!(condition_types(&denied), [("Denied".to_string(), "NoWay".to_string())]);
+        let (pem, _) = csr_pem("system:node:n2", Some("system:nodes"), &[])?;
+        csrs.create(
+            &pp,
+            &typed(csr(
+                "node-n2",
+                &pem,
+                super::super::certificates::KUBELET_CLIENT_SIGNER,
+                &["digital signature", "client auth"],
+            ))?,
+        )
+        .await?;
+        let n2 = srv
+            .wait_for::<CertificateSigningRequest>(None, "node-n2", wait, |c| {
+                !c.is_none_or(|c| condition_types(c).is_empty())
+            })
+            .await?
+            .context("n2")?;
+        assert_eq!(condition_types(&n2), [("Denied".to_string(), "NoWay".to_string())]);
+        Ok(())
+    }
+}
