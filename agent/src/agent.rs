@@ -423,7 +423,7 @@ impl ApiClients {
 /// [`crate::certificate::rotation::RotatingClient`], rebuilt with every new pair.
 struct RotatingApiClients {
     clients: ApiClients,
-    manager: Arc<crate::certificate::rotation::ClientCertManager>,
+    manager: Arc<crate::certificate::rotation::CertManager>,
     task: Box<dyn FnOnce(CancellationToken) -> tokio::task::JoinHandle<()> + Send>,
 }
 
@@ -436,7 +436,7 @@ impl RotatingApiClients {
         cert_dir: &std::path::Path,
         node: &str,
     ) -> Result<Option<Self>, Error> {
-        use crate::certificate::rotation::{ClientCertManager, RotatingClient};
+        use crate::certificate::rotation::{CLIENT, CertManager, RotatingClient};
         let base = ApiClientsBase::load(path, kc).await?;
         let store = crate::certificate::bootstrap::client_store(
             cert_dir,
@@ -458,7 +458,7 @@ impl RotatingApiClients {
             [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
         let clients =
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
-        let manager = ClientCertManager::new(store, node, current);
+        let manager = CertManager::new(CLIENT, store, node, Vec::new(), Some(current));
         let (run_manager, requester) = (manager.clone(), clients.main.clone());
         let mut pairs = manager.subscribe();
         let task = Box::new(move |shutdown: CancellationToken| {
@@ -466,7 +466,7 @@ impl RotatingApiClients {
                 let rotation = run_manager.run(requester, shutdown.clone());
                 let swaps = async {
                     while pairs.changed().await.is_ok() {
-                        let pair = pairs.borrow_and_update().clone();
+                        let Some(pair) = pairs.borrow_and_update().clone() else { continue };
                         match base.build(Some(&pair)) {
                             Ok(next) => {
                                 cells[0].swap(next.main);
@@ -486,6 +486,74 @@ impl RotatingApiClients {
         });
         Ok(Some(Self { clients, manager, task }))
     }
+}
+
+/// `serverTLSBootstrap`: the serving certificate manager (signer
+/// `kubernetes.io/kubelet-serving`, the node's hostname and IP as names), started on the
+/// main client, and the slot through which the HTTPS API serves its pair. A valid pair
+/// from an earlier run is served at once; without one, handshakes fail until the first
+/// certificate is issued (upstream likewise).
+fn start_serving_certificate(
+    cfg: &Config,
+    node_ip: Option<std::net::IpAddr>,
+    api: &ApiClients,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+) -> crate::server::ServingSlot {
+    use crate::certificate::rotation::{CertManager, SERVING};
+    let kc = &cfg.kubelet;
+    let non_empty = |s: &str| (!s.is_empty()).then(|| std::path::PathBuf::from(s));
+    let fallback = non_empty(&kc.tls_cert_file).zip(non_empty(&kc.tls_private_key_file));
+    let store = crate::certificate::store::FileStore::new(&cfg.cert_dir, SERVING.prefix, fallback);
+    let initial = match store.current() {
+        Ok(Some(pair)) if !pair.expired_at(std::time::SystemTime::now()) => Some(pair),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the stored serving certificate does not load; requesting a new one");
+            None
+        }
+    };
+    // Upstream's names: the Hostname address (a DNS name, or an IP when it is one) and
+    // the InternalIP, DNS names first, each sorted.
+    let mut names: Vec<String> = Vec::new();
+    if cfg.node_name.parse::<std::net::IpAddr>().is_err() {
+        names.push(cfg.node_name.clone());
+    }
+    let mut ips: Vec<String> = node_ip.into_iter().map(|ip| ip.to_string()).collect();
+    if cfg.node_name.parse::<std::net::IpAddr>().is_ok() {
+        ips.push(cfg.node_name.clone());
+    }
+    ips.sort();
+    ips.dedup();
+    names.extend(ips);
+    let slot = crate::server::ServingSlot::default();
+    if let Some(pair) = &initial
+        && let Err(e) = slot.set(&pair.cert_pem, &pair.key_pem)
+    {
+        tracing::warn!(error = %e, "the stored serving certificate cannot be served");
+    }
+    let manager = CertManager::new(SERVING, store, &cfg.node_name, names, initial);
+    manager.register(registry);
+    let mut pairs = manager.subscribe();
+    let served = slot.clone();
+    let (client, stop) = (api.main.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        let rotation = manager.run(client, stop);
+        let swaps = async {
+            while pairs.changed().await.is_ok() {
+                let Some(pair) = pairs.borrow_and_update().clone() else { continue };
+                match served.set(&pair.cert_pem, &pair.key_pem) {
+                    Ok(()) => tracing::info!("the HTTPS API serves the new serving certificate"),
+                    Err(e) => tracing::error!(error = %e, "the new serving certificate cannot be served"),
+                }
+            }
+        };
+        tokio::select! {
+            () = rotation => {}
+            () = swaps => {}
+        }
+    });
+    slot
 }
 
 /// Runs the agent until `shutdown` is cancelled.
@@ -530,6 +598,17 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         rotation.manager.register(&mut registry);
         drop((rotation.task)(shutdown.clone()));
     }
+    let serving_slot = match (&clients, kc.server_tls_bootstrap) {
+        (Some(api), true) => Some(start_serving_certificate(&cfg, node_ip, api, &mut registry, &shutdown)),
+        (None, true) => {
+            tracing::warn!(
+                "serverTLSBootstrap needs an API server (--kubeconfig) to request the serving certificate; \
+                 serving tlsCertFile or a self-signed certificate"
+            );
+            None
+        }
+        _ => None,
+    };
     let eviction_metrics = crate::eviction::EvictionMetrics::new(&mut registry);
     let resize_metrics = crate::allocation::ResizeMetrics::new(&mut registry);
     let eviction_config = crate::eviction::EvictionConfig::from_kubelet_configuration(kc)?;
@@ -829,7 +908,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Some(c) => endpoints.api_client(c.main.clone()),
         None => endpoints,
     };
-    let server = Server::new(ServerSettings { configz, ..ServerSettings::from_config(&cfg)? }, endpoints)?;
+    let mut server_settings = ServerSettings { configz, ..ServerSettings::from_config(&cfg)? };
+    server_settings.tls.bootstrap = serving_slot;
+    let server = Server::new(server_settings, endpoints)?;
 
     let (update_tx, update_rx) = mpsc::channel::<PodUpdate>(16);
     let (pleg_tx, pleg_rx) = mpsc::channel(1000);

@@ -148,6 +148,8 @@ async fn a_denied_bootstrap_request_stops_the_agent_with_the_reason() -> Result<
         ..AgentOptions::default()
     })
     .await;
+    // The agent exited before it made anything but the cgroup root the harness made.
+    swiftlet_tests::remove_cgroup_tree(&format!("/swiftlet-e2e-{}", std::process::id()));
     let Err(e) = started else { bail!("the agent started without a certificate") };
     let text = format!("{e:#}");
     assert!(text.contains("denied") && text.contains("NotThisNode"), "{text}");
@@ -219,6 +221,49 @@ async fn the_client_certificate_is_rotated_before_it_expires_and_used_at_once() 
     let after = agent_requests(&api, seq);
     assert!(after.iter().all(|r| r.status != 401 && r.user.as_deref() == Some(NODE_USER)), "{after:#?}");
     node_ready(&api).await?;
+
+    agent.shutdown(&cri).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn server_tls_bootstrap_serves_a_certificate_from_the_cluster_ca() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = api_server(approve_and_sign()).await?;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        extra_config: "serverTLSBootstrap: true\n".into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let csrs = wait_csrs(&api, 30, |csrs| csrs.iter().any(approved)).await?;
+    let csr = &csrs[0];
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kubelet-serving");
+    assert_eq!(csr.spec.usages.as_deref(), Some(&["digital signature".to_owned(), "server auth".to_owned()][..]));
+
+    // A client that trusts only the cluster CA reaches the HTTPS API by the node's name.
+    let ca = reqwest::Certificate::from_pem(api.cluster_ca_pem().as_bytes())?;
+    let https = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(ca)
+        .resolve(NODE, std::net::SocketAddr::from(([127, 0, 0, 1], agent.https_port)))
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let url = format!("https://{NODE}:{}/healthz", agent.https_port);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        match https.get(&url).send().await {
+            Ok(answer) => break answer,
+            Err(e) if tokio::time::Instant::now() > deadline => bail!("{e:#}; log:\n{}", agent.log()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert_eq!(answer.status(), 200);
+    let pki = agent.dir.path().join("pki");
+    assert!(std::fs::read_link(pki.join("kubelet-server-current.pem")).is_ok());
+    let ttl = agent.metric("kubelet_certificate_manager_server_ttl_seconds").await?;
+    assert!(ttl > 3000.0, "{ttl}");
 
     agent.shutdown(&cri).await?;
     Ok(())

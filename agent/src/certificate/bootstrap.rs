@@ -51,7 +51,7 @@ pub async fn load_client_cert(kubeconfig: &Path, bootstrap: &Path, cert_dir: &Pa
     let key = bootstrap_key(&store, &tmp_key)?;
     wait_for_server(&client).await;
 
-    let request = csr::node_client_request(&key, node)?;
+    let request = csr::node_request(&key, node, &[])?;
     let name = csr::digested_name(&key, node, CLIENT_USAGES);
     let (name, uid) = csr::submit(&client, Some(&name), &request, KUBELET_CLIENT_SIGNER, CLIENT_USAGES).await?;
     tracing::info!(csr = %name, "waiting for the client certificate to be approved and issued");

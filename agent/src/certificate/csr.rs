@@ -14,6 +14,8 @@ use super::{Error, NODES_GROUP, Result, node_common_name};
 
 /// The signer of kubelets' client certificates.
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// The signer of kubelets' serving certificates.
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 
 /// Usages asked for an ECDSA client key (upstream's `DefaultKubeletClientGetUsages`: key
 /// encipherment only for RSA keys).
@@ -25,14 +27,15 @@ pub const ROTATION_WAIT: Duration = Duration::from_mins(15);
 /// See [`ROTATION_WAIT`].
 pub const BOOTSTRAP_WAIT: Duration = Duration::from_hours(1);
 
-/// A new ECDSA P-256 key as PEM (PKCS#8), as upstream's certificate manager makes.
+/// A new ECDSA P-256 key, as upstream's certificate manager makes.
 pub fn generate_key() -> Result<rcgen::KeyPair> {
     rcgen::KeyPair::generate().map_err(|e| Error::Generate(e.to_string()))
 }
 
-/// A PEM certificate request of `node`'s client certificate for `key`.
-pub fn node_client_request(key: &rcgen::KeyPair, node: &str) -> Result<String> {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| Error::Generate(e.to_string()))?;
+/// A PEM certificate request of `node`'s certificate for `key`, naming `names` (DNS
+/// names and IP addresses: a serving certificate's; none for a client certificate).
+pub fn node_request(key: &rcgen::KeyPair, node: &str, names: &[String]) -> Result<String> {
+    let mut params = rcgen::CertificateParams::new(names.to_vec()).map_err(|e| Error::Generate(e.to_string()))?;
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(rcgen::DnType::OrganizationName, NODES_GROUP);
     params.distinguished_name.push(rcgen::DnType::CommonName, node_common_name(node));
@@ -227,12 +230,29 @@ mod tests {
     #[test]
     fn the_request_names_the_node_and_the_digest_follows_the_key() {
         let key = generate_key().unwrap();
-        let pem = node_client_request(&key, "n1").unwrap();
+        let pem = node_request(&key, "n1", &[]).unwrap();
         let der = rustls_pemfile::read_one_from_slice(pem.as_bytes()).unwrap().unwrap().0;
         let rustls_pemfile::Item::Csr(der) = der else { panic!("not a CSR: {pem}") };
         let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref()).unwrap();
         let subject = req.certification_request_info.subject.to_string();
         assert!(subject.contains("CN=system:node:n1") && subject.contains("O=system:nodes"), "{subject}");
+
+        assert!(req.requested_extensions().is_none_or(|mut e| e.next().is_none()), "a client request names nothing");
+        let serving = node_request(&key, "n1", &["n1".into(), "10.0.0.5".into()]).unwrap();
+        let der = rustls_pemfile::read_one_from_slice(serving.as_bytes()).unwrap().unwrap().0;
+        let rustls_pemfile::Item::Csr(der) = der else { panic!("not a CSR: {serving}") };
+        let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref()).unwrap();
+        let sans: Vec<String> = req
+            .requested_extensions()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| match e {
+                x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) => Some(san),
+                _ => None,
+            })
+            .flat_map(|san| san.general_names.iter().map(|n| format!("{n}")))
+            .collect();
+        assert_eq!(sans, vec!["DNSName(n1)".to_owned(), "IPAddress(0a:00:00:05)".to_owned()]);
 
         let name = digested_name(&key, "n1", CLIENT_USAGES);
         assert!(name.starts_with("node-csr-") && name.len() > 40, "{name}");

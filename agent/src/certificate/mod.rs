@@ -9,7 +9,7 @@
 //!   (subject `system:node:<node>` in `system:nodes`); once a controller approved and
 //!   signed it, the pair is stored in the cert dir and the kubeconfig is written pointing
 //!   at it.
-//! - [`rotation::ClientCertManager`]: with `rotateCertificates`, a new key and certificate
+//! - [`rotation::CertManager`] of kind [`rotation::CLIENT`]: with `rotateCertificates`, a new key and certificate
 //!   are requested at a random point between 70 and 90 % of the current certificate's
 //!   lifetime (at once if it does not name the node), with the agent's own credentials;
 //!   after a failure it retries after 2, 4, 8, 16 and 32 s, then every 32 s. The agent's
@@ -24,10 +24,12 @@
 //! `client-key` files. While a bootstrap request is pending its key waits in
 //! `kubelet-client.key.tmp`, so a restart asks again for the same key.
 //!
-//! # Not done here
-//! `serverTLSBootstrap` (the serving certificate through a CSR of signer
-//! `kubernetes.io/kubelet-serving`) is not implemented: the serving pair is
-//! `tlsCertFile`/`tlsPrivateKeyFile` or self-signed (README, Known limitations).
+//! # The serving certificate
+//! With `serverTLSBootstrap` a [`rotation::CertManager`] of kind [`rotation::SERVING`]
+//! requests the HTTPS API's certificate (signer `kubernetes.io/kubelet-serving`, the
+//! node's name and IP as names, files `kubelet-server-*.pem`) with the agent's API
+//! credentials and rotates it as the client's; the server takes each pair through a
+//! [`crate::server::ServingSlot`].
 
 pub mod bootstrap;
 pub mod csr;

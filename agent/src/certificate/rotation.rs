@@ -1,5 +1,6 @@
-//! Client certificate rotation (`rotateCertificates`; client-go's certificate manager)
-//! and API clients that follow the current pair.
+//! Certificate rotation (client-go's certificate manager): the client certificate
+//! (`rotateCertificates`) and the serving certificate (`serverTLSBootstrap`), and API
+//! clients that follow the current client pair.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,11 +13,12 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::csr::{self, CLIENT_USAGES, KUBELET_CLIENT_SIGNER, ROTATION_WAIT};
+use super::csr::{self, ROTATION_WAIT};
 use super::store::{FileStore, Pair};
 use super::{NODES_GROUP, Result, node_common_name};
 
@@ -30,96 +32,181 @@ const RETRY_DELAYS: [Duration; 5] = [
 ];
 const RETRY_AFTER_BACKOFF: Duration = Duration::from_secs(32);
 
-/// Keeps the agent's client certificate current: rotates it before it expires and
-/// tells subscribers (the API clients) of each new pair.
-pub struct ClientCertManager {
+/// Which of the kubelet's certificates a manager keeps: its signer, usages, file prefix
+/// and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kind {
+    /// `client` or `serving`, for logs.
+    pub what: &'static str,
+    pub signer: &'static str,
+    /// Usages of an ECDSA key (upstream's `DefaultKubelet{Client,Serving}GetUsages`).
+    pub usages: &'static [&'static str],
+    /// The store's file prefix.
+    pub prefix: &'static str,
+    ttl_metric: &'static str,
+    ttl_help: &'static str,
+    errors_metric: &'static str,
+    /// `kubelet_certificate_manager_server_rotation_seconds` (serving only, as upstream).
+    rotation_metric: Option<&'static str>,
+}
+
+/// The kubelet's client certificate.
+pub const CLIENT: Kind = Kind {
+    what: "client",
+    signer: csr::KUBELET_CLIENT_SIGNER,
+    usages: csr::CLIENT_USAGES,
+    prefix: "kubelet-client",
+    ttl_metric: "kubelet_certificate_manager_client_ttl_seconds",
+    ttl_help: "[ALPHA] Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds \
+               until certificate expiry (negative if already expired). If client certificate is invalid or unused, \
+               the value will be +INF.",
+    errors_metric: "kubelet_certificate_manager_client_expiration_renew_errors",
+    rotation_metric: None,
+};
+
+/// The kubelet's serving certificate (`serverTLSBootstrap`).
+pub const SERVING: Kind = Kind {
+    what: "serving",
+    signer: csr::KUBELET_SERVING_SIGNER,
+    usages: &["digital signature", "server auth"],
+    prefix: "kubelet-server",
+    ttl_metric: "kubelet_certificate_manager_server_ttl_seconds",
+    ttl_help: "[ALPHA] Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate. The value is \
+               in seconds until certificate expiry (negative if already expired). If serving certificate is invalid \
+               or unused, the value will be +INF.",
+    errors_metric: "kubelet_server_expiration_renew_errors",
+    rotation_metric: Some("kubelet_certificate_manager_server_rotation_seconds"),
+};
+
+/// Buckets of `kubelet_certificate_manager_server_rotation_seconds` (upstream's: a
+/// minute to four years).
+const ROTATION_BUCKETS: [f64; 10] =
+    [60.0, 3600.0, 14400.0, 86400.0, 604_800.0, 2_592_000.0, 7_776_000.0, 15_552_000.0, 31_104_000.0, 124_416_000.0];
+
+/// Keeps one of the agent's certificates current: requests it when there is none,
+/// rotates it before it expires, and tells subscribers (the API clients, the HTTPS
+/// server) of each new pair.
+pub struct CertManager {
+    kind: Kind,
     store: FileStore,
     node: String,
-    current: watch::Sender<Arc<Pair>>,
+    /// The DNS names and IP addresses the certificate must cover (serving).
+    names: Vec<String>,
+    current: watch::Sender<Option<Arc<Pair>>>,
     renew_errors: Counter,
+    rotation_age: Histogram,
 }
 
-impl std::fmt::Debug for ClientCertManager {
+impl std::fmt::Debug for CertManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientCertManager").field("node", &self.node).finish_non_exhaustive()
+        f.debug_struct("CertManager").field("kind", &self.kind.what).field("node", &self.node).finish_non_exhaustive()
     }
 }
 
-impl ClientCertManager {
-    /// A manager of `node`'s certificate starting from `initial`, storing new pairs in
-    /// `store`.
+impl CertManager {
+    /// A manager of `node`'s `kind` certificate covering `names`, starting from
+    /// `initial` (none: request one at once), storing new pairs in `store`.
     #[must_use]
-    pub fn new(store: FileStore, node: &str, initial: Pair) -> Arc<Self> {
-        let (current, _) = watch::channel(Arc::new(initial));
-        Arc::new(Self { store, node: node.to_owned(), current, renew_errors: Counter::default() })
+    pub fn new(kind: Kind, store: FileStore, node: &str, names: Vec<String>, initial: Option<Pair>) -> Arc<Self> {
+        let (current, _) = watch::channel(initial.map(Arc::new));
+        Arc::new(Self {
+            kind,
+            store,
+            node: node.to_owned(),
+            names,
+            current,
+            renew_errors: Counter::default(),
+            rotation_age: Histogram::new(ROTATION_BUCKETS),
+        })
     }
 
-    /// Registers the metrics: `kubelet_certificate_manager_client_ttl_seconds` (seconds
-    /// until the current certificate expires) and
-    /// `kubelet_certificate_manager_client_expiration_renew_errors` (failed rotations).
+    /// Registers the metrics: the TTL gauge (seconds until the current certificate
+    /// expires, +Inf without one), the renewal error counter and, for the serving
+    /// certificate, the age of certificates when rotated.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "kubelet_certificate_manager_client_expiration_renew_errors",
+            self.kind.errors_metric,
             "[ALPHA] Counter of certificate renewal errors.",
             self.renew_errors.clone(),
         );
-        registry.register_collector(Box::new(TtlCollector(self.current.subscribe())));
+        if let Some(name) = self.kind.rotation_metric {
+            registry.register(
+                name,
+                "[ALPHA] Histogram of the number of seconds the previous certificate lived before being rotated.",
+                self.rotation_age.clone(),
+            );
+        }
+        registry.register_collector(Box::new(TtlCollector { kind: self.kind, current: self.current.subscribe() }));
     }
 
     /// The current pair.
     #[must_use]
-    pub fn current(&self) -> Arc<Pair> {
+    pub fn current(&self) -> Option<Arc<Pair>> {
         self.current.borrow().clone()
     }
 
     /// Each new pair, as it is stored.
     #[must_use]
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Pair>> {
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Pair>>> {
         self.current.subscribe()
     }
 
-    /// Whether `pair` is a certificate of this node (`system:node:<node>` in
-    /// `system:nodes`); one that is not is replaced at once (client-go's template check).
+    /// Whether `pair` is what this manager would request: the node's common name in
+    /// `system:nodes`, and every name it must cover (client-go's template check; extra
+    /// names do not matter).
     #[must_use]
-    pub fn names_the_node(&self, pair: &Pair) -> bool {
-        pair.common_name == node_common_name(&self.node) && pair.organizations.iter().any(|o| o == NODES_GROUP)
+    pub fn satisfies_template(&self, pair: &Pair) -> bool {
+        pair.common_name == node_common_name(&self.node)
+            && pair.organizations.iter().any(|o| o == NODES_GROUP)
+            && self.names.iter().all(|n| pair.names.contains(n))
     }
 
-    /// When to rotate `pair`: at `fraction` (70 to 90 %, drawn per deadline) of its
-    /// lifetime; now when it does not name the node.
+    /// When to rotate: at `fraction` (70 to 90 %, drawn per deadline) of the current
+    /// pair's lifetime; now without a pair or when it does not satisfy the template.
     #[must_use]
-    pub fn deadline(&self, pair: &Pair, fraction: f64) -> SystemTime {
-        if !self.names_the_node(pair) {
-            return SystemTime::now();
+    pub fn deadline(&self, pair: Option<&Pair>, fraction: f64) -> SystemTime {
+        match pair {
+            Some(pair) if self.satisfies_template(pair) => {
+                let total = pair.not_after.duration_since(pair.not_before).unwrap_or_default();
+                pair.not_before + total.mul_f64(fraction.clamp(0.0, 1.0))
+            }
+            _ => SystemTime::now(),
         }
-        let total = pair.not_after.duration_since(pair.not_before).unwrap_or_default();
-        pair.not_before + total.mul_f64(fraction.clamp(0.0, 1.0))
     }
 
-    /// Requests a new key's certificate with `client` (the agent's own credentials),
-    /// stores the pair and makes it current.
+    /// Requests a new key's certificate with `client`, stores the pair and makes it
+    /// current.
     pub async fn rotate(&self, client: &kube::Client) -> Result<Arc<Pair>> {
         let key = csr::generate_key()?;
-        let request = csr::node_client_request(&key, &self.node)?;
-        let (name, uid) = csr::submit(client, None, &request, KUBELET_CLIENT_SIGNER, CLIENT_USAGES).await?;
-        tracing::info!(csr = %name, "requested a new client certificate");
+        let request = csr::node_request(&key, &self.node, &self.names)?;
+        let (name, uid) = csr::submit(client, None, &request, self.kind.signer, self.kind.usages).await?;
+        tracing::info!(csr = %name, certificate = self.kind.what, "requested a new certificate");
         let cert = csr::wait_for_certificate(client, &name, &uid, ROTATION_WAIT).await?;
         let pair = Arc::new(self.store.update(&cert, &key.serialize_pem())?);
-        self.current.send_replace(pair.clone());
+        if let Some(old) = self.current.send_replace(Some(pair.clone())) {
+            let age = SystemTime::now().duration_since(old.not_before).unwrap_or_default();
+            self.rotation_age.observe(age.as_secs_f64());
+        }
         Ok(pair)
     }
 
     /// Rotates before each certificate's deadline until `shutdown`.
     pub async fn run(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
+        let what = self.kind.what;
         loop {
             let pair = self.current();
-            let deadline = self.deadline(&pair, rand::random_range(0.7..0.9));
+            let deadline = self.deadline(pair.as_deref(), rand::random_range(0.7..0.9));
             let wait = deadline.duration_since(SystemTime::now()).unwrap_or_default();
-            tracing::info!(
-                expires = %rfc3339(pair.not_after),
-                rotation = %rfc3339(deadline),
-                "client certificate rotation scheduled"
-            );
+            if let Some(pair) = &pair {
+                tracing::info!(
+                    certificate = what,
+                    expires = %rfc3339(pair.not_after),
+                    rotation = %rfc3339(deadline),
+                    "certificate rotation scheduled"
+                );
+            } else {
+                tracing::info!(certificate = what, "no certificate yet: requesting one");
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
@@ -128,17 +215,14 @@ impl ClientCertManager {
             loop {
                 match self.rotate(&client).await {
                     Ok(new) => {
-                        tracing::info!(
-                            expires = %rfc3339(new.not_after),
-                            "client certificate rotated"
-                        );
+                        tracing::info!(certificate = what, expires = %rfc3339(new.not_after), "certificate rotated");
                         break;
                     }
                     Err(e) => {
                         self.renew_errors.inc();
                         let delay = RETRY_DELAYS.get(failures).copied().unwrap_or(RETRY_AFTER_BACKOFF);
                         failures += 1;
-                        tracing::error!(error = %e, retry_in = ?delay, "client certificate rotation failed");
+                        tracing::error!(certificate = what, error = %e, retry_in = ?delay, "certificate rotation failed");
                         tokio::select! {
                             () = shutdown.cancelled() => return,
                             () = tokio::time::sleep(delay) => {}
@@ -156,18 +240,19 @@ fn rfc3339(t: SystemTime) -> String {
         .map_or_else(|_| format!("{t:?}"), |t| t.round(jiff::Unit::Second).unwrap_or(t).to_string())
 }
 
-/// `kubelet_certificate_manager_client_ttl_seconds`, read at scrape time.
+/// The TTL gauge, read at scrape time.
 #[derive(Debug)]
-struct TtlCollector(watch::Receiver<Arc<Pair>>);
+struct TtlCollector {
+    kind: Kind,
+    current: watch::Receiver<Option<Arc<Pair>>>,
+}
 
 impl Collector for TtlCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
-        let ttl = self.0.borrow().ttl_secs(SystemTime::now()).trunc();
+        let ttl = self.current.borrow().as_ref().map_or(f64::INFINITY, |p| p.ttl_secs(SystemTime::now()).trunc());
         ConstGauge::new(ttl).encode(encoder.encode_descriptor(
-            "kubelet_certificate_manager_client_ttl_seconds",
-            "[ALPHA] Gauge of the TTL (time-to-live) of the Kubelet's client certificate. The value is in seconds \
-             until certificate expiry (negative if already expired). If client certificate is invalid or unused, \
-             the value will be +INF.",
+            self.kind.ttl_metric,
+            self.kind.ttl_help,
             None,
             MetricType::Gauge,
         )?)
@@ -228,43 +313,78 @@ mod tests {
     use super::*;
     use crate::certificate::store::pair_pem;
 
-    fn manager(dir: &std::path::Path, node: &str) -> (Arc<ClientCertManager>, Registry) {
+    fn manager(dir: &std::path::Path, kind: Kind, node: &str, names: &[&str]) -> (Arc<CertManager>, Registry) {
         let (cert, key) = pair_pem("system:node:n1", -100, 900);
         let mut registry = Registry::default();
         let initial = Pair::parse(&cert, &key, dir).unwrap();
-        let manager = ClientCertManager::new(FileStore::new(dir, "kubelet-client", None), node, initial);
+        let names = names.iter().map(|n| (*n).to_owned()).collect();
+        let manager = CertManager::new(kind, FileStore::new(dir, kind.prefix, None), node, names, Some(initial));
         manager.register(&mut registry);
         (manager, registry)
+    }
+
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    fn sample(text: &str, series: &str) -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')).unwrap().parse().unwrap()
     }
 
     #[test]
     fn the_deadline_is_the_drawn_share_of_the_lifetime_or_now_for_another_node() {
         let dir = tempfile::tempdir().unwrap();
-        let (m, _) = manager(dir.path(), "n1");
-        let pair = m.current();
+        let (m, _) = manager(dir.path(), CLIENT, "n1", &[]);
+        let pair = m.current().unwrap();
         let life = pair.not_after.duration_since(pair.not_before).unwrap();
-        assert_eq!(m.deadline(&pair, 0.7), pair.not_before + life.mul_f64(0.7));
-        assert_eq!(m.deadline(&pair, 0.9), pair.not_before + life.mul_f64(0.9));
-        let (other, _) = manager(dir.path(), "n2");
+        assert_eq!(m.deadline(Some(&pair), 0.7), pair.not_before + life.mul_f64(0.7));
+        assert_eq!(m.deadline(Some(&pair), 0.9), pair.not_before + life.mul_f64(0.9));
+        let (other, _) = manager(dir.path(), CLIENT, "n2", &[]);
         let before = SystemTime::now();
-        assert!(other.deadline(&pair, 0.7) >= before && other.deadline(&pair, 0.7) <= SystemTime::now());
-        assert!(!other.names_the_node(&pair));
+        assert!(other.deadline(Some(&pair), 0.7) >= before && other.deadline(Some(&pair), 0.7) <= SystemTime::now());
+        assert!(!other.satisfies_template(&pair));
+        assert!(m.deadline(None, 0.7) <= SystemTime::now());
     }
 
     #[test]
-    fn the_ttl_gauge_and_the_error_counter_are_served() {
+    fn a_serving_certificate_must_cover_every_name() {
         let dir = tempfile::tempdir().unwrap();
-        let (_m, registry) = manager(dir.path(), "n1");
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let (m, _) = manager(dir.path(), SERVING, "n1", &["n1", "10.0.0.5"]);
+        let pair = m.current().unwrap();
+        assert!(pair.names.is_empty());
+        assert!(!m.satisfies_template(&pair));
+        let mut covering = (*pair).clone();
+        covering.names = vec!["n1".into(), "10.0.0.5".into(), "extra".into()];
+        assert!(m.satisfies_template(&covering));
+    }
+
+    #[test]
+    fn the_client_metrics_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_m, registry) = manager(dir.path(), CLIENT, "n1", &[]);
+        let text = encode(&registry);
         assert!(text.contains("# TYPE kubelet_certificate_manager_client_ttl_seconds gauge"), "{text}");
-        let ttl: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("kubelet_certificate_manager_client_ttl_seconds "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!((800.0..=900.0).contains(&ttl), "{ttl}");
+        let ttl = sample(&text, "kubelet_certificate_manager_client_ttl_seconds");
+        assert!((800.0..=900.0).contains(&ttl) && ttl.fract() == 0.0, "{ttl}");
         assert!(text.contains("kubelet_certificate_manager_client_expiration_renew_errors_total 0"), "{text}");
+        assert!(!text.contains("rotation_seconds"), "{text}");
+    }
+
+    #[test]
+    fn the_serving_metrics_are_served_and_the_ttl_is_infinite_without_a_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = CertManager::new(SERVING, FileStore::new(dir.path(), "kubelet-server", None), "n1", vec![], None);
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let text = encode(&registry);
+        let ttl = sample(&text, "kubelet_certificate_manager_server_ttl_seconds");
+        assert!(ttl.is_infinite() && ttl > 0.0, "{text}");
+        assert!(text.contains("kubelet_server_expiration_renew_errors_total 0"), "{text}");
+        assert!(
+            text.contains("kubelet_certificate_manager_server_rotation_seconds_bucket{le=\"124416000.0\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -26,6 +26,8 @@ pub struct Pair {
     pub common_name: String,
     /// The leaf's subject organizations.
     pub organizations: Vec<String>,
+    /// The leaf's DNS names and IP addresses (subject alternative names).
+    pub names: Vec<String>,
 }
 
 impl Pair {
@@ -73,6 +75,7 @@ impl Pair {
             not_after: time(leaf.validity().not_after),
             common_name: subject.iter_common_name().find_map(text).unwrap_or_default(),
             organizations: subject.iter_organization().filter_map(text).collect(),
+            names: crate::server::tls::subject_alt_names(&leaf),
         })
     }
 

@@ -110,7 +110,7 @@ mod pods;
 mod running_pods;
 mod streaming;
 mod system_logs;
-mod tls;
+pub(crate) mod tls;
 mod webhook;
 
 use std::io;
@@ -135,7 +135,7 @@ pub use cache::{CACHE_CAPACITY, CachedAuthorizer, CachedTokenAuthenticator};
 pub use healthz::{FakeHealthCheck, HealthCheck, PingCheck};
 pub use pods::{FakePods, PodsProvider};
 pub use system_logs::SYSTEM_LOG_DIR;
-pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, TlsSettings};
+pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, ServingSlot, TlsSettings};
 pub use webhook::{REVIEW_TIMEOUT, SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 
 use crate::config::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, Config};
@@ -309,6 +309,7 @@ impl ServerSettings {
                 client_ca_file: non_empty(&kc.authentication.x509.client_ca_file),
                 cipher_suites: kc.tls_cipher_suites.clone(),
                 min_version: kc.tls_min_version.clone(),
+                bootstrap: None,
             },
             node_name: config.node_name.clone(),
             anonymous_auth: kc.authentication.anonymous.enabled,

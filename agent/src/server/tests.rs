@@ -34,6 +34,7 @@ fn settings(cert_dir: &Path) -> ServerSettings {
             client_ca_file: None,
             cipher_suites: Vec::new(),
             min_version: String::new(),
+            bootstrap: None,
         },
         node_name: "node-1".to_owned(),
         anonymous_auth: false,

@@ -69,6 +69,65 @@ pub struct TlsSettings {
     pub cipher_suites: Vec<String>,
     /// `tlsMinVersion`: "", `VersionTLS12` or `VersionTLS13`.
     pub min_version: String,
+    /// `serverTLSBootstrap`: the pair comes from the serving certificate manager through
+    /// this slot, and wins over `cert_and_key` and the self-signed pair.
+    pub bootstrap: Option<ServingSlot>,
+}
+
+/// The serving pair that `serverTLSBootstrap`'s certificate manager keeps current. Empty
+/// until the first certificate is issued: handshakes fail meanwhile, as upstream's ("no
+/// serving certificate available for the kubelet").
+#[derive(Clone, Default)]
+pub struct ServingSlot(Arc<RwLock<Option<Arc<CertifiedKey>>>>);
+
+impl ServingSlot {
+    /// Serves `cert_pem` (chain) with `key_pem` from the next handshake on; a pair whose
+    /// key is not the certificate's is refused and the current one stays.
+    pub fn set(&self, cert_pem: &str, key_pem: &str) -> Result<()> {
+        let bad = |what: &str, e: &dyn std::fmt::Display| Error::Tls(format!("bootstrapped serving {what}: {e}"));
+        let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| bad("certificate", &e))?;
+        let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+            .map_err(|e| bad("key", &e))?
+            .ok_or_else(|| bad("key", &"no PEM private key"))?;
+        let provider = rustls::crypto::ring::default_provider();
+        let signing = provider.key_provider.load_private_key(key).map_err(|e| bad("key", &e))?;
+        let certified = CertifiedKey::new(certs, signing);
+        certified.keys_match().map_err(|e| bad("pair", &e))?;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(certified));
+        Ok(())
+    }
+
+    /// Whether a pair is being served.
+    #[must_use]
+    pub fn is_set(&self) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+}
+
+impl PartialEq for ServingSlot {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ServingSlot {}
+
+impl std::fmt::Debug for ServingSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ServingSlot").field(&self.is_set()).finish()
+    }
+}
+
+impl ResolvesServerCert for ServingSlot {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let current = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
+        if current.is_none() {
+            tracing::warn!("TLS handshake refused: no serving certificate available for the kubelet yet");
+        }
+        current
+    }
 }
 
 /// The rustls configuration of the HTTPS API and the client CA that authentication checks
@@ -82,7 +141,9 @@ pub(crate) struct Tls {
 /// Builds the rustls server configuration (writing a self-signed certificate if needed).
 pub(crate) fn server_config(settings: &TlsSettings) -> Result<Tls> {
     let provider = Arc::new(provider(settings)?);
-    let serving: Arc<dyn ResolvesServerCert> = if let Some((cert, key)) = &settings.cert_and_key {
+    let serving: Arc<dyn ResolvesServerCert> = if let Some(slot) = &settings.bootstrap {
+        Arc::new(slot.clone())
+    } else if let Some((cert, key)) = &settings.cert_and_key {
         let paths = vec![cert.clone(), key.clone()];
         let load_provider = provider.clone();
         Arc::new(ServingCertificate(Reloading::new("serving certificate", paths, move |paths| {
