@@ -459,7 +459,7 @@ impl RotatingApiClients {
         let clients =
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
         let manager = CertManager::new(CLIENT, store, node, Vec::new(), Some(current));
-        let (run_manager, requester) = (manager.clone(), clients.main.clone());
+        let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
         let mut pairs = manager.subscribe();
         let task = Box::new(move |shutdown: CancellationToken| {
             tokio::spawn(async move {
@@ -478,9 +478,22 @@ impl RotatingApiClients {
                         }
                     }
                 };
+                let lapsed = watcher.without_valid_certificate_for(
+                    crate::certificate::rotation::EXIT_WITHOUT_CERTIFICATE,
+                    Duration::from_secs(10),
+                );
                 tokio::select! {
                     () = rotation => {}
                     () = swaps => {}
+                    () = lapsed => {
+                        // Upstream's klog.Fatal in its rotating transport: the pods keep
+                        // running in the runtime, and the restarted agent bootstraps anew.
+                        tracing::error!(
+                            "no valid client certificate for 5 minutes and none could be obtained; exiting so that \
+                             a restart can bootstrap new credentials"
+                        );
+                        std::process::exit(1);
+                    }
                 }
             })
         });

@@ -32,6 +32,11 @@ const RETRY_DELAYS: [Duration; 5] = [
 ];
 const RETRY_AFTER_BACKOFF: Duration = Duration::from_secs(32);
 
+/// How long the agent goes on without a valid client certificate before it exits
+/// (upstream's `exitAfter`): its credentials cannot get it a new one, and a restart lets
+/// the bootstrap credentials (or whoever supervises it) lay down new ones.
+pub const EXIT_WITHOUT_CERTIFICATE: Duration = Duration::from_mins(5);
+
 /// Which of the kubelet's certificates a manager keeps: its signer, usages, file prefix
 /// and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +195,22 @@ impl CertManager {
         Ok(pair)
     }
 
+    /// Returns once there has been no valid (present, unexpired) certificate for
+    /// `limit`, checking every `every`; never while one is valid.
+    pub async fn without_valid_certificate_for(&self, limit: Duration, every: Duration) {
+        let mut last_valid = tokio::time::Instant::now();
+        loop {
+            let valid = self.current().is_some_and(|p| !p.expired_at(SystemTime::now()));
+            let now = tokio::time::Instant::now();
+            if valid {
+                last_valid = now;
+            } else if now.duration_since(last_valid) >= limit {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
     /// Rotates before each certificate's deadline until `shutdown`.
     pub async fn run(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
         let what = self.kind.what;
@@ -346,6 +367,25 @@ mod tests {
         assert!(other.deadline(Some(&pair), 0.7) >= before && other.deadline(Some(&pair), 0.7) <= SystemTime::now());
         assert!(!other.satisfies_template(&pair));
         assert!(m.deadline(None, 0.7) <= SystemTime::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_certificate_expired_for_the_whole_limit_ends_the_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let (valid, _) = manager(dir.path(), CLIENT, "n1", &[]);
+        let limit = Duration::from_mins(5);
+        let every = Duration::from_secs(10);
+        let waited = tokio::time::timeout(Duration::from_mins(30), valid.without_valid_certificate_for(limit, every));
+        assert!(waited.await.is_err(), "a valid certificate never ends the wait");
+
+        let (cert, key) = pair_pem("system:node:n1", -7200, -60);
+        let expired = Pair::parse(&cert, &key, dir.path()).unwrap();
+        let m =
+            CertManager::new(CLIENT, FileStore::new(dir.path(), "kubelet-client", None), "n1", vec![], Some(expired));
+        let start = tokio::time::Instant::now();
+        m.without_valid_certificate_for(limit, every).await;
+        let took = start.elapsed();
+        assert!(took >= limit && took <= limit + every, "{took:?}");
     }
 
     #[test]
