@@ -428,37 +428,37 @@ struct RotatingApiClients {
 }
 
 impl RotatingApiClients {
-    /// `None` when the kubeconfig's user has no client certificate (a token, say): there
-    /// is nothing to rotate.
     async fn new(
         path: &std::path::Path,
         kc: &KubeletConfiguration,
         cert_dir: &std::path::Path,
         node: &str,
-    ) -> Result<Option<Self>, Error> {
+    ) -> Result<Self, Error> {
         use crate::certificate::rotation::{CLIENT, CertManager, RotatingClient};
         let base = ApiClientsBase::load(path, kc).await?;
         let store = crate::certificate::bootstrap::client_store(
             cert_dir,
             crate::certificate::bootstrap::kubeconfig_cert_files(path),
         );
+        // Without a certificate (a token kubeconfig), one is requested at once with the
+        // kubeconfig's credentials and used from then on, as upstream.
         let current = match store.current()? {
-            Some(pair) => pair,
+            Some(pair) => Some(pair),
             None => match crate::certificate::bootstrap::kubeconfig_client_cert(path) {
-                Ok(pair) => pair,
+                Ok(pair) => Some(pair),
                 Err(e) => {
-                    tracing::warn!(error = %e, "rotateCertificates: the kubeconfig has no client certificate to rotate");
-                    return Ok(None);
+                    tracing::info!(reason = %e, "rotateCertificates: no client certificate yet; requesting one");
+                    None
                 }
             },
         };
-        let first = base.build(Some(&current))?;
+        let first = base.build(current.as_ref())?;
         let ns = base.config.default_namespace.clone();
         let cells =
             [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
         let clients =
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
-        let manager = CertManager::new(CLIENT, store, node, Vec::new(), Some(current));
+        let manager = CertManager::new(CLIENT, store, node, Vec::new(), current);
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
         let mut pairs = manager.subscribe();
         let task = Box::new(move |shutdown: CancellationToken| {
@@ -497,7 +497,7 @@ impl RotatingApiClients {
                 }
             })
         });
-        Ok(Some(Self { clients, manager, task }))
+        Ok(Self { clients, manager, task })
     }
 }
 
@@ -582,14 +582,10 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let mut rotation = None;
     let clients = match &cfg.kubeconfig {
         Some(path) if kc.rotate_certificates => {
-            match RotatingApiClients::new(path, kc, &cfg.cert_dir, &cfg.node_name).await? {
-                Some(rotating) => {
-                    let clients = rotating.clients.clone();
-                    rotation = Some(rotating);
-                    Some(clients)
-                }
-                None => Some(ApiClients::from_kubeconfig(path, kc).await?),
-            }
+            let rotating = RotatingApiClients::new(path, kc, &cfg.cert_dir, &cfg.node_name).await?;
+            let clients = rotating.clients.clone();
+            rotation = Some(rotating);
+            Some(clients)
         }
         Some(path) => Some(ApiClients::from_kubeconfig(path, kc).await?),
         None => None,

@@ -268,3 +268,37 @@ async fn server_tls_bootstrap_serves_a_certificate_from_the_cluster_ca() -> Resu
     agent.shutdown(&cri).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = api_server(approve_and_sign()).await?;
+    let agent = Agent::start(AgentOptions {
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        extra_config: "rotateCertificates: true\n".into(),
+        ..AgentOptions::default()
+    })
+    .await?;
+    let csrs = wait_csrs(&api, 30, |csrs| csrs.iter().any(approved)).await?;
+    assert_eq!(csrs[0].spec.username.as_deref(), Some("admin"), "requested with the kubeconfig's token");
+    let pki = agent.dir.path().join("pki");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while link_target(&pki).is_err() {
+        if tokio::time::Instant::now() > deadline {
+            bail!("no kubelet-client-current.pem; log:\n{}", agent.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // From then on the agent is the node, by its certificate.
+    let seq = api.requests().last().map_or(0, |r| r.seq);
+    api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
+        agent_requests(&api, seq).iter().any(|r| r.path.contains("/leases/") && r.method == "PUT")
+    })
+    .await?;
+    let after = agent_requests(&api, seq);
+    assert!(after.iter().all(|r| r.user.as_deref() == Some(NODE_USER)), "{after:#?}");
+
+    agent.shutdown(&cri).await?;
+    Ok(())
+}
