@@ -108,13 +108,34 @@ pub async fn submit(
                     message: "exists already with another signer or other usages".into(),
                 });
             }
-            existing
+            // Ours from an earlier run, but what it was issued has expired since (the
+            // cleaner deletes old requests after an hour; until then the name is taken):
+            // replaced by a new request of the same name.
+            if let Outcome::Issued(pem) = outcome(&existing)
+                && expired(&pem)
+            {
+                tracing::info!(csr = %name, "the existing request's certificate has expired; requesting anew");
+                api.delete(name, &kube::api::DeleteParams::default())
+                    .await
+                    .map_err(|source| Error::Api { what: format!("deleting the spent request {name}"), source })?;
+                api.create(&PostParams::default(), &csr)
+                    .await
+                    .map_err(|source| Error::Api { what: "creating a certificate signing request".into(), source })?
+            } else {
+                existing
+            }
         }
         Err(source) => return Err(Error::Api { what: "creating a certificate signing request".into(), source }),
     };
     let name = created.metadata.name.clone().unwrap_or_default();
     let uid = created.metadata.uid.clone().unwrap_or_default();
     Ok((name, uid))
+}
+
+/// Whether the first certificate of `pem` is past its `notAfter` (or does not parse).
+fn expired(pem: &str) -> bool {
+    let Some(Ok(der)) = rustls_pemfile::certs(&mut pem.as_bytes()).next() else { return true };
+    x509_parser::parse_x509_certificate(&der).map_or(true, |(_, cert)| !cert.validity().is_valid())
 }
 
 /// Whether the existing request's public key is the one in `request_pem`.
@@ -225,6 +246,15 @@ mod tests {
             Outcome::Refused("failed (reason \"R\", message \"M\")".into())
         );
         assert!(matches!(outcome(&with(&[("Denied", "True")], "")), Outcome::Refused(w) if w.starts_with("denied")));
+    }
+
+    #[test]
+    fn an_expired_or_unreadable_certificate_counts_as_expired() {
+        let (old, _) = crate::certificate::store::pair_pem("system:node:n1", -7200, -60);
+        let (current, _) = crate::certificate::store::pair_pem("system:node:n1", -60, 3600);
+        assert!(expired(&old));
+        assert!(!expired(&current));
+        assert!(expired("not a certificate"));
     }
 
     #[test]
