@@ -68,6 +68,18 @@ fn agent_requests(api: &TestApiServer, after_seq: u64) -> Vec<swiftlet_tests::ap
     api.requests().into_iter().filter(|r| r.seq > after_seq && r.status != 0).collect()
 }
 
+/// Waits for the client pair's `-current.pem` link in `pki`.
+async fn wait_link(agent: &Agent, pki: &Path) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while link_target(pki).is_err() {
+        if tokio::time::Instant::now() > deadline {
+            bail!("no kubelet-client-current.pem; log:\n{}", agent.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 fn link_target(pki: &Path) -> Result<std::path::PathBuf> {
     Ok(std::fs::read_link(pki.join("kubelet-client-current.pem"))?)
 }
@@ -199,13 +211,7 @@ async fn the_client_certificate_is_rotated_before_it_expires_and_used_at_once() 
     api.set_csr_controller(approve_and_sign());
     wait_csrs(&api, 15, |csrs| csrs.iter().any(approved)).await?;
     let pki = agent.dir.path().join("pki");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while link_target(&pki).is_err() {
-        if tokio::time::Instant::now() > deadline {
-            bail!("no kubelet-client-current.pem; log:\n{}", agent.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_link(&agent, &pki).await?;
     let ttl = agent.metric("kubelet_certificate_manager_client_ttl_seconds").await?;
     assert!(ttl > 3000.0, "{ttl}");
 
@@ -283,13 +289,7 @@ async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() 
     let csrs = wait_csrs(&api, 30, |csrs| csrs.iter().any(approved)).await?;
     assert_eq!(csrs[0].spec.username.as_deref(), Some("admin"), "requested with the kubeconfig's token");
     let pki = agent.dir.path().join("pki");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while link_target(&pki).is_err() {
-        if tokio::time::Instant::now() > deadline {
-            bail!("no kubelet-client-current.pem; log:\n{}", agent.log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_link(&agent, &pki).await?;
     // From then on the agent is the node, by its certificate.
     let seq = api.requests().last().map_or(0, |r| r.seq);
     api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
