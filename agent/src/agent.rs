@@ -460,31 +460,23 @@ impl RotatingApiClients {
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
         let manager = CertManager::new(CLIENT, store, node, Vec::new(), current);
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
-        let mut pairs = manager.subscribe();
         let task = Box::new(move |shutdown: CancellationToken| {
             tokio::spawn(async move {
-                let rotation = run_manager.run(requester, shutdown.clone());
-                let swaps = async {
-                    while pairs.changed().await.is_ok() {
-                        let Some(pair) = pairs.borrow_and_update().clone() else { continue };
-                        match base.build(Some(&pair)) {
-                            Ok(next) => {
-                                cells[0].swap(next.main);
-                                cells[1].swap(next.events);
-                                cells[2].swap(next.heartbeat);
-                                tracing::info!("the API clients use the new client certificate");
-                            }
-                            Err(e) => tracing::error!(error = %e, "the new client certificate does not load"),
-                        }
+                let rotation = run_manager.run_applying(requester, shutdown, |pair| match base.build(Some(pair)) {
+                    Ok(next) => {
+                        cells[0].swap(next.main);
+                        cells[1].swap(next.events);
+                        cells[2].swap(next.heartbeat);
+                        tracing::info!("the API clients use the new client certificate");
                     }
-                };
+                    Err(e) => tracing::error!(error = %e, "the new client certificate does not load"),
+                });
                 let lapsed = watcher.without_valid_certificate_for(
                     crate::certificate::rotation::EXIT_WITHOUT_CERTIFICATE,
                     Duration::from_secs(10),
                 );
                 tokio::select! {
                     () = rotation => {}
-                    () = swaps => {}
                     () = lapsed => {
                         // Upstream's klog.Fatal in its rotating transport: the pods keep
                         // running in the runtime, and the restarted agent bootstraps anew.
@@ -529,12 +521,11 @@ fn start_serving_certificate(
     // Upstream's names: the Hostname address (a DNS name, or an IP when it is one) and
     // the InternalIP, DNS names first, each sorted.
     let mut names: Vec<String> = Vec::new();
-    if cfg.node_name.parse::<std::net::IpAddr>().is_err() {
-        names.push(cfg.node_name.clone());
-    }
     let mut ips: Vec<String> = node_ip.into_iter().map(|ip| ip.to_string()).collect();
     if cfg.node_name.parse::<std::net::IpAddr>().is_ok() {
         ips.push(cfg.node_name.clone());
+    } else {
+        names.push(cfg.node_name.clone());
     }
     ips.sort();
     ips.dedup();
@@ -547,25 +538,13 @@ fn start_serving_certificate(
     }
     let manager = CertManager::new(SERVING, store, &cfg.node_name, names, initial);
     manager.register(registry);
-    let mut pairs = manager.subscribe();
     let served = slot.clone();
-    let (client, stop) = (api.main.clone(), shutdown.clone());
-    tokio::spawn(async move {
-        let rotation = manager.run(client, stop);
-        let swaps = async {
-            while pairs.changed().await.is_ok() {
-                let Some(pair) = pairs.borrow_and_update().clone() else { continue };
-                match served.set(&pair.cert_pem, &pair.key_pem) {
-                    Ok(()) => tracing::info!("the HTTPS API serves the new serving certificate"),
-                    Err(e) => tracing::error!(error = %e, "the new serving certificate cannot be served"),
-                }
-            }
-        };
-        tokio::select! {
-            () = rotation => {}
-            () = swaps => {}
+    tokio::spawn(manager.run_applying(api.main.clone(), shutdown.clone(), move |pair| {
+        match served.set(&pair.cert_pem, &pair.key_pem) {
+            Ok(()) => tracing::info!("the HTTPS API serves the new serving certificate"),
+            Err(e) => tracing::error!(error = %e, "the new serving certificate cannot be served"),
         }
-    });
+    }));
     slot
 }
 

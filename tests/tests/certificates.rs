@@ -80,6 +80,15 @@ async fn wait_link(agent: &Agent, pki: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Waits until the agent renews its Lease (a PUT answered 200) after request `seq`.
+async fn wait_lease_renewal(api: &TestApiServer, seq: u64) -> Result<()> {
+    api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
+        agent_requests(api, seq).iter().any(|r| r.path.contains("/leases/") && r.method == "PUT" && r.status == 200)
+    })
+    .await?;
+    Ok(())
+}
+
 fn link_target(pki: &Path) -> Result<std::path::PathBuf> {
     Ok(std::fs::read_link(pki.join("kubelet-client-current.pem"))?)
 }
@@ -132,10 +141,7 @@ async fn bootstrap_token_gets_a_client_certificate_and_the_node_joins_with_it() 
     agent.stop()?;
     let seq = api.requests().last().map_or(0, |r| r.seq);
     agent.spawn().await?;
-    api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
-        agent_requests(&api, seq).iter().any(|r| r.path.contains("/leases/") && r.method == "PUT")
-    })
-    .await?;
+    wait_lease_renewal(&api, seq).await?;
     assert_eq!(api.list::<CertificateSigningRequest>(None).len(), 1);
     assert_eq!(link_target(&pki)?, target);
     let after = agent_requests(&api, seq);
@@ -220,10 +226,7 @@ async fn the_client_certificate_is_rotated_before_it_expires_and_used_at_once() 
     let expiry_wait = expires.duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_secs(1);
     tokio::time::sleep(expiry_wait).await;
     let seq = api.requests().last().map_or(0, |r| r.seq);
-    api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
-        agent_requests(&api, seq).iter().any(|r| r.path.contains("/leases/") && r.method == "PUT" && r.status == 200)
-    })
-    .await?;
+    wait_lease_renewal(&api, seq).await?;
     let after = agent_requests(&api, seq);
     assert!(after.iter().all(|r| r.status != 401 && r.user.as_deref() == Some(NODE_USER)), "{after:#?}");
     node_ready(&api).await?;
@@ -292,10 +295,7 @@ async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() 
     wait_link(&agent, &pki).await?;
     // From then on the agent is the node, by its certificate.
     let seq = api.requests().last().map_or(0, |r| r.seq);
-    api.wait_for::<Lease>(Some("kube-node-lease"), NODE, Duration::from_secs(30), |_| {
-        agent_requests(&api, seq).iter().any(|r| r.path.contains("/leases/") && r.method == "PUT")
-    })
-    .await?;
+    wait_lease_renewal(&api, seq).await?;
     let after = agent_requests(&api, seq);
     assert!(after.iter().all(|r| r.user.as_deref() == Some(NODE_USER)), "{after:#?}");
 

@@ -87,10 +87,6 @@ fn bootstrap_key(store: &FileStore, tmp_key: &Path) -> Result<rcgen::KeyPair> {
         return Ok(key);
     }
     let key = csr::generate_key()?;
-    if let Some(dir) = tmp_key.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|source| Error::Io { what: format!("creating {}", dir.display()), source })?;
-    }
     write_private(tmp_key, key.serialize_pem().as_bytes())?;
     Ok(key)
 }
@@ -208,9 +204,5 @@ fn write_kubeconfig(boot: &Kubeconfig, boot_path: &Path, kubeconfig: &Path, pem:
     };
     let text = serde_saphyr::to_string(&written)
         .map_err(|e| Error::Kubeconfig { path: kubeconfig.display().to_string(), message: e.to_string() })?;
-    if let Some(dir) = kubeconfig.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|source| Error::Io { what: format!("creating {}", dir.display()), source })?;
-    }
     write_private(kubeconfig, text.as_bytes())
 }

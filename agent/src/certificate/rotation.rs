@@ -211,6 +211,28 @@ impl CertManager {
         }
     }
 
+    /// [`Self::run`], handing each new pair to `apply` (the API clients, the HTTPS
+    /// server) as it is stored.
+    pub async fn run_applying(
+        self: Arc<Self>,
+        client: kube::Client,
+        shutdown: CancellationToken,
+        mut apply: impl FnMut(&Pair),
+    ) {
+        let mut pairs = self.subscribe();
+        let applying = async {
+            while pairs.changed().await.is_ok() {
+                if let Some(pair) = pairs.borrow_and_update().clone() {
+                    apply(&pair);
+                }
+            }
+        };
+        tokio::select! {
+            () = self.clone().run(client, shutdown) => {}
+            () = applying => {}
+        }
+    }
+
     /// Rotates before each certificate's deadline until `shutdown`.
     pub async fn run(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
         let what = self.kind.what;

@@ -3,10 +3,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -170,7 +167,6 @@ impl FileStore {
         let path = self.dir.join(&name);
         let pair = Pair::parse(cert_pem, key_pem, &path)?;
         let io = |what: String| move |source| Error::Io { what, source };
-        fs::create_dir_all(&self.dir).map_err(io(format!("creating {}", self.dir.display())))?;
         write_private(&path, pair.to_pem().as_bytes())?;
         // A new link beside the current one, renamed over it: the swap is atomic.
         let updated = self.dir.join(format!("{}-updated.pem", self.prefix));
@@ -182,18 +178,12 @@ impl FileStore {
     }
 }
 
-/// Writes a file readable by its owner only, through a temporary file and a rename.
+/// Writes a file readable by its owner only, through a temporary file and a rename
+/// ([`crate::cm::checkpoint::write_atomic`], which makes the directory too).
 pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
-    let err = |source| Error::Io { what: format!("writing {}", path.display()), source };
-    let tmp = path.with_extension("tmp-write");
-    let mut file =
-        fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(err)?;
-    file.write_all(contents).and_then(|()| file.sync_all()).map_err(err)?;
-    fs::rename(&tmp, path).map_err(err)
+    crate::cm::checkpoint::write_atomic(path, contents)
+        .map_err(|source| Error::Io { what: format!("writing {}", path.display()), source })
 }
-
-/// The current pair shared between the rotation and the API clients.
-pub type Shared = Arc<std::sync::RwLock<Pair>>;
 
 #[cfg(test)]
 pub(crate) use tests::pair_pem;
