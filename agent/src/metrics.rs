@@ -17,8 +17,12 @@ use prometheus_client::registry::Registry;
 
 /// Upstream counters whose names do not end in `_total` (the Go client writes a counter's
 /// name as given; prometheus-client always appends `_total`).
-pub const COUNTERS_WITHOUT_TOTAL: &[&str] =
-    &["kubelet_pleg_discard_events", "kubelet_evictions", "kubelet_certificate_manager_client_expiration_renew_errors"];
+pub const COUNTERS_WITHOUT_TOTAL: &[&str] = &[
+    "kubelet_pleg_discard_events",
+    "kubelet_evictions",
+    "kubelet_certificate_manager_client_expiration_renew_errors",
+    "kubelet_server_expiration_renew_errors",
+];
 
 /// Makes a Prometheus text exposition read as the Go client writes it, so existing
 /// dashboards and alerts match: [`COUNTERS_WITHOUT_TOTAL`] get their upstream names back

@@ -273,6 +273,9 @@ async fn server_tls_bootstrap_serves_a_certificate_from_the_cluster_ca() -> Resu
     assert!(std::fs::read_link(pki.join("kubelet-server-current.pem")).is_ok());
     let ttl = agent.metric("kubelet_certificate_manager_server_ttl_seconds").await?;
     assert!(ttl > 3000.0, "{ttl}");
+    // The renewal error counter under upstream's name (no `_total`), which the alert reads.
+    let (_, metrics) = agent.get("/metrics").await?;
+    assert!(metrics.lines().any(|l| l == "kubelet_server_expiration_renew_errors 0"), "{metrics}");
 
     agent.shutdown(&cri).await?;
     Ok(())

@@ -431,7 +431,7 @@ fn queries_name_served_families() {
             return true;
         }
         if name.strip_suffix("_total").is_some_and(|base| without_total.contains(&base)) {
-            // The OpenMetrics name (see below).
+            // The `_total` name (see below).
             return true;
         }
         let family = ["_bucket", "_count", "_sum"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
@@ -460,8 +460,8 @@ fn queries_name_served_families() {
         }
     }
     for (file, q, names) in all {
-        // Upstream's counters without `_total` have it when scraped as OpenMetrics
-        // (what Prometheus asks for first): a query must take both names.
+        // Upstream's counters without `_total`: a query must take both names (README,
+        // "Counter names").
         for base in without_total {
             let total = format!("{base}_total");
             if names.contains(*base) != names.contains(&total) {
