@@ -531,19 +531,15 @@ fn start_serving_certificate(
     ips.dedup();
     names.extend(ips);
     let slot = crate::server::ServingSlot::default();
-    if let Some(pair) = &initial
-        && let Err(e) = slot.set(&pair.cert_pem, &pair.key_pem)
-    {
-        tracing::warn!(error = %e, "the stored serving certificate cannot be served");
+    if let Some(pair) = &initial {
+        slot.set(pair.certified.clone());
     }
     let manager = CertManager::new(SERVING, store, &cfg.node_name, names, initial);
     manager.register(registry);
     let served = slot.clone();
     tokio::spawn(manager.run_applying(api.main.clone(), shutdown.clone(), move |pair| {
-        match served.set(&pair.cert_pem, &pair.key_pem) {
-            Ok(()) => tracing::info!("the HTTPS API serves the new serving certificate"),
-            Err(e) => tracing::error!(error = %e, "the new serving certificate cannot be served"),
-        }
+        served.set(pair.certified.clone());
+        tracing::info!("the HTTPS API serves the new serving certificate");
     }));
     slot
 }

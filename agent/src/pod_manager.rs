@@ -10,6 +10,13 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::sources::{CONFIG_SEEN_ANNOTATION, PodUpdate};
 
+/// A pod's UID, the key pods are known by everywhere; `""` for a pod without one (every
+/// source gives its pods one).
+#[must_use]
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or_default()
+}
+
 /// What a snapshot changed.
 #[derive(Debug, Default)]
 pub struct PodChanges {

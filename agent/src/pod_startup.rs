@@ -30,6 +30,7 @@
 //! their bucket's exemplar, so a slow bucket leads to the trace of a pod that landed in
 //! it.
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -113,10 +114,6 @@ fn is_ready(status: &PodStatus) -> bool {
     status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
-
 /// Upstream `hasPodStartedSLO`: every container has been started (is running with a
 /// `startedAt`).
 fn all_containers_started(status: &PodStatus) -> bool {
@@ -171,14 +168,14 @@ impl PodStartupTracker {
             return;
         }
         let mut traces = self.traces.lock().unwrap();
-        if traces.contains_key(uid(pod)) {
+        if traces.contains_key(pod_uid(pod)) {
             return;
         }
         let root = crate::telemetry::pod_startup_span(pod);
         let trace_id = crate::telemetry::sampled_trace_id(&root);
         let containers = pod.spec.iter().flat_map(|s| s.containers.iter().map(|c| c.name.clone())).collect();
         traces.insert(
-            uid(pod).to_string(),
+            pod_uid(pod).to_string(),
             StartTrace {
                 root: Some(root),
                 trace_id,
@@ -264,13 +261,13 @@ impl PodStartupTracker {
     pub fn observed_on_watch(&self, pod: &Pod, when: SystemTime) {
         let mut pods = self.pods.lock().unwrap();
         if is_terminal(pod.status.as_ref()) {
-            pods.remove(uid(pod));
+            pods.remove(pod_uid(pod));
             return;
         }
-        let Some(state) = pods.get_mut(uid(pod)) else {
+        let Some(state) = pods.get_mut(pod_uid(pod)) else {
             // Only pods the agent has not started yet (scheduled after it came up).
             if pod.status.as_ref().and_then(|s| s.start_time.as_ref()).is_none() {
-                pods.insert(uid(pod).to_string(), PerPod::default());
+                pods.insert(pod_uid(pod).to_string(), PerPod::default());
             }
             return;
         };
@@ -296,8 +293,8 @@ impl PodStartupTracker {
             pod_start_e2e_duration = total,
             "observed pod startup duration"
         );
-        self.observe(&self.metrics.pod_start_sli_duration, uid(pod), sli);
-        self.observe(&self.metrics.pod_start_total_duration, uid(pod), total);
+        self.observe(&self.metrics.pod_start_sli_duration, pod_uid(pod), sli);
+        self.observe(&self.metrics.pod_start_total_duration, pod_uid(pod), total);
         state.recorded = true;
     }
 
@@ -322,19 +319,19 @@ impl PodStartupTracker {
         // kubelet_pod_start_duration_seconds, as SyncPod observes it.
         let was_pending = old.is_none_or(|o| o.phase.as_deref() == Some("Pending"));
         if old.is_none() || was_pending && status.phase.as_deref() == Some("Running") {
-            self.observe(&self.metrics.pod_start_duration, uid(pod), seconds_between(first_seen, now).max(0.0));
+            self.observe(&self.metrics.pod_start_duration, pod_uid(pod), seconds_between(first_seen, now).max(0.0));
         }
         if is_ready(status) {
-            self.ready(uid(pod));
+            self.ready(pod_uid(pod));
         } else if is_terminal(Some(status)) {
-            self.end_trace(uid(pod), StartOutcome::Terminal);
+            self.end_trace(pod_uid(pod), StartOutcome::Terminal);
         }
         let mut pods = self.pods.lock().unwrap();
         let standalone = crate::sources::is_static_pod(pod);
-        if standalone && old.is_none() && !pods.contains_key(uid(pod)) {
-            pods.insert(uid(pod).to_string(), PerPod::default());
+        if standalone && old.is_none() && !pods.contains_key(pod_uid(pod)) {
+            pods.insert(pod_uid(pod).to_string(), PerPod::default());
         }
-        let Some(state) = pods.get_mut(uid(pod)) else { return };
+        let Some(state) = pods.get_mut(pod_uid(pod)) else { return };
         if state.recorded || state.observed_running.is_some() || !all_containers_started(status) {
             return;
         }

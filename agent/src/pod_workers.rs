@@ -636,13 +636,16 @@ impl Worker {
         // Show the outcome at once rather than at the next PLEG event. A sync that left the
         // runtime alone may still have set a waiting reason (CrashLoopBackOff): the status
         // it started from serves, without asking the runtime again.
-        let after = if result.touched_runtime { self.deps.runtime.pod_status(self.uid()).await.ok() } else { None };
-        let after = after.as_ref().unwrap_or(&rt_status);
+        let fresh = if result.touched_runtime { self.deps.runtime.pod_status(self.uid()).await.ok() } else { None };
+        let after = fresh.as_ref().unwrap_or(&rt_status);
         if let Some(a) = self.deps.runtime.resize() {
             a.check_resize_in_progress(&pod, after);
         }
         self.update_status(&pod, after, false);
-        self.note_started(after);
+        if fresh.is_some() {
+            // (rt_status's were noted above.)
+            self.note_started(after);
+        }
         let resync = resync_after(self.deps.sync_frequency);
         match result.requeue_after {
             Some(r) => r.min(resync),

@@ -34,6 +34,7 @@ pub mod checkpoint;
 pub mod metrics;
 pub mod sync;
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -224,10 +225,6 @@ pub fn resizable_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
         .chain(spec.into_iter().flat_map(|s| s.containers.iter()))
 }
 
-fn uid_of(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
-
 /// Now, at the second precision of `metav1.Time` on the wire.
 fn now() -> Time {
     let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -393,7 +390,7 @@ impl AllocationManager {
     #[must_use]
     pub fn update_pod_from_allocation(&self, pod: &Pod) -> (Pod, bool) {
         let inner = self.inner.lock().unwrap();
-        match inner.allocated.get(uid_of(pod)) {
+        match inner.allocated.get(pod_uid(pod)) {
             Some(a) => pod_from_allocation(pod, a),
             None => (pod.clone(), false),
         }
@@ -403,7 +400,7 @@ impl AllocationManager {
     /// is allocated what its spec asks; a pod known from the checkpoint (agent restart)
     /// keeps its allocation, and a spec that differs is a resize to handle.
     pub fn add_pod(&self, pod: &Pod) {
-        let uid = uid_of(pod).to_string();
+        let uid = pod_uid(pod).to_string();
         let mut inner = self.inner.lock().unwrap();
         inner.last_desired.insert(uid.clone(), allocation_from_pod(pod));
         if inner.allocated.contains_key(&uid) {
@@ -462,7 +459,7 @@ impl AllocationManager {
     /// Counts the container resizes `pod` asks for that were not seen before
     /// (`kubelet_container_requested_resizes_total`).
     fn record_requested(&self, inner: &mut Inner, pod: &Pod) {
-        let uid = uid_of(pod).to_string();
+        let uid = pod_uid(pod).to_string();
         let desired = allocation_from_pod(pod);
         let previous = inner.last_desired.insert(uid, desired.clone());
         let Some(previous) = previous else { return };
@@ -477,7 +474,7 @@ impl AllocationManager {
     /// `ResizeStarted`) or marks it pending (`Infeasible` / `Deferred`, with an event when
     /// that changes) and queues it for retries. Returns whether a resize was allocated.
     pub fn handle_resize(&self, pod: &Pod, ctx: &ResizeContext<'_>) -> bool {
-        let uid = uid_of(pod).to_string();
+        let uid = pod_uid(pod).to_string();
         let alloc = {
             let mut inner = self.inner.lock().unwrap();
             self.record_requested(&mut inner, pod);
@@ -668,7 +665,7 @@ impl AllocationManager {
                 .lock()
                 .unwrap()
                 .conditions
-                .get(uid_of(p))
+                .get(pod_uid(p))
                 .and_then(|c| c.pending.as_ref())
                 .and_then(|c| c.last_transition_time.clone())
                 .map(|t| t.0);
@@ -676,7 +673,7 @@ impl AllocationManager {
         });
         let mut to_sync = Vec::new();
         for pod in pods {
-            let uid = uid_of(&pod).to_string();
+            let uid = pod_uid(&pod).to_string();
             let before = self.inner.lock().unwrap().conditions.get(&uid).cloned();
             let was_deferred = before
                 .as_ref()
@@ -698,7 +695,7 @@ impl AllocationManager {
     /// actual resources differ from its allocation the resize is in progress; once they
     /// match, the condition goes and `ResizeCompleted` is recorded.
     pub fn check_resize_in_progress(&self, allocated_pod: &Pod, status: &RuntimePodStatus) {
-        let uid = uid_of(allocated_pod).to_string();
+        let uid = pod_uid(allocated_pod).to_string();
         let in_progress = resizable_containers(allocated_pod).any(|c| {
             let running = status.find_container(&c.name).is_some_and(|s| s.state == ContainerState::Running);
             running
@@ -733,7 +730,7 @@ impl AllocationManager {
     /// A failed actuation: `PodResizeInProgress` with reason `Error` and the message, and a
     /// `ResizeError` event when the error is new.
     pub fn set_resize_error(&self, pod: &Pod, message: &str) {
-        let uid = uid_of(pod).to_string();
+        let uid = pod_uid(pod).to_string();
         let generation = pod.metadata.generation.unwrap_or(0);
         let mut inner = self.inner.lock().unwrap();
         let c = inner.conditions.entry(uid).or_default();
@@ -757,7 +754,7 @@ impl AllocationManager {
     /// condition itself stays until the resize is complete).
     pub fn clear_resize_error(&self, pod: &Pod) {
         let mut inner = self.inner.lock().unwrap();
-        if let Some(c) = inner.conditions.get_mut(uid_of(pod))
+        if let Some(c) = inner.conditions.get_mut(pod_uid(pod))
             && let Some(p) = c.in_progress.as_mut()
             && p.reason.as_deref() == Some(reasons::ERROR)
         {
@@ -786,7 +783,7 @@ impl AllocationManager {
     /// Sets what the kubelet reports about resizes in `status` (see the module docs).
     /// `api_pod` is the pod as its source has it.
     pub fn amend_status(&self, api_pod: &Pod, rt: &RuntimePodStatus, status: &mut PodStatus) {
-        let uid = uid_of(api_pod);
+        let uid = pod_uid(api_pod);
         let generation = api_pod.metadata.generation;
         if let Some(g) = generation {
             status.observed_generation = Some(g);
@@ -943,7 +940,7 @@ pub struct ActuationHook(pub Arc<AllocationManager>);
 
 impl crate::cm::container_lifecycle::ContainerLifecycleHook for ActuationHook {
     fn pre_start_container(&self, pod: &Pod, container: &Container, _container_id: &str) -> Result<(), String> {
-        self.0.set_actuated(uid_of(pod), &container.name, ResourceValues::of(container.resources.as_ref()));
+        self.0.set_actuated(pod_uid(pod), &container.name, ResourceValues::of(container.resources.as_ref()));
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 //! (topology manager) are not consulted for resizes: they allocate on admission, and the
 //! resize of pods with exclusive resources is infeasible anyway.
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -27,10 +28,6 @@ pub fn node_allocatable(node: &Node) -> Option<(i64, i64)> {
     Some((cpu, mem))
 }
 
-fn uid_of(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
-
 impl SyncLoop {
     /// Admitted, non-terminal pods other than `exclude`, at their allocated resources.
     fn allocated_active_pods(&self, exclude: &str) -> Vec<Pod> {
@@ -40,7 +37,7 @@ impl SyncLoop {
             .pods()
             .into_iter()
             .filter(|p| {
-                let u = uid_of(p);
+                let u = pod_uid(p);
                 u != exclude
                     && !rejected.contains(u)
                     && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
@@ -50,7 +47,7 @@ impl SyncLoop {
     }
 
     fn resize_fits(&self, pod: &Pod, node: Option<&Node>) -> Result<(), Rejection> {
-        let others = self.allocated_active_pods(uid_of(pod));
+        let others = self.allocated_active_pods(pod_uid(pod));
         match node {
             Some(node) => crate::lifecycle::admission::admit(pod, node, &others),
             None => Ok(()),
@@ -90,7 +87,7 @@ impl SyncLoop {
     /// A pod left its source.
     pub fn resize_pod_removed(&self, pod: &Pod) {
         let Some(a) = self.runtime.resize().cloned() else { return };
-        a.remove_pod(uid_of(pod));
+        a.remove_pod(pod_uid(pod));
         self.retry_pending_resizes(triggers::PODS_REMOVED);
     }
 

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -12,8 +13,9 @@ use rustls::sign::CertifiedKey;
 use super::{Error, Result};
 
 /// A certificate chain with its key, both as PEM (re-encoded: only the certificates in
-/// `cert_pem`, only the key in `key_pem`), and what the agent reads from the leaf.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `cert_pem`, only the key in `key_pem`) and as rustls serves them, and what the agent
+/// reads from the leaf.
+#[derive(Debug, Clone)]
 pub struct Pair {
     pub cert_pem: String,
     pub key_pem: String,
@@ -25,7 +27,18 @@ pub struct Pair {
     pub organizations: Vec<String>,
     /// The leaf's DNS names and IP addresses (subject alternative names).
     pub names: Vec<String>,
+    /// The chain with its signing key (checked to be the leaf's), ready to serve.
+    pub certified: Arc<CertifiedKey>,
 }
+
+/// Pairs are equal when their PEM is: every other field is read from it.
+impl PartialEq for Pair {
+    fn eq(&self, other: &Self) -> bool {
+        self.cert_pem == other.cert_pem && self.key_pem == other.key_pem
+    }
+}
+
+impl Eq for Pair {}
 
 impl Pair {
     /// Parses a chain and its key, checking that the key is the leaf's.
@@ -50,9 +63,8 @@ impl Pair {
         let cert_pem: String = certs.iter().map(|c| pem_block("CERTIFICATE", c)).collect();
         let provider = rustls::crypto::ring::default_provider();
         let signing = provider.key_provider.load_private_key(key).map_err(|e| bad(format!("the private key: {e}")))?;
-        CertifiedKey::new(certs.clone(), signing)
-            .keys_match()
-            .map_err(|e| bad(format!("the key does not belong to the certificate: {e}")))?;
+        let certified = CertifiedKey::new(certs.clone(), signing);
+        certified.keys_match().map_err(|e| bad(format!("the key does not belong to the certificate: {e}")))?;
         let (_, leaf) =
             x509_parser::parse_x509_certificate(leaf_der).map_err(|e| bad(format!("parsing the certificate: {e}")))?;
         let time = |t: x509_parser::time::ASN1Time| {
@@ -73,6 +85,7 @@ impl Pair {
             common_name: subject.iter_common_name().find_map(text).unwrap_or_default(),
             organizations: subject.iter_organization().filter_map(text).collect(),
             names: crate::server::tls::subject_alt_names(&leaf),
+            certified: Arc::new(certified),
         })
     }
 

@@ -1,6 +1,7 @@
 //! In-memory [`PodContainerManager`] for other modules' tests: records calls, keeps pod
 //! cgroups in a map, names them like the real manager, and fails on demand.
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -51,10 +52,6 @@ impl Default for FakePodContainerManager {
     fn default() -> Self {
         Self::new("/", true)
     }
-}
-
-fn uid_of(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
 }
 
 impl FakePodContainerManager {
@@ -129,11 +126,11 @@ impl PodContainerManager for FakePodContainerManager {
         if !self.cgroups_per_qos {
             return String::new();
         }
-        self.names.pod_cgroupfs_name(qos_class(pod), &uid_of(pod))
+        self.names.pod_cgroupfs_name(qos_class(pod), pod_uid(pod))
     }
 
     fn ensure_pod_cgroup(&self, pod: &Pod) -> Result<()> {
-        let uid = uid_of(pod);
+        let uid = pod_uid(pod).to_owned();
         self.state().calls.push(FakeCall::EnsurePodCgroup(uid.clone()));
         self.check("ensure_pod_cgroup")?;
         if self.cgroups_per_qos {
@@ -160,16 +157,18 @@ impl PodContainerManager for FakePodContainerManager {
     }
 
     fn update_qos_cgroups(&self, active_pods: &[Pod]) -> Result<()> {
-        self.state().calls.push(FakeCall::UpdateQosCgroups(active_pods.iter().map(uid_of).collect()));
+        self.state()
+            .calls
+            .push(FakeCall::UpdateQosCgroups(active_pods.iter().map(|p| pod_uid(p).to_owned()).collect()));
         self.check("update_qos_cgroups")
     }
 
     fn pod_cgroup_config(&self, pod: &Pod) -> Result<Option<super::resources::PodResourceConfig>> {
-        Ok(self.state().configs.get(&uid_of(pod)).cloned())
+        Ok(self.state().configs.get(pod_uid(pod)).cloned())
     }
 
     fn update_pod_cgroup(&self, pod: &Pod, cfg: &super::resources::PodResourceConfig) -> Result<()> {
-        let uid = uid_of(pod);
+        let uid = pod_uid(pod).to_owned();
         self.state().calls.push(FakeCall::UpdatePodCgroup(uid.clone(), cfg.clone()));
         self.check("update_pod_cgroup")?;
         let mut state = self.state();
@@ -182,7 +181,7 @@ impl PodContainerManager for FakePodContainerManager {
     }
 
     fn pod_memory_usage(&self, pod: &Pod) -> Result<Option<u64>> {
-        Ok(self.state().memory_usage.get(&uid_of(pod)).copied())
+        Ok(self.state().memory_usage.get(pod_uid(pod)).copied())
     }
 }
 

@@ -2,6 +2,7 @@
 //! pod manager and workers, kills through the pod workers, reclaim through container
 //! and image GC (the traits of [`super::manager`]).
 
+use crate::pod_manager::uid as pod_uid;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -49,10 +50,6 @@ impl StatsSource for AgentStats {
     }
 }
 
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
-
 fn is_terminal(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> bool {
     matches!(status.and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
 }
@@ -70,12 +67,12 @@ impl ActivePods for AgentPods {
         self.manager
             .pods()
             .into_iter()
-            .filter(|p| self.workers.is_running(uid(p)) && !is_terminal(self.status.get(uid(p)).as_ref()))
+            .filter(|p| self.workers.is_running(pod_uid(p)) && !is_terminal(self.status.get(pod_uid(p)).as_ref()))
             .collect()
     }
 
     fn pod_cleaned_up(&self, pod: &Pod) -> bool {
-        !matches!(self.workers.states().get(uid(pod)), Some(WorkerState::Syncing | WorkerState::Terminating))
+        !matches!(self.workers.states().get(pod_uid(pod)), Some(WorkerState::Syncing | WorkerState::Terminating))
     }
 }
 
@@ -99,7 +96,7 @@ impl PodKiller for AgentKiller {
         let wait =
             Duration::from_secs(u64::try_from(eviction.grace_period_seconds).unwrap_or(0)) + Duration::from_secs(10);
         let deadline = tokio::time::Instant::now() + wait;
-        let uid = uid(&eviction.pod).to_owned();
+        let uid = pod_uid(&eviction.pod).to_owned();
         while matches!(self.workers.states().get(&uid), Some(WorkerState::Syncing | WorkerState::Terminating)) {
             if tokio::time::Instant::now() >= deadline {
                 return Err(format!("pod {uid} still running {wait:?} after its eviction").into());

@@ -11,6 +11,7 @@
 //! upstream ("prioritize evicting the pod for which no stats were found"). Ties keep the
 //! order of the input (the sort is stable; upstream's is not).
 
+use crate::pod_manager::uid as pod_uid;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -93,10 +94,6 @@ pub fn pod_priority(pod: &Pod) -> i32 {
 pub fn pod_request(requests: &ResourceList, resource: &str) -> Quantity {
     let units = pod_resources::get(requests, resource).value_saturating();
     Quantity::new(units, super::quantity::Format::BinarySi)
-}
-
-fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 /// `cmpBool`: `true` first.
@@ -202,7 +199,11 @@ pub fn rank<'a, S: BuildHasher>(
 ) -> Vec<&'a Pod> {
     let mut candidates: Vec<Candidate<'a>> = pods
         .iter()
-        .map(|pod| Candidate { pod, stats: usage.get(uid(pod)).copied(), requests: pod_resources::pod_requests(pod) })
+        .map(|pod| Candidate {
+            pod,
+            stats: usage.get(pod_uid(pod)).copied(),
+            requests: pod_resources::pod_requests(pod),
+        })
         .collect();
     match ranking {
         Ranking::Memory => candidates.sort_by(|a, b| {

@@ -86,6 +86,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -309,10 +310,6 @@ fn restart_policy(pod: &Pod) -> &str {
 
 fn is_restartable_init(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
-}
-
-fn pod_uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 /// The containers that get probe workers: regular ones, then sidecars (with `true`).

@@ -81,22 +81,10 @@ pub struct TlsSettings {
 pub struct ServingSlot(Arc<RwLock<Option<Arc<CertifiedKey>>>>);
 
 impl ServingSlot {
-    /// Serves `cert_pem` (chain) with `key_pem` from the next handshake on; a pair whose
-    /// key is not the certificate's is refused and the current one stays.
-    pub fn set(&self, cert_pem: &str, key_pem: &str) -> Result<()> {
-        let bad = |what: &str, e: &dyn std::fmt::Display| Error::Tls(format!("bootstrapped serving {what}: {e}"));
-        let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-            .collect::<io::Result<Vec<_>>>()
-            .map_err(|e| bad("certificate", &e))?;
-        let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-            .map_err(|e| bad("key", &e))?
-            .ok_or_else(|| bad("key", &"no PEM private key"))?;
-        let provider = rustls::crypto::ring::default_provider();
-        let signing = provider.key_provider.load_private_key(key).map_err(|e| bad("key", &e))?;
-        let certified = CertifiedKey::new(certs, signing);
-        certified.keys_match().map_err(|e| bad("pair", &e))?;
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(certified));
-        Ok(())
+    /// Serves `certified` from the next handshake on (a [`crate::certificate::store::Pair`]'s,
+    /// whose key was checked to be the certificate's when it was parsed).
+    pub fn set(&self, certified: Arc<CertifiedKey>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(certified);
     }
 
     /// Whether a pair is being served.

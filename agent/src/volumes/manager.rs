@@ -18,6 +18,7 @@ use super::mounter::{Mounter, SystemMounter};
 use super::source::{BoundPod, ObjectSource};
 use super::token::TokenManager;
 use super::{Error, Result, SetUpFailure, VolumeError, config_map, host_path, ownership, secret, subpath};
+use crate::pod_manager::uid as pod_uid;
 use crate::runtime::api;
 use crate::runtime::backoff::{Clock, SystemClock};
 
@@ -130,10 +131,6 @@ pub struct VolumeManager {
     tokens: TokenManager,
     node: OnceLock<NodeAllocatable>,
     mounted: Mutex<HashMap<String, PodVolumes>>,
-}
-
-fn pod_uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 fn pod_namespace(pod: &Pod) -> &str {

@@ -29,6 +29,7 @@ mod resize;
 #[cfg(test)]
 mod tests;
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -250,10 +251,6 @@ impl CgroupNames {
 fn checked_uid(uid: &str) -> Result<&str> {
     let bad = uid.is_empty() || uid == "." || uid == ".." || uid.contains(['/', '\0']);
     if bad { Err(Error::InvalidPodUid { uid: uid.to_owned() }) } else { Ok(uid) }
-}
-
-fn pod_uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
 }
 
 fn join(base: &Path, parts: &[&str]) -> PathBuf {

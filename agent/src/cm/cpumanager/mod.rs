@@ -30,6 +30,7 @@
 pub mod assignment;
 pub mod state;
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -219,10 +220,6 @@ pub fn pod_guaranteed_cpus(pod: &Pod) -> usize {
     init.max(app + sidecars)
 }
 
-fn uid(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
-}
-
 /// A plain init container: its CPUs are free again once it is done. A sidecar (a
 /// restartable init container) runs next to the app containers and is not.
 fn is_init_container(pod: &Pod, name: &str) -> bool {
@@ -352,7 +349,7 @@ impl CpuManager {
     }
 
     fn update_cpus_to_reuse(inner: &mut Inner, pod: &Pod, container: &str, cpus: &CpuSet) {
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         inner.cpus_to_reuse.retain(|u, _| *u == uid);
         let entry = inner.cpus_to_reuse.entry(uid).or_default();
         *entry = if is_init_container(pod, container) { entry.union(cpus) } else { entry.difference(cpus) };
@@ -367,7 +364,7 @@ impl CpuManager {
             m.cpu_manager_pinning_requests.inc();
         }
         let mut inner = self.inner.lock().unwrap();
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         // Already allocated (a re-admission after a restart): keep it.
         let result = if let Some(cpus) = inner.state.get(&uid, &container.name).cloned() {
             Ok(Some(cpus))
@@ -539,7 +536,7 @@ impl CpuManager {
         if Self::remove_stale_locked(&mut inner, active) {
             self.save(&inner.state);
         }
-        let active_uids: HashMap<String, &Pod> = active.iter().map(|p| (uid(p), p)).collect();
+        let active_uids: HashMap<String, &Pod> = active.iter().map(|p| (pod_uid(p).to_owned(), p)).collect();
         let mut plan = Vec::new();
         for (id, pod_uid, name) in running {
             let Some(pod) = active_uids.get(pod_uid) else { continue };
@@ -699,7 +696,7 @@ impl HintProvider for CpuManager {
             return hints;
         }
         let inner = self.inner.lock().unwrap();
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         let list = if let Some(allocated) = inner.state.get(&uid, &container.name) {
             if allocated.len() == request {
                 self.generate_hints(allocated, &CpuSet::new(), request)
@@ -725,7 +722,7 @@ impl HintProvider for CpuManager {
             return hints;
         }
         let inner = self.inner.lock().unwrap();
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         let mut assigned = CpuSet::new();
         let spec = pod.spec.as_ref().expect("a pod with guaranteed CPUs has a spec");
         for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
@@ -774,7 +771,7 @@ impl ContainerLifecycleHook for CpuManager {
     ) -> Result<(), String> {
         let (cpus, exclusive) = {
             let inner = self.inner.lock().unwrap();
-            let uid = uid(pod);
+            let uid = pod_uid(pod).to_owned();
             (
                 self.affinity_locked(&inner.state, &uid, &container.name),
                 inner.state.get(&uid, &container.name).is_some(),
@@ -795,7 +792,7 @@ impl ContainerLifecycleHook for CpuManager {
 
     fn pre_start_container(&self, pod: &Pod, container: &Container, container_id: &str) -> Result<(), String> {
         let mut inner = self.inner.lock().unwrap();
-        let cpus = self.affinity_locked(&inner.state, &uid(pod), &container.name);
+        let cpus = self.affinity_locked(&inner.state, pod_uid(pod), &container.name);
         if !cpus.is_empty() {
             inner.last_update.insert(container_id.to_owned(), cpus);
         }

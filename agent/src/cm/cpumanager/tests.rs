@@ -152,7 +152,7 @@ fn guaranteed_integer_requests_get_exclusive_cpus_within_the_affinity() {
     let be = pod("e", &[("app", "")], &[], false);
     for p in [&frac, &b, &be] {
         m.allocate(p, container(p, "app"), &any()).unwrap();
-        assert_eq!(m.cpu_affinity(&uid(p), "app"), set("0-3,6-11,14-15"));
+        assert_eq!(m.cpu_affinity(pod_uid(p), "app"), set("0-3,6-11,14-15"));
     }
     assert_eq!(m.state().assignments.len(), 1);
     // The shared pool keeps the reserved CPUs; strict-cpu-reservation takes them out.

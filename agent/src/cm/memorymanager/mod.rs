@@ -23,6 +23,7 @@
 //! upstream's (checked against upstream's test vector); upstream's newer "v3" layout
 //! (`data` + `dataChecksum`, pod-level entries) is not read.
 
+use crate::pod_manager::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -255,10 +256,6 @@ fn bytes_text(b: u64) -> String {
     b.to_string()
 }
 
-fn uid(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
-}
-
 /// The container's memory and huge page requests when the pod is Guaranteed, else
 /// `None` (upstream `getRequestedResources`).
 fn requested_memory(pod: &Pod, container: &Container) -> Option<Requests> {
@@ -453,7 +450,7 @@ impl MemoryManager {
     /// Upstream `updatePodReusableMemory`: an init container's blocks become reusable, an
     /// app container's blocks use them up.
     fn update_reusable(&self, pod: &Pod, container: &str, blocks: &[Block]) {
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         let mut r = self.reusable.lock().unwrap();
         r.retain(|u, _| *u == uid);
         let entry = r.entry(uid).or_default();
@@ -541,7 +538,7 @@ impl MemoryManager {
     fn allocate_static(&self, pod: &Pod, container: &Container, hint: &TopologyHint) -> Result<(), String> {
         let Some(requests) = requested_memory(pod, container) else { return Ok(()) };
         let mut s = self.state.lock().unwrap();
-        let uid = uid(pod);
+        let uid = pod_uid(pod).to_owned();
         if let Some(blocks) = s.assignments.get(&uid).and_then(|m| m.get(&container.name)).cloned() {
             self.update_reusable(pod, &container.name, &blocks);
             return Ok(());
@@ -693,8 +690,8 @@ impl HintProvider for MemoryManager {
         let Some(requests) = requested_memory(pod, container) else { return Hints::new() };
         let s = self.state.lock().unwrap();
         let assigned: Vec<&Block> =
-            s.assignments.get(&uid(pod)).and_then(|m| m.get(&container.name)).into_iter().flatten().collect();
-        self.hints_for(&s, &uid(pod), &assigned, &requests)
+            s.assignments.get(pod_uid(pod)).and_then(|m| m.get(&container.name)).into_iter().flatten().collect();
+        self.hints_for(&s, pod_uid(pod), &assigned, &requests)
     }
 
     fn get_pod_topology_hints(&self, pod: &Pod) -> Hints {
@@ -704,8 +701,8 @@ impl HintProvider for MemoryManager {
         let Some(requests) = pod_requested_memory(pod) else { return Hints::new() };
         let s = self.state.lock().unwrap();
         let assigned: Vec<&Block> =
-            s.assignments.get(&uid(pod)).map(|m| m.values().flatten().collect()).unwrap_or_default();
-        self.hints_for(&s, &uid(pod), &assigned, &requests)
+            s.assignments.get(pod_uid(pod)).map(|m| m.values().flatten().collect()).unwrap_or_default();
+        self.hints_for(&s, pod_uid(pod), &assigned, &requests)
     }
 
     fn allocate(&self, pod: &Pod, container: &Container, affinity: &TopologyHint) -> Result<(), Rejection> {
@@ -741,7 +738,7 @@ impl ContainerLifecycleHook for MemoryManager {
         container: &Container,
         config: &mut api::ContainerConfig,
     ) -> Result<(), String> {
-        let nodes = self.memory_numa_nodes(&uid(pod), &container.name);
+        let nodes = self.memory_numa_nodes(pod_uid(pod), &container.name);
         if !nodes.is_empty() {
             let text: Vec<String> = nodes.iter().map(ToString::to_string).collect();
             let linux = config.linux.get_or_insert_with(Default::default);
