@@ -99,7 +99,7 @@
 //!   credentials are not passed to the runtime's streaming server; `http://` streaming
 //!   URLs only. `/containerLogs` reads the rest of a rotated file before the new one
 //!   (upstream may drop it) and not the docker JSON format. `/logs/` refuses symlinks
-//!   leading out of `/var/log` and serves no `Range`.
+//!   leading out of `/var/log`.
 
 mod auth;
 mod cache;
@@ -108,6 +108,7 @@ mod healthz;
 mod metrics_format;
 mod pods;
 mod running_pods;
+mod serve_content;
 mod streaming;
 mod system_logs;
 pub(crate) mod tls;

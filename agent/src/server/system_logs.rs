@@ -6,18 +6,19 @@
 //! with a trailing `/`, sorted by name); a directory path without its trailing slash is
 //! redirected (301) to the one with it; a file is streamed as it is read, as
 //! `text/plain; charset=utf-8` (upstream guesses the type from the extension or the first
-//! bytes). Paths cannot leave the root: dot segments are refused before authentication
-//! (see the server's limits), and unlike upstream a symlink that resolves outside the root
-//! is 404. `Range` requests and `index.html` are not served specially; `enableSystemLogQuery`
-//! (journal queries) is not implemented.
+//! bytes), with `Last-Modified`, conditional requests and byte ranges as Go's file server
+//! (see [`super::serve_content`]): `curl -r -4096 .../logs/syslog` reads the last 4 KiB.
+//! Paths cannot leave the root: dot segments are refused before authentication (see the
+//! server's limits), and unlike upstream a symlink that resolves outside the root is 404.
+//! `index.html` is not served specially; `enableSystemLogQuery` (journal queries) is not
+//! implemented.
 
 use std::fmt::Write as _;
 use std::path::{Component, PathBuf};
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::streaming::text;
@@ -32,13 +33,13 @@ pub(crate) struct SystemLogs {
 }
 
 /// `/logs/`.
-pub(crate) async fn root(State(logs): State<SystemLogs>) -> Response {
-    serve(&logs, "").await
+pub(crate) async fn root(State(logs): State<SystemLogs>, headers: HeaderMap) -> Response {
+    serve(&logs, "", &headers).await
 }
 
 /// `/logs/{*path}`.
-pub(crate) async fn path(State(logs): State<SystemLogs>, Path(path): Path<String>) -> Response {
-    serve(&logs, &path).await
+pub(crate) async fn path(State(logs): State<SystemLogs>, Path(path): Path<String>, headers: HeaderMap) -> Response {
+    serve(&logs, &path, &headers).await
 }
 
 /// The 405 of a disabled `/logs`.
@@ -55,7 +56,7 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&#34;").replace('\'', "&#39;")
 }
 
-async fn serve(logs: &SystemLogs, relative: &str) -> Response {
+async fn serve(logs: &SystemLogs, relative: &str, headers: &HeaderMap) -> Response {
     let trailing_slash = relative.is_empty() || relative.ends_with('/');
     let mut path = logs.root.as_ref().clone();
     for component in std::path::Path::new(relative).components() {
@@ -90,14 +91,7 @@ async fn serve(logs: &SystemLogs, relative: &str) -> Response {
         return (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, location)]).into_response();
     }
     match tokio::fs::File::open(&real).await {
-        Ok(file) => (
-            [
-                (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()),
-                (header::CONTENT_LENGTH, meta.len().to_string()),
-            ],
-            Body::from_stream(tokio_util::io::ReaderStream::with_capacity(file, 32 * 1024)),
-        )
-            .into_response(),
+        Ok(file) => super::serve_content::serve_file(file, "text/plain; charset=utf-8", headers).await,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => text(StatusCode::FORBIDDEN, "403 Forbidden\n"),
         Err(_) => not_found(),
     }
@@ -134,7 +128,7 @@ mod tests {
     use super::*;
 
     async fn get(logs: &SystemLogs, path: &str) -> (StatusCode, String, Option<String>) {
-        let response = serve(logs, path).await;
+        let response = serve(logs, path, &HeaderMap::new()).await;
         let status = response.status();
         let location = response.headers().get(header::LOCATION).map(|v| v.to_str().unwrap().to_owned());
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -168,5 +162,20 @@ mod tests {
         assert_eq!(get(&logs, "missing").await.0, StatusCode::NOT_FOUND);
         assert_eq!(get(&logs, "../etc/passwd").await.0, StatusCode::NOT_FOUND);
         assert_eq!(get(&logs, "/etc/passwd").await.0, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn a_file_is_served_with_ranges() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("syslog"), "line 1\nline 2\n").unwrap();
+        let logs = SystemLogs { root: Arc::new(dir.path().to_path_buf()) };
+        let mut headers = HeaderMap::new();
+        headers.insert(header::RANGE, "bytes=-7".parse().unwrap());
+        let response = serve(&logs, "syslog", &headers).await;
+        assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+        assert_eq!(response.headers()[header::CONTENT_RANGE], "bytes 7-13/14");
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"line 2\n");
     }
 }

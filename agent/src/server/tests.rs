@@ -869,6 +869,45 @@ async fn running_pods_lists_what_the_runtime_runs() {
 }
 
 #[tokio::test]
+async fn system_logs_serve_byte_ranges_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let line = "a log line of 32 bytes, numbered";
+    let mut text = String::new();
+    for i in 0..1000 {
+        writeln!(text, "{line} {i:04}").unwrap();
+    }
+    std::fs::write(logs.path().join("syslog"), &text).unwrap();
+    let mut settings = settings(dir.path());
+    settings.anonymous_auth = true;
+    let mut handlers = debugging_handlers(runtime_with_running_and_stopped_pods().await, true);
+    handlers.enable_system_log_handler = true;
+    handlers.system_log_dir = logs.path().to_path_buf();
+    let server = Running::start(settings, endpoints().debugging_handlers(handlers));
+    let client = client(dir.path(), None);
+
+    // The last two lines, as `curl -r -76` asks for them.
+    let response = client.get(server.url("/logs/syslog")).header("Range", "bytes=-76").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 206);
+    let size = text.len();
+    assert_eq!(response.headers()["content-range"], format!("bytes {}-{}/{size}", size - 76, size - 1).as_str());
+    assert_eq!(response.headers()["accept-ranges"], "bytes");
+    assert!(response.headers().contains_key("last-modified"));
+    assert_eq!(response.text().await.unwrap(), format!("{line} 0998\n{line} 0999\n"));
+
+    // HEAD: the headers of the same answer, no body.
+    let response = client.head(server.url("/logs/syslog")).header("Range", "bytes=0-9").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 206);
+    assert_eq!(response.headers()["content-length"], "10");
+    assert_eq!(response.text().await.unwrap(), "");
+
+    let response = client.get(server.url("/logs/syslog")).header("Range", "bytes=999999-").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 416);
+    assert_eq!(response.headers()["content-range"], format!("bytes */{size}").as_str());
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn running_pods_needs_the_debugging_handlers() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = settings(dir.path());
