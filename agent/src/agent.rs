@@ -458,7 +458,7 @@ impl RotatingApiClients {
             [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
         let clients =
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
-        let manager = CertManager::new(CLIENT, store, node, Vec::new(), current);
+        let manager = CertManager::new(CLIENT, store, node, None, current);
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
         let task = Box::new(move |shutdown: CancellationToken| {
             tokio::spawn(async move {
@@ -494,13 +494,13 @@ impl RotatingApiClients {
 }
 
 /// `serverTLSBootstrap`: the serving certificate manager (signer
-/// `kubernetes.io/kubelet-serving`, the node's hostname and IP as names), started on the
-/// main client, and the slot through which the HTTPS API serves its pair. A valid pair
-/// from an earlier run is served at once; without one, handshakes fail until the first
-/// certificate is issued (upstream likewise).
+/// `kubernetes.io/kubelet-serving`, the names of the node's `addresses` as last
+/// reported), started on the main client, and the slot through which the HTTPS API
+/// serves its pair. A valid pair from an earlier run is served at once; without one,
+/// handshakes fail until the first certificate is issued (upstream likewise).
 fn start_serving_certificate(
     cfg: &Config,
-    node_ip: Option<std::net::IpAddr>,
+    addresses: tokio::sync::watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     api: &ApiClients,
     registry: &mut Registry,
     shutdown: &CancellationToken,
@@ -518,23 +518,11 @@ fn start_serving_certificate(
             None
         }
     };
-    // Upstream's names: the Hostname address (a DNS name, or an IP when it is one) and
-    // the InternalIP, DNS names first, each sorted.
-    let mut names: Vec<String> = Vec::new();
-    let mut ips: Vec<String> = node_ip.into_iter().map(|ip| ip.to_string()).collect();
-    if cfg.node_name.parse::<std::net::IpAddr>().is_ok() {
-        ips.push(cfg.node_name.clone());
-    } else {
-        names.push(cfg.node_name.clone());
-    }
-    ips.sort();
-    ips.dedup();
-    names.extend(ips);
     let slot = crate::server::ServingSlot::default();
     if let Some(pair) = &initial {
         slot.set(pair.certified.clone());
     }
-    let manager = CertManager::new(SERVING, store, &cfg.node_name, names, initial);
+    let manager = CertManager::new(SERVING, store, &cfg.node_name, Some(addresses), initial);
     manager.register(registry);
     let served = slot.clone();
     tokio::spawn(manager.run_applying(api.main.clone(), shutdown.clone(), move |pair| {
@@ -567,13 +555,11 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     };
     let mode = if clients.is_some() { "API server" } else { "standalone: static pods only" };
     tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, mode, "starting swiftlet");
-    // The node IP: --node-ip, else (API mode) the host's primary address, as hostIP.
-    let node_ip: Option<std::net::IpAddr> = cfg
-        .node_ip
-        .as_deref()
-        .and_then(|s| s.split(',').next())
-        .and_then(|s| s.trim().parse().ok())
-        .or_else(|| clients.as_ref().and_then(|_| crate::node::facts::default_node_ip()));
+    // The node IP: --node-ip, else (API mode) the host's primary address, as hostIP (the
+    // node status looks for the host's address anew each time).
+    let explicit_node_ip: Option<std::net::IpAddr> =
+        cfg.node_ip.as_deref().and_then(|s| s.split(',').next()).and_then(|s| s.trim().parse().ok());
+    let node_ip = explicit_node_ip.or_else(|| clients.as_ref().and_then(|_| crate::node::facts::default_node_ip()));
     let host_ip = if clients.is_some() { node_ip.map(|ip| ip.to_string()) } else { cfg.node_ip.clone() };
     let mut registry = Registry::default();
     let metrics = Arc::new(KubeletMetrics::new(&mut registry, &cfg.node_name));
@@ -582,8 +568,10 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         rotation.manager.register(&mut registry);
         drop((rotation.task)(shutdown.clone()));
     }
+    // The node's addresses as the API server last took them: the serving certificate's names.
+    let (observed_addresses, addresses) = tokio::sync::watch::channel(Vec::new());
     let serving_slot = match (&clients, kc.server_tls_bootstrap) {
-        (Some(api), true) => Some(start_serving_certificate(&cfg, node_ip, api, &mut registry, &shutdown)),
+        (Some(api), true) => Some(start_serving_certificate(&cfg, addresses, api, &mut registry, &shutdown)),
         (None, true) => {
             tracing::warn!(
                 "serverTLSBootstrap needs an API server (--kubeconfig) to request the serving certificate; \
@@ -940,7 +928,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         let shutting_down = shutdown_status.clone();
         let node = crate::node::NodeManager::new(
             api.heartbeat.clone(),
-            node_settings(&cfg, node_ip),
+            node_settings(&cfg, explicit_node_ip),
             machine.clone(),
             rt.clone(),
             Arc::new(move || {
@@ -961,7 +949,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .with_extended_resources({
             let devices = devices.clone();
             Arc::new(move || devices.extended_resources())
-        });
+        })
+        .with_observed_addresses(observed_addresses.clone());
         node_handle = Some(node.current_handle());
         node_shutdown = node_shutdown.map(|m| m.with_node_sync(node.sync_now_handle()));
         tracker.spawn(

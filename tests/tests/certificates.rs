@@ -305,3 +305,47 @@ async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() 
     agent.shutdown(&cri).await?;
     Ok(())
 }
+
+/// The serving certificate manager against the test API server, without an agent: it
+/// requests nothing before the node has an IP address, and a new certificate when the
+/// node's addresses change.
+#[tokio::test]
+async fn the_serving_certificate_follows_the_node_addresses() -> Result<()> {
+    use k8s_openapi::api::core::v1::NodeAddress;
+    use swiftlet::certificate::rotation::{CertManager, SERVING};
+    use swiftlet::certificate::store::FileStore;
+
+    let api = api_server(approve_and_sign()).await?;
+    let (cert, key) = api.issue_client_cert(NODE_USER, &["system:nodes"], Duration::from_hours(1))?;
+    let client = api.client_with_cert(&cert, &key).await?;
+    let dir = tempfile::tempdir()?;
+    let address = |type_: &str, address: &str| NodeAddress { type_: type_.into(), address: address.into() };
+    let (addresses, observed) = tokio::sync::watch::channel(vec![address("Hostname", NODE)]);
+    let manager =
+        CertManager::new(SERVING, FileStore::new(dir.path(), SERVING.prefix, None), NODE, Some(observed), None);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(manager.clone().run(client, shutdown.clone()));
+
+    let mut pairs = manager.subscribe();
+    let wait_names = async |pairs: &mut tokio::sync::watch::Receiver<_>, names: &[&str]| -> Result<()> {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let covered = |p: &Option<std::sync::Arc<swiftlet::certificate::store::Pair>>| {
+            p.as_ref().is_some_and(|p| p.names == names)
+        };
+        tokio::time::timeout(Duration::from_secs(20), pairs.wait_for(covered)).await??;
+        Ok(())
+    };
+    // Only once the node has an IP: one request, for its name and that IP.
+    addresses.send_replace(vec![address("Hostname", NODE), address("InternalIP", "10.0.0.5")]);
+    wait_names(&mut pairs, &[NODE, "10.0.0.5"]).await?;
+    let csrs = api.list::<CertificateSigningRequest>(None);
+    assert_eq!(csrs.len(), 1, "nothing was requested without an IP: {csrs:#?}");
+
+    // The address changes: a new certificate for the new one, at once.
+    addresses.send_replace(vec![address("Hostname", NODE), address("InternalIP", "10.0.0.6")]);
+    wait_names(&mut pairs, &[NODE, "10.0.0.6"]).await?;
+    assert_eq!(api.list::<CertificateSigningRequest>(None).len(), 2);
+    shutdown.cancel();
+    task.await?;
+    Ok(())
+}

@@ -1,6 +1,12 @@
 //! Certificate rotation (client-go's certificate manager): the client certificate
 //! (`rotateCertificates`) and the serving certificate (`serverTLSBootstrap`), and API
 //! clients that follow the current client pair.
+//!
+//! The serving certificate's names follow the node's addresses as the node status last
+//! reported them (upstream's `getLastObservedNodeAddresses`): none is requested before
+//! the node has an IP address, and when the addresses change so that the current
+//! certificate no longer covers them, a new one is requested at once (a request still
+//! pending for the old names is abandoned).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +14,7 @@ use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::core::v1::NodeAddress;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
 use prometheus_client::metrics::MetricType;
@@ -88,6 +95,32 @@ pub const SERVING: Kind = Kind {
 const ROTATION_BUCKETS: [f64; 10] =
     [60.0, 3600.0, 14400.0, 86400.0, 604_800.0, 2_592_000.0, 7_776_000.0, 15_552_000.0, 31_104_000.0, 124_416_000.0];
 
+/// The names a serving certificate covers for the node's `addresses` (upstream's
+/// `addressesToHostnamesAndIPs`): `Hostname` (a DNS name, or an IP when it is one),
+/// `InternalDNS`/`ExternalDNS` and `InternalIP`/`ExternalIP`, each once, DNS names first,
+/// each kind sorted. Empty when there is no IP address: upstream requests nothing then.
+#[must_use]
+pub fn serving_names(addresses: &[NodeAddress]) -> Vec<String> {
+    let (mut dns, mut ips) = (Vec::new(), Vec::new());
+    for a in addresses.iter().filter(|a| !a.address.is_empty()) {
+        let is_ip = a.address.parse::<std::net::IpAddr>().is_ok();
+        match a.type_.as_str() {
+            "Hostname" | "InternalIP" | "ExternalIP" if is_ip => ips.push(a.address.clone()),
+            "Hostname" | "InternalDNS" | "ExternalDNS" => dns.push(a.address.clone()),
+            _ => {}
+        }
+    }
+    if ips.is_empty() {
+        return Vec::new();
+    }
+    for names in [&mut dns, &mut ips] {
+        names.sort();
+        names.dedup();
+    }
+    dns.extend(ips);
+    dns
+}
+
 /// Keeps one of the agent's certificates current: requests it when there is none,
 /// rotates it before it expires, and tells subscribers (the API clients, the HTTPS
 /// server) of each new pair.
@@ -95,8 +128,9 @@ pub struct CertManager {
     kind: Kind,
     store: FileStore,
     node: String,
-    /// The DNS names and IP addresses the certificate must cover (serving).
-    names: Vec<String>,
+    /// The node's addresses as last reported, whose names the certificate must cover
+    /// (serving); `None`: the node's identity only (client).
+    addresses: Option<watch::Receiver<Vec<NodeAddress>>>,
     current: watch::Sender<Option<Arc<Pair>>>,
     renew_errors: Counter,
     rotation_age: Histogram,
@@ -109,16 +143,23 @@ impl std::fmt::Debug for CertManager {
 }
 
 impl CertManager {
-    /// A manager of `node`'s `kind` certificate covering `names`, starting from
-    /// `initial` (none: request one at once), storing new pairs in `store`.
+    /// A manager of `node`'s `kind` certificate covering the names of `addresses` (see
+    /// [`serving_names`]; `None` for the client certificate), starting from `initial`
+    /// (none: request one as soon as there is a template), storing new pairs in `store`.
     #[must_use]
-    pub fn new(kind: Kind, store: FileStore, node: &str, names: Vec<String>, initial: Option<Pair>) -> Arc<Self> {
+    pub fn new(
+        kind: Kind,
+        store: FileStore,
+        node: &str,
+        addresses: Option<watch::Receiver<Vec<NodeAddress>>>,
+        initial: Option<Pair>,
+    ) -> Arc<Self> {
         let (current, _) = watch::channel(initial.map(Arc::new));
         Arc::new(Self {
             kind,
             store,
             node: node.to_owned(),
-            names,
+            addresses,
             current,
             renew_errors: Counter::default(),
             rotation_age: Histogram::new(ROTATION_BUCKETS),
@@ -156,14 +197,43 @@ impl CertManager {
         self.current.subscribe()
     }
 
+    /// The names a certificate requested now must cover; `None` while there is nothing
+    /// to request (a serving certificate before the node has an IP address).
+    #[must_use]
+    pub fn template(&self) -> Option<Vec<String>> {
+        match &self.addresses {
+            None => Some(Vec::new()),
+            Some(addresses) => Some(serving_names(&addresses.borrow())).filter(|names| !names.is_empty()),
+        }
+    }
+
     /// Whether `pair` is what this manager would request: the node's common name in
     /// `system:nodes`, and every name it must cover (client-go's template check; extra
-    /// names do not matter).
+    /// names do not matter, and without a template any pair does).
     #[must_use]
     pub fn satisfies_template(&self, pair: &Pair) -> bool {
-        pair.common_name == node_common_name(&self.node)
-            && pair.organizations.iter().any(|o| o == NODES_GROUP)
-            && self.names.iter().all(|n| pair.names.contains(n))
+        self.template().is_none_or(|names| {
+            pair.common_name == node_common_name(&self.node)
+                && pair.organizations.iter().any(|o| o == NODES_GROUP)
+                && names.iter().all(|n| pair.names.contains(n))
+        })
+    }
+
+    /// Returns when the node's addresses change so that `done(template)` holds; never
+    /// for a manager without addresses.
+    async fn template_change(&self, done: impl Fn(Option<Vec<String>>) -> bool) {
+        let Some(addresses) = &self.addresses else { return std::future::pending().await };
+        let mut addresses = addresses.clone();
+        addresses.borrow_and_update();
+        loop {
+            if addresses.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            addresses.borrow_and_update();
+            if done(self.template()) {
+                return;
+            }
+        }
     }
 
     /// When to rotate: at `fraction` (70 to 90 %, drawn per deadline) of the current
@@ -179,11 +249,11 @@ impl CertManager {
         }
     }
 
-    /// Requests a new key's certificate with `client`, stores the pair and makes it
-    /// current.
-    pub async fn rotate(&self, client: &kube::Client) -> Result<Arc<Pair>> {
+    /// Requests a new key's certificate covering `names` with `client`, stores the pair
+    /// and makes it current.
+    pub async fn rotate(&self, client: &kube::Client, names: &[String]) -> Result<Arc<Pair>> {
         let key = csr::generate_key()?;
-        let request = csr::node_request(&key, &self.node, &self.names)?;
+        let request = csr::node_request(&key, &self.node, names)?;
         let (name, uid) = csr::submit(client, None, &request, self.kind.signer, self.kind.usages).await?;
         tracing::info!(csr = %name, certificate = self.kind.what, "requested a new certificate");
         let cert = csr::wait_for_certificate(client, &name, &uid, ROTATION_WAIT).await?;
@@ -233,10 +303,18 @@ impl CertManager {
         }
     }
 
-    /// Rotates before each certificate's deadline until `shutdown`.
+    /// Rotates before each certificate's deadline, and whenever the template changes so
+    /// that the current pair no longer satisfies it, until `shutdown`.
     pub async fn run(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
         let what = self.kind.what;
-        loop {
+        'schedule: loop {
+            if self.template().is_none() {
+                tracing::info!(certificate = what, "no node IP address yet: waiting for one to request a certificate");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = self.template_change(|t| t.is_some()) => {}
+                }
+            }
             let pair = self.current();
             let deadline = self.deadline(pair.as_deref(), rand::random_range(0.7..0.9));
             let wait = deadline.duration_since(SystemTime::now()).unwrap_or_default();
@@ -250,13 +328,24 @@ impl CertManager {
             } else {
                 tracing::info!(certificate = what, "no certificate yet: requesting one");
             }
+            let unsatisfied = self.template_change(|_| pair.as_deref().is_none_or(|p| !self.satisfies_template(p)));
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
+                () = unsatisfied => tracing::info!(certificate = what, "the node's addresses changed: rotating"),
             }
             let mut failures = 0usize;
             loop {
-                match self.rotate(&client).await {
+                let Some(names) = self.template() else { continue 'schedule };
+                // A request for names that are no longer the node's is abandoned.
+                let outcome = tokio::select! {
+                    outcome = self.rotate(&client, &names) => outcome,
+                    () = self.template_change(|t| t.as_ref() != Some(&names)) => {
+                        tracing::info!(certificate = what, "the node's addresses changed: requesting anew");
+                        continue;
+                    }
+                };
+                match outcome {
                     Ok(new) => {
                         tracing::info!(certificate = what, expires = %rfc3339(new.not_after), "certificate rotated");
                         break;
@@ -356,12 +445,15 @@ mod tests {
     use super::*;
     use crate::certificate::store::pair_pem;
 
-    fn manager(dir: &std::path::Path, kind: Kind, node: &str, names: &[&str]) -> (Arc<CertManager>, Registry) {
+    fn address(type_: &str, address: &str) -> NodeAddress {
+        NodeAddress { type_: type_.into(), address: address.into() }
+    }
+
+    fn manager(dir: &std::path::Path, kind: Kind, node: &str) -> (Arc<CertManager>, Registry) {
         let (cert, key) = pair_pem("system:node:n1", -100, 900);
         let mut registry = Registry::default();
         let initial = Pair::parse(&cert, &key, dir).unwrap();
-        let names = names.iter().map(|n| (*n).to_owned()).collect();
-        let manager = CertManager::new(kind, FileStore::new(dir, kind.prefix, None), node, names, Some(initial));
+        let manager = CertManager::new(kind, FileStore::new(dir, kind.prefix, None), node, None, Some(initial));
         manager.register(&mut registry);
         (manager, registry)
     }
@@ -379,12 +471,12 @@ mod tests {
     #[test]
     fn the_deadline_is_the_drawn_share_of_the_lifetime_or_now_for_another_node() {
         let dir = tempfile::tempdir().unwrap();
-        let (m, _) = manager(dir.path(), CLIENT, "n1", &[]);
+        let (m, _) = manager(dir.path(), CLIENT, "n1");
         let pair = m.current().unwrap();
         let life = pair.not_after.duration_since(pair.not_before).unwrap();
         assert_eq!(m.deadline(Some(&pair), 0.7), pair.not_before + life.mul_f64(0.7));
         assert_eq!(m.deadline(Some(&pair), 0.9), pair.not_before + life.mul_f64(0.9));
-        let (other, _) = manager(dir.path(), CLIENT, "n2", &[]);
+        let (other, _) = manager(dir.path(), CLIENT, "n2");
         let before = SystemTime::now();
         assert!(other.deadline(Some(&pair), 0.7) >= before && other.deadline(Some(&pair), 0.7) <= SystemTime::now());
         assert!(!other.satisfies_template(&pair));
@@ -394,7 +486,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn only_a_certificate_expired_for_the_whole_limit_ends_the_wait() {
         let dir = tempfile::tempdir().unwrap();
-        let (valid, _) = manager(dir.path(), CLIENT, "n1", &[]);
+        let (valid, _) = manager(dir.path(), CLIENT, "n1");
         let limit = Duration::from_mins(5);
         let every = Duration::from_secs(10);
         let waited = tokio::time::timeout(Duration::from_mins(30), valid.without_valid_certificate_for(limit, every));
@@ -402,8 +494,7 @@ mod tests {
 
         let (cert, key) = pair_pem("system:node:n1", -7200, -60);
         let expired = Pair::parse(&cert, &key, dir.path()).unwrap();
-        let m =
-            CertManager::new(CLIENT, FileStore::new(dir.path(), "kubelet-client", None), "n1", vec![], Some(expired));
+        let m = CertManager::new(CLIENT, FileStore::new(dir.path(), "kubelet-client", None), "n1", None, Some(expired));
         let start = tokio::time::Instant::now();
         m.without_valid_certificate_for(limit, every).await;
         let took = start.elapsed();
@@ -411,21 +502,62 @@ mod tests {
     }
 
     #[test]
-    fn a_serving_certificate_must_cover_every_name() {
+    fn serving_names_are_upstreams_from_the_addresses() {
+        let addresses = [
+            address("InternalIP", "10.0.0.5"),
+            address("Hostname", "node-b"),
+            address("ExternalDNS", "node-b.example.com"),
+            address("ExternalIP", "192.0.2.7"),
+            address("InternalIP", "10.0.0.5"),
+            address("InternalDNS", ""),
+            address("InternalIP", "not-an-ip"),
+            address("Whatever", "x"),
+        ];
+        assert_eq!(serving_names(&addresses), ["node-b", "node-b.example.com", "10.0.0.5", "192.0.2.7"]);
+        assert_eq!(serving_names(&[address("Hostname", "10.1.1.1")]), ["10.1.1.1"], "an IP hostname is an IP");
+        assert!(serving_names(&[address("Hostname", "node-b")]).is_empty(), "no IP: nothing to request");
+    }
+
+    #[test]
+    fn a_serving_certificate_must_cover_every_name_of_the_current_addresses() {
         let dir = tempfile::tempdir().unwrap();
-        let (m, _) = manager(dir.path(), SERVING, "n1", &["n1", "10.0.0.5"]);
-        let pair = m.current().unwrap();
+        let (cert, key) = pair_pem("system:node:n1", -100, 900);
+        let pair = Pair::parse(&cert, &key, dir.path()).unwrap();
+        let (addresses, rx) = watch::channel(vec![]);
+        let m = CertManager::new(SERVING, FileStore::new(dir.path(), "kubelet-server", None), "n1", Some(rx), None);
+        assert_eq!(m.template(), None);
+        assert!(m.satisfies_template(&pair), "without a template any pair does");
+        addresses.send_replace(vec![address("Hostname", "n1"), address("InternalIP", "10.0.0.5")]);
+        assert_eq!(m.template().unwrap(), ["n1", "10.0.0.5"]);
         assert!(pair.names.is_empty());
         assert!(!m.satisfies_template(&pair));
-        let mut covering = (*pair).clone();
+        let mut covering = pair.clone();
         covering.names = vec!["n1".into(), "10.0.0.5".into(), "extra".into()];
         assert!(m.satisfies_template(&covering));
+        addresses.send_replace(vec![address("Hostname", "n1"), address("InternalIP", "10.0.0.6")]);
+        assert!(!m.satisfies_template(&covering), "the node's IP changed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_template_change_wakes_only_when_it_matters() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addresses, rx) = watch::channel(vec![address("Hostname", "n1")]);
+        let m = CertManager::new(SERVING, FileStore::new(dir.path(), "kubelet-server", None), "n1", Some(rx), None);
+        let with_ip = m.template_change(|t| t.is_some());
+        tokio::pin!(with_ip);
+        addresses.send_replace(vec![address("Hostname", "n2")]);
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut with_ip).await.is_err(), "still no IP");
+        addresses.send_replace(vec![address("Hostname", "n1"), address("InternalIP", "10.0.0.5")]);
+        tokio::time::timeout(Duration::from_secs(1), with_ip).await.expect("an IP came");
+        // The client manager has no addresses: it never wakes.
+        let (client, _) = manager(dir.path(), CLIENT, "n1");
+        assert!(tokio::time::timeout(Duration::from_mins(1), client.template_change(|_| true)).await.is_err());
     }
 
     #[test]
     fn the_client_metrics_are_served() {
         let dir = tempfile::tempdir().unwrap();
-        let (_m, registry) = manager(dir.path(), CLIENT, "n1", &[]);
+        let (_m, registry) = manager(dir.path(), CLIENT, "n1");
         let text = encode(&registry);
         assert!(text.contains("# TYPE kubelet_certificate_manager_client_ttl_seconds gauge"), "{text}");
         let ttl = sample(&text, "kubelet_certificate_manager_client_ttl_seconds");
@@ -437,7 +569,7 @@ mod tests {
     #[test]
     fn the_serving_metrics_are_served_and_the_ttl_is_infinite_without_a_certificate() {
         let dir = tempfile::tempdir().unwrap();
-        let m = CertManager::new(SERVING, FileStore::new(dir.path(), "kubelet-server", None), "n1", vec![], None);
+        let m = CertManager::new(SERVING, FileStore::new(dir.path(), "kubelet-server", None), "n1", None, None);
         let mut registry = Registry::default();
         m.register(&mut registry);
         let text = encode(&registry);

@@ -48,6 +48,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct NodeSettings {
     pub node_name: String,
     pub hostname: String,
+    /// `--node-ip`; without it the `InternalIP` is the host's primary address, found
+    /// anew for every status (as upstream, it follows the host's address).
     pub node_ip: Option<IpAddr>,
     /// `--node-labels`.
     pub labels: BTreeMap<String, String>,
@@ -258,6 +260,9 @@ pub struct NodeManager {
     extended: Option<ExtendedResourcesFn>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
+    /// The addresses of the last status the API server took (upstream's
+    /// `lastObservedNodeAddresses`: the serving certificate's names).
+    observed_addresses: Option<tokio::sync::watch::Sender<Vec<NodeAddress>>>,
 }
 
 impl std::fmt::Debug for NodeManager {
@@ -285,7 +290,30 @@ impl NodeManager {
             sync_now: Arc::default(),
             extended: None,
             current: Arc::default(),
+            observed_addresses: None,
         }
+    }
+
+    /// Publishes the addresses of every status the API server takes to `addresses`.
+    #[must_use]
+    pub fn with_observed_addresses(mut self, addresses: tokio::sync::watch::Sender<Vec<NodeAddress>>) -> Self {
+        self.observed_addresses = Some(addresses);
+        self
+    }
+
+    /// Keeps `node` as the last one reported, and its addresses as the observed ones.
+    fn reported(&self, node: &Node) {
+        if let Some(tx) = &self.observed_addresses {
+            let addresses = node.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
+            tx.send_if_modified(|old| {
+                let changed = *old != addresses;
+                if changed {
+                    *old = addresses;
+                }
+                changed
+            });
+        }
+        *self.current.write().unwrap() = Some(node.clone());
     }
 
     /// A handle that makes the status loop compute and report at once.
@@ -419,7 +447,7 @@ impl NodeManager {
         };
         // The status of a created object is dropped by the API server: report it now.
         let reported = self.patch_status(&api, &status).await?;
-        *self.current.write().unwrap() = Some(reported.clone());
+        self.reported(&reported);
         let _ = registered;
         Ok(reported)
     }
@@ -492,7 +520,7 @@ impl NodeManager {
                 Ok(n) => {
                     last_reported.clone_from(&n.status);
                     last_report_at = tokio::time::Instant::now();
-                    *self.current.write().unwrap() = Some(n);
+                    self.reported(&n);
                 }
                 Err(Error::Api { source: kube::Error::Api(e), .. }) if e.code == 404 => {
                     tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
