@@ -594,6 +594,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .map_err(|source| Error::Runtime { endpoint: endpoint.clone(), source })?;
     let runtime_name = connect_runtime(&remote, &endpoint, &shutdown).await?;
     let rt: Arc<dyn RuntimeService> = Arc::new(remote);
+    // The runtime's readiness, network readiness and features, asked now and every 5 s.
+    let runtime_state = Arc::new(crate::node::runtime_state::RuntimeState::default());
+    runtime_state.update(rt.as_ref()).await;
 
     if kc.fail_swap_on {
         // No /proc/swaps: no swap (as upstream's `IsSwapOn`).
@@ -760,6 +763,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         None => (Arc::new(StatusManager::default()), None),
     };
     let tracker = TaskTracker::new();
+    tracker.spawn(
+        runtime_state.clone().run(rt.clone(), shutdown.clone()).instrument(tracing::info_span!("runtime_state")),
+    );
     let workers = PodWorkers::new(
         Arc::new(SyncDeps {
             runtime: runtime.clone(),
@@ -925,17 +931,15 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             .instrument(tracing::info_span!("api_pods")),
         );
         let health = pleg_health.clone();
-        let shutting_down = shutdown_status.clone();
         let node = crate::node::NodeManager::new(
             api.heartbeat.clone(),
             node_settings(&cfg, explicit_node_ip),
             machine.clone(),
             rt.clone(),
-            Arc::new(move || {
-                let pleg = health.check().map_err(|e| format!("PLEG is not healthy: {e}"));
-                crate::nodeshutdown::ready_with_shutdown(pleg, shutting_down.as_ref())
-            }),
+            Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
         )
+        .with_runtime_state(runtime_state.clone())
+        .with_shutdown_status(shutdown_status.clone())
         .with_pressure({
             let eviction = eviction.clone();
             Arc::new(move || {
@@ -1086,6 +1090,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> =
                 vec![Arc::new(managers.topology)];
             handlers.push(Arc::new(crate::runtime::security_context::AppArmorAdmitHandler::new(apparmor_enabled)));
+            handlers.push(Arc::new(crate::lifecycle::admission::SupplementalGroupsPolicyAdmitHandler(
+                runtime_state.clone(),
+            )));
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },

@@ -5,6 +5,7 @@
 //! `NodeAffinity`, `NodePorts`, `Taint`, `PodOSNotSupported`) and message.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec};
 
@@ -34,6 +35,27 @@ pub trait PodAdmitHandler: Send + Sync + std::fmt::Debug {
 /// least what containers already hold, e.g. right after an agent restart).
 pub trait PluginResourceUpdater: Send + Sync + std::fmt::Debug {
     fn update_plugin_resources(&self, node: &mut Node);
+}
+
+/// Refuses pods asking for `supplementalGroupsPolicy: Strict` when the runtime does not
+/// support it (its CRI `Status` features; upstream 1.33+'s predicate, which reads them from
+/// the node's `status.features`): such a runtime would silently merge the image's groups
+/// in. Runs with the other admit handlers, before the node-fit predicates (upstream checks
+/// it first among the predicates), and in standalone mode too.
+#[derive(Debug)]
+pub struct SupplementalGroupsPolicyAdmitHandler(pub Arc<crate::node::runtime_state::RuntimeState>);
+
+impl PodAdmitHandler for SupplementalGroupsPolicyAdmitHandler {
+    fn admit(&self, pod: &Pod, _active: &[Pod]) -> Result<(), Rejection> {
+        let policy = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()?.supplemental_groups_policy.as_deref());
+        if policy == Some("Strict") && !self.0.supports_supplemental_groups_policy() {
+            return Err(reject(
+                "SupplementalGroupsPolicyNotSupported",
+                "SupplementalGroupsPolicy=Strict is not supported in this node".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn reject(reason: &str, message: String) -> Rejection {
@@ -295,6 +317,28 @@ mod tests {
         let port = serde_json::json!({"containers": [{"name": "c", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]});
         let r = admit(&pod(&port), &n, &[pod(&port)]).unwrap_err();
         assert_eq!(r.reason, "NodePorts");
+    }
+
+    #[test]
+    fn strict_supplemental_groups_need_a_runtime_that_supports_them() {
+        use crate::node::runtime_state::RuntimeState;
+        use k8s_cri::v1 as api;
+        let state = Arc::new(RuntimeState::default());
+        let handler = SupplementalGroupsPolicyAdmitHandler(state.clone());
+        let strict = pod(&serde_json::json!({"securityContext": {"supplementalGroupsPolicy": "Strict"}}));
+        let merge = pod(&serde_json::json!({"securityContext": {"supplementalGroupsPolicy": "Merge"}}));
+        let rejection = handler.admit(&strict, &[]).unwrap_err();
+        assert_eq!(rejection.reason, "SupplementalGroupsPolicyNotSupported");
+        assert_eq!(rejection.message, "SupplementalGroupsPolicy=Strict is not supported in this node");
+        assert!(handler.admit(&merge, &[]).is_ok());
+        assert!(handler.admit(&pod(&serde_json::json!({})), &[]).is_ok());
+        let ready = |t: &str| api::RuntimeCondition { r#type: t.into(), status: true, ..Default::default() };
+        state.apply(Ok(&api::StatusResponse {
+            status: Some(api::RuntimeStatus { conditions: vec![ready("RuntimeReady"), ready("NetworkReady")] }),
+            features: Some(api::RuntimeFeatures { supplemental_groups_policy: true }),
+            ..Default::default()
+        }));
+        assert!(handler.admit(&strict, &[]).is_ok(), "a runtime that supports it (containerd 2.0+)");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! `nodeLeaseDurationSeconds / 4`. A deleted Node object is registered again.
 
 pub mod facts;
+pub mod runtime_state;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
-    NodeSystemInfo, Taint,
+    ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeFeatures, NodeSpec,
+    NodeStatus, NodeSystemInfo, Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
@@ -67,7 +68,8 @@ pub struct NodeSettings {
     pub kubelet_version: String,
 }
 
-/// Is the node able to run pods: the runtime answers and the PLEG is healthy.
+/// Is the node able to run pods as far as the agent's own health checks go (the PLEG's;
+/// with a [`runtime_state::RuntimeState`], the runtime's state is checked besides).
 pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// Capacity and allocatable of the device plugin resources (the device manager's).
 pub type ExtendedResourcesFn = Arc<dyn Fn() -> crate::cm::devicemanager::ExtendedResources + Send + Sync>;
@@ -263,6 +265,11 @@ pub struct NodeManager {
     /// The addresses of the last status the API server took (upstream's
     /// `lastObservedNodeAddresses`: the serving certificate's names).
     observed_addresses: Option<tokio::sync::watch::Sender<Vec<NodeAddress>>>,
+    /// The runtime's state (`Ready`, `features`); without it, `Ready` asks the runtime's
+    /// version.
+    runtime_state: Option<Arc<runtime_state::RuntimeState>>,
+    /// The node shutdown manager's verdict, the last reason not to be ready.
+    shutdown: Option<crate::nodeshutdown::ShutdownStatus>,
 }
 
 impl std::fmt::Debug for NodeManager {
@@ -291,7 +298,42 @@ impl NodeManager {
             extended: None,
             current: Arc::default(),
             observed_addresses: None,
+            runtime_state: None,
+            shutdown: None,
         }
+    }
+
+    /// Takes `Ready`'s runtime errors and the node's `features` from `state`.
+    #[must_use]
+    pub fn with_runtime_state(mut self, state: Arc<runtime_state::RuntimeState>) -> Self {
+        self.runtime_state = Some(state);
+        self
+    }
+
+    /// Not ready while the node shuts down.
+    #[must_use]
+    pub fn with_shutdown_status(mut self, shutdown: Option<crate::nodeshutdown::ShutdownStatus>) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Why the node is not ready, in upstream's order (`ReadyCondition`: the runtime's
+    /// errors with the health checks, the network's, the node shutdown's).
+    async fn readiness(&self) -> Result<(), String> {
+        let health = (self.health)().err();
+        let mut errors = match &self.runtime_state {
+            Some(state) => {
+                let mut errors = state.runtime_errors(health);
+                errors.extend(state.network_error());
+                errors
+            }
+            None => match self.rt.version().await {
+                Ok(_) => health.into_iter().collect(),
+                Err(e) => vec![format!("container runtime is down: {e}")],
+            },
+        };
+        errors.extend(self.shutdown.as_ref().and_then(|s| s.check().err()));
+        runtime_state::aggregate(&errors)
     }
 
     /// Publishes the addresses of every status the API server takes to `addresses`.
@@ -364,8 +406,7 @@ impl NodeManager {
             capacity.extend(ext.capacity.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
             allocatable.extend(ext.allocatable.into_iter().map(|(k, v)| (k, Quantity(v.to_string()))));
         }
-        let runtime_ok = self.rt.version().await.map(|_| ()).map_err(|e| format!("container runtime is down: {e}"));
-        let health = runtime_ok.and_then(|()| (self.health)());
+        let health = self.readiness().await;
         let pressure = self.pressure.as_ref().map(|p| p()).unwrap_or_default();
         let mut conds = conditions(&health, pressure);
         stamp_conditions(&mut conds, old.and_then(|o| o.conditions.as_deref()));
@@ -397,6 +438,9 @@ impl NodeManager {
                 ..Default::default()
             }),
             images: Some(images),
+            features: self.runtime_state.as_ref().map(|state| NodeFeatures {
+                supplemental_groups_policy: Some(state.supports_supplemental_groups_policy()),
+            }),
             ..Default::default()
         }
     }
@@ -640,6 +684,54 @@ mod tests {
             lease_duration_secs: 40,
             kubelet_version: "v1.37.0".into(),
         }
+    }
+
+    #[tokio::test]
+    async fn readiness_gives_every_reason_in_upstreams_order_and_the_runtime_features() {
+        use k8s_cri::v1 as api;
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let rt = Arc::new(crate::runtime::fake::FakeRuntime::default());
+        let pleg_ok = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let pleg = pleg_ok.clone();
+        let health: HealthFn = Arc::new(move || {
+            if pleg.load(std::sync::atomic::Ordering::SeqCst) { Ok(()) } else { Err("PLEG is not healthy: x".into()) }
+        });
+        let state = Arc::new(runtime_state::RuntimeState::default());
+        let shutdown = crate::nodeshutdown::ShutdownStatus::default();
+        let manager = NodeManager::new(client, settings(), MachineFacts::default(), rt, health)
+            .with_runtime_state(state.clone())
+            .with_shutdown_status(Some(shutdown.clone()));
+        assert_eq!(
+            manager.readiness().await,
+            Err("[container runtime status check may not have completed yet, network state unknown]".into())
+        );
+        let condition = |t: &str, ok: bool| api::RuntimeCondition {
+            r#type: t.into(),
+            status: ok,
+            reason: if ok { String::new() } else { "NetworkPluginNotReady".into() },
+            message: if ok { String::new() } else { "cni plugin not initialized".into() },
+        };
+        let status = |network: bool| api::StatusResponse {
+            status: Some(api::RuntimeStatus {
+                conditions: vec![condition("RuntimeReady", true), condition("NetworkReady", network)],
+            }),
+            ..Default::default()
+        };
+        state.apply(Ok(&status(false)));
+        pleg_ok.store(false, std::sync::atomic::Ordering::SeqCst);
+        shutdown.set(true);
+        assert_eq!(
+            manager.readiness().await,
+            Err("[PLEG is not healthy: x, container runtime network not ready: NetworkReady=false \
+                 reason:NetworkPluginNotReady message:cni plugin not initialized, node is shutting down]"
+                .into())
+        );
+        state.apply(Ok(&status(true)));
+        pleg_ok.store(true, std::sync::atomic::Ordering::SeqCst);
+        shutdown.set(false);
+        assert_eq!(manager.readiness().await, Ok(()));
+        let features = manager.compute_status(None).await.features.unwrap();
+        assert_eq!(features.supplemental_groups_policy, Some(false), "containerd 1.6 has no such feature");
     }
 
     #[test]

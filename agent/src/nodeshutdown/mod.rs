@@ -245,7 +245,7 @@ impl ShutdownStatus {
         if self.0.load(Ordering::SeqCst) { Err(SHUTTING_DOWN.to_owned()) } else { Ok(()) }
     }
 
-    fn set(&self, shutting_down: bool) {
+    pub(crate) fn set(&self, shutting_down: bool) {
         self.0.store(shutting_down, Ordering::SeqCst);
     }
 }
@@ -257,20 +257,6 @@ impl PodAdmitHandler for ShutdownStatus {
         }
         tracing::info!(pod = ?pod.metadata.name, "rejecting pod: the node is shutting down");
         Err(Rejection { reason: NOT_ADMITTED_REASON.to_owned(), message: NOT_ADMITTED_MESSAGE.to_owned() })
-    }
-}
-
-/// The node's `Ready` verdict with the shutdown taken into account: every reason not to
-/// be ready, one alone as it is, several as `[a, b]` (upstream's error aggregate).
-pub fn ready_with_shutdown(
-    health: std::result::Result<(), String>,
-    shutdown: Option<&ShutdownStatus>,
-) -> std::result::Result<(), String> {
-    let errors: Vec<String> = [health.err(), shutdown.and_then(|s| s.check().err())].into_iter().flatten().collect();
-    match errors.as_slice() {
-        [] => Ok(()),
-        [one] => Err(one.clone()),
-        many => Err(format!("[{}]", many.join(", "))),
     }
 }
 

@@ -120,17 +120,11 @@ fn admission_and_readiness_follow_the_shutdown_status() {
     let status = ShutdownStatus::default();
     let p = pod("late", None, None);
     assert!(status.admit(&p, &[]).is_ok());
-    assert_eq!(ready_with_shutdown(Ok(()), Some(&status)), Ok(()));
     status.set(true);
     let rejection = status.admit(&p, &[]).unwrap_err();
     assert_eq!(rejection.reason, "NodeShutdown");
     assert_eq!(rejection.message, "Pod was rejected as the node is shutting down.");
-    assert_eq!(ready_with_shutdown(Ok(()), Some(&status)), Err("node is shutting down".into()));
-    assert_eq!(
-        ready_with_shutdown(Err("PLEG is not healthy: x".into()), Some(&status)),
-        Err("[PLEG is not healthy: x, node is shutting down]".into())
-    );
-    assert_eq!(ready_with_shutdown(Err("a".into()), None), Err("a".into()));
+    assert_eq!(status.check(), Err("node is shutting down".into()));
 }
 
 #[test]
