@@ -266,6 +266,15 @@ pub struct ContainerTypeLabels {
     pub container_type: String,
 }
 
+/// Label set of `kubelet_started_containers_errors_total`: the failure's reason as `code`
+/// (`ErrImagePull`, `CreateContainerConfigError`, `RunContainerError`, ...) and the
+/// `container_type`, in the order the Go client writes them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StartedContainerErrorLabels {
+    pub code: String,
+    pub container_type: String,
+}
+
 /// Label set `static` (whether the pod comes from a non-API source).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StaticLabels {
@@ -340,7 +349,10 @@ pub struct KubeletMetrics {
     pub started_pods: Counter,
     pub started_pods_errors: Counter,
     pub started_containers: Family<ContainerTypeLabels, Counter>,
-    pub started_containers_errors: Family<ContainerTypeLabels, Counter>,
+    pub started_containers_errors: Family<StartedContainerErrorLabels, Counter>,
+    /// Ephemeral containers in the spec of the pods the pod manager holds (upstream
+    /// `ManagedEphemeralContainers`, kept by the pod manager's updates).
+    pub managed_ephemeral_containers: Gauge,
     pub desired_pods: Family<StaticLabels, Gauge>,
     pub active_pods: Family<StaticLabels, Gauge>,
     pub working_pods: Family<WorkingPodLabels, Gauge>,
@@ -412,6 +424,7 @@ impl KubeletMetrics {
             started_pods_errors: Counter::default(),
             started_containers: Family::default(),
             started_containers_errors: Family::default(),
+            managed_ephemeral_containers: Gauge::default(),
             desired_pods: Family::default(),
             active_pods: Family::default(),
             working_pods: Family::default(),
@@ -530,6 +543,11 @@ impl KubeletMetrics {
             "kubelet_started_containers_errors",
             "[ALPHA] Cumulative number of errors when starting containers",
             self.started_containers_errors.clone(),
+        );
+        r.register(
+            "kubelet_managed_ephemeral_containers",
+            "[ALPHA] Current number of ephemeral containers in pods managed by this kubelet",
+            self.managed_ephemeral_containers.clone(),
         );
         r.register(
             "kubelet_desired_pods",
@@ -732,7 +750,6 @@ mod tests {
         ("kubelet_evented_pleg_connection_error_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_latency_seconds", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
         ("kubelet_evented_pleg_connection_success_count", "upstream's CRI-events PLEG; swiftlet's is eBPF"),
-        ("kubelet_managed_ephemeral_containers", "no ephemeral containers yet"),
     ];
 
     /// (family as upstream names it, type, label names) from an exposition.
@@ -819,7 +836,12 @@ mod tests {
         m.cgroup_manager_duration.get_or_create(&OperationLabels { operation_type: "update".into() }).observe(0.1);
         m.running_containers.get_or_create(&ContainerStateLabels { container_state: "running".into() }).set(1);
         m.started_containers.get_or_create(&ContainerTypeLabels { container_type: "container".into() }).inc();
-        m.started_containers_errors.get_or_create(&ContainerTypeLabels { container_type: "container".into() }).inc();
+        m.started_containers_errors
+            .get_or_create(&StartedContainerErrorLabels {
+                code: "RunContainerError".into(),
+                container_type: "container".into(),
+            })
+            .inc();
         for f in [&m.desired_pods, &m.active_pods] {
             f.get_or_create(&StaticLabels { r#static: "false".into() }).set(1);
         }

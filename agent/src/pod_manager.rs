@@ -140,6 +140,15 @@ impl PodManager {
         (inner.pods.len(), inner.pods.values().filter(|p| crate::sources::is_static_pod(p)).count())
     }
 
+    /// How many ephemeral containers the desired pods' specs have (upstream's pod manager
+    /// keeps `kubelet_managed_ephemeral_containers` so as pods are added, updated and
+    /// removed).
+    #[must_use]
+    pub fn ephemeral_containers(&self) -> usize {
+        let inner = self.inner.read().unwrap();
+        inner.pods.values().filter_map(|p| p.spec.as_ref()?.ephemeral_containers.as_ref()).map(Vec::len).sum()
+    }
+
     #[must_use]
     pub fn contains(&self, uid: &str) -> bool {
         self.inner.read().unwrap().pods.contains_key(uid)
@@ -183,6 +192,25 @@ mod tests {
         assert!(!m.is_static("a"));
         assert!(!m.is_static("gone"));
         assert_eq!(m.counts(), (3, 1));
+    }
+
+    #[test]
+    fn counts_ephemeral_containers_as_pods_come_and_go() {
+        let m = PodManager::new(&["api"]);
+        let with_debuggers = |uid: &str, n: usize| {
+            let mut p = pod(uid, "x");
+            let names: Vec<_> =
+                (0..n).map(|i| serde_json::json!({"name": format!("debug-{i}"), "image": "b"})).collect();
+            p.spec.as_mut().unwrap().ephemeral_containers = Some(serde_json::from_value(names.into()).unwrap());
+            p
+        };
+        assert_eq!(m.ephemeral_containers(), 0);
+        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("a", 1), pod("b", "x")] });
+        assert_eq!(m.ephemeral_containers(), 1);
+        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("a", 2), with_debuggers("b", 1)] });
+        assert_eq!(m.ephemeral_containers(), 3);
+        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("b", 1)] });
+        assert_eq!(m.ephemeral_containers(), 1);
     }
 
     #[test]

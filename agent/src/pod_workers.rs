@@ -485,10 +485,11 @@ impl Worker {
 
     fn start_failures(&self, pod: &Pod) -> HashMap<String, (String, String)> {
         let spec = pod.spec.as_ref().expect("pod has a spec");
-        spec.containers
-            .iter()
-            .chain(spec.init_containers.iter().flatten())
-            .filter_map(|c| self.deps.runtime.start_failure(self.uid(), &c.name).map(|f| (c.name.clone(), f)))
+        let names = spec.containers.iter().chain(spec.init_containers.iter().flatten()).map(|c| &c.name);
+        let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| &c.name);
+        names
+            .chain(ephemeral)
+            .filter_map(|name| self.deps.runtime.start_failure(self.uid(), name).map(|f| (name.clone(), f)))
             .collect()
     }
 

@@ -245,6 +245,8 @@ impl SyncLoop {
             self.metrics.desired_pods.get_or_create(&l).set(n);
             self.metrics.active_pods.get_or_create(&l).set(n);
         }
+        let ephemeral = self.pod_manager.ephemeral_containers();
+        self.metrics.managed_ephemeral_containers.set(i64::try_from(ephemeral).unwrap_or(i64::MAX));
     }
 
     /// `kubelet_working_pods` (upstream `HandlePodCleanups`): the pods with a worker by

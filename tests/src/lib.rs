@@ -397,6 +397,19 @@ authorization:
             .unwrap_or(0.0))
     }
 
+    /// The sum of the samples of `family` on `/metrics` whose labels include `label`
+    /// (`name="value"`), whatever their other labels; 0 when there is none.
+    pub async fn metric_sum(&self, family: &str, label: &str) -> Result<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        Ok(body
+            .lines()
+            .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+            .filter_map(|rest| rest.split_once("} "))
+            .filter(|(labels, _)| labels.split(',').any(|l| l == label))
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum())
+    }
+
     /// The process id.
     #[must_use]
     pub fn pid(&self) -> Option<u32> {

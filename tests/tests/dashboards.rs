@@ -672,7 +672,7 @@ mod e2e {
             })
             .await?;
         let deadline = std::time::Instant::now() + Duration::from_mins(1);
-        while agent.metric("kubelet_started_containers_errors_total{container_type=\"container\"}").await? < 1.0 {
+        while agent.metric_sum("kubelet_started_containers_errors_total", "container_type=\"container\"").await? < 1.0 {
             ensure!(
                 std::time::Instant::now() < deadline,
                 "badcmd never failed to start: {}",

@@ -150,6 +150,8 @@ struct State {
     sandboxes: HashMap<String, (api::PodSandboxConfig, i32, i64)>,
     containers: HashMap<String, api::ContainerStatus>,
     container_sandbox: HashMap<String, String>,
+    /// The config each container was created with.
+    container_configs: HashMap<String, api::ContainerConfig>,
     images: Images,
     calls: Vec<String>,
     exec: ExecScript,
@@ -332,6 +334,12 @@ impl FakeRuntime {
         }
     }
 
+    /// The config container `id` was created with.
+    #[must_use]
+    pub fn container_config(&self, id: &str) -> Option<api::ContainerConfig> {
+        self.state.lock().unwrap().container_configs.get(id).cloned()
+    }
+
     /// Ids of containers with this name, oldest first.
     #[must_use]
     pub fn containers_named(&self, name: &str) -> Vec<String> {
@@ -480,6 +488,24 @@ impl RuntimeService for FakeRuntime {
         if !s.sandboxes.contains_key(sandbox_id) {
             return Err(not_found(sandbox_id));
         }
+        // As containerd: a target pid namespace must be a running container of the sandbox.
+        let namespaces = config.linux.as_ref().and_then(|l| l.security_context.as_ref()?.namespace_options.as_ref());
+        if let Some(ns) = namespaces.filter(|ns| ns.pid == api::NamespaceMode::Target as i32) {
+            let target = s
+                .containers
+                .get(&ns.target_id)
+                .filter(|_| s.container_sandbox.get(&ns.target_id).map(String::as_str) == Some(sandbox_id));
+            let running = target.is_some_and(|c| c.state == api::ContainerState::ContainerRunning as i32);
+            if !running {
+                return Err(super::Error::Rpc {
+                    operation: "fake",
+                    status: tonic::Status::unknown(format!(
+                        "invalid target container: container {:?} is not running",
+                        ns.target_id
+                    )),
+                });
+            }
+        }
         s.next_id += 1;
         s.clock += 1;
         let id = format!("{:064x}", s.next_id);
@@ -497,6 +523,7 @@ impl RuntimeService for FakeRuntime {
         };
         s.containers.insert(id.clone(), st);
         s.container_sandbox.insert(id.clone(), sandbox_id.into());
+        s.container_configs.insert(id.clone(), config);
         Ok(id)
     }
 
@@ -524,6 +551,7 @@ impl RuntimeService for FakeRuntime {
         let mut s = self.record("remove_container");
         s.containers.remove(id);
         s.container_sandbox.remove(id);
+        s.container_configs.remove(id);
         Ok(())
     }
 

@@ -19,10 +19,45 @@ pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount"
 pub const CONTAINER_TERMINATION_MESSAGE_PATH: &str = "io.kubernetes.container.terminationMessagePath";
 pub const CONTAINER_TERMINATION_MESSAGE_POLICY: &str = "io.kubernetes.container.terminationMessagePolicy";
 pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
-/// Marks which kind of container a CRI container is (`init` or `regular`); swiftlet's own
-/// key, because the CRI does not say and the status logic must tell them apart when
-/// an init container and an app container share nothing but the pod.
+/// Marks which kind of container a CRI container is (`init`, `regular` or `ephemeral`);
+/// swiftlet's own key, because the CRI does not say and the status logic must tell them
+/// apart when an init container and an app container share nothing but the pod.
 pub const CONTAINER_TYPE: &str = "io.swiftlet.container.type";
+
+/// The kinds of container a pod has (upstream's `container`, `init container` and
+/// `ephemeral container`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ContainerKind {
+    /// `spec.containers`.
+    Regular,
+    /// `spec.initContainers`.
+    Init,
+    /// `spec.ephemeralContainers` (`kubectl debug`).
+    Ephemeral,
+}
+
+impl ContainerKind {
+    /// The value of the [`CONTAINER_TYPE`] label.
+    #[must_use]
+    pub fn label_value(self) -> &'static str {
+        match self {
+            Self::Regular => "regular",
+            Self::Init => "init",
+            Self::Ephemeral => "ephemeral",
+        }
+    }
+
+    /// The `container_type` label of `kubelet_started_containers_total` and its errors
+    /// counter (upstream `metrics.Container`, `InitContainer`, `EphemeralContainer`).
+    #[must_use]
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::Regular => "container",
+            Self::Init => "init_container",
+            Self::Ephemeral => "ephemeral_container",
+        }
+    }
+}
 
 /// Pod identity as found on a CRI object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,14 +108,14 @@ pub fn sandbox_annotations(pod: &Pod) -> HashMap<String, String> {
 
 /// Labels of a container (identity only, as upstream: pod labels stay on the sandbox).
 #[must_use]
-pub fn container_labels(pod: &Pod, container: &Container, init: bool) -> HashMap<String, String> {
+pub fn container_labels(pod: &Pod, container: &Container, kind: ContainerKind) -> HashMap<String, String> {
     let (name, ns, uid) = meta(pod);
     HashMap::from([
         (POD_NAME.into(), name.into()),
         (POD_NAMESPACE.into(), ns.into()),
         (POD_UID.into(), uid.into()),
         (CONTAINER_NAME.into(), container.name.clone()),
-        (CONTAINER_TYPE.into(), if init { "init" } else { "regular" }.into()),
+        (CONTAINER_TYPE.into(), kind.label_value().into()),
     ])
 }
 
@@ -148,6 +183,18 @@ mod tests {
         c.resize_policy = Some(vec![]);
         assert_eq!(h2, container_hash(&c));
         assert_ne!(legacy_container_hash(&c), container_hash(&c));
+    }
+
+    #[test]
+    fn the_container_kind_is_a_label_and_a_metric_label() {
+        let pod = Pod::default();
+        let c = Container { name: "debug".into(), ..Default::default() };
+        let kinds = [ContainerKind::Regular, ContainerKind::Init, ContainerKind::Ephemeral];
+        let labels: Vec<String> =
+            kinds.iter().map(|k| container_labels(&pod, &c, *k)[CONTAINER_TYPE].clone()).collect();
+        assert_eq!(labels, ["regular", "init", "ephemeral"]);
+        let metric: Vec<&str> = kinds.iter().map(|k| k.metric_label()).collect();
+        assert_eq!(metric, ["container", "init_container", "ephemeral_container"]);
     }
 
     #[test]

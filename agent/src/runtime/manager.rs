@@ -11,13 +11,13 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::backoff::{Backoff, go_duration};
-use super::labels;
+use super::labels::{self, ContainerKind};
 use super::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
 use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
 use crate::images::puller::EnsuredImage;
-use crate::metrics::{ContainerTypeLabels, KubeletMetrics};
+use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
 use crate::volumes::{NoApiServer, VolumeManager};
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
@@ -83,6 +83,9 @@ pub struct PodActions {
     pub attempt: u32,
     /// Index into `spec.initContainers` of the next init container to start.
     pub next_init_container: Option<usize>,
+    /// Indexes into `spec.ephemeralContainers` to start (upstream
+    /// `EphemeralContainersToStart`): those the runtime never had.
+    pub ephemeral_containers_to_start: Vec<usize>,
     /// Indexes into `spec.containers` to start.
     pub containers_to_start: Vec<usize>,
     /// Running containers to kill: container id -> (name, message of the `Killing` event).
@@ -249,6 +252,10 @@ pub fn compute_pod_actions_with(
         return actions;
     }
 
+    // Ephemeral containers start even while initialization fails (upstream computes them
+    // before looking at the init containers), and only in a sandbox that exists.
+    actions.ephemeral_containers_to_start = super::ephemeral::to_start(spec, status);
+
     let (last_failed, next, done) = find_next_init_container(spec, status);
     if !done {
         if let Some(next) = next {
@@ -311,6 +318,62 @@ pub fn compute_pod_actions_with(
         actions.kill_pod = true;
     }
     actions
+}
+
+/// What to start (upstream `startSpec`): a container of the spec, its kind, and for an
+/// ephemeral container the `targetContainerName` whose pid namespace it joins.
+#[derive(Clone, Copy, Debug)]
+struct StartSpec<'a> {
+    container: &'a Container,
+    kind: ContainerKind,
+    target: Option<&'a str>,
+}
+
+impl<'a> StartSpec<'a> {
+    fn of(container: &'a Container, kind: ContainerKind) -> Self {
+        Self { container, kind, target: None }
+    }
+}
+
+/// Where a sync starts containers: the runtime's view of the pod before the sync and the
+/// sandbox to start them in.
+struct StartContext<'a> {
+    status: &'a RuntimePodStatus,
+    sandbox_id: &'a str,
+    sandbox_config: &'a api::PodSandboxConfig,
+    pod_ips: &'a [String],
+}
+
+/// A container's namespaces: the node's or the pod's network, pid and ipc namespaces as the
+/// pod asks, else a pid namespace of its own; an ephemeral container with a target takes
+/// the target's pid namespace instead of its own (upstream `generateLinuxContainerConfig`
+/// with `nsTarget`; a pod-wide or host pid namespace is kept).
+fn container_namespaces(spec: Option<&PodSpec>, target_id: Option<&str>) -> api::NamespaceOption {
+    let flag = |f: fn(&PodSpec) -> Option<bool>| spec.and_then(f).unwrap_or(false);
+    let node_or = |node: bool, otherwise: api::NamespaceMode| {
+        if node { api::NamespaceMode::Node as i32 } else { otherwise as i32 }
+    };
+    let mut pid = if flag(|s| s.host_pid) {
+        api::NamespaceMode::Node
+    } else if flag(|s| s.share_process_namespace) {
+        api::NamespaceMode::Pod
+    } else {
+        api::NamespaceMode::Container
+    };
+    let mut target = String::new();
+    if let Some(id) = target_id
+        && pid == api::NamespaceMode::Container
+    {
+        pid = api::NamespaceMode::Target;
+        id.clone_into(&mut target);
+    }
+    api::NamespaceOption {
+        network: node_or(spec.is_some_and(is_host_network), api::NamespaceMode::Pod),
+        pid: pid as i32,
+        ipc: node_or(flag(|s| s.host_ipc), api::NamespaceMode::Pod),
+        target_id: target,
+        ..Default::default()
+    }
 }
 
 /// The full name of a pod as upstream prints it: `name_namespace(uid)`.
@@ -736,40 +799,62 @@ impl RuntimeManager {
             return result;
         }
 
+        // Ephemeral containers first, so that they run even when an init container cannot
+        // start (upstream's step 5). A sandbox just stopped because the pod is done gets none.
+        // (Boxed: the sync's own future stays small.)
+        if !actions.kill_pod && !actions.ephemeral_containers_to_start.is_empty() {
+            let to_start = &actions.ephemeral_containers_to_start;
+            let ctx =
+                StartContext { status, sandbox_id: &sandbox_id, sandbox_config: &sandbox_config, pod_ips: &pod_ips };
+            Box::pin(self.start_ephemeral_containers(pod, to_start, &ctx, &mut result)).await;
+        }
         let inits = spec.init_containers.as_deref().unwrap_or_default();
         if let Some(i) = actions.next_init_container {
-            self.start_with_backoff(pod, &inits[i], true, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result)
-                .await;
+            let start = StartSpec::of(&inits[i], ContainerKind::Init);
+            self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
             return result;
         }
         for &i in &actions.containers_to_start {
-            self.start_with_backoff(
-                pod,
-                &spec.containers[i],
-                false,
-                status,
-                &sandbox_id,
-                &sandbox_config,
-                &pod_ips,
-                &mut result,
-            )
-            .await;
+            let start = StartSpec::of(&spec.containers[i], ContainerKind::Regular);
+            self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
         }
         result
+    }
+
+    /// Starts the ephemeral containers at `indexes` of the pod's spec, in order.
+    async fn start_ephemeral_containers(
+        &self,
+        pod: &Pod,
+        indexes: &[usize],
+        ctx: &StartContext<'_>,
+        result: &mut SyncResult,
+    ) {
+        let ephemeral = pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
+        for &i in indexes {
+            let Some(ec) = ephemeral.get(i) else { continue };
+            let container = super::ephemeral::as_container(ec);
+            let start = StartSpec {
+                container: &container,
+                kind: ContainerKind::Ephemeral,
+                target: ec.target_container_name.as_deref(),
+            };
+            self.start_with_backoff(pod, &start, ctx.status, ctx.sandbox_id, ctx.sandbox_config, ctx.pod_ips, result)
+                .await;
+        }
     }
 
     #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
     async fn start_with_backoff(
         &self,
         pod: &Pod,
-        container: &Container,
-        init: bool,
+        start: &StartSpec<'_>,
         status: &RuntimePodStatus,
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
         result: &mut SyncResult,
     ) {
+        let container = start.container;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(wait) = self.crash_loop_backoff(pod, container, status) {
             let msg = format!(
@@ -792,20 +877,24 @@ impl RuntimeManager {
         }
         let restart_count = status.find_container(&container.name).map_or(0, |c| c.restart_count + 1);
         result.touched_runtime = true;
-        let container_type = if init { "init_container" } else { "container" };
-        match self.start_container(pod, container, init, restart_count, sandbox_id, sandbox_config, pod_ips).await {
+        let container_type = start.kind.metric_label();
+        // Upstream counts every start it attempts (past the back-off), failed ones included.
+        self.metrics
+            .started_containers
+            .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
+            .inc();
+        match self.start_container(pod, start, status, restart_count, sandbox_id, sandbox_config, pod_ips).await {
             Ok(()) => {
                 self.clear_reason(uid, &container.name);
-                self.metrics
-                    .started_containers
-                    .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
-                    .inc();
             }
             Err((reason, msg, retry)) => {
                 tracing::warn!(pod = %pod_full_name(pod), container = %container.name, reason, message = %msg, "failed to start container");
                 self.metrics
                     .started_containers_errors
-                    .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
+                    .get_or_create(&StartedContainerErrorLabels {
+                        code: reason.into(),
+                        container_type: container_type.into(),
+                    })
                     .inc();
                 self.set_reason(uid, &container.name, reason, msg.clone());
                 // The image manager recorded its own events (Failed, BackOff, ...); upstream
@@ -938,23 +1027,28 @@ impl RuntimeManager {
     async fn start_container(
         &self,
         pod: &Pod,
-        container: &Container,
-        init: bool,
+        start: &StartSpec<'_>,
+        status: &RuntimePodStatus,
         restart_count: u32,
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
+        let container = start.container;
         let image = container.image.as_deref().unwrap_or_default();
         let credentials = self.image_credentials(pod, image).await;
         let pulled = async {
             self.images.ensure_image_exists(pod, container, credentials, Some(sandbox_config)).await.map_err(Into::into)
         };
         let ensured = traced_step("ensureImageExists", &container.name, image, pulled).await?;
+        // Upstream resolves the target after the image, as a container config error.
+        let target_id = super::ephemeral::target_id(start.target, status)
+            .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e.to_string(), None))?;
         let started = self.create_and_start_container(
             pod,
             container,
-            init,
+            start.kind,
+            target_id,
             restart_count,
             sandbox_id,
             sandbox_config,
@@ -970,7 +1064,8 @@ impl RuntimeManager {
         &self,
         pod: &Pod,
         container: &Container,
-        init: bool,
+        kind: ContainerKind,
+        target_id: Option<&str>,
         restart_count: u32,
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
@@ -978,7 +1073,7 @@ impl RuntimeManager {
         image: &EnsuredImage,
     ) -> Result<(), (&'static str, String, Option<Duration>)> {
         let mut config = self
-            .container_config(pod, container, init, restart_count, image, pod_ips)
+            .container_config(pod, container, kind, target_id, restart_count, image, pod_ips)
             .await
             .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
         for h in &self.container_hooks {
@@ -1161,11 +1256,13 @@ impl RuntimeManager {
     /// as upstream's `getImageUser` always does. Upstream asks twice per container start;
     /// once is enough, and at a 100-pod burst the runtime's time is what start latency is
     /// made of.
+    #[expect(clippy::too_many_arguments, reason = "upstream generateContainerConfig's inputs")]
     async fn container_config(
         &self,
         pod: &Pod,
         container: &Container,
-        init: bool,
+        kind: ContainerKind,
+        target_id: Option<&str>,
         restart_count: u32,
         image: &EnsuredImage,
         pod_ips: &[String],
@@ -1206,26 +1303,7 @@ impl RuntimeManager {
         let linux = api::LinuxContainerConfig {
             resources: Some(crate::cm::linux_container_resources(pod, container)),
             security_context: Some(api::LinuxContainerSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    network: if pod.spec.as_ref().is_some_and(is_host_network) {
-                        api::NamespaceMode::Node as i32
-                    } else {
-                        api::NamespaceMode::Pod as i32
-                    },
-                    pid: if pod.spec.as_ref().and_then(|s| s.host_pid).unwrap_or(false) {
-                        api::NamespaceMode::Node as i32
-                    } else if pod.spec.as_ref().and_then(|s| s.share_process_namespace).unwrap_or(false) {
-                        api::NamespaceMode::Pod as i32
-                    } else {
-                        api::NamespaceMode::Container as i32
-                    },
-                    ipc: if pod.spec.as_ref().and_then(|s| s.host_ipc).unwrap_or(false) {
-                        api::NamespaceMode::Node as i32
-                    } else {
-                        api::NamespaceMode::Pod as i32
-                    },
-                    ..Default::default()
-                }),
+                namespace_options: Some(container_namespaces(pod.spec.as_ref(), target_id)),
                 ..security
             }),
         };
@@ -1245,7 +1323,7 @@ impl RuntimeManager {
             working_dir: container.working_dir.clone().unwrap_or_default(),
             envs: envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
             mounts,
-            labels: labels::container_labels(pod, container, init),
+            labels: labels::container_labels(pod, container, kind),
             annotations: labels::container_annotations(pod, container, restart_count),
             log_path: format!("{}/{restart_count}.log", container.name),
             stdin: container.stdin.unwrap_or(false),
@@ -1345,7 +1423,8 @@ impl RuntimeManager {
         removed
     }
 
-    /// The spec of the container (or init container) `name`.
+    /// The spec of the container (or init container) `name`. Ephemeral containers are left
+    /// out: what this is asked for (a preStop hook) they cannot have.
     fn container_spec<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
         let spec = pod.spec.as_ref()?;
         spec.containers.iter().chain(spec.init_containers.iter().flatten()).find(|c| c.name == name)
@@ -2912,6 +2991,206 @@ mod tests {
         assert!(a.containers_to_kill.contains_key("a-0"));
     }
 
+    /// `p` with ephemeral containers `(name, target)`.
+    fn with_ephemeral(mut p: Pod, debuggers: &[(&str, Option<&str>)]) -> Pod {
+        let list = debuggers
+            .iter()
+            .map(|(name, target)| k8s_openapi::api::core::v1::EphemeralContainer {
+                name: (*name).into(),
+                image: Some("busybox".into()),
+                target_container_name: target.map(Into::into),
+                ..Default::default()
+            })
+            .collect();
+        p.spec.as_mut().unwrap().ephemeral_containers = Some(list);
+        p
+    }
+
+    fn ephemeral_ctr(name: &str, state: ContainerState) -> RuntimeContainerStatus {
+        RuntimeContainerStatus {
+            state,
+            sandbox_id: "sb0".into(),
+            ..RuntimeContainerStatus::running_for_test(name, name)
+        }
+    }
+
+    #[test]
+    fn ephemeral_containers_start_once_in_the_current_sandbox() {
+        let p = with_ephemeral(pod("Always", &[], &["a"]), &[("debug", None)]);
+        // A pod whose sandbox is being created starts them at the next sync, in that sandbox.
+        let a = compute_pod_actions(&p, &RuntimePodStatus::default());
+        assert!(a.create_sandbox && a.ephemeral_containers_to_start.is_empty(), "{a:?}");
+        let running = ctr(&p, "a", ContainerState::Running, 0, 0, false);
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![running.clone()]));
+        assert_eq!(a.ephemeral_containers_to_start, [0]);
+        assert!(!a.kill_pod && !a.create_sandbox && a.containers_to_start.is_empty(), "{a:?}");
+        // Once the runtime has it, running or exited, it is never started again, whatever
+        // the restart policy; a running one keeps nothing alive by itself.
+        for policy in ["Always", "OnFailure", "Never"] {
+            let p = with_ephemeral(pod(policy, &[], &["a"]), &[("debug", None)]);
+            for state in [ContainerState::Running, ContainerState::Exited, ContainerState::Created] {
+                let s = status(vec![sandbox(true, 0)], vec![ephemeral_ctr("debug", state), running.clone()]);
+                let a = compute_pod_actions(&p, &s);
+                assert!(a.ephemeral_containers_to_start.is_empty(), "{policy} {state:?}: {a:?}");
+                assert!(a.containers_to_kill.is_empty(), "{policy} {state:?}: {a:?}");
+            }
+        }
+        let p = with_ephemeral(pod("Never", &[], &["a"]), &[("debug", None)]);
+        let done = ctr(&p, "a", ContainerState::Exited, 0, 0, false);
+        let s = status(vec![sandbox(true, 0)], vec![ephemeral_ctr("debug", ContainerState::Running), done]);
+        assert!(compute_pod_actions(&p, &s).kill_pod, "the app container is done; the debugger goes with the pod");
+        // Nor does a new sandbox bring back the ones that ran in the old one.
+        let p = with_ephemeral(pod("Always", &[], &["a"]), &[("debug", None)]);
+        let s = status(
+            vec![sandbox(true, 1), sandbox(false, 0)],
+            vec![ctr(&p, "a", ContainerState::Running, 0, 1, false), ephemeral_ctr("debug", ContainerState::Exited)],
+        );
+        assert!(compute_pod_actions(&p, &s).ephemeral_containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn ephemeral_containers_start_while_an_init_container_fails() {
+        let p = with_ephemeral(pod("Always", &["i1"], &["a"]), &[("debug", None), ("second", None)]);
+        let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Exited, 1, 3, true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert_eq!(a.ephemeral_containers_to_start, [0, 1]);
+        assert_eq!(a.next_init_container, Some(0), "the init container is retried too");
+        // Still initializing: the same.
+        let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Running, 0, 0, true)]);
+        assert_eq!(compute_pod_actions(&p, &s).ephemeral_containers_to_start, [0, 1]);
+    }
+
+    #[test]
+    fn a_target_shares_its_pid_namespace_unless_the_pod_shares_one() {
+        let mut spec = PodSpec::default();
+        let ns = container_namespaces(Some(&spec), None);
+        assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Container as i32, ""));
+        let ns = container_namespaces(Some(&spec), Some("c0ffee"));
+        assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Target as i32, "c0ffee"));
+        assert_eq!((ns.network, ns.ipc), (api::NamespaceMode::Pod as i32, api::NamespaceMode::Pod as i32));
+        spec.share_process_namespace = Some(true);
+        let ns = container_namespaces(Some(&spec), Some("c0ffee"));
+        assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Pod as i32, ""));
+        spec.host_pid = Some(true);
+        spec.host_network = Some(true);
+        let ns = container_namespaces(Some(&spec), Some("c0ffee"));
+        assert_eq!((ns.pid, ns.network), (api::NamespaceMode::Node as i32, api::NamespaceMode::Node as i32));
+    }
+
+    /// Ephemeral containers through the runtime manager, on the fake runtime.
+    mod ephemeral_wiring {
+        use serde_json::json;
+
+        use super::super::*;
+        use super::hooks_wiring::setup;
+        use crate::metrics::StartedContainerErrorLabels;
+
+        fn pod(debuggers: &serde_json::Value) -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+                "spec": {
+                    "restartPolicy": "Always",
+                    "containers": [{"name": "app", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                    "terminationMessagePath": ""}],
+                    "ephemeralContainers": debuggers
+                }
+            }))
+            .unwrap()
+        }
+
+        fn started(rm: &RuntimeManager, kind: &str) -> u64 {
+            rm.metrics.started_containers.get_or_create(&ContainerTypeLabels { container_type: kind.into() }).get()
+        }
+
+        fn errors(rm: &RuntimeManager, code: &str) -> u64 {
+            rm.metrics
+                .started_containers_errors
+                .get_or_create(&StartedContainerErrorLabels {
+                    code: code.into(),
+                    container_type: "ephemeral_container".into(),
+                })
+                .get()
+        }
+
+        #[tokio::test]
+        async fn an_ephemeral_container_joins_its_target_and_is_never_restarted() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let debugger = json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                   "targetContainerName": "app", "terminationMessagePath": ""}]);
+            let plain = pod(&json!([]));
+            let st = rm.pod_status("u1").await.unwrap();
+            assert!(rm.sync_pod(&plain, &st).await.errors.is_empty());
+            let app = fake.containers_named("app")[0].clone();
+
+            let p = pod(&debugger);
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+            let ids = fake.containers_named("debug");
+            assert_eq!(ids.len(), 1);
+            let cfg = fake.container_config(&ids[0]).unwrap();
+            let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+            assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Target as i32, app.as_str()));
+            assert_eq!(cfg.labels[labels::CONTAINER_TYPE], "ephemeral");
+            assert_eq!(cfg.labels[labels::CONTAINER_NAME], "debug");
+            assert_eq!(cfg.log_path, "debug/0.log");
+            assert_eq!((started(&rm, "ephemeral_container"), started(&rm, "container")), (1, 1));
+
+            // Running: left alone. Exited: not restarted, though the pod restarts containers.
+            let st = rm.pod_status("u1").await.unwrap();
+            assert!(!rm.sync_pod(&p, &st).await.touched_runtime);
+            fake.exit_container(&ids[0], 0);
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+            assert_eq!(fake.containers_named("debug").len(), 1);
+            assert_eq!(started(&rm, "ephemeral_container"), 1);
+        }
+
+        #[tokio::test]
+        async fn a_missing_or_stopped_target_fails_the_start_until_it_runs() {
+            let (_dir, fake, _recorder, rm) = setup();
+            let st = rm.pod_status("u1").await.unwrap();
+            assert!(rm.sync_pod(&pod(&json!([])), &st).await.errors.is_empty());
+            // Upstream validates the target's name; a spec that names no container of the
+            // runtime is a config error, and nothing is created.
+            let p = pod(&json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                "targetContainerName": "nope", "terminationMessagePath": ""}]));
+            let st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert_eq!(r.errors, ["CreateContainerConfigError: unable to find target container nope"]);
+            assert_eq!(
+                rm.start_failure("u1", "debug"),
+                Some(("CreateContainerConfigError".into(), "unable to find target container nope".into()))
+            );
+            assert_eq!(errors(&rm, "CreateContainerConfigError"), 1);
+            assert!(fake.containers_named("debug").is_empty());
+
+            // A target that is not running: the runtime refuses it, and the next sync tries again.
+            let p = pod(&json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                "targetContainerName": "app", "terminationMessagePath": ""}]));
+            let app = fake.containers_named("app")[0].clone();
+            fake.exit_container(&app, 1);
+            let mut st = rm.pod_status("u1").await.unwrap();
+            // The ephemeral container comes first (and fails); the app container restarts.
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.iter().any(|e| e.starts_with("CreateContainerError")), "{r:?}");
+            assert_eq!(errors(&rm, "CreateContainerError"), 1);
+            assert!(fake.containers_named("debug").is_empty());
+            // The app container came back: the debugger joins the new one.
+            st = rm.pod_status("u1").await.unwrap();
+            let r = rm.sync_pod(&p, &st).await;
+            assert!(r.errors.is_empty(), "{r:?}");
+            let new_app = fake.containers_named("app").last().cloned().unwrap();
+            assert_ne!(new_app, app);
+            let debug = fake.containers_named("debug");
+            assert_eq!(debug.len(), 1);
+            let cfg = fake.container_config(&debug[0]).unwrap();
+            assert_eq!(cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap().target_id, new_app);
+            assert_eq!(rm.start_failure("u1", "debug"), None, "a start clears the reason");
+        }
+    }
+
     /// postStart and preStop hooks through the runtime manager, on the fake runtime.
     mod hooks_wiring {
         use std::sync::Arc;
@@ -3359,7 +3638,10 @@ mod tests {
             let p = pod();
             let c = &p.spec.as_ref().unwrap().containers[0];
             let ips = vec!["10.0.0.7".to_string()];
-            let cfg = e.rm.container_config(&p, c, false, 0, &unchecked_image("img"), &ips).await.unwrap();
+            let cfg =
+                e.rm.container_config(&p, c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &ips)
+                    .await
+                    .unwrap();
             assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
             let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
             assert!(app.readonly);
@@ -3381,7 +3663,10 @@ mod tests {
                 serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
             );
             let c = p.spec.as_ref().unwrap().containers[0].clone();
-            let cfg = e.rm.container_config(&p, &c, false, 0, &unchecked_image("img"), &[]).await.unwrap();
+            let cfg =
+                e.rm.container_config(&p, &c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[])
+                    .await
+                    .unwrap();
             let sc = cfg.linux.unwrap().security_context.unwrap();
             assert_eq!(sc.supplemental_groups, [2000]);
             assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
@@ -3391,7 +3676,10 @@ mod tests {
             let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
             assert_eq!(sb.supplemental_groups, [2000]);
             p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
-            let err = e.rm.container_config(&p, &c, false, 0, &unchecked_image("img"), &[]).await.unwrap_err();
+            let err =
+                e.rm.container_config(&p, &c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[])
+                    .await
+                    .unwrap_err();
             assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
         }
 
@@ -3403,7 +3691,10 @@ mod tests {
                 serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}})).unwrap(),
             );
             let c = &p.spec.as_ref().unwrap().containers[0];
-            let err = e.rm.container_config(&p, c, false, 0, &unchecked_image("img"), &[]).await.unwrap_err();
+            let err =
+                e.rm.container_config(&p, c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[])
+                    .await
+                    .unwrap_err();
             assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
         }
 

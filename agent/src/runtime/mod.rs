@@ -2,10 +2,12 @@
 //! ([`RemoteRuntime`]) behind the [`RuntimeService`] trait, the runtime view of a pod
 //! ([`RuntimePodStatus`]), the labels that tie CRI objects back to pods, the
 //! crash-loop [`Backoff`], and the [`RuntimeManager`] that turns a pod spec plus the
-//! runtime's state into CRI calls (`SyncPod`, `KillPod`).
+//! runtime's state into CRI calls (`SyncPod`, `KillPod`), ephemeral containers included
+//! ([`ephemeral`]).
 
 pub mod backoff;
 pub mod cri;
+pub mod ephemeral;
 pub mod fake;
 pub mod labels;
 pub mod manager;

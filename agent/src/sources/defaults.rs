@@ -244,6 +244,11 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
     {
         errors.push(err("spec.dnsPolicy", format!("Unsupported value: {d:?}")));
     }
+    // Upstream's file source validates as a create (`ValidatePodCreate`): ephemeral
+    // containers only come through the API server's subresource.
+    if spec.ephemeral_containers.as_ref().is_some_and(|e| !e.is_empty()) {
+        errors.push(err("spec.ephemeralContainers", "Forbidden: cannot be set on create"));
+    }
     errors
 }
 
@@ -310,6 +315,18 @@ mod tests {
         let ann = a.metadata.annotations.as_ref().unwrap();
         assert_eq!(ann[CONFIG_SOURCE_ANNOTATION], "file");
         assert_eq!(ann[CONFIG_HASH_ANNOTATION], *a.metadata.uid.as_ref().unwrap());
+    }
+
+    #[test]
+    fn a_static_pod_cannot_have_ephemeral_containers() {
+        let p = parse(serde_json::json!({
+            "metadata": {"name": "web"},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                     "ephemeralContainers": [{"name": "debug", "image": "x"}]}
+        }));
+        let errors = static_pod(p, "n", "/m/web.yaml").unwrap_err();
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(text, ["spec.ephemeralContainers: Forbidden: cannot be set on create"]);
     }
 
     #[test]

@@ -196,6 +196,14 @@ fn convert(cs: &RuntimeContainerStatus, runtime_name: &str, old: Option<&Contain
     st
 }
 
+/// Which list of a pod's containers (and of its status) a conversion is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    Containers,
+    Init,
+    Ephemeral,
+}
+
 /// Upstream `convertToAPIContainerStatuses` for one list of containers.
 fn container_statuses(
     pod: &Pod,
@@ -203,11 +211,14 @@ fn container_statuses(
     inputs: &StatusInputs<'_>,
     containers: &[Container],
     has_init: bool,
-    is_init: bool,
+    list: List,
 ) -> Vec<ContainerStatus> {
-    let old_list = inputs
-        .old
-        .and_then(|o| if is_init { o.init_container_statuses.as_ref() } else { o.container_statuses.as_ref() });
+    let is_init = list == List::Init;
+    let old_list = inputs.old.and_then(|o| match list {
+        List::Containers => o.container_statuses.as_ref(),
+        List::Init => o.init_container_statuses.as_ref(),
+        List::Ephemeral => o.ephemeral_container_statuses.as_ref(),
+    });
     let old: HashMap<&str, &ContainerStatus> =
         old_list.iter().flat_map(|l| l.iter()).map(|s| (s.name.as_str(), s)).collect();
     let default_reason = if has_init { reasons::POD_INITIALIZING } else { reasons::CONTAINER_CREATING };
@@ -311,14 +322,15 @@ fn container_statuses(
         });
     }
     // Without a prober, a running container is ready and started (the prober's
-    // verdicts replace these in `generate_api_pod_status`).
+    // verdicts replace these in `generate_api_pod_status`). Ephemeral containers are
+    // neither: no prober looks at them, and upstream leaves both unset.
     let mut out: Vec<ContainerStatus> = containers
         .iter()
         .filter_map(|c| statuses.remove(&c.name))
         .map(|mut s| {
             let running = s.state.as_ref().is_some_and(|x| x.running.is_some());
-            s.ready = running;
-            s.started = Some(running);
+            s.ready = running && list != List::Ephemeral;
+            s.started = (list != List::Ephemeral).then_some(running);
             s
         })
         .collect();
@@ -426,9 +438,16 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
         s.pod_ip = Some(ips[0].clone());
         s.pod_ips = Some(ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect());
     }
-    s.container_statuses = Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, false));
+    s.container_statuses = Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, List::Containers));
     if has_init {
-        s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, true));
+        s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, List::Init));
+    }
+    // Ephemeral containers get statuses like the others (default reason as the app
+    // containers'), but neither the phase nor the conditions look at them.
+    let ephemeral = crate::runtime::ephemeral::containers(spec);
+    if !ephemeral.is_empty() {
+        s.ephemeral_container_statuses =
+            Some(container_statuses(pod, rt, inputs, &ephemeral, has_init, List::Ephemeral));
     }
     if let Some(probes) = inputs.probes {
         probes.update_pod_status(pod, &mut s);
@@ -633,6 +652,115 @@ mod tests {
         let ready = conds.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "False");
         assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
+    }
+
+    fn inputs<'a>(failures: &'a HashMap<String, (String, String)>, old: Option<&'a PodStatus>) -> StatusInputs<'a> {
+        StatusInputs {
+            old,
+            runtime_name: "containerd",
+            start_failures: failures,
+            pod_is_terminal: false,
+            start_time: None,
+            host_ip: None,
+            qos_class: "BestEffort",
+            probes: None,
+        }
+    }
+
+    fn with_debugger(mut p: Pod, name: &str) -> Pod {
+        let ec = k8s_openapi::api::core::v1::EphemeralContainer {
+            name: name.into(),
+            image: Some("busybox".into()),
+            target_container_name: Some("a".into()),
+            ..Default::default()
+        };
+        p.spec.as_mut().unwrap().ephemeral_containers.get_or_insert_with(Vec::new).push(ec);
+        p
+    }
+
+    fn state_of(c: &ContainerStatus) -> &str {
+        let s = c.state.as_ref().unwrap();
+        if s.running.is_some() {
+            "running"
+        } else if s.terminated.is_some() {
+            "terminated"
+        } else {
+            s.waiting.as_ref().unwrap().reason.as_deref().unwrap_or("waiting")
+        }
+    }
+
+    #[test]
+    fn ephemeral_container_statuses_are_reported_but_count_for_nothing() {
+        let failures = HashMap::new();
+        // No ephemeral containers: no list at all.
+        let plain = generate_api_pod_status(&pod("Always"), &rt_status(vec![]), &inputs(&failures, None));
+        assert!(plain.ephemeral_container_statuses.is_none());
+
+        // Added, not started yet: waiting as the app containers would.
+        let p = with_debugger(with_debugger(pod("Always"), "zz-debug"), "debug");
+        let app = rc("a", ContainerState::Running, 0, 0, 1);
+        let s = generate_api_pod_status(&p, &rt_status(vec![app.clone()]), &inputs(&failures, None));
+        let eph = s.ephemeral_container_statuses.as_ref().unwrap();
+        assert_eq!(eph.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["debug", "zz-debug"], "sorted by name");
+        assert_eq!(state_of(&eph[0]), "ContainerCreating");
+        assert_eq!(eph[0].image, "busybox");
+        let conds = s.conditions.as_ref().unwrap();
+        assert!(
+            conds.iter().filter(|c| c.type_ == "Ready" || c.type_ == "ContainersReady").all(|c| c.status == "True")
+        );
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+
+        // Running: state, image, ids; never ready, never "started".
+        let mut debug = rc("debug", ContainerState::Running, 0, 0, 2);
+        debug.image = "docker.io/library/busybox:latest".into();
+        let s = generate_api_pod_status(&p, &rt_status(vec![debug.clone(), app.clone()]), &inputs(&failures, None));
+        let d = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(state_of(d), "running");
+        assert_eq!(d.container_id.as_deref(), Some("containerd://debug0"));
+        assert_eq!((d.image.as_str(), d.image_id.as_str()), ("docker.io/library/busybox:latest", "sha256:abc"));
+        assert_eq!((d.ready, d.started, d.restart_count), (false, None, 0));
+        assert!(s.container_statuses.as_ref().unwrap()[0].ready);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+
+        // Exited: terminated, and it stays so (no waiting to restart) while the pod runs on.
+        let mut done = debug.clone();
+        done.state = ContainerState::Exited;
+        let s1 = generate_api_pod_status(&p, &rt_status(vec![done, app]), &inputs(&failures, Some(&s)));
+        let d = &s1.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(state_of(d), "terminated");
+        assert!(d.last_state.is_none());
+        assert_eq!(s1.phase.as_deref(), Some("Running"));
+
+        // A start that failed shows its reason, as a container's would.
+        let failures = HashMap::from([(
+            "debug".to_string(),
+            ("CreateContainerConfigError".to_string(), "unable to find target container a".to_string()),
+        )]);
+        let s = generate_api_pod_status(&p, &rt_status(vec![]), &inputs(&failures, None));
+        let d = &s.ephemeral_container_statuses.as_ref().unwrap()[0];
+        assert_eq!(state_of(d), "CreateContainerConfigError");
+        assert_eq!(
+            d.state.as_ref().unwrap().waiting.as_ref().unwrap().message.as_deref(),
+            Some("unable to find target container a")
+        );
+    }
+
+    #[test]
+    fn a_running_ephemeral_container_does_not_keep_the_pod_running() {
+        let failures = HashMap::new();
+        let p = with_debugger(pod("Never"), "debug");
+        let mut app = rc("a", ContainerState::Exited, 0, 0, 1);
+        app.reason = "Completed".into();
+        let debug = rc("debug", ContainerState::Running, 0, 0, 2);
+        let s = generate_api_pod_status(&p, &rt_status(vec![debug, app]), &inputs(&failures, None));
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+        // With init containers, a debugger not started yet waits as the others: PodInitializing.
+        let mut p = with_debugger(pod("Always"), "debug");
+        p.spec.as_mut().unwrap().init_containers =
+            Some(vec![Container { name: "i".into(), image: Some("img".into()), ..Default::default() }]);
+        let s = generate_api_pod_status(&p, &rt_status(vec![]), &inputs(&failures, None));
+        assert_eq!(state_of(&s.ephemeral_container_statuses.as_ref().unwrap()[0]), "PodInitializing");
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
     }
 
     #[test]
