@@ -431,7 +431,8 @@ pub(crate) fn parse_quantity(s: &str) -> Option<i128> {
 }
 
 /// `ValidatePodCreate`, the part a kubelet's tests run into: containers with names and
-/// images, unique container names.
+/// images, unique container names, no ephemeral containers (only the `ephemeralcontainers`
+/// subresource adds them).
 pub(crate) fn validate_pod(pod: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let containers = pod.pointer("/spec/containers").and_then(Value::as_array);
@@ -459,15 +460,19 @@ pub(crate) fn validate_pod(pod: &Value) -> Vec<FieldError> {
             }
         }
     }
+    if pod.pointer("/spec/ephemeralContainers").and_then(Value::as_array).is_some_and(|l| !l.is_empty()) {
+        errs.push(FieldError::forbidden("spec.ephemeralContainers", "cannot be set on create"));
+    }
     errs
 }
 
 /// `ValidatePodUpdate`: only container images, `activeDeadlineSeconds`, added
-/// tolerations, `terminationGracePeriodSeconds` and removed scheduling gates may change.
+/// tolerations, `terminationGracePeriodSeconds` and removed scheduling gates may change
+/// (ephemeral containers only through their subresource).
 pub(crate) fn validate_pod_spec_update(new: &Value, old: &Value) -> Vec<FieldError> {
     let mut a = new.get("spec").cloned().unwrap_or(Value::Null);
     let b = old.get("spec").cloned().unwrap_or(Value::Null);
-    for field in ["containers", "initContainers", "ephemeralContainers"] {
+    for field in ["containers", "initContainers"] {
         let old_list = b.get(field).and_then(Value::as_array).cloned().unwrap_or_default();
         if let Some(list) = a.get_mut(field).and_then(Value::as_array_mut) {
             for (i, c) in list.iter_mut().enumerate() {

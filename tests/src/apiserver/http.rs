@@ -280,7 +280,7 @@ fn route(
                 Ok(json_response(200, &list))
             }
         }
-        (&Method::GET, Some(name), sub @ (None | Some("status" | "resize" | "approval"))) => {
+        (&Method::GET, Some(name), sub @ (None | Some("status" | "resize" | "ephemeralcontainers" | "approval"))) => {
             if sub.is_some_and(|s| !t.info.has_subresource(s)) {
                 return Err(StatusError::no_such_resource());
             }
@@ -294,12 +294,19 @@ fn route(
             let created = registry::create(&mut shared.store.lock(), ctx, t.info, ns, obj)?;
             Ok(json_response(201, &created))
         }
-        (&Method::PUT, Some(name), sub @ (None | Some("status" | "finalize" | "resize" | "approval"))) => {
+        (
+            &Method::PUT,
+            Some(name),
+            sub @ (None | Some("status" | "finalize" | "resize" | "ephemeralcontainers" | "approval")),
+        ) => {
             let part = match sub {
                 None => Part::Main,
                 Some("status") if t.info.has_subresource("status") => Part::Status,
                 Some("approval") if t.info.has_subresource("approval") => Part::Approval,
                 Some("resize") if t.info.has_subresource("resize") => Part::Resize,
+                Some("ephemeralcontainers") if t.info.has_subresource("ephemeralcontainers") => {
+                    Part::EphemeralContainers
+                }
                 Some("finalize") if t.info.storage == "namespaces" => Part::Finalize,
                 _ => return Err(StatusError::no_such_resource()),
             };
@@ -307,11 +314,14 @@ fn route(
             let u = registry::update(&mut shared.store.lock(), ctx, t.info, ns, name, part, false, move |_| Ok(obj))?;
             Ok(json_response(if u.created { 201 } else { 200 }, &u.object))
         }
-        (&Method::PATCH, Some(name), sub @ (None | Some("status" | "resize" | "approval"))) => {
+        (&Method::PATCH, Some(name), sub @ (None | Some("status" | "resize" | "ephemeralcontainers" | "approval"))) => {
             let part = match sub {
                 None => Part::Main,
                 Some("approval") if t.info.has_subresource("approval") => Part::Approval,
                 Some("resize") if t.info.has_subresource("resize") => Part::Resize,
+                Some("ephemeralcontainers") if t.info.has_subresource("ephemeralcontainers") => {
+                    Part::EphemeralContainers
+                }
                 Some("status") if t.info.has_subresource("status") => Part::Status,
                 Some(_) => return Err(StatusError::no_such_resource()),
             };

@@ -16,6 +16,8 @@
 //!   `DefaultTolerationSeconds` plugins, pod status Pending + `qosClass`;
 //! - `patch`: merge, JSON and strategic merge patches;
 //! - `resize`: the `pods/resize` subresource (`ValidatePodResize`);
+//! - `ephemeral`: the `pods/ephemeralcontainers` subresource (`kubectl debug`;
+//!   `ValidatePodEphemeralContainersUpdate`);
 //! - `watch`: watches with resume, selectors applied to old and new state, bookmarks;
 //! - `auth`: static tokens, `TokenRequest`, `TokenReview`, `SubjectAccessReview` answers
 //!   (everything allowed, denied, a predicate, or a kubelet's `nodes/<subresource>` rules),
@@ -52,6 +54,7 @@ mod admission;
 mod auth;
 mod certificates;
 mod csr_controller;
+mod ephemeral;
 mod http;
 mod kubeconfig;
 mod meta;

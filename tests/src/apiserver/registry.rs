@@ -41,6 +41,8 @@ pub(crate) enum Part {
     Finalize,
     /// `pods/<name>/resize`: only container cpu/memory resources and resize policies.
     Resize,
+    /// `pods/<name>/ephemeralcontainers`: only `spec.ephemeralContainers` (additions).
+    EphemeralContainers,
     /// `certificatesigningrequests/<name>/approval`: only the CSR's conditions.
     Approval,
 }
@@ -538,6 +540,11 @@ fn before_update(info: &ResourceInfo, part: Part, new: &mut Value, old: &Value) 
         }
         ("pods", Part::Resize) => {
             if let Err(errs) = super::resize::prepare_and_validate(new, old) {
+                return Err(invalid(info, &name, &errs));
+            }
+        }
+        ("pods", Part::EphemeralContainers) => {
+            if let Err(errs) = super::ephemeral::prepare_and_validate(new, old, canonical) {
                 return Err(invalid(info, &name, &errs));
             }
         }

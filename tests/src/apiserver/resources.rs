@@ -72,6 +72,7 @@ pub(crate) static RESOURCES: &[ResourceInfo] = &[
             ("eviction", "Eviction", CREATE),
             ("binding", "Binding", CREATE),
             ("resize", "Pod", STATUS),
+            ("ephemeralcontainers", "Pod", STATUS),
         ],
         storage: "pods",
         review: false,

@@ -181,6 +181,7 @@ pub(crate) enum FieldErrorKind {
     Forbidden,
     Duplicate,
     NotSupported,
+    NotFound,
 }
 
 impl FieldErrorKind {
@@ -191,6 +192,7 @@ impl FieldErrorKind {
             Self::Forbidden => "FieldValueForbidden",
             Self::Duplicate => "FieldValueDuplicate",
             Self::NotSupported => "FieldValueNotSupported",
+            Self::NotFound => "FieldValueNotFound",
         }
     }
 }
@@ -218,6 +220,11 @@ impl FieldError {
         Self { kind: FieldErrorKind::Duplicate, field: field.into(), value: Some(value), detail: String::new() }
     }
 
+    /// `field.NotFound`: the value names nothing that exists.
+    pub(crate) fn not_found(field: impl Into<String>, value: Value) -> Self {
+        Self { kind: FieldErrorKind::NotFound, field: field.into(), value: Some(value), detail: String::new() }
+    }
+
     /// `field.NotSupported`: the value and the supported ones.
     pub(crate) fn not_supported(field: impl Into<String>, value: Value, supported: &[&str]) -> Self {
         let list = supported.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>().join(", ");
@@ -240,6 +247,7 @@ impl FieldError {
             FieldErrorKind::NotSupported => {
                 format!("Unsupported value: {}", self.value.clone().unwrap_or(Value::Null))
             }
+            FieldErrorKind::NotFound => format!("Not found: {}", self.value.clone().unwrap_or(Value::Null)),
         };
         if self.detail.is_empty() { head } else { format!("{head}: {}", self.detail) }
     }

@@ -942,6 +942,110 @@ async fn resize_subresource_changes_only_resources_with_conflicts_and_generation
     Ok(())
 }
 
+#[tokio::test]
+async fn ephemeral_containers_subresource_adds_debuggers_as_kubectl_debug_does() -> Result<()> {
+    let srv = server().await?;
+    let pods: Api<Pod> = Api::default_namespaced(srv.client().await?);
+    let debugger = |name: &str| {
+        json!({"name": name, "image": "busybox", "stdin": true, "tty": true,
+               "terminationMessagePolicy": "File", "targetContainerName": "c"})
+    };
+    // Never on create.
+    let mut with = serde_json::to_value(pod("d", Some("n1")))?;
+    with["spec"]["ephemeralContainers"] = json!([debugger("early")]);
+    let e = api_err(pods.create(&PostParams::default(), &serde_json::from_value(with)?).await);
+    assert_eq!(e.code, 422);
+    assert_eq!(e.message, "Pod \"d\" is invalid: spec.ephemeralContainers: Forbidden: cannot be set on create");
+    let created = pods.create(&PostParams::default(), &pod("d", Some("n1"))).await?;
+    let rv = created.metadata.resource_version.clone().context("rv")?;
+    let mut w = pods.watch(&WatchParams::default().fields("metadata.name=d").timeout(30), &rv).await?.boxed();
+
+    // kubectl debug: a strategic merge patch of the subresource adding one, merged by name;
+    // anything else in the request is dropped.
+    let patch =
+        json!({"metadata": {"labels": {"ignored": "yes"}}, "spec": {"ephemeralContainers": [debugger("debug-1")]}});
+    let added =
+        pods.patch_subresource("ephemeralcontainers", "d", &PatchParams::default(), &Patch::Strategic(patch)).await?;
+    assert_ne!(added.metadata.resource_version.as_deref(), Some(rv.as_str()));
+    assert_eq!(added.metadata.generation, Some(2));
+    assert!(added.metadata.labels.as_ref().is_some_and(|l| !l.contains_key("ignored")));
+    let ec = &added.spec.as_ref().context("spec")?.ephemeral_containers.as_ref().context("ephemeral")?[0];
+    assert_eq!((ec.name.as_str(), ec.target_container_name.as_deref()), ("debug-1", Some("c")));
+    // Defaulted as the API server does.
+    assert_eq!(ec.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(ec.termination_message_path.as_deref(), Some("/dev/termination-log"));
+    match next_event(&mut w).await? {
+        WatchEvent::Modified(p) => {
+            assert_eq!(p.metadata.resource_version, added.metadata.resource_version);
+            assert_eq!(p.spec.context("spec")?.ephemeral_containers.map(|l| l.len()), Some(1));
+        }
+        other => bail!("expected MODIFIED, got {other:?}"),
+    }
+    // GET on the subresource is the pod.
+    let got = pods.get_subresource("ephemeralcontainers", "d").await?;
+    assert_eq!(got.metadata.resource_version, added.metadata.resource_version);
+
+    // PUT: a stale object is a conflict; the current one with a second debugger is fine.
+    let mut second = added.clone();
+    let list = second.spec.as_mut().context("spec")?.ephemeral_containers.as_mut().context("list")?;
+    list.push(serde_json::from_value(debugger("debug-2"))?);
+    let mut stale = second.clone();
+    stale.metadata.resource_version = created.metadata.resource_version.clone();
+    let e = api_err(pods.replace_subresource("ephemeralcontainers", "d", &PostParams::default(), &stale).await);
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    let two = pods.replace_subresource("ephemeralcontainers", "d", &PostParams::default(), &second).await?;
+    assert_eq!(two.spec.as_ref().context("spec")?.ephemeral_containers.as_ref().map(Vec::len), Some(2));
+
+    // Refused: changing or removing one, a target that is no container, forbidden fields.
+    let ssp = |v: serde_json::Value| Patch::Strategic(v);
+    let changed = json!({"spec": {"ephemeralContainers": [{"name": "debug-1", "image": "nginx"}]}});
+    let e = api_err(pods.patch_subresource("ephemeralcontainers", "d", &PatchParams::default(), &ssp(changed)).await);
+    assert_eq!(e.code, 422);
+    assert!(
+        e.message.starts_with(
+            "Pod \"d\" is invalid: spec.ephemeralContainers: Forbidden: existing ephemeral containers \"debug-1\" may not be changed"
+        ),
+        "{}",
+        e.message
+    );
+    let removed = json!({"spec": {"ephemeralContainers": [debugger("debug-2")]}});
+    let e = api_err(
+        pods.patch_subresource("ephemeralcontainers", "d", &PatchParams::default(), &Patch::Merge(removed)).await,
+    );
+    assert!(e.message.contains("existing ephemeral containers \"debug-1\" may not be removed"), "{}", e.message);
+    let mut bad = debugger("debug-3");
+    bad["targetContainerName"] = json!("nope");
+    bad["ports"] = json!([{"containerPort": 80}]);
+    let e = api_err(
+        pods.patch_subresource(
+            "ephemeralcontainers",
+            "d",
+            &PatchParams::default(),
+            &ssp(json!({"spec": {"ephemeralContainers": [bad]}})),
+        )
+        .await,
+    );
+    assert_eq!(
+        e.message,
+        "Pod \"d\" is invalid: [spec.ephemeralContainers[2].targetContainerName: Not found: \"nope\", \
+         spec.ephemeralContainers[2].ports: Forbidden: cannot be set for an Ephemeral Container]"
+    );
+    let causes = e.details.context("details")?.causes;
+    assert_eq!(causes[0].reason, "FieldValueNotFound");
+    assert_eq!(causes[0].field, "spec.ephemeralContainers[2].targetContainerName");
+    let dup = json!({"spec": {"ephemeralContainers": [debugger("c")]}});
+    let e = api_err(pods.patch_subresource("ephemeralcontainers", "d", &PatchParams::default(), &ssp(dup)).await);
+    assert_eq!(e.message, "Pod \"d\" is invalid: spec.ephemeralContainers[2].name: Duplicate value: \"c\"");
+
+    // The main resource cannot change them; an unknown pod is a 404 naming it.
+    let mut main = pods.get("d").await?;
+    main.spec.as_mut().context("spec")?.ephemeral_containers.as_mut().context("list")?[0].image = Some("x".into());
+    assert_eq!(api_err(pods.replace("d", &PostParams::default(), &main).await).code, 422);
+    let e = api_err(pods.get_subresource("ephemeralcontainers", "nope").await);
+    assert_eq!((e.code, e.details.map(|d| d.name)), (404, Some("nope".into())));
+    Ok(())
+}
+
 mod certificates {
     //! Client-certificate authentication, `CertificateSigningRequests` and the stand-in
     //! CSR controllers.
