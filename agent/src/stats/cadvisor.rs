@@ -5,11 +5,11 @@
 //!
 //! # What upstream does, and what is kept
 //! - Every `container_*` family carries `container, id, image, name, namespace, pod`
-//!   (plus `cpu`, `interface`, `failure_type`/`scope` where cAdvisor adds them): `id` is
-//!   the cgroup path, `name` the runtime id, `image` the image reference, `container` the
-//!   container name; a pod cgroup row has `pod`/`namespace` of its pod (the kubelet's
-//!   "associate pod cgroup with pod") and empty `container`, `image`, `name`; the node's
-//!   root cgroup row has `id="/"` and all other labels empty.
+//!   (plus `cpu`, `interface`, `failure_type`/`scope`, `state`, `ulimit` where cAdvisor
+//!   adds them): `id` is the cgroup path, `name` the runtime id, `image` the image
+//!   reference, `container` the container name; a pod cgroup row has `pod`/`namespace`
+//!   of its pod (the kubelet's "associate pod cgroup with pod") and empty `container`,
+//!   `image`, `name`; the node's root cgroup row has `id="/"` and all other labels empty.
 //! - `container_*` samples carry the stats' time as a millisecond timestamp, as
 //!   cAdvisor's `NewMetricWithTimestamp`; the spec families (`container_spec_*`,
 //!   `container_start_time_seconds`) and the scrape-error and `machine_*` families carry
@@ -17,6 +17,29 @@
 //! - `container_cpu_usage_seconds_total` has `cpu="total"` (cAdvisor without per-CPU
 //!   usage); `container_memory_failures_total` has `failure_type` `pgfault`/`pgmajfault`
 //!   and `scope` `container`/`hierarchy`.
+//! - The spec families as cAdvisor's `container/common` `GetSpec` reads them (see
+//!   [`super::cgroup::CgroupSpec`]): `container_spec_cpu_period` and
+//!   `container_spec_cpu_shares` on every row whose cgroup has a cpu controller directory
+//!   (cAdvisor's `HasCpu`; v1 `cpu.cfs_period_us` and `cpu.shares`, v2 the period of
+//!   `cpu.max` and `cpu.weight` converted back to shares with cAdvisor's formula, so
+//!   1024 shares that runc wrote as weight 39 read 998; the v2 root has neither file and
+//!   reads 0 and 0, as upstream); `container_spec_memory_reservation_limit_bytes` beside
+//!   the other memory spec families (v1 `memory.soft_limit_in_bytes`, v2 `memory.min`;
+//!   unlimited as 0, as cAdvisor's `specMemoryValue`).
+//! - `container_threads_max` is `pids.max` with `max` as 0 (runc's "no limit", the
+//!   "infinity if value is zero" of its help), 0 where the cgroup has none (the root).
+//! - `container_file_descriptors` and `container_sockets` count the descriptors of the
+//!   cgroup's own processes ([`super::processes`]) on every row whose processes could be
+//!   listed, as cAdvisor's process stats: the root row counts the processes left in the
+//!   root cgroup, a pod cgroup (which has no process of its own) 0.
+//!   `container_ulimits_soft{ulimit="max_open_files"}` (cAdvisor's only exported limit;
+//!   -1 for unlimited) is the root process's: pid 1 for the root row, a container's
+//!   process for its row, none for pods (cAdvisor's raw handler has no pid for them).
+//! - `container_cpu_load_average_10s` and `container_tasks_state` (one sample per `state`:
+//!   [`TASK_STATES`]) are 0 on every row: cAdvisor fills them only from its netlink load
+//!   reader, which it starts only with `--enable_load_reader` (off by default, and the
+//!   kubelet does not set it), so the kubelet serves zeros; they are served the same, so
+//!   that the series dashboards query exist.
 //! - `machine_*` families carry `boot_id, machine_id, system_uuid` from
 //!   `/proc/sys/kernel/random/boot_id`, `/etc/machine-id` and
 //!   `/sys/class/dmi/id/product_uuid` (empty when unreadable).
@@ -50,12 +73,22 @@
 //!   the collection's start (cAdvisor: `time.Now()` at scrape time).
 //! - `container_memory_failures_total` gives the same counter for both scopes (the
 //!   collector reads one `pgfault`/`pgmajfault` per cgroup).
+//! - The memory spec families are on every row with memory stats; cAdvisor leaves them
+//!   out of the cgroup v2 root row, which has no `memory.max` (its `HasMemory`).
 //! - Unlimited memory and swap limits are reported as `0` (cAdvisor reports the raw
 //!   cgroup value, e.g. `1.8446744073709552e+19` for v2 `max`).
 //! - `cadvisor_version_info` has empty `cadvisorRevision`, `cadvisorVersion` and
 //!   `dockerVersion` (there is no cAdvisor); kernel and OS versions are the host's.
-//! - The families listed in [`NOT_RENDERED`] are left out (not even announced): the
-//!   collection has no data for them. cAdvisor's other disk families
+//! - A container's root process (the containerd task's pid upstream) is taken as the
+//!   first process of its `cgroup.procs` (the inventory has no pid): its
+//!   `container_ulimits_soft` is that process's limit, which the others inherit unless
+//!   they change theirs.
+//! - The v2 memory reservation is `memory.min`, as cAdvisor reads it now; earlier cAdvisor
+//!   releases read `memory.high`, and which of the two the 1.28 kubelet's cAdvisor (v0.47)
+//!   reads was not verified. Both read 0 for the kubelet's containers unless its
+//!   `MemoryQoS` gate (alpha, off) sets them.
+//! - The NVM machine families listed in [`NOT_RENDERED`] are left out (not even
+//!   announced): there is no Intel NVM data. cAdvisor's other disk families
 //!   (`container_fs_reads_bytes_total`, `container_fs_writes_bytes_total`,
 //!   `container_blkio_device_usage_total`) are not in kubelet 1.28's reference capture and
 //!   not rendered; neither are block I/O rows from the BFQ debug or CFQ statistics (sectors,
@@ -72,6 +105,9 @@ use super::collector::{Collection, FilesystemSample, NetworkSample};
 use super::resource_metrics::{escape_label, write_family_header, write_go_float, write_i64, write_sample};
 
 pub use super::resource_metrics::CONTENT_TYPE;
+
+/// The `state` values of `container_tasks_state`, as cAdvisor names them.
+pub const TASK_STATES: [&str; 5] = ["sleeping", "running", "stopped", "uninterruptible", "iowaiting"];
 
 /// One metric family of the endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +127,8 @@ const C_CPU: &[&str] = &["container", "cpu", "id", "image", "name", "namespace",
 const C_DEV: &[&str] = &["container", "device", "id", "image", "name", "namespace", "pod"];
 const C_NET: &[&str] = &["container", "id", "image", "interface", "name", "namespace", "pod"];
 const C_FAIL: &[&str] = &["container", "failure_type", "id", "image", "name", "namespace", "pod", "scope"];
+const C_STATE: &[&str] = &["container", "id", "image", "name", "namespace", "pod", "state"];
+const C_ULIMIT: &[&str] = &["container", "id", "image", "name", "namespace", "pod", "ulimit"];
 const MACHINE: &[&str] = &["boot_id", "machine_id", "system_uuid"];
 const VERSION: &[&str] = &["cadvisorRevision", "cadvisorVersion", "dockerVersion", "kernelVersion", "osVersion"];
 
@@ -100,16 +138,18 @@ const fn fam(name: &'static str, kind: &'static str, labels: &'static [&'static 
 
 /// Every family the endpoint renders, sorted by name (help texts and label sets of
 /// kubelet 1.28's cAdvisor).
-pub const FAMILIES: [Family; 49] = [
+pub const FAMILIES: [Family; 58] = [
     fam(
         "cadvisor_version_info",
         "gauge",
         VERSION,
         "A metric with a constant '1' value labeled by kernel version, OS version, docker version, cadvisor version & cadvisor revision.",
     ),
+    fam("container_cpu_load_average_10s", "gauge", C, "Value of container cpu load average over the last 10 seconds."),
     fam("container_cpu_system_seconds_total", "counter", C, "Cumulative system cpu time consumed in seconds."),
     fam("container_cpu_usage_seconds_total", "counter", C_CPU, "Cumulative cpu time consumed in seconds."),
     fam("container_cpu_user_seconds_total", "counter", C, "Cumulative user cpu time consumed in seconds."),
+    fam("container_file_descriptors", "gauge", C, "Number of open file descriptors for the container."),
     fam("container_fs_inodes_free", "gauge", C_DEV, "Number of available Inodes"),
     fam("container_fs_inodes_total", "gauge", C_DEV, "Number of Inodes"),
     fam("container_fs_io_current", "gauge", C_DEV, "Number of I/Os currently in progress"),
@@ -181,10 +221,27 @@ pub const FAMILIES: [Family; 49] = [
     fam("container_oom_events_total", "counter", C, "Count of out of memory events observed for the container"),
     fam("container_processes", "gauge", C, "Number of processes running inside the container."),
     fam("container_scrape_error", "gauge", &[], "1 if there was an error while getting container metrics, 0 otherwise"),
+    fam("container_sockets", "gauge", C, "Number of open sockets for the container."),
+    fam("container_spec_cpu_period", "gauge", C, "CPU period of the container."),
+    fam("container_spec_cpu_shares", "gauge", C, "CPU share of the container."),
     fam("container_spec_memory_limit_bytes", "gauge", C, "Memory limit for the container."),
+    fam("container_spec_memory_reservation_limit_bytes", "gauge", C, "Memory reservation limit for the container."),
     fam("container_spec_memory_swap_limit_bytes", "gauge", C, "Memory swap limit for the container."),
     fam("container_start_time_seconds", "gauge", C, "Start time of the container since unix epoch in seconds."),
+    fam("container_tasks_state", "gauge", C_STATE, "Number of tasks in given state"),
     fam("container_threads", "gauge", C, "Number of threads running inside the container"),
+    fam(
+        "container_threads_max",
+        "gauge",
+        C,
+        "Maximum number of threads allowed inside the container, infinity if value is zero",
+    ),
+    fam(
+        "container_ulimits_soft",
+        "gauge",
+        C_ULIMIT,
+        "Soft ulimit values for the container root process. Unlimited if -1, except priority and nice",
+    ),
     fam("machine_cpu_cores", "gauge", MACHINE, "Number of logical CPU cores."),
     fam("machine_cpu_physical_cores", "gauge", MACHINE, "Number of physical CPU cores."),
     fam("machine_cpu_sockets", "gauge", MACHINE, "Number of CPU sockets."),
@@ -193,19 +250,7 @@ pub const FAMILIES: [Family; 49] = [
 ];
 
 /// Families of kubelet 1.28's `/metrics/cadvisor` that are not rendered, with the reason.
-pub const NOT_RENDERED: [(&str, &str); 11] = [
-    ("container_cpu_load_average_10s", "needs cAdvisor's netlink task stats; not collected"),
-    ("container_file_descriptors", "needs a walk of every process's /proc/<pid>/fd; not collected"),
-    ("container_sockets", "needs a walk of every process's /proc/<pid>/fd; not collected"),
-    ("container_spec_cpu_period", "cpu.cfs_period_us / cpu.max are not read by the collector"),
-    ("container_spec_cpu_shares", "cpu.shares / cpu.weight are not read by the collector"),
-    (
-        "container_spec_memory_reservation_limit_bytes",
-        "memory.soft_limit_in_bytes / memory.low are not read by the collector",
-    ),
-    ("container_tasks_state", "needs cAdvisor's netlink task stats; not collected"),
-    ("container_threads_max", "pids.max is not read by the collector"),
-    ("container_ulimits_soft", "needs /proc/<pid>/limits of each container's root process; not collected"),
+pub const NOT_RENDERED: [(&str, &str); 2] = [
     ("machine_nvm_avg_power_budget_watts", "Intel NVM (ipmctl) only; no such data"),
     ("machine_nvm_capacity", "Intel NVM (ipmctl) only; no such data"),
 ];
@@ -471,6 +516,31 @@ impl<'a> Out<'a> {
             self.push(family!("container_spec_memory_limit_bytes"), row, none, limit, None);
             let swap_limit = m.swap_limit.unwrap_or(0) as f64;
             self.push(family!("container_spec_memory_swap_limit_bytes"), row, none, swap_limit, None);
+            if let Some(spec) = &stats.spec {
+                let reservation = spec.memory_reservation.unwrap_or(0) as f64;
+                self.push(family!("container_spec_memory_reservation_limit_bytes"), row, none, reservation, None);
+            }
+        }
+        if let Some(spec) = &stats.spec {
+            if let Some(cpu) = spec.cpu {
+                self.push(family!("container_spec_cpu_period"), row, none, cpu.period as f64, None);
+                self.push(family!("container_spec_cpu_shares"), row, none, cpu.shares as f64, None);
+            }
+            let threads_max = spec.threads_max.unwrap_or(0) as f64;
+            self.push(family!("container_threads_max"), row, none, threads_max, ts);
+        }
+        if let Some(p) = &stats.process_stats {
+            self.push(family!("container_file_descriptors"), row, none, p.fds as f64, ts);
+            self.push(family!("container_sockets"), row, none, p.sockets as f64, ts);
+            if let Some(soft) = p.max_open_files {
+                self.push(family!("container_ulimits_soft"), row, ["max_open_files", ""], soft as f64, ts);
+            }
+        }
+        // The kubelet's cAdvisor has no load reader (`--enable_load_reader` is off): these
+        // are always zero upstream, and served so that the series exist.
+        self.push(family!("container_cpu_load_average_10s"), row, none, 0.0, ts);
+        for state in TASK_STATES {
+            self.push(family!("container_tasks_state"), row, [state, ""], 0.0, ts);
         }
         if let Some(p) = stats.processes {
             self.push(family!("container_processes"), row, none, p as f64, ts);

@@ -22,16 +22,25 @@
 //! | tasks | `pids.current` | `pids.current` |
 //! | processes | lines of `cgroup.procs` (memory hierarchy) | lines of `cgroup.procs` |
 //! | PSI | `{cpu,memory,io}.pressure` of the hybrid cgroup2 mount, if any | `{cpu,memory,io}.pressure` |
+//! | spec: CPU period (when asked for) | `cpu.cfs_period_us` | second field of `cpu.max` |
+//! | spec: CPU shares | `cpu.shares` | `cpu.weight` back to shares ([`weight_to_shares`]) |
+//! | spec: memory reservation | `memory.soft_limit_in_bytes` | `memory.min` |
+//! | spec: threads max | `pids.max` (`max`: 0) | `pids.max` (`max`: 0) |
+//! | a cgroup's own processes ([`CgroupReader::pids`]) | `cgroup.procs` (cpu hierarchy) | `cgroup.procs` |
 //! | block I/O operations per device (when asked for) | the first of `blkio.bfq.io_serviced_recursive`, `blkio.io_serviced_recursive`, `blkio.throttle.io_serviced_recursive` with device lines (runc's order) | `io.stat` `rios`/`wios` |
 //!
-//! Limits above 2^62 count as unlimited (upstream `isMemoryUnlimited`). A file that is
-//! missing leaves its field `None`; a cgroup whose directories are all gone reads as
-//! vanished ([`CgroupReader::read`] returns `None`), which the collector skips.
+//! Limits above 2^62 count as unlimited (upstream `isMemoryUnlimited`). The spec files
+//! are read as cAdvisor's `container/common` `GetSpec` reads them (see [`CgroupSpec`]).
+//! A file that is missing leaves its field `None` (a CPU spec file reads 0, as
+//! cAdvisor's); a cgroup whose directories are all gone reads as vanished
+//! ([`CgroupReader::read`] returns `None`), which the collector skips.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+
+use super::processes::ProcessStats;
 
 /// Above this a memory limit means "unlimited" (the kernel rounds `max` to a page
 /// multiple, so it is not `i64::MAX`).
@@ -211,6 +220,35 @@ pub struct CgroupStats {
     pub io_pressure: Option<Pressure>,
     /// Block I/O operations per device, when asked for (empty without data).
     pub io: Vec<DeviceIo>,
+    /// The spec files, when asked for.
+    pub spec: Option<CgroupSpec>,
+    /// Descriptors and sockets of the cgroup's processes and its root process's
+    /// open-files limit, when walked (by the collector, see [`super::processes`]).
+    pub process_stats: Option<ProcessStats>,
+}
+
+/// What a cgroup's spec files say (cAdvisor's `ContainerSpec` as `container/common`
+/// `GetSpec` reads it), for the `container_spec_*` families and `container_threads_max`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CgroupSpec {
+    /// CPU period and shares; `None` when the cgroup has no cpu controller directory
+    /// (cAdvisor's `HasCpu`).
+    pub cpu: Option<CpuSpec>,
+    /// The memory reservation (v1 `memory.soft_limit_in_bytes`, v2 `memory.min`);
+    /// `None` when unlimited or missing.
+    pub memory_reservation: Option<u64>,
+    /// `pids.max`, `max` as 0 (runc's "no limit"); `None` when missing (the root).
+    pub threads_max: Option<u64>,
+}
+
+/// The CPU spec of a cgroup. A file that is missing or does not parse reads 0, `max`
+/// reads `u64::MAX`, as cAdvisor's `readUInt64`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuSpec {
+    /// CFS period, µs: v1 `cpu.cfs_period_us`, v2 the second field of `cpu.max`.
+    pub period: u64,
+    /// v1 `cpu.shares`; v2 `cpu.weight` converted back to shares ([`weight_to_shares`]).
+    pub shares: u64,
 }
 
 /// Block I/O operations of a cgroup on one device (cAdvisor's `IoServiced`).
@@ -235,6 +273,8 @@ pub struct ReadOptions {
     pub procs: bool,
     /// Read block I/O operations per device.
     pub io: bool,
+    /// Read the spec files ([`CgroupSpec`]).
+    pub spec: bool,
 }
 
 /// Reads cgroups, reusing one buffer for every file.
@@ -489,15 +529,22 @@ impl CgroupReader {
             memory_pressure: None,
             io_pressure: None,
             io: Vec::new(),
+            spec: None,
+            process_stats: None,
         };
         let exists = match &*hierarchies {
             CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, blkio, unified } => {
                 let cpuacct_dir = join(cpuacct, cgroup);
                 let memory_dir = join(memory, cgroup);
-                stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu.as_deref().map(|c| join(c, cgroup)).as_deref());
+                let cpu_dir = cpu.as_deref().map(|c| join(c, cgroup));
+                let pids_dir = pids.as_deref().map(|p| join(p, cgroup));
+                stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu_dir.as_deref());
                 stats.memory = v1_memory(buf, &memory_dir);
-                if let Some(p) = pids {
-                    stats.tasks = read_into(buf, &join(p, cgroup).join("pids.current")).and_then(parse_u64);
+                if let Some(p) = &pids_dir {
+                    stats.tasks = read_into(buf, &p.join("pids.current")).and_then(parse_u64);
+                }
+                if opts.spec {
+                    stats.spec = Some(v1_spec(buf, cpu_dir.as_deref(), &memory_dir, pids_dir.as_deref()));
                 }
                 if opts.procs {
                     procs(buf, &memory_dir, &mut stats);
@@ -526,6 +573,9 @@ impl CgroupReader {
                 if opts.io {
                     stats.io = read_into(buf, &dir.join("io.stat")).map(parse_io_stat).unwrap_or_default();
                 }
+                if opts.spec {
+                    stats.spec = Some(v2_spec(buf, &dir));
+                }
                 pressure(buf, &dir, &mut stats);
                 stats.cpu.is_some() || stats.memory.is_some() || dir.is_dir()
             }
@@ -546,6 +596,84 @@ impl CgroupReader {
     /// The reader's scratch buffer, for other small files read in the same pass.
     pub(crate) fn buffer(&mut self) -> &mut String {
         &mut self.buf
+    }
+
+    /// The processes of a cgroup itself (its `cgroup.procs`, not its children's) into
+    /// `out`, from the cpu hierarchy on v1 as cAdvisor's process stats read them; `false`
+    /// when there is none to read (no cpu hierarchy, or the cgroup is gone).
+    pub fn pids(&mut self, cgroup: &str, out: &mut Vec<u32>) -> bool {
+        out.clear();
+        let dir = match &self.hierarchies {
+            CgroupHierarchies::V1 { cpu: Some(cpu), .. } => join(cpu, cgroup),
+            CgroupHierarchies::V1 { cpu: None, .. } => return false,
+            CgroupHierarchies::V2 { root } => join(root, cgroup),
+        };
+        let Some(text) = read_into(&mut self.buf, &dir.join("cgroup.procs")) else { return false };
+        out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        true
+    }
+}
+
+/// A spec file's number as cAdvisor's `readUInt64`/`parseUint64String` read it: `max` is
+/// `u64::MAX`; empty or unparsable is 0.
+fn spec_u64(text: &str) -> u64 {
+    match text {
+        "max" => u64::MAX,
+        t => t.parse().unwrap_or(0),
+    }
+}
+
+/// cgroup v2 `cpu.weight` (1–10000) back to v1 shares (2–262144) with cAdvisor's linear
+/// formula (`convertCPUWeightToCPULimit`); a weight out of range is 0. This is not the
+/// exact inverse of runc's shares → weight mapping: 1024 shares (weight 39) read back as
+/// 998, as upstream shows them.
+#[must_use]
+pub const fn weight_to_shares(weight: u64) -> u64 {
+    if weight >= 1 && weight <= 10_000 { 2 + ((weight - 1) * 262_142) / 9_999 } else { 0 }
+}
+
+/// The period of a `cpu.max` (`$MAX $PERIOD`): its second field; 0 without one.
+fn cpu_max_period(text: &str) -> u64 {
+    text.split_once(' ').map_or(0, |(_, period)| spec_u64(period))
+}
+
+/// `pids.max`: `max` is 0 (runc's "no limit", which cAdvisor's help calls infinity).
+fn pids_max(text: &str) -> Option<u64> {
+    match text.trim() {
+        "max" => Some(0),
+        t => t.parse().ok(),
+    }
+}
+
+/// The CPU spec when the cpu directory exists: read from its files when there are any,
+/// zeros otherwise (the v2 root has no `cpu.weight` or `cpu.max`).
+fn cpu_spec(dir: &Path, shares: Option<u64>, period: Option<u64>) -> Option<CpuSpec> {
+    (shares.is_some() || period.is_some() || dir.is_dir())
+        .then(|| CpuSpec { period: period.unwrap_or(0), shares: shares.unwrap_or(0) })
+}
+
+fn v1_spec(buf: &mut String, cpu: Option<&Path>, memory: &Path, pids: Option<&Path>) -> CgroupSpec {
+    let cpu = cpu.and_then(|dir| {
+        let shares = read_into(buf, &dir.join("cpu.shares")).map(|t| spec_u64(t.trim()));
+        let period = read_into(buf, &dir.join("cpu.cfs_period_us")).map(|t| spec_u64(t.trim()));
+        cpu_spec(dir, shares, period)
+    });
+    let reservation = read_into(buf, &memory.join("memory.soft_limit_in_bytes")).map(|t| spec_u64(t.trim()));
+    CgroupSpec {
+        cpu,
+        memory_reservation: reservation.and_then(limited),
+        threads_max: pids.and_then(|p| read_into(buf, &p.join("pids.max"))).and_then(pids_max),
+    }
+}
+
+fn v2_spec(buf: &mut String, dir: &Path) -> CgroupSpec {
+    let shares = read_into(buf, &dir.join("cpu.weight")).map(|t| weight_to_shares(spec_u64(t.trim())));
+    let period = read_into(buf, &dir.join("cpu.max")).map(|t| cpu_max_period(t.trim()));
+    let reservation = read_into(buf, &dir.join("memory.min")).map(|t| spec_u64(t.trim()));
+    CgroupSpec {
+        cpu: cpu_spec(dir, shares, period),
+        memory_reservation: reservation.and_then(limited),
+        threads_max: read_into(buf, &dir.join("pids.max")).and_then(pids_max),
     }
 }
 

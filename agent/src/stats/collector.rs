@@ -9,9 +9,13 @@
 //! namespace (`/proc/<pid>/mountinfo` of one of its processes), looked up once per
 //! container, unless the inventory names it. The node's filesystems for
 //! `/metrics/cadvisor` are cAdvisor's partitions of the agent's mount table, read once (as
-//! cAdvisor does at start), with `statvfs` and `/proc/diskstats` on every pass; block I/O
-//! counters are read with each root, pod and container cgroup. CPU rates
-//! (`usageNanoCores`) are computed against the sample
+//! cAdvisor does at start), with `statvfs` and `/proc/diskstats` on every pass. What only
+//! `/metrics/cadvisor` shows is read for its rows alone (the root, pod and container
+//! cgroups; not the system containers): block I/O counters, the spec files, and
+//! cAdvisor's process stats, a walk of the `/proc/<pid>/fd` of each cgroup's own
+//! processes (see [`super::processes`]; the root's root process is pid 1, a container's
+//! the first of its `cgroup.procs`, a pod has none). CPU rates (`usageNanoCores`) are
+//! computed against the sample
 //! kept from the previous pass of the same cgroup: the first pass of a cgroup has none, as
 //! upstream's CRI stats provider; a pass sooner than [`CollectorConfig::rate_min_window`]
 //! after the kept sample reuses the last rate without replacing the sample (upstream's
@@ -34,6 +38,7 @@ use super::cgroup::{
 };
 use super::fs::{self, DiskUsage, FsInfo};
 use super::mounts::{self, DiskStats, Partition};
+use super::processes::{FdCounter, ProcessStats, parse_max_open_files};
 use super::procfs::{Interface, Procfs};
 use super::summary::PvcReference;
 use super::usage_cache::{FsUsageCache, FsUsageConfig};
@@ -406,6 +411,10 @@ pub struct Collector {
     /// Whether a writable layer that could not be found was logged as a warning (once;
     /// the others at debug).
     layer_warned: bool,
+    /// Walks the descriptors of the cgroups' processes (its buffers kept between passes).
+    fds: FdCounter,
+    /// The pids of the cgroup being walked (kept between cgroups and passes).
+    pids: Vec<u32>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -422,6 +431,11 @@ impl std::fmt::Debug for Collector {
 /// The key of the node's CPU record when it comes from `/proc/stat`.
 const PROC_STAT_KEY: &str = "\0/proc/stat";
 
+/// What is read of a cgroup that is a row of `/metrics/cadvisor` (the root, pods and
+/// containers) besides what `/stats/summary` needs: block I/O counters and the spec files.
+/// System containers are read without them; their processes are not walked either.
+const CADVISOR_ROW: ReadOptions = ReadOptions { procs: false, io: true, spec: true };
+
 impl Collector {
     /// A collector using the system clock.
     #[must_use]
@@ -433,6 +447,7 @@ impl Collector {
     #[must_use]
     pub fn with_clock(config: CollectorConfig, clock: Clock) -> Self {
         let reader = CgroupReader::new(config.cgroups.clone());
+        let fds = FdCounter::new(&config.proc_root);
         let usage =
             Arc::new(FsUsageCache::new(config.fs_usage, Arc::clone(&clock)).with_metrics(config.metrics.clone()));
         Self {
@@ -446,6 +461,8 @@ impl Collector {
             partitions: None,
             block_devices: None,
             layer_warned: false,
+            fds,
+            pids: Vec::new(),
         }
     }
 
@@ -509,19 +526,22 @@ impl Collector {
     }
 
     fn collect_node(&mut self, inventory: &Inventory, time: SystemTime, seen: &mut HashSet<String>) -> NodeSample {
-        let mut stats =
-            self.reader.read("/", time, ReadOptions { io: true, ..ReadOptions::default() }).unwrap_or(CgroupStats {
-                time,
-                cpu: None,
-                memory: None,
-                tasks: None,
-                processes: None,
-                first_pid: None,
-                cpu_pressure: None,
-                memory_pressure: None,
-                io_pressure: None,
-                io: Vec::new(),
-            });
+        let mut stats = self.reader.read("/", time, CADVISOR_ROW).unwrap_or(CgroupStats {
+            time,
+            cpu: None,
+            memory: None,
+            tasks: None,
+            processes: None,
+            first_pid: None,
+            cpu_pressure: None,
+            memory_pressure: None,
+            io_pressure: None,
+            io: Vec::new(),
+            spec: None,
+            process_stats: None,
+        });
+        // cAdvisor's root container has pid 1 as its root process.
+        stats.process_stats = self.process_stats("/", Some(1));
         let proc_root = self.config.proc_root.clone();
         let mut procfs = Procfs::new(&proc_root, self.reader.buffer());
         let stat = procfs.stat();
@@ -701,9 +721,10 @@ impl Collector {
         for c in &pod.containers {
             let now = (self.clock)();
             // A container that exited and was removed since the inventory was taken.
-            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true, io: true }) else {
+            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true, ..CADVISOR_ROW }) else {
                 continue;
             };
+            stats.process_stats = self.process_stats(&c.cgroup, stats.first_pid);
             self.rate(&c.cgroup, &mut stats, seen_cgroups);
             self.name_devices(&mut stats.io, false);
             let rootfs = self.writable_layer(c, stats.first_pid).and_then(|p| {
@@ -728,8 +749,10 @@ impl Collector {
             return None;
         }
         let now = (self.clock)();
-        let mut stats = self.reader.read(&pod.cgroup, now, ReadOptions { io: true, ..ReadOptions::default() });
+        let mut stats = self.reader.read(&pod.cgroup, now, CADVISOR_ROW);
         if let Some(s) = stats.as_mut() {
+            // A pod cgroup has no root process (cAdvisor's raw handler, pid 0).
+            s.process_stats = self.process_stats(&pod.cgroup, None);
             self.rate(&pod.cgroup, s, seen_cgroups);
             self.name_devices(&mut s.io, false);
         }
@@ -814,6 +837,22 @@ impl Collector {
         let t = std::fs::metadata(self.reader.primary_dir(cgroup)).and_then(|m| m.modified()).ok()?;
         self.start_times.insert(cgroup.to_owned(), t);
         Some(t)
+    }
+
+    /// cAdvisor's process stats of a cgroup: the descriptors and sockets of its own
+    /// processes and the open-files limit of `root_pid`; `None` when its processes cannot
+    /// be listed.
+    fn process_stats(&mut self, cgroup: &str, root_pid: Option<u32>) -> Option<ProcessStats> {
+        let mut pids = std::mem::take(&mut self.pids);
+        let listed = self.reader.pids(cgroup, &mut pids);
+        let counts = listed.then(|| self.fds.count(&pids));
+        self.pids = pids;
+        let counts = counts?;
+        let max_open_files = root_pid.and_then(|pid| {
+            let path = self.config.proc_root.join(pid.to_string()).join("limits");
+            read_into(self.reader.buffer(), &path).and_then(parse_max_open_files)
+        });
+        Some(ProcessStats { fds: counts.fds, sockets: counts.sockets, max_open_files })
     }
 
     /// The first process of a cgroup.

@@ -70,6 +70,7 @@ pub mod collector;
 pub mod fs;
 pub mod log_metrics;
 pub mod mounts;
+pub mod processes;
 pub mod procfs;
 pub mod provider;
 pub mod resource_metrics;

@@ -10,12 +10,13 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::cgroup::{CgroupStats, CpuUsage, DeviceIo, MemoryUsage};
+use super::cgroup::{CgroupSpec, CgroupStats, CpuSpec, CpuUsage, DeviceIo, MemoryUsage};
 use super::collector::{
     Collection, ContainerSample, FilesystemSample, FsSample, NetworkSample, NodeSample, PodSample, UsageSample,
 };
 use super::fs::{DiskUsage, FsInfo};
 use super::mounts::DiskStats;
+use super::processes::ProcessStats;
 use super::procfs::Interface;
 
 /// The shape of a synthetic node.
@@ -106,6 +107,16 @@ fn cgroup_stats(i: usize, salt: u64, time: SystemTime, devices: usize, processes
                 writes: n(i, salt + 40 + d as u64, 1_000_000),
             })
             .collect(),
+        spec: Some(CgroupSpec {
+            cpu: Some(CpuSpec { period: 100_000, shares: 2 + n(i, salt + 14, 4096) }),
+            memory_reservation: None,
+            threads_max: Some(0),
+        }),
+        process_stats: Some(ProcessStats {
+            fds: if processes { 3 + n(i, salt + 15, 200) } else { 0 },
+            sockets: if processes { n(i, salt + 16, 20) } else { 0 },
+            max_open_files: processes.then_some(1_048_576),
+        }),
     }
 }
 

@@ -80,6 +80,31 @@ fn write_proc(proc_root: &Path) {
     write(proc_root, "pressure/cpu", PSI);
     write(proc_root, "pressure/memory", PSI);
     write(proc_root, "pressure/io", PSI);
+    // The processes cAdvisor's process stats walk: the root container's root process
+    // (pid 1) and app's (4242; 4243 has exited: no directory).
+    write(proc_root, "1/limits", &limits("unlimited", "unlimited"));
+    fd_links(proc_root, 1, &["/dev/null", "socket:[17]", "anon_inode:[eventpoll]"]);
+    write(proc_root, "4242/limits", &limits("1048576", "1048576"));
+    fd_links(proc_root, 4242, &["/dev/null", "pipe:[4]", "socket:[18]", "socket:[19]", "/app/data.db"]);
+}
+
+/// A `/proc/<pid>/limits` with the given `Max open files`.
+fn limits(soft: &str, hard: &str) -> String {
+    format!(
+        "Limit                     Soft Limit           Hard Limit           Units     \n\
+         Max cpu time              unlimited            unlimited            seconds   \n\
+         Max open files            {soft:<21}{hard:<21}files     \n\
+         Max processes             127563               127563               processes \n"
+    )
+}
+
+/// A fake `/proc/<pid>/fd` whose descriptors link to `targets` (dangling, as most are).
+fn fd_links(proc_root: &Path, pid: u32, targets: &[&str]) {
+    let dir = proc_root.join(format!("{pid}/fd"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (fd, target) in targets.iter().enumerate() {
+        std::os::unix::fs::symlink(target, dir.join(fd.to_string())).unwrap();
+    }
 }
 
 struct Fixture {
@@ -306,7 +331,11 @@ fn v1_fixture() -> Fixture {
         "254:0 Read 7\n254:0 Write 3\n254:0 Sync 10\n254:0 Async 0\n254:0 Discard 0\n254:0 Total 10\n8:16 Read 1\n8:16 Write 0\n8:16 Total 1\n1:5 Read 2\n1:5 Write 0\nTotal 13\n",
     );
 
-    // Root cgroup.
+    // Root cgroup: cpu spec files and its own processes (cAdvisor walks the cpu ones).
+    write(&cg, "cpu/cpu.shares", "1024\n");
+    write(&cg, "cpu/cpu.cfs_period_us", "100000\n");
+    write(&cg, "cpu/cgroup.procs", "1\n2\n");
+    write(&cg, "memory/memory.soft_limit_in_bytes", V1_UNLIMITED);
     write(&cg, "cpuacct/cpuacct.usage", "5028767409292\n");
     write(&cg, "cpuacct/cpuacct.stat", "user 300000\nsystem 100000\n");
     write(&cg, "memory/memory.usage_in_bytes", "1642434560\n");
@@ -338,6 +367,11 @@ fn v1_fixture() -> Fixture {
     );
     write(&cg, &format!("memory{pod}/memory.limit_in_bytes"), V1_UNLIMITED);
     write(&cg, &format!("memory{pod}/memory.memsw.limit_in_bytes"), V1_UNLIMITED);
+    write(&cg, &format!("memory{pod}/memory.soft_limit_in_bytes"), V1_UNLIMITED);
+    write(&cg, &format!("cpu{pod}/cpu.shares"), "307\n");
+    write(&cg, &format!("cpu{pod}/cpu.cfs_period_us"), "100000\n");
+    write(&cg, &format!("cpu{pod}/cgroup.procs"), "");
+    write(&cg, &format!("pids{pod}/pids.max"), "max\n");
 
     // The sandbox: only its process matters (its network namespace).
     write(&cg, &format!("memory{pod}/sandbox1/cgroup.procs"), "4240\n");
@@ -359,6 +393,11 @@ fn v1_fixture() -> Fixture {
     write(&cg, &format!("memory{pod}/c1/memory.oom_control"), "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
     write(&cg, &format!("memory{pod}/c1/cgroup.procs"), "4242\n4243\n");
     write(&cg, &format!("pids{pod}/c1/pids.current"), "5\n");
+    write(&cg, &format!("pids{pod}/c1/pids.max"), "1024\n");
+    write(&cg, &format!("cpu{pod}/c1/cpu.shares"), "102\n");
+    write(&cg, &format!("cpu{pod}/c1/cpu.cfs_period_us"), "50000\n");
+    write(&cg, &format!("cpu{pod}/c1/cgroup.procs"), "4242\n4243\n");
+    write(&cg, &format!("memory{pod}/c1/memory.soft_limit_in_bytes"), "67108864\n");
     write(&cg, &format!("unified{pod}/c1/cpu.pressure"), PSI);
 
     // c2: more inactive file pages than usage (the working set floors at 0).
@@ -393,6 +432,8 @@ fn v2_fixture() -> Fixture {
     write_proc(&proc_root);
     write_node_files(&root);
     write(&cg, "cgroup.controllers", "cpuset cpu io memory hugetlb pids\n");
+    // The root has no cpu.weight, cpu.max, memory.min or pids.max; its own processes.
+    write(&cg, "cgroup.procs", "1\n2\n");
     // The root has cpu.stat and memory.stat but no memory.current.
     write(&cg, "cpu.stat", "usage_usec 50000000\nuser_usec 30000000\nsystem_usec 20000000\n");
     write(
@@ -414,6 +455,11 @@ fn v2_fixture() -> Fixture {
     write(&cg, &format!("{pod}/memory.swap.current"), "0\n");
     write(&cg, &format!("{pod}/memory.swap.max"), "max\n");
     write(&cg, &format!("{pod}/io.pressure"), PSI);
+    write(&cg, &format!("{pod}/cpu.weight"), "12\n");
+    write(&cg, &format!("{pod}/cpu.max"), "max 100000\n");
+    write(&cg, &format!("{pod}/memory.min"), "0\n");
+    write(&cg, &format!("{pod}/pids.max"), "max\n");
+    write(&cg, &format!("{pod}/cgroup.procs"), "");
     write(&cg, &format!("{pod}/sandbox1/cgroup.procs"), "4240\n");
 
     write(
@@ -433,6 +479,10 @@ fn v2_fixture() -> Fixture {
     write(&cg, &format!("{pod}/c1/memory.swap.current"), "4096\n");
     write(&cg, &format!("{pod}/c1/memory.swap.max"), "1048576\n");
     write(&cg, &format!("{pod}/c1/pids.current"), "5\n");
+    write(&cg, &format!("{pod}/c1/pids.max"), "1024\n");
+    write(&cg, &format!("{pod}/c1/cpu.weight"), "39\n");
+    write(&cg, &format!("{pod}/c1/cpu.max"), "50000 100000\n");
+    write(&cg, &format!("{pod}/c1/memory.min"), "33554432\n");
     write(&cg, &format!("{pod}/c1/cgroup.procs"), "4242\n4243\n");
     write(&cg, &format!("{pod}/c1/cpu.pressure"), PSI);
     write(&cg, &format!("{pod}/c1/memory.pressure"), PSI);
@@ -1371,6 +1421,312 @@ fn promtool_accepts_the_cadvisor_metrics() {
 }
 
 // ---------------------------------------------------------------------------------------
+// The spec files, cAdvisor's process stats and the families built on them.
+
+/// Reads `cgroup` of the hierarchies under `cg` with the spec files.
+fn read_spec(cg: &Path, cgroup: &str) -> Option<super::cgroup::CgroupSpec> {
+    let mut reader = super::cgroup::CgroupReader::new(CgroupHierarchies::detect(cg).unwrap());
+    let opts = super::cgroup::ReadOptions { spec: true, ..Default::default() };
+    reader.read(cgroup, at(T0, 0), opts).unwrap().spec
+}
+
+#[test]
+fn v1_spec_files_are_read_as_cadvisor_reads_them() {
+    use super::cgroup::{CgroupSpec, CpuSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path();
+    for h in ["cpuacct", "cpu", "memory", "pids"] {
+        std::fs::create_dir_all(cg.join(h)).unwrap();
+    }
+    // Every file, unlimited soft limit and pids.
+    write(cg, "cpuacct/a/cpuacct.usage", "1\n");
+    write(cg, "cpu/a/cpu.shares", "512\n");
+    write(cg, "cpu/a/cpu.cfs_period_us", "100000\n");
+    write(cg, "memory/a/memory.soft_limit_in_bytes", V1_UNLIMITED);
+    write(cg, "pids/a/pids.max", "max\n");
+    assert_eq!(
+        read_spec(cg, "/a"),
+        Some(CgroupSpec {
+            cpu: Some(CpuSpec { period: 100_000, shares: 512 }),
+            memory_reservation: None,
+            threads_max: Some(0),
+        })
+    );
+    // A cpu directory without the files (cAdvisor: HasCpu, zeros), limited values.
+    write(cg, "cpuacct/b/cpuacct.usage", "1\n");
+    std::fs::create_dir_all(cg.join("cpu/b")).unwrap();
+    write(cg, "memory/b/memory.soft_limit_in_bytes", "1048576\n");
+    write(cg, "pids/b/pids.max", "64\n");
+    assert_eq!(
+        read_spec(cg, "/b"),
+        Some(CgroupSpec {
+            cpu: Some(CpuSpec { period: 0, shares: 0 }),
+            memory_reservation: Some(1_048_576),
+            threads_max: Some(64),
+        })
+    );
+    // Nothing but usage: no cpu spec, nothing else either; unparsable numbers read 0.
+    write(cg, "cpuacct/c/cpuacct.usage", "1\n");
+    assert_eq!(read_spec(cg, "/c"), Some(CgroupSpec::default()));
+    write(cg, "cpu/c/cpu.shares", "lots\n");
+    assert_eq!(read_spec(cg, "/c").unwrap().cpu, Some(CpuSpec { period: 0, shares: 0 }));
+    // Not asked for: not read.
+    let mut reader = super::cgroup::CgroupReader::new(CgroupHierarchies::detect(cg).unwrap());
+    assert_eq!(reader.read("/a", at(T0, 0), super::cgroup::ReadOptions::default()).unwrap().spec, None);
+}
+
+#[test]
+fn v2_spec_files_are_read_as_cadvisor_reads_them() {
+    use super::cgroup::{CgroupSpec, CpuSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path();
+    write(cg, "cgroup.controllers", "cpu memory pids\n");
+    // The root has none of the files: HasCpu with zeros, nothing else.
+    assert_eq!(read_spec(cg, "/"), Some(CgroupSpec { cpu: Some(CpuSpec::default()), ..CgroupSpec::default() }));
+    write(cg, "a/cpu.weight", "100\n");
+    write(cg, "a/cpu.max", "max 100000\n");
+    write(cg, "a/memory.min", "max\n");
+    write(cg, "a/pids.max", "max\n");
+    assert_eq!(
+        read_spec(cg, "/a"),
+        Some(CgroupSpec {
+            cpu: Some(CpuSpec { period: 100_000, shares: 2597 }),
+            memory_reservation: None,
+            threads_max: Some(0),
+        })
+    );
+    // A weight out of range is 0; a cpu.max without a period reads period 0.
+    write(cg, "b/cpu.weight", "10001\n");
+    write(cg, "b/cpu.max", "max\n");
+    write(cg, "b/memory.min", "268435456\n");
+    write(cg, "b/pids.max", "512\n");
+    assert_eq!(
+        read_spec(cg, "/b"),
+        Some(CgroupSpec {
+            cpu: Some(CpuSpec { period: 0, shares: 0 }),
+            memory_reservation: Some(268_435_456),
+            threads_max: Some(512),
+        })
+    );
+    // A quota and its period, no weight file.
+    write(cg, "c/cpu.max", "20000 50000\n");
+    assert_eq!(read_spec(cg, "/c").unwrap().cpu, Some(CpuSpec { period: 50_000, shares: 0 }));
+}
+
+#[test]
+fn cpu_weight_converts_back_to_shares_with_cadvisors_formula() {
+    use super::cgroup::weight_to_shares;
+    // cAdvisor's convertCPUWeightToCPULimit: 2 + (weight - 1) * 262142 / 9999 (integer
+    // division) for weights 1..=10000, an error (no shares: 0) otherwise.
+    let cases = [
+        (0, 0),
+        (1, 2),
+        (2, 28),
+        (12, 290),
+        (39, 998),
+        (100, 2597),
+        (5000, 131_059),
+        (9999, 262_117),
+        (10_000, 262_144),
+        (10_001, 0),
+        (u64::MAX, 0),
+    ];
+    for (weight, shares) in cases {
+        assert_eq!(weight_to_shares(weight), shares, "weight {weight}");
+    }
+    // With runc's linear shares -> weight (1 + (shares - 2) * 9999 / 262142) the kubelet's
+    // 1024 shares of a 1-CPU request are weight 39 and read back as 998, not 1024.
+    let runc = |shares: u64| 1 + ((shares - 2) * 9999) / 262_142;
+    assert_eq!((runc(1024), weight_to_shares(runc(1024))), (39, 998));
+    assert_eq!(weight_to_shares(runc(2)), 2);
+    assert_eq!(weight_to_shares(runc(262_144)), 262_144);
+}
+
+#[test]
+fn the_fds_and_sockets_of_a_real_process_are_counted() {
+    use super::processes::{FdCounter, FdCounts};
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixDatagram;
+    // A child whose descriptors 0, 1 and 2 are a file, a socket and /dev/null, besides
+    // what this process inherited without close-on-exec (a test runner's, say). It sleeps:
+    // its descriptors stay as they are while they are counted.
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "input", "x");
+    let file = std::fs::File::open(dir.path().join("input")).unwrap();
+    let (socket, _peer) = UnixDatagram::pair().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(file)
+        .stdout(OwnedFd::from(socket))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Spawning returns once the child's exec has begun, before the kernel closes the
+    // close-on-exec descriptors it was forked with: wait until it sleeps in `sleep`.
+    let stat = PathBuf::from(format!("/proc/{}/stat", child.id()));
+    let sleeping = || std::fs::read_to_string(&stat).is_ok_and(|s| s.contains("(sleep) S "));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sleeping() {
+        assert!(std::time::Instant::now() < deadline, "the child never slept");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut counter = FdCounter::new(Path::new("/proc"));
+    let counts = counter.count_process(child.id());
+    // A process that is gone (no pid reaches 4e9) is skipped silently.
+    let total = counter.count(&[child.id(), 4_000_000_000]);
+    // The same by hand: every entry of the fd directory, and those linking to a socket.
+    let fd_dir = PathBuf::from(format!("/proc/{}/fd", child.id()));
+    let links: Vec<String> = std::fs::read_dir(&fd_dir)
+        .unwrap()
+        .map(|e| std::fs::read_link(e.unwrap().path()).unwrap().to_string_lossy().into_owned())
+        .collect();
+    let stdout = std::fs::read_link(fd_dir.join("1")).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let by_hand =
+        FdCounts { fds: links.len() as u64, sockets: links.iter().filter(|l| l.starts_with("socket:")).count() as u64 };
+    assert_eq!(counts, Some(by_hand), "{links:?}");
+    assert_eq!(total, by_hand);
+    assert!(by_hand.fds >= 3 && by_hand.sockets >= 1, "{links:?}");
+    assert!(stdout.to_string_lossy().starts_with("socket:["), "{}", stdout.display());
+    assert_eq!(counter.count_process(child.id()), None, "reaped: no fd directory");
+}
+
+#[test]
+fn the_fds_and_sockets_of_this_process_go_up() {
+    use super::processes::FdCounter;
+    use std::os::unix::net::UnixDatagram;
+    let mut counter = FdCounter::new(Path::new("/proc"));
+    let before = counter.count_process(std::process::id()).unwrap();
+    // More than one getdents64 buffer's worth of entries, to walk several batches.
+    let files: Vec<std::fs::File> = (0..1500).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+    let sockets: Vec<UnixDatagram> = (0..64).map(|_| UnixDatagram::unbound().unwrap()).collect();
+    let after = counter.count_process(std::process::id()).unwrap();
+    // Other tests open and close descriptors meanwhile: what this test holds is a floor,
+    // and no other test closes dozens of sockets at once.
+    assert!(after.fds >= (files.len() + sockets.len()) as u64, "{after:?}");
+    assert!(after.sockets >= sockets.len() as u64, "{after:?}");
+    assert!(after.sockets >= before.sockets + 32, "{before:?} -> {after:?}");
+    assert!(after.fds > before.fds, "{before:?} -> {after:?}");
+}
+
+#[test]
+fn max_open_files_is_the_soft_limit_of_proc_limits() {
+    use super::processes::parse_max_open_files;
+    let text = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit(2) fills the struct it is given.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) }, 0);
+    let soft = if limit.rlim_cur == libc::RLIM_INFINITY { -1 } else { limit.rlim_cur as i64 };
+    assert_eq!(parse_max_open_files(&text), Some(soft), "{text}");
+
+    assert_eq!(parse_max_open_files(&limits("unlimited", "unlimited")), Some(-1));
+    assert_eq!(parse_max_open_files(&limits("1024", "unlimited")), Some(1024));
+    assert_eq!(parse_max_open_files(&limits("1024", "many")), None, "an unparsable hard limit drops the line");
+    assert_eq!(parse_max_open_files(&limits("some", "1024")), None);
+    assert_eq!(
+        parse_max_open_files("Max cpu time              unlimited            unlimited            seconds\n"),
+        None
+    );
+}
+
+/// The value and timestamp of `family` on the row of `id` (with `extra` labels), if any.
+fn sample_of(
+    ours: &BTreeMap<String, Parsed>,
+    family: &str,
+    id: &str,
+    extra: &[(&str, &str)],
+) -> Option<(String, Option<i64>)> {
+    ours[family]
+        .samples
+        .iter()
+        .find(|s| s.0["id"] == id && extra.iter().all(|(k, v)| s.0.get(*k).is_some_and(|x| x == v)))
+        .map(|s| (s.1.clone(), s.2))
+}
+
+#[test]
+fn cadvisor_spec_process_and_task_families_on_v1() {
+    let (_, c, text) = cadvisor_fixture_after_two_passes();
+    let ours = parse_text(&text);
+    let ts = Some((T0 + 10) as i64 * 1000 + 123);
+    let app = format!("{POD_CG}/c1");
+    let sidecar = format!("{POD_CG}/c2");
+    let get = |family: &str, id: &str| sample_of(&ours, family, id, &[]);
+
+    // Spec families: no timestamp.
+    assert_eq!(get("container_spec_cpu_period", &app), Some(("50000".into(), None)));
+    assert_eq!(get("container_spec_cpu_shares", &app), Some(("102".into(), None)));
+    assert_eq!(get("container_spec_memory_reservation_limit_bytes", &app), Some(("6.7108864e+07".into(), None)));
+    assert_eq!(get("container_spec_cpu_shares", POD_CG), Some(("307".into(), None)));
+    assert_eq!(get("container_spec_memory_reservation_limit_bytes", POD_CG), Some(("0".into(), None)), "unlimited");
+    assert_eq!(get("container_spec_cpu_shares", "/"), Some(("1024".into(), None)));
+    assert_eq!(get("container_spec_cpu_period", "/"), Some(("100000".into(), None)));
+    assert_eq!(get("container_spec_cpu_period", &sidecar), None, "no cpu directory: no cpu spec");
+
+    // Stats families: the stats' timestamp.
+    assert_eq!(get("container_threads_max", &app), Some(("1024".into(), ts)));
+    assert_eq!(get("container_threads_max", POD_CG), Some(("0".into(), ts)), "max");
+    assert_eq!(get("container_threads_max", &sidecar), Some(("0".into(), ts)), "no pids.max");
+    // app: 4242's five descriptors, two of them sockets; 4243 is gone.
+    assert_eq!(get("container_file_descriptors", &app), Some(("5".into(), ts)));
+    assert_eq!(get("container_sockets", &app), Some(("2".into(), ts)));
+    let ulimit = |id: &str| sample_of(&ours, "container_ulimits_soft", id, &[("ulimit", "max_open_files")]);
+    assert_eq!(ulimit(&app), Some(("1.048576e+06".into(), ts)));
+    // The pod cgroup has no process of its own and no root process.
+    assert_eq!(get("container_file_descriptors", POD_CG), Some(("0".into(), ts)));
+    assert_eq!(get("container_sockets", POD_CG), Some(("0".into(), ts)));
+    assert_eq!(ulimit(POD_CG), None);
+    // The root: its own processes (pid 1; pid 2 has no fd directory) and pid 1's limit.
+    let root_ts = Some(T0 as i64 * 1000 + 10_123);
+    assert_eq!(get("container_file_descriptors", "/"), Some(("3".into(), root_ts)));
+    assert_eq!(get("container_sockets", "/"), Some(("1".into(), root_ts)));
+    assert_eq!(ulimit("/"), Some(("-1".into(), root_ts)), "unlimited");
+    // sidecar's processes are not in the cpu hierarchy of the fixture: no process stats.
+    assert_eq!(get("container_file_descriptors", &sidecar), None);
+    assert_eq!(ulimit(&sidecar), None);
+    assert_eq!(ours["container_ulimits_soft"].samples.len(), 2);
+
+    // Load and task states: zeros on every row, as the kubelet's cAdvisor serves them.
+    let rows = 1 + c.pods.iter().map(|p| 1 + p.containers.len()).sum::<usize>();
+    assert_eq!(ours["container_cpu_load_average_10s"].samples.len(), rows);
+    assert_eq!(ours["container_tasks_state"].samples.len(), 5 * rows);
+    assert!(ours["container_tasks_state"].samples.iter().all(|s| s.1 == "0" && s.2.is_some()));
+    for state in cadvisor::TASK_STATES {
+        assert_eq!(sample_of(&ours, "container_tasks_state", &app, &[("state", state)]), Some(("0".into(), ts)));
+    }
+    assert_eq!(get("container_cpu_load_average_10s", &app), Some(("0".into(), ts)));
+
+    // System containers are not rows of the endpoint: no spec files read, no walk.
+    let pods = &c.system_containers[0].stats;
+    assert_eq!((pods.spec, pods.process_stats), (None, None));
+}
+
+#[test]
+fn cadvisor_spec_and_process_families_on_v2() {
+    let mut f = v2_fixture();
+    let c = f.collect();
+    let ours = parse_text(&cadvisor::render_with(&c, &cadvisor_machine()));
+    let app = format!("{POD_CG}/c1");
+    let value = |family: &str, id: &str| sample_of(&ours, family, id, &[]).map(|(v, _)| v);
+    assert_eq!(value("container_spec_cpu_shares", &app).as_deref(), Some("998"), "weight 39");
+    assert_eq!(value("container_spec_cpu_period", &app).as_deref(), Some("100000"));
+    assert_eq!(value("container_spec_memory_reservation_limit_bytes", &app).as_deref(), Some("3.3554432e+07"));
+    assert_eq!(value("container_threads_max", &app).as_deref(), Some("1024"));
+    assert_eq!(value("container_file_descriptors", &app).as_deref(), Some("5"));
+    assert_eq!(value("container_sockets", &app).as_deref(), Some("2"));
+    assert_eq!(value("container_spec_cpu_shares", POD_CG).as_deref(), Some("290"), "weight 12");
+    assert_eq!(value("container_spec_cpu_period", POD_CG).as_deref(), Some("100000"));
+    assert_eq!(value("container_threads_max", POD_CG).as_deref(), Some("0"));
+    // The root has none of the spec files: zeros, as cAdvisor reads them there.
+    assert_eq!(value("container_spec_cpu_shares", "/").as_deref(), Some("0"));
+    assert_eq!(value("container_spec_cpu_period", "/").as_deref(), Some("0"));
+    assert_eq!(value("container_threads_max", "/").as_deref(), Some("0"));
+    assert_eq!(value("container_file_descriptors", "/").as_deref(), Some("3"));
+    let ulimit = sample_of(&ours, "container_ulimits_soft", "/", &[("ulimit", "max_open_files")]);
+    assert_eq!(ulimit.map(|(v, _)| v).as_deref(), Some("-1"));
+}
+
+// ---------------------------------------------------------------------------------------
 // Filesystem stats: the walker, the background `du` cache, mount tables, the Summary's
 // filesystem fields and the `container_fs_*` families.
 
@@ -1975,7 +2331,8 @@ fn tricky_machine() -> cadvisor::MachineInfo {
 const CADVISOR_GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/golden/cadvisor-tricky.txt");
 
 /// The rendering is compared byte for byte with a kept exposition (written by the
-/// renderer before its rewrite for speed, checked with promtool; rewrite it with
+/// renderer before its rewrite for speed, renewed when the spec, process and task
+/// families were added, checked with promtool each time; rewrite it with
 /// `SWIFTLET_BLESS=1` only for an intended change of output).
 #[test]
 fn cadvisor_text_is_byte_for_byte_the_kept_one() {
@@ -1993,11 +2350,35 @@ fn cadvisor_text_is_byte_for_byte_the_kept_one() {
             first.and_then(|i| kept.lines().nth(i))
         );
     }
-    // The benchmark's node, as the renderer wrote it before its rewrite.
+    // The benchmark's node: without the families added since, as the renderer wrote it
+    // before its rewrite; with them, as kept.
     let text = cadvisor::render_with(&synthetic::collection(synthetic::Shape::BENCH_250), &tricky_machine());
-    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+    let sha = |t: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()));
+    let added = [
+        "container_cpu_load_average_10s",
+        "container_file_descriptors",
+        "container_sockets",
+        "container_spec_cpu_period",
+        "container_spec_cpu_shares",
+        "container_spec_memory_reservation_limit_bytes",
+        "container_tasks_state",
+        "container_threads_max",
+        "container_ulimits_soft",
+    ];
+    let before: String = text
+        .lines()
+        .filter(|l| {
+            let name = l.strip_prefix("# HELP ").or_else(|| l.strip_prefix("# TYPE ")).unwrap_or(l);
+            !added.contains(&name.split(['{', ' ']).next().unwrap())
+        })
+        .flat_map(|l| [l, "\n"])
+        .collect();
     assert_eq!(
-        (text.len(), digest.as_str()),
+        (before.len(), sha(&before).as_str()),
         (5_869_377, "3387d71bb73097b9cc218f56a9f708e530fc23a41c07cd3a0e55035e7a1c6134")
+    );
+    assert_eq!(
+        (text.len(), sha(&text).as_str()),
+        (7_506_880, "21aa494a73f0be0048c6815388291a0eacf173cc8c0f4780bd730b2ed29a05a5")
     );
 }
