@@ -1,0 +1,284 @@
+//! End-to-end tests of ephemeral containers (`kubectl debug`): a real `swiftlet` in API
+//! mode against the test API server, which serves `pods/<name>/ephemeralcontainers`;
+//! debuggers are added as kubectl adds them (a strategic merge patch of that subresource)
+//! and run in the test bed's containerd. A debugger with `targetContainerName` shares its
+//! target's pid namespace: its `/proc/1` is the target's main process.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::streaming::{self, WsChannels};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+
+const NODE: &str = "e2e-node";
+const BUSYBOX: &str = "localhost/busybox:latest";
+/// Part of the target's command line, so that a debugger can tell it sees the target.
+const MARKER: &str = "marker-31415";
+
+async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let api = TestApiServer::start(Options::default()).await?;
+    let agent =
+        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
+            .await?;
+    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
+    Ok((api, agent, cri))
+}
+
+/// A container that idles until SIGTERM, its command line carrying [`MARKER`].
+fn idler(name: &str) -> Value {
+    json!({
+        "name": name,
+        "image": BUSYBOX,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", format!("trap 'exit 0' TERM; while true; do sleep 1; done # {MARKER}")],
+    })
+}
+
+fn pod(name: &str, spec: Value) -> Result<Pod> {
+    let mut spec = spec;
+    spec["nodeName"] = json!(NODE);
+    spec["terminationGracePeriodSeconds"] = json!(2);
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    }))?)
+}
+
+/// What `kubectl debug` sends: a strategic merge patch of the `ephemeralcontainers`
+/// subresource adding `debugger`.
+async fn debug(api: &TestApiServer, pod: &str, debugger: Value) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(api.client().await?, "default");
+    let patch = json!({"spec": {"ephemeralContainers": [debugger]}});
+    Ok(pods.patch_subresource("ephemeralcontainers", pod, &PatchParams::default(), &Patch::Strategic(patch)).await?)
+}
+
+/// A debugger running `script` in busybox, in `target`'s pid namespace if given.
+fn debugger(name: &str, target: Option<&str>, script: &str) -> Value {
+    let mut d = json!({
+        "name": name,
+        "image": BUSYBOX,
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePolicy": "File",
+        "command": ["sh", "-c", script],
+    });
+    if let Some(t) = target {
+        d["targetContainerName"] = json!(t);
+    }
+    d
+}
+
+fn status_of(p: &Pod, list: &str, name: &str) -> Option<Value> {
+    let status = serde_json::to_value(p.status.as_ref()?).ok()?;
+    status[list].as_array()?.iter().find(|c| c["name"] == name).cloned()
+}
+
+fn ephemeral(p: &Pod, name: &str) -> Option<Value> {
+    status_of(p, "ephemeralContainerStatuses", name)
+}
+
+fn running(c: Option<&Value>) -> bool {
+    c.is_some_and(|c| !c["state"]["running"].is_null())
+}
+
+fn condition(p: &Pod, type_: &str) -> Option<String> {
+    let c = p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)?;
+    Some(c.status.clone())
+}
+
+/// Polls until `check` holds for the API pod, with the pod's status and the agent's log
+/// on failure.
+async fn eventually(
+    api: &TestApiServer,
+    agent: &Agent,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Result<Pod> {
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        if let Some(p) = api.get::<Pod>(Some("default"), name)
+            && check(&p)
+        {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            let p = api.get::<Pod>(Some("default"), name);
+            bail!(
+                "{what}: not reached in 60 s\nstatus: {}\n{}",
+                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
+                tail(&agent.log(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls `/metrics` until `series` is `want` (gauges follow the API's watch).
+async fn metric_is(agent: &Agent, series: &str, want: f64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = agent.metric(series).await?;
+        if (got - want).abs() < 0.5 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{series} is {got}, not {want}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The runtime's containers of pod `uid` named `name`.
+async fn containers_named(cri: &Cri, uid: &str, name: &str) -> Result<Vec<k8s_cri::v1::Container>> {
+    Ok(cri.containers(uid).await?.into_iter().filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == name)).collect())
+}
+
+/// Deletes the API pod and waits until the agent has terminated it and the API server
+/// removed it; then nothing of it may run.
+async fn delete_and_check_stopped(api: &TestApiServer, cri: &Cri, name: &str, uid: &str) -> Result<()> {
+    api.delete::<Pod>(Some("default"), name, Some(2))?;
+    api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| p.is_none()).await?;
+    let left: Vec<String> = cri
+        .containers(uid)
+        .await?
+        .into_iter()
+        .filter(|c| c.state == 1)
+        .filter_map(|c| c.metadata.map(|m| m.name))
+        .collect();
+    ensure!(left.is_empty(), "still running after the pod's deletion: {left:?}");
+    Ok(())
+}
+
+/// A debugger in the target's pid namespace sees its processes, its logs are served, it
+/// exits and is never started again; a second one without a target has its own pid
+/// namespace, answers exec and attach; both go with the pod.
+#[tokio::test]
+async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let created = api.create(&pod("dbg", json!({"containers": [idler("app")]}))?)?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    eventually(&api, &agent, "dbg", "app running", |p| running(status_of(p, "containerStatuses", "app").as_ref()))
+        .await?;
+
+    // In the target's pid namespace: pid 1 is the app's shell, and ps lists it.
+    let script = "echo \"pid1=$(tr '\\0' ' ' < /proc/1/cmdline)\"; ps; echo ps-done";
+    let patched = debug(&api, "dbg", debugger("debug-ps", Some("app"), script)).await?;
+    assert_eq!(patched.metadata.generation, Some(2));
+    let p = eventually(&api, &agent, "dbg", "debug-ps ran to completion", |p| {
+        ephemeral(p, "debug-ps").is_some_and(|c| c["state"]["terminated"]["exitCode"] == 0)
+    })
+    .await?;
+    let d = ephemeral(&p, "debug-ps").context("status")?;
+    assert_eq!(d["state"]["terminated"]["reason"], "Completed", "{d}");
+    assert!(d["containerID"].as_str().is_some_and(|id| id.starts_with("containerd://")), "{d}");
+    assert_eq!(
+        (d["ready"].as_bool(), d["restartCount"].as_i64(), d.get("started")),
+        (Some(false), Some(0), None),
+        "{d}"
+    );
+    assert!(["image", "imageID"].iter().all(|f| d[f].as_str().is_some_and(|i| !i.is_empty())), "{d}");
+    // The debugger neither made the pod unready nor changed its phase.
+    assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+    assert_eq!(condition(&p, "Ready").as_deref(), Some("True"));
+
+    let (code, logs) = agent.get("/containerLogs/default/dbg/debug-ps").await?;
+    assert_eq!(code, 200, "{logs}");
+    let pid1 = logs.lines().find_map(|l| l.strip_prefix("pid1=")).context(logs.clone())?;
+    assert!(pid1.starts_with("sh -c trap") && pid1.contains(MARKER), "pid 1 is not the target's: {logs}");
+    assert!(logs.lines().any(|l| l.contains(MARKER) && l.trim_start().starts_with("1 ")), "ps shows no target: {logs}");
+    assert!(logs.contains("ps-done"), "{logs}");
+
+    // A second debugger, without a target, that echoes its stdin: its own pid namespace.
+    let own = "echo \"own-pid1=$(tr '\\0' ' ' < /proc/1/cmdline)\"; while read l; do echo \"got $l\"; done";
+    let mut echo = debugger("debug-sh", None, own);
+    echo["stdin"] = json!(true);
+    debug(&api, "dbg", echo).await?;
+    let p = eventually(&api, &agent, "dbg", "debug-sh running", |p| running(ephemeral(p, "debug-sh").as_ref())).await?;
+    // The sync that started it left the exited debugger alone, as every later one will.
+    let d = ephemeral(&p, "debug-ps").context("status")?;
+    assert!(!d["state"]["terminated"].is_null() && d["restartCount"] == 0, "{d}");
+    assert_eq!(containers_named(&cri, &uid, "debug-ps").await?.len(), 1, "debug-ps was started again");
+    assert_eq!(containers_named(&cri, &uid, "debug-sh").await?.len(), 1);
+    let (_, logs) = agent.get("/containerLogs/default/dbg/debug-sh").await?;
+    assert!(logs.starts_with("own-pid1=sh -c echo") && !logs.contains(MARKER), "{logs}");
+
+    // Exec and attach find it by name, as any container.
+    let exec = "/exec/default/dbg/debug-sh?command=echo&command=exec-ok&stdout=1&stderr=1";
+    let mut ws = WsChannels::connect(agent.https_port, exec, &["v4.channel.k8s.io"]).await?;
+    let out = ws.collect(Duration::from_secs(30)).await?;
+    assert_eq!((out.stdout.as_str(), out.exit_code()?), ("exec-ok\n", 0), "{out:?}");
+    let attach = "/attach/default/dbg/debug-sh?stdin=1&stdout=1&stderr=1";
+    let mut ws = WsChannels::connect(agent.https_port, attach, &["v4.channel.k8s.io"]).await?;
+    ws.send(streaming::STDIN, b"ping\n").await?;
+    let mut stdout = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !stdout.contains("got ping\n") {
+            match ws.recv().await? {
+                Some((streaming::STDOUT, d)) => stdout.push_str(&String::from_utf8_lossy(&d)),
+                Some(_) => {}
+                None => bail!("attach closed; stdout {stdout:?}"),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .context("no echo through attach")??;
+
+    metric_is(&agent, "kubelet_started_containers_total{container_type=\"ephemeral_container\"}", 2.0).await?;
+    metric_is(&agent, "kubelet_managed_ephemeral_containers", 2.0).await?;
+
+    delete_and_check_stopped(&api, &cri, "dbg", &uid).await?;
+    metric_is(&agent, "kubelet_managed_ephemeral_containers", 0.0).await?;
+    agent.shutdown(&cri).await
+}
+
+/// A debugger starts while the pod's init container keeps failing (upstream starts them
+/// first), and one whose target has stopped is refused by the runtime and tried again at
+/// each sync, as upstream: nothing is created, the status says why.
+#[tokio::test]
+async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (api, agent, cri) = setup().await?;
+    let failing_init = json!({"name": "init", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                              "command": ["sh", "-c", "exit 1"]});
+    let created =
+        api.create(&pod("stuck", json!({"initContainers": [failing_init], "containers": [idler("app")]}))?)?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    eventually(&api, &agent, "stuck", "init failed once", |p| {
+        status_of(p, "initContainerStatuses", "init").is_some_and(|c| c["restartCount"].as_i64() >= Some(1))
+    })
+    .await?;
+    debug(&api, "stuck", debugger("debug", None, "trap 'exit 0' TERM; while true; do sleep 1; done")).await?;
+    let p = eventually(&api, &agent, "stuck", "debugger running", |p| running(ephemeral(p, "debug").as_ref())).await?;
+    assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
+    assert!(status_of(&p, "containerStatuses", "app").is_some_and(|c| c["state"]["running"].is_null()));
+    delete_and_check_stopped(&api, &cri, "stuck", &uid).await?;
+
+    // A target that ran and exited (restartPolicy Never; the pod runs on with `app`).
+    let short = json!({"name": "short", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent", "command": ["true"]});
+    let spec = json!({"restartPolicy": "Never", "containers": [idler("app"), short]});
+    let created = api.create(&pod("gone", spec)?)?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    eventually(&api, &agent, "gone", "short exited", |p| {
+        status_of(p, "containerStatuses", "short").is_some_and(|c| !c["state"]["terminated"].is_null())
+    })
+    .await?;
+    debug(&api, "gone", debugger("debug", Some("short"), "ps")).await?;
+    let p = eventually(&api, &agent, "gone", "debugger refused", |p| {
+        ephemeral(p, "debug").is_some_and(|c| c["state"]["waiting"]["reason"] == "CreateContainerError")
+    })
+    .await?;
+    let d = ephemeral(&p, "debug").context("status")?;
+    assert!(d["state"]["waiting"]["message"].as_str().is_some_and(|m| m.contains("not running")), "{d}");
+    assert!(containers_named(&cri, &uid, "debug").await?.is_empty());
+    let errors = agent.metric_sum("kubelet_started_containers_errors_total", "code=\"CreateContainerError\"").await?;
+    assert!(errors >= 1.0, "{errors}");
+    assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+    delete_and_check_stopped(&api, &cri, "gone", &uid).await?;
+    agent.shutdown(&cri).await
+}
