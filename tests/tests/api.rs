@@ -121,6 +121,10 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() -> Result<()> {
     let cs = &st.container_statuses.unwrap()[0];
     assert!(cs.container_id.as_deref().is_some_and(|c| c.starts_with("containerd://")));
     assert!(cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some());
+    // The image as containerd names it in the container's status (its repo tag), the id
+    // beside it, as upstream reports them.
+    assert_eq!(cs.image, "localhost/busybox:latest");
+    assert!(cs.image_id.starts_with("sha256:"), "{}", cs.image_id);
     assert_eq!(cri.containers(&uid).await?.len(), 1);
     // The pod startup SLI is observed once the running status comes back on the watch.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

@@ -115,7 +115,13 @@ impl RuntimeContainerStatus {
             started_at: status.and_then(|s| time_from_nanos(s.started_at)),
             finished_at: status.and_then(|s| time_from_nanos(s.finished_at)),
             exit_code: status.map_or(0, |s| s.exit_code),
-            image: listed.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
+            // The runtime's status names the image as the user knows it (containerd: its
+            // first repo tag); the listing has what the container was created from (the id).
+            image: status
+                .and_then(|s| s.image.as_ref())
+                .or(listed.image.as_ref())
+                .map(|i| i.image.clone())
+                .unwrap_or_default(),
             image_ref: status.map_or_else(|| listed.image_ref.clone(), |s| s.image_ref.clone()),
             reason: status.map(|s| s.reason.clone()).unwrap_or_default(),
             message: status.map(|s| s.message.clone()).unwrap_or_default(),
