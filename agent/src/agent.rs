@@ -776,6 +776,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             runtime_name,
             sync_frequency: kc.sync_frequency.to_std(),
             host_ip: host_ip.clone(),
+            runtime_state: Some(runtime_state.clone()),
         }),
         tracker.clone(),
         shutdown.clone(),

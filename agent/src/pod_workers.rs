@@ -99,6 +99,9 @@ pub struct SyncDeps {
     pub runtime_name: String,
     pub sync_frequency: Duration,
     pub host_ip: Option<String>,
+    /// The runtime's state: a pod on the pod network does not start while the runtime
+    /// says the network is not ready (upstream's `networkErrors` check in `SyncPod`).
+    pub runtime_state: Option<Arc<crate::node::runtime_state::RuntimeState>>,
 }
 
 struct Work {
@@ -579,6 +582,16 @@ impl Worker {
             self.workers.set_state(&self.uid, WorkerState::Terminating);
             return Duration::ZERO;
         }
+        // Only pods on the host's network start while the pod network is not ready.
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        if let Some(e) = self.deps.runtime_state.as_ref().and_then(|s| s.network_error())
+            && !host_network
+        {
+            let message = format!("network is not ready: {e}");
+            tracing::warn!(pod = %name, error = %message, "not syncing the pod");
+            self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "NetworkNotReady", message);
+            return ERROR_REQUEUE;
+        }
         // Probe workers for the pod's containers (idempotent, as upstream `AddPod` in SyncPod).
         if let Some(probes) = self.deps.runtime.probes() {
             probes.add_pod(&pod);
@@ -793,6 +806,7 @@ mod tests {
         rt: Arc<FakeRuntime>,
         workers: PodWorkers,
         status: Arc<StatusManager>,
+        recorder: Arc<MemoryRecorder>,
         _dir: tempfile::TempDir,
         stop: CancellationToken,
     }
@@ -802,6 +816,13 @@ mod tests {
     }
 
     fn env_with(clock: Arc<dyn Clock>) -> Env {
+        env_with_state(clock, None)
+    }
+
+    fn env_with_state(
+        clock: Arc<dyn Clock>,
+        runtime_state: Option<Arc<crate::node::runtime_state::RuntimeState>>,
+    ) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let rt = Arc::new(FakeRuntime::with_images(&["img"]).with_clock(clock.clone()));
         let metrics = Arc::new(KubeletMetrics::unregistered());
@@ -824,19 +845,21 @@ mod tests {
             )),
         );
         let status = Arc::new(StatusManager::default());
+        let recorder = Arc::new(MemoryRecorder::new("n"));
         let deps = Arc::new(SyncDeps {
             runtime: Arc::new(manager),
             cm,
             status: status.clone(),
             metrics,
-            recorder: Arc::new(MemoryRecorder::new("n")),
+            recorder: recorder.clone(),
             runtime_name: "fake".into(),
             sync_frequency: Duration::from_mins(1),
             host_ip: None,
+            runtime_state,
         });
         let stop = CancellationToken::new();
         let workers = PodWorkers::new(deps, TaskTracker::new(), stop.clone());
-        Env { rt, workers, status, _dir: dir, stop }
+        Env { rt, workers, status, recorder, _dir: dir, stop }
     }
 
     async fn wait_for<F: Fn() -> bool>(f: F) {
@@ -861,6 +884,51 @@ mod tests {
         assert!(e.rt.containers_named("c").is_empty());
         assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty());
         assert!(e.status.get("u1").is_none());
+        e.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn only_host_network_pods_start_while_the_pod_network_is_not_ready() {
+        use crate::node::runtime_state::RuntimeState;
+        use crate::runtime::api;
+        let state = Arc::new(RuntimeState::default());
+        let e = env_with_state(Arc::new(SystemClock), Some(state.clone()));
+        let ready = |network: bool| api::StatusResponse {
+            status: Some(api::RuntimeStatus {
+                conditions: ["RuntimeReady", "NetworkReady"]
+                    .iter()
+                    .map(|t| api::RuntimeCondition {
+                        r#type: (*t).into(),
+                        status: *t == "RuntimeReady" || network,
+                        reason: "NetworkPluginNotReady".into(),
+                        message: "cni plugin not initialized".into(),
+                    })
+                    .collect(),
+            }),
+            ..Default::default()
+        };
+        state.apply(Ok(&ready(false)));
+        // (The helper's pods are on the host's network.)
+        let mut net = pod("u-net", "net", "Always", false);
+        net.spec.as_mut().unwrap().host_network = None;
+        e.workers.update_pod(pod("u-host", "host", "Always", false), WorkType::Create);
+        e.workers.update_pod(net.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u-host").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        wait_for(|| e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("NetworkNotReady"))).await;
+        let event = e.recorder.list().into_iter().find(|ev| ev.reason.as_deref() == Some("NetworkNotReady")).unwrap();
+        assert_eq!(
+            event.message.as_deref(),
+            Some(
+                "network is not ready: container runtime network not ready: NetworkReady=false \
+                 reason:NetworkPluginNotReady message:cni plugin not initialized"
+            )
+        );
+        assert!(e.rt.list_pod_sandbox(None).await.unwrap().len() == 1, "only the host-network pod's sandbox");
+        // The network comes up: the other pod starts at its next sync (its retry, here
+        // a resync at once rather than in 10 s).
+        state.apply(Ok(&ready(true)));
+        e.workers.update_pod(net, WorkType::Sync);
+        wait_for(|| e.status.get("u-net").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
         e.stop.cancel();
     }
 

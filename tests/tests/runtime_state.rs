@@ -1,5 +1,6 @@
 //! End-to-end tests of what the agent reads from the runtime's CRI `Status`: the node is
-//! not ready while containerd's pod network is not (its CNI configuration removed), and
+//! not ready while containerd's pod network is not (its CNI configuration removed), when
+//! only pods on the host's network start, and
 //! pods asking for `supplementalGroupsPolicy: Strict` are refused on containerd 1.6,
 //! which cannot honour it (the node's `status.features` says so).
 
@@ -95,10 +96,56 @@ async fn the_node_is_not_ready_while_the_pod_network_is_not() -> Result<()> {
         "{message}"
     );
 
+    // Meanwhile a pod on the host's network starts; one on the pod network waits.
+    let host_uid = api.create(&sleeper("on-host", true))?.metadata.uid.unwrap();
+    let net_uid = api.create(&sleeper("on-pod-network", false))?.metadata.uid.unwrap();
+    wait_phase(&api, "on-host", "Running", 60).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let event = loop {
+        let events = api.list::<k8s_openapi::api::core::v1::Event>(Some("default"));
+        if let Some(e) = events.into_iter().find(|e| e.reason.as_deref() == Some("NetworkNotReady")) {
+            break e;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no NetworkNotReady event\n{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(event.involved_object.name.as_deref(), Some("on-pod-network"));
+    assert!(event.message.unwrap_or_default().starts_with("network is not ready: container runtime network not ready"));
+    assert!(cri.sandboxes(&net_uid).await?.is_empty(), "no sandbox while the network is not ready");
+    assert_eq!(cri.sandboxes(&host_uid).await?.len(), 1);
+
     aside.restore()?;
     let back = wait_ready(&api, 60, |c| c.status == "True").await?;
     assert_eq!(back.reason.as_deref(), Some("KubeletReady"));
+    // The waiting pod starts at its next try (within the 10 s retry).
+    wait_phase(&api, "on-pod-network", "Running", 60).await?;
+    for name in ["on-host", "on-pod-network"] {
+        api.delete::<Pod>(Some("default"), name, Some(0))?;
+    }
     agent.shutdown(&cri).await
+}
+
+fn sleeper(name: &str, host_network: bool) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "hostNetwork": host_network,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
+                            "command": ["sleep", "3600"]}]
+        }
+    }))
+    .expect("a valid pod")
+}
+
+async fn wait_phase(api: &TestApiServer, name: &str, phase: &str, secs: u64) -> Result<()> {
+    api.wait_for::<Pod>(Some("default"), name, Duration::from_secs(secs), |p| {
+        p.is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+    })
+    .await?;
+    Ok(())
 }
 
 #[tokio::test]

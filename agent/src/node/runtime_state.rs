@@ -8,6 +8,8 @@
 //!   RuntimeReady=false reason:... message:...", "container runtime network not ready:
 //!   NetworkReady=false reason:NetworkPluginNotReady message:...", the CNI plugin not yet
 //!   set up, say);
+//! - pods: one on the pod network does not start while the network is not ready ("network
+//!   is not ready: ...", event `NetworkNotReady`, retried every 10 s); host-network pods do;
 //! - the runtime's features (`supplemental_groups_policy`): the node status'
 //!   `features.supplementalGroupsPolicy`, and the admission of pods asking for
 //!   `supplementalGroupsPolicy: Strict`.
@@ -38,7 +40,7 @@ struct Inner {
     supplemental_groups_policy: bool,
 }
 
-/// The runtime's state, shared by the node status and admission.
+/// The runtime's state, shared by the node status, admission and the pod workers.
 #[derive(Debug)]
 pub struct RuntimeState {
     inner: RwLock<Inner>,

@@ -3747,6 +3747,7 @@ mod tests {
                     runtime_name: "fake".into(),
                     sync_frequency: Duration::from_millis(50),
                     host_ip: None,
+                    runtime_state: None,
                 }),
                 TaskTracker::new(),
                 stop.clone(),
