@@ -13,15 +13,6 @@ use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
 
 const NODE: &str = "e2e-node";
 
-async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    Ok((api, agent, cri))
-}
-
 fn pod(name: &str, spec: &serde_json::Value) -> Pod {
     let mut s = json!({
         "nodeName": NODE,
@@ -54,7 +45,7 @@ async fn wait_pod(api: &TestApiServer, name: &str, secs: u64, pred: impl Fn(&Pod
 #[tokio::test]
 async fn node_registers_stays_ready_and_renews_its_lease() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let node = api
         .wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
             n.and_then(|n| n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned())
@@ -102,7 +93,7 @@ async fn node_registers_stays_ready_and_renews_its_lease() -> Result<()> {
 #[tokio::test]
 async fn api_pod_runs_reports_status_and_is_deleted_gracefully() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
     let created = api.create(&pod("web", &json!({})))?;
     let uid = created.metadata.uid.clone().unwrap();
@@ -148,7 +139,7 @@ async fn api_pod_runs_reports_status_and_is_deleted_gracefully() -> Result<()> {
 #[tokio::test]
 async fn admission_rejects_a_pod_that_does_not_fit() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
         n.is_some_and(|n| n.status.as_ref().and_then(|s| s.allocatable.as_ref()).is_some())
     })
@@ -172,7 +163,7 @@ async fn admission_rejects_a_pod_that_does_not_fit() -> Result<()> {
 #[tokio::test]
 async fn static_pods_get_mirror_pods() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     agent.write_manifest(
         "static.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: static\nspec:\n  containers:\n  - name: main\n    image: localhost/busybox:latest\n    imagePullPolicy: IfNotPresent\n    command: [\"sleep\", \"3600\"]\n",
@@ -211,7 +202,7 @@ async fn static_pods_get_mirror_pods() -> Result<()> {
 #[tokio::test]
 async fn api_server_outage_leaves_pods_running_and_status_converges() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
     let uid = api.create(&pod("steady", &json!({})))?.metadata.uid.unwrap();
     wait_pod(&api, "steady", 60, |p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).await?;
@@ -265,7 +256,7 @@ async fn cat(cri: &Cri, id: &str, path: &str) -> Result<String> {
 async fn configmap_secret_and_token_volumes_and_env() -> Result<()> {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "settings", "namespace": "default"},

@@ -7,27 +7,17 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::apiserver::TestApiServer;
 use swiftlet_tests::streaming::{self, WsChannels};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+use swiftlet_tests::{Agent, Cri, testbed_lock};
 
 const NODE: &str = "e2e-node";
 const BUSYBOX: &str = "localhost/busybox:latest";
 /// Part of the target's command line, so that a debugger can tell it sees the target.
 const MARKER: &str = "marker-31415";
-
-async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
-    Ok((api, agent, cri))
-}
 
 /// A container that idles until SIGTERM, its command line carrying [`MARKER`].
 fn idler(name: &str) -> Value {
@@ -100,23 +90,7 @@ async fn eventually(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Result<Pod> {
-    let deadline = Instant::now() + Duration::from_mins(1);
-    loop {
-        if let Some(p) = api.get::<Pod>(Some("default"), name)
-            && check(&p)
-        {
-            return Ok(p);
-        }
-        if Instant::now() > deadline {
-            let p = api.get::<Pod>(Some("default"), name);
-            bail!(
-                "{what}: not reached in 60 s\nstatus: {}\n{}",
-                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
-                tail(&agent.log(), 40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    swiftlet_tests::eventually_pod(api, agent, name, 60, what, check).await
 }
 
 /// Polls `/metrics` until `series` is `want` (gauges follow the API's watch).
@@ -159,7 +133,7 @@ async fn delete_and_check_stopped(api: &TestApiServer, cri: &Cri, name: &str, ui
 #[tokio::test]
 async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let created = api.create(&pod("dbg", json!({"containers": [idler("app")]}))?)?;
     let uid = created.metadata.uid.clone().context("uid")?;
     eventually(&api, &agent, "dbg", "app running", |p| running(status_of(p, "containerStatuses", "app").as_ref()))
@@ -243,7 +217,7 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
 #[tokio::test]
 async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let failing_init = json!({"name": "init", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
                               "command": ["sh", "-c", "exit 1"]});
     let created =

@@ -5,24 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use swiftlet_tests::apiserver::{Options, TestApiServer};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+use swiftlet_tests::apiserver::TestApiServer;
+use swiftlet_tests::{Agent, Cri, tail, testbed_lock};
 
 const NODE: &str = "e2e-node";
-
-async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    api.wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| n.is_some()).await?;
-    Ok((api, agent, cri))
-}
 
 /// A Burstable pod: requests cpu 100m / memory 64Mi, limits cpu 200m / memory 128Mi.
 fn pod(name: &str, resize_policy: Option<Value>) -> Pod {
@@ -106,29 +96,13 @@ async fn eventually(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Result<Pod> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(p) = api.get::<Pod>(Some("default"), name)
-            && check(&p)
-        {
-            return Ok(p);
-        }
-        if Instant::now() > deadline {
-            let p = api.get::<Pod>(Some("default"), name);
-            bail!(
-                "{what}: not reached in {secs}s\nstatus: {}\n{}",
-                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
-                tail(&agent.log(), 40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    swiftlet_tests::eventually_pod(api, agent, name, secs, what, check).await
 }
 
 #[tokio::test]
 async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let created = api.create(&pod("inplace", None))?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&api, &agent, "inplace", 60, "running", running).await?;
@@ -193,7 +167,7 @@ async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
 #[tokio::test]
 async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let policy = json!([
         {"resourceName": "cpu", "restartPolicy": "NotRequired"},
         {"resourceName": "memory", "restartPolicy": "RestartContainer"},
@@ -226,7 +200,7 @@ async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Resul
 #[tokio::test]
 async fn infeasible_resize_is_pending_and_changes_nothing() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let created = api.create(&pod("huge", None))?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&api, &agent, "huge", 60, "running", running).await?;
@@ -282,7 +256,7 @@ fn cpu_pod(name: &str, cpu: &str) -> Pod {
 #[tokio::test]
 async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let node = api.get::<Node>(None, NODE).context("node")?;
     let alloc =
         node.status.and_then(|s| s.allocatable).and_then(|a| a.get("cpu").cloned()).context("allocatable cpu")?;
@@ -340,7 +314,7 @@ async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
 #[tokio::test]
 async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, mut agent, cri) = setup().await?;
+    let (api, mut agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let created = api.create(&pod("kept", None))?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&api, &agent, "kept", 60, "running", running).await?;
@@ -392,7 +366,7 @@ async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<
 #[tokio::test]
 async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let mut p = pod("lowmem", None);
     // 60Mi of shared memory, charged to the pod's memory cgroup.
     p.spec.as_mut().context("spec")?.containers[0].command = Some(vec![

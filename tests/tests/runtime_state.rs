@@ -10,19 +10,10 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use serde_json::json;
-use swiftlet_tests::apiserver::{Options, TestApiServer};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+use swiftlet_tests::apiserver::TestApiServer;
+use swiftlet_tests::testbed_lock;
 
 const NODE: &str = "e2e-node";
-
-async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    Ok((api, agent, cri))
-}
 
 fn ready(node: Option<&Node>) -> Option<NodeCondition> {
     node?.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned()
@@ -80,7 +71,7 @@ impl Drop for CniConfigAside {
 #[tokio::test]
 async fn the_node_is_not_ready_while_the_pod_network_is_not() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     wait_ready(&api, 30, |c| c.status == "True").await?;
 
     let mut aside = CniConfigAside::new(&cni_conf_dir()?)?;
@@ -151,7 +142,7 @@ async fn wait_phase(api: &TestApiServer, name: &str, phase: &str, secs: u64) -> 
 #[tokio::test]
 async fn strict_supplemental_groups_are_refused_by_a_runtime_without_them() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
     let node = api
         .wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
             n.is_some_and(|n| n.status.as_ref().and_then(|s| s.features.as_ref()).is_some())

@@ -227,6 +227,27 @@ pub struct CgroupStats {
     pub process_stats: Option<ProcessStats>,
 }
 
+impl CgroupStats {
+    /// Stats taken at `time` with nothing read (yet).
+    #[must_use]
+    pub fn empty(time: SystemTime) -> Self {
+        Self {
+            time,
+            cpu: None,
+            memory: None,
+            tasks: None,
+            processes: None,
+            first_pid: None,
+            cpu_pressure: None,
+            memory_pressure: None,
+            io_pressure: None,
+            io: Vec::new(),
+            spec: None,
+            process_stats: None,
+        }
+    }
+}
+
 /// What a cgroup's spec files say (cAdvisor's `ContainerSpec` as `container/common`
 /// `GetSpec` reads it), for the `container_spec_*` families and `container_threads_max`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -518,20 +539,7 @@ impl CgroupReader {
     /// existing cgroup leave their fields `None`.
     pub fn read(&mut self, cgroup: &str, time: SystemTime, opts: ReadOptions) -> Option<CgroupStats> {
         let Self { hierarchies, buf, v1_io_files } = self;
-        let mut stats = CgroupStats {
-            time,
-            cpu: None,
-            memory: None,
-            tasks: None,
-            processes: None,
-            first_pid: None,
-            cpu_pressure: None,
-            memory_pressure: None,
-            io_pressure: None,
-            io: Vec::new(),
-            spec: None,
-            process_stats: None,
-        };
+        let mut stats = CgroupStats::empty(time);
         let exists = match &*hierarchies {
             CgroupHierarchies::V1 { cpuacct, cpu, memory, pids, blkio, unified } => {
                 let cpuacct_dir = join(cpuacct, cgroup);

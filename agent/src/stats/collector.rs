@@ -526,20 +526,7 @@ impl Collector {
     }
 
     fn collect_node(&mut self, inventory: &Inventory, time: SystemTime, seen: &mut HashSet<String>) -> NodeSample {
-        let mut stats = self.reader.read("/", time, CADVISOR_ROW).unwrap_or(CgroupStats {
-            time,
-            cpu: None,
-            memory: None,
-            tasks: None,
-            processes: None,
-            first_pid: None,
-            cpu_pressure: None,
-            memory_pressure: None,
-            io_pressure: None,
-            io: Vec::new(),
-            spec: None,
-            process_stats: None,
-        });
+        let mut stats = self.reader.read("/", time, CADVISOR_ROW).unwrap_or_else(|| CgroupStats::empty(time));
         // cAdvisor's root container has pid 1 as its root process.
         stats.process_stats = self.process_stats("/", Some(1));
         let proc_root = self.config.proc_root.clone();
