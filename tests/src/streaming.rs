@@ -257,6 +257,25 @@ impl WsChannels {
         }
     }
 
+    /// Reads stdout until it contains `want` (other channels are skipped); fails after
+    /// `timeout` or when the server closes first, with what stdout had.
+    pub async fn stdout_until(&mut self, want: &str, timeout: Duration) -> Result<String> {
+        let mut stdout = String::new();
+        tokio::time::timeout(timeout, async {
+            while !stdout.contains(want) {
+                match self.recv().await? {
+                    Some((STDOUT, d)) => stdout.push_str(&String::from_utf8_lossy(&d)),
+                    Some(_) => {}
+                    None => bail!("closed before {want:?} on stdout; stdout {stdout:?}"),
+                }
+            }
+            Ok(())
+        })
+        .await
+        .with_context(|| format!("no {want:?} on stdout in {timeout:?}"))??;
+        Ok(stdout)
+    }
+
     /// Reads until the server closes: what came on each channel, in order.
     pub async fn collect(&mut self, timeout: Duration) -> Result<Collected> {
         let mut out = Collected::default();

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -189,19 +189,7 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
     let attach = "/attach/default/dbg/debug-sh?stdin=1&stdout=1&stderr=1";
     let mut ws = WsChannels::connect(agent.https_port, attach, &["v4.channel.k8s.io"]).await?;
     ws.send(streaming::STDIN, b"ping\n").await?;
-    let mut stdout = String::new();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !stdout.contains("got ping\n") {
-            match ws.recv().await? {
-                Some((streaming::STDOUT, d)) => stdout.push_str(&String::from_utf8_lossy(&d)),
-                Some(_) => {}
-                None => bail!("attach closed; stdout {stdout:?}"),
-            }
-        }
-        Ok(())
-    })
-    .await
-    .context("no echo through attach")??;
+    ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;
 
     metric_is(&agent, "kubelet_started_containers_total{container_type=\"ephemeral_container\"}", 2.0).await?;
     metric_is(&agent, "kubelet_managed_ephemeral_containers", 2.0).await?;

@@ -153,19 +153,7 @@ async fn attach_websocket(agent: &Agent) -> Result<()> {
     let path = format!("/attach/default/{pod}/echo?stdin=1&stdout=1&stderr=1");
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     ws.send(streaming::STDIN, b"ping\n").await?;
-    let mut stdout = String::new();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while !stdout.contains("got ping\n") {
-            match ws.recv().await? {
-                Some((streaming::STDOUT, d)) => stdout.push_str(&String::from_utf8_lossy(&d)),
-                Some(_) => {}
-                None => bail!("attach closed; stdout {stdout:?}"),
-            }
-        }
-        Ok(())
-    })
-    .await
-    .context("no echo through attach")??;
+    ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;
     Ok(())
 }
 
