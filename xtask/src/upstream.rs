@@ -1,0 +1,198 @@
+//! `cargo xtask upstream build`: the upstream Kubernetes binaries swiftlet is tested
+//! against and measured with, built from the Go modules by name.
+//!
+//! `upstream/go.mod` requires `k8s.io/kubernetes` at [`VERSION`] and maps every staging
+//! module it lists at v0.0.0 to its published release; its `tool` lines name the
+//! commands. `upstream/etcd` is a three-line main over `go.etcd.io/etcd/server/v3`'s
+//! `etcdmain` at the release k8s.io/kubernetes itself requires (Debian 12's etcd 3.4 is
+//! older than kube-apiserver 1.37 supports). No upstream source is in the repository:
+//! `go build` takes it from the module cache (`go env GOMODCACHE`), which the module proxy
+//! fills on first use.
+//!
+//! Output: `<target>/upstream/{kube-apiserver,kube-controller-manager,kube-scheduler,
+//! kubelet,kubectl,etcd}` and `<target>/upstream/stamp`, the SHA-256 of go.mod, go.sum,
+//! the etcd main and the build flags. A build is skipped when the stamp matches and every
+//! binary is there, so CI and a developer pay the cold build (about 20 minutes on two
+//! cores, most of it kube-apiserver's dependencies) once per change of go.mod/go.sum.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use sha2::{Digest as _, Sha256};
+
+use crate::{Ctx, images};
+
+/// The Kubernetes release built (k8s.io/kubernetes and its staging modules at v0.x of it).
+pub const VERSION: &str = "v1.37.2";
+
+/// The binaries and the package each is built from (relative to `upstream/`).
+pub const BINARIES: &[(&str, &str)] = &[
+    ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+    ("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
+    ("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+    ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
+    ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+    ("etcd", "./etcd"),
+];
+
+/// Where the Go module lives and where the binaries go.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub module_dir: PathBuf,
+    pub bin_dir: PathBuf,
+}
+
+impl Upstream {
+    pub fn new(ctx: &Ctx) -> Self {
+        Self { module_dir: ctx.workspace.join("upstream"), bin_dir: ctx.target_dir.join("upstream") }
+    }
+
+    /// Path of one built binary (`kube-apiserver`, `etcd`, ...).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.bin_dir.join(name)
+    }
+
+    fn stamp_file(&self) -> PathBuf {
+        self.bin_dir.join("stamp")
+    }
+
+    /// What a build depends on: the module files, the etcd main and the flags.
+    fn fingerprint(&self) -> Result<String> {
+        let mut h = Sha256::new();
+        for f in ["go.mod", "go.sum", "etcd/main.go"] {
+            let path = self.module_dir.join(f);
+            h.update(f.as_bytes());
+            h.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+        }
+        h.update(ldflags().as_bytes());
+        h.update(go_version()?.as_bytes());
+        Ok(hex::encode(h.finalize()))
+    }
+
+    /// Whether the binaries are there and were built from the current module files.
+    pub fn is_current(&self) -> Result<bool> {
+        let fingerprint = self.fingerprint()?;
+        let stamp = fs::read_to_string(self.stamp_file()).unwrap_or_default();
+        Ok(stamp.trim() == fingerprint && BINARIES.iter().all(|(name, _)| self.bin(name).is_file()))
+    }
+
+    /// Builds every binary unless [`Upstream::is_current`].
+    pub fn build(&self) -> Result<()> {
+        if self.is_current()? {
+            eprintln!("upstream: {VERSION} binaries are current in {}", self.bin_dir.display());
+            return Ok(());
+        }
+        let started = Instant::now();
+        fs::create_dir_all(&self.bin_dir).with_context(|| format!("creating {}", self.bin_dir.display()))?;
+        // A stale stamp must not survive a failed build.
+        let _ = fs::remove_file(self.stamp_file());
+        eprintln!(
+            "upstream: building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl \
+             {VERSION} and etcd into {} (cold: about 20 minutes on two cores)",
+            self.bin_dir.display()
+        );
+        // One `go build` for all six: the packages they share compile once.
+        let mut cmd = Command::new(go()?);
+        cmd.current_dir(&self.module_dir)
+            .args(["build", "-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"])
+            .arg(format!("{}/", self.bin_dir.display()))
+            .args(BINARIES.iter().map(|(_, pkg)| *pkg));
+        // Go keeps its build and module caches under $HOME; CI may run without one.
+        if std::env::var_os("HOME").is_none() {
+            cmd.env("HOME", "/root");
+        }
+        let status = cmd.status().context("running go build")?;
+        if !status.success() {
+            bail!("go build of the upstream binaries failed ({status})");
+        }
+        for (name, _) in BINARIES {
+            ensure!(self.bin(name).is_file(), "go build left no {}", self.bin(name).display());
+        }
+        let version = Command::new(self.bin("kube-apiserver")).arg("--version").output()?;
+        let version = String::from_utf8_lossy(&version.stdout);
+        ensure!(
+            version.trim() == format!("Kubernetes {VERSION}"),
+            "kube-apiserver --version says {:?}, not Kubernetes {VERSION}",
+            version.trim()
+        );
+        images::write_atomic(&self.stamp_file(), self.fingerprint()?.as_bytes())?;
+        eprintln!("upstream: built in {:.0} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// `-X` flags that make `--version` say [`VERSION`] (component-base's and client-go's
+/// version packages, as upstream's `hack/lib/version.sh` sets them).
+fn ldflags() -> String {
+    let minor = VERSION.split('.').nth(1).unwrap_or_default();
+    let mut flags = String::from("-s -w");
+    for pkg in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+        for (var, value) in [
+            ("gitVersion", VERSION),
+            ("gitMajor", "1"),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+            ("buildDate", "1970-01-01T00:00:00Z"),
+        ] {
+            let _ = write!(flags, " -X {pkg}.{var}={value}");
+        }
+    }
+    flags
+}
+
+/// The `go` command: on PATH, else the toolchain's usual place.
+fn go() -> Result<PathBuf> {
+    if let Some(path) =
+        std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("go")).find(|p| p.is_file())
+    {
+        return Ok(path);
+    }
+    let usual = Path::new("/usr/local/go/bin/go");
+    ensure!(usual.is_file(), "no `go` on PATH nor at {}: the upstream binaries need Go 1.26", usual.display());
+    Ok(usual.to_path_buf())
+}
+
+fn go_version() -> Result<String> {
+    let mut cmd = Command::new(go()?);
+    if std::env::var_os("HOME").is_none() {
+        cmd.env("HOME", "/root");
+    }
+    let out = cmd.arg("version").output().context("running go version")?;
+    ensure!(out.status.success(), "go version failed");
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldflags_set_the_release_in_both_version_packages() {
+        let f = ldflags();
+        assert!(f.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"));
+        assert!(f.contains("-X k8s.io/client-go/pkg/version.gitVersion=v1.37.2"));
+        assert!(f.contains("-X k8s.io/component-base/version.gitMinor=37"));
+    }
+
+    #[test]
+    fn go_mod_maps_every_staging_module_to_the_release() {
+        let go_mod = include_str!("../../upstream/go.mod");
+        assert!(
+            go_mod.contains(&format!("\tk8s.io/kubernetes {VERSION}")),
+            "k8s.io/kubernetes is not required at {VERSION}"
+        );
+        let release = VERSION.replacen("v1.", "v0.", 1);
+        for module in ["k8s.io/api", "k8s.io/apiserver", "k8s.io/client-go", "k8s.io/kubelet", "k8s.io/kubectl"] {
+            assert!(
+                go_mod.contains(&format!("\t{module} => {module} {release}\n")),
+                "{module} is not mapped to {release}"
+            );
+        }
+    }
+}
