@@ -19,6 +19,8 @@ pub const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "bpftool",
     "jq",
+    // The control plane's health checks (`cluster`).
+    "curl",
     "prometheus",
     "iproute2",
     "gcc",

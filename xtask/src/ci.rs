@@ -15,8 +15,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    Ctx,
+    Ctx, cluster,
     testbed::{self, Layout},
+    upstream,
 };
 
 /// Totals over the `test result:` lines of a `cargo test` run.
@@ -115,6 +116,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
     cmd.env("SWIFTLET_CRI_ENDPOINT", layout.endpoint())
         .env("SWIFTLET_TESTBED", "1")
         .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
+        .env("SWIFTLET_CLUSTER_STATE", cluster::state_file(layout))
         .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("running cargo test")?;
     let stdout = child.stdout.take().context("cargo test stdout")?;
@@ -135,11 +137,22 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 8 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 9 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
     let bed_up = r.record("testbed up", t, testbed::up(ctx, layout).await.map(drop));
+
+    // The real control plane the API-mode tests run against: the upstream binaries are
+    // built from the Go modules (skipped when go.mod/go.sum are unchanged since the last
+    // build) and started once for every test.
+    let cluster_up = if bed_up {
+        let t = r.header(&format!("upstream {} binaries, control plane (testbed up --cluster)", upstream::VERSION));
+        r.record("cluster up", t, cluster::up(&upstream::Upstream::new(ctx), layout).map(drop))
+    } else {
+        r.skip("cluster up", "test bed is not up");
+        false
+    };
 
     let t = r.header("cargo build --workspace --all-targets --locked");
     let built = r.record(
@@ -168,6 +181,9 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
         r.skip("testbed smoke", "test bed is not up");
     }
 
+    if !cluster_up {
+        println!("warning: no control plane: the tests on the real kube-apiserver (tests/tests/cluster.rs) will fail");
+    }
     if built && bed_up {
         let t = r.header(&format!(
             "cargo test --workspace --locked (SWIFTLET_CRI_ENDPOINT={}, SWIFTLET_TESTBED=1)",
@@ -183,7 +199,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
     let t = r.header("testbed down");
     r.record("testbed down", t, testbed::down(ctx, layout).await);
     let t = r.header("testbed check-clean");
-    r.record("check-clean", t, testbed::check_clean_cmd(layout));
+    r.record("check-clean", t, testbed::check_clean_cmd(ctx, layout));
 
     println!();
     println!("==> summary");

@@ -1,6 +1,10 @@
 //! `cargo xtask demo`: the agent in the foreground against the test bed, with the static
 //! pods of `examples/static-pods`. Ctrl-C is forwarded as SIGTERM (the agent's graceful
 //! shutdown); a second Ctrl-C sends SIGKILL. The test bed stays up afterwards.
+//!
+//! `--cluster`: the test bed's real control plane as well (see `cluster`); the agent
+//! joins it by TLS bootstrap, and once the node is Ready a Deployment is applied and the
+//! kubectl commands to look at it are printed.
 
 use std::{os::unix::process::CommandExt as _, path::Path};
 
@@ -8,58 +12,38 @@ use anyhow::{Context as _, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    Ctx, containerd,
+    Ctx, cluster, containerd,
     testbed::{self, DEMO_ROOT, Layout, State},
+    upstream::Upstream,
 };
 
-/// Port of the test API server in `demo --cluster`.
-const DEMO_APISERVER_PORT: u16 = 6443;
-
-pub async fn run(ctx: &Ctx, layout: &Layout, cluster: bool) -> Result<()> {
-    let config = ctx.workspace.join("examples/kubelet-config.yaml");
+pub async fn run(ctx: &Ctx, layout: &Layout, with_cluster: bool) -> Result<()> {
+    let config = if with_cluster {
+        ctx.workspace.join("examples/cluster/kubelet-config.yaml")
+    } else {
+        ctx.workspace.join("examples/kubelet-config.yaml")
+    };
     let static_pods = ctx.workspace.join("examples/static-pods");
-    for p in [&config, &static_pods] {
+    let deployment = ctx.workspace.join("examples/cluster/web.yaml");
+    for p in [&config, &static_pods, &deployment] {
         if !p.exists() {
             bail!("{} is missing (examples/ belongs to the agent)", p.display());
         }
     }
 
     let state = testbed::up(ctx, layout).await?;
+    // The real control plane for `--cluster` (stays up with the test bed).
+    let control_plane = if with_cluster { Some(cluster::up(&Upstream::new(ctx), layout)?) } else { None };
 
-    eprintln!("==> cargo build -p swiftlet -p swiftlet-tests --bins");
+    eprintln!("==> cargo build -p swiftlet");
     let status = std::process::Command::new(&ctx.cargo)
-        .args(["build", "-p", "swiftlet", "-p", "swiftlet-tests", "--bins"])
+        .args(["build", "-p", "swiftlet"])
         .current_dir(&ctx.workspace)
         .status()
         .context("running cargo build")?;
     if !status.success() {
         bail!("cargo build failed");
     }
-    // The test API server (a test double of kube-apiserver) for `--cluster`; killed by
-    // pid when the demo ends.
-    let apiserver = if cluster {
-        let kubeconfig = std::env::temp_dir().join("swiftlet-demo-kubeconfig");
-        let child = std::process::Command::new(ctx.target_dir.join("debug/swiftlet-test-apiserver"))
-            .arg("--port")
-            .arg(DEMO_APISERVER_PORT.to_string())
-            .arg("--kubeconfig-out")
-            .arg(&kubeconfig)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .context("starting swiftlet-test-apiserver")?;
-        for _ in 0..100 {
-            if kubeconfig.exists() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        if !kubeconfig.exists() {
-            bail!("the test API server did not write {}", kubeconfig.display());
-        }
-        Some((ApiServerGuard(child), kubeconfig))
-    } else {
-        None
-    };
 
     // The agent's root dir is ours to remove at `down` only if the demo creates it.
     let demo_root = Path::new(DEMO_ROOT);
@@ -76,21 +60,11 @@ pub async fn run(ctx: &Ctx, layout: &Layout, cluster: bool) -> Result<()> {
     println!();
     println!("swiftlet is starting in the foreground. Look at it with:");
     println!("  curl -s http://127.0.0.1:10248/healthz");
-    println!("  curl -sk https://127.0.0.1:10250/pods");
-    println!("  curl -sk https://127.0.0.1:10250/metrics");
-    println!("  ctr -a {} -n k8s.io containers ls", socket.display());
-    if let Some((_, kubeconfig)) = &apiserver {
-        println!(
-            "Joined the test API server at https://127.0.0.1:{DEMO_APISERVER_PORT} (kubeconfig {}):",
-            kubeconfig.display()
-        );
-        println!(
-            "  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/nodes"
-        );
-        println!(
-            "  curl -sk -H 'Authorization: Bearer swiftlet-test-token' https://127.0.0.1:{DEMO_APISERVER_PORT}/api/v1/pods"
-        );
+    if control_plane.is_none() {
+        println!("  curl -sk https://127.0.0.1:10250/pods");
+        println!("  curl -sk https://127.0.0.1:10250/metrics");
     }
+    println!("  ctr -a {} -n k8s.io containers ls", socket.display());
     println!("Ctrl-C stops swiftlet (SIGTERM); the test bed stays up.");
     println!();
 
@@ -104,25 +78,76 @@ pub async fn run(ctx: &Ctx, layout: &Layout, cluster: bool) -> Result<()> {
         .arg("--root-dir")
         .arg(DEMO_ROOT)
         .arg("--hostname-override")
-        .arg("swiftlet-demo")
+        .arg(DEMO_NODE)
         .current_dir(&ctx.workspace);
-    if let Some((_, kubeconfig)) = &apiserver {
-        cmd.arg("--kubeconfig").arg(kubeconfig);
+    let mut guide = None;
+    if let Some(cp) = &control_plane {
+        // TLS bootstrap, as a kubeadm join: the bootstrap token's kubeconfig, and the
+        // kubeconfig with the signed client certificate written next to the agent's pki.
+        cmd.arg("--bootstrap-kubeconfig")
+            .arg(&cp.bootstrap_kubeconfig)
+            .arg("--kubeconfig")
+            .arg(demo_root.join("kubelet.conf"))
+            .arg("--client-ca-file")
+            .arg(&cp.ca_cert)
+            .arg("--node-ip")
+            .arg("127.0.0.1");
+        guide = Some(tokio::spawn(show_cluster(cp.clone(), deployment)));
     }
     let (status, interrupted) = run_foreground(cmd, &binary.display().to_string()).await?;
+    if let Some(g) = guide {
+        g.abort();
+    }
     eprintln!("demo: swiftlet exited: {status}");
     eprintln!("The test bed is still up; `cargo xtask testbed down` cleans up.");
     if status.success() || interrupted { Ok(()) } else { bail!("swiftlet exited with {status}") }
 }
 
-/// Stops the demo's test API server (by its pid) when the demo ends.
-struct ApiServerGuard(std::process::Child);
+/// The demo's node name.
+const DEMO_NODE: &str = "swiftlet-demo";
 
-impl Drop for ApiServerGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+/// Waits for the demo node to be Ready, applies the demo Deployment and prints what to
+/// type with the real kubectl.
+async fn show_cluster(cp: cluster::State, deployment: std::path::PathBuf) {
+    let kubectl = format!("{} --kubeconfig {}", cp.kubectl.display(), cp.admin_kubeconfig.display());
+    let ready = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+    for _ in 0..240 {
+        let out = tokio::process::Command::new(&cp.kubectl)
+            .arg("--kubeconfig")
+            .arg(&cp.admin_kubeconfig)
+            .args(["get", "node", DEMO_NODE, "-o", ready])
+            .output()
+            .await;
+        if out.is_ok_and(|o| o.stdout == b"True") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
+    let applied = tokio::process::Command::new(&cp.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cp.admin_kubeconfig)
+        .arg("apply")
+        .arg("-f")
+        .arg(&deployment)
+        .output()
+        .await;
+    match applied {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => eprintln!("demo: kubectl apply failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => eprintln!("demo: kubectl apply failed: {e}"),
+    }
+    println!();
+    println!("swiftlet joined the {} control plane at {} as node {DEMO_NODE}", cp.version, cp.server);
+    println!("(TLS bootstrap: its CSR was approved and signed by kube-controller-manager).");
+    println!("The Deployment {} is applied; kube-scheduler places its pods on the node:", deployment.display());
+    println!("  alias kubectl='{kubectl}'");
+    println!("  kubectl get nodes -o wide");
+    println!("  kubectl get pods -o wide -l app=web");
+    println!("  kubectl logs deploy/web");
+    println!("  kubectl exec deploy/web -- hostname");
+    println!("  kubectl port-forward deploy/web 8080:8080 &  curl -s http://127.0.0.1:8080/");
+    println!("  kubectl get pods -A     # the static pods' mirror pods too");
+    println!();
 }
 
 /// Runs `cmd` in its own process group until it exits. The first SIGINT/SIGTERM we get is

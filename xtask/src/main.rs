@@ -2,6 +2,10 @@
 //!
 //! - `testbed up|down|status|check-clean|smoke`: a private containerd with CNI and local
 //!   images, for end-to-end tests (see `testbed`).
+//! - `testbed up --cluster`: the same plus the real control plane (etcd, kube-apiserver,
+//!   kube-controller-manager, kube-scheduler) on loopback (see `cluster`).
+//! - `upstream build`: the upstream Kubernetes binaries from the Go modules (see
+//!   `upstream`).
 //! - `registry up|down|status`: the test bed's image registries on loopback (plain HTTP,
 //!   and HTTPS with basic auth), holding the local images (see `registry`).
 //! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
@@ -20,12 +24,14 @@ mod apt;
 mod bench;
 mod ci;
 mod cleanup;
+mod cluster;
 mod containerd;
 mod cri;
 mod demo;
 mod images;
 mod registry;
 mod testbed;
+mod upstream;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -70,10 +76,17 @@ enum Cmd {
     },
     /// Bring the test bed up and run the agent against it in the foreground.
     Demo {
-        /// Join the project's test API server (started on 127.0.0.1:6443) instead of
-        /// running standalone: the node registers and API pods run.
+        /// Join the test bed's real control plane (`testbed up --cluster`, kube-apiserver on
+        /// 127.0.0.1:6443) by TLS bootstrap instead of running standalone, and run a
+        /// Deployment on the node.
         #[arg(long)]
         cluster: bool,
+    },
+    /// The upstream Kubernetes binaries (kube-apiserver, kube-controller-manager,
+    /// kube-scheduler, kubelet, kubectl, etcd) built from the Go modules.
+    Upstream {
+        #[command(subcommand)]
+        command: UpstreamCmd,
     },
     /// Benchmarks against the test bed; they print figures (never run in CI). Without a
     /// subcommand: the summary of every figure with a target (`bench all`).
@@ -89,7 +102,12 @@ enum Cmd {
 #[derive(Debug, Subcommand)]
 enum TestbedCmd {
     /// Install packages, build and import images, start containerd; print the endpoint.
-    Up,
+    Up {
+        /// Also build the upstream binaries and start the real control plane (etcd,
+        /// kube-apiserver, kube-controller-manager, kube-scheduler) on 127.0.0.1.
+        #[arg(long)]
+        cluster: bool,
+    },
     /// Drain pods, stop containerd and remove everything the test bed created.
     Down,
     /// Show whether the test bed is up (exit 1 if not).
@@ -102,6 +120,12 @@ enum TestbedCmd {
         #[arg(long)]
         keep: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum UpstreamCmd {
+    /// Build them into `target/upstream/` unless go.mod and go.sum are unchanged since.
+    Build,
 }
 
 #[derive(Debug, Subcommand)]
@@ -150,10 +174,12 @@ async fn main() -> ExitCode {
     let layout = testbed::Layout::standard();
     let result = match cli.command {
         Cmd::Testbed { command } => match command {
-            TestbedCmd::Up => testbed::up(&ctx, &layout).await.map(drop),
+            TestbedCmd::Up { cluster } => testbed::up(&ctx, &layout).await.and_then(|_| {
+                if cluster { cluster::up(&upstream::Upstream::new(&ctx), &layout).map(drop) } else { Ok(()) }
+            }),
             TestbedCmd::Down => testbed::down(&ctx, &layout).await,
             TestbedCmd::Status => testbed::status(&layout).await,
-            TestbedCmd::CheckClean => testbed::check_clean_cmd(&layout),
+            TestbedCmd::CheckClean => testbed::check_clean_cmd(&ctx, &layout),
             TestbedCmd::Smoke { keep } => testbed::smoke(&layout, keep).await,
         },
         Cmd::Registry { command, root_dir, state_dir } => {
@@ -169,6 +195,7 @@ async fn main() -> ExitCode {
                 RegistryCmd::Status => registry::status(&layout),
             }
         }
+        Cmd::Upstream { command: UpstreamCmd::Build } => upstream::Upstream::new(&ctx).build(),
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,

@@ -36,10 +36,12 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use crate::{
     Ctx, apt,
     cleanup::{self, Baseline},
+    cluster,
     containerd::{self, CNI_NETWORK},
     cri::{self, CriClient},
     images::{self, BuiltImage},
     registry,
+    upstream::Upstream,
 };
 
 /// The test bed's directories and every path derived from them.
@@ -412,6 +414,9 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
         }
     }
 
+    // The control plane first: its controllers must not act on a half-removed node.
+    steps.run("stopping the control plane", cluster::down(layout, &Upstream::new(ctx).bin_dir));
+
     let config = layout.containerd_config();
     let mut pids = containerd::find_processes(|a| containerd::is_our_containerd(a, &config));
     if let Some(pid) = state.as_ref().and_then(|s| s.containerd_pid)
@@ -458,7 +463,7 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
         steps.run(&format!("removing {}", dir.display()), cleanup::remove_dir(dir));
     }
 
-    let leftovers = check_clean(layout, state.as_ref());
+    let leftovers = check_clean(layout, &Upstream::new(ctx).bin_dir, state.as_ref());
     if !steps.0.is_empty() || !leftovers.is_empty() {
         for l in &leftovers {
             eprintln!("left behind: {l}");
@@ -471,7 +476,7 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
 
 /// Everything the test bed left on the host. Empty means clean. With no `state`, nothing
 /// is assumed to have existed before (see the module docs).
-pub fn check_clean(layout: &Layout, state: Option<&State>) -> Vec<String> {
+pub fn check_clean(layout: &Layout, bin_dir: &Path, state: Option<&State>) -> Vec<String> {
     let mut left = Vec::new();
     let config = layout.containerd_config();
     for pid in containerd::find_processes(|a| containerd::is_our_containerd(a, &config)) {
@@ -482,6 +487,7 @@ pub fn check_clean(layout: &Layout, state: Option<&State>) -> Vec<String> {
         left.push(format!("shim process {pid} serving {}", socket.display()));
     }
     left.extend(registry::leftovers(layout));
+    left.extend(cluster::leftovers(layout, bin_dir));
 
     let mut dirs = layout.dirs();
     match state {
@@ -552,9 +558,9 @@ fn is_e2e_temp(path: &Path) -> bool {
 }
 
 /// `testbed check-clean` on its own.
-pub fn check_clean_cmd(layout: &Layout) -> Result<()> {
+pub fn check_clean_cmd(ctx: &Ctx, layout: &Layout) -> Result<()> {
     let state = State::load(layout)?;
-    let left = check_clean(layout, state.as_ref());
+    let left = check_clean(layout, &Upstream::new(ctx).bin_dir, state.as_ref());
     if left.is_empty() {
         println!("clean: nothing of the test bed is left on this host");
         return Ok(());
