@@ -182,11 +182,11 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
     assert!(logs.starts_with("own-pid1=sh -c echo") && !logs.contains(MARKER), "{logs}");
 
     // Exec and attach find it by name, as any container.
-    let exec = "/exec/default/dbg/debug-sh?command=echo&command=exec-ok&stdout=1&stderr=1";
+    let exec = "/exec/default/dbg/debug-sh?command=echo&command=exec-ok&output=1&error=1";
     let mut ws = WsChannels::connect(agent.https_port, exec, &["v4.channel.k8s.io"]).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     assert_eq!((out.stdout.as_str(), out.exit_code()?), ("exec-ok\n", 0), "{out:?}");
-    let attach = "/attach/default/dbg/debug-sh?stdin=1&stdout=1&stderr=1";
+    let attach = "/attach/default/dbg/debug-sh?input=1&output=1&error=1";
     let mut ws = WsChannels::connect(agent.https_port, attach, &["v4.channel.k8s.io"]).await?;
     ws.send(streaming::STDIN, b"ping\n").await?;
     ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;

@@ -111,7 +111,7 @@ fn url_encode(s: &str) -> String {
 /// Exec over WebSocket: stdin, stdout, stderr and the exit code; a TTY; a refusal.
 async fn exec_websocket(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&stderr=1", command(&["sh", "-c", EXEC_SCRIPT]));
+    let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&error=1", command(&["sh", "-c", EXEC_SCRIPT]));
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     assert!(["v5.channel.k8s.io", "v4.channel.k8s.io"].contains(&ws.protocol.as_str()), "{}", ws.protocol);
     ws.send(streaming::STDIN, b"hello\n").await?;
@@ -124,7 +124,7 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
     assert_eq!(out.exit_code()?, 3, "{out:?}");
 
     // A TTY: the command sees a terminal; stderr is not separate.
-    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1", command(&["sh", "-c", TTY_SCRIPT]));
+    let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&tty=1", command(&["sh", "-c", TTY_SCRIPT]));
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v4.channel.k8s.io"]).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     assert!(out.stdout.contains("is-a-tty\r\n"), "{out:?}");
@@ -138,7 +138,7 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
     assert!(e.to_string().contains("400"), "{e}");
     let e = WsChannels::connect(
         agent.https_port,
-        &format!("/exec/default/{pod}/nope?command=ls&stdout=1"),
+        &format!("/exec/default/{pod}/nope?command=ls&output=1"),
         &["v4.channel.k8s.io"],
     )
     .await
@@ -150,7 +150,7 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
 /// Attach over WebSocket to `echo`, which reads its stdin.
 async fn attach_websocket(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let path = format!("/attach/default/{pod}/echo?stdin=1&stdout=1&stderr=1");
+    let path = format!("/attach/default/{pod}/echo?input=1&output=1&error=1");
     let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     ws.send(streaming::STDIN, b"ping\n").await?;
     ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;
@@ -182,7 +182,7 @@ const SPDY_EXEC_PROTOCOLS: [&str; 4] =
 /// `resize` stream; then refusals.
 async fn exec_spdy(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&stderr=1", command(&["sh", "-c", EXEC_SCRIPT]));
+    let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&error=1", command(&["sh", "-c", EXEC_SCRIPT]));
     let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     assert_eq!(spdy.protocol, "v4.channel.k8s.io");
     let error = spdy.create_stream(&[("streamtype", "error")]).await?;
@@ -205,7 +205,7 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
         "{TTY_SCRIPT}; i=0; until s=$(stty size 2>/dev/null); [ -n \"$s\" ] && [ \"$s\" != '0 0' ]; do \
          [ $i -lt 50 ] || break; sleep 0.1; i=$((i+1)); done; echo \"size $s\""
     );
-    let path = format!("/exec/default/{pod}/main?{}&stdin=1&stdout=1&tty=1", command(&["sh", "-c", &script]));
+    let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&tty=1", command(&["sh", "-c", &script]));
     let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     let error = spdy.create_stream(&[("streamtype", "error")]).await?;
     // stdin stays open, as a terminal's does (its EOF could hang the shell up).
@@ -229,7 +229,7 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
     let e = Spdy::connect(
         agent.https_port,
         "POST",
-        &format!("/exec/default/{pod}/nope?command=ls&stdout=1"),
+        &format!("/exec/default/{pod}/nope?command=ls&output=1"),
         &SPDY_EXEC_PROTOCOLS,
     )
     .await
@@ -242,7 +242,7 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
 /// client goes (`GOAWAY`).
 async fn attach_spdy(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let path = format!("/attach/default/{pod}/echo?stdin=1&stdout=1&stderr=1");
+    let path = format!("/attach/default/{pod}/echo?input=1&output=1&error=1");
     let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     let _error = spdy.create_stream(&[("streamtype", "error")]).await?;
     let stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;

@@ -110,11 +110,13 @@ pub(crate) struct StreamOptions {
 }
 
 impl StreamOptions {
-    /// `stdin`, `stdout`, `stderr`, `tty` are on when `1`; a TTY has no separate stderr.
+    /// The query parameters are upstream's `ExecStdinParam` and friends: `input`,
+    /// `output`, `error` and `tty`, each on when `1` (what kube-apiserver sends when it
+    /// proxies `kubectl exec`/`attach`); a TTY has no separate stderr.
     pub(crate) fn from_query(query: &[(String, String)]) -> Result<Self, String> {
         let on = |name| form_value(query, name) == "1";
         let tty = on("tty");
-        let opts = Self { stdin: on("stdin"), stdout: on("stdout"), stderr: on("stderr") && !tty, tty };
+        let opts = Self { stdin: on("input"), stdout: on("output"), stderr: on("error") && !tty, tty };
         if !opts.stdin && !opts.stdout && !opts.stderr {
             return Err("you must specify at least 1 of stdin, stdout, stderr".to_owned());
         }
@@ -254,7 +256,7 @@ enum Kind {
     Attach,
 }
 
-/// `/exec/{ns}/{pod}[/{uid}]/{container}?command=...&stdin=1&...` (GET or POST).
+/// `/exec/{ns}/{pod}[/{uid}]/{container}?command=...&input=1&...` (GET or POST).
 pub(crate) async fn exec(
     State(state): State<StreamingState>,
     Path(segments): Path<Vec<String>>,
@@ -264,7 +266,7 @@ pub(crate) async fn exec(
     exec_or_attach(Kind::Exec, state, segments, query, request).await
 }
 
-/// `/attach/{ns}/{pod}[/{uid}]/{container}?stdin=1&...` (GET or POST).
+/// `/attach/{ns}/{pod}[/{uid}]/{container}?input=1&...` (GET or POST).
 pub(crate) async fn attach(
     State(state): State<StreamingState>,
     Path(segments): Path<Vec<String>>,

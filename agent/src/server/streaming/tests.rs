@@ -148,7 +148,7 @@ async fn exec_is_proxied_to_the_runtime_and_spliced() {
     rt.set_streaming_url(&format!("http://{backend}"));
     let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
     let head = upgrade_head(
-        "/exec/default/web/main?command=sh&command=-c&command=echo%20hi&stdin=1&stdout=1&tty=1&stderr=1",
+        "/exec/default/web/main?command=sh&command=-c&command=echo%20hi&input=1&output=1&tty=1&error=1",
         "Sec-WebSocket-Protocol: v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.c2VjcmV0, v4.channel.k8s.io\r\n\
          X-Stream-Protocol-Version: v4.channel.k8s.io\r\nAuthorization: Bearer secret\r\n",
     );
@@ -191,7 +191,7 @@ async fn attach_and_port_forward_reach_the_runtime() {
     rt.set_streaming_url(&format!("http://{backend}"));
     let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
 
-    let (_conn, status, _) = raw_request(addr, &upgrade_head("/attach/default/web/u1/main?stdout=1", "")).await;
+    let (_conn, status, _) = raw_request(addr, &upgrade_head("/attach/default/web/u1/main?output=1", "")).await;
     assert_eq!(status, 101);
     // WebSocket port forwarding names the ports in the query.
     let (mut conn, status, _) = raw_request(addr, &upgrade_head("/portForward/default/web?port=8080,9090", "")).await;
@@ -231,16 +231,16 @@ async fn refusals_are_upstreams() {
         (status, String::from_utf8_lossy(&body[..n]).into_owned())
     };
     // Not an upgrade.
-    let (status, body) = plain(addr, "GET", "/exec/default/web/main?command=ls&stdout=1").await;
+    let (status, body) = plain(addr, "GET", "/exec/default/web/main?command=ls&output=1").await;
     assert_eq!((status, body.as_str()), (400, "Upgrade request required"));
     // No stream asked for.
     let (status, body) = status_and_body(upgrade_head("/exec/default/web/main?command=ls", "")).await;
     assert_eq!((status, body.as_str()), (400, "you must specify at least 1 of stdin, stdout, stderr"));
-    let (status, body) = status_and_body(upgrade_head("/exec/default/nope/main?command=ls&stdout=1", "")).await;
+    let (status, body) = status_and_body(upgrade_head("/exec/default/nope/main?command=ls&output=1", "")).await;
     assert_eq!((status, body.as_str()), (404, "pod does not exist"));
-    let (status, body) = status_and_body(upgrade_head("/exec/default/web/other-uid/main?stdout=1", "")).await;
+    let (status, body) = status_and_body(upgrade_head("/exec/default/web/other-uid/main?output=1", "")).await;
     assert_eq!((status, body.as_str()), (404, "pod not found"));
-    let (status, body) = status_and_body(upgrade_head("/attach/default/web/sidecar?stdout=1", "")).await;
+    let (status, body) = status_and_body(upgrade_head("/attach/default/web/sidecar?output=1", "")).await;
     assert_eq!((status, body.as_str()), (404, "container not found (\"sidecar\")"));
     let (status, body) = status_and_body(upgrade_head("/portForward/default/web", "")).await;
     assert_eq!((status, body.as_str()), (400, "query parameter \"port\" is required"));
@@ -248,7 +248,7 @@ async fn refusals_are_upstreams() {
     assert_eq!(status, 400);
     // The runtime's streaming server refuses: its answer goes back.
     rt.set_streaming_url(&format!("http://{backend}/refuse"));
-    let (status, body) = status_and_body(upgrade_head("/exec/default/web/main?stdout=1", "")).await;
+    let (status, body) = status_and_body(upgrade_head("/exec/default/web/main?output=1", "")).await;
     assert_eq!((status, body.as_str()), (403, "no such session"));
 }
 
@@ -300,13 +300,15 @@ async fn traffic_keeps_a_splice_open() {
 fn stream_options_and_ports_are_validated() {
     let q = |s: &str| query_pairs(Some(s));
     assert_eq!(
-        StreamOptions::from_query(&q("stdin=1&stdout=1&stderr=1")),
+        StreamOptions::from_query(&q("input=1&output=1&error=1")),
         Ok(StreamOptions { stdin: true, stdout: true, stderr: true, tty: false })
     );
+    // Upstream's names only: `stdout` is not `output`.
+    assert!(StreamOptions::from_query(&q("stdin=1&stdout=1&stderr=1")).is_err());
     // `true` is not `1` (the API server sends `1`).
-    assert!(StreamOptions::from_query(&q("stdout=true")).is_err());
+    assert!(StreamOptions::from_query(&q("output=true")).is_err());
     assert_eq!(
-        StreamOptions::from_query(&q("stderr=1&tty=1")),
+        StreamOptions::from_query(&q("error=1&tty=1")),
         Err("you must specify at least 1 of stdin, stdout, stderr".into()),
         "a TTY has no stderr"
     );
