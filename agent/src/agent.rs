@@ -964,6 +964,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 pod_manager.clone(),
                 mirrors,
                 node.current_handle(),
+                status.clone(),
                 crate::sync_loop::HOUSEKEEPING_PERIOD,
                 shutdown.clone(),
             )

@@ -2,7 +2,8 @@
 //! has a read-only copy in the API, so the cluster sees it. Created when missing,
 //! recreated when deleted or when it belongs to an older version of the manifest
 //! (its `kubernetes.io/config.mirror` annotation is the static pod's hash), deleted when
-//! the manifest goes. Reconciled every housekeeping period.
+//! the manifest goes. Reconciled every housekeeping period. A mirror made anew has no
+//! status: the status manager is told to write the static pod's status to it again.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pod_manager::PodManager;
 use crate::sources::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, CONFIG_SEEN_ANNOTATION, is_static_pod};
+use crate::status::StatusProvider;
 
 /// Mirror pods the API has for this node, by `namespace/name` (filled by the pod watch).
 pub type MirrorStore = Arc<RwLock<BTreeMap<String, Pod>>>;
@@ -60,7 +62,13 @@ pub fn mirror_of(static_pod: &Pod, node: Option<&Node>) -> Pod {
 }
 
 /// One reconciliation; returns how many API calls it made.
-pub async fn reconcile(client: &kube::Client, pods: &PodManager, mirrors: &MirrorStore, node: Option<&Node>) -> usize {
+pub async fn reconcile(
+    client: &kube::Client,
+    pods: &PodManager,
+    mirrors: &MirrorStore,
+    node: Option<&Node>,
+    status: &dyn StatusProvider,
+) -> usize {
     let statics: BTreeMap<String, Pod> = pods.pods().into_iter().filter(is_static_pod).map(|p| (key(&p), p)).collect();
     let existing = mirrors.read().unwrap().clone();
     let mut calls = 0;
@@ -83,7 +91,10 @@ pub async fn reconcile(client: &kube::Client, pods: &PodManager, mirrors: &Mirro
             None => {
                 calls += 1;
                 match api.create(&PostParams::default(), &mirror_of(sp, node)).await {
-                    Ok(_) => tracing::info!(pod = %k, "created mirror pod"),
+                    Ok(_) => {
+                        tracing::info!(pod = %k, "created mirror pod");
+                        status.mirror_created(&want_hash);
+                    }
                     Err(kube::Error::Api(e)) if e.code == 409 => {}
                     Err(e) => tracing::warn!(pod = %k, error = %e, "failed to create mirror pod"),
                 }
@@ -112,6 +123,7 @@ pub async fn run(
     pods: PodManager,
     mirrors: MirrorStore,
     node: Arc<RwLock<Option<Node>>>,
+    status: Arc<dyn StatusProvider>,
     period: Duration,
     shutdown: CancellationToken,
 ) {
@@ -124,7 +136,7 @@ pub async fn run(
             continue;
         }
         let n = node.read().unwrap().clone();
-        reconcile(&client, &pods, &mirrors, n.as_ref()).await;
+        reconcile(&client, &pods, &mirrors, n.as_ref(), status.as_ref()).await;
     }
 }
 

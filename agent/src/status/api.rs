@@ -79,6 +79,13 @@ impl StatusProvider for ApiStatusManager {
     fn pod_finished(&self, pod: &Pod) {
         let _ = self.tx.send(Msg::Finished(Box::new(pod.clone())));
     }
+
+    fn mirror_created(&self, uid: &str) {
+        let _ = self.tx.send(Msg::Forget(uid.to_string()));
+        if let Some(status) = self.local.get(uid) {
+            let _ = self.tx.send(Msg::Status(uid.to_string(), Box::new(status)));
+        }
+    }
 }
 
 /// The merge patch that sets `status` on the pod with `uid` (a UID precondition: a pod
@@ -174,5 +181,45 @@ impl StatusWriter {
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
             Err(e) => tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "failed to delete terminated pod"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager() -> (ApiStatusManager, StatusWriter) {
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(KubeletMetrics::new(&mut registry, "node"));
+        ApiStatusManager::new(client, PodManager::new(&[]), metrics)
+    }
+
+    fn running() -> PodStatus {
+        PodStatus { phase: Some("Running".into()), ..PodStatus::default() }
+    }
+
+    /// Found on the real control plane: a mirror pod deleted through the API came back
+    /// `Pending` for good, because its unchanged status was never written to the new
+    /// object. A recreated mirror gets the status again.
+    #[tokio::test]
+    async fn a_recreated_mirror_pod_gets_the_unchanged_status_again() {
+        let (status, mut writer) = manager();
+        status.set("static-uid", running());
+        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Status(uid, _)) if uid == "static-uid"));
+        // Unchanged: nothing to write.
+        status.set("static-uid", running());
+        assert!(writer.rx.try_recv().is_err());
+
+        status.mirror_created("static-uid");
+        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Forget(uid)) if uid == "static-uid"));
+        assert!(
+            matches!(writer.rx.try_recv(), Ok(Msg::Status(uid, s)) if uid == "static-uid" && *s == running()),
+            "the status is written again"
+        );
+        // A pod the manager has no status for yet: nothing to write.
+        status.mirror_created("unknown");
+        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Forget(_))));
+        assert!(writer.rx.try_recv().is_err());
     }
 }

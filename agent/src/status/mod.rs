@@ -28,6 +28,13 @@ pub trait StatusProvider: Send + Sync + std::fmt::Debug {
     fn pod_finished(&self, pod: &Pod) {
         let _ = pod;
     }
+    /// The mirror pod of static pod `uid` was (re)created. A new mirror starts with no
+    /// status, so the API-server status manager writes the pod's status to it again even
+    /// though the status itself did not change (upstream notices it by reconciling the
+    /// API's status with its own).
+    fn mirror_created(&self, uid: &str) {
+        let _ = uid;
+    }
 }
 
 /// In-memory status manager (standalone mode keeps statuses only in memory, as the
