@@ -6,6 +6,7 @@
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
 pub mod apiserver;
+pub mod cluster;
 pub mod device_plugin;
 pub mod logind;
 pub mod registry;
@@ -197,6 +198,11 @@ pub struct AgentOptions {
     pub root_dir: Option<PathBuf>,
     /// More environment variables of the process (e.g. [`logind::Logind::agent_env`]).
     pub env: Vec<(String, String)>,
+    /// `--hostname-override` (default `e2e-node`).
+    pub node_name: Option<String>,
+    /// The config's `authentication` and `authorization` blocks (default: anonymous
+    /// requests allowed, `AlwaysAllow`).
+    pub authentication: Option<String>,
 }
 
 impl Default for AgentOptions {
@@ -210,6 +216,8 @@ impl Default for AgentOptions {
             cri_endpoint: None,
             root_dir: None,
             env: Vec::new(),
+            node_name: None,
+            authentication: None,
         }
     }
 }
@@ -269,15 +277,18 @@ port: {https_port}
 healthzPort: {healthz_port}
 healthzBindAddress: 127.0.0.1
 cgroupRoot: {cgroup_root}
-authentication:
+{auth}{eviction}{extra}
+",
+            auth = opts.authentication.as_deref().unwrap_or(
+                "authentication:
   anonymous:
     enabled: true
   webhook:
     enabled: false
 authorization:
   mode: AlwaysAllow
-{eviction}{extra}
-",
+"
+            ),
             manifests = manifests.display(),
             logs = logs_dir.display(),
             sync = opts.sync_frequency,
@@ -311,7 +322,7 @@ authorization:
             https_port,
             healthz_port,
             cgroup_root,
-            node_name: "e2e-node".into(),
+            node_name: opts.node_name.clone().unwrap_or_else(|| "e2e-node".into()),
             config_path,
             root_dir: opts.root_dir.clone().unwrap_or_else(|| dir.path().join("root")),
             endpoint,

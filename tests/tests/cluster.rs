@@ -1,0 +1,569 @@
+//! End-to-end tests on the real control plane of the test bed (`cargo xtask testbed up
+//! --cluster`: etcd, kube-apiserver, kube-controller-manager and kube-scheduler of the
+//! upstream release, built from the Go modules): a real `swiftlet` joins by TLS
+//! bootstrap, the scheduler places pods on it, the real `kubectl` reaches it through the
+//! API server, and faults come from the real components.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use swiftlet_tests::cluster::{Cluster, ClusterNode, node_condition, phase, pod_condition};
+use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+
+const BUSYBOX: &str = "localhost/busybox:latest";
+
+/// A pod spec running `script` in busybox, stopping at once on SIGTERM.
+fn busybox_pod(name: &str, script: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script}")],
+            }]
+        }
+    })
+}
+
+async fn join(test: &str) -> Result<(Cluster, ClusterNode, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let node = cluster.join(test, AgentOptions::default()).await?;
+    Ok((cluster, node, cri))
+}
+
+fn running(p: &Pod) -> bool {
+    phase(p) == "Running" && pod_condition(p, "Ready") == Some("True")
+}
+
+#[tokio::test]
+async fn node_joins_by_tls_bootstrap_and_is_ready_with_its_lease() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, node, cri) = join("bootstrap").await?;
+    let client = cluster.client();
+
+    // The controller-manager approved and signed the node's bootstrap CSR.
+    let csrs = Api::<CertificateSigningRequest>::all(client.clone()).list(&ListParams::default()).await?;
+    let ours: Vec<_> = csrs
+        .items
+        .iter()
+        .filter(|c| {
+            c.spec.signer_name == "kubernetes.io/kube-apiserver-client-kubelet"
+                && c.spec.username.as_deref().is_some_and(|u| u.starts_with("system:bootstrap:"))
+                && c.status.as_ref().and_then(|s| s.certificate.as_ref()).is_some()
+        })
+        .collect();
+    ensure!(!ours.is_empty(), "no signed bootstrap CSR: {csrs:#?}");
+    let approved = ours.iter().any(|c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Approved" && c.reason.as_deref() == Some("AutoApproved")))
+    });
+    ensure!(approved, "the bootstrap CSR was not auto-approved: {ours:#?}");
+
+    // Registered with the kubelet's labels and status, Ready.
+    let n = node.wait_ready(Duration::from_secs(30)).await?;
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("kubernetes.io/hostname"), Some(&node.name));
+    assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("linux"));
+    let status = n.status.clone().context("node status")?;
+    let addresses: Vec<_> = status.addresses.iter().flatten().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
+    assert!(addresses.contains(&("InternalIP", "127.0.0.1")), "{addresses:?}");
+    for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(node_condition(&n, t), Some("False"), "{t}");
+    }
+    // The node lifecycle controller took the not-ready taint off once it was Ready.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = node.node().await?.context("node gone")?;
+        let taints = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        if !taints.iter().any(|t| t.key.starts_with("node.kubernetes.io/not-ready")) {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "not-ready taint still on the node: {taints:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The Lease is held by the node and renewed.
+    let leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease");
+    let first = leases.get(&node.name).await?;
+    let spec = first.spec.clone().context("lease spec")?;
+    assert_eq!(spec.holder_identity.as_deref(), Some(node.name.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+    let owner = first.metadata.owner_references.clone().unwrap_or_default();
+    assert!(owner.iter().any(|o| o.kind == "Node" && o.name == node.name), "{owner:?}");
+    let deadline = Instant::now() + Duration::from_secs(25);
+    loop {
+        let renewed = leases.get(&node.name).await?.spec.and_then(|s| s.renew_time);
+        if renewed.is_some() && renewed != spec.renew_time {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "lease not renewed in 25 s\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn a_deployments_pods_are_scheduled_to_the_node_and_run() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("deploy").await?;
+    let ns = node.namespace("deploy").await?;
+    let client = cluster.client();
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "httpd",
+                        "image": BUSYBOX,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["httpd", "-f", "-p", "8080"],
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}
+                    }]
+                }
+            }
+        }
+    }))?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    deployments.create(&PostParams::default(), &deployment).await?;
+
+    let deadline = Instant::now() + Duration::from_mins(2);
+    loop {
+        let d = deployments.get("web").await?;
+        if d.status.as_ref().and_then(|s| s.available_replicas) == Some(3) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let describe = cluster.kubectl(&["-n", &ns, "describe", "pods"])?;
+            bail!(
+                "deployment not available in 2 minutes: {:?}\n{}\n{}",
+                d.status.and_then(|s| s.available_replicas),
+                String::from_utf8_lossy(&describe.stdout),
+                tail(&node.agent.log(), 60)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
+    assert_eq!(pods.items.len(), 3);
+    let mut ips = Vec::new();
+    for p in &pods.items {
+        let spec = p.spec.as_ref().context("spec")?;
+        assert_eq!(spec.node_name.as_deref(), Some(node.name.as_str()), "scheduled elsewhere");
+        let s = p.status.as_ref().context("status")?;
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.host_ip.as_deref(), Some("127.0.0.1"));
+        assert_eq!(s.host_ips.as_ref().map(|h| h[0].ip.as_str()), Some("127.0.0.1"));
+        assert_eq!(s.qos_class.as_deref(), Some("Burstable"));
+        let ip = s.pod_ip.clone().context("pod IP")?;
+        assert_ne!(ip, "127.0.0.1", "a pod-network pod has an IP of its own");
+        ips.push(ip);
+        assert!(s.start_time.is_some());
+        let types: Vec<_> = s.conditions.iter().flatten().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
+        for t in ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"] {
+            assert!(types.contains(&(t, "True")), "{t} not True: {types:?}");
+        }
+        let cs = &s.container_statuses.as_ref().context("container statuses")?[0];
+        assert_eq!(cs.name, "httpd");
+        assert!(cs.ready);
+        assert_eq!(cs.started, Some(true));
+        assert_eq!(cs.restart_count, 0);
+        assert_eq!(cs.image, BUSYBOX);
+        assert!(cs.image_id.starts_with("sha256:") || cs.image_id.contains("@sha256:"), "{}", cs.image_id);
+        assert!(cs.container_id.as_deref().is_some_and(|id| id.starts_with("containerd://")));
+        assert!(cs.state.as_ref().and_then(|st| st.running.as_ref()).is_some());
+        // The runtime runs it.
+        let uid = p.metadata.uid.as_deref().context("uid")?;
+        assert_eq!(cri.containers(uid).await?.len(), 1);
+    }
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 3, "pod IPs not distinct: {ips:?}");
+
+    // Scaling down: the replica set deletes pods gracefully; the agent stops them and
+    // the API objects go.
+    deployments.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 1}}))).await?;
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let pods = Api::<Pod>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
+        let ready = k8s_cri::v1::PodSandboxState::SandboxReady as i32;
+        let sandboxes = cri.all_sandboxes().await?.into_iter().filter(|s| s.state == ready).count();
+        if pods.items.len() == 1 && sandboxes == 1 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "scale-down not done in 1 minute: pods {:?}, {sandboxes} ready sandboxes\n{}",
+            pods.items.iter().map(|p| (&p.metadata.name, p.metadata.deletion_timestamp.is_some())).collect::<Vec<_>>(),
+            tail(&node.agent.log(), 80)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn kubectl_logs_exec_attach_and_port_forward_reach_the_node_through_the_api_server() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("kubectl").await?;
+    let ns = node.namespace("kubectl").await?;
+    let mut pod = busybox_pod("tools", "echo hello-from-the-pod; httpd -f -p 8080 & while true; do sleep 1; done");
+    pod["spec"]["containers"][0]["stdin"] = json!(true);
+    node.create_pod(&ns, pod).await?;
+    node.eventually_pod(&ns, "tools", Duration::from_mins(1), "pod running", running).await?;
+
+    let logs = cluster.kubectl_ok(&["-n", &ns, "logs", "tools"])?;
+    assert!(logs.contains("hello-from-the-pod"), "{logs:?}");
+
+    let out = cluster.kubectl_ok(&["-n", &ns, "exec", "tools", "--", "sh", "-c", "echo exec-$((40+2)); hostname"])?;
+    assert!(out.contains("exec-42"), "{out:?}");
+    assert!(out.contains("tools"), "the pod's hostname: {out:?}");
+    let failed = cluster.kubectl(&["-n", &ns, "exec", "tools", "--", "sh", "-c", "exit 3"])?;
+    assert_eq!(failed.status.code(), Some(3), "exit code through exec: {failed:?}");
+
+    // port-forward: a local port to the pod's httpd, through the API server.
+    let local = swiftlet_tests::free_port()?;
+    let mut forward = cluster
+        .kubectl_command(&["-n", &ns, "port-forward", "pod/tools", &format!("{local}:8080")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let r = tokio::time::timeout(Duration::from_secs(5), async {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", local)).await?;
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await?;
+            anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
+        })
+        .await;
+        if let Ok(Ok(a)) = &r
+            && a.starts_with("HTTP/1.")
+        {
+            break a.clone();
+        }
+        if Instant::now() > deadline {
+            let _ = forward.kill();
+            let out = forward.wait_with_output()?;
+            bail!("port-forward never answered: {r:?}\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let _ = forward.kill();
+    let _ = forward.wait();
+    // httpd answers (404 for a directory without index: what matters is that it is httpd).
+    let status_line = answer.lines().next().unwrap_or_default();
+    assert!(status_line.ends_with("404 Not Found") || status_line.ends_with("200 OK"), "{answer:?}");
+
+    // attach: what is written to the container's stdin reaches it (a cat in a second pod).
+    let mut attach = busybox_pod("attached", "cat");
+    attach["spec"]["containers"][0]["stdin"] = json!(true);
+    attach["spec"]["containers"][0]["command"] = json!(["cat"]);
+    node.create_pod(&ns, attach).await?;
+    node.eventually_pod(&ns, "attached", Duration::from_mins(1), "pod running", running).await?;
+    let mut child = cluster
+        .kubectl_command(&["-n", &ns, "attach", "-i", "attached"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    {
+        use std::io::Write as _;
+        // Held open until the echo is back: containerd ends an attach session when the
+        // client's stdin closes, as the kubelet's runtime does.
+        stdin.write_all(b"through-attach\n")?;
+        stdin.flush()?;
+    }
+    let echoed = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            use std::io::BufRead as _;
+            std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("through-attach"))
+        }),
+    )
+    .await;
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(matches!(echoed, Ok(Ok(Some(_)))), "attach did not echo the line: {echoed:?}");
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn graceful_deletion_runs_the_grace_period_then_the_pod_is_removed() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("graceful").await?;
+    let ns = node.namespace("graceful").await?;
+    // SIGTERM ignored: the agent must wait the grace period out, then kill.
+    let mut pod = busybox_pod("stubborn", "true");
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(3);
+    pod["spec"]["containers"][0]["command"] = json!(["sh", "-c", "trap '' TERM; while true; do sleep 1; done"]);
+    let created = node.create_pod(&ns, pod).await?;
+    let uid = created.metadata.uid.clone().context("uid")?;
+    node.eventually_pod(&ns, "stubborn", Duration::from_mins(1), "pod running", running).await?;
+
+    let pods = Api::<Pod>::namespaced(cluster.client(), &ns);
+    let started = Instant::now();
+    pods.delete("stubborn", &DeleteParams::default()).await?;
+    // Marked for deletion with the pod's grace period; the containers are still there.
+    let p = pods.get("stubborn").await?;
+    assert!(p.metadata.deletion_timestamp.is_some());
+    assert_eq!(p.metadata.deletion_grace_period_seconds, Some(3));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pods.get_opt("stubborn").await?.is_some() {
+        ensure!(Instant::now() < deadline, "pod not removed in 30 s\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(3), "removed after {took:?}, before the grace period ended");
+    // Removed from the API only once the runtime had stopped it.
+    for c in cri.containers(&uid).await? {
+        assert_ne!(c.state, k8s_cri::v1::ContainerState::ContainerRunning as i32, "{c:?}");
+    }
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn configmap_secret_and_service_account_token_volumes_from_the_real_controllers() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("volumes").await?;
+    let ns = node.namespace("volumes").await?;
+    let client = cluster.client();
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"mode": "one"}}))?;
+    Api::<ConfigMap>::namespaced(client.clone(), &ns).create(&PostParams::default(), &cm).await?;
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "creds"}, "stringData": {"password": "s3cret"}}))?;
+    Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &secret).await?;
+    let mut pod = busybox_pod("reader", "while true; do sleep 1; done");
+    pod["spec"]["volumes"] = json!([
+        {"name": "settings", "configMap": {"name": "settings"}},
+        {"name": "creds", "secret": {"secretName": "creds"}},
+    ]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "settings", "mountPath": "/etc/settings"},
+        {"name": "creds", "mountPath": "/etc/creds"},
+    ]);
+    node.create_pod(&ns, pod).await?;
+    let p = node.eventually_pod(&ns, "reader", Duration::from_mins(1), "pod running", running).await?;
+    // The ServiceAccount admission plugin added the projected kube-api-access volume.
+    let volumes = p.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+    assert!(volumes.iter().any(|v| v.name.starts_with("kube-api-access-") && v.projected.is_some()), "{volumes:?}");
+
+    let read = |path: &str| cluster.kubectl_ok(&["-n", &ns, "exec", "reader", "--", "cat", path]);
+    assert_eq!(read("/etc/settings/mode")?, "one");
+    assert_eq!(read("/etc/creds/password")?, "s3cret");
+    let sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert_eq!(read(&format!("{sa_dir}/namespace"))?, ns);
+    let ca = std::fs::read_to_string(&cluster.state.ca_cert)?;
+    assert_eq!(read(&format!("{sa_dir}/ca.crt"))?, ca, "kube-root-ca.crt from the root CA publisher");
+    // The token is one the API server issued for this pod's service account: it
+    // authenticates as it.
+    let token = read(&format!("{sa_dir}/token"))?;
+    let mut child = cluster
+        .kubectl_command(&["create", "-o", "json", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write as _;
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}});
+        child.stdin.take().context("stdin")?.write_all(body.to_string().as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    let review: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(review["status"]["authenticated"], true, "{review}");
+    assert_eq!(review["status"]["user"]["username"], format!("system:serviceaccount:{ns}:default"), "{review}");
+    let bound_pod = &review["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"];
+    assert_eq!(bound_pod, &json!(["reader"]), "{review}");
+
+    // A ConfigMap update reaches the volume.
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .patch("settings", &PatchParams::default(), &Patch::Merge(json!({"data": {"mode": "two"}})))
+        .await?;
+    let deadline = Instant::now() + Duration::from_mins(2);
+    while read("/etc/settings/mode")? != "two" {
+        ensure!(Instant::now() < deadline, "configMap update not seen in the volume in 2 minutes");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn static_pods_get_mirror_pods_owned_by_the_node() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, node, cri) = join("mirror").await?;
+    node.agent.write_manifest(
+        "static.yaml",
+        &format!(
+            "apiVersion: v1
+kind: Pod
+metadata:
+  name: static-web
+  namespace: default
+spec:
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]
+"
+        ),
+    )?;
+    let name = format!("static-web-{}", node.name);
+    let mirror = node.eventually_pod("default", &name, Duration::from_mins(1), "mirror pod running", running).await?;
+    let annotations: BTreeMap<_, _> = mirror.metadata.annotations.clone().unwrap_or_default();
+    assert!(annotations.contains_key("kubernetes.io/config.mirror"), "{annotations:?}");
+    assert_eq!(annotations.get("kubernetes.io/config.source").map(String::as_str), Some("file"));
+    let owners = mirror.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        owners.iter().any(|o| o.kind == "Node" && o.name == node.name && o.controller == Some(true)),
+        "NodeRestriction wants the node as the mirror pod's controller: {owners:?}"
+    );
+    // Deleting the mirror pod through the API does not stop the static pod: the agent
+    // makes the mirror again.
+    let pods = Api::<Pod>::namespaced(cluster.client(), "default");
+    let old_uid = mirror.metadata.uid.clone();
+    pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await?;
+    let again = node
+        .eventually_pod("default", &name, Duration::from_mins(1), "mirror pod recreated", |p| {
+            p.metadata.uid != old_uid && running(p)
+        })
+        .await?;
+    assert!(again.metadata.uid.is_some());
+    // Removing the manifest removes the static pod and its mirror.
+    node.agent.remove_manifest("static.yaml")?;
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while pods.get_opt(&name).await?.is_some() {
+        ensure!(Instant::now() < deadline, "mirror pod not removed\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn node_restriction_lets_the_node_change_only_itself() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("restricted").await?;
+    let ns = node.namespace("restricted").await?;
+    let client = cluster.client();
+    let as_node = node.node_client().await?;
+    // Another node, created by the admin.
+    let other: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(json!({"metadata": {"name": "not-this-node", "labels": {"x": "y"}}}))?;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let _ = nodes.delete("not-this-node", &DeleteParams::default()).await;
+    nodes.create(&PostParams::default(), &other).await?;
+    let node_nodes = Api::<k8s_openapi::api::core::v1::Node>::all(as_node.clone());
+    let patch = Patch::Merge(json!({"metadata": {"labels": {"x": "changed"}}}));
+    let refused = node_nodes.patch("not-this-node", &PatchParams::default(), &patch).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "{refused:?}");
+    // Its own node: yes, but not the labels NodeRestriction reserves.
+    node_nodes
+        .patch(&node.name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"mine": "ok"}}})))
+        .await?;
+    let reserved = Patch::Merge(json!({"metadata": {"labels": {"node-restriction.kubernetes.io/x": "y"}}}));
+    let refused = node_nodes.patch(&node.name, &PatchParams::default(), &reserved).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "{refused:?}");
+    nodes.delete("not-this-node", &DeleteParams::default()).await?;
+
+    // Secrets: only those of pods bound to the node (the Node authorizer).
+    for name in ["used", "unused"] {
+        let s: Secret = serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}}))?;
+        Api::<Secret>::namespaced(client.clone(), &ns).create(&PostParams::default(), &s).await?;
+    }
+    let mut pod = busybox_pod("uses-secret", "while true; do sleep 1; done");
+    pod["spec"]["volumes"] = json!([{"name": "s", "secret": {"secretName": "used"}}]);
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "s", "mountPath": "/s"}]);
+    node.create_pod(&ns, pod).await?;
+    node.eventually_pod(&ns, "uses-secret", Duration::from_mins(1), "pod running", running).await?;
+    let secrets = Api::<Secret>::namespaced(as_node.clone(), &ns);
+    secrets.get("used").await.context("the node may read its pod's secret")?;
+    let refused = secrets.get("unused").await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "{refused:?}");
+
+    // Nothing the agent itself sent was refused.
+    let log = node.agent.log();
+    let forbidden: Vec<_> = log.lines().filter(|l| l.contains("403") || l.contains("Forbidden")).collect();
+    assert!(forbidden.is_empty(), "the API server refused the agent:\n{}", forbidden.join("\n"));
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn pods_keep_running_through_a_60s_api_server_outage_and_status_converges_after() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("outage").await?;
+    let ns = node.namespace("outage").await?;
+    node.create_pod(&ns, busybox_pod("survivor", "while true; do sleep 1; done")).await?;
+    // `wait` lets the TERM trap run at once (a foreground sleep would hold it back).
+    let mut crasher = busybox_pod("crasher", "sleep 1000 & wait");
+    crasher["spec"]["containers"][0]["command"] = json!(["sh", "-c", "trap 'exit 1' TERM; sleep 1000 & wait"]);
+    crasher["spec"]["restartPolicy"] = json!("Always");
+    let created = node.create_pod(&ns, crasher).await?;
+    let crasher_uid = created.metadata.uid.clone().context("uid")?;
+    let survivor = node.eventually_pod(&ns, "survivor", Duration::from_mins(1), "pod running", running).await?;
+    node.eventually_pod(&ns, "crasher", Duration::from_mins(1), "pod running", running).await?;
+    let survivor_uid = survivor.metadata.uid.clone().context("uid")?;
+    let before = cri.containers(&survivor_uid).await?;
+
+    cluster.stop_component("kube-apiserver")?;
+    let outage = Instant::now();
+    // While the API server is away, a container dies: the agent restarts it on its own.
+    let id = cri.containers(&crasher_uid).await?.first().map(|c| c.id.clone()).context("crasher container")?;
+    cri.exec(&id, &["sh", "-c", "kill 1"]).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cs = cri.containers(&crasher_uid).await?;
+        if cs.iter().filter(|c| c.state == k8s_cri::v1::ContainerState::ContainerRunning as i32).count() == 1
+            && cs.len() == 2
+        {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "crasher not restarted during the outage\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let remaining = Duration::from_mins(1).saturating_sub(outage.elapsed());
+    tokio::time::sleep(remaining).await;
+    // The agent is alive and healthy, and its pods ran on untouched.
+    let (code, _) = node.agent.healthz().await?;
+    assert_eq!(code, 200);
+    let after = cri.containers(&survivor_uid).await?;
+    assert_eq!(after.len(), before.len());
+    assert_eq!(after[0].id, before[0].id, "the survivor was restarted");
+    cluster.start_component("kube-apiserver").await?;
+
+    // Status converges: the restart made during the outage shows, and the node is Ready.
+    node.wait_ready(Duration::from_mins(1)).await?;
+    node.eventually_pod(&ns, "crasher", Duration::from_mins(1), "restart reported", |p| {
+        running(p)
+            && p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).is_some_and(|cs| {
+                cs[0].restart_count == 1 && cs[0].last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+            })
+    })
+    .await?;
+    node.leave(&cri).await
+}
