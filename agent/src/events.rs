@@ -1,6 +1,13 @@
-//! Kubernetes-style events the agent records (`record.EventRecorder` upstream). In
-//! standalone mode they are kept in a bounded in-memory list served at `/events`
-//! (newest last) and logged; the API-server mode will also post them.
+//! Kubernetes-style events the agent records (`record.EventRecorder` upstream). They are
+//! logged and kept in a bounded in-memory list served at `/events` (newest last; an
+//! identical event is folded into the earlier one with a count). In API-server mode the
+//! [`ApiRecorder`] also posts them, each through the [`correlator`] first (upstream's
+//! `EventCorrelator`: similar events combined, repeats sent as count updates, a spam
+//! filter per object) and then the [`sink`], which creates or patches the API object.
+
+pub mod correlator;
+mod lru;
+pub mod sink;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -51,9 +58,10 @@ impl EventRecorder for MemoryRecorder {
 }
 
 impl MemoryRecorder {
-    /// Records the event; returns it when it is new (`None` when it was folded into an
-    /// identical earlier one).
-    fn append(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) -> Option<Event> {
+    /// Records the event and returns it as made (upstream `makeEvent`: count 1, both
+    /// timestamps now), also when the list folded it into an identical earlier one: what
+    /// to post is the correlator's decision.
+    fn append(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) -> Event {
         let type_str = match type_ {
             EventType::Normal => "Normal",
             EventType::Warning => "Warning",
@@ -62,16 +70,9 @@ impl MemoryRecorder {
             EventType::Normal => tracing::info!(object = ?object.name, reason, %message, "event"),
             EventType::Warning => tracing::warn!(object = ?object.name, reason, %message, "event"),
         }
-        let now = Time(Timestamp::now());
-        let mut events = self.events.lock().unwrap();
-        if let Some(e) = events.iter_mut().rev().find(|e| {
-            e.involved_object == object && e.reason.as_deref() == Some(reason) && e.message.as_deref() == Some(&message)
-        }) {
-            e.count = Some(e.count.unwrap_or(1) + 1);
-            e.last_timestamp = Some(now);
-            return None;
-        }
-        let name = format!("{}.{:x}", object.name.as_deref().unwrap_or("unknown"), Timestamp::now().as_nanosecond());
+        let at = Timestamp::now();
+        let now = Time(at);
+        let name = format!("{}.{:x}", object.name.as_deref().unwrap_or("unknown"), at.as_nanosecond());
         let event = Event {
             metadata: ObjectMeta {
                 name: Some(name),
@@ -90,11 +91,19 @@ impl MemoryRecorder {
             reporting_instance: Some(self.host.clone()),
             ..Default::default()
         };
+        let mut events = self.events.lock().unwrap();
+        if let Some(e) = events.iter_mut().rev().find(|e| {
+            e.involved_object == event.involved_object && e.reason == event.reason && e.message == event.message
+        }) {
+            e.count = Some(e.count.unwrap_or(1) + 1);
+            e.last_timestamp.clone_from(&event.last_timestamp);
+            return event;
+        }
         events.push_back(event.clone());
         while events.len() > MAX_EVENTS {
             events.pop_front();
         }
-        Some(event)
+        event
     }
 }
 
@@ -149,13 +158,63 @@ mod tests {
         }
         assert_eq!(r.list().len(), MAX_EVENTS);
     }
+
+    /// The flood of the issue: a liveness probe that errors every second with a new
+    /// message each time. As upstream, nine events are created, then one combined event
+    /// whose count grows, and the spam filter stops the object at 25 requests.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_probe_does_not_flood_the_api_server() {
+        let api = sink::tests::FakeEventsApi::default();
+        let (recorder, task) = ApiRecorder::new(MemoryRecorder::new("node-1"), api.client());
+        let task = tokio::spawn(task);
+        let pod = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some("web".into()),
+            namespace: Some("ns".into()),
+            uid: Some("u1".into()),
+            field_path: Some("spec.containers{app}".into()),
+            ..Default::default()
+        };
+        let message = |i: usize| {
+            format!(
+                "Liveness probe errored and resulted in unknown state: rpc error: code = Unknown desc = exec {i} failed"
+            )
+        };
+        for i in 0..40 {
+            recorder.record(pod.clone(), EventType::Warning, "Unhealthy", message(i));
+        }
+        // The posting task drains the queue before paused time moves on.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let seen = api.seen();
+        assert_eq!(seen.len(), 25, "the spam filter's burst");
+        for (i, s) in seen[..9].iter().enumerate() {
+            assert_eq!((s.method.as_str(), s.body["message"].as_str()), ("POST", Some(message(i).as_str())));
+        }
+        let combined = &seen[9];
+        assert_eq!(combined.method, "POST");
+        assert_eq!(combined.body["message"], format!("(combined from similar events): {}", message(9)));
+        let name = combined.body["metadata"]["name"].as_str().unwrap();
+        for (n, s) in seen[10..].iter().enumerate() {
+            assert_eq!(
+                (s.method.as_str(), s.path.as_str()),
+                ("PATCH", format!("/api/v1/namespaces/ns/events/{name}").as_str())
+            );
+            assert_eq!(s.body["count"], n + 2);
+            assert_eq!(s.body["message"], format!("(combined from similar events): {}", message(n + 10)));
+        }
+        // `/events` still lists every one of them.
+        assert_eq!(recorder.memory.list().len(), 40);
+        task.abort();
+    }
 }
 
 /// Records events in memory (for `/events`) and posts them to the API server, one at a
-/// time through the agent's events client, whose token bucket (`eventRecordQPS` /
-/// `eventBurst`) spaces them as upstream's event client does. Events wait in a queue of
-/// [`EVENT_QUEUE`]; when it is full (the API server slow or gone), new ones are not posted,
-/// as upstream's broadcaster drops them, never queued without bound.
+/// time through the [`sink::EventSink`] (correlation, then a create or a patch) over the
+/// agent's events client, whose token bucket (`eventRecordQPS` / `eventBurst`) spaces the
+/// requests as upstream's event client does. Events wait in a queue of [`EVENT_QUEUE`];
+/// when it is full (the API server slow or gone), new ones are not posted, as upstream's
+/// broadcaster drops them, never queued without bound.
 #[derive(Debug, Clone)]
 pub struct ApiRecorder {
     memory: MemoryRecorder,
@@ -173,11 +232,15 @@ impl ApiRecorder {
     ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Event>(EVENT_QUEUE);
         let task = async move {
+            let mut sink = sink::EventSink::new(client);
             while let Some(ev) = rx.recv().await {
-                let ns = ev.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-                let api: kube::Api<Event> = kube::Api::namespaced(client.clone(), &ns);
-                if let Err(e) = api.create(&kube::api::PostParams::default(), &ev).await {
-                    tracing::debug!(error = %e, "failed to post event");
+                if let Err(e) = sink.record(ev).await {
+                    let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+                    if e.is_expected() {
+                        tracing::debug!(error = %e, %cause, "event not written");
+                    } else {
+                        tracing::warn!(error = %e, %cause, "event not written");
+                    }
                 }
             }
         };
@@ -187,9 +250,8 @@ impl ApiRecorder {
 
 impl EventRecorder for ApiRecorder {
     fn record(&self, object: ObjectReference, type_: EventType, reason: &str, message: String) {
-        if let Some(ev) = self.memory.append(object, type_, reason, message)
-            && self.tx.try_send(ev).is_err()
-        {
+        let ev = self.memory.append(object, type_, reason, message);
+        if self.tx.try_send(ev).is_err() {
             tracing::debug!("event queue full; event not posted");
         }
     }

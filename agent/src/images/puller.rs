@@ -465,14 +465,7 @@ pub fn go_error_text(e: &crate::runtime::Error, strip_unknown: bool) -> String {
         crate::runtime::Error::Rpc { status, .. } if strip_unknown && status.code() == tonic::Code::Unknown => {
             status.message().to_string()
         }
-        crate::runtime::Error::Rpc { status, .. } => {
-            let code = match status.code() {
-                tonic::Code::Cancelled => "Canceled".to_string(),
-                c => format!("{c:?}"),
-            };
-            format!("rpc error: code = {code} desc = {}", status.message())
-        }
-        other => other.to_string(),
+        other => other.go_text(),
     }
 }
 

@@ -27,8 +27,10 @@ pub enum ExecError {
     /// The command did not finish within its timeout.
     #[error("command timed out: {} timed out after {}", format::quote(.command), format::duration(*.timeout))]
     TimedOut { command: String, timeout: Duration },
-    /// The runtime could not run it (no such container, runtime down, ...).
-    #[error(transparent)]
+    /// The runtime could not run it (no such container, no such binary, runtime down,
+    /// ...): a gRPC status reads as upstream's Go client prints it
+    /// (`rpc error: code = Unknown desc = failed to exec in container: ...`).
+    #[error("{}", .0.go_text())]
     Runtime(runtime::Error),
 }
 
@@ -135,6 +137,33 @@ mod tests {
         let err = probe(&rt, "missing", &cmd(&["true"]), Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(err.result, ProbeResult::Unknown);
         assert!(err.message.contains("missing not found"), "{err}");
+    }
+
+    /// containerd's answer to the exec of a binary the image does not have, as the probe
+    /// error reads: the gRPC status in Go's words, as upstream's event shows it.
+    #[tokio::test]
+    async fn a_failed_exec_reads_as_the_go_grpc_status() {
+        let desc = "failed to exec in container: failed to start exec \"e1\": OCI runtime exec failed: exec failed: \
+                    unable to start container process: exec: \"/no-such-binary\": stat /no-such-binary: no such file \
+                    or directory: unknown";
+        let rt = FakeRuntime::default();
+        rt.push_exec_response(
+            "c1",
+            Err(runtime::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(desc) }),
+        );
+        let err = probe(&rt, "c1", &cmd(&["/no-such-binary"]), Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(err.result, ProbeResult::Unknown);
+        assert_eq!(err.message, format!("rpc error: code = Unknown desc = {desc}"));
+        // Other codes by grpc-go's names.
+        for (status, code) in [
+            (tonic::Status::not_found("x"), "NotFound"),
+            (tonic::Status::cancelled("x"), "Canceled"),
+            (tonic::Status::unavailable("x"), "Unavailable"),
+        ] {
+            rt.push_exec_response("c1", Err(runtime::Error::Rpc { operation: "exec_sync", status }));
+            let err = probe(&rt, "c1", &cmd(&["true"]), Duration::from_secs(1)).await.unwrap_err();
+            assert_eq!(err.message, format!("rpc error: code = {code} desc = x"));
+        }
     }
 
     #[tokio::test]

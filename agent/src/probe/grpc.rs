@@ -91,9 +91,9 @@ async fn check(channel: Channel, service: &str, deadline: Instant, timeout: Dura
                     status.message()
                 )),
                 tonic::Code::DeadlineExceeded => rpc_timeout(),
-                code => Outcome::failure(format!(
-                    "error: health rpc probe failed: rpc error: code = {code:?} desc = {}",
-                    status.message()
+                _ => Outcome::failure(format!(
+                    "error: health rpc probe failed: {}",
+                    crate::runtime::go_status_text(&status)
                 )),
             };
         }

@@ -183,8 +183,9 @@ pub struct ProbeOutcome {
     pub output: String,
     /// Set when the probe could not be run at all (upstream: the handler returned an
     /// error). The run is retried up to three times; if it still errors, an
-    /// `Unhealthy` "probe errored" event is recorded and the run does not count.
-    /// `result` and `output` are then ignored.
+    /// `Unhealthy` event `<type> probe errored and resulted in <result> state: <error>`
+    /// is recorded and the run does not count; `result` is then only the one the
+    /// error came with (mostly `Unknown`) and `output` is ignored.
     pub error: Option<String>,
 }
 
@@ -209,9 +210,17 @@ impl ProbeOutcome {
         Self { result: ProbeResult::Unknown, output: output.into(), error: None }
     }
 
+    /// An error that came with result `Unknown`.
     #[must_use]
     pub fn error(error: impl Into<String>) -> Self {
-        Self { result: ProbeResult::Unknown, output: String::new(), error: Some(error.into()) }
+        Self::errored(ProbeResult::Unknown, error)
+    }
+
+    /// An error that came with `result` (upstream's `(result, output, err)` with a
+    /// non-nil `err`).
+    #[must_use]
+    pub fn errored(result: ProbeResult, error: impl Into<String>) -> Self {
+        Self { result, output: String::new(), error: Some(error.into()) }
     }
 }
 

@@ -1,8 +1,9 @@
 //! One probe run as upstream's `prober.probe` does it: the runner is retried while it
 //! errors (three attempts in all), a failure or error is reported as an `Unhealthy`
-//! warning event on the container, a warning as a `ProbeWarning` event, and the
-//! outcome is reduced to `Success` or `Failure` (or an error, which the worker throws
-//! away).
+//! warning event on the container (`Liveness probe failed: <output>`, `Liveness probe
+//! errored and resulted in unknown state: <error>`), a warning as a `ProbeWarning`
+//! event, and the outcome is reduced to `Success` or `Failure` (or an error, which the
+//! worker throws away).
 //!
 //! As in 1.28, an `Unknown` result without an error is a failure with an `Unhealthy`
 //! event; newer upstream versions count it as a failure without the event.
@@ -52,7 +53,7 @@ pub(super) async fn run(
             object(),
             EventType::Warning,
             REASON_UNHEALTHY,
-            format!("{} probe errored: {error}", t.probe_type),
+            format!("{} probe errored and resulted in {} state: {error}", t.probe_type, result_name(outcome.result)),
         );
         return Err(error);
     }
@@ -81,5 +82,15 @@ pub(super) async fn run(
             );
             Ok(ProbeResult::Failure)
         }
+    }
+}
+
+/// The result as upstream's `probe.Result` reads in messages.
+fn result_name(result: ProbeResult) -> &'static str {
+    match result {
+        ProbeResult::Success => "success",
+        ProbeResult::Warning => "warning",
+        ProbeResult::Failure => "failure",
+        ProbeResult::Unknown => "unknown",
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
 
-use super::{ProbeOutcome, ProbeRunner, ProbeType};
+use super::{ProbeOutcome, ProbeResult, ProbeRunner, ProbeType};
 use crate::probe::{self, Prober};
 use crate::runtime::RuntimeService;
 
@@ -26,14 +26,15 @@ impl HandlerRunner {
 /// The worker's view of a handler's answer: an error (the probe could not run) is
 /// thrown away after retries, whatever result it carries, as upstream.
 fn outcome(response: probe::ProbeResponse) -> ProbeOutcome {
+    let result = |r| match r {
+        probe::ProbeResult::Success => ProbeResult::Success,
+        probe::ProbeResult::Warning => ProbeResult::Warning,
+        probe::ProbeResult::Failure => ProbeResult::Failure,
+        probe::ProbeResult::Unknown => ProbeResult::Unknown,
+    };
     match response {
-        Ok(o) => match o.result {
-            probe::ProbeResult::Success => ProbeOutcome::success(o.output),
-            probe::ProbeResult::Warning => ProbeOutcome::warning(o.output),
-            probe::ProbeResult::Failure => ProbeOutcome::failure(o.output),
-            probe::ProbeResult::Unknown => ProbeOutcome::unknown(o.output),
-        },
-        Err(e) => ProbeOutcome::error(e.message),
+        Ok(o) => ProbeOutcome { result: result(o.result), output: o.output, error: None },
+        Err(e) => ProbeOutcome::errored(result(e.result), e.message),
     }
 }
 
@@ -55,7 +56,6 @@ impl ProbeRunner for HandlerRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prober::ProbeResult;
 
     #[test]
     fn handler_answers_map_to_worker_outcomes() {
@@ -67,5 +67,8 @@ mod tests {
         assert_eq!(ok(probe::ProbeResult::Failure).output, "out");
         let err = outcome(Err(probe::ProbeError::unknown("dial failed")));
         assert_eq!(err.error.as_deref(), Some("dial failed"));
+        assert_eq!(err.result, ProbeResult::Unknown);
+        let err = outcome(Err(probe::ProbeError { result: probe::ProbeResult::Failure, message: "bad".into() }));
+        assert_eq!((err.result, err.error.as_deref()), (ProbeResult::Failure, Some("bad")));
     }
 }

@@ -500,7 +500,7 @@ async fn errors_are_retried_and_do_not_count() {
     assert_eq!(h.drain_results(), vec![(ProbeType::Liveness, ProbeResult::Success)]);
     let ev = h.events.with_reason("Unhealthy");
     assert_eq!(ev.len(), 3);
-    assert_eq!(ev[0].1, "Liveness probe errored: exec failed");
+    assert_eq!(ev[0].1, "Liveness probe errored and resulted in unknown state: exec failed");
     assert!(!h.metrics.encode().contains("result=\""), "errored probes are not counted");
 
     // An error then a result: the result counts.
@@ -508,6 +508,38 @@ async fn errors_are_retried_and_do_not_count() {
     h.runner.set("c", ProbeType::Liveness, ProbeOutcome::failure("dead"));
     advance(secs(1.0)).await;
     assert_eq!(h.mgr.liveness().get("containerd://a"), Some(ProbeResult::Failure));
+}
+
+/// An exec liveness probe of a binary the image lacks, through the real handlers: the
+/// event is upstream's whole message, the runtime's gRPC status in Go's words included.
+#[tokio::test(start_paused = true)]
+async fn a_failed_exec_is_reported_in_upstreams_words() {
+    const DESC: &str = "failed to exec in container: failed to start exec \"e1\": OCI runtime exec failed: \
+                        exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file \
+                        or directory: unknown";
+    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    runtime.set_exec_handler(|_, _, _| {
+        Err(crate::runtime::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(DESC) })
+    });
+    let h = Harness::immediate();
+    let events = Arc::new(FakeRecorder::default());
+    let mgr = ProbeManager::with_jitter(
+        Arc::new(runner::HandlerRunner::new(runtime.clone())),
+        events.clone(),
+        Arc::new(ProberMetrics::new()),
+        || 0.0,
+    );
+    let p = pod("u", vec![with_probes(container("c"), None, None, Some(thresholds(probe(1), 1, 3)))], vec![]);
+    mgr.set_pod_status("u", &status(vec![running("c", "a", h.started(LONG_AGO))], vec![]));
+    mgr.add_pod(&p);
+    advance(secs(0.5)).await;
+    assert_eq!(runtime.exec_calls().len(), 3, "three attempts");
+    let message =
+        format!("Liveness probe errored and resulted in unknown state: rpc error: code = Unknown desc = {DESC}");
+    assert_eq!(
+        events.with_reason("Unhealthy"),
+        vec![(EventType::Warning, message, Some("spec.containers{c}".to_owned()))]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -57,6 +57,50 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Rpc { status, .. } if status.code() == tonic::Code::NotFound)
     }
+
+    /// The error as upstream's Go CRI client prints it where the kubelet passes it on
+    /// (events, hook and probe messages): a gRPC status as [`go_status_text`], anything
+    /// else as our own message.
+    #[must_use]
+    pub fn go_text(&self) -> String {
+        match self {
+            Error::Rpc { status, .. } => go_status_text(status),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// A gRPC status as a Go client's error prints it (grpc-go `status.Error`):
+/// `rpc error: code = NotFound desc = container "c1" not found`.
+#[must_use]
+pub fn go_status_text(status: &tonic::Status) -> String {
+    format!("rpc error: code = {} desc = {}", go_code_name(status.code()), status.message())
+}
+
+/// grpc-go's name of a status code (`codes.Code.String()`): tonic's, but `OK` and
+/// `Canceled` (one l).
+#[must_use]
+pub fn go_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
