@@ -22,6 +22,16 @@
 //!
 //! Static pods that share a full name (an edited manifest gets a new UID) start only
 //! after the previous instance finished, as upstream.
+//!
+//! A pod removed and added again under the same UID while its worker terminates it (a
+//! static pod's UID is a hash of its manifest, so deleting and restoring the file does
+//! this) is restarted: the `Create` marks the worker (upstream `restartRequested`), the
+//! termination runs to its end (containers, sandbox, cgroup, volumes and directories
+//! removed), and the same worker then starts the pod afresh as a new instance, counted in
+//! `kubelet_restarted_pods`. Upstream's housekeeping does the same in two steps
+//! (`SyncKnownPods` drops the finished worker, `HandlePodCleanups` sends a `Create` for
+//! the desired pod without one and counts it); restarting in place keeps every later
+//! update of the UID in the one channel, so none can reach a worker about to end.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -210,6 +220,7 @@ impl PodWorkers {
             state,
             desired: true,
             grace: None,
+            restart_requested: false,
             deps: self.deps.clone(),
             workers: self.clone(),
             first_seen: SystemTime::now(),
@@ -291,6 +302,8 @@ struct Worker {
     /// False once the pod was removed from its source (or never was desired).
     desired: bool,
     grace: Option<i64>,
+    /// A `Create` came after the pod was removed: start it again once terminated.
+    restart_requested: bool,
     deps: Arc<SyncDeps>,
     workers: PodWorkers,
     first_seen: SystemTime,
@@ -321,11 +334,26 @@ fn resync_after(base: Duration) -> Duration {
 impl Worker {
     /// Takes in a piece of work; its kind, and whether it can change anything (all but
     /// a PLEG start the status already shows).
+    ///
+    /// A kill makes the pod undesired at once; a create of a pod that is no longer
+    /// desired asks for a restart once its termination is done (both decided per item,
+    /// before pending work is merged, so a kill and a create in one batch keep both).
     fn absorb(&mut self, w: Work) -> (WorkType, bool) {
         let news = match (&w.kind, &w.started) {
             (WorkType::Sync, Some(id)) => !self.seen_started.contains(id),
             _ => true,
         };
+        match w.kind {
+            WorkType::Kill { .. } => {
+                self.desired = false;
+                self.restart_requested = false;
+            }
+            WorkType::Create if !self.desired && w.pod.is_some() => {
+                tracing::info!("pod added again while it terminates; it restarts once terminated");
+                self.restart_requested = true;
+            }
+            _ => {}
+        }
         if let Some(p) = w.pod {
             self.pod = Some(p);
         }
@@ -401,9 +429,6 @@ impl Worker {
                 continue;
             }
             if let WorkType::Kill { grace } | WorkType::Evict { grace } = kind {
-                if matches!(kind, WorkType::Kill { .. }) {
-                    self.desired = false;
-                }
                 self.grace = grace.or(self.grace);
                 if self.state == WorkerState::Syncing {
                     self.state = WorkerState::Terminating;
@@ -457,7 +482,11 @@ impl Worker {
                 WorkerState::Terminated => {
                     let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
                     if self.sync_terminated_pod().instrument(span).await {
-                        if !self.desired {
+                        if self.restart_requested {
+                            self.restart();
+                            work = Some(WorkType::Create);
+                            news = true;
+                        } else if !self.desired {
                             self.state = WorkerState::Finished;
                         }
                         None
@@ -484,6 +513,33 @@ impl Worker {
                 return;
             }
         }
+    }
+
+    /// The pod was added again while it terminated, and its old instance is gone now:
+    /// the worker becomes the new instance's, as a fresh one would start.
+    fn restart(&mut self) {
+        let is_static = self.pod.as_ref().is_some_and(is_static_pod);
+        tracing::info!(is_static, "restarting the pod: it was added again while it terminated");
+        self.deps
+            .metrics
+            .restarted_pods
+            .get_or_create(&crate::metrics::StaticLabels { r#static: if is_static { "true" } else { "false" }.into() })
+            .inc();
+        self.workers.registry.lock().unwrap().overrides.remove(&self.uid);
+        if let Some(t) = self.deps.runtime.startup_tracker() {
+            t.forget(&self.uid);
+            if let Some(pod) = &self.pod {
+                t.begin_trace(pod);
+            }
+        }
+        self.state = WorkerState::Syncing;
+        self.workers.set_state(&self.uid, WorkerState::Syncing);
+        self.desired = true;
+        self.restart_requested = false;
+        self.grace = None;
+        self.first_seen = SystemTime::now();
+        self.started_once = false;
+        self.seen_started.clear();
     }
 
     fn start_failures(&self, pod: &Pod) -> HashMap<String, (String, String)> {
@@ -807,6 +863,7 @@ mod tests {
         workers: PodWorkers,
         status: Arc<StatusManager>,
         recorder: Arc<MemoryRecorder>,
+        metrics: Arc<KubeletMetrics>,
         _dir: tempfile::TempDir,
         stop: CancellationToken,
     }
@@ -850,7 +907,7 @@ mod tests {
             runtime: Arc::new(manager),
             cm,
             status: status.clone(),
-            metrics,
+            metrics: metrics.clone(),
             recorder: recorder.clone(),
             runtime_name: "fake".into(),
             sync_frequency: Duration::from_mins(1),
@@ -859,7 +916,7 @@ mod tests {
         });
         let stop = CancellationToken::new();
         let workers = PodWorkers::new(deps, TaskTracker::new(), stop.clone());
-        Env { rt, workers, status, recorder, _dir: dir, stop }
+        Env { rt, workers, status, recorder, metrics, _dir: dir, stop }
     }
 
     async fn wait_for<F: Fn() -> bool>(f: F) {
@@ -964,6 +1021,32 @@ mod tests {
         let last_remove = calls.iter().rposition(|c| c == "remove_podsandbox").unwrap();
         let last_run = calls.iter().rposition(|c| c == "run_podsandbox").unwrap();
         assert!(last_remove < last_run, "new instance started before old one was removed: {calls:?}");
+        e.stop.cancel();
+    }
+
+    /// A static pod removed and added again (same content, so the same UID) while its
+    /// worker still terminates it is restarted once that termination is done (upstream
+    /// `restartRequested`), and `kubelet_restarted_pods` counts it.
+    #[tokio::test]
+    async fn a_static_pod_re_added_while_terminating_is_restarted() {
+        let e = env();
+        let p = pod("u6", "again", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u6").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let first = e.rt.containers_named("c");
+        e.workers.update_pod(p.clone(), WorkType::Kill { grace: None });
+        e.workers.update_pod(p, WorkType::Create);
+        let running_again = || {
+            e.workers.states().get("u6") == Some(&WorkerState::Syncing)
+                && e.status.get("u6").is_some_and(|s| s.phase.as_deref() == Some("Running"))
+                && e.rt.containers_named("c").iter().any(|c| !first.contains(c))
+        };
+        wait_for(running_again).await;
+        assert_eq!(e.rt.containers_named("c").len(), 1, "the old instance was removed: {:?}", e.rt.calls());
+        let restarted = |s: &str| {
+            e.metrics.restarted_pods.get_or_create(&crate::metrics::StaticLabels { r#static: s.into() }).get()
+        };
+        assert_eq!((restarted("true"), restarted("false")), (1, 0));
         e.stop.cancel();
     }
 
