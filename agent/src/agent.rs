@@ -1098,6 +1098,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             handlers
         },
         update_plugin_resources: Some(Arc::new(devices.clone())),
+        tracker: tracker.clone(),
+        housekeeping_pass: std::sync::Mutex::default(),
     };
     if let Some(m) = node_shutdown {
         tracker.spawn(m.run(shutdown.clone()).instrument(tracing::info_span!("node_shutdown")));

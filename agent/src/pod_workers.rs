@@ -133,6 +133,7 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("workers", &self.workers)
             .field("overrides", &self.overrides.keys().collect::<Vec<_>>())
+            .field("claimed", &self.claimed)
             .finish()
     }
 }
@@ -142,6 +143,27 @@ struct Registry {
     workers: HashMap<String, Handle>,
     /// Status overrides by pod UID (evictions), until the worker finishes.
     overrides: HashMap<String, StatusOverride>,
+    /// UIDs whose leftovers housekeeping is removing ([`CleanupClaim`]).
+    claimed: HashSet<String>,
+}
+
+/// Housekeeping's right to remove what a pod UID left behind (its cgroup, pod and log
+/// directories): granted only while the UID has no worker, and while it is held a new
+/// worker for the UID waits before it creates anything. Checked and granted under the
+/// registry's lock, where workers are registered too, so a pod admitted while a clean-up
+/// pass runs either has a worker the pass sees, or starts after the removal.
+#[derive(Debug)]
+pub struct CleanupClaim {
+    registry: Arc<Mutex<Registry>>,
+    released: Arc<Notify>,
+    uid: String,
+}
+
+impl Drop for CleanupClaim {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner).claimed.remove(&self.uid);
+        self.released.notify_waiters();
+    }
 }
 
 /// The set of pod workers.
@@ -277,6 +299,29 @@ impl PodWorkers {
         self.registry.lock().unwrap().workers.get(uid).is_some_and(|h| h.state == WorkerState::Syncing)
     }
 
+    /// Claims `uid` for housekeeping's removal of its leftovers; `None` while the UID
+    /// has a worker (or another claim).
+    #[must_use]
+    pub fn claim_for_cleanup(&self, uid: &str) -> Option<CleanupClaim> {
+        let mut reg = self.registry.lock().unwrap();
+        if reg.workers.contains_key(uid) || !reg.claimed.insert(uid.to_owned()) {
+            return None;
+        }
+        Some(CleanupClaim { registry: self.registry.clone(), released: self.finished.clone(), uid: uid.to_owned() })
+    }
+
+    /// Waits until housekeeping holds no claim on `uid`.
+    async fn wait_unclaimed(&self, uid: &str) {
+        loop {
+            let released = self.finished.notified();
+            if !self.registry.lock().unwrap().claimed.contains(uid) {
+                return;
+            }
+            tracing::debug!("waiting for housekeeping to finish removing what an earlier pod of this UID left");
+            released.await;
+        }
+    }
+
     /// UIDs that have a worker.
     #[must_use]
     pub fn known_uids(&self) -> HashSet<String> {
@@ -385,6 +430,11 @@ impl Worker {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>, shutdown: CancellationToken) {
         if self.pod.is_none() {
             self.desired = false;
+        }
+        // Housekeeping may be removing what an earlier pod of this UID left behind.
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = self.workers.wait_unclaimed(&self.uid) => {}
         }
         let mut next_sync: Option<tokio::time::Instant> = None;
         let mut work: Option<WorkType> = None;
@@ -1047,6 +1097,25 @@ mod tests {
             e.metrics.restarted_pods.get_or_create(&crate::metrics::StaticLabels { r#static: s.into() }).get()
         };
         assert_eq!((restarted("true"), restarted("false")), (1, 0));
+        e.stop.cancel();
+    }
+
+    /// Housekeeping's claim on a UID is refused while the UID has a worker, and a worker
+    /// started while the claim is held does nothing until it is released.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_waits_for_housekeeping_to_release_its_uid() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let claim = e.workers.claim_for_cleanup("u7").expect("no worker yet");
+        assert!(e.workers.claim_for_cleanup("u7").is_none(), "one claim at a time");
+        let p = pod("u7", "claimed", "Always", false);
+        e.workers.update_pod(p, WorkType::Create);
+        assert!(e.workers.claim_for_cleanup("u7").is_none(), "the UID has a worker");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(e.rt.calls().is_empty(), "the worker ran while its UID was claimed: {:?}", e.rt.calls());
+        drop(claim);
+        while e.status.get("u7").is_none_or(|s| s.phase.as_deref() != Some("Running")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         e.stop.cancel();
     }
 

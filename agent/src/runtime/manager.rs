@@ -1580,15 +1580,17 @@ impl RuntimeManager {
     }
 
     /// Removes log directories of pods the kubelet no longer knows (`<ns>_<name>_<uid>`).
-    pub fn cleanup_orphaned_log_dirs(&self, known_uids: &std::collections::HashSet<String>) {
+    pub fn cleanup_orphaned_log_dirs<C>(&self, claim: impl Fn(&str) -> Option<C>) {
         let Ok(entries) = std::fs::read_dir(&self.cfg.pod_logs_dir) else { return };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(uid) = name.rsplit('_').next() else { continue };
-            if name.split('_').count() == 3
-                && !known_uids.contains(uid)
-                && let Err(err) = remove_dir_if_exists(&e.path())
-            {
+            if name.split('_').count() != 3 {
+                continue;
+            }
+            // Held while the directory goes.
+            let Some(_claim) = claim(uid) else { continue };
+            if let Err(err) = remove_dir_if_exists(&e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "failed to remove orphaned pod log dir");
             }
         }
