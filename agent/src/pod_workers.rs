@@ -593,7 +593,7 @@ impl Worker {
     }
 
     fn start_failures(&self, pod: &Pod) -> HashMap<String, (String, String)> {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let Some(spec) = pod.spec.as_ref() else { return HashMap::new() };
         let names = spec.containers.iter().chain(spec.init_containers.iter().flatten()).map(|c| &c.name);
         let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| &c.name);
         names
@@ -667,6 +667,14 @@ impl Worker {
     /// `SyncPod`: returns when to sync again.
     async fn sync_pod(&mut self) -> Duration {
         let Some(pod) = self.pod.clone() else { return self.deps.sync_frequency };
+        if pod.spec.is_none() {
+            // A broken object from a source: an error for this pod alone, until an update
+            // brings a spec (or the pod goes).
+            let message = format!("pod {} has no spec; not syncing it", pod_full_name(&pod));
+            tracing::error!(%message);
+            self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedSync", message);
+            return self.deps.sync_frequency;
+        }
         // In-place resize: the pod runs with its allocated resources, not the spec's.
         let pod = match self.deps.runtime.resize() {
             Some(a) => a.update_pod_from_allocation(&pod).0,
@@ -1116,6 +1124,25 @@ mod tests {
         while e.status.get("u7").is_none_or(|s| s.phase.as_deref() != Some("Running")) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        e.stop.cancel();
+    }
+
+    /// A pod without a spec (a source that sent a broken object) is an error for that
+    /// pod: an event and nothing started, never a panic; the runtime manager refuses to
+    /// sync it, and the worker still terminates it when it is removed.
+    #[tokio::test]
+    async fn a_pod_without_a_spec_is_an_error_for_that_pod() {
+        let e = env();
+        let mut p = pod("u8", "nospec", "Always", false);
+        p.spec = None;
+        let rt_status = e.workers.deps.runtime.pod_status("u8").await.unwrap();
+        let result = e.workers.deps.runtime.sync_pod(&p, &rt_status).await;
+        assert_eq!(result.errors, vec!["pod nospec_default(u8) has no spec".to_string()]);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("FailedSync"))).await;
+        assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty(), "nothing started");
+        e.workers.update_pod(p, WorkType::Kill { grace: None });
+        tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("u8")).await.unwrap();
         e.stop.cancel();
     }
 
