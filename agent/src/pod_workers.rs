@@ -20,6 +20,10 @@
 //! started one full sync (four CRI calls, the cgroup and volume checks) per container,
 //! in a burst when the runtime has the least time for it.
 //!
+//! Shutdown stops a worker at once, even in the middle of a runtime call: the pod is left
+//! as it is (the kubelet leaves pods running when it stops), and the next agent picks
+//! it up from the runtime.
+//!
 //! Static pods that share a full name (an edited manifest gets a new UID) start only
 //! after the previous instance finished, as upstream.
 //!
@@ -508,44 +512,17 @@ impl Worker {
                     .observe(self.first_seen.elapsed().unwrap_or_default().as_secs_f64());
             }
             let start = Instant::now();
-            next_sync = match self.state {
-                WorkerState::Syncing => {
-                    let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
-                    // Until the pod is Ready, its syncs are steps of its start trace.
-                    if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
-                        crate::telemetry::set_trace_parent(&span, &root);
-                    }
-                    let after = Box::pin(self.sync_pod().instrument(span)).await;
-                    Some(tokio::time::Instant::now() + after)
-                }
-                WorkerState::Terminating => {
-                    let span = crate::telemetry::sync_terminating_pod_span(&self.uid, self.pod.as_ref());
-                    if self.sync_terminating_pod().instrument(span).await {
-                        self.state = WorkerState::Terminated;
-                        self.workers.set_state(&self.uid, WorkerState::Terminated);
-                        work = Some(WorkType::Sync);
-                        None
-                    } else {
-                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
-                    }
-                }
-                WorkerState::Terminated => {
-                    let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
-                    if self.sync_terminated_pod().instrument(span).await {
-                        if self.restart_requested {
-                            self.restart();
-                            work = Some(WorkType::Create);
-                            news = true;
-                        } else if !self.desired {
-                            self.state = WorkerState::Finished;
-                        }
-                        None
-                    } else {
-                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
-                    }
-                }
-                WorkerState::Finished => None,
+            // Shutdown stops the worker at once, whatever runtime call it is in: the pod
+            // is left as it is, and the next agent takes it from there.
+            let (after, follow_up) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                step = self.step(&kind) => step,
             };
+            next_sync = after;
+            if let Some(k) = follow_up {
+                work = Some(k);
+                news = true;
+            }
             self.deps
                 .metrics
                 .pod_worker_duration
@@ -562,6 +539,48 @@ impl Worker {
                 tracing::info!("pod worker finished");
                 return;
             }
+        }
+    }
+
+    /// One step of the state machine for `kind` of work: when to sync again, and the
+    /// work to do next at once, if any.
+    async fn step(&mut self, kind: &WorkType) -> (Option<tokio::time::Instant>, Option<WorkType>) {
+        match self.state {
+            WorkerState::Syncing => {
+                let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
+                // Until the pod is Ready, its syncs are steps of its start trace.
+                if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
+                    crate::telemetry::set_trace_parent(&span, &root);
+                }
+                let after = Box::pin(self.sync_pod().instrument(span)).await;
+                (Some(tokio::time::Instant::now() + after), None)
+            }
+            WorkerState::Terminating => {
+                let span = crate::telemetry::sync_terminating_pod_span(&self.uid, self.pod.as_ref());
+                if self.sync_terminating_pod().instrument(span).await {
+                    self.state = WorkerState::Terminated;
+                    self.workers.set_state(&self.uid, WorkerState::Terminated);
+                    (None, Some(WorkType::Sync))
+                } else {
+                    (Some(tokio::time::Instant::now() + TERMINATION_RETRY), None)
+                }
+            }
+            WorkerState::Terminated => {
+                let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
+                if self.sync_terminated_pod().instrument(span).await {
+                    if self.restart_requested {
+                        self.restart();
+                        return (None, Some(WorkType::Create));
+                    }
+                    if !self.desired {
+                        self.state = WorkerState::Finished;
+                    }
+                    (None, None)
+                } else {
+                    (Some(tokio::time::Instant::now() + TERMINATION_RETRY), None)
+                }
+            }
+            WorkerState::Finished => (None, None),
         }
     }
 
@@ -1144,6 +1163,33 @@ mod tests {
         e.workers.update_pod(p, WorkType::Kill { grace: None });
         tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("u8")).await.unwrap();
         e.stop.cancel();
+    }
+
+    /// Shutdown stops a worker at once, even in the middle of a runtime call (here a
+    /// sandbox start that never returns): the agent's exit waits for nothing a pod does,
+    /// and the pod is left as it is.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_a_worker_in_the_middle_of_a_sync() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let entered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = entered.clone();
+        e.rt.set_start_hook(move |_| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        });
+        e.workers.update_pod(pod("u9", "stuck", "Always", false), WorkType::Create);
+        for _ in 0..1000 {
+            if entered.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(entered.load(std::sync::atomic::Ordering::SeqCst), "the sandbox start was never called");
+        e.stop.cancel();
+        e.workers.tracker.close();
+        tokio::time::timeout(Duration::from_millis(100), e.workers.tracker.wait())
+            .await
+            .expect("the worker did not stop at shutdown");
     }
 
     /// A sync that only waits out the crash-loop back-off shows `CrashLoopBackOff` at once,

@@ -442,7 +442,7 @@ impl SyncLoop {
                 } } => self.handle_probe_update(&u),
                 _ = housekeeping.tick() => self.housekeeping(),
                 _ = trim.tick() => {
-                    tokio::task::spawn_blocking(crate::memory::trim);
+                    self.tracker.spawn_blocking(crate::memory::trim);
                 }
             }
         }
