@@ -33,8 +33,11 @@ use crate::sources::{FILE_SOURCE, PodUpdate};
 use crate::status::{StatusManager, StatusProvider};
 use crate::sync_loop::SyncLoop;
 
-/// How long tasks get to finish after shutdown is asked.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long tasks get to finish after shutdown is asked. SIGTERM must end the agent
+/// within 2 s (pods are left running, as the kubelet leaves them); this, the span
+/// export's [`crate::telemetry::SHUTDOWN_TIMEOUT`] and the blocking pool's wait in `main`
+/// fit in that.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// How long the agent waits for the container runtime at start.
 const RUNTIME_WAIT: Duration = Duration::from_mins(1);
 
@@ -67,6 +70,39 @@ pub enum Error {
     Allocation(#[from] crate::allocation::Error),
     #[error("{0}")]
     ResourceManagers(#[from] crate::cm::resource_managers::Error),
+    /// `rotateCertificates`: the client certificate expired and no new one could be had
+    /// (upstream exits here too, so that a restart bootstraps new credentials).
+    #[error(
+        "no valid client certificate for {0:?} and none could be obtained; exiting so that a restart can \
+         bootstrap new credentials"
+    )]
+    CredentialsLapsed(Duration),
+}
+
+/// A task's reason for the agent to stop with an error: it ends the agent through the
+/// shutdown token (every task drains, spans are exported) and [`run`] returns it, so
+/// that `main` exits non-zero; nothing calls `process::exit` from a task.
+#[derive(Debug, Clone)]
+struct Fatal {
+    reason: Arc<std::sync::Mutex<Option<Error>>>,
+    shutdown: CancellationToken,
+}
+
+impl Fatal {
+    fn new(shutdown: CancellationToken) -> Self {
+        Self { reason: Arc::default(), shutdown }
+    }
+
+    /// Stops the agent with `reason` (the first reason given wins).
+    fn fail(&self, reason: Error) {
+        tracing::error!(error = %reason, "stopping the agent");
+        self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(reason);
+        self.shutdown.cancel();
+    }
+
+    fn take(&self) -> Option<Error> {
+        self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
 }
 
 /// `/pods`: desired pods with their latest status, as the kubelet serves them.
@@ -252,14 +288,12 @@ fn observed_sink(
     relist: GenericPleg,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
 ) -> ObservedSink {
+    // Runs for every kernel event: looks up the two names, copies neither the pod nor the
+    // runtime's pods.
     Arc::new(move |o: Observed| {
-        let pod = pods.get(&o.pod_uid);
+        let (pod_namespace, pod_name) = pods.namespace_and_name(&o.pod_uid).unwrap_or_default();
         let container_name = if o.container_name.is_empty() {
-            relist
-                .runtime_pods()
-                .get(&o.pod_uid)
-                .and_then(|p| p.containers.get(&o.container_id).map(|(n, _)| n.clone()))
-                .unwrap_or_default()
+            relist.container_name(&o.pod_uid, &o.container_id).unwrap_or_default()
         } else {
             o.container_name.clone()
         };
@@ -281,8 +315,8 @@ fn observed_sink(
         };
         bus.publish(NodeEvent {
             pod_uid: o.pod_uid,
-            pod_namespace: pod.as_ref().and_then(|p| p.metadata.namespace.clone()).unwrap_or_default(),
-            pod_name: pod.as_ref().and_then(|p| p.metadata.name.clone()).unwrap_or_default(),
+            pod_namespace,
+            pod_name,
             container_id: o.container_id,
             container_name,
             kernel_time_ns: Some(o.kernel_time_ns),
@@ -424,7 +458,8 @@ impl ApiClients {
 struct RotatingApiClients {
     clients: ApiClients,
     manager: Arc<crate::certificate::rotation::CertManager>,
-    task: Box<dyn FnOnce(CancellationToken) -> tokio::task::JoinHandle<()> + Send>,
+    /// The rotation, until shutdown; an error when the certificate lapsed for good.
+    task: Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, Result<(), Error>> + Send>,
 }
 
 impl RotatingApiClients {
@@ -461,7 +496,7 @@ impl RotatingApiClients {
         let manager = CertManager::new(CLIENT, store, node, None, current);
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
         let task = Box::new(move |shutdown: CancellationToken| {
-            tokio::spawn(async move {
+            Box::pin(async move {
                 let rotation = run_manager.run_applying(requester, shutdown, |pair| match base.build(Some(pair)) {
                     Ok(next) => {
                         cells[0].swap(next.main);
@@ -476,18 +511,12 @@ impl RotatingApiClients {
                     Duration::from_secs(10),
                 );
                 tokio::select! {
-                    () = rotation => {}
-                    () = lapsed => {
-                        // Upstream's klog.Fatal in its rotating transport: the pods keep
-                        // running in the runtime, and the restarted agent bootstraps anew.
-                        tracing::error!(
-                            "no valid client certificate for 5 minutes and none could be obtained; exiting so that \
-                             a restart can bootstrap new credentials"
-                        );
-                        std::process::exit(1);
-                    }
+                    () = rotation => Ok(()),
+                    // Upstream's klog.Fatal in its rotating transport: the pods keep
+                    // running in the runtime, and the restarted agent bootstraps anew.
+                    () = lapsed => Err(Error::CredentialsLapsed(crate::certificate::rotation::EXIT_WITHOUT_CERTIFICATE)),
                 }
-            })
+            }) as futures::future::BoxFuture<'static, Result<(), Error>>
         });
         Ok(Self { clients, manager, task })
     }
@@ -503,6 +532,7 @@ fn start_serving_certificate(
     addresses: tokio::sync::watch::Receiver<Vec<k8s_openapi::api::core::v1::NodeAddress>>,
     api: &ApiClients,
     registry: &mut Registry,
+    tracker: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> crate::server::ServingSlot {
     use crate::certificate::rotation::{CertManager, SERVING};
@@ -525,15 +555,23 @@ fn start_serving_certificate(
     let manager = CertManager::new(SERVING, store, &cfg.node_name, Some(addresses), initial);
     manager.register(registry);
     let served = slot.clone();
-    tokio::spawn(manager.run_applying(api.main.clone(), shutdown.clone(), move |pair| {
-        served.set(pair.certified.clone());
-        tracing::info!("the HTTPS API serves the new serving certificate");
-    }));
+    tracker.spawn(
+        manager
+            .run_applying(api.main.clone(), shutdown.clone(), move |pair| {
+                served.set(pair.certified.clone());
+                tracing::info!("the HTTPS API serves the new serving certificate");
+            })
+            .instrument(tracing::info_span!("serving_certificate")),
+    );
     slot
 }
 
-/// Runs the agent until `shutdown` is cancelled.
+/// Runs the agent until `shutdown` is cancelled (or a task stops it with an error, which
+/// is returned). Every long-lived task runs under one tracker and stops on `shutdown`;
+/// they get [`SHUTDOWN_GRACE`] to finish.
 pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    let tracker = TaskTracker::new();
+    let fatal = Fatal::new(shutdown.clone());
     // /configz shows the configuration as given; reservedSystemCPUs then replaces the
     // reserved cpu everywhere else (upstream's server.go).
     let configz = cfg.kubelet.to_configz_json();
@@ -566,12 +604,20 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     registry.register_collector(Box::new(crate::process_metrics::ProcessCollector::default()));
     if let Some(rotation) = rotation.take() {
         rotation.manager.register(&mut registry);
-        drop((rotation.task)(shutdown.clone()));
+        let (task, fatal) = ((rotation.task)(shutdown.clone()), fatal.clone());
+        tracker.spawn(
+            async move {
+                if let Err(e) = task.await {
+                    fatal.fail(e);
+                }
+            }
+            .instrument(tracing::info_span!("client_certificate")),
+        );
     }
     // The node's addresses as the API server last took them: the serving certificate's names.
     let (observed_addresses, addresses) = tokio::sync::watch::channel(Vec::new());
     let serving_slot = match (&clients, kc.server_tls_bootstrap) {
-        (Some(api), true) => Some(start_serving_certificate(&cfg, addresses, api, &mut registry, &shutdown)),
+        (Some(api), true) => Some(start_serving_certificate(&cfg, addresses, api, &mut registry, &tracker, &shutdown)),
         (None, true) => {
             tracing::warn!(
                 "serverTLSBootstrap needs an API server (--kubeconfig) to request the serving certificate; \
@@ -639,7 +685,16 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let recorder: Arc<dyn EventRecorder> = match &clients {
         Some(c) => {
             let (r, task) = crate::events::ApiRecorder::new(memory_events.clone(), c.events.clone());
-            tokio::spawn(task.instrument(tracing::info_span!("events")));
+            let stop = shutdown.clone();
+            tracker.spawn(
+                async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = task => {}
+                    }
+                }
+                .instrument(tracing::info_span!("events")),
+            );
             Arc::new(r)
         }
         None => Arc::new(memory_events.clone()),
@@ -762,7 +817,6 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         }
         None => (Arc::new(StatusManager::default()), None),
     };
-    let tracker = TaskTracker::new();
     tracker.spawn(
         runtime_state.clone().run(rt.clone(), shutdown.clone()).instrument(tracing::info_span!("runtime_state")),
     );
@@ -1099,6 +1153,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             handlers
         },
         update_plugin_resources: Some(Arc::new(devices.clone())),
+        tracker: tracker.clone(),
+        housekeeping_pass: std::sync::Mutex::default(),
     };
     if let Some(m) = node_shutdown {
         tracker.spawn(m.run(shutdown.clone()).instrument(tracing::info_span!("node_shutdown")));
@@ -1114,7 +1170,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     );
     let server_shutdown = shutdown.clone();
     let server_task =
-        tokio::spawn(async move { server.run(server_shutdown).await }.instrument(tracing::info_span!("server")));
+        tracker.spawn(async move { server.run(server_shutdown).await }.instrument(tracing::info_span!("server")));
 
     let server_result = tokio::select! {
         () = shutdown.cancelled() => None,
@@ -1124,6 +1180,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     tracker.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
         tracing::warn!("some tasks did not stop within {SHUTDOWN_GRACE:?}");
+    }
+    if let Some(e) = fatal.take() {
+        return Err(e);
     }
     if let Some(Ok(Err(e))) = server_result {
         return Err(e.into());
@@ -1198,5 +1257,23 @@ mod api_clients_tests {
         tokio::time::timeout(Duration::from_secs(2), get(&clients.main)).await.unwrap().unwrap();
         assert!(!second.is_finished(), "the second event went out without waiting for a token");
         second.await.unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod fatal_tests {
+    use super::*;
+
+    /// A task's fatal error ends the agent through its shutdown token (so every task
+    /// drains and spans are exported) and is what `run` returns, the first one winning.
+    #[test]
+    fn a_fatal_error_stops_the_agent_through_its_shutdown() {
+        let shutdown = CancellationToken::new();
+        let fatal = Fatal::new(shutdown.clone());
+        assert!(fatal.take().is_none());
+        fatal.clone().fail(Error::CredentialsLapsed(Duration::from_mins(5)));
+        fatal.fail(Error::CredentialsLapsed(Duration::from_secs(1)));
+        assert!(shutdown.is_cancelled());
+        assert!(matches!(fatal.take(), Some(Error::CredentialsLapsed(d)) if d == Duration::from_mins(5)));
     }
 }

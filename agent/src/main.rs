@@ -1,12 +1,22 @@
 //! The `swiftlet` binary: parse flags and the config file, then run the agent until
-//! SIGTERM/SIGINT. Bad configuration exits with status 2 and names every bad setting.
+//! SIGTERM/SIGINT. Bad configuration exits with status 2 and names every bad setting; an
+//! agent that stops with an error (a task's fatal error included) exits with status 1,
+//! after the same drain and span export as a SIGTERM. SIGTERM ends the process within
+//! 2 s: the agent's tasks get `agent::SHUTDOWN_GRACE`, the span export
+//! `telemetry::SHUTDOWN_TIMEOUT`, and blocking file system work still running after that
+//! is abandoned ([`BLOCKING_WAIT`]); pods are left running.
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser as _;
 use tokio_util::sync::CancellationToken;
+
+/// How long the exit waits for blocking tasks (a housekeeping pass, a cgroup write) that
+/// are still running once the agent has stopped.
+const BLOCKING_WAIT: Duration = Duration::from_millis(250);
 
 fn main() -> ExitCode {
     swiftlet::memory::limit_malloc_arenas();
@@ -61,6 +71,7 @@ fn main() -> ExitCode {
     });
     // Queued spans go out while the runtime (and so the exporter's channel) still runs.
     telemetry.shutdown();
+    runtime.shutdown_timeout(BLOCKING_WAIT);
     code
 }
 

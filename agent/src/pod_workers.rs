@@ -20,8 +20,22 @@
 //! started one full sync (four CRI calls, the cgroup and volume checks) per container,
 //! in a burst when the runtime has the least time for it.
 //!
+//! Shutdown stops a worker at once, even in the middle of a runtime call: the pod is left
+//! as it is (the kubelet leaves pods running when it stops), and the next agent picks
+//! it up from the runtime.
+//!
 //! Static pods that share a full name (an edited manifest gets a new UID) start only
 //! after the previous instance finished, as upstream.
+//!
+//! A pod removed and added again under the same UID while its worker terminates it (a
+//! static pod's UID is a hash of its manifest, so deleting and restoring the file does
+//! this) is restarted: the `Create` marks the worker (upstream `restartRequested`), the
+//! termination runs to its end (containers, sandbox, cgroup, volumes and directories
+//! removed), and the same worker then starts the pod afresh as a new instance, counted in
+//! `kubelet_restarted_pods`. Upstream's housekeeping does the same in two steps
+//! (`SyncKnownPods` drops the finished worker, `HandlePodCleanups` sends a `Create` for
+//! the desired pod without one and counts it); restarting in place keeps every later
+//! update of the UID in the one channel, so none can reach a worker about to end.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -123,6 +137,7 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("workers", &self.workers)
             .field("overrides", &self.overrides.keys().collect::<Vec<_>>())
+            .field("claimed", &self.claimed)
             .finish()
     }
 }
@@ -132,6 +147,27 @@ struct Registry {
     workers: HashMap<String, Handle>,
     /// Status overrides by pod UID (evictions), until the worker finishes.
     overrides: HashMap<String, StatusOverride>,
+    /// UIDs whose leftovers housekeeping is removing ([`CleanupClaim`]).
+    claimed: HashSet<String>,
+}
+
+/// Housekeeping's right to remove what a pod UID left behind (its cgroup, pod and log
+/// directories): granted only while the UID has no worker, and while it is held a new
+/// worker for the UID waits before it creates anything. Checked and granted under the
+/// registry's lock, where workers are registered too, so a pod admitted while a clean-up
+/// pass runs either has a worker the pass sees, or starts after the removal.
+#[derive(Debug)]
+pub struct CleanupClaim {
+    registry: Arc<Mutex<Registry>>,
+    released: Arc<Notify>,
+    uid: String,
+}
+
+impl Drop for CleanupClaim {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner).claimed.remove(&self.uid);
+        self.released.notify_waiters();
+    }
 }
 
 /// The set of pod workers.
@@ -210,6 +246,7 @@ impl PodWorkers {
             state,
             desired: true,
             grace: None,
+            restart_requested: false,
             deps: self.deps.clone(),
             workers: self.clone(),
             first_seen: SystemTime::now(),
@@ -266,6 +303,29 @@ impl PodWorkers {
         self.registry.lock().unwrap().workers.get(uid).is_some_and(|h| h.state == WorkerState::Syncing)
     }
 
+    /// Claims `uid` for housekeeping's removal of its leftovers; `None` while the UID
+    /// has a worker (or another claim).
+    #[must_use]
+    pub fn claim_for_cleanup(&self, uid: &str) -> Option<CleanupClaim> {
+        let mut reg = self.registry.lock().unwrap();
+        if reg.workers.contains_key(uid) || !reg.claimed.insert(uid.to_owned()) {
+            return None;
+        }
+        Some(CleanupClaim { registry: self.registry.clone(), released: self.finished.clone(), uid: uid.to_owned() })
+    }
+
+    /// Waits until housekeeping holds no claim on `uid`.
+    async fn wait_unclaimed(&self, uid: &str) {
+        loop {
+            let released = self.finished.notified();
+            if !self.registry.lock().unwrap().claimed.contains(uid) {
+                return;
+            }
+            tracing::debug!("waiting for housekeeping to finish removing what an earlier pod of this UID left");
+            released.await;
+        }
+    }
+
     /// UIDs that have a worker.
     #[must_use]
     pub fn known_uids(&self) -> HashSet<String> {
@@ -291,6 +351,8 @@ struct Worker {
     /// False once the pod was removed from its source (or never was desired).
     desired: bool,
     grace: Option<i64>,
+    /// A `Create` came after the pod was removed: start it again once terminated.
+    restart_requested: bool,
     deps: Arc<SyncDeps>,
     workers: PodWorkers,
     first_seen: SystemTime,
@@ -321,11 +383,26 @@ fn resync_after(base: Duration) -> Duration {
 impl Worker {
     /// Takes in a piece of work; its kind, and whether it can change anything (all but
     /// a PLEG start the status already shows).
+    ///
+    /// A kill makes the pod undesired at once; a create of a pod that is no longer
+    /// desired asks for a restart once its termination is done (both decided per item,
+    /// before pending work is merged, so a kill and a create in one batch keep both).
     fn absorb(&mut self, w: Work) -> (WorkType, bool) {
         let news = match (&w.kind, &w.started) {
             (WorkType::Sync, Some(id)) => !self.seen_started.contains(id),
             _ => true,
         };
+        match w.kind {
+            WorkType::Kill { .. } => {
+                self.desired = false;
+                self.restart_requested = false;
+            }
+            WorkType::Create if !self.desired && w.pod.is_some() => {
+                tracing::info!("pod added again while it terminates; it restarts once terminated");
+                self.restart_requested = true;
+            }
+            _ => {}
+        }
         if let Some(p) = w.pod {
             self.pod = Some(p);
         }
@@ -357,6 +434,11 @@ impl Worker {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>, shutdown: CancellationToken) {
         if self.pod.is_none() {
             self.desired = false;
+        }
+        // Housekeeping may be removing what an earlier pod of this UID left behind.
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = self.workers.wait_unclaimed(&self.uid) => {}
         }
         let mut next_sync: Option<tokio::time::Instant> = None;
         let mut work: Option<WorkType> = None;
@@ -401,9 +483,6 @@ impl Worker {
                 continue;
             }
             if let WorkType::Kill { grace } | WorkType::Evict { grace } = kind {
-                if matches!(kind, WorkType::Kill { .. }) {
-                    self.desired = false;
-                }
                 self.grace = grace.or(self.grace);
                 if self.state == WorkerState::Syncing {
                     self.state = WorkerState::Terminating;
@@ -433,40 +512,17 @@ impl Worker {
                     .observe(self.first_seen.elapsed().unwrap_or_default().as_secs_f64());
             }
             let start = Instant::now();
-            next_sync = match self.state {
-                WorkerState::Syncing => {
-                    let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
-                    // Until the pod is Ready, its syncs are steps of its start trace.
-                    if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
-                        crate::telemetry::set_trace_parent(&span, &root);
-                    }
-                    let after = Box::pin(self.sync_pod().instrument(span)).await;
-                    Some(tokio::time::Instant::now() + after)
-                }
-                WorkerState::Terminating => {
-                    let span = crate::telemetry::sync_terminating_pod_span(&self.uid, self.pod.as_ref());
-                    if self.sync_terminating_pod().instrument(span).await {
-                        self.state = WorkerState::Terminated;
-                        self.workers.set_state(&self.uid, WorkerState::Terminated);
-                        work = Some(WorkType::Sync);
-                        None
-                    } else {
-                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
-                    }
-                }
-                WorkerState::Terminated => {
-                    let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
-                    if self.sync_terminated_pod().instrument(span).await {
-                        if !self.desired {
-                            self.state = WorkerState::Finished;
-                        }
-                        None
-                    } else {
-                        Some(tokio::time::Instant::now() + TERMINATION_RETRY)
-                    }
-                }
-                WorkerState::Finished => None,
+            // Shutdown stops the worker at once, whatever runtime call it is in: the pod
+            // is left as it is, and the next agent takes it from there.
+            let (after, follow_up) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                step = self.step(&kind) => step,
             };
+            next_sync = after;
+            if let Some(k) = follow_up {
+                work = Some(k);
+                news = true;
+            }
             self.deps
                 .metrics
                 .pod_worker_duration
@@ -486,8 +542,77 @@ impl Worker {
         }
     }
 
+    /// One step of the state machine for `kind` of work: when to sync again, and the
+    /// work to do next at once, if any.
+    async fn step(&mut self, kind: &WorkType) -> (Option<tokio::time::Instant>, Option<WorkType>) {
+        match self.state {
+            WorkerState::Syncing => {
+                let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
+                // Until the pod is Ready, its syncs are steps of its start trace.
+                if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
+                    crate::telemetry::set_trace_parent(&span, &root);
+                }
+                let after = Box::pin(self.sync_pod().instrument(span)).await;
+                (Some(tokio::time::Instant::now() + after), None)
+            }
+            WorkerState::Terminating => {
+                let span = crate::telemetry::sync_terminating_pod_span(&self.uid, self.pod.as_ref());
+                if self.sync_terminating_pod().instrument(span).await {
+                    self.state = WorkerState::Terminated;
+                    self.workers.set_state(&self.uid, WorkerState::Terminated);
+                    (None, Some(WorkType::Sync))
+                } else {
+                    (Some(tokio::time::Instant::now() + TERMINATION_RETRY), None)
+                }
+            }
+            WorkerState::Terminated => {
+                let span = crate::telemetry::sync_terminated_pod_span(&self.uid, self.pod.as_ref());
+                if self.sync_terminated_pod().instrument(span).await {
+                    if self.restart_requested {
+                        self.restart();
+                        return (None, Some(WorkType::Create));
+                    }
+                    if !self.desired {
+                        self.state = WorkerState::Finished;
+                    }
+                    (None, None)
+                } else {
+                    (Some(tokio::time::Instant::now() + TERMINATION_RETRY), None)
+                }
+            }
+            WorkerState::Finished => (None, None),
+        }
+    }
+
+    /// The pod was added again while it terminated, and its old instance is gone now:
+    /// the worker becomes the new instance's, as a fresh one would start.
+    fn restart(&mut self) {
+        let is_static = self.pod.as_ref().is_some_and(is_static_pod);
+        tracing::info!(is_static, "restarting the pod: it was added again while it terminated");
+        self.deps
+            .metrics
+            .restarted_pods
+            .get_or_create(&crate::metrics::StaticLabels { r#static: if is_static { "true" } else { "false" }.into() })
+            .inc();
+        self.workers.registry.lock().unwrap().overrides.remove(&self.uid);
+        if let Some(t) = self.deps.runtime.startup_tracker() {
+            t.forget(&self.uid);
+            if let Some(pod) = &self.pod {
+                t.begin_trace(pod);
+            }
+        }
+        self.state = WorkerState::Syncing;
+        self.workers.set_state(&self.uid, WorkerState::Syncing);
+        self.desired = true;
+        self.restart_requested = false;
+        self.grace = None;
+        self.first_seen = SystemTime::now();
+        self.started_once = false;
+        self.seen_started.clear();
+    }
+
     fn start_failures(&self, pod: &Pod) -> HashMap<String, (String, String)> {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let Some(spec) = pod.spec.as_ref() else { return HashMap::new() };
         let names = spec.containers.iter().chain(spec.init_containers.iter().flatten()).map(|c| &c.name);
         let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| &c.name);
         names
@@ -561,6 +686,14 @@ impl Worker {
     /// `SyncPod`: returns when to sync again.
     async fn sync_pod(&mut self) -> Duration {
         let Some(pod) = self.pod.clone() else { return self.deps.sync_frequency };
+        if pod.spec.is_none() {
+            // A broken object from a source: an error for this pod alone, until an update
+            // brings a spec (or the pod goes).
+            let message = format!("pod {} has no spec; not syncing it", pod_full_name(&pod));
+            tracing::error!(%message);
+            self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedSync", message);
+            return self.deps.sync_frequency;
+        }
         // In-place resize: the pod runs with its allocated resources, not the spec's.
         let pod = match self.deps.runtime.resize() {
             Some(a) => a.update_pod_from_allocation(&pod).0,
@@ -807,6 +940,7 @@ mod tests {
         workers: PodWorkers,
         status: Arc<StatusManager>,
         recorder: Arc<MemoryRecorder>,
+        metrics: Arc<KubeletMetrics>,
         _dir: tempfile::TempDir,
         stop: CancellationToken,
     }
@@ -850,7 +984,7 @@ mod tests {
             runtime: Arc::new(manager),
             cm,
             status: status.clone(),
-            metrics,
+            metrics: metrics.clone(),
             recorder: recorder.clone(),
             runtime_name: "fake".into(),
             sync_frequency: Duration::from_mins(1),
@@ -859,7 +993,7 @@ mod tests {
         });
         let stop = CancellationToken::new();
         let workers = PodWorkers::new(deps, TaskTracker::new(), stop.clone());
-        Env { rt, workers, status, recorder, _dir: dir, stop }
+        Env { rt, workers, status, recorder, metrics, _dir: dir, stop }
     }
 
     async fn wait_for<F: Fn() -> bool>(f: F) {
@@ -965,6 +1099,97 @@ mod tests {
         let last_run = calls.iter().rposition(|c| c == "run_podsandbox").unwrap();
         assert!(last_remove < last_run, "new instance started before old one was removed: {calls:?}");
         e.stop.cancel();
+    }
+
+    /// A static pod removed and added again (same content, so the same UID) while its
+    /// worker still terminates it is restarted once that termination is done (upstream
+    /// `restartRequested`), and `kubelet_restarted_pods` counts it.
+    #[tokio::test]
+    async fn a_static_pod_re_added_while_terminating_is_restarted() {
+        let e = env();
+        let p = pod("u6", "again", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u6").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let first = e.rt.containers_named("c");
+        e.workers.update_pod(p.clone(), WorkType::Kill { grace: None });
+        e.workers.update_pod(p, WorkType::Create);
+        let running_again = || {
+            e.workers.states().get("u6") == Some(&WorkerState::Syncing)
+                && e.status.get("u6").is_some_and(|s| s.phase.as_deref() == Some("Running"))
+                && e.rt.containers_named("c").iter().any(|c| !first.contains(c))
+        };
+        wait_for(running_again).await;
+        assert_eq!(e.rt.containers_named("c").len(), 1, "the old instance was removed: {:?}", e.rt.calls());
+        let restarted = |s: &str| {
+            e.metrics.restarted_pods.get_or_create(&crate::metrics::StaticLabels { r#static: s.into() }).get()
+        };
+        assert_eq!((restarted("true"), restarted("false")), (1, 0));
+        e.stop.cancel();
+    }
+
+    /// Housekeeping's claim on a UID is refused while the UID has a worker, and a worker
+    /// started while the claim is held does nothing until it is released.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_waits_for_housekeeping_to_release_its_uid() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let claim = e.workers.claim_for_cleanup("u7").expect("no worker yet");
+        assert!(e.workers.claim_for_cleanup("u7").is_none(), "one claim at a time");
+        let p = pod("u7", "claimed", "Always", false);
+        e.workers.update_pod(p, WorkType::Create);
+        assert!(e.workers.claim_for_cleanup("u7").is_none(), "the UID has a worker");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(e.rt.calls().is_empty(), "the worker ran while its UID was claimed: {:?}", e.rt.calls());
+        drop(claim);
+        while e.status.get("u7").is_none_or(|s| s.phase.as_deref() != Some("Running")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        e.stop.cancel();
+    }
+
+    /// A pod without a spec (a source that sent a broken object) is an error for that
+    /// pod: an event and nothing started, never a panic; the runtime manager refuses to
+    /// sync it, and the worker still terminates it when it is removed.
+    #[tokio::test]
+    async fn a_pod_without_a_spec_is_an_error_for_that_pod() {
+        let e = env();
+        let mut p = pod("u8", "nospec", "Always", false);
+        p.spec = None;
+        let rt_status = e.workers.deps.runtime.pod_status("u8").await.unwrap();
+        let result = e.workers.deps.runtime.sync_pod(&p, &rt_status).await;
+        assert_eq!(result.errors, vec!["pod nospec_default(u8) has no spec".to_string()]);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("FailedSync"))).await;
+        assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty(), "nothing started");
+        e.workers.update_pod(p, WorkType::Kill { grace: None });
+        tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("u8")).await.unwrap();
+        e.stop.cancel();
+    }
+
+    /// Shutdown stops a worker at once, even in the middle of a runtime call (here a
+    /// sandbox start that never returns): the agent's exit waits for nothing a pod does,
+    /// and the pod is left as it is.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_stops_a_worker_in_the_middle_of_a_sync() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let entered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = entered.clone();
+        e.rt.set_start_hook(move |_| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        });
+        e.workers.update_pod(pod("u9", "stuck", "Always", false), WorkType::Create);
+        for _ in 0..1000 {
+            if entered.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(entered.load(std::sync::atomic::Ordering::SeqCst), "the sandbox start was never called");
+        e.stop.cancel();
+        e.workers.tracker.close();
+        tokio::time::timeout(Duration::from_millis(100), e.workers.tracker.wait())
+            .await
+            .expect("the worker did not stop at shutdown");
     }
 
     /// A sync that only waits out the crash-loop back-off shows `CrashLoopBackOff` at once,

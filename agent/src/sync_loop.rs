@@ -1,6 +1,18 @@
 //! The kubelet's main loop (`syncLoop` / `syncLoopIteration`): fans in pod source
 //! updates, PLEG events and the housekeeping timer, and dispatches work to the pod
 //! workers. It never blocks on a pod: everything slow happens in the workers.
+//!
+//! Housekeeping (upstream `HandlePodCleanups`) decides on the loop what needs the pod
+//! set (orphaned runtime pods to kill, metrics, probe workers), and hands the file
+//! system work — orphaned pod cgroups, pod directories and log directories — to one
+//! pass on the blocking pool. Upstream runs housekeeping on its loop, so no pod is
+//! admitted while it runs; here the loop goes on, so:
+//! - at most one pass runs at a time: a tick that finds the previous pass still at work
+//!   skips housekeeping altogether;
+//! - the pass decides on each item right before removing it, against the live pod set,
+//!   and holds a [`CleanupClaim`] on its UID while it removes it: a pod admitted while
+//!   the pass runs is spared, or (same UID) its worker waits for the removal to end
+//!   before it creates anything.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,7 +26,7 @@ use crate::metrics::{KubeletMetrics, StaticLabels, WorkingPodLabels};
 use crate::pleg::relist::GenericPleg;
 use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
 use crate::pod_manager::PodManager;
-use crate::pod_workers::{PodWorkers, WorkType};
+use crate::pod_workers::{CleanupClaim, PodWorkers, WorkType};
 use crate::runtime::RuntimeManager;
 use crate::sources::PodUpdate;
 
@@ -61,6 +73,60 @@ pub struct SyncLoop {
     pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
     /// Adjusts the node before the node-fit predicates (the device manager's).
     pub update_plugin_resources: Option<Arc<dyn crate::lifecycle::admission::PluginResourceUpdater>>,
+    /// The agent's tasks: housekeeping passes and cgroup updates run under it.
+    pub tracker: tokio_util::task::TaskTracker,
+    /// The housekeeping pass on the blocking pool, if one was started.
+    pub housekeeping_pass: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The file system half of housekeeping, run on the blocking pool (see the module
+/// docs): what it removes, it decides on at the last moment.
+struct CleanupPass {
+    cm: Arc<dyn PodContainerManager>,
+    runtime: Arc<RuntimeManager>,
+    metrics: Arc<KubeletMetrics>,
+    pods: PodManager,
+    workers: PodWorkers,
+    /// Pods the runtime still has (as of the PLEG's last listing): their directories
+    /// and cgroups are container GC's and their worker's business.
+    runtime_pods: HashSet<String>,
+}
+
+impl CleanupPass {
+    /// The right to remove what `uid` left: none while the pod is desired, the runtime
+    /// has it or a worker runs for it.
+    fn claim(&self, uid: &str) -> Option<CleanupClaim> {
+        if self.runtime_pods.contains(uid) || self.pods.contains(uid) {
+            return None;
+        }
+        let claim = self.workers.claim_for_cleanup(uid)?;
+        // Added between the check above and the claim: its worker waits on the claim,
+        // but nothing of a desired pod is an orphan.
+        (!self.pods.contains(uid)).then_some(claim)
+    }
+
+    fn run(&self) {
+        match self.cm.list_pod_cgroups() {
+            Ok(cgroups) => {
+                for (uid, _) in cgroups {
+                    let Some(_claim) = self.claim(&uid) else { continue };
+                    tracing::info!(%uid, "removing orphaned pod cgroup");
+                    if let Err(e) = self.cm.remove_pod_cgroup(&uid) {
+                        tracing::warn!(%uid, error = %e, "failed to remove orphaned pod cgroup");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list pod cgroups"),
+        }
+        self.runtime.cleanup_orphaned_log_dirs(|uid| self.claim(uid));
+        match self.runtime.volumes().cleanup_orphans(|uid| self.claim(uid)) {
+            Ok(sweep) => {
+                self.metrics.orphan_pod_cleaned_volumes.set(sweep.removed.len() as i64);
+                self.metrics.orphan_pod_cleaned_volumes_errors.set(sweep.failed.len() as i64);
+            }
+            Err(e) => tracing::warn!(error = %e, "failed to clean up orphaned pod volumes"),
+        }
+    }
 }
 
 impl SyncLoop {
@@ -80,7 +146,13 @@ impl SyncLoop {
             self.resize_pod_removed(&pod);
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
-        for pod in changes.added {
+        // Oldest first, each admitted against the pods admitted before it (upstream
+        // `HandlePodAdditions`); the active pods are gathered once for the whole update,
+        // not once per pod.
+        let mut added = changes.added;
+        added.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+        let mut active: Option<Vec<k8s_openapi::api::core::v1::Pod>> = None;
+        for pod in added {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
             let startup = self.runtime.startup_tracker();
             if let Some(t) = startup {
@@ -92,7 +164,13 @@ impl SyncLoop {
                 if let Some(root) = &root {
                     crate::telemetry::set_trace_parent(&span, root);
                 }
-                if !span.in_scope(|| self.admit(&pod)) {
+                let active = active.get_or_insert_with(|| self.active_pods());
+                // (A pod added again under its UID while its worker terminates it is not
+                // its own neighbour.)
+                active.retain(|p| p.metadata.uid != pod.metadata.uid);
+                if span.in_scope(|| self.admit(&pod, active)) {
+                    active.push(pod.clone());
+                } else {
                     crate::telemetry::record_error(&span, "rejected by admission");
                     if let (Some(t), Some(uid)) = (startup, pod.metadata.uid.as_deref()) {
                         t.end_trace(uid, crate::pod_startup::StartOutcome::Rejected);
@@ -150,31 +228,38 @@ impl SyncLoop {
         }
     }
 
-    /// Node admission (API mode, once the node is registered): a refused pod gets a
-    /// `Failed` status with the kubelet's reason and message and never runs.
-    fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    /// The admitted pods that still run (upstream `GetActivePods`): those with a worker
+    /// that have not reached a terminal phase. Pods of the update being handled are not
+    /// among them until admitted.
+    fn active_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let rejected = self.rejected.lock().unwrap();
+        let workers = self.workers.known_uids();
+        self.pod_manager
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                let u = p.metadata.uid.as_deref().unwrap_or_default();
+                workers.contains(u)
+                    && !rejected.contains(u)
+                    && !matches!(self.status.phase(u).as_deref(), Some("Succeeded" | "Failed"))
+            })
+            .collect()
+    }
+
+    /// Node admission (API mode, once the node is registered) next to the `active`
+    /// pods: a refused pod gets a `Failed` status with the kubelet's reason and message
+    /// and never runs.
+    fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod, active: &[k8s_openapi::api::core::v1::Pod]) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         // Node pressure first (upstream's eviction admit handler), API mode or not.
         if let Some(Err(r)) = self.eviction.get().map(|m| m.admit(pod)) {
             return self.reject(pod, &uid, r);
         }
-        let rejected = self.rejected.lock().unwrap().clone();
-        let active: Vec<_> = self
-            .pod_manager
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                let u = p.metadata.uid.as_deref().unwrap_or_default();
-                u != uid
-                    && !rejected.contains(u)
-                    && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
-            })
-            .collect();
         // The admit handlers (topology manager: CPU, memory and device allocation) run
         // before the node-fit predicates, as upstream registers them: a pod asking for
         // more devices than are free is refused by the device manager.
         for h in &self.admit_handlers {
-            if let Err(r) = h.admit(pod, &active) {
+            if let Err(r) = h.admit(pod, active) {
                 return self.reject(pod, &uid, r);
             }
         }
@@ -182,7 +267,7 @@ impl SyncLoop {
             if let Some(update) = &self.update_plugin_resources {
                 update.update_plugin_resources(&mut node);
             }
-            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active) {
+            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, active) {
                 return self.reject(pod, &uid, r);
             }
         }
@@ -231,7 +316,7 @@ impl SyncLoop {
             .into_iter()
             .map(|p| self.runtime.resize().map_or_else(|| p.clone(), |a| a.update_pod_from_allocation(&p).0))
             .collect();
-        tokio::task::spawn_blocking(move || {
+        self.tracker.spawn_blocking(move || {
             if let Err(e) = cm.update_qos_cgroups(&pods) {
                 tracing::warn!(error = %e, "failed to update QoS cgroups");
             }
@@ -294,11 +379,16 @@ impl SyncLoop {
     }
 
     /// Upstream `HandlePodCleanups`: terminate runtime pods nobody wants, remove orphaned
-    /// pod cgroups and log directories. Does nothing until every source has reported
-    /// once and the PLEG has listed the runtime, so a restart never kills what it
-    /// should adopt.
+    /// pod cgroups, pod and log directories (one pass at a time, off the loop: see the
+    /// module docs). Does nothing until every source has reported once and the PLEG has
+    /// listed the runtime, so a restart never kills what it should adopt.
     pub fn housekeeping(&self) {
         if !self.pod_manager.sources_ready() || !self.pleg.has_relisted() {
+            return;
+        }
+        let mut pass = self.housekeeping_pass.lock().unwrap();
+        if pass.as_ref().is_some_and(|p| !p.is_finished()) {
+            tracing::debug!("the previous housekeeping pass is still running; skipping this one");
             return;
         }
         let desired = self.pod_manager.uids();
@@ -318,35 +408,16 @@ impl SyncLoop {
                 self.workers.kill_orphan(rp);
             }
         }
-        let cm = self.cm.clone();
-        let keep: HashSet<String> = desired.iter().chain(workers.iter()).chain(runtime_pods.keys()).cloned().collect();
-        // Blocking cgroup work runs on the blocking pool; the loop goes on.
-        tokio::task::spawn_blocking(move || match cm.list_pod_cgroups() {
-            Ok(cgroups) => {
-                for (uid, _) in cgroups {
-                    if keep.contains(&uid) {
-                        continue;
-                    }
-                    tracing::info!(%uid, "removing orphaned pod cgroup");
-                    if let Err(e) = cm.remove_pod_cgroup(&uid) {
-                        tracing::warn!(%uid, error = %e, "failed to remove orphaned pod cgroup");
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot list pod cgroups"),
-        });
-        let known: HashSet<String> = desired.iter().chain(workers.iter()).chain(runtime_pods.keys()).cloned().collect();
-        self.runtime.cleanup_orphaned_log_dirs(&known);
-        let volumes = self.runtime.volumes().clone();
-        let known_volumes = known.clone();
-        let metrics = self.metrics.clone();
-        tokio::task::spawn_blocking(move || match volumes.cleanup_orphans(&known_volumes) {
-            Ok(sweep) => {
-                metrics.orphan_pod_cleaned_volumes.set(sweep.removed.len() as i64);
-                metrics.orphan_pod_cleaned_volumes_errors.set(sweep.failed.len() as i64);
-            }
-            Err(e) => tracing::warn!(error = %e, "failed to clean up orphaned pod volumes"),
-        });
+        let cleanup = CleanupPass {
+            cm: self.cm.clone(),
+            runtime: self.runtime.clone(),
+            metrics: self.metrics.clone(),
+            pods: self.pod_manager.clone(),
+            workers: self.workers.clone(),
+            runtime_pods: runtime_pods.keys().cloned().collect(),
+        };
+        *pass = Some(self.tracker.spawn_blocking(move || cleanup.run()));
+        drop(pass);
         self.runtime.gc_backoff();
         if let Some(probes) = self.runtime.probes() {
             // Probe workers of pods that are neither wanted nor still being torn down.
@@ -390,9 +461,291 @@ impl SyncLoop {
                 } } => self.handle_probe_update(&u),
                 _ = housekeeping.tick() => self.housekeeping(),
                 _ = trim.tick() => {
-                    tokio::task::spawn_blocking(crate::memory::trim);
+                    self.tracker.spawn_blocking(crate::memory::trim);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Condvar, Mutex};
+
+    use k8s_openapi::api::core::v1::Pod;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::cm::fake::FakeCall;
+    use crate::cm::{FakePodContainerManager, QosClass};
+    use crate::events::MemoryRecorder;
+    use crate::pod_workers::SyncDeps;
+    use crate::runtime::fake::FakeRuntime;
+    use crate::runtime::manager::RuntimeManagerConfig;
+    use crate::runtime::{Backoff, RuntimeService};
+    use crate::sources::FILE_SOURCE;
+    use crate::status::StatusManager;
+
+    /// The fake cgroup manager, whose `list_pod_cgroups` waits until the test opens it:
+    /// a housekeeping pass held at its start.
+    #[derive(Debug, Default)]
+    struct HeldCm {
+        inner: FakePodContainerManager,
+        open: Mutex<bool>,
+        opened: Condvar,
+        entered: AtomicUsize,
+    }
+
+    impl HeldCm {
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+    }
+
+    impl PodContainerManager for HeldCm {
+        fn ensure_node_cgroups(&self) -> crate::cm::Result<()> {
+            self.inner.ensure_node_cgroups()
+        }
+        fn cgroup_parent(&self, pod: &Pod) -> String {
+            self.inner.cgroup_parent(pod)
+        }
+        fn ensure_pod_cgroup(&self, pod: &Pod) -> crate::cm::Result<()> {
+            self.inner.ensure_pod_cgroup(pod)
+        }
+        fn remove_pod_cgroup(&self, uid: &str) -> crate::cm::Result<()> {
+            self.inner.remove_pod_cgroup(uid)
+        }
+        fn list_pod_cgroups(&self) -> crate::cm::Result<Vec<(String, QosClass)>> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+            drop(open);
+            self.inner.list_pod_cgroups()
+        }
+        fn pod_cgroup_exists(&self, uid: &str) -> bool {
+            self.inner.pod_cgroup_exists(uid)
+        }
+        fn update_qos_cgroups(&self, active_pods: &[Pod]) -> crate::cm::Result<()> {
+            self.inner.update_qos_cgroups(active_pods)
+        }
+    }
+
+    struct Env {
+        dir: tempfile::TempDir,
+        cm: Arc<HeldCm>,
+        sync_loop: SyncLoop,
+        stop: CancellationToken,
+    }
+
+    impl Drop for Env {
+        /// A failed test must not leave a pass held: the runtime waits for it.
+        fn drop(&mut self) {
+            self.cm.open();
+            self.stop.cancel();
+        }
+    }
+
+    impl Env {
+        fn logs(&self) -> PathBuf {
+            self.dir.path().join("logs")
+        }
+
+        fn pods(&self) -> PathBuf {
+            self.dir.path().join("root").join("pods")
+        }
+
+        /// What a pod `uid` leaves behind: its cgroup, pod directory and log directory.
+        fn leftovers(&self, uid: &str) -> (PathBuf, PathBuf) {
+            self.cm.inner.insert_pod_cgroup(uid, QosClass::BestEffort);
+            let (pod_dir, log_dir) = (self.pods().join(uid), self.logs().join(format!("default_p_{uid}")));
+            std::fs::create_dir_all(&pod_dir).unwrap();
+            std::fs::create_dir_all(&log_dir).unwrap();
+            (pod_dir, log_dir)
+        }
+
+        fn cgroup_calls(&self, f: impl Fn(&FakeCall) -> bool) -> usize {
+            self.cm.inner.calls().iter().filter(|c| f(c)).count()
+        }
+    }
+
+    fn static_pod(uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": uid,
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"restartPolicy": "Always", "hostNetwork": true,
+                     "containers": [{"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                     "terminationMessagePath": ""}]}
+        }))
+        .unwrap()
+    }
+
+    /// A sync loop whose sources are ready and whose PLEG has listed the (empty) runtime.
+    async fn env() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Arc::new(FakeRuntime::with_images(&["img"]));
+        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let cm = Arc::new(HeldCm::default());
+        let runtime = Arc::new(RuntimeManager::new(
+            rt.clone(),
+            cm.clone(),
+            metrics.clone(),
+            RuntimeManagerConfig {
+                pod_logs_dir: dir.path().join("logs"),
+                root_dir: dir.path().join("root"),
+                node_name: "n".into(),
+                host_ip: None,
+            },
+            Backoff::default(),
+            Arc::new(crate::images::puller::ImageManager::new(
+                rt.clone(),
+                crate::images::puller::PullerConfig::default(),
+                metrics.clone(),
+            )),
+        ));
+        let status = Arc::new(StatusManager::default());
+        let recorder = Arc::new(MemoryRecorder::new("n"));
+        let stop = CancellationToken::new();
+        let workers = PodWorkers::new(
+            Arc::new(SyncDeps {
+                runtime: runtime.clone(),
+                cm: cm.clone(),
+                status: status.clone(),
+                metrics: metrics.clone(),
+                recorder: recorder.clone(),
+                runtime_name: "fake".into(),
+                sync_frequency: Duration::from_mins(1),
+                host_ip: None,
+                runtime_state: None,
+            }),
+            TaskTracker::new(),
+            stop.clone(),
+        );
+        let pleg = GenericPleg::new(rt.clone(), metrics.clone(), Duration::from_secs(1), Duration::from_mins(3));
+        pleg.relist_events().await.unwrap();
+        let _: &dyn RuntimeService = rt.as_ref();
+        let sync_loop = SyncLoop {
+            pod_manager: PodManager::new(&[FILE_SOURCE]),
+            workers,
+            pleg,
+            runtime,
+            cm: cm.clone(),
+            metrics,
+            node: None,
+            status,
+            recorder,
+            rejected: std::sync::Mutex::default(),
+            eviction: Arc::default(),
+            container_changes: Arc::default(),
+            admit_handlers: Vec::new(),
+            update_plugin_resources: None,
+            tracker: TaskTracker::new(),
+            housekeeping_pass: std::sync::Mutex::default(),
+        };
+        sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: Vec::new() });
+        Env { dir, cm, sync_loop, stop }
+    }
+
+    async fn wait_for(f: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    fn gone(p: &Path) -> bool {
+        !p.exists()
+    }
+
+    /// Housekeeping removes orphaned log directories off the loop: while its pass is
+    /// held, the loop's call has returned and nothing is removed yet.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn housekeeping_does_no_file_system_work_on_the_loop() {
+        let e = env().await;
+        let (old_dir, old_logs) = e.leftovers("u-old");
+        e.sync_loop.housekeeping();
+        wait_for(|| e.cm.entered.load(Ordering::SeqCst) == 1).await;
+        assert!(old_logs.exists(), "the log directory was removed on the loop");
+        e.cm.open();
+        wait_for(|| gone(&old_dir) && gone(&old_logs)).await;
+        e.stop.cancel();
+    }
+
+    /// A housekeeping tick while the previous pass still runs starts no second pass.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn housekeeping_passes_never_overlap() {
+        let e = env().await;
+        let (old_dir, _) = e.leftovers("u-old");
+        e.sync_loop.housekeeping();
+        wait_for(|| e.cm.entered.load(Ordering::SeqCst) == 1).await;
+        e.sync_loop.housekeeping();
+        e.sync_loop.housekeeping();
+        // (A second pass would be on the blocking pool by now.)
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = e.cm.entered.load(Ordering::SeqCst);
+        e.cm.open();
+        wait_for(|| gone(&old_dir)).await;
+        assert_eq!(started, 1, "passes overlapped");
+        e.stop.cancel();
+    }
+
+    /// A pod admitted while a pass runs keeps its cgroup and directories, though the
+    /// pass started before it was known; the orphan beside it goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn housekeeping_spares_a_pod_admitted_while_it_runs() {
+        let e = env().await;
+        let (old_dir, old_logs) = e.leftovers("u-old");
+        e.sync_loop.housekeeping();
+        wait_for(|| e.cm.entered.load(Ordering::SeqCst) == 1).await;
+        // Admitted now; its worker makes its cgroup and directories.
+        let (new_dir, new_logs) = e.leftovers("u-new");
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: vec![static_pod("u-new")] });
+        e.cm.open();
+        wait_for(|| gone(&old_dir) && gone(&old_logs)).await;
+        assert_eq!(e.cgroup_calls(|c| *c == FakeCall::RemovePodCgroup("u-old".into())), 1);
+        assert_eq!(e.cgroup_calls(|c| *c == FakeCall::RemovePodCgroup("u-new".into())), 0);
+        assert!(new_dir.exists() && new_logs.exists(), "the new pod's directories were swept");
+        e.stop.cancel();
+    }
+
+    /// Pods that arrive in one update are admitted in order, each against the pods
+    /// admitted before it (upstream `HandlePodAdditions`), not against the later pods of
+    /// the same update: of two pods that each want 60 % of the node's CPU, the first runs
+    /// and the second is refused.
+    #[tokio::test]
+    async fn pods_of_one_update_are_admitted_in_order() {
+        let mut e = env().await;
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "1", "memory": "1Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        e.sync_loop.node = Some(Arc::new(std::sync::RwLock::new(Some(node))));
+        let wants_600m = |uid: &str, created: &str| {
+            let mut p = static_pod(uid);
+            p.metadata.name = Some(uid.to_owned());
+            p.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
+            p.spec.as_mut().unwrap().containers[0].resources = Some(
+                serde_json::from_value(serde_json::json!({
+                    "requests": {"cpu": "600m"}
+                }))
+                .unwrap(),
+            );
+            p
+        };
+        let pods = vec![wants_600m("first", "2026-01-01T00:00:00Z"), wants_600m("second", "2026-01-01T00:00:01Z")];
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods });
+        let reason = |uid: &str| e.sync_loop.status.get(uid).and_then(|s| s.reason);
+        assert_eq!(reason("first"), None, "the first pod is admitted");
+        assert_eq!(reason("second").as_deref(), Some("OutOfcpu"));
+        assert!(e.sync_loop.workers.known_uids().contains("first"));
     }
 }

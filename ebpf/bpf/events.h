@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (Apache-2.0 OR GPL-2.0) */
+/* SPDX-License-Identifier: (MIT OR GPL-2.0-only) */
 /*
  * The ABI between the sensors and their Rust reader: ring-buffer records and map
  * keys/values. Every struct here is mirrored by a #[repr(C)] struct in

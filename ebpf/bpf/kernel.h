@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (Apache-2.0 OR GPL-2.0) */
+/* SPDX-License-Identifier: (MIT OR GPL-2.0-only) */
 /*
  * CO-RE views of the few kernel types the sensors read, instead of a generated
  * vmlinux.h: the build then needs no BTF of the build host, and the loader

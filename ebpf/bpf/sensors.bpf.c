@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (Apache-2.0 OR GPL-2.0)
+// SPDX-License-Identifier: (MIT OR GPL-2.0-only)
 /*
  * swiftlet's sensors: cgroup mkdir/rmdir, exec, exit, OOM kill and reclaim, seen
  * from BTF tracepoints (tp_btf; kprobes and fentry are unavailable on the nodes)

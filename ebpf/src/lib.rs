@@ -78,6 +78,13 @@
 //! On 6.18 `sched_process_exit` is `(task, group_dead)` and `mark_victim` is
 //! `(task, uid)`; the exit status is `signal->group_exit_code` once the group is dead
 //! (what `wait(2)` reports), the task's own `exit_code` otherwise.
+//!
+//! # Licence of the programs
+//! The C sources in `bpf/` are `MIT OR GPL-2.0-only` (their SPDX lines) and the object
+//! declares `Dual MIT/GPL`, the matching string the kernel takes as GPL-compatible: the
+//! programs call GPL-only helpers (`bpf_get_current_task_btf`, `bpf_probe_read_kernel`),
+//! which the verifier refuses to a program without such a licence. The Rust code is the
+//! workspace's Apache-2.0.
 
 mod cgroup;
 mod clock;

@@ -290,6 +290,37 @@ fn log_tail(log: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The license the kernel sees agrees with the sources' SPDX lines, and is one the
+    /// kernel takes as GPL-compatible (the programs call GPL-only helpers:
+    /// `bpf_get_current_task_btf`, `bpf_probe_read_kernel`).
+    #[test]
+    fn the_program_license_matches_the_spdx_lines_and_is_gpl_compatible() {
+        let source = include_str!("../bpf/sensors.bpf.c");
+        let license = source
+            .lines()
+            .find_map(|l| l.strip_prefix("char LICENSE[] SEC(\"license\") = \""))
+            .and_then(|rest| rest.strip_suffix("\";"))
+            .expect("a LICENSE string");
+        // include/linux/license.h, license_is_gpl_compatible().
+        let gpl_compatible =
+            ["GPL", "GPL v2", "GPL and additional rights", "Dual BSD/GPL", "Dual MIT/GPL", "Dual MPL/GPL"];
+        assert!(gpl_compatible.contains(&license), "{license:?} is not GPL-compatible for the kernel");
+        let spdx_of_license = match license {
+            "Dual MIT/GPL" => "(MIT OR GPL-2.0-only)",
+            "Dual BSD/GPL" => "(BSD-2-Clause OR GPL-2.0-only)",
+            _ => "GPL-2.0-only",
+        };
+        for (file, text) in [
+            ("sensors.bpf.c", source),
+            ("events.h", include_str!("../bpf/events.h")),
+            ("kernel.h", include_str!("../bpf/kernel.h")),
+        ] {
+            let spdx = text.lines().next().and_then(|l| l.split("SPDX-License-Identifier: ").nth(1));
+            let spdx = spdx.map(|s| s.trim_end_matches("*/").trim());
+            assert_eq!(spdx, Some(spdx_of_license), "{file}");
+        }
+    }
+
     #[test]
     fn log_tail_keeps_the_reason() {
         let log: String = (0..50).map(|i| format!("{i}: insn\n")).chain(["R1 invalid mem access\n".into()]).collect();

@@ -324,6 +324,33 @@ async fn agent_kill9_and_restart_restarts_no_container(evented: bool) -> Result<
     agent.shutdown(&cri).await
 }
 
+/// SIGTERM ends the agent within 2 s, even while a pod worker waits out a 30 s grace
+/// period, and leaves the pods running (as the kubelet does); the restarted agent
+/// adopts them and finishes the termination.
+#[tokio::test]
+async fn sigterm_ends_the_agent_within_2s_and_leaves_pods_running() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (mut agent, cri) = setup(EVENTED).await?;
+    agent.write_manifest("keep.yaml", &pod_yaml("keep", "Always", SERVE, ""))?;
+    // Ignores SIGTERM: its termination takes the whole grace period.
+    let stubborn = pod_yaml("stubborn", "Always", "trap '' TERM; while true; do sleep 1; done", "")
+        .replace("terminationGracePeriodSeconds: 2", "terminationGracePeriodSeconds: 30");
+    agent.write_manifest("stubborn.yaml", &stubborn)?;
+    let keep = agent.wait_pod("keep", Duration::from_mins(1), |p| running(p, "main")).await?;
+    agent.wait_pod("stubborn", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let before = cri.containers(&uid(&keep)).await?;
+    agent.remove_manifest("stubborn.yaml")?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let start = std::time::Instant::now();
+    agent.stop()?;
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}:\n{}", swiftlet_tests::tail(&agent.log(), 40));
+    assert_eq!(cri.containers(&uid(&keep)).await?, before, "the pod was left running as it was");
+    agent.spawn().await?;
+    agent.wait_pod("keep", Duration::from_mins(1), |p| running(p, "main")).await?;
+    agent.shutdown(&cri).await
+}
+
 /// `promtool check metrics` parses `text` (lint findings that upstream's own names cause
 /// are not errors).
 fn promtool_accepts(agent: &Agent, file: &str, text: &str) -> Result<()> {

@@ -28,6 +28,14 @@
 //!
 //! If the kernel stream ends, the PLEG falls back to relisting every second and says so
 //! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
+//!
+//! What the PLEG remembers of a container (its last state, name and what the kernel saw)
+//! goes when a relist reports the container removed, or — for a container born and
+//! removed between two relists, which no relist ever lists — after the rmdir of its
+//! cgroup: not at once, since the runtime may list the container (exited) long after
+//! its cgroup is gone, and a relist that found it then with nothing remembered would
+//! forward its exit again and count a miss; but once two relists have been reconciled
+//! since the rmdir, the second of which listed the runtime after it.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -330,7 +338,31 @@ struct State {
     /// can make pid namespaces of its own (`unshare -p`, bubblewrap, a browser's sandbox,
     /// a nested runtime); their inits' exits are not the container's end.
     inits: HashMap<String, u32>,
+    /// Containers whose cgroup was removed, with the count of relists reconciled at the
+    /// time: forgotten two relists later (see the module docs).
+    retired: Vec<(String, u64)>,
+    /// Relists reconciled so far.
+    reconciled: u64,
     index: CgroupIndex,
+}
+
+impl State {
+    /// Forgets the containers whose cgroup went before the last relist began, unless
+    /// something about them is still under way (a confirmation, a suspect).
+    fn prune_retired(&mut self) {
+        let reconciled = self.reconciled;
+        let retired = std::mem::take(&mut self.retired);
+        for (id, at) in retired {
+            if at + 2 > reconciled || self.pending.contains_key(&id) || self.suspects.contains_key(&id) {
+                self.retired.push((id, at));
+                continue;
+            }
+            self.known.remove(&id);
+            self.names.remove(&id);
+            self.kernel_seen.remove(&id);
+            self.inits.remove(&id);
+        }
+    }
 }
 
 /// The evented PLEG (see the module docs).
@@ -565,9 +597,12 @@ impl EventedPleg {
                     let mut s = self.state.lock().unwrap();
                     let r = s.index.get(hierarchy_id, cgroup_id).cloned();
                     s.index.remove(hierarchy_id, cgroup_id);
-                    // Its events came before its rmdir: the init is of no more use.
-                    if let Some(cid) = r.as_ref().and_then(|r| r.container_id.as_ref()) {
-                        s.inits.remove(cid);
+                    // Its events came before its rmdir: the init is of no more use, and
+                    // the rest goes once the relist cannot find it any more.
+                    if let Some(cid) = r.as_ref().and_then(|r| r.container_id.clone()) {
+                        s.inits.remove(&cid);
+                        let at = s.reconciled;
+                        s.retired.push((cid, at));
                     }
                     r
                 };
@@ -854,6 +889,8 @@ impl EventedPleg {
             // Forwarded at once either way: the pod worker must not wait for the verdict.
             out.push(e);
         }
+        s.reconciled += 1;
+        s.prune_retired();
         out
     }
 
@@ -1392,6 +1429,85 @@ mod tests {
         let events = pleg.relist.relist_events().await.unwrap();
         assert!(pleg.reconcile(events, false).is_empty());
         assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+    }
+
+    /// A container's exit and the removal of its cgroup, as the sensors report them.
+    fn exit_and_rmdir(pid: u32, cgroup_id: u64) -> [KernelEvent; 2] {
+        [
+            KernelEvent::Exit {
+                ktime_ns: 2,
+                pid,
+                cgroup2_id: cgroup_id,
+                memcg_id: 0,
+                ns_init: true,
+                main_process: false,
+                exit_code: 0,
+                signal: 0,
+            },
+            KernelEvent::CgroupRmdir { ktime_ns: 3, hierarchy_id: CGROUP2_HIERARCHY, cgroup_id, path: String::new() },
+        ]
+    }
+
+    /// What the PLEG still holds about container `id`.
+    fn remembers(pleg: &EventedPleg, id: &str) -> Vec<&'static str> {
+        let s = pleg.state.lock().unwrap();
+        [
+            ("known", s.known.contains_key(id)),
+            ("names", s.names.contains_key(id)),
+            ("kernel_seen", s.kernel_seen.contains_key(id)),
+        ]
+        .into_iter()
+        .filter_map(|(what, held)| held.then_some(what))
+        .collect()
+    }
+
+    /// A container born, ended and removed between two safety relists is never listed,
+    /// so no relist reports its removal: the PLEG forgets it after its cgroup's rmdir,
+    /// once a listing taken after the rmdir has been reconciled.
+    #[tokio::test]
+    async fn a_container_never_listed_is_forgotten_after_its_cgroup_rmdir() {
+        let (rt, pleg, _, sb) = setup().await;
+        let initial = pleg.relist.relist_events().await.unwrap();
+        pleg.reconcile(initial, true);
+        let late = late_container(&rt, &pleg, &sb).await;
+        rt.start_container(&late).await.unwrap();
+        let exec = KernelEvent::Exec { ktime_ns: 1, pid: 77, cgroup2_id: 43, memcg_id: 0, ns_init: true, pid1: true };
+        assert!(pleg.handle_kernel_event(exec).await.is_some());
+        rt.exit_container(&late, 0);
+        let [exit, rmdir] = exit_and_rmdir(77, 43);
+        assert!(pleg.handle_kernel_event(exit).await.is_some());
+        rt.remove_container(&late).await.unwrap();
+        assert!(pleg.handle_kernel_event(rmdir).await.is_none());
+        for _ in 0..2 {
+            let events = pleg.relist.relist_events().await.unwrap();
+            assert!(pleg.reconcile(events, false).is_empty(), "the relist never saw it");
+        }
+        assert_eq!(remembers(&pleg, &late), Vec::<&str>::new());
+    }
+
+    /// The cgroup of an exited container goes long before the container: a relist that
+    /// lists it exited after the rmdir is neither forwarded again nor counted as a miss.
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_after_the_rmdir_of_an_exited_container_is_no_repair() {
+        let (rt, pleg, cid, _) = setup().await;
+        let initial = pleg.relist.relist_events().await.unwrap();
+        pleg.reconcile(initial, true);
+        let started = pleg.handle_kernel_event(pid1_exec(9)).await;
+        assert!(started.is_none(), "the first listing reported it running");
+        rt.exit_container(&cid, 0);
+        let [exit, rmdir] = exit_and_rmdir(9, 42);
+        assert!(pleg.handle_kernel_event(exit).await.is_some());
+        assert!(pleg.handle_kernel_event(rmdir).await.is_none());
+        let events = pleg.relist.relist_events().await.unwrap();
+        assert!(pleg.reconcile(events, false).is_empty(), "the kernel reported the exit already");
+        tokio::time::advance(SUSPECT_GRACE).await;
+        pleg.reconcile(Vec::new(), false);
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+        // Removed later: the relist reports it, and nothing of it is left.
+        rt.remove_container(&cid).await.unwrap();
+        let events = pleg.relist.relist_events().await.unwrap();
+        assert_eq!(pleg.reconcile(events, false).len(), 1);
+        assert_eq!(remembers(&pleg, &cid), Vec::<&str>::new());
     }
 
     #[tokio::test]

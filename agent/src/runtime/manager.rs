@@ -108,6 +108,11 @@ pub struct SyncResult {
     pub touched_runtime: bool,
 }
 
+/// The error of a pod that came without a spec (a broken object from a source).
+fn no_spec(pod: &Pod) -> String {
+    format!("pod {} has no spec", pod_full_name(pod))
+}
+
 fn restart_policy(spec: &PodSpec) -> &str {
     spec.restart_policy.as_deref().unwrap_or("Always")
 }
@@ -131,7 +136,7 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
         ContainerState::Running => false,
         ContainerState::Unknown | ContainerState::Created => true,
         ContainerState::Exited => {
-            let spec = pod.spec.as_ref().expect("pod has a spec");
+            let Some(spec) = pod.spec.as_ref() else { return false };
             match restart_policy(spec) {
                 "Never" => false,
                 "OnFailure" => c.exit_code != 0,
@@ -217,7 +222,8 @@ pub fn compute_pod_actions_with(
     status: &RuntimePodStatus,
     probe_kill: &dyn Fn(&Container, &str) -> Option<crate::prober::ProbeKill>,
 ) -> PodActions {
-    let spec = pod.spec.as_ref().expect("pod has a spec");
+    // Nothing to run (`sync_pod` refuses such a pod before it gets here).
+    let Some(spec) = pod.spec.as_ref() else { return PodActions::default() };
     let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(spec, status);
     let mut actions =
         PodActions { kill_pod: create_sandbox, create_sandbox, sandbox_id, attempt, ..Default::default() };
@@ -691,8 +697,11 @@ impl RuntimeManager {
 
     /// Upstream `SyncPod` of the runtime manager. The caller has computed the API status
     /// and ensured the pod cgroup.
+    /// A pod without a spec is an error for that pod.
     pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> SyncResult {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let Some(spec) = pod.spec.as_ref() else {
+            return SyncResult { errors: vec![no_spec(pod)], ..SyncResult::default() };
+        };
         let mut actions = match &self.probes {
             Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
                 probes.container_to_kill(pod, &c.name, &format!("{runtime_name}://{id}"))
@@ -1158,7 +1167,7 @@ impl RuntimeManager {
     /// [`Self::sandbox_config`], recording the DNS warnings as events when `record` (only
     /// when a sandbox is created, so that a resync does not repeat them).
     fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, record: bool) -> Result<api::PodSandboxConfig> {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let spec = pod.spec.as_ref().ok_or_else(|| Error::Invalid(no_spec(pod)))?;
         let host_network = is_host_network(spec);
         // Host-network sandboxes fail in containerd 1.6 when a hostname is set; the
         // kubelet leaves it empty for them too.
@@ -1345,7 +1354,7 @@ impl RuntimeManager {
         pod_ips: &[String],
         envs: &[(String, String)],
     ) -> std::result::Result<Vec<api::Mount>, String> {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let spec = pod.spec.as_ref().ok_or_else(|| no_spec(pod))?;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let volumes = match self.volumes.mounted_volumes(uid) {
             Some(v) => v,
@@ -1580,15 +1589,17 @@ impl RuntimeManager {
     }
 
     /// Removes log directories of pods the kubelet no longer knows (`<ns>_<name>_<uid>`).
-    pub fn cleanup_orphaned_log_dirs(&self, known_uids: &std::collections::HashSet<String>) {
+    pub fn cleanup_orphaned_log_dirs<C>(&self, claim: impl Fn(&str) -> Option<C>) {
         let Ok(entries) = std::fs::read_dir(&self.cfg.pod_logs_dir) else { return };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(uid) = name.rsplit('_').next() else { continue };
-            if name.split('_').count() == 3
-                && !known_uids.contains(uid)
-                && let Err(err) = remove_dir_if_exists(&e.path())
-            {
+            if name.split('_').count() != 3 {
+                continue;
+            }
+            // Held while the directory goes.
+            let Some(_claim) = claim(uid) else { continue };
+            if let Err(err) = remove_dir_if_exists(&e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "failed to remove orphaned pod log dir");
             }
         }
@@ -1669,6 +1680,9 @@ pub mod dns {
         /// `spec.hostname` or `spec.subdomain` is not a DNS label.
         #[error("pod {field} {value:?} is not a valid DNS label")]
         InvalidLabel { field: &'static str, value: String },
+        /// The pod came without a spec.
+        #[error("pod has no spec")]
+        NoSpec,
         /// The truncated hostname is empty.
         #[error("hostname for pod {pod:?} was invalid: {hostname:?}")]
         InvalidHostname { pod: String, hostname: String },
@@ -1765,7 +1779,8 @@ pub mod dns {
     }
 
     fn dns_type(pod: &Pod) -> DnsType {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        // (Never a pod without a spec: the sandbox config refuses it first.)
+        let Some(spec) = pod.spec.as_ref() else { return DnsType::Host };
         match spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
             "None" => DnsType::None,
             // Host-network pods cannot reach the cluster DNS through the service network.
@@ -1839,7 +1854,7 @@ pub mod dns {
         host: Option<&ResolvConf>,
         node_ip: Option<&str>,
     ) -> (api::DnsConfig, Vec<DnsEvent>) {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let pod_dns_config = pod.spec.as_ref().and_then(|s| s.dns_config.as_ref());
         let host = host.cloned().unwrap_or_default();
         let mut events = Vec::new();
         let mut cfg = api::DnsConfig { servers: host.nameservers, searches: host.searches, options: host.options };
@@ -1877,7 +1892,7 @@ pub mod dns {
                 }
             }
         }
-        if let Some(pod_dns) = &spec.dns_config {
+        if let Some(pod_dns) = pod_dns_config {
             cfg.servers.extend(pod_dns.nameservers.iter().flatten().cloned());
             cfg.servers = omit_duplicates(std::mem::take(&mut cfg.servers));
             cfg.searches.extend(pod_dns.searches.iter().flatten().cloned());
@@ -1903,7 +1918,7 @@ pub mod dns {
     /// characters without a trailing `-` or `.`), and `<subdomain>.<ns>.svc.<domain>` when
     /// the pod has a subdomain.
     pub fn pod_hostname_and_domain(pod: &Pod, cluster_domain: &str) -> Result<(String, String), Error> {
-        let spec = pod.spec.as_ref().expect("pod has a spec");
+        let spec = pod.spec.as_ref().ok_or(Error::NoSpec)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
         let mut hostname = name.clone();
         if let Some(h) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {

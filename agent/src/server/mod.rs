@@ -113,6 +113,7 @@ mod streaming;
 mod system_logs;
 pub(crate) mod tls;
 mod webhook;
+mod x509_v1;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -634,8 +635,13 @@ impl Server {
             let serve_error = |source| Error::Serve { endpoint: HTTPS_API, addr, source };
             let handle = axum_server::Handle::new();
             let config = axum_server::tls_rustls::RustlsConfig::from_config(tls);
-            let mut server =
-                axum_server::from_tcp_rustls(listener, config).map_err(serve_error)?.handle(handle.clone());
+            // A refused handshake (a bad client certificate, a protocol mismatch) says why.
+            let mut server = axum_server::from_tcp_rustls(listener, config)
+                .map_err(serve_error)?
+                .handle(handle.clone())
+                .accept_error_handler(|peer, error| {
+                    tracing::warn!(peer = ?peer, %error, "TLS handshake failed");
+                });
             apply_limits(&mut server, &limits);
             tracing::info!(%addr, "serving the HTTPS API");
             serve_until(server.serve(router.into_make_service()), &handle, &shutdown, grace).await.map_err(serve_error)

@@ -287,6 +287,150 @@ async fn client_certificates_are_verified_against_the_client_ca() {
     server.stop().await;
 }
 
+/// A DER TLV.
+fn der(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(u8::try_from(len).unwrap());
+    } else {
+        let bytes: Vec<u8> = len.to_be_bytes().into_iter().skip_while(|b| *b == 0).collect();
+        out.push(0x80 | u8::try_from(bytes.len()).unwrap());
+        out.extend(bytes);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// An X.509 v1 certificate (no version field, no extensions: what `openssl x509 -req`
+/// makes without an extension file) for `common_name` in `organization`, valid from
+/// `from` to `to` (seconds from now), naming `issuer_name` (a DER Name) as its issuer and
+/// signed with `signer` (ECDSA P-256, SHA-256).
+fn v1_certificate(
+    issuer_name: &[u8],
+    signer: &rcgen::KeyPair,
+    common_name: &str,
+    organization: &str,
+    from: i64,
+    to: i64,
+) -> Identity {
+    use rcgen::{PublicKeyData as _, SigningKey as _};
+    let ecdsa_sha256 = der(0x30, &der(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02]));
+    let time = |secs: i64| {
+        let t = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(secs);
+        der(0x17, t.strftime("%y%m%d%H%M%SZ").to_string().as_bytes())
+    };
+    let attribute =
+        |oid: &[u8], value: &str| der(0x31, &der(0x30, &[der(0x06, oid), der(0x0c, value.as_bytes())].concat()));
+    let subject = der(
+        0x30,
+        &[attribute(&[0x55, 0x04, 0x0a], organization), attribute(&[0x55, 0x04, 0x03], common_name)].concat(),
+    );
+    let key = rcgen::KeyPair::generate().unwrap();
+    let tbs = der(
+        0x30,
+        &[
+            der(0x02, &[0x2a]),
+            ecdsa_sha256.clone(),
+            issuer_name.to_vec(),
+            der(0x30, &[time(from), time(to)].concat()),
+            subject,
+            key.subject_public_key_info(),
+        ]
+        .concat(),
+    );
+    let signature = signer.sign(&tbs).unwrap();
+    let cert = der(0x30, &[tbs, ecdsa_sha256, der(0x03, &[&[0u8][..], &signature].concat())].concat());
+    Identity {
+        cert: CertificateDer::from(cert),
+        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    }
+}
+
+/// Presents a certificate as it is: rustls' own client refuses to load a v1 certificate
+/// (it parses it to compare keys), which Go's and openssl's clients send.
+#[derive(Debug)]
+struct PresentAsIs(Arc<rustls::sign::CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for PresentAsIs {
+    fn resolve(&self, _: &[&[u8]], _: &[rustls::SignatureScheme]) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+fn client_presenting(
+    cert_dir: &Path,
+    identity: &Identity,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> reqwest::Client {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in tls::read_certs(&cert_dir.join(SELF_SIGNED_CERT_FILE)).unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let key = provider.key_provider.load_private_key(identity.key.clone_key()).unwrap();
+    let certified = rustls::sign::CertifiedKey::new(vec![identity.cert.clone()], key);
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(PresentAsIs(Arc::new(certified))));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    reqwest::Client::builder().use_preconfigured_tls(config).build().unwrap()
+}
+
+/// An X.509 v1 client certificate signed by the client CA authenticates over TLS 1.2 and
+/// 1.3, as upstream's (Go's) verifier accepts it; the chain is still checked: one signed
+/// by another key under the client CA's name, one from another CA and an expired one get
+/// 401, and never reach authorization.
+#[tokio::test]
+async fn a_v1_client_certificate_signed_by_the_client_ca_authenticates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test-ca");
+    let ca_file = dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let cert_dir = dir.path().join("pki");
+    let mut settings = settings(&cert_dir);
+    settings.tls.client_ca_file = Some(ca_file);
+    let authorizer = Arc::new(FakeAuthorizer::new(Decision::Allow));
+    let server = Running::start(settings, endpoints().authorizer(authorizer.clone()));
+    let ca_name = {
+        let der = tls::read_certs(&dir.path().join("ca.crt")).unwrap().remove(0);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        parsed.subject().as_raw().to_vec()
+    };
+    let alice = v1_certificate(&ca_name, ca.issuer.key(), "alice", "system:masters", -60, 3600);
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let (status, _, _) = get(&client_presenting(&cert_dir, &alice, version), &server.url("/pods")).await;
+        assert_eq!(status, StatusCode::OK, "{version:?}");
+    }
+    let seen = authorizer.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].user.name, "alice");
+    assert_eq!(seen[0].user.groups, ["system:masters", "system:authenticated"]);
+
+    let impostor = rcgen::KeyPair::generate().unwrap();
+    let forged = v1_certificate(&ca_name, &impostor, "mallory", "system:masters", -60, 3600);
+    let other = TestCa::new("other-ca");
+    let other_name = {
+        let (_, parsed) = x509_parser::pem::parse_x509_pem(other.pem.as_bytes()).unwrap();
+        parsed.parse_x509().unwrap().subject().as_raw().to_vec()
+    };
+    let foreign = v1_certificate(&other_name, other.issuer.key(), "mallory", "system:masters", -60, 3600);
+    let expired = v1_certificate(&ca_name, ca.issuer.key(), "alice", "system:masters", -7200, -3600);
+    for (what, identity) in [("forged", &forged), ("another CA's", &foreign), ("expired", &expired)] {
+        let (status, _, _) =
+            get(&client_presenting(&cert_dir, identity, &rustls::version::TLS13), &server.url("/pods")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+    }
+    assert_eq!(authorizer.seen().len(), 2, "no bad certificate reached authorization");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_bad_certificate_fails_even_with_anonymous_access() {
     let dir = tempfile::tempdir().unwrap();

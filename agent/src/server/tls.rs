@@ -18,7 +18,9 @@
 //! decided per request by [`ClientCa::verify`], in authentication. A certificate from
 //! another CA therefore gets 401 like upstream rather than a failed handshake, and a
 //! reloaded CA bundle applies to connections already open. The CA names hinted in the
-//! handshake are those of the bundle at start (upstream: the same).
+//! handshake are those of the bundle at start (upstream: the same). X.509 v1 client
+//! certificates, which webpki refuses, are checked by [`super::x509_v1`] in both places.
+//! A failed handshake is logged with the peer's address and the TLS error.
 //!
 //! The rustls configuration names the ring provider explicitly, so nothing here depends on
 //! a process-wide default provider having been installed.
@@ -157,7 +159,7 @@ pub(crate) fn server_config(settings: &TlsSettings) -> Result<Tls> {
         Some(ca_file) => {
             let client_ca = Arc::new(ClientCa::load(ca_file, provider.clone())?);
             let verifier = RequestClientCertificate {
-                hints: client_ca.current().root_hint_subjects().to_vec(),
+                hints: client_ca.current().verifier.root_hint_subjects().to_vec(),
                 algorithms: provider.signature_verification_algorithms,
             };
             (builder.with_client_cert_verifier(Arc::new(verifier)), Some(client_ca))
@@ -295,25 +297,40 @@ impl ResolvesServerCert for ServingCertificate {
 /// `authentication.x509.clientCAFile`: the verifier of client certificate chains, re-read
 /// when the file changes.
 #[derive(Debug)]
-pub(crate) struct ClientCa(Reloading<Arc<dyn ClientCertVerifier>>);
+pub(crate) struct ClientCa {
+    bundle: Reloading<CaBundle>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+/// One version of the client CA bundle.
+struct CaBundle {
+    /// webpki's verifier, for v3 certificates.
+    verifier: Arc<dyn ClientCertVerifier>,
+    /// The bundle's certificates, for v1 ones ([`super::x509_v1`]).
+    roots: Vec<CertificateDer<'static>>,
+}
 
 impl ClientCa {
     fn load(path: &Path, provider: Arc<CryptoProvider>) -> Result<Self> {
-        Ok(Self(Reloading::new("client CA bundle", vec![path.to_owned()], move |paths| {
+        let algorithms = provider.signature_verification_algorithms;
+        let bundle = Reloading::new("client CA bundle", vec![path.to_owned()], move |paths| {
             let ca_file = &paths[0];
+            let certs = read_certs(ca_file)?;
             let mut roots = RootCertStore::empty();
-            for cert in read_certs(ca_file)? {
-                roots.add(cert).map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))?;
+            for cert in &certs {
+                roots.add(cert.clone()).map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))?;
             }
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))
-        })?))
+                .map_err(|e| Error::Tls(format!("clientCAFile {}: {e}", ca_file.display())))?;
+            Ok(CaBundle { verifier, roots: certs })
+        })?;
+        Ok(Self { bundle, algorithms })
     }
 
-    fn current(&self) -> Arc<Arc<dyn ClientCertVerifier>> {
-        self.0.get()
+    fn current(&self) -> Arc<CaBundle> {
+        self.bundle.get()
     }
 
     /// Whether the chain a client presented (leaf first, as sent) leads to the CA bundle
@@ -322,10 +339,22 @@ impl ClientCa {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return Err("no client certificate".to_owned());
         };
-        let leaf = CertificateDer::from(leaf.as_slice());
         let intermediates: Vec<CertificateDer<'_>> =
             intermediates.iter().map(|c| CertificateDer::from(c.as_slice())).collect();
-        self.current()
+        let bundle = self.current();
+        if super::x509_v1::is_v1(leaf) {
+            return super::x509_v1::verify_chain(
+                leaf,
+                &intermediates,
+                &bundle.roots,
+                &self.algorithms,
+                UnixTime::now(),
+            )
+            .map_err(|e| format!("verifying certificate: {e}"));
+        }
+        let leaf = CertificateDer::from(leaf.as_slice());
+        bundle
+            .verifier
             .verify_client_cert(&leaf, &intermediates, UnixTime::now())
             .map(|_| ())
             .map_err(|e| format!("verifying certificate: {e}"))
@@ -366,6 +395,9 @@ impl ClientCertVerifier for RequestClientCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        if super::x509_v1::is_v1(cert) {
+            return super::x509_v1::verify_handshake_signature(message, cert, dss, &self.algorithms, false);
+        }
         rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
@@ -375,6 +407,9 @@ impl ClientCertVerifier for RequestClientCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        if super::x509_v1::is_v1(cert) {
+            return super::x509_v1::verify_handshake_signature(message, cert, dss, &self.algorithms, true);
+        }
         rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 

@@ -4,13 +4,21 @@
 //! with the pod's UID as a precondition, to the mirror pod for static pods. Once a pod
 //! with a `deletionTimestamp` has terminated, it deletes the API object with grace 0 —
 //! the kubelet's half of graceful deletion.
+//!
+//! What is left to write is one entry per pod, its latest status (as upstream's status
+//! manager keeps one per pod, not a queue of every change): a pod whose status changes
+//! a hundred times while the API server is away is written once when it is back. A
+//! failed write is retried after a pause that doubles from 1 s up to 10 s, per pod; the
+//! deletion of a terminated pod waits for its last status to be written.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{StatusManager, StatusProvider};
@@ -18,39 +26,69 @@ use crate::metrics::KubeletMetrics;
 use crate::pod_manager::PodManager;
 use crate::sources::is_static_pod;
 
-#[derive(Debug)]
-enum Msg {
-    /// The status to write travels with the message, so a pod removed meanwhile still
-    /// gets its final status written.
-    Status(String, Box<PodStatus>),
-    Finished(Box<Pod>),
-    Forget(String),
+/// The pause before the first retry of a failed write; it doubles with each failure.
+pub const RETRY_INITIAL: Duration = Duration::from_secs(1);
+/// The longest pause between retries (upstream's status manager retries what it could
+/// not write at its 10 s batch sync).
+pub const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// What is still to be done for one pod: at most one entry per pod, whatever happened
+/// since the writer last looked.
+#[derive(Debug, Default)]
+struct Dirty {
+    /// The latest status not yet written: a newer one replaces it.
+    status: Option<PodStatus>,
+    /// The pod's status was removed here: after `status`, forget what was written last,
+    /// so a pod started again under the UID gets its first status written.
+    forget: bool,
+    /// The pod's worker finished: once its last status is written, the kubelet's half of
+    /// graceful deletion (see [`StatusWriter::delete_terminated`]).
+    finished: Option<Pod>,
+    /// The API object is new (a recreated mirror pod): write `status` even if it is the
+    /// one written last.
+    rewrite: bool,
+}
+
+/// The pods with something to write, shared by the manager and its writer.
+#[derive(Debug, Default)]
+struct Queue {
+    dirty: Mutex<HashMap<String, Dirty>>,
+    wake: Notify,
+}
+
+impl Queue {
+    fn mark(&self, uid: &str, f: impl FnOnce(&mut Dirty)) {
+        f(self.dirty.lock().unwrap().entry(uid.to_owned()).or_default());
+        self.wake.notify_one();
+    }
 }
 
 /// Status manager that also writes to the API server.
 #[derive(Debug, Clone)]
 pub struct ApiStatusManager {
     local: StatusManager,
-    tx: mpsc::UnboundedSender<Msg>,
+    queue: Arc<Queue>,
 }
 
 /// The background writer; run it with [`StatusWriter::run`].
 pub struct StatusWriter {
     client: kube::Client,
-    local: StatusManager,
     pods: PodManager,
-    rx: mpsc::UnboundedReceiver<Msg>,
-    /// For retries: a failed write is queued again after a pause.
-    retry: mpsc::UnboundedSender<Msg>,
+    queue: Arc<Queue>,
     metrics: Arc<KubeletMetrics>,
+    /// The status last written per pod.
+    sent: HashMap<String, PodStatus>,
+    /// Pods whose last write failed: failures in a row, and when to try again.
+    retry: HashMap<String, (u32, Instant)>,
 }
 
 impl ApiStatusManager {
     #[must_use]
     pub fn new(client: kube::Client, pods: PodManager, metrics: Arc<KubeletMetrics>) -> (Self, StatusWriter) {
-        let local = StatusManager::default();
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Self { local: local.clone(), tx: tx.clone() }, StatusWriter { client, local, pods, rx, retry: tx, metrics })
+        let queue = Arc::new(Queue::default());
+        let writer =
+            StatusWriter { client, pods, queue: queue.clone(), metrics, sent: HashMap::new(), retry: HashMap::new() };
+        (Self { local: StatusManager::default(), queue }, writer)
     }
 }
 
@@ -67,23 +105,26 @@ impl StatusProvider for ApiStatusManager {
         let changed = self.local.get(uid).as_ref() != Some(&status);
         self.local.set(uid, status.clone());
         if changed {
-            let _ = self.tx.send(Msg::Status(uid.to_string(), Box::new(status)));
+            self.queue.mark(uid, |d| d.status = Some(status));
         }
     }
 
     fn remove(&self, uid: &str) {
         self.local.remove(uid);
-        let _ = self.tx.send(Msg::Forget(uid.to_string()));
+        self.queue.mark(uid, |d| d.forget = true);
     }
 
     fn pod_finished(&self, pod: &Pod) {
-        let _ = self.tx.send(Msg::Finished(Box::new(pod.clone())));
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.queue.mark(&uid, |d| d.finished = Some(pod.clone()));
     }
 
     fn mirror_created(&self, uid: &str) {
-        let _ = self.tx.send(Msg::Forget(uid.to_string()));
         if let Some(status) = self.local.get(uid) {
-            let _ = self.tx.send(Msg::Status(uid.to_string(), Box::new(status)));
+            self.queue.mark(uid, |d| {
+                d.status = Some(status);
+                d.rewrite = true;
+            });
         }
     }
 }
@@ -99,6 +140,11 @@ pub fn status_patch(uid: Option<&str>, status: &PodStatus) -> serde_json::Value 
     p
 }
 
+/// The pause after `failures` failed writes in a row.
+fn retry_after(failures: u32) -> Duration {
+    RETRY_INITIAL.saturating_mul(1 << failures.saturating_sub(1).min(16)).min(RETRY_MAX)
+}
+
 impl std::fmt::Debug for StatusWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StatusWriter").finish_non_exhaustive()
@@ -106,44 +152,86 @@ impl std::fmt::Debug for StatusWriter {
 }
 
 impl StatusWriter {
-    /// Writes statuses until shutdown.
+    /// Writes statuses until shutdown: each pod's latest, one pod at a time; a pod whose
+    /// write failed waits out its back-off ([`RETRY_INITIAL`] doubling up to
+    /// [`RETRY_MAX`]), its newer statuses replacing the one that failed.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut sent: HashMap<String, PodStatus> = HashMap::new();
         loop {
-            let msg = tokio::select! {
-                () = shutdown.cancelled() => return,
-                m = self.rx.recv() => match m { Some(m) => m, None => return },
+            let now = Instant::now();
+            let (ready, next_retry) = {
+                let mut dirty = self.queue.dirty.lock().unwrap();
+                let waiting = |uid: &String| self.retry.get(uid).map(|(_, at)| *at).filter(|at| *at > now);
+                let ready: Vec<String> = dirty.keys().filter(|u| waiting(u).is_none()).cloned().collect();
+                let next_retry = dirty.keys().filter_map(waiting).min();
+                let ready: Vec<(String, Dirty)> =
+                    ready.into_iter().filter_map(|u| dirty.remove(&u).map(|d| (u, d))).collect();
+                (ready, next_retry)
             };
-            match msg {
-                Msg::Status(uid, status) => {
-                    // A newer status for the same pod may be queued already; write the latest.
-                    let status = self.local.get(&uid).unwrap_or(*status);
-                    let Some(pod) = self.pods.get(&uid) else { continue };
-                    if sent.get(&uid) == Some(&status) {
-                        continue;
+            if ready.is_empty() {
+                let retry = async {
+                    match next_retry {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
                     }
-                    let start = std::time::Instant::now();
-                    match self.write(&pod, &status).await {
-                        Ok(()) => {
-                            self.metrics.pod_status_sync_duration.observe(start.elapsed().as_secs_f64());
-                            sent.insert(uid, status);
-                        }
-                        Err(e) => {
-                            tracing::warn!(pod = %crate::runtime::manager::pod_full_name(&pod), error = %e, "pod status update failed; retrying");
-                            // Retry after a pause; a newer status supersedes this one.
-                            let retry = self.retry.clone();
-                            tokio::spawn(async move {
-                                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                                let _ = retry.send(Msg::Status(uid, Box::new(status)));
-                            });
-                        }
-                    }
+                };
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = self.queue.wake.notified() => {}
+                    () = retry => {}
                 }
-                Msg::Finished(pod) => self.delete_terminated(&pod).await,
-                Msg::Forget(uid) => {
-                    sent.remove(&uid);
+                continue;
+            }
+            for (uid, dirty) in ready {
+                if shutdown.is_cancelled() {
+                    return;
+                }
+                self.sync(uid, dirty).await;
+            }
+        }
+    }
+
+    /// Does what is due for one pod; a failed write goes back in the queue (unless a
+    /// newer status is there already) with the pod's back-off.
+    async fn sync(&mut self, uid: String, dirty: Dirty) {
+        let Dirty { status, forget, finished, rewrite } = dirty;
+        if let Some(status) = status
+            && let Some(pod) = self.pods.get(&uid)
+            && (rewrite || self.sent.get(&uid) != Some(&status))
+        {
+            let start = std::time::Instant::now();
+            match self.write(&pod, &status).await {
+                Ok(()) => {
+                    self.metrics.pod_status_sync_duration.observe(start.elapsed().as_secs_f64());
+                    self.sent.insert(uid.clone(), status);
+                }
+                Err(e) => {
+                    let failures = self.retry.get(&uid).map_or(0, |(n, _)| *n) + 1;
+                    let pause = retry_after(failures);
+                    tracing::warn!(
+                        pod = %crate::runtime::manager::pod_full_name(&pod),
+                        error = %e,
+                        retry_in = ?pause,
+                        "pod status update failed"
+                    );
+                    self.retry.insert(uid.clone(), (failures, Instant::now() + pause));
+                    let mut queue = self.queue.dirty.lock().unwrap();
+                    let again = queue.entry(uid).or_default();
+                    again.status.get_or_insert(status);
+                    again.forget |= forget;
+                    again.rewrite |= rewrite;
+                    if again.finished.is_none() {
+                        again.finished = finished;
+                    }
+                    return;
                 }
             }
+        }
+        self.retry.remove(&uid);
+        if forget {
+            self.sent.remove(&uid);
+        }
+        if let Some(pod) = finished {
+            self.delete_terminated(&pod).await;
         }
     }
 
@@ -186,40 +274,160 @@ impl StatusWriter {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
 
-    fn manager() -> (ApiStatusManager, StatusWriter) {
-        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Arc::new(KubeletMetrics::new(&mut registry, "node"));
-        ApiStatusManager::new(client, PodManager::new(&[]), metrics)
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+    use crate::sources::PodUpdate;
+
+    /// A fake API server at the transport: answers every request with `code` (the test
+    /// changes it) and records the patches' `status.message` (`DELETE` for a deletion).
+    #[derive(Clone, Default)]
+    struct FakeApi {
+        code: Arc<Mutex<u16>>,
+        patches: Arc<Mutex<Vec<(u16, String)>>>,
     }
 
-    fn running() -> PodStatus {
-        PodStatus { phase: Some("Running".into()), ..PodStatus::default() }
+    impl FakeApi {
+        fn client(&self) -> kube::Client {
+            let api = self.clone();
+            let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let api = api.clone();
+                async move {
+                    let delete = req.method() == http::Method::DELETE;
+                    let body = req.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let message = if delete {
+                        "DELETE".to_owned()
+                    } else {
+                        patch["status"]["message"].as_str().unwrap_or_default().to_owned()
+                    };
+                    let code = *api.code.lock().unwrap();
+                    api.patches.lock().unwrap().push((code, message));
+                    let answer = if code == 200 {
+                        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}})
+                    } else {
+                        serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                           "message": "unavailable", "reason": "ServiceUnavailable", "code": code})
+                    };
+                    Ok::<_, String>(
+                        http::Response::builder()
+                            .status(code)
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(serde_json::to_vec(&answer).unwrap()))
+                            .unwrap(),
+                    )
+                }
+            });
+            kube::client::ClientBuilder::new(service, "default").build()
+        }
+
+        fn patches(&self) -> Vec<(u16, String)> {
+            self.patches.lock().unwrap().clone()
+        }
+    }
+
+    fn api_pod(deleted: bool) -> Pod {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u1"}
+        }))
+        .unwrap();
+        if deleted {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        }
+        pod
+    }
+
+    fn status(message: &str) -> PodStatus {
+        PodStatus { phase: Some("Running".into()), message: Some(message.into()), ..Default::default() }
+    }
+
+    /// While the API server fails, a pod's status is retried with a growing pause, however
+    /// often it changes meanwhile; once the server is back, only the latest is written.
+    #[tokio::test(start_paused = true)]
+    async fn failed_writes_back_off_and_the_latest_status_wins() {
+        let api = FakeApi::default();
+        *api.code.lock().unwrap() = 503;
+        let pods = PodManager::new(&["api"]);
+        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        for n in 1..=5 {
+            manager.set("u1", status(&format!("s{n}")));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_mins(1)).await;
+        let failed = api.patches().len();
+        // 1, 2, 4, 8 and then every 10 s: 9 or 10 attempts in the minute, not one a
+        // second per status set.
+        assert!(failed <= 12, "{failed} attempts in a minute of failures");
+        *api.code.lock().unwrap() = 200;
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        let written: Vec<String> =
+            api.patches().into_iter().filter(|(code, _)| *code == 200).map(|(_, message)| message).collect();
+        assert_eq!(written, vec!["s5".to_string()]);
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// A deleted pod's object goes (grace 0) only once its last status is written, and
+    /// what was written is forgotten with the pod: the same status is written again
+    /// for a pod started anew under the UID.
+    #[tokio::test(start_paused = true)]
+    async fn a_terminated_pod_is_deleted_after_its_last_status() {
+        let api = FakeApi::default();
+        *api.code.lock().unwrap() = 503;
+        let pods = PodManager::new(&["api"]);
+        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(true)] });
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        manager.set("u1", status("final"));
+        manager.remove("u1");
+        manager.pod_finished(&api_pod(true));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(api.patches(), vec![(503, "final".to_string())], "no deletion before the last status");
+        *api.code.lock().unwrap() = 200;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after: Vec<String> = api.patches().into_iter().skip(1).map(|(_, m)| m).collect();
+        assert_eq!(after, vec!["final".to_string(), "DELETE".to_string()]);
+        manager.set("u1", status("final"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(api.patches().last().map(|(_, m)| m.as_str()), Some("final"), "written again");
+        stop.cancel();
+        task.await.unwrap();
     }
 
     /// Found on the real control plane: a mirror pod deleted through the API came back
     /// `Pending` for good, because its unchanged status was never written to the new
     /// object. A recreated mirror gets the status again.
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_recreated_mirror_pod_gets_the_unchanged_status_again() {
-        let (status, mut writer) = manager();
-        status.set("static-uid", running());
-        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Status(uid, _)) if uid == "static-uid"));
-        // Unchanged: nothing to write.
-        status.set("static-uid", running());
-        assert!(writer.rx.try_recv().is_err());
-
-        status.mirror_created("static-uid");
-        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Forget(uid)) if uid == "static-uid"));
-        assert!(
-            matches!(writer.rx.try_recv(), Ok(Msg::Status(uid, s)) if uid == "static-uid" && *s == running()),
-            "the status is written again"
-        );
-        // A pod the manager has no status for yet: nothing to write.
-        status.mirror_created("unknown");
-        assert!(matches!(writer.rx.try_recv(), Ok(Msg::Forget(_))));
-        assert!(writer.rx.try_recv().is_err());
+        let api = FakeApi::default();
+        *api.code.lock().unwrap() = 200;
+        let pods = PodManager::new(&["api"]);
+        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        manager.set("u1", status("up"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Unchanged: nothing more to write.
+        manager.set("u1", status("up"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(api.patches().len(), 1);
+        manager.mirror_created("u1");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(api.patches(), vec![(200, "up".to_string()), (200, "up".to_string())], "written again");
+        // A pod with no status yet: nothing to write.
+        manager.mirror_created("unknown");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(api.patches().len(), 2);
+        stop.cancel();
+        task.await.unwrap();
     }
 }

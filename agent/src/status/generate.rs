@@ -429,7 +429,10 @@ fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -
 /// Upstream `generateAPIPodStatus` (without resize), with the prober's readiness.
 #[must_use]
 pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &StatusInputs<'_>) -> PodStatus {
-    let spec = pod.spec.as_ref().expect("pod has a spec");
+    // A pod without a spec (never synced: the pod worker refuses it) has no containers.
+    static NO_SPEC: std::sync::LazyLock<k8s_openapi::api::core::v1::PodSpec> =
+        std::sync::LazyLock::new(Default::default);
+    let spec = pod.spec.as_ref().unwrap_or(&NO_SPEC);
     let inits = spec.init_containers.as_deref().unwrap_or_default();
     let has_init = !inits.is_empty();
     let mut s = PodStatus { qos_class: Some(inputs.qos_class.to_string()), ..Default::default() };

@@ -66,8 +66,10 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Spans waiting for export; more are dropped (the SDK default, as Go's).
 const MAX_QUEUE_SIZE: usize = 2048;
 
-/// How long [`Telemetry::shutdown`] waits for the last export.
-pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Telemetry::shutdown`] waits for the last export: short, since SIGTERM must
+/// end the agent within 2 s (see `agent::SHUTDOWN_GRACE`); a collector that cannot take
+/// the last batch in that time loses it.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Why tracing could not be set up.
 #[derive(Debug, thiserror::Error)]

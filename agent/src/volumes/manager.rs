@@ -651,12 +651,13 @@ impl VolumeManager {
         Ok(())
     }
 
-    /// Cleans up pod directories under `<root>/pods` whose UID is not in `known` (pods
-    /// removed while the agent was down): unmounts their volumes and removes the whole
-    /// directory, unless something is still mounted there. `known` must include pods the
-    /// runtime still has containers for. Blocking. Returns the UIDs removed and those
+    /// Cleans up pod directories under `<root>/pods` of orphaned pods (pods removed while
+    /// the agent was down): unmounts their volumes and removes the whole directory,
+    /// unless something is still mounted there. `claim` grants the removal of a UID's
+    /// directory and is held while it goes; it must refuse known pods, those the runtime
+    /// still has containers for included. Blocking. Returns the UIDs removed and those
     /// that could not be (logged, and retried at the next call).
-    pub fn cleanup_orphans(&self, known: &HashSet<String>) -> Result<OrphanSweep> {
+    pub fn cleanup_orphans<C>(&self, claim: impl Fn(&str) -> Option<C>) -> Result<OrphanSweep> {
         let pods = self.root_dir.join("pods");
         let entries = match std::fs::read_dir(&pods) {
             Ok(e) => e,
@@ -670,7 +671,8 @@ impl VolumeManager {
             }
         }
         let mut sweep = OrphanSweep::default();
-        for uid in uids.into_iter().filter(|u| !known.contains(u)) {
+        for uid in uids {
+            let Some(_claim) = claim(&uid) else { continue };
             let outcome = self.cleanup_pod(&uid).and_then(|()| {
                 let dir = self.pod_dir(&uid);
                 std::fs::remove_dir_all(&dir).map_err(|source| Error::Io { op: "remove", path: dir, source })

@@ -501,18 +501,18 @@ async fn orphaned_pod_directories_are_removed() {
         p.metadata.uid = Some(uid.into());
         e.vm.mount_pod_volumes(&p).await.unwrap();
     }
-    let sweep = e.vm.cleanup_orphans(&HashSet::from(["u1".to_string()])).unwrap();
+    let sweep = e.vm.cleanup_orphans(|u| (u != "u1").then_some(())).unwrap();
     assert_eq!(sweep, crate::volumes::manager::OrphanSweep { removed: vec!["u2".to_string()], failed: vec![] });
     assert!(!e.dir.path().join("pods/u2").exists());
     assert!(e.dir.path().join("pods/u1/volumes").exists());
     assert_eq!(e.mounter.mounts().len(), 1);
     // A pod whose volume stays mounted is a failure of this sweep, retried by the next.
     e.mounter.fail_unmount(Some("device or resource busy"));
-    let sweep = e.vm.cleanup_orphans(&HashSet::new()).unwrap();
+    let sweep = e.vm.cleanup_orphans(|_| Some(())).unwrap();
     assert_eq!(sweep.failed, vec!["u1".to_string()]);
     assert!(sweep.removed.is_empty());
     e.mounter.fail_unmount(None);
-    assert_eq!(e.vm.cleanup_orphans(&HashSet::new()).unwrap().removed, vec!["u1".to_string()]);
+    assert_eq!(e.vm.cleanup_orphans(|_| Some(())).unwrap().removed, vec!["u1".to_string()]);
 }
 
 /// A real tmpfs for `medium: Memory` (root only; CI runs as root), cleaned up by
