@@ -241,7 +241,16 @@ impl Cluster {
     ///
     /// # Errors
     /// The agent did not start or the node was not Ready within a minute.
-    pub async fn join(&self, test: &str, mut opts: AgentOptions) -> Result<ClusterNode> {
+    pub async fn join(&self, test: &str, opts: AgentOptions) -> Result<ClusterNode> {
+        self.join_via(test, opts, None).await
+    }
+
+    /// [`Cluster::join`], with the agent reaching the API server at `server` (e.g. a
+    /// [`crate::tcp_proxy::TcpProxy`] in front of it) instead of its own address.
+    ///
+    /// # Errors
+    /// As [`Cluster::join`].
+    pub async fn join_via(&self, test: &str, mut opts: AgentOptions, server: Option<&str>) -> Result<ClusterNode> {
         self.remove_stale_test_objects().await?;
         // A name of its own per run: pods an earlier, failed run left bound to its node
         // must not be run by this agent.
@@ -250,7 +259,20 @@ impl Cluster {
         let kubeconfig = files.path().join("kubelet.conf");
         opts.kubeconfig = Some(kubeconfig.clone());
         opts.node_name = Some(name.to_owned());
-        opts.extra_flags.push(format!("--bootstrap-kubeconfig={}", self.state.bootstrap_kubeconfig.display()));
+        // The kubeconfig the agent writes after bootstrap names the bootstrap's server.
+        let bootstrap = match server {
+            Some(url) => {
+                let path = files.path().join("bootstrap-kubelet.conf");
+                let original = std::fs::read_to_string(&self.state.bootstrap_kubeconfig)?;
+                std::fs::write(
+                    &path,
+                    original.replace(&format!("server: {}", self.state.server), &format!("server: {url}")),
+                )?;
+                path
+            }
+            None => self.state.bootstrap_kubeconfig.clone(),
+        };
+        opts.extra_flags.push(format!("--bootstrap-kubeconfig={}", bootstrap.display()));
         opts.extra_flags.push("--node-ip=127.0.0.1".to_owned());
         opts.authentication = Some(format!(
             "authentication:

@@ -13,6 +13,7 @@ pub mod registry;
 pub mod scratch;
 pub mod spdy;
 pub mod streaming;
+pub mod tcp_proxy;
 
 pub use registry::TestRegistry;
 

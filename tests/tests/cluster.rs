@@ -567,3 +567,53 @@ async fn pods_keep_running_through_a_60s_api_server_outage_and_status_converges_
     .await?;
     node.leave(&cri).await
 }
+
+#[tokio::test]
+async fn the_agent_recovers_from_cut_and_refused_api_server_connections() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let target = cluster.state.server.trim_start_matches("https://").parse()?;
+    let proxy = swiftlet_tests::tcp_proxy::TcpProxy::start(target).await?;
+    let via = format!("https://127.0.0.1:{}", proxy.addr.port());
+    let mut node = cluster.join_via("proxied", AgentOptions::default(), Some(&via)).await?;
+    let ns = node.namespace("proxied").await?;
+    node.create_pod(&ns, busybox_pod("before", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "before", Duration::from_mins(1), "pod running", running).await?;
+
+    // Every connection cut at once (an API server restart, a load balancer): the agent
+    // reconnects, its pod watch included: a pod bound after the cut runs.
+    let accepted = proxy.accepted();
+    proxy.cut();
+    node.create_pod(&ns, busybox_pod("after-cut", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "after-cut", Duration::from_mins(1), "pod bound after the cut running", running).await?;
+    assert!(proxy.accepted() > accepted, "the agent did not reconnect");
+
+    // The API server unreachable for 30 s (connections closed as they open): pods keep
+    // running; a pod deleted meanwhile is stopped once the agent hears of it, and a new
+    // one runs.
+    proxy.refuse(true);
+    proxy.cut();
+    let uid = Api::<Pod>::namespaced(cluster.client(), &ns).get("before").await?.metadata.uid.context("uid")?;
+    let running_before = cri.containers(&uid).await?;
+    Api::<Pod>::namespaced(cluster.client(), &ns).delete("before", &DeleteParams::default()).await?;
+    node.create_pod(&ns, busybox_pod("during", "while true; do sleep 1; done")).await?;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (code, _) = node.agent.healthz().await?;
+    assert_eq!(code, 200);
+    assert_eq!(cri.containers(&uid).await?.len(), running_before.len(), "nothing changed without the API server");
+    proxy.refuse(false);
+    node.eventually_pod(&ns, "during", Duration::from_mins(1), "pod bound during the outage running", running).await?;
+    let pods = Api::<Pod>::namespaced(cluster.client(), &ns);
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while pods.get_opt("before").await?.is_some() {
+        ensure!(
+            Instant::now() < deadline,
+            "pod deleted during the outage not removed\n{}",
+            tail(&node.agent.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.wait_ready(Duration::from_secs(30)).await?;
+    node.leave(&cri).await
+}
