@@ -39,7 +39,12 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
-use crate::{containerd, images, testbed::Layout, upstream::Upstream};
+use crate::{
+    containerd, images,
+    registry::{self, write_file},
+    testbed::Layout,
+    upstream::Upstream,
+};
 
 /// kube-apiserver's secure port on 127.0.0.1.
 pub const APISERVER_PORT: u16 = 6443;
@@ -508,28 +513,13 @@ fn bootstrap_token(f: &Files) -> Result<String> {
     Ok(token)
 }
 
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).with_context(|| format!("chmod {}", path.display()))
-}
-
 /// The cluster CA and every certificate signed by it, unless the CA exists already.
 fn ensure_pki(f: &Files) -> Result<()> {
     if f.pki("ca.crt").is_file() && f.pki("sa.key").is_file() {
         return Ok(());
     }
     let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(rcgen::DnType::CommonName, "kubernetes");
-    ca.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
+    let ca = registry::ca_params("kubernetes")?;
     let ca_cert = ca.self_signed(&ca_key)?;
     write_file(&f.pki("ca.crt"), ca_cert.pem().as_bytes(), 0o644)?;
     write_file(&f.pki("ca.key"), ca_key.serialize_pem().as_bytes(), 0o600)?;

@@ -279,12 +279,26 @@ fn random_hex(bytes: usize) -> Result<String> {
     Ok(hex::encode(buf))
 }
 
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+/// Writes `contents` to `path` (making its directory) with permission bits `mode`.
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).with_context(|| format!("chmod {}", path.display()))
+}
+
+/// The parameters of a self-signed CA named `common_name` that may sign certificates.
+pub fn ca_params(common_name: &str) -> Result<rcgen::CertificateParams> {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    Ok(ca)
 }
 
 /// Generates the CA and the server certificate (for `127.0.0.1` and `localhost`) unless
@@ -294,14 +308,7 @@ fn ensure_pki(pki: &Pki) -> Result<()> {
         return Ok(());
     }
     let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "swiftlet test registry CA");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
+    let ca_params = ca_params("swiftlet test registry CA")?;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
 
