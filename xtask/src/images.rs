@@ -332,6 +332,15 @@ fn cached(cache_dir: &Path, name: &str, key: &str, build: impl FnOnce() -> Resul
     Ok(BuiltImage { name: name.to_owned(), tar_path, image_id: archive.image_id })
 }
 
+/// The JSON record at `path`, or `None` when there is no such file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

@@ -161,14 +161,7 @@ pub struct State {
 
 impl State {
     pub fn load(layout: &Layout) -> Result<Option<Self>> {
-        let path = layout.registry_state_file();
-        match fs::read(&path) {
-            Ok(bytes) => {
-                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
+        images::read_json(&layout.registry_state_file())
     }
 
     fn save(&self, layout: &Layout) -> Result<()> {

@@ -175,14 +175,7 @@ impl State {
     }
 
     pub fn load(layout: &Layout) -> Result<Option<Self>> {
-        let path = layout.state_file();
-        match fs::read(&path) {
-            Ok(bytes) => {
-                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-        }
+        images::read_json(&layout.state_file())
     }
 
     pub fn save(&self, layout: &Layout) -> Result<()> {
