@@ -287,6 +287,10 @@ authorization:
 ",
             self.state.ca_cert.display()
         ));
+        // The test's own requests to the agent go as the cluster admin (system:masters),
+        // whom the API server's authorizer lets do anything.
+        let pki = self.state.dir.join("pki");
+        opts.client_identity = Some((pki.join("admin.crt"), pki.join("admin.key")));
         let agent = Agent::start(opts).await?;
         let node = ClusterNode { cluster: self.clone(), agent, name: name.to_owned(), namespaces: Vec::new(), files };
         node.wait_ready(Duration::from_mins(1)).await?;

@@ -23,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -204,6 +204,9 @@ pub struct AgentOptions {
     /// The config's `authentication` and `authorization` blocks (default: anonymous
     /// requests allowed, `AlwaysAllow`).
     pub authentication: Option<String>,
+    /// A PEM certificate and key (one file each) the test's own HTTPS requests to the agent
+    /// present, for an agent that refuses anonymous requests.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for AgentOptions {
@@ -219,6 +222,7 @@ impl Default for AgentOptions {
             env: Vec::new(),
             node_name: None,
             authentication: None,
+            client_identity: None,
         }
     }
 }
@@ -305,8 +309,13 @@ authorization:
         );
         std::fs::write(&config_path, config)?;
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http =
-            reqwest::Client::builder().danger_accept_invalid_certs(true).timeout(Duration::from_secs(10)).build()?;
+        let mut http = reqwest::Client::builder().danger_accept_invalid_certs(true).timeout(Duration::from_secs(10));
+        if let Some((cert, key)) = &opts.client_identity {
+            let mut pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            pem.extend(std::fs::read(key).with_context(|| format!("reading {}", key.display()))?);
+            http = http.identity(reqwest::Identity::from_pem(&pem)?);
+        }
+        let http = http.build()?;
         let log_path = dir.path().join("swiftlet.log");
         let mut flags = opts.extra_flags.clone();
         flags.push(format!("--evented-pleg={}", opts.evented_pleg));
@@ -399,9 +408,16 @@ authorization:
         self.dir.path().join("events.sock")
     }
 
+    /// `/metrics`, which must answer 200.
+    async fn metrics_text(&self) -> Result<String> {
+        let (code, body) = self.get("/metrics").await?;
+        ensure!(code == 200, "/metrics answered {code}: {body}");
+        Ok(body)
+    }
+
     /// The value of a metric sample line `name{labels} value` in `/metrics` (0 if absent).
     pub async fn metric(&self, series: &str) -> Result<f64> {
-        let (_, body) = self.get("/metrics").await?;
+        let body = self.metrics_text().await?;
         Ok(body
             .lines()
             .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
@@ -412,7 +428,7 @@ authorization:
     /// The sum of the samples of `family` on `/metrics` whose labels include `label`
     /// (`name="value"`), whatever their other labels; 0 when there is none.
     pub async fn metric_sum(&self, family: &str, label: &str) -> Result<f64> {
-        let (_, body) = self.get("/metrics").await?;
+        let body = self.metrics_text().await?;
         Ok(body
             .lines()
             .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))

@@ -334,6 +334,14 @@ async fn graceful_deletion_runs_the_grace_period_then_the_pod_is_removed() -> Re
     let created = node.create_pod(&ns, pod).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
     node.eventually_pod(&ns, "stubborn", Duration::from_mins(1), "pod running", running).await?;
+    // The pod startup SLI is observed once the running status comes back on the watch.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.agent.metric("kubelet_pod_start_sli_duration_seconds_count").await? < 1.0 {
+        ensure!(Instant::now() < deadline, "no pod start SLI observation");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(node.agent.metric("kubelet_pod_start_sli_duration_seconds_count").await? as u64, 1);
+    assert_eq!(node.agent.metric("kubelet_pod_start_total_duration_seconds_count").await? as u64, 1);
 
     let pods = Api::<Pod>::namespaced(cluster.client(), &ns);
     let started = Instant::now();
