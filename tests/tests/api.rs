@@ -1,6 +1,6 @@
 //! End-to-end tests of what the agent makes of API objects, on the real control plane of
 //! the test bed (`cargo xtask testbed up --cluster`): admission of pods that do not fit,
-//! DNS settings, and environment variables from ConfigMaps, Secrets, resource fields and
+//! DNS settings, and environment variables from `ConfigMaps`, `Secrets`, resource fields and
 //! Services. Node registration, pod status, graceful deletion, mirror pods, volumes and
 //! API-server outages are in `cluster.rs`.
 
@@ -93,9 +93,9 @@ async fn dns_policies() -> Result<()> {
     let (_cluster, mut node, cri) = join("dns", opts).await?;
     let ns = node.namespace("dns").await?;
     node.create_pod(&ns, pod("dns-cluster", &json!({}))).await?;
-    let none = json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["192.0.2.53"], "searches": ["example.test"],
+    let explicit_dns = json!({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["192.0.2.53"], "searches": ["example.test"],
                       "options": [{"name": "ndots", "value": "2"}]}});
-    node.create_pod(&ns, pod("dns-none", &none)).await?;
+    node.create_pod(&ns, pod("dns-none", &explicit_dns)).await?;
     let cluster_first = running_container(&cri, &running(&node, &ns, "dns-cluster").await?).await?;
     let conf = sh(&cri, &cluster_first, "cat /etc/resolv.conf").await?;
     assert!(conf.contains("nameserver 10.96.0.10"), "{conf}");
@@ -112,7 +112,7 @@ async fn dns_policies() -> Result<()> {
     node.leave(&cri).await
 }
 
-/// Environment variables from ConfigMap and Secret keys, `envFrom`, resource fields and
+/// Environment variables from `ConfigMap` and `Secret` keys, `envFrom`, resource fields and
 /// the Services of the namespace (service links, and without them only the `kubernetes`
 /// Service's); a Secret volume's mode, an emptyDir, a projected token of another
 /// audience.
