@@ -1,28 +1,46 @@
-//! End-to-end tests of what the agent reads from the runtime's CRI `Status`: the node is
-//! not ready while containerd's pod network is not (its CNI configuration removed), when
-//! only pods on the host's network start, and
-//! pods asking for `supplementalGroupsPolicy: Strict` are refused on containerd 1.6,
+//! End-to-end tests on the real control plane of what the agent reads from the runtime's
+//! CRI `Status`: the node is not ready while containerd's pod network is not (its CNI
+//! configuration removed), when only pods on the host's network start, and pods asking for `supplementalGroupsPolicy: Strict` are refused on containerd 1.6,
 //! which cannot honour it (the node's `status.features` says so).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::{Event, NodeCondition, Pod};
+use kube::api::{Api, ListParams};
 use serde_json::json;
-use swiftlet_tests::apiserver::TestApiServer;
-use swiftlet_tests::testbed_lock;
+use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
+use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
-const NODE: &str = "e2e-node";
-
-fn ready(node: Option<&Node>) -> Option<NodeCondition> {
-    node?.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned()
+async fn join(test: &str) -> Result<(Cluster, ClusterNode, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let node = cluster.join(test, AgentOptions::default()).await?;
+    Ok((cluster, node, cri))
 }
 
-async fn wait_ready(api: &TestApiServer, secs: u64, pred: impl Fn(&NodeCondition) -> bool) -> Result<NodeCondition> {
-    let node =
-        api.wait_for::<Node>(None, NODE, Duration::from_secs(secs), |n| ready(n).is_some_and(|c| pred(&c))).await?;
-    Ok(ready(node.as_ref()).expect("matched"))
+/// Waits until the node's Ready condition satisfies `pred`.
+async fn wait_ready(node: &ClusterNode, secs: u64, pred: impl Fn(&NodeCondition) -> bool) -> Result<NodeCondition> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let ready = node.node().await?.and_then(|n| n.status?.conditions?.into_iter().find(|c| c.type_ == "Ready"));
+        if let Some(c) = &ready
+            && pred(c)
+        {
+            return Ok(c.clone());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "Ready condition not as wanted in {secs} s: {ready:?}\n{}",
+            tail(&node.agent.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn wait_phase(node: &ClusterNode, ns: &str, name: &str, want: &str, secs: u64) -> Result<Pod> {
+    node.eventually_pod(ns, name, Duration::from_secs(secs), &format!("{name} {want}"), |p| phase(p) == want).await
 }
 
 /// The test bed's CNI configuration directory (containerd's `conf_dir`).
@@ -71,15 +89,13 @@ impl Drop for CniConfigAside {
 #[tokio::test]
 async fn the_node_is_not_ready_while_the_pod_network_is_not() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
-    wait_ready(&api, 30, |c| c.status == "True").await?;
+    let (cluster, mut node, cri) = join("network").await?;
+    let ns = node.namespace("network").await?;
 
     let mut aside = CniConfigAside::new(&cni_conf_dir()?)?;
     // containerd notices the directory change and reports NetworkReady=false; the agent
     // asks every 5 s and reports at the next status update.
-    let not_ready = wait_ready(&api, 60, |c| c.status == "False").await.map_err(|e| {
-        anyhow::anyhow!("{e}; node: {:?}\n{}", ready(api.get::<Node>(None, NODE).as_ref()), agent.log())
-    })?;
+    let not_ready = wait_ready(&node, 60, |c| c.status == "False").await?;
     assert_eq!(not_ready.reason.as_deref(), Some("KubeletNotReady"));
     let message = not_ready.message.unwrap_or_default();
     assert!(
@@ -87,95 +103,75 @@ async fn the_node_is_not_ready_while_the_pod_network_is_not() -> Result<()> {
         "{message}"
     );
 
-    // Meanwhile a pod on the host's network starts; one on the pod network waits.
-    let host_uid = api.create(&sleeper("on-host", true))?.metadata.uid.unwrap();
-    let net_uid = api.create(&sleeper("on-pod-network", false))?.metadata.uid.unwrap();
-    wait_phase(&api, "on-host", "Running", 60).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // Meanwhile a pod on the host's network starts; one on the pod network waits. (Bound
+    // by hand: the scheduler keeps pods off a node that is not ready.)
+    let host_uid = node.create_pod(&ns, sleeper("on-host", true)).await?.metadata.uid.context("uid")?;
+    let net_uid = node.create_pod(&ns, sleeper("on-pod-network", false)).await?.metadata.uid.context("uid")?;
+    wait_phase(&node, &ns, "on-host", "Running", 60).await?;
+    let events = Api::<Event>::namespaced(cluster.client(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let event = loop {
-        let events = api.list::<k8s_openapi::api::core::v1::Event>(Some("default"));
-        if let Some(e) = events.into_iter().find(|e| e.reason.as_deref() == Some("NetworkNotReady")) {
+        let list = events.list(&ListParams::default()).await?;
+        if let Some(e) = list.items.into_iter().find(|e| e.reason.as_deref() == Some("NetworkNotReady")) {
             break e;
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no NetworkNotReady event\n{}", agent.log());
+        ensure!(Instant::now() < deadline, "no NetworkNotReady event\n{}", tail(&node.agent.log(), 40));
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(event.involved_object.name.as_deref(), Some("on-pod-network"));
-    assert!(event.message.unwrap_or_default().starts_with("network is not ready: container runtime network not ready"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let message = event.message.unwrap_or_default();
+    assert!(message.starts_with("network is not ready: container runtime network not ready"), "{message}");
     assert!(cri.sandboxes(&net_uid).await?.is_empty(), "no sandbox while the network is not ready");
     assert_eq!(cri.sandboxes(&host_uid).await?.len(), 1);
 
     aside.restore()?;
-    let back = wait_ready(&api, 60, |c| c.status == "True").await?;
+    let back = wait_ready(&node, 60, |c| c.status == "True").await?;
     assert_eq!(back.reason.as_deref(), Some("KubeletReady"));
     // The waiting pod starts at its next try (within the 10 s retry).
-    wait_phase(&api, "on-pod-network", "Running", 60).await?;
-    for name in ["on-host", "on-pod-network"] {
-        api.delete::<Pod>(Some("default"), name, Some(0))?;
-    }
-    agent.shutdown(&cri).await
+    wait_phase(&node, &ns, "on-pod-network", "Running", 60).await?;
+    node.leave(&cri).await
 }
 
-fn sleeper(name: &str, host_network: bool) -> Pod {
-    serde_json::from_value(json!({
+fn sleeper(name: &str, host_network: bool) -> serde_json::Value {
+    json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": {
-            "nodeName": NODE,
             "hostNetwork": host_network,
             "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
                             "command": ["sleep", "3600"]}]
         }
-    }))
-    .expect("a valid pod")
-}
-
-async fn wait_phase(api: &TestApiServer, name: &str, phase: &str, secs: u64) -> Result<()> {
-    api.wait_for::<Pod>(Some("default"), name, Duration::from_secs(secs), |p| {
-        p.is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
     })
-    .await?;
-    Ok(())
 }
 
 #[tokio::test]
 async fn strict_supplemental_groups_are_refused_by_a_runtime_without_them() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
-    let node = api
-        .wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
-            n.is_some_and(|n| n.status.as_ref().and_then(|s| s.features.as_ref()).is_some())
-        })
-        .await?
-        .expect("matched");
-    let features = node.status.unwrap().features.unwrap();
+    let (_cluster, mut node, cri) = join("supplemental").await?;
+    let ns = node.namespace("supplemental").await?;
+    let n = node.node().await?.context("node")?;
+    let features = n.status.and_then(|s| s.features).context("the node reports no status.features")?;
     assert_eq!(features.supplemental_groups_policy, Some(false), "containerd 1.6 does not support it");
 
-    let strict: Pod = serde_json::from_value(json!({
+    let strict = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "strict", "namespace": "default"},
+        "metadata": {"name": "strict"},
         "spec": {
-            "nodeName": NODE,
             "securityContext": {"runAsUser": 1000, "supplementalGroups": [5000], "supplementalGroupsPolicy": "Strict"},
             "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
                             "command": ["sleep", "3600"]}]
         }
-    }))?;
-    let uid = api.create(&strict)?.metadata.uid.unwrap();
-    let p = api
-        .wait_for::<Pod>(Some("default"), "strict", Duration::from_secs(30), |p| {
-            p.is_some_and(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
-        })
-        .await?
-        .expect("matched");
-    let status = p.status.unwrap();
+    });
+    let uid = node.create_pod(&ns, strict).await?.metadata.uid.context("uid")?;
+    let p = wait_phase(&node, &ns, "strict", "Failed", 30).await?;
+    let status = p.status.context("status")?;
     assert_eq!(status.reason.as_deref(), Some("SupplementalGroupsPolicyNotSupported"));
     assert_eq!(
         status.message.as_deref(),
         Some("Pod was rejected: SupplementalGroupsPolicy=Strict is not supported in this node")
     );
     assert!(cri.sandboxes(&uid).await?.is_empty(), "a rejected pod never runs");
-    api.delete::<Pod>(Some("default"), "strict", Some(0))?;
-    agent.shutdown(&cri).await
+    node.leave(&cri).await
 }
