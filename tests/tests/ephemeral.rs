@@ -1,20 +1,18 @@
-//! End-to-end tests of ephemeral containers (`kubectl debug`): a real `swiftlet` in API
-//! mode against the test API server, which serves `pods/<name>/ephemeralcontainers`;
-//! debuggers are added as kubectl adds them (a strategic merge patch of that subresource)
-//! and run in the test bed's containerd. A debugger with `targetContainerName` shares its
+//! End-to-end tests of ephemeral containers (`kubectl debug`): a real `swiftlet` joined to
+//! the test bed's real control plane; debuggers are added as kubectl adds them (a
+//! strategic merge patch of the `ephemeralcontainers` subresource) and run in the test
+//! bed's containerd; their logs, exec and attach go through the API server with kubectl. A debugger with `targetContainerName` shares its
 //! target's pid namespace: its `/proc/1` is the target's main process.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use swiftlet_tests::apiserver::TestApiServer;
-use swiftlet_tests::streaming::{self, WsChannels};
-use swiftlet_tests::{Agent, Cri, testbed_lock};
+use swiftlet_tests::cluster::{Cluster, ClusterNode};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
 
-const NODE: &str = "e2e-node";
 const BUSYBOX: &str = "localhost/busybox:latest";
 /// Part of the target's command line, so that a debugger can tell it sees the target.
 const MARKER: &str = "marker-31415";
@@ -29,21 +27,45 @@ fn idler(name: &str) -> Value {
     })
 }
 
-fn pod(name: &str, spec: Value) -> Result<Pod> {
+fn pod(name: &str, spec: Value) -> Value {
     let mut spec = spec;
-    spec["nodeName"] = json!(NODE);
     spec["terminationGracePeriodSeconds"] = json!(2);
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    }))?)
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+}
+
+/// One test's node and namespace.
+struct Bed {
+    cluster: Cluster,
+    node: ClusterNode,
+    ns: String,
+    cri: Cri,
+}
+
+impl Bed {
+    async fn join(test: &str) -> Result<Self> {
+        let cri = Cri::connect(&cri_endpoint()?)?;
+        let cluster = Cluster::connect().await?;
+        let mut node = cluster.join(test, AgentOptions::default()).await?;
+        let ns = node.namespace(test).await?;
+        Ok(Self { cluster, node, ns, cri })
+    }
+
+    fn agent(&self) -> &Agent {
+        &self.node.agent
+    }
+
+    /// kubectl in the test's namespace, which must succeed: its stdout.
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["-n", self.ns.as_str()];
+        all.extend_from_slice(args);
+        self.cluster.kubectl_ok(&all)
+    }
 }
 
 /// What `kubectl debug` sends: a strategic merge patch of the `ephemeralcontainers`
 /// subresource adding `debugger`.
-async fn debug(api: &TestApiServer, pod: &str, debugger: Value) -> Result<Pod> {
-    let pods: Api<Pod> = Api::namespaced(api.client().await?, "default");
+async fn debug(bed: &Bed, pod: &str, debugger: Value) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(bed.cluster.client(), &bed.ns);
     let patch = json!({"spec": {"ephemeralContainers": [debugger]}});
     Ok(pods.patch_subresource("ephemeralcontainers", pod, &PatchParams::default(), &Patch::Strategic(patch)).await?)
 }
@@ -83,14 +105,8 @@ fn condition(p: &Pod, type_: &str) -> Option<String> {
 
 /// Polls until `check` holds for the API pod, with the pod's status and the agent's log
 /// on failure.
-async fn eventually(
-    api: &TestApiServer,
-    agent: &Agent,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Pod) -> bool,
-) -> Result<Pod> {
-    swiftlet_tests::eventually_pod(api, agent, name, 60, what, check).await
+async fn eventually(bed: &Bed, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Result<Pod> {
+    bed.node.eventually_pod(&bed.ns, name, Duration::from_mins(1), what, check).await
 }
 
 /// Polls `/metrics` until `series` is `want` (gauges follow the API's watch).
@@ -113,10 +129,20 @@ async fn containers_named(cri: &Cri, uid: &str, name: &str) -> Result<Vec<k8s_cr
 
 /// Deletes the API pod and waits until the agent has terminated it and the API server
 /// removed it; then nothing of it may run.
-async fn delete_and_check_stopped(api: &TestApiServer, cri: &Cri, name: &str, uid: &str) -> Result<()> {
-    api.delete::<Pod>(Some("default"), name, Some(2))?;
-    api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| p.is_none()).await?;
-    let left: Vec<String> = cri
+async fn delete_and_check_stopped(bed: &Bed, name: &str, uid: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(bed.cluster.client(), &bed.ns);
+    pods.delete(name, &DeleteParams::default()).await?;
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while pods.get_opt(name).await?.is_some() {
+        ensure!(
+            Instant::now() < deadline,
+            "{name} not removed in a minute\n{}",
+            swiftlet_tests::tail(&bed.agent().log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left: Vec<String> = bed
+        .cri
         .containers(uid)
         .await?
         .into_iter()
@@ -133,17 +159,17 @@ async fn delete_and_check_stopped(api: &TestApiServer, cri: &Cri, name: &str, ui
 #[tokio::test]
 async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
-    let created = api.create(&pod("dbg", json!({"containers": [idler("app")]}))?)?;
+    let bed = Bed::join("debug").await?;
+    let (agent, cri) = (bed.agent(), &bed.cri);
+    let created = bed.node.create_pod(&bed.ns, pod("dbg", json!({"containers": [idler("app")]}))).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
-    eventually(&api, &agent, "dbg", "app running", |p| running(status_of(p, "containerStatuses", "app").as_ref()))
-        .await?;
+    eventually(&bed, "dbg", "app running", |p| running(status_of(p, "containerStatuses", "app").as_ref())).await?;
 
     // In the target's pid namespace: pid 1 is the app's shell, and ps lists it.
     let script = "echo \"pid1=$(tr '\\0' ' ' < /proc/1/cmdline)\"; ps; echo ps-done";
-    let patched = debug(&api, "dbg", debugger("debug-ps", Some("app"), script)).await?;
+    let patched = debug(&bed, "dbg", debugger("debug-ps", Some("app"), script)).await?;
     assert_eq!(patched.metadata.generation, Some(2));
-    let p = eventually(&api, &agent, "dbg", "debug-ps ran to completion", |p| {
+    let p = eventually(&bed, "dbg", "debug-ps ran to completion", |p| {
         ephemeral(p, "debug-ps").is_some_and(|c| c["state"]["terminated"]["exitCode"] == 0)
     })
     .await?;
@@ -160,8 +186,7 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
     assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
     assert_eq!(condition(&p, "Ready").as_deref(), Some("True"));
 
-    let (code, logs) = agent.get("/containerLogs/default/dbg/debug-ps").await?;
-    assert_eq!(code, 200, "{logs}");
+    let logs = bed.kubectl(&["logs", "dbg", "-c", "debug-ps"])?;
     let pid1 = logs.lines().find_map(|l| l.strip_prefix("pid1=")).context(logs.clone())?;
     assert!(pid1.starts_with("sh -c trap") && pid1.contains(MARKER), "pid 1 is not the target's: {logs}");
     assert!(logs.lines().any(|l| l.contains(MARKER) && l.trim_start().starts_with("1 ")), "ps shows no target: {logs}");
@@ -171,32 +196,53 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
     let own = "echo \"own-pid1=$(tr '\\0' ' ' < /proc/1/cmdline)\"; while read l; do echo \"got $l\"; done";
     let mut echo = debugger("debug-sh", None, own);
     echo["stdin"] = json!(true);
-    debug(&api, "dbg", echo).await?;
-    let p = eventually(&api, &agent, "dbg", "debug-sh running", |p| running(ephemeral(p, "debug-sh").as_ref())).await?;
+    debug(&bed, "dbg", echo).await?;
+    let p = eventually(&bed, "dbg", "debug-sh running", |p| running(ephemeral(p, "debug-sh").as_ref())).await?;
     // The sync that started it left the exited debugger alone, as every later one will.
     let d = ephemeral(&p, "debug-ps").context("status")?;
     assert!(!d["state"]["terminated"].is_null() && d["restartCount"] == 0, "{d}");
-    assert_eq!(containers_named(&cri, &uid, "debug-ps").await?.len(), 1, "debug-ps was started again");
-    assert_eq!(containers_named(&cri, &uid, "debug-sh").await?.len(), 1);
-    let (_, logs) = agent.get("/containerLogs/default/dbg/debug-sh").await?;
+    assert_eq!(containers_named(cri, &uid, "debug-ps").await?.len(), 1, "debug-ps was started again");
+    assert_eq!(containers_named(cri, &uid, "debug-sh").await?.len(), 1);
+    let logs = bed.kubectl(&["logs", "dbg", "-c", "debug-sh"])?;
     assert!(logs.starts_with("own-pid1=sh -c echo") && !logs.contains(MARKER), "{logs}");
 
     // Exec and attach find it by name, as any container.
-    let exec = "/exec/default/dbg/debug-sh?command=echo&command=exec-ok&output=1&error=1";
-    let mut ws = WsChannels::connect(agent.https_port, exec, &["v4.channel.k8s.io"]).await?;
-    let out = ws.collect(Duration::from_secs(30)).await?;
-    assert_eq!((out.stdout.as_str(), out.exit_code()?), ("exec-ok\n", 0), "{out:?}");
-    let attach = "/attach/default/dbg/debug-sh?input=1&output=1&error=1";
-    let mut ws = WsChannels::connect(agent.https_port, attach, &["v4.channel.k8s.io"]).await?;
-    ws.send(streaming::STDIN, b"ping\n").await?;
-    ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;
+    let out = bed.kubectl(&["exec", "dbg", "-c", "debug-sh", "--", "echo", "exec-ok"])?;
+    assert_eq!(out, "exec-ok\n");
+    let mut child = bed
+        .cluster
+        .kubectl_command(&["-n", &bed.ns, "attach", "-i", "dbg", "-c", "debug-sh"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    {
+        use std::io::Write as _;
+        // Held open until the echo is back: the attach session ends with the client's stdin.
+        stdin.write_all(b"ping\n")?;
+        stdin.flush()?;
+    }
+    let echoed = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            use std::io::BufRead as _;
+            std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("got ping"))
+        }),
+    )
+    .await;
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    ensure!(matches!(echoed, Ok(Ok(Some(_)))), "no echo through kubectl attach: {echoed:?}");
 
-    metric_is(&agent, "kubelet_started_containers_total{container_type=\"ephemeral_container\"}", 2.0).await?;
-    metric_is(&agent, "kubelet_managed_ephemeral_containers", 2.0).await?;
+    metric_is(agent, "kubelet_started_containers_total{container_type=\"ephemeral_container\"}", 2.0).await?;
+    metric_is(agent, "kubelet_managed_ephemeral_containers", 2.0).await?;
 
-    delete_and_check_stopped(&api, &cri, "dbg", &uid).await?;
-    metric_is(&agent, "kubelet_managed_ephemeral_containers", 0.0).await?;
-    agent.shutdown(&cri).await
+    delete_and_check_stopped(&bed, "dbg", &uid).await?;
+    metric_is(agent, "kubelet_managed_ephemeral_containers", 0.0).await?;
+    bed.node.leave(cri).await
 }
 
 /// A debugger starts while the pod's init container keeps failing (upstream starts them
@@ -205,42 +251,45 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
 #[tokio::test]
 async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = swiftlet_tests::api_mode_agent().await?;
+    let bed = Bed::join("debug-init").await?;
+    let (agent, cri) = (bed.agent(), &bed.cri);
     let failing_init = json!({"name": "init", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
                               "command": ["sh", "-c", "exit 1"]});
-    let created =
-        api.create(&pod("stuck", json!({"initContainers": [failing_init], "containers": [idler("app")]}))?)?;
+    let created = bed
+        .node
+        .create_pod(&bed.ns, pod("stuck", json!({"initContainers": [failing_init], "containers": [idler("app")]})))
+        .await?;
     let uid = created.metadata.uid.clone().context("uid")?;
-    eventually(&api, &agent, "stuck", "init failed once", |p| {
+    eventually(&bed, "stuck", "init failed once", |p| {
         status_of(p, "initContainerStatuses", "init").is_some_and(|c| c["restartCount"].as_i64() >= Some(1))
     })
     .await?;
-    debug(&api, "stuck", debugger("debug", None, "trap 'exit 0' TERM; while true; do sleep 1; done")).await?;
-    let p = eventually(&api, &agent, "stuck", "debugger running", |p| running(ephemeral(p, "debug").as_ref())).await?;
+    debug(&bed, "stuck", debugger("debug", None, "trap 'exit 0' TERM; while true; do sleep 1; done")).await?;
+    let p = eventually(&bed, "stuck", "debugger running", |p| running(ephemeral(p, "debug").as_ref())).await?;
     assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
     assert!(status_of(&p, "containerStatuses", "app").is_some_and(|c| c["state"]["running"].is_null()));
-    delete_and_check_stopped(&api, &cri, "stuck", &uid).await?;
+    delete_and_check_stopped(&bed, "stuck", &uid).await?;
 
     // A target that ran and exited (restartPolicy Never; the pod runs on with `app`).
     let short = json!({"name": "short", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent", "command": ["true"]});
     let spec = json!({"restartPolicy": "Never", "containers": [idler("app"), short]});
-    let created = api.create(&pod("gone", spec)?)?;
+    let created = bed.node.create_pod(&bed.ns, pod("gone", spec)).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
-    eventually(&api, &agent, "gone", "short exited", |p| {
+    eventually(&bed, "gone", "short exited", |p| {
         status_of(p, "containerStatuses", "short").is_some_and(|c| !c["state"]["terminated"].is_null())
     })
     .await?;
-    debug(&api, "gone", debugger("debug", Some("short"), "ps")).await?;
-    let p = eventually(&api, &agent, "gone", "debugger refused", |p| {
+    debug(&bed, "gone", debugger("debug", Some("short"), "ps")).await?;
+    let p = eventually(&bed, "gone", "debugger refused", |p| {
         ephemeral(p, "debug").is_some_and(|c| c["state"]["waiting"]["reason"] == "CreateContainerError")
     })
     .await?;
     let d = ephemeral(&p, "debug").context("status")?;
     assert!(d["state"]["waiting"]["message"].as_str().is_some_and(|m| m.contains("not running")), "{d}");
-    assert!(containers_named(&cri, &uid, "debug").await?.is_empty());
+    assert!(containers_named(cri, &uid, "debug").await?.is_empty());
     let errors = agent.metric_sum("kubelet_started_containers_errors_total", "code=\"CreateContainerError\"").await?;
     assert!(errors >= 1.0, "{errors}");
     assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
-    delete_and_check_stopped(&api, &cri, "gone", &uid).await?;
-    agent.shutdown(&cri).await
+    delete_and_check_stopped(&bed, "gone", &uid).await?;
+    bed.node.leave(cri).await
 }
