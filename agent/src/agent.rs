@@ -288,14 +288,12 @@ fn observed_sink(
     relist: GenericPleg,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
 ) -> ObservedSink {
+    // Runs for every kernel event: looks up the two names, copies neither the pod nor the
+    // runtime's pods.
     Arc::new(move |o: Observed| {
-        let pod = pods.get(&o.pod_uid);
+        let (pod_namespace, pod_name) = pods.namespace_and_name(&o.pod_uid).unwrap_or_default();
         let container_name = if o.container_name.is_empty() {
-            relist
-                .runtime_pods()
-                .get(&o.pod_uid)
-                .and_then(|p| p.containers.get(&o.container_id).map(|(n, _)| n.clone()))
-                .unwrap_or_default()
+            relist.container_name(&o.pod_uid, &o.container_id).unwrap_or_default()
         } else {
             o.container_name.clone()
         };
@@ -317,8 +315,8 @@ fn observed_sink(
         };
         bus.publish(NodeEvent {
             pod_uid: o.pod_uid,
-            pod_namespace: pod.as_ref().and_then(|p| p.metadata.namespace.clone()).unwrap_or_default(),
-            pod_name: pod.as_ref().and_then(|p| p.metadata.name.clone()).unwrap_or_default(),
+            pod_namespace,
+            pod_name,
             container_id: o.container_id,
             container_name,
             kernel_time_ns: Some(o.kernel_time_ns),

@@ -115,6 +115,14 @@ impl PodManager {
         self.inner.read().unwrap().pods.get(uid).cloned()
     }
 
+    /// The namespace and name of the desired pod `uid` (no pod is copied).
+    #[must_use]
+    pub fn namespace_and_name(&self, uid: &str) -> Option<(String, String)> {
+        let inner = self.inner.read().unwrap();
+        let pod = inner.pods.get(uid)?;
+        Some((pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default()))
+    }
+
     /// All desired pods, ordered by UID.
     #[must_use]
     pub fn pods(&self) -> Vec<Pod> {
@@ -190,6 +198,8 @@ mod tests {
         assert_eq!(m.uids(), ["a", "b", "s"].map(String::from).into_iter().collect());
         assert!(m.is_static("s"));
         assert!(!m.is_static("a"));
+        assert_eq!(m.namespace_and_name("a"), Some((String::new(), "a".into())));
+        assert_eq!(m.namespace_and_name("z"), None);
         assert!(!m.is_static("gone"));
         assert_eq!(m.counts(), (3, 1));
     }

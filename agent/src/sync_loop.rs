@@ -146,7 +146,13 @@ impl SyncLoop {
             self.resize_pod_removed(&pod);
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
-        for pod in changes.added {
+        // Oldest first, each admitted against the pods admitted before it (upstream
+        // `HandlePodAdditions`); the active pods are gathered once for the whole update,
+        // not once per pod.
+        let mut added = changes.added;
+        added.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+        let mut active: Option<Vec<k8s_openapi::api::core::v1::Pod>> = None;
+        for pod in added {
             tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
             let startup = self.runtime.startup_tracker();
             if let Some(t) = startup {
@@ -158,7 +164,13 @@ impl SyncLoop {
                 if let Some(root) = &root {
                     crate::telemetry::set_trace_parent(&span, root);
                 }
-                if !span.in_scope(|| self.admit(&pod)) {
+                let active = active.get_or_insert_with(|| self.active_pods());
+                // (A pod added again under its UID while its worker terminates it is not
+                // its own neighbour.)
+                active.retain(|p| p.metadata.uid != pod.metadata.uid);
+                if span.in_scope(|| self.admit(&pod, active)) {
+                    active.push(pod.clone());
+                } else {
                     crate::telemetry::record_error(&span, "rejected by admission");
                     if let (Some(t), Some(uid)) = (startup, pod.metadata.uid.as_deref()) {
                         t.end_trace(uid, crate::pod_startup::StartOutcome::Rejected);
@@ -216,31 +228,38 @@ impl SyncLoop {
         }
     }
 
-    /// Node admission (API mode, once the node is registered): a refused pod gets a
-    /// `Failed` status with the kubelet's reason and message and never runs.
-    fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    /// The admitted pods that still run (upstream `GetActivePods`): those with a worker
+    /// that have not reached a terminal phase. Pods of the update being handled are not
+    /// among them until admitted.
+    fn active_pods(&self) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let rejected = self.rejected.lock().unwrap();
+        let workers = self.workers.known_uids();
+        self.pod_manager
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                let u = p.metadata.uid.as_deref().unwrap_or_default();
+                workers.contains(u)
+                    && !rejected.contains(u)
+                    && !matches!(self.status.phase(u).as_deref(), Some("Succeeded" | "Failed"))
+            })
+            .collect()
+    }
+
+    /// Node admission (API mode, once the node is registered) next to the `active`
+    /// pods: a refused pod gets a `Failed` status with the kubelet's reason and message
+    /// and never runs.
+    fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod, active: &[k8s_openapi::api::core::v1::Pod]) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         // Node pressure first (upstream's eviction admit handler), API mode or not.
         if let Some(Err(r)) = self.eviction.get().map(|m| m.admit(pod)) {
             return self.reject(pod, &uid, r);
         }
-        let rejected = self.rejected.lock().unwrap().clone();
-        let active: Vec<_> = self
-            .pod_manager
-            .pods()
-            .into_iter()
-            .filter(|p| {
-                let u = p.metadata.uid.as_deref().unwrap_or_default();
-                u != uid
-                    && !rejected.contains(u)
-                    && !self.status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
-            })
-            .collect();
         // The admit handlers (topology manager: CPU, memory and device allocation) run
         // before the node-fit predicates, as upstream registers them: a pod asking for
         // more devices than are free is refused by the device manager.
         for h in &self.admit_handlers {
-            if let Err(r) = h.admit(pod, &active) {
+            if let Err(r) = h.admit(pod, active) {
                 return self.reject(pod, &uid, r);
             }
         }
@@ -248,7 +267,7 @@ impl SyncLoop {
             if let Some(update) = &self.update_plugin_resources {
                 update.update_plugin_resources(&mut node);
             }
-            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, &active) {
+            if let Err(r) = crate::lifecycle::admission::admit(pod, &node, active) {
                 return self.reject(pod, &uid, r);
             }
         }
@@ -694,5 +713,39 @@ mod tests {
         assert_eq!(e.cgroup_calls(|c| *c == FakeCall::RemovePodCgroup("u-new".into())), 0);
         assert!(new_dir.exists() && new_logs.exists(), "the new pod's directories were swept");
         e.stop.cancel();
+    }
+
+    /// Pods that arrive in one update are admitted in order, each against the pods
+    /// admitted before it (upstream `HandlePodAdditions`), not against the later pods of
+    /// the same update: of two pods that each want 60 % of the node's CPU, the first runs
+    /// and the second is refused.
+    #[tokio::test]
+    async fn pods_of_one_update_are_admitted_in_order() {
+        let mut e = env().await;
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "1", "memory": "1Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        e.sync_loop.node = Some(Arc::new(std::sync::RwLock::new(Some(node))));
+        let wants_600m = |uid: &str, created: &str| {
+            let mut p = static_pod(uid);
+            p.metadata.name = Some(uid.to_owned());
+            p.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
+            p.spec.as_mut().unwrap().containers[0].resources = Some(
+                serde_json::from_value(serde_json::json!({
+                    "requests": {"cpu": "600m"}
+                }))
+                .unwrap(),
+            );
+            p
+        };
+        let pods = vec![wants_600m("first", "2026-01-01T00:00:00Z"), wants_600m("second", "2026-01-01T00:00:01Z")];
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods });
+        let reason = |uid: &str| e.sync_loop.status.get(uid).and_then(|s| s.reason);
+        assert_eq!(reason("first"), None, "the first pod is admitted");
+        assert_eq!(reason("second").as_deref(), Some("OutOfcpu"));
+        assert!(e.sync_loop.workers.known_uids().contains("first"));
     }
 }

@@ -120,6 +120,13 @@ impl GenericPleg {
         self.shared.read().unwrap().pods.clone()
     }
 
+    /// The name of container `id` of pod `pod_uid` as of the last relist, without
+    /// copying the snapshot (called for every kernel event).
+    #[must_use]
+    pub fn container_name(&self, pod_uid: &str, id: &str) -> Option<String> {
+        self.shared.read().unwrap().pods.get(pod_uid)?.containers.get(id).map(|(name, _)| name.clone())
+    }
+
     /// Whether at least one relist has completed.
     #[must_use]
     pub fn has_relisted(&self) -> bool {
@@ -261,6 +268,22 @@ mod tests {
             vec![(ContainerDied, "c2".into()), (ContainerRemoved, "c2".into()), (ContainerRemoved, "s".into())]
         );
         assert!(diff(&c, &c).is_empty());
+    }
+
+    /// The evented PLEG's observations name containers from the last listing (once per
+    /// kernel event: looked up in place, the snapshot is not copied).
+    #[test]
+    fn container_names_come_from_the_last_listing() {
+        let pleg = GenericPleg::new(
+            Arc::new(FakeRuntime::default()),
+            Arc::new(KubeletMetrics::unregistered()),
+            RELIST_PERIOD,
+            RELIST_THRESHOLD,
+        );
+        pleg.shared.write().unwrap().pods.insert("u".into(), pod(&[("c1", ContainerState::Running)], &[]));
+        assert_eq!(pleg.container_name("u", "c1").as_deref(), Some("c"));
+        assert_eq!(pleg.container_name("u", "c2"), None);
+        assert_eq!(pleg.container_name("v", "c1"), None);
     }
 
     #[tokio::test(start_paused = true)]
