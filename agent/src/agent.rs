@@ -1128,7 +1128,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     }
     let (pod_manager_view, status_view) = (pod_manager.clone(), status.clone());
     let sources = pod_manager.clone();
-    managers.topology.set_sources_ready(Box::new(move || sources.sources_ready()));
+    managers.topology.set_sources_ready(Box::new(move || sources.sources_handled()));
     let sync_loop = SyncLoop {
         pod_manager,
         workers,

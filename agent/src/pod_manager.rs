@@ -30,6 +30,8 @@ struct Inner {
     pods: BTreeMap<String, Pod>,
     by_source: HashMap<&'static str, BTreeSet<String>>,
     ready_sources: BTreeSet<&'static str>,
+    /// Sources whose first snapshot the sync loop has finished handling.
+    handled_sources: BTreeSet<&'static str>,
 }
 
 /// Desired pods; cheap to clone (shared).
@@ -108,6 +110,24 @@ impl PodManager {
     pub fn sources_ready(&self) -> bool {
         let inner = self.inner.read().unwrap();
         self.expected_sources.iter().all(|s| inner.ready_sources.contains(s))
+    }
+
+    /// The sync loop has handled every snapshot applied so far (upstream marks a source
+    /// in the kubelet's `sourcesReady` after `HandlePodAdditions`, not before).
+    pub fn mark_handled(&self) {
+        let mut inner = self.inner.write().unwrap();
+        let ready = inner.ready_sources.clone();
+        inner.handled_sources.extend(ready);
+    }
+
+    /// Whether the first snapshot of every expected source has been handled (upstream's
+    /// kubelet `sourcesReady.AllReady()`): while the first one is being admitted, the
+    /// resource managers must not take a pod that is not admitted yet for a gone one and
+    /// release what it holds (after an agent restart, pods are admitted again one by one).
+    #[must_use]
+    pub fn sources_handled(&self) -> bool {
+        let inner = self.inner.read().unwrap();
+        self.expected_sources.iter().all(|s| inner.handled_sources.contains(s))
     }
 
     #[must_use]

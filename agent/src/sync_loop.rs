@@ -191,6 +191,7 @@ impl SyncLoop {
             let kind = deletion_or(&pod, WorkType::Update);
             self.workers.update_pod(pod, kind);
         }
+        self.pod_manager.mark_handled();
         self.update_pod_count_metrics();
         if any_change {
             self.update_qos_cgroups();
@@ -747,5 +748,67 @@ mod tests {
         assert_eq!(reason("first"), None, "the first pod is admitted");
         assert_eq!(reason("second").as_deref(), Some("OutOfcpu"));
         assert!(e.sync_loop.workers.known_uids().contains("first"));
+    }
+
+    /// Records, for each pod it admits, the pods it was shown and whether the pod
+    /// manager said the sources were handled.
+    #[derive(Debug, Default)]
+    struct Witness {
+        pods: PodManager,
+        seen: Mutex<Vec<(String, Vec<String>, bool)>>,
+    }
+
+    impl crate::lifecycle::admission::PodAdmitHandler for Witness {
+        fn admit(&self, pod: &Pod, active: &[Pod]) -> Result<(), crate::lifecycle::admission::Rejection> {
+            let names = active.iter().filter_map(|p| p.metadata.name.clone()).collect();
+            self.seen.lock().unwrap().push((
+                pod.metadata.name.clone().unwrap_or_default(),
+                names,
+                self.pods.sources_handled(),
+            ));
+            Ok(())
+        }
+    }
+
+    /// After an agent restart the first snapshot brings back every pod: while it is
+    /// admitted (oldest first, each next to those admitted before it) the sources do not
+    /// count as handled, so that the resource managers keep what the later pods hold
+    /// (upstream adds a source to `sourcesReady` after `HandlePodAdditions`). They count
+    /// as handled from the next update on.
+    #[tokio::test]
+    async fn sources_count_as_handled_only_after_their_first_snapshot_is_admitted() {
+        let mut e = env().await;
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": "4", "memory": "1Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        e.sync_loop.node = Some(Arc::new(std::sync::RwLock::new(Some(node))));
+        // A freshly started agent: no snapshot seen yet.
+        e.sync_loop.pod_manager = PodManager::new(&[FILE_SOURCE]);
+        let witness = Arc::new(Witness { pods: e.sync_loop.pod_manager.clone(), ..Witness::default() });
+        e.sync_loop.admit_handlers.push(witness.clone());
+        let pod = |name: &str, created: &str| {
+            let mut p = static_pod(name);
+            p.metadata.name = Some(name.to_owned());
+            p.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
+            p
+        };
+        let first = vec![pod("b", "2026-01-01T00:00:01Z"), pod("a", "2026-01-01T00:00:00Z")];
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: first.clone() });
+        let mut second = first;
+        second.push(pod("c", "2026-01-01T00:00:02Z"));
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: second });
+        let seen = witness.seen.lock().unwrap().clone();
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            seen,
+            vec![
+                ("a".to_owned(), s(&[]), false),
+                ("b".to_owned(), s(&["a"]), false),
+                ("c".to_owned(), s(&["a", "b"]), true),
+            ]
+        );
     }
 }

@@ -1,41 +1,54 @@
 //! End-to-end tests of device plugins: the test device plugin
 //! (`swiftlet_tests::device_plugin`) registers with a real `swiftlet` joined to the test
-//! API server; the node reports its devices, pods requesting them run in the real
+//! bed's real control plane; the node reports its devices, pods requesting them run in the real
 //! containerd of the test bed with the device nodes, environment and mount the plugin
 //! asked for, over-requests are refused as upstream refuses them, and allocations
 //! survive an agent restart.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
-use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::cluster::{Cluster, ClusterNode, phase as pod_phase};
 use swiftlet_tests::device_plugin::{TestDevicePlugin, TestDevicePluginOptions};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
-const NODE: &str = "e2e-node";
 const RES: &str = "swiftlet.test/fake";
 
-async fn setup() -> Result<(TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        extra_config: "nodeStatusUpdateFrequency: 1s\n".into(),
-        ..AgentOptions::default()
-    })
-    .await?;
-    Ok((api, agent, cri))
+/// One test's node (reporting its status every second) and namespace.
+struct Bed {
+    cluster: Cluster,
+    node: ClusterNode,
+    ns: String,
 }
 
-fn device_pod(name: &str, count: u32) -> Pod {
-    serde_json::from_value(json!({
+async fn setup(test: &str) -> Result<(Bed, Cri)> {
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let opts = AgentOptions { extra_config: "nodeStatusUpdateFrequency: 1s\n".into(), ..AgentOptions::default() };
+    let mut node = cluster.join(test, opts).await?;
+    let ns = node.namespace(test).await?;
+    Ok((Bed { cluster, node, ns }, cri))
+}
+
+impl Bed {
+    fn agent(&self) -> &Agent {
+        &self.node.agent
+    }
+
+    async fn create(&self, pod: serde_json::Value) -> Result<Pod> {
+        self.node.create_pod(&self.ns, pod).await
+    }
+}
+
+fn device_pod(name: &str, count: u32) -> serde_json::Value {
+    json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": {
-            "nodeName": NODE,
             "terminationGracePeriodSeconds": 2,
             "containers": [{
                 "name": "main",
@@ -45,44 +58,36 @@ fn device_pod(name: &str, count: u32) -> Pod {
                 "resources": {"limits": {RES: count.to_string()}}
             }]
         }
-    }))
-    .unwrap()
+    })
 }
 
 fn phase(p: &Pod) -> Option<&str> {
-    p.status.as_ref()?.phase.as_deref()
+    Some(pod_phase(p)).filter(|p| !p.is_empty())
 }
 
-async fn wait_pod(api: &TestApiServer, name: &str, pred: impl Fn(&Pod) -> bool) -> Result<Pod> {
-    let p = api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| p.is_some_and(&pred)).await?;
-    Ok(p.expect("present"))
+async fn wait_pod(bed: &Bed, name: &str, pred: impl Fn(&Pod) -> bool) -> Result<Pod> {
+    bed.node.eventually_pod(&bed.ns, name, Duration::from_mins(1), name, pred).await
 }
 
 /// Waits until the node reports `capacity` and `allocatable` of the fake resource.
-async fn wait_node_devices(api: &TestApiServer, capacity: &str, allocatable: &str) -> Result<()> {
-    let get = |n: &Node,
-               f: fn(
-        &k8s_openapi::api::core::v1::NodeStatus,
-    ) -> Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-        n.status.as_ref().and_then(f).and_then(|m| m.get(RES)).map(|q| q.0.clone())
-    };
-    let r = api
-        .wait_for::<Node>(None, NODE, Duration::from_secs(30), |n| {
-            n.is_some_and(|n| {
-                get(n, |s| s.capacity.as_ref()).as_deref() == Some(capacity)
-                    && get(n, |s| s.allocatable.as_ref()).as_deref() == Some(allocatable)
-            })
-        })
-        .await;
-    if r.is_err() {
-        let n = api.get::<Node>(None, NODE);
-        anyhow::bail!(
-            "node never reported {RES} capacity {capacity} / allocatable {allocatable}: {:?} / {:?}",
-            n.as_ref().and_then(|n| get(n, |s| s.capacity.as_ref())),
-            n.as_ref().and_then(|n| get(n, |s| s.allocatable.as_ref()))
+async fn wait_node_devices(bed: &Bed, capacity: &str, allocatable: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = bed.node.node().await?.and_then(|n| n.status).unwrap_or_default();
+        let get = |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.and_then(|m| m.get(RES)).map(|q| q.0.clone())
+        };
+        let (c, a) = (get(status.capacity.as_ref()), get(status.allocatable.as_ref()));
+        if c.as_deref() == Some(capacity) && a.as_deref() == Some(allocatable) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "node never reported {RES} capacity {capacity} / allocatable {allocatable}: {c:?} / {a:?}\n{}",
+            tail(&bed.agent().log(), 30)
         );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Ok(())
 }
 
 async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
@@ -105,12 +110,17 @@ async fn env(cri: &Cri, id: &str, name: &str) -> Result<String> {
     exec(cri, id, &["sh", "-c", &format!("echo \"${name}\"")]).await
 }
 
-async fn delete_and_wait(api: &TestApiServer, names: &[&str]) -> Result<()> {
+async fn delete_and_wait(bed: &Bed, names: &[&str]) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(bed.cluster.client(), &bed.ns);
     for n in names {
-        api.delete::<Pod>(Some("default"), n, Some(0))?;
+        pods.delete(n, &DeleteParams::default().grace_period(0)).await?;
     }
+    let deadline = Instant::now() + Duration::from_mins(1);
     for n in names {
-        api.wait_for::<Pod>(Some("default"), n, Duration::from_mins(1), |p| p.is_none()).await?;
+        while pods.get_opt(n).await?.is_some() {
+            ensure!(Instant::now() < deadline, "{n} not removed in a minute\n{}", tail(&bed.agent().log(), 30));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     Ok(())
 }
@@ -122,7 +132,8 @@ async fn delete_and_wait(api: &TestApiServer, names: &[&str]) -> Result<()> {
 #[tokio::test]
 async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, agent, cri) = setup().await?;
+    let (bed, cri) = setup("devices").await?;
+    let agent = bed.agent();
     let shared = tempfile::tempdir()?;
     std::fs::write(shared.path().join("hello"), "from the plugin\n")?;
     let plugin = TestDevicePlugin::start(
@@ -135,13 +146,13 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
         },
     )
     .await?;
-    wait_node_devices(&api, "2", "2").await?;
+    wait_node_devices(&bed, "2", "2").await?;
     let registrations =
         agent.metric(&format!("kubelet_device_plugin_registration_total{{resource_name=\"{RES}\"}}")).await?;
     assert!((registrations - 1.0).abs() < f64::EPSILON, "registrations: {registrations}");
 
-    let uid = api.create(&device_pod("one", 1))?.metadata.uid.unwrap();
-    wait_pod(&api, "one", |p| phase(p) == Some("Running")).await?;
+    let uid = bed.create(device_pod("one", 1)).await?.metadata.uid.context("uid")?;
+    wait_pod(&bed, "one", |p| phase(p) == Some("Running")).await?;
     // The agent asked for the plugin's preference (the highest device) and got it.
     assert_eq!(plugin.preferred_requests().len(), 1);
     assert_eq!(plugin.allocations(), vec![vec!["dev-1".to_string()]]);
@@ -167,8 +178,8 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     );
 
     // One device left: asking for two is refused by the device manager, as upstream.
-    let greedy_uid = api.create(&device_pod("greedy", 2))?.metadata.uid.unwrap();
-    let p = wait_pod(&api, "greedy", |p| phase(p) == Some("Failed")).await?;
+    let greedy_uid = bed.create(device_pod("greedy", 2)).await?.metadata.uid.context("uid")?;
+    let p = wait_pod(&bed, "greedy", |p| phase(p) == Some("Failed")).await?;
     let st = p.status.unwrap();
     assert_eq!(st.reason.as_deref(), Some("UnexpectedAdmissionError"));
     assert_eq!(
@@ -182,15 +193,15 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
 
     // Health: an unhealthy device leaves allocatable, not capacity.
     plugin.set_healthy(0, false);
-    wait_node_devices(&api, "2", "1").await?;
+    wait_node_devices(&bed, "2", "1").await?;
     plugin.set_healthy(0, true);
-    wait_node_devices(&api, "2", "2").await?;
+    wait_node_devices(&bed, "2", "2").await?;
     // A plugin that stops: its devices are unhealthy (capacity kept for the grace period).
     plugin.stop().await;
-    wait_node_devices(&api, "2", "0").await?;
+    wait_node_devices(&bed, "2", "0").await?;
 
-    delete_and_wait(&api, &["one", "greedy"]).await?;
-    agent.shutdown(&cri).await
+    delete_and_wait(&bed, &["one", "greedy"]).await?;
+    bed.node.leave(&cri).await
 }
 
 /// The agent restarts (SIGTERM, start again): the running pod keeps its container and its
@@ -199,12 +210,12 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
 #[tokio::test]
 async fn agent_restart_keeps_device_allocations() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, mut agent, cri) = setup().await?;
-    let dir = agent.root_dir.join("device-plugins");
+    let (mut bed, cri) = setup("device-restart").await?;
+    let dir = bed.agent().root_dir.join("device-plugins");
     let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&api, "2", "2").await?;
-    let uid = api.create(&device_pod("keeper", 1))?.metadata.uid.unwrap();
-    wait_pod(&api, "keeper", |p| phase(p) == Some("Running")).await?;
+    wait_node_devices(&bed, "2", "2").await?;
+    let uid = bed.create(device_pod("keeper", 1)).await?.metadata.uid.context("uid")?;
+    wait_pod(&bed, "keeper", |p| phase(p) == Some("Running")).await?;
     let id = running_container(&cri, &uid).await?;
     assert_eq!(env(&cri, &id, "FAKE_DEVICES").await?, "dev-1");
     let checkpoint = std::fs::read_to_string(dir.join("kubelet_internal_checkpoint"))?;
@@ -217,53 +228,53 @@ async fn agent_restart_keeps_device_allocations() -> Result<()> {
         "{checkpoint}"
     );
 
-    agent.stop()?;
-    agent.spawn().await?;
+    bed.node.agent.stop()?;
+    bed.node.agent.spawn().await?;
     // The plugin sees kubelet.sock created again and registers again.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while plugin.registrations() < 2 {
         ensure!(tokio::time::Instant::now() < deadline, "the plugin did not register again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_node_devices(&api, "2", "2").await?;
+    wait_node_devices(&bed, "2", "2").await?;
     // The running container was left alone: same container, still running.
     assert_eq!(running_container(&cri, &uid).await?, id);
     let allocations_before = plugin.allocations().len();
 
     // dev-1 is still taken (restored from the checkpoint): a new pod gets dev-0.
-    let second = api.create(&device_pod("second", 1))?.metadata.uid.unwrap();
-    wait_pod(&api, "second", |p| phase(p) == Some("Running")).await?;
+    let second = bed.create(device_pod("second", 1)).await?.metadata.uid.context("uid")?;
+    wait_pod(&bed, "second", |p| phase(p) == Some("Running")).await?;
     let id2 = running_container(&cri, &second).await?;
     assert_eq!(env(&cri, &id2, "FAKE_DEVICES").await?, "dev-0");
     assert_eq!(plugin.allocations()[allocations_before..], [vec!["dev-0".to_string()]]);
     // And nothing is left for a third.
-    api.create(&device_pod("third", 1))?;
-    let p = wait_pod(&api, "third", |p| phase(p) == Some("Failed")).await?;
+    bed.create(device_pod("third", 1)).await?;
+    let p = wait_pod(&bed, "third", |p| phase(p) == Some("Failed")).await?;
     assert_eq!(p.status.unwrap().reason.as_deref(), Some("UnexpectedAdmissionError"));
 
     // Restart again with the plugin gone: the pods holding devices are admitted again
     // (the node-fit check counts their held devices) and keep running; the resource is
     // known with no devices until a plugin registers.
     plugin.stop().await;
-    wait_node_devices(&api, "2", "0").await?;
-    agent.stop()?;
-    agent.spawn().await?;
-    wait_node_devices(&api, "0", "0").await?;
+    wait_node_devices(&bed, "2", "0").await?;
+    bed.node.agent.stop()?;
+    bed.node.agent.spawn().await?;
+    wait_node_devices(&bed, "0", "0").await?;
     for (name, uid, id) in [("keeper", &uid, &id), ("second", &second, &id2)] {
-        let p = wait_pod(&api, name, |p| phase(p).is_some()).await?;
+        let p = wait_pod(&bed, name, |p| phase(p).is_some()).await?;
         assert_eq!(phase(&p), Some("Running"), "{name} was admitted again");
         assert_eq!(&running_container(&cri, uid).await?, id, "{name} kept its container");
     }
     let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&api, "2", "2").await?;
-    api.create(&device_pod("fourth", 1))?;
-    let p = wait_pod(&api, "fourth", |p| phase(p) == Some("Failed")).await?;
+    wait_node_devices(&bed, "2", "2").await?;
+    bed.create(device_pod("fourth", 1)).await?;
+    let p = wait_pod(&bed, "fourth", |p| phase(p) == Some("Failed")).await?;
     assert_eq!(p.status.unwrap().reason.as_deref(), Some("UnexpectedAdmissionError"));
     assert!(plugin.allocations().is_empty(), "the new plugin was asked for nothing");
 
-    delete_and_wait(&api, &["keeper", "second", "third", "fourth"]).await?;
+    delete_and_wait(&bed, &["keeper", "second", "third", "fourth"]).await?;
     plugin.stop().await;
-    agent.shutdown(&cri).await
+    bed.node.leave(&cri).await
 }
 
 /// Standalone (static pod): with two devices, an init container and the app container
@@ -315,15 +326,15 @@ spec:
 #[tokio::test]
 async fn a_wiped_node_zeroes_stale_extended_resources() -> Result<()> {
     let _g = testbed_lock().await;
-    let (api, mut agent, cri) = setup().await?;
-    let dir = agent.root_dir.join("device-plugins");
+    let (mut bed, cri) = setup("device-wiped").await?;
+    let dir = bed.agent().root_dir.join("device-plugins");
     let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&api, "2", "2").await?;
+    wait_node_devices(&bed, "2", "2").await?;
     plugin.stop().await;
-    wait_node_devices(&api, "2", "0").await?;
-    agent.stop()?;
+    wait_node_devices(&bed, "2", "0").await?;
+    bed.node.agent.stop()?;
     std::fs::remove_file(dir.join("kubelet_internal_checkpoint"))?;
-    agent.spawn().await?;
-    wait_node_devices(&api, "0", "0").await?;
-    agent.shutdown(&cri).await
+    bed.node.agent.spawn().await?;
+    wait_node_devices(&bed, "0", "0").await?;
+    bed.node.leave(&cri).await
 }
