@@ -47,9 +47,35 @@ pub fn cri_endpoint() -> Result<String> {
 
 static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Serializes tests that use the shared test bed.
-pub async fn testbed_lock() -> tokio::sync::MutexGuard<'static, ()> {
-    LOCK.lock().await
+/// The file whose `flock` serializes test processes on one test bed.
+const CROSS_PROCESS_LOCK: &str = "/run/swiftlet-testbed/e2e.lock";
+
+/// Held while a test uses the shared test bed: the lock of the tests of this process,
+/// and an exclusive `flock` that keeps out the tests of other processes (two test
+/// binaries run at once, say, by two developers' `cargo test` on one machine). Agents
+/// share one containerd, and an agent stops the pods in it that are not its own: two
+/// tests at once would kill each other's pods.
+#[derive(Debug)]
+pub struct TestbedGuard {
+    _in_process: tokio::sync::MutexGuard<'static, ()>,
+    _across_processes: Option<std::fs::File>,
+}
+
+/// Serializes tests that use the shared test bed, within this process and across
+/// processes (see [`TestbedGuard`]). Without a test bed there is nothing to share and
+/// only the in-process lock is taken.
+pub async fn testbed_lock() -> TestbedGuard {
+    let in_process = LOCK.lock().await;
+    let across = tokio::task::spawn_blocking(|| {
+        use std::os::fd::AsRawFd as _;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(CROSS_PROCESS_LOCK).ok()?;
+        // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
+        (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0).then_some(file)
+    })
+    .await
+    .ok()
+    .flatten();
+    TestbedGuard { _in_process: in_process, _across_processes: across }
 }
 
 /// The `swiftlet` binary built next to the test executables (`target/<profile>/swiftlet`),
