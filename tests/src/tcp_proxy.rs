@@ -22,6 +22,7 @@ pub struct TcpProxy {
     /// Bumped by [`TcpProxy::cut`]: connections of an older generation close.
     generation: watch::Sender<u64>,
     accepted: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
     refusing: Arc<AtomicBool>,
     stop: CancellationToken,
 }
@@ -37,10 +38,12 @@ impl TcpProxy {
         let (stalled, _) = watch::channel(false);
         let (generation, _) = watch::channel(0u64);
         let accepted = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(AtomicU64::new(0));
         let refusing = Arc::new(AtomicBool::new(false));
         let stop = CancellationToken::new();
         let (st, gen_, acc, refuse, stop2) =
             (stalled.clone(), generation.clone(), accepted.clone(), refusing.clone(), stop.clone());
+        let refused_count = refused.clone();
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
@@ -49,6 +52,7 @@ impl TcpProxy {
                 };
                 if refuse.load(Ordering::SeqCst) {
                     drop(client);
+                    refused_count.fetch_add(1, Ordering::SeqCst);
                     continue;
                 }
                 acc.fetch_add(1, Ordering::SeqCst);
@@ -69,7 +73,7 @@ impl TcpProxy {
                 });
             }
         });
-        Ok(Self { addr, stalled, generation, accepted, refusing, stop })
+        Ok(Self { addr, stalled, generation, accepted, refused, refusing, stop })
     }
 
     /// Stops (true) or resumes (false) moving bytes on every connection, new ones too.
@@ -91,6 +95,12 @@ impl TcpProxy {
     #[must_use]
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed at once while refusing, so far.
+    #[must_use]
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 }
 
@@ -183,5 +193,6 @@ mod tests {
         proxy.refuse(true);
         let mut refused = TcpStream::connect(proxy.addr).await.unwrap();
         assert_eq!(roundtrip(&mut refused, b"x").await, None);
+        assert_eq!((proxy.accepted(), proxy.refused()), (2, 1));
     }
 }

@@ -1,15 +1,20 @@
-//! The HTTPS API's authentication and authorization against the test API server, as a
-//! cluster runs them: `TokenReview` and `SubjectAccessReview` over real HTTP through the
-//! real `kube` client. The agent itself needs containerd to start, so the server is built
-//! in-process from the swiftlet library, from a `KubeletConfiguration` file (v1beta1
-//! defaults: webhook authentication and authorization on) and with the test API server's
-//! client; no containerd is involved.
+//! The HTTPS API's authentication and authorization against the test bed's real
+//! kube-apiserver, as a cluster runs them: `TokenReview` and `SubjectAccessReview` over
+//! real HTTP through the real `kube` client, with service-account tokens the API server
+//! issued and the cluster's RBAC deciding. The agent itself needs containerd to start,
+//! so the server is built in-process from the swiftlet library, from a
+//! `KubeletConfiguration` file (v1beta1 defaults: webhook authentication and
+//! authorization on); it reviews with a service account allowed to (the rights of
+//! `system:auth-delegator`), as a kubelet reviews with its node's.
 //!
 //! The matrix: every endpoint × {no credentials, a certificate from another CA, a good
-//! certificate whose user is not authorized, a good authorized certificate, an authorized
-//! token, an unauthorized token, an unknown token, a token allowed only `nodes/proxy`} ×
-//! anonymous access off and on; the status must be upstream's (401, 403, 200, or 404 for
-//! paths this server does not serve yet, after authorization as upstream would).
+//! certificate whose user is not authorized, a good certificate authorized through its
+//! group, an authorized token, an unauthorized token, an unknown token, a token allowed
+//! only `nodes/proxy`} × anonymous access off and on; the status must be upstream's (401,
+//! 403, 200, or 404 for paths this server does not serve yet, after authorization as
+//! upstream would). The number of reviews the API server answered (its
+//! `apiserver_request_total`) shows the agent's caching: one review per token and per
+//! (user, verb, subresource).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -17,12 +22,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 use clap::Parser as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
 use swiftlet::server::{Endpoints, FakePods, SELF_SIGNED_CERT_FILE, Server, ServerSettings};
-use swiftlet_tests::apiserver::{Authorizer, Failure, Options, TestApiServer, UserInfo};
+use swiftlet_tests::cluster::Cluster;
+use swiftlet_tests::tcp_proxy::TcpProxy;
+use swiftlet_tests::testbed_lock;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-1";
@@ -77,8 +84,8 @@ impl Drop for Kubelet {
 
 impl Kubelet {
     /// The server of a config file with `authentication`/`authorization` as given (the
-    /// rest v1beta1 defaults), the client CA `ca` and `api`'s client.
-    async fn start(api: &TestApiServer, ca: &TestCa, config_yaml: &str) -> Result<Self> {
+    /// rest v1beta1 defaults), the client CA `ca`, reviewing with `client`.
+    fn start(client: kube::Client, ca: &TestCa, config_yaml: &str) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ca_file = dir.path().join("client-ca.crt");
         std::fs::write(&ca_file, &ca.pem)?;
@@ -105,7 +112,7 @@ impl Kubelet {
         let endpoints = Endpoints::new(Arc::new(FakePods::default()), Arc::default())
             .metrics_endpoint("/metrics/cadvisor", Arc::default())
             .route("/stats/summary", summary)
-            .api_client(api.client().await?);
+            .api_client(client);
         let server = Server::new(settings, endpoints)?;
         let https = server.https_addr().context("HTTPS API bound")?;
         let shutdown = CancellationToken::new();
@@ -199,28 +206,164 @@ fn expected(credentials: Credentials, anonymous: bool, method: &str, subresource
     }
 }
 
-/// The RBAC of the test cluster, as `nodes/<subresource>` rules.
-fn cluster_rbac() -> Authorizer {
-    Authorizer::node_rules(&[
-        ("alice", "*", "*"),
-        ("kubelet-api-admins", "*", "*"),
-        ("carol", "get", "proxy"),
-        ("system:unauthenticated", "get", "healthz"),
-        ("system:serviceaccount:monitoring:prometheus", "get", "metrics"),
-    ])
+/// The label of the cluster-scoped RBAC objects these tests make.
+const RBAC_LABEL: &str = "swiftlet.dev/e2e=server-auth";
+
+/// The service accounts of the test namespace: four users, and the one the kubelet
+/// reviews with.
+const ACCOUNTS: [&str; 5] = ["alice", "bob", "carol", "prometheus", "delegate"];
+
+/// `kubectl apply` of `yaml`.
+fn apply(cluster: &Cluster, yaml: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut child = cluster
+        .kubectl_command(&["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
 }
 
-async fn api_server() -> Result<TestApiServer> {
-    let tokens: std::collections::HashMap<String, UserInfo> = [
-        ("alice-token", UserInfo::new("alice", &["team-a"])),
-        ("bob-token", UserInfo::new("bob", &["team-b"])),
-        ("carol-token", UserInfo::new("carol", &[])),
-        ("prometheus-token", UserInfo::new("system:serviceaccount:monitoring:prometheus", &["system:serviceaccounts"])),
-    ]
-    .into_iter()
-    .map(|(t, u)| (t.to_owned(), u))
-    .collect();
-    Ok(TestApiServer::start(Options { tokens, authorizer: cluster_rbac(), ..Options::default() }).await?)
+/// A `ClusterRole` of one rule and its binding to `subjects`.
+fn role_and_binding(role: &str, group: &str, resource: &str, verbs: &str, subjects: &str) -> String {
+    format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: e2e-server-auth-{role}, labels: {{swiftlet.dev/e2e: server-auth}}}}
+rules: [{{apiGroups: [\"{group}\"], resources: [\"{resource}\"], verbs: [{verbs}]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: e2e-server-auth-{role}, labels: {{swiftlet.dev/e2e: server-auth}}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: e2e-server-auth-{role}}}
+subjects: {subjects}
+---
+"
+    )
+}
+
+/// The test's users and RBAC on the real cluster.
+struct Fixture {
+    cluster: Cluster,
+    ns: String,
+    tokens: BTreeMap<&'static str, String>,
+}
+
+impl Fixture {
+    /// Service accounts with their tokens, and the cluster's RBAC for the kubelet API:
+    /// alice and the group `kubelet-api-admins` are bound to `system:kubelet-api-admin`
+    /// (everything the kubelet API asks for), carol may
+    /// `get nodes/proxy`, prometheus `get nodes/metrics`, the unauthenticated
+    /// `get nodes/healthz`; bob nothing. The reviewer's rights come with
+    /// [`Fixture::allow_reviews`].
+    async fn new() -> Result<Self> {
+        let cluster = Cluster::connect().await?;
+        // What a failed run left.
+        cluster.kubectl_ok(&["delete", "clusterrole,clusterrolebinding", "-l", RBAC_LABEL, "--ignore-not-found"])?;
+        let ns = cluster.namespace("server-auth").await?;
+        let mut tokens = BTreeMap::new();
+        for sa in ACCOUNTS {
+            cluster.kubectl_ok(&["-n", &ns, "create", "serviceaccount", sa])?;
+            let token = cluster.kubectl_ok(&["-n", &ns, "create", "token", sa, "--duration=1h"])?;
+            tokens.insert(sa, token.trim().to_owned());
+        }
+        let sa = |name: &str| format!("[{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]");
+        // The built-in role for the API server's access to kubelets (its fine-grained
+        // subresources too).
+        let mut yaml = format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: e2e-server-auth-admins, labels: {{swiftlet.dev/e2e: server-auth}}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: \"system:kubelet-api-admin\"}}
+subjects: [{{kind: ServiceAccount, name: alice, namespace: {ns}}}, {{apiGroup: rbac.authorization.k8s.io, kind: Group, name: kubelet-api-admins}}]
+---
+"
+        );
+        yaml += &role_and_binding("proxy", "", "nodes/proxy", "get", &sa("carol"));
+        yaml += &role_and_binding("metrics", "", "nodes/metrics", "get", &sa("prometheus"));
+        yaml += &role_and_binding(
+            "healthz",
+            "",
+            "nodes/healthz",
+            "get",
+            "[{apiGroup: rbac.authorization.k8s.io, kind: Group, name: \"system:unauthenticated\"}]",
+        );
+        apply(&cluster, &yaml)?;
+        Ok(Self { cluster, ns, tokens })
+    }
+
+    /// Lets the reviewing account create `TokenReviews` (`tokens`) and
+    /// `SubjectAccessReviews` (`access`).
+    fn allow_reviews(&self, tokens: bool, access: bool) -> Result<()> {
+        let sa = format!("[{{kind: ServiceAccount, name: delegate, namespace: {}}}]", self.ns);
+        let mut yaml = String::new();
+        if tokens {
+            yaml += &role_and_binding("tokenreviews", "authentication.k8s.io", "tokenreviews", "create", &sa);
+        }
+        if access {
+            yaml += &role_and_binding("sar", "authorization.k8s.io", "subjectaccessreviews", "create", &sa);
+        }
+        apply(&self.cluster, &yaml)
+    }
+
+    fn token(&self, sa: &str) -> &str {
+        self.tokens.get(sa).map_or("", String::as_str)
+    }
+
+    fn user(&self, sa: &str) -> String {
+        format!("system:serviceaccount:{}:{sa}", self.ns)
+    }
+
+    /// The reviewing client, reaching the API server at `server` (its own address, or a
+    /// proxy in front of it).
+    fn reviewer(&self, server: &str) -> Result<kube::Client> {
+        let ca = std::fs::read(&self.cluster.state.ca_cert)?;
+        let mut config = kube::Config::new(server.parse()?);
+        config.root_cert =
+            Some(vec![rustls::pki_types::pem::PemObject::from_pem_slice(&ca).map(|c: CertificateDer<'_>| c.to_vec())?]);
+        config.auth_info.token = Some(self.token("delegate").to_owned().into());
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// `TokenReviews` and `SubjectAccessReviews` the API server has answered (any code).
+    fn reviews_answered(&self) -> Result<(u64, u64)> {
+        let metrics = self.cluster.kubectl_ok(&["get", "--raw", "/metrics"])?;
+        let count = |resource: &str| {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("apiserver_request_total{"))
+                .filter(|l| l.contains(&format!("resource=\"{resource}\"")) && l.contains("verb=\"POST\""))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        Ok((count("tokenreviews"), count("subjectaccessreviews")))
+    }
+
+    /// Waits until the API server has answered `want` more reviews than `before` (its
+    /// counters move once the response is on its way), and no more.
+    async fn expect_reviews(&self, before: (u64, u64), want: (u64, u64)) -> Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = self.reviews_answered()?;
+            let got = (now.0 - before.0, now.1 - before.1);
+            ensure!(got.0 <= want.0 && got.1 <= want.1, "(TokenReviews, SubjectAccessReviews) {got:?}, not {want:?}");
+            if got == want {
+                return Ok(());
+            }
+            ensure!(std::time::Instant::now() < deadline, "(TokenReviews, SubjectAccessReviews) {got:?}, not {want:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn cleanup(&self) -> Result<()> {
+        self.cluster.kubectl_ok(&["delete", "clusterrole,clusterrolebinding", "-l", RBAC_LABEL])?;
+        self.cluster.kubectl_ok(&["delete", "namespace", &self.ns, "--wait=false"])?;
+        Ok(())
+    }
 }
 
 fn config_yaml(anonymous: bool) -> String {
@@ -231,17 +374,49 @@ fn config_yaml(anonymous: bool) -> String {
     )
 }
 
-/// (user, verb, subresource) of a `SubjectAccessReview` body.
-fn review_key(review: &Value) -> (String, String, String) {
-    let spec = &review["spec"];
-    let attrs = &spec["resourceAttributes"];
-    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    (s(&spec["user"]), s(&attrs["verb"]), s(&attrs["subresource"]))
+/// Whether the cluster's RBAC (see [`Fixture::new`]) lets `credentials` do `verb` on
+/// `nodes/<subresource>`.
+fn allowed(credentials: Credentials, verb: &str, subresource: &str) -> bool {
+    match credentials {
+        Credentials::CertAuthorized | Credentials::TokenAuthorized => true,
+        Credentials::TokenProxyOnly => verb == "get" && subresource == "proxy",
+        Credentials::None => verb == "get" && subresource == "healthz",
+        _ => false,
+    }
+}
+
+/// The `SubjectAccessReviews` one matrix pass needs: for each authenticated user, one per
+/// (verb, subresource) asked, each endpoint's subresources asked in order until one is
+/// allowed; decisions are cached.
+fn access_reviews_needed(anonymous: bool) -> u64 {
+    let mut asked = BTreeSet::new();
+    for credentials in CREDENTIALS {
+        let authenticated = match credentials {
+            Credentials::CertFromAnotherCa | Credentials::TokenUnknown => false,
+            Credentials::None => anonymous,
+            _ => true,
+        };
+        if !authenticated {
+            continue;
+        }
+        for (method, _, subresources, _) in ENDPOINTS {
+            let verb = if method == "POST" { "create" } else { "get" };
+            for sub in subresources {
+                asked.insert((format!("{credentials:?}"), verb, *sub));
+                if allowed(credentials, verb, sub) {
+                    break;
+                }
+            }
+        }
+    }
+    asked.len() as u64
 }
 
 #[tokio::test]
 async fn the_authentication_and_authorization_matrix() -> Result<()> {
-    let api = api_server().await?;
+    let _g = testbed_lock().await;
+    let fx = Fixture::new().await?;
+    fx.allow_reviews(true, true)?;
     let ca = TestCa::new("cluster-ca");
     let other_ca = TestCa::new("other-ca");
     let identities = [
@@ -250,15 +425,15 @@ async fn the_authentication_and_authorization_matrix() -> Result<()> {
         (Credentials::CertAuthorized, ca.client("kube-apiserver-kubelet-client", "kubelet-api-admins")),
     ];
     let token = |c: Credentials| match c {
-        Credentials::TokenAuthorized => Some("alice-token"),
-        Credentials::TokenUnauthorized => Some("bob-token"),
+        Credentials::TokenAuthorized => Some(fx.token("alice")),
+        Credentials::TokenUnauthorized => Some(fx.token("bob")),
         Credentials::TokenUnknown => Some("no-such-token"),
-        Credentials::TokenProxyOnly => Some("carol-token"),
+        Credentials::TokenProxyOnly => Some(fx.token("carol")),
         _ => None,
     };
     for anonymous in [false, true] {
-        api.clear_requests();
-        let kubelet = Kubelet::start(&api, &ca, &config_yaml(anonymous)).await?;
+        let kubelet = Kubelet::start(fx.reviewer(&fx.cluster.state.server)?, &ca, &config_yaml(anonymous))?;
+        let before = fx.reviews_answered()?;
         let mut failures = Vec::new();
         for credentials in CREDENTIALS {
             let identity = identities.iter().find(|(c, _)| *c == credentials).map(|(_, id)| id);
@@ -276,109 +451,107 @@ async fn the_authentication_and_authorization_matrix() -> Result<()> {
                     failures.push(format!("anonymous={anonymous} {credentials:?} {method} {path}: {status} {body}"));
                 }
                 if status == 403 {
-                    // Upstream's message, naming every subresource asked.
+                    // Upstream's message, naming the user and every subresource asked.
                     let message = serde_json::from_str::<Value>(&body)?["message"].as_str().unwrap_or("").to_owned();
                     let verb = if method == "POST" { "create" } else { "get" };
                     let suffix = format!("verb={verb}, resource=nodes, subresource(s)=[{}])", subresources.join(" "));
                     assert!(message.starts_with("Forbidden (user=") && message.ends_with(&suffix), "{message}");
+                    if credentials == Credentials::TokenUnauthorized {
+                        assert!(message.starts_with(&format!("Forbidden (user={}, ", fx.user("bob"))), "{message}");
+                    }
                 }
             }
         }
         assert!(failures.is_empty(), "unexpected statuses:\n{}", failures.join("\n"));
-
-        // The reviews reached the API server: one TokenReview per token (cached, rejected
-        // tokens too), as the kubelet sends them (no audiences).
-        let token_reviews = api.reviews("tokenreviews");
-        let reviewed: BTreeSet<&str> = token_reviews.iter().filter_map(|r| r["spec"]["token"].as_str()).collect();
-        assert_eq!(reviewed, BTreeSet::from(["alice-token", "bob-token", "carol-token", "no-such-token"]));
-        assert_eq!(token_reviews.len(), 4, "each token reviewed once");
-        assert!(token_reviews.iter().all(|r| r["spec"].get("audiences").is_none()));
-
-        // One SubjectAccessReview per (user, verb, subresource), for the node, as nodes/<sub>.
-        let reviews = api.reviews("subjectaccessreviews");
-        let mut seen: BTreeMap<(String, String, String), usize> = BTreeMap::new();
-        for review in &reviews {
-            *seen.entry(review_key(review)).or_default() += 1;
-            let attrs = &review["spec"]["resourceAttributes"];
-            assert_eq!(
-                (&attrs["resource"], &attrs["version"], &attrs["name"]),
-                (&json!("nodes"), &json!("v1"), &json!(NODE))
-            );
-        }
-        assert!(seen.values().all(|&n| n == 1), "decisions are cached: {seen:?}");
-        let key = |u: &str, v: &str, s: &str| (u.to_owned(), v.to_owned(), s.to_owned());
-        for want in [
-            key("alice", "get", "pods"),
-            key("alice", "get", "stats"),
-            key("alice", "create", "proxy"),
-            key("kube-apiserver-kubelet-client", "get", "metrics"),
-            key("eve", "get", "configz"),
-            key("eve", "get", "proxy"),
-            key("carol", "get", "pods"),
-            key("carol", "get", "proxy"),
-            key("bob", "get", "log"),
-        ] {
-            assert!(seen.contains_key(&want), "{want:?} in {seen:?}");
-        }
-        assert_eq!(seen.contains_key(&key("system:anonymous", "get", "healthz")), anonymous);
-        assert!(!seen.keys().any(|(user, _, _)| user == "mallory"), "a bad certificate never reaches authorization");
-        let alice = reviews.iter().find(|r| review_key(r) == key("alice", "get", "pods")).unwrap();
-        assert_eq!(
-            alice["spec"]["groups"],
-            json!(["team-a", "system:authenticated"]),
-            "the TokenReview's groups, passed on"
-        );
-        let cert_user = reviews.iter().find(|r| review_key(r).0 == "kube-apiserver-kubelet-client").unwrap();
-        assert_eq!(cert_user["spec"]["groups"], json!(["kubelet-api-admins", "system:authenticated"]));
+        // One TokenReview per good token (cached); the unknown token is reviewed at each
+        // request: the API server answers it with `status.error` ("invalid bearer
+        // token"), and upstream's delegating authenticator does not cache errors
+        // (`cache.New(.., cacheErrs=false, ..)`). One SubjectAccessReview per (user,
+        // verb, subresource).
+        let token_reviews = 3 + ENDPOINTS.len() as u64;
+        fx.expect_reviews(before, (token_reviews, access_reviews_needed(anonymous))).await?;
     }
-    Ok(())
+    fx.cleanup()
 }
 
 #[tokio::test]
 async fn review_failures_are_401_and_500_and_not_cached() -> Result<()> {
-    let api = api_server().await?;
+    let _g = testbed_lock().await;
+    let fx = Fixture::new().await?;
+    let target: std::net::SocketAddr = fx.cluster.state.server.trim_start_matches("https://").parse()?;
+    let proxy = TcpProxy::start(target).await?;
     let ca = TestCa::new("cluster-ca");
-    let kubelet = Kubelet::start(&api, &ca, &config_yaml(false)).await?;
+    let kubelet = Kubelet::start(fx.reviewer(&format!("https://{}", proxy.addr))?, &ca, &config_yaml(false))?;
     let client = kubelet.client(None);
     let get = async |path: &str, token: &str| -> Result<(u16, String)> {
         let response = client.get(kubelet.url(path)).bearer_auth(token).send().await?;
         Ok((response.status().as_u16(), response.text().await?))
     };
+    // Until RBAC lets it in, a request answers as `want` (at most 10 s: the API server's
+    // authorizer follows RBAC changes within a second or so).
+    let eventually = async |path: &str, want: u16| -> Result<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = get(path, fx.token("alice")).await?;
+            if status == want {
+                return Ok(body);
+            }
+            ensure!(std::time::Instant::now() < deadline, "{path}: {status} {body}, not {want}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
 
-    // TokenReview refused (a permanent error): 401, not cached.
-    api.fail_requests(Failure::status(403).matching(|r| r.path.ends_with("/tokenreviews")));
-    assert_eq!(get("/pods", "alice-token").await?.0, 401);
-    api.clear_failures();
-    assert_eq!(get("/pods", "alice-token").await?.0, 200);
-
-    // SubjectAccessReview refused: 500 with upstream's message, not cached.
-    api.fail_requests(Failure::status(403).matching(|r| r.path.ends_with("/subjectaccessreviews")));
-    let (status, body) = get("/configz", "alice-token").await?;
-    assert_eq!(status, 500);
+    // The reviewer may not create TokenReviews (RBAC forbids: a permanent error): 401.
+    assert_eq!(get("/pods", fx.token("alice")).await?.0, 401);
+    // Allowed TokenReviews but not SubjectAccessReviews: 500 with upstream's message. The
+    // 401 was not cached.
+    fx.allow_reviews(true, false)?;
+    let body = eventually("/configz", 500).await?;
     let message = serde_json::from_str::<Value>(&body)?["message"].clone();
-    assert_eq!(message, "Authorization error (user=alice, verb=get, resource=nodes, subresource=configz)");
-    api.clear_failures();
-    assert_eq!(get("/configz", "alice-token").await?.0, 200);
+    assert_eq!(
+        message,
+        format!("Authorization error (user={}, verb=get, resource=nodes, subresource=configz)", fx.user("alice"))
+    );
+    // Both allowed: the 500 was not cached either.
+    fx.allow_reviews(true, true)?;
+    eventually("/configz", 200).await?;
 
-    // A transient failure is retried.
-    api.fail_requests(Failure::status(500).times(1).matching(|r| r.path.ends_with("/subjectaccessreviews")));
-    assert_eq!(get("/healthz", "alice-token").await?.0, 200);
-    let healthz_reviews = api.reviews("subjectaccessreviews").iter().filter(|r| review_key(r).2 == "healthz").count();
-    assert_eq!(healthz_reviews, 2, "one failed, one retried");
-    Ok(())
+    // A transient failure (the API server unreachable) is retried: the first attempt
+    // finds the connection refused, the retry gets through.
+    let before = fx.reviews_answered()?;
+    proxy.cut();
+    proxy.refuse(true);
+    let refused_before = proxy.refused();
+    let alice = fx.token("alice").to_owned();
+    let (client2, url) = (kubelet.client(None), kubelet.url("/healthz"));
+    let request =
+        tokio::spawn(async move { client2.get(url).bearer_auth(alice).send().await.map(|r| r.status().as_u16()) });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while proxy.refused() == refused_before {
+        ensure!(std::time::Instant::now() < deadline, "the review never tried to reach the API server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.refuse(false);
+    assert_eq!(request.await??, 200);
+    // (The token was reviewed before: only the access review went out, once through.)
+    fx.expect_reviews(before, (0, 1)).await?;
+    fx.cleanup()
 }
 
 #[tokio::test]
 async fn a_thousand_concurrent_scrapes_make_one_review_each() -> Result<()> {
-    let api = api_server().await?;
+    let _g = testbed_lock().await;
+    let fx = Fixture::new().await?;
+    fx.allow_reviews(true, true)?;
     let ca = TestCa::new("cluster-ca");
-    let kubelet = Kubelet::start(&api, &ca, &config_yaml(false)).await?;
+    let kubelet = Kubelet::start(fx.reviewer(&fx.cluster.state.server)?, &ca, &config_yaml(false))?;
     let client = kubelet.client(None);
+    let before = fx.reviews_answered()?;
     let scrapes: Vec<_> = (0..1000)
         .map(|_| {
-            let (client, url) = (client.clone(), kubelet.url("/metrics"));
+            let (client, url, token) = (client.clone(), kubelet.url("/metrics"), fx.token("prometheus").to_owned());
             tokio::spawn(async move {
-                let response = client.get(url).bearer_auth("prometheus-token").send().await?;
+                let response = client.get(url).bearer_auth(token).send().await?;
                 Ok::<_, reqwest::Error>(response.status().as_u16())
             })
         })
@@ -386,9 +559,9 @@ async fn a_thousand_concurrent_scrapes_make_one_review_each() -> Result<()> {
     for scrape in scrapes {
         assert_eq!(scrape.await??, 200);
     }
-    assert_eq!(api.reviews("tokenreviews").len(), 1, "concurrent requests share one TokenReview");
-    assert_eq!(api.reviews("subjectaccessreviews").len(), 1, "and one SubjectAccessReview");
-    Ok(())
+    // Concurrent requests share one TokenReview and one SubjectAccessReview.
+    fx.expect_reviews(before, (1, 1)).await?;
+    fx.cleanup()
 }
 
 #[tokio::test]
