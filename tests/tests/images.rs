@@ -1,12 +1,16 @@
 //! Image pulls against the test bed's real registries (`cargo xtask testbed up` starts
 //! Debian's docker-registry on 127.0.0.1: plain HTTP, and TLS with basic auth): pull
-//! policies, credentials (pull secrets and the node's docker config), back-off.
+//! policies, credentials (pull secrets and the node's docker config), back-off. Static
+//! pods of a standalone agent, but for the pull secrets: a node joined to the test bed's
+//! real control plane (`cargo xtask testbed up --cluster`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use swiftlet_tests::apiserver::{Options, TestApiServer};
+use swiftlet_tests::cluster::{Cluster, ClusterNode};
 use swiftlet_tests::registry::TestRegistry;
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
 
@@ -163,8 +167,10 @@ async fn node_credentials_open_the_private_registry() -> Result<()> {
     forget_images(&cri, &[&image]).await
 }
 
-/// API mode: a pod's imagePullSecrets open the private registry; without the secret
-/// the pull fails, and a secret that does not exist is reported.
+/// On the real control plane: a pod's imagePullSecrets (a real
+/// `kubernetes.io/dockerconfigjson` Secret in the test's namespace, which the node may read
+/// because a pod bound to it names it) open the private registry; without the secret the
+/// pull fails, and a secret that does not exist is reported.
 #[tokio::test]
 async fn image_pull_secrets_open_the_private_registry() -> Result<()> {
     let _g = testbed_lock().await;
@@ -172,60 +178,44 @@ async fn image_pull_secrets_open_the_private_registry() -> Result<()> {
     let cri = Cri::connect(&cri_endpoint()?)?;
     let image = reg.tls_image("busybox:latest");
     forget_images(&cri, &[&image]).await?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(reg.pull_secret("default", "regcred"))?;
-    api.create(&secret)?;
-    let pod = |name: &str, secrets: Value| -> Result<k8s_openapi::api::core::v1::Pod> {
-        Ok(serde_json::from_value(json!({
+    let cluster = Cluster::connect().await?;
+    let mut node = cluster.join("pull-secrets", AgentOptions::default()).await?;
+    let ns = node.namespace("pull-secrets").await?;
+    let secret: Secret = serde_json::from_value(reg.pull_secret(&ns, "regcred"))?;
+    Api::<Secret>::namespaced(cluster.client(), &ns).create(&PostParams::default(), &secret).await?;
+    let pod = |name: &str, secrets: Value| {
+        json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name},
             "spec": {
-                "nodeName": agent.node_name,
                 "terminationGracePeriodSeconds": 2,
                 "imagePullSecrets": secrets,
                 "containers": [{"name": "main", "image": image, "imagePullPolicy": "Always",
                                 "command": ["sh", "-c", SERVE]}]
             }
-        }))?)
+        })
     };
-    api.create(&pod("nosecret", json!([{"name": "absent"}]))?)?;
-    api.create(&pod("withsecret", json!([{"name": "regcred"}]))?)?;
-    let reason = |p: &k8s_openapi::api::core::v1::Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.first())
-            .and_then(|c| c.state.as_ref())
-            .map(|s| {
-                if s.running.is_some() {
-                    "Running".to_owned()
-                } else {
-                    s.waiting.as_ref().and_then(|w| w.reason.clone()).unwrap_or_default()
-                }
-            })
-            .unwrap_or_default()
-    };
+    node.create_pod(&ns, pod("nosecret", json!([{"name": "absent"}]))).await?;
+    node.create_pod(&ns, pod("withsecret", json!([{"name": "regcred"}]))).await?;
     let wait = |name: &'static str, want: &'static [&'static str]| {
-        let api = &api;
+        let (node, ns) = (&node, &ns);
         async move {
-            api.wait_for::<k8s_openapi::api::core::v1::Pod>(Some("default"), name, Duration::from_mins(1), |p| {
-                p.is_some_and(|p| want.contains(&reason(p).as_str()))
+            node.eventually_pod(ns, name, Duration::from_mins(1), &format!("{name} {want:?}"), |p| {
+                want.contains(&api_main_state(p).as_str())
             })
             .await
         }
     };
     wait("withsecret", &["Running"]).await?;
     wait("nosecret", &["ErrImagePull", "ImagePullBackOff"]).await?;
-    let events: Vec<(String, String, String)> = api
-        .list::<k8s_openapi::api::core::v1::Event>(Some("default"))
-        .into_iter()
-        .map(|e| {
-            (e.involved_object.name.unwrap_or_default(), e.reason.unwrap_or_default(), e.message.unwrap_or_default())
-        })
-        .collect();
+    // The agent posts its events on its own time: wait (bounded) until both are there.
+    let events = eventually_events(&node, &ns, |events| {
+        events
+            .iter()
+            .any(|(n, r, m)| n == "nosecret" && r == "FailedToRetrieveImagePullSecret" && m.contains("(absent)"))
+            && events.iter().any(|(n, r, _)| n == "nosecret" && r == "Failed")
+    })
+    .await?;
     assert!(
         events
             .iter()
@@ -233,11 +223,55 @@ async fn image_pull_secrets_open_the_private_registry() -> Result<()> {
         "{events:?}"
     );
     assert!(events.iter().any(|(n, r, _)| n == "nosecret" && r == "Failed"), "{events:?}");
-    for name in ["nosecret", "withsecret"] {
-        api.delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), name, Some(0))?;
-    }
-    agent.shutdown(&cri).await?;
+    node.leave(&cri).await?;
     forget_images(&cri, &[&image]).await
+}
+
+/// "Running", or the waiting reason, of the API pod's `main` container.
+fn api_main_state(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "main"))
+        .and_then(|c| c.state.as_ref())
+        .map(|s| {
+            if s.running.is_some() {
+                "Running".to_owned()
+            } else {
+                s.waiting.as_ref().and_then(|w| w.reason.clone()).unwrap_or_default()
+            }
+        })
+        .unwrap_or_default()
+}
+
+/// (involved object, reason, message) of the Events in `ns`, once `done` holds of them
+/// (within 30 s); the agent's event correlator folds repeats into one object's `count`.
+async fn eventually_events(
+    node: &ClusterNode,
+    ns: &str,
+    done: impl Fn(&[(String, String, String)]) -> bool,
+) -> Result<Vec<(String, String, String)>> {
+    let api = Api::<Event>::namespaced(node.cluster.client(), ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events: Vec<_> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.involved_object.name.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect();
+        if done(&events) || Instant::now() > deadline {
+            return Ok(events);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A TCP proxy in front of the plain registry that holds every request for `delay`
