@@ -121,6 +121,80 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// A client certificate (PEM) and its key for `common_name` in `organizations`,
+    /// signed by the cluster CA and valid from `not_before` to `not_after`: what the
+    /// controller-manager's signer would issue, with any lifetime (the API's shortest is
+    /// 10 minutes).
+    ///
+    /// # Errors
+    /// The CA's files are unreadable.
+    pub fn issue_client_cert(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Result<(String, String)> {
+        let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(&self.state.ca_key)?)?;
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(&self.state.ca_cert)?, ca_key)?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        for o in organizations {
+            params.distinguished_name.push(rcgen::DnType::OrganizationName, *o);
+        }
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = time::OffsetDateTime::from(not_before);
+        params.not_after = time::OffsetDateTime::from(not_after);
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// Writes `<dir>/<file_name>`, a kubeconfig of the cluster whose user is `user` (the
+    /// lines under `user:`, e.g. `    token: ...`), mode 0600.
+    ///
+    /// # Errors
+    /// The file could not be written.
+    pub fn write_kubeconfig(&self, dir: &Path, file_name: &str, user: &str) -> Result<PathBuf> {
+        use base64::Engine as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&self.state.ca_cert)?);
+        let text = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: cluster
+  cluster:
+    server: {}
+    certificate-authority-data: {ca}
+contexts:
+- name: default
+  context: {{cluster: cluster, user: user}}
+current-context: default
+users:
+- name: user
+  user:
+{user}",
+            self.state.server
+        );
+        let path = dir.join(file_name);
+        let mut f = std::fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&path)?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+        Ok(path)
+    }
+
+    /// [`Cluster::write_kubeconfig`] for a client certificate and key (PEM).
+    ///
+    /// # Errors
+    /// The file could not be written.
+    pub fn write_cert_kubeconfig(&self, dir: &Path, file_name: &str, cert: &str, key: &str) -> Result<PathBuf> {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let user = format!("    client-certificate-data: {}\n    client-key-data: {}\n", b64(cert), b64(key));
+        self.write_kubeconfig(dir, file_name, &user)
+    }
+
     /// Creates a namespace for one test (`<prefix>-<random>`); [`ClusterNode::leave`]
     /// deletes it.
     ///

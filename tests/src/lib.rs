@@ -68,7 +68,8 @@ pub async fn testbed_lock() -> TestbedGuard {
     let in_process = LOCK.lock().await;
     let across = tokio::task::spawn_blocking(|| {
         use std::os::fd::AsRawFd as _;
-        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(CROSS_PROCESS_LOCK).ok()?;
+        let file =
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(CROSS_PROCESS_LOCK).ok()?;
         // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
         (unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0).then_some(file)
     })
