@@ -623,6 +623,20 @@ impl Server {
         self.healthz.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
+    /// The routers of the HTTPS API, the read-only API and healthz, with every filter they
+    /// serve through (request guard, authentication and authorization, read-only paths,
+    /// request counting); the listeners are closed. For sending requests in process
+    /// (`tower::ServiceExt::oneshot`), as the fuzz targets in `fuzz/` do: no sockets, no
+    /// TLS, so a request authenticates by bearer token or as anonymous.
+    #[must_use]
+    pub fn into_routers(self) -> Routers {
+        Routers {
+            https: self.https.map(|h| h.router),
+            read_only: self.read_only.map(|(_, router)| router),
+            healthz: self.healthz.map(|(_, router)| router),
+        }
+    }
+
     /// Serves until `shutdown` is cancelled, then lets open requests finish for the grace
     /// period. Returns early with the error if a listener fails.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
@@ -674,6 +688,17 @@ impl Server {
         };
         tokio::try_join!(https, read_only, healthz).map(|_| ())
     }
+}
+
+/// The routers of a [`Server`] without their listeners ([`Server::into_routers`]).
+#[derive(Debug)]
+pub struct Routers {
+    /// The HTTPS API, when `https_addr` was set.
+    pub https: Option<Router>,
+    /// The read-only API, when `read_only_addr` was set.
+    pub read_only: Option<Router>,
+    /// healthz, when `healthz_addr` was set.
+    pub healthz: Option<Router>,
 }
 
 /// Runs `serve` until `shutdown`, then asks `handle` for a graceful stop and leaves

@@ -252,6 +252,36 @@ async fn anonymous_requests_get_the_pod_list_and_the_other_routes() {
 }
 
 #[tokio::test]
+async fn the_routers_answer_in_process_with_their_filters() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.read_only_addr = Some("127.0.0.1:0".parse().unwrap());
+    let routers = Server::new(settings, endpoints()).unwrap().into_routers();
+    let call = |router: &Router, path: &str| {
+        let request = http::Request::get(path).body(axum::body::Body::empty()).unwrap();
+        let response = router.clone().oneshot(request);
+        async move {
+            let response = response.await.unwrap();
+            let status = response.status();
+            (status, response.into_body().collect().await.unwrap().to_bytes())
+        }
+    };
+    let https = routers.https.unwrap();
+    // No client certificate in process and anonymous access is off: authentication runs.
+    assert_eq!(call(&https, "/pods").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&https, "/a/../pods").await.0, StatusCode::BAD_REQUEST, "the guard runs first");
+    let read_only = routers.read_only.unwrap();
+    assert_eq!(call(&read_only, "/pods").await.0, StatusCode::OK);
+    assert_eq!(call(&read_only, "/configz").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(call(&read_only, "/exec/ns/pod/c").await.0, StatusCode::METHOD_NOT_ALLOWED);
+    let (status, body) = call(&routers.healthz.unwrap(), "/healthz").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"ok"[..]));
+}
+
+#[tokio::test]
 async fn client_certificates_are_verified_against_the_client_ca() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("test-ca");
