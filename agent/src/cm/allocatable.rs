@@ -88,9 +88,13 @@ pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> En
     let total_milli = i64::try_from(capacity.cpus.saturating_mul(1000)).unwrap_or(i64::MAX);
     let memory = i64::try_from(capacity.memory_bytes).unwrap_or(i64::MAX);
     let pods = (enforced("pods") && kc.cgroups_per_qos).then(|| PodResourceConfig {
-        cpu_shares: Some(milli_cpu_to_shares((total_milli - kube.milli_cpu - system.milli_cpu).max(0))),
-        memory_limit: Some((memory - kube.memory - system.memory).max(0)),
-        pids_limit: capacity.max_pid.map(|max| (max - kube.pids - system.pids).max(0)),
+        // Saturating: reservations are not bounded by validation (nor upstream's), and more
+        // than the machine has leaves pods nothing.
+        cpu_shares: Some(milli_cpu_to_shares(
+            total_milli.saturating_sub(kube.milli_cpu).saturating_sub(system.milli_cpu).max(0),
+        )),
+        memory_limit: Some(memory.saturating_sub(kube.memory).saturating_sub(system.memory).max(0)),
+        pids_limit: capacity.max_pid.map(|max| max.saturating_sub(kube.pids).saturating_sub(system.pids).max(0)),
         hugepage_limits: Some(HugepageLimits {
             sizes: capacity
                 .hugepages
@@ -103,7 +107,10 @@ pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> En
                     let total = i64::try_from(total).unwrap_or(i64::MAX);
                     Some((
                         hugepage_unit_size(size)?,
-                        (total - reserved(&kc.kube_reserved) - reserved(&kc.system_reserved)).max(0),
+                        total
+                            .saturating_sub(reserved(&kc.kube_reserved))
+                            .saturating_sub(reserved(&kc.system_reserved))
+                            .max(0),
                     ))
                 })
                 .collect(),
@@ -186,6 +193,37 @@ mod tests {
                 "/system.slice".into(),
                 PodResourceConfig { memory_limit: Some(GI), ..PodResourceConfig::default() }
             ))
+        );
+    }
+
+    #[test]
+    fn absurd_reservations_leave_pods_nothing_instead_of_overflowing() {
+        // Caught by the fuzz target `config` (the input is in its corpus): kube + system
+        // reserved beyond i64 overflowed the subtractions (a panic in debug builds, wrapped
+        // limits in release).
+        let huge = BTreeMap::from([
+            ("cpu".into(), "9e15".into()),
+            ("memory".into(), "8Ei".into()),
+            ("pid".into(), "9223372036854775807".into()),
+            ("hugepages-2Mi".into(), "8Ei".into()),
+        ]);
+        let kc = KubeletConfiguration {
+            kube_reserved: huge.clone(),
+            system_reserved: huge,
+            ..KubeletConfiguration::default()
+        };
+        assert_eq!(
+            plan(&kc, &machine()).pods,
+            Some(PodResourceConfig {
+                cpu_shares: Some(milli_cpu_to_shares(0)),
+                memory_limit: Some(0),
+                pids_limit: Some(0),
+                hugepage_limits: Some(HugepageLimits {
+                    sizes: BTreeMap::from([("2MB".into(), 0), ("1GB".into(), 0)]),
+                    others: 0
+                }),
+                ..PodResourceConfig::default()
+            })
         );
     }
 

@@ -83,7 +83,7 @@ pub fn build(
             policy: kc.cpu_manager_policy.clone(),
             options: kc.cpu_manager_policy_options.clone(),
             reserved_system_cpus: kc.reserved_system_cpus.clone(),
-            reserved_milli_cpu: milli_cpu(&kc.kube_reserved) + milli_cpu(&kc.system_reserved),
+            reserved_milli_cpu: milli_cpu(&kc.kube_reserved).saturating_add(milli_cpu(&kc.system_reserved)),
             topology_policy: kc.topology_manager_policy.clone(),
             feature_gates: kc.feature_gates.clone(),
             reconcile_period: kc.cpu_manager_reconcile_period.to_std(),
@@ -96,7 +96,8 @@ pub fn build(
     for r in &kc.reserved_memory {
         let node = reserved_memory.entry(r.numa_node.max(0) as usize).or_default();
         for kind in r.limits.keys() {
-            *node.entry(kind.clone()).or_default() += bytes(&r.limits, kind);
+            let total = node.entry(kind.clone()).or_default();
+            *total = total.saturating_add(bytes(&r.limits, kind));
         }
     }
     // Node allocatable's reservation per memory type (upstream's
@@ -106,11 +107,12 @@ pub fn build(
     let mut node_allocatable_reservation = BTreeMap::new();
     for kind in kc.kube_reserved.keys().chain(kc.system_reserved.keys()).filter(|k| k.starts_with("hugepages-")) {
         node_allocatable_reservation
-            .insert(kind.clone(), bytes(&kc.kube_reserved, kind) + bytes(&kc.system_reserved, kind));
+            .insert(kind.clone(), bytes(&kc.kube_reserved, kind).saturating_add(bytes(&kc.system_reserved, kind)));
     }
+    // Saturating, as in `allocatable::plan`: reservations are not bounded by validation.
     let memory = bytes(&kc.kube_reserved, "memory")
-        + bytes(&kc.system_reserved, "memory")
-        + eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64;
+        .saturating_add(bytes(&kc.system_reserved, "memory"))
+        .saturating_add(eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64);
     if memory > 0 {
         node_allocatable_reservation.insert("memory".to_owned(), memory);
     }
@@ -195,6 +197,28 @@ mod tests {
         let mut plain = KubeletConfiguration::default();
         apply_reserved_system_cpus(&mut plain);
         assert!(plain.system_reserved.is_empty());
+    }
+
+    #[test]
+    fn absurd_reservations_saturate_instead_of_overflowing() {
+        // The sums beside the subtractions the fuzz target `config` caught overflowing in
+        // `allocatable::plan`: kube + system reserved (+ the hard eviction threshold).
+        let sys = sysfs();
+        let root = tempfile::tempdir().unwrap();
+        let huge = BTreeMap::from([
+            ("cpu".into(), "9e15".into()),
+            ("memory".into(), "8Ei".into()),
+            ("hugepages-2Mi".into(), "8Ei".into()),
+        ]);
+        let mut kc = KubeletConfiguration {
+            kube_reserved: huge.clone(),
+            system_reserved: huge.clone(),
+            reserved_memory: vec![crate::config::MemoryReservation { numa_node: 0, limits: huge.clone() }],
+            ..KubeletConfiguration::default()
+        };
+        kc.reserved_memory.push(kc.reserved_memory[0].clone());
+        kc.eviction_hard.insert("memory.available".into(), "8Ei".into());
+        assert!(build(&kc, root.path(), sys.path(), &mut Registry::default()).is_ok());
     }
 
     #[test]
