@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod, Toleration};
+use k8s_openapi::api::core::v1::{Container, Pod, SeccompProfile, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use md5::{Digest, Md5};
 
@@ -118,6 +118,22 @@ fn validate_quantity(field: &str, q: &Quantity, errors: &mut Vec<FieldError>) {
     }
 }
 
+/// Upstream `validateSeccompProfileField` of a `Localhost` profile
+/// (`validateLocalDescendingPath`): the runtime is handed `<seccomp root>/<name>`, so the
+/// name must be a relative path without `..` segments.
+fn validate_seccomp_profile(field: &str, profile: Option<&SeccompProfile>, errors: &mut Vec<FieldError>) {
+    let Some(name) = profile.filter(|p| p.type_ == "Localhost").and_then(|p| p.localhost_profile.as_deref()) else {
+        return;
+    };
+    let field = format!("{field}.seccompProfile.localhostProfile");
+    if name.starts_with('/') {
+        errors.push(err(&field, format!("Invalid value: {name:?}: must be a relative path")));
+    }
+    if name.split('/').any(|part| part == "..") {
+        errors.push(err(field, format!("Invalid value: {name:?}: must not contain '..'")));
+    }
+}
+
 fn validate_container(path: &str, c: &Container, names: &mut HashSet<String>, errors: &mut Vec<FieldError>) {
     if c.name.is_empty() {
         errors.push(err(format!("{path}.name"), "Required value"));
@@ -136,6 +152,11 @@ fn validate_container(path: &str, c: &Container, names: &mut HashSet<String>, er
         }
         _ => {}
     }
+    validate_seccomp_profile(
+        &format!("{path}.securityContext"),
+        c.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()),
+        errors,
+    );
     if let Some(p) = c.image_pull_policy.as_deref()
         && !["Always", "IfNotPresent", "Never"].contains(&p)
     {
@@ -216,6 +237,11 @@ pub fn validate(pod: &Pod) -> Vec<FieldError> {
     if spec.containers.is_empty() {
         errors.push(err("spec.containers", "Required value"));
     }
+    validate_seccomp_profile(
+        "spec.securityContext",
+        spec.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()),
+        &mut errors,
+    );
     let mut names = HashSet::new();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         validate_container(&format!("spec.initContainers[{i}]"), c, &mut names, &mut errors);
@@ -327,6 +353,36 @@ mod tests {
         let errors = static_pod(p, "n", "/m/web.yaml").unwrap_err();
         let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(text, ["spec.ephemeralContainers: Forbidden: cannot be set on create"]);
+    }
+
+    #[test]
+    fn a_localhost_seccomp_profile_must_stay_below_the_seccomp_root() {
+        // Caught by the fuzz target `manifest` (the input is in its corpus): an absolute
+        // `localhostProfile` replaced the seccomp root (`Path::join`), and `..` left it;
+        // upstream validates static pods as a create, which refuses both
+        // (`validateLocalDescendingPath`).
+        let localhost = |profile: &str| serde_json::json!({"type": "Localhost", "localhostProfile": profile});
+        let p = parse(serde_json::json!({
+            "metadata": {"name": "web"},
+            "spec": {
+                "securityContext": {"seccompProfile": localhost("/etc/profile.json")},
+                "initContainers": [{"name": "i", "image": "x", "securityContext": {"seccompProfile": localhost("a/../../b.json")}}],
+                "containers": [
+                    {"name": "c", "image": "x", "securityContext": {"seccompProfile": localhost("/../x")}},
+                    {"name": "d", "image": "x", "securityContext": {"seccompProfile": localhost("profiles/..json")}}
+                ]
+            }
+        }));
+        let text: Vec<String> = validate(&p).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "spec.securityContext.seccompProfile.localhostProfile: Invalid value: \"/etc/profile.json\": must be a relative path",
+                "spec.initContainers[0].securityContext.seccompProfile.localhostProfile: Invalid value: \"a/../../b.json\": must not contain '..'",
+                "spec.containers[0].securityContext.seccompProfile.localhostProfile: Invalid value: \"/../x\": must be a relative path",
+                "spec.containers[0].securityContext.seccompProfile.localhostProfile: Invalid value: \"/../x\": must not contain '..'",
+            ]
+        );
     }
 
     #[test]
