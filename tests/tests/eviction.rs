@@ -1,53 +1,153 @@
-//! Node-pressure eviction with real memory: the pods cgroup is made small (a memory limit
-//! on `kubepods`), `evictionHard` `allocatableMemory.available` fits inside it, and a
-//! `BestEffort` pod allocates steadily. The agent must evict it — on the kernel's memcg
+//! Node-pressure eviction with real memory, on a node joined to the test bed's real
+//! control plane (`swiftlet_tests::cluster`): the pods cgroup is made small (a memory
+//! limit on `kubepods`), `evictionHard` `allocatableMemory.available` fits inside it, and
+//! a `BestEffort` pod allocates steadily. The agent must evict it — on the kernel's memcg
 //! threshold signal, before the kernel's OOM killer acts — and leave the Guaranteed pod
-//! beside it alone. Also: PID pressure with a fork loop, and disk pressure on a loop-mounted
-//! node filesystem.
+//! beside it alone. Also: PID pressure with a fork loop, disk pressure on a loop-mounted
+//! node filesystem (the real Node's `DiskPressure` condition), and local storage limits.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use k8s_openapi::api::core::v1::Pod;
-use serde_json::json;
-use swiftlet_tests::apiserver::{Options, TestApiServer};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+use swiftlet_tests::cluster::{Cluster, ClusterNode, node_condition};
+use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
 const MIB: u64 = 1024 * 1024;
+/// Stops at once on SIGTERM.
+const STEADY: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
+
+/// One test's node and namespace.
+struct Bed {
+    cluster: Cluster,
+    node: ClusterNode,
+    ns: String,
+    cri: Cri,
+}
+
+impl Bed {
+    async fn join(test: &str, opts: AgentOptions) -> Result<Self> {
+        let cri = Cri::connect(&cri_endpoint()?)?;
+        let cluster = Cluster::connect().await?;
+        let mut node = cluster.join(test, opts).await?;
+        let ns = node.namespace(test).await?;
+        Ok(Self { cluster, node, ns, cri })
+    }
+
+    fn agent(&self) -> &Agent {
+        &self.node.agent
+    }
+
+    /// Creates `pod` bound to the node, in the test's namespace.
+    async fn create(&self, pod: Value) -> Result<Pod> {
+        self.node.create_pod(&self.ns, pod).await
+    }
+
+    async fn get(&self, name: &str) -> Result<Pod> {
+        Ok(Api::<Pod>::namespaced(self.cluster.client(), &self.ns).get(name).await?)
+    }
+
+    async fn wait_running(&self, name: &str) -> Result<Pod> {
+        self.node.eventually_pod(&self.ns, name, Duration::from_mins(1), &format!("{name} running"), running).await
+    }
+
+    /// Waits until the pod's status says `Evicted`.
+    async fn wait_evicted(&self, name: &str, timeout: Duration) -> Result<Pod> {
+        self.node
+            .eventually_pod(&self.ns, name, timeout, &format!("{name} evicted"), |p| {
+                p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
+            })
+            .await
+    }
+
+    /// The node's `DiskPressure` status, if reported.
+    async fn disk_pressure(&self) -> Result<Option<String>> {
+        Ok(self.node.node().await?.and_then(|n| node_condition(&n, "DiskPressure").map(str::to_owned)))
+    }
+
+    /// Waits until the node reports `DiskPressure` `want`.
+    async fn wait_disk_pressure(&self, want: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.disk_pressure().await?;
+            if now.as_deref() == Some(want) {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the node's DiskPressure is {now:?}, not {want}, after {timeout:?}\n{}",
+                tail(&self.agent().log(), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Whatever the test's outcome (an error or a panic), the node leaves: its namespace
+    /// and pods go (a hog left running would disturb every later test) and the agent
+    /// stops.
+    async fn finish(self, outcome: std::thread::Result<Result<()>>) -> Result<()> {
+        let left = self.node.leave(&self.cri).await;
+        match outcome {
+            Ok(result) => result.and(left),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
 
 /// A pod with a memory-backed emptyDir at `/mem` (tmpfs: what is written there is
 /// charged to the pod's memory cgroup, like anonymous memory).
-fn pod(name: &str, script: &str, resources: &serde_json::Value) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
+fn pod(name: &str, script: &str, resources: &Value) -> Value {
+    json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": {
-            "nodeName": "e2e-node",
             "terminationGracePeriodSeconds": 2,
             "volumes": [{"name": "mem", "emptyDir": {"medium": "Memory"}}],
             "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
                             "command": ["sh", "-c", script], "resources": resources,
                             "volumeMounts": [{"name": "mem", "mountPath": "/mem"}]}]
         }
-    }))?)
+    })
+}
+
+fn guaranteed() -> Value {
+    json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}})
 }
 
 fn main_state(p: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerState> {
     p.status.as_ref()?.container_statuses.as_ref()?.first()?.state.as_ref()
 }
 
+fn running(p: &Pod) -> bool {
+    main_state(p).is_some_and(|s| s.running.is_some())
+}
+
+/// The events in the test's namespace: (involved object, reason).
+async fn events(bed: &Bed) -> Result<Vec<(String, String)>> {
+    Ok(Api::<Event>::namespaced(bed.cluster.client(), &bed.ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|e| (e.involved_object.name.unwrap_or_default(), e.reason.unwrap_or_default()))
+        .collect())
+}
+
 /// Waits until `kubelet_evictions` counts one eviction on `signal` (counted once the kill
 /// is done).
 async fn counted_once(agent: &Agent, signal: &str) -> Result<()> {
     let counted = format!("kubelet_evictions{{eviction_signal=\"{signal}\"}} 1");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let (_, text) = agent.get("/metrics").await?;
+        let (code, text) = agent.get("/metrics").await?;
+        ensure!(code == 200, "/metrics answered {code}: {text}");
         if text.lines().any(|l| l == counted) {
             return Ok(());
         }
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("kubelet_evictions")).collect();
-        anyhow::ensure!(std::time::Instant::now() < deadline, "no {counted}: {lines:#?}");
+        ensure!(Instant::now() < deadline, "no {counted}: {lines:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -55,7 +155,6 @@ async fn counted_once(agent: &Agent, signal: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_stays() -> Result<()> {
     let _g = testbed_lock().await;
-    let cri = Cri::connect(&cri_endpoint()?)?;
     // The pods cgroup gets 400 MiB: the node allocatable the agent enforces on it, with
     // everything else reserved for the system.
     let meminfo = std::fs::read_to_string("/proc/meminfo")?;
@@ -64,51 +163,38 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no MemTotal in /proc/meminfo"))?;
+        .context("no MemTotal in /proc/meminfo")?;
     let reserved_kib = total_kib - 400 * MIB / 1024;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        extra_config: format!(
-            "evictionHard:\n  allocatableMemory.available: 150Mi\nevictionPressureTransitionPeriod: 30s\n\
-             systemReserved:\n  memory: {reserved_kib}Ki\n"
-        ),
-        ..AgentOptions::default()
-    })
+    let bed = Bed::join(
+        "evict-memory",
+        AgentOptions {
+            extra_config: format!(
+                "evictionHard:\n  allocatableMemory.available: 150Mi\nevictionPressureTransitionPeriod: 30s\n\
+                 systemReserved:\n  memory: {reserved_kib}Ki\n"
+            ),
+            ..AgentOptions::default()
+        },
+    )
     .await?;
-    // Node allocatable, enforced on the real pods cgroup.
-    let kubepods = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{}/kubepods", agent.cgroup_root));
-    let limit = std::fs::read_to_string(kubepods.join("memory.limit_in_bytes"))?;
-    assert_eq!(limit.trim().parse::<u64>()?, 400 * MIB, "the kubepods memory limit");
-    let cpus = u64::try_from(std::thread::available_parallelism()?.get())?;
-    let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{}/kubepods/cpu.shares", agent.cgroup_root))?;
-    assert_eq!(shares.trim().parse::<u64>()?, cpus * 1024, "the kubepods cpu.shares: all CPUs, none reserved");
-
-    // Whatever happens, the pods go and the agent stops (a hog left running would
-    // disturb every later test).
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
-        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
-        let guaranteed =
-            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}});
-        api.create(&pod("guaranteed", steady, &guaranteed)?)?;
-        let running = |p: &Pod| main_state(p).is_some_and(|s| s.running.is_some());
-        api.wait_for::<Pod>(Some("default"), "guaranteed", Duration::from_mins(1), |p| p.is_some_and(running)).await?;
+        let agent = bed.agent();
+        // Node allocatable, enforced on the real pods cgroup.
+        let kubepods = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{}/kubepods", agent.cgroup_root));
+        let limit = std::fs::read_to_string(kubepods.join("memory.limit_in_bytes"))?;
+        assert_eq!(limit.trim().parse::<u64>()?, 400 * MIB, "the kubepods memory limit");
+        let cpus = u64::try_from(std::thread::available_parallelism()?.get())?;
+        let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{}/kubepods/cpu.shares", agent.cgroup_root))?;
+        assert_eq!(shares.trim().parse::<u64>()?, cpus * 1024, "the kubepods cpu.shares: all CPUs, none reserved");
+
+        bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;
+        bed.wait_running("guaranteed").await?;
 
         // 8 MiB of tmpfs every 0.2 s, charged to the pod: it would reach the 400 MiB limit
         // (the kernel's OOM kill) about 7 s after crossing the eviction threshold.
         let hog =
             "i=0; while true; do dd if=/dev/zero of=/mem/f$i bs=1M count=8 2>/dev/null; i=$((i+1)); sleep 0.2; done";
-        api.create(&pod("hog", hog, &json!({}))?)?;
-        let evicted = api
-            .wait_for::<Pod>(Some("default"), "hog", Duration::from_mins(2), |p| {
-                p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
-            })
-            .await
-            .map_err(|e| {
-                let hog = api.get::<Pod>(Some("default"), "hog").and_then(|p| p.status);
-                anyhow::anyhow!("hog not evicted: {e}\nstatus: {hog:?}\n{}", swiftlet_tests::tail(&agent.log(), 40))
-            })?
-            .expect("present");
+        bed.create(pod("hog", hog, &json!({}))).await?;
+        let evicted = bed.wait_evicted("hog", Duration::from_mins(2)).await?;
         let status = evicted.status.clone().unwrap_or_default();
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         let message = status.message.clone().unwrap_or_default();
@@ -130,7 +216,7 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
                 .unwrap_or_default()
         };
         assert_ne!(terminated_reason(&evicted), "OOMKilled", "{status:?}");
-        let g = api.get::<Pod>(Some("default"), "guaranteed").expect("guaranteed pod");
+        let g = bed.get("guaranteed").await?;
         assert!(running(&g), "the Guaranteed pod still runs: {:?}", g.status);
         let restarts = g
             .status
@@ -139,39 +225,29 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
             .and_then(|c| c.first())
             .map_or(0, |c| c.restart_count);
         assert_eq!(restarts, 0);
-        counted_once(&agent, "allocatableMemory.available").await?;
+        counted_once(agent, "allocatableMemory.available").await?;
         // The kernel's signal, not the 10 s pass, decided.
-        let kernel_decisions = agent
-            .metric("swiftlet_eviction_signal_to_decision_seconds_count{source=\"memcg_threshold\"}")
-            .await
-            .unwrap_or(0.0)
-            + agent.metric("swiftlet_eviction_signal_to_decision_seconds_count{source=\"psi\"}").await.unwrap_or(0.0)
-            + agent
-                .metric("swiftlet_eviction_signal_to_decision_seconds_count{source=\"ebpf_reclaim\"}")
-                .await
-                .unwrap_or(0.0);
-        assert!(
-            kernel_decisions >= 1.0,
-            "no eviction decided on a kernel signal\n{}",
-            swiftlet_tests::tail(&agent.log(), 40)
-        );
-        let events: Vec<(String, String)> = api
-            .list::<k8s_openapi::api::core::v1::Event>(Some("default"))
-            .into_iter()
-            .map(|e| (e.involved_object.name.unwrap_or_default(), e.reason.unwrap_or_default()))
-            .collect();
-        assert!(events.iter().any(|(n, r)| n == "hog" && r == "Evicted"), "{events:?}");
+        let mut kernel_decisions = 0.0;
+        for source in ["memcg_threshold", "psi", "ebpf_reclaim"] {
+            kernel_decisions += agent
+                .metric(&format!("swiftlet_eviction_signal_to_decision_seconds_count{{source=\"{source}\"}}"))
+                .await?;
+        }
+        assert!(kernel_decisions >= 1.0, "no eviction decided on a kernel signal\n{}", tail(&agent.log(), 40));
+        // The Evicted event, as the real API server stored it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let events = events(&bed).await?;
+            if events.iter().any(|(n, r)| n == "hog" && r == "Evicted") {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "no Evicted event on hog: {events:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         anyhow::Ok(())
     }))
     .await;
-    for name in ["guaranteed", "hog"] {
-        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
-    }
-    let stopped = agent.shutdown(&cri).await;
-    match outcome {
-        Ok(result) => result.and(stopped),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    bed.finish(outcome).await
 }
 
 /// PID pressure: `pid.available` (`pid_max` − running processes) set just below what
@@ -181,76 +257,54 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
 async fn a_fork_loop_is_evicted_under_pid_pressure() -> Result<()> {
     let _g = testbed_lock().await;
     let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    // What the node has free, as the agent counts it (a first agent, without thresholds).
+    // What the node has free, as the agent counts it (a first agent, standalone and
+    // without thresholds).
     let probe = Agent::start(AgentOptions::default()).await?;
     let (_, summary) = probe.get("/stats/summary").await?;
     probe.shutdown(&cri).await?;
-    let summary: serde_json::Value = serde_json::from_str(&summary)?;
+    let summary: Value = serde_json::from_str(&summary)?;
     let rlimit = &summary["node"]["rlimit"];
     let (max, cur) = (rlimit["maxpid"].as_i64().unwrap_or(0), rlimit["curproc"].as_i64().unwrap_or(0));
-    anyhow::ensure!(max > 0 && cur > 0, "no rlimit stats: {rlimit}");
+    ensure!(max > 0 && cur > 0, "no rlimit stats: {rlimit}");
     // Pressure once 150 more processes run than now.
     let threshold = max - cur - 150;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        extra_config: format!("evictionHard:\n  pid.available: \"{threshold}\"\npodPidsLimit: 400\n"),
-        ..AgentOptions::default()
-    })
+    let bed = Bed::join(
+        "evict-pids",
+        AgentOptions {
+            extra_config: format!("evictionHard:\n  pid.available: \"{threshold}\"\npodPidsLimit: 400\n"),
+            ..AgentOptions::default()
+        },
+    )
     .await?;
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
-        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
-        let guaranteed =
-            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}});
-        api.create(&pod("guaranteed", steady, &guaranteed)?)?;
-        let running = |p: &Pod| main_state(p).is_some_and(|s| s.running.is_some());
-        api.wait_for::<Pod>(Some("default"), "guaranteed", Duration::from_mins(1), |p| p.is_some_and(running)).await?;
+        bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;
+        bed.wait_running("guaranteed").await?;
         let forker = "i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; wait";
-        api.create(&pod("forker", forker, &json!({}))?)?;
-        let evicted = api
-            .wait_for::<Pod>(Some("default"), "forker", Duration::from_mins(1), |p| {
-                p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("forker not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))?
-            .expect("present");
+        bed.create(pod("forker", forker, &json!({}))).await?;
+        let evicted = bed.wait_evicted("forker", Duration::from_mins(1)).await?;
         let message = evicted.status.and_then(|s| s.message).unwrap_or_default();
         assert!(message.starts_with("The node was low on resource: pids."), "{message}");
-        let g = api.get::<Pod>(Some("default"), "guaranteed").expect("guaranteed pod");
+        let g = bed.get("guaranteed").await?;
         assert!(running(&g), "the Guaranteed pod still runs: {:?}", g.status);
         anyhow::Ok(())
     }))
     .await;
-    for name in ["guaranteed", "forker"] {
-        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
-    }
-    let stopped = agent.shutdown(&cri).await;
-    match outcome {
-        Ok(result) => result.and(stopped),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    bed.finish(outcome).await
 }
 
 /// A pod whose emptyDir is on the node filesystem (the agent's root dir).
-fn disk_pod(name: &str, script: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
+fn disk_pod(name: &str, script: &str) -> Value {
+    json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": {
-            "nodeName": "e2e-node",
             "terminationGracePeriodSeconds": 2,
             "volumes": [{"name": "data", "emptyDir": {}}],
             "containers": [{"name": "main", "image": "localhost/busybox:latest", "imagePullPolicy": "IfNotPresent",
                             "command": ["sh", "-c", script],
                             "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]
         }
-    }))?)
-}
-
-/// `DiskPressure`'s status on the node object, if reported.
-fn disk_pressure(api: &TestApiServer) -> Option<String> {
-    let node = api.get::<k8s_openapi::api::core::v1::Node>(None, "e2e-node")?;
-    node.status?.conditions?.into_iter().find(|c| c.type_ == "DiskPressure").map(|c| c.status)
+    })
 }
 
 /// Disk pressure on a node filesystem of its own: the agent's root dir (where emptyDir
@@ -260,42 +314,30 @@ fn disk_pressure(api: &TestApiServer) -> Option<String> {
 /// volume is gone, the space is back and the condition clears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> Result<()> {
-    use k8s_openapi::api::core::v1::Node;
     let _g = testbed_lock().await;
-    let cri = Cri::connect(&cri_endpoint()?)?;
     let mut nodefs = swiftlet_tests::scratch::LoopFs::create(128)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        root_dir: Some(nodefs.mountpoint.join("kubelet")),
-        extra_config: "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 50%\n\
-                       evictionPressureTransitionPeriod: 5s\nnodeStatusUpdateFrequency: 2s\n"
-            .into(),
-        ..AgentOptions::default()
-    })
+    let bed = Bed::join(
+        "evict-disk",
+        AgentOptions {
+            root_dir: Some(nodefs.mountpoint.join("kubelet")),
+            extra_config: "evictionHard:\n  memory.available: 100Mi\n  nodefs.available: 50%\n\
+                           evictionPressureTransitionPeriod: 5s\nnodeStatusUpdateFrequency: 2s\n"
+                .into(),
+            ..AgentOptions::default()
+        },
+    )
     .await?;
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
-        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
-        let running = |p: &Pod| main_state(p).is_some_and(|s| s.running.is_some());
-        api.create(&disk_pod("quiet", &format!("dd if=/dev/zero of=/data/f bs=1M count=1; {steady}"))?)?;
-        api.wait_for::<Pod>(Some("default"), "quiet", Duration::from_mins(1), |p| p.is_some_and(running)).await?;
-        let node_ready = api
-            .wait_for::<Node>(None, "e2e-node", Duration::from_secs(30), |n| {
-                n.is_some() && disk_pressure(&api).as_deref() == Some("False")
-            })
-            .await;
-        node_ready.map_err(|e| anyhow::anyhow!("no DiskPressure=False before the test: {e}"))?;
-        let (capacity, available) = nodefs.space()?;
-        anyhow::ensure!(available * 2 > capacity, "the node filesystem is already half full: {available}/{capacity}");
-
-        api.create(&disk_pod("filler", &format!("dd if=/dev/zero of=/data/f bs=1M count=80; sync; {steady}"))?)?;
-        let evicted = api
-            .wait_for::<Pod>(Some("default"), "filler", Duration::from_mins(1), |p| {
-                p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
-            })
+        bed.create(disk_pod("quiet", &format!("dd if=/dev/zero of=/data/f bs=1M count=1; {STEADY}"))).await?;
+        bed.wait_running("quiet").await?;
+        bed.wait_disk_pressure("False", Duration::from_secs(30))
             .await
-            .map_err(|e| anyhow::anyhow!("filler not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 40)))?
-            .expect("present");
+            .context("no DiskPressure=False before the test")?;
+        let (capacity, available) = nodefs.space()?;
+        ensure!(available * 2 > capacity, "the node filesystem is already half full: {available}/{capacity}");
+
+        bed.create(disk_pod("filler", &format!("dd if=/dev/zero of=/data/f bs=1M count=80; sync; {STEADY}"))).await?;
+        let evicted = bed.wait_evicted("filler", Duration::from_mins(1)).await?;
         let status = evicted.status.clone().unwrap_or_default();
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         let message = status.message.unwrap_or_default();
@@ -304,38 +346,27 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
             "{message}"
         );
         assert!(message.contains("Container main was using"), "{message}");
-        api.wait_for::<Node>(None, "e2e-node", Duration::from_secs(30), |_| {
-            disk_pressure(&api).as_deref() == Some("True")
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("the node never reported DiskPressure: {e}"))?;
-        let quiet = api.get::<Pod>(Some("default"), "quiet").expect("quiet pod");
+        bed.wait_disk_pressure("True", Duration::from_secs(30))
+            .await
+            .context("the node never reported DiskPressure")?;
+        let quiet = bed.get("quiet").await?;
         assert!(running(&quiet), "the quiet pod still runs: {:?}", quiet.status);
-        counted_once(&agent, "nodefs.available").await?;
+        counted_once(bed.agent(), "nodefs.available").await?;
 
         // The evicted pod's emptyDir goes with it: the space comes back, the condition clears.
-        api.wait_for::<Node>(None, "e2e-node", Duration::from_mins(1), |_| {
-            disk_pressure(&api).as_deref() == Some("False")
-        })
-        .await
-        .map_err(|e| {
+        bed.wait_disk_pressure("False", Duration::from_mins(1)).await.with_context(|| {
             let space = nodefs.space().map(|(c, a)| format!("{a}/{c} bytes available")).unwrap_or_default();
-            anyhow::anyhow!("DiskPressure did not clear ({space}): {e}\n{}", swiftlet_tests::tail(&agent.log(), 30))
+            format!("DiskPressure did not clear ({space})")
         })?;
         let (capacity, available) = nodefs.space()?;
         assert!(available * 2 > capacity, "the space did not come back: {available}/{capacity}");
         anyhow::Ok(())
     }))
     .await;
-    for name in ["quiet", "filler"] {
-        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
-    }
-    let stopped = agent.shutdown(&cri).await;
+    let finished = bed.finish(outcome).await;
+    // After the agent has stopped: nothing of it holds the filesystem any more.
     let unmounted = nodefs.remove();
-    match outcome {
-        Ok(result) => result.and(stopped).and(unmounted),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    finished.and(unmounted)
 }
 
 /// Local storage limits, with no node pressure at all: a pod whose emptyDir outgrows its
@@ -346,81 +377,48 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
     let _g = testbed_lock().await;
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = TestApiServer::start(Options::default()).await?;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        extra_config: "volumeStatsAggPeriod: 2s\n".into(),
-        ..AgentOptions::default()
-    })
+    let bed = Bed::join(
+        "evict-local",
+        AgentOptions { extra_config: "volumeStatsAggPeriod: 2s\n".into(), ..AgentOptions::default() },
+    )
     .await?;
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
-        let steady = "trap 'exit 0' TERM; while true; do sleep 1; done";
-        let pod = |name: &str, script: &str, size_limit: &str, limit: &str| -> Result<Pod> {
-            let mut p = disk_pod(name, &format!("{script}; {steady}"))?;
-            let spec = p.spec.as_mut().expect("spec");
+        let pod = |name: &str, script: &str, size_limit: &str, limit: &str| -> Value {
+            let mut p = disk_pod(name, &format!("{script}; {STEADY}"));
             if !size_limit.is_empty() {
-                spec.volumes.as_mut().expect("volumes")[0].empty_dir.as_mut().expect("emptyDir").size_limit =
-                    Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(size_limit.into()));
+                p["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] = json!(size_limit);
             }
             if !limit.is_empty() {
-                spec.containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
-                    limits: Some(std::collections::BTreeMap::from([(
-                        "ephemeral-storage".to_owned(),
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(limit.into()),
-                    )])),
-                    ..Default::default()
-                });
+                p["spec"]["containers"][0]["resources"] = json!({"limits": {"ephemeral-storage": limit}});
             }
-            Ok(p)
+            p
         };
-        api.create(&pod("within", "dd if=/dev/zero of=/data/f bs=1M count=1", "8Mi", "8Mi")?)?;
-        api.create(&pod("volume-over", "dd if=/dev/zero of=/data/f bs=1M count=4", "1Mi", "")?)?;
+        bed.create(pod("within", "dd if=/dev/zero of=/data/f bs=1M count=1", "8Mi", "8Mi")).await?;
+        bed.create(pod("volume-over", "dd if=/dev/zero of=/data/f bs=1M count=4", "1Mi", "")).await?;
         // Two containers: the pod's total limit (2Mi + 100Mi) holds, the writer's own does not.
-        let mut layer = pod("layer-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")?;
-        let containers = &mut layer.spec.as_mut().expect("spec").containers;
-        let mut side = containers[0].clone();
-        side.name = "side".into();
-        side.command = Some(vec!["sh".into(), "-c".into(), steady.into()]);
-        side.volume_mounts = None;
-        if let Some(limits) = side.resources.as_mut().and_then(|r| r.limits.as_mut()) {
-            limits.insert(
-                "ephemeral-storage".into(),
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity("100Mi".into()),
-            );
-        }
-        containers.push(side);
-        api.create(&layer)?;
-        api.create(&pod("pod-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")?)?;
-        let evicted = |name: &'static str| {
-            let api = &api;
-            let agent = &agent;
-            async move {
-                api.wait_for::<Pod>(Some("default"), name, Duration::from_mins(1), |p| {
-                    p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("{name} not evicted: {e}\n{}", swiftlet_tests::tail(&agent.log(), 30)))
-                .map(|p| p.and_then(|p| p.status).and_then(|s| s.message).unwrap_or_default())
-            }
+        let mut layer = pod("layer-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi");
+        let mut side = layer["spec"]["containers"][0].clone();
+        side["name"] = json!("side");
+        side["command"] = json!(["sh", "-c", STEADY]);
+        side.as_object_mut().context("container")?.remove("volumeMounts");
+        side["resources"]["limits"]["ephemeral-storage"] = json!("100Mi");
+        layer["spec"]["containers"].as_array_mut().context("containers")?.push(side);
+        bed.create(layer).await?;
+        bed.create(pod("pod-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")).await?;
+        let message = async |name: &str| -> Result<String> {
+            let p = bed.wait_evicted(name, Duration::from_mins(1)).await?;
+            Ok(p.status.and_then(|s| s.message).unwrap_or_default())
         };
-        assert_eq!(evicted("volume-over").await?, "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ");
-        assert_eq!(evicted("layer-over").await?, "Container main exceeded its local ephemeral storage limit \"2Mi\". ");
+        assert_eq!(message("volume-over").await?, "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ");
+        assert_eq!(message("layer-over").await?, "Container main exceeded its local ephemeral storage limit \"2Mi\". ");
         assert_eq!(
-            evicted("pod-over").await?,
+            message("pod-over").await?,
             "Pod ephemeral local storage usage exceeds the total limit of containers 2Mi. "
         );
-        let within = api.get::<Pod>(Some("default"), "within").expect("within");
-        assert!(main_state(&within).is_some_and(|s| s.running.is_some()), "{:?}", within.status);
+        let within = bed.get("within").await?;
+        assert!(running(&within), "{:?}", within.status);
         anyhow::Ok(())
     }))
     .await;
-    for name in ["within", "volume-over", "layer-over", "pod-over"] {
-        let _ = api.delete::<Pod>(Some("default"), name, Some(0));
-    }
-    let stopped = agent.shutdown(&cri).await;
-    match outcome {
-        Ok(result) => result.and(stopped),
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
+    bed.finish(outcome).await
 }
