@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    Ctx, cluster,
+    Ctx, cluster, fuzz,
     testbed::{self, Layout},
     upstream,
 };
@@ -137,7 +137,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 9 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 10 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -173,6 +173,15 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
             "cargo clippy",
         ),
     );
+
+    // A short run of every fuzz target on its committed seeds (cargo-fuzz needs nightly:
+    // without it the step is skipped, and so failed).
+    if fuzz::nightly_available() {
+        let t = r.header(&format!("cargo xtask fuzz --time {} (each target)", fuzz::CI_SECS));
+        r.record("fuzz", t, fuzz::run(ctx, fuzz::CI_SECS, &[]));
+    } else {
+        r.skip("fuzz", "no nightly toolchain for cargo-fuzz (rustup toolchain install nightly)");
+    }
 
     if bed_up {
         let t = r.header("testbed smoke (CNI pod, hostPort)");

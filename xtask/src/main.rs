@@ -8,8 +8,8 @@
 //!   `upstream`).
 //! - `registry up|down|status`: the test bed's image registries on loopback (plain HTTP,
 //!   and HTTPS with basic auth), holding the local images (see `registry`).
-//! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, tests, test bed
-//!   down, check-clean.
+//! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, fuzz, tests,
+//!   test bed down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
 //! - `bench` (`bench all`): every figure with a target in one table, swiftlet and
 //!   optionally another node agent (figures, not a test).
@@ -17,6 +17,7 @@
 //! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
 //! - `bench eviction`: memory threshold crossed → eviction decision, kernel signals vs
 //!   the 10 s pass.
+//! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/` (see `fuzz`).
 //!
 //! xtask builds with no system tools (no protoc, no clang): it is what installs them.
 
@@ -28,6 +29,7 @@ mod cluster;
 mod containerd;
 mod cri;
 mod demo;
+mod fuzz;
 mod images;
 mod registry;
 mod testbed;
@@ -63,7 +65,8 @@ enum Cmd {
         #[arg(long, global = true, requires = "root_dir")]
         state_dir: Option<PathBuf>,
     },
-    /// Run what CI runs: test bed up, build, fmt, clippy, tests, test bed down, check-clean.
+    /// Run what CI runs: test bed up, build, fmt, clippy, fuzz, tests, test bed down,
+    /// check-clean.
     Test {
         /// Extra arguments for the test binaries (after `cargo test ... --`).
         #[arg(last = true)]
@@ -96,6 +99,15 @@ enum Cmd {
         command: Option<bench::BenchCmd>,
         #[command(flatten)]
         all: bench::AllArgs,
+    },
+    /// Run the fuzz targets of `fuzz/` (cargo-fuzz, nightly), each for a fixed time.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = fuzz::DEFAULT_SECS)]
+        time: u64,
+        /// The targets (default: all of them).
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(fuzz::TARGETS))]
+        targets: Vec<String>,
     },
 }
 
@@ -199,6 +211,7 @@ async fn main() -> ExitCode {
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
+        Cmd::Fuzz { time, targets } => fuzz::run(&ctx, time, &targets),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
