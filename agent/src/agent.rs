@@ -448,6 +448,7 @@ impl ApiClientsBase {
 }
 
 impl ApiClients {
+    #[cfg(test)]
     async fn from_kubeconfig(path: &std::path::Path, kc: &KubeletConfiguration) -> Result<Self, Error> {
         ApiClientsBase::load(path, kc).await?.build(None)
     }
@@ -457,6 +458,7 @@ impl ApiClients {
 /// [`crate::certificate::rotation::RotatingClient`], rebuilt with every new pair.
 struct RotatingApiClients {
     clients: ApiClients,
+    reconnector: Reconnector,
     manager: Arc<crate::certificate::rotation::CertManager>,
     /// The rotation, until shutdown; an error when the certificate lapsed for good.
     task: Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, Result<(), Error>> + Send>,
@@ -494,6 +496,10 @@ impl RotatingApiClients {
         let clients =
             ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
         let manager = CertManager::new(CLIENT, store, node, None, current);
+        let reconnector = {
+            let (base, manager, cells) = (base.clone(), manager.clone(), cells.clone());
+            Reconnector::new(cells, move || base.build(manager.current().as_deref()))
+        };
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
         let task = Box::new(move |shutdown: CancellationToken| {
             Box::pin(async move {
@@ -518,7 +524,74 @@ impl RotatingApiClients {
                 }
             }) as futures::future::BoxFuture<'static, Result<(), Error>>
         });
-        Ok(Self { clients, manager, task })
+        Ok(Self { clients, reconnector, manager, task })
+    }
+}
+
+/// The API clients' connections, all dropped at once when a heartbeat fails (upstream's
+/// `closeAllConns`): each client is a [`crate::certificate::rotation::RotatingClient`]
+/// cell, rebuilt (new connection pools) and swapped. A network that black-holes
+/// connections (half-open: nothing moves, nothing closes) would otherwise keep new
+/// requests on dead pooled connections until their read timeout, minutes later.
+/// Requests under way finish or time out on their old connection; the pod watch starts
+/// again on a new one when told through [`Reconnector::generation`].
+#[derive(Clone)]
+struct Reconnector {
+    cells: [crate::certificate::rotation::RotatingClient; 3],
+    rebuild: Arc<dyn Fn() -> Result<ApiClients, Error> + Send + Sync>,
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Reconnector {
+    /// The least time between two resets: heartbeats retried every 200 ms during an
+    /// outage must not rebuild the clients (and relist the pods) each time.
+    const MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+    fn new(
+        cells: [crate::certificate::rotation::RotatingClient; 3],
+        rebuild: impl Fn() -> Result<ApiClients, Error> + Send + Sync + 'static,
+    ) -> Self {
+        Self { cells, rebuild: Arc::new(rebuild), generation: tokio::sync::watch::Sender::new(0) }
+    }
+
+    /// Plain clients made resettable.
+    fn plain(base: ApiClientsBase, ns: &str) -> Result<(ApiClients, Self), Error> {
+        use crate::certificate::rotation::RotatingClient;
+        let first = base.build(None)?;
+        let cells =
+            [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
+        let clients =
+            ApiClients { main: cells[0].client(ns), events: cells[1].client(ns), heartbeat: cells[2].client(ns) };
+        Ok((clients, Self::new(cells, move || base.build(None))))
+    }
+
+    /// Rebuilds the clients and bumps the generation.
+    fn reset(&self) {
+        match (self.rebuild)() {
+            Ok(next) => {
+                self.cells[0].swap(next.main);
+                self.cells[1].swap(next.events);
+                self.cells[2].swap(next.heartbeat);
+                self.generation.send_modify(|g| *g += 1);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot rebuild the API clients"),
+        }
+    }
+
+    /// Resets on each heartbeat failure, at most every [`Reconnector::MIN_INTERVAL`].
+    async fn run(self, failed: Arc<tokio::sync::Notify>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = failed.notified() => {}
+            }
+            tracing::warn!("a heartbeat failed; leaving every connection to the API server for new ones");
+            self.reset();
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Self::MIN_INTERVAL) => {}
+            }
+        }
     }
 }
 
@@ -581,14 +654,22 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         crate::certificate::bootstrap::load_client_cert(path, bootstrap, &cfg.cert_dir, &cfg.node_name).await?;
     }
     let mut rotation = None;
+    let mut reconnector = None;
     let clients = match &cfg.kubeconfig {
         Some(path) if kc.rotate_certificates => {
             let rotating = RotatingApiClients::new(path, kc, &cfg.cert_dir, &cfg.node_name).await?;
             let clients = rotating.clients.clone();
+            reconnector = Some(rotating.reconnector.clone());
             rotation = Some(rotating);
             Some(clients)
         }
-        Some(path) => Some(ApiClients::from_kubeconfig(path, kc).await?),
+        Some(path) => {
+            let base = ApiClientsBase::load(path, kc).await?;
+            let ns = base.config.default_namespace.clone();
+            let (clients, r) = Reconnector::plain(base, &ns)?;
+            reconnector = Some(r);
+            Some(clients)
+        }
         None => None,
     };
     let mode = if clients.is_some() { "API server" } else { "standalone: static pods only" };
@@ -973,6 +1054,18 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     if let Some(api) = &clients {
         let client = &api.main;
         let mirrors = crate::mirror::MirrorStore::default();
+        let heartbeat_failed = Arc::new(tokio::sync::Notify::new());
+        let connections = match reconnector.take() {
+            Some(r) => {
+                let generation = r.generation.subscribe();
+                tracker.spawn(
+                    r.run(heartbeat_failed.clone(), shutdown.clone())
+                        .instrument(tracing::info_span!("api_connections")),
+                );
+                generation
+            }
+            None => tokio::sync::watch::Sender::new(0).subscribe(),
+        };
         tracker.spawn(
             crate::sources::api::run(
                 client.clone(),
@@ -981,6 +1074,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 mirrors.clone(),
                 startup.clone(),
                 metrics.clone(),
+                connections,
                 shutdown.clone(),
             )
             .instrument(tracing::info_span!("api_pods")),
@@ -995,6 +1089,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         )
         .with_runtime_state(runtime_state.clone())
         .with_shutdown_status(shutdown_status.clone())
+        .with_heartbeat_failures(heartbeat_failed)
         .with_pressure({
             let eviction = eviction.clone();
             Arc::new(move || {
@@ -1220,6 +1315,63 @@ mod api_clients_tests {
     fn get(client: &kube::Client) -> impl std::future::Future<Output = kube::Result<String>> + 'static {
         let client = client.clone();
         async move { client.request_text(http::Request::get("/api/v1/namespaces").body(Vec::new()).unwrap()).await }
+    }
+
+    /// A reset leaves the pooled connections: a server that answers one request per
+    /// connection and then holds it (a black-holed connection) stalls the next request
+    /// on the pooled connection; after a reset, it goes out on a new one.
+    #[tokio::test]
+    async fn a_reset_leaves_pooled_connections_for_new_ones() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 8192];
+                    let mut seen = Vec::new();
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let Ok(n) = conn.read(&mut buf).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                    }
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}").await;
+                    // Then nothing moves on this connection, and it stays open.
+                    std::future::pending::<()>().await;
+                    drop(conn);
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+                 clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
+                 users: [{{name: t, user: {{}}}}]\n\
+                 contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
+            ),
+        )
+        .unwrap();
+        let base = ApiClientsBase::load(&path, &KubeletConfiguration::default()).await.unwrap();
+        let (clients, reconnector) = Reconnector::plain(base, "default").unwrap();
+        let mut generation = reconnector.generation.subscribe();
+        get(&clients.main).await.unwrap();
+        let stalled = tokio::time::timeout(Duration::from_millis(500), get(&clients.main)).await;
+        assert!(stalled.is_err(), "the pooled connection answered: {stalled:?}");
+        reconnector.reset();
+        assert!(generation.has_changed().unwrap(), "the pod watch is not told");
+        generation.mark_unchanged();
+        tokio::time::timeout(Duration::from_secs(5), get(&clients.main)).await.expect("still stalled").unwrap();
+        // The copies every component holds use the new pool too.
+        tokio::time::timeout(Duration::from_secs(5), get(&clients.events)).await.expect("events stalled").unwrap();
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     #[tokio::test]

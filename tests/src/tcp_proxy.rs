@@ -24,6 +24,8 @@ pub struct TcpProxy {
     accepted: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
     refusing: Arc<AtomicBool>,
+    /// Per open connection: freezes it for good (see [`TcpProxy::black_hole`]).
+    frozen: Arc<std::sync::Mutex<Vec<watch::Sender<bool>>>>,
     stop: CancellationToken,
 }
 
@@ -44,6 +46,8 @@ impl TcpProxy {
         let (st, gen_, acc, refuse, stop2) =
             (stalled.clone(), generation.clone(), accepted.clone(), refusing.clone(), stop.clone());
         let refused_count = refused.clone();
+        let frozen: Arc<std::sync::Mutex<Vec<watch::Sender<bool>>>> = Arc::default();
+        let frozen_list = frozen.clone();
         tokio::spawn(async move {
             loop {
                 let (client, _) = tokio::select! {
@@ -57,13 +61,19 @@ impl TcpProxy {
                 }
                 acc.fetch_add(1, Ordering::SeqCst);
                 let (stall_rx, gen_rx, stop3) = (st.subscribe(), gen_.subscribe(), stop2.clone());
+                let (freeze, frozen_rx) = watch::channel(false);
+                {
+                    let mut list = frozen_list.lock().unwrap();
+                    list.retain(|f| !f.is_closed());
+                    list.push(freeze);
+                }
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(target).await else { return };
                     let born = *gen_rx.borrow();
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    let up = pump(cr, sw, stall_rx.clone());
-                    let down = pump(sr, cw, stall_rx);
+                    let up = pump(cr, sw, stall_rx.clone(), frozen_rx.clone());
+                    let down = pump(sr, cw, stall_rx, frozen_rx);
                     let mut gen_rx = gen_rx;
                     tokio::select! {
                         () = stop3.cancelled() => {}
@@ -73,12 +83,20 @@ impl TcpProxy {
                 });
             }
         });
-        Ok(Self { addr, stalled, generation, accepted, refused, refusing, stop })
+        Ok(Self { addr, stalled, generation, accepted, refused, refusing, frozen, stop })
     }
 
     /// Stops (true) or resumes (false) moving bytes on every connection, new ones too.
     pub fn stall(&self, on: bool) {
         self.stalled.send_replace(on);
+    }
+
+    /// Freezes every open connection for good, as a network that black-holes them would
+    /// (a half-open connection: nothing moves, nothing closes); new connections work.
+    pub fn black_hole(&self) {
+        for f in self.frozen.lock().unwrap().iter() {
+            f.send_replace(true);
+        }
     }
 
     /// Closes every open connection.
@@ -110,15 +128,18 @@ impl Drop for TcpProxy {
     }
 }
 
-/// Copies `from` to `to`, pausing while `stalled` says so.
+/// Copies `from` to `to`, pausing while `stalled` says so, for good once `frozen`.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut stalled: watch::Receiver<bool>,
+    mut frozen: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if stalled.wait_for(|s| !*s).await.is_err() {
+        if stalled.wait_for(|s| !*s).await.is_err() || *frozen.borrow() {
+            // Frozen: hold the connection open, move nothing, until the proxy stops.
+            let _ = frozen.wait_for(|f| !*f).await;
             return;
         }
         let n = match from.read(&mut buf).await {
@@ -129,7 +150,8 @@ async fn pump(
             Ok(n) => n,
         };
         // Data read just as a stall began is held until it ends.
-        if stalled.wait_for(|s| !*s).await.is_err() {
+        if stalled.wait_for(|s| !*s).await.is_err() || *frozen.borrow() {
+            let _ = frozen.wait_for(|f| !*f).await;
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -194,5 +216,20 @@ mod tests {
         let mut refused = TcpStream::connect(proxy.addr).await.unwrap();
         assert_eq!(roundtrip(&mut refused, b"x").await, None);
         assert_eq!((proxy.accepted(), proxy.refused()), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_black_hole_freezes_open_connections_and_not_new_ones() {
+        let proxy = TcpProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(roundtrip(&mut old, b"one").await.as_deref(), Some(&b"one"[..]));
+        proxy.black_hole();
+        assert_eq!(roundtrip(&mut old, b"two").await, None, "nothing moves on a frozen connection");
+        let mut new = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(roundtrip(&mut new, b"new").await.as_deref(), Some(&b"new"[..]));
+        assert_eq!(roundtrip(&mut old, b"three").await, None, "and it stays frozen");
+        // Frozen, not closed.
+        let mut byte = [0u8; 1];
+        assert!(tokio::time::timeout(Duration::from_millis(300), old.read(&mut byte)).await.is_err());
     }
 }

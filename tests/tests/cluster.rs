@@ -634,3 +634,85 @@ async fn the_agent_recovers_from_cut_and_refused_api_server_connections() -> Res
     node.wait_ready(Duration::from_secs(30)).await?;
     node.leave(&cri).await
 }
+
+/// The network black-holes the agent's open connections to the API server (half-open:
+/// nothing moves, nothing closes; a failed-over load balancer, a dropped NAT entry). As
+/// upstream's kubelet does (it closes its connections after a failed heartbeat), the agent
+/// must notice and open new ones: its Lease is renewed before it expires, and a pod bound
+/// afterwards runs.
+#[tokio::test]
+async fn the_agent_leaves_black_holed_api_server_connections() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let target = cluster.state.server.trim_start_matches("https://").parse()?;
+    let proxy = swiftlet_tests::tcp_proxy::TcpProxy::start(target).await?;
+    let via = format!("https://127.0.0.1:{}", proxy.addr.port());
+    let mut node = cluster.join_via("black-hole", AgentOptions::default(), Some(&via)).await?;
+    let ns = node.namespace("black-hole").await?;
+    node.create_pod(&ns, busybox_pod("before", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "before", Duration::from_mins(1), "pod running", running).await?;
+    let leases = Api::<Lease>::namespaced(cluster.client(), "kube-node-lease");
+    let renewed = async || -> Result<Option<String>> {
+        Ok(leases.get(&node.name).await?.spec.and_then(|s| s.renew_time).map(|t| t.0.to_string()))
+    };
+
+    let accepted = proxy.accepted();
+    proxy.black_hole();
+    let since = renewed().await?;
+    // The Lease lasts 40 s: renewed well before, over a new connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while renewed().await? == since {
+        ensure!(
+            Instant::now() < deadline,
+            "the Lease was not renewed within 30 s of the black hole\n{}",
+            tail(&node.agent.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(proxy.accepted() > accepted, "renewed without a new connection?");
+    // The pod watch came back too: a pod bound now runs.
+    node.create_pod(&ns, busybox_pod("after", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "after", Duration::from_mins(1), "pod bound after the black hole running", running)
+        .await?;
+    node.wait_ready(Duration::from_secs(10)).await?;
+    node.leave(&cri).await
+}
+
+/// etcd goes away for 30 s (the API server answers errors, its watches end) and comes back:
+/// the pods run on untouched, the agent's watch resumes (a pod bound after runs, a pod
+/// deleted after is stopped) and the node is Ready.
+#[tokio::test]
+async fn pods_run_on_through_an_etcd_restart() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("etcd").await?;
+    let ns = node.namespace("etcd").await?;
+    let before = node.create_pod(&ns, busybox_pod("before", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "before", Duration::from_mins(1), "pod running", running).await?;
+    let uid = before.metadata.uid.clone().context("uid")?;
+    let containers = cri.containers(&uid).await?;
+
+    cluster.stop_component("etcd")?;
+    let outage = Instant::now();
+    // Nothing to assert on meanwhile but that nothing changes: the outage lasts 30 s.
+    tokio::time::sleep(Duration::from_secs(30).saturating_sub(outage.elapsed())).await;
+    let (code, _) = node.agent.healthz().await?;
+    assert_eq!(code, 200);
+    cluster.start_component("etcd").await?;
+    let after = cri.containers(&uid).await?;
+    assert_eq!(after.len(), containers.len());
+    assert_eq!(after[0].id, containers[0].id, "the pod was restarted during the outage");
+
+    node.create_pod(&ns, busybox_pod("after", "while true; do sleep 1; done")).await?;
+    node.eventually_pod(&ns, "after", Duration::from_mins(1), "pod bound after etcd came back running", running)
+        .await?;
+    let pods = Api::<Pod>::namespaced(cluster.client(), &ns);
+    pods.delete("before", &DeleteParams::default()).await?;
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while pods.get_opt("before").await?.is_some() {
+        ensure!(Instant::now() < deadline, "pod deleted after the outage not removed\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.wait_ready(Duration::from_mins(1)).await?;
+    node.leave(&cri).await
+}

@@ -270,6 +270,9 @@ pub struct NodeManager {
     runtime_state: Option<Arc<runtime_state::RuntimeState>>,
     /// The node shutdown manager's verdict, the last reason not to be ready.
     shutdown: Option<crate::nodeshutdown::ShutdownStatus>,
+    /// Told when a heartbeat (Lease renewal, status update) fails: the other users of
+    /// the API server leave their connections then (see [`NodeManager::with_heartbeat_failures`]).
+    heartbeat_failed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl std::fmt::Debug for NodeManager {
@@ -300,6 +303,25 @@ impl NodeManager {
             observed_addresses: None,
             runtime_state: None,
             shutdown: None,
+            heartbeat_failed: None,
+        }
+    }
+
+    /// Tells `failed` of every failed heartbeat (the node read, its status update, the
+    /// Lease renewal). Upstream's kubelet closes all its connections to the API server
+    /// then (`closeAllConns`): a connection a network has black-holed (half-open: nothing
+    /// moves, nothing closes) would otherwise hold the pod watch and later requests until
+    /// their read timeout, minutes later. The heartbeats time out within
+    /// `nodeStatusUpdateFrequency`.
+    #[must_use]
+    pub fn with_heartbeat_failures(mut self, failed: Arc<tokio::sync::Notify>) -> Self {
+        self.heartbeat_failed = Some(failed);
+        self
+    }
+
+    fn heartbeat_failed(&self) {
+        if let Some(n) = &self.heartbeat_failed {
+            n.notify_one();
         }
     }
 
@@ -552,6 +574,7 @@ impl NodeManager {
                 Ok(Some(_)) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the node object");
+                    self.heartbeat_failed();
                     continue;
                 }
             }
@@ -573,7 +596,10 @@ impl NodeManager {
                         last_report_at = tokio::time::Instant::now();
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "node status update failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "node status update failed");
+                    self.heartbeat_failed();
+                }
             }
         }
         lease.abort();
@@ -635,6 +661,7 @@ impl NodeManager {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease renewal failed");
+                    self.heartbeat_failed();
                     let w = retry;
                     retry = (retry * 2).min(Duration::from_secs(7));
                     w

@@ -35,7 +35,16 @@ pub fn is_mirror_pod(pod: &Pod) -> bool {
     pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(super::CONFIG_MIRROR_ANNOTATION))
 }
 
-/// Watches this node's pods until shutdown.
+/// The longest the pod watch may stay silent: the API server sends a bookmark about
+/// every minute to watches that ask for them (the watcher does), so a watch that has
+/// heard nothing for longer is on a dead connection and is started again.
+pub const WATCH_SILENCE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Watches this node's pods until shutdown. The watch starts again (a new connection,
+/// a fresh list) after [`WATCH_SILENCE`] without a word, and when `connections` moves on
+/// (the agent left every connection after a failed heartbeat, as upstream's
+/// `closeAllConns`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: kube::Client,
     node_name: String,
@@ -43,17 +52,30 @@ pub async fn run(
     mirrors: crate::mirror::MirrorStore,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
     metrics: Arc<crate::metrics::KubeletMetrics>,
+    mut connections: tokio::sync::watch::Receiver<u64>,
     shutdown: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-    let mut stream = watcher(api, cfg).boxed();
+    let mut stream = watcher(api.clone(), cfg.clone()).boxed();
     let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
     let mut init: Option<BTreeMap<String, Pod>> = None;
     loop {
         let ev = tokio::select! {
             () = shutdown.cancelled() => return,
-            ev = stream.next() => ev,
+            Ok(()) = connections.changed() => {
+                tracing::warn!("starting the pod watch again on a new connection");
+                stream = watcher(api.clone(), cfg.clone()).boxed();
+                continue;
+            }
+            ev = tokio::time::timeout(WATCH_SILENCE, stream.next()) => {
+                let Ok(ev) = ev else {
+                    tracing::warn!(silent = ?WATCH_SILENCE, "the pod watch heard nothing, not even a bookmark; starting it again");
+                    stream = watcher(api.clone(), cfg.clone()).boxed();
+                    continue;
+                };
+                ev
+            }
         };
         let Some(ev) = ev else { return };
         let changed = match ev {
