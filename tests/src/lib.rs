@@ -657,54 +657,6 @@ pub fn existing_cgroup_dirs(relative: &str) -> Vec<PathBuf> {
     entries.flatten().map(|h| h.path().join(rel)).filter(|p| p.is_dir()).collect()
 }
 
-/// An agent in API-server mode joined to a fresh test API server (default options), with
-/// a client of the test bed's runtime; returns once the agent has registered its node.
-///
-/// # Errors
-/// The runtime, the API server or the agent did not come up, or no node in 30 s.
-pub async fn api_mode_agent() -> Result<(apiserver::TestApiServer, Agent, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let api = apiserver::TestApiServer::start(apiserver::Options::default()).await?;
-    let agent =
-        Agent::start(AgentOptions { kubeconfig: Some(api.kubeconfig_path().to_path_buf()), ..AgentOptions::default() })
-            .await?;
-    let node = agent.node_name.clone();
-    api.wait_for::<k8s_openapi::api::core::v1::Node>(None, &node, Duration::from_secs(30), |n| n.is_some()).await?;
-    Ok((api, agent, cri))
-}
-
-/// Polls until `check` holds for the API pod `default/name`, for `secs` at most.
-///
-/// # Errors
-/// Not reached in time: `what`, the pod's status and the tail of the agent's log.
-pub async fn eventually_pod(
-    api: &apiserver::TestApiServer,
-    agent: &Agent,
-    name: &str,
-    secs: u64,
-    what: &str,
-    check: impl Fn(&k8s_openapi::api::core::v1::Pod) -> bool,
-) -> Result<k8s_openapi::api::core::v1::Pod> {
-    use k8s_openapi::api::core::v1::Pod;
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(p) = api.get::<Pod>(Some("default"), name)
-            && check(&p)
-        {
-            return Ok(p);
-        }
-        if Instant::now() > deadline {
-            let p = api.get::<Pod>(Some("default"), name);
-            bail!(
-                "{what}: not reached in {secs}s\nstatus: {}\n{}",
-                serde_json::to_string_pretty(&p.and_then(|p| p.status)).unwrap_or_default(),
-                tail(&agent.log(), 40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The last `n` lines of `s`.
 #[must_use]
 pub fn tail(s: &str, n: usize) -> String {

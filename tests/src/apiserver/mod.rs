@@ -1,7 +1,10 @@
-//! A faithful in-memory Kubernetes API server test double.
+//! An in-memory Kubernetes API server double.
 //!
-//! No `kube-apiserver` can run on the test machines, so the agent's real `kube` client
-//! talks to this server in end-to-end tests. It speaks the real wire protocol (JSON over
+//! Written while no `kube-apiserver` could run on the test machines. No test uses it any
+//! more: every API-mode end-to-end test runs on the test bed's real control plane
+//! ([`crate::cluster`]). It remains only behind `swiftlet-test-apiserver`, the API server
+//! of `cargo xtask bench`'s pod start-up and eviction figures, until the bench moves onto
+//! the real control plane (issue 27); then it goes. It speaks the real wire protocol (JSON over
 //! HTTP/1.1, or HTTPS with a throw-away CA; bearer tokens; `metav1.Status` errors;
 //! newline-delimited watch events) and, wherever a client could tell the difference,
 //! follows the real server (`staging/src/k8s.io/apiserver`, `pkg/registry/core/*`,

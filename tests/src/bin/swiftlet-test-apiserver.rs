@@ -1,5 +1,5 @@
-//! `swiftlet-test-apiserver`: the in-memory API server double in the foreground, for
-//! running the agent against a "cluster" by hand (`cargo xtask demo --cluster`).
+//! `swiftlet-test-apiserver`: the in-memory API server double in the foreground; the
+//! API server of `cargo xtask bench` until the bench runs on the real control plane.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
