@@ -1292,12 +1292,9 @@ mod api_clients_tests {
 
     /// The agent's clients, configured by `kc`, of a plain-HTTP server that answers `{}` to
     /// everything (and the folder holding their kubeconfig).
-    async fn clients_of_answering_server(kc: &KubeletConfiguration) -> (tempfile::TempDir, ApiClients) {
-        let dir = tempfile::tempdir().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(|| async { "{}" })).await });
-        let path = dir.path().join("kubeconfig");
+    /// A kubeconfig for plain HTTP to 127.0.0.1:`port`, no credentials.
+    fn plain_kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
         std::fs::write(
             &path,
             format!(
@@ -1308,6 +1305,15 @@ mod api_clients_tests {
             ),
         )
         .unwrap();
+        path
+    }
+
+    async fn clients_of_answering_server(kc: &KubeletConfiguration) -> (tempfile::TempDir, ApiClients) {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(|| async { "{}" })).await });
+        let path = plain_kubeconfig(dir.path(), port);
         let clients = ApiClients::from_kubeconfig(&path, kc).await.unwrap();
         (dir, clients)
     }
@@ -1348,17 +1354,7 @@ mod api_clients_tests {
             }
         });
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
-                 clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n\
-                 users: [{{name: t, user: {{}}}}]\n\
-                 contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
-            ),
-        )
-        .unwrap();
+        let path = plain_kubeconfig(dir.path(), port);
         let base = ApiClientsBase::load(&path, &KubeletConfiguration::default()).await.unwrap();
         let (clients, reconnector) = Reconnector::plain(base, "default").unwrap();
         let mut generation = reconnector.generation.subscribe();

@@ -121,6 +121,56 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `kubectl apply` of `yaml` (or JSON), as the cluster admin.
+    ///
+    /// # Errors
+    /// kubectl failed; the error has its stderr.
+    pub fn kubectl_apply(&self, yaml: &str) -> Result<()> {
+        use std::io::Write as _;
+        let mut child = self
+            .kubectl_command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
+        let out = child.wait_with_output()?;
+        ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    }
+
+    /// `kubectl attach -i` with `args` (namespace, pod, container): writes `line` to the
+    /// container's stdin and waits (30 s at most) for a line of its output holding
+    /// `want`. Stdin stays open until then: the runtime ends an attach session when the
+    /// client's stdin closes.
+    ///
+    /// # Errors
+    /// kubectl did not start, or `want` did not come back.
+    pub async fn attach_and_expect(&self, args: &[&str], line: &str, want: &str) -> Result<()> {
+        let mut all = vec!["attach", "-i"];
+        all.extend_from_slice(args);
+        let mut child =
+            self.kubectl_command(&all).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        std::io::Write::write_all(&mut stdin, format!("{line}\n").as_bytes())?;
+        std::io::Write::flush(&mut stdin)?;
+        let want_owned = want.to_owned();
+        let echoed = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::task::spawn_blocking(move || {
+                use std::io::BufRead as _;
+                std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains(&want_owned))
+            }),
+        )
+        .await;
+        drop(stdin);
+        let _ = child.kill();
+        let _ = child.wait();
+        ensure!(matches!(echoed, Ok(Ok(Some(_)))), "no {want:?} through kubectl attach: {echoed:?}");
+        Ok(())
+    }
+
     /// A client certificate (PEM) and its key for `common_name` in `organizations`,
     /// signed by the cluster CA and valid from `not_before` to `not_after`: what the
     /// controller-manager's signer would issue, with any lifetime (the API's shortest is
@@ -536,6 +586,103 @@ impl ClusterNode {
         Api::<Node>::all(client).delete(&self.name, &DeleteParams::default()).await?;
         self.namespaces.clear();
         Ok(())
+    }
+}
+
+/// One test's node, its namespace and the runtime: what most end-to-end tests start
+/// from. [`TestNode::leave`] ends it.
+#[derive(Debug)]
+pub struct TestNode {
+    pub cluster: Cluster,
+    pub node: ClusterNode,
+    pub ns: String,
+    pub cri: Cri,
+}
+
+impl TestNode {
+    /// Joins a node for `test` with `opts` and makes its namespace (`<test>-<random>`).
+    ///
+    /// # Errors
+    /// As [`Cluster::join`].
+    pub async fn join(test: &str, opts: AgentOptions) -> Result<Self> {
+        let cri = Cri::connect(&crate::cri_endpoint()?)?;
+        let cluster = Cluster::connect().await?;
+        let mut node = cluster.join(test, opts).await?;
+        let ns = node.namespace(test).await?;
+        Ok(Self { cluster, node, ns, cri })
+    }
+
+    #[must_use]
+    pub fn agent(&self) -> &Agent {
+        &self.node.agent
+    }
+
+    /// kubectl in the test's namespace, which must succeed: its stdout.
+    ///
+    /// # Errors
+    /// kubectl failed.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["-n", self.ns.as_str()];
+        all.extend_from_slice(args);
+        self.cluster.kubectl_ok(&all)
+    }
+
+    /// The pods of the test's namespace.
+    #[must_use]
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.client(), &self.ns)
+    }
+
+    /// Creates `pod` bound to the node, in the test's namespace.
+    ///
+    /// # Errors
+    /// The API server refused it.
+    pub async fn create(&self, pod: serde_json::Value) -> Result<Pod> {
+        self.node.create_pod(&self.ns, pod).await
+    }
+
+    /// The pod `name` of the test's namespace.
+    ///
+    /// # Errors
+    /// It is not there.
+    pub async fn get(&self, name: &str) -> Result<Pod> {
+        Ok(self.pods().get(name).await?)
+    }
+
+    /// [`ClusterNode::eventually_pod`] in the test's namespace.
+    ///
+    /// # Errors
+    /// Not reached in `timeout`.
+    pub async fn eventually(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&Pod) -> bool,
+    ) -> Result<Pod> {
+        self.node.eventually_pod(&self.ns, name, timeout, what, check).await
+    }
+
+    /// Deletes the pod (its grace period) and waits until the API server has removed it.
+    ///
+    /// # Errors
+    /// Not removed within a minute.
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        self.pods().delete(name, &DeleteParams::default()).await?;
+        let deadline = Instant::now() + Duration::from_mins(1);
+        while self.pods().get_opt(name).await?.is_some() {
+            ensure!(Instant::now() < deadline, "{name} not removed in a minute\n{}", tail(&self.agent().log(), 40));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// [`ClusterNode::leave`].
+    ///
+    /// # Errors
+    /// As [`ClusterNode::leave`].
+    pub async fn leave(self) -> Result<()> {
+        self.node.leave(&self.cri).await
     }
 }
 

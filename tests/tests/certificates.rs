@@ -187,7 +187,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: \"{group}\"
             secret = self.secret,
             group = Self::GROUP
         );
-        apply(&self.cluster, &yaml)
+        self.cluster.kubectl_apply(&yaml)
     }
 
     fn token(&self) -> String {
@@ -207,20 +207,6 @@ impl Drop for ManualToken {
         ]);
         let _ = self.cluster.kubectl(&["delete", "clusterrolebinding", "-l", "swiftlet.dev/e2e=certificates"]);
     }
-}
-
-fn apply(cluster: &Cluster, yaml: &str) -> Result<()> {
-    use std::io::Write as _;
-    let mut child = cluster
-        .kubectl_command(&["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
 }
 
 #[tokio::test]
@@ -284,7 +270,7 @@ impl Unapproved {
                 m.remove(k);
             }
         }
-        apply(&self.cluster, &binding.to_string())
+        self.cluster.kubectl_apply(&binding.to_string())
     }
 }
 

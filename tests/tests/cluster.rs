@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, node_condition, phase, pod_condition};
+use swiftlet_tests::tcp_proxy::TcpProxy;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
 const BUSYBOX: &str = "localhost/busybox:latest";
@@ -292,33 +293,7 @@ async fn kubectl_logs_exec_attach_and_port_forward_reach_the_node_through_the_ap
     attach["spec"]["containers"][0]["command"] = json!(["cat"]);
     node.create_pod(&ns, attach).await?;
     node.eventually_pod(&ns, "attached", Duration::from_mins(1), "pod running", running).await?;
-    let mut child = cluster
-        .kubectl_command(&["-n", &ns, "attach", "-i", "attached"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    let mut stdin = child.stdin.take().context("stdin")?;
-    let stdout = child.stdout.take().context("stdout")?;
-    {
-        use std::io::Write as _;
-        // Held open until the echo is back: containerd ends an attach session when the
-        // client's stdin closes, as the kubelet's runtime does.
-        stdin.write_all(b"through-attach\n")?;
-        stdin.flush()?;
-    }
-    let echoed = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::task::spawn_blocking(move || {
-            use std::io::BufRead as _;
-            std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("through-attach"))
-        }),
-    )
-    .await;
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(matches!(echoed, Ok(Ok(Some(_)))), "attach did not echo the line: {echoed:?}");
+    cluster.attach_and_expect(&["-n", &ns, "attached"], "through-attach", "through-attach").await?;
     node.leave(&cri).await
 }
 
@@ -585,18 +560,25 @@ async fn pods_keep_running_through_a_60s_api_server_outage_and_status_converges_
     node.leave(&cri).await
 }
 
-#[tokio::test]
-async fn the_agent_recovers_from_cut_and_refused_api_server_connections() -> Result<()> {
-    let _g = testbed_lock().await;
+/// A node joined through a [`TcpProxy`] in front of the API server, in a namespace of
+/// its own where the pod `before` runs.
+async fn join_proxied_with_a_pod(test: &str) -> Result<(Cluster, TcpProxy, ClusterNode, String, Cri)> {
     let cri = Cri::connect(&cri_endpoint()?)?;
     let cluster = Cluster::connect().await?;
     let target = cluster.state.server.trim_start_matches("https://").parse()?;
-    let proxy = swiftlet_tests::tcp_proxy::TcpProxy::start(target).await?;
+    let proxy = TcpProxy::start(target).await?;
     let via = format!("https://127.0.0.1:{}", proxy.addr.port());
-    let mut node = cluster.join_via("proxied", AgentOptions::default(), Some(&via)).await?;
-    let ns = node.namespace("proxied").await?;
+    let mut node = cluster.join_via(test, AgentOptions::default(), Some(&via)).await?;
+    let ns = node.namespace(test).await?;
     node.create_pod(&ns, busybox_pod("before", "while true; do sleep 1; done")).await?;
     node.eventually_pod(&ns, "before", Duration::from_mins(1), "pod running", running).await?;
+    Ok((cluster, proxy, node, ns, cri))
+}
+
+#[tokio::test]
+async fn the_agent_recovers_from_cut_and_refused_api_server_connections() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, proxy, node, ns, cri) = join_proxied_with_a_pod("proxied").await?;
 
     // Every connection cut at once (an API server restart, a load balancer): the agent
     // reconnects, its pod watch included: a pod bound after the cut runs.
@@ -643,15 +625,7 @@ async fn the_agent_recovers_from_cut_and_refused_api_server_connections() -> Res
 #[tokio::test]
 async fn the_agent_leaves_black_holed_api_server_connections() -> Result<()> {
     let _g = testbed_lock().await;
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let cluster = Cluster::connect().await?;
-    let target = cluster.state.server.trim_start_matches("https://").parse()?;
-    let proxy = swiftlet_tests::tcp_proxy::TcpProxy::start(target).await?;
-    let via = format!("https://127.0.0.1:{}", proxy.addr.port());
-    let mut node = cluster.join_via("black-hole", AgentOptions::default(), Some(&via)).await?;
-    let ns = node.namespace("black-hole").await?;
-    node.create_pod(&ns, busybox_pod("before", "while true; do sleep 1; done")).await?;
-    node.eventually_pod(&ns, "before", Duration::from_mins(1), "pod running", running).await?;
+    let (cluster, proxy, node, ns, cri) = join_proxied_with_a_pod("black-hole").await?;
     let leases = Api::<Lease>::namespaced(cluster.client(), "kube-node-lease");
     let renewed = async || -> Result<Option<String>> {
         Ok(leases.get(&node.name).await?.spec.and_then(|s| s.renew_time).map(|t| t.0.to_string()))

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use swiftlet_tests::cluster::{Cluster, ClusterNode};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+use swiftlet_tests::cluster::TestNode as Bed;
+use swiftlet_tests::{Agent, AgentOptions, Cri, testbed_lock};
 
 const BUSYBOX: &str = "localhost/busybox:latest";
 /// Part of the target's command line, so that a debugger can tell it sees the target.
@@ -31,35 +31,6 @@ fn pod(name: &str, spec: Value) -> Value {
     let mut spec = spec;
     spec["terminationGracePeriodSeconds"] = json!(2);
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
-}
-
-/// One test's node and namespace.
-struct Bed {
-    cluster: Cluster,
-    node: ClusterNode,
-    ns: String,
-    cri: Cri,
-}
-
-impl Bed {
-    async fn join(test: &str) -> Result<Self> {
-        let cri = Cri::connect(&cri_endpoint()?)?;
-        let cluster = Cluster::connect().await?;
-        let mut node = cluster.join(test, AgentOptions::default()).await?;
-        let ns = node.namespace(test).await?;
-        Ok(Self { cluster, node, ns, cri })
-    }
-
-    fn agent(&self) -> &Agent {
-        &self.node.agent
-    }
-
-    /// kubectl in the test's namespace, which must succeed: its stdout.
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let mut all = vec!["-n", self.ns.as_str()];
-        all.extend_from_slice(args);
-        self.cluster.kubectl_ok(&all)
-    }
 }
 
 /// What `kubectl debug` sends: a strategic merge patch of the `ephemeralcontainers`
@@ -106,7 +77,7 @@ fn condition(p: &Pod, type_: &str) -> Option<String> {
 /// Polls until `check` holds for the API pod, with the pod's status and the agent's log
 /// on failure.
 async fn eventually(bed: &Bed, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Result<Pod> {
-    bed.node.eventually_pod(&bed.ns, name, Duration::from_mins(1), what, check).await
+    bed.eventually(name, Duration::from_mins(1), what, check).await
 }
 
 /// Polls `/metrics` until `series` is `want` (gauges follow the API's watch).
@@ -130,17 +101,7 @@ async fn containers_named(cri: &Cri, uid: &str, name: &str) -> Result<Vec<k8s_cr
 /// Deletes the API pod and waits until the agent has terminated it and the API server
 /// removed it; then nothing of it may run.
 async fn delete_and_check_stopped(bed: &Bed, name: &str, uid: &str) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(bed.cluster.client(), &bed.ns);
-    pods.delete(name, &DeleteParams::default()).await?;
-    let deadline = Instant::now() + Duration::from_mins(1);
-    while pods.get_opt(name).await?.is_some() {
-        ensure!(
-            Instant::now() < deadline,
-            "{name} not removed in a minute\n{}",
-            swiftlet_tests::tail(&bed.agent().log(), 40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    bed.delete(name).await?;
     let left: Vec<String> = bed
         .cri
         .containers(uid)
@@ -159,9 +120,9 @@ async fn delete_and_check_stopped(bed: &Bed, name: &str, uid: &str) -> Result<()
 #[tokio::test]
 async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("debug").await?;
+    let bed = Bed::join("debug", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
-    let created = bed.node.create_pod(&bed.ns, pod("dbg", json!({"containers": [idler("app")]}))).await?;
+    let created = bed.create(pod("dbg", json!({"containers": [idler("app")]}))).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
     eventually(&bed, "dbg", "app running", |p| running(status_of(p, "containerStatuses", "app").as_ref())).await?;
 
@@ -209,40 +170,14 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
     // Exec and attach find it by name, as any container.
     let out = bed.kubectl(&["exec", "dbg", "-c", "debug-sh", "--", "echo", "exec-ok"])?;
     assert_eq!(out, "exec-ok\n");
-    let mut child = bed
-        .cluster
-        .kubectl_command(&["-n", &bed.ns, "attach", "-i", "dbg", "-c", "debug-sh"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    let mut stdin = child.stdin.take().context("stdin")?;
-    let stdout = child.stdout.take().context("stdout")?;
-    {
-        use std::io::Write as _;
-        // Held open until the echo is back: the attach session ends with the client's stdin.
-        stdin.write_all(b"ping\n")?;
-        stdin.flush()?;
-    }
-    let echoed = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::task::spawn_blocking(move || {
-            use std::io::BufRead as _;
-            std::io::BufReader::new(stdout).lines().map_while(Result::ok).find(|l| l.contains("got ping"))
-        }),
-    )
-    .await;
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    ensure!(matches!(echoed, Ok(Ok(Some(_)))), "no echo through kubectl attach: {echoed:?}");
+    bed.cluster.attach_and_expect(&["-n", &bed.ns, "dbg", "-c", "debug-sh"], "ping", "got ping").await?;
 
     metric_is(agent, "kubelet_started_containers_total{container_type=\"ephemeral_container\"}", 2.0).await?;
     metric_is(agent, "kubelet_managed_ephemeral_containers", 2.0).await?;
 
     delete_and_check_stopped(&bed, "dbg", &uid).await?;
     metric_is(agent, "kubelet_managed_ephemeral_containers", 0.0).await?;
-    bed.node.leave(cri).await
+    bed.leave().await
 }
 
 /// A debugger starts while the pod's init container keeps failing (upstream starts them
@@ -251,14 +186,12 @@ async fn a_debugger_sees_its_target_runs_once_and_goes_with_the_pod() -> Result<
 #[tokio::test]
 async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("debug-init").await?;
+    let bed = Bed::join("debug-init", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
     let failing_init = json!({"name": "init", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
                               "command": ["sh", "-c", "exit 1"]});
-    let created = bed
-        .node
-        .create_pod(&bed.ns, pod("stuck", json!({"initContainers": [failing_init], "containers": [idler("app")]})))
-        .await?;
+    let created =
+        bed.create(pod("stuck", json!({"initContainers": [failing_init], "containers": [idler("app")]}))).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
     eventually(&bed, "stuck", "init failed once", |p| {
         status_of(p, "initContainerStatuses", "init").is_some_and(|c| c["restartCount"].as_i64() >= Some(1))
@@ -273,7 +206,7 @@ async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> 
     // A target that ran and exited (restartPolicy Never; the pod runs on with `app`).
     let short = json!({"name": "short", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent", "command": ["true"]});
     let spec = json!({"restartPolicy": "Never", "containers": [idler("app"), short]});
-    let created = bed.node.create_pod(&bed.ns, pod("gone", spec)).await?;
+    let created = bed.create(pod("gone", spec)).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
     eventually(&bed, "gone", "short exited", |p| {
         status_of(p, "containerStatuses", "short").is_some_and(|c| !c["state"]["terminated"].is_null())
@@ -291,5 +224,5 @@ async fn debuggers_start_during_failing_init_and_wait_for_a_running_target() -> 
     assert!(errors >= 1.0, "{errors}");
     assert_eq!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
     delete_and_check_stopped(&bed, "gone", &uid).await?;
-    bed.node.leave(cri).await
+    bed.leave().await
 }

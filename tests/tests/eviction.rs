@@ -12,87 +12,56 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
-use swiftlet_tests::cluster::{Cluster, ClusterNode, node_condition};
+use swiftlet_tests::cluster::{TestNode as Bed, node_condition};
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
 const MIB: u64 = 1024 * 1024;
 /// Stops at once on SIGTERM.
 const STEADY: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
 
-/// One test's node and namespace.
-struct Bed {
-    cluster: Cluster,
-    node: ClusterNode,
-    ns: String,
-    cri: Cri,
+async fn wait_running(bed: &Bed, name: &str) -> Result<Pod> {
+    bed.node.eventually_pod(&bed.ns, name, Duration::from_mins(1), &format!("{name} running"), running).await
 }
 
-impl Bed {
-    async fn join(test: &str, opts: AgentOptions) -> Result<Self> {
-        let cri = Cri::connect(&cri_endpoint()?)?;
-        let cluster = Cluster::connect().await?;
-        let mut node = cluster.join(test, opts).await?;
-        let ns = node.namespace(test).await?;
-        Ok(Self { cluster, node, ns, cri })
-    }
+/// Waits until the pod's status says `Evicted`.
+async fn wait_evicted(bed: &Bed, name: &str, timeout: Duration) -> Result<Pod> {
+    bed.node
+        .eventually_pod(&bed.ns, name, timeout, &format!("{name} evicted"), |p| {
+            p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
+        })
+        .await
+}
 
-    fn agent(&self) -> &Agent {
-        &self.node.agent
-    }
+/// The node's `DiskPressure` status, if reported.
+async fn disk_pressure(bed: &Bed) -> Result<Option<String>> {
+    Ok(bed.node.node().await?.and_then(|n| node_condition(&n, "DiskPressure").map(str::to_owned)))
+}
 
-    /// Creates `pod` bound to the node, in the test's namespace.
-    async fn create(&self, pod: Value) -> Result<Pod> {
-        self.node.create_pod(&self.ns, pod).await
-    }
-
-    async fn get(&self, name: &str) -> Result<Pod> {
-        Ok(Api::<Pod>::namespaced(self.cluster.client(), &self.ns).get(name).await?)
-    }
-
-    async fn wait_running(&self, name: &str) -> Result<Pod> {
-        self.node.eventually_pod(&self.ns, name, Duration::from_mins(1), &format!("{name} running"), running).await
-    }
-
-    /// Waits until the pod's status says `Evicted`.
-    async fn wait_evicted(&self, name: &str, timeout: Duration) -> Result<Pod> {
-        self.node
-            .eventually_pod(&self.ns, name, timeout, &format!("{name} evicted"), |p| {
-                p.status.as_ref().is_some_and(|s| s.reason.as_deref() == Some("Evicted"))
-            })
-            .await
-    }
-
-    /// The node's `DiskPressure` status, if reported.
-    async fn disk_pressure(&self) -> Result<Option<String>> {
-        Ok(self.node.node().await?.and_then(|n| node_condition(&n, "DiskPressure").map(str::to_owned)))
-    }
-
-    /// Waits until the node reports `DiskPressure` `want`.
-    async fn wait_disk_pressure(&self, want: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let now = self.disk_pressure().await?;
-            if now.as_deref() == Some(want) {
-                return Ok(());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the node's DiskPressure is {now:?}, not {want}, after {timeout:?}\n{}",
-                tail(&self.agent().log(), 30)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+/// Waits until the node reports `DiskPressure` `want`.
+async fn wait_disk_pressure(bed: &Bed, want: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = disk_pressure(bed).await?;
+        if now.as_deref() == Some(want) {
+            return Ok(());
         }
+        ensure!(
+            Instant::now() < deadline,
+            "the node's DiskPressure is {now:?}, not {want}, after {timeout:?}\n{}",
+            tail(&bed.agent().log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
-    /// Whatever the test's outcome (an error or a panic), the node leaves: its namespace
-    /// and pods go (a hog left running would disturb every later test) and the agent
-    /// stops.
-    async fn finish(self, outcome: std::thread::Result<Result<()>>) -> Result<()> {
-        let left = self.node.leave(&self.cri).await;
-        match outcome {
-            Ok(result) => result.and(left),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+/// Whatever the test's outcome (an error or a panic), the node leaves: its namespace
+/// and pods go (a hog left running would disturb every later test) and the agent
+/// stops.
+async fn finish(bed: Bed, outcome: std::thread::Result<Result<()>>) -> Result<()> {
+    let left = bed.leave().await;
+    match outcome {
+        Ok(result) => result.and(left),
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 
@@ -187,14 +156,14 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
         assert_eq!(shares.trim().parse::<u64>()?, cpus * 1024, "the kubepods cpu.shares: all CPUs, none reserved");
 
         bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;
-        bed.wait_running("guaranteed").await?;
+        wait_running(&bed, "guaranteed").await?;
 
         // 8 MiB of tmpfs every 0.2 s, charged to the pod: it would reach the 400 MiB limit
         // (the kernel's OOM kill) about 7 s after crossing the eviction threshold.
         let hog =
             "i=0; while true; do dd if=/dev/zero of=/mem/f$i bs=1M count=8 2>/dev/null; i=$((i+1)); sleep 0.2; done";
         bed.create(pod("hog", hog, &json!({}))).await?;
-        let evicted = bed.wait_evicted("hog", Duration::from_mins(2)).await?;
+        let evicted = wait_evicted(&bed, "hog", Duration::from_mins(2)).await?;
         let status = evicted.status.clone().unwrap_or_default();
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         let message = status.message.clone().unwrap_or_default();
@@ -247,7 +216,7 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
         anyhow::Ok(())
     }))
     .await;
-    bed.finish(outcome).await
+    finish(bed, outcome).await
 }
 
 /// PID pressure: `pid.available` (`pid_max` − running processes) set just below what
@@ -278,10 +247,10 @@ async fn a_fork_loop_is_evicted_under_pid_pressure() -> Result<()> {
     .await?;
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
         bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;
-        bed.wait_running("guaranteed").await?;
+        wait_running(&bed, "guaranteed").await?;
         let forker = "i=0; while [ $i -lt 300 ]; do sleep 1000 & i=$((i+1)); done; wait";
         bed.create(pod("forker", forker, &json!({}))).await?;
-        let evicted = bed.wait_evicted("forker", Duration::from_mins(1)).await?;
+        let evicted = wait_evicted(&bed, "forker", Duration::from_mins(1)).await?;
         let message = evicted.status.and_then(|s| s.message).unwrap_or_default();
         assert!(message.starts_with("The node was low on resource: pids."), "{message}");
         let g = bed.get("guaranteed").await?;
@@ -289,7 +258,7 @@ async fn a_fork_loop_is_evicted_under_pid_pressure() -> Result<()> {
         anyhow::Ok(())
     }))
     .await;
-    bed.finish(outcome).await
+    finish(bed, outcome).await
 }
 
 /// A pod whose emptyDir is on the node filesystem (the agent's root dir).
@@ -329,15 +298,15 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
     .await?;
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
         bed.create(disk_pod("quiet", &format!("dd if=/dev/zero of=/data/f bs=1M count=1; {STEADY}"))).await?;
-        bed.wait_running("quiet").await?;
-        bed.wait_disk_pressure("False", Duration::from_secs(30))
+        wait_running(&bed, "quiet").await?;
+        wait_disk_pressure(&bed, "False", Duration::from_secs(30))
             .await
             .context("no DiskPressure=False before the test")?;
         let (capacity, available) = nodefs.space()?;
         ensure!(available * 2 > capacity, "the node filesystem is already half full: {available}/{capacity}");
 
         bed.create(disk_pod("filler", &format!("dd if=/dev/zero of=/data/f bs=1M count=80; sync; {STEADY}"))).await?;
-        let evicted = bed.wait_evicted("filler", Duration::from_mins(1)).await?;
+        let evicted = wait_evicted(&bed, "filler", Duration::from_mins(1)).await?;
         let status = evicted.status.clone().unwrap_or_default();
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         let message = status.message.unwrap_or_default();
@@ -346,7 +315,7 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
             "{message}"
         );
         assert!(message.contains("Container main was using"), "{message}");
-        bed.wait_disk_pressure("True", Duration::from_secs(30))
+        wait_disk_pressure(&bed, "True", Duration::from_secs(30))
             .await
             .context("the node never reported DiskPressure")?;
         let quiet = bed.get("quiet").await?;
@@ -354,7 +323,7 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
         counted_once(bed.agent(), "nodefs.available").await?;
 
         // The evicted pod's emptyDir goes with it: the space comes back, the condition clears.
-        bed.wait_disk_pressure("False", Duration::from_mins(1)).await.with_context(|| {
+        wait_disk_pressure(&bed, "False", Duration::from_mins(1)).await.with_context(|| {
             let space = nodefs.space().map(|(c, a)| format!("{a}/{c} bytes available")).unwrap_or_default();
             format!("DiskPressure did not clear ({space})")
         })?;
@@ -363,7 +332,7 @@ async fn a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure() -> R
         anyhow::Ok(())
     }))
     .await;
-    let finished = bed.finish(outcome).await;
+    let finished = finish(bed, outcome).await;
     // After the agent has stopped: nothing of it holds the filesystem any more.
     let unmounted = nodefs.remove();
     finished.and(unmounted)
@@ -406,7 +375,7 @@ async fn pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
         bed.create(layer).await?;
         bed.create(pod("pod-over", "dd if=/dev/zero of=/tmp/f bs=1M count=4", "", "2Mi")).await?;
         let message = async |name: &str| -> Result<String> {
-            let p = bed.wait_evicted(name, Duration::from_mins(1)).await?;
+            let p = wait_evicted(&bed, name, Duration::from_mins(1)).await?;
             Ok(p.status.and_then(|s| s.message).unwrap_or_default())
         };
         assert_eq!(message("volume-over").await?, "Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ");
@@ -420,5 +389,5 @@ async fn pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
         anyhow::Ok(())
     }))
     .await;
-    bed.finish(outcome).await
+    finish(bed, outcome).await
 }

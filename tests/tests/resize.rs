@@ -5,54 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use swiftlet_tests::cluster::{Cluster, ClusterNode};
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
-
-/// One test's node and namespace.
-struct Bed {
-    cluster: Cluster,
-    node: ClusterNode,
-    ns: String,
-    cri: Cri,
-}
-
-impl Bed {
-    async fn join(test: &str) -> Result<Self> {
-        let cri = Cri::connect(&cri_endpoint()?)?;
-        let cluster = Cluster::connect().await?;
-        let mut node = cluster.join(test, AgentOptions::default()).await?;
-        let ns = node.namespace(test).await?;
-        Ok(Self { cluster, node, ns, cri })
-    }
-
-    fn agent(&self) -> &Agent {
-        &self.node.agent
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.cluster.client(), &self.ns)
-    }
-
-    /// Creates `pod` bound to the node.
-    async fn create(&self, pod: &Pod) -> Result<Pod> {
-        self.node.create_pod(&self.ns, serde_json::to_value(pod)?).await
-    }
-
-    /// Deletes the pod (its grace period) and waits until the API server has removed it.
-    async fn delete(&self, name: &str) -> Result<()> {
-        self.pods().delete(name, &DeleteParams::default()).await?;
-        let deadline = Instant::now() + Duration::from_mins(1);
-        while self.pods().get_opt(name).await?.is_some() {
-            ensure!(Instant::now() < deadline, "{name} not removed in a minute\n{}", tail(&self.agent().log(), 40));
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Ok(())
-    }
-}
+use swiftlet_tests::cluster::TestNode as Bed;
+use swiftlet_tests::{Agent, AgentOptions, Cri, tail, testbed_lock};
 
 /// A Burstable pod: requests cpu 100m / memory 64Mi, limits cpu 200m / memory 128Mi.
 fn pod(name: &str, resize_policy: Option<Value>) -> Pod {
@@ -129,15 +87,15 @@ fn triple(q: &str, s: &str, m: &str) -> (String, String, String) {
 
 /// Polls until `check` holds for the API pod, with the agent's log on failure.
 async fn eventually(bed: &Bed, name: &str, secs: u64, what: &str, check: impl Fn(&Pod) -> bool) -> Result<Pod> {
-    bed.node.eventually_pod(&bed.ns, name, Duration::from_secs(secs), what, check).await
+    bed.eventually(name, Duration::from_secs(secs), what, check).await
 }
 
 #[tokio::test]
 async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("resize-inplace").await?;
+    let bed = Bed::join("resize-inplace", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
-    let created = bed.create(&pod("inplace", None)).await?;
+    let created = bed.create(serde_json::to_value(pod("inplace", None))?).await?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&bed, "inplace", 60, "running", running).await?;
     let id = running_container(cri, &uid).await?;
@@ -194,19 +152,19 @@ async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
     assert!(agent.metric("kubelet_container_requested_resizes_total{resource=\"cpu\",requirement=\"limits\",operation=\"increase\"}").await? >= 1.0);
 
     bed.delete("inplace").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }
 
 #[tokio::test]
 async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("resize-restart").await?;
+    let bed = Bed::join("resize-restart", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
     let policy = json!([
         {"resourceName": "cpu", "restartPolicy": "NotRequired"},
         {"resourceName": "memory", "restartPolicy": "RestartContainer"},
     ]);
-    let created = bed.create(&pod("restart", Some(policy))).await?;
+    let created = bed.create(serde_json::to_value(pod("restart", Some(policy)))?).await?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&bed, "restart", 60, "running", running).await?;
     let old = running_container(cri, &uid).await?;
@@ -227,7 +185,7 @@ async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Resul
     assert_eq!(cgroup_file(agent, "memory", &uid, None, "memory.limit_in_bytes"), "167772160");
 
     bed.delete("restart").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }
 
 /// What the API server refuses never reaches the node. Since 1.33 the API server also
@@ -237,9 +195,9 @@ async fn memory_resize_restarts_the_container_when_its_policy_says_so() -> Resul
 #[tokio::test]
 async fn resizes_the_api_server_refuses_change_nothing() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("resize-refused").await?;
+    let bed = Bed::join("resize-refused", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
-    let created = bed.create(&pod("huge", None)).await?;
+    let created = bed.create(serde_json::to_value(pod("huge", None))?).await?;
     let uid = created.metadata.uid.clone().context("uid")?;
     eventually(&bed, "huge", 60, "running", running).await?;
     let id = running_container(cri, &uid).await?;
@@ -269,7 +227,7 @@ async fn resizes_the_api_server_refuses_change_nothing() -> Result<()> {
     assert_eq!(agent.metric("kubelet_pod_pending_resizes{reason=\"infeasible\"}").await? as i64, 0);
 
     bed.delete("huge").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }
 
 /// A pod asking for `cpu` (request only) that runs a shell loop.
@@ -291,15 +249,15 @@ fn cpu_pod(name: &str, cpu: &str) -> Pod {
 #[tokio::test]
 async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("resize-deferred").await?;
+    let bed = Bed::join("resize-deferred", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
     let node = bed.node.node().await?.context("node")?;
     let alloc =
         node.status.and_then(|s| s.allocatable).and_then(|a| a.get("cpu").cloned()).context("allocatable cpu")?;
     let cpu = alloc.0.strip_suffix('m').map_or_else(|| alloc.0.parse::<i64>().map(|c| c * 1000), str::parse)?;
     // The hog leaves 400m; the small pod wants 500m of it.
-    bed.create(&cpu_pod("hog", &format!("{}m", cpu - 400))).await?;
-    let small = bed.create(&cpu_pod("small", "100m")).await?;
+    bed.create(serde_json::to_value(cpu_pod("hog", &format!("{}m", cpu - 400)))?).await?;
+    let small = bed.create(serde_json::to_value(cpu_pod("small", "100m"))?).await?;
     let uid = small.metadata.uid.clone().unwrap();
     eventually(&bed, "hog", 60, "hog running", running).await?;
     eventually(&bed, "small", 60, "small running", running).await?;
@@ -341,14 +299,14 @@ async fn a_deferred_resize_is_actuated_once_another_pod_leaves() -> Result<()> {
     assert_eq!(accepted as i64, 1);
 
     bed.delete("small").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }
 
 #[tokio::test]
 async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<()> {
     let _g = testbed_lock().await;
-    let mut bed = Bed::join("resize-kept").await?;
-    let created = bed.create(&pod("kept", None)).await?;
+    let mut bed = Bed::join("resize-kept", AgentOptions::default()).await?;
+    let created = bed.create(serde_json::to_value(pod("kept", None))?).await?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&bed, "kept", 60, "running", running).await?;
     let id = running_container(&bed.cri, &uid).await?;
@@ -392,13 +350,13 @@ async fn an_agent_restart_keeps_the_allocation_and_restarts_nothing() -> Result<
     assert_eq!(limits(&bed.node.agent, &uid, None), triple("30000", "153", "201326592"));
 
     bed.delete("kept").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }
 
 #[tokio::test]
 async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result<()> {
     let _g = testbed_lock().await;
-    let bed = Bed::join("resize-lowmem").await?;
+    let bed = Bed::join("resize-lowmem", AgentOptions::default()).await?;
     let (agent, cri) = (bed.agent(), &bed.cri);
     let mut p = pod("lowmem", None);
     // 60Mi of shared memory, charged to the pod's memory cgroup.
@@ -408,7 +366,7 @@ async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result
         "head -c 62914560 /dev/zero > /dev/shm/fill; touch /tmp/filled; trap 'exit 0' TERM; while true; do sleep 1; done"
             .into(),
     ]);
-    let created = bed.create(&p).await?;
+    let created = bed.create(serde_json::to_value(p)?).await?;
     let uid = created.metadata.uid.clone().unwrap();
     eventually(&bed, "lowmem", 60, "running", running).await?;
     let id = running_container(cri, &uid).await?;
@@ -436,5 +394,5 @@ async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result
     assert_eq!(cgroup_file(agent, "memory", &uid, None, "memory.limit_in_bytes"), "134217728");
 
     bed.delete("lowmem").await?;
-    bed.node.leave(&bed.cri).await
+    bed.leave().await
 }

@@ -213,21 +213,6 @@ const RBAC_LABEL: &str = "swiftlet.dev/e2e=server-auth";
 /// reviews with.
 const ACCOUNTS: [&str; 5] = ["alice", "bob", "carol", "prometheus", "delegate"];
 
-/// `kubectl apply` of `yaml`.
-fn apply(cluster: &Cluster, yaml: &str) -> Result<()> {
-    use std::io::Write as _;
-    let mut child = cluster
-        .kubectl_command(&["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
-
 /// A `ClusterRole` of one rule and its binding to `subjects`.
 fn role_and_binding(role: &str, group: &str, resource: &str, verbs: &str, subjects: &str) -> String {
     format!(
@@ -292,7 +277,7 @@ subjects: [{{kind: ServiceAccount, name: alice, namespace: {ns}}}, {{apiGroup: r
             "get",
             "[{apiGroup: rbac.authorization.k8s.io, kind: Group, name: \"system:unauthenticated\"}]",
         );
-        apply(&cluster, &yaml)?;
+        cluster.kubectl_apply(&yaml)?;
         Ok(Self { cluster, ns, tokens })
     }
 
@@ -307,7 +292,7 @@ subjects: [{{kind: ServiceAccount, name: alice, namespace: {ns}}}, {{apiGroup: r
         if access {
             yaml += &role_and_binding("sar", "authorization.k8s.io", "subjectaccessreviews", "create", &sa);
         }
-        apply(&self.cluster, &yaml)
+        self.cluster.kubectl_apply(&yaml)
     }
 
     fn token(&self, sa: &str) -> &str {
