@@ -1290,8 +1290,6 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
 mod api_clients_tests {
     use super::*;
 
-    /// The agent's clients, configured by `kc`, of a plain-HTTP server that answers `{}` to
-    /// everything (and the folder holding their kubeconfig).
     /// A kubeconfig for plain HTTP to 127.0.0.1:`port`, no credentials.
     fn plain_kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
         let path = dir.join("kubeconfig");
@@ -1308,6 +1306,8 @@ mod api_clients_tests {
         path
     }
 
+    /// The agent's clients, configured by `kc`, of a plain-HTTP server that answers `{}` to
+    /// everything (and the folder holding their kubeconfig).
     async fn clients_of_answering_server(kc: &KubeletConfiguration) -> (tempfile::TempDir, ApiClients) {
         let dir = tempfile::tempdir().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
