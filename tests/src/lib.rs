@@ -613,12 +613,41 @@ authorization:
 }
 
 impl Drop for Agent {
+    /// Kills the agent if it still runs, and unmounts what it left mounted under its
+    /// directories (the volumes of pods a failed test left behind), so that the
+    /// temporary directories go and `testbed check-clean` finds no mount of a test.
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+        for mount in mounts_under(&[self.dir.path(), &self.root_dir]) {
+            let Ok(path) = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()) else { continue };
+            // SAFETY: umount2 with a NUL-terminated path; MNT_DETACH cannot fail halfway.
+            unsafe {
+                libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+            }
+        }
     }
+}
+
+/// The mount points of this process's mount namespace below any of `roots`, deepest
+/// first.
+fn mounts_under(roots: &[&Path]) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    // The fifth field is the mount point, with space, tab, newline and backslash escaped
+    // in octal.
+    let unescape =
+        |s: &str| s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape(m)))
+        .filter(|m| roots.iter().any(|r| m.starts_with(r) && m != r))
+        .collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    found.dedup();
+    found
 }
 
 fn kill(pid: i32, sig: i32) {
@@ -666,3 +695,38 @@ pub fn tail(s: &str, n: usize) -> String {
 
 /// Shared handle type for tests.
 pub type SharedCri = Arc<Cri>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount_tmpfs(at: &Path) {
+        std::fs::create_dir_all(at).unwrap();
+        let target = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mount(2) with NUL-terminated strings.
+        let rc = unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null()) };
+        assert_eq!(rc, 0, "mount {}: {}", at.display(), std::io::Error::last_os_error());
+    }
+
+    /// What a failed test's agent left mounted is found deepest first, and nothing
+    /// outside the agent's directories.
+    #[test]
+    fn mounts_under_lists_nested_mounts_deepest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let outer = dir.path().join("pods/volumes/a");
+        let inner = outer.join("b");
+        mount_tmpfs(&outer);
+        mount_tmpfs(&inner);
+        let found = mounts_under(&[dir.path()]);
+        let other = mounts_under(&[Path::new("/nonexistent-root")]);
+        for m in [&inner, &outer] {
+            let path = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: umount2 with a NUL-terminated path.
+            unsafe {
+                libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+        assert_eq!(found, vec![inner, outer]);
+        assert!(other.is_empty());
+    }
+}

@@ -1045,3 +1045,101 @@ async fn chatty_container_logs_rotate_without_losing_lines() -> Result<()> {
     assert!(max_seen <= 4, "{max_seen}");
     agent.shutdown(&cri).await
 }
+
+/// The agent's resident memory (`VmRSS`), in bytes.
+fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}
+
+/// A scrape storm (issue 26's fault matrix): 1,000 concurrent requests to each of the
+/// metrics endpoints, `/stats/summary` and `/pods`, one endpoint after the other. Every
+/// request is answered (200) or shed (429/503) and none fails otherwise; the pod is
+/// untouched; the agent's memory stays bounded while it lasts and comes back after.
+/// The figures are printed (see the README's fault matrix).
+#[tokio::test]
+async fn a_thousand_concurrent_scrapes_of_every_endpoint_leave_pods_and_memory_alone() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(EVENTED).await?;
+    agent.write_manifest("keep.yaml", &pod_yaml("keep", "Always", SERVE, ""))?;
+    let pod = agent.wait_pod("keep", Duration::from_mins(1), |p| running(p, "main")).await?;
+    let containers = cri.containers(&uid(&pod)).await?;
+    let pid = agent.pid().ok_or_else(|| anyhow::anyhow!("agent not running"))?;
+    // Warm every endpoint once, then take the baseline.
+    let endpoints =
+        ["/metrics", "/metrics/cadvisor", "/metrics/resource", "/metrics/probes", "/stats/summary", "/pods"];
+    for path in endpoints {
+        let (code, body) = agent.get(path).await?;
+        anyhow::ensure!(code == 200, "{path}: {code} {body}");
+    }
+    let baseline = rss_bytes(pid)?;
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            while let Ok(rss) = rss_bytes(pid) {
+                peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_mins(2))
+        .pool_max_idle_per_host(1000)
+        .build()?;
+    let mut report = Vec::new();
+    for path in endpoints {
+        let started = std::time::Instant::now();
+        let url = format!("https://127.0.0.1:{}{path}", agent.https_port);
+        let requests: Vec<_> = (0..1000)
+            .map(|_| {
+                let (client, url) = (client.clone(), url.clone());
+                tokio::spawn(async move {
+                    let r = client.get(url).send().await?;
+                    let code = r.status().as_u16();
+                    let _ = r.bytes().await?;
+                    Ok::<_, reqwest::Error>(code)
+                })
+            })
+            .collect();
+        let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+        for r in requests {
+            *codes.entry(r.await??).or_default() += 1;
+        }
+        let took = started.elapsed();
+        anyhow::ensure!(codes.keys().all(|c| matches!(c, 200 | 429 | 503)), "{path}: {codes:?}");
+        anyhow::ensure!(codes.get(&200).copied().unwrap_or(0) > 0, "{path}: nothing answered: {codes:?}");
+        report.push(format!("{path}: {codes:?} in {:.1} s", took.as_secs_f64()));
+    }
+    sampler.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    // Memory comes back: idle connections close and buffers are freed.
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut after = rss_bytes(pid)?;
+    while after > baseline + 64 * 1024 * 1024 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        after = rss_bytes(pid)?;
+    }
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "scrape storm: RSS baseline {:.0} MiB, peak {:.0} MiB, after {:.0} MiB\n{}",
+        mib(baseline),
+        mib(peak),
+        mib(after),
+        report.join("\n")
+    );
+    anyhow::ensure!(peak < baseline + 512 * 1024 * 1024, "RSS peaked at {:.0} MiB", mib(peak));
+    anyhow::ensure!(after <= baseline + 64 * 1024 * 1024, "RSS stayed at {:.0} MiB", mib(after));
+    // The pod ran on untouched, and the agent still answers.
+    assert_eq!(cri.containers(&uid(&pod)).await?, containers);
+    assert_eq!(restarts(&agent.pod("keep").await?.unwrap(), "main"), 0);
+    assert_eq!(agent.healthz().await?.0, 200);
+    agent.shutdown(&cri).await
+}
