@@ -188,10 +188,10 @@ fn run_target(ctx: &Ctx, target: &str, secs: u64) -> Result<RunStats> {
 
     let mut cmd = nightly(ctx, &["cargo", "fuzz", "run", "--sanitizer", "none", target]);
     // New inputs go to the first directory: the work corpus, not the committed seeds.
+    // cargo-fuzz sets `-artifact_prefix` to `fuzz/artifacts/<target>/` itself.
     cmd.arg(&work).arg(&seeds).arg("--").args([
         format!("-max_total_time={secs}"),
         format!("-timeout={TIMEOUT_SECS}"),
-        format!("-artifact_prefix={}/", artifacts.display()),
         "-print_final_stats=1".to_owned(),
     ]);
     cmd.env("TMPDIR", &scratch).stderr(Stdio::piped());
