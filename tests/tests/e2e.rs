@@ -1143,3 +1143,62 @@ async fn a_thousand_concurrent_scrapes_of_every_endpoint_leave_pods_and_memory_a
     assert_eq!(agent.healthz().await?.0, 200);
     agent.shutdown(&cri).await
 }
+
+/// Issue 26's fault matrix: the agent killed with SIGKILL while it runs 100 pods, then
+/// started again. Every pod's status is back (all running) and no container or sandbox
+/// was restarted or replaced, through several housekeeping passes. How long the status
+/// took to come back is printed (a figure, not a verdict: see the README's fault matrix).
+#[tokio::test]
+async fn agent_kill9_with_100_pods_restarts_nothing() -> Result<()> {
+    const PODS: usize = 100;
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let mut agent =
+        Agent::start(AgentOptions { extra_flags: vec!["--pleg-relist-period=1s".into()], ..AgentOptions::default() })
+            .await?;
+    for i in 0..PODS {
+        agent.write_manifest(&format!("p{i:03}.yaml"), &pod_yaml(&format!("p{i:03}"), "Always", SERVE, ""))?;
+    }
+    let all_running = async |agent: &Agent, timeout: Duration| -> Result<Vec<Value>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let pods = agent.pods().await.unwrap_or_default();
+            if pods.len() == PODS && pods.iter().all(|p| running(p, "main")) {
+                return Ok(pods);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "{} of {PODS} pods running after {timeout:?}\n{}",
+                pods.iter().filter(|p| running(p, "main")).count(),
+                swiftlet_tests::tail(&agent.log(), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let pods = all_running(&agent, Duration::from_mins(5)).await?;
+    let mut before = std::collections::BTreeMap::new();
+    for p in &pods {
+        before.insert(uid(p), (cri.sandboxes(&uid(p)).await?, cri.containers(&uid(p)).await?));
+    }
+
+    agent.kill9()?;
+    let killed = std::time::Instant::now();
+    agent.spawn().await?;
+    all_running(&agent, Duration::from_mins(2)).await?;
+    let converged = killed.elapsed();
+    // Several relists (1 s each) and housekeeping passes (2 s), so that a wrongful kill
+    // of an "orphan" would have happened by now.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.metric("kubelet_pleg_relist_duration_seconds_count").await? < 5.0 {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "PLEG is not relisting");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (uid, (sandboxes, containers)) in &before {
+        assert_eq!(&cri.sandboxes(uid).await?, sandboxes, "a sandbox of {uid} changed");
+        assert_eq!(&cri.containers(uid).await?, containers, "a container of {uid} changed");
+    }
+    let started = agent.metric_sum("kubelet_started_containers_total", "container_type=\"container\"").await?;
+    assert!(started < 0.5, "the new agent started {started} containers");
+    eprintln!("kill -9 with {PODS} pods: every pod running in the new agent's /pods {converged:?} after the kill");
+    agent.shutdown(&cri).await
+}
