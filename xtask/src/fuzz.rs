@@ -9,13 +9,15 @@
 //! The targets are built once, without a sanitizer (they are safe Rust; debug assertions
 //! and overflow checks stay on, as cargo-fuzz builds them), in `fuzz/target/`. Each run
 //! reads the committed seeds in `fuzz/corpus/<target>/` and writes what it finds to
-//! `fuzz/target/corpus/<target>/` (kept between runs, never committed; `cargo fuzz cmin`
-//! folds it into the seeds, see README "Fuzzing"). A crash, a panic, a timeout
+//! `fuzz/target/corpus/<target>/` (kept between runs, never committed; `--minimize` folds
+//! it into the committed corpus, at most [`CORPUS_MAX_FILES`] inputs, see [`minimize`]). A crash, a panic, a timeout
 //! ([`TIMEOUT_SECS`] for one input) or running out of memory fails the run, printing the
 //! input's path under `fuzz/artifacts/<target>/`. Each run gets an empty scratch `TMPDIR`
 //! (the targets write their fixtures there), removed afterwards.
 
 use std::{
+    cmp::Reverse,
+    collections::{BTreeSet, HashSet},
     fs,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
@@ -217,6 +219,155 @@ fn run_target(ctx: &Ctx, target: &str, secs: u64) -> Result<RunStats> {
     Ok(stats)
 }
 
+/// Inputs kept per target in `fuzz/corpus/<target>/`.
+pub const CORPUS_MAX_FILES: usize = 200;
+/// Bytes kept per target in `fuzz/corpus/<target>/`.
+pub const CORPUS_MAX_BYTES: u64 = 1 << 20;
+
+/// `--minimize`: replaces `fuzz/corpus/<target>/` with at most [`CORPUS_MAX_FILES`] inputs
+/// ([`CORPUS_MAX_BYTES`]) of it and of what runs found (`fuzz/target/corpus/<target>/`):
+/// the hand-written seeds (the names that are not libFuzzer's SHA-1s), then, one at a
+/// time, the input that adds the most coverage edges (libFuzzer's merge control file says
+/// which edges each input reaches). `cargo fuzz cmin` alone keeps every input with a
+/// feature of its own: thousands here.
+pub fn minimize(ctx: &Ctx, targets: &[String]) -> Result<()> {
+    let targets: Vec<&str> =
+        if targets.is_empty() { TARGETS.to_vec() } else { targets.iter().map(String::as_str).collect() };
+    if !nightly_available() {
+        bail!("no nightly toolchain: cargo-fuzz needs one (rustup toolchain install nightly)");
+    }
+    ensure_cargo_fuzz(ctx)?;
+    let compiled = nightly(ctx, &["cargo", "fuzz", "build", "--sanitizer", "none"])
+        .status()
+        .context("running cargo fuzz build")?;
+    if !compiled.success() {
+        bail!("cargo fuzz build exited with {compiled}");
+    }
+    for target in targets {
+        minimize_target(ctx, target)?;
+    }
+    Ok(())
+}
+
+fn minimize_target(ctx: &Ctx, target: &str) -> Result<()> {
+    let fuzz = fuzz_dir(ctx);
+    let seeds = fuzz.join("corpus").join(target);
+    let work = fuzz.join("target").join("corpus").join(target);
+    let scratch = fuzz.join("target").join("scratch").join(format!("minimize-{target}"));
+    remove_dir(&scratch)?;
+    let empty = scratch.join("empty");
+    fs::create_dir_all(&empty).with_context(|| format!("creating {}", empty.display()))?;
+    let control = scratch.join("control");
+    let binary = fuzz.join("target").join("x86_64-unknown-linux-gnu").join("release").join(target);
+    let mut cmd = Command::new(&binary);
+    cmd.args(["-merge=1", "-use_counters=0"])
+        .arg(format!("-merge_control_file={}", control.display()))
+        .arg(&empty)
+        .arg(&seeds);
+    if work.is_dir() {
+        cmd.arg(&work);
+    }
+    let merged = cmd
+        .env("TMPDIR", &scratch)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", binary.display()))?;
+    if !merged.success() {
+        bail!("the coverage merge of {target} exited with {merged}");
+    }
+    let text = fs::read_to_string(&control).with_context(|| format!("reading {}", control.display()))?;
+    let inputs = parse_control_file(&text)?;
+    let chosen = choose(&inputs, CORPUS_MAX_FILES, CORPUS_MAX_BYTES);
+    let staged = scratch.join("corpus");
+    fs::create_dir_all(&staged).with_context(|| format!("creating {}", staged.display()))?;
+    for input in &chosen {
+        let name = input.path.file_name().context("an input without a file name")?;
+        fs::copy(&input.path, staged.join(name)).with_context(|| format!("copying {}", input.path.display()))?;
+    }
+    let edges = |set: &[&Input]| set.iter().flat_map(|i| i.edges.iter()).collect::<BTreeSet<_>>().len();
+    let all: Vec<&Input> = inputs.iter().collect();
+    println!(
+        "{target}: {} of {} inputs kept ({} bytes), {} of {} edges",
+        chosen.len(),
+        inputs.len(),
+        chosen.iter().map(|i| i.size).sum::<u64>(),
+        edges(&chosen),
+        edges(&all)
+    );
+    remove_dir(&seeds)?;
+    fs::rename(&staged, &seeds).with_context(|| format!("replacing {}", seeds.display()))?;
+    remove_dir(&scratch)
+}
+
+/// One input of a merge control file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    pub path: PathBuf,
+    pub size: u64,
+    pub edges: Vec<u32>,
+}
+
+impl Input {
+    /// Written by hand: libFuzzer names what it finds by the SHA-1 of the content.
+    fn hand_written(&self) -> bool {
+        let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        !(name.len() == 40 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+    }
+}
+
+/// Reads libFuzzer's merge control file: the number of inputs, the number in the first
+/// corpus, the paths, then per input `STARTED <i> <size>`, `FT <i> ...` and
+/// `COV <i> <edge>...`.
+pub fn parse_control_file(text: &str) -> Result<Vec<Input>> {
+    let mut lines = text.lines();
+    let count: usize = lines.next().context("an empty control file")?.trim().parse().context("the input count")?;
+    lines.next().context("a control file without its second line")?;
+    let mut inputs: Vec<Input> = lines
+        .by_ref()
+        .take(count)
+        .map(|path| Input { path: PathBuf::from(path), size: 0, edges: Vec::new() })
+        .collect();
+    for line in lines {
+        let mut words = line.split_whitespace();
+        let (Some(kind), Some(index)) = (words.next(), words.next().and_then(|i| i.parse::<usize>().ok())) else {
+            continue;
+        };
+        let Some(input) = inputs.get_mut(index) else { continue };
+        match kind {
+            "STARTED" => input.size = words.next().and_then(|s| s.parse().ok()).unwrap_or(0),
+            "COV" => input.edges = words.filter_map(|e| e.parse().ok()).collect(),
+            _ => {}
+        }
+    }
+    Ok(inputs)
+}
+
+/// The hand-written inputs, then greedily the input adding the most edges not yet covered
+/// (the smaller on a tie) while one adds any, within `max_files` and `max_bytes`.
+pub fn choose(inputs: &[Input], max_files: usize, max_bytes: u64) -> Vec<&Input> {
+    let mut chosen: Vec<&Input> = inputs.iter().filter(|i| i.hand_written()).collect();
+    let mut covered: HashSet<u32> = chosen.iter().flat_map(|i| i.edges.iter().copied()).collect();
+    let mut bytes: u64 = chosen.iter().map(|i| i.size).sum();
+    let mut rest: Vec<&Input> = inputs.iter().filter(|i| !i.hand_written()).collect();
+    while chosen.len() < max_files {
+        let gain = |i: &Input| i.edges.iter().filter(|e| !covered.contains(e)).count();
+        let Some((index, best)) =
+            rest.iter().enumerate().max_by_key(|(_, i)| (gain(i), Reverse(i.size))).map(|(n, i)| (n, *i))
+        else {
+            break;
+        };
+        if gain(best) == 0 || bytes + best.size > max_bytes {
+            break;
+        }
+        covered.extend(best.edges.iter().copied());
+        bytes += best.size;
+        chosen.push(best);
+        rest.swap_remove(index);
+    }
+    chosen
+}
+
 fn remove_dir(dir: &Path) -> Result<()> {
     match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -249,5 +400,35 @@ mod tests {
             "artifact_prefix='fuzz/artifacts/config/'; Test unit written to fuzz/artifacts/config/crash-da39a3ee",
         );
         assert_eq!(stats.artifact.as_deref(), Some("fuzz/artifacts/config/crash-da39a3ee"));
+    }
+
+    #[test]
+    fn keeps_the_seeds_then_the_inputs_adding_the_most_edges() {
+        let control = "4\n0\n\
+            corpus/seed.yaml\n\
+            target/corpus/1111111111111111111111111111111111111111\n\
+            target/corpus/2222222222222222222222222222222222222222\n\
+            target/corpus/3333333333333333333333333333333333333333\n\
+            STARTED 0 10\nFT 0 1 2\nCOV 0 1 2\n\
+            STARTED 1 5\nFT 1 9\nCOV 1 2 3\n\
+            STARTED 2 7\nCOV 2 3 4 5\n\
+            STARTED 3 100\nCOV 3 1\n";
+        let inputs = parse_control_file(control).unwrap();
+        assert_eq!(
+            inputs[2],
+            Input {
+                path: "target/corpus/2222222222222222222222222222222222222222".into(),
+                size: 7,
+                edges: vec![3, 4, 5]
+            }
+        );
+        let names = |chosen: Vec<&Input>| chosen.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>();
+        // The seed, then 2 (three new edges); 1 adds nothing after that, 3 nothing at all.
+        assert_eq!(
+            names(choose(&inputs, 10, 1000)),
+            ["corpus/seed.yaml", "target/corpus/2222222222222222222222222222222222222222"]
+        );
+        assert_eq!(names(choose(&inputs, 1, 1000)), ["corpus/seed.yaml"], "at most one file");
+        assert_eq!(names(choose(&inputs, 10, 15)), ["corpus/seed.yaml"], "at most 15 bytes");
     }
 }

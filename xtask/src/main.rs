@@ -17,7 +17,8 @@
 //! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
 //! - `bench eviction`: memory threshold crossed → eviction decision, kernel signals vs
 //!   the 10 s pass.
-//! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/` (see `fuzz`).
+//! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/`; `fuzz --minimize`
+//!   folds what they found into the committed corpora (see `fuzz`).
 //!
 //! xtask builds with no system tools (no protoc, no clang): it is what installs them.
 
@@ -105,6 +106,10 @@ enum Cmd {
         /// Seconds per target.
         #[arg(long, default_value_t = fuzz::DEFAULT_SECS)]
         time: u64,
+        /// Instead of fuzzing: fold what runs found into `fuzz/corpus/<target>/`, keeping
+        /// at most 200 inputs (the hand-written seeds, then those adding the most edges).
+        #[arg(long, conflicts_with = "time")]
+        minimize: bool,
         /// The targets (default: all of them).
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(fuzz::TARGETS))]
         targets: Vec<String>,
@@ -211,7 +216,13 @@ async fn main() -> ExitCode {
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
-        Cmd::Fuzz { time, targets } => fuzz::run(&ctx, time, &targets),
+        Cmd::Fuzz { time, targets, minimize } => {
+            if minimize {
+                fuzz::minimize(&ctx, &targets)
+            } else {
+                fuzz::run(&ctx, time, &targets)
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
