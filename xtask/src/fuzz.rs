@@ -227,9 +227,11 @@ pub const CORPUS_MAX_BYTES: u64 = 1 << 20;
 /// `--minimize`: replaces `fuzz/corpus/<target>/` with at most [`CORPUS_MAX_FILES`] inputs
 /// ([`CORPUS_MAX_BYTES`]) of it and of what runs found (`fuzz/target/corpus/<target>/`):
 /// the hand-written seeds (the names that are not libFuzzer's SHA-1s), then, one at a
-/// time, the input that adds the most coverage edges (libFuzzer's merge control file says
-/// which edges each input reaches). `cargo fuzz cmin` alone keeps every input with a
-/// feature of its own: thousands here.
+/// time, the input that adds the most coverage edges. A set-cover merge run without hit
+/// counters (`-set_cover_merge=1 -use_counters=0`) writes, per input, every feature it
+/// reaches, which is then its edges (plus a few stack-depth features) into the merge
+/// control file. `cargo fuzz cmin` alone keeps every input with a feature of its own:
+/// thousands here.
 pub fn minimize(ctx: &Ctx, targets: &[String]) -> Result<()> {
     let targets: Vec<&str> =
         if targets.is_empty() { TARGETS.to_vec() } else { targets.iter().map(String::as_str).collect() };
@@ -260,7 +262,7 @@ fn minimize_target(ctx: &Ctx, target: &str) -> Result<()> {
     let control = scratch.join("control");
     let binary = fuzz.join("target").join("x86_64-unknown-linux-gnu").join("release").join(target);
     let mut cmd = Command::new(&binary);
-    cmd.args(["-merge=1", "-use_counters=0"])
+    cmd.args(["-merge=1", "-set_cover_merge=1", "-use_counters=0"])
         .arg(format!("-merge_control_file={}", control.display()))
         .arg(&empty)
         .arg(&seeds);
@@ -288,7 +290,7 @@ fn minimize_target(ctx: &Ctx, target: &str) -> Result<()> {
     let edges = |set: &[&Input]| set.iter().flat_map(|i| i.edges.iter()).collect::<BTreeSet<_>>().len();
     let all: Vec<&Input> = inputs.iter().collect();
     println!(
-        "{target}: {} of {} inputs kept ({} bytes), {} of {} edges",
+        "{target}: {} of {} inputs kept ({} bytes), {} of {} coverage features (edges)",
         chosen.len(),
         inputs.len(),
         chosen.iter().map(|i| i.size).sum::<u64>(),
@@ -317,8 +319,10 @@ impl Input {
 }
 
 /// Reads libFuzzer's merge control file: the number of inputs, the number in the first
-/// corpus, the paths, then per input `STARTED <i> <size>`, `FT <i> ...` and
-/// `COV <i> <edge>...`.
+/// corpus, the paths, then per input `STARTED <i> <size>`, `FT <i> <feature>...` and
+/// `COV <i> ...`. The features are all the input's only in a set-cover merge (otherwise
+/// those no earlier input had); `COV` lists only new edges in either case, so it is not
+/// read.
 pub fn parse_control_file(text: &str) -> Result<Vec<Input>> {
     let mut lines = text.lines();
     let count: usize = lines.next().context("an empty control file")?.trim().parse().context("the input count")?;
@@ -336,7 +340,7 @@ pub fn parse_control_file(text: &str) -> Result<Vec<Input>> {
         let Some(input) = inputs.get_mut(index) else { continue };
         match kind {
             "STARTED" => input.size = words.next().and_then(|s| s.parse().ok()).unwrap_or(0),
-            "COV" => input.edges = words.filter_map(|e| e.parse().ok()).collect(),
+            "FT" => input.edges = words.filter_map(|e| e.parse().ok()).collect(),
             _ => {}
         }
     }
@@ -409,10 +413,10 @@ mod tests {
             target/corpus/1111111111111111111111111111111111111111\n\
             target/corpus/2222222222222222222222222222222222222222\n\
             target/corpus/3333333333333333333333333333333333333333\n\
-            STARTED 0 10\nFT 0 1 2\nCOV 0 1 2\n\
-            STARTED 1 5\nFT 1 9\nCOV 1 2 3\n\
-            STARTED 2 7\nCOV 2 3 4 5\n\
-            STARTED 3 100\nCOV 3 1\n";
+            STARTED 0 10\nFT 0 1 2\nCOV 0 7\n\
+            STARTED 1 5\nFT 1 2 3\nCOV 1 8\n\
+            STARTED 2 7\nFT 2 3 4 5\n\
+            STARTED 3 100\nFT 3 1\n";
         let inputs = parse_control_file(control).unwrap();
         assert_eq!(
             inputs[2],
