@@ -17,7 +17,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeSet, BinaryHeap, HashSet},
     fs,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
@@ -348,26 +348,40 @@ pub fn parse_control_file(text: &str) -> Result<Vec<Input>> {
 }
 
 /// The hand-written inputs, then greedily the input adding the most edges not yet covered
-/// (the smaller on a tie) while one adds any, within `max_files` and `max_bytes`.
+/// (the smaller on a tie) while one adds any, within `max_files` and `max_bytes`. Lazily:
+/// what an input adds only shrinks as more is covered, so a gain computed earlier bounds
+/// the current one, and an input whose fresh gain still leads is the greedy choice.
 pub fn choose(inputs: &[Input], max_files: usize, max_bytes: u64) -> Vec<&Input> {
     let mut chosen: Vec<&Input> = inputs.iter().filter(|i| i.hand_written()).collect();
     let mut covered: HashSet<u32> = chosen.iter().flat_map(|i| i.edges.iter().copied()).collect();
     let mut bytes: u64 = chosen.iter().map(|i| i.size).sum();
-    let mut rest: Vec<&Input> = inputs.iter().filter(|i| !i.hand_written()).collect();
+    let gain = |i: &Input, covered: &HashSet<u32>| i.edges.iter().filter(|e| !covered.contains(e)).count();
+    let mut queue: BinaryHeap<(usize, Reverse<u64>, Reverse<usize>)> = inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| !i.hand_written())
+        .map(|(n, i)| (gain(i, &covered), Reverse(i.size), Reverse(n)))
+        .collect();
     while chosen.len() < max_files {
-        let gain = |i: &Input| i.edges.iter().filter(|e| !covered.contains(e)).count();
-        let Some((index, best)) =
-            rest.iter().enumerate().max_by_key(|(_, i)| (gain(i), Reverse(i.size))).map(|(n, i)| (n, *i))
-        else {
-            break;
-        };
-        if gain(best) == 0 || bytes + best.size > max_bytes {
+        let Some((stale, size, Reverse(n))) = queue.pop() else { break };
+        let fresh = gain(&inputs[n], &covered);
+        if fresh == 0 {
+            // Nothing left adds anything: every other bound is at most this one's.
+            if stale == 0 {
+                break;
+            }
+            continue;
+        }
+        if fresh < stale && queue.peek().is_some_and(|&(next, next_size, _)| (next, next_size) > (fresh, size)) {
+            queue.push((fresh, size, Reverse(n)));
+            continue;
+        }
+        if bytes + inputs[n].size > max_bytes {
             break;
         }
-        covered.extend(best.edges.iter().copied());
-        bytes += best.size;
-        chosen.push(best);
-        rest.swap_remove(index);
+        covered.extend(inputs[n].edges.iter().copied());
+        bytes += inputs[n].size;
+        chosen.push(&inputs[n]);
     }
     chosen
 }
