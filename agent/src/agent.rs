@@ -471,7 +471,7 @@ impl RotatingApiClients {
         cert_dir: &std::path::Path,
         node: &str,
     ) -> Result<Self, Error> {
-        use crate::certificate::rotation::{CLIENT, CertManager, RotatingClient};
+        use crate::certificate::rotation::{CLIENT, CertManager};
         let base = ApiClientsBase::load(path, kc).await?;
         let store = crate::certificate::bootstrap::client_store(
             cert_dir,
@@ -491,23 +491,18 @@ impl RotatingApiClients {
         };
         let first = base.build(current.as_ref())?;
         let ns = base.config.default_namespace.clone();
-        let cells =
-            [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
-        let clients =
-            ApiClients { main: cells[0].client(&ns), events: cells[1].client(&ns), heartbeat: cells[2].client(&ns) };
         let manager = CertManager::new(CLIENT, store, node, None, current);
-        let reconnector = {
-            let (base, manager, cells) = (base.clone(), manager.clone(), cells.clone());
-            Reconnector::new(cells, move || base.build(manager.current().as_deref()))
+        let (clients, reconnector) = {
+            let (base, manager) = (base.clone(), manager.clone());
+            Reconnector::over(first, &ns, move || base.build(manager.current().as_deref()))
         };
         let (run_manager, watcher, requester) = (manager.clone(), manager.clone(), clients.main.clone());
+        let cells = reconnector.clone();
         let task = Box::new(move |shutdown: CancellationToken| {
             Box::pin(async move {
                 let rotation = run_manager.run_applying(requester, shutdown, |pair| match base.build(Some(pair)) {
                     Ok(next) => {
-                        cells[0].swap(next.main);
-                        cells[1].swap(next.events);
-                        cells[2].swap(next.heartbeat);
+                        cells.swap(next);
                         tracing::info!("the API clients use the new client certificate");
                     }
                     Err(e) => tracing::error!(error = %e, "the new client certificate does not load"),
@@ -547,31 +542,40 @@ impl Reconnector {
     /// outage must not rebuild the clients (and relist the pods) each time.
     const MIN_INTERVAL: Duration = Duration::from_secs(5);
 
-    fn new(
-        cells: [crate::certificate::rotation::RotatingClient; 3],
+    /// The clients every component uses (with `ns` as their default namespace), sending
+    /// through `first` until [`Reconnector::swap`]; `rebuild` makes a fresh set for
+    /// [`Reconnector::reset`].
+    fn over(
+        first: ApiClients,
+        ns: &str,
         rebuild: impl Fn() -> Result<ApiClients, Error> + Send + Sync + 'static,
-    ) -> Self {
-        Self { cells, rebuild: Arc::new(rebuild), generation: tokio::sync::watch::Sender::new(0) }
-    }
-
-    /// Plain clients made resettable.
-    fn plain(base: ApiClientsBase, ns: &str) -> Result<(ApiClients, Self), Error> {
+    ) -> (ApiClients, Self) {
         use crate::certificate::rotation::RotatingClient;
-        let first = base.build(None)?;
         let cells =
             [RotatingClient::new(first.main), RotatingClient::new(first.events), RotatingClient::new(first.heartbeat)];
         let clients =
             ApiClients { main: cells[0].client(ns), events: cells[1].client(ns), heartbeat: cells[2].client(ns) };
-        Ok((clients, Self::new(cells, move || base.build(None))))
+        (clients, Self { cells, rebuild: Arc::new(rebuild), generation: tokio::sync::watch::Sender::new(0) })
+    }
+
+    /// Plain clients made resettable.
+    fn plain(base: ApiClientsBase, ns: &str) -> Result<(ApiClients, Self), Error> {
+        let first = base.build(None)?;
+        Ok(Self::over(first, ns, move || base.build(None)))
+    }
+
+    /// Every later request of every clone of the clients goes through `next`.
+    fn swap(&self, next: ApiClients) {
+        self.cells[0].swap(next.main);
+        self.cells[1].swap(next.events);
+        self.cells[2].swap(next.heartbeat);
     }
 
     /// Rebuilds the clients and bumps the generation.
     fn reset(&self) {
         match (self.rebuild)() {
             Ok(next) => {
-                self.cells[0].swap(next.main);
-                self.cells[1].swap(next.events);
-                self.cells[2].swap(next.heartbeat);
+                self.swap(next);
                 self.generation.send_modify(|g| *g += 1);
             }
             Err(e) => tracing::error!(error = %e, "cannot rebuild the API clients"),
