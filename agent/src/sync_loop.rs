@@ -716,6 +716,25 @@ mod tests {
         e.stop.cancel();
     }
 
+    /// The node of the admission tests: `cpu` allocatable, 1 GiB, 110 pods.
+    fn node_with_cpu(cpu: &str) -> Arc<std::sync::RwLock<Option<k8s_openapi::api::core::v1::Node>>> {
+        let node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"allocatable": {"cpu": cpu, "memory": "1Gi", "pods": "110"}}
+        }))
+        .unwrap();
+        Arc::new(std::sync::RwLock::new(Some(node)))
+    }
+
+    /// A static pod named and with the UID `name`, created at `created` (RFC 3339).
+    fn named_pod(name: &str, created: &str) -> Pod {
+        let mut p = static_pod(name);
+        p.metadata.name = Some(name.to_owned());
+        p.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
+        p
+    }
+
     /// Pods that arrive in one update are admitted in order, each against the pods
     /// admitted before it (upstream `HandlePodAdditions`), not against the later pods of
     /// the same update: of two pods that each want 60 % of the node's CPU, the first runs
@@ -723,17 +742,9 @@ mod tests {
     #[tokio::test]
     async fn pods_of_one_update_are_admitted_in_order() {
         let mut e = env().await;
-        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n"},
-            "status": {"allocatable": {"cpu": "1", "memory": "1Gi", "pods": "110"}}
-        }))
-        .unwrap();
-        e.sync_loop.node = Some(Arc::new(std::sync::RwLock::new(Some(node))));
+        e.sync_loop.node = Some(node_with_cpu("1"));
         let wants_600m = |uid: &str, created: &str| {
-            let mut p = static_pod(uid);
-            p.metadata.name = Some(uid.to_owned());
-            p.metadata.creation_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
+            let mut p = named_pod(uid, created);
             p.spec.as_mut().unwrap().containers[0].resources = Some(
                 serde_json::from_value(serde_json::json!({
                     "requests": {"cpu": "600m"}
@@ -778,27 +789,15 @@ mod tests {
     #[tokio::test]
     async fn sources_count_as_handled_only_after_their_first_snapshot_is_admitted() {
         let mut e = env().await;
-        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n"},
-            "status": {"allocatable": {"cpu": "4", "memory": "1Gi", "pods": "110"}}
-        }))
-        .unwrap();
-        e.sync_loop.node = Some(Arc::new(std::sync::RwLock::new(Some(node))));
+        e.sync_loop.node = Some(node_with_cpu("4"));
         // A freshly started agent: no snapshot seen yet.
         e.sync_loop.pod_manager = PodManager::new(&[FILE_SOURCE]);
         let witness = Arc::new(Witness { pods: e.sync_loop.pod_manager.clone(), ..Witness::default() });
         e.sync_loop.admit_handlers.push(witness.clone());
-        let pod = |name: &str, created: &str| {
-            let mut p = static_pod(name);
-            p.metadata.name = Some(name.to_owned());
-            p.metadata.creation_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()));
-            p
-        };
-        let first = vec![pod("b", "2026-01-01T00:00:01Z"), pod("a", "2026-01-01T00:00:00Z")];
+        let first = vec![named_pod("b", "2026-01-01T00:00:01Z"), named_pod("a", "2026-01-01T00:00:00Z")];
         e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: first.clone() });
         let mut second = first;
-        second.push(pod("c", "2026-01-01T00:00:02Z"));
+        second.push(named_pod("c", "2026-01-01T00:00:02Z"));
         e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: second });
         let seen = witness.seen.lock().unwrap().clone();
         let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
