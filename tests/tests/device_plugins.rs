@@ -10,38 +10,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams};
+use kube::api::DeleteParams;
 use serde_json::json;
-use swiftlet_tests::cluster::{Cluster, ClusterNode, phase as pod_phase};
+use swiftlet_tests::cluster::{TestNode as Bed, phase as pod_phase};
 use swiftlet_tests::device_plugin::{TestDevicePlugin, TestDevicePluginOptions};
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
 
 const RES: &str = "swiftlet.test/fake";
 
-/// One test's node (reporting its status every second) and namespace.
-struct Bed {
-    cluster: Cluster,
-    node: ClusterNode,
-    ns: String,
-}
-
+/// One test's node (reporting its status every second), its namespace, and the runtime.
 async fn setup(test: &str) -> Result<(Bed, Cri)> {
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let cluster = Cluster::connect().await?;
     let opts = AgentOptions { extra_config: "nodeStatusUpdateFrequency: 1s\n".into(), ..AgentOptions::default() };
-    let mut node = cluster.join(test, opts).await?;
-    let ns = node.namespace(test).await?;
-    Ok((Bed { cluster, node, ns }, cri))
-}
-
-impl Bed {
-    fn agent(&self) -> &Agent {
-        &self.node.agent
-    }
-
-    async fn create(&self, pod: serde_json::Value) -> Result<Pod> {
-        self.node.create_pod(&self.ns, pod).await
-    }
+    let bed = Bed::join(test, opts).await?;
+    let cri = bed.cri.clone();
+    Ok((bed, cri))
 }
 
 fn device_pod(name: &str, count: u32) -> serde_json::Value {
@@ -111,7 +93,7 @@ async fn env(cri: &Cri, id: &str, name: &str) -> Result<String> {
 }
 
 async fn delete_and_wait(bed: &Bed, names: &[&str]) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(bed.cluster.client(), &bed.ns);
+    let pods = bed.pods();
     for n in names {
         pods.delete(n, &DeleteParams::default().grace_period(0)).await?;
     }
