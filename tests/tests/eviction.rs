@@ -104,6 +104,16 @@ async fn events(bed: &Bed) -> Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// The kernel's OOM kills since boot, machine-wide (`oom_kill` in `/proc/vmstat`).
+fn kernel_oom_kills() -> Result<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat")?;
+    vmstat
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no oom_kill in /proc/vmstat")
+}
+
 /// Waits until `kubelet_evictions` counts one eviction on `signal` (counted once the kill
 /// is done).
 async fn counted_once(agent: &Agent, signal: &str) -> Result<()> {
@@ -157,6 +167,10 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
 
         bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;
         wait_running(&bed, "guaranteed").await?;
+        let oom_kills_before = kernel_oom_kills()?;
+        // The pods' peak memory is measured from here on.
+        std::fs::write(kubepods.join("memory.max_usage_in_bytes"), "0")?;
+        let hog_created = Instant::now();
 
         // 8 MiB of tmpfs every 0.2 s, charged to the pod: it would reach the 400 MiB limit
         // (the kernel's OOM kill) about 7 s after crossing the eviction threshold.
@@ -164,6 +178,11 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
             "i=0; while true; do dd if=/dev/zero of=/mem/f$i bs=1M count=8 2>/dev/null; i=$((i+1)); sleep 0.2; done";
         bed.create(pod("hog", hog, &json!({}))).await?;
         let evicted = wait_evicted(&bed, "hog", Duration::from_mins(2)).await?;
+        let evicted_after = hog_created.elapsed();
+        // Not one kernel OOM kill anywhere on the machine while the hog grew and went.
+        assert_eq!(kernel_oom_kills()?, oom_kills_before, "the kernel OOM killer acted");
+        let peak = std::fs::read_to_string(kubepods.join("memory.max_usage_in_bytes"))?.trim().parse::<u64>()?;
+        assert!(peak < 400 * MIB, "the pods reached their limit: {peak}");
         let status = evicted.status.clone().unwrap_or_default();
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         let message = status.message.clone().unwrap_or_default();
@@ -203,6 +222,23 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
                 .await?;
         }
         assert!(kernel_decisions >= 1.0, "no eviction decided on a kernel signal\n{}", tail(&agent.log(), 40));
+        let mut latencies = Vec::new();
+        for source in ["memcg_threshold", "psi", "ebpf_reclaim"] {
+            let family = "swiftlet_eviction_signal_to_decision_seconds";
+            let count = agent.metric(&format!("{family}_count{{source=\"{source}\"}}")).await?;
+            if count > 0.0 {
+                let sum = agent.metric(&format!("{family}_sum{{source=\"{source}\"}}")).await?;
+                latencies.push(format!("{source} {count} decision(s), mean {:.1} ms", sum / count * 1e3));
+            }
+        }
+        println!(
+            "figures: hog evicted {:.1} s after its creation; the pods' peak memory {} MiB of their 400 MiB limit \
+             ({} MiB from the kernel OOM kill); kernel OOM kills 0; signal to decision: {}",
+            evicted_after.as_secs_f64(),
+            peak / MIB,
+            (400 * MIB - peak) / MIB,
+            latencies.join(", ")
+        );
         // The Evicted event, as the real API server stored it.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
