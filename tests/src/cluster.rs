@@ -345,6 +345,14 @@ users:
         Ok(())
     }
 
+    /// Whether the component `name` runs.
+    ///
+    /// # Errors
+    /// The cluster record has no such component.
+    pub fn is_running(&self, name: &str) -> Result<bool> {
+        Ok(!Self::component_pids(self.component(name)?).is_empty())
+    }
+
     fn component(&self, name: &str) -> Result<&Component> {
         self.state.components.get(name).with_context(|| format!("no component {name} in the cluster record"))
     }

@@ -9,6 +9,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod device_plugin;
 pub mod logind;
+pub mod outage;
 pub mod registry;
 pub mod scratch;
 pub mod spdy;
