@@ -48,7 +48,6 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[expect(clippy::large_enum_variant, reason = "parsed once; the bench's options are plain values")]
 enum Cmd {
     /// Manage the containerd test bed.
     Testbed {

@@ -6,7 +6,9 @@
 //!
 //! The same set-up runs another kubelet-compatible agent (`bench --other-agent`): the
 //! same config file and the upstream flags, without swiftlet's own (`--evented-pleg`,
-//! `--event-api-socket`); and either agent can join the test API server (`--kubeconfig`).
+//! `--event-api-socket`); and either agent can join the test bed's control plane as a node
+//! of its own name ([`BenchAgent::joining`]: TLS bootstrap with the bootstrap token, as a
+//! kubeadm node joins).
 //!
 //! [`BenchAgent::teardown`] undoes everything whatever state the run stopped in: pods
 //! (through the agent, else through CRI), the process, the cgroups, the directory.
@@ -32,8 +34,16 @@ use crate::{
 /// `PodSandboxState::SANDBOX_READY`.
 const SANDBOX_READY: i32 = 0;
 
-/// Namespace of every bench pod: CRI sandboxes in it are the bench's.
+/// Namespace of every bench pod: CRI sandboxes in it, or in a namespace named after it
+/// (`swiftlet-bench-<pid>-<label>`, an API bench's: see [`is_bench_namespace`]), are the
+/// bench's.
 pub const NAMESPACE: &str = "swiftlet-bench";
+
+/// Whether pods of `namespace` are the bench's: [`NAMESPACE`] (static pods, the runtime's
+/// own pods) or `NAMESPACE-...` (the namespaces of the API benches).
+pub fn is_bench_namespace(namespace: &str) -> bool {
+    namespace.strip_prefix(NAMESPACE).is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+}
 /// `--hostname-override`: static pod names get `-bench` appended.
 pub const NODE_NAME: &str = "bench";
 /// What the agent logs: info, plus the record targets the benches parse.
@@ -165,8 +175,11 @@ pub struct BenchAgent {
     max_pods: usize,
     /// swiftlet (its own flags are given), or another kubelet-compatible agent.
     swiftlet: bool,
-    /// `--kubeconfig`: join an API server.
-    kubeconfig: Option<PathBuf>,
+    /// `--hostname-override`: [`NODE_NAME`] unless joined under another name.
+    node_name: String,
+    /// `--bootstrap-kubeconfig` (and `--kubeconfig`, written by the TLS bootstrap, in the
+    /// agent's directory): join the control plane as node `node_name`.
+    bootstrap_kubeconfig: Option<PathBuf>,
     /// `KubeletConfiguration` lines appended to the config.
     extra_config: String,
     extra_flags: Vec<String>,
@@ -198,7 +211,8 @@ impl BenchAgent {
             endpoint: endpoint.to_owned(),
             max_pods,
             swiftlet: true,
-            kubeconfig: None,
+            node_name: NODE_NAME.to_owned(),
+            bootstrap_kubeconfig: None,
             extra_config: String::new(),
             extra_flags: Vec::new(),
             drain_timeout: Duration::from_mins(3),
@@ -219,11 +233,26 @@ impl BenchAgent {
         self
     }
 
-    /// Joins the API server of `kubeconfig`.
+    /// Joins the control plane as node `node_name` by TLS bootstrap with `bootstrap` (a
+    /// kubeconfig with a bootstrap token): the kubelet flags `--bootstrap-kubeconfig` and
+    /// `--kubeconfig` (the signed certificate's kubeconfig, in the agent's directory), and
+    /// `--node-ip=127.0.0.1` (the API server reaches a test bed's node on loopback).
+    /// `registration` is appended to the config (the bench nodes' taint).
     #[must_use]
-    pub fn with_kubeconfig(mut self, kubeconfig: &Path) -> Self {
-        self.kubeconfig = Some(kubeconfig.to_path_buf());
-        self
+    pub fn joining(mut self, node_name: &str, bootstrap: &Path, registration: &str) -> Self {
+        node_name.clone_into(&mut self.node_name);
+        self.bootstrap_kubeconfig = Some(bootstrap.to_path_buf());
+        self.with_config(registration)
+    }
+
+    /// The node name (`--hostname-override`).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The kubeconfig the agent uses once joined (written by its TLS bootstrap).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubelet.conf")
     }
 
     /// Appends `KubeletConfiguration` lines (YAML, top level) to the config.
@@ -295,7 +324,7 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-{eviction}{extra}",
+{cgroup_v1}{eviction}{extra}",
             manifests = self.manifests.display(),
             // podLogsDir is newer than some kubelets (1.28 refuses it): another agent
             // writes its pod logs to its default, /var/log/pods.
@@ -308,6 +337,9 @@ authorization:
             healthz = self.healthz_port,
             cgroup_root = self.cgroup_root,
             max_pods = self.max_pods.max(110),
+            // Kubelets from 1.35 on refuse to start on a cgroup v1 host unless told (this
+            // test bed's hosts are v1); older ones ignore the field with a warning.
+            cgroup_v1 = if self.swiftlet { "" } else { "failCgroupV1: false\n" },
             // The host's disk is the agents' nodefs and imagefs: a nearly full developer
             // disk must not put the node under disk pressure (whose passes would be
             // measured too). Benches that test eviction set their own thresholds.
@@ -331,10 +363,12 @@ authorization:
             "--cert-dir".to_owned(),
             self.dir.join("pki").display().to_string(),
             "--hostname-override".to_owned(),
-            NODE_NAME.to_owned(),
+            self.node_name.clone(),
         ];
-        if let Some(k) = &self.kubeconfig {
-            flags.push(format!("--kubeconfig={}", k.display()));
+        if let Some(b) = &self.bootstrap_kubeconfig {
+            flags.push(format!("--bootstrap-kubeconfig={}", b.display()));
+            flags.push(format!("--kubeconfig={}", self.kubeconfig().display()));
+            flags.push("--node-ip=127.0.0.1".to_owned());
         }
         if self.swiftlet {
             flags.push(format!("--event-api-socket={}", self.dir.join("events.sock").display()));
@@ -563,7 +597,7 @@ pub fn disturbance(sandboxes: &[PodSandbox], ours: &BTreeSet<String>) -> Option<
     }
     let ready: BTreeSet<String> = sandboxes
         .iter()
-        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| is_bench_namespace(&m.namespace)))
         .map(|s| s.id.clone())
         .collect();
     if &ready != ours {
@@ -582,7 +616,7 @@ pub fn disturbance(sandboxes: &[PodSandbox], ours: &BTreeSet<String>) -> Option<
 pub fn foreign_pods(sandboxes: &[PodSandbox]) -> Option<String> {
     let foreign: Vec<String> = sandboxes
         .iter()
-        .filter(|s| s.metadata.as_ref().is_none_or(|m| m.namespace != NAMESPACE))
+        .filter(|s| s.metadata.as_ref().is_none_or(|m| !is_bench_namespace(&m.namespace)))
         .map(|s| s.metadata.as_ref().map_or_else(|| s.id.clone(), |m| format!("{}/{}", m.namespace, m.name)))
         .collect();
     (!foreign.is_empty()).then(|| {
@@ -599,7 +633,7 @@ pub async fn ready_bench_sandboxes(cri: &mut CriClient) -> Result<BTreeSet<Strin
         .list_pod_sandboxes()
         .await?
         .into_iter()
-        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .filter(|s| s.state == SANDBOX_READY && s.metadata.as_ref().is_some_and(|m| is_bench_namespace(&m.namespace)))
         .map(|s| s.id)
         .collect())
 }
@@ -612,13 +646,13 @@ pub async fn ensure_undisturbed(cri: &mut CriClient, ours: &BTreeSet<String>) ->
     }
 }
 
-/// CRI sandboxes in the bench namespace.
+/// CRI sandboxes in the bench namespaces.
 pub async fn bench_sandboxes(cri: &mut CriClient) -> Result<Vec<String>> {
     Ok(cri
         .list_pod_sandboxes()
         .await?
         .into_iter()
-        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.namespace == NAMESPACE))
+        .filter(|s| s.metadata.as_ref().is_some_and(|m| is_bench_namespace(&m.namespace)))
         .map(|s| s.id)
         .collect())
 }
@@ -655,6 +689,13 @@ mod tests {
     }
 
     #[test]
+    fn bench_namespaces_are_the_bench_namespace_and_those_named_after_it() {
+        assert!(is_bench_namespace(NAMESPACE));
+        assert!(is_bench_namespace("swiftlet-bench-4242-kubelet"));
+        assert!(!is_bench_namespace("swiftlet-benchmark") && !is_bench_namespace("default"));
+    }
+
+    #[test]
     fn notices_foreign_and_replaced_sandboxes() {
         let ours: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
         let fine = [sandbox("a", NAMESPACE, 0), sandbox("b", NAMESPACE, 0)];
@@ -673,18 +714,24 @@ mod tests {
         let ours =
             BenchAgent::named("swiftlet", PlegMode::Evented, Path::new("/bin/swiftlet"), "unix:///cri.sock", 100)
                 .unwrap()
-                .with_kubeconfig(Path::new("/tmp/kc"))
+                .joining("swiftlet-bench-swiftlet", Path::new("/tmp/bootstrap.conf"), "registerWithTaints: []\n")
                 .with_config("failSwapOn: false")
                 .with_flags(&["--eviction-kernel-signals=false"]);
         let flags = ours.flags();
-        assert!(flags.contains(&"--kubeconfig=/tmp/kc".to_owned()), "{flags:?}");
+        assert!(flags.windows(2).any(|w| w == ["--hostname-override", "swiftlet-bench-swiftlet"]), "{flags:?}");
+        assert!(flags.contains(&"--bootstrap-kubeconfig=/tmp/bootstrap.conf".to_owned()), "{flags:?}");
+        assert!(flags.contains(&format!("--kubeconfig={}", ours.dir.join("kubelet.conf").display())), "{flags:?}");
+        assert!(flags.contains(&"--node-ip=127.0.0.1".to_owned()), "{flags:?}");
         assert!(flags.contains(&"--evented-pleg=true".to_owned()), "{flags:?}");
         assert!(flags.iter().any(|f| f.starts_with("--event-api-socket=")), "{flags:?}");
         assert_eq!(flags.last().map(String::as_str), Some("--eviction-kernel-signals=false"));
         let config = ours.config();
         assert!(
             config.contains("\npodLogsDir: ")
-                && config.ends_with("mode: AlwaysAllow\nevictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n"),
+                && config.ends_with(
+                    "mode: AlwaysAllow\nevictionHard:\n  memory.available: 100Mi\nregisterWithTaints: []\nfailSwapOn: \
+                     false\n"
+                ),
             "{config}"
         );
         assert!(config.contains("maxPods: 110\n") && config.contains(&format!("cgroupRoot: {}\n", ours.cgroup_root)));
@@ -703,6 +750,8 @@ mod tests {
         assert_eq!(&flags[..2], ["--container-runtime-endpoint", "unix:///cri.sock"]);
         assert!(flags.windows(2).any(|w| w == ["--hostname-override", NODE_NAME]));
         assert!(!other.config().contains("podLogsDir") && other.config().contains("maxPods: 200\n"));
+        assert!(other.config().contains("\nfailCgroupV1: false\n") && !ours.config().contains("failCgroupV1"));
+        assert!(!flags.iter().any(|f| f.starts_with("--kubeconfig") || f.starts_with("--bootstrap")), "{flags:?}");
     }
 
     #[test]

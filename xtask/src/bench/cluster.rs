@@ -1,8 +1,10 @@
-//! A bench "cluster": the test API server ([`ApiServer`]), one agent joined to it
-//! ([`BenchAgent`] with `--kubeconfig`), a client for the bench's requests and the bench's
-//! own pod watch ([`PodWatch`]). [`Cluster::end`] undoes all of it in any state: the API
-//! pods are deleted (the agent stops them), the agent is torn down (pods left are removed
-//! through CRI), the server stops.
+//! A bench "cluster": one agent joined as a node to the test bed's real control plane
+//! (kube-apiserver, kube-controller-manager, kube-scheduler at [`crate::upstream::VERSION`],
+//! see [`ApiServer`]) by TLS bootstrap, a namespace of its own for the bench's pods, a
+//! client for the bench's requests as the cluster admin and the bench's own pod watch
+//! ([`PodWatch`]). [`Cluster::end`] undoes all of it in any state: the API pods are deleted
+//! (the agent stops them), the agent is torn down (pods left are removed through CRI), the
+//! node and the namespace are deleted. The control plane stays up: it is the test bed's.
 
 use std::{
     collections::BTreeSet,
@@ -11,11 +13,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
 
 use crate::{
     bench::{
-        agent::{self, BenchAgent, NODE_NAME},
-        apiserver::{ApiClient, ApiServer, TOKEN},
+        agent::{self, BenchAgent, NAMESPACE},
+        apiserver::{self, ApiClient, ApiServer},
         procfs,
         watch::{self, PodWatch, WatchTarget},
     },
@@ -23,45 +26,53 @@ use crate::{
     testbed::Layout,
 };
 
-/// The test API server and an agent joined to it.
+/// An agent joined to the test bed's control plane.
 #[derive(Debug)]
 pub struct Cluster {
     pub api: ApiServer,
     pub agent: BenchAgent,
+    /// The namespace of this agent's pods (`swiftlet-bench-<pid>-<label>`), deleted at the end.
+    pub namespace: String,
     pub client: Option<ApiClient>,
     pub watch: Option<PodWatch>,
 }
 
 impl Cluster {
-    /// Starts the API server in the agent's directory's parent (`<tmp>/swiftlet-bench-<pid>-<label>-api`);
-    /// the agent is set up to join it but not started.
-    pub async fn prepare(apiserver_bin: &Path, agent: BenchAgent) -> Result<Self> {
-        let dir = agent.dir.with_file_name(format!(
-            "{}-api",
-            agent.dir.file_name().and_then(|n| n.to_str()).unwrap_or("swiftlet-bench-api")
-        ));
-        let api = ApiServer::start(apiserver_bin, &dir).await?;
-        let agent = agent.with_kubeconfig(&api.kubeconfig);
+    /// Sets `agent` up to join `api` as node `swiftlet-bench-<label>` (with the bench
+    /// nodes' taint); neither the agent nor anything in the API exists yet.
+    pub fn prepare(api: &ApiServer, agent: BenchAgent) -> Result<Self> {
+        let node = apiserver::node_name(&agent.label);
+        let namespace = format!("{NAMESPACE}-{}-{}", std::process::id(), apiserver::dns_label(&agent.label));
+        let agent = agent.joining(&node, &api.bootstrap_kubeconfig, &apiserver::register_with_taint());
         agent.setup()?;
-        Ok(Self { api, agent, client: None, watch: None })
+        Ok(Self { api: api.clone(), agent, namespace, client: None, watch: None })
     }
 
-    /// Starts the agent, waits until its node is registered, creates the bench namespace
-    /// and starts the bench's watch on it.
+    /// Removes what earlier benches left in the cluster, creates the namespace, starts
+    /// the agent, waits until its node is Ready and starts the bench's watch on the
+    /// namespace's pods.
     pub async fn start(&mut self) -> Result<()> {
-        self.agent.spawn().await?;
-        let mut client = self.api.client().await?;
-        client
-            .wait_node(NODE_NAME, Duration::from_mins(1))
-            .await
-            .map_err(|e| anyhow::anyhow!("{e:#}; agent log tail:\n{}", self.agent.log_tail(30)))?;
-        client.ensure_namespace().await?;
-        let (_, rv) = client.list_pods().await?;
-        let target =
-            WatchTarget { addr: self.api.addr(), token: TOKEN.to_owned(), namespace: agent::NAMESPACE.to_owned() };
-        self.watch = Some(PodWatch::start(target, &rv)?);
+        let mut client = self.api.client();
+        client.remove_stale().await?;
+        client.create_namespace(&self.namespace).await?;
         self.client = Some(client);
+        self.agent.spawn().await?;
+        let node = self.agent.node_name().to_owned();
+        if let Err(e) = self.client()?.wait_node_ready(&node, Duration::from_mins(1)).await {
+            bail!("{e:#}; agent log tail:\n{}", self.agent.log_tail(30));
+        }
+        eprintln!("bench: node {node} joined the {} control plane and is Ready", self.api.version);
+        let namespace = self.namespace.clone();
+        let (_, rv) = self.client()?.list_pods(&namespace).await?;
+        let target =
+            WatchTarget { host: self.api.host.clone(), tls: self.api.tls.clone(), namespace: self.namespace.clone() };
+        self.watch = Some(PodWatch::start(target, &rv)?);
         Ok(())
+    }
+
+    /// An API pod of this cluster's namespace bound to its node (see [`apiserver::pod`]).
+    pub fn pod(&self, name: &str, script: &str, memory_volume: bool) -> Value {
+        apiserver::pod(name, &self.namespace, self.agent.node_name(), script, memory_volume)
     }
 
     pub fn client(&mut self) -> Result<&mut ApiClient> {
@@ -74,12 +85,13 @@ impl Cluster {
 
     /// Creates `pods` one after the other as fast as the server answers; returns the
     /// `CLOCK_MONOTONIC` time just before each request.
-    pub async fn create_pods(&mut self, pods: &[serde_json::Value]) -> Result<Vec<u64>> {
+    pub async fn create_pods(&mut self, pods: &[Value]) -> Result<Vec<u64>> {
+        let namespace = self.namespace.clone();
         let client = self.client()?;
         let mut sent = Vec::with_capacity(pods.len());
         for pod in pods {
             sent.push(procfs::monotonic_ns());
-            client.create_pod(pod).await?;
+            client.create_pod(&namespace, pod).await?;
         }
         Ok(sent)
     }
@@ -125,8 +137,9 @@ impl Cluster {
     /// measurement starts on a quiet node. Stopped sandboxes may stay (an upstream kubelet
     /// removes them in its garbage collection, minutes later).
     pub async fn delete_and_wait(&mut self, cri: &mut CriClient, names: &[String], timeout: Duration) -> Result<()> {
+        let namespace = self.namespace.clone();
         for name in names {
-            self.client()?.delete_pod(name).await?;
+            self.client()?.delete_pod(&namespace, name).await?;
         }
         let full: BTreeSet<String> = names.iter().cloned().collect();
         let deadline = Instant::now() + timeout;
@@ -153,13 +166,10 @@ impl Cluster {
     pub async fn end(&mut self, layout: &Layout, keep_log: &Path) -> Result<()> {
         let mut failures = Vec::new();
         self.watch = None;
+        let mut client = self.client.take().unwrap_or_else(|| self.api.client());
         if self.agent.ensure_alive().is_ok() {
             let deleted = async {
-                let mut client = match self.client.take() {
-                    Some(c) => c,
-                    None => self.api.client().await?,
-                };
-                let n = client.delete_all_pods().await?;
+                let n = client.delete_all_pods(&self.namespace).await?;
                 if n > 0 {
                     eprintln!("bench: deleted {n} pod(s) from the API server; waiting for the agent to stop them");
                     let mut cri = CriClient::connect(&layout.socket()).await?;
@@ -177,16 +187,14 @@ impl Cluster {
         if let Err(e) = self.agent.teardown(layout, keep_log).await {
             failures.push(format!("{e:#}"));
         }
-        self.api.stop();
-        let api_dir = self.api.kubeconfig.parent().map(Path::to_path_buf);
-        if let Some(dir) = api_dir
-            && let Some(parent) = keep_log.parent()
-        {
-            let _ =
-                std::fs::copy(dir.join("apiserver.log"), parent.join(format!("{}-apiserver.log", self.agent.label)));
-            if let Err(e) = crate::cleanup::remove_dir(&dir) {
-                failures.push(format!("removing {}: {e:#}", dir.display()));
-            }
+        // The node would stay NotReady in the cluster; the namespace's deletion removes
+        // any pod left in it.
+        let node = self.agent.node_name().to_owned();
+        if let Err(e) = client.delete_node(&node).await {
+            failures.push(format!("deleting node {node}: {e:#}"));
+        }
+        if let Err(e) = client.delete_namespace(&self.namespace).await {
+            failures.push(format!("deleting namespace {}: {e:#}", self.namespace));
         }
         if failures.is_empty() { Ok(()) } else { bail!("cleanup incomplete: {}", failures.join("; ")) }
     }

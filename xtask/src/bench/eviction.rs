@@ -5,7 +5,8 @@
 //! `kernelMemcgNotification`), side by side. Target: p99 < 500 ms with kernel signals.
 //!
 //! # Set-up (as `tests/tests/eviction.rs`)
-//! Per mode, the test API server and a release agent joined to it ([`Cluster`]), its
+//! Per mode, a release agent joined as a node to the test bed's real control plane
+//! (kube-apiserver v1.37.2, [`Cluster`]), its
 //! pods cgroup (`<cgroupRoot>/kubepods`, cgroup v1 memory) limited to 300 MiB by the
 //! agent's node allocatable enforcement (`systemReserved` memory = `MemTotal` − 300 MiB),
 //! and `evictionHard: allocatableMemory.available: 100Mi`, so the pods'
@@ -61,8 +62,8 @@ use clap::ValueEnum;
 use crate::{
     Ctx, apt,
     bench::{
-        agent::{self, BenchAgent, NODE_NAME, PlegMode},
-        apiserver,
+        agent::{self, BenchAgent, PlegMode},
+        apiserver::ApiServer,
         cluster::Cluster,
         latency::Summary,
         pleg::{self, Pauses},
@@ -162,9 +163,6 @@ pub struct EvictionArgs {
     /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
     #[arg(long, value_name = "PATH")]
     pub swiftlet_bin: Option<PathBuf>,
-    /// Run this swiftlet-test-apiserver instead of building the release one.
-    #[arg(long, value_name = "PATH")]
-    pub apiserver_bin: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -362,7 +360,7 @@ pub fn footnotes() -> Vec<String> {
             THRESHOLD_BYTES / MIB,
             LIMIT_BYTES / MIB
         ),
-        "² the bench's own watch on the test API server shows the pod Failed/Evicted (kill and status write \
+        "² the bench's own watch on the test bed's kube-apiserver shows the pod Failed/Evicted (kill and status write \
          included)."
             .to_owned(),
         "³ what swiftlet_eviction_signal_to_decision_seconds records: from the agent's receipt of the kernel's \
@@ -546,11 +544,12 @@ pub fn memory_pressure_in_log(log: &str) -> bool {
 // ---------------------------------------------------------------------------------------
 // The run.
 
-/// Where the binaries are, shared by `bench eviction` and the summary bench.
+/// What the API benches run, shared by `bench eviction` and the summary bench: the agent's
+/// binary and the control plane its nodes join.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub swiftlet: PathBuf,
-    pub apiserver: PathBuf,
+    pub api: ApiServer,
 }
 
 /// The agent under measurement, to undo however the bench ends.
@@ -574,8 +573,8 @@ pub async fn end_cluster(slot: &mut Option<Cluster>, ctx: &Ctx, layout: &Layout)
     c.end(layout, &keep).await
 }
 
-/// The agent of one mode, set up with the small pods cgroup: the API server runs and the
-/// cgroup is limited, the agent is not started.
+/// The agent of one mode, set up with the small pods cgroup, joined to the control plane
+/// and started.
 async fn prepare(binaries: &Binaries, layout: &Layout, mode: Mode, slot: &mut Option<Cluster>) -> Result<()> {
     let agent = BenchAgent::named(
         &format!("eviction-{}", mode.name()),
@@ -595,7 +594,7 @@ async fn prepare(binaries: &Binaries, layout: &Layout, mode: Mode, slot: &mut Op
         "bench eviction needs the cgroup v1 memory controller (/sys/fs/cgroup/memory): the agent's memcg threshold \
          signal is v1's",
     )?;
-    let cluster = slot.insert(Cluster::prepare(&binaries.apiserver, agent).await?);
+    let cluster = slot.insert(Cluster::prepare(&binaries.api, agent)?);
     cluster.start().await?;
     Ok(())
 }
@@ -705,9 +704,10 @@ async fn run_once(
     records: &mut Vec<Record>,
 ) -> Result<Option<RunOutcome>> {
     let poller = MemoryPoller::start(kubepods, THRESHOLD_BYTES)?;
-    let pod = apiserver::pod(name, NODE_NAME, &hog_script(), true);
+    let pod = cluster.pod(name, &hog_script(), true);
+    let namespace = cluster.namespace.clone();
     let created_ns = procfs::monotonic_ns();
-    let uid = cluster.client()?.create_pod(&pod).await?;
+    let uid = cluster.client()?.create_pod(&namespace, &pod).await?;
     let find = |records: &[Record]| {
         records.iter().find_map(|r| match r {
             Record::Eviction(d) if d.uid == uid => Some(d.clone()),
@@ -758,32 +758,22 @@ async fn run_once(
     }))
 }
 
-/// Builds (or takes) the binaries, brings the test bed up and checks it is ours alone.
+/// Builds (or takes) the agent, brings the test bed and its control plane up (each if it
+/// is not) and checks the test bed is ours alone.
 pub async fn prepare_bench(
     ctx: &Ctx,
     layout: &Layout,
     swiftlet_bin: Option<&Path>,
-    apiserver_bin: Option<&Path>,
 ) -> Result<(Binaries, CriClient, Environment, Option<i32>)> {
     let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl", "openssl"])?;
-    // Build when either is missing (the two build together), then take what was given.
-    let mut bins = match (swiftlet_bin, apiserver_bin) {
-        (Some(s), Some(a)) => pleg::ReleaseBins { swiftlet: s.into(), apiserver: a.into() },
-        _ => pleg::build_release(ctx)?,
-    };
-    if let Some(p) = swiftlet_bin {
-        bins.swiftlet = pleg::given_binary(p, "--swiftlet-bin")?;
-    }
-    if let Some(p) = apiserver_bin {
-        bins.apiserver = pleg::given_binary(p, "--apiserver-bin")?;
-    }
-    let pleg::ReleaseBins { swiftlet, apiserver } = bins;
+    let api = ApiServer::up(ctx, layout)?;
+    let swiftlet = pleg::swiftlet_binary(ctx, swiftlet_bin)?;
     let mut cri = CriClient::connect(&layout.socket()).await?;
     pleg::preflight(&mut cri, layout).await?;
     let version = cri.version().await?;
     let env = pleg::environment(ctx, &version, swiftlet_bin);
-    Ok((Binaries { swiftlet, apiserver }, cri, env, state.containerd_pid))
+    Ok((Binaries { swiftlet, api }, cri, env, state.containerd_pid))
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &EvictionArgs) -> Result<()> {
@@ -812,8 +802,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &EvictionArgs) -> Result<()> 
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &EvictionArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench eviction: test bed");
-    let (binaries, mut cri, env, _) =
-        prepare_bench(ctx, layout, args.swiftlet_bin.as_deref(), args.apiserver_bin.as_deref()).await?;
+    let (binaries, mut cri, env, _) = prepare_bench(ctx, layout, args.swiftlet_bin.as_deref()).await?;
     session.env = Some(env);
     for mode in args.mode.modes() {
         eprintln!();

@@ -1,16 +1,18 @@
 //! A keep-alive HTTPS client for benchmarks: `openssl s_client` holds one TLS connection
-//! to the agent and the bench speaks HTTP/1.1 through its stdin and stdout.
+//! (to the agent, or with a client certificate to the test bed's kube-apiserver) and the
+//! bench speaks HTTP/1.1 through its stdin and stdout.
 //!
 //! Why not `curl` per request (as [`super::agent::http_get`]): every request would pay a
 //! new process and a new TLS handshake, and the agent's handshake CPU would be counted as
 //! the scrape's. A scraper such as Prometheus keeps its connection open, so the cost of a
-//! scrape is the request on an established connection. xtask has no TLS stack of its own
-//! (it must build before anything is installed, see its `Cargo.toml`), hence the tunnel.
+//! scrape is the request on an established connection; so does a controller's client of
+//! the API server. xtask has no TLS stack of its own (it must build before anything is
+//! installed, see its `Cargo.toml`), hence the tunnel.
 //!
-//! The HTTP/1.1 reader handles what the agent's server sends: `Content-Length` bodies,
-//! chunked bodies and bodies ended by closing the connection; 1xx responses are skipped.
+//! The HTTP/1.1 reader handles what the servers send: `Content-Length` bodies, chunked
+//! bodies and bodies ended by closing the connection; 1xx responses are skipped.
 
-use std::process::Stdio;
+use std::{path::PathBuf, process::Stdio};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use tokio::{
@@ -185,8 +187,39 @@ pub async fn read_response<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<
     }
 }
 
-/// An HTTPS connection to `127.0.0.1:port` through `openssl s_client` (certificate not
-/// verified, as `curl -k`: the agent's is self-signed).
+/// A verified TLS client: the CA the server's certificate must chain to, and the client
+/// certificate and key presented (the test bed's cluster admin, say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `openssl s_client`'s arguments for `host` (`ip:port`): without `tls` the server's
+/// certificate is not verified (as `curl -k`); with it, it must chain to `tls.ca` and name
+/// the host's IP address, and the client certificate is presented.
+pub fn s_client_args(host: &str, tls: Option<&ClientTls>) -> Vec<String> {
+    // -quiet: no session or certificate output, and stdin's end does not close the
+    // connection (-ign_eof); lines are never taken as commands.
+    let mut args: Vec<String> =
+        ["s_client", "-connect", host, "-quiet", "-verify_quiet", "-alpn", "http/1.1"].map(str::to_owned).into();
+    if let Some(tls) = tls {
+        args.extend(["-verify_return_error".to_owned(), "-CAfile".to_owned(), tls.ca.display().to_string()]);
+        if let Some((ip, _)) = host.rsplit_once(':') {
+            args.extend(["-verify_ip".to_owned(), ip.trim_matches(['[', ']']).to_owned()]);
+        }
+        args.extend([
+            "-cert".to_owned(),
+            tls.cert.display().to_string(),
+            "-key".to_owned(),
+            tls.key.display().to_string(),
+        ]);
+    }
+    args
+}
+
+/// An HTTPS connection to a host through `openssl s_client` (see [`s_client_args`]).
 #[derive(Debug)]
 pub struct Tunnel {
     child: Child,
@@ -198,14 +231,19 @@ pub struct Tunnel {
 }
 
 impl Tunnel {
-    /// Starts `openssl s_client`; the TLS handshake happens before the first request is
-    /// answered, so a caller that times requests should send an unmeasured one first.
+    /// Starts `openssl s_client` to `127.0.0.1:port` without verifying the server (the
+    /// agent's certificate is self-signed); the TLS handshake happens before the first
+    /// request is answered, so a caller that times requests should send an unmeasured one
+    /// first.
     pub fn open(port: u16) -> Result<Self> {
-        let host = format!("127.0.0.1:{port}");
+        Self::connect(&format!("127.0.0.1:{port}"), None)
+    }
+
+    /// Starts `openssl s_client` to `host` (`ip:port`), verified and with a client
+    /// certificate when `tls` is given.
+    pub fn connect(host: &str, tls: Option<&ClientTls>) -> Result<Self> {
         let mut child = tokio::process::Command::new("openssl")
-            // -quiet: no session or certificate output, and stdin's end does not close
-            // the connection (-ign_eof); lines are never taken as commands.
-            .args(["s_client", "-connect", &host, "-quiet", "-verify_quiet", "-alpn", "http/1.1"])
+            .args(s_client_args(host, tls))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -221,16 +259,23 @@ impl Tunnel {
                 s
             })
         });
-        Ok(Self { child, stdin, stdout, stderr, host, closed: false })
+        Ok(Self { child, stdin, stdout, stderr, host: host.to_owned(), closed: false })
     }
 
     /// `GET path` on the connection: the complete response, or `None` if the server had
     /// closed the connection before answering (open a new tunnel then).
     pub async fn get(&mut self, path: &str) -> Result<Option<Response>> {
+        let request = get_request(&self.host, path);
+        self.exchange(request.as_bytes()).await.with_context(|| format!("GET https://{}{path}", self.host))
+    }
+
+    /// Sends one complete request (`bytes`) and reads its response: `None` if the server
+    /// had closed the connection before answering (open a new tunnel then).
+    pub async fn exchange(&mut self, bytes: &[u8]) -> Result<Option<Response>> {
         if self.closed {
             return Ok(None);
         }
-        if self.stdin.write_all(get_request(&self.host, path).as_bytes()).await.is_err() {
+        if self.stdin.write_all(bytes).await.is_err() {
             // openssl is gone: the connection is closed (or never opened; see `close`).
             self.closed = true;
             return Ok(None);
@@ -244,7 +289,7 @@ impl Tunnel {
             Ok(Some(r)) if !r.closes => {}
             _ => self.closed = true,
         }
-        response.with_context(|| format!("GET https://{}{path}", self.host))
+        response
     }
 
     /// Stops openssl; returns what it printed on stderr (why a connection failed).
@@ -275,6 +320,21 @@ mod tests {
         assert_eq!(
             get_request("127.0.0.1:10250", "/metrics/cadvisor"),
             "GET /metrics/cadvisor HTTP/1.1\r\nHost: 127.0.0.1:10250\r\nUser-Agent: swiftlet-xtask-bench\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn s_client_verifies_and_presents_a_certificate_only_when_told() {
+        let plain = s_client_args("127.0.0.1:10250", None);
+        assert_eq!(plain[..3], ["s_client", "-connect", "127.0.0.1:10250"]);
+        assert!(!plain.iter().any(|a| a.starts_with("-verify_return_error") || a == "-cert"), "{plain:?}");
+        let tls = ClientTls { ca: "/pki/ca.crt".into(), cert: "/pki/admin.crt".into(), key: "/pki/admin.key".into() };
+        let verified = s_client_args("127.0.0.1:6443", Some(&tls)).join(" ");
+        assert!(
+            verified.ends_with(
+                "-verify_return_error -CAfile /pki/ca.crt -verify_ip 127.0.0.1 -cert /pki/admin.crt -key /pki/admin.key"
+            ),
+            "{verified}"
         );
     }
 

@@ -12,6 +12,17 @@
 //!   the upstream kubelet's figures.
 //! - `eviction`: memory threshold crossed → eviction decision, with the kernel's signals
 //!   and with the periodic 10 s pass alone.
+//!
+//! The API benches (the summary, `eviction`) join their agents as nodes to the test bed's
+//! real control plane (kube-apiserver, controller-manager and scheduler v1.37.2 of
+//! `testbed up --cluster`, brought up if they are not; see [`cluster`]) and create and
+//! watch their pods through kube-apiserver as the cluster admin.
+//!
+//! Every bench holds the test bed's cross-process lock for its whole run: an exclusive
+//! `flock(2)` on `/run/swiftlet-testbed/e2e.lock`, the one each end-to-end test takes
+//! (`swiftlet_tests::testbed_lock`). A bench agent shares the test bed's containerd, and an
+//! agent stops the pods there that are not its own: an end-to-end test running meanwhile
+//! would lose its pods to the bench's agent, and the bench its figures to the test's.
 
 mod agent;
 mod apiserver;
@@ -27,7 +38,9 @@ mod scrape;
 mod summary;
 mod watch;
 
-use anyhow::Result;
+use std::{fs, os::fd::AsRawFd as _};
+
+use anyhow::{Context as _, Result};
 use clap::Subcommand;
 
 pub use summary::AllArgs;
@@ -54,8 +67,11 @@ pub enum BenchCmd {
     Eviction(eviction::EvictionArgs),
 }
 
-/// Runs `command`, or the summary (`all`) with `all` when there is none.
+/// Runs `command`, or the summary (`all`) with `all` when there is none, holding the test
+/// bed's lock (see the module docs).
 pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: AllArgs) -> Result<()> {
+    crate::testbed::require_root()?;
+    let _lock = testbed_lock(layout)?;
     let Some(command) = command else { return summary::run(ctx, layout, &all).await };
     match command {
         BenchCmd::All(args) => summary::run(ctx, layout, &args).await,
@@ -63,6 +79,47 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
     }
+}
+
+/// The file whose `flock` serializes the users of one test bed (the end-to-end tests'
+/// `CROSS_PROCESS_LOCK`).
+fn lock_file(layout: &Layout) -> std::path::PathBuf {
+    layout.state.join("e2e.lock")
+}
+
+/// Takes the test bed's cross-process lock, waiting for whoever holds it; held until the
+/// file is dropped.
+fn testbed_lock(layout: &Layout) -> Result<fs::File> {
+    fs::create_dir_all(&layout.state).with_context(|| format!("creating {}", layout.state.display()))?;
+    let path = lock_file(layout);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let flock = |op| {
+        // SAFETY: flock on a descriptor this function owns; the lock goes with the file.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    };
+    if let Err(e) = flock(libc::LOCK_EX | libc::LOCK_NB) {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e).with_context(|| format!("flock {}", path.display()));
+        }
+        eprintln!(
+            "bench: waiting for the test bed's lock {} (end-to-end tests or another bench hold it)",
+            path.display()
+        );
+        loop {
+            match flock(libc::LOCK_EX) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).with_context(|| format!("flock {}", path.display())),
+            }
+        }
+    }
+    eprintln!("bench: holding the test bed's lock {}", path.display());
+    Ok(file)
 }
 
 /// The end of every bench: takes the test bed down unless `leave_bed_up` (it was up before,

@@ -188,14 +188,6 @@ fn publish(ctx: &Ctx, results: &[ModeResult], env: &Environment, incomplete: boo
     report::publish(ctx, "pleg.md", "swiftlet PLEG benchmark", env, md, &table, incomplete.then_some("PLEG"))
 }
 
-/// The release binaries a bench runs.
-pub(super) struct ReleaseBins {
-    pub swiftlet: PathBuf,
-    /// The test API server, in release like the agent: a debug server would slow every
-    /// pod start it serves.
-    pub apiserver: PathBuf,
-}
-
 /// A binary given on the command line (`flag`), as an absolute path.
 pub(super) fn given_binary(path: &Path, flag: &str) -> Result<PathBuf> {
     fs::canonicalize(path).with_context(|| format!("{flag} {}", path.display()))
@@ -205,36 +197,18 @@ pub(super) fn given_binary(path: &Path, flag: &str) -> Result<PathBuf> {
 pub(super) fn swiftlet_binary(ctx: &Ctx, given: Option<&Path>) -> Result<PathBuf> {
     match given {
         Some(p) => given_binary(p, "--swiftlet-bin"),
-        None => Ok(build_release(ctx)?.swiftlet),
+        None => build_release(ctx),
     }
 }
 
-/// Builds the agent and the test API server in release, in one cargo invocation: the two
-/// share most of their dependencies, which then compile once, with one set of features,
-/// for every bench (built apart, the server's build compiled them again: 4 of the 14
-/// minutes a fresh machine spent building).
-pub(super) fn build_release(ctx: &Ctx) -> Result<ReleaseBins> {
-    let args = [
-        "build",
-        "--release",
-        "-p",
-        "swiftlet",
-        "-p",
-        "swiftlet-tests",
-        "--bin",
-        "swiftlet",
-        "--bin",
-        "swiftlet-test-apiserver",
-    ];
+/// Builds the agent in release.
+fn build_release(ctx: &Ctx) -> Result<PathBuf> {
+    let args = ["build", "--release", "-p", "swiftlet", "--bin", "swiftlet"];
     eprintln!("==> cargo {}", args.join(" "));
     let status =
         Command::new(&ctx.cargo).args(args).current_dir(&ctx.workspace).status().context("running cargo build")?;
-    ensure!(
-        status.success(),
-        "cargo build --release failed ({status}); --swiftlet-bin and --apiserver-bin run binaries built elsewhere"
-    );
-    let release = ctx.target_dir.join("release");
-    Ok(ReleaseBins { swiftlet: release.join("swiftlet"), apiserver: release.join("swiftlet-test-apiserver") })
+    ensure!(status.success(), "cargo build --release failed ({status}); --swiftlet-bin runs a binary built elsewhere");
+    Ok(ctx.target_dir.join("release").join("swiftlet"))
 }
 
 /// The pid in a `swiftlet-bench-<pid>-<mode>` name (the bench's cgroup roots and dirs).

@@ -1,5 +1,6 @@
 //! `cargo xtask bench` (or `bench all`): one command, one table. Every figure the issues
-//! set a target for, for swiftlet and — with `--other-agent PATH` — for another
+//! set a target for, for swiftlet and — with `--other-agent PATH`, or `--other-agent
+//! upstream` for the upstream kubelet built into `target/upstream/` — for another
 //! kubelet-compatible node agent under the same conditions, beside the upstream kubelet
 //! 1.28's figures where they are known, with a verdict per row (target: at least 2×
 //! better than the kubelet everywhere, single-pod start within 60 ms of the runtime's own
@@ -12,9 +13,11 @@
 //!    each pod is removed before the next. The configs are a kubelet's for such a pod
 //!    (sandbox seccomp `RuntimeDefault`, the managed `/etc/hosts` and termination-log
 //!    mounts), so the runtime does the work it does for the agents' pods.
-//! 2. **Per agent**, a fresh test API server and the agent joined to it ([`Cluster`]; the
-//!    same `KubeletConfiguration` and the upstream flags for both agents), the bench's own
-//!    watch on the pods ([`super::watch`]):
+//! 2. **Per agent**, the agent joined as a node of its own to the test bed's real control
+//!    plane (kube-apiserver, controller-manager and scheduler v1.37.2, brought up if they
+//!    are not) by TLS bootstrap, a namespace of its own ([`Cluster`]; the same
+//!    `KubeletConfiguration` and the upstream flags for both agents), the bench's own watch
+//!    on the pods through the API server as the cluster admin ([`super::watch`]):
 //!    - *single pod*: `--single` times (after one warm-up), one API pod (a sleeping
 //!      busybox) is created and the bench waits for its watch to show phase `Running`;
 //!      create → Running is from just before the create request to the arrival of that
@@ -36,8 +39,8 @@
 //!    cgroup's limit, so the bench's small pods cgroup cannot put it under pressure short of
 //!    filling the machine.
 //!
-//! The report goes to stdout and `target/bench/summary.md`; each agent's log and its API
-//! server's log are kept beside it. With the defaults the whole takes about 7 minutes
+//! The report goes to stdout and `target/bench/summary.md`; each agent's log is kept
+//! beside it (the control plane's logs are the test bed's, under its cluster directory). With the defaults the whole takes about 7 minutes
 //! for swiftlet alone on the 2-core machine, 13 with another agent (builds not counted).
 
 use std::{
@@ -55,8 +58,7 @@ use serde_json::Value;
 use crate::{
     Ctx,
     bench::{
-        agent::{self, BenchAgent, NAMESPACE, NODE_NAME, PlegMode},
-        apiserver,
+        agent::{self, BenchAgent, NAMESPACE, PlegMode},
         cluster::Cluster,
         eviction::{self, Binaries},
         latency::{self, Kill, Summary},
@@ -71,6 +73,7 @@ use crate::{
     cri::{self, CriClient},
     images::BUSYBOX_IMAGE,
     testbed::{Layout, State},
+    upstream::Upstream,
 };
 
 /// Upstream kubelet 1.28 on this machine kind (issues 1, 2 and 10).
@@ -95,9 +98,10 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct AllArgs {
     /// Another node agent to measure under the same conditions (kubelet-compatible flags:
-    /// --config, --kubeconfig, --container-runtime-endpoint, --root-dir, --cert-dir,
-    /// --hostname-override).
-    #[arg(long, value_name = "PATH")]
+    /// --config, --bootstrap-kubeconfig, --kubeconfig, --container-runtime-endpoint,
+    /// --root-dir, --cert-dir, --hostname-override, --node-ip); `upstream`: the upstream
+    /// kubelet of `target/upstream/` (built by `cargo xtask upstream build` if missing).
+    #[arg(long, value_name = "PATH|upstream")]
     pub other_agent: Option<PathBuf>,
     /// Single-pod start-ups per agent (after one warm-up).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..=500))]
@@ -127,9 +131,6 @@ pub struct AllArgs {
     /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
     #[arg(long, value_name = "PATH")]
     pub swiftlet_bin: Option<PathBuf>,
-    /// Run this swiftlet-test-apiserver instead of building the release one.
-    #[arg(long, value_name = "PATH")]
-    pub apiserver_bin: Option<PathBuf>,
 }
 
 impl Default for AllArgs {
@@ -145,7 +146,6 @@ impl Default for AllArgs {
             idle_secs: 30,
             keep_testbed: false,
             swiftlet_bin: None,
-            apiserver_bin: None,
         }
     }
 }
@@ -527,8 +527,8 @@ fn cells(f: &Figures) -> Vec<Vec<String>> {
 
 pub fn footnotes(f: &Figures) -> Vec<String> {
     let mut notes = vec![
-        "¹ from just before the create request to the test API server until the bench's own watch shows phase \
-         Running (one busybox container, image present)."
+        "¹ from just before the create request to the test bed's kube-apiserver until the bench's own watch on it \
+         shows phase Running (one busybox container, image present)."
             .to_owned(),
         "² RunPodSandbox + CreateContainer + StartContainer of the same pod straight over CRI, no agent running; \
          shaped as a kubelet's (sandbox under the RuntimeDefault seccomp profile, /etc/hosts and the termination \
@@ -582,8 +582,21 @@ pub fn markdown(f: &Figures, env: &Environment, args: &AllArgs) -> String {
     let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", env.cpu, env.cores, env.kernel);
     let _ = writeln!(out, "- runtime: {}", env.runtime);
     let _ = writeln!(out, "- swiftlet: {} (release build, evented PLEG, kernel eviction signals)", env.commit);
+    let _ = writeln!(
+        out,
+        "- control plane: the test bed's kube-apiserver, controller-manager and scheduler {}",
+        crate::upstream::VERSION
+    );
     if let Some(o) = &args.other_agent {
-        let _ = writeln!(out, "- other agent: {}", o.display());
+        if o == Path::new(UPSTREAM) {
+            let _ = writeln!(
+                out,
+                "- other agent: the upstream kubelet {} (target/upstream/kubelet)",
+                crate::upstream::VERSION
+            );
+        } else {
+            let _ = writeln!(out, "- other agent: {}", o.display());
+        }
     }
     let _ = writeln!(
         out,
@@ -791,14 +804,14 @@ fn label_of(which: &Which) -> String {
     }
 }
 
-fn sleeper(name: &str) -> Value {
-    apiserver::pod(name, NODE_NAME, pleg::SLEEPER, false)
+fn sleeper(cluster: &Cluster, name: &str) -> Value {
+    cluster.pod(name, pleg::SLEEPER, false)
 }
 
 /// One pod: create → Running, then deleted and the node quiet again.
 async fn single_pod(cluster: &mut Cluster, cri: &mut CriClient, name: &str) -> Result<u64> {
     let names = [name.to_owned()];
-    let sent = cluster.create_pods(&[sleeper(name)]).await?;
+    let sent = cluster.create_pods(&[sleeper(cluster, name)]).await?;
     let running = cluster.wait_running(&names, &sent, Duration::from_mins(1)).await?;
     cluster.delete_and_wait(cri, &names, Duration::from_mins(1)).await?;
     Ok(running[0].saturating_sub(sent[0]))
@@ -829,7 +842,7 @@ async fn measure_agent(
     if matches!(which, Which::Other(_)) {
         agent = agent.other_agent();
     }
-    let c = slot.insert(Cluster::prepare(&binaries.apiserver, agent).await?);
+    let c = slot.insert(Cluster::prepare(&binaries.api, agent)?);
     c.start().await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -845,7 +858,7 @@ async fn measure_agent(
         let size = size as usize;
         let names: Vec<String> = (0..size).map(|j| format!("burst{size}-{j:03}")).collect();
         eprintln!("bench: {label}: {size}-pod burst");
-        let pods: Vec<Value> = names.iter().map(|n| sleeper(n)).collect();
+        let pods: Vec<Value> = names.iter().map(|n| sleeper(c, n)).collect();
         let sent = c.create_pods(&pods).await?;
         let timeout = Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(size).unwrap_or(u32::MAX);
         let running = c.wait_running(&names, &sent, timeout).await?;
@@ -1007,9 +1020,9 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &AllArgs) -> Result<()> {
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench: test bed and builds");
-    let other = args.other_agent.as_deref().map(|p| pleg::given_binary(p, "--other-agent")).transpose()?;
+    let other = args.other_agent.as_deref().map(|p| other_agent(ctx, p)).transpose()?;
     let (binaries, mut cri, env, containerd_pid) =
-        eviction::prepare_bench(ctx, layout, args.swiftlet_bin.as_deref(), args.apiserver_bin.as_deref()).await?;
+        eviction::prepare_bench(ctx, layout, args.swiftlet_bin.as_deref()).await?;
     session.env = Some(env);
 
     eprintln!();
@@ -1054,8 +1067,8 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
         let which = Which::Other(path);
         eprintln!();
         eprintln!("==> bench: {}", label_of(&which));
-        // The other agent may not cope with the test API server: its figures so far are
-        // kept and the report says where it stopped, swiftlet's stand.
+        // The other agent may fail on the way: its figures so far are kept and the report
+        // says where it stopped, swiftlet's stand.
         session.measuring_other = true;
         let Session { cluster, figures, .. } = session;
         let f = figures.other.get_or_insert_with(AgentFigures::default);
@@ -1067,6 +1080,25 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
     }
     Ok(())
 }
+
+/// What `--other-agent` names: `upstream` is the upstream kubelet of `target/upstream/`
+/// (built if it is missing; `./upstream` for a file of that name), anything else a path.
+fn other_agent(ctx: &Ctx, given: &Path) -> Result<PathBuf> {
+    if given != Path::new(UPSTREAM) {
+        return pleg::given_binary(given, "--other-agent");
+    }
+    let upstream = Upstream::new(ctx);
+    let kubelet = upstream.bin("kubelet");
+    if !kubelet.is_file() {
+        eprintln!("bench: {} is missing: building the upstream binaries", kubelet.display());
+        upstream.build()?;
+    }
+    ensure!(kubelet.is_file(), "{} is missing after the upstream build", kubelet.display());
+    Ok(kubelet)
+}
+
+/// `--other-agent upstream`.
+const UPSTREAM: &str = "upstream";
 
 fn publish(ctx: &Ctx, f: &Figures, env: &Environment, args: &AllArgs) -> Result<()> {
     super::report::publish(ctx, "summary.md", "swiftlet benchmark summary", env, markdown(f, env, args), &text(f), None)
@@ -1099,6 +1131,9 @@ mod tests {
             .args;
         assert_eq!((a.other_agent.unwrap(), a.bursts, a.evictions), (PathBuf::from("/usr/bin/kubelet"), vec![10], 0));
         assert!(Cli::try_parse_from(["x", "--bursts", "30,201"]).is_err());
+        let a = Cli::try_parse_from(["x", "--other-agent", "upstream"]).unwrap().args;
+        assert_eq!(a.other_agent.as_deref(), Some(Path::new(UPSTREAM)));
+        assert!(Cli::try_parse_from(["x", "--apiserver-bin", "/x"]).is_err(), "the test API server is retired");
     }
 
     #[test]

@@ -1,11 +1,13 @@
-//! The bench's own watch on the test API server's pods: what a controller or `kubectl get
-//! -w` sees, timed on arrival.
+//! The bench's own watch on the pods of its namespace in the test bed's kube-apiserver:
+//! what a controller or `kubectl get -w` sees, timed on arrival.
 //!
-//! A blocking thread ([`PodWatch`]) holds one `GET .../pods?watch=true` (plain HTTP/1.1,
-//! chunked, one JSON `WatchEvent` per line), takes `CLOCK_MONOTONIC` as each read returns
-//! and keeps every event, compacted to what the benches ask about ([`PodEvent`]). A thread
-//! rather than a task: xtask runs a current-thread runtime, and a task would timestamp an
-//! event only when the bench's other work (a burst of creates, a CRI call) lets it run.
+//! A blocking thread ([`PodWatch`]) holds one `GET .../pods?watch=true` (HTTP/1.1 over TLS
+//! as the cluster admin, through an `openssl s_client` of its own; chunked, one JSON
+//! `WatchEvent` per line), takes `CLOCK_MONOTONIC` as each read of the decrypted stream
+//! returns and keeps every event, compacted to what the benches ask about ([`PodEvent`]).
+//! A thread rather than a task: xtask runs a current-thread runtime, and a task would
+//! timestamp an event only when the bench's other work (a burst of creates, a CRI call)
+//! lets it run.
 //!
 //! The questions are pure functions over the events ([`running_at`], [`exit_seen_at`],
 //! [`evicted_at`], ...), each "the first event of this pod after this moment that shows
@@ -13,7 +15,8 @@
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},
-    net::TcpStream,
+    os::fd::AsRawFd as _,
+    process::{Child, ChildStdout, Command, Stdio},
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
@@ -25,7 +28,10 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
-use crate::bench::{https, procfs};
+use crate::bench::{
+    https::{self, ClientTls},
+    procfs,
+};
 
 /// A watch event's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,9 +301,10 @@ pub struct PodWatch {
 /// Where the watch connects and what it asks for.
 #[derive(Debug, Clone)]
 pub struct WatchTarget {
-    /// `127.0.0.1:port` of the plain-HTTP test API server.
-    pub addr: String,
-    pub token: String,
+    /// kube-apiserver's `ip:port`.
+    pub host: String,
+    /// The client certificate the watch presents and the CA it verifies the server with.
+    pub tls: ClientTls,
     pub namespace: String,
 }
 
@@ -305,12 +312,11 @@ impl WatchTarget {
     /// The watch request, resuming after `resource_version`.
     pub fn request(&self, resource_version: &str) -> String {
         format!(
-            "GET /api/v1/namespaces/{ns}/pods?watch=true&resourceVersion={resource_version}&timeoutSeconds=3600 \
-             HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: application/json\r\nUser-Agent: \
+            "GET /api/v1/namespaces/{ns}/pods?watch=true&resourceVersion={resource_version}&allowWatchBookmarks=true\
+             &timeoutSeconds=3600 HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: \
              swiftlet-xtask-bench\r\n\r\n",
             ns = self.namespace,
-            addr = self.addr,
-            token = self.token,
+            host = self.host,
         )
     }
 }
@@ -370,13 +376,90 @@ impl Drop for PodWatch {
 /// How long one blocking read waits before the thread checks whether to stop.
 const READ_TIMEOUT: Duration = Duration::from_millis(200);
 
+/// One watch connection: `openssl s_client` holding the TLS connection, its output the
+/// decrypted response. Dropping it ends openssl.
+struct Connection {
+    child: Child,
+    stdout: ChildStdout,
+}
+
+impl Connection {
+    fn open(target: &WatchTarget) -> Result<Self> {
+        let mut child = Command::new("openssl")
+            .args(https::s_client_args(&target.host, Some(&target.tls)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running openssl s_client (apt package openssl)")?;
+        let stdout = child.stdout.take().context("openssl stdout")?;
+        Ok(Self { child, stdout })
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        let stdin = self.child.stdin.as_mut().context("openssl stdin")?;
+        stdin.write_all(bytes)?;
+        stdin.flush()?;
+        Ok(())
+    }
+
+    /// Reads what arrives within `timeout`: `Ok(None)` if nothing did, `Ok(Some(0))` at
+    /// the end of the connection.
+    fn read(&mut self, buf: &mut [u8], timeout: Duration) -> std::io::Result<Option<usize>> {
+        let mut fds = libc::pollfd { fd: self.stdout.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one pollfd of a descriptor this connection owns, for the call's length.
+        let ready = unsafe { libc::poll(&raw mut fds, 1, ms) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            return if e.kind() == ErrorKind::Interrupted { Ok(None) } else { Err(e) };
+        }
+        if ready == 0 {
+            return Ok(None);
+        }
+        self.stdout.read(buf).map(Some)
+    }
+
+    /// Ends openssl; returns what it printed on stderr (why a connection failed).
+    fn close(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err.trim().to_owned()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Connects, sends the watch request and reads the response head; returns the decoder
 /// primed with whatever body bytes came with the head.
-fn open_watch(target: &WatchTarget, resource_version: &str) -> Result<(TcpStream, ChunkedLines, Vec<String>)> {
-    let mut stream = TcpStream::connect(&target.addr).with_context(|| format!("connecting to {}", target.addr))?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(target.request(resource_version).as_bytes())?;
+fn open_watch(target: &WatchTarget, resource_version: &str) -> Result<(Connection, ChunkedLines, Vec<String>)> {
+    let mut conn = Connection::open(target)?;
+    let head = read_head(&mut conn, target, resource_version);
+    match head {
+        Ok(v) => Ok((conn, v.0, v.1)),
+        Err(e) => {
+            let why = conn.close();
+            Err(e.context(format!("watching through {} (openssl: {why})", target.host)))
+        }
+    }
+}
+
+fn read_head(
+    conn: &mut Connection,
+    target: &WatchTarget,
+    resource_version: &str,
+) -> Result<(ChunkedLines, Vec<String>)> {
+    conn.send(target.request(resource_version).as_bytes())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut raw = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     let head_end = loop {
@@ -384,7 +467,10 @@ fn open_watch(target: &WatchTarget, resource_version: &str) -> Result<(TcpStream
             break i;
         }
         ensure!(raw.len() < 64 * 1024, "watch response head longer than 64 KiB");
-        let n = stream.read(&mut buf).context("reading the watch response head")?;
+        ensure!(std::time::Instant::now() < deadline, "no answer to the watch request within 10 s");
+        let Some(n) = conn.read(&mut buf, READ_TIMEOUT).context("reading the watch response head")? else {
+            continue;
+        };
         ensure!(n > 0, "the API server closed the watch before answering");
         raw.extend_from_slice(&buf[..n]);
     };
@@ -397,8 +483,7 @@ fn open_watch(target: &WatchTarget, resource_version: &str) -> Result<(TcpStream
     ensure!(https::framing(status, &headers)? == https::Framing::Chunked, "the watch response is not chunked: {head}");
     let mut decoder = ChunkedLines::default();
     let lines = decoder.feed(body)?;
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
-    Ok((stream, decoder, lines))
+    Ok((decoder, lines))
 }
 
 fn watch_loop(
@@ -411,7 +496,7 @@ fn watch_loop(
     let mut first = true;
     let mut buf = vec![0u8; 64 * 1024];
     while !stop.load(Ordering::Relaxed) {
-        let (mut stream, mut decoder, mut lines) = open_watch(target, &resource_version)?;
+        let (mut conn, mut decoder, mut lines) = open_watch(target, &resource_version)?;
         if first {
             let _ = ready.send(Ok(()));
             first = false;
@@ -431,14 +516,16 @@ fn watch_loop(
             if stop.load(Ordering::Relaxed) || decoder.done() {
                 break;
             }
-            match stream.read(&mut buf) {
+            match conn.read(&mut buf, READ_TIMEOUT) {
+                // Nothing within the timeout: check whether to stop.
+                Ok(None) => {}
                 // The server ended the watch (its timeout, a restart): resume.
-                Ok(0) => break,
-                Ok(n) => {
+                Ok(Some(0)) => break,
+                Ok(Some(n)) => {
                     at_ns = procfs::monotonic_ns();
                     lines = decoder.feed(&buf[..n])?;
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e).context("reading the watch"),
             }
         }
@@ -599,12 +686,17 @@ mod tests {
     }
 
     #[test]
-    fn the_watch_request_resumes_and_authenticates() {
-        let t = WatchTarget { addr: "127.0.0.1:6443".into(), token: "tok".into(), namespace: "ns".into() };
+    fn the_watch_request_resumes_with_bookmarks() {
+        let tls = ClientTls { ca: "/ca".into(), cert: "/c".into(), key: "/k".into() };
+        let t = WatchTarget { host: "127.0.0.1:6443".into(), tls, namespace: "ns".into() };
         let r = t.request("12");
-        assert!(r.starts_with(
-            "GET /api/v1/namespaces/ns/pods?watch=true&resourceVersion=12&timeoutSeconds=3600 HTTP/1.1\r\n"
-        ));
-        assert!(r.contains("\r\nAuthorization: Bearer tok\r\n") && r.ends_with("\r\n\r\n"));
+        assert!(
+            r.starts_with(
+                "GET /api/v1/namespaces/ns/pods?watch=true&resourceVersion=12&allowWatchBookmarks=true\
+                 &timeoutSeconds=3600 HTTP/1.1\r\nHost: 127.0.0.1:6443\r\n"
+            ),
+            "{r}"
+        );
+        assert!(!r.contains("Authorization") && r.ends_with("\r\n\r\n"), "{r}");
     }
 }
