@@ -5,7 +5,6 @@
 //! One containerd is shared by every end-to-end test, and a kubelet owns every pod it
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
-pub mod apiserver;
 pub mod cluster;
 pub mod device_plugin;
 pub mod logind;
