@@ -506,6 +506,50 @@ async fn node_restriction_lets_the_node_change_only_itself() -> Result<()> {
     node.leave(&cri).await
 }
 
+/// The node lifecycle controller marks a node whose heartbeats it missed `Ready: Unknown`
+/// (a partition between node and API server, say). As upstream's kubelet (which compares
+/// its new status with the node it just read), the agent must report its status again at
+/// its next update, not at the next periodic report five minutes later: until then the
+/// node keeps the `unreachable` NoExecute taint and its pods are evicted after 300 s.
+#[tokio::test]
+async fn a_ready_condition_changed_by_another_writer_is_reported_again_at_once() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, node, cri) = join("unknown").await?;
+    node.wait_ready(Duration::from_secs(30)).await?;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client());
+    let now = jiff::Timestamp::now().to_string();
+    let unknown = json!({"status": {"conditions": [{
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }]}});
+    nodes.patch_status(&node.name, &PatchParams::default(), &Patch::Strategic(&unknown)).await?;
+    let marked = Instant::now();
+    // nodeStatusUpdateFrequency is 10 s: one update, and some slack.
+    let deadline = marked + Duration::from_secs(25);
+    loop {
+        let n = nodes.get(&node.name).await?;
+        if node_condition(&n, "Ready") == Some("True") {
+            println!(
+                "figures: Ready again {:.1} s after another writer set it Unknown",
+                marked.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the agent left Ready {:?} for more than 25 s\n{}",
+            node_condition(&n, "Ready"),
+            tail(&node.agent.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.leave(&cri).await
+}
+
 /// The API server away for 60 s (`swiftlet_tests::outage`; `cargo xtask chaos api-outage`
 /// runs the same for 5 minutes): pods run and are probed, a dead container and one failing
 /// its liveness probe are restarted by the agent alone, and everything shows once the API

@@ -562,7 +562,7 @@ impl NodeManager {
             }
             // Like upstream's tryUpdateNodeStatus, read the node every period: a node object
             // that was deleted is registered again at once, not at the next report.
-            match api.get_opt(&self.settings.node_name).await {
+            let fetched = match api.get_opt(&self.settings.node_name).await {
                 Ok(None) => {
                     tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
                     if let Some(n) = self.register_until_done(&shutdown).await {
@@ -571,15 +571,20 @@ impl NodeManager {
                     }
                     continue;
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(n)) => n.status,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the node object");
                     self.heartbeat_failed();
                     continue;
                 }
-            }
-            let status = self.compute_status(last_reported.as_ref()).await;
-            let changed = last_reported.as_ref().is_none_or(|old| !same_status(old, &status));
+            };
+            // As upstream, the node just read is the base: its conditions' transition times
+            // carry over, and a condition of ours that another writer changed (the node
+            // lifecycle controller's `Ready: Unknown` after missed heartbeats) is reported
+            // again now, not at the next periodic report.
+            let status = self.compute_status(fetched.as_ref().or(last_reported.as_ref())).await;
+            let changed = last_reported.as_ref().is_none_or(|old| !same_status(old, &status))
+                || fetched.as_ref().is_some_and(|f| owned_conditions_differ(f, &status));
             if !changed && last_report_at.elapsed() < self.settings.report_frequency {
                 continue;
             }
@@ -676,6 +681,18 @@ impl NodeManager {
 }
 
 /// Whether two statuses differ only in heartbeat times.
+/// Whether the node as read (`fetched`) shows one of the conditions `status` computes
+/// (the agent's own types) with another status, reason or message, or not at all.
+fn owned_conditions_differ(fetched: &NodeStatus, status: &NodeStatus) -> bool {
+    let theirs = fetched.conditions.as_deref().unwrap_or_default();
+    status.conditions.iter().flatten().any(|ours| {
+        theirs.iter().find(|c| c.type_ == ours.type_).is_none_or(|c| {
+            (c.status.as_str(), c.reason.as_deref(), c.message.as_deref())
+                != (ours.status.as_str(), ours.reason.as_deref(), ours.message.as_deref())
+        })
+    })
+}
+
 fn same_status(a: &NodeStatus, b: &NodeStatus) -> bool {
     let strip = |s: &NodeStatus| {
         let mut s = s.clone();
@@ -786,6 +803,29 @@ mod tests {
         assert_eq!(labels["kubernetes.io/arch"], "amd64");
         assert_eq!(labels["kubernetes.io/hostname"], "n1");
         assert_eq!(labels["tier"], "edge");
+    }
+
+    #[test]
+    fn owned_conditions_changed_by_another_writer_count_as_changes() {
+        let ours = NodeStatus { conditions: Some(conditions(&Ok(()), Pressure::default())), ..Default::default() };
+        assert!(!owned_conditions_differ(&ours, &ours));
+        // Conditions of other types (node-problem-detector's, say) are not ours to judge.
+        let mut theirs = ours.clone();
+        theirs.conditions.as_mut().unwrap().push(NodeCondition {
+            type_: "KernelDeadlock".into(),
+            status: "True".into(),
+            ..Default::default()
+        });
+        assert!(!owned_conditions_differ(&theirs, &ours));
+        // The node lifecycle controller's Unknown, or one of ours gone, is a change.
+        let mut unknown = ours.clone();
+        let ready = unknown.conditions.as_mut().unwrap().iter_mut().find(|c| c.type_ == "Ready").unwrap();
+        ready.status = "Unknown".into();
+        ready.reason = Some("NodeStatusUnknown".into());
+        assert!(owned_conditions_differ(&unknown, &ours));
+        let mut gone = ours.clone();
+        gone.conditions.as_mut().unwrap().retain(|c| c.type_ != "MemoryPressure");
+        assert!(owned_conditions_differ(&gone, &ours));
     }
 
     #[test]
