@@ -118,7 +118,11 @@ impl PodView {
 /// The pods of a `/pods` `PodList`.
 pub fn parse_pods(body: &str) -> Result<Vec<PodView>> {
     let list: Value = serde_json::from_str(body).context("/pods is not JSON")?;
-    let items = list["items"].as_array().context("/pods has no items")?;
+    // An empty list's items are `null` from the upstream kubelet (Go's nil slice).
+    let items = match &list["items"] {
+        Value::Null if list["kind"] == "PodList" => &[][..],
+        items => items.as_array().context("/pods has no items")?,
+    };
     Ok(items
         .iter()
         .map(|p| PodView {
@@ -235,9 +239,10 @@ impl BenchAgent {
 
     /// Joins the control plane as node `node_name` by TLS bootstrap with `bootstrap` (a
     /// kubeconfig with a bootstrap token): the kubelet flags `--bootstrap-kubeconfig` and
-    /// `--kubeconfig` (the signed certificate's kubeconfig, in the agent's directory), and
-    /// `--node-ip=127.0.0.1` (the API server reaches a test bed's node on loopback).
-    /// `registration` is appended to the config (the bench nodes' taint).
+    /// `--kubeconfig` (the signed certificate's kubeconfig, in the agent's directory).
+    /// `registration` is appended to the config (the bench nodes' taint). No `--node-ip`:
+    /// the bench never has the API server call the node, and the upstream kubelet refuses
+    /// a loopback one.
     #[must_use]
     pub fn joining(mut self, node_name: &str, bootstrap: &Path, registration: &str) -> Self {
         node_name.clone_into(&mut self.node_name);
@@ -368,7 +373,6 @@ authorization:
         if let Some(b) = &self.bootstrap_kubeconfig {
             flags.push(format!("--bootstrap-kubeconfig={}", b.display()));
             flags.push(format!("--kubeconfig={}", self.kubeconfig().display()));
-            flags.push("--node-ip=127.0.0.1".to_owned());
         }
         if self.swiftlet {
             flags.push(format!("--event-api-socket={}", self.dir.join("events.sock").display()));
@@ -566,6 +570,11 @@ authorization:
                 Err(e) => failures.push(format!("keeping the agent log: {e}")),
             }
         }
+        if !self.swiftlet
+            && let Err(e) = remove_pod_log_dirs(Path::new(UPSTREAM_POD_LOGS))
+        {
+            failures.push(format!("removing pod logs under {UPSTREAM_POD_LOGS}: {e:#}"));
+        }
         if let Err(e) =
             cleanup::unmount_all_under(std::slice::from_ref(&self.dir)).and_then(|()| cleanup::remove_dir(&self.dir))
         {
@@ -583,6 +592,27 @@ impl Drop for BenchAgent {
             let _ = c.wait();
         }
     }
+}
+
+/// Where another agent writes its pod logs (its default `podLogsDir`).
+const UPSTREAM_POD_LOGS: &str = "/var/log/pods";
+
+/// Whether a pod log directory (`<namespace>_<name>_<uid>`) is a bench pod's.
+pub fn is_bench_pod_log_dir(name: &str) -> bool {
+    name.split_once('_').is_some_and(|(namespace, _)| is_bench_namespace(namespace))
+}
+
+/// Removes the bench pods' log directories under `dir` (another agent leaves those of the
+/// pods removed through CRI).
+fn remove_pod_log_dirs(dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    for e in entries {
+        let e = e?;
+        if e.file_name().to_str().is_some_and(is_bench_pod_log_dir) {
+            fs::remove_dir_all(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// What is wrong with the test bed's sandboxes for a measurement that expects exactly the
@@ -693,6 +723,9 @@ mod tests {
         assert!(is_bench_namespace(NAMESPACE));
         assert!(is_bench_namespace("swiftlet-bench-4242-kubelet"));
         assert!(!is_bench_namespace("swiftlet-benchmark") && !is_bench_namespace("default"));
+        assert!(is_bench_pod_log_dir("swiftlet-bench-19315-kubelet_warmup_01f6c5f2-65bf-47ea-8ba1-4aa801a612c1"));
+        assert!(is_bench_pod_log_dir("swiftlet-bench_lat-00-bench_u1"));
+        assert!(!is_bench_pod_log_dir("default_web-0_u2") && !is_bench_pod_log_dir("swiftlet-bench"));
     }
 
     #[test]
@@ -721,7 +754,7 @@ mod tests {
         assert!(flags.windows(2).any(|w| w == ["--hostname-override", "swiftlet-bench-swiftlet"]), "{flags:?}");
         assert!(flags.contains(&"--bootstrap-kubeconfig=/tmp/bootstrap.conf".to_owned()), "{flags:?}");
         assert!(flags.contains(&format!("--kubeconfig={}", ours.dir.join("kubelet.conf").display())), "{flags:?}");
-        assert!(flags.contains(&"--node-ip=127.0.0.1".to_owned()), "{flags:?}");
+        assert!(!flags.iter().any(|f| f.starts_with("--node-ip")), "{flags:?}");
         assert!(flags.contains(&"--evented-pleg=true".to_owned()), "{flags:?}");
         assert!(flags.iter().any(|f| f.starts_with("--event-api-socket=")), "{flags:?}");
         assert_eq!(flags.last().map(String::as_str), Some("--eviction-kernel-signals=false"));
@@ -772,5 +805,8 @@ mod tests {
         assert_eq!(pods[0].running_containers(), 1);
         assert_eq!((pods[1].uid.as_str(), pods[1].containers.len()), ("u2", 0));
         assert!(parse_pods("not json").is_err());
+        // The upstream kubelet's empty list.
+        assert_eq!(parse_pods(r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":null}"#).unwrap(), []);
+        assert!(parse_pods(r#"{"kind":"Status"}"#).is_err());
     }
 }

@@ -18,6 +18,7 @@
 use std::{
     fs,
     path::PathBuf,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -27,7 +28,7 @@ use serde_json::{Value, json};
 use crate::{
     Ctx,
     bench::https::{self, ClientTls, Tunnel},
-    cluster,
+    cluster, containerd,
     testbed::Layout,
     upstream::Upstream,
 };
@@ -55,9 +56,18 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// The test bed's control plane, brought up first if it is not (what `cargo xtask
-    /// testbed up --cluster` does: building the upstream binaries if they are missing).
+    /// The test bed's control plane: the recorded one when each of its components runs
+    /// and kube-apiserver is ready, else brought up by what `cargo xtask testbed up
+    /// --cluster` does (building the upstream binaries if they are missing). A control
+    /// plane an end-to-end test has restarted a component of is used as it is: its record
+    /// holds the old pid, which would make `testbed up --cluster` start it all again.
     pub fn up(ctx: &Ctx, layout: &Layout) -> Result<Self> {
+        if let Some(state) = cluster::State::load(layout)?
+            && running(&state)
+        {
+            eprintln!("bench: using the test bed's {} control plane at {}", state.version, state.server);
+            return Self::of(&state);
+        }
         let state = cluster::up(&Upstream::new(ctx), layout).context("bringing the control plane up")?;
         Self::of(&state)
     }
@@ -85,6 +95,24 @@ impl ApiServer {
     pub fn client(&self) -> ApiClient {
         ApiClient { host: self.host.clone(), tls: self.tls.clone(), tunnel: None }
     }
+}
+
+/// Whether every component of the recorded control plane runs (found by its command line,
+/// as `testbed down` finds them) and kube-apiserver answers `/readyz`.
+fn running(state: &cluster::State) -> bool {
+    let all_run = cluster::COMPONENTS.iter().all(|name| {
+        let bin = state.bin_dir.join(name).display().to_string();
+        !containerd::find_processes(|a| a.first() == Some(&bin) && cluster::is_ours(a, &state.bin_dir, &state.dir))
+            .is_empty()
+    });
+    all_run
+        && Command::new(&state.kubectl)
+            .arg("--kubeconfig")
+            .arg(&state.admin_kubeconfig)
+            .args(["--request-timeout=5s", "get", "--raw", "/readyz"])
+            .stdin(Stdio::null())
+            .output()
+            .is_ok_and(|o| o.status.success())
 }
 
 /// The CA, client certificate and key files a kubeconfig names (the first of each: the

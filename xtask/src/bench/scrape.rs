@@ -42,7 +42,7 @@ use serde_json::Value;
 use crate::{
     Ctx, apt,
     bench::{
-        agent::{self, BenchAgent, NAMESPACE, PlegMode},
+        agent::{self, BenchAgent, PlegMode},
         https::{self, Tunnel},
         latency::percentile,
         pleg, procfs,
@@ -447,7 +447,7 @@ pub fn pods_with_cpu_rates(summary: &str) -> Result<usize> {
     let pods = v["pods"].as_array().context("/stats/summary has no pods")?;
     Ok(pods
         .iter()
-        .filter(|p| p["podRef"]["namespace"] == NAMESPACE)
+        .filter(|p| p["podRef"]["namespace"].as_str().is_some_and(agent::is_bench_namespace))
         .filter(|p| {
             p["containers"]
                 .as_array()
@@ -740,6 +740,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::bench::agent::NAMESPACE;
 
     #[derive(Debug, Parser)]
     struct Cli {
@@ -926,9 +927,10 @@ mod tests {
               {{"podRef":{{"name":"a","namespace":"{NAMESPACE}"}},"containers":[{{"name":"c0","cpu":{{"usageNanoCores":5,"usageCoreNanoSeconds":9}}}}]}},
               {{"podRef":{{"name":"b","namespace":"{NAMESPACE}"}},"containers":[{{"name":"c0","cpu":{{"usageCoreNanoSeconds":9}}}}]}},
               {{"podRef":{{"name":"c","namespace":"{NAMESPACE}"}},"containers":[]}},
-              {{"podRef":{{"name":"d","namespace":"other"}},"containers":[{{"name":"c0","cpu":{{"usageNanoCores":5}}}}]}}]}}"#
+              {{"podRef":{{"name":"d","namespace":"other"}},"containers":[{{"name":"c0","cpu":{{"usageNanoCores":5}}}}]}},
+              {{"podRef":{{"name":"e","namespace":"{NAMESPACE}-42-kubelet"}},"containers":[{{"name":"c0","cpu":{{"usageNanoCores":5}}}}]}}]}}"#
         );
-        assert_eq!(pods_with_cpu_rates(&body).unwrap(), 1);
+        assert_eq!(pods_with_cpu_rates(&body).unwrap(), 2);
         assert!(pods_with_cpu_rates("{}").is_err());
         assert!(pods_with_cpu_rates("nope").is_err());
     }

@@ -99,7 +99,7 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 pub struct AllArgs {
     /// Another node agent to measure under the same conditions (kubelet-compatible flags:
     /// --config, --bootstrap-kubeconfig, --kubeconfig, --container-runtime-endpoint,
-    /// --root-dir, --cert-dir, --hostname-override, --node-ip); `upstream`: the upstream
+    /// --root-dir, --cert-dir, --hostname-override); `upstream`: the upstream
     /// kubelet of `target/upstream/` (built by `cargo xtask upstream build` if missing).
     #[arg(long, value_name = "PATH|upstream")]
     pub other_agent: Option<PathBuf>,
