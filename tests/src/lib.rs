@@ -5,6 +5,7 @@
 //! One containerd is shared by every end-to-end test, and a kubelet owns every pod it
 //! finds in its runtime, so the tests take [`testbed_lock`] and run one at a time.
 
+pub mod chaos;
 pub mod cluster;
 pub mod device_plugin;
 pub mod logind;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::Value;
+use swiftlet_tests::chaos::rss_bytes;
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, existing_cgroup_dirs, testbed_lock};
 
 const BUSYBOX: &str = "localhost/busybox:latest";
@@ -1044,17 +1045,6 @@ async fn chatty_container_logs_rotate_without_losing_lines() -> Result<()> {
     assert_eq!(numbers.last(), Some(&LINES));
     assert!(max_seen <= 4, "{max_seen}");
     agent.shutdown(&cri).await
-}
-
-/// The agent's resident memory (`VmRSS`), in bytes.
-fn rss_bytes(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))?;
-    Ok(kib * 1024)
 }
 
 /// A scrape storm (issue 26's fault matrix): 1,000 concurrent requests to each of the

@@ -17,6 +17,8 @@
 //! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
 //! - `bench eviction`: memory threshold crossed → eviction decision, kernel signals vs
 //!   the 10 s pass.
+//! - `chaos <scenario>`: long fault scenarios (`churn`: 1,000 pods created and deleted),
+//!   figures printed (never in CI; the fault matrix's tests run them smaller).
 //! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/`; `fuzz --minimize`
 //!   folds what they found into the committed corpora (see `fuzz`).
 //!
@@ -24,6 +26,7 @@
 
 mod apt;
 mod bench;
+mod chaos;
 mod ci;
 mod cleanup;
 mod cluster;
@@ -100,6 +103,9 @@ enum Cmd {
         #[command(flatten)]
         all: bench::AllArgs,
     },
+    /// Long fault scenarios against the test bed, at full size; they print figures and
+    /// fail when their checks do (never run in CI).
+    Chaos(chaos::ChaosArgs),
     /// Run the fuzz targets of `fuzz/` (cargo-fuzz, nightly), each for a fixed time.
     Fuzz {
         /// Seconds per target.
@@ -215,6 +221,7 @@ async fn main() -> ExitCode {
         Cmd::Test { test_args } | Cmd::Ci { test_args } => ci::run(&ctx, &layout, &test_args).await,
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
+        Cmd::Chaos(args) => chaos::run(&ctx, &layout, &args),
         Cmd::Fuzz { time, targets, minimize } => {
             if minimize {
                 fuzz::minimize(&ctx, &targets)

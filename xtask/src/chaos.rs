@@ -1,0 +1,66 @@
+//! `cargo xtask chaos <scenario>`: the long fault scenarios of `swiftlet_tests::chaos`
+//! against the test bed, at full size, with their figures printed. They take minutes to
+//! tens of minutes, so they never run in CI; the fault matrix's tests
+//! (`tests/tests/faults`) run the same code smaller there.
+//!
+//! Builds the agent and `swiftlet-chaos` (the tests crate's binary that runs a scenario)
+//! and runs it with the test bed's environment, as `cargo xtask test` runs the tests. A
+//! new scenario is a function in `tests/src/chaos.rs`, a subcommand of `swiftlet-chaos`
+//! and a variant of [`Scenario`].
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result, ensure};
+use clap::ValueEnum;
+
+use crate::{Ctx, cluster, testbed::Layout};
+
+/// The scenarios (each a subcommand of `swiftlet-chaos` of the same name).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Scenario {
+    /// 1,000 static pods created and deleted, 100 at a time, after a warm-up round of
+    /// 100: the agent's memory and descriptors back at their baseline, nothing of any pod
+    /// left (about 12 minutes).
+    Churn,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// The scenario.
+    scenario: Scenario,
+    /// Run release builds (default: the debug builds the tests run).
+    #[arg(long)]
+    release: bool,
+    /// More arguments for the scenario, after `--` (`cargo xtask chaos churn -- --help`).
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+pub fn run(ctx: &Ctx, layout: &Layout, args: &ChaosArgs) -> Result<()> {
+    ensure!(layout.socket().exists(), "the test bed is not up: run `cargo xtask testbed up` first");
+    let mut build =
+        vec!["build", "-p", "swiftlet", "-p", "swiftlet-tests", "--bin", "swiftlet", "--bin", "swiftlet-chaos"];
+    if args.release {
+        build.push("--release");
+    }
+    eprintln!("==> cargo {}", build.join(" "));
+    let status =
+        Command::new(&ctx.cargo).args(&build).current_dir(&ctx.workspace).status().context("running cargo build")?;
+    ensure!(status.success(), "cargo build failed ({status})");
+    let bin_dir = ctx.target_dir.join(if args.release { "release" } else { "debug" });
+    let name = args.scenario.to_possible_value().context("a scenario has a name")?.get_name().to_owned();
+    eprintln!("==> swiftlet-chaos {name} {}", args.args.join(" "));
+    let status = Command::new(bin_dir.join("swiftlet-chaos"))
+        .arg(&name)
+        .args(&args.args)
+        .current_dir(&ctx.workspace)
+        .env("SWIFTLET_BIN", bin_dir.join("swiftlet"))
+        .env("SWIFTLET_CRI_ENDPOINT", layout.endpoint())
+        .env("SWIFTLET_TESTBED", "1")
+        .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
+        .env("SWIFTLET_CLUSTER_STATE", cluster::state_file(layout))
+        .status()
+        .context("running swiftlet-chaos")?;
+    ensure!(status.success(), "chaos {name} failed ({status})");
+    Ok(())
+}
