@@ -510,7 +510,7 @@ async fn node_restriction_lets_the_node_change_only_itself() -> Result<()> {
 /// (a partition between node and API server, say). As upstream's kubelet (which compares
 /// its new status with the node it just read), the agent must report its status again at
 /// its next update, not at the next periodic report five minutes later: until then the
-/// node keeps the `unreachable` NoExecute taint and its pods are evicted after 300 s.
+/// node keeps the `unreachable` `NoExecute` taint and its pods are evicted after 300 s.
 #[tokio::test]
 async fn a_ready_condition_changed_by_another_writer_is_reported_again_at_once() -> Result<()> {
     let _g = testbed_lock().await;
