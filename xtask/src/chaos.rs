@@ -22,6 +22,11 @@ pub enum Scenario {
     /// 100: the agent's memory and descriptors back at their baseline, nothing of any pod
     /// left (about 12 minutes).
     Churn,
+    /// kube-apiserver stopped for 5 minutes under a joined node (`swiftlet_tests::outage`;
+    /// CI runs it for 60 s): pods run and are probed, the agent restarts what dies alone,
+    /// status, Lease and node converge after, no pod evicted (about 7 minutes; needs
+    /// `testbed up --cluster`).
+    ApiOutage,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,4 +1,5 @@
-//! `swiftlet-chaos <scenario>`: a long fault scenario of `swiftlet_tests::chaos` against
+//! `swiftlet-chaos <scenario>`: a long fault scenario of `swiftlet_tests::chaos` (or
+//! `swiftlet_tests::outage`) against
 //! the test bed, at full size, printing its figures; what `cargo xtask chaos` runs (never
 //! in CI: the fault matrix's tests run the same scenarios smaller). Exits 1 when the
 //! scenario fails or its figures fail their checks.
@@ -30,6 +31,12 @@ enum Scenario {
         #[arg(long, default_value_t = ChurnPlan::FULL.pods)]
         pods: usize,
     },
+    /// kube-apiserver stopped under a joined node (`swiftlet_tests::outage`).
+    ApiOutage {
+        /// How long the API server stays away, in seconds.
+        #[arg(long, default_value_t = 300)]
+        seconds: u64,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -45,6 +52,11 @@ async fn main() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Scenario::ApiOutage { seconds } => {
+            swiftlet_tests::outage::api_server_outage("chaos-outage", std::time::Duration::from_secs(seconds))
+                .await
+                .map(|figures| println!("{figures}"))
+        }
     };
     println!("chaos: {:.0} s", started.elapsed().as_secs_f64());
     match outcome {
