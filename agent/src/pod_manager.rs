@@ -77,8 +77,11 @@ impl PodManager {
         }
         for mut pod in pods {
             let Some(uid) = pod.metadata.uid.clone() else { continue };
-            match inner.pods.get(&uid) {
-                Some(existing) if same_spec(existing, &pod) => {}
+            match inner.pods.get_mut(&uid) {
+                // The status as the API server has it (another writer's changes included:
+                // the node lifecycle controller marks pods not ready), for the status
+                // manager's reconciliation, as upstream's pod config keeps it.
+                Some(existing) if same_spec(existing, &pod) => existing.status = pod.status,
                 Some(existing) => {
                     let seen =
                         existing.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SEEN_ANNOTATION)).cloned();

@@ -32,6 +32,26 @@ pub const RETRY_INITIAL: Duration = Duration::from_secs(1);
 /// not write at its 10 s batch sync).
 pub const RETRY_MAX: Duration = Duration::from_secs(10);
 
+/// How often the API's view of each pod is compared with what was written last
+/// (upstream's status manager checks `needsReconcile` at its 10 s batch sync).
+pub const RECONCILE_PERIOD: Duration = Duration::from_secs(10);
+
+/// Whether the pod's status as the API server has it (`api`) contradicts what was written
+/// last (`sent`): another phase, or one of the conditions written with another status
+/// or missing. Another writer changed it (the node lifecycle controller marks the pods of
+/// a node it lost not ready); upstream's `needsReconcile` then writes the status again.
+/// Only these fields are compared: the rest is the server's to normalize.
+fn contradicts(api: &PodStatus, sent: &PodStatus) -> bool {
+    if api.phase != sent.phase {
+        return true;
+    }
+    let theirs = api.conditions.as_deref().unwrap_or_default();
+    sent.conditions
+        .iter()
+        .flatten()
+        .any(|ours| theirs.iter().find(|c| c.type_ == ours.type_).is_none_or(|c| c.status != ours.status))
+}
+
 /// What is still to be done for one pod: at most one entry per pod, whatever happened
 /// since the writer last looked.
 #[derive(Debug, Default)]
@@ -156,8 +176,13 @@ impl StatusWriter {
     /// write failed waits out its back-off ([`RETRY_INITIAL`] doubling up to
     /// [`RETRY_MAX`]), its newer statuses replacing the one that failed.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut next_reconcile = Instant::now() + RECONCILE_PERIOD;
         loop {
             let now = Instant::now();
+            if now >= next_reconcile {
+                self.reconcile();
+                next_reconcile = now + RECONCILE_PERIOD;
+            }
             let (ready, next_retry) = {
                 let mut dirty = self.queue.dirty.lock().unwrap();
                 let waiting = |uid: &String| self.retry.get(uid).map(|(_, at)| *at).filter(|at| *at > now);
@@ -178,6 +203,7 @@ impl StatusWriter {
                     () = shutdown.cancelled() => return,
                     () = self.queue.wake.notified() => {}
                     () = retry => {}
+                    () = tokio::time::sleep_until(next_reconcile) => {}
                 }
                 continue;
             }
@@ -187,6 +213,26 @@ impl StatusWriter {
                 }
                 self.sync(uid, dirty).await;
             }
+        }
+    }
+
+    /// Queues again the last written status of every API pod whose status on the API
+    /// server [`contradicts`] it. Static pods are left out: their API object is the
+    /// mirror pod, whose status the pod manager does not keep.
+    fn reconcile(&self) {
+        for (uid, sent) in &self.sent {
+            let Some(pod) = self.pods.get(uid) else { continue };
+            if is_static_pod(&pod) || !pod.status.as_ref().is_some_and(|api| contradicts(api, sent)) {
+                continue;
+            }
+            tracing::info!(
+                pod = %crate::runtime::manager::pod_full_name(&pod),
+                "pod status on the API server differs from the last one written; writing it again"
+            );
+            self.queue.mark(uid, |d| {
+                d.status.get_or_insert_with(|| sent.clone());
+                d.rewrite = true;
+            });
         }
     }
 
@@ -398,6 +444,40 @@ mod tests {
         manager.set("u1", status("final"));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(api.patches().last().map(|(_, m)| m.as_str()), Some("final"), "written again");
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// Upstream's needsReconcile: the node lifecycle controller marks the pods of a node
+    /// it lost not ready; once the API's status contradicts the one written last, the
+    /// writer writes it again at its next reconciliation — and not while they agree.
+    #[tokio::test(start_paused = true)]
+    async fn a_status_another_writer_changed_is_written_again() {
+        let api = FakeApi::default();
+        *api.code.lock().unwrap() = 200;
+        let pods = PodManager::new(&["api"]);
+        let with_ready = |ready: &str| {
+            let mut pod = api_pod(false);
+            let mut st = status("ours");
+            st.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]);
+            pod.status = Some(st);
+            pod
+        };
+        pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("True")] });
+        let (manager, writer) =
+            ApiStatusManager::new(api.client(), pods.clone(), Arc::new(KubeletMetrics::unregistered()));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(writer.run(stop.clone()));
+        manager.set("u1", with_ready("True").status.unwrap());
+        tokio::time::sleep(Duration::from_secs(35)).await;
+        assert_eq!(api.patches().len(), 1, "agreeing statuses are not written again");
+        pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("False")] });
+        tokio::time::sleep(RECONCILE_PERIOD + Duration::from_millis(100)).await;
+        assert_eq!(api.patches().len(), 2, "the contradicted status is written again");
         stop.cancel();
         task.await.unwrap();
     }
