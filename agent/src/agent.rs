@@ -927,7 +927,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     };
     // The evented PLEG when asked for and the kernel lets us; else the 1 s relist alone.
     let sensors = if cfg.swiftlet.evented_pleg {
-        crate::pleg::sensors::start(&kubepods_dirs, &shutdown)
+        crate::pleg::sensors::start(&kubepods_dirs, cfg.swiftlet.evented_pleg_ring_buffer_bytes, &shutdown)
     } else {
         Err("disabled by --evented-pleg=false".to_string())
     };
@@ -960,6 +960,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 if cfg.swiftlet.eviction_kernel_signals { evented.with_pressure(pressure.clone()) } else { evented };
             tracing::info!(
                 safety_relist = ?cfg.swiftlet.pleg_relist_period,
+                ring_buffer_bytes = cfg.swiftlet.evented_pleg_ring_buffer_bytes,
                 "evented PLEG: container lifecycle from the kernel (eBPF)"
             );
             // Loading parsed the kernel's BTF; give that memory back.

@@ -138,6 +138,10 @@ pub struct Flags {
     /// Default 30s. (Without eBPF the relist period is the upstream 1s.)
     #[arg(long, value_name = "DURATION")]
     pub pleg_relist_period: Option<GoDuration>,
+    /// swiftlet only: size of the eBPF sensors' ring buffer, in bytes: a power of two and a
+    /// multiple of the page size. Default 262144 (256 KiB).
+    #[arg(long, value_name = "BYTES")]
+    pub evented_pleg_ring_buffer_bytes: Option<u32>,
     /// swiftlet only: unix socket of the node-local event API. Default
     /// `<root-dir>/swiftlet/events.sock`; an empty value turns the API off.
     #[arg(long, value_name = "PATH")]
@@ -258,13 +262,20 @@ mod tests {
         assert_eq!(parse(&["--runtime-start-concurrency", "8"]).runtime_start_concurrency, Some(8));
         assert!(Flags::try_parse_from(["swiftlet", "--runtime-start-concurrency=-1"]).is_err());
         assert_eq!(parse(&["-v", "3"]).verbosity, Some(3));
+        assert_eq!(parse(&[]).evented_pleg_ring_buffer_bytes, None);
+        assert_eq!(parse(&["--evented-pleg-ring-buffer-bytes=4096"]).evented_pleg_ring_buffer_bytes, Some(4096));
     }
 
     #[test]
     fn rejects_bad_values_naming_the_flag() {
-        for args in
-            [&["--sync-frequency=10"][..], &["--node-labels=novalue"], &["--port=http"], &["--fail-swap-on=maybe"]]
-        {
+        for args in [
+            &["--sync-frequency=10"][..],
+            &["--node-labels=novalue"],
+            &["--port=http"],
+            &["--fail-swap-on=maybe"],
+            &["--evented-pleg-ring-buffer-bytes=-4096"],
+            &["--evented-pleg-ring-buffer-bytes=256Ki"],
+        ] {
             let err =
                 Flags::try_parse_from(std::iter::once("swiftlet").chain(args.iter().copied())).expect_err("must fail");
             let flag = args[0].split('=').next().unwrap();

@@ -152,6 +152,9 @@ pub struct SwiftletOptions {
     pub evented_pleg: bool,
     /// `--pleg-relist-period`: the safety-net relist under the evented PLEG. Default: 30s.
     pub pleg_relist_period: std::time::Duration,
+    /// `--evented-pleg-ring-buffer-bytes`: the eBPF sensors' ring buffer, in bytes (a power
+    /// of two and a multiple of the page size). Default: 262144 (256 KiB).
+    pub evented_pleg_ring_buffer_bytes: u32,
     /// `--image-gc-period`: how often image GC runs. Default: 5m (upstream's constant).
     pub image_gc_period: std::time::Duration,
     /// `--event-api-socket`: `None` turns the event API off. Default:
@@ -219,6 +222,15 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
     if flags.pleg_relist_period.is_some_and(|d| d.to_std().is_zero()) {
         problems.push("--pleg-relist-period: must be greater than 0".to_owned());
     }
+    if let Some(bytes) = flags.evented_pleg_ring_buffer_bytes {
+        let sensors = swiftlet_ebpf::SensorConfig { ring_buffer_bytes: bytes, ..Default::default() };
+        if sensors.validate().is_err() {
+            problems.push(format!(
+                "--evented-pleg-ring-buffer-bytes: {bytes} must be a power of two and a multiple of the page size ({})",
+                page_size()
+            ));
+        }
+    }
     if flags.image_gc_period.is_some_and(|d| d.is_negative() || d.to_std().is_zero()) {
         problems.push("--image-gc-period: must be greater than 0".to_owned());
     }
@@ -247,6 +259,9 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         swiftlet: SwiftletOptions {
             evented_pleg: flags.evented_pleg.unwrap_or(true),
             pleg_relist_period: flags.pleg_relist_period.map_or(std::time::Duration::from_secs(30), GoDuration::to_std),
+            evented_pleg_ring_buffer_bytes: flags
+                .evented_pleg_ring_buffer_bytes
+                .unwrap_or(swiftlet_ebpf::SensorConfig::default().ring_buffer_bytes),
             image_gc_period: flags.image_gc_period.map_or(crate::images::gc::IMAGE_GC_PERIOD, GoDuration::to_std),
             event_api_socket: match &flags.event_api_socket {
                 Some(p) if p.as_os_str().is_empty() => None,
@@ -260,6 +275,13 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
         },
         config_file: flags.config,
     })
+}
+
+/// The memory page size, for the message of a bad ring buffer size.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
 }
 
 fn invalid(flags: &Flags, problems: Vec<String>) -> Error {

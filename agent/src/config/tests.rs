@@ -530,6 +530,25 @@ fn runtime_start_concurrency_defaults_to_twice_the_cpus_and_zero_lifts_it() {
 }
 
 #[test]
+fn evented_pleg_ring_buffer_bytes_defaults_to_256_kib_and_must_be_power_of_two_pages() {
+    let load = |args: &[&str]| load_with_hostname(flags(args), || Ok("host".to_owned()));
+    assert_eq!(load(&[]).unwrap().swiftlet.evented_pleg_ring_buffer_bytes, 262_144);
+    assert_eq!(load(&["--evented-pleg-ring-buffer-bytes=4096"]).unwrap().swiftlet.evented_pleg_ring_buffer_bytes, 4096);
+    assert_eq!(
+        load(&["--evented-pleg-ring-buffer-bytes", "1048576"]).unwrap().swiftlet.evented_pleg_ring_buffer_bytes,
+        1 << 20
+    );
+    for bad in ["0", "1000", "2048", "12288"] {
+        let problems = problems(load(&[&format!("--evented-pleg-ring-buffer-bytes={bad}")]));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with(&format!("--evented-pleg-ring-buffer-bytes: {bad} must be a power of two")),
+            "{problems:?}"
+        );
+    }
+}
+
+#[test]
 fn graceful_shutdown_settings_are_validated_as_upstream() {
     let yaml = format!(
         "{HEADER}shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n\

@@ -86,10 +86,12 @@ pub fn convert(ev: SensorEvent) -> KernelEvent {
     }
 }
 
-/// Loads and attaches the sensors, watches the kubepods cgroups and starts the event
-/// stream (until `shutdown`). Must run inside the tokio runtime.
-pub fn start(dirs: &KubepodsDirs, shutdown: &CancellationToken) -> Result<Running, String> {
-    let mut sensors = Sensors::load(&SensorConfig::default()).map_err(|e| e.to_string())?;
+/// Loads and attaches the sensors with a ring buffer of `ring_buffer_bytes`
+/// (`--evented-pleg-ring-buffer-bytes`), watches the kubepods cgroups and starts the
+/// event stream (until `shutdown`). Must run inside the tokio runtime.
+pub fn start(dirs: &KubepodsDirs, ring_buffer_bytes: u32, shutdown: &CancellationToken) -> Result<Running, String> {
+    let config = SensorConfig { ring_buffer_bytes, ..SensorConfig::default() };
+    let mut sensors = Sensors::load(&config).map_err(|e| e.to_string())?;
     let mut watched = 0;
     for dir in [&dirs.cgroup2, &dirs.memory_v1].into_iter().flatten() {
         sensors.watch_cgroup(dir).map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
