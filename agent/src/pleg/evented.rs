@@ -691,7 +691,15 @@ impl EventedPleg {
             (Some((_, _, false)), Some(_)) => return None,
             _ => false,
         };
-        advance(&mut s.kernel_seen, &cid, want);
+        // An exit that may not be the container's end (most often runc's helper, the first
+        // process to exec in a new container cgroup, exiting before the container's init
+        // execs) reports the end only once CRI agrees: already (the relist listed the exit
+        // first) or when confirmed ([`Self::complete`]). Taken as seen at once, the helper's
+        // exit made every later relist finding of the container's exit look reported, and
+        // a missed exit never counted as a repair.
+        if exit.is_none() || ns_end || s.known.get(&cid).is_some_and(|k| rank(*k) >= rank(want)) {
+            advance(&mut s.kernel_seen, &cid, want);
+        }
         // The end of a container's pid namespace is the end of the container: emit it
         // now. A "main process" exit without that certainty (a container sharing the
         // host's or the pod's pid namespace, or a cgroup older than the sensors, where the
@@ -762,10 +770,14 @@ impl EventedPleg {
             }
         }
         let container_name = match confirmed {
-            Confirmation::Agreed(name) => name,
+            Confirmation::Agreed(name) => {
+                advance(&mut s.kernel_seen, &cid, want);
+                name
+            }
             Confirmation::Passed => {
                 // It did reach `want` (the kernel saw it): remember that much, so that a
                 // relist listing taken meanwhile is not mistaken for a miss.
+                advance(&mut s.kernel_seen, &cid, want);
                 advance(&mut s.known, &cid, want);
                 return None;
             }
@@ -1361,6 +1373,35 @@ mod tests {
         // Later exits of processes other than the init are not asked about at all.
         assert!(pleg.classify(&main_process_exit(52)).is_none());
         assert_eq!(statuses() - before, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_helper_exit_at_the_start_does_not_hide_a_missed_exit_from_the_repairs() {
+        // runc's helper, the first process to exec in the new container's cgroup, exits
+        // before the container's init execs: no report of the container's end. Later the
+        // container's own exit is lost (a ring-buffer drop): the relist repairs it, and
+        // that must be counted.
+        let (rt, pleg, cid, _) = setup().await;
+        let helper_exit = {
+            let pleg = pleg.clone();
+            tokio::spawn(async move { pleg.handle_kernel_event(main_process_exit(50)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let Some(Next::Confirm(start)) = pleg.classify(&pid1_exec(51)) else { panic!("a start is confirmed") };
+        let started = pleg.complete(start).await.expect("CRI says running");
+        assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
+        assert!(helper_exit.await.unwrap().is_none(), "not the container's end");
+        let initial = pleg.relist.relist_events().await.unwrap();
+        pleg.reconcile(initial, true);
+        // The container's exit never reaches the PLEG; the relist finds it.
+        rt.exit_container(&cid, 137);
+        let events = pleg.relist.relist_events().await.unwrap();
+        let forwarded = pleg.reconcile(events, false);
+        assert_eq!(forwarded.len(), 1, "forwarded at once");
+        assert_eq!(forwarded[0].kind, PodLifecycleEventType::ContainerDied);
+        tokio::time::advance(SUSPECT_GRACE).await;
+        pleg.reconcile(Vec::new(), false);
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 1, "a missed exit is a repair");
     }
 
     #[tokio::test(start_paused = true)]
