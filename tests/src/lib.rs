@@ -7,9 +7,11 @@
 
 pub mod chaos;
 pub mod cluster;
+pub mod containerd;
 pub mod device_plugin;
 pub mod logind;
 pub mod outage;
+pub mod pods;
 pub mod registry;
 pub mod scratch;
 pub mod spdy;

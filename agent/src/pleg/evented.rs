@@ -25,6 +25,10 @@
 //! counted in `kubelet_evented_pleg_relist_repairs_total` and logged, because it means
 //! the kernel path has a hole (ring-buffer drops, an agent restart, or a container the
 //! sensors cannot see, e.g. one sharing the pod's pid namespace or the host's).
+//! While listing fails (the runtime away: containerd restarting) it tries again every
+//! second, and the first listing that works passes on again the changes since the last
+//! one that the kernel reported already: the pod workers heard of them at once, but could
+//! not act without the runtime, and would otherwise retry only 10 s later.
 //!
 //! If the kernel stream ends, the PLEG falls back to relisting every second and says so
 //! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
@@ -343,6 +347,8 @@ struct State {
     retired: Vec<(String, u64)>,
     /// Relists reconciled so far.
     reconciled: u64,
+    /// The last safety relist failed (the runtime away, e.g. containerd restarting).
+    listing_failed: bool,
     index: CgroupIndex,
 }
 
@@ -867,10 +873,18 @@ impl EventedPleg {
 
     /// Filters a relist batch: forwards what the kernel path did not report, counting it
     /// as a repair unless `initial` (the first listing after start is not a miss).
+    ///
+    /// The first listing after failed ones (the runtime was away) also passes on again
+    /// the changes since the previous listing that the kernel path reported already, where
+    /// the two agree: the pod workers heard of them, but a sync that needed the runtime
+    /// failed and is retried only 10 s later. The relisting PLEG would send exactly these
+    /// events now; a start the worker has seen is no news to it.
     fn reconcile(&self, events: Vec<PodLifecycleEvent>, initial: bool) -> Vec<PodLifecycleEvent> {
         let mut out = Vec::new();
         let mut s = self.state.lock().unwrap();
         self.settle_suspects(&mut s);
+        let runtime_was_away = std::mem::take(&mut s.listing_failed);
+        let mut again = 0;
         for e in events {
             let Some(new) = state_of(e.kind) else { continue };
             if s.pending.contains_key(&e.data) {
@@ -890,6 +904,10 @@ impl EventedPleg {
             }
             // A listing older than what the kernel path already reported adds nothing.
             if !advance(&mut s.known, &e.data, new) {
+                if runtime_was_away && s.known.get(&e.data) == Some(&new) {
+                    again += 1;
+                    out.push(e);
+                }
                 continue;
             }
             let is_lifecycle =
@@ -903,6 +921,12 @@ impl EventedPleg {
         }
         s.reconciled += 1;
         s.prune_retired();
+        if runtime_was_away {
+            tracing::info!(
+                changes = again,
+                "runtime answers again; passed on again the changes since the last listing that the kernel had reported"
+            );
+        }
         out
     }
 
@@ -1012,9 +1036,16 @@ impl EventedPleg {
                     }
                     initial = false;
                 }
-                Err(e) => tracing::warn!(error = %e, "PLEG relist failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "PLEG relist failed");
+                    self.state.lock().unwrap().listing_failed = true;
+                }
             }
-            let period = if self.kernel_alive.load(Ordering::Relaxed) { self.safety_period } else { RELIST_PERIOD };
+            // While listing fails, try again every second: the pod workers whose syncs
+            // failed meanwhile hear from the first listing that works (see `reconcile`).
+            let failing = self.state.lock().unwrap().listing_failed;
+            let period =
+                if self.kernel_alive.load(Ordering::Relaxed) && !failing { self.safety_period } else { RELIST_PERIOD };
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
@@ -1590,6 +1621,66 @@ mod tests {
         }
         assert_eq!(pleg.fallback_reason(), None);
         assert_eq!(pleg.metrics.evented_pleg_active.get(), active);
+    }
+
+    /// The next event about container `id`, skipping the others; `None` when none comes
+    /// within `within` (virtual time).
+    async fn next_about(
+        rx: &mut mpsc::Receiver<PodLifecycleEvent>,
+        id: &str,
+        within: Duration,
+    ) -> Option<PodLifecycleEvent> {
+        tokio::time::timeout(within, async {
+            loop {
+                let e = rx.recv().await?;
+                if e.data == id {
+                    return Some(e);
+                }
+            }
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// containerd restarted: a container died while the runtime was away. The kernel
+    /// reported it at once, but the pod worker it woke could not act (its sync needs the
+    /// runtime) and retries only 10 s later. Once listing works again — within a second,
+    /// not a safety period — the relist passes the exit on again, as the relisting PLEG
+    /// would: it is no repair (the kernel saw it), and the relist goes back to its period.
+    #[tokio::test(start_paused = true)]
+    async fn exits_seen_while_the_runtime_was_away_are_passed_on_again_when_it_answers() {
+        let (rt, pleg, cid, _) = setup().await;
+        let (ktx, krx) = mpsc::channel(10);
+        let (tx, mut rx) = mpsc::channel(100);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(pleg.clone().run(krx, Box::new(|| 0), tx, stop.clone()));
+        let first = next_about(&mut rx, &cid, Duration::from_secs(1)).await.expect("the first listing");
+        assert_eq!(first.kind, PodLifecycleEventType::ContainerStarted);
+        ktx.send(pid1_exec(9)).await.unwrap();
+
+        rt.set_unavailable(true);
+        rt.exit_container(&cid, 137);
+        ktx.send(ns_init_exit(9, 137)).await.unwrap();
+        let died = next_about(&mut rx, &cid, Duration::from_secs(1)).await.expect("the kernel needs no runtime");
+        assert_eq!((died.kind, died.kernel_time_ns.is_some()), (PodLifecycleEventType::ContainerDied, true));
+        // The safety relist (30 s) fails meanwhile.
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(pleg.relist.runtime_pods()["u1"].containers[&cid].1, ContainerState::Running, "no listing worked");
+
+        rt.set_unavailable(false);
+        let again = next_about(&mut rx, &cid, Duration::from_millis(1500)).await.expect("passed on again");
+        assert_eq!((again.kind, again.kernel_time_ns), (PodLifecycleEventType::ContainerDied, None));
+        // Not a repair; and the relist is back at its 30 s.
+        tokio::time::sleep(SUSPECT_GRACE).await;
+        let lists = || rt.calls().iter().filter(|c| *c == "list_containers").count();
+        let before = lists();
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(lists(), before, "relisting every second after the runtime came back");
+        assert!(next_about(&mut rx, &cid, Duration::from_secs(10)).await.is_none(), "passed on once");
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+        stop.cancel();
+        task.await.unwrap();
     }
 
     #[test]

@@ -157,6 +157,8 @@ struct State {
     exec: ExecScript,
     /// `ReopenContainerLog` fails with this message.
     reopen_failure: Option<String>,
+    /// The runtime is away (a containerd restart): listings fail with `Unavailable`.
+    unavailable: bool,
     /// Base of the URLs `Exec`, `Attach` and `PortForward` answer.
     streaming_url: Option<String>,
     /// The streaming requests made so far.
@@ -201,6 +203,10 @@ fn streaming_url(s: &State, kind: &str, id: &str, exists: bool) -> Result<String
     }
     let base = s.streaming_url.as_deref().unwrap_or("http://127.0.0.1:10010");
     Ok(format!("{base}/{kind}/{id}"))
+}
+
+fn unavailable(operation: &'static str) -> super::Error {
+    super::Error::Rpc { operation, status: tonic::Status::unavailable("connection refused") }
 }
 
 fn not_found(what: &str) -> super::Error {
@@ -303,6 +309,12 @@ impl FakeRuntime {
     #[must_use]
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Makes `ListPodSandbox` and `ListContainers` fail with `Unavailable`, as a stopped
+    /// containerd's socket does (or answer again with `false`).
+    pub fn set_unavailable(&self, away: bool) {
+        self.state.lock().unwrap().unavailable = away;
     }
 
     /// Makes `ReopenContainerLog` fail with `message` (or succeed again with `None`).
@@ -459,6 +471,9 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
         let s = self.record("list_podsandbox");
+        if s.unavailable {
+            return Err(unavailable("list_podsandbox"));
+        }
         let state = filter.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
         let sel = filter.map(|f| f.label_selector).unwrap_or_default();
         Ok(s.sandboxes
@@ -557,6 +572,9 @@ impl RuntimeService for FakeRuntime {
 
     async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>> {
         let s = self.record("list_containers");
+        if s.unavailable {
+            return Err(unavailable("list_containers"));
+        }
         let state = filter.as_ref().and_then(|f| f.state.as_ref()).map(|s| s.state);
         let sel = filter.map(|f| f.label_selector).unwrap_or_default();
         Ok(s.containers
