@@ -202,6 +202,13 @@ impl Cri {
         Ok(self.client.clone().container_status(req).await?.into_inner())
     }
 
+    /// The main pid of a container (in the node's pid namespace), from its verbose status.
+    pub async fn container_pid(&self, id: &str) -> Result<i32> {
+        let st = self.container_status(id).await?;
+        let info: Value = serde_json::from_str(st.info.get("info").map_or("{}", String::as_str))?;
+        info["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).context("no pid in the container's info")
+    }
+
     /// Sandbox status (verbose).
     pub async fn sandbox_status(&self, id: &str) -> Result<cri::PodSandboxStatusResponse> {
         let req = cri::PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true };

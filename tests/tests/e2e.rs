@@ -488,13 +488,6 @@ in_both_pleg_modes!(
     agent_kill9_and_restart_restarts_no_container,
 );
 
-/// The main pid of a container, from the runtime's verbose status.
-async fn container_pid(cri: &Cri, id: &str) -> Result<i32> {
-    let st = cri.container_status(id).await?;
-    let info: Value = serde_json::from_str(st.info.get("info").map_or("{}", String::as_str))?;
-    info["pid"].as_i64().map(|p| p as i32).ok_or_else(|| anyhow::anyhow!("no pid in container info"))
-}
-
 /// A container killed from the host is seen by the kernel sensors: the pod worker hears
 /// of it long before the 30 s safety relist or the 1 min resync could tell it.
 #[tokio::test]
@@ -507,7 +500,7 @@ async fn container_killed_from_the_host_is_seen_by_the_kernel() -> Result<()> {
     agent.write_manifest("victim.yaml", &pod_yaml("victim", "Always", SERVE, ""))?;
     let p = agent.wait_pod("victim", Duration::from_mins(1), |p| running(p, "main")).await?;
     let cid = cri.containers(&uid(&p)).await?[0].id.clone();
-    let pid = container_pid(&cri, &cid).await?;
+    let pid = cri.container_pid(&cid).await?;
     // A node-local consumer watches the event API for this pod.
     let mut client = swiftlet::event_api::client::connect(&agent.event_socket()).await?;
     let request = swiftlet::event_api::proto::WatchRequest {
@@ -576,7 +569,7 @@ spec:
         .await?;
     assert_eq!(restarts(&p, "main"), 0, "{p}");
     let cid = cri.containers(&uid(&p)).await?[0].id.clone();
-    let pid = container_pid(&cri, &cid).await?;
+    let pid = cri.container_pid(&cid).await?;
     // SAFETY: kill(2) on the container's init process, found through CRI.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let first = tokio::time::timeout(Duration::from_secs(10), died.message()).await??.expect("an event");
@@ -606,7 +599,7 @@ async fn containers_running_before_an_agent_restart_are_adopted_by_the_sensors()
     agent.write_manifest("shared.yaml", &shared)?;
     let p = agent.wait_pod("shared", Duration::from_mins(1), |p| running(p, "main")).await?;
     let cid = cri.containers(&uid(&p)).await?[0].id.clone();
-    let pid = container_pid(&cri, &cid).await?;
+    let pid = cri.container_pid(&cid).await?;
     agent.kill9()?;
     agent.spawn().await?;
     agent.wait_pod("shared", Duration::from_mins(1), |p| running(p, "main")).await?;

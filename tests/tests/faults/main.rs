@@ -3,3 +3,4 @@
 //! the test bed lock, as all end-to-end tests do.
 
 mod churn;
+mod ring_buffer;
