@@ -3,4 +3,5 @@
 //! the test bed lock, as all end-to-end tests do.
 
 mod churn;
+mod containerd_restart;
 mod ring_buffer;
