@@ -694,6 +694,26 @@ impl TestNode {
     }
 }
 
+/// An API pod spec running `script` in the test bed's busybox (labelled `app: <name>`),
+/// stopping at once on SIGTERM.
+#[must_use]
+pub fn busybox_pod(name: &str, script: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main",
+                "image": crate::pods::BUSYBOX,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script}")],
+            }]
+        }
+    })
+}
+
 /// The status of a node condition.
 #[must_use]
 pub fn node_condition<'a>(node: &'a Node, type_: &str) -> Option<&'a str> {

@@ -19,10 +19,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::cluster::{Cluster, ClusterNode, phase, pod_condition};
+use crate::cluster::{Cluster, ClusterNode, busybox_pod as pod, phase, pod_condition};
 use crate::{AgentOptions, Cri, cri_endpoint, tail};
 
-const BUSYBOX: &str = "localhost/busybox:latest";
 const API_SERVER: &str = "kube-apiserver";
 
 /// What the scenario measured.
@@ -53,24 +52,6 @@ impl fmt::Display for OutageFigures {
             self.status_converged_after.as_secs_f64()
         )
     }
-}
-
-/// A pod running `script` in busybox, stopping at once on SIGTERM.
-fn pod(name: &str, script: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script}")],
-            }]
-        }
-    })
 }
 
 /// A pod whose exec probe of `kind` (`livenessProbe`, `readinessProbe`) reads `file`,

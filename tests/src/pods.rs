@@ -1,5 +1,5 @@
 //! Static pod manifests and readers of a pod's status as `/pods` serves it (JSON), for
-//! the end-to-end tests (`tests/e2e.rs` has the same, of its own).
+//! the end-to-end tests.
 
 use serde_json::Value;
 

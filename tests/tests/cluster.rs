@@ -14,30 +14,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use swiftlet_tests::cluster::{Cluster, ClusterNode, node_condition, phase, pod_condition};
+use swiftlet_tests::cluster::{Cluster, ClusterNode, busybox_pod, node_condition, phase, pod_condition};
 use swiftlet_tests::outage::api_server_outage;
+use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::tcp_proxy::TcpProxy;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
-
-const BUSYBOX: &str = "localhost/busybox:latest";
-
-/// A pod spec running `script` in busybox, stopping at once on SIGTERM.
-fn busybox_pod(name: &str, script: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script}")],
-            }]
-        }
-    })
-}
 
 async fn join(test: &str) -> Result<(Cluster, ClusterNode, Cri)> {
     let cri = Cri::connect(&cri_endpoint()?)?;

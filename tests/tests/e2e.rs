@@ -9,61 +9,17 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 use swiftlet_tests::chaos::rss_bytes;
+use swiftlet_tests::pods::{BUSYBOX, SERVE, container, phase, pod_yaml, restarts, running, uid};
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, existing_cgroup_dirs, testbed_lock};
 
-const BUSYBOX: &str = "localhost/busybox:latest";
 /// Tests that run in one PLEG mode only use the evented one (the default).
 const EVENTED: bool = true;
-
-fn pod_yaml(name: &str, policy: &str, script: &str, extra_container: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  restartPolicy: {policy}
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: main
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "{script}"]
-{extra_container}"#
-    )
-}
-
-/// A container that runs until SIGTERM and then exits at once.
-const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
-
-fn phase(p: &Value) -> &str {
-    p["status"]["phase"].as_str().unwrap_or_default()
-}
-
-fn container<'a>(p: &'a Value, name: &str) -> &'a Value {
-    p["status"]["containerStatuses"]
-        .as_array()
-        .and_then(|a| a.iter().find(|c| c["name"] == name))
-        .unwrap_or(&Value::Null)
-}
 
 fn init_container<'a>(p: &'a Value, name: &str) -> &'a Value {
     p["status"]["initContainerStatuses"]
         .as_array()
         .and_then(|a| a.iter().find(|c| c["name"] == name))
         .unwrap_or(&Value::Null)
-}
-
-fn uid(p: &Value) -> String {
-    p["metadata"]["uid"].as_str().unwrap_or_default().to_string()
-}
-
-fn restarts(p: &Value, name: &str) -> i64 {
-    container(p, name)["restartCount"].as_i64().unwrap_or(-1)
-}
-
-fn running(p: &Value, name: &str) -> bool {
-    !container(p, name)["state"]["running"].is_null()
 }
 
 async fn setup(evented: bool) -> Result<(Agent, Cri)> {
