@@ -24,11 +24,11 @@
 //! agent stops the pods there that are not its own: an end-to-end test running meanwhile
 //! would lose its pods to the bench's agent, and the bench its figures to the test's.
 
-mod agent;
-mod apiserver;
-mod cluster;
+pub(crate) mod agent;
+pub(crate) mod apiserver;
+pub(crate) mod cluster;
 mod eviction;
-mod https;
+pub(crate) mod https;
 mod latency;
 mod pleg;
 mod procfs;
@@ -36,7 +36,7 @@ mod records;
 mod report;
 mod scrape;
 mod summary;
-mod watch;
+pub(crate) mod watch;
 
 use std::{fs, os::fd::AsRawFd as _};
 
@@ -89,7 +89,7 @@ fn lock_file(layout: &Layout) -> std::path::PathBuf {
 
 /// Takes the test bed's cross-process lock, waiting for whoever holds it; held until the
 /// file is dropped.
-fn testbed_lock(layout: &Layout) -> Result<fs::File> {
+pub(crate) fn testbed_lock(layout: &Layout) -> Result<fs::File> {
     fs::create_dir_all(&layout.state).with_context(|| format!("creating {}", layout.state.display()))?;
     let path = lock_file(layout);
     let file = fs::OpenOptions::new()
