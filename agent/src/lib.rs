@@ -2,8 +2,9 @@
 //!
 //! The crate is laid out like the upstream kubelet's `pkg/kubelet`: one module per
 //! subsystem, each with a trait at its boundary, the real implementation and a fake
-//! for the other modules' tests. See `../shared/DESIGN.md` in the project for the data
-//! flow; `main.rs` only parses flags and hands a [`config::Config`] to [`agent::run`].
+//! for the other modules' tests. See `ARCHITECTURE.md` at the repository root for the
+//! layers, the module map, the data flow and the rules; `main.rs` only parses flags and
+//! hands a [`config::Config`] to [`agent::run`].
 
 pub mod agent;
 pub mod allocation;
