@@ -189,6 +189,21 @@ impl ApiClient {
     /// `method path` with a JSON body: (status, JSON body or `null`). A connection the
     /// server had closed is reopened once.
     pub async fn request(&mut self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let r = self.raw(method, path, body).await?;
+        let value =
+            if r.body.is_empty() { Value::Null } else { serde_json::from_slice(&r.body).unwrap_or(Value::Null) };
+        Ok((r.status, value))
+    }
+
+    /// `GET path` of a text document (the server's own `/metrics`): (status, body).
+    pub async fn get_text(&mut self, path: &str) -> Result<(u16, String)> {
+        let r = self.raw("GET", path, None).await?;
+        Ok((r.status, String::from_utf8_lossy(&r.body).into_owned()))
+    }
+
+    /// One request and its whole response; a connection the server had closed is
+    /// reopened once.
+    async fn raw(&mut self, method: &str, path: &str, body: Option<&Value>) -> Result<https::Response> {
         let bytes = request_bytes(&self.host, method, path, body);
         let call = async {
             let mut why = String::new();
@@ -200,13 +215,10 @@ impl ApiClient {
                 None => bail!("the API server {} closed the connection twice; openssl: {why}", self.host),
             }
         };
-        let r = tokio::time::timeout(REQUEST_TIMEOUT, call)
+        tokio::time::timeout(REQUEST_TIMEOUT, call)
             .await
             .map_err(|_| anyhow::anyhow!("{method} {path}: no answer within {REQUEST_TIMEOUT:?}"))?
-            .with_context(|| format!("{method} {path}"))?;
-        let value =
-            if r.body.is_empty() { Value::Null } else { serde_json::from_slice(&r.body).unwrap_or(Value::Null) };
-        Ok((r.status, value))
+            .with_context(|| format!("{method} {path}"))
     }
 
     /// Creates the bench namespace `name` (labelled [`BENCH_LABEL`]) and waits for its

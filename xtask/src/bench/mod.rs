@@ -3,8 +3,9 @@
 //!
 //! - no subcommand, or `all`: one table of every figure with a target — pod start-up
 //!   (single pod, 30- and 100-pod bursts, against the runtime's own start), exit
-//!   detection, idle cost, scrape cost, eviction reaction — for swiftlet and optionally
-//!   another node agent (`--other-agent`), beside the upstream kubelet's figures.
+//!   detection, idle cost, scrape cost, API load, eviction reaction — for swiftlet and
+//!   optionally another node agent (`--other-agent`, in alternating rounds, with the
+//!   ratio swiftlet ÷ it from the same run).
 //! - `pleg`: container exit → pod worker → pod status latency, CPU per event, idle CPU and
 //!   RSS, for the evented (eBPF) PLEG and the 1 s relisting PLEG side by side.
 //! - `scrape`: wall time and agent CPU per scrape of `/metrics`, `/metrics/cadvisor`,
@@ -25,6 +26,7 @@
 //! would lose its pods to the bench's agent, and the bench its figures to the test's.
 
 pub(crate) mod agent;
+mod apiload;
 pub(crate) mod apiserver;
 pub(crate) mod cluster;
 mod eviction;
@@ -32,10 +34,12 @@ pub(crate) mod https;
 mod latency;
 mod pleg;
 mod procfs;
+mod profile;
 mod records;
 mod report;
 mod scrape;
 mod summary;
+mod verdict;
 pub(crate) mod watch;
 
 use std::{fs, os::fd::AsRawFd as _};
@@ -51,8 +55,8 @@ use crate::{Ctx, testbed::Layout};
 pub enum BenchCmd {
     /// Everything with a target in one table (what `cargo xtask bench` alone runs): pod
     /// start-up, exit detection, idle cost, scrape cost, eviction; swiftlet and
-    /// `--other-agent`. About 7 minutes for swiftlet alone, 13 with another agent; needs
-    /// the machine and the test bed to itself.
+    /// `--other-agent`, in alternating rounds. About 7 minutes for swiftlet alone, 18 with
+    /// another agent (2 rounds); needs the machine and the test bed to itself.
     All(AllArgs),
     /// PLEG latency (kill → pod worker → pod status), CPU per event, idle CPU and RSS with
     /// many pods: evented vs relist. Takes about 12 minutes; needs the machine and the test bed to itself.

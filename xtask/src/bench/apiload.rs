@@ -1,0 +1,359 @@
+//! The requests a node agent puts on the API server, from kube-apiserver's own `/metrics`
+//! (read as the cluster admin): how many a second in all, and by verb.
+//!
+//! `apiserver_request_total` has no user label, so the agent's requests are told apart by
+//! API Priority and Fairness: every request of a node's credentials (group
+//! `system:nodes`) is classified into the flow schema `system-node-high` (its node and
+//! lease) or `system-nodes` (everything else), and nothing else goes there — the bench's
+//! own requests (cluster admin, `system:masters`) are `exempt`, the controller-manager's
+//! and the scheduler's have schemas of their own, and the bench runs one agent at a time.
+//! The per-agent total is the delta of `apiserver_flowcontrol_dispatched_requests_total`
+//! of those two schemas over the window: exact (a watch counts once, when it starts).
+//!
+//! The split by verb is an estimate: the delta of `apiserver_request_total` by verb over
+//! the window, less the control plane's own rate by verb (a baseline window with no agent
+//! and no bench requests, taken while the runtime's floor is measured straight over CRI)
+//! times the window, less the bench's own requests in the window (which the bench knows:
+//! its pod creates and its one `/metrics` read). `apiserver_request_total` counts a
+//! request when it ends, so a `WATCH` counts when the watch closes; the estimate is
+//! clamped at 0 per verb.
+
+use std::{collections::BTreeMap, time::Instant};
+
+use anyhow::{Result, ensure};
+
+use crate::bench::apiserver::ApiClient;
+
+/// The flow schemas a node's requests are classified into.
+pub const NODE_SCHEMAS: [&str; 2] = ["system-node-high", "system-nodes"];
+
+/// One sample of Prometheus text: the metric's name, its labels and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A sample line of the Prometheus text format (`name{a="x",b="y"} 12 [timestamp]`);
+/// `None` for comments, blank lines and what does not parse.
+pub fn parse_line(line: &str) -> Option<Sample> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let name = line[..name_end].to_owned();
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices().peekable();
+        let end;
+        loop {
+            // Skip separators, then a label name up to '=' or the closing brace.
+            while chars.next_if(|(_, c)| *c == ',' || c.is_whitespace()).is_some() {}
+            match chars.peek() {
+                Some((i, '}')) => {
+                    end = *i;
+                    break;
+                }
+                None => return None,
+                _ => {}
+            }
+            let mut key = String::new();
+            for (_, c) in chars.by_ref() {
+                if c == '=' {
+                    break;
+                }
+                key.push(c);
+            }
+            if chars.next().map(|(_, c)| c) != Some('"') {
+                return None;
+            }
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '"' => break,
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        c => value.push(c),
+                    },
+                    c => value.push(c),
+                }
+            }
+            labels.push((key.trim().to_owned(), value));
+        }
+        rest = &inner[end + 1..];
+    }
+    let value = match rest.split_whitespace().next()? {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some(Sample { name, labels, value })
+}
+
+/// The samples of metric `name` in Prometheus text.
+pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample> + 'a {
+    text.lines()
+        .filter(move |l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{') || r.starts_with(' ')))
+        .filter_map(parse_line)
+}
+
+/// The counters of one reading of kube-apiserver's `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    /// Requests dispatched in the node flow schemas ([`NODE_SCHEMAS`]).
+    pub node_requests: f64,
+    /// `apiserver_request_total` summed by verb (every code, resource and component).
+    pub by_verb: BTreeMap<String, f64>,
+}
+
+impl Counters {
+    pub fn parse(text: &str) -> Self {
+        let node_requests = samples(text, "apiserver_flowcontrol_dispatched_requests_total")
+            .filter(|s| s.label("flow_schema").is_some_and(|f| NODE_SCHEMAS.contains(&f)))
+            .map(|s| s.value)
+            .sum();
+        let mut by_verb = BTreeMap::new();
+        for s in samples(text, "apiserver_request_total") {
+            *by_verb.entry(s.label("verb").unwrap_or("?").to_owned()).or_insert(0.0) += s.value;
+        }
+        Self { node_requests, by_verb }
+    }
+}
+
+/// A reading of the counters and when it was taken.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    pub counters: Counters,
+    pub at: Instant,
+}
+
+/// Reads kube-apiserver's `/metrics` (one `GET`, which the server counts once it has
+/// answered: it falls into the next window).
+pub async fn read(client: &mut ApiClient) -> Result<Reading> {
+    let (code, text) = client.get_text("/metrics").await?;
+    ensure!(code == 200, "GET /metrics of kube-apiserver: {code}: {text:.300}");
+    Ok(Reading { counters: Counters::parse(&text), at: Instant::now() })
+}
+
+/// What the API server counted over one window (or several, pooled).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Window {
+    pub secs: f64,
+    /// Requests of the node flow schemas: the agent's, exactly.
+    pub agent: f64,
+    /// Every request by verb.
+    pub by_verb: BTreeMap<String, f64>,
+    /// The bench's own requests in the window, by verb.
+    pub bench: BTreeMap<String, f64>,
+}
+
+impl Window {
+    /// The window between two readings; `bench`: the bench's own requests between them
+    /// besides the first reading's `GET /metrics` (counted here).
+    pub fn between(before: &Reading, after: &Reading, bench: &[(&str, f64)]) -> Self {
+        let delta = |a: f64, b: f64| (a - b).max(0.0);
+        let mut by_verb = BTreeMap::new();
+        for (verb, after_n) in &after.counters.by_verb {
+            let n = delta(*after_n, before.counters.by_verb.get(verb).copied().unwrap_or(0.0));
+            if n > 0.0 {
+                by_verb.insert(verb.clone(), n);
+            }
+        }
+        let mut own = BTreeMap::from([("GET".to_owned(), 1.0)]);
+        for (verb, n) in bench {
+            *own.entry((*verb).to_owned()).or_insert(0.0) += n;
+        }
+        Self {
+            secs: after.at.duration_since(before.at).as_secs_f64(),
+            agent: delta(after.counters.node_requests, before.counters.node_requests),
+            by_verb,
+            bench: own,
+        }
+    }
+
+    /// Several windows as one (their counts and durations summed); `None` for none.
+    pub fn pool<'a>(windows: impl IntoIterator<Item = &'a Self>) -> Option<Self> {
+        let mut out: Option<Self> = None;
+        for w in windows {
+            let o = out.get_or_insert_with(Self::default);
+            o.secs += w.secs;
+            o.agent += w.agent;
+            for (k, v) in &w.by_verb {
+                *o.by_verb.entry(k.clone()).or_insert(0.0) += v;
+            }
+            for (k, v) in &w.bench {
+                *o.bench.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+
+    /// The agent's requests a second.
+    pub fn agent_rate(&self) -> f64 {
+        if self.secs > 0.0 { self.agent / self.secs } else { 0.0 }
+    }
+
+    /// Requests a second by verb less the bench's own (the control plane's rate, for a
+    /// window with no agent).
+    pub fn others_rate(&self) -> BTreeMap<String, f64> {
+        self.by_verb
+            .iter()
+            .map(|(v, n)| {
+                let rate = if self.secs > 0.0 {
+                    (n - self.bench.get(v).copied().unwrap_or(0.0)).max(0.0) / self.secs
+                } else {
+                    0.0
+                };
+                (v.clone(), rate)
+            })
+            .collect()
+    }
+
+    /// The agent's requests a second by verb, estimated (see the module docs) against
+    /// `baseline`, the control plane alone; verbs estimated at 0 are left out.
+    pub fn agent_by_verb(&self, baseline: Option<&Self>) -> BTreeMap<String, f64> {
+        let base = baseline.map(Self::others_rate).unwrap_or_default();
+        self.by_verb
+            .iter()
+            .filter_map(|(v, n)| {
+                let own = self.bench.get(v).copied().unwrap_or(0.0);
+                let rest = n - own - base.get(v).copied().unwrap_or(0.0) * self.secs;
+                (rest > 0.0 && self.secs > 0.0).then(|| (v.clone(), rest / self.secs))
+            })
+            .collect()
+    }
+}
+
+/// `rate` requests a second, with about three significant digits.
+pub fn fmt_rate(rate: f64) -> String {
+    if rate >= 100.0 {
+        format!("{rate:.0}")
+    } else if rate >= 10.0 {
+        format!("{rate:.1}")
+    } else if rate >= 1.0 {
+        format!("{rate:.2}")
+    } else {
+        format!("{rate:.3}")
+    }
+}
+
+/// `GET 0.10, PATCH 0.20` (verbs in the order of their rate, highest first).
+pub fn fmt_verbs(by_verb: &BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, &f64)> = by_verb.iter().filter(|(_, r)| **r >= 0.0005).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+    if v.is_empty() {
+        return "—".to_owned();
+    }
+    v.into_iter().map(|(verb, r)| format!("{verb} {}", fmt_rate(*r))).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const TEXT: &str = r#"# HELP apiserver_flowcontrol_dispatched_requests_total [BETA] Number of requests
+# TYPE apiserver_flowcontrol_dispatched_requests_total counter
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="exempt",priority_level="exempt"} 513
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="system-node-high",priority_level="node-high"} 40
+apiserver_flowcontrol_dispatched_requests_total{flow_schema="system-nodes",priority_level="system"} 2
+apiserver_flowcontrol_dispatched_requests_total_extra{flow_schema="system-nodes"} 1000
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/healthz",verb="GET",version=""} 1
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="status",verb="PATCH",version="v1"} 7
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="POST",version="v1"} 1e+02
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="resource",subresource="",verb="GET",version="v1"} 4
+"#;
+
+    #[test]
+    fn parses_prometheus_lines() {
+        let s = parse_line(r#"m{a="x,y",b="q\"uote\\d"} 1.5 1700000000"#).unwrap();
+        assert_eq!(s.name, "m");
+        assert_eq!(s.labels, vec![("a".into(), "x,y".into()), ("b".into(), "q\"uote\\d".into())]);
+        assert!((s.value - 1.5).abs() < 1e-12);
+        let s = parse_line("up 1").unwrap();
+        assert_eq!((s.name.as_str(), s.labels.len(), s.value), ("up", 0, 1.0));
+        assert!(parse_line(r#"m{a="x",} +Inf"#).unwrap().value.is_infinite());
+        assert_eq!(parse_line("# HELP m x"), None);
+        assert_eq!(parse_line(r#"m{a="x" 1"#), None);
+        assert_eq!(parse_line("m{} nope"), None);
+        assert_eq!(samples(TEXT, "apiserver_flowcontrol_dispatched_requests_total").count(), 3);
+    }
+
+    #[test]
+    fn counters_take_the_node_schemas_and_sum_by_verb() {
+        let c = Counters::parse(TEXT);
+        assert!((c.node_requests - 42.0).abs() < 1e-9, "{c:?}");
+        assert_eq!(
+            c.by_verb,
+            BTreeMap::from([("GET".to_owned(), 5.0), ("PATCH".to_owned(), 7.0), ("POST".to_owned(), 100.0)])
+        );
+    }
+
+    fn reading(node: f64, verbs: &[(&str, f64)], at: Instant) -> Reading {
+        Reading {
+            counters: Counters {
+                node_requests: node,
+                by_verb: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
+            },
+            at,
+        }
+    }
+
+    #[test]
+    fn windows_estimate_the_agents_verbs_against_the_baseline() {
+        let t0 = Instant::now();
+        // Control plane alone for 10 s: 20 PUT (leases), 10 GET, and the bench's one GET.
+        let base = Window::between(
+            &reading(0.0, &[("GET", 100.0), ("PUT", 50.0)], t0),
+            &reading(0.0, &[("GET", 111.0), ("PUT", 70.0)], t0 + Duration::from_secs(10)),
+            &[],
+        );
+        assert_eq!(base.bench, BTreeMap::from([("GET".to_owned(), 1.0)]));
+        assert_eq!(base.others_rate(), BTreeMap::from([("GET".to_owned(), 1.0), ("PUT".to_owned(), 2.0)]));
+        // An agent for 20 s: 60 requests of its own (30 PATCH, 20 GET, 10 PUT); the bench
+        // creates 5 pods (POST).
+        let w = Window::between(
+            &reading(100.0, &[("GET", 200.0), ("PUT", 100.0), ("PATCH", 0.0)], t0),
+            &reading(
+                160.0,
+                &[("GET", 241.0), ("PUT", 150.0), ("PATCH", 30.0), ("POST", 5.0)],
+                t0 + Duration::from_secs(20),
+            ),
+            &[("POST", 5.0)],
+        );
+        assert!((w.agent_rate() - 3.0).abs() < 1e-9);
+        let est = w.agent_by_verb(Some(&base));
+        assert_eq!(est.len(), 3, "{est:?}");
+        assert!(
+            (est["PATCH"] - 1.5).abs() < 1e-9 && (est["GET"] - 1.0).abs() < 1e-9 && (est["PUT"] - 0.5).abs() < 1e-9
+        );
+        assert_eq!(fmt_verbs(&est), "PATCH 1.50, GET 1.00, PUT 0.500");
+        // Pooled: counts and durations add up.
+        let p = Window::pool([&w, &w]).unwrap();
+        assert!((p.secs - 40.0).abs() < 1e-6 && (p.agent - 120.0).abs() < 1e-9);
+        assert!((p.agent_rate() - 3.0).abs() < 1e-9);
+        assert_eq!(Window::pool(std::iter::empty::<&Window>()), None);
+        // A counter that went back (the server restarted) counts 0, not negative.
+        let back = Window::between(&reading(10.0, &[], t0), &reading(5.0, &[], t0 + Duration::from_secs(1)), &[]);
+        assert!(back.agent.abs() < f64::EPSILON, "{back:?}");
+    }
+
+    #[test]
+    fn rates_format_with_three_digits() {
+        assert_eq!(fmt_rate(0.1234), "0.123");
+        assert_eq!(fmt_rate(3.21), "3.21");
+        assert_eq!(fmt_rate(32.1), "32.1");
+        assert_eq!(fmt_rate(321.0), "321");
+        assert_eq!(fmt_verbs(&BTreeMap::new()), "—");
+    }
+}
