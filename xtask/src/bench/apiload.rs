@@ -10,13 +10,20 @@
 //! The per-agent total is the delta of `apiserver_flowcontrol_dispatched_requests_total`
 //! of those two schemas over the window: exact (a watch counts once, when it starts).
 //!
-//! The split by verb is an estimate: the delta of `apiserver_request_total` by verb over
-//! the window, less the control plane's own rate by verb (a baseline window with no agent
-//! and no bench requests, taken while the runtime's floor is measured straight over CRI)
-//! times the window, less the bench's own requests in the window (which the bench knows:
-//! its pod creates and its one `/metrics` read). `apiserver_request_total` counts a
-//! request when it ends, so a `WATCH` counts when the watch closes; the estimate is
-//! clamped at 0 per verb.
+//! The split by verb (and resource) is an estimate: the delta of `apiserver_request_total`
+//! by verb and resource over the window, less the control plane's own rate of the same
+//! verb and resource (a baseline window with no agent and no bench requests, taken while
+//! the runtime's floor is measured straight over CRI) times the window, less the bench's
+//! own requests in the window (which the bench knows: its pod creates and its one
+//! `/metrics` read), clamped at 0, then summed by verb. `apiserver_request_total` counts
+//! a request when it ends, so a `WATCH` counts when the watch closes (a watch opened in
+//! the window and still open is not there; one the control plane's informers renew falls
+//! anywhere): the estimate's sum need not match the exact total.
+//!
+//! Checked on the test bed's kube-apiserver v1.37.2: with no agent, no request lands in
+//! the node schemas; the bootstrap token's requests (the agent's certificate signing
+//! request, before its node exists) go to `global-default`; the controller-manager's to
+//! `kube-system-service-accounts` and `kube-controller-manager`.
 
 use std::{collections::BTreeMap, time::Instant};
 
@@ -111,8 +118,9 @@ pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample>
 pub struct Counters {
     /// Requests dispatched in the node flow schemas ([`NODE_SCHEMAS`]).
     pub node_requests: f64,
-    /// `apiserver_request_total` summed by verb (every code, resource and component).
-    pub by_verb: BTreeMap<String, f64>,
+    /// `apiserver_request_total` summed by [`request_key`] (every code, group, version,
+    /// scope and component).
+    pub by_request: BTreeMap<String, f64>,
 }
 
 impl Counters {
@@ -121,13 +129,46 @@ impl Counters {
             .filter(|s| s.label("flow_schema").is_some_and(|f| NODE_SCHEMAS.contains(&f)))
             .map(|s| s.value)
             .sum();
-        let mut by_verb = BTreeMap::new();
+        let mut by_request = BTreeMap::new();
         for s in samples(text, "apiserver_request_total") {
-            *by_verb.entry(s.label("verb").unwrap_or("?").to_owned()).or_insert(0.0) += s.value;
+            let key = request_key(
+                s.label("verb").unwrap_or("?"),
+                s.label("resource").unwrap_or_default(),
+                s.label("subresource").unwrap_or_default(),
+            );
+            *by_request.entry(key).or_insert(0.0) += s.value;
         }
-        Self { node_requests, by_verb }
+        Self { node_requests, by_request }
     }
 }
+
+/// `VERB resource[/subresource]`, or `VERB /path` for a non-resource request (the
+/// `subresource` label holds the path then): `PATCH pods/status`, `GET /metrics`.
+pub fn request_key(verb: &str, resource: &str, subresource: &str) -> String {
+    match (resource, subresource) {
+        ("", "") => verb.to_owned(),
+        ("", path) => format!("{verb} {path}"),
+        (r, "") => format!("{verb} {r}"),
+        (r, sub) => format!("{verb} {r}/{sub}"),
+    }
+}
+
+/// The verb of a [`request_key`].
+pub fn verb_of(key: &str) -> &str {
+    key.split_once(' ').map_or(key, |(v, _)| v)
+}
+
+/// Rates by [`request_key`] summed by verb.
+pub fn by_verb(by_request: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (k, r) in by_request {
+        *out.entry(verb_of(k).to_owned()).or_insert(0.0) += r;
+    }
+    out
+}
+
+/// The bench's own `GET /metrics` of kube-apiserver.
+pub const METRICS_READ: &str = "GET /metrics";
 
 /// A reading of the counters and when it was taken.
 #[derive(Debug, Clone)]
@@ -150,32 +191,32 @@ pub struct Window {
     pub secs: f64,
     /// Requests of the node flow schemas: the agent's, exactly.
     pub agent: f64,
-    /// Every request by verb.
-    pub by_verb: BTreeMap<String, f64>,
-    /// The bench's own requests in the window, by verb.
+    /// Every request by [`request_key`].
+    pub by_request: BTreeMap<String, f64>,
+    /// The bench's own requests in the window, by [`request_key`].
     pub bench: BTreeMap<String, f64>,
 }
 
 impl Window {
     /// The window between two readings; `bench`: the bench's own requests between them
-    /// besides the first reading's `GET /metrics` (counted here).
+    /// by [`request_key`], besides the first reading's `GET /metrics` (counted here).
     pub fn between(before: &Reading, after: &Reading, bench: &[(&str, f64)]) -> Self {
         let delta = |a: f64, b: f64| (a - b).max(0.0);
-        let mut by_verb = BTreeMap::new();
-        for (verb, after_n) in &after.counters.by_verb {
-            let n = delta(*after_n, before.counters.by_verb.get(verb).copied().unwrap_or(0.0));
+        let mut by_request = BTreeMap::new();
+        for (key, after_n) in &after.counters.by_request {
+            let n = delta(*after_n, before.counters.by_request.get(key).copied().unwrap_or(0.0));
             if n > 0.0 {
-                by_verb.insert(verb.clone(), n);
+                by_request.insert(key.clone(), n);
             }
         }
-        let mut own = BTreeMap::from([("GET".to_owned(), 1.0)]);
+        let mut own = BTreeMap::from([(METRICS_READ.to_owned(), 1.0)]);
         for (verb, n) in bench {
             *own.entry((*verb).to_owned()).or_insert(0.0) += n;
         }
         Self {
             secs: after.at.duration_since(before.at).as_secs_f64(),
             agent: delta(after.counters.node_requests, before.counters.node_requests),
-            by_verb,
+            by_request,
             bench: own,
         }
     }
@@ -187,8 +228,8 @@ impl Window {
             let o = out.get_or_insert_with(Self::default);
             o.secs += w.secs;
             o.agent += w.agent;
-            for (k, v) in &w.by_verb {
-                *o.by_verb.entry(k.clone()).or_insert(0.0) += v;
+            for (k, v) in &w.by_request {
+                *o.by_request.entry(k.clone()).or_insert(0.0) += v;
             }
             for (k, v) in &w.bench {
                 *o.bench.entry(k.clone()).or_insert(0.0) += v;
@@ -202,10 +243,10 @@ impl Window {
         if self.secs > 0.0 { self.agent / self.secs } else { 0.0 }
     }
 
-    /// Requests a second by verb less the bench's own (the control plane's rate, for a
-    /// window with no agent).
+    /// Requests a second by [`request_key`] less the bench's own (the control plane's
+    /// rate, for a window with no agent).
     pub fn others_rate(&self) -> BTreeMap<String, f64> {
-        self.by_verb
+        self.by_request
             .iter()
             .map(|(v, n)| {
                 let rate = if self.secs > 0.0 {
@@ -218,11 +259,12 @@ impl Window {
             .collect()
     }
 
-    /// The agent's requests a second by verb, estimated (see the module docs) against
-    /// `baseline`, the control plane alone; verbs estimated at 0 are left out.
-    pub fn agent_by_verb(&self, baseline: Option<&Self>) -> BTreeMap<String, f64> {
+    /// The agent's requests a second by [`request_key`], estimated (see the module docs)
+    /// against `baseline`, the control plane alone; those estimated at 0 are left out.
+    /// [`by_verb`] sums them by verb.
+    pub fn agent_by_request(&self, baseline: Option<&Self>) -> BTreeMap<String, f64> {
         let base = baseline.map(Self::others_rate).unwrap_or_default();
-        self.by_verb
+        self.by_request
             .iter()
             .filter_map(|(v, n)| {
                 let own = self.bench.get(v).copied().unwrap_or(0.0);
@@ -246,14 +288,19 @@ pub fn fmt_rate(rate: f64) -> String {
     }
 }
 
-/// `GET 0.10, PATCH 0.20` (verbs in the order of their rate, highest first).
+/// `PATCH 0.20, GET 0.10` (highest rate first).
 pub fn fmt_verbs(by_verb: &BTreeMap<String, f64>) -> String {
-    let mut v: Vec<(&String, &f64)> = by_verb.iter().filter(|(_, r)| **r >= 0.0005).collect();
+    fmt_top(by_verb, usize::MAX)
+}
+
+/// The `n` highest rates of `rates` as `key rate, ...`; `—` for none.
+pub fn fmt_top(rates: &BTreeMap<String, f64>, n: usize) -> String {
+    let mut v: Vec<(&String, &f64)> = rates.iter().filter(|(_, r)| **r >= 0.0005).collect();
     v.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
     if v.is_empty() {
         return "—".to_owned();
     }
-    v.into_iter().map(|(verb, r)| format!("{verb} {}", fmt_rate(*r))).collect::<Vec<_>>().join(", ")
+    v.into_iter().take(n).map(|(key, r)| format!("{key} {}", fmt_rate(*r))).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
@@ -290,20 +337,24 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
     }
 
     #[test]
-    fn counters_take_the_node_schemas_and_sum_by_verb() {
+    fn counters_take_the_node_schemas_and_sum_by_request() {
         let c = Counters::parse(TEXT);
         assert!((c.node_requests - 42.0).abs() < 1e-9, "{c:?}");
+        let keys = |pairs: &[(&str, f64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<BTreeMap<_, _>>();
         assert_eq!(
-            c.by_verb,
-            BTreeMap::from([("GET".to_owned(), 5.0), ("PATCH".to_owned(), 7.0), ("POST".to_owned(), 100.0)])
+            c.by_request,
+            keys(&[("GET /healthz", 1.0), ("PATCH pods/status", 7.0), ("POST pods", 100.0), ("GET nodes", 4.0)])
         );
+        assert_eq!(by_verb(&c.by_request), keys(&[("GET", 5.0), ("PATCH", 7.0), ("POST", 100.0)]));
+        assert_eq!(request_key("WATCH", "", ""), "WATCH");
+        assert_eq!(verb_of("GET /metrics"), "GET");
     }
 
     fn reading(node: f64, verbs: &[(&str, f64)], at: Instant) -> Reading {
         Reading {
             counters: Counters {
                 node_requests: node,
-                by_verb: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
+                by_request: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
             },
             at,
         }
@@ -312,32 +363,52 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
     #[test]
     fn windows_estimate_the_agents_verbs_against_the_baseline() {
         let t0 = Instant::now();
-        // Control plane alone for 10 s: 20 PUT (leases), 10 GET, and the bench's one GET.
+        // Control plane alone for 10 s: 20 PUT and 10 GET of leases, and the bench's one
+        // GET /metrics.
         let base = Window::between(
-            &reading(0.0, &[("GET", 100.0), ("PUT", 50.0)], t0),
-            &reading(0.0, &[("GET", 111.0), ("PUT", 70.0)], t0 + Duration::from_secs(10)),
+            &reading(0.0, &[("GET leases", 100.0), ("PUT leases", 50.0), ("GET /metrics", 3.0)], t0),
+            &reading(
+                0.0,
+                &[("GET leases", 110.0), ("PUT leases", 70.0), ("GET /metrics", 4.0)],
+                t0 + Duration::from_secs(10),
+            ),
             &[],
         );
-        assert_eq!(base.bench, BTreeMap::from([("GET".to_owned(), 1.0)]));
-        assert_eq!(base.others_rate(), BTreeMap::from([("GET".to_owned(), 1.0), ("PUT".to_owned(), 2.0)]));
+        assert_eq!(base.bench, BTreeMap::from([(METRICS_READ.to_owned(), 1.0)]));
+        assert_eq!(
+            base.others_rate(),
+            BTreeMap::from([
+                ("GET /metrics".to_owned(), 0.0),
+                ("GET leases".to_owned(), 1.0),
+                ("PUT leases".to_owned(), 2.0)
+            ])
+        );
         // An agent for 20 s: 60 requests of its own (30 PATCH, 20 GET, 10 PUT); the bench
-        // creates 5 pods (POST).
+        // creates 5 pods (POST) and reads /metrics once.
         let w = Window::between(
-            &reading(100.0, &[("GET", 200.0), ("PUT", 100.0), ("PATCH", 0.0)], t0),
+            &reading(100.0, &[("GET leases", 200.0), ("GET nodes", 0.0), ("PUT leases", 100.0)], t0),
             &reading(
                 160.0,
-                &[("GET", 241.0), ("PUT", 150.0), ("PATCH", 30.0), ("POST", 5.0)],
+                &[
+                    ("GET leases", 220.0),
+                    ("GET nodes", 20.0),
+                    ("GET /metrics", 1.0),
+                    ("PUT leases", 150.0),
+                    ("PATCH pods/status", 30.0),
+                    ("POST pods", 5.0),
+                ],
                 t0 + Duration::from_secs(20),
             ),
-            &[("POST", 5.0)],
+            &[("POST pods", 5.0)],
         );
         assert!((w.agent_rate() - 3.0).abs() < 1e-9);
-        let est = w.agent_by_verb(Some(&base));
+        let est = by_verb(&w.agent_by_request(Some(&base)));
         assert_eq!(est.len(), 3, "{est:?}");
         assert!(
             (est["PATCH"] - 1.5).abs() < 1e-9 && (est["GET"] - 1.0).abs() < 1e-9 && (est["PUT"] - 0.5).abs() < 1e-9
         );
         assert_eq!(fmt_verbs(&est), "PATCH 1.50, GET 1.00, PUT 0.500");
+        assert_eq!(fmt_top(&w.agent_by_request(Some(&base)), 2), "PATCH pods/status 1.50, GET nodes 1.00");
         // Pooled: counts and durations add up.
         let p = Window::pool([&w, &w]).unwrap();
         assert!((p.secs - 40.0).abs() < 1e-6 && (p.agent - 120.0).abs() < 1e-9);

@@ -98,6 +98,8 @@ use crate::{
 pub const MIB: f64 = 1024.0 * 1024.0;
 /// How long to let the agent settle before the idle window.
 const SETTLE: Duration = Duration::from_secs(10);
+/// The shortest baseline window of the control plane's requests.
+const BASELINE_MIN: Duration = Duration::from_secs(30);
 /// How long to wait for a kill to show in the API.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -583,7 +585,7 @@ async fn measure_agent(
         let running = c.wait_running(&names, &sent, timeout).await?;
         if let Some(before) = before {
             let after = apiload::read(rc.metrics).await?;
-            let w = Window::between(&before, &after, &[("POST", size as f64)]);
+            let w = Window::between(&before, &after, &[("POST pods", size as f64)]);
             eprintln!(
                 "bench: {label}: {size}-pod burst, API requests of the agent: {:.0} ({} req/s)",
                 w.agent,
@@ -805,15 +807,20 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
     }
     let mut metrics = binaries.api.client();
     let rounds = args.rounds() as usize;
+    let started = Instant::now();
+    let at = || format!("{:.1} min in", started.elapsed().as_secs_f64() / 60.0);
 
     for round in 1..=rounds {
         session.figures.rounds = round;
         eprintln!();
-        eprintln!("==> bench: round {round}/{rounds}: the runtime's own floor (and the control plane's API baseline)");
+        eprintln!(
+            "==> bench: round {round}/{rounds}: the runtime's own floor (and the control plane's API baseline), {}",
+            at()
+        );
         floor(&mut cri, args, &mut metrics, &mut session.figures).await?;
 
         eprintln!();
-        eprintln!("==> bench: round {round}/{rounds}: swiftlet");
+        eprintln!("==> bench: round {round}/{rounds}: swiftlet, {}", at());
         session.measuring_other = false;
         let Session { cluster, figures, .. } = session;
         let rc = RoundCtx { round, dir: &dir, metrics: &mut metrics };
@@ -839,7 +846,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
                 continue;
             }
             eprintln!();
-            eprintln!("==> bench: round {round}/{rounds}: {}", label_of(&which));
+            eprintln!("==> bench: round {round}/{rounds}: {}, {}", label_of(&which), at());
             // The other agent may fail on the way: its figures so far are kept and the
             // report says where it stopped, swiftlet's stand.
             session.measuring_other = true;
@@ -859,7 +866,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
 
     if args.evictions > 0 {
         eprintln!();
-        eprintln!("==> bench: swiftlet eviction ({} runs)", args.evictions);
+        eprintln!("==> bench: swiftlet eviction ({} runs), {}", args.evictions, at());
         let r = eviction::measure_mode(
             &binaries,
             layout,
@@ -900,13 +907,17 @@ async fn floor(cri: &mut CriClient, args: &AllArgs, metrics: &mut ApiClient, f: 
         eprintln!("bench: the runtime's own {n}-pod burst p99 {}", opt_ms(summary(&b.latencies).map(|s| s.p99)));
         f.add_runtime_burst(b);
     }
+    // A short floor (small bursts) would leave the baseline to a few requests.
+    if let Some(left) = BASELINE_MIN.checked_sub(before.at.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
     let after = apiload::read(metrics).await?;
     let w = Window::between(&before, &after, &[]);
     eprintln!(
         "bench: the control plane alone: {} API requests/s over {:.0} s ({})",
         apiload::fmt_rate(w.others_rate().values().sum()),
         w.secs,
-        apiload::fmt_verbs(&w.others_rate())
+        apiload::fmt_verbs(&apiload::by_verb(&w.others_rate()))
     );
     f.api_baseline.push(w);
     Ok(())

@@ -537,21 +537,30 @@ pub fn verb_rows(f: &Figures) -> Vec<Vec<String>> {
         (format!("in the {}-pod burst", f.swiftlet.api_burst_pods), |a| &a.api_burst),
     ];
     for (what, pick) in kinds {
-        let mut row = vec![what];
-        for a in &agents {
-            row.push(Window::pool(pick(a)).map_or_else(
-                || "—".to_owned(),
-                |w| {
-                    let by_verb = w.agent_by_verb(baseline.as_ref());
-                    format!("{} ({} in all)", apiload::fmt_verbs(&by_verb), apiload::fmt_rate(w.agent_rate()))
-                },
+        let pooled: Vec<Option<Window>> = agents.iter().map(|a| Window::pool(pick(a))).collect();
+        let mut verbs = vec![what];
+        let mut top = vec!["  the most, by verb and resource".to_owned()];
+        for w in &pooled {
+            let Some(w) = w else {
+                verbs.push("—".to_owned());
+                top.push("—".to_owned());
+                continue;
+            };
+            let by_request = w.agent_by_request(baseline.as_ref());
+            verbs.push(format!(
+                "{} ({} in all)",
+                apiload::fmt_verbs(&apiload::by_verb(&by_request)),
+                apiload::fmt_rate(w.agent_rate())
             ));
+            top.push(apiload::fmt_top(&by_request, 4));
         }
-        out.push(row);
+        out.push(verbs);
+        out.push(top);
     }
     if let Some(b) = &baseline {
         let rates: BTreeMap<String, f64> = b.others_rate();
-        let mut row = vec![format!("the control plane alone ({:.0} s)", b.secs), apiload::fmt_verbs(&rates)];
+        let mut row =
+            vec![format!("the control plane alone ({:.0} s)", b.secs), apiload::fmt_verbs(&apiload::by_verb(&rates))];
         row.extend(agents.iter().skip(1).map(|_| "(same)".to_owned()));
         out.push(row);
     }
@@ -764,7 +773,7 @@ mod tests {
         let at = |node, verbs: &[(&str, f64)], t| Reading {
             counters: Counters {
                 node_requests: node,
-                by_verb: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
+                by_request: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
             },
             at: t,
         };
@@ -799,8 +808,12 @@ mod tests {
             exit_api: (1..=20).map(|i| ms(10 + i) * k * k).collect(),
             exit_agent: if label == "swiftlet" { (1..=20).map(|i| ms(5 + i)).collect() } else { vec![] },
             eviction: None,
-            api_idle: vec![window(30, 6.0 * k as f64, &[("GET", 33.0 * k as f64), ("PUT", 30.0)])],
-            api_burst: vec![window(10, 100.0 * k as f64, &[("PATCH", 100.0 * k as f64)])],
+            api_idle: vec![window(
+                30,
+                6.0 * k as f64,
+                &[("GET nodes", 2.0 * k as f64), ("GET /metrics", 1.0), ("PUT leases", 30.0)],
+            )],
+            api_burst: vec![window(10, 100.0 * k as f64, &[("PATCH pods/status", 100.0 * k as f64)])],
             api_burst_pods: 100,
             files: Files {
                 logs: vec![PathBuf::from(format!("target/bench/{label}-round1-agent.log"))],
@@ -838,8 +851,9 @@ mod tests {
                 RuntimeBurst { pods: 30, in_flight: 4, latencies: (1..=30).map(|i| ms(1000 + 10 * i)).collect() },
                 RuntimeBurst { pods: 100, in_flight: 4, latencies: (1..=100).map(|i| ms(25 * i)).collect() },
             ],
-            // The control plane alone: 1 GET and 1 PUT a second (and the bench's GET).
-            api_baseline: vec![window(60, 0.0, &[("GET", 61.0), ("PUT", 60.0)])],
+            // The control plane alone: 1 GET and 1 PUT of leases a second (and the bench's
+            // GET /metrics).
+            api_baseline: vec![window(60, 0.0, &[("GET leases", 60.0), ("GET /metrics", 1.0), ("PUT leases", 60.0)])],
             perf: true,
             swiftlet,
             other: other.map(|k| agent("kubelet", k)),
@@ -972,11 +986,14 @@ mod tests {
     fn api_requests_by_verb_less_the_control_plane_and_the_bench() {
         let f = figures(Some(3));
         let v = verb_rows(&f);
-        // swiftlet at idle: 33 GET − 1 (bench) − 30 (baseline 1/s) = 2 in 30 s; 30 PUT −
-        // 30 = 0; in all 6 in 30 s (APF).
-        assert_eq!(v[0], vec!["at idle, 100 pods", "GET 0.067 (0.200 in all)", "GET 2.27 (0.600 in all)"]);
-        assert_eq!(v[1][1], "PATCH 10.0 (10.0 in all)");
-        assert_eq!(v[2], vec!["the control plane alone (60 s)", "GET 1.00, PUT 1.00", "(same)"]);
+        // swiftlet at idle: 2 GET of its node in 30 s; 30 PUT of leases, all the
+        // control plane's (1 a second); the bench's GET /metrics left out. In all 6 in
+        // 30 s (APF).
+        assert_eq!(v[0], vec!["at idle, 100 pods", "GET 0.067 (0.200 in all)", "GET 0.200 (0.600 in all)"]);
+        assert_eq!(v[1], vec!["  the most, by verb and resource", "GET nodes 0.067", "GET nodes 0.200"]);
+        assert_eq!(v[2][1], "PATCH 10.0 (10.0 in all)");
+        assert_eq!(v[3][2], "PATCH pods/status 30.0");
+        assert_eq!(v[4], vec!["the control plane alone (60 s)", "GET 1.00, PUT 1.00", "(same)"]);
     }
 
     #[test]
