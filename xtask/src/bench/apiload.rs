@@ -15,10 +15,13 @@
 //! verb and resource (a baseline window with no agent and no bench requests, taken while
 //! the runtime's floor is measured straight over CRI) times the window, less the bench's
 //! own requests in the window (which the bench knows: its pod creates and its one
-//! `/metrics` read), clamped at 0, then summed by verb. `apiserver_request_total` counts
-//! a request when it ends, so a `WATCH` counts when the watch closes (a watch opened in
-//! the window and still open is not there; one the control plane's informers renew falls
-//! anywhere): the estimate's sum need not match the exact total.
+//! `/metrics` read), clamped at 0, then summed by verb. Watches are the exception:
+//! `apiserver_request_total` counts a `WATCH` when it ends (the control plane's informers'
+//! watches end at random, the agent's when it stops), so they are left out of it and the
+//! agent's watches are the ones APF started in the node schemas
+//! (`apiserver_flowcontrol_request_execution_seconds_count{type="watch"}`, counted at the
+//! watch's initial stage): exact, but without their resource. The estimate's sum need not
+//! match the exact total.
 //!
 //! Checked on the test bed's kube-apiserver v1.37.2: with no agent, no request lands in
 //! the node schemas; the bootstrap token's requests (the agent's certificate signing
@@ -118,6 +121,9 @@ pub fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = Sample>
 pub struct Counters {
     /// Requests dispatched in the node flow schemas ([`NODE_SCHEMAS`]).
     pub node_requests: f64,
+    /// Watches the node flow schemas started (APF's execution of a watch's initial
+    /// stage, `apiserver_flowcontrol_request_execution_seconds_count{type="watch"}`).
+    pub node_watches: f64,
     /// `apiserver_request_total` summed by [`request_key`] (every code, group, version,
     /// scope and component).
     pub by_request: BTreeMap<String, f64>,
@@ -138,7 +144,12 @@ impl Counters {
             );
             *by_request.entry(key).or_insert(0.0) += s.value;
         }
-        Self { node_requests, by_request }
+        let node_watches = samples(text, "apiserver_flowcontrol_request_execution_seconds_count")
+            .filter(|s| s.label("type") == Some("watch"))
+            .filter(|s| s.label("flow_schema").is_some_and(|f| NODE_SCHEMAS.contains(&f)))
+            .map(|s| s.value)
+            .sum();
+        Self { node_requests, node_watches, by_request }
     }
 }
 
@@ -167,6 +178,10 @@ pub fn by_verb(by_request: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     out
 }
 
+/// The key of the agent's watches, from APF (exact, every resource): a `WATCH` counts in
+/// `apiserver_request_total` only when it ends.
+pub const WATCHES: &str = "WATCH (started, any resource)";
+
 /// The bench's own `GET /metrics` of kube-apiserver.
 pub const METRICS_READ: &str = "GET /metrics";
 
@@ -191,6 +206,8 @@ pub struct Window {
     pub secs: f64,
     /// Requests of the node flow schemas: the agent's, exactly.
     pub agent: f64,
+    /// Watches of the node flow schemas started: the agent's, exactly.
+    pub agent_watches: f64,
     /// Every request by [`request_key`].
     pub by_request: BTreeMap<String, f64>,
     /// The bench's own requests in the window, by [`request_key`].
@@ -216,6 +233,7 @@ impl Window {
         Self {
             secs: after.at.duration_since(before.at).as_secs_f64(),
             agent: delta(after.counters.node_requests, before.counters.node_requests),
+            agent_watches: delta(after.counters.node_watches, before.counters.node_watches),
             by_request,
             bench: own,
         }
@@ -228,6 +246,7 @@ impl Window {
             let o = out.get_or_insert_with(Self::default);
             o.secs += w.secs;
             o.agent += w.agent;
+            o.agent_watches += w.agent_watches;
             for (k, v) in &w.by_request {
                 *o.by_request.entry(k.clone()).or_insert(0.0) += v;
             }
@@ -244,10 +263,11 @@ impl Window {
     }
 
     /// Requests a second by [`request_key`] less the bench's own (the control plane's
-    /// rate, for a window with no agent).
+    /// rate, for a window with no agent); watches left out (counted when they end).
     pub fn others_rate(&self) -> BTreeMap<String, f64> {
         self.by_request
             .iter()
+            .filter(|(v, _)| verb_of(v) != "WATCH")
             .map(|(v, n)| {
                 let rate = if self.secs > 0.0 {
                     (n - self.bench.get(v).copied().unwrap_or(0.0)).max(0.0) / self.secs
@@ -264,14 +284,20 @@ impl Window {
     /// [`by_verb`] sums them by verb.
     pub fn agent_by_request(&self, baseline: Option<&Self>) -> BTreeMap<String, f64> {
         let base = baseline.map(Self::others_rate).unwrap_or_default();
-        self.by_request
+        let mut out: BTreeMap<String, f64> = self
+            .by_request
             .iter()
+            .filter(|(v, _)| verb_of(v) != "WATCH")
             .filter_map(|(v, n)| {
                 let own = self.bench.get(v).copied().unwrap_or(0.0);
                 let rest = n - own - base.get(v).copied().unwrap_or(0.0) * self.secs;
                 (rest > 0.0 && self.secs > 0.0).then(|| (v.clone(), rest / self.secs))
             })
-            .collect()
+            .collect();
+        if self.agent_watches > 0.0 && self.secs > 0.0 {
+            out.insert(WATCHES.to_owned(), self.agent_watches / self.secs);
+        }
+        out
     }
 }
 
@@ -315,6 +341,10 @@ apiserver_flowcontrol_dispatched_requests_total{flow_schema="exempt",priority_le
 apiserver_flowcontrol_dispatched_requests_total{flow_schema="system-node-high",priority_level="node-high"} 40
 apiserver_flowcontrol_dispatched_requests_total{flow_schema="system-nodes",priority_level="system"} 2
 apiserver_flowcontrol_dispatched_requests_total_extra{flow_schema="system-nodes"} 1000
+apiserver_flowcontrol_request_execution_seconds_count{flow_schema="system-nodes",priority_level="system",type="watch"} 9
+apiserver_flowcontrol_request_execution_seconds_count{flow_schema="system-nodes",priority_level="system",type="regular"} 30
+apiserver_flowcontrol_request_execution_seconds_count{flow_schema="exempt",priority_level="exempt",type="watch"} 5
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="WATCH",version="v1"} 3
 apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/healthz",verb="GET",version=""} 1
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="status",verb="PATCH",version="v1"} 7
 apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="pods",scope="namespace",subresource="",verb="POST",version="v1"} 1e+02
@@ -340,12 +370,19 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
     fn counters_take_the_node_schemas_and_sum_by_request() {
         let c = Counters::parse(TEXT);
         assert!((c.node_requests - 42.0).abs() < 1e-9, "{c:?}");
+        assert!((c.node_watches - 9.0).abs() < 1e-9, "{c:?}");
         let keys = |pairs: &[(&str, f64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<BTreeMap<_, _>>();
         assert_eq!(
             c.by_request,
-            keys(&[("GET /healthz", 1.0), ("PATCH pods/status", 7.0), ("POST pods", 100.0), ("GET nodes", 4.0)])
+            keys(&[
+                ("GET /healthz", 1.0),
+                ("PATCH pods/status", 7.0),
+                ("POST pods", 100.0),
+                ("GET nodes", 4.0),
+                ("WATCH pods", 3.0)
+            ])
         );
-        assert_eq!(by_verb(&c.by_request), keys(&[("GET", 5.0), ("PATCH", 7.0), ("POST", 100.0)]));
+        assert_eq!(by_verb(&c.by_request), keys(&[("GET", 5.0), ("PATCH", 7.0), ("POST", 100.0), ("WATCH", 3.0)]));
         assert_eq!(request_key("WATCH", "", ""), "WATCH");
         assert_eq!(verb_of("GET /metrics"), "GET");
     }
@@ -354,6 +391,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
         Reading {
             counters: Counters {
                 node_requests: node,
+                node_watches: node / 10.0,
                 by_request: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
             },
             at,
@@ -396,18 +434,25 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
                     ("PUT leases", 150.0),
                     ("PATCH pods/status", 30.0),
                     ("POST pods", 5.0),
+                    // A watch of the control plane's that ended in the window.
+                    ("WATCH endpoints", 1.0),
                 ],
                 t0 + Duration::from_secs(20),
             ),
             &[("POST pods", 5.0)],
         );
         assert!((w.agent_rate() - 3.0).abs() < 1e-9);
+        // Watches: the 6 the node schemas started (16 − 10 in the readings), not those
+        // that ended.
         let est = by_verb(&w.agent_by_request(Some(&base)));
-        assert_eq!(est.len(), 3, "{est:?}");
+        assert_eq!(est.len(), 4, "{est:?}");
         assert!(
-            (est["PATCH"] - 1.5).abs() < 1e-9 && (est["GET"] - 1.0).abs() < 1e-9 && (est["PUT"] - 0.5).abs() < 1e-9
+            (est["PATCH"] - 1.5).abs() < 1e-9
+                && (est["GET"] - 1.0).abs() < 1e-9
+                && (est["PUT"] - 0.5).abs() < 1e-9
+                && (est["WATCH"] - 0.3).abs() < 1e-9
         );
-        assert_eq!(fmt_verbs(&est), "PATCH 1.50, GET 1.00, PUT 0.500");
+        assert_eq!(fmt_verbs(&est), "PATCH 1.50, GET 1.00, PUT 0.500, WATCH 0.300");
         assert_eq!(fmt_top(&w.agent_by_request(Some(&base)), 2), "PATCH pods/status 1.50, GET nodes 1.00");
         // Pooled: counts and durations add up.
         let p = Window::pool([&w, &w]).unwrap();

@@ -631,8 +631,10 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
         "⁸ kube-apiserver's own /metrics: the agent's requests are those API Priority and Fairness dispatched in \
          the flow schemas system-node-high and system-nodes (apiserver_flowcontrol_dispatched_requests_total; a \
          node's credentials go there and nothing else does: the bench is exempt, the controllers have schemas of \
-         their own); exact. By verb (below): apiserver_request_total's delta by verb, less the control plane's own \
-         rate measured while the runtime's floor ran, less the bench's own requests; an estimate."
+         their own); exact. By verb and resource (below): apiserver_request_total's delta, less the control \
+         plane's own rate of the same verb and resource measured while the runtime's floor ran, less the bench's \
+         own requests; an estimate. Watches: those APF started in the same schemas \
+         (apiserver_flowcontrol_request_execution_seconds_count, type watch), exact."
             .to_owned(),
         "⁹ bench eviction's kernel-signal mode: the bench's own reading of the pods cgroup crossing the threshold \
          until the agent's eviction_decision record; the periodic pass alone (upstream) decides at the next 10 s \
@@ -773,6 +775,7 @@ mod tests {
         let at = |node, verbs: &[(&str, f64)], t| Reading {
             counters: Counters {
                 node_requests: node,
+                node_watches: 0.0,
                 by_request: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
             },
             at: t,
