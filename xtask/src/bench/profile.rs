@@ -46,6 +46,8 @@ impl Perf {
         if !perf_available() {
             return None;
         }
+        // perf would keep an earlier run's file as `<out>.old`: this run's alone is kept.
+        let _ = fs::remove_file(out);
         let log = fs::File::create(format!("{}.log", out.display())).ok();
         let spawned = Command::new("perf")
             .args(perf_args(pid, out))

@@ -777,8 +777,9 @@ async fn end_agent(session: &mut Session, ctx: &Ctx, layout: &Layout) -> Result<
     let Some(label) = session.cluster.as_ref().map(|c| c.agent.label.clone()) else { return Ok(()) };
     let ended = eviction::end_cluster(&mut session.cluster, ctx, layout).await;
     let f = &mut session.figures;
-    let figures = if f.other.as_ref().is_some_and(|o| o.label == label) {
-        f.other.as_mut()
+    // By the agent being measured: another build of swiftlet has swiftlet's label.
+    let figures = if session.measuring_other {
+        f.other.as_mut().filter(|o| o.label == label)
     } else {
         (f.swiftlet.label == label).then_some(&mut f.swiftlet)
     };
