@@ -55,8 +55,8 @@ use crate::{Ctx, testbed::Layout};
 pub enum BenchCmd {
     /// Everything with a target in one table (what `cargo xtask bench` alone runs): pod
     /// start-up, exit detection, idle cost, scrape cost, eviction; swiftlet and
-    /// `--other-agent`, in alternating rounds. About 7 minutes for swiftlet alone, 18 with
-    /// another agent (2 rounds); needs the machine and the test bed to itself.
+    /// `--other-agent`, in alternating rounds. About 7 minutes for swiftlet alone, 14 with
+    /// the upstream kubelet (2 rounds of about 6); needs the machine and the test bed to itself.
     All(AllArgs),
     /// PLEG latency (kill → pod worker → pod status), CPU per event, idle CPU and RSS with
     /// many pods: evented vs relist. Takes about 12 minutes; needs the machine and the test bed to itself.
