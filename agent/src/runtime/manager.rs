@@ -194,19 +194,30 @@ fn find_next_init_container<'a>(
 
 /// Upstream `podSandboxChanged`: (create a new sandbox?, attempt, current sandbox id).
 fn pod_sandbox_changed(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String) {
-    let Some(latest) = status.sandboxes.first() else { return (true, 0, String::new()) };
+    let (changed, attempt, id, _) = pod_sandbox_changed_why(spec, status);
+    (changed, attempt, id)
+}
+
+/// Upstream `PodSandboxChanged` with its reason: the message of the
+/// `PodReadyToStartContainers` condition when a new sandbox is needed (upstream
+/// `kubetypes.PodSandboxNotReadyMsg*`), empty when not.
+pub(crate) fn pod_sandbox_changed_why(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String, &'static str) {
+    let Some(latest) = status.sandboxes.first() else { return (true, 0, String::new(), "no pod sandbox exists") };
     let ready = status.sandboxes.iter().filter(|s| s.ready).count();
     let next = latest.attempt + 1;
-    if ready > 1 || !latest.ready {
-        return (true, next, latest.id.clone());
+    if ready > 1 {
+        return (true, next, latest.id.clone(), "multiple pod sandboxes are ready and need to be reconciled");
+    }
+    if !latest.ready {
+        return (true, next, latest.id.clone(), "pod sandbox is not ready");
     }
     if latest.host_network != is_host_network(spec) {
-        return (true, next, latest.id.clone());
+        return (true, next, latest.id.clone(), "network namespace mode changed and sandbox needs to be recreated");
     }
     if !is_host_network(spec) && latest.ips.is_empty() {
-        return (true, next, latest.id.clone());
+        return (true, next, latest.id.clone(), "pod sandbox has no IP address");
     }
-    (false, latest.attempt, latest.id.clone())
+    (false, latest.attempt, latest.id.clone(), "")
 }
 
 /// Upstream `computePodActions`.
@@ -781,6 +792,15 @@ impl RuntimeManager {
                 return result;
             }
         };
+        // Upstream generates the sandbox config again before it starts any container
+        // (`lazyStart`), in back-off too, and its DNS warnings with it: a new pod gets
+        // `MissingClusterDNS` twice, and once more each sync that has a container to start.
+        let starts_any = actions.next_init_container.is_some()
+            || !actions.containers_to_start.is_empty()
+            || !actions.ephemeral_containers_to_start.is_empty();
+        if starts_any {
+            let _ = self.sandbox_config_recording(pod, actions.attempt, true);
+        }
         let mut pod_ips = status.ips().to_vec();
         if actions.create_sandbox {
             result.touched_runtime = true;
@@ -1104,7 +1124,9 @@ impl RuntimeManager {
                 &container.name,
                 EventType::Normal,
                 "Created",
-                format!("Created container {}", container.name),
+                // Upstream's message since 1.34 (kuberuntime_container.go); the event's
+                // involved object names the container.
+                "Container created".to_owned(),
             );
             let started = self.rt.start_container(&id).await;
             if started.is_ok() {
@@ -1118,13 +1140,7 @@ impl RuntimeManager {
             }
         };
         let id = self.container_gate.run("CreateContainer+StartContainer", create_and_start).await?;
-        self.container_event(
-            pod,
-            &container.name,
-            EventType::Normal,
-            "Started",
-            format!("Started container {}", container.name),
-        );
+        self.container_event(pod, &container.name, EventType::Normal, "Started", "Container started".to_owned());
         tracing::info!(pod = %pod_full_name(pod), container = %container.name, id = %id, restart_count, "started container");
         if let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
             use crate::lifecycle::hooks;
@@ -1164,8 +1180,8 @@ impl RuntimeManager {
         self.sandbox_config_recording(pod, attempt, false)
     }
 
-    /// [`Self::sandbox_config`], recording the DNS warnings as events when `record` (only
-    /// when a sandbox is created, so that a resync does not repeat them).
+    /// [`Self::sandbox_config`], recording the DNS warnings as events when `record` (when
+    /// a sandbox is created and before containers are started, as upstream).
     fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, record: bool) -> Result<api::PodSandboxConfig> {
         let spec = pod.spec.as_ref().ok_or_else(|| Error::Invalid(no_spec(pod)))?;
         let host_network = is_host_network(spec);

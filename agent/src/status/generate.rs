@@ -34,7 +34,7 @@ pub struct StatusInputs<'a> {
     pub probes: Option<&'a crate::prober::ProbeManager>,
 }
 
-fn time(t: SystemTime) -> Time {
+pub(crate) fn time(t: SystemTime) -> Time {
     // Kubernetes timestamps have second precision on the wire (metav1.Time).
     let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
     Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
@@ -369,8 +369,14 @@ fn containers_ready_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &s
         spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)).cloned().collect();
     let (_, nr) = not_ready_names(all, &restartable, true);
     not_ready.extend(nr);
-    if phase == "Succeeded" {
+    // Terminal phases: upstream `generateContainersReadyConditionForTerminalPhase` (a
+    // succeeded pod only when every container is known; a failed one always, its
+    // containers may still be terminating).
+    if phase == "Succeeded" && unknown.is_empty() {
         return condition("ContainersReady", false, Some("PodCompleted"), None);
+    }
+    if phase == "Failed" {
+        return condition("ContainersReady", false, Some("PodFailed"), None);
     }
     let mut msgs = Vec::new();
     if !unknown.is_empty() {
@@ -389,7 +395,8 @@ fn containers_ready_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &s
 fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -> PodCondition {
     let inits = spec.init_containers.as_deref().unwrap_or_default();
     if inits.is_empty() {
-        return condition("Initialized", true, None, None);
+        let reason = (phase == "Succeeded").then_some("PodCompleted");
+        return condition("Initialized", true, reason, None);
     }
     let mut unknown = Vec::new();
     let mut incomplete = Vec::new();
@@ -413,7 +420,10 @@ fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -
         .containers
         .iter()
         .any(|c| all.iter().any(|s| s.name == c.name && s.state.as_ref().is_some_and(|x| x.waiting.is_none())));
-    if phase == "Succeeded" || app_started || (unknown.is_empty() && incomplete.is_empty()) {
+    if phase == "Succeeded" && unknown.is_empty() {
+        return condition("Initialized", true, Some("PodCompleted"), None);
+    }
+    if app_started || (unknown.is_empty() && incomplete.is_empty()) {
         return condition("Initialized", true, None, None);
     }
     let mut msgs = Vec::new();
@@ -477,9 +487,14 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     }
     s.phase = Some(phase.clone());
 
-    let sandbox_ready =
-        rt.sandboxes.first().is_some_and(|sb| sb.ready) && (spec.host_network.unwrap_or(false) || !rt.ips().is_empty());
-    let mut conds = vec![condition("PodReadyToStartContainers", sandbox_ready, None, None)];
+    // Upstream `GeneratePodReadyToStartContainersCondition`: true unless the pod needs a
+    // new sandbox, and then why.
+    let (new_sandbox, _, _, why) = crate::runtime::manager::pod_sandbox_changed_why(spec, rt);
+    let mut conds = vec![if new_sandbox {
+        condition("PodReadyToStartContainers", false, Some("PodSandboxNotReady"), Some(why.to_owned()))
+    } else {
+        condition("PodReadyToStartContainers", true, None, None)
+    }];
     conds.push(initialized_condition(spec, &all, &phase));
     let cr = containers_ready_condition(spec, &all, &phase);
     let ready = PodCondition { type_: "Ready".into(), ..cr.clone() };
@@ -803,5 +818,60 @@ mod tests {
         // Transition times are kept while nothing flips.
         let again = generate_api_pod_status(&p, &rt, &StatusInputs { old: Some(&s), ..inputs });
         assert_eq!(again.conditions, s.conditions);
+    }
+
+    fn cond<'a>(s: &'a PodStatus, type_: &str) -> (&'a str, Option<&'a str>, Option<&'a str>) {
+        let c = s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == type_).unwrap();
+        (c.status.as_str(), c.reason.as_deref(), c.message.as_deref())
+    }
+
+    /// Found by `cargo xtask fidelity` against the upstream kubelet v1.37.2 (oom-kill,
+    /// init-failure, kill-never): a failed pod's `Ready` and `ContainersReady` say `PodFailed`,
+    /// and with its sandbox stopped `PodReadyToStartContainers` says why.
+    #[test]
+    fn terminal_pods_carry_upstreams_condition_reasons() {
+        let failures = HashMap::new();
+        let mut p = pod("Never");
+        let mut rt = rt_status(vec![rc("a", ContainerState::Exited, 137, 0, 1)]);
+        rt.sandboxes[0].ready = false;
+        let s = generate_api_pod_status(&p, &rt, &inputs(&failures, None));
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(cond(&s, "Ready"), ("False", Some("PodFailed"), None));
+        assert_eq!(cond(&s, "ContainersReady"), ("False", Some("PodFailed"), None));
+        assert_eq!(
+            cond(&s, "PodReadyToStartContainers"),
+            ("False", Some("PodSandboxNotReady"), Some("pod sandbox is not ready"))
+        );
+        assert_eq!(cond(&s, "Initialized"), ("True", None, None));
+
+        let rt = rt_status(vec![rc("a", ContainerState::Exited, 0, 0, 1)]);
+        let s = generate_api_pod_status(&p, &rt, &inputs(&failures, None));
+        assert_eq!(s.phase.as_deref(), Some("Succeeded"));
+        assert_eq!(cond(&s, "Ready"), ("False", Some("PodCompleted"), None));
+        assert_eq!(cond(&s, "Initialized"), ("True", Some("PodCompleted"), None));
+
+        // No sandbox yet, several ready ones, one without an address.
+        let s = generate_api_pod_status(&p, &RuntimePodStatus::default(), &inputs(&failures, None));
+        assert_eq!(
+            cond(&s, "PodReadyToStartContainers"),
+            ("False", Some("PodSandboxNotReady"), Some("no pod sandbox exists"))
+        );
+        let mut two = rt_status(vec![]);
+        two.sandboxes.push(two.sandboxes[0].clone());
+        let s = generate_api_pod_status(&p, &two, &inputs(&failures, None));
+        assert_eq!(
+            cond(&s, "PodReadyToStartContainers").2,
+            Some("multiple pod sandboxes are ready and need to be reconciled")
+        );
+        let mut no_ip = rt_status(vec![]);
+        no_ip.sandboxes[0].ips.clear();
+        let s = generate_api_pod_status(&p, &no_ip, &inputs(&failures, None));
+        assert_eq!(cond(&s, "PodReadyToStartContainers").2, Some("pod sandbox has no IP address"));
+        p.spec.as_mut().unwrap().host_network = Some(true);
+        let s = generate_api_pod_status(&p, &no_ip, &inputs(&failures, None));
+        assert_eq!(
+            cond(&s, "PodReadyToStartContainers").2,
+            Some("network namespace mode changed and sandbox needs to be recreated")
+        );
     }
 }
