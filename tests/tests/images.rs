@@ -110,9 +110,8 @@ async fn pull_policies_against_a_real_registry() -> Result<()> {
     agent.wait_pod("present", Duration::from_mins(1), running).await?;
     let events = events_of(&agent, "present").await?;
     assert!(
-        events
-            .iter()
-            .any(|(r, m)| r == "Pulled" && m == &format!("Container image \"{image}\" already present on machine")),
+        events.iter().any(|(r, m)| r == "Pulled"
+            && m == &format!("Container image \"{image}\" already present on machine and can be accessed by the pod")),
         "{events:?}"
     );
     assert!(!events.iter().any(|(r, _)| r == "Pulling"), "no pull: {events:?}");

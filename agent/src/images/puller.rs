@@ -817,6 +817,9 @@ pub struct ImageManager {
     rt: Arc<dyn RuntimeService>,
     puller: Puller,
     backoff: Mutex<PullBackoff>,
+    /// The last failed pull's `reason: message` per back-off key (upstream
+    /// `prevPullErrMsg`): the `ImagePullBackOff` status message carries it.
+    prev_pull_error: Mutex<HashMap<String, String>>,
     metrics: Arc<KubeletMetrics>,
     recorder: Option<Arc<dyn EventRecorder>>,
     startup: Option<Arc<PodStartupTracker>>,
@@ -833,6 +836,7 @@ impl ImageManager {
             rt,
             puller: Puller::new(service, &cfg),
             backoff: Mutex::new(PullBackoff::new(BACKOFF_INITIAL, BACKOFF_MAX)),
+            prev_pull_error: Mutex::default(),
             metrics,
             recorder: None,
             startup: None,
@@ -895,7 +899,11 @@ impl ImageManager {
                 }
             };
             if let Some(status) = present {
-                let msg = format!("Container image {requested:?} already present on machine");
+                // Upstream's message when its pull manager finds the pod may use the image
+                // (KubeletEnsureSecretPulledImages, on by default): swiftlet does not
+                // re-verify credentials for present images (see the README's limitations).
+                let msg =
+                    format!("Container image {requested:?} already present on machine and can be accessed by the pod");
                 self.event(pod, container, EventType::Normal, events::PULLED_IMAGE, msg);
                 // Another pod may have pulled it while this one was waiting for its pull.
                 if let Some(t) = &self.startup {
@@ -915,8 +923,14 @@ impl ImageManager {
         if let Some(remaining) = remaining {
             let msg = format!("Back-off pulling image {requested:?}");
             self.event(pod, container, EventType::Normal, events::BACK_OFF_PULL_IMAGE, msg.clone());
+            // The status says why (the event does not), as upstream.
+            let msg = match self.prev_pull_error.lock().unwrap().get(&key) {
+                Some(prev) => format!("{msg}: {prev}"),
+                None => msg,
+            };
             return Err(PullError::new(reasons::IMAGE_PULL_BACK_OFF, msg, Some(remaining)));
         }
+        self.prev_pull_error.lock().unwrap().remove(&key);
         if let Some(t) = &self.startup {
             t.image_started_pulling(uid);
         }
@@ -936,6 +950,7 @@ impl ImageManager {
                 );
                 let delay = self.backoff.lock().unwrap().next(&key, Instant::now());
                 let (reason, msg) = eval_pull_error(requested, &error);
+                self.prev_pull_error.lock().unwrap().insert(key, format!("{reason}: {msg}"));
                 Err(PullError::new(reason, msg, Some(delay)))
             }
             Ok(pulled) => {
@@ -969,6 +984,7 @@ impl ImageManager {
     pub fn forget_pod(&self, uid: &str) {
         let prefix = format!("{uid}_");
         self.backoff.lock().unwrap().entries.retain(|k, _| !k.starts_with(&prefix));
+        self.prev_pull_error.lock().unwrap().retain(|k, _| !k.starts_with(&prefix));
     }
 
     /// Drops back-off entries not updated for 10 min (housekeeping; a successful pull
@@ -1200,9 +1216,20 @@ mod tests {
         assert_eq!(h.ensure("u1", "tool", Some("IfNotPresent")).await.unwrap(), "sha256:tool");
         assert!(h.rt.pull_calls().is_empty());
         // The recorder folds the second, identical event into the first.
-        let present = event("Normal", "Pulled", "Container image \"img:1\" already present on machine");
+        let present = event(
+            "Normal",
+            "Pulled",
+            "Container image \"img:1\" already present on machine and can be accessed by the pod",
+        );
         assert_eq!(h.events()[0], present);
-        assert_eq!(h.events()[1], event("Normal", "Pulled", "Container image \"tool\" already present on machine"));
+        assert_eq!(
+            h.events()[1],
+            event(
+                "Normal",
+                "Pulled",
+                "Container image \"tool\" already present on machine and can be accessed by the pod"
+            )
+        );
     }
 
     #[tokio::test]
@@ -1282,10 +1309,12 @@ mod tests {
             let delay = e.retry_after.unwrap();
             delays.push(delay.as_secs());
             let b = h.ensure("u1", "img:1", Some("Always")).await.unwrap_err();
-            let backoff = "Back-off pulling image \"img:1\"";
+            // The status carries the pull's error (upstream `prevPullErrMsg`); the event
+            // below does not.
+            let backoff = format!("Back-off pulling image \"img:1\": ErrImagePull: {pull_error}");
             assert_eq!(
                 b,
-                PullError { reason: reasons::IMAGE_PULL_BACK_OFF, message: backoff.into(), retry_after: Some(delay) }
+                PullError { reason: reasons::IMAGE_PULL_BACK_OFF, message: backoff, retry_after: Some(delay) }
             );
             tokio::time::advance(delay.checked_sub(Duration::from_secs(1)).unwrap()).await;
             let b = h.ensure("u1", "img:1", Some("Always")).await.unwrap_err();
