@@ -251,6 +251,7 @@ impl PodWorkers {
             workers: self.clone(),
             first_seen: SystemTime::now(),
             started_once: false,
+            last_sync_failed: false,
             seen_started: HashSet::new(),
         };
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
@@ -344,6 +345,9 @@ impl PodWorkers {
     }
 }
 
+// Four independent facts of one worker (desired, restart requested, started once, last
+// sync failed), not a state that an enum would say better.
+#[allow(clippy::struct_excessive_bools)]
 struct Worker {
     uid: String,
     pod: Option<Pod>,
@@ -360,6 +364,11 @@ struct Worker {
     /// The sandboxes and containers that the status last computed while syncing shows
     /// started (running or exited): a PLEG start of one of them is no news.
     seen_started: HashSet<String>,
+    /// The last sync failed (an image pull, a start in back-off): a PLEG event of the
+    /// pod is then always a reason to sync again, as upstream, so that the status moves
+    /// on to `ImagePullBackOff` or `CrashLoopBackOff` at the next event rather than at
+    /// the next requeue.
+    last_sync_failed: bool,
 }
 
 /// Combines two pending work items: a kill wins, then create, update, sync.
@@ -478,6 +487,7 @@ impl Worker {
                 && matches!(kind, WorkType::Sync)
                 && self.state == WorkerState::Syncing
                 && self.started_once
+                && !self.last_sync_failed
             {
                 tracing::trace!("PLEG start already in the pod's status: no sync");
                 continue;
@@ -793,8 +803,13 @@ impl Worker {
             // (rt_status's were noted above.)
             self.note_started(after);
         }
+        self.last_sync_failed = !result.errors.is_empty();
         let resync = resync_after(self.deps.sync_frequency);
+        // A failed sync comes back within upstream's `backOffPeriod` even when the back-off
+        // it ran into is longer: a sync in back-off shows `ImagePullBackOff` or
+        // `CrashLoopBackOff` (and its event) again, as upstream's requeue does.
         match result.requeue_after {
+            Some(r) if !result.errors.is_empty() => r.min(ERROR_REQUEUE).min(resync),
             Some(r) => r.min(resync),
             None if !result.errors.is_empty() => ERROR_REQUEUE.min(resync),
             None => resync,
@@ -1293,6 +1308,58 @@ mod tests {
         let status = e.status.get("u3").unwrap();
         let c = &status.container_statuses.unwrap()[0];
         assert_eq!(c.restart_count, 5);
+        e.stop.cancel();
+    }
+
+    /// Found by `cargo xtask fidelity` against the upstream kubelet: after a failed pull the
+    /// next PLEG event of the pod (its sandbox's start) syncs it again, and the status
+    /// shows `ImagePullBackOff` with the pull's error, as upstream, instead of
+    /// `ErrImagePull` until the back-off ran out; and the failed sync comes back within
+    /// 10 s (upstream's requeue), not at the end of a longer back-off.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_pull_is_followed_by_its_back_off_in_the_status() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        e.rt.set_pull_hook(|image, _| {
+            let image = image.to_owned();
+            Box::pin(async move {
+                Err(crate::runtime::Error::Rpc {
+                    operation: "pull_image",
+                    status: tonic::Status::not_found(format!("{image}: not found")),
+                })
+            })
+        });
+        let mut p = pod("u5", "pull", "Always", false);
+        p.spec.as_mut().unwrap().containers[0].image = Some("absent:1".into());
+        p.spec.as_mut().unwrap().containers[0].image_pull_policy = Some("Always".into());
+        let waiting = || {
+            e.status
+                .get("u5")
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| c.state.and_then(|s| s.waiting))
+                .map(|w| (w.reason.unwrap_or_default(), w.message.unwrap_or_default()))
+        };
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        while waiting().is_none_or(|(r, _)| r != "ErrImagePull") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pulls = || e.rt.calls().iter().filter(|c| *c == "pull_image").count();
+        assert_eq!(pulls(), 1);
+        // The sandbox's start, as the PLEG reports it: the agent's own start (no news
+        // after a sync that went well), but the last sync failed.
+        let id = crate::runtime::RuntimeService::list_pod_sandbox(e.rt.as_ref(), None).await.unwrap()[0].id.clone();
+        e.workers.container_started(p.clone(), id);
+        let sent = tokio::time::Instant::now();
+        while waiting().is_none_or(|(r, _)| r != "ImagePullBackOff") && sent.elapsed() < Duration::from_secs(1) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (reason, message) = waiting().unwrap();
+        assert_eq!(reason, "ImagePullBackOff", "the PLEG event synced the pod at once");
+        assert_eq!(
+            message,
+            "Back-off pulling image \"absent:1\": ErrImagePull: rpc error: code = NotFound desc = absent:1: not found"
+        );
+        assert_eq!(pulls(), 1, "no pull while in back-off");
         e.stop.cancel();
     }
 }
