@@ -297,6 +297,9 @@ impl SyncLoop {
                         phase: Some("Failed".into()),
                         reason: Some(r.reason),
                         message: Some(format!("Pod was rejected: {}", r.message)),
+                        // Upstream's status manager gives every status it sets a start
+                        // time, a rejected pod's too.
+                        start_time: Some(crate::status::generate::time(std::time::SystemTime::now())),
                         ..Default::default()
                     },
                 );
@@ -758,6 +761,9 @@ mod tests {
         let reason = |uid: &str| e.sync_loop.status.get(uid).and_then(|s| s.reason);
         assert_eq!(reason("first"), None, "the first pod is admitted");
         assert_eq!(reason("second").as_deref(), Some("OutOfcpu"));
+        // As upstream's status manager, the rejected pod's status has a start time
+        // (found by `cargo xtask fidelity`, admission-out-of-cpu).
+        assert!(e.sync_loop.status.get("second").and_then(|s| s.start_time).is_some());
         assert!(e.sync_loop.workers.known_uids().contains("first"));
     }
 

@@ -415,7 +415,11 @@ impl NodeManager {
 
     async fn runtime_version(&self) -> String {
         match self.rt.version().await {
-            Ok(v) => format!("{}://{}", v.runtime_name, v.runtime_version),
+            Ok(v) => format!(
+                "{}://{}",
+                v.runtime_name,
+                go_runtime_version(&v.runtime_version).unwrap_or_else(|| "Unknown".to_owned())
+            ),
             Err(_) => String::new(),
         }
     }
@@ -704,6 +708,73 @@ fn same_status(a: &NodeStatus, b: &NodeStatus) -> bool {
     strip(a) == strip(b)
 }
 
+/// The runtime's version as the upstream kubelet prints it (`newRuntimeVersion`: Go's
+/// `version.ParseSemantic`, else `ParseGeneric`, then `String()`): Debian's containerd
+/// says `1.6.20~ds1`, which is no semantic version, so the node shows `1.6.20`. `None`
+/// when neither parses (upstream then says `Unknown`).
+fn go_runtime_version(s: &str) -> Option<String> {
+    let s = s.trim_start();
+    let s = s.strip_prefix('v').unwrap_or(s);
+    // `[0-9]+(\.[0-9]+)*`, greedy; the rest is the "extra".
+    let bytes = s.as_bytes();
+    let mut end = 0;
+    loop {
+        let start = end;
+        while end < bytes.len() && bytes[end].is_ascii_digit() {
+            end += 1;
+        }
+        if end == start {
+            if start == 0 {
+                return None;
+            }
+            end = start - 1; // the '.' that no digit followed belongs to the extra
+            break;
+        }
+        if end + 1 < bytes.len() && bytes[end] == b'.' && bytes[end + 1].is_ascii_digit() {
+            end += 1;
+        } else {
+            break;
+        }
+    }
+    let (numbers, extra) = s.split_at(end);
+    let components: Vec<&str> = numbers.split('.').collect();
+    let zero_prefixed = |c: &str| c.starts_with('0') && c != "0";
+    let parsed: Option<Vec<u64>> = components.iter().map(|c| c.parse().ok()).collect();
+    let parsed = parsed?;
+    let joined = parsed.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
+    // Semantic: three components, none zero-prefixed, an extra of `-pre` and `+build`.
+    if components.len() == 3 && !components.iter().any(|c| zero_prefixed(c)) {
+        let ident_list = |t: &str| {
+            !t.is_empty()
+                && t.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        };
+        let rest = extra.trim_end();
+        let (pre, build) = match rest.split_once('+') {
+            Some((a, b)) => (a, Some(b)),
+            None => (rest, None),
+        };
+        let pre = if pre.is_empty() { Some("") } else { pre.strip_prefix('-').filter(|p| ident_list(p)) };
+        let build_ok = build.is_none_or(ident_list);
+        if let Some(pre) = pre
+            && build_ok
+            && !pre.split('.').any(|c| c.bytes().all(|b| b.is_ascii_digit()) && zero_prefixed(c))
+        {
+            let mut out = joined;
+            if !pre.is_empty() {
+                out.push('-');
+                out.push_str(pre);
+            }
+            if let Some(b) = build {
+                out.push('+');
+                out.push_str(b);
+            }
+            return Some(out);
+        }
+    }
+    // Generic: at least two components, the first not zero-prefixed; the extra ignored.
+    (components.len() >= 2 && !zero_prefixed(components[0])).then_some(joined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,6 +799,23 @@ mod tests {
             lease_duration_secs: 40,
             kubelet_version: "v1.37.0".into(),
         }
+    }
+
+    /// Found by `cargo xtask fidelity`: the upstream kubelet v1.37.2 shows Debian's
+    /// containerd `1.6.20~ds1` as `containerd://1.6.20`.
+    #[test]
+    fn runtime_versions_print_as_go_parses_them() {
+        assert_eq!(go_runtime_version("1.6.20~ds1").as_deref(), Some("1.6.20"));
+        assert_eq!(go_runtime_version("v1.7.0-rc.1+abc.2").as_deref(), Some("1.7.0-rc.1+abc.2"));
+        assert_eq!(go_runtime_version("2.1.4").as_deref(), Some("2.1.4"));
+        assert_eq!(go_runtime_version("1.28").as_deref(), Some("1.28"));
+        assert_eq!(go_runtime_version("1.2.3.4-x").as_deref(), Some("1.2.3.4"));
+        assert_eq!(go_runtime_version("1.02.3").as_deref(), Some("1.2.3"), "generic allows it after the first");
+        assert_eq!(go_runtime_version("01.2"), None);
+        assert_eq!(go_runtime_version("7"), None);
+        assert_eq!(go_runtime_version("unknown"), None);
+        assert_eq!(go_runtime_version("1.2.3-01"), Some("1.2.3".to_owned()), "semver refuses; generic drops the extra");
+        assert_eq!(go_runtime_version("1."), None);
     }
 
     #[tokio::test]
