@@ -17,6 +17,8 @@
 //! - `bench scrape`: wall time and agent CPU per scrape of each metrics endpoint.
 //! - `bench eviction`: memory threshold crossed → eviction decision, kernel signals vs
 //!   the 10 s pass.
+//! - `fidelity [--fast]`: the same scenarios on swiftlet and on the upstream kubelet, and
+//!   the diff of what the API shows of them (see `fidelity`).
 //! - `chaos <scenario>`: long fault scenarios (`churn`: 1,000 pods created and deleted),
 //!   figures printed (never in CI; the fault matrix's tests run them smaller).
 //! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/`; `fuzz --minimize`
@@ -33,6 +35,7 @@ mod cluster;
 mod containerd;
 mod cri;
 mod demo;
+mod fidelity;
 mod fuzz;
 mod images;
 mod registry;
@@ -103,6 +106,10 @@ enum Cmd {
         #[command(flatten)]
         all: bench::AllArgs,
     },
+    /// The same scenarios on swiftlet and on the upstream kubelet, joined in turn to the test
+    /// bed's real control plane, and the diff of what the API shows (fails on any
+    /// difference the README does not document).
+    Fidelity(fidelity::FidelityArgs),
     /// Long fault scenarios against the test bed, at full size; they print figures and
     /// fail when their checks do (never run in CI).
     Chaos(chaos::ChaosArgs),
@@ -222,6 +229,7 @@ async fn main() -> ExitCode {
         Cmd::Demo { cluster } => demo::run(&ctx, &layout, cluster).await,
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
         Cmd::Chaos(args) => chaos::run(&ctx, &layout, &args),
+        Cmd::Fidelity(args) => fidelity::run(&ctx, &layout, &args).await,
         Cmd::Fuzz { time, targets, minimize } => {
             if minimize {
                 fuzz::minimize(&ctx, &targets)

@@ -1,0 +1,624 @@
+//! `cargo xtask fidelity`: does a node run by swiftlet look exactly like a kubelet node
+//! from the API? The same scenarios ([`scenarios`]) run on swiftlet and on the upstream
+//! kubelet (`target/upstream/kubelet`, v1.37.2), each joined in turn as a node of its own
+//! to the test bed's real control plane, on the test bed's containerd; what the API then
+//! shows of each scenario's pod (phase, conditions and their reasons, container states,
+//! exit codes, restart counts, the events about it) and of the node (conditions, what it
+//! reports of itself) is reduced to normalized facts ([`observe`]) and diffed. Every
+//! difference is either one of [`documented::DOCUMENTED`], with its reason, or a failure.
+//!
+//! Per agent, every selected scenario's pod is created at once (pods bound to the node,
+//! as the scheduler binds them, in a namespace of the run's own); the runner polls the API
+//! every 250 ms, acts on each pod once its container runs (a SIGKILL from the host, a
+//! graceful delete, a `ConfigMap` update) and takes the scenario's facts when its outcome is
+//! there or its timeout has passed (then the fact `outcome` says `timed out`, which is a
+//! difference if the other agent got there). The node-pressure eviction runs on a node of
+//! its own whose `memory.available` threshold is set below what is available at its start.
+//!
+//! `--fast` (CI) runs the scenarios that end within 40 s: about 2 minutes for both agents.
+//! The report goes to stdout and `target/fidelity/report.md`, the facts of each agent to
+//! `target/fidelity/<agent>.json`, the agents' logs beside them.
+
+mod documented;
+mod observe;
+mod scenarios;
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use serde_json::{Value, json};
+
+use self::{
+    observe::{Difference, Facts, Normalizer},
+    scenarios::{Action, Scenario},
+};
+use crate::{
+    Ctx, apt,
+    bench::{
+        self,
+        agent::{self, BenchAgent, PlegMode},
+        apiserver::{ApiClient, ApiServer},
+        cluster::Cluster,
+    },
+    containerd,
+    cri::CriClient,
+    registry, testbed,
+    testbed::{Layout, State},
+    upstream::Upstream,
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FidelityArgs {
+    /// Only the scenarios that end within 40 s (what CI runs).
+    #[arg(long)]
+    pub fast: bool,
+    /// Only the scenarios whose name contains this (repeatable).
+    #[arg(long = "scenario")]
+    pub scenarios: Vec<String>,
+    /// The swiftlet binary (default: a debug build of the workspace's).
+    #[arg(long)]
+    pub swiftlet_bin: Option<PathBuf>,
+    /// Leave the test bed up at the end even if it was down before.
+    #[arg(long)]
+    pub keep_testbed: bool,
+}
+
+/// The two agents compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    Swiftlet,
+    Kubelet,
+}
+
+impl Which {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Swiftlet => "swiftlet",
+            Self::Kubelet => "kubelet",
+        }
+    }
+}
+
+/// What one agent's run showed: per scenario its facts, and the facts of each of its
+/// nodes (`node`, `node pressure`).
+#[derive(Debug, Default, Clone)]
+struct AgentRun {
+    facts: BTreeMap<String, Facts>,
+}
+
+pub async fn run(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()> {
+    testbed::require_root()?;
+    let _lock = bench::testbed_lock(layout)?;
+    let bed_was_up =
+        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let started = Instant::now();
+    let outcome = fidelity(ctx, layout, args).await;
+    eprintln!("fidelity: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    bench::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, Ok(()), Ok(())).await
+}
+
+fn selected(args: &FidelityArgs, pull_registry: &str) -> Vec<Scenario> {
+    scenarios::all(pull_registry)
+        .into_iter()
+        .filter(|s| !args.fast || s.fast)
+        .filter(|s| args.scenarios.is_empty() || args.scenarios.iter().any(|f| s.name.contains(f.as_str())))
+        .collect()
+}
+
+async fn fidelity(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()> {
+    eprintln!("==> fidelity: test bed, control plane and binaries");
+    testbed::up(ctx, layout).await.context("bringing the test bed up")?;
+    apt::ensure(&["curl", "openssl"])?;
+    let api = ApiServer::up(ctx, layout)?;
+    let swiftlet = match &args.swiftlet_bin {
+        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
+        None => debug_build(ctx)?,
+    };
+    let upstream = Upstream::new(ctx);
+    let kubelet = upstream.bin("kubelet");
+    if !kubelet.is_file() {
+        upstream.build()?;
+    }
+    let mut cri = CriClient::connect(&layout.socket()).await?;
+    agent::remove_bench_sandboxes(&mut cri).await?;
+    if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
+        bail!("{why}; the agents would take them over. Try again when the test bed is idle.");
+    }
+    let pull_registry =
+        registry::State::load(layout).ok().flatten().map_or_else(|| "127.0.0.1:9".to_owned(), |s| s.plain.endpoint);
+    let chosen = selected(args, &pull_registry);
+    ensure!(!chosen.is_empty(), "no scenario selected");
+    eprintln!(
+        "fidelity: {} scenario(s): {}",
+        chosen.len(),
+        chosen.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+    );
+
+    let mut runs = BTreeMap::new();
+    for (which, binary) in [(Which::Swiftlet, &swiftlet), (Which::Kubelet, &kubelet)] {
+        eprintln!();
+        eprintln!("==> fidelity: {}", which.name());
+        let run = run_agent(ctx, layout, &api, which, binary, &chosen, &mut cri)
+            .await
+            .with_context(|| format!("the {} run", which.name()))?;
+        runs.insert(which.name(), run);
+    }
+    let out = ctx.target_dir.join("fidelity");
+    fs::create_dir_all(&out)?;
+    for (name, run) in &runs {
+        let path = out.join(format!("{name}.json"));
+        fs::write(&path, serde_json::to_vec_pretty(&json!(run.facts))?)?;
+    }
+    let (report, undocumented) = report(&runs["swiftlet"], &runs["kubelet"]);
+    print!("{report}");
+    fs::write(out.join("report.md"), &report)?;
+    eprintln!("fidelity: report in {}", out.join("report.md").display());
+    ensure!(undocumented == 0, "{undocumented} undocumented difference(s) between swiftlet and the upstream kubelet");
+    Ok(())
+}
+
+/// `cargo build -p swiftlet --bin swiftlet` (a no-op when CI has built the workspace).
+fn debug_build(ctx: &Ctx) -> Result<PathBuf> {
+    let status = Command::new(&ctx.cargo)
+        .args(["build", "-p", "swiftlet", "--bin", "swiftlet"])
+        .current_dir(&ctx.workspace)
+        .status()
+        .context("running cargo build")?;
+    ensure!(status.success(), "cargo build -p swiftlet failed");
+    Ok(ctx.target_dir.join("debug/swiftlet"))
+}
+
+/// The run of one agent: the ordinary scenarios on one node, the pressure ones on
+/// another.
+async fn run_agent(
+    ctx: &Ctx,
+    layout: &Layout,
+    api: &ApiServer,
+    which: Which,
+    binary: &Path,
+    chosen: &[Scenario],
+    cri: &mut CriClient,
+) -> Result<AgentRun> {
+    let mut run = AgentRun::default();
+    let plain: Vec<&Scenario> = chosen.iter().filter(|s| !s.pressure).collect();
+    let pressure: Vec<&Scenario> = chosen.iter().filter(|s| s.pressure).collect();
+    if !plain.is_empty() {
+        let (facts, node) =
+            phase(ctx, layout, api, which, binary, &format!("fidelity-{}", which.name()), &plain, "", cri).await?;
+        run.facts.extend(facts);
+        run.facts.insert("node".into(), node);
+    }
+    if !pressure.is_empty() {
+        let threshold = memory_available_mib()?.saturating_sub(scenarios::HOG_MIB / 2);
+        eprintln!("fidelity: the pressure node's memory.available threshold: {threshold}Mi");
+        let config = format!(
+            "evictionHard:\n  memory.available: {threshold}Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n  \
+             nodefs.inodesFree: 1%\nevictionPressureTransitionPeriod: 30s\n"
+        );
+        let label = format!("fidelity-pressure-{}", which.name());
+        let (facts, node) = phase(ctx, layout, api, which, binary, &label, &pressure, &config, cri).await?;
+        run.facts.extend(facts);
+        run.facts.insert("node pressure".into(), node);
+    }
+    Ok(run)
+}
+
+/// `memory.available` as a kubelet computes it: the machine's memory less the root
+/// memory cgroup's working set (usage less inactive file pages), in MiB.
+fn memory_available_mib() -> Result<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo")?;
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no MemTotal in /proc/meminfo")?;
+    let root = Path::new("/sys/fs/cgroup/memory");
+    let (usage, inactive) = if root.join("memory.usage_in_bytes").exists() {
+        let usage: u64 = fs::read_to_string(root.join("memory.usage_in_bytes"))?.trim().parse()?;
+        let stat = fs::read_to_string(root.join("memory.stat"))?;
+        (usage, stat_field(&stat, "total_inactive_file"))
+    } else {
+        let root = Path::new("/sys/fs/cgroup");
+        let stat = fs::read_to_string(root.join("memory.stat"))?;
+        let used = stat_field(&stat, "anon") + stat_field(&stat, "file") + stat_field(&stat, "kernel");
+        (used, stat_field(&stat, "inactive_file"))
+    };
+    Ok((total_kib * 1024).saturating_sub(usage.saturating_sub(inactive)) / (1024 * 1024))
+}
+
+fn stat_field(stat: &str, name: &str) -> u64 {
+    stat.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The fact key of a scenario's timeline (shown in the report, never compared).
+const TIMELINE: &str = "~timeline";
+
+/// How long a scenario's outcome must have been there before its facts are taken: the
+/// agents write events and status apart, and neither waits for the other.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// Where one scenario stands in a phase.
+#[derive(Debug, Default)]
+struct Progress {
+    acted_at: Option<Instant>,
+    /// When its outcome was first there.
+    done_at: Option<Instant>,
+    facts: Option<Facts>,
+    /// What the API showed of the pod, each time it changed: seconds since the pods were
+    /// created and a one-line summary (for the report; not compared).
+    timeline: Vec<(f64, String)>,
+}
+
+/// One line of a pod's timeline: phase, and each container's state and restarts.
+fn summary(pod: Option<&Value>) -> String {
+    let Some(pod) = pod else { return "gone".into() };
+    let mut out = pod["status"]["phase"].as_str().unwrap_or("-").to_owned();
+    for list in ["initContainerStatuses", "containerStatuses"] {
+        for c in pod["status"][list].as_array().into_iter().flatten() {
+            let state = &c["state"];
+            let what = if let Some(w) = state.get("waiting") {
+                format!("waiting {}", w["reason"].as_str().unwrap_or(""))
+            } else if let Some(t) = state.get("terminated") {
+                format!("terminated {} {}", t["reason"].as_str().unwrap_or(""), t["exitCode"])
+            } else if state.get("running").is_some() {
+                "running".into()
+            } else {
+                "-".into()
+            };
+            let _ = write!(out, ", {} {what} (restarts {})", c["name"].as_str().unwrap_or(""), c["restartCount"]);
+        }
+    }
+    out
+}
+
+/// One node: the agent joined, the scenarios' pods run to their outcome, the facts taken,
+/// everything removed again (also when the phase fails).
+#[allow(clippy::too_many_arguments)]
+async fn phase(
+    ctx: &Ctx,
+    layout: &Layout,
+    api: &ApiServer,
+    which: Which,
+    binary: &Path,
+    label: &str,
+    chosen: &[&Scenario],
+    config: &str,
+    cri: &mut CriClient,
+) -> Result<(BTreeMap<String, Facts>, Facts)> {
+    let mut agent = BenchAgent::named(label, PlegMode::Evented, binary, &layout.endpoint(), 110)?;
+    if which == Which::Kubelet {
+        agent = agent.other_agent();
+    }
+    if !config.is_empty() {
+        agent = agent.with_config(config);
+    }
+    let mut cluster = Cluster::prepare(api, agent)?;
+    let outcome = async {
+        cluster.start().await?;
+        observe_phase(&mut cluster, chosen, cri).await
+    }
+    .await;
+    let log = ctx.target_dir.join("fidelity").join(format!("{label}.log"));
+    let ended = cluster.end(layout, &log).await;
+    match (outcome, ended) {
+        (Ok(r), Ok(())) => Ok(r),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.context("cleaning up")),
+    }
+}
+
+async fn observe_phase(
+    cluster: &mut Cluster,
+    chosen: &[&Scenario],
+    cri: &mut CriClient,
+) -> Result<(BTreeMap<String, Facts>, Facts)> {
+    let namespace = cluster.namespace.clone();
+    let node = cluster.agent.node_name().to_owned();
+    let norm = Normalizer::new(&node, &namespace);
+    let client = cluster.client()?;
+    for s in chosen {
+        for cm in &s.config_maps {
+            let (code, body) =
+                client.request("POST", &format!("/api/v1/namespaces/{namespace}/configmaps"), Some(cm)).await?;
+            ensure!(code == 201, "creating ConfigMap for {}: {code}: {body}", s.name);
+        }
+    }
+    let started = Instant::now();
+    for s in chosen {
+        let mut pod = s.pod.clone();
+        pod["spec"]["nodeName"] = json!(node);
+        client.create_pod(&namespace, &pod).await?;
+    }
+    let mut progress: BTreeMap<&str, Progress> = chosen.iter().map(|s| (s.name, Progress::default())).collect();
+    let mut last_note = Instant::now();
+    while progress.values().any(|p| p.facts.is_none()) {
+        cluster.agent.ensure_alive()?;
+        let client = cluster.client()?;
+        let pods = list(client, &format!("/api/v1/namespaces/{namespace}/pods")).await?;
+        let events = list(client, &format!("/api/v1/namespaces/{namespace}/events")).await?;
+        for s in chosen {
+            let p = progress.get_mut(s.name).expect("every scenario has its progress");
+            if p.facts.is_some() {
+                continue;
+            }
+            let pod = pods.iter().find(|p| p["metadata"]["name"] == s.name);
+            let line = summary(pod);
+            if p.timeline.last().is_none_or(|(_, l)| *l != line) {
+                p.timeline.push((started.elapsed().as_secs_f64(), line));
+            }
+            let about: Vec<&Value> = events
+                .iter()
+                .filter(|e| e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == s.name)
+                .collect();
+            if p.acted_at.is_none()
+                && s.action != Action::None
+                && let Some(pod) = pod
+                && scenarios::c0_running(pod)
+            {
+                act(client, cri, &namespace, s, pod).await.with_context(|| format!("scenario {}", s.name))?;
+                p.acted_at = Some(Instant::now());
+            }
+            let ready_to_judge = s.action == Action::None || p.acted_at.is_some();
+            if p.done_at.is_none() && ready_to_judge && s.done.holds(pod, &about) {
+                p.done_at = Some(Instant::now());
+            }
+            let complete = p.done_at.is_some_and(|t| t.elapsed() >= SETTLE);
+            let timed_out = started.elapsed() > s.timeout + SETTLE;
+            if complete || timed_out {
+                let mut facts = Facts::new();
+                facts.insert("outcome".into(), if complete { "complete" } else { "timed out" }.into());
+                if let Some(pod) = pod {
+                    observe::pod_facts(pod, &norm, &mut facts);
+                }
+                observe::event_facts(&events, s.name, &norm, &mut facts);
+                if s.action == Action::Delete
+                    && let Some(at) = p.acted_at
+                {
+                    let grace = s.pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+                    let took = p.done_at.map_or_else(|| at.elapsed(), |d| d.duration_since(at));
+                    facts.insert("deletion".into(), deletion_bucket(took, grace).into());
+                }
+                eprintln!(
+                    "fidelity: {} {} after {:.1} s",
+                    s.name,
+                    if complete { "done" } else { "TIMED OUT" },
+                    started.elapsed().as_secs_f64()
+                );
+                p.facts = Some(facts);
+            }
+        }
+        if last_note.elapsed() > Duration::from_secs(15) {
+            let waiting: Vec<&str> = progress.iter().filter(|(_, p)| p.facts.is_none()).map(|(n, _)| *n).collect();
+            eprintln!("fidelity: waiting for {}", waiting.join(", "));
+            last_note = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // A node under pressure shows it at its next status update (every 10 s) and gets the
+    // node lifecycle controller's taint after: the node's facts are taken once both are
+    // there (or 40 s have passed).
+    let under_pressure = chosen.iter().any(|s| s.pressure);
+    let waited = Instant::now();
+    let node_obj = loop {
+        let client = cluster.client()?;
+        let (code, node_obj) = client.request("GET", &format!("/api/v1/nodes/{node}"), None).await?;
+        ensure!(code == 200, "GET node {node}: {code}");
+        if !under_pressure || shows_memory_pressure(&node_obj) || waited.elapsed() > Duration::from_secs(40) {
+            break node_obj;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let node_facts = observe::node_facts(&node_obj, &norm);
+    let mut facts = BTreeMap::new();
+    for (name, p) in progress {
+        let mut f = p.facts.unwrap_or_default();
+        // Kept beside the facts under a key the diff leaves out.
+        let timeline: Vec<String> = p.timeline.iter().map(|(t, l)| format!("{t:.1} s {l}")).collect();
+        f.insert(TIMELINE.into(), timeline.join("\n"));
+        facts.insert(name.to_owned(), f);
+    }
+    Ok((facts, node_facts))
+}
+
+/// Whether a Node shows `MemoryPressure: True` and the taint that goes with it.
+fn shows_memory_pressure(node: &Value) -> bool {
+    let condition = node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "MemoryPressure" && c["status"] == "True");
+    let taint = node["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == "node.kubernetes.io/memory-pressure");
+    condition && taint
+}
+
+/// How long a graceful deletion took against the grace period.
+fn deletion_bucket(took: Duration, grace_secs: u64) -> &'static str {
+    let grace = Duration::from_secs(grace_secs);
+    if took < grace {
+        "before the grace period ran out"
+    } else if took < grace + Duration::from_secs(5) {
+        "when the grace period ran out"
+    } else {
+        "more than 5 s after the grace period"
+    }
+}
+
+async fn list(client: &mut ApiClient, path: &str) -> Result<Vec<Value>> {
+    let (code, body) = client.request("GET", path, None).await?;
+    ensure!(code == 200, "GET {path}: {code}: {body}");
+    Ok(body["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Takes scenario `s`'s action on its running `pod`.
+async fn act(client: &mut ApiClient, cri: &mut CriClient, namespace: &str, s: &Scenario, pod: &Value) -> Result<()> {
+    match &s.action {
+        Action::None => Ok(()),
+        Action::KillFromHost => {
+            let id = pod["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == "c0")
+                .and_then(|c| c["containerID"].as_str())
+                .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
+                .context("no container id for c0")?;
+            let pid = container_pid(cri, &id).await?;
+            eprintln!("fidelity: {}: SIGKILL to pid {pid} (container {id:.12}) from the host", s.name);
+            containerd::signal(pid, libc::SIGKILL);
+            Ok(())
+        }
+        Action::Delete => {
+            let path = format!("/api/v1/namespaces/{namespace}/pods/{}", s.name);
+            let (code, body) = client.request("DELETE", &path, None).await?;
+            ensure!(code == 200 || code == 202, "deleting pod {}: {code}: {body}", s.name);
+            Ok(())
+        }
+        Action::UpdateConfigMap { name, key, value } => {
+            let path = format!("/api/v1/namespaces/{namespace}/configmaps/{name}");
+            let (code, mut cm) = client.request("GET", &path, None).await?;
+            ensure!(code == 200, "GET {path}: {code}");
+            cm["data"][*key] = json!(value);
+            let (code, body) = client.request("PUT", &path, Some(&cm)).await?;
+            ensure!(code == 200, "PUT {path}: {code}: {body}");
+            Ok(())
+        }
+    }
+}
+
+/// The host pid of a container's main process, from the runtime's verbose status.
+async fn container_pid(cri: &mut CriClient, id: &str) -> Result<i32> {
+    let r = cri.container_status_verbose(id).await?;
+    let info: Value = serde_json::from_str(r.info.get("info").map_or("{}", String::as_str))?;
+    info["pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| anyhow!("the runtime gives no pid for container {id}"))
+}
+
+/// The report (markdown) and the number of undocumented differences.
+fn report(swiftlet: &AgentRun, kubelet: &AgentRun) -> (String, usize) {
+    let mut names: Vec<&String> = swiftlet.facts.keys().chain(kubelet.facts.keys()).collect();
+    names.sort();
+    names.dedup();
+    let empty = Facts::new();
+    let mut out = String::from("# `cargo xtask fidelity`: swiftlet against the upstream kubelet\n\n");
+    let mut rows = String::new();
+    let mut details = String::new();
+    let mut timelines = String::new();
+    let (mut undocumented, mut documented_n) = (0, 0);
+    for name in names {
+        let strip = |f: Option<&Facts>| -> Facts {
+            f.unwrap_or(&empty).iter().filter(|(k, _)| *k != TIMELINE).map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let (a, b) = (&strip(swiftlet.facts.get(name)), &strip(kubelet.facts.get(name)));
+        let diffs: Vec<Difference> = observe::diff(name, a, b);
+        for (agent, run) in [("swiftlet", swiftlet), ("kubelet", kubelet)] {
+            if let Some(t) = run.facts.get(name).and_then(|f| f.get(TIMELINE)).filter(|t| !t.is_empty()) {
+                let _ = writeln!(timelines, "- {name}, {agent}:");
+                for line in t.lines() {
+                    let _ = writeln!(timelines, "  - {line}");
+                }
+            }
+        }
+        let same = a.keys().filter(|k| a.get(*k) == b.get(*k)).count();
+        let (doc, undoc): (Vec<&Difference>, Vec<&Difference>) =
+            diffs.iter().partition(|d| documented::reason(d).is_some());
+        undocumented += undoc.len();
+        documented_n += doc.len();
+        let verdict = if undoc.is_empty() { "✓" } else { "✗" };
+        let _ = writeln!(rows, "| {name} | {same} | {} | {} | {verdict} |", doc.len(), undoc.len());
+        for d in &diffs {
+            let why =
+                documented::reason(d).map_or_else(|| "**UNDOCUMENTED**".to_owned(), |w| format!("documented: {w}"));
+            let _ = writeln!(
+                details,
+                "- {name} / `{}`: swiftlet `{}`, kubelet `{}` — {why}",
+                d.key,
+                d.swiftlet.as_deref().unwrap_or("(none)"),
+                d.kubelet.as_deref().unwrap_or("(none)")
+            );
+        }
+    }
+    let _ = writeln!(out, "| scenario | same facts | documented differences | undocumented | |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---|");
+    out.push_str(&rows);
+    let _ = writeln!(out);
+    if details.is_empty() {
+        let _ = writeln!(out, "No difference.");
+    } else {
+        let _ = writeln!(out, "## Differences\n\n{details}");
+    }
+    let _ = writeln!(out, "\n{undocumented} undocumented, {documented_n} documented difference(s).");
+    if !timelines.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## What the API showed, as it changed (seconds since the pods were created)\n\n{timelines}"
+        );
+    }
+    (out, undocumented)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deletion_is_judged_against_the_grace_period() {
+        assert_eq!(deletion_bucket(Duration::from_millis(900), 3), "before the grace period ran out");
+        assert_eq!(deletion_bucket(Duration::from_millis(3400), 3), "when the grace period ran out");
+        assert_eq!(deletion_bucket(Duration::from_secs(9), 3), "more than 5 s after the grace period");
+    }
+
+    #[test]
+    fn the_report_counts_documented_and_undocumented_differences() {
+        let facts = |v: &[(&str, &str)]| -> Facts { v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect() };
+        let a = AgentRun {
+            facts: [
+                ("node".into(), facts(&[("nodeInfo kubeletVersion", "v1.37.2-swiftlet"), ("condition Ready", "True")])),
+                ("crash-loop".into(), facts(&[("phase", "Running")])),
+            ]
+            .into(),
+        };
+        let b = AgentRun {
+            facts: [
+                ("node".into(), facts(&[("nodeInfo kubeletVersion", "v1.37.2"), ("condition Ready", "True")])),
+                ("crash-loop".into(), facts(&[("phase", "Failed")])),
+            ]
+            .into(),
+        };
+        let (text, undocumented) = report(&a, &b);
+        assert_eq!(undocumented, 1);
+        assert!(text.contains("| crash-loop | 0 | 0 | 1 | ✗ |"), "{text}");
+        assert!(text.contains("| node | 1 | 1 | 0 | ✓ |"), "{text}");
+        assert!(
+            text.contains("crash-loop / `phase`: swiftlet `Running`, kubelet `Failed` — **UNDOCUMENTED**"),
+            "{text}"
+        );
+        let (same, n) = report(&a, &a);
+        assert_eq!(n, 0);
+        assert!(same.contains("No difference."));
+    }
+
+    #[test]
+    fn stat_fields_are_read_by_exact_name() {
+        let stat = "inactive_file 10\ntotal_inactive_file 20\nanon 5\n";
+        assert_eq!(stat_field(stat, "total_inactive_file"), 20);
+        assert_eq!(stat_field(stat, "inactive_file"), 10);
+        assert_eq!(stat_field(stat, "file"), 0);
+    }
+}

@@ -1,0 +1,376 @@
+//! What the API shows of one scenario, as comparable facts, and the diff of two agents'.
+//!
+//! A fact is a key (`phase`, `condition Ready`, `container c0 state`, `event BackOff`, ...)
+//! and a value with everything that differs from run to run by nature replaced by a
+//! placeholder: the node and namespace names, uids, container and image ids, addresses,
+//! durations and quantities ([`Normalizer`]). Timing shows only as buckets: restart counts
+//! and event counts as `0`, `1` or `2+`, a graceful deletion's length against its grace
+//! period. What is left must be the same for swiftlet and the upstream kubelet, or be one
+//! of the differences [`super::documented`] lists with its reason.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+};
+
+use regex::Regex;
+use serde_json::Value;
+
+/// A scenario's facts: key → normalized value.
+pub type Facts = BTreeMap<String, String>;
+
+/// Replaces what differs between runs by nature (names, ids, addresses, durations,
+/// quantities) with placeholders.
+#[derive(Debug)]
+pub struct Normalizer {
+    literal: Vec<(String, &'static str)>,
+    patterns: Vec<(Regex, &'static str)>,
+}
+
+impl Normalizer {
+    /// For a run whose node is `node` and namespace `namespace`.
+    pub fn new(node: &str, namespace: &str) -> Self {
+        // Longest first: the namespace contains the node's label.
+        let mut literal = vec![(namespace.to_owned(), "<ns>"), (node.to_owned(), "<node>")];
+        literal.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+        let p = |re: &str, to: &'static str| (Regex::new(re).expect("a valid pattern"), to);
+        let patterns = vec![
+            p(r"sha256:[0-9a-f]{64}", "sha256:<digest>"),
+            p(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", "<uid>"),
+            p(r"\b[0-9a-f]{64}\b", "<id>"),
+            p(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(:\d+)?\b", "<ip>"),
+            // Durations: Go's (1m30s, 2.5s, 300ms) and a back-off's.
+            p(r"\b(\d+(\.\d+)?(h|m|s|ms|µs|us|ns))+\b", "<dur>"),
+            // Quantities with a suffix, and bare byte counts of 4 digits or more.
+            p(r"\b\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T|m)\b", "<qty>"),
+            p(r"\b\d{4,}\b", "<n>"),
+        ];
+        Self { literal, patterns }
+    }
+
+    pub fn apply(&self, text: &str) -> String {
+        // The event correlator's prefix depends on how many similar events came before.
+        let mut s = text.strip_prefix("(combined from similar events): ").unwrap_or(text).to_owned();
+        for (from, to) in &self.literal {
+            if !from.is_empty() {
+                s = s.replace(from.as_str(), to);
+            }
+        }
+        for (re, to) in &self.patterns {
+            s = re.replace_all(&s, *to).into_owned();
+        }
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// `0`, `1` or `2+`: counts that depend on when the snapshot was taken.
+pub fn bucket(n: u64) -> &'static str {
+    match n {
+        0 => "0",
+        1 => "1",
+        _ => "2+",
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+/// A container state (`state` or `lastState`) as one line.
+fn state(s: &Value, norm: &Normalizer) -> String {
+    if let Some(w) = s.get("waiting") {
+        let msg = norm.apply(text(&w["message"]));
+        return format!(
+            "waiting {}{}",
+            text(&w["reason"]),
+            if msg.is_empty() { String::new() } else { format!(": {msg}") }
+        );
+    }
+    if s.get("running").is_some() {
+        return "running".into();
+    }
+    if let Some(t) = s.get("terminated") {
+        let msg = norm.apply(text(&t["message"]));
+        let signal = t["signal"].as_i64().map(|s| format!(" signal {s}")).unwrap_or_default();
+        return format!(
+            "terminated {} exit {}{signal}{}",
+            text(&t["reason"]),
+            t["exitCode"],
+            if msg.is_empty() { String::new() } else { format!(": {msg}") }
+        );
+    }
+    "none".into()
+}
+
+/// The facts of a pod as the API shows it.
+pub fn pod_facts(pod: &Value, norm: &Normalizer, facts: &mut Facts) {
+    let status = &pod["status"];
+    let mut put = |k: String, v: String| {
+        facts.insert(k, v);
+    };
+    put("phase".into(), text(&status["phase"]).into());
+    for (key, field) in [("reason", "reason"), ("message", "message"), ("qosClass", "qosClass")] {
+        let v = norm.apply(text(&status[field]));
+        if !v.is_empty() {
+            put(key.into(), v);
+        }
+    }
+    for (key, field) in [("hostIP", "hostIP"), ("podIP", "podIP"), ("startTime", "startTime")] {
+        put(format!("{key} set"), (!status[field].is_null()).to_string());
+    }
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        let mut v = text(&c["status"]).to_owned();
+        for field in ["reason", "message"] {
+            let s = norm.apply(text(&c[field]));
+            if !s.is_empty() {
+                let _ = write!(v, " {field}={s}");
+            }
+        }
+        put(format!("condition {}", text(&c["type"])), v);
+    }
+    for (kind, list) in [
+        ("init", "initContainerStatuses"),
+        ("container", "containerStatuses"),
+        ("ephemeral", "ephemeralContainerStatuses"),
+    ] {
+        for c in status[list].as_array().into_iter().flatten() {
+            let name = format!("{kind} {}", text(&c["name"]));
+            put(format!("{name} state"), state(&c["state"], norm));
+            let last = state(&c["lastState"], norm);
+            if last != "none" {
+                put(format!("{name} lastState"), last);
+            }
+            put(format!("{name} ready"), c["ready"].to_string());
+            if !c["started"].is_null() {
+                put(format!("{name} started"), c["started"].to_string());
+            }
+            put(format!("{name} restarts"), bucket(c["restartCount"].as_u64().unwrap_or(0)).into());
+            put(format!("{name} image"), norm.apply(text(&c["image"])));
+            put(format!("{name} imageID set"), (!text(&c["imageID"]).is_empty()).to_string());
+            put(format!("{name} containerID set"), (!text(&c["containerID"]).is_empty()).to_string());
+        }
+    }
+}
+
+/// The facts of the events about pod `name`: per reason, the type, the reporting
+/// component, every distinct message and the summed count as a [`bucket`].
+pub fn event_facts(events: &[Value], name: &str, norm: &Normalizer, facts: &mut Facts) {
+    let mut by_reason: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == name) {
+        let component = if text(&e["source"]["component"]).is_empty() {
+            text(&e["reportingComponent"])
+        } else {
+            text(&e["source"]["component"])
+        };
+        let entry = by_reason.entry(format!("event {}", text(&e["reason"]))).or_default();
+        let line = format!("{} [{component}] {}", text(&e["type"]), norm.apply(text(&e["message"])));
+        entry.0.insert(line);
+        entry.1 += e["count"].as_u64().unwrap_or(1).max(1);
+    }
+    for (key, (lines, count)) in by_reason {
+        let lines: Vec<String> = lines.into_iter().collect();
+        facts.insert(key.clone(), lines.join(" | "));
+        facts.insert(format!("{key} count"), bucket(count).into());
+    }
+}
+
+/// The facts of a Node as the API shows it: conditions, addresses, what it reports of
+/// itself, and which capacity, label and annotation keys it has.
+pub fn node_facts(node: &Value, norm: &Normalizer) -> Facts {
+    let mut facts = Facts::new();
+    let status = &node["status"];
+    for c in status["conditions"].as_array().into_iter().flatten() {
+        let v =
+            format!("{} reason={} message={}", text(&c["status"]), text(&c["reason"]), norm.apply(text(&c["message"])));
+        facts.insert(format!("condition {}", text(&c["type"])), v);
+    }
+    let mut types: Vec<&str> = status["addresses"].as_array().into_iter().flatten().map(|a| text(&a["type"])).collect();
+    types.sort_unstable();
+    facts.insert("address types".into(), types.join(","));
+    for field in ["capacity", "allocatable"] {
+        let keys: Vec<&String> = status[field].as_object().into_iter().flat_map(|m| m.keys()).collect();
+        facts.insert(format!("{field} keys"), keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","));
+    }
+    for field in ["labels", "annotations"] {
+        let keys: Vec<&String> = node["metadata"][field].as_object().into_iter().flat_map(|m| m.keys()).collect();
+        facts.insert(format!("{field} keys"), keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","));
+    }
+    for field in [
+        "architecture",
+        "operatingSystem",
+        "osImage",
+        "kernelVersion",
+        "containerRuntimeVersion",
+        "kubeletVersion",
+        "kubeProxyVersion",
+    ] {
+        facts.insert(format!("nodeInfo {field}"), norm.apply(text(&status["nodeInfo"][field])));
+    }
+    facts.insert(
+        "daemonEndpoints port set".into(),
+        (status["daemonEndpoints"]["kubeletEndpoint"]["Port"].as_u64().unwrap_or(0) > 0).to_string(),
+    );
+    facts.insert("spec.taints".into(), {
+        let mut t: Vec<String> = node["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| format!("{}:{}", text(&t["key"]), text(&t["effect"])))
+            .collect();
+        t.sort();
+        t.join(",")
+    });
+    facts
+}
+
+/// One fact that differs between the two agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    pub scenario: String,
+    pub key: String,
+    /// `None`: the agent's view has no such fact.
+    pub swiftlet: Option<String>,
+    pub kubelet: Option<String>,
+}
+
+/// The facts that differ between `swiftlet` and `kubelet` for `scenario`.
+pub fn diff(scenario: &str, swiftlet: &Facts, kubelet: &Facts) -> Vec<Difference> {
+    let mut keys: Vec<&String> = swiftlet.keys().chain(kubelet.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| swiftlet.get(*k) != kubelet.get(*k))
+        .map(|k| Difference {
+            scenario: scenario.to_owned(),
+            key: k.clone(),
+            swiftlet: swiftlet.get(k).cloned(),
+            kubelet: kubelet.get(k).cloned(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn norm() -> Normalizer {
+        Normalizer::new("swiftlet-bench-fidelity-swiftlet", "swiftlet-bench-42-fidelity-swiftlet")
+    }
+
+    #[test]
+    fn names_ids_addresses_durations_and_quantities_become_placeholders() {
+        let n = norm();
+        assert_eq!(
+            n.apply("pod x in swiftlet-bench-42-fidelity-swiftlet on swiftlet-bench-fidelity-swiftlet"),
+            "pod x in <ns> on <node>"
+        );
+        assert_eq!(
+            n.apply(&format!("container {} image sha256:{}", "a".repeat(64), "b".repeat(64))),
+            "container <id> image sha256:<digest>"
+        );
+        assert_eq!(n.apply("uid 0b8e4a6c-1a2b-4c3d-9e8f-0123456789ab"), "uid <uid>");
+        assert_eq!(n.apply("dial tcp 127.0.0.1:1: connect: refused"), "dial tcp <ip>: connect: refused");
+        assert_eq!(
+            n.apply("back-off 10s restarting; took 1m30s and 2.5s and 300ms"),
+            "back-off <dur> restarting; took <dur> and <dur> and <dur>"
+        );
+        assert_eq!(
+            n.apply("Threshold quantity: 100Mi, available: 123456Ki, used 70m"),
+            "Threshold quantity: <qty>, available: <qty>, used <dur>"
+        );
+        assert_eq!(n.apply("exit code 137,   usage 12345"), "exit code 137, usage <n>");
+        assert_eq!(n.apply("(combined from similar events): Liveness probe errored"), "Liveness probe errored");
+    }
+
+    #[test]
+    fn pod_facts_keep_reasons_and_bucket_counts() {
+        let pod = json!({"status": {
+            "phase": "Running", "qosClass": "BestEffort", "podIP": "10.88.0.4", "hostIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": "containers with unready status: [c0]"}],
+            "containerStatuses": [{
+                "name": "c0", "ready": false, "started": true, "restartCount": 3, "image": "localhost/busybox:latest",
+                "imageID": "sha256:x", "containerID": "containerd://abc",
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container=c0"}},
+                "lastState": {"terminated": {"reason": "Error", "exitCode": 3}},
+            }],
+        }});
+        let mut f = Facts::new();
+        pod_facts(&pod, &norm(), &mut f);
+        assert_eq!(f["phase"], "Running");
+        assert_eq!(
+            f["condition Ready"],
+            "False reason=ContainersNotReady message=containers with unready status: [c0]"
+        );
+        assert_eq!(f["container c0 state"], "waiting CrashLoopBackOff: back-off <dur> restarting failed container=c0");
+        assert_eq!(f["container c0 lastState"], "terminated Error exit 3");
+        assert_eq!(f["container c0 restarts"], "2+");
+        assert_eq!((f["podIP set"].as_str(), f["startTime set"].as_str()), ("true", "false"));
+    }
+
+    #[test]
+    fn events_are_grouped_by_reason_with_their_messages_and_count() {
+        let ev = |reason: &str, msg: &str, count: u64| {
+            json!({"involvedObject": {"kind": "Pod", "name": "p"}, "reason": reason, "type": "Warning",
+                   "message": msg, "count": count, "source": {"component": "kubelet"}})
+        };
+        let events = vec![
+            ev("Failed", "Error: ErrImagePull", 1),
+            ev("Failed", "Failed to pull image \"x\"", 2),
+            ev("BackOff", "Back-off pulling image \"x\"", 1),
+            json!({"involvedObject": {"kind": "Pod", "name": "other"}, "reason": "Killing"}),
+        ];
+        let mut f = Facts::new();
+        event_facts(&events, "p", &norm(), &mut f);
+        assert_eq!(
+            f["event Failed"],
+            "Warning [kubelet] Error: ErrImagePull | Warning [kubelet] Failed to pull image \"x\""
+        );
+        assert_eq!(f["event Failed count"], "2+");
+        assert_eq!(f["event BackOff count"], "1");
+        assert!(!f.contains_key("event Killing"));
+    }
+
+    #[test]
+    fn the_diff_names_each_fact_that_differs_or_is_missing() {
+        let a: Facts = [("phase".into(), "Running".into()), ("x".into(), "1".into())].into();
+        let b: Facts = [("phase".into(), "Failed".into()), ("y".into(), "2".into())].into();
+        let d = diff("s", &a, &b);
+        assert_eq!(d.len(), 3);
+        assert_eq!(
+            d[0],
+            Difference {
+                scenario: "s".into(),
+                key: "phase".into(),
+                swiftlet: Some("Running".into()),
+                kubelet: Some("Failed".into())
+            }
+        );
+        assert_eq!((d[1].key.as_str(), d[1].kubelet.as_deref()), ("x", None));
+        assert_eq!((d[2].key.as_str(), d[2].swiftlet.as_deref()), ("y", None));
+        assert!(diff("s", &a, &a).is_empty());
+    }
+
+    #[test]
+    fn node_facts_list_conditions_and_keys() {
+        let node = json!({
+            "metadata": {"labels": {"kubernetes.io/os": "linux", "kubernetes.io/hostname": "h"}},
+            "spec": {"taints": [{"key": "swiftlet.dev/bench", "effect": "NoSchedule"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}],
+                "addresses": [{"type": "Hostname"}, {"type": "InternalIP"}],
+                "capacity": {"cpu": "2", "memory": "1Gi"},
+                "nodeInfo": {"kubeletVersion": "v1.37.2"},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            }
+        });
+        let f = node_facts(&node, &norm());
+        assert_eq!(f["condition Ready"], "True reason=KubeletReady message=kubelet is posting ready status");
+        assert_eq!(f["address types"], "Hostname,InternalIP");
+        assert_eq!(f["capacity keys"], "cpu,memory");
+        assert_eq!(f["labels keys"], "kubernetes.io/hostname,kubernetes.io/os");
+        assert_eq!(f["daemonEndpoints port set"], "true");
+        assert_eq!(f["spec.taints"], "swiftlet.dev/bench:NoSchedule");
+    }
+}

@@ -1,0 +1,444 @@
+//! The scenarios `cargo xtask fidelity` runs on each agent: one API pod each (named after
+//! the scenario), what is done to it once it runs ([`Action`]), and when what the API
+//! shows is taken as the outcome ([`Done`], or the scenario's timeout).
+//!
+//! `fast` scenarios end within about 40 s on either agent and run in CI; the others (a
+//! `ConfigMap` update, which a kubelet sees at its next periodic sync, up to a minute and a
+//! half later; a node-pressure eviction, which needs a node configured to be under
+//! pressure) run with `cargo xtask fidelity` alone.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::{bench::apiserver::BENCH_TAINT, images::BUSYBOX_IMAGE};
+
+/// What is done to the scenario's pod once its container `c0` runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    None,
+    /// SIGKILL to the container's main process, from the host (its pid from CRI).
+    KillFromHost,
+    /// A graceful delete (the pod's own grace period); the deletion's length is a fact.
+    Delete,
+    /// The `ConfigMap` `name` gets `key: value`.
+    UpdateConfigMap {
+        name: &'static str,
+        key: &'static str,
+        value: &'static str,
+    },
+}
+
+/// When the outcome is there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Done {
+    Phase(&'static str),
+    /// The pod's status says `reason` (e.g. `Evicted`).
+    Reason(&'static str),
+    /// Container `c0` is waiting for `reason`.
+    Waiting(&'static str),
+    /// Container `c0` was restarted at least this often and runs again.
+    RestartedAndRunning(u64),
+    /// Container `c0` was restarted at least this often.
+    Restarted(u64),
+    /// Container `c0` has `started: true`.
+    Started,
+    /// The pod's `Ready` condition has this status.
+    Ready(bool),
+    /// An event of this reason about the pod.
+    Event(&'static str),
+    /// Events of this reason about the pod, counted (their `count`s summed), at least
+    /// this many.
+    EventCount(&'static str, u64),
+    /// The pod is gone from the API (after [`Action::Delete`]).
+    Gone,
+    All(Vec<Done>),
+}
+
+fn c0(pod: &Value) -> Option<&Value> {
+    pod["status"]["containerStatuses"].as_array()?.iter().find(|c| c["name"] == "c0")
+}
+
+/// Whether container `c0` of `pod` runs and has an id (an action can be taken on it).
+pub fn c0_running(pod: &Value) -> bool {
+    c0(pod).is_some_and(|c| {
+        c["state"].get("running").is_some() && c["containerID"].as_str().is_some_and(|s| !s.is_empty())
+    })
+}
+
+impl Done {
+    /// Whether this holds for `pod` (`None`: not in the API) and the events about it.
+    pub fn holds(&self, pod: Option<&Value>, events: &[&Value]) -> bool {
+        let restarts = || pod.and_then(c0).and_then(|c| c["restartCount"].as_u64()).unwrap_or(0);
+        match self {
+            Self::Phase(p) => pod.is_some_and(|p2| p2["status"]["phase"] == *p),
+            Self::Reason(r) => pod.is_some_and(|p| p["status"]["reason"] == *r),
+            Self::Waiting(r) => pod.and_then(c0).is_some_and(|c| c["state"]["waiting"]["reason"] == *r),
+            Self::RestartedAndRunning(n) => restarts() >= *n && pod.is_some_and(c0_running),
+            Self::Restarted(n) => restarts() >= *n,
+            Self::Started => pod.and_then(c0).is_some_and(|c| c["started"] == true),
+            Self::Ready(want) => pod.is_some_and(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == if *want { "True" } else { "False" })
+            }),
+            Self::Event(reason) => events.iter().any(|e| e["reason"] == *reason),
+            Self::EventCount(reason, n) => {
+                events
+                    .iter()
+                    .filter(|e| e["reason"] == *reason)
+                    .map(|e| e["count"].as_u64().unwrap_or(1).max(1))
+                    .sum::<u64>()
+                    >= *n
+            }
+            Self::Gone => pod.is_none(),
+            Self::All(all) => all.iter().all(|d| d.holds(pod, events)),
+        }
+    }
+}
+
+/// One scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Also the pod's name.
+    pub name: &'static str,
+    /// Ends within about 40 s: run in CI (`--fast`).
+    pub fast: bool,
+    /// Runs on a node configured to be under memory pressure once the pod fills its memory.
+    pub pressure: bool,
+    /// `ConfigMaps` created before the pod.
+    pub config_maps: Vec<Value>,
+    /// The pod, without `nodeName` (set by the runner).
+    pub pod: Value,
+    pub action: Action,
+    pub done: Done,
+    pub timeout: Duration,
+}
+
+/// A pod named `name` with `spec` merged over the defaults every scenario shares: the
+/// bench nodes' toleration, no service-account token, a 1 s grace period, restart Always.
+pub fn pod(name: &str, spec: &Value) -> Value {
+    let mut base = json!({
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": false,
+        "tolerations": [{ "key": BENCH_TAINT, "operator": "Exists" }],
+    });
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        base[k] = v.clone();
+    }
+    json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name }, "spec": base })
+}
+
+/// Container `c0` of busybox running `script` with `extra` fields merged in.
+pub fn c0_with(script: &str, extra: &Value) -> Value {
+    let mut c = json!({
+        "name": "c0",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", script],
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn exec_probe(command: &[&str], extra: &Value) -> Value {
+    let mut p = json!({ "exec": { "command": command }, "periodSeconds": 1, "failureThreshold": 1 });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        p[k] = v.clone();
+    }
+    p
+}
+
+const SLEEP: &str = "exec sleep 3600";
+
+/// Every scenario. `pull_registry` is the test bed's plain registry (`host:port`), where
+/// the image of the failing pull is absent.
+pub fn all(pull_registry: &str) -> Vec<Scenario> {
+    let fast = |name, pod: Value, action, done, secs| Scenario {
+        name,
+        fast: true,
+        pressure: false,
+        config_maps: Vec::new(),
+        pod,
+        action,
+        done,
+        timeout: Duration::from_secs(secs),
+    };
+    let kill = |name: &'static str, policy: &str, done| {
+        fast(
+            name,
+            pod(name, &json!({ "restartPolicy": policy, "containers": [c0_with(SLEEP, &json!({}))] })),
+            Action::KillFromHost,
+            done,
+            40,
+        )
+    };
+    let image = |name: &'static str, image: &str, policy: &str, done| {
+        let c = json!({ "name": "c0", "image": image, "imagePullPolicy": policy, "command": ["sleep", "3600"] });
+        fast(name, pod(name, &json!({ "containers": [c] })), Action::None, done, 40)
+    };
+    let mut v = vec![
+        fast(
+            "liveness-failing",
+            pod(
+                "liveness-failing",
+                &json!({ "containers": [c0_with(SLEEP, &json!({ "livenessProbe": exec_probe(&["sh", "-c", "echo sick; exit 1"], &json!({})) }))] }),
+            ),
+            Action::None,
+            // Killed and restarted twice, now in its first back-off (10 s): a state that
+            // lasts, whichever agent is slower to show it.
+            Done::All(vec![
+                Done::Restarted(2),
+                Done::Waiting("CrashLoopBackOff"),
+                Done::Event("Killing"),
+                Done::Event("Unhealthy"),
+            ]),
+            40,
+        ),
+        fast(
+            "liveness-erroring",
+            pod(
+                "liveness-erroring",
+                &json!({ "containers": [c0_with(SLEEP, &json!({ "livenessProbe": exec_probe(&["/no-such-probe"], &json!({})) }))] }),
+            ),
+            Action::None,
+            // Upstream does not restart a container whose probe errors (the result is
+            // unknown): the outcome is the warning.
+            Done::Event("Unhealthy"),
+            30,
+        ),
+        fast(
+            "completes",
+            pod("completes", &json!({ "restartPolicy": "Never", "containers": [c0_with("exit 0", &json!({}))] })),
+            Action::None,
+            Done::Phase("Succeeded"),
+            30,
+        ),
+        fast(
+            "readiness-failing",
+            pod(
+                "readiness-failing",
+                &json!({ "containers": [c0_with(SLEEP, &json!({ "readinessProbe": exec_probe(&["sh", "-c", "exit 1"], &json!({})) }))] }),
+            ),
+            Action::None,
+            Done::All(vec![Done::Phase("Running"), Done::Ready(false), Done::Event("Unhealthy")]),
+            40,
+        ),
+        fast(
+            "startup-probe",
+            pod(
+                "startup-probe",
+                &json!({ "containers": [c0_with("sleep 3; touch /tmp/started; exec sleep 3600", &json!({
+                    "startupProbe": exec_probe(&["cat", "/tmp/started"], &json!({ "failureThreshold": 30 })),
+                    "readinessProbe": exec_probe(&["true"], &json!({})),
+                }))] }),
+            ),
+            Action::None,
+            Done::All(vec![Done::Started, Done::Ready(true)]),
+            40,
+        ),
+        fast(
+            "crash-loop",
+            pod("crash-loop", &json!({ "containers": [c0_with("exit 3", &json!({}))] })),
+            Action::None,
+            // Restarted twice, so in the second back-off (20 s): a state that lasts,
+            // whichever agent is slower to show it.
+            Done::All(vec![Done::Restarted(2), Done::Event("BackOff")]),
+            40,
+        ),
+        fast(
+            "oom-kill",
+            pod(
+                "oom-kill",
+                &json!({ "restartPolicy": "Never", "containers": [c0_with("head -c 300m /dev/zero | tail", &json!({
+                    "resources": { "limits": { "memory": "32Mi" } },
+                }))] }),
+            ),
+            Action::None,
+            Done::Phase("Failed"),
+            40,
+        ),
+        fast(
+            "init-failure",
+            pod(
+                "init-failure",
+                &json!({
+                    "restartPolicy": "Never",
+                    "initContainers": [{ "name": "i0", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", "exit 2"] }],
+                    "containers": [c0_with(SLEEP, &json!({}))],
+                }),
+            ),
+            Action::None,
+            Done::Phase("Failed"),
+            40,
+        ),
+        kill("kill-always", "Always", Done::RestartedAndRunning(1)),
+        kill("kill-onfailure", "OnFailure", Done::RestartedAndRunning(1)),
+        kill("kill-never", "Never", Done::Phase("Failed")),
+        fast(
+            "delete-ignoring-sigterm",
+            pod(
+                "delete-ignoring-sigterm",
+                &json!({ "terminationGracePeriodSeconds": 3, "containers": [c0_with("trap '' TERM; while true; do sleep 1; done", &json!({}))] }),
+            ),
+            Action::Delete,
+            Done::Gone,
+            40,
+        ),
+        fast(
+            "prestop-hook-failing",
+            pod(
+                "prestop-hook-failing",
+                &json!({ "terminationGracePeriodSeconds": 3, "containers": [c0_with(SLEEP, &json!({
+                    "lifecycle": { "preStop": { "exec": { "command": ["sh", "-c", "echo bye; exit 1"] } } },
+                }))] }),
+            ),
+            Action::Delete,
+            Done::Gone,
+            40,
+        ),
+        // Pulled twice: upstream shows `ImagePullBackOff` only from its second pull on.
+        image(
+            "image-pull-error",
+            &format!("{pull_registry}/swiftlet/absent:1"),
+            "IfNotPresent",
+            Done::All(vec![Done::Waiting("ImagePullBackOff"), Done::EventCount("Pulling", 2)]),
+        ),
+        image(
+            "image-never-pull",
+            "localhost/absent:never",
+            "Never",
+            Done::All(vec![Done::Waiting("ErrImageNeverPull"), Done::Event("ErrImageNeverPull")]),
+        ),
+        image(
+            "image-invalid-name",
+            "localhost/Busybox:latest",
+            "IfNotPresent",
+            Done::All(vec![Done::Waiting("InvalidImageName"), Done::Event("InspectFailed")]),
+        ),
+        fast(
+            "admission-out-of-cpu",
+            pod(
+                "admission-out-of-cpu",
+                &json!({ "containers": [c0_with(SLEEP, &json!({ "resources": { "requests": { "cpu": "64" } } }))] }),
+            ),
+            Action::None,
+            Done::Phase("Failed"),
+            30,
+        ),
+        fast(
+            "admission-node-affinity",
+            pod(
+                "admission-node-affinity",
+                &json!({ "nodeSelector": { "swiftlet.dev/absent": "true" }, "containers": [c0_with(SLEEP, &json!({}))] }),
+            ),
+            Action::None,
+            Done::Phase("Failed"),
+            30,
+        ),
+    ];
+    v.push(Scenario {
+        name: "configmap-update",
+        fast: false,
+        pressure: false,
+        config_maps: vec![json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "fidelity-cm" },
+            "data": { "key": "v1" },
+        })],
+        pod: pod(
+            "configmap-update",
+            &json!({
+                "volumes": [{ "name": "cfg", "configMap": { "name": "fidelity-cm" } }],
+                "containers": [c0_with(SLEEP, &json!({
+                    "volumeMounts": [{ "name": "cfg", "mountPath": "/cfg" }],
+                    "readinessProbe": exec_probe(&["grep", "-q", "v2", "/cfg/key"], &json!({})),
+                }))],
+            }),
+        ),
+        action: Action::UpdateConfigMap { name: "fidelity-cm", key: "key", value: "v2" },
+        done: Done::Ready(true),
+        timeout: Duration::from_secs(150),
+    });
+    v.push(Scenario {
+        name: "node-pressure-eviction",
+        fast: false,
+        pressure: true,
+        config_maps: Vec::new(),
+        pod: pod(
+            "node-pressure-eviction",
+            &json!({
+                "volumes": [{ "name": "mem", "emptyDir": { "medium": "Memory" } }],
+                "containers": [c0_with(
+                    &format!("dd if=/dev/zero of=/mem/fill bs=1M count={HOG_MIB} 2>/dev/null; exec sleep 3600"),
+                    &json!({ "volumeMounts": [{ "name": "mem", "mountPath": "/mem" }] }),
+                )],
+            }),
+        ),
+        action: Action::None,
+        done: Done::All(vec![Done::Reason("Evicted"), Done::Phase("Failed")]),
+        timeout: Duration::from_secs(90),
+    });
+    v
+}
+
+/// What the eviction scenario's pod writes to its memory-backed volume, in MiB; the
+/// pressure node's `memory.available` threshold is set half of it below what is available
+/// when the node starts.
+pub const HOG_MIB: u64 = 2048;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_carry_the_defaults_and_their_own_spec() {
+        let p =
+            pod("x", &json!({ "restartPolicy": "Never", "containers": [c0_with("true", &json!({ "tty": true }))] }));
+        assert_eq!(p["metadata"]["name"], "x");
+        assert_eq!(p["spec"]["restartPolicy"], "Never");
+        assert_eq!(p["spec"]["terminationGracePeriodSeconds"], 1);
+        assert_eq!(p["spec"]["tolerations"][0]["key"], BENCH_TAINT);
+        assert_eq!(p["spec"]["containers"][0]["command"], json!(["sh", "-c", "true"]));
+        assert_eq!(p["spec"]["containers"][0]["tty"], true);
+    }
+
+    #[test]
+    fn scenarios_have_unique_names_and_cover_the_list() {
+        let all = all("127.0.0.1:5000");
+        let mut names: Vec<&str> = all.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+        assert!(all.iter().all(|s| s.pod["metadata"]["name"] == s.name));
+        assert!(all.iter().filter(|s| s.fast).all(|s| s.timeout <= Duration::from_secs(40) && !s.pressure));
+        assert_eq!(all.iter().filter(|s| !s.fast).count(), 2);
+    }
+
+    #[test]
+    fn done_conditions_read_the_pod_and_its_events() {
+        let pod = json!({"status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "c0", "restartCount": 2, "containerID": "containerd://a",
+                "state": {"running": {}}}]}});
+        let ev = json!({"reason": "Killing"});
+        let events = vec![&ev];
+        assert!(Done::Phase("Running").holds(Some(&pod), &[]));
+        assert!(Done::RestartedAndRunning(2).holds(Some(&pod), &[]));
+        assert!(!Done::RestartedAndRunning(3).holds(Some(&pod), &[]));
+        assert!(Done::Ready(false).holds(Some(&pod), &[]) && !Done::Ready(true).holds(Some(&pod), &[]));
+        assert!(Done::All(vec![Done::Event("Killing"), Done::Restarted(1)]).holds(Some(&pod), &events));
+        assert!(!Done::Event("BackOff").holds(Some(&pod), &events));
+        let twice = json!({"reason": "Pulling", "count": 2});
+        assert!(Done::EventCount("Pulling", 2).holds(Some(&pod), &[&twice]));
+        assert!(!Done::EventCount("Pulling", 3).holds(Some(&pod), &[&twice]));
+        assert!(Done::Gone.holds(None, &[]) && !Done::Gone.holds(Some(&pod), &[]));
+        assert!(c0_running(&pod));
+        assert!(!Done::Waiting("CrashLoopBackOff").holds(Some(&pod), &[]));
+    }
+}
