@@ -800,6 +800,10 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
     let other = args.other_agent.as_deref().map(|p| other_agent(ctx, p)).transpose()?;
     let (binaries, mut cri, env, containerd_pid) =
         eviction::prepare_bench(ctx, layout, args.swiftlet_bin.as_deref()).await?;
+    // A row that misses is reported with its profile: perf (Debian's linux-perf) takes it.
+    if let Err(e) = crate::apt::ensure(&["linux-perf"]) {
+        eprintln!("bench: cannot install linux-perf ({e:#}): rows that miss get no profile");
+    }
     session.env = Some(env);
     let dir = pleg::bench_dir(ctx);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
