@@ -273,22 +273,9 @@ pub struct NodeManager {
     /// Told when a heartbeat (Lease renewal, status update) fails: the other users of
     /// the API server leave their connections then (see [`NodeManager::with_heartbeat_failures`]).
     heartbeat_failed: Option<Arc<tokio::sync::Notify>>,
-    /// The node as the agent's watch on it last showed it (upstream's node lister): the
-    /// status loop reads it instead of a GET every period.
-    watched: Arc<RwLock<WatchedNode>>,
     /// The Lease the last renewal wrote (upstream's `latestLease`): the next renewal
     /// updates it without reading it first; after a failure it is read again.
     latest_lease: Arc<tokio::sync::Mutex<Option<Lease>>>,
-}
-
-/// What the watch on the node has shown.
-#[derive(Clone, Debug, Default)]
-enum WatchedNode {
-    /// Not listed yet, or the watch failed and has not recovered: read the API.
-    #[default]
-    Unsynced,
-    Absent,
-    Present(Box<Node>),
 }
 
 impl std::fmt::Debug for NodeManager {
@@ -320,70 +307,7 @@ impl NodeManager {
             runtime_state: None,
             shutdown: None,
             heartbeat_failed: None,
-            watched: Arc::default(),
             latest_lease: Arc::default(),
-        }
-    }
-
-    /// Watches this node (`fieldSelector=metadata.name=<node>`) into `watched`, as
-    /// upstream's kubelet keeps a node informer, until `shutdown`.
-    async fn watch_node(&self, shutdown: CancellationToken) {
-        use futures::StreamExt as _;
-        use kube::runtime::watcher;
-        let api: Api<Node> = Api::all(self.client.clone());
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.settings.node_name));
-        let mut stream = watcher::watcher(api, cfg).boxed();
-        let mut listed: Option<Node> = None;
-        loop {
-            let ev = tokio::select! {
-                () = shutdown.cancelled() => return,
-                ev = stream.next() => ev,
-            };
-            let Some(ev) = ev else { return };
-            let next = match ev {
-                Ok(watcher::Event::Init) => {
-                    listed = None;
-                    continue;
-                }
-                Ok(watcher::Event::InitApply(n)) => {
-                    listed = Some(n);
-                    continue;
-                }
-                Ok(watcher::Event::InitDone) => {
-                    listed.take().map_or(WatchedNode::Absent, |n| WatchedNode::Present(Box::new(n)))
-                }
-                Ok(watcher::Event::Apply(n)) => WatchedNode::Present(Box::new(n)),
-                Ok(watcher::Event::Delete(_)) => WatchedNode::Absent,
-                // kube-runtime retries; until it has listed again, the loop reads the API.
-                Err(e) => {
-                    tracing::debug!(error = %e, "node watch failed; reading the node from the API until it recovers");
-                    // A connection that failed under the watch (not an error status such as
-                    // 410 Gone) is a failed heartbeat, as the node read it replaces was: the
-                    // agent's other connections to the API server may be dead too (a
-                    // black-holed network), and are left for new ones.
-                    if !matches!(e, watcher::Error::WatchError(_)) {
-                        self.heartbeat_failed();
-                    }
-                    // The watcher stream backs off on its own only with `default_backoff`;
-                    // a short pause keeps a refusing API server from being hammered.
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                    WatchedNode::Unsynced
-                }
-            };
-            *self.watched.write().unwrap() = next;
-        }
-    }
-
-    /// The node as of now: from the watch when it is synced, else read from the API.
-    async fn read_node(&self, api: &Api<Node>) -> kube::Result<Option<Node>> {
-        let watched = self.watched.read().unwrap().clone();
-        match watched {
-            WatchedNode::Present(n) => Ok(Some(*n)),
-            // A deletion is confirmed by the API before the node is registered again.
-            WatchedNode::Absent | WatchedNode::Unsynced => api.get_opt(&self.settings.node_name).await,
         }
     }
 
@@ -633,11 +557,6 @@ impl NodeManager {
             let shutdown = shutdown.clone();
             tokio::spawn(async move { this.lease_loop(shutdown).await })
         };
-        let watch = {
-            let this = self.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move { this.watch_node(shutdown).await })
-        };
         let api: Api<Node> = Api::all(self.client.clone());
         let mut last_reported = node.status.clone();
         let mut last_report_at = tokio::time::Instant::now();
@@ -649,11 +568,12 @@ impl NodeManager {
                 _ = tick.tick() => {}
                 () = self.sync_now.notified() => {}
             }
-            // Like upstream's tryUpdateNodeStatus, look at the node every period (from the
-            // watch, as upstream's lister; from the API while the watch is not synced): a
-            // node object that was deleted is registered again at once, not at the next
-            // report.
-            let fetched = match self.read_node(&api).await {
+            // Like upstream's tryUpdateNodeStatus, read the node every period: a node object
+            // that was deleted is registered again at once, not at the next report. (Upstream
+            // reads it from its node informer; swiftlet reads the API, over the heartbeat
+            // client: that read failing is what makes the agent leave black-holed
+            // connections, see the README's known limitations.)
+            let fetched = match api.get_opt(&self.settings.node_name).await {
                 Ok(None) => {
                     tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
                     if let Some(n) = self.register_until_done(&shutdown).await {
@@ -699,7 +619,6 @@ impl NodeManager {
             }
         }
         lease.abort();
-        watch.abort();
     }
 
     fn lease_object(&self, node_uid: Option<String>, existing: Option<Lease>) -> Lease {
