@@ -785,22 +785,21 @@ impl RuntimeManager {
         }
 
         let mut sandbox_id = actions.sandbox_id.clone();
-        let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, actions.create_sandbox) {
+        // Upstream generates the sandbox config, and records its DNS warnings, when it creates
+        // a sandbox and again before it starts any container (`lazyStart`), in back-off too:
+        // a new pod gets `MissingClusterDNS` twice, and once more each sync that has a
+        // container to start. One config serves both here; its warnings are recorded as often.
+        let starts_any = actions.next_init_container.is_some()
+            || !actions.containers_to_start.is_empty()
+            || !actions.ephemeral_containers_to_start.is_empty();
+        let dns_records = usize::from(actions.create_sandbox) + usize::from(starts_any);
+        let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, dns_records) {
             Ok(c) => c,
             Err(e) => {
                 result.errors.push(format!("CreatePodSandboxConfig: {e}"));
                 return result;
             }
         };
-        // Upstream generates the sandbox config again before it starts any container
-        // (`lazyStart`), in back-off too, and its DNS warnings with it: a new pod gets
-        // `MissingClusterDNS` twice, and once more each sync that has a container to start.
-        let starts_any = actions.next_init_container.is_some()
-            || !actions.containers_to_start.is_empty()
-            || !actions.ephemeral_containers_to_start.is_empty();
-        if starts_any {
-            let _ = self.sandbox_config_recording(pod, actions.attempt, true);
-        }
         let mut pod_ips = status.ips().to_vec();
         if actions.create_sandbox {
             result.touched_runtime = true;
@@ -1177,12 +1176,12 @@ impl RuntimeManager {
 
     /// Builds the CRI sandbox config of a pod (upstream `generatePodSandboxConfig`).
     pub fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<api::PodSandboxConfig> {
-        self.sandbox_config_recording(pod, attempt, false)
+        self.sandbox_config_recording(pod, attempt, 0)
     }
 
-    /// [`Self::sandbox_config`], recording the DNS warnings as events when `record` (when
-    /// a sandbox is created and before containers are started, as upstream).
-    fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, record: bool) -> Result<api::PodSandboxConfig> {
+    /// [`Self::sandbox_config`], recording the DNS warnings as events `records` times (once
+    /// for a sandbox created, once for containers to start, as upstream generates it).
+    fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, records: usize) -> Result<api::PodSandboxConfig> {
         let spec = pod.spec.as_ref().ok_or_else(|| Error::Invalid(no_spec(pod)))?;
         let host_network = is_host_network(spec);
         // Host-network sandboxes fail in containerd 1.6 when a hostname is set; the
@@ -1249,10 +1248,12 @@ impl RuntimeManager {
         let host_resolv = dns::read_resolv_conf(&self.dns.resolv_conf).map_err(|e| Error::Invalid(e.to_string()))?;
         let (dns_config, dns_events) =
             dns::pod_dns_config(pod, &self.dns, host_resolv.as_ref(), self.cfg.host_ip.as_deref());
-        if record && let Some(r) = &self.recorder {
-            for e in dns_events {
-                let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
-                r.record(object, EventType::Warning, e.reason, e.message);
+        if let Some(r) = &self.recorder {
+            for _ in 0..records {
+                for e in &dns_events {
+                    let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
+                    r.record(object, EventType::Warning, e.reason, e.message.clone());
+                }
             }
         }
         let dns_config = Some(dns_config);
@@ -3745,7 +3746,7 @@ mod tests {
             // No cluster DNS: the host's resolver, and warnings on the pod and the node when
             // a sandbox is created.
             let e = env(dns::DnsSettings { cluster_dns: vec![], ..cluster_dns(tmp.path()) });
-            let sb = e.rm.sandbox_config_recording(&p, 0, true).unwrap();
+            let sb = e.rm.sandbox_config_recording(&p, 0, 1).unwrap();
             assert_eq!(sb.dns_config.unwrap().servers, ["192.0.2.53"]);
             let missing = e.recorder.list();
             assert_eq!(missing.len(), 2);
