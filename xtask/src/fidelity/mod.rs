@@ -468,11 +468,7 @@ async fn act(client: &mut ApiClient, cri: &mut CriClient, namespace: &str, s: &S
     match &s.action {
         Action::None => Ok(()),
         Action::KillFromHost => {
-            let id = pod["status"]["containerStatuses"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["name"] == "c0")
+            let id = scenarios::c0(pod)
                 .and_then(|c| c["containerID"].as_str())
                 .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
                 .context("no container id for c0")?;

@@ -55,7 +55,8 @@ pub enum Done {
     All(Vec<Done>),
 }
 
-fn c0(pod: &Value) -> Option<&Value> {
+/// Container `c0`'s status in `pod`.
+pub fn c0(pod: &Value) -> Option<&Value> {
     pod["status"]["containerStatuses"].as_array()?.iter().find(|c| c["name"] == "c0")
 }
 
