@@ -381,7 +381,8 @@ fn node_settings(cfg: &Config, node_ip: Option<std::net::IpAddr>) -> crate::node
 /// never throttled (a node must not look dead because its pods were busy), whose requests
 /// time out after the shorter of `nodeStatusUpdateFrequency` and the lease duration. The
 /// node's registration goes through `heartbeat` too (upstream's uses the main client): the
-/// node manager does both, and a registration is a handful of requests.
+/// node manager does both, and a registration is a handful of requests. The watch on the
+/// node goes through `main` (see [`crate::node::watch`]).
 #[derive(Clone)]
 struct ApiClients {
     main: kube::Client,
@@ -398,6 +399,8 @@ struct ApiClientsBase {
     main_bucket: Arc<crate::api_throttle::TokenBucket>,
     events_bucket: Arc<crate::api_throttle::TokenBucket>,
     heartbeat_timeout: Option<Duration>,
+    /// The Lease renewal interval (a quarter of the lease duration).
+    renew_interval: Duration,
 }
 
 impl ApiClientsBase {
@@ -414,6 +417,7 @@ impl ApiClientsBase {
             main_bucket: Arc::new(crate::api_throttle::TokenBucket::new(kc.kube_api_qps as f32, kc.kube_api_burst)),
             events_bucket: Arc::new(crate::api_throttle::TokenBucket::new(kc.event_record_qps as f32, kc.event_burst)),
             heartbeat_timeout: Some(kc.node_status_update_frequency.to_std().min(lease)).filter(|t| !t.is_zero()),
+            renew_interval: lease / 4,
         })
     }
 
@@ -436,13 +440,31 @@ impl ApiClientsBase {
                 None => builder.build(),
             })
         };
-        let mut heartbeat = config.clone();
-        heartbeat.read_timeout = self.heartbeat_timeout.or(heartbeat.read_timeout);
-        heartbeat.write_timeout = self.heartbeat_timeout.or(heartbeat.write_timeout);
+        // The heartbeat client's requests time out after the period (upstream's
+        // `heartbeatClientConfig.Timeout`), counted from each request. Its sockets' read
+        // timeout is longer, counted from each write: a connection idle between two
+        // renewals stays in the pool (had it timed out on its own, every renewal would go
+        // over a new connection), and a response whose body stalls is still cut. Reusing
+        // the connection is what lets a failed renewal show that the network has
+        // black-holed the agent's connections (see `Reconnector`), as upstream's
+        // heartbeats share the agent's one connection.
+        let heartbeat = match self.heartbeat_timeout {
+            Some(timeout) => {
+                let mut c = config.clone();
+                c.read_timeout = Some((timeout * 2).max(self.renew_interval + timeout));
+                c.write_timeout = Some(timeout);
+                c.reset_reader_on_write = true;
+                kube::client::ClientBuilder::try_from(c)
+                    .map_err(|e| err(e.to_string()))?
+                    .with_layer(&tower::timeout::TimeoutLayer::new(timeout))
+                    .build()
+            }
+            None => client(config.clone(), None)?,
+        };
         Ok(ApiClients {
             main: client(config.clone(), Some(&self.main_bucket))?,
             events: client(config, Some(&self.events_bucket))?,
-            heartbeat: client(heartbeat, None)?,
+            heartbeat,
         })
     }
 }
@@ -1079,7 +1101,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 mirrors.clone(),
                 startup.clone(),
                 metrics.clone(),
-                connections,
+                connections.clone(),
                 shutdown.clone(),
             )
             .instrument(tracing::info_span!("api_pods")),
@@ -1095,6 +1117,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         .with_runtime_state(runtime_state.clone())
         .with_shutdown_status(shutdown_status.clone())
         .with_heartbeat_failures(heartbeat_failed)
+        .with_node_watch(client.clone(), connections)
         .with_pressure({
             let eviction = eviction.clone();
             Arc::new(move || {
@@ -1328,11 +1351,9 @@ mod api_clients_tests {
         async move { client.request_text(http::Request::get("/api/v1/namespaces").body(Vec::new()).unwrap()).await }
     }
 
-    /// A reset leaves the pooled connections: a server that answers one request per
-    /// connection and then holds it (a black-holed connection) stalls the next request
-    /// on the pooled connection; after a reset, it goes out on a new one.
-    #[tokio::test]
-    async fn a_reset_leaves_pooled_connections_for_new_ones() {
+    /// A server that answers one request per connection and then holds it (a black-holed
+    /// connection): its port and the count of connections it accepted.
+    async fn answer_once_then_hold() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -1358,6 +1379,40 @@ mod api_clients_tests {
                 });
             }
         });
+        (port, connections)
+    }
+
+    /// The heartbeat client keeps its connection between renewals further apart than its
+    /// timeout, and a request on it that gets no answer fails after the timeout. Found by
+    /// the black-holed-connections e2e test: with the timeout as the sockets' read timeout,
+    /// an idle connection timed out on its own, every renewal went over a new connection,
+    /// and no renewal ever failed on a black-holed one.
+    #[tokio::test]
+    async fn heartbeats_reuse_their_idle_connection_and_time_out_on_it() {
+        let (port, connections) = answer_once_then_hold().await;
+        let dir = tempfile::tempdir().unwrap();
+        let kc = KubeletConfiguration {
+            node_status_update_frequency: crate::config::GoDuration::from_millis(500),
+            node_lease_duration_seconds: 2,
+            ..KubeletConfiguration::default()
+        };
+        let clients = ApiClients::from_kubeconfig(&plain_kubeconfig(dir.path(), port), &kc).await.unwrap();
+        get(&clients.heartbeat).await.unwrap();
+        // Idle for longer than the timeout, as between two renewals.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let second = tokio::time::timeout(Duration::from_secs(5), get(&clients.heartbeat))
+            .await
+            .expect("a heartbeat without an answer did not time out");
+        assert!(second.is_err(), "answered on a new connection instead of the pooled one: {second:?}");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// A reset leaves the pooled connections: a server that answers one request per
+    /// connection and then holds it (a black-holed connection) stalls the next request
+    /// on the pooled connection; after a reset, it goes out on a new one.
+    #[tokio::test]
+    async fn a_reset_leaves_pooled_connections_for_new_ones() {
+        let (port, connections) = answer_once_then_hold().await;
         let dir = tempfile::tempdir().unwrap();
         let path = plain_kubeconfig(dir.path(), port);
         let base = ApiClientsBase::load(&path, &KubeletConfiguration::default()).await.unwrap();

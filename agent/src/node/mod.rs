@@ -5,6 +5,7 @@
 
 pub mod facts;
 pub mod runtime_state;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -276,6 +277,10 @@ pub struct NodeManager {
     /// The Lease the last renewal wrote (upstream's `latestLease`): the next renewal
     /// updates it without reading it first; after a failure it is read again.
     latest_lease: Arc<tokio::sync::Mutex<Option<Lease>>>,
+    /// Where the status loop reads the node (upstream's node lister), and the client and
+    /// connection generation its watch runs on (see [`NodeManager::with_node_watch`]).
+    watched: watch::WatchedNode,
+    node_watch: Option<(kube::Client, tokio::sync::watch::Receiver<u64>)>,
 }
 
 impl std::fmt::Debug for NodeManager {
@@ -308,6 +313,27 @@ impl NodeManager {
             shutdown: None,
             heartbeat_failed: None,
             latest_lease: Arc::default(),
+            watched: watch::WatchedNode::default(),
+            node_watch: None,
+        }
+    }
+
+    /// Reads the node from a watch on `client` (the main client: see [`watch`]) that
+    /// starts again whenever `connections` moves on, instead of a GET every
+    /// `nodeStatusUpdateFrequency`. Without it, every period reads the API.
+    #[must_use]
+    pub fn with_node_watch(mut self, client: kube::Client, connections: tokio::sync::watch::Receiver<u64>) -> Self {
+        self.node_watch = Some((client, connections));
+        self
+    }
+
+    /// The node as of now: from the watch while it has the node, else from the API (also
+    /// to confirm a deletion the watch saw before registering again).
+    async fn read_node(&self, api: &Api<Node>) -> kube::Result<Option<Node>> {
+        let watched = self.watched.read().unwrap().clone();
+        match watched {
+            watch::Watched::Present(n) => Ok(Some(*n)),
+            watch::Watched::Absent | watch::Watched::Unsynced => api.get_opt(&self.settings.node_name).await,
         }
     }
 
@@ -557,6 +583,15 @@ impl NodeManager {
             let shutdown = shutdown.clone();
             tokio::spawn(async move { this.lease_loop(shutdown).await })
         };
+        let watching = self.node_watch.clone().map(|(client, connections)| {
+            tokio::spawn(watch::run(
+                client,
+                self.settings.node_name.clone(),
+                self.watched.clone(),
+                connections,
+                shutdown.clone(),
+            ))
+        });
         let api: Api<Node> = Api::all(self.client.clone());
         let mut last_reported = node.status.clone();
         let mut last_report_at = tokio::time::Instant::now();
@@ -568,12 +603,10 @@ impl NodeManager {
                 _ = tick.tick() => {}
                 () = self.sync_now.notified() => {}
             }
-            // Like upstream's tryUpdateNodeStatus, read the node every period: a node object
-            // that was deleted is registered again at once, not at the next report. (Upstream
-            // reads it from its node informer; swiftlet reads the API, over the heartbeat
-            // client: that read failing is what makes the agent leave black-holed
-            // connections, see the README's known limitations.)
-            let fetched = match api.get_opt(&self.settings.node_name).await {
+            // Like upstream's tryUpdateNodeStatus, look at the node every period, from the
+            // watch (upstream's node lister) while it has it, else from the API: a node
+            // object that was deleted is registered again at once, not at the next report.
+            let fetched = match self.read_node(&api).await {
                 Ok(None) => {
                     tracing::warn!(node = %self.settings.node_name, "node object was deleted; registering again");
                     if let Some(n) = self.register_until_done(&shutdown).await {
@@ -619,6 +652,9 @@ impl NodeManager {
             }
         }
         lease.abort();
+        if let Some(w) = watching {
+            w.abort();
+        }
     }
 
     fn lease_object(&self, node_uid: Option<String>, existing: Option<Lease>) -> Lease {
