@@ -487,6 +487,49 @@ async fn node_restriction_lets_the_node_change_only_itself() -> Result<()> {
     node.leave(&cri).await
 }
 
+/// The Node object deleted under a running agent is registered again within a status
+/// period: the agent's watch on its node shows it gone, the API confirms, and the agent
+/// registers a new one (with a new UID), Ready, and renews its Lease for it.
+#[tokio::test]
+async fn a_deleted_node_object_is_registered_again() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, node, cri) = join("re-register").await?;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client());
+    let first = node.wait_ready(Duration::from_secs(30)).await?.metadata.uid;
+    nodes.delete(&node.name, &DeleteParams::default()).await?;
+    let leases = Api::<Lease>::namespaced(cluster.client(), "kube-node-lease");
+    let owner = async || -> Result<Option<String>> {
+        let lease = leases.get_opt(&node.name).await?;
+        Ok(lease.and_then(|l| l.metadata.owner_references).and_then(|o| o.first().map(|o| o.uid.clone())))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second = loop {
+        let uid = nodes.get_opt(&node.name).await?.and_then(|n| n.metadata.uid);
+        if uid.is_some() && uid != first {
+            break uid;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the deleted node was not registered again within 30 s\n{}",
+            tail(&node.agent.log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    node.wait_ready(Duration::from_secs(30)).await?;
+    // The Lease is renewed for the new node (the old one's was owned by the old node).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while owner().await? != second {
+        ensure!(
+            Instant::now() < deadline,
+            "the Lease is not owned by the new node within 30 s: {:?}\n{}",
+            owner().await?,
+            tail(&node.agent.log(), 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    node.leave(&cri).await
+}
+
 /// The node lifecycle controller marks a node whose heartbeats it missed `Ready: Unknown`
 /// and its pods `Ready: False` (a partition between node and API server, say; found by a
 /// 5-minute API server outage). As upstream's kubelet (which compares its new status with
