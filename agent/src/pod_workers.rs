@@ -35,7 +35,13 @@
 //! `kubelet_restarted_pods`. Upstream's housekeeping does the same in two steps
 //! (`SyncKnownPods` drops the finished worker, `HandlePodCleanups` sends a `Create` for
 //! the desired pod without one and counts it); restarting in place keeps every later
-//! update of the UID in the one channel, so none can reach a worker about to end.
+//! update of the UID in the one mailbox, so none can reach a worker about to end.
+//!
+//! What is sent to a worker waits in one pending slot per pod (upstream's
+//! `pendingUpdate`), not a queue: updates sent while the worker syncs merge into it (the
+//! latest pod, the strongest kind, the order of a kill and a create), so a pod sent a
+//! thousand updates during one long image pull holds one pod object, and the worker takes
+//! them in at its next look in one step.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -43,7 +49,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use rand::Rng as _;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
@@ -118,6 +124,7 @@ pub struct SyncDeps {
     pub runtime_state: Option<Arc<crate::node::runtime_state::RuntimeState>>,
 }
 
+#[derive(Debug)]
 struct Work {
     pod: Option<Pod>,
     kind: WorkType,
@@ -125,9 +132,96 @@ struct Work {
     started: Option<String>,
 }
 
+/// What a worker has not taken in yet: everything sent since it last looked, merged into
+/// one update as it arrives (upstream's per-pod `pendingUpdate` slot), so a pod sent a
+/// thousand updates during one long sync holds one pod object, not a thousand.
+#[derive(Debug, Default)]
+struct Pending {
+    /// The latest pod sent.
+    pod: Option<Pod>,
+    /// The strongest kind sent ([`merge_kind`]); `None`: nothing was sent.
+    kind: Option<WorkType>,
+    /// A kill was sent: the pod is no longer desired.
+    killed: bool,
+    /// A create (with a pod) came after the last kill, or without one: if the pod is no
+    /// longer desired, it restarts once terminated.
+    created_after_kill: bool,
+    /// Containers (or sandboxes) that PLEG events said started: news only if the status
+    /// does not show them yet.
+    started: Vec<String>,
+    /// Anything else was sent (always news).
+    other: bool,
+}
+
+impl Pending {
+    /// Adds `w`, in the order it was sent.
+    fn add(&mut self, w: Work) {
+        match &w.kind {
+            WorkType::Kill { .. } => {
+                self.killed = true;
+                self.created_after_kill = false;
+            }
+            WorkType::Create if w.pod.is_some() => self.created_after_kill = true,
+            _ => {}
+        }
+        match (&w.kind, w.started) {
+            (WorkType::Sync, Some(id)) => self.started.push(id),
+            _ => self.other = true,
+        }
+        self.kind = Some(match self.kind.take() {
+            Some(k) => merge_kind(k, w.kind),
+            None => w.kind,
+        });
+        if w.pod.is_some() {
+            self.pod = w.pod;
+        }
+    }
+}
+
+/// One worker's pending slot and its wake-up.
+#[derive(Debug, Default)]
+struct Mailbox {
+    /// The pending update, and whether the worker has stopped taking any.
+    slot: Mutex<(Pending, bool)>,
+    wake: Notify,
+}
+
+impl Mailbox {
+    /// Merges `w` into the slot and wakes the worker; gives `w` back if the worker is gone.
+    fn send(&self, w: Work) -> Result<(), Box<Work>> {
+        let mut slot = self.slot.lock().unwrap();
+        if slot.1 {
+            return Err(Box::new(w));
+        }
+        slot.0.add(w);
+        drop(slot);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Everything sent since the last take, if anything was.
+    fn take(&self) -> Option<Pending> {
+        let pending = std::mem::take(&mut self.slot.lock().unwrap().0);
+        pending.kind.is_some().then_some(pending)
+    }
+
+    fn close(&self) {
+        self.slot.lock().unwrap().1 = true;
+    }
+}
+
+/// Closes the worker's mailbox however its task ends (finished, shut down, panicked).
+struct CloseOnDrop(Arc<Mailbox>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 #[derive(Debug)]
 struct Handle {
-    tx: mpsc::UnboundedSender<Work>,
+    mailbox: Arc<Mailbox>,
     state: WorkerState,
     full_name: (String, String),
 }
@@ -206,19 +300,22 @@ impl PodWorkers {
         let work = Work { pod: Some(pod), kind, started };
         let mut reg = self.registry.lock().unwrap();
         let work = match reg.workers.get(&uid) {
-            Some(h) => match h.tx.send(work) {
+            Some(h) => match h.mailbox.send(work) {
                 Ok(()) => return,
-                Err(mpsc::error::SendError(w)) => w,
+                Err(w) => *w,
             },
             None => work,
         };
         let pod = work.pod.clone().expect("sent with a pod");
         let full_name = full_name_of(&pod);
-        let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(work).expect("receiver alive");
-        reg.workers.insert(uid.clone(), Handle { tx, state: WorkerState::Syncing, full_name: full_name.clone() });
+        let mailbox = Arc::new(Mailbox::default());
+        mailbox.send(work).expect("a new mailbox is open");
+        reg.workers.insert(
+            uid.clone(),
+            Handle { mailbox: mailbox.clone(), state: WorkerState::Syncing, full_name: full_name.clone() },
+        );
         drop(reg);
-        self.spawn(&uid, Some(pod), rx, WorkerState::Syncing);
+        self.spawn(&uid, Some(pod), mailbox, WorkerState::Syncing);
     }
 
     /// Terminates a pod that only the runtime knows (upstream "runtime-only pods").
@@ -228,18 +325,24 @@ impl PodWorkers {
             return;
         }
         self.deps.metrics.orphaned_runtime_pods.inc();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tx.send(Work { pod: None, kind: WorkType::Kill { grace: None }, started: None }).expect("receiver alive");
+        let mailbox = Arc::new(Mailbox::default());
+        mailbox
+            .send(Work { pod: None, kind: WorkType::Kill { grace: None }, started: None })
+            .expect("a new mailbox is open");
         reg.workers.insert(
             rp.uid.clone(),
-            Handle { tx, state: WorkerState::Terminating, full_name: (rp.namespace.clone(), rp.name.clone()) },
+            Handle {
+                mailbox: mailbox.clone(),
+                state: WorkerState::Terminating,
+                full_name: (rp.namespace.clone(), rp.name.clone()),
+            },
         );
         drop(reg);
         tracing::info!(uid = %rp.uid, pod = %format!("{}/{}", rp.namespace, rp.name), "killing orphaned runtime pod");
-        self.spawn(&rp.uid, None, rx, WorkerState::Terminating);
+        self.spawn(&rp.uid, None, mailbox, WorkerState::Terminating);
     }
 
-    fn spawn(&self, uid: &str, pod: Option<Pod>, rx: mpsc::UnboundedReceiver<Work>, state: WorkerState) {
+    fn spawn(&self, uid: &str, pod: Option<Pod>, mailbox: Arc<Mailbox>, state: WorkerState) {
         let worker = Worker {
             uid: uid.to_string(),
             pod,
@@ -256,7 +359,7 @@ impl PodWorkers {
         };
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
         let shutdown = self.shutdown.clone();
-        self.tracker.spawn(worker.run(rx, shutdown).instrument(span));
+        self.tracker.spawn(worker.run(mailbox, shutdown).instrument(span));
     }
 
     fn set_state(&self, uid: &str, state: WorkerState) {
@@ -390,32 +493,26 @@ fn resync_after(base: Duration) -> Duration {
 }
 
 impl Worker {
-    /// Takes in a piece of work; its kind, and whether it can change anything (all but
-    /// a PLEG start the status already shows).
+    /// Takes in what was sent since the worker last looked; its kind, and whether it can
+    /// change anything (all but PLEG starts the status already shows).
     ///
     /// A kill makes the pod undesired at once; a create of a pod that is no longer
-    /// desired asks for a restart once its termination is done (both decided per item,
-    /// before pending work is merged, so a kill and a create in one batch keep both).
-    fn absorb(&mut self, w: Work) -> (WorkType, bool) {
-        let news = match (&w.kind, &w.started) {
-            (WorkType::Sync, Some(id)) => !self.seen_started.contains(id),
-            _ => true,
-        };
-        match w.kind {
-            WorkType::Kill { .. } => {
-                self.desired = false;
-                self.restart_requested = false;
-            }
-            WorkType::Create if !self.desired && w.pod.is_some() => {
-                tracing::info!("pod added again while it terminates; it restarts once terminated");
-                self.restart_requested = true;
-            }
-            _ => {}
+    /// desired asks for a restart once its termination is done (the slot keeps the order
+    /// of the two, so a kill and a create sent between two looks keep both).
+    fn absorb(&mut self, p: Pending) -> (WorkType, bool) {
+        let news = p.other || p.started.iter().any(|id| !self.seen_started.contains(id));
+        if p.killed {
+            self.desired = false;
+            self.restart_requested = false;
         }
-        if let Some(p) = w.pod {
-            self.pod = Some(p);
+        if p.created_after_kill && !self.desired {
+            tracing::info!("pod added again while it terminates; it restarts once terminated");
+            self.restart_requested = true;
         }
-        (w.kind, news)
+        if let Some(pod) = p.pod {
+            self.pod = Some(pod);
+        }
+        (p.kind.unwrap_or(WorkType::Sync), news)
     }
 
     /// Notes which sandboxes and containers `status`, which the pod's status was just
@@ -440,7 +537,8 @@ impl Worker {
         &self.uid
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Work>, shutdown: CancellationToken) {
+    async fn run(mut self, mailbox: Arc<Mailbox>, shutdown: CancellationToken) {
+        let _close = CloseOnDrop(mailbox.clone());
         if self.pod.is_none() {
             self.desired = false;
         }
@@ -463,26 +561,20 @@ impl Worker {
                 };
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    w = rx.recv() => match w {
-                        Some(w) => {
-                            let (k, n) = self.absorb(w);
-                            work = Some(k);
-                            news |= n;
-                        }
-                        None => return,
-                    },
+                    () = mailbox.wake.notified() => {}
                     () = sleep => {
                         work = Some(WorkType::Sync);
                         news = true;
                     }
                 }
             }
-            while let Ok(w) = rx.try_recv() {
-                let (k, n) = self.absorb(w);
+            if let Some(p) = mailbox.take() {
+                let (k, n) = self.absorb(p);
                 work = Some(merge_kind(work.take().unwrap_or(WorkType::Sync), k));
                 news |= n;
             }
-            let kind = work.take().unwrap_or(WorkType::Sync);
+            // A wake-up for what an earlier look already took.
+            let Some(kind) = work.take() else { continue };
             if !std::mem::take(&mut news)
                 && matches!(kind, WorkType::Sync)
                 && self.state == WorkerState::Syncing
@@ -948,6 +1040,54 @@ mod tests {
                                      "terminationMessagePath": ""}]}
         }))
         .unwrap()
+    }
+
+    fn work(p: Option<&Pod>, kind: WorkType, started: Option<&str>) -> Work {
+        Work { pod: p.cloned(), kind, started: started.map(str::to_owned) }
+    }
+
+    /// The slot keeps one pod (the latest) and one kind (the strongest), however many
+    /// updates are sent before the worker looks: upstream's single pending update.
+    #[test]
+    fn the_pending_slot_holds_one_merged_update() {
+        let mailbox = Mailbox::default();
+        for i in 0..1000 {
+            let mut p = pod("u1", "a", "Always", false);
+            p.metadata.resource_version = Some(i.to_string());
+            mailbox.send(work(Some(&p), WorkType::Update, None)).unwrap();
+        }
+        mailbox.send(work(None, WorkType::Kill { grace: Some(3) }, None)).unwrap();
+        mailbox.send(work(None, WorkType::Sync, Some("c1"))).unwrap();
+        let p = mailbox.take().expect("pending");
+        assert_eq!(p.pod.unwrap().metadata.resource_version.as_deref(), Some("999"));
+        assert_eq!(p.kind, Some(WorkType::Kill { grace: Some(3) }));
+        assert!(p.killed && !p.created_after_kill && p.other);
+        assert_eq!(p.started, ["c1"]);
+        assert!(mailbox.take().is_none(), "taken once");
+        mailbox.close();
+        assert!(mailbox.send(work(None, WorkType::Sync, None)).is_err(), "a closed slot gives the work back");
+    }
+
+    /// The order of a kill and a create sent between two looks is kept: kill then create
+    /// restarts the pod once terminated; create then kill does not.
+    #[test]
+    fn the_pending_slot_keeps_the_order_of_kill_and_create() {
+        let p = pod("u1", "a", "Always", false);
+        let mut kill_create = Pending::default();
+        kill_create.add(work(None, WorkType::Kill { grace: None }, None));
+        kill_create.add(work(Some(&p), WorkType::Create, None));
+        assert!(kill_create.killed && kill_create.created_after_kill);
+        assert_eq!(kill_create.kind, Some(WorkType::Kill { grace: None }));
+        let mut create_kill = Pending::default();
+        create_kill.add(work(Some(&p), WorkType::Create, None));
+        create_kill.add(work(None, WorkType::Kill { grace: None }, None));
+        assert!(create_kill.killed && !create_kill.created_after_kill);
+        // PLEG starts alone are not "other" news.
+        let mut starts = Pending::default();
+        starts.add(work(Some(&p), WorkType::Sync, Some("c1")));
+        starts.add(work(Some(&p), WorkType::Sync, Some("c2")));
+        assert!(!starts.other);
+        assert_eq!(starts.started, ["c1", "c2"]);
     }
 
     struct Env {
