@@ -15,7 +15,7 @@ use super::labels::{self, ContainerKind};
 use super::pod_status::{ContainerState, RuntimePodStatus};
 use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
-use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
+use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::images::puller::EnsuredImage;
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
 use crate::volumes::{NoApiServer, VolumeManager};
@@ -23,6 +23,9 @@ use crate::volumes::{NoApiServer, VolumeManager};
 pub mod dns;
 pub mod env;
 pub mod pod_actions;
+mod sandbox;
+#[cfg(test)]
+mod testing;
 
 pub(crate) use pod_actions::pod_sandbox_changed_why;
 pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with, should_container_be_restarted};
@@ -732,37 +735,6 @@ impl RuntimeManager {
         None
     }
 
-    async fn create_sandbox(&self, pod: &Pod, config: &api::PodSandboxConfig) -> Result<(String, Vec<String>)> {
-        std::fs::create_dir_all(self.pod_log_dir(pod))
-            .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
-        let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
-        let started = std::time::Instant::now();
-        let run = async {
-            let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
-            let ran = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await;
-            if let Ok(id) = &ran {
-                under_way.succeeded(id, "");
-            }
-            ran
-        };
-        let id = self.sandbox_gate.run("RunPodSandbox", run).await?;
-        self.containers_changed();
-        self.metrics
-            .run_podsandbox_duration
-            .get_or_create(&crate::metrics::RuntimeHandlerLabels { runtime_handler: handler })
-            .observe(started.elapsed().as_secs_f64());
-        let st = self.rt.pod_sandbox_status(&id).await?;
-        let mut ips = Vec::new();
-        if let Some(net) = st.network {
-            if !net.ip.is_empty() {
-                ips.push(net.ip);
-            }
-            ips.extend(net.additional_ips.into_iter().map(|i| i.ip));
-        }
-        tracing::info!(pod = %pod_full_name(pod), sandbox = %id, ?ips, "created pod sandbox");
-        Ok((id, ips))
-    }
-
     /// The registry credentials to try for `image`, in order (upstream
     /// `getPullSecretsForPod` + the union keyring): the pod's `imagePullSecrets` first,
     /// then the node's docker config. A pull secret that cannot be read is a
@@ -934,107 +906,6 @@ impl RuntimeManager {
             }
         }
         Ok(())
-    }
-
-    /// Builds the CRI sandbox config of a pod (upstream `generatePodSandboxConfig`).
-    pub fn sandbox_config(&self, pod: &Pod, attempt: u32) -> Result<api::PodSandboxConfig> {
-        self.sandbox_config_recording(pod, attempt, 0)
-    }
-
-    /// [`Self::sandbox_config`], recording the DNS warnings as events `records` times (once
-    /// for a sandbox created, once for containers to start, as upstream generates it).
-    fn sandbox_config_recording(&self, pod: &Pod, attempt: u32, records: usize) -> Result<api::PodSandboxConfig> {
-        let spec = pod.spec.as_ref().ok_or_else(|| Error::Invalid(no_spec(pod)))?;
-        let host_network = is_host_network(spec);
-        // Host-network sandboxes fail in containerd 1.6 when a hostname is set; the
-        // kubelet leaves it empty for them too.
-        let hostname = if host_network {
-            String::new()
-        } else {
-            let (hostname, domain) = dns::pod_hostname_and_domain(pod, &self.dns.cluster_domain)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
-            dns::kernel_hostname(&hostname, &domain, spec.set_hostname_as_fqdn.unwrap_or(false))
-                .map_err(|e| Error::Invalid(e.to_string()))?
-        };
-        let mut port_mappings = Vec::new();
-        for c in &spec.containers {
-            for p in c.ports.iter().flatten() {
-                if p.host_port.unwrap_or(0) == 0 && !host_network {
-                    continue;
-                }
-                let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
-                    "UDP" => api::Protocol::Udp,
-                    "SCTP" => api::Protocol::Sctp,
-                    _ => api::Protocol::Tcp,
-                };
-                port_mappings.push(api::PortMapping {
-                    protocol: protocol as i32,
-                    container_port: p.container_port,
-                    host_port: p.host_port.unwrap_or(0),
-                    host_ip: p.host_ip.clone().unwrap_or_default(),
-                });
-            }
-        }
-        let ns_mode = |node: bool| if node { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
-        let sc = spec.security_context.as_ref();
-        let security =
-            super::security_context::sandbox_security_context(pod).map_err(|e| Error::Invalid(e.to_string()))?;
-        let linux = api::LinuxPodSandboxConfig {
-            cgroup_parent: self.cm.cgroup_parent(pod),
-            security_context: Some(api::LinuxSandboxSecurityContext {
-                namespace_options: Some(api::NamespaceOption {
-                    network: ns_mode(host_network),
-                    pid: if spec.host_pid.unwrap_or(false) {
-                        api::NamespaceMode::Node as i32
-                    } else if spec.share_process_namespace.unwrap_or(false) {
-                        api::NamespaceMode::Pod as i32
-                    } else {
-                        api::NamespaceMode::Container as i32
-                    },
-                    ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
-                    ..Default::default()
-                }),
-                privileged: spec
-                    .containers
-                    .iter()
-                    .chain(spec.init_containers.iter().flatten())
-                    .any(|c| c.security_context.as_ref().and_then(|s| s.privileged).unwrap_or(false)),
-                ..security
-            }),
-            sysctls: sc
-                .and_then(|s| s.sysctls.as_ref())
-                .map(|v| v.iter().map(|s| (s.name.clone(), s.value.clone())).collect())
-                .unwrap_or_default(),
-            ..Default::default()
-        };
-        let host_resolv = dns::read_resolv_conf(&self.dns.resolv_conf).map_err(|e| Error::Invalid(e.to_string()))?;
-        let (dns_config, dns_events) =
-            dns::pod_dns_config(pod, &self.dns, host_resolv.as_ref(), self.cfg.host_ip.as_deref());
-        if let Some(r) = &self.recorder {
-            for _ in 0..records {
-                for e in &dns_events {
-                    let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
-                    r.record(object, EventType::Warning, e.reason, e.message.clone());
-                }
-            }
-        }
-        let dns_config = Some(dns_config);
-        Ok(api::PodSandboxConfig {
-            metadata: Some(api::PodSandboxMetadata {
-                name: pod.metadata.name.clone().unwrap_or_default(),
-                uid: pod.metadata.uid.clone().unwrap_or_default(),
-                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                attempt,
-            }),
-            hostname,
-            log_directory: self.pod_log_dir(pod).to_string_lossy().into_owned(),
-            dns_config,
-            port_mappings,
-            labels: labels::sandbox_labels(pod),
-            annotations: labels::sandbox_annotations(pod),
-            linux: Some(linux),
-            windows: None,
-        })
     }
 
     /// Builds the CRI container config (upstream `generateContainerConfig`).
@@ -1418,8 +1289,8 @@ mod tests {
         use serde_json::json;
 
         use super::super::*;
-        use super::hooks_wiring::setup;
         use crate::metrics::StartedContainerErrorLabels;
+        use crate::runtime::manager::testing::setup;
 
         fn pod(debuggers: &serde_json::Value) -> Pod {
             serde_json::from_value(json!({
@@ -1529,42 +1400,11 @@ mod tests {
 
     /// postStart and preStop hooks through the runtime manager, on the fake runtime.
     mod hooks_wiring {
-        use std::sync::Arc;
-
         use serde_json::json;
 
         use super::super::*;
-        use crate::cm::FakePodContainerManager;
-        use crate::events::MemoryRecorder;
-        use crate::runtime::fake::{FakeRuntime, exec_response};
-
-        pub(super) fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
-            let dir = tempfile::tempdir().unwrap();
-            let fake = Arc::new(FakeRuntime::with_images(&["img"]));
-            let recorder = Arc::new(MemoryRecorder::new("node-1"));
-            let metrics = Arc::new(KubeletMetrics::unregistered());
-            let images = crate::images::puller::ImageManager::new(
-                fake.clone(),
-                crate::images::puller::PullerConfig::default(),
-                metrics.clone(),
-            )
-            .with_recorder(recorder.clone());
-            let rm = RuntimeManager::new(
-                fake.clone(),
-                Arc::new(FakePodContainerManager::default()),
-                metrics,
-                RuntimeManagerConfig {
-                    pod_logs_dir: dir.path().join("logs"),
-                    root_dir: dir.path().join("root"),
-                    node_name: "node-1".into(),
-                    host_ip: None,
-                },
-                Backoff::default(),
-                Arc::new(images),
-            )
-            .with_recorder(recorder.clone());
-            (dir, fake, recorder, rm)
-        }
+        use crate::runtime::fake::exec_response;
+        use crate::runtime::manager::testing::{events, hooked, setup};
 
         /// `touched_runtime` tells the pod worker whether the runtime state it holds is stale.
         #[tokio::test]
@@ -1640,24 +1480,6 @@ mod tests {
             assert_eq!(fake.created_containers(), 1);
         }
 
-        fn hooked(lifecycle: &serde_json::Value) -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [{
-                        "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
-                        "terminationMessagePath": "", "lifecycle": lifecycle
-                    }]
-                }
-            }))
-            .unwrap()
-        }
-
-        fn events(r: &MemoryRecorder, reason: &str) -> Vec<String> {
-            r.list().into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).collect()
-        }
-
         #[tokio::test]
         async fn a_failing_post_start_hook_kills_the_container() {
             let (_dir, fake, recorder, rm) = setup();
@@ -1712,7 +1534,7 @@ mod tests {
         use serde_json::json;
 
         use super::super::*;
-        use super::hooks_wiring::setup;
+        use crate::runtime::manager::testing::setup;
 
         fn pod(uid: &str) -> Pod {
             serde_json::from_value(json!({
@@ -1866,105 +1688,20 @@ mod tests {
         use std::sync::Arc;
         use std::time::Duration;
 
-        use k8s_openapi::api::core::v1::ConfigMap;
         use serde_json::json;
         use tokio_util::sync::CancellationToken;
         use tokio_util::task::TaskTracker;
 
         use super::super::*;
         use crate::cm::FakePodContainerManager;
-        use crate::events::MemoryRecorder;
         use crate::pod_workers::{PodWorkers, SyncDeps, WorkType};
-        use crate::runtime::fake::FakeRuntime;
+        use crate::runtime::manager::testing::{app_config, cluster_dns, env, events, pod};
         use crate::status::{StatusManager, StatusProvider as _};
-        use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
 
         /// An image as `ensure_image_exists` hands it back when it read no status: the
         /// container config asks the runtime for the image's user itself.
         fn unchecked_image(image_ref: &str) -> EnsuredImage {
             EnsuredImage { image_ref: image_ref.into(), status: None }
-        }
-
-        struct Env {
-            dir: tempfile::TempDir,
-            src: FakeObjectSource,
-            recorder: Arc<MemoryRecorder>,
-            rm: Arc<RuntimeManager>,
-        }
-
-        fn env(dns: dns::DnsSettings) -> Env {
-            let dir = tempfile::tempdir().unwrap();
-            let src = FakeObjectSource::new();
-            let recorder = Arc::new(MemoryRecorder::new("node-1"));
-            let volumes = VolumeManager::new(dir.path().join("root"), Arc::new(src.clone()))
-                .with_mounter(Arc::new(FakeMounter::default()))
-                .with_node_allocatable(NodeAllocatable {
-                    cpu_milli: 2000,
-                    memory: 1 << 30,
-                    ephemeral_storage: 1 << 30,
-                });
-            let fake = Arc::new(FakeRuntime::with_images(&["img"]));
-            let metrics = Arc::new(KubeletMetrics::unregistered());
-            let images = crate::images::puller::ImageManager::new(
-                fake.clone(),
-                crate::images::puller::PullerConfig::default(),
-                metrics.clone(),
-            );
-            let rm = RuntimeManager::new(
-                fake,
-                Arc::new(FakePodContainerManager::default()),
-                metrics,
-                RuntimeManagerConfig {
-                    pod_logs_dir: dir.path().join("logs"),
-                    root_dir: dir.path().join("root"),
-                    node_name: "node-1".into(),
-                    host_ip: Some("192.0.2.1".into()),
-                },
-                Backoff::default(),
-                Arc::new(images),
-            )
-            .with_recorder(recorder.clone())
-            .with_volumes(Arc::new(volumes))
-            .with_dns(dns);
-            Env { dir, src, recorder, rm: Arc::new(rm) }
-        }
-
-        fn cluster_dns(dir: &std::path::Path) -> dns::DnsSettings {
-            let resolv = dir.join("resolv.conf");
-            std::fs::write(&resolv, "nameserver 192.0.2.53\nsearch corp.example\noptions timeout:2\n").unwrap();
-            dns::DnsSettings {
-                cluster_dns: vec!["10.96.0.10".into()],
-                cluster_domain: "cluster.local".into(),
-                resolv_conf: resolv.to_string_lossy().into_owned(),
-            }
-        }
-
-        fn pod() -> Pod {
-            serde_json::from_value(json!({
-                "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
-                "spec": {
-                    "hostname": "web-0", "subdomain": "web",
-                    "hostAliases": [{"ip": "10.9.9.9", "hostnames": ["legacy.local"]}],
-                    "volumes": [{"name": "cfg", "configMap": {"name": "app"}}],
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
-                        "terminationMessagePath": "",
-                        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
-                        "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "level"}}}]
-                    }]
-                }
-            }))
-            .unwrap()
-        }
-
-        fn app_config(level: &str) -> ConfigMap {
-            serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}, "data": {"level": level}}))
-                .unwrap()
-        }
-
-        fn events(r: &MemoryRecorder, reason: &str) -> Vec<String> {
-            r.list().into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).collect()
         }
 
         #[tokio::test]
@@ -2032,37 +1769,6 @@ mod tests {
                     .await
                     .unwrap_err();
             assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
-        }
-
-        #[tokio::test]
-        async fn sandbox_dns_and_hostname() {
-            let tmp = tempfile::tempdir().unwrap();
-            let e = env(cluster_dns(tmp.path()));
-            let mut p = pod();
-            p.spec.as_mut().unwrap().set_hostname_as_fqdn = Some(true);
-            let sb = e.rm.sandbox_config(&p, 0).unwrap();
-            assert_eq!(sb.hostname, "web-0.web.shop.svc.cluster.local");
-            let d = sb.dns_config.unwrap();
-            assert_eq!(d.servers, ["10.96.0.10"]);
-            assert_eq!(d.searches, ["shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example"]);
-            assert_eq!(d.options, ["ndots:5"]);
-
-            // No cluster DNS: the host's resolver, and warnings on the pod and the node when
-            // a sandbox is created.
-            let e = env(dns::DnsSettings { cluster_dns: vec![], ..cluster_dns(tmp.path()) });
-            let sb = e.rm.sandbox_config_recording(&p, 0, 1).unwrap();
-            assert_eq!(sb.dns_config.unwrap().servers, ["192.0.2.53"]);
-            let missing = e.recorder.list();
-            assert_eq!(missing.len(), 2);
-            assert_eq!(missing[0].involved_object.kind.as_deref(), Some("Node"));
-            assert_eq!(missing[1].involved_object.kind.as_deref(), Some("Pod"));
-            e.rm.sandbox_config(&p, 0).unwrap();
-            assert_eq!(e.recorder.list().len(), 2, "no events outside sandbox creation");
-
-            // An unreadable resolv.conf fails the sandbox, as upstream.
-            let e =
-                env(dns::DnsSettings { resolv_conf: "/nonexistent/resolv.conf".into(), ..dns::DnsSettings::default() });
-            assert!(e.rm.sandbox_config(&p, 0).unwrap_err().to_string().starts_with("could not open resolv conf file"));
         }
 
         /// The pod worker hooks: a missing `ConfigMap` keeps the pod waiting with

@@ -1,0 +1,142 @@
+//! Fixtures of the runtime manager's tests: managers on the fake runtime, and the pods
+//! they sync.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use serde_json::json;
+
+use super::{RuntimeManager, RuntimeManagerConfig, dns};
+use crate::cm::FakePodContainerManager;
+use crate::events::MemoryRecorder;
+use crate::metrics::KubeletMetrics;
+use crate::runtime::Backoff;
+use crate::runtime::fake::FakeRuntime;
+use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
+
+/// A manager on a fake runtime that has the image `img`, recording events.
+pub(super) fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeRuntime::with_images(&["img"]));
+    let recorder = Arc::new(MemoryRecorder::new("node-1"));
+    let metrics = Arc::new(KubeletMetrics::unregistered());
+    let images = crate::images::puller::ImageManager::new(
+        fake.clone(),
+        crate::images::puller::PullerConfig::default(),
+        metrics.clone(),
+    )
+    .with_recorder(recorder.clone());
+    let rm = RuntimeManager::new(
+        fake.clone(),
+        Arc::new(FakePodContainerManager::default()),
+        metrics,
+        RuntimeManagerConfig {
+            pod_logs_dir: dir.path().join("logs"),
+            root_dir: dir.path().join("root"),
+            node_name: "node-1".into(),
+            host_ip: None,
+        },
+        Backoff::default(),
+        Arc::new(images),
+    )
+    .with_recorder(recorder.clone());
+    (dir, fake, recorder, rm)
+}
+
+/// A pod `web` (uid `u1`) with one container `c` of image `img` and `lifecycle`.
+pub(super) fn hooked(lifecycle: &serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+        "spec": {
+            "terminationGracePeriodSeconds": 10,
+            "containers": [{
+                "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePath": "", "lifecycle": lifecycle
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// A manager with volumes and the fake object source, and what the tests look at.
+pub(super) struct Env {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) src: FakeObjectSource,
+    pub(super) recorder: Arc<MemoryRecorder>,
+    pub(super) rm: Arc<RuntimeManager>,
+}
+
+/// An [`Env`] with the DNS settings `dns`.
+pub(super) fn env(dns: dns::DnsSettings) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let src = FakeObjectSource::new();
+    let recorder = Arc::new(MemoryRecorder::new("node-1"));
+    let volumes = VolumeManager::new(dir.path().join("root"), Arc::new(src.clone()))
+        .with_mounter(Arc::new(FakeMounter::default()))
+        .with_node_allocatable(NodeAllocatable { cpu_milli: 2000, memory: 1 << 30, ephemeral_storage: 1 << 30 });
+    let fake = Arc::new(FakeRuntime::with_images(&["img"]));
+    let metrics = Arc::new(KubeletMetrics::unregistered());
+    let images = crate::images::puller::ImageManager::new(
+        fake.clone(),
+        crate::images::puller::PullerConfig::default(),
+        metrics.clone(),
+    );
+    let rm = RuntimeManager::new(
+        fake,
+        Arc::new(FakePodContainerManager::default()),
+        metrics,
+        RuntimeManagerConfig {
+            pod_logs_dir: dir.path().join("logs"),
+            root_dir: dir.path().join("root"),
+            node_name: "node-1".into(),
+            host_ip: Some("192.0.2.1".into()),
+        },
+        Backoff::default(),
+        Arc::new(images),
+    )
+    .with_recorder(recorder.clone())
+    .with_volumes(Arc::new(volumes))
+    .with_dns(dns);
+    Env { dir, src, recorder, rm: Arc::new(rm) }
+}
+
+/// Cluster DNS settings, with a host `resolv.conf` written in `dir`.
+pub(super) fn cluster_dns(dir: &std::path::Path) -> dns::DnsSettings {
+    let resolv = dir.join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 192.0.2.53\nsearch corp.example\noptions timeout:2\n").unwrap();
+    dns::DnsSettings {
+        cluster_dns: vec!["10.96.0.10".into()],
+        cluster_domain: "cluster.local".into(),
+        resolv_conf: resolv.to_string_lossy().into_owned(),
+    }
+}
+
+/// A pod `web` in `shop` (uid `u1`) with a `ConfigMap` volume and an env var from it.
+pub(super) fn pod() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u1"},
+        "spec": {
+            "hostname": "web-0", "subdomain": "web",
+            "hostAliases": [{"ip": "10.9.9.9", "hostnames": ["legacy.local"]}],
+            "volumes": [{"name": "cfg", "configMap": {"name": "app"}}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePath": "",
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}],
+                "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "app", "key": "level"}}}]
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// The `ConfigMap` `app` of [`pod`].
+pub(super) fn app_config(level: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}, "data": {"level": level}})).unwrap()
+}
+
+/// The messages of the events recorded with `reason`.
+pub(super) fn events(r: &MemoryRecorder, reason: &str) -> Vec<String> {
+    r.list().into_iter().filter(|e| e.reason.as_deref() == Some(reason)).filter_map(|e| e.message).collect()
+}
