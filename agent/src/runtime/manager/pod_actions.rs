@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::is_host_network;
-use crate::runtime::labels;
 use crate::runtime::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
+use crate::runtime::{ephemeral, labels};
 
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -190,7 +190,7 @@ pub fn compute_pod_actions_with(
 
     // Ephemeral containers start even while initialization fails (upstream computes them
     // before looking at the init containers), and only in a sandbox that exists.
-    actions.ephemeral_containers_to_start = crate::runtime::ephemeral::to_start(spec, status);
+    actions.ephemeral_containers_to_start = ephemeral::to_start(spec, status);
 
     let (last_failed, next, done) = find_next_init_container(spec, status);
     if !done {

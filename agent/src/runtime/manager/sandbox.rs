@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::{RuntimeManager, dns, is_host_network, no_spec, pod_full_name};
 use crate::events::{EventType, node_ref, pod_ref};
-use crate::runtime::{Error, Result, api, labels};
+use crate::runtime::{Error, Result, api, labels, security_context};
 
 impl RuntimeManager {
     /// Builds the CRI sandbox config of a pod (upstream `generatePodSandboxConfig`).
@@ -55,8 +55,7 @@ impl RuntimeManager {
         }
         let ns_mode = |node: bool| if node { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
         let sc = spec.security_context.as_ref();
-        let security = crate::runtime::security_context::sandbox_security_context(pod)
-            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let security = security_context::sandbox_security_context(pod).map_err(|e| Error::Invalid(e.to_string()))?;
         let linux = api::LinuxPodSandboxConfig {
             cgroup_parent: self.cm.cgroup_parent(pod),
             security_context: Some(api::LinuxSandboxSecurityContext {

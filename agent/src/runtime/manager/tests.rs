@@ -1,0 +1,378 @@
+//! `SyncPod` through the runtime manager on the fake runtime: what a sync reports, ephemeral
+//! containers, the start gate, and the pod workers around it.
+
+use serde_json::json;
+
+use crate::runtime::manager::testing::{hooked, setup};
+
+/// `touched_runtime` tells the pod worker whether the runtime state it holds is stale.
+#[tokio::test]
+async fn a_sync_says_whether_it_touched_the_runtime() {
+    let (_dir, fake, _recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+    // Running, nothing to do.
+    let calls = fake.calls().len();
+    let st = rm.pod_status("u1").await.unwrap();
+    let reads = fake.calls().len() - calls;
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+    assert_eq!(fake.calls().len() - calls, reads, "the sync itself called nothing");
+    // The container died: its restart is a change; the next, in crash-loop back-off, is not.
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container(&id, 1);
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.touched_runtime);
+    let id = fake.containers_named("c").last().cloned().unwrap();
+    fake.exit_container(&id, 1);
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors.iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
+    assert!(!r.touched_runtime, "{r:?}");
+}
+
+/// Ephemeral containers through the runtime manager, on the fake runtime.
+mod ephemeral_wiring {
+    use serde_json::json;
+
+    use super::super::*;
+    use crate::metrics::StartedContainerErrorLabels;
+    use crate::runtime::manager::testing::setup;
+
+    fn pod(debuggers: &serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+            "spec": {
+                "restartPolicy": "Always",
+                "containers": [{"name": "app", "image": "img", "imagePullPolicy": "IfNotPresent",
+                                "terminationMessagePath": ""}],
+                "ephemeralContainers": debuggers
+            }
+        }))
+        .unwrap()
+    }
+
+    fn started(rm: &RuntimeManager, kind: &str) -> u64 {
+        rm.metrics.started_containers.get_or_create(&ContainerTypeLabels { container_type: kind.into() }).get()
+    }
+
+    fn errors(rm: &RuntimeManager, code: &str) -> u64 {
+        rm.metrics
+            .started_containers_errors
+            .get_or_create(&StartedContainerErrorLabels {
+                code: code.into(),
+                container_type: "ephemeral_container".into(),
+            })
+            .get()
+    }
+
+    #[tokio::test]
+    async fn an_ephemeral_container_joins_its_target_and_is_never_restarted() {
+        let (_dir, fake, _recorder, rm) = setup();
+        let debugger = json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                               "targetContainerName": "app", "terminationMessagePath": ""}]);
+        let plain = pod(&json!([]));
+        let st = rm.pod_status("u1").await.unwrap();
+        assert!(rm.sync_pod(&plain, &st).await.errors.is_empty());
+        let app = fake.containers_named("app")[0].clone();
+
+        let p = pod(&debugger);
+        let st = rm.pod_status("u1").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+        let ids = fake.containers_named("debug");
+        assert_eq!(ids.len(), 1);
+        let cfg = fake.container_config(&ids[0]).unwrap();
+        let ns = cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
+        assert_eq!((ns.pid, ns.target_id.as_str()), (api::NamespaceMode::Target as i32, app.as_str()));
+        assert_eq!(cfg.labels[labels::CONTAINER_TYPE], "ephemeral");
+        assert_eq!(cfg.labels[labels::CONTAINER_NAME], "debug");
+        assert_eq!(cfg.log_path, "debug/0.log");
+        assert_eq!((started(&rm, "ephemeral_container"), started(&rm, "container")), (1, 1));
+
+        // Running: left alone. Exited: not restarted, though the pod restarts containers.
+        let st = rm.pod_status("u1").await.unwrap();
+        assert!(!rm.sync_pod(&p, &st).await.touched_runtime);
+        fake.exit_container(&ids[0], 0);
+        let st = rm.pod_status("u1").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+        assert_eq!(fake.containers_named("debug").len(), 1);
+        assert_eq!(started(&rm, "ephemeral_container"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_stopped_target_fails_the_start_until_it_runs() {
+        let (_dir, fake, _recorder, rm) = setup();
+        let st = rm.pod_status("u1").await.unwrap();
+        assert!(rm.sync_pod(&pod(&json!([])), &st).await.errors.is_empty());
+        // Upstream validates the target's name; a spec that names no container of the
+        // runtime is a config error, and nothing is created.
+        let p = pod(&json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                            "targetContainerName": "nope", "terminationMessagePath": ""}]));
+        let st = rm.pod_status("u1").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert_eq!(r.errors, ["CreateContainerConfigError: unable to find target container nope"]);
+        assert_eq!(
+            rm.start_failure("u1", "debug"),
+            Some(("CreateContainerConfigError".into(), "unable to find target container nope".into()))
+        );
+        assert_eq!(errors(&rm, "CreateContainerConfigError"), 1);
+        assert!(fake.containers_named("debug").is_empty());
+
+        // A target that is not running: the runtime refuses it, and the next sync tries again.
+        let p = pod(&json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
+                            "targetContainerName": "app", "terminationMessagePath": ""}]));
+        let app = fake.containers_named("app")[0].clone();
+        fake.exit_container(&app, 1);
+        let mut st = rm.pod_status("u1").await.unwrap();
+        // The ephemeral container comes first (and fails); the app container restarts.
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.iter().any(|e| e.starts_with("CreateContainerError")), "{r:?}");
+        assert_eq!(errors(&rm, "CreateContainerError"), 1);
+        assert!(fake.containers_named("debug").is_empty());
+        // The app container came back: the debugger joins the new one.
+        st = rm.pod_status("u1").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.is_empty(), "{r:?}");
+        let new_app = fake.containers_named("app").last().cloned().unwrap();
+        assert_ne!(new_app, app);
+        let debug = fake.containers_named("debug");
+        assert_eq!(debug.len(), 1);
+        let cfg = fake.container_config(&debug[0]).unwrap();
+        assert_eq!(cfg.linux.unwrap().security_context.unwrap().namespace_options.unwrap().target_id, new_app);
+        assert_eq!(rm.start_failure("u1", "debug"), None, "a start clears the reason");
+    }
+}
+
+/// The start gate between the pod workers and the runtime ([`super::super::start_gate`]).
+mod start_gate_wiring {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use futures::FutureExt as _;
+    use serde_json::json;
+
+    use super::super::*;
+    use crate::runtime::manager::testing::setup;
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("p-{uid}"), "namespace": "default", "uid": uid},
+            "spec": {"containers": [
+                {"name": "a", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""},
+                {"name": "b", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}
+            ]}
+        }))
+        .unwrap()
+    }
+
+    /// In-flight and peak counts of one kind of call.
+    #[derive(Default)]
+    struct Flight {
+        now: AtomicUsize,
+        peak: AtomicUsize,
+    }
+
+    /// Starts `pods` pods at once through a manager limited to `limit`; every
+    /// sandbox and container start takes 100 ms. The peaks of (sandbox starts,
+    /// container create+start pairs) in flight.
+    async fn peaks(limit: usize, pods: usize) -> (usize, usize) {
+        let (_dir, fake, _recorder, rm) = setup();
+        let rm = rm.with_start_concurrency(limit);
+        let sandboxes = Arc::new(Flight::default());
+        let containers = Arc::new(Flight::default());
+        fake.set_start_hook({
+            let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+            move |call| {
+                let (sandboxes, containers) = (sandboxes.clone(), containers.clone());
+                async move {
+                    // A container is in flight from its create to the end of its start.
+                    let flight = match call {
+                        "run_podsandbox" => &sandboxes,
+                        "create_container" => {
+                            let n = containers.now.fetch_add(1, Ordering::SeqCst) + 1;
+                            containers.peak.fetch_max(n, Ordering::SeqCst);
+                            return tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            containers.now.fetch_sub(1, Ordering::SeqCst);
+                            return;
+                        }
+                    };
+                    let n = flight.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    flight.peak.fetch_max(n, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    flight.now.fetch_sub(1, Ordering::SeqCst);
+                }
+                .boxed()
+            }
+        });
+        let all: Vec<Pod> = (0..pods).map(|i| pod(&format!("u{i}"))).collect();
+        let syncs = all.iter().map(|p| async {
+            let st = rm.pod_status(p.metadata.uid.as_deref().unwrap()).await.unwrap();
+            rm.sync_pod(p, &st).await
+        });
+        for r in futures::future::join_all(syncs).await {
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+        }
+        assert_eq!(fake.calls().iter().filter(|c| *c == "start_container").count(), 2 * pods);
+        (sandboxes.peak.load(Ordering::SeqCst), containers.peak.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn starts_reach_the_runtime_at_most_limit_at_a_time() {
+        assert_eq!(peaks(3, 10).await, (3, 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_sends_every_start_at_once() {
+        // A pod's containers start one after another, as upstream's SyncPod starts them.
+        assert_eq!(peaks(0, 10).await, (10, 10));
+    }
+
+    #[tokio::test]
+    async fn the_evented_pleg_is_told_of_each_start_call_under_way() {
+        let (_dir, fake, _recorder, rm) = setup();
+        let starts = Arc::new(crate::pleg::starts::StartsInFlight::default());
+        let rm = rm.with_start_concurrency(2).with_starts_in_flight(starts.clone());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        fake.set_start_hook({
+            let (starts, seen) = (starts.clone(), seen.clone());
+            move |call| {
+                seen.lock().unwrap().push((call, starts.in_flight("u1"), starts.in_flight("u2")));
+                async {}.boxed()
+            }
+        });
+        let p = pod("u1");
+        let st = rm.pod_status("u1").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 5, "a sandbox, two creates, two starts: {seen:?}");
+        assert!(seen.iter().all(|&(_, mine, other)| mine && !other), "{seen:?}");
+        assert!(!starts.in_flight("u1"), "nothing under way once the sync is done");
+        // Each successful start is there for the PLEG to take, with the container's name.
+        let sandbox = fake.list_pod_sandbox(None).await.unwrap()[0].id.clone();
+        assert_eq!(starts.take_started(&sandbox).as_deref(), Some(""));
+        for name in ["a", "b"] {
+            let id = fake.containers_named(name)[0].clone();
+            assert_eq!(starts.take_started(&id).as_deref(), Some(name));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_sandbox_start_does_not_stall_the_other_pods() {
+        let (_dir, fake, _recorder, rm) = setup();
+        let rm = Arc::new(rm.with_start_concurrency(1));
+        let first = Arc::new(AtomicUsize::new(0));
+        let hanging = Arc::new(tokio::sync::Notify::new());
+        fake.set_start_hook({
+            let hanging = hanging.clone();
+            move |call| {
+                let hang = call == "run_podsandbox" && first.fetch_add(1, Ordering::SeqCst) == 0;
+                let hanging = hanging.clone();
+                async move {
+                    if hang {
+                        hanging.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                }
+                .boxed()
+            }
+        });
+        let hung = tokio::spawn({
+            let rm = rm.clone();
+            async move {
+                let p = pod("stuck");
+                let st = rm.pod_status("stuck").await.unwrap();
+                rm.sync_pod(&p, &st).await
+            }
+        });
+        hanging.notified().await;
+        let started = tokio::time::Instant::now();
+        let p = pod("next");
+        let st = rm.pod_status("next").await.unwrap();
+        let r = rm.sync_pod(&p, &st).await;
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(started.elapsed(), crate::runtime::start_gate::HOLD, "the next pod waited for the hold only");
+        assert!(!hung.is_finished());
+        hung.abort();
+    }
+}
+
+/// Volumes wired through the runtime manager and the pod workers, on the fake runtime and
+/// the fake object source.
+mod volumes_wiring {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::super::*;
+    use crate::cm::FakePodContainerManager;
+    use crate::pod_workers::{PodWorkers, SyncDeps, WorkType};
+    use crate::runtime::manager::testing::{app_config, cluster_dns, env, events, pod};
+    use crate::status::{StatusManager, StatusProvider as _};
+
+    /// The pod worker hooks: a missing `ConfigMap` keeps the pod waiting with
+    /// `FailedMount`; once it exists the pod starts; removal cleans the volumes.
+    #[tokio::test]
+    async fn pod_workers_wait_for_volumes_and_clean_them_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let e = env(cluster_dns(tmp.path()));
+        let status = Arc::new(StatusManager::default());
+        let stop = CancellationToken::new();
+        let workers = PodWorkers::new(
+            Arc::new(SyncDeps {
+                runtime: e.rm.clone(),
+                cm: Arc::new(FakePodContainerManager::default()),
+                status: status.clone(),
+                metrics: Arc::new(KubeletMetrics::unregistered()),
+                recorder: e.recorder.clone(),
+                runtime_name: "fake".into(),
+                sync_frequency: Duration::from_millis(50),
+                host_ip: None,
+                runtime_state: None,
+            }),
+            TaskTracker::new(),
+            stop.clone(),
+        );
+        let p = pod();
+        workers.update_pod(p.clone(), WorkType::Create);
+        for _ in 0..100 {
+            if !events(&e.recorder, "FailedMount").is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            events(&e.recorder, "FailedMount"),
+            vec!["MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found"]
+        );
+        assert!(!e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("Started")));
+
+        e.src.set_config_map(app_config("info"));
+        workers.update_pod(p.clone(), WorkType::Sync);
+        for _ in 0..200 {
+            if status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(status.get("u1").and_then(|s| s.phase), Some("Running".into()));
+        let vol_dir = e.dir.path().join("root/pods/u1/volumes");
+        assert!(vol_dir.exists());
+
+        workers.update_pod(p, WorkType::Kill { grace: None });
+        tokio::time::timeout(Duration::from_secs(5), workers.wait_finished("u1")).await.unwrap();
+        assert!(!vol_dir.exists());
+        assert!(!e.dir.path().join("root/pods/u1").exists());
+        stop.cancel();
+    }
+}
