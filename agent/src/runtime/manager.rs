@@ -22,6 +22,7 @@ use crate::volumes::{NoApiServer, VolumeManager};
 mod container;
 pub mod dns;
 pub mod env;
+mod image_credentials;
 pub mod pod_actions;
 mod sandbox;
 #[cfg(test)]
@@ -650,56 +651,6 @@ impl RuntimeManager {
         }
         b.next(&key, finished);
         None
-    }
-
-    /// The registry credentials to try for `image`, in order (upstream
-    /// `getPullSecretsForPod` + the union keyring): the pod's `imagePullSecrets` first,
-    /// then the node's docker config. A pull secret that cannot be read is a
-    /// `FailedToRetrieveImagePullSecret` warning and the pull goes on without it, as
-    /// upstream; a malformed one is logged and skipped. Empty: an anonymous pull.
-    async fn image_credentials(&self, pod: &Pod, image: &str) -> Vec<api::AuthConfig> {
-        use crate::images::credentials::{Keyring, credentials_for_image};
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let names: Vec<&str> = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.image_pull_secrets.iter().flatten())
-            .map(|r| r.name.as_str())
-            .filter(|n| !n.is_empty())
-            .collect();
-        let mut secrets = Vec::new();
-        let mut missing = Vec::new();
-        for name in names {
-            match self.volumes.object_source().secret(namespace, name).await {
-                Ok(Some(secret)) => secrets.push(secret),
-                Ok(None) => missing.push(name),
-                Err(e) => {
-                    tracing::warn!(pod = %pod_full_name(pod), secret = name, error = %e, "reading an image pull secret");
-                    missing.push(name);
-                }
-            }
-        }
-        if !missing.is_empty() {
-            self.event(
-                pod,
-                EventType::Warning,
-                "FailedToRetrieveImagePullSecret",
-                format!(
-                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
-                    missing.join(", ")
-                ),
-            );
-        }
-        let (pod_keyring, errors) = Keyring::from_pull_secrets(&secrets);
-        for e in errors {
-            tracing::warn!(pod = %pod_full_name(pod), error = %e, "image pull secret");
-        }
-        let node_keyring = self.node_credentials.keyring();
-        match credentials_for_image(image, &[&pod_keyring, &node_keyring]) {
-            Ok(found) => found.iter().map(crate::images::credentials::Credential::auth_config).collect(),
-            // The image manager reports the bad name.
-            Err(_) => Vec::new(),
-        }
     }
 
     /// Stops every running container of the pod in parallel with the grace period, then
