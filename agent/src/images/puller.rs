@@ -805,12 +805,6 @@ impl PullError {
     }
 }
 
-impl From<PullError> for (&'static str, String, Option<Duration>) {
-    fn from(e: PullError) -> Self {
-        (e.reason, e.message, e.retry_after)
-    }
-}
-
 /// Makes sure containers' images are on the node (see the module docs).
 #[derive(Debug)]
 pub struct ImageManager {

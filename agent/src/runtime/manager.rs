@@ -28,6 +28,7 @@ mod sandbox;
 #[cfg(test)]
 mod testing;
 
+pub use container::StartError;
 use container::{StartContext, StartSpec};
 pub(crate) use pod_actions::pod_sandbox_changed_why;
 pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with, should_container_be_restarted};
@@ -598,7 +599,7 @@ impl RuntimeManager {
             Ok(()) => {
                 self.clear_reason(uid, &container.name);
             }
-            Err((reason, msg, retry)) => {
+            Err(StartError { reason, message: msg, retry_after: retry }) => {
                 tracing::warn!(pod = %pod_full_name(pod), container = %container.name, reason, message = %msg, "failed to start container");
                 self.metrics
                     .started_containers_errors

@@ -14,7 +14,7 @@ use super::{
     pod_full_name, reasons,
 };
 use crate::events::EventType;
-use crate::images::puller::EnsuredImage;
+use crate::images::puller::{EnsuredImage, PullError};
 use crate::runtime::labels::{self, ContainerKind};
 use crate::runtime::pod_status::{ContainerState, RuntimePodStatus};
 use crate::runtime::{Result, api, ephemeral, security_context};
@@ -22,18 +22,45 @@ use crate::runtime::{Result, api, ephemeral, security_context};
 /// The hosts file the kubelet manages in containers.
 const ETC_HOSTS: &str = "/etc/hosts";
 
+/// Why a container did not start (upstream `startContainer`'s error and message): its
+/// waiting reason (one of [`reasons`]), the message the status and the `Failed` event carry,
+/// and when to sync again (`None`: after the pod worker's error back-off; image pulls in
+/// back-off say when theirs ends).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct StartError {
+    /// One of [`reasons`].
+    pub reason: &'static str,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl StartError {
+    /// A failure with no back-off of its own.
+    #[must_use]
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self { reason, message: message.into(), retry_after: None }
+    }
+}
+
+impl From<PullError> for StartError {
+    fn from(e: PullError) -> Self {
+        Self { reason: e.reason, message: e.message, retry_after: e.retry_after }
+    }
+}
+
 /// Runs `step` of a container start inside its trace span, marking the span failed with
 /// the waiting reason and message if it fails.
 async fn traced_step<T>(
     name: &'static str,
     container: &str,
     image: &str,
-    step: impl std::future::Future<Output = Result<T, (&'static str, String, Option<Duration>)>>,
-) -> Result<T, (&'static str, String, Option<Duration>)> {
+    step: impl std::future::Future<Output = Result<T, StartError>>,
+) -> Result<T, StartError> {
     let span = crate::telemetry::pod_step_span(name, container, image);
     let outcome = tracing::Instrument::instrument(step, span.clone()).await;
-    if let Err((reason, msg, _)) = &outcome {
-        crate::telemetry::record_error(&span, &format!("{reason}: {msg}"));
+    if let Err(e) = &outcome {
+        crate::telemetry::record_error(&span, &e.to_string());
     }
     outcome
 }
@@ -105,7 +132,7 @@ impl RuntimeManager {
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
-    ) -> Result<(), (&'static str, String, Option<Duration>)> {
+    ) -> Result<(), StartError> {
         let container = start.container;
         let image = container.image.as_deref().unwrap_or_default();
         let credentials = self.image_credentials(pod, image).await;
@@ -115,7 +142,7 @@ impl RuntimeManager {
         let ensured = traced_step("ensureImageExists", &container.name, image, pulled).await?;
         // Upstream resolves the target after the image, as a container config error.
         let target_id = ephemeral::target_id(start.target, status)
-            .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e.to_string(), None))?;
+            .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e.to_string()))?;
         let started = self.create_and_start_container(
             pod,
             container,
@@ -143,14 +170,14 @@ impl RuntimeManager {
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
         image: &EnsuredImage,
-    ) -> Result<(), (&'static str, String, Option<Duration>)> {
+    ) -> Result<(), StartError> {
         let mut config = self
             .container_config(pod, container, kind, target_id, restart_count, image, pod_ips)
             .await
-            .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
+            .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e))?;
         for h in &self.container_hooks {
             h.pre_create_container(pod, container, &mut config)
-                .map_err(|e| (reasons::CREATE_CONTAINER_CONFIG_ERROR, e, None))?;
+                .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e))?;
         }
         let create_and_start = async {
             let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
@@ -158,9 +185,10 @@ impl RuntimeManager {
                 .rt
                 .create_container(sandbox_id, config, sandbox_config.clone())
                 .await
-                .map_err(|e| (reasons::CREATE_CONTAINER_ERROR, e.to_string(), None))?;
+                .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_ERROR, e.to_string()))?;
             for h in &self.container_hooks {
-                h.pre_start_container(pod, container, &id).map_err(|e| (reasons::RUN_CONTAINER_ERROR, e, None))?;
+                h.pre_start_container(pod, container, &id)
+                    .map_err(|e| StartError::new(reasons::RUN_CONTAINER_ERROR, e))?;
             }
             self.container_event(
                 pod,
@@ -179,7 +207,7 @@ impl RuntimeManager {
             self.containers_changed();
             match started {
                 Ok(()) => Ok(id),
-                Err(e) => Err((reasons::RUN_CONTAINER_ERROR, e.to_string(), None)),
+                Err(e) => Err(StartError::new(reasons::RUN_CONTAINER_ERROR, e.to_string())),
             }
         };
         let id = self.container_gate.run("CreateContainer+StartContainer", create_and_start).await?;
@@ -212,7 +240,7 @@ impl RuntimeManager {
                 {
                     tracing::warn!(container = %id, error = %kill, "failed to kill the container after its postStart hook failed");
                 }
-                return Err((reasons::POST_START_HOOK_ERROR, e.message, None));
+                return Err(StartError::new(reasons::POST_START_HOOK_ERROR, e.message));
             }
         }
         Ok(())
@@ -481,6 +509,28 @@ mod tests {
     use super::*;
     use crate::runtime::fake::exec_response;
     use crate::runtime::manager::testing::{app_config, cluster_dns, env, events, hooked, pod, setup};
+
+    #[test]
+    fn a_start_error_prints_its_reason_and_message_and_keeps_a_pull_back_off() {
+        let e = StartError::new(reasons::RUN_CONTAINER_ERROR, "exec format error");
+        assert_eq!(e.to_string(), "RunContainerError: exec format error");
+        assert_eq!(e.retry_after, None);
+        let pull = PullError {
+            reason: reasons::IMAGE_PULL_BACK_OFF,
+            message: "Back-off pulling image \"img\"".into(),
+            retry_after: Some(Duration::from_secs(20)),
+        };
+        let e = StartError::from(pull.clone());
+        assert_eq!(e.to_string(), pull.to_string());
+        assert_eq!(
+            e,
+            StartError {
+                reason: "ImagePullBackOff",
+                message: "Back-off pulling image \"img\"".into(),
+                retry_after: Some(Duration::from_secs(20)),
+            }
+        );
+    }
 
     #[test]
     fn a_target_shares_its_pid_namespace_unless_the_pod_shares_one() {
