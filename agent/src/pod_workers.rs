@@ -879,7 +879,7 @@ impl Worker {
             }
         }
         let result = self.deps.runtime.sync_pod(&pod, &rt_status).await;
-        for e in &result.errors {
+        for e in result.errors() {
             tracing::debug!(pod = %name, error = %e, "sync error");
         }
         // Show the outcome at once rather than at the next PLEG event. A sync that left the
@@ -895,15 +895,15 @@ impl Worker {
             // (rt_status's were noted above.)
             self.note_started(after);
         }
-        self.last_sync_failed = !result.errors.is_empty();
+        self.last_sync_failed = result.failed();
         let resync = resync_after(self.deps.sync_frequency);
         // A failed sync comes back within upstream's `backOffPeriod` even when the back-off
         // it ran into is longer: a sync in back-off shows `ImagePullBackOff` or
         // `CrashLoopBackOff` (and its event) again, as upstream's requeue does.
-        match result.requeue_after {
-            Some(r) if !result.errors.is_empty() => r.min(ERROR_REQUEUE).min(resync),
+        match result.requeue_after() {
+            Some(r) if result.failed() => r.min(ERROR_REQUEUE).min(resync),
             Some(r) => r.min(resync),
-            None if !result.errors.is_empty() => ERROR_REQUEUE.min(resync),
+            None if result.failed() => ERROR_REQUEUE.min(resync),
             None => resync,
         }
     }
@@ -1311,7 +1311,7 @@ mod tests {
         p.spec = None;
         let rt_status = e.workers.deps.runtime.pod_status("u8").await.unwrap();
         let result = e.workers.deps.runtime.sync_pod(&p, &rt_status).await;
-        assert_eq!(result.errors, vec!["pod nospec_default(u8) has no spec".to_string()]);
+        assert_eq!(result.errors(), vec!["pod nospec_default(u8) has no spec".to_string()]);
         e.workers.update_pod(p.clone(), WorkType::Create);
         wait_for(|| e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("FailedSync"))).await;
         assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty(), "nothing started");

@@ -25,6 +25,7 @@ pub mod env;
 mod image_credentials;
 pub mod pod_actions;
 mod sandbox;
+mod sync_result;
 #[cfg(test)]
 mod testing;
 
@@ -32,6 +33,7 @@ pub use container::StartError;
 use container::{StartContext, StartSpec};
 pub(crate) use pod_actions::pod_sandbox_changed_why;
 pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with, should_container_be_restarted};
+pub use sync_result::{PodSyncResult, SyncAction, SyncResult};
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
 pub const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
@@ -63,19 +65,6 @@ const IMAGE_REASONS: [&str; 7] = [
     reasons::REGISTRY_UNAVAILABLE,
     reasons::SIGNATURE_VALIDATION_FAILED,
 ];
-
-/// Outcome of one `SyncPod`.
-#[derive(Clone, Debug, Default)]
-pub struct SyncResult {
-    /// Errors of this sync (each names the container and the reason).
-    pub errors: Vec<String>,
-    /// Ask the pod worker to sync again after this long (back-off expiry).
-    pub requeue_after: Option<Duration>,
-    /// The runtime was asked to change the pod: a kill, a removal, a resize, a sandbox or a
-    /// container start (even one that failed). When false the pod's runtime state is still
-    /// the status the sync was given, and the caller need not ask the runtime again.
-    pub touched_runtime: bool,
-}
 
 /// The error of a pod that came without a spec (a broken object from a source).
 fn no_spec(pod: &Pod) -> String {
@@ -393,9 +382,9 @@ impl RuntimeManager {
     /// Upstream `SyncPod` of the runtime manager. The caller has computed the API status
     /// and ensured the pod cgroup.
     /// A pod without a spec is an error for that pod.
-    pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> SyncResult {
+    pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> PodSyncResult {
         let Some(spec) = pod.spec.as_ref() else {
-            return SyncResult { errors: vec![no_spec(pod)], ..SyncResult::default() };
+            return PodSyncResult::sync_failed(no_spec(pod));
         };
         let mut actions = match &self.probes {
             Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
@@ -411,7 +400,7 @@ impl RuntimeManager {
         });
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
-        let mut result = SyncResult::default();
+        let mut result = PodSyncResult::default();
         if actions.kill_pod && !nothing_yet {
             result.touched_runtime = true;
             let reason = if actions.create_sandbox {
@@ -429,9 +418,10 @@ impl RuntimeManager {
                 );
             }
             if let Err(e) = self.kill_pod(Some(pod), status, None).await {
-                result.errors.push(format!("KillPod: {e}"));
+                result.add(SyncResult::failed(SyncAction::KillPod, pod_full_name(pod), e.to_string()));
                 return result;
             }
+            result.add(SyncResult::ok(SyncAction::KillPod, pod_full_name(pod)));
             if actions.create_sandbox {
                 // Old init containers would confuse the init sequence of the new sandbox.
                 for c in status.containers.iter().filter(|c| c.init) {
@@ -448,9 +438,10 @@ impl RuntimeManager {
                 tracing::info!(pod = %pod_full_name(pod), container = %name, reason = %why, "killing container");
                 let grace = actions.kill_grace.get(id).copied();
                 if let Err(e) = self.kill_container(pod, id, name, grace, why, status.ips()).await {
-                    result.errors.push(format!("KillContainer {name}: {e}"));
+                    result.add(SyncResult::failed(SyncAction::KillContainer, name, e.to_string()));
                     return result;
                 }
+                result.add(SyncResult::ok(SyncAction::KillContainer, name));
             }
         }
         if self.prune_init_containers(spec, status).await {
@@ -459,11 +450,14 @@ impl RuntimeManager {
         if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
             result.touched_runtime = true;
             match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
-                Ok(()) => a.clear_resize_error(pod),
+                Ok(()) => {
+                    a.clear_resize_error(pod);
+                    result.add(SyncResult::ok(SyncAction::ResizePodInPlace, pod_full_name(pod)));
+                }
                 Err(e) => {
                     tracing::warn!(pod = %pod_full_name(pod), error = %e, "pod resize failed");
                     a.set_resize_error(pod, &e);
-                    result.errors.push(format!("ResizePod: {e}"));
+                    result.add(SyncResult::failed(SyncAction::ResizePodInPlace, pod_full_name(pod), e));
                 }
             }
         }
@@ -480,7 +474,7 @@ impl RuntimeManager {
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, dns_records) {
             Ok(c) => c,
             Err(e) => {
-                result.errors.push(format!("CreatePodSandboxConfig: {e}"));
+                result.add(SyncResult::failed(SyncAction::ConfigPodSandbox, pod_full_name(pod), e.to_string()));
                 return result;
             }
         };
@@ -491,6 +485,7 @@ impl RuntimeManager {
                 Ok((id, ips)) => {
                     sandbox_id = id;
                     pod_ips = ips;
+                    result.add(SyncResult::ok(SyncAction::CreatePodSandbox, pod_full_name(pod)));
                 }
                 Err(e) => {
                     tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
@@ -500,7 +495,7 @@ impl RuntimeManager {
                         "FailedCreatePodSandBox",
                         format!("Failed to create pod sandbox: {e}"),
                     );
-                    result.errors.push(format!("CreatePodSandbox: {e}"));
+                    result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), e.to_string()));
                     self.metrics.started_pods_errors.inc();
                     return result;
                 }
@@ -539,7 +534,7 @@ impl RuntimeManager {
         pod: &Pod,
         indexes: &[usize],
         ctx: &StartContext<'_>,
-        result: &mut SyncResult,
+        result: &mut PodSyncResult,
     ) {
         let ephemeral = pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
         for &i in indexes {
@@ -564,7 +559,7 @@ impl RuntimeManager {
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
-        result: &mut SyncResult,
+        result: &mut PodSyncResult,
     ) {
         let container = start.container;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -583,8 +578,8 @@ impl RuntimeManager {
                 "BackOff",
                 format!("Back-off restarting failed container {} in pod {}", container.name, pod_full_name(pod)),
             );
-            result.errors.push(format!("{}: {msg}", reasons::CRASH_LOOP_BACK_OFF));
-            result.requeue_after = Some(result.requeue_after.map_or(wait, |r| r.min(wait)));
+            let back_off = StartError { reason: reasons::CRASH_LOOP_BACK_OFF, message: msg, retry_after: Some(wait) };
+            result.add(SyncResult::start_failed(&container.name, back_off));
             return;
         }
         let restart_count = status.find_container(&container.name).map_or(0, |c| c.restart_count + 1);
@@ -598,8 +593,10 @@ impl RuntimeManager {
         match self.start_container(pod, start, status, restart_count, sandbox_id, sandbox_config, pod_ips).await {
             Ok(()) => {
                 self.clear_reason(uid, &container.name);
+                result.add(SyncResult::ok(SyncAction::StartContainer, &container.name));
             }
-            Err(StartError { reason, message: msg, retry_after: retry }) => {
+            Err(e) => {
+                let (reason, msg) = (e.reason, e.message.as_str());
                 tracing::warn!(pod = %pod_full_name(pod), container = %container.name, reason, message = %msg, "failed to start container");
                 self.metrics
                     .started_containers_errors
@@ -608,7 +605,7 @@ impl RuntimeManager {
                         container_type: container_type.into(),
                     })
                     .inc();
-                self.set_reason(uid, &container.name, reason, msg.clone());
+                self.set_reason(uid, &container.name, reason, msg.to_owned());
                 // The image manager recorded its own events (Failed, BackOff, ...); upstream
                 // adds "Error: <reason>" for an image failure. FailedPostStartHook was
                 // recorded, without the hook's output.
@@ -618,10 +615,7 @@ impl RuntimeManager {
                         if image_failure { format!("Error: {reason}") } else { format!("Error: {reason}: {msg}") };
                     self.container_event(pod, &container.name, EventType::Warning, "Failed", message);
                 }
-                result.errors.push(format!("{reason}: {msg}"));
-                if let Some(r) = retry {
-                    result.requeue_after = Some(result.requeue_after.map_or(r, |x| x.min(r)));
-                }
+                result.add(SyncResult::start_failed(&container.name, e));
             }
         }
     }

@@ -23,7 +23,7 @@ pub use k8s_cri::v1 as api;
 
 pub use backoff::Backoff;
 pub use cri::RemoteRuntime;
-pub use manager::{RuntimeManager, SyncResult};
+pub use manager::{PodSyncResult, RuntimeManager, SyncAction, SyncResult};
 pub use pod_status::{ContainerState, RuntimeContainerStatus, RuntimePod, RuntimePodStatus};
 
 /// Errors of runtime (CRI) operations.

@@ -643,7 +643,7 @@ mod tests {
         // Present (IfNotPresent): one ImageStatus, and its non-root uid lets the pod start.
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&non_root("img", "IfNotPresent"), &st).await;
-        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert!(r.errors().is_empty(), "{:?}", r.errors());
         assert_eq!(image_statuses(), 1);
         assert_eq!(fake.created_containers(), 1);
 
@@ -655,9 +655,9 @@ mod tests {
         p.metadata.uid = Some("u2".into());
         let r = rm.sync_pod(&p, &st).await;
         assert!(
-            r.errors.iter().any(|e| e.contains("container has runAsNonRoot and image will run as root")),
+            r.errors().iter().any(|e| e.contains("container has runAsNonRoot and image will run as root")),
             "{:?}",
-            r.errors
+            r.errors()
         );
         assert_eq!(image_statuses() - before, 1, "only the one after the pull");
         assert_eq!(fake.created_containers(), 1);
@@ -670,7 +670,7 @@ mod tests {
         let p = hooked(&json!({"postStart": {"exec": {"command": ["false"]}}}));
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.iter().any(|e| e.starts_with("PostStartHookError")), "{:?}", r.errors);
+        assert!(r.errors().iter().any(|e| e.starts_with("PostStartHookError")), "{:?}", r.errors());
         assert_eq!(events(&recorder, "FailedPostStartHook"), ["PostStartHook failed"]);
         assert_eq!(events(&recorder, "Killing"), ["FailedPostStartHook"]);
         assert!(events(&recorder, "Failed").is_empty(), "no generic Failed event with the hook's output");
@@ -687,7 +687,7 @@ mod tests {
         let (_dir, fake, recorder, rm) = setup();
         let p = hooked(&json!({"preStop": {"exec": {"command": ["sh", "-c", "echo bye"]}}}));
         let st = rm.pod_status("u1").await.unwrap();
-        assert!(rm.sync_pod(&p, &st).await.errors.is_empty());
+        assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
         assert!(fake.exec_calls().is_empty(), "no hook at start");
         let st = rm.pod_status("u1").await.unwrap();
         rm.kill_pod(Some(&p), &st, None).await.unwrap();

@@ -12,13 +12,13 @@ async fn a_sync_says_whether_it_touched_the_runtime() {
     let p = hooked(&json!({}));
     let st = rm.pod_status("u1").await.unwrap();
     let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+    assert!(r.errors().is_empty() && r.touched_runtime, "{r:?}");
     // Running, nothing to do.
     let calls = fake.calls().len();
     let st = rm.pod_status("u1").await.unwrap();
     let reads = fake.calls().len() - calls;
     let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+    assert!(r.errors().is_empty() && !r.touched_runtime, "{r:?}");
     assert_eq!(fake.calls().len() - calls, reads, "the sync itself called nothing");
     // The container died: its restart is a change; the next, in crash-loop back-off, is not.
     let id = fake.containers_named("c")[0].clone();
@@ -29,8 +29,47 @@ async fn a_sync_says_whether_it_touched_the_runtime() {
     fake.exit_container(&id, 1);
     let st = rm.pod_status("u1").await.unwrap();
     let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors.iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
+    assert!(r.errors().iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
     assert!(!r.touched_runtime, "{r:?}");
+}
+
+/// A sync reports a typed result per action, successes included; a container in crash-loop
+/// back-off is a failed start that says when to come back.
+#[tokio::test]
+async fn a_sync_reports_a_result_per_action() {
+    use super::{SyncAction, SyncResult};
+    let (_dir, fake, _recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert_eq!(
+        r.results,
+        [
+            SyncResult::ok(SyncAction::CreatePodSandbox, "web_default(u1)"),
+            SyncResult::ok(SyncAction::StartContainer, "c")
+        ]
+    );
+    assert!(!r.failed() && r.sync_error.is_none() && r.requeue_after().is_none(), "{r:?}");
+    // Nothing to do: no action, no result.
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.results.is_empty());
+    // Exited: restarted. Exited again: in back-off.
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container(&id, 1);
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!(rm.sync_pod(&p, &st).await.results, [SyncResult::ok(SyncAction::StartContainer, "c")]);
+    let id = fake.containers_named("c").last().cloned().unwrap();
+    fake.exit_container(&id, 1);
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    let [only] = r.results.as_slice() else { panic!("{r:?}") };
+    assert_eq!(
+        (only.action, only.target.as_str(), only.error),
+        (SyncAction::StartContainer, "c", Some("CrashLoopBackOff"))
+    );
+    assert!(only.retry_after.is_some_and(|d| !d.is_zero()), "{only:?}");
+    assert_eq!(r.requeue_after(), only.retry_after);
+    assert!(r.failed());
 }
 
 /// Ephemeral containers through the runtime manager, on the fake runtime.
@@ -75,13 +114,13 @@ mod ephemeral_wiring {
                                "targetContainerName": "app", "terminationMessagePath": ""}]);
         let plain = pod(&json!([]));
         let st = rm.pod_status("u1").await.unwrap();
-        assert!(rm.sync_pod(&plain, &st).await.errors.is_empty());
+        assert!(rm.sync_pod(&plain, &st).await.errors().is_empty());
         let app = fake.containers_named("app")[0].clone();
 
         let p = pod(&debugger);
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.is_empty() && r.touched_runtime, "{r:?}");
+        assert!(r.errors().is_empty() && r.touched_runtime, "{r:?}");
         let ids = fake.containers_named("debug");
         assert_eq!(ids.len(), 1);
         let cfg = fake.container_config(&ids[0]).unwrap();
@@ -98,7 +137,7 @@ mod ephemeral_wiring {
         fake.exit_container(&ids[0], 0);
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.is_empty() && !r.touched_runtime, "{r:?}");
+        assert!(r.errors().is_empty() && !r.touched_runtime, "{r:?}");
         assert_eq!(fake.containers_named("debug").len(), 1);
         assert_eq!(started(&rm, "ephemeral_container"), 1);
     }
@@ -107,14 +146,14 @@ mod ephemeral_wiring {
     async fn a_missing_or_stopped_target_fails_the_start_until_it_runs() {
         let (_dir, fake, _recorder, rm) = setup();
         let st = rm.pod_status("u1").await.unwrap();
-        assert!(rm.sync_pod(&pod(&json!([])), &st).await.errors.is_empty());
+        assert!(rm.sync_pod(&pod(&json!([])), &st).await.errors().is_empty());
         // Upstream validates the target's name; a spec that names no container of the
         // runtime is a config error, and nothing is created.
         let p = pod(&json!([{"name": "debug", "image": "img", "imagePullPolicy": "IfNotPresent",
                             "targetContainerName": "nope", "terminationMessagePath": ""}]));
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert_eq!(r.errors, ["CreateContainerConfigError: unable to find target container nope"]);
+        assert_eq!(r.errors(), ["CreateContainerConfigError: unable to find target container nope"]);
         assert_eq!(
             rm.start_failure("u1", "debug"),
             Some(("CreateContainerConfigError".into(), "unable to find target container nope".into()))
@@ -130,13 +169,13 @@ mod ephemeral_wiring {
         let mut st = rm.pod_status("u1").await.unwrap();
         // The ephemeral container comes first (and fails); the app container restarts.
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.iter().any(|e| e.starts_with("CreateContainerError")), "{r:?}");
+        assert!(r.errors().iter().any(|e| e.starts_with("CreateContainerError")), "{r:?}");
         assert_eq!(errors(&rm, "CreateContainerError"), 1);
         assert!(fake.containers_named("debug").is_empty());
         // The app container came back: the debugger joins the new one.
         st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.is_empty(), "{r:?}");
+        assert!(r.errors().is_empty(), "{r:?}");
         let new_app = fake.containers_named("app").last().cloned().unwrap();
         assert_ne!(new_app, app);
         let debug = fake.containers_named("debug");
@@ -218,7 +257,7 @@ mod start_gate_wiring {
             rm.sync_pod(p, &st).await
         });
         for r in futures::future::join_all(syncs).await {
-            assert!(r.errors.is_empty(), "{:?}", r.errors);
+            assert!(r.errors().is_empty(), "{:?}", r.errors());
         }
         assert_eq!(fake.calls().iter().filter(|c| *c == "start_container").count(), 2 * pods);
         (sandboxes.peak.load(Ordering::SeqCst), containers.peak.load(Ordering::SeqCst))
@@ -251,7 +290,7 @@ mod start_gate_wiring {
         let p = pod("u1");
         let st = rm.pod_status("u1").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert!(r.errors().is_empty(), "{:?}", r.errors());
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 5, "a sandbox, two creates, two starts: {seen:?}");
         assert!(seen.iter().all(|&(_, mine, other)| mine && !other), "{seen:?}");
@@ -298,7 +337,7 @@ mod start_gate_wiring {
         let p = pod("next");
         let st = rm.pod_status("next").await.unwrap();
         let r = rm.sync_pod(&p, &st).await;
-        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert!(r.errors().is_empty(), "{:?}", r.errors());
         assert_eq!(started.elapsed(), crate::runtime::start_gate::HOLD, "the next pod waited for the hold only");
         assert!(!hung.is_finished());
         hung.abort();
