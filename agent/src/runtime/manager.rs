@@ -2,6 +2,21 @@
 //! needs from the runtime ([`compute_pod_actions`], a pure function of the spec and the
 //! runtime's state) and carries it out through CRI: sandbox, init containers in order,
 //! app containers with crash-loop back-off, and kills with grace periods.
+//!
+//! Split as upstream splits `pkg/kubelet/kuberuntime`:
+//! - this file: the manager, its construction, `SyncPod` ([`RuntimeManager::sync_pod`],
+//!   crash-loop back-off included) and `KillPod` ([`RuntimeManager::kill_pod`])
+//!   (`kuberuntime_manager.go`);
+//! - [`pod_actions`]: what a sync must do (`computePodActions`);
+//! - `sandbox`: the sandbox config and `RunPodSandbox` (`kuberuntime_sandbox.go`);
+//! - `container`: container starts (image, config, create, start, postStart) and kills
+//!   (preStop, stop), [`StartError`] (`kuberuntime_container.go`);
+//! - `image_credentials`: pull secrets and node credentials for image pulls;
+//! - [`dns`]: pod DNS, hostnames and `/etc/hosts` (`pkg/kubelet/network/dns`);
+//! - [`env`](mod@env): container environment variables (`makeEnvironmentVariables`);
+//! - `sync_result`: what a sync did, per action ([`PodSyncResult`], [`SyncResult`];
+//!   `pkg/kubelet/container/sync_result.go`);
+//! - `tests` (`SyncPod` on the fake runtime) and `testing` (fixtures the tests share).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -3,7 +3,9 @@
 //! ([`RuntimePodStatus`]), the labels that tie CRI objects back to pods, the
 //! crash-loop [`Backoff`], and the [`RuntimeManager`] that turns a pod spec plus the
 //! runtime's state into CRI calls (`SyncPod`, `KillPod`), ephemeral containers included
-//! ([`ephemeral`]).
+//! ([`ephemeral`]). The manager's parts (pod actions, sandbox, containers, image
+//! credentials, DNS, environment, sync results) are files under `runtime/manager/`, as
+//! upstream's `kuberuntime_*.go`; see [`manager`].
 
 pub mod backoff;
 pub mod cri;

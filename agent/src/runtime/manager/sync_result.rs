@@ -22,7 +22,8 @@ pub enum SyncAction {
     /// Upstream records a `KillContainer` per container and a `KillPodSandbox` per sandbox;
     /// [`super::RuntimeManager::kill_pod`] stops at the first error and reports that one.
     KillPod,
-    /// Generate the CRI sandbox config; the target is the pod's full name.
+    /// Generate the CRI sandbox config; the target is the pod's full name. Recorded only
+    /// when it fails, as upstream.
     ConfigPodSandbox,
     /// Create the sandbox (`RunPodSandbox`); the target is the pod's full name.
     CreatePodSandbox,
