@@ -9,37 +9,47 @@ use serde_json::json;
 use super::{RuntimeManager, RuntimeManagerConfig, dns};
 use crate::cm::FakePodContainerManager;
 use crate::events::MemoryRecorder;
+use crate::images::puller::ImageManager;
 use crate::metrics::KubeletMetrics;
 use crate::runtime::Backoff;
 use crate::runtime::fake::FakeRuntime;
 use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
+
+/// A manager on `fake` with its directories in `dir`, recording events on `recorder` (the
+/// image manager's too when `image_events`).
+fn manager(
+    dir: &std::path::Path,
+    fake: Arc<FakeRuntime>,
+    host_ip: Option<&str>,
+    recorder: &Arc<MemoryRecorder>,
+    image_events: bool,
+) -> RuntimeManager {
+    let metrics = Arc::new(KubeletMetrics::unregistered());
+    let images = ImageManager::new(fake.clone(), crate::images::puller::PullerConfig::default(), metrics.clone());
+    let images = if image_events { images.with_recorder(recorder.clone()) } else { images };
+    let cfg = RuntimeManagerConfig {
+        pod_logs_dir: dir.join("logs"),
+        root_dir: dir.join("root"),
+        node_name: "node-1".into(),
+        host_ip: host_ip.map(Into::into),
+    };
+    RuntimeManager::new(
+        fake,
+        Arc::new(FakePodContainerManager::default()),
+        metrics,
+        cfg,
+        Backoff::default(),
+        Arc::new(images),
+    )
+    .with_recorder(recorder.clone())
+}
 
 /// A manager on a fake runtime that has the image `img`, recording events.
 pub(super) fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
     let dir = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeRuntime::with_images(&["img"]));
     let recorder = Arc::new(MemoryRecorder::new("node-1"));
-    let metrics = Arc::new(KubeletMetrics::unregistered());
-    let images = crate::images::puller::ImageManager::new(
-        fake.clone(),
-        crate::images::puller::PullerConfig::default(),
-        metrics.clone(),
-    )
-    .with_recorder(recorder.clone());
-    let rm = RuntimeManager::new(
-        fake.clone(),
-        Arc::new(FakePodContainerManager::default()),
-        metrics,
-        RuntimeManagerConfig {
-            pod_logs_dir: dir.path().join("logs"),
-            root_dir: dir.path().join("root"),
-            node_name: "node-1".into(),
-            host_ip: None,
-        },
-        Backoff::default(),
-        Arc::new(images),
-    )
-    .with_recorder(recorder.clone());
+    let rm = manager(dir.path(), fake.clone(), None, &recorder, true);
     (dir, fake, recorder, rm)
 }
 
@@ -75,28 +85,8 @@ pub(super) fn env(dns: dns::DnsSettings) -> Env {
         .with_mounter(Arc::new(FakeMounter::default()))
         .with_node_allocatable(NodeAllocatable { cpu_milli: 2000, memory: 1 << 30, ephemeral_storage: 1 << 30 });
     let fake = Arc::new(FakeRuntime::with_images(&["img"]));
-    let metrics = Arc::new(KubeletMetrics::unregistered());
-    let images = crate::images::puller::ImageManager::new(
-        fake.clone(),
-        crate::images::puller::PullerConfig::default(),
-        metrics.clone(),
-    );
-    let rm = RuntimeManager::new(
-        fake,
-        Arc::new(FakePodContainerManager::default()),
-        metrics,
-        RuntimeManagerConfig {
-            pod_logs_dir: dir.path().join("logs"),
-            root_dir: dir.path().join("root"),
-            node_name: "node-1".into(),
-            host_ip: Some("192.0.2.1".into()),
-        },
-        Backoff::default(),
-        Arc::new(images),
-    )
-    .with_recorder(recorder.clone())
-    .with_volumes(Arc::new(volumes))
-    .with_dns(dns);
+    let rm =
+        manager(dir.path(), fake, Some("192.0.2.1"), &recorder, false).with_volumes(Arc::new(volumes)).with_dns(dns);
     Env { dir, src, recorder, rm: Arc::new(rm) }
 }
 

@@ -5,43 +5,17 @@ use serde_json::json;
 
 use crate::runtime::manager::testing::{hooked, setup};
 
-/// `touched_runtime` tells the pod worker whether the runtime state it holds is stale.
-#[tokio::test]
-async fn a_sync_says_whether_it_touched_the_runtime() {
-    let (_dir, fake, _recorder, rm) = setup();
-    let p = hooked(&json!({}));
-    let st = rm.pod_status("u1").await.unwrap();
-    let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors().is_empty() && r.touched_runtime, "{r:?}");
-    // Running, nothing to do.
-    let calls = fake.calls().len();
-    let st = rm.pod_status("u1").await.unwrap();
-    let reads = fake.calls().len() - calls;
-    let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors().is_empty() && !r.touched_runtime, "{r:?}");
-    assert_eq!(fake.calls().len() - calls, reads, "the sync itself called nothing");
-    // The container died: its restart is a change; the next, in crash-loop back-off, is not.
-    let id = fake.containers_named("c")[0].clone();
-    fake.exit_container(&id, 1);
-    let st = rm.pod_status("u1").await.unwrap();
-    assert!(rm.sync_pod(&p, &st).await.touched_runtime);
-    let id = fake.containers_named("c").last().cloned().unwrap();
-    fake.exit_container(&id, 1);
-    let st = rm.pod_status("u1").await.unwrap();
-    let r = rm.sync_pod(&p, &st).await;
-    assert!(r.errors().iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
-    assert!(!r.touched_runtime, "{r:?}");
-}
-
-/// A sync reports a typed result per action, successes included; a container in crash-loop
+/// `touched_runtime` tells the pod worker whether the runtime state it holds is stale; the
+/// results say what each action did, successes included, and a container in crash-loop
 /// back-off is a failed start that says when to come back.
 #[tokio::test]
-async fn a_sync_reports_a_result_per_action() {
+async fn a_sync_says_whether_it_touched_the_runtime() {
     use super::{SyncAction, SyncResult};
     let (_dir, fake, _recorder, rm) = setup();
     let p = hooked(&json!({}));
     let st = rm.pod_status("u1").await.unwrap();
     let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors().is_empty() && r.touched_runtime, "{r:?}");
     assert_eq!(
         r.results,
         [
@@ -49,19 +23,27 @@ async fn a_sync_reports_a_result_per_action() {
             SyncResult::ok(SyncAction::StartContainer, "c")
         ]
     );
-    assert!(!r.failed() && r.sync_error.is_none() && r.requeue_after().is_none(), "{r:?}");
-    // Nothing to do: no action, no result.
+    // Running, nothing to do.
+    let calls = fake.calls().len();
     let st = rm.pod_status("u1").await.unwrap();
-    assert!(rm.sync_pod(&p, &st).await.results.is_empty());
-    // Exited: restarted. Exited again: in back-off.
+    let reads = fake.calls().len() - calls;
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors().is_empty() && !r.touched_runtime, "{r:?}");
+    assert!(r.results.is_empty(), "no action, no result: {r:?}");
+    assert_eq!(fake.calls().len() - calls, reads, "the sync itself called nothing");
+    // The container died: its restart is a change; the next, in crash-loop back-off, is not.
     let id = fake.containers_named("c")[0].clone();
     fake.exit_container(&id, 1);
     let st = rm.pod_status("u1").await.unwrap();
-    assert_eq!(rm.sync_pod(&p, &st).await.results, [SyncResult::ok(SyncAction::StartContainer, "c")]);
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.touched_runtime);
+    assert_eq!(r.results, [SyncResult::ok(SyncAction::StartContainer, "c")]);
     let id = fake.containers_named("c").last().cloned().unwrap();
     fake.exit_container(&id, 1);
     let st = rm.pod_status("u1").await.unwrap();
     let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors().iter().any(|e| e.starts_with("CrashLoopBackOff")), "{r:?}");
+    assert!(!r.touched_runtime, "{r:?}");
     let [only] = r.results.as_slice() else { panic!("{r:?}") };
     assert_eq!(
         (only.action, only.target.as_str(), only.error),
