@@ -28,10 +28,11 @@ use crate::pod_workers::{PodWorkers, SyncDeps};
 use crate::runtime::manager::RuntimeManagerConfig;
 use crate::runtime::{Backoff, RemoteRuntime, RuntimeManager, RuntimeService};
 use crate::server::{Endpoints, HealthCheck, PodsProvider, Server, ServerSettings};
+use crate::sources::PodUpdate;
 use crate::sources::file::FileSource;
-use crate::sources::{FILE_SOURCE, PodUpdate};
 use crate::status::{StatusManager, StatusProvider};
 use crate::sync_loop::SyncLoop;
+use crate::types::pod::FILE_SOURCE;
 
 /// How long tasks get to finish after shutdown is asked. SIGTERM must end the agent
 /// within 2 s (pods are left running, as the kubelet leaves them); this, the span
@@ -913,7 +914,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     }
     let mut sources: Vec<&'static str> = if kc.static_pod_path.is_empty() { vec![] } else { vec![FILE_SOURCE] };
     if clients.is_some() {
-        sources.push(crate::sources::api::API_SOURCE);
+        sources.push(crate::types::pod::API_SOURCE);
     }
     let pod_manager = PodManager::new(&sources);
     let (status, status_writer): (Arc<dyn StatusProvider>, _) = match &clients {

@@ -40,4 +40,5 @@ pub mod stats;
 pub mod status;
 pub mod sync_loop;
 pub mod telemetry;
+pub mod types;
 pub mod volumes;

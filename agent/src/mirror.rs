@@ -15,8 +15,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 use crate::pod_manager::PodManager;
-use crate::sources::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, CONFIG_SEEN_ANNOTATION, is_static_pod};
 use crate::status::StatusProvider;
+use crate::types::pod::{CONFIG_HASH_ANNOTATION, CONFIG_MIRROR_ANNOTATION, CONFIG_SEEN_ANNOTATION, is_static_pod};
 
 /// Mirror pods the API has for this node, by `namespace/name` (filled by the pod watch).
 pub type MirrorStore = Arc<RwLock<BTreeMap<String, Pod>>>;

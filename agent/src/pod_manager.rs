@@ -8,14 +8,8 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::sources::{CONFIG_SEEN_ANNOTATION, PodUpdate};
-
-/// A pod's UID, the key pods are known by everywhere; `""` for a pod without one (every
-/// source gives its pods one).
-#[must_use]
-pub fn uid(pod: &Pod) -> &str {
-    pod.metadata.uid.as_deref().unwrap_or_default()
-}
+use crate::sources::PodUpdate;
+use crate::types::pod::CONFIG_SEEN_ANNOTATION;
 
 /// What a snapshot changed.
 #[derive(Debug, Default)]
@@ -161,14 +155,14 @@ impl PodManager {
     /// Whether the desired pod `uid` is a static pod (from a file or URL source).
     #[must_use]
     pub fn is_static(&self, uid: &str) -> bool {
-        self.inner.read().unwrap().pods.get(uid).is_some_and(crate::sources::is_static_pod)
+        self.inner.read().unwrap().pods.get(uid).is_some_and(crate::types::pod::is_static_pod)
     }
 
     /// How many pods are desired, and how many of them are static.
     #[must_use]
     pub fn counts(&self) -> (usize, usize) {
         let inner = self.inner.read().unwrap();
-        (inner.pods.len(), inner.pods.values().filter(|p| crate::sources::is_static_pod(p)).count())
+        (inner.pods.len(), inner.pods.values().filter(|p| crate::types::pod::is_static_pod(p)).count())
     }
 
     /// How many ephemeral containers the desired pods' specs have (upstream's pod manager
@@ -215,7 +209,7 @@ mod tests {
         let m = PodManager::new(&["api", "file"]);
         let mut static_pod = pod("s", "x");
         static_pod.metadata.annotations =
-            Some(BTreeMap::from([(crate::sources::CONFIG_SOURCE_ANNOTATION.to_owned(), "file".to_owned())]));
+            Some(BTreeMap::from([(crate::types::pod::CONFIG_SOURCE_ANNOTATION.to_owned(), "file".to_owned())]));
         m.apply(PodUpdate::Set { source: "file", pods: vec![static_pod] });
         m.apply(PodUpdate::Set { source: "api", pods: vec![pod("a", "x"), pod("b", "x")] });
         assert_eq!(m.uids(), ["a", "b", "s"].map(String::from).into_iter().collect());

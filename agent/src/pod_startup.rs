@@ -30,7 +30,7 @@
 //! their bucket's exemplar, so a slow bucket leads to the trace of a pod that landed in
 //! it.
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -288,7 +288,7 @@ impl PodStartupTracker {
         };
         let sli = total - pulling;
         tracing::info!(
-            pod = %crate::runtime::manager::pod_full_name(pod),
+            pod = %crate::types::pod::pod_full_name(pod),
             pod_start_slo_duration = sli,
             pod_start_e2e_duration = total,
             "observed pod startup duration"
@@ -327,7 +327,7 @@ impl PodStartupTracker {
             self.end_trace(pod_uid(pod), StartOutcome::Terminal);
         }
         let mut pods = self.pods.lock().unwrap();
-        let standalone = crate::sources::is_static_pod(pod);
+        let standalone = crate::types::pod::is_static_pod(pod);
         if standalone && old.is_none() && !pods.contains_key(pod_uid(pod)) {
             pods.insert(pod_uid(pod).to_string(), PerPod::default());
         }

@@ -57,10 +57,9 @@ use tracing::Instrument as _;
 use crate::cm::PodContainerManager;
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{KubeletMetrics, OperationLabels};
-use crate::runtime::manager::pod_full_name;
 use crate::runtime::{RuntimeManager, RuntimePod, RuntimePodStatus};
-use crate::sources::is_static_pod;
 use crate::status::{StatusInputs, StatusProvider, generate_api_pod_status};
+use crate::types::pod::{is_static_pod, pod_full_name};
 
 /// Upstream `backOffPeriod` used to requeue a pod whose sync failed.
 const ERROR_REQUEUE: Duration = Duration::from_secs(10);
@@ -775,7 +774,7 @@ impl Worker {
                 .collect();
             tracing::debug!(
                 target: "pod_status",
-                mono_ns = crate::pleg::evented::monotonic_now_ns(),
+                mono_ns = crate::types::clock::monotonic_now_ns(),
                 uid = %self.uid,
                 containers = %summary.join(","),
                 "updated"

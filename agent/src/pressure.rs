@@ -369,7 +369,7 @@ fn memcg_threshold_for(cgroup: &Path, threshold: &str, limited: bool) -> Option<
     let bytes = match threshold.strip_suffix('%') {
         Some(p) => (capacity as f64 * p.trim().parse::<f64>().ok()? / 100.0) as u64,
         None => {
-            u64::try_from(threshold.parse::<crate::cm::quantity::ParsedQuantity>().ok()?.value_saturating()).ok()?
+            u64::try_from(threshold.parse::<crate::types::quantity::ParsedQuantity>().ok()?.value_saturating()).ok()?
         }
     };
     Some(memcg_usage_threshold(capacity, bytes, inactive))

@@ -136,7 +136,7 @@ impl SyncLoop {
         let changes = self.pod_manager.apply(update);
         let any_change = !(changes.added.is_empty() && changes.removed.is_empty() && changes.updated.is_empty());
         for pod in changes.removed {
-            tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod removed from its source");
+            tracing::info!(pod = %crate::types::pod::pod_full_name(&pod), "pod removed from its source");
             if let Some(uid) = &pod.metadata.uid
                 && self.rejected.lock().unwrap().remove(uid)
             {
@@ -153,7 +153,7 @@ impl SyncLoop {
         added.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
         let mut active: Option<Vec<k8s_openapi::api::core::v1::Pod>> = None;
         for pod in added {
-            tracing::info!(pod = %crate::runtime::manager::pod_full_name(&pod), "pod added");
+            tracing::info!(pod = %crate::types::pod::pod_full_name(&pod), "pod added");
             let startup = self.runtime.startup_tracker();
             if let Some(t) = startup {
                 t.begin_trace(&pod);
@@ -215,7 +215,7 @@ impl SyncLoop {
             // RUST_LOG=pleg_dispatch=debug): when the event reached the pod worker.
             tracing::debug!(
                 target: "pleg_dispatch",
-                mono_ns = crate::pleg::evented::monotonic_now_ns(),
+                mono_ns = crate::types::clock::monotonic_now_ns(),
                 kernel_ns = ev.kernel_time_ns.unwrap_or(0),
                 uid = %ev.pod_uid,
                 id = %ev.data,
@@ -223,7 +223,7 @@ impl SyncLoop {
                 "dispatched"
             );
             if let Some(k) = ev.kernel_time_ns {
-                let now = crate::pleg::evented::monotonic_now_ns();
+                let now = crate::types::clock::monotonic_now_ns();
                 self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
             }
         }
@@ -284,7 +284,7 @@ impl SyncLoop {
     ) -> bool {
         {
             {
-                tracing::warn!(pod = %crate::runtime::manager::pod_full_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
+                tracing::warn!(pod = %crate::types::pod::pod_full_name(pod), reason = %r.reason, message = %r.message, "pod rejected");
                 self.recorder.record(
                     crate::events::pod_ref(pod),
                     crate::events::EventType::Warning,
@@ -489,8 +489,8 @@ mod tests {
     use crate::runtime::fake::FakeRuntime;
     use crate::runtime::manager::RuntimeManagerConfig;
     use crate::runtime::{Backoff, RuntimeService};
-    use crate::sources::FILE_SOURCE;
     use crate::status::StatusManager;
+    use crate::types::pod::FILE_SOURCE;
 
     /// The fake cgroup manager, whose `list_pod_cgroups` waits until the test opens it:
     /// a housekeeping pass held at its start.

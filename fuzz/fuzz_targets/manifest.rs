@@ -68,7 +68,7 @@ fn what_the_agent_derives(pod: &Pod) {
     let _ = pod_resources::pod_requests(pod);
     let _ = pod_resources::pod_limits(pod);
     let _ = manager::compute_pod_actions(pod, &RuntimePodStatus::default());
-    let _ = manager::pod_full_name(pod);
+    let _ = swiftlet::types::pod::pod_full_name(pod);
     let _ = manager::dns::pod_hostname_and_domain(pod, "cluster.local");
     let _ = labels::sandbox_labels(pod);
     let _ = labels::sandbox_annotations(pod);

@@ -1,6 +1,6 @@
-//! Resource quantities (`cm::quantity`, what pod specs, `evictionHard`, `systemReserved`
+//! Resource quantities (`types::quantity`, what pod specs, `evictionHard`, `systemReserved`
 //! and friends are read with), the eviction manager's printed quantities
-//! (`eviction::quantity`), the conversions to bytes and milli-CPU, and Go durations (the
+//! (`types::quantity::Quantity`), the conversions to bytes and milli-CPU, and Go durations (the
 //! other unit-bearing strings of the configuration and the flags).
 //!
 //! The input is one string. Besides never panicking, these must hold:
@@ -15,9 +15,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use swiftlet::cm::quantity;
 use swiftlet::config::GoDuration;
-use swiftlet::eviction::quantity::Quantity;
+use swiftlet::types::quantity::{self, Quantity};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= 8 {

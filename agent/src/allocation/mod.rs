@@ -34,7 +34,7 @@ pub mod checkpoint;
 pub mod metrics;
 pub mod sync;
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -45,11 +45,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::cm::pod_resources::is_restartable_init_container;
-use crate::cm::quantity;
 use crate::cm::{QosClass, qos_class};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::lifecycle::admission::{Rejection, pod_requests};
 use crate::runtime::{ContainerState, RuntimePodStatus, api};
+use crate::types::quantity;
 use checkpoint::PodAllocation;
 pub use metrics::ResizeMetrics;
 
@@ -553,7 +553,7 @@ impl AllocationManager {
 
     /// Upstream `canResizePod` + the resize admit handler: `Err((reason, message))`.
     fn can_resize(&self, pod: &Pod, allocated: &Pod, ctx: &ResizeContext<'_>) -> Result<(), (&'static str, String)> {
-        if crate::sources::is_static_pod(pod) {
+        if crate::types::pod::is_static_pod(pod) {
             self.metrics.infeasible("static_pod");
             return Err((reasons::INFEASIBLE, "In-place resize of static-pods is not supported".into()));
         }

@@ -8,7 +8,7 @@
 //! (topology manager) are not consulted for resizes: they allocate on admission, and the
 //! resize of pods with exclusive resources is infeasible anyway.
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -23,8 +23,8 @@ use crate::sync_loop::SyncLoop;
 #[must_use]
 pub fn node_allocatable(node: &Node) -> Option<(i64, i64)> {
     let a = node.status.as_ref()?.allocatable.as_ref()?;
-    let cpu = crate::cm::quantity::parse_milli_cpu(&a.get("cpu")?.0).ok()?;
-    let mem = crate::cm::quantity::parse_bytes(&a.get("memory")?.0).ok()?;
+    let cpu = crate::types::quantity::parse_milli_cpu(&a.get("cpu")?.0).ok()?;
+    let mem = crate::types::quantity::parse_bytes(&a.get("memory")?.0).ok()?;
     Some((cpu, mem))
 }
 

@@ -16,10 +16,10 @@
 
 use std::collections::BTreeMap;
 
-use super::quantity::{parse_bytes, parse_milli_cpu};
 use super::resources::{
     HugepageLimits, PodResourceConfig, hugepage_resource_name, hugepage_unit_size, milli_cpu_to_shares,
 };
+use crate::types::quantity::{parse_bytes, parse_milli_cpu};
 
 /// What to write where (see the module docs). `Default`: nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! In-memory [`PodContainerManager`] for other modules' tests: records calls, keeps pod
 //! cgroups in a map, names them like the real manager, and fails on demand.
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 

@@ -7,8 +7,8 @@
 //! - [`PodContainerManager`]: the pod cgroups (`kubepods/{burstable,besteffort}/pod<uid>`) and
 //!   their limits, with [`CgroupfsPodContainerManager`] for the cgroupfs driver on cgroup
 //!   v1 (legacy or hybrid) and v2, and [`FakePodContainerManager`] for other modules' tests;
-//! - [`quantity`]: exact Kubernetes quantity parsing; [`pod_resources`]: pod request and
-//!   limit totals (`PodRequests`/`PodLimits`); [`resources`]: the shares/quota/OOM math.
+//! - [`pod_resources`]: pod request and limit totals (`PodRequests`/`PodLimits`);
+//!   [`resources`]: the shares/quota/OOM math.
 //!
 //! Order of calls, as in the kubelet: [`PodContainerManager::ensure_node_cgroups`] once at
 //! start; per pod, [`PodContainerManager::ensure_pod_cgroup`] before `RunPodSandbox` with
@@ -23,6 +23,9 @@
 //! the hugetlb controller is on. The resource managers: [`cpumanager`], [`memorymanager`],
 //! [`devicemanager`] and the [`topology`] manager that aligns them at admission, over the
 //! [`machine_topology`] read from sysfs. `MemoryQoS` is not implemented.
+//!
+//! Quantities, resource names and the critical pod tests this module uses are in the
+//! [`crate::types`] leaf, which every module shares.
 
 pub mod allocatable;
 pub mod cgroupfs;
@@ -37,7 +40,6 @@ pub mod memorymanager;
 pub mod metrics;
 pub mod pod_resources;
 pub mod qos;
-pub mod quantity;
 pub mod resource_managers;
 pub mod resources;
 pub mod topology;
@@ -62,7 +64,7 @@ pub enum Error {
     Resources(#[from] resources::Error),
     /// A quantity does not parse.
     #[error(transparent)]
-    Quantity(#[from] quantity::Error),
+    Quantity(#[from] crate::types::quantity::Error),
     /// A quantity in a pod spec does not parse.
     #[error(transparent)]
     InvalidQuantity(#[from] pod_resources::InvalidQuantity),

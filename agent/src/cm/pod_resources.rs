@@ -18,14 +18,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::quantity::{self, ParsedQuantity};
-
-/// Resource name of CPU.
-pub const CPU: &str = "cpu";
-/// Resource name of memory.
-pub const MEMORY: &str = "memory";
-/// Prefix of huge page resource names (`hugepages-2Mi`).
-pub const HUGEPAGES_PREFIX: &str = "hugepages-";
+use crate::types::quantity::{self, ParsedQuantity};
+use crate::types::resource_names::{CPU, MEMORY, is_hugepage_resource_name};
 
 /// Parsed resource list: resource name → quantity.
 pub type ResourceList = BTreeMap<String, ParsedQuantity>;
@@ -90,7 +84,7 @@ pub fn is_restartable_init_container(c: &Container) -> bool {
 /// Whether pod-level resource management applies to `name` (cpu, memory, hugepages-*).
 #[must_use]
 pub fn is_supported_pod_level_resource(name: &str) -> bool {
-    name == CPU || name == MEMORY || name.starts_with(HUGEPAGES_PREFIX)
+    name == CPU || name == MEMORY || is_hugepage_resource_name(name)
 }
 
 fn pod_level(pod: &Pod) -> Option<&ResourceRequirements> {

@@ -11,7 +11,8 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pod_resources::{self, CPU, MEMORY, ResourceList};
+use super::pod_resources::{self, ResourceList};
+use crate::types::resource_names::{CPU, MEMORY};
 
 /// The `QoS` class of a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

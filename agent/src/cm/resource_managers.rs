@@ -12,9 +12,9 @@ use crate::cm::cpumanager::{ActivePods, CpuManager, CpuManagerConfig};
 use crate::cm::machine_topology::MachineTopology;
 use crate::cm::memorymanager::{MemoryManager, MemoryManagerConfig};
 use crate::cm::metrics::ResourceManagerMetrics;
-use crate::cm::quantity;
 use crate::cm::topology::{TopologyManager, TopologyManagerConfig};
 use crate::config::KubeletConfiguration;
+use crate::types::quantity;
 
 /// A resource manager that cannot start; the agent does not start either.
 #[derive(Debug, thiserror::Error)]

@@ -15,9 +15,11 @@ use std::sync::OnceLock;
 use k8s_cri::v1::{HugepageLimit, LinuxContainerResources};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::pod_resources::{self, CPU, ContainerKind, HUGEPAGES_PREFIX, MEMORY};
+use super::pod_resources::{self, ContainerKind};
 use super::qos::{QosClass, qos_class};
-use super::quantity;
+use crate::types::pod::{is_critical_pod, is_node_critical_pod};
+use crate::types::quantity;
+use crate::types::resource_names::{CPU, HUGEPAGES_PREFIX, MEMORY};
 
 /// Errors from probing the host for the facts container resources depend on.
 #[derive(Debug, thiserror::Error)]
@@ -137,7 +139,7 @@ impl HugepageLimits {
 /// upstream's `HugePageResourceName(resource.NewQuantity(size, BinarySI))`).
 #[must_use]
 pub fn hugepage_resource_name(page_bytes: u64) -> String {
-    format!("{}{}", pod_resources::HUGEPAGES_PREFIX, quantity::binary_si(page_bytes))
+    format!("{}{}", HUGEPAGES_PREFIX, quantity::binary_si(page_bytes))
 }
 
 /// The huge pages of the host: page size in bytes → bytes preallocated
@@ -164,7 +166,7 @@ fn pod_hugepage_limits(requests: &pod_resources::ResourceList) -> HugepageLimits
     let sizes = requests
         .iter()
         .filter_map(|(name, q)| {
-            let size = quantity::parse(name.strip_prefix(pod_resources::HUGEPAGES_PREFIX)?).ok()?.value()?;
+            let size = quantity::parse(name.strip_prefix(HUGEPAGES_PREFIX)?).ok()?.value()?;
             Some((hugepage_unit_size(u64::try_from(size).ok()?)?, q.value_saturating()))
         })
         .collect();
@@ -440,31 +442,6 @@ pub const BEST_EFFORT_OOM_SCORE_ADJ: i64 = 1000;
 /// OOM score adjustment the kubelet gives itself.
 pub const KUBELET_OOM_SCORE_ADJ: i64 = -999;
 
-/// Priority at and above which a pod is system-critical (`SystemCriticalPriority`).
-const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
-}
-
-/// `types.IsCriticalPod`: static, mirror, or priority ≥ system-critical.
-#[must_use]
-pub fn is_critical_pod(pod: &Pod) -> bool {
-    let is_static = annotation(pod, CONFIG_SOURCE_ANNOTATION).is_some_and(|s| s != "api");
-    let is_mirror = annotation(pod, CONFIG_MIRROR_ANNOTATION).is_some();
-    let high_priority = pod.spec.as_ref().and_then(|s| s.priority).is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY);
-    is_static || is_mirror || high_priority
-}
-
-/// `types.IsNodeCriticalPod`: critical and in the `system-node-critical` priority class.
-#[must_use]
-pub fn is_node_critical_pod(pod: &Pod) -> bool {
-    is_critical_pod(pod)
-        && pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some("system-node-critical")
-}
-
 fn is_sidecar(pod: &Pod, container: &Container) -> bool {
     pod_resources::is_restartable_init_container(container)
         && pod.spec.as_ref().is_some_and(|s| s.init_containers.iter().flatten().any(|c| c.name == container.name))
@@ -655,6 +632,7 @@ pub fn linux_container_resources_with(
 mod tests {
     use super::*;
     use crate::cm::pod_resources::test_pods::*;
+    use crate::types::pod::CONFIG_SOURCE_ANNOTATION;
     use k8s_openapi::api::core::v1::PodStatus;
     use std::fmt::Write as _;
 

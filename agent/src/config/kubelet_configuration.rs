@@ -484,7 +484,7 @@ pub struct OutputRoutingOptions {
     /// Errors to stderr, info to buffered stdout. Default: false.
     pub split_stream: bool,
     /// Buffer size of the info stream (a quantity). Default: "0".
-    #[serde(deserialize_with = "quantity::deserialize")]
+    #[serde(deserialize_with = "crate::types::quantity::deserialize_text")]
     pub info_buffer_size: String,
 }
 
@@ -541,7 +541,7 @@ pub struct MemoryReservation {
     /// NUMA node id.
     pub numa_node: i32,
     /// Reserved quantities by resource name.
-    #[serde(deserialize_with = "quantity::deserialize_map")]
+    #[serde(deserialize_with = "crate::types::quantity::deserialize_text_map")]
     pub limits: BTreeMap<String, String>,
 }
 
@@ -763,39 +763,5 @@ impl KubeletConfiguration {
     #[must_use]
     pub fn to_configz_json(&self) -> serde_json::Value {
         serde_json::json!({ "kubeletconfig": self })
-    }
-}
-
-/// Kubernetes quantities are kept as strings; on the wire they may also be numbers.
-mod quantity {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer};
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Text(String),
-        Int(i64),
-        Float(f64),
-    }
-
-    impl From<Raw> for String {
-        fn from(raw: Raw) -> Self {
-            match raw {
-                Raw::Text(text) => text,
-                Raw::Int(n) => n.to_string(),
-                Raw::Float(x) => x.to_string(),
-            }
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        Raw::deserialize(d).map(String::from)
-    }
-
-    pub(super) fn deserialize_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
-        let raw = BTreeMap::<String, Raw>::deserialize(d)?;
-        Ok(raw.into_iter().map(|(k, v)| (k, v.into())).collect())
     }
 }

@@ -415,7 +415,7 @@ fn validate_resource_managers(kc: &KubeletConfiguration, p: &mut Problems) {
                     format!("the limit type {name:?} for NUMA node {node} is not supported, only [memory hugepages-<HugePageSize>] is accepted"),
                 );
             }
-            if crate::cm::quantity::parse(q).is_ok_and(crate::cm::quantity::ParsedQuantity::is_zero) {
+            if crate::types::quantity::parse(q).is_ok_and(crate::types::quantity::ParsedQuantity::is_zero) {
                 p.add(
                     "reservedMemory",
                     format!("reserved memory may not be zero for NUMA node {node} and resource {name:?}"),

@@ -2,7 +2,7 @@
 //! pod manager and workers, kills through the pod workers, reclaim through container
 //! and image GC (the traits of [`super::manager`]).
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -17,11 +17,9 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::observations::PodUsage;
-use super::quantity::{Format, Quantity};
 use crate::cm::pod_resources;
-
-/// The resource name of local ephemeral storage.
-const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+use crate::types::quantity::{Format, Quantity};
+use crate::types::resource_names::EPHEMERAL_STORAGE;
 
 /// Which limit a pod went over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,10 +35,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cm::resources::is_critical_pod;
 use crate::events::{EventRecorder, EventType, node_ref, pod_ref};
 use crate::lifecycle::admission::Rejection;
 use crate::pressure::PressureSignal;
+use crate::types::pod::is_critical_pod;
 
 use super::evaluate::{
     ConditionsObservedAt, ReclaimFunction, ThresholdsObservedAt, merge_thresholds, node_conditions,
@@ -292,7 +292,7 @@ impl EvictionManager {
         if self.config.thresholds.is_empty() && !self.config.local_storage_capacity_isolation {
             return None;
         }
-        let pass_mono_ns = crate::pleg::evented::monotonic_now_ns();
+        let pass_mono_ns = crate::types::clock::monotonic_now_ns();
         let (configured, dedicated_image_fs) = self.thresholds().await?;
         let active = self.deps.pods.active_pods();
         let snapshot = match self.deps.stats.snapshot().await {
@@ -415,7 +415,7 @@ impl EvictionManager {
             // A stable, parseable record for `cargo xtask bench eviction` (enable with
             // RUST_LOG=eviction_decision=debug): when the pass that decided started, when
             // its kernel signal came (0 for the periodic pass) and when it decided.
-            let decided_mono_ns = crate::pleg::evented::monotonic_now_ns();
+            let decided_mono_ns = crate::types::clock::monotonic_now_ns();
             let (trigger_name, signal_mono_ns) = match &trigger {
                 Trigger::Periodic => ("periodic", 0),
                 Trigger::Signal { source, at } => (

@@ -8,12 +8,12 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::cm::qos::{QosClass, qos_class};
-use crate::cm::resources::is_critical_pod;
 use crate::lifecycle::admission::Rejection;
+use crate::types::pod::is_critical_pod;
 
 use super::observations::{Observations, PodUsage};
-use super::quantity::Quantity;
 use super::thresholds::{NodeCondition, Resource, Threshold};
+use crate::types::quantity::Quantity;
 
 /// The reason of an evicted pod's status, its event and an admission refusal.
 pub const REASON: &str = "Evicted";

@@ -11,7 +11,10 @@
 //! | [`messages`] | `Evicted` message and annotations, `DisruptionTarget`, `Admit` | `evictionMessage`, `Admit` |
 //! | [`manager`] | [`EvictionManager`]: `synchronize`, the loop, the injected traits | `eviction_manager.go` |
 //! | [`metrics`] | `kubelet_evictions`, `kubelet_eviction_stats_age_seconds`, swiftlet's decision latency | `pkg/kubelet/metrics` |
-//! | [`quantity`] | quantities printed as Go prints them | `resource.Quantity` |
+//!
+//! Quantities printed as Go prints them ([`crate::types::quantity::Quantity`]) and the
+//! critical pod test ([`crate::types::pod::is_critical_pod`]) come from the
+//! [`crate::types`] leaf.
 //!
 //! # Wiring (what the agent does)
 //! 1. **Config**: `EvictionConfig::from_kubelet_configuration(&kc)` after validation; an
@@ -82,7 +85,6 @@ pub mod manager;
 pub mod messages;
 pub mod metrics;
 pub mod observations;
-pub mod quantity;
 pub mod ranking;
 pub mod thresholds;
 

@@ -19,8 +19,8 @@ use std::time::SystemTime;
 use crate::stats::Summary;
 use crate::stats::summary::{FsStats, MemoryStats, SYSTEM_CONTAINER_PODS};
 
-use super::quantity::Quantity;
 use super::thresholds::Signal;
+use crate::types::quantity::Quantity;
 
 /// Memory of the node or of the pods cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,7 +287,7 @@ pub fn make_observations(snapshot: &NodeSnapshot) -> Observations {
         Signal::ContainerFsInodesFree,
     );
     if let Some(p) = &snapshot.pids {
-        let format = super::quantity::Format::DecimalSi;
+        let format = crate::types::quantity::Format::DecimalSi;
         out.insert(
             Signal::PidAvailable,
             Observation {

@@ -11,7 +11,7 @@
 //! upstream ("prioritize evicting the pod for which no stats were found"). Ties keep the
 //! order of the input (the sort is stable; upstream's is not).
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cm::pod_resources::{self, ResourceList};
 
 use super::observations::{FsUsage, PodUsage};
-use super::quantity::Quantity;
 use super::thresholds::{Resource, Signal};
+use crate::types::quantity::Quantity;
 
 /// Which usage counts towards a filesystem (`fsStatsType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub fn pod_priority(pod: &Pod) -> i32 {
 #[must_use]
 pub fn pod_request(requests: &ResourceList, resource: &str) -> Quantity {
     let units = pod_resources::get(requests, resource).value_saturating();
-    Quantity::new(units, super::quantity::Format::BinarySi)
+    Quantity::new(units, crate::types::quantity::Format::BinarySi)
 }
 
 /// `cmpBool`: `true` first.

@@ -15,12 +15,12 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::evaluate::{thresholds_met, thresholds_updated_stats};
-use super::quantity::Quantity;
 use super::ranking::{Ranking, rank};
 use super::thresholds::{Errors, with_container_fs_thresholds};
 use super::*;
 use crate::config::KubeletConfiguration;
 use crate::events::MemoryRecorder;
+use crate::types::quantity::Quantity;
 
 const MI: u64 = 1 << 20;
 const GI: u64 = 1 << 30;

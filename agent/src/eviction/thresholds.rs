@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use crate::config::{DEFAULT_EVICTION_HARD, GoDuration, KubeletConfiguration};
 
-use super::quantity::{Format, Quantity};
+use crate::types::quantity::{Format, Quantity};
 
 /// An eviction signal (`evictionapi.Signal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

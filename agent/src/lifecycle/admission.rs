@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec};
 
-use crate::cm::quantity;
+use crate::types::quantity;
 
 /// Why a pod was not admitted: (reason, message) as the kubelet writes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,7 +98,7 @@ pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
 pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
     crate::cm::pod_resources::pod_requests(pod)
         .into_iter()
-        .filter(|(k, _)| crate::cm::devicemanager::is_extended_resource_name(k))
+        .filter(|(k, _)| crate::types::resource_names::is_extended_resource_name(k))
         .map(|(k, v)| (k, v.value_saturating()))
         .collect()
 }

@@ -45,7 +45,7 @@ use crate::probe::exec::run_in_container;
 use crate::probe::format;
 use crate::probe::http::{HttpClient, HttpGetRequest};
 use crate::runtime::RuntimeService;
-use crate::runtime::manager::pod_full_name;
+use crate::types::pod::pod_full_name;
 
 /// The least grace period a container gets after its preStop hook (upstream
 /// `minimumGracePeriodInSeconds`).

@@ -53,7 +53,7 @@ impl RotationPolicy {
     /// # Errors
     /// `containerLogMaxSize` is not a quantity.
     pub fn from_config(kc: &crate::config::KubeletConfiguration) -> Result<Self, String> {
-        let size: crate::cm::quantity::ParsedQuantity = kc
+        let size: crate::types::quantity::ParsedQuantity = kc
             .container_log_max_size
             .parse()
             .map_err(|e| format!("containerLogMaxSize {:?}: {e}", kc.container_log_max_size))?;

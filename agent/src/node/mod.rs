@@ -80,7 +80,7 @@ fn now() -> Time {
 }
 
 fn binary_si(bytes: u64) -> Quantity {
-    Quantity(crate::cm::quantity::binary_si(bytes))
+    Quantity(crate::types::quantity::binary_si(bytes))
 }
 
 fn ki(bytes: u64) -> Quantity {
@@ -88,11 +88,11 @@ fn ki(bytes: u64) -> Quantity {
 }
 
 fn reserved_bytes(map: &BTreeMap<String, String>, key: &str) -> u64 {
-    map.get(key).and_then(|v| crate::cm::quantity::parse_bytes(v).ok()).map_or(0, |b| b.max(0) as u64)
+    map.get(key).and_then(|v| crate::types::quantity::parse_bytes(v).ok()).map_or(0, |b| b.max(0) as u64)
 }
 
 fn reserved_milli(map: &BTreeMap<String, String>, key: &str) -> u64 {
-    map.get(key).and_then(|v| crate::cm::quantity::parse_milli_cpu(v).ok()).map_or(0, |m| m.max(0) as u64)
+    map.get(key).and_then(|v| crate::types::quantity::parse_milli_cpu(v).ok()).map_or(0, |m| m.max(0) as u64)
 }
 
 /// An eviction threshold as bytes of `capacity` (`100Mi` or `10%`).
@@ -102,7 +102,7 @@ fn threshold_bytes(map: &BTreeMap<String, String>, signal: &str, capacity: u64) 
             let pct: f64 = v.trim_end_matches('%').parse().unwrap_or(0.0);
             (capacity as f64 * pct / 100.0) as u64
         }
-        Some(v) => crate::cm::quantity::parse_bytes(v).map_or(0, |b| b.max(0) as u64),
+        Some(v) => crate::types::quantity::parse_bytes(v).map_or(0, |b| b.max(0) as u64),
         None => 0,
     }
 }

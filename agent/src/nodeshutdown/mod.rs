@@ -73,6 +73,7 @@ use crate::config::KubeletConfiguration;
 use crate::events::{EventRecorder, EventType, node_ref};
 use crate::lifecycle::admission::{PodAdmitHandler, Rejection};
 use crate::metrics::KubeletMetrics;
+use crate::types::pod::SYSTEM_CRITICAL_PRIORITY;
 
 pub use systemd::{DbusInhibiter, InhibitLock, Inhibiter};
 
@@ -94,8 +95,6 @@ pub const EVENT_REASON: &str = "NodeShutdown";
 pub const DBUS_RECONNECT_PERIOD: Duration = Duration::from_secs(1);
 /// `scheduling.DefaultPriorityWhenNoDefaultClassExists`.
 pub const DEFAULT_PRIORITY: i32 = 0;
-/// `scheduling.SystemCriticalPriority`.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 /// Errors of the shutdown manager's start.
 #[derive(Debug, thiserror::Error)]

@@ -145,17 +145,6 @@ impl KernelEvent {
     }
 }
 
-/// `CLOCK_MONOTONIC` now, in ns: the clock of the kernel's `bpf_ktime_get_ns`.
-#[must_use]
-pub fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts);
-    }
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// What a cgroup under the kubepods root belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CgroupRef {
@@ -1155,7 +1144,7 @@ mod tests {
 
     fn ns_init_exit(pid: u32, code: i32) -> KernelEvent {
         KernelEvent::Exit {
-            ktime_ns: monotonic_now_ns(),
+            ktime_ns: crate::types::clock::monotonic_now_ns(),
             pid,
             cgroup2_id: 42,
             memcg_id: 0,
@@ -1175,7 +1164,7 @@ mod tests {
         assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
         // The kernel is ahead of the runtime: CRI still says running.
         let exit = KernelEvent::Exit {
-            ktime_ns: monotonic_now_ns(),
+            ktime_ns: crate::types::clock::monotonic_now_ns(),
             pid: 9,
             cgroup2_id: 42,
             memcg_id: 0,

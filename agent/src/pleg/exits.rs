@@ -60,7 +60,7 @@ pub struct KernelExits {
 /// The wall-clock time of a kernel timestamp (`CLOCK_MONOTONIC` ns).
 #[must_use]
 pub fn wall_time_of(ktime_ns: u64) -> SystemTime {
-    let ago = super::evented::monotonic_now_ns().saturating_sub(ktime_ns);
+    let ago = crate::types::clock::monotonic_now_ns().saturating_sub(ktime_ns);
     SystemTime::now().checked_sub(Duration::from_nanos(ago)).unwrap_or_else(SystemTime::now)
 }
 

@@ -38,7 +38,8 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodStatus, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::runtime::RuntimeService;
-use crate::runtime::manager::{env, pod_full_name};
+use crate::runtime::manager::env;
+use crate::types::pod::pod_full_name;
 
 /// The Kubernetes version whose behaviour swiftlet implements, as `major.minor` (the
 /// probe `User-Agent` is `kube-probe/<major>.<minor>`).

@@ -86,7 +86,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

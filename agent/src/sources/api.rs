@@ -16,10 +16,8 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{CONFIG_SOURCE_ANNOTATION, PodUpdate};
-
-/// Source name of API pods.
-pub const API_SOURCE: &str = "api";
+use super::PodUpdate;
+use crate::types::pod::{API_SOURCE, CONFIG_SOURCE_ANNOTATION, is_mirror_pod};
 
 fn tag(mut pod: Pod) -> Pod {
     pod.metadata
@@ -27,12 +25,6 @@ fn tag(mut pod: Pod) -> Pod {
         .get_or_insert_with(BTreeMap::new)
         .insert(CONFIG_SOURCE_ANNOTATION.into(), API_SOURCE.into());
     pod
-}
-
-/// Mirror pods (the API copies of static pods) are not pods to run.
-#[must_use]
-pub fn is_mirror_pod(pod: &Pod) -> bool {
-    pod.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(super::CONFIG_MIRROR_ANNOTATION))
 }
 
 /// The longest the pod watch may stay silent: the API server sends a bookmark about

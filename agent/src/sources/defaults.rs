@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, SeccompProfile, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use md5::{Digest, Md5};
 
-use super::{CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION};
+use crate::types::pod::{CONFIG_HASH_ANNOTATION, CONFIG_SOURCE_ANNOTATION, FILE_SOURCE};
 
 /// One validation problem, with the field path as the API server prints it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub fn apply_api_defaults(pod: &mut Pod) {
 }
 
 fn validate_quantity(field: &str, q: &Quantity, errors: &mut Vec<FieldError>) {
-    if crate::cm::quantity::parse(&q.0).is_err() {
+    if crate::types::quantity::parse(&q.0).is_err() {
         errors.push(err(field, format!("Invalid value: {:?}: must be a valid quantity", q.0)));
     }
 }
@@ -192,11 +192,14 @@ fn validate_container(path: &str, c: &Container, names: &mut HashSet<String>, er
                 if let Some(lv) = lim.get(k) {
                     let (a, b) = if k == "cpu" {
                         (
-                            crate::cm::quantity::parse_milli_cpu(&rv.0).ok(),
-                            crate::cm::quantity::parse_milli_cpu(&lv.0).ok(),
+                            crate::types::quantity::parse_milli_cpu(&rv.0).ok(),
+                            crate::types::quantity::parse_milli_cpu(&lv.0).ok(),
                         )
                     } else {
-                        (crate::cm::quantity::parse_bytes(&rv.0).ok(), crate::cm::quantity::parse_bytes(&lv.0).ok())
+                        (
+                            crate::types::quantity::parse_bytes(&rv.0).ok(),
+                            crate::types::quantity::parse_bytes(&lv.0).ok(),
+                        )
                     };
                     if let (Some(a), Some(b)) = (a, b)
                         && a > b
@@ -301,7 +304,7 @@ pub fn static_pod(mut pod: Pod, node_name: &str, source_path: &str) -> Result<Po
     }
     let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     ann.insert(CONFIG_HASH_ANNOTATION.into(), uid);
-    ann.insert(CONFIG_SOURCE_ANNOTATION.into(), super::FILE_SOURCE.into());
+    ann.insert(CONFIG_SOURCE_ANNOTATION.into(), FILE_SOURCE.into());
     let status = pod.status.get_or_insert_with(Default::default);
     status.phase = Some("Pending".into());
     Ok(pod)

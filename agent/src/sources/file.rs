@@ -14,8 +14,9 @@ use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{FILE_SOURCE, PodUpdate, defaults};
+use super::{PodUpdate, defaults};
 use crate::events::{EventRecorder, EventType, node_ref};
+use crate::types::pod::FILE_SOURCE;
 
 /// Why one manifest file was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

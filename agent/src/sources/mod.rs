@@ -8,27 +8,14 @@ pub mod file;
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// `kubernetes.io/config.source`: which source a pod came from (`file`, `http`, `api`).
-pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-/// `kubernetes.io/config.hash`: the static pod's UID (hash of its manifest).
-pub const CONFIG_HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
-/// `kubernetes.io/config.seen`: when the kubelet first saw this version of the pod.
-pub const CONFIG_SEEN_ANNOTATION: &str = "kubernetes.io/config.seen";
-/// `kubernetes.io/config.mirror`: set on a mirror pod (the API copy of a static pod), with
-/// the static pod's config hash.
-pub const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-/// Source name of static pod files.
-pub const FILE_SOURCE: &str = "file";
+// The config-source annotations, the source names and the static pod test live in the
+// `types` leaf (`crate::types::pod`). `runtime/` still imports these two through here:
+// this re-export goes once `runtime/` imports the leaf.
+pub use crate::types::pod::{CONFIG_SOURCE_ANNOTATION, is_static_pod};
 
 /// A snapshot of one source.
 #[derive(Clone, Debug)]
 pub enum PodUpdate {
     /// Every pod the source wants now (replaces what it sent before).
     Set { source: &'static str, pods: Vec<Pod> },
-}
-
-/// Whether a pod comes from a source other than the API server (upstream `IsStaticPod`).
-#[must_use]
-pub fn is_static_pod(pod: &Pod) -> bool {
-    pod.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SOURCE_ANNOTATION)).is_some_and(|s| s != "api")
 }

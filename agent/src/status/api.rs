@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::{StatusManager, StatusProvider};
 use crate::metrics::KubeletMetrics;
 use crate::pod_manager::PodManager;
-use crate::sources::is_static_pod;
+use crate::types::pod::is_static_pod;
 
 /// The pause before the first retry of a failed write; it doubles with each failure.
 pub const RETRY_INITIAL: Duration = Duration::from_secs(1);
@@ -226,7 +226,7 @@ impl StatusWriter {
                 continue;
             }
             tracing::info!(
-                pod = %crate::runtime::manager::pod_full_name(&pod),
+                pod = %crate::types::pod::pod_full_name(&pod),
                 "pod status on the API server differs from the last one written; writing it again"
             );
             self.queue.mark(uid, |d| {
@@ -254,7 +254,7 @@ impl StatusWriter {
                     let failures = self.retry.get(&uid).map_or(0, |(n, _)| *n) + 1;
                     let pause = retry_after(failures);
                     tracing::warn!(
-                        pod = %crate::runtime::manager::pod_full_name(&pod),
+                        pod = %crate::types::pod::pod_full_name(&pod),
                         error = %e,
                         retry_in = ?pause,
                         "pod status update failed"

@@ -471,7 +471,7 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(crate::sources::CONFIG_SOURCE_ANNOTATION))
+        .and_then(|a| a.get(crate::types::pod::CONFIG_SOURCE_ANNOTATION))
         .is_some_and(|s| s != "api");
     let mut phase = get_phase(spec, &all, inputs.pod_is_terminal, is_static);
     // A pod never leaves a terminal phase.

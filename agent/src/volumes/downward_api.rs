@@ -16,7 +16,8 @@ use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, Pod, Resource
 
 use super::atomic_writer::{FileProjection, Payload};
 use crate::cm::pod_resources::{self, ResourceList};
-use crate::cm::quantity::{self, ParsedQuantity};
+use crate::types::quantity::{self, ParsedQuantity};
+use crate::types::resource_names::{CPU, EPHEMERAL_STORAGE, MEMORY, is_hugepage_resource_name};
 
 /// Errors of the downward API.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -69,8 +70,8 @@ impl NodeAllocatable {
 
     fn as_limits(&self) -> ResourceList {
         ResourceList::from([
-            (pod_resources::CPU.to_string(), ParsedQuantity::from_milli(self.cpu_milli)),
-            (pod_resources::MEMORY.to_string(), ParsedQuantity::from_units(self.memory)),
+            (CPU.to_string(), ParsedQuantity::from_milli(self.cpu_milli)),
+            (MEMORY.to_string(), ParsedQuantity::from_units(self.memory)),
             (EPHEMERAL_STORAGE.to_string(), ParsedQuantity::from_units(self.ephemeral_storage)),
         ])
     }
@@ -91,9 +92,6 @@ fn fs_capacity(path: &Path) -> Option<i64> {
     let st = unsafe { st.assume_init() };
     Some((u128::from(st.f_blocks) * u128::from(st.f_frsize)).min(i64::MAX as u128) as i64)
 }
-
-/// Resource name of ephemeral storage.
-pub const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 
 /// Upstream `FormatMap`: `key="value"` lines sorted by key, values quoted as Go does.
 #[must_use]
@@ -156,8 +154,8 @@ pub fn container_resource_value(
     };
     let (kind, name) =
         selector.resource.split_once('.').ok_or_else(|| Error::UnsupportedResource(selector.resource.clone()))?;
-    let is_huge = name.starts_with(pod_resources::HUGEPAGES_PREFIX);
-    if ![pod_resources::CPU, pod_resources::MEMORY, EPHEMERAL_STORAGE].contains(&name) && !is_huge {
+    let is_huge = is_hugepage_resource_name(name);
+    if ![CPU, MEMORY, EPHEMERAL_STORAGE].contains(&name) && !is_huge {
         return Err(Error::UnsupportedResource(selector.resource.clone()));
     }
     let list = match kind {
@@ -166,7 +164,7 @@ pub fn container_resource_value(
         _ => return Err(Error::UnsupportedResource(selector.resource.clone())),
     };
     let value = pod_resources::get(&list, name);
-    let n = if name == pod_resources::CPU {
+    let n = if name == CPU {
         ceil_div(i128::from(value.milli_value_saturating()), i128::from(divisor.milli_value_saturating()))
     } else {
         ceil_div(i128::from(value.value_saturating()), i128::from(divisor.value_saturating()))

@@ -18,9 +18,9 @@ use super::mounter::{Mounter, SystemMounter};
 use super::source::{BoundPod, ObjectSource};
 use super::token::TokenManager;
 use super::{Error, Result, SetUpFailure, VolumeError, config_map, host_path, ownership, secret, subpath};
-use crate::pod_manager::uid as pod_uid;
 use crate::runtime::api;
 use crate::runtime::backoff::{Clock, SystemClock};
+use crate::types::pod::uid as pod_uid;
 
 /// Upstream default of `serviceAccountToken.expirationSeconds`.
 const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
@@ -314,7 +314,7 @@ impl VolumeManager {
         };
         Ok(if let Some(ed) = &v.empty_dir {
             let memory = Medium::parse(ed.medium.as_deref())? == Medium::Memory;
-            let size_limit = ed.size_limit.as_ref().map(|q| crate::cm::quantity::parse_bytes(&q.0)).transpose()?;
+            let size_limit = ed.size_limit.as_ref().map(|q| crate::types::quantity::parse_bytes(&q.0)).transpose()?;
             MountedVolume { size_limit, ..mv(Plugin::EmptyDir, at(Plugin::EmptyDir), memory) }
         } else if let Some(hp) = &v.host_path {
             mv(Plugin::HostPath, PathBuf::from(&hp.path), false)

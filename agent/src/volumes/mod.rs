@@ -78,7 +78,7 @@ pub enum VolumeError {
     EmptyDir(#[from] empty_dir::Error),
     /// `emptyDir.sizeLimit` does not parse.
     #[error("invalid sizeLimit: {0}")]
-    SizeLimit(#[from] crate::cm::quantity::Error),
+    SizeLimit(#[from] crate::types::quantity::Error),
     /// A volume type or projection this agent does not provide.
     #[error(
         "{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)"

@@ -29,7 +29,7 @@ mod resize;
 #[cfg(test)]
 mod tests;
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -38,10 +38,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pod_resources::{self, CPU};
+use super::pod_resources;
 use super::qos::{QosClass, qos_class};
 use super::resources::{self, MIN_SHARES, PodResourceConfig};
 use super::{CgroupConfig, PodContainerManager};
+use crate::types::resource_names::CPU;
 use mounts::{CgroupLayout, Hierarchy, HierarchyKind};
 pub use mounts::{CgroupMode, LayoutError};
 use sys::{CgroupSys, RealSys};

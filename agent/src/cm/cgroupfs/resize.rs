@@ -10,7 +10,7 @@ use super::mounts::{Hierarchy, HierarchyKind};
 use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, read_string};
 use crate::cm::qos::qos_class;
 use crate::cm::resources::PodResourceConfig;
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 
 /// v1 `memory.limit_in_bytes` at or above this is "no limit" (`PAGE_COUNTER_MAX` pages).
 const V1_UNLIMITED: i64 = 0x7fff_ffff_ffff_f000;

@@ -30,7 +30,7 @@
 pub mod assignment;
 pub mod state;
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -49,6 +49,7 @@ use crate::cm::qos::{QosClass, qos_class};
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
 use crate::lifecycle::admission::Rejection;
 use crate::runtime::RuntimeService;
+use crate::types::resource_names::CPU;
 use state::{Checkpoint, CpuState};
 
 /// A CPU manager that cannot start (upstream's messages).
@@ -194,7 +195,7 @@ pub fn guaranteed_cpus(pod: &Pod, container: &Container) -> usize {
     if qos_class(pod) != QosClass::Guaranteed {
         return 0;
     }
-    let q = pod_resources::get(&pod_resources::container_requests(container), pod_resources::CPU);
+    let q = pod_resources::get(&pod_resources::container_requests(container), CPU);
     match (q.value(), q.milli_value()) {
         (Some(v), Some(m)) if v * 1000 == m && v > 0 => v as usize,
         _ => 0,
@@ -708,7 +709,7 @@ impl HintProvider for CpuManager {
             let reusable = inner.cpus_to_reuse.get(&uid).cloned().unwrap_or_default();
             self.generate_hints(&self.available(&inner.state), &reusable, request)
         };
-        hints.insert(pod_resources::CPU.into(), list);
+        hints.insert(CPU.into(), list);
         hints
     }
 
@@ -728,7 +729,7 @@ impl HintProvider for CpuManager {
         for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
             if let Some(allocated) = inner.state.get(&uid, &c.name) {
                 if allocated.len() != guaranteed_cpus(pod, c) {
-                    hints.insert(pod_resources::CPU.into(), Vec::new());
+                    hints.insert(CPU.into(), Vec::new());
                     return hints;
                 }
                 assigned = assigned.union(allocated);
@@ -740,7 +741,7 @@ impl HintProvider for CpuManager {
             let reusable = inner.cpus_to_reuse.get(&uid).cloned().unwrap_or_default().union(&assigned);
             self.generate_hints(&self.available(&inner.state), &reusable, request)
         };
-        hints.insert(pod_resources::CPU.into(), list);
+        hints.insert(CPU.into(), list);
         hints
     }
 

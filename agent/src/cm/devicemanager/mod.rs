@@ -53,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cm::container_lifecycle::ContainerLifecycleHook;
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
 use crate::lifecycle::admission::Rejection;
+use crate::types::resource_names::is_extended_resource_name;
 
 pub use plugin::{PluginApi, connect_plugin};
 pub use state::ExtendedResources;
@@ -102,34 +103,6 @@ pub enum Error {
     },
     #[error("starting the device plugin runtime")]
     Runtime(#[source] std::io::Error),
-}
-
-/// Upstream `IsExtendedResourceName`: a qualified name outside `kubernetes.io/` (and not
-/// `requests.*`), e.g. `vendor.example/gpu`.
-#[must_use]
-pub fn is_extended_resource_name(name: &str) -> bool {
-    if !name.contains('/') || name.contains("kubernetes.io/") || name.starts_with("requests.") {
-        return false;
-    }
-    // Upstream checks "requests.<name>" is a qualified name (the quota form).
-    let Some((prefix, local)) = format!("requests.{name}").rsplit_once('/').map(|(p, l)| (p.to_owned(), l.to_owned()))
-    else {
-        return false;
-    };
-    let label = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    };
-    let subdomain = prefix.len() <= 253 && prefix.split('.').all(label);
-    let name_ok = !local.is_empty()
-        && local.len() <= 63
-        && local.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && local.as_bytes()[0].is_ascii_alphanumeric()
-        && local.as_bytes()[local.len() - 1].is_ascii_alphanumeric();
-    subdomain && name_ok
 }
 
 /// The runtime the gRPC side runs on; shut down without waiting when dropped.
@@ -214,7 +187,7 @@ fn container_requests(state: &State, c: &Container) -> BTreeMap<String, usize> {
         .flatten()
         .filter(|(r, _)| state.is_device_plugin_resource(r))
         .filter_map(|(r, q)| {
-            let n = crate::cm::quantity::parse_bytes(&q.0).ok()?;
+            let n = crate::types::quantity::parse_bytes(&q.0).ok()?;
             (n > 0).then(|| (r.clone(), usize::try_from(n).unwrap_or(0)))
         })
         .collect()
@@ -840,7 +813,7 @@ impl crate::lifecycle::admission::PluginResourceUpdater for DeviceManager {
             }
             let allocatable =
                 node.status.get_or_insert_with(Default::default).allocatable.get_or_insert_with(BTreeMap::new);
-            let have = allocatable.get(resource).and_then(|q| crate::cm::quantity::parse_bytes(&q.0).ok());
+            let have = allocatable.get(resource).and_then(|q| crate::types::quantity::parse_bytes(&q.0).ok());
             if have.is_none_or(|h| h < held) {
                 allocatable.insert(resource.clone(), Quantity(held.to_string()));
             }

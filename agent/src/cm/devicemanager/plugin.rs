@@ -17,7 +17,8 @@ use super::proto::device_plugin_client::DevicePluginClient;
 use super::proto::registration_server::{Registration, RegistrationServer};
 use super::proto::{self, Empty, RegisterRequest};
 use super::state::Endpoint;
-use super::{Inner, VERSION, is_extended_resource_name};
+use super::{Inner, VERSION};
+use crate::types::resource_names::is_extended_resource_name;
 
 /// How long dialing a plugin and each call to it may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);

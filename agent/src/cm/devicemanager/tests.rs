@@ -10,6 +10,7 @@ use super::plugin::validate;
 use super::proto::{self, RegisterRequest};
 use super::state::Endpoint;
 use super::*;
+use crate::types::resource_names::is_extended_resource_name;
 
 const RES: &str = "example.com/dev";
 

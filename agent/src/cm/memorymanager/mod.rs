@@ -23,7 +23,7 @@
 //! upstream's (checked against upstream's test vector); upstream's newer "v3" layout
 //! (`data` + `dataChecksum`, pod-level entries) is not read.
 
-use crate::pod_manager::uid as pod_uid;
+use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -39,10 +39,10 @@ use crate::cm::pod_resources;
 use crate::cm::qos::{QosClass, qos_class};
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint, iterate_masks};
 use crate::lifecycle::admission::Rejection;
+use crate::types::resource_names::{MEMORY, is_hugepage_resource_name};
 
 /// Name of the checkpoint file in the root dir.
 pub const CHECKPOINT_NAME: &str = "memory_manager_state";
-const MEMORY: &str = "memory";
 
 /// A memory manager that cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -219,7 +219,7 @@ pub struct MemoryManagerConfig {
 pub type Requests = BTreeMap<String, u64>;
 
 fn is_memory_type(name: &str) -> bool {
-    name == MEMORY || name.starts_with(pod_resources::HUGEPAGES_PREFIX)
+    name == MEMORY || is_hugepage_resource_name(name)
 }
 
 /// The memory manager.

@@ -1,4 +1,6 @@
-//! Kubernetes resource quantities (`"500m"`, `"128Mi"`, `"1e3"`), parsed exactly.
+//! Kubernetes resource quantities (`"500m"`, `"128Mi"`, `"1e3"`), parsed exactly: the one
+//! quantity module of the crate (`cm`, `eviction`, `config`, `volumes`, `node`, ... all use
+//! it).
 //!
 //! Mirrors `k8s.io/apimachinery/pkg/api/resource.ParseQuantity`: the same grammar
 //! (including its quirks: `"1."`, `".5"`, `"+"` and `"."` are accepted, the latter two as
@@ -9,6 +11,22 @@
 //!
 //! Arithmetic is done on nano units in an `i128`, which holds every value Go can hold in a
 //! `Quantity` after the cap, so comparisons and sums are exact (`"500m" == "0.5"`).
+//!
+//! Two representations, one parser:
+//! - [`ParsedQuantity`]: the value alone. What resource math needs (requests, limits,
+//!   allocatable, `QoS`, admission): two quantities that compare equal are interchangeable.
+//! - [`Quantity`] ([`format`]): the value with Go's `resource.Format`, for code that prints
+//!   quantities as `Quantity.String()` does (the eviction manager's messages and events).
+//!   It wraps a [`ParsedQuantity`] parsed by [`parse`], so both see the same values; only
+//!   printing differs.
+//!
+//! [`deserialize_text`] and [`deserialize_text_map`] read a quantity field of a config file
+//! that YAML may give as a number (`podPidsLimit: 100`, `evictionHard: {...}`) as the text
+//! Go's `Quantity.UnmarshalJSON` would see.
+
+pub mod format;
+
+pub use format::{Format, Quantity};
 
 use std::fmt;
 
@@ -285,6 +303,45 @@ pub fn parse_milli_cpu(value: &str) -> Result<i64> {
 /// Parses a memory quantity into bytes (`"128Mi"` → 134217728), rounding up.
 pub fn parse_bytes(value: &str) -> Result<i64> {
     parse(value)?.value().ok_or_else(|| Error::OutOfRange { value: value.to_owned() })
+}
+
+/// A quantity as YAML/JSON may write it: text, or a bare number.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RawText {
+    Text(String),
+    Int(i64),
+    Float(f64),
+}
+
+impl From<RawText> for String {
+    fn from(raw: RawText) -> Self {
+        match raw {
+            RawText::Text(text) => text,
+            RawText::Int(n) => n.to_string(),
+            RawText::Float(x) => x.to_string(),
+        }
+    }
+}
+
+/// `#[serde(deserialize_with)]` for a quantity kept as text: a string as given, a number
+/// as its decimal text. Parsing (and its errors) is left to validation.
+///
+/// # Errors
+/// When the value is neither a string nor a number.
+pub fn deserialize_text<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    <RawText as serde::Deserialize>::deserialize(d).map(String::from)
+}
+
+/// [`deserialize_text`] for every value of a map (`evictionHard`, `kubeReserved`, ...).
+///
+/// # Errors
+/// When a value is neither a string nor a number.
+pub fn deserialize_text_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let raw = <std::collections::BTreeMap<String, RawText> as serde::Deserialize>::deserialize(d)?;
+    Ok(raw.into_iter().map(|(k, v)| (k, v.into())).collect())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! Quantities as the eviction manager compares and prints them: an exact value (nano
-//! units, [`ParsedQuantity`]) with Go's `resource.Format`, so that messages print
-//! `100Mi`, `50Mi`, `1500M` or `0` exactly as `Quantity.String()` does.
+//! Quantities with their print format, as the eviction manager compares and prints them:
+//! an exact value (nano units, [`ParsedQuantity`]) with Go's `resource.Format`, so that
+//! messages print `100Mi`, `50Mi`, `1500M` or `0` exactly as `Quantity.String()` does.
 //!
 //! Formats follow `resource.ParseQuantity` (the suffix decides: `Ki`.. is `BinarySI`, `e3`
 //! is `DecimalExponent`, anything else `DecimalSI`) and `resource.NewQuantity(v, f)`.
@@ -12,9 +12,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use crate::cm::quantity::{self as cmq, ParsedQuantity};
-
-const NANOS_PER_UNIT: i128 = 1_000_000_000;
+use super::{Error, NANOS_PER_UNIT, ParsedQuantity};
 
 /// Go's `resource.Format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,8 +79,8 @@ impl Quantity {
     ///
     /// # Errors
     /// When `text` is not a quantity.
-    pub fn parse(text: &str) -> Result<Self, cmq::Error> {
-        let value = cmq::parse(text)?;
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let value = super::parse(text)?;
         Ok(Self { value, format: format_of(text.trim()) })
     }
 
@@ -135,18 +133,13 @@ impl std::ops::Sub for Quantity {
     }
 }
 
-/// A [`ParsedQuantity`] of `nanos` (it has no public constructor from nanos).
+/// A [`ParsedQuantity`] of exactly `nanos`: sums and differences are exact, as Go's
+/// `Add` and `Sub` are. (While this type lived in `eviction/`, it rebuilt the value from
+/// whole units and milli units and rounded a finer fraction up to a milli unit; every
+/// quantity the eviction manager handles has milli precision, where both give the same
+/// value: see the `sums_are_exact` test.)
 fn from_nanos(nanos: i128) -> ParsedQuantity {
-    let units = nanos.div_euclid(NANOS_PER_UNIT);
-    let rest = nanos.rem_euclid(NANOS_PER_UNIT);
-    let whole = ParsedQuantity::from_units(i64::try_from(units).unwrap_or(if units < 0 { i64::MIN } else { i64::MAX }));
-    if rest == 0 {
-        return whole;
-    }
-    // `rest` nanos = `rest / 1e6` milli (exact when the fraction has milli precision, as
-    // every quantity here has); finer fractions are rounded up like Go's parse.
-    let milli = i64::try_from((rest + 999_999) / 1_000_000).unwrap_or(999);
-    whole.saturating_add(ParsedQuantity::from_milli(milli))
+    ParsedQuantity { nanos }
 }
 
 /// The format `ParseQuantity` gives a string.
@@ -258,5 +251,21 @@ mod tests {
         assert_eq!(Quantity::parse("1Gi").unwrap(), Quantity::bytes(1 << 30));
         assert!(Quantity::parse("1G").unwrap() < Quantity::bytes(1 << 30));
         assert!((Quantity::bytes(5) - Quantity::bytes(6)).is_negative());
+    }
+
+    #[test]
+    fn sums_are_exact() {
+        // Milli precision, as every eviction quantity has: as before the move.
+        let sum = Quantity::parse("1500m").unwrap() + Quantity::parse("0.25").unwrap();
+        assert_eq!(sum.value(), ParsedQuantity::from_milli(1750));
+        assert_eq!(sum.to_string(), "1750m");
+        let diff = Quantity::bytes(1 << 30) - Quantity::parse("100Mi").unwrap();
+        assert_eq!(diff.value(), ParsedQuantity::from_units((1 << 30) - (100 << 20)));
+        assert_eq!(diff.to_string(), "924Mi");
+        // Finer fractions stay exact, as in Go (no rounding up to a milli unit).
+        let fine = Quantity::parse("1n").unwrap() + Quantity::parse("2n").unwrap();
+        assert_eq!(fine.value().nanos(), 3);
+        assert_eq!(fine.to_string(), "3n");
+        assert_eq!((Quantity::ZERO - Quantity::parse("1n").unwrap()).value().nanos(), -1);
     }
 }

@@ -1,0 +1,18 @@
+//! Leaf module: the small types and pure functions that many subsystems share.
+//!
+//! A leaf uses nothing of the crate but other leaves (`cargo xtask layering` checks it in
+//! CI; `ARCHITECTURE.md` lists the leaves), so any module may use it without making a
+//! cycle, and it can be read and tested alone. What belongs here is plain data and pure
+//! functions with one meaning everywhere; what needs a client, a lock or a task does not.
+//!
+//! | module | what | upstream counterpart |
+//! |---|---|---|
+//! | [`quantity`] | resource quantities: exact parsing, Go's printing, config-file text | `k8s.io/apimachinery/pkg/api/resource` |
+//! | [`pod`] | pod UIDs and full names, config-source annotations, static/mirror/critical pod tests | `pkg/kubelet/types` (`pod_update.go`), `pkg/kubelet/container` (`GetPodFullName`) |
+//! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
+//! | [`clock`] | the monotonic clock the kernel's eBPF timestamps use | swiftlet only |
+
+pub mod clock;
+pub mod pod;
+pub mod quantity;
+pub mod resource_names;
