@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    Ctx, cluster, fidelity, fuzz,
+    Ctx, cluster, fidelity, fuzz, layering,
     testbed::{self, Layout},
     upstream,
 };
@@ -137,7 +137,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 11 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 12 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -163,6 +163,10 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
 
     let t = r.header("cargo fmt --all --check");
     r.record("fmt", t, run_status(cargo(ctx, &["fmt", "--all", "--check"]), "cargo fmt --check"));
+
+    // Reads the sources: the leaf modules use only leaves (and the module cycles, printed).
+    let t = r.header("cargo xtask layering (leaf modules use only leaves)");
+    r.record("layering", t, layering::run(&ctx.workspace));
 
     let t = r.header("cargo clippy --workspace --all-targets --locked -- -D warnings");
     r.record(

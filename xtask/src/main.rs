@@ -8,7 +8,7 @@
 //!   `upstream`).
 //! - `registry up|down|status`: the test bed's image registries on loopback (plain HTTP,
 //!   and HTTPS with basic auth), holding the local images (see `registry`).
-//! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, clippy, fuzz, tests,
+//! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, layering, clippy, fuzz, tests,
 //!   test bed down, check-clean.
 //! - `demo`: the agent in the foreground against the test bed.
 //! - `bench` (`bench all`): every figure with a target in one table, swiftlet and
@@ -21,6 +21,8 @@
 //!   the diff of what the API shows of them (see `fidelity`).
 //! - `chaos <scenario>`: long fault scenarios (`churn`: 1,000 pods created and deleted),
 //!   figures printed (never in CI; the fault matrix's tests run them smaller).
+//! - `layering`: checks that the leaf modules of `agent/src` use only leaves, and prints
+//!   the cycles between its top-level modules (see `layering`; a CI step).
 //! - `fuzz [--time SECS] [TARGET...]`: the cargo-fuzz targets of `fuzz/`; `fuzz --minimize`
 //!   folds what they found into the committed corpora (see `fuzz`).
 //!
@@ -38,6 +40,7 @@ mod demo;
 mod fidelity;
 mod fuzz;
 mod images;
+mod layering;
 mod registry;
 mod testbed;
 mod upstream;
@@ -71,7 +74,7 @@ enum Cmd {
         #[arg(long, global = true, requires = "root_dir")]
         state_dir: Option<PathBuf>,
     },
-    /// Run what CI runs: test bed up, build, fmt, clippy, fuzz, tests, test bed down,
+    /// Run what CI runs: test bed up, build, fmt, layering, clippy, fuzz, tests, test bed down,
     /// check-clean.
     Test {
         /// Extra arguments for the test binaries (after `cargo test ... --`).
@@ -113,6 +116,9 @@ enum Cmd {
     /// Long fault scenarios against the test bed, at full size; they print figures and
     /// fail when their checks do (never run in CI).
     Chaos(chaos::ChaosArgs),
+    /// Check that the leaf modules of `agent/src` use only leaves (reads the sources, no
+    /// build), and print the cycles between its top-level modules.
+    Layering,
     /// Run the fuzz targets of `fuzz/` (cargo-fuzz, nightly), each for a fixed time.
     Fuzz {
         /// Seconds per target.
@@ -230,6 +236,7 @@ async fn main() -> ExitCode {
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
         Cmd::Chaos(args) => chaos::run(&ctx, &layout, &args),
         Cmd::Fidelity(args) => fidelity::run(&ctx, &layout, &args).await,
+        Cmd::Layering => layering::run(&ctx.workspace),
         Cmd::Fuzz { time, targets, minimize } => {
             if minimize {
                 fuzz::minimize(&ctx, &targets)
