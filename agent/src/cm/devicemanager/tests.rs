@@ -10,7 +10,6 @@ use super::plugin::validate;
 use super::proto::{self, RegisterRequest};
 use super::state::Endpoint;
 use super::*;
-use crate::types::resource_names::is_extended_resource_name;
 
 const RES: &str = "example.com/dev";
 
@@ -136,8 +135,6 @@ fn registration_requests_are_validated_as_upstream() {
     assert!(validate(&RegisterRequest { endpoint: "../x.sock".into(), ..ok.clone() }).is_err());
     assert!(validate(&RegisterRequest { endpoint: "/x.sock".into(), ..ok.clone() }).is_err());
     assert!(validate(&RegisterRequest { endpoint: String::new(), ..ok.clone() }).is_err());
-    assert!(is_extended_resource_name("nvidia.com/gpu"));
-    assert!(is_extended_resource_name("example.com/fake_dev.1"));
 }
 
 #[test]
