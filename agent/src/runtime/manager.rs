@@ -32,6 +32,7 @@ use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
+use crate::types::pod::pod_full_name;
 use crate::volumes::{NoApiServer, VolumeManager};
 
 mod container;
@@ -88,17 +89,6 @@ fn no_spec(pod: &Pod) -> String {
 
 fn is_host_network(spec: &PodSpec) -> bool {
     spec.host_network.unwrap_or(false)
-}
-
-/// The full name of a pod as upstream prints it: `name_namespace(uid)`.
-#[must_use]
-pub fn pod_full_name(pod: &Pod) -> String {
-    format!(
-        "{}_{}({})",
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.uid.as_deref().unwrap_or_default()
-    )
 }
 
 /// Settings of the runtime manager.

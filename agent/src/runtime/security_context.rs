@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{
 };
 
 use super::api;
-use super::manager::pod_full_name;
 use crate::lifecycle::admission::{PodAdmitHandler, Rejection};
+use crate::types::pod::pod_full_name;
 
 /// Where the kernel says whether `AppArmor` is enabled (runc's `apparmor.IsEnabled`).
 pub const APPARMOR_ENABLED_PATH: &str = "/sys/module/apparmor/parameters/enabled";

@@ -8,11 +8,6 @@ pub mod file;
 
 use k8s_openapi::api::core::v1::Pod;
 
-// The config-source annotations, the source names and the static pod test live in the
-// `types` leaf (`crate::types::pod`). `runtime/` still imports these two through here:
-// this re-export goes once `runtime/` imports the leaf.
-pub use crate::types::pod::{CONFIG_SOURCE_ANNOTATION, is_static_pod};
-
 /// A snapshot of one source.
 #[derive(Clone, Debug)]
 pub enum PodUpdate {

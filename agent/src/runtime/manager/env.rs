@@ -230,7 +230,7 @@ pub async fn resolve(pod: &Pod, container: &Container, ctx: &Context<'_>) -> Res
     let services = match ctx.source.services() {
         Some(s) => service_env(&s, ns, links),
         // Static pods must start without the API server; the others wait for the list.
-        None if crate::sources::is_static_pod(pod) => BTreeMap::new(),
+        None if crate::types::pod::is_static_pod(pod) => BTreeMap::new(),
         None => return Err(Error::ServicesNotSynced),
     };
     let mut objects = Objects::default();
@@ -488,7 +488,7 @@ mod tests {
         assert_eq!(e.to_string(), "services have not yet been read at least once, cannot construct envvars");
         let mut static_pod = p.clone();
         static_pod.metadata.annotations =
-            Some([(crate::sources::CONFIG_SOURCE_ANNOTATION.to_string(), "file".to_string())].into());
+            Some([(crate::types::pod::CONFIG_SOURCE_ANNOTATION.to_string(), "file".to_string())].into());
         assert!(run(&static_pod, &src).await.unwrap().vars.is_empty());
         // Standalone: no services, no variables.
         assert!(run(&p, &NoApiServer).await.unwrap().vars.is_empty());
