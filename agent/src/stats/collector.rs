@@ -415,6 +415,8 @@ pub struct Collector {
     fds: FdCounter,
     /// The pids of the cgroup being walked (kept between cgroups and passes).
     pids: Vec<u32>,
+    /// Whether collections walk the processes (see [`Collector::set_process_walk`]).
+    walk_processes: bool,
 }
 
 impl std::fmt::Debug for Collector {
@@ -443,6 +445,16 @@ impl Collector {
         Self::with_clock(config, Arc::new(SystemTime::now))
     }
 
+    /// Whether the next collections walk the cgroups' processes for their descriptors,
+    /// sockets and open-files limit (`container_file_descriptors`, `container_sockets`,
+    /// `container_ulimits_soft`); on by default. Nothing but `/metrics/cadvisor` shows
+    /// them, and on a node whose root cgroup holds busy processes (an API server, etcd,
+    /// the runtime) the walk is the largest part of a collection: the stats provider
+    /// turns it off for the eviction manager's collections while nobody scrapes.
+    pub fn set_process_walk(&mut self, on: bool) {
+        self.walk_processes = on;
+    }
+
     /// A collector using `clock` for every timestamp (tests).
     #[must_use]
     pub fn with_clock(config: CollectorConfig, clock: Clock) -> Self {
@@ -463,6 +475,7 @@ impl Collector {
             layer_warned: false,
             fds,
             pids: Vec::new(),
+            walk_processes: true,
         }
     }
 
@@ -830,6 +843,9 @@ impl Collector {
     /// processes and the open-files limit of `root_pid`; `None` when its processes cannot
     /// be listed.
     fn process_stats(&mut self, cgroup: &str, root_pid: Option<u32>) -> Option<ProcessStats> {
+        if !self.walk_processes {
+            return None;
+        }
         let mut pids = std::mem::take(&mut self.pids);
         let listed = self.reader.pids(cgroup, &mut pids);
         let counts = listed.then(|| self.fds.count(&pids));

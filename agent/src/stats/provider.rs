@@ -45,6 +45,18 @@ use crate::runtime::pod_status::time_from_nanos;
 use crate::runtime::{RuntimeService, api, labels};
 use crate::volumes::VolumeManager;
 
+/// The latest collection, and what it was made from.
+#[derive(Debug)]
+struct Latest {
+    /// When it was made.
+    at: Instant,
+    /// The [`StatsProvider::container_changes`] count it saw.
+    changes: u64,
+    /// Whether it walked the processes.
+    walked: bool,
+    collection: Arc<Collection>,
+}
+
 /// A collection this young is served again instead of collecting anew (without
 /// housekeeping).
 pub const REUSE: Duration = Duration::from_secs(1);
@@ -95,9 +107,8 @@ pub struct StatsProvider {
     fs_usage: Arc<FsUsageCache>,
     /// Held while collecting: one collection at a time.
     collecting: tokio::sync::Mutex<()>,
-    /// The latest collection: when it was made, the [`Self::container_changes`] count it
-    /// saw, and the collection.
-    latest: std::sync::Mutex<Option<(Instant, u64, Arc<Collection>)>>,
+    /// The latest collection.
+    latest: std::sync::Mutex<Option<Latest>>,
     /// Bumped by whoever sees containers start or stop (the runtime manager and the sync
     /// loop, on PLEG events).
     changes: Arc<std::sync::atomic::AtomicU64>,
@@ -184,9 +195,9 @@ impl StatsProvider {
                 _ = tick.tick() => {}
                 () = self.wake.notified() => {}
             }
-            let wanted = self.last_request.lock().unwrap().is_some_and(|t| t.elapsed() < HOUSEKEEPING_IDLE);
+            let wanted = self.read_recently();
             // The eviction manager collects every 10 s too: one recent enough will do.
-            let recent = self.latest_within(every / 2).is_some();
+            let recent = self.latest_within(every / 2, true).is_some();
             if wanted
                 && !recent
                 && let Err(e) = self.fresh_collection().await
@@ -306,16 +317,24 @@ impl StatsProvider {
     /// When the runtime cannot be listed.
     pub async fn collection(&self) -> crate::runtime::Result<Arc<Collection>> {
         *self.last_request.lock().unwrap() = Some(Instant::now());
-        self.collection_within(self.max_age()).await
+        self.collection_within(self.max_age(), true).await
     }
 
     /// A collection made now (the eviction manager's: each of its passes must see newer
-    /// stats than the last); it also serves the next scrapes for [`REUSE`].
+    /// stats than the last); it also serves the next scrapes for [`REUSE`]. It walks the
+    /// processes (descriptors, sockets: `/metrics/cadvisor` alone shows them) only while
+    /// the stats are being read ([`HOUSEKEEPING_IDLE`]); a reader never gets a collection
+    /// made without them.
     ///
     /// # Errors
     /// When the runtime cannot be listed.
     pub async fn fresh_collection(&self) -> crate::runtime::Result<Arc<Collection>> {
-        self.collection_within(Duration::ZERO).await
+        self.collection_within(Duration::ZERO, false).await
+    }
+
+    /// Whether the stats were asked for within [`HOUSEKEEPING_IDLE`].
+    fn read_recently(&self) -> bool {
+        self.last_request.lock().unwrap().is_some_and(|t| t.elapsed() < HOUSEKEEPING_IDLE)
     }
 
     /// A collection made now whose disk usages (writable layers, logs, volumes) are no
@@ -362,7 +381,7 @@ impl StatsProvider {
     /// only one made for another request less than [`REUSE`] ago is found).
     pub fn latest(&self) -> Option<Arc<Collection>> {
         *self.last_request.lock().unwrap() = Some(Instant::now());
-        let latest = self.latest_within(self.max_age());
+        let latest = self.latest_within(self.max_age(), true);
         if latest.is_none() {
             self.wake.notify_one();
         }
@@ -374,32 +393,40 @@ impl StatsProvider {
         self.housekeeping.map_or(REUSE, |every| every + every / 2)
     }
 
-    /// The latest collection if younger than `max_age` and made after the last container
-    /// change.
-    fn latest_within(&self, max_age: Duration) -> Option<Arc<Collection>> {
+    /// The latest collection if younger than `max_age`, made after the last container
+    /// change, and with the processes walked if `processes`.
+    fn latest_within(&self, max_age: Duration, processes: bool) -> Option<Arc<Collection>> {
         let changes = self.changes.load(Ordering::Acquire);
         let latest = self.latest.lock().unwrap();
         latest
             .as_ref()
-            .filter(|(at, seen, _)| at.elapsed() < max_age && *seen == changes)
-            .map(|(_, _, c)| Arc::clone(c))
+            .filter(|l| l.at.elapsed() < max_age && l.changes == changes && (l.walked || !processes))
+            .map(|l| Arc::clone(&l.collection))
     }
 
-    async fn collection_within(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
+    /// A collection no older than `max_age`, with the processes walked if `processes` (or
+    /// if the stats are being read: see [`Self::fresh_collection`]).
+    async fn collection_within(&self, max_age: Duration, processes: bool) -> crate::runtime::Result<Arc<Collection>> {
         let _collecting = self.collecting.lock().await;
-        if let Some(c) = self.latest_within(max_age) {
+        if let Some(c) = self.latest_within(max_age, processes) {
             return Ok(c);
         }
+        let walk = processes || self.read_recently();
         // The count before listing: a change during the collection makes it stale at once.
         let changes = self.changes.load(Ordering::Acquire);
         let inventory = self.inventory().await?;
         let collector = self.collector.clone();
         // File reads: off the async workers.
-        let collection = tokio::task::spawn_blocking(move || collector.lock().unwrap().collect(&inventory))
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        let collection = tokio::task::spawn_blocking(move || {
+            let mut collector = collector.lock().unwrap();
+            collector.set_process_walk(walk);
+            collector.collect(&inventory)
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let collection = Arc::new(collection);
-        *self.latest.lock().unwrap() = Some((Instant::now(), changes, collection.clone()));
+        *self.latest.lock().unwrap() =
+            Some(Latest { at: Instant::now(), changes, walked: walk, collection: collection.clone() });
         Ok(collection)
     }
 }
