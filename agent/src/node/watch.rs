@@ -110,20 +110,16 @@ mod tests {
             async move {
                 let query = req.uri().query().unwrap_or_default().to_owned();
                 seen.lock().unwrap().push(query.clone());
-                let body = if query.contains("watch=true") {
-                    kube::client::Body::from(Vec::new())
-                } else {
-                    let list = serde_json::json!({
-                        "apiVersion": "v1", "kind": "NodeList",
-                        "metadata": {"resourceVersion": "7"},
-                        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}],
-                    });
-                    kube::client::Body::from(list.to_string().into_bytes())
-                };
                 if query.contains("watch=true") {
                     // Nothing moves, nothing closes.
                     std::future::pending::<()>().await;
                 }
+                let list = serde_json::json!({
+                    "apiVersion": "v1", "kind": "NodeList",
+                    "metadata": {"resourceVersion": "7"},
+                    "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}],
+                });
+                let body = kube::client::Body::from(list.to_string().into_bytes());
                 Ok::<_, std::io::Error>(http::Response::builder().status(200).body(body).unwrap())
             }
         });
