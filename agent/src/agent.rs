@@ -17,6 +17,7 @@ use tracing::Instrument as _;
 
 use crate::cm::{CgroupConfig, CgroupfsPodContainerManager, PodContainerManager};
 use crate::config::{Config, KubeletConfiguration};
+use crate::container::{Backoff, RemoteRuntime, RuntimeService};
 use crate::event_api::{EventApiServer, EventBus, NodeEvent, NodeEventKind};
 use crate::events::{EventRecorder, MemoryRecorder};
 use crate::metrics::KubeletMetrics;
@@ -25,8 +26,8 @@ use crate::pleg::evented::{CgroupIndex, EventedPleg, Observed, ObservedKind, Obs
 use crate::pleg::relist::{GenericPleg, RELIST_PERIOD, RELIST_THRESHOLD};
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, SyncDeps};
+use crate::runtime::RuntimeManager;
 use crate::runtime::manager::RuntimeManagerConfig;
-use crate::runtime::{Backoff, RemoteRuntime, RuntimeManager, RuntimeService};
 use crate::server::{Endpoints, HealthCheck, PodsProvider, Server, ServerSettings};
 use crate::sources::PodUpdate;
 use crate::sources::file::FileSource;
@@ -53,7 +54,7 @@ pub enum Error {
     Runtime {
         endpoint: String,
         #[source]
-        source: crate::runtime::Error,
+        source: crate::container::Error,
     },
     #[error("container manager: {0}")]
     ContainerManager(#[from] crate::cm::Error),
@@ -830,7 +831,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let crash_max = kc
         .crash_loop_back_off
         .max_container_restart_period
-        .map_or(crate::runtime::backoff::MAX, crate::config::GoDuration::to_std);
+        .map_or(crate::container::backoff::MAX, crate::config::GoDuration::to_std);
     // ConfigMaps, Secrets and tokens for volumes and env: from the API server, or none.
     let object_source: Arc<dyn crate::volumes::source::ObjectSource> = match &clients {
         Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.main.clone())),
@@ -871,9 +872,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 host_ip: host_ip.clone(),
             },
             Backoff::new(
-                crate::runtime::backoff::INITIAL.min(crash_max),
+                crate::container::backoff::INITIAL.min(crash_max),
                 crash_max,
-                Arc::new(crate::runtime::backoff::TokioClock::new()),
+                Arc::new(crate::container::backoff::TokioClock::new()),
             ),
             Arc::new(
                 crate::images::puller::ImageManager::new(
@@ -1173,7 +1174,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let sandbox_image = match &cfg.pod_infra_container_image {
         Some(image) => Some(image.clone()),
         None => match rt.status(true).await {
-            Ok(status) => crate::runtime::sandbox_image_of(&status),
+            Ok(status) => crate::container::sandbox_image_of(&status),
             Err(e) => {
                 tracing::warn!(error = %e, "runtime status");
                 None

@@ -13,6 +13,7 @@ pub mod api_throttle;
 pub mod certificate;
 pub mod cm;
 pub mod config;
+pub mod container;
 pub mod event_api;
 pub mod events;
 pub mod eviction;

@@ -55,9 +55,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::cm::PodContainerManager;
+use crate::container::{RuntimePod, RuntimePodStatus};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{KubeletMetrics, OperationLabels};
-use crate::runtime::{RuntimeManager, RuntimePod, RuntimePodStatus};
+use crate::runtime::RuntimeManager;
 use crate::status::{StatusInputs, StatusProvider, generate_api_pod_status};
 use crate::types::pod::{is_static_pod, pod_full_name};
 
@@ -517,7 +518,7 @@ impl Worker {
     /// Notes which sandboxes and containers `status`, which the pod's status was just
     /// computed from, shows started.
     fn note_started(&mut self, status: &RuntimePodStatus) {
-        use crate::runtime::ContainerState;
+        use crate::container::ContainerState;
         self.seen_started = status
             .sandboxes
             .iter()
@@ -1021,11 +1022,11 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::cm::FakePodContainerManager;
+    use crate::container::backoff::{Clock, SystemClock, TokioClock};
+    use crate::container::fake::FakeRuntime;
+    use crate::container::{Backoff, RuntimeService};
     use crate::events::MemoryRecorder;
-    use crate::runtime::backoff::{Clock, SystemClock, TokioClock};
-    use crate::runtime::fake::FakeRuntime;
     use crate::runtime::manager::RuntimeManagerConfig;
-    use crate::runtime::{Backoff, RuntimeService};
     use crate::status::StatusManager;
 
     fn pod(uid: &str, name: &str, policy: &str, cmd_exit: bool) -> Pod {
@@ -1125,7 +1126,7 @@ mod tests {
                 node_name: "n".into(),
                 host_ip: None,
             },
-            Backoff::new(crate::runtime::backoff::INITIAL, crate::runtime::backoff::MAX, clock),
+            Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock),
             Arc::new(crate::images::puller::ImageManager::new(
                 rt.clone(),
                 crate::images::puller::PullerConfig::default(),
@@ -1177,8 +1178,8 @@ mod tests {
 
     #[tokio::test]
     async fn only_host_network_pods_start_while_the_pod_network_is_not_ready() {
+        use crate::container::api;
         use crate::node::runtime_state::RuntimeState;
-        use crate::runtime::api;
         let state = Arc::new(RuntimeState::default());
         let e = env_with_state(Arc::new(SystemClock), Some(state.clone()));
         let ready = |network: bool| api::StatusResponse {
@@ -1234,7 +1235,7 @@ mod tests {
         // Not restarted, sandbox stopped.
         assert_eq!(e.rt.containers_named("c").len(), 1);
         let sb = e.rt.list_pod_sandbox(None).await.unwrap();
-        assert!(sb.iter().all(|s| s.state != crate::runtime::api::PodSandboxState::SandboxReady as i32));
+        assert!(sb.iter().all(|s| s.state != crate::container::api::PodSandboxState::SandboxReady as i32));
         e.stop.cancel();
     }
 
@@ -1461,7 +1462,7 @@ mod tests {
         e.rt.set_pull_hook(|image, _| {
             let image = image.to_owned();
             Box::pin(async move {
-                Err(crate::runtime::Error::Rpc {
+                Err(crate::container::Error::Rpc {
                     operation: "pull_image",
                     status: tonic::Status::not_found(format!("{image}: not found")),
                 })
@@ -1486,7 +1487,7 @@ mod tests {
         assert_eq!(pulls(), 1);
         // The sandbox's start, as the PLEG reports it: the agent's own start (no news
         // after a sync that went well), but the last sync failed.
-        let id = crate::runtime::RuntimeService::list_pod_sandbox(e.rt.as_ref(), None).await.unwrap()[0].id.clone();
+        let id = crate::container::RuntimeService::list_pod_sandbox(e.rt.as_ref(), None).await.unwrap()[0].id.clone();
         e.workers.container_started(p.clone(), id);
         let sent = tokio::time::Instant::now();
         while waiting().is_none_or(|(r, _)| r != "ImagePullBackOff") && sent.elapsed() < Duration::from_secs(1) {

@@ -407,7 +407,7 @@ impl SyncLoop {
                 || rp
                     .containers
                     .values()
-                    .any(|(_, state)| *state == crate::runtime::pod_status::ContainerState::Running);
+                    .any(|(_, state)| *state == crate::container::pod_status::ContainerState::Running);
             if running && !desired.contains(uid) && !workers.contains(uid) {
                 self.workers.kill_orphan(rp);
             }
@@ -484,11 +484,11 @@ mod tests {
     use super::*;
     use crate::cm::fake::FakeCall;
     use crate::cm::{FakePodContainerManager, QosClass};
+    use crate::container::fake::FakeRuntime;
+    use crate::container::{Backoff, RuntimeService};
     use crate::events::MemoryRecorder;
     use crate::pod_workers::SyncDeps;
-    use crate::runtime::fake::FakeRuntime;
     use crate::runtime::manager::RuntimeManagerConfig;
-    use crate::runtime::{Backoff, RuntimeService};
     use crate::status::StatusManager;
     use crate::types::pod::FILE_SOURCE;
 

@@ -36,8 +36,8 @@ use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 use prometheus_client::registry::Registry;
 use swiftlet::config::AUTHORIZATION_MODE_ALWAYS_ALLOW;
-use swiftlet::runtime::fake::FakeRuntime;
-use swiftlet::runtime::{RuntimeService as _, api, labels};
+use swiftlet::container::fake::FakeRuntime;
+use swiftlet::container::{RuntimeService as _, api, labels};
 use swiftlet::server::{
     DebuggingHandlers, Decision, Endpoints, FakeAuthorizer, FakeHealthCheck, FakePods, FakeTokenAuthenticator, Limits,
     RequestAttributes, Server, ServerSettings, TlsSettings, UserInfo,

@@ -21,9 +21,9 @@ use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 use swiftlet::cm::{pod_resources, qos};
 use swiftlet::images::puller::{ImageReference, PullPolicy};
-use swiftlet::runtime::api::security_profile::ProfileType;
-use swiftlet::runtime::labels::{self, ContainerKind};
-use swiftlet::runtime::pod_status::RuntimePodStatus;
+use swiftlet::container::api::security_profile::ProfileType;
+use swiftlet::container::labels::{self, ContainerKind};
+use swiftlet::container::pod_status::RuntimePodStatus;
 use swiftlet::runtime::{manager, security_context};
 use swiftlet::sources::file::parse_manifest;
 

@@ -5,8 +5,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
 use super::*;
 use crate::cm::pod_resources::test_pods::{ctr, pod, sidecar};
+use crate::container::pod_status::{RuntimeContainerStatus, RuntimePodStatus};
 use crate::events::MemoryRecorder;
-use crate::runtime::pod_status::{RuntimeContainerStatus, RuntimePodStatus};
 
 fn burstable(uid: &str, cpu_req: &str, cpu_lim: &str, mem: &str) -> Pod {
     let mut p = pod(uid, vec![ctr("c", &[("cpu", cpu_req), ("memory", mem)], &[("cpu", cpu_lim), ("memory", mem)])]);

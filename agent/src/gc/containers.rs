@@ -8,8 +8,8 @@ use k8s_cri::v1 as api;
 use tokio_util::sync::CancellationToken;
 
 use super::ContainerGcPolicy;
-use crate::runtime::RuntimeService;
-use crate::runtime::labels;
+use crate::container::RuntimeService;
+use crate::container::labels;
 
 /// Which pods still matter to the collector.
 pub trait PodPresence: Send + Sync + std::fmt::Debug {
@@ -71,7 +71,7 @@ impl ContainerGc {
     ///
     /// # Errors
     /// Listing containers or sandboxes failed.
-    pub async fn collect(&self, now: SystemTime) -> crate::runtime::Result<(usize, usize)> {
+    pub async fn collect(&self, now: SystemTime) -> crate::container::Result<(usize, usize)> {
         self.collect_with(now, false).await
     }
 
@@ -81,11 +81,11 @@ impl ContainerGc {
     ///
     /// # Errors
     /// Listing containers or sandboxes failed.
-    pub async fn collect_for_eviction(&self, now: SystemTime) -> crate::runtime::Result<(usize, usize)> {
+    pub async fn collect_for_eviction(&self, now: SystemTime) -> crate::container::Result<(usize, usize)> {
         self.collect_with(now, true).await
     }
 
-    async fn collect_with(&self, now: SystemTime, terminated_too: bool) -> crate::runtime::Result<(usize, usize)> {
+    async fn collect_with(&self, now: SystemTime, terminated_too: bool) -> crate::container::Result<(usize, usize)> {
         let containers = self.runtime.list_containers(None).await?;
         let removed_containers = self.evict_containers(&containers, now, terminated_too).await;
         let remaining = self.runtime.list_containers(None).await?;
@@ -189,7 +189,7 @@ impl ContainerGc {
         &self,
         containers: &[api::Container],
         terminated_too: bool,
-    ) -> crate::runtime::Result<usize> {
+    ) -> crate::container::Result<usize> {
         let with_containers: HashSet<&str> = containers.iter().map(|c| c.pod_sandbox_id.as_str()).collect();
         let mut by_pod: HashMap<String, Vec<(String, i64, bool)>> = HashMap::new();
         for s in self.runtime.list_pod_sandbox(None).await? {

@@ -34,9 +34,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::puller::{aggregate_errors, go_duration, go_error_text};
+use crate::container::RuntimeService;
 use crate::events::{EventRecorder, EventType, node_ref};
 use crate::metrics::{ImageGcReasonLabels, KubeletMetrics};
-use crate::runtime::RuntimeService;
 use crate::stats::fs::FsInfo;
 
 /// How often image GC runs (upstream `ImageGCPeriod`).
@@ -123,7 +123,7 @@ pub enum Error {
     LowAboveHigh { low: i32, high: i32 },
     /// Listing images or containers, or `ImageFsInfo`, failed.
     #[error(transparent)]
-    Runtime(#[from] crate::runtime::Error),
+    Runtime(#[from] crate::container::Error),
     #[error("imageFs information is unavailable")]
     ImageFsUnavailable,
     #[error("get filesystem info of {}: {source}", mountpoint.display())]
@@ -545,9 +545,9 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
+    use crate::container::api;
+    use crate::container::fake::FakeRuntime;
     use crate::events::MemoryRecorder;
-    use crate::runtime::api;
-    use crate::runtime::fake::FakeRuntime;
 
     /// A filesystem whose numbers the test sets.
     #[derive(Debug)]

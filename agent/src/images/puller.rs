@@ -42,10 +42,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::container::{RuntimeService, api};
 use crate::events::{EventRecorder, EventType, container_ref};
 use crate::metrics::{ImageSizeLabels, KubeletMetrics, image_size_bucket};
 use crate::pod_startup::PodStartupTracker;
-use crate::runtime::{RuntimeService, api};
 
 /// Waiting reasons of image errors (upstream `images/types.go` and `cri-api/pkg/errors`).
 pub mod reasons {
@@ -460,9 +460,9 @@ pub fn aggregate_errors(errors: &[String]) -> String {
 /// ...`. `strip_unknown` drops the code of `Unknown` errors, as the client does for
 /// `PullImage`.
 #[must_use]
-pub fn go_error_text(e: &crate::runtime::Error, strip_unknown: bool) -> String {
+pub fn go_error_text(e: &crate::container::Error, strip_unknown: bool) -> String {
     match e {
-        crate::runtime::Error::Rpc { status, .. } if strip_unknown && status.code() == tonic::Code::Unknown => {
+        crate::container::Error::Rpc { status, .. } if strip_unknown && status.code() == tonic::Code::Unknown => {
             status.message().to_string()
         }
         other => other.go_text(),
@@ -1009,8 +1009,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::container::fake::{FakeRuntime, fake_image};
     use crate::events::MemoryRecorder;
-    use crate::runtime::fake::{FakeRuntime, fake_image};
 
     const SHA: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -1191,7 +1191,7 @@ mod tests {
         assert_eq!(aggregate_errors(&s(&["a", "b", "a"])), "[a, b]");
         assert_eq!(aggregate_errors(&s(&["a", "a"])), "a");
 
-        let rpc = |status| crate::runtime::Error::Rpc { operation: "pull_image", status };
+        let rpc = |status| crate::container::Error::Rpc { operation: "pull_image", status };
         assert_eq!(go_error_text(&rpc(tonic::Status::unknown("boom")), true), "boom");
         assert_eq!(go_error_text(&rpc(tonic::Status::unknown("boom")), false), "rpc error: code = Unknown desc = boom");
         assert_eq!(
@@ -1286,7 +1286,7 @@ mod tests {
             let (fail, image) = (f.load(Ordering::SeqCst), image.to_string());
             Box::pin(async move {
                 if fail {
-                    return Err(crate::runtime::Error::Rpc {
+                    return Err(crate::container::Error::Rpc {
                         operation: "pull_image",
                         status: tonic::Status::not_found(format!("{image}: not found")),
                     });
@@ -1440,7 +1440,7 @@ mod tests {
             Box::pin(async move {
                 match user.as_deref() {
                     Some("good") | None => Ok(()),
-                    Some(u) => Err(crate::runtime::Error::Rpc {
+                    Some(u) => Err(crate::container::Error::Rpc {
                         operation: "pull_image",
                         status: tonic::Status::unknown(format!("denied for {u}")),
                     }),
@@ -1478,7 +1478,7 @@ mod tests {
                 "SignatureValidationFailed"
             };
             Box::pin(async move {
-                Err(crate::runtime::Error::Rpc { operation: "pull_image", status: tonic::Status::unknown(message) })
+                Err(crate::container::Error::Rpc { operation: "pull_image", status: tonic::Status::unknown(message) })
             })
         });
         let e = h.ensure("u1", "img:1", Some("Always")).await.unwrap_err();

@@ -41,10 +41,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::container::RuntimeService;
 use crate::probe::exec::run_in_container;
 use crate::probe::format;
 use crate::probe::http::{HttpClient, HttpGetRequest};
-use crate::runtime::RuntimeService;
 use crate::types::pod::pod_full_name;
 
 /// The least grace period a container gets after its preStop hook (upstream

@@ -33,7 +33,7 @@ use jiff::Timestamp;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncSeekExt as _, BufReader};
 use tokio::sync::mpsc;
 
-use crate::runtime::{RuntimeService, api};
+use crate::container::{RuntimeService, api};
 
 /// Largest piece of output sent at once.
 pub const CHUNK_BYTES: usize = 32 * 1024;

@@ -27,7 +27,7 @@ use futures::StreamExt as _;
 use k8s_cri::v1 as api;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::RuntimeService;
+use crate::container::RuntimeService;
 
 /// Suffix of compressed rotated files.
 const COMPRESS_SUFFIX: &str = ".gz";
@@ -87,7 +87,7 @@ pub enum Error {
     Reopen {
         id: String,
         #[source]
-        source: crate::runtime::Error,
+        source: crate::container::Error,
     },
 }
 

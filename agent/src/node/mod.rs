@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use facts::MachineFacts;
 
-use crate::runtime::RuntimeService;
+use crate::container::RuntimeService;
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -237,8 +237,8 @@ fn stamp_conditions(new: &mut [NodeCondition], old: Option<&[NodeCondition]>) {
 
 /// Images for node status: largest first, at most [`MAX_IMAGES`], as upstream.
 #[must_use]
-pub fn node_images(images: &[crate::runtime::api::Image]) -> Vec<ContainerImage> {
-    let mut v: Vec<&crate::runtime::api::Image> = images.iter().collect();
+pub fn node_images(images: &[crate::container::api::Image]) -> Vec<ContainerImage> {
+    let mut v: Vec<&crate::container::api::Image> = images.iter().collect();
     v.sort_by_key(|i| std::cmp::Reverse(i.size));
     v.into_iter()
         .take(MAX_IMAGES)
@@ -888,7 +888,7 @@ mod tests {
     async fn readiness_gives_every_reason_in_upstreams_order_and_the_runtime_features() {
         use k8s_cri::v1 as api;
         let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
-        let rt = Arc::new(crate::runtime::fake::FakeRuntime::default());
+        let rt = Arc::new(crate::container::fake::FakeRuntime::default());
         let pleg_ok = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let pleg = pleg_ok.clone();
         let health: HealthFn = Arc::new(move || {
@@ -1065,7 +1065,7 @@ mod tests {
     #[tokio::test]
     async fn lease_renewals_update_the_last_lease_without_reading_it() {
         let leases = FakeLeases::default();
-        let rt = Arc::new(crate::runtime::fake::FakeRuntime::default());
+        let rt = Arc::new(crate::container::fake::FakeRuntime::default());
         let health: HealthFn = Arc::new(|| Ok(()));
         let manager = NodeManager::new(leases.client(), settings(), MachineFacts::default(), rt, health);
         manager.renew_lease().await.unwrap();

@@ -21,7 +21,7 @@ use k8s_cri::v1 as api;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::RuntimeService;
+use crate::container::RuntimeService;
 
 /// How often the runtime's status is asked (upstream: every 5 s).
 pub const RUNTIME_SYNC_PERIOD: Duration = Duration::from_secs(5);

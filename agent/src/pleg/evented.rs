@@ -54,8 +54,8 @@ use super::exits::{KernelExits, wall_time_of};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
 use super::starts::StartsInFlight;
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::container::{ContainerState, RuntimeService, api};
 use crate::metrics::{KernelEventLabels, KubeletMetrics};
-use crate::runtime::{ContainerState, RuntimeService, api};
 
 /// The cgroup2 (default) hierarchy's id, as the kernel numbers it.
 pub const CGROUP2_HIERARCHY: u32 = 0;
@@ -1056,8 +1056,8 @@ impl PodLifecycleEventGenerator for EventedPleg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::container::fake::FakeRuntime;
     use crate::pleg::relist::RELIST_THRESHOLD;
-    use crate::runtime::fake::FakeRuntime;
 
     const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -1096,7 +1096,7 @@ mod tests {
         let sb = rt
             .run_pod_sandbox(
                 api::PodSandboxConfig {
-                    labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+                    labels: HashMap::from([(crate::container::labels::POD_UID.to_string(), "u1".to_string())]),
                     ..Default::default()
                 },
                 String::new(),
@@ -1105,7 +1105,7 @@ mod tests {
             .unwrap();
         let cfg = api::ContainerConfig {
             metadata: Some(api::ContainerMetadata { name: "c".into(), attempt: 0 }),
-            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+            labels: HashMap::from([(crate::container::labels::POD_UID.to_string(), "u1".to_string())]),
             ..Default::default()
         };
         let cid = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
@@ -1244,7 +1244,7 @@ mod tests {
     async fn late_container(rt: &FakeRuntime, pleg: &EventedPleg, sb: &str) -> String {
         let cfg = api::ContainerConfig {
             metadata: Some(api::ContainerMetadata { name: "late".into(), attempt: 0 }),
-            labels: HashMap::from([(crate::runtime::labels::POD_UID.to_string(), "u1".to_string())]),
+            labels: HashMap::from([(crate::container::labels::POD_UID.to_string(), "u1".to_string())]),
             ..Default::default()
         };
         let late = rt.create_container(sb, cfg, api::PodSandboxConfig::default()).await.unwrap();

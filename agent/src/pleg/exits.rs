@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use crate::runtime::{ContainerState, RuntimePodStatus};
+use crate::container::{ContainerState, RuntimePodStatus};
 
 /// How many records are kept at most; the oldest go first (a safety bound: records
 /// normally go when their container is removed).
@@ -158,8 +158,8 @@ impl KernelExits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::RuntimeContainerStatus;
-    use crate::runtime::pod_status::SandboxStatus;
+    use crate::container::RuntimeContainerStatus;
+    use crate::container::pod_status::SandboxStatus;
 
     fn ctr(id: &str, state: ContainerState) -> RuntimeContainerStatus {
         RuntimeContainerStatus {

@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::container::{ContainerState, RuntimePod, RuntimeService};
 use crate::metrics::{ContainerStateLabels, KubeletMetrics};
-use crate::runtime::{ContainerState, RuntimePod, RuntimeService};
 
 /// Upstream `genericPlegRelistPeriod`.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -134,7 +134,10 @@ impl GenericPleg {
     }
 
     /// One relist: list, diff, publish. Returns the events (already sent to `tx`).
-    pub async fn relist(&self, tx: &mpsc::Sender<PodLifecycleEvent>) -> crate::runtime::Result<Vec<PodLifecycleEvent>> {
+    pub async fn relist(
+        &self,
+        tx: &mpsc::Sender<PodLifecycleEvent>,
+    ) -> crate::container::Result<Vec<PodLifecycleEvent>> {
         let events = self.relist_events().await?;
         for e in &events {
             if tx.try_send(e.clone()).is_err() {
@@ -147,7 +150,7 @@ impl GenericPleg {
 
     /// One relist without sending: list, diff against the previous listing, publish the
     /// snapshot and metrics, and return the events.
-    pub async fn relist_events(&self) -> crate::runtime::Result<Vec<PodLifecycleEvent>> {
+    pub async fn relist_events(&self) -> crate::container::Result<Vec<PodLifecycleEvent>> {
         let start = Instant::now();
         {
             let s = self.shared.read().unwrap();
@@ -233,7 +236,7 @@ impl PodLifecycleEventGenerator for GenericPleg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::fake::FakeRuntime;
+    use crate::container::fake::FakeRuntime;
 
     fn pod(containers: &[(&str, ContainerState)], sandboxes: &[(&str, bool)]) -> RuntimePod {
         RuntimePod {

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use super::{Outcome, ProbeError, ProbeResponse, ProbeResult, format};
-use crate::runtime::{self, RuntimeService};
+use crate::container::{self, RuntimeService};
 
 /// How much of a command's output an exec probe keeps (upstream `maxReadLength`).
 pub const MAX_OUTPUT: usize = 10 * 1024;
@@ -31,7 +31,7 @@ pub enum ExecError {
     /// ...): a gRPC status reads as upstream's Go client prints it
     /// (`rpc error: code = Unknown desc = failed to exec in container: ...`).
     #[error("{}", .0.go_text())]
-    Runtime(runtime::Error),
+    Runtime(container::Error),
 }
 
 /// Runs `cmd` in the container through `ExecSync` (upstream `RunInContainer`): returns
@@ -64,10 +64,10 @@ pub async fn run_in_container(
 }
 
 /// Whether the runtime (or our deadline on the call) ran out of time.
-fn is_deadline(e: &runtime::Error) -> bool {
+fn is_deadline(e: &container::Error) -> bool {
     match e {
-        runtime::Error::Timeout { .. } => true,
-        runtime::Error::Rpc { status, .. } => status.code() == tonic::Code::DeadlineExceeded,
+        container::Error::Timeout { .. } => true,
+        container::Error::Rpc { status, .. } => status.code() == tonic::Code::DeadlineExceeded,
         _ => false,
     }
 }
@@ -96,7 +96,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::runtime::fake::{FakeRuntime, exec_deadline_exceeded, exec_response};
+    use crate::container::fake::{FakeRuntime, exec_deadline_exceeded, exec_response};
 
     fn cmd(parts: &[&str]) -> Vec<String> {
         parts.iter().map(ToString::to_string).collect()
@@ -122,7 +122,7 @@ mod tests {
         rt.push_exec_response("c1", Err(exec_deadline_exceeded()));
         rt.push_exec_response(
             "c1",
-            Err(runtime::Error::Timeout { operation: "exec_sync", timeout: Duration::from_secs(121) }),
+            Err(container::Error::Timeout { operation: "exec_sync", timeout: Duration::from_secs(121) }),
         );
         let c = cmd(&["sh", "-c", "sleep 10"]);
         for _ in 0..2 {
@@ -149,7 +149,7 @@ mod tests {
         let rt = FakeRuntime::default();
         rt.push_exec_response(
             "c1",
-            Err(runtime::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(desc) }),
+            Err(container::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(desc) }),
         );
         let err = probe(&rt, "c1", &cmd(&["/no-such-binary"]), Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(err.result, ProbeResult::Unknown);
@@ -160,7 +160,7 @@ mod tests {
             (tonic::Status::cancelled("x"), "Canceled"),
             (tonic::Status::unavailable("x"), "Unavailable"),
         ] {
-            rt.push_exec_response("c1", Err(runtime::Error::Rpc { operation: "exec_sync", status }));
+            rt.push_exec_response("c1", Err(container::Error::Rpc { operation: "exec_sync", status }));
             let err = probe(&rt, "c1", &cmd(&["true"]), Duration::from_secs(1)).await.unwrap_err();
             assert_eq!(err.message, format!("rpc error: code = {code} desc = x"));
         }

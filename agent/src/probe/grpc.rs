@@ -93,7 +93,7 @@ async fn check(channel: Channel, service: &str, deadline: Instant, timeout: Dura
                 tonic::Code::DeadlineExceeded => rpc_timeout(),
                 _ => Outcome::failure(format!(
                     "error: health rpc probe failed: {}",
-                    crate::runtime::go_status_text(&status)
+                    crate::container::go_status_text(&status)
                 )),
             };
         }

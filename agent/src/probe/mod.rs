@@ -37,7 +37,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodStatus, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::runtime::RuntimeService;
+use crate::container::RuntimeService;
 use crate::runtime::manager::env;
 use crate::types::pod::pod_full_name;
 

@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{
 
 use super::test_server::{TestServer, pod};
 use super::*;
-use crate::runtime::fake::{FakeRuntime, exec_response};
+use crate::container::fake::{FakeRuntime, exec_response};
 
 fn status(ip: &str) -> PodStatus {
     PodStatus { pod_ip: Some(ip.into()), ..Default::default() }

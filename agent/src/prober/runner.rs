@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
 
 use super::{ProbeOutcome, ProbeResult, ProbeRunner, ProbeType};
+use crate::container::RuntimeService;
 use crate::probe::{self, Prober};
-use crate::runtime::RuntimeService;
 
 /// Runs probes with the real handlers. The worker retries errors, so one call is one run.
 #[derive(Debug)]

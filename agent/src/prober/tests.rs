@@ -517,9 +517,9 @@ async fn a_failed_exec_is_reported_in_upstreams_words() {
     const DESC: &str = "failed to exec in container: failed to start exec \"e1\": OCI runtime exec failed: \
                         exec failed: unable to start container process: exec: \"/nope\": stat /nope: no such file \
                         or directory: unknown";
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     runtime.set_exec_handler(|_, _, _| {
-        Err(crate::runtime::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(DESC) })
+        Err(crate::container::Error::Rpc { operation: "exec_sync", status: tonic::Status::unknown(DESC) })
     });
     let h = Harness::immediate();
     let events = Arc::new(FakeRecorder::default());

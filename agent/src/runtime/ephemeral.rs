@@ -20,7 +20,7 @@
 
 use k8s_openapi::api::core::v1::{Container, EphemeralContainer, PodSpec};
 
-use super::pod_status::RuntimePodStatus;
+use crate::container::pod_status::RuntimePodStatus;
 
 /// The container part of an ephemeral container (upstream's conversion of
 /// `EphemeralContainerCommon` to `Container`): every field but `targetContainerName`.
@@ -76,7 +76,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::runtime::{ContainerState, RuntimeContainerStatus};
+    use crate::container::{ContainerState, RuntimeContainerStatus};
 
     fn spec() -> PodSpec {
         serde_json::from_value(json!({

@@ -25,11 +25,11 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use super::backoff::{Backoff, go_duration};
-use super::labels::{self, ContainerKind};
-use super::pod_status::{ContainerState, RuntimePodStatus};
-use super::{Error, Result, RuntimeService, api};
 use crate::cm::PodContainerManager;
+use crate::container::backoff::{Backoff, go_duration};
+use crate::container::labels::{self, ContainerKind};
+use crate::container::pod_status::{ContainerState, RuntimePodStatus};
+use crate::container::{Error, Result, RuntimeService, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
 use crate::types::pod::pod_full_name;

@@ -20,12 +20,12 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::RuntimeService;
 use super::manager::PodActions;
-use super::pod_status::{ContainerState, RuntimePodStatus};
 use crate::allocation::{AllocationManager, ResourceValues, values_match};
 use crate::cm::PodContainerManager;
 use crate::cm::resources::PodResourceConfig;
+use crate::container::RuntimeService;
+use crate::container::pod_status::{ContainerState, RuntimePodStatus};
 
 /// One container to update in place.
 #[derive(Clone, Debug, PartialEq, Eq)]

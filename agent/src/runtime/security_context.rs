@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     AppArmorProfile, Capabilities, Container, Pod, PodSecurityContext, SELinuxOptions, SeccompProfile, SecurityContext,
 };
 
-use super::api;
+use crate::container::api;
 use crate::lifecycle::admission::{PodAdmitHandler, Rejection};
 use crate::types::pod::pod_full_name;
 

@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 
 use super::PodsProvider;
 use super::streaming::{find_pod, query_pairs, text};
+use crate::container::RuntimeService;
 use crate::logs::reader::{LogOptions, LogReader, Streams};
-use crate::runtime::RuntimeService;
 
 /// What `/containerLogs` needs.
 #[derive(Clone)]

@@ -476,7 +476,7 @@ impl Endpoints {
 #[derive(Clone)]
 pub struct DebuggingHandlers {
     /// The runtime: streaming URLs, `ExecSync`, container statuses.
-    pub runtime: Arc<dyn crate::runtime::RuntimeService>,
+    pub runtime: Arc<dyn crate::container::RuntimeService>,
     /// `enableDebuggingHandlers` (default true): off, the paths answer 405.
     pub enable_debugging_handlers: bool,
     /// `enableSystemLogHandler` (default true): `/logs/`.
@@ -502,7 +502,7 @@ impl DebuggingHandlers {
     /// The handlers as `kc` configures them.
     #[must_use]
     pub fn from_config(
-        runtime: Arc<dyn crate::runtime::RuntimeService>,
+        runtime: Arc<dyn crate::container::RuntimeService>,
         kc: &crate::config::KubeletConfiguration,
     ) -> Self {
         Self {

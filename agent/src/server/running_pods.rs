@@ -32,8 +32,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::pods::PodList;
 use super::streaming::text;
-use crate::runtime::labels::PodRef;
-use crate::runtime::{RuntimeService, api};
+use crate::container::labels::PodRef;
+use crate::container::{RuntimeService, api};
 
 /// The running pods of `sandboxes` (ready ones) and `containers` (running ones), as
 /// upstream's `ToAPIPod` makes them (see the module docs). The listings are filtered by
@@ -99,7 +99,7 @@ impl Grouped {
 }
 
 /// The running pods of `runtime` (see the module docs).
-pub async fn running_pods(runtime: &dyn RuntimeService) -> crate::runtime::Result<Vec<Pod>> {
+pub async fn running_pods(runtime: &dyn RuntimeService) -> crate::container::Result<Vec<Pod>> {
     let ready = api::PodSandboxFilter {
         state: Some(api::PodSandboxStateValue { state: api::PodSandboxState::SandboxReady as i32 }),
         ..Default::default()
@@ -123,7 +123,7 @@ pub(crate) async fn list_running_pods(State(runtime): State<Arc<dyn RuntimeServi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::labels;
+    use crate::container::labels;
 
     fn sandbox(id: &str, uid: &str, name: &str, ready: bool) -> api::PodSandbox {
         api::PodSandbox {

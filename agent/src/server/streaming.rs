@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tracing::Instrument as _;
 
 use super::PodsProvider;
-use crate::runtime::{RuntimeService, api, labels};
+use crate::container::{RuntimeService, api, labels};
 
 /// How long connecting to the runtime's streaming server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -213,9 +213,9 @@ async fn ready_sandbox(runtime: &dyn RuntimeService, uid: &str) -> Result<Option
 
 /// A CRI error as upstream's `streaming.WriteError`: `NotFound` 404, `ResourceExhausted` 429,
 /// else 500.
-fn runtime_error(error: &crate::runtime::Error) -> Response {
+fn runtime_error(error: &crate::container::Error) -> Response {
     let status = match error {
-        crate::runtime::Error::Rpc { status, .. } => match status.code() {
+        crate::container::Error::Rpc { status, .. } => match status.code() {
             tonic::Code::NotFound => StatusCode::NOT_FOUND,
             tonic::Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -926,9 +926,9 @@ async fn later_modules_add_authenticated_routes() {
 
 /// A fake runtime running pod `web` (`main` running, `old` exited) and holding the
 /// stopped pod `gone`.
-async fn runtime_with_running_and_stopped_pods() -> Arc<crate::runtime::fake::FakeRuntime> {
-    use crate::runtime::{RuntimeService as _, api, labels};
-    let rt = Arc::new(crate::runtime::fake::FakeRuntime::default());
+async fn runtime_with_running_and_stopped_pods() -> Arc<crate::container::fake::FakeRuntime> {
+    use crate::container::{RuntimeService as _, api, labels};
+    let rt = Arc::new(crate::container::fake::FakeRuntime::default());
     for (uid, name, containers) in [("u1", "web", &["main", "old"][..]), ("u2", "gone", &["main"][..])] {
         let pod_labels: std::collections::HashMap<String, String> = [
             (labels::POD_UID.to_owned(), uid.to_owned()),
@@ -967,7 +967,7 @@ async fn runtime_with_running_and_stopped_pods() -> Arc<crate::runtime::fake::Fa
     rt
 }
 
-fn debugging_handlers(rt: Arc<crate::runtime::fake::FakeRuntime>, enabled: bool) -> DebuggingHandlers {
+fn debugging_handlers(rt: Arc<crate::container::fake::FakeRuntime>, enabled: bool) -> DebuggingHandlers {
     DebuggingHandlers {
         runtime: rt,
         enable_debugging_handlers: enabled,

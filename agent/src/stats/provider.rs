@@ -40,9 +40,9 @@ use super::{
     Collection, Collector, ContainerInventory, FsUsageCache, ImageFsInventory, Inventory, PodInventory, VolumeInventory,
 };
 use crate::cm::PodContainerManager;
+use crate::container::pod_status::time_from_nanos;
+use crate::container::{RuntimeService, api, labels};
 use crate::pod_manager::PodManager;
-use crate::runtime::pod_status::time_from_nanos;
-use crate::runtime::{RuntimeService, api, labels};
 use crate::volumes::VolumeManager;
 
 /// The latest collection, and what it was made from.
@@ -246,7 +246,7 @@ impl StatsProvider {
     }
 
     /// Builds the inventory from the pod manager and one listing of the runtime.
-    async fn inventory(&self) -> crate::runtime::Result<Inventory> {
+    async fn inventory(&self) -> crate::container::Result<Inventory> {
         let ready = api::PodSandboxState::SandboxReady as i32;
         let running = api::ContainerState::ContainerRunning as i32;
         let sandboxes = self.runtime.list_pod_sandbox(None).await?;
@@ -315,7 +315,7 @@ impl StatsProvider {
     ///
     /// # Errors
     /// When the runtime cannot be listed.
-    pub async fn collection(&self) -> crate::runtime::Result<Arc<Collection>> {
+    pub async fn collection(&self) -> crate::container::Result<Arc<Collection>> {
         *self.last_request.lock().unwrap() = Some(Instant::now());
         self.collection_within(self.max_age(), true).await
     }
@@ -328,7 +328,7 @@ impl StatsProvider {
     ///
     /// # Errors
     /// When the runtime cannot be listed.
-    pub async fn fresh_collection(&self) -> crate::runtime::Result<Arc<Collection>> {
+    pub async fn fresh_collection(&self) -> crate::container::Result<Arc<Collection>> {
         self.collection_within(Duration::ZERO, false).await
     }
 
@@ -345,7 +345,10 @@ impl StatsProvider {
     ///
     /// # Errors
     /// When the runtime cannot be listed.
-    pub async fn fresh_collection_with_disk_usage(&self, max_age: Duration) -> crate::runtime::Result<Arc<Collection>> {
+    pub async fn fresh_collection_with_disk_usage(
+        &self,
+        max_age: Duration,
+    ) -> crate::container::Result<Arc<Collection>> {
         let usage = Arc::clone(&self.fs_usage);
         let walked = tokio::task::spawn_blocking(move || usage.refresh_older_than(max_age))
             .await
@@ -406,7 +409,7 @@ impl StatsProvider {
 
     /// A collection no older than `max_age`, with the processes walked if `processes` (or
     /// if the stats are being read: see [`Self::fresh_collection`]).
-    async fn collection_within(&self, max_age: Duration, processes: bool) -> crate::runtime::Result<Arc<Collection>> {
+    async fn collection_within(&self, max_age: Duration, processes: bool) -> crate::container::Result<Arc<Collection>> {
         let _collecting = self.collecting.lock().await;
         if let Some(c) = self.latest_within(max_age, processes) {
             return Ok(c);

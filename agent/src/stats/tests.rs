@@ -2134,7 +2134,7 @@ fn cadvisor_block_io_on_cgroup_v2() {
 
 fn provider_for(
     f: &Fixture,
-    runtime: Arc<crate::runtime::fake::FakeRuntime>,
+    runtime: Arc<crate::container::fake::FakeRuntime>,
     collector: Collector,
 ) -> provider::StatsProvider {
     let settings = provider::StatsSettings {
@@ -2155,9 +2155,9 @@ fn provider_for(
 
 #[tokio::test(start_paused = true)]
 async fn image_fs_info_is_asked_once_per_ten_seconds() {
-    use crate::runtime::api;
+    use crate::container::api;
     let f = v1_fixture();
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     runtime.set_image_fs_info(api::ImageFsInfoResponse {
         image_filesystems: vec![api::FilesystemUsage {
             timestamp: (T0 as i64 - 1) * 1_000_000_000,
@@ -2185,7 +2185,7 @@ async fn image_fs_info_is_asked_once_per_ten_seconds() {
     assert_eq!(asked(), 2);
 
     // A runtime without ImageFsInfo: the summary still works, without runtime stats.
-    let bare = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let bare = Arc::new(crate::container::fake::FakeRuntime::default());
     bare.unimplement_image_fs_info();
     let p = provider_for(&f, bare, Collector::new(f.collector.config().clone()));
     let s = p.collection().await.unwrap().summary();
@@ -2194,7 +2194,7 @@ async fn image_fs_info_is_asked_once_per_ten_seconds() {
 
 #[test]
 fn image_fs_inventory_takes_the_first_image_filesystem() {
-    use crate::runtime::api;
+    use crate::container::api;
     let fs = |m: &str, ts: i64| api::FilesystemUsage {
         timestamp: ts,
         fs_id: Some(api::FilesystemIdentifier { mountpoint: m.to_owned() }),
@@ -2213,7 +2213,7 @@ fn image_fs_inventory_takes_the_first_image_filesystem() {
 #[tokio::test(start_paused = true)]
 async fn housekeeping_collects_while_the_stats_are_read_and_scrapes_reuse_it() {
     let f = v1_fixture();
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     let p = Arc::new(
         provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
             .with_housekeeping(provider::HOUSEKEEPING_INTERVAL),
@@ -2242,7 +2242,7 @@ async fn housekeeping_collects_while_the_stats_are_read_and_scrapes_reuse_it() {
 #[tokio::test(start_paused = true)]
 async fn a_container_change_makes_the_next_scrape_collect_anew() {
     let f = v1_fixture();
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     let p = provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
         .with_housekeeping(provider::HOUSEKEEPING_INTERVAL);
     let collections = || runtime.calls().iter().filter(|c| *c == "list_podsandbox").count();
@@ -2265,7 +2265,7 @@ async fn a_container_change_makes_the_next_scrape_collect_anew() {
 #[tokio::test(start_paused = true)]
 async fn latest_never_collects_but_wakes_housekeeping() {
     let f = v1_fixture();
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     let p = Arc::new(
         provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
             .with_housekeeping(provider::HOUSEKEEPING_INTERVAL),
@@ -2390,7 +2390,7 @@ fn cadvisor_text_is_byte_for_byte_the_kept_one() {
 #[tokio::test(start_paused = true)]
 async fn eviction_collections_walk_processes_only_while_the_stats_are_read() {
     let f = v1_fixture();
-    let runtime = Arc::new(crate::runtime::fake::FakeRuntime::default());
+    let runtime = Arc::new(crate::container::fake::FakeRuntime::default());
     let p = provider_for(&f, Arc::clone(&runtime), Collector::new(f.collector.config().clone()))
         .with_housekeeping(provider::HOUSEKEEPING_INTERVAL);
     let collections = || runtime.calls().iter().filter(|c| *c == "list_podsandbox").count();

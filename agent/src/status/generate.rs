@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::container::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 use crate::runtime::manager::{reasons, should_container_be_restarted};
-use crate::runtime::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 
 /// What status generation needs besides the pod and the runtime state.
 #[derive(Debug)]
@@ -539,7 +539,7 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::pod_status::SandboxStatus;
+    use crate::container::pod_status::SandboxStatus;
 
     fn cs(name: &str, running: Option<bool>, exit: i32, last_exit: Option<i32>) -> ContainerStatus {
         let term = |code| ApiState {

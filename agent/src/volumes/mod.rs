@@ -190,7 +190,7 @@ pub(crate) mod tests_support {
     use std::sync::Mutex;
     use std::time::{Duration, SystemTime};
 
-    use crate::runtime::backoff::Clock;
+    use crate::container::backoff::Clock;
 
     /// A clock that moves only when told.
     #[derive(Debug)]

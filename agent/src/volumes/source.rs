@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 
-use crate::runtime::backoff::{Clock, SystemClock};
+use crate::container::backoff::{Clock, SystemClock};
 
 /// Errors of an [`ObjectSource`].
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::source::{self, BoundPod, ObjectSource};
-use crate::runtime::backoff::Clock;
+use crate::container::backoff::Clock;
 
 /// Upstream `maxTTL`: a token older than this is refreshed whatever its expiry.
 const MAX_TTL: Duration = Duration::from_hours(24);

@@ -47,8 +47,8 @@ use crate::cm::metrics::ResourceManagerMetrics;
 use crate::cm::pod_resources;
 use crate::cm::qos::{QosClass, qos_class};
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
+use crate::container::RuntimeService;
 use crate::lifecycle::admission::Rejection;
-use crate::runtime::RuntimeService;
 use crate::types::resource_names::CPU;
 use state::{Checkpoint, CpuState};
 
@@ -570,7 +570,7 @@ impl CpuManager {
     /// One reconcile pass against the runtime: lists running containers, updates those
     /// whose cpuset changed.
     pub async fn reconcile(&self, rt: &dyn RuntimeService, active: Option<&[Pod]>) {
-        use crate::runtime::labels;
+        use crate::container::labels;
         let filter = api::ContainerFilter {
             state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
             ..Default::default()

@@ -834,7 +834,7 @@ impl ContainerLifecycleHook for DeviceManager {
 
 /// (pod UID, container name) of the containers running in the runtime now (upstream
 /// `buildContainerMapAndRunningSetFromRuntime`); empty when the runtime cannot say.
-pub async fn running_containers(rt: &dyn crate::runtime::RuntimeService) -> HashSet<(String, String)> {
+pub async fn running_containers(rt: &dyn crate::container::RuntimeService) -> HashSet<(String, String)> {
     let filter = api::ContainerFilter {
         state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning.into() }),
         ..Default::default()
@@ -843,8 +843,8 @@ pub async fn running_containers(rt: &dyn crate::runtime::RuntimeService) -> Hash
         Ok(list) => list
             .into_iter()
             .filter_map(|c| {
-                let uid = c.labels.get(crate::runtime::labels::POD_UID)?.clone();
-                let name = c.labels.get(crate::runtime::labels::CONTAINER_NAME)?.clone();
+                let uid = c.labels.get(crate::container::labels::POD_UID)?.clone();
+                let name = c.labels.get(crate::container::labels::CONTAINER_NAME)?.clone();
                 Some((uid, name))
             })
             .collect(),

@@ -1,7 +1,7 @@
 use std::sync::Mutex;
 
 use super::*;
-use crate::runtime::fake::FakeRuntime;
+use crate::container::fake::FakeRuntime;
 
 #[derive(Debug, Default)]
 struct Pods {

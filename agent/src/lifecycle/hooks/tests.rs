@@ -1,8 +1,8 @@
 use k8s_openapi::api::core::v1::{ExecAction, HTTPGetAction, HTTPHeader, SleepAction, TCPSocketAction};
 
 use super::*;
+use crate::container::fake::{FakeRuntime, exec_response};
 use crate::probe::test_server::{TestServer, pod};
-use crate::runtime::fake::{FakeRuntime, exec_response};
 
 fn container() -> Container {
     Container { name: "app".into(), ..Default::default() }

@@ -2,7 +2,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use super::*;
-use crate::runtime::fake::FakeRuntime;
+use crate::container::fake::FakeRuntime;
 
 const T0: &str = "2026-01-02T03:04:05.000000001Z";
 const T1: &str = "2026-01-02T03:04:06.5Z";

@@ -1,7 +1,7 @@
 use std::io::Read as _;
 
 use super::*;
-use crate::runtime::fake::FakeRuntime;
+use crate::container::fake::FakeRuntime;
 
 struct Env {
     rt: Arc<FakeRuntime>,

@@ -13,11 +13,12 @@ use super::{
     DEFAULT_GRACE_PERIOD_SECS, MINIMUM_GRACE_PERIOD_SECS, RuntimeManager, dns, env, is_host_network, no_spec,
     pod_full_name, reasons,
 };
+use crate::container::labels::{self, ContainerKind};
+use crate::container::pod_status::{ContainerState, RuntimePodStatus};
+use crate::container::{Result, api};
 use crate::events::EventType;
 use crate::images::puller::{EnsuredImage, PullError};
-use crate::runtime::labels::{self, ContainerKind};
-use crate::runtime::pod_status::{ContainerState, RuntimePodStatus};
-use crate::runtime::{Result, api, ephemeral, security_context};
+use crate::runtime::{ephemeral, security_context};
 
 /// The hosts file the kubelet manages in containers.
 const ETC_HOSTS: &str = "/etc/hosts";
@@ -507,7 +508,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::runtime::fake::exec_response;
+    use crate::container::fake::exec_response;
     use crate::runtime::manager::testing::{app_config, cluster_dns, env, events, hooked, pod, setup};
 
     #[test]
@@ -624,7 +625,7 @@ mod tests {
         let (_dir, fake, _recorder, rm) = setup();
         let user = |name: &str, uid: i64| api::Image {
             uid: Some(api::Int64Value { value: uid }),
-            ..crate::runtime::fake::fake_image(name)
+            ..crate::container::fake::fake_image(name)
         };
         fake.add_image(user("img", 1000));
         let non_root = |image: &str, policy: &str| -> Pod {

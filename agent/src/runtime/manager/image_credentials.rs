@@ -6,8 +6,8 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{RuntimeManager, pod_full_name};
+use crate::container::api;
 use crate::events::EventType;
-use crate::runtime::api;
 
 impl RuntimeManager {
     /// The registry credentials to try for `image`, in order (upstream

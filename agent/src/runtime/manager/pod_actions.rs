@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::is_host_network;
-use crate::runtime::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
-use crate::runtime::{ephemeral, labels};
+use crate::container::labels;
+use crate::container::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
+use crate::runtime::ephemeral;
 
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -259,7 +260,7 @@ pub fn compute_pod_actions_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::pod_status::SandboxStatus;
+    use crate::container::pod_status::SandboxStatus;
 
     fn pod(policy: &str, inits: &[&str], containers: &[&str]) -> Pod {
         let mk = |n: &&str| Container { name: (*n).into(), image: Some("busybox".into()), ..Default::default() };

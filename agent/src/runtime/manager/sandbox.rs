@@ -5,8 +5,9 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{RuntimeManager, dns, is_host_network, no_spec, pod_full_name};
+use crate::container::{Error, Result, api, labels};
 use crate::events::{EventType, node_ref, pod_ref};
-use crate::runtime::{Error, Result, api, labels, security_context};
+use crate::runtime::security_context;
 
 impl RuntimeManager {
     /// Builds the CRI sandbox config of a pod (upstream `generatePodSandboxConfig`).

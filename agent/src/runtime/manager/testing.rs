@@ -8,11 +8,11 @@ use serde_json::json;
 
 use super::{RuntimeManager, RuntimeManagerConfig, dns};
 use crate::cm::FakePodContainerManager;
+use crate::container::Backoff;
+use crate::container::fake::FakeRuntime;
 use crate::events::MemoryRecorder;
 use crate::images::puller::ImageManager;
 use crate::metrics::KubeletMetrics;
-use crate::runtime::Backoff;
-use crate::runtime::fake::FakeRuntime;
 use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
 
 /// A manager on `fake` with its directories in `dir`, recording events on `recorder` (the

@@ -5,8 +5,8 @@ use prometheus_client::registry::Registry;
 use tower::ServiceExt as _;
 
 use super::*;
-use crate::runtime::api;
-use crate::runtime::fake::FakeRuntime;
+use crate::container::api;
+use crate::container::fake::FakeRuntime;
 use crate::server::{DebuggingHandlers, Endpoints, FakePods};
 
 #[test]

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::TcpStream;
 
 use super::*;
-use crate::runtime::fake::{FakeRuntime, StreamingCall, exec_response};
+use crate::container::fake::{FakeRuntime, StreamingCall, exec_response};
 use crate::server::{DebuggingHandlers, Endpoints, FakePods};
 
 /// The requests the fake streaming server saw: (path, headers).
