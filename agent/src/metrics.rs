@@ -88,7 +88,7 @@ fn push_with_go_float_labels(out: &mut String, line: &str) {
         let value = &rest[value_start..value_start + len];
         out.push_str(&rest[..value_start]);
         match value.parse::<f64>() {
-            Ok(v) if v.is_finite() => crate::stats::resource_metrics::write_go_float(out, v),
+            Ok(v) if v.is_finite() => crate::types::prom_text::write_go_float(out, v),
             _ => out.push_str(value),
         }
         rest = &rest[value_start + len..];

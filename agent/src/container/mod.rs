@@ -13,9 +13,26 @@
 
 pub mod backoff;
 pub mod cri;
+pub mod ephemeral;
 pub mod fake;
+pub mod helpers;
 pub mod labels;
 pub mod pod_status;
+
+/// Waiting reasons of containers that the runtime manager gives and the status shows
+/// (upstream `kubecontainer` errors, `sync_result.go`, and `ContainerCreating` /
+/// `PodInitializing` of `kubelet_pods.go`); the image manager's are in
+/// `images::puller::reasons`.
+pub mod reasons {
+    pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
+    pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+    pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
+    pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
+    /// The postStart hook failed (upstream `ErrPostStartHook`); the container was killed.
+    pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
+    pub const CONTAINER_CREATING: &str = "ContainerCreating";
+    pub const POD_INITIALIZING: &str = "PodInitializing";
+}
 
 use std::time::Duration;
 

@@ -38,7 +38,7 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodStatus, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::container::RuntimeService;
-use crate::runtime::manager::env;
+use crate::types::expansion;
 use crate::types::pod::pod_full_name;
 
 /// The Kubernetes version whose behaviour swiftlet implements, as `major.minor` (the
@@ -155,7 +155,7 @@ pub fn resolve_container_port(port: &IntOrString, container: &Container) -> Resu
 pub fn expand_command_static(command: &[String], env_vars: &[EnvVar]) -> Vec<String> {
     let vars: HashMap<&str, &str> =
         env_vars.iter().map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default())).collect();
-    command.iter().map(|c| env::expand(c, &vars)).collect()
+    command.iter().map(|c| expansion::expand(c, &vars)).collect()
 }
 
 /// The probe's timeout (`timeoutSeconds`, default 1).

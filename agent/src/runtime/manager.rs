@@ -23,10 +23,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::cm::PodContainerManager;
 use crate::container::backoff::{Backoff, go_duration};
+use crate::container::helpers::is_host_network;
 use crate::container::labels::{self, ContainerKind};
 use crate::container::pod_status::{ContainerState, RuntimePodStatus};
 use crate::container::{Error, Result, RuntimeService, api};
@@ -47,8 +48,7 @@ mod testing;
 
 pub use container::StartError;
 use container::{StartContext, StartSpec};
-pub(crate) use pod_actions::pod_sandbox_changed_why;
-pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with, should_container_be_restarted};
+pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with};
 pub use sync_result::{PodSyncResult, SyncAction, SyncResult};
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
@@ -57,18 +57,11 @@ pub const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
 pub const DEFAULT_GRACE_PERIOD_SECS: i64 = 30;
 /// Waiting reasons as upstream (`kubecontainer` errors and `images` errors).
 pub mod reasons {
+    pub use crate::container::reasons::*;
     pub use crate::images::puller::reasons::{
         ERR_IMAGE_NEVER_PULL, ERR_IMAGE_PULL, IMAGE_INSPECT_ERROR, IMAGE_PULL_BACK_OFF, INVALID_IMAGE_NAME,
         REGISTRY_UNAVAILABLE, SIGNATURE_VALIDATION_FAILED,
     };
-    pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
-    pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
-    pub const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
-    pub const RUN_CONTAINER_ERROR: &str = "RunContainerError";
-    /// The postStart hook failed (upstream `ErrPostStartHook`); the container was killed.
-    pub const POST_START_HOOK_ERROR: &str = "PostStartHookError";
-    pub const CONTAINER_CREATING: &str = "ContainerCreating";
-    pub const POD_INITIALIZING: &str = "PodInitializing";
 }
 
 /// Waiting reasons the image manager gives (it records their events itself).
@@ -85,10 +78,6 @@ const IMAGE_REASONS: [&str; 7] = [
 /// The error of a pod that came without a spec (a broken object from a source).
 fn no_spec(pod: &Pod) -> String {
     format!("pod {} has no spec", pod_full_name(pod))
-}
-
-fn is_host_network(spec: &PodSpec) -> bool {
-    spec.host_network.unwrap_or(false)
 }
 
 /// Settings of the runtime manager.
@@ -544,7 +533,7 @@ impl RuntimeManager {
         let ephemeral = pod.spec.as_ref().and_then(|s| s.ephemeral_containers.as_deref()).unwrap_or_default();
         for &i in indexes {
             let Some(ec) = ephemeral.get(i) else { continue };
-            let container = super::ephemeral::as_container(ec);
+            let container = crate::container::ephemeral::as_container(ec);
             let start = StartSpec {
                 container: &container,
                 kind: ContainerKind::Ephemeral,

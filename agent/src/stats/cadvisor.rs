@@ -102,7 +102,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::cgroup::CgroupStats;
 use super::collector::{Collection, FilesystemSample, NetworkSample};
-use super::resource_metrics::{escape_label, write_family_header, write_go_float, write_i64, write_sample};
+use super::resource_metrics::{write_family_header, write_sample};
+use crate::types::prom_text::{escape_label, write_go_float, write_i64};
 
 pub use super::resource_metrics::CONTENT_TYPE;
 

@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::collector::Clock;
-use super::resource_metrics::{self, write_go_float};
+use super::resource_metrics;
 use super::summary::{Summary, Time};
 use super::*;
+use crate::types::prom_text::write_go_float;
 
 const SUMMARY_SAMPLE: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/summary-sample.json");
 const RESOURCE_INVENTORY: &str = include_str!("../../../tests/fixtures/reference/kubelet-1.28/metrics-resource.txt");

@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::container::helpers::should_container_be_restarted;
+use crate::container::reasons;
 use crate::container::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
-use crate::runtime::manager::{reasons, should_container_be_restarted};
 
 /// What status generation needs besides the pod and the runtime state.
 #[derive(Debug)]
@@ -457,7 +458,7 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     }
     // Ephemeral containers get statuses like the others (default reason as the app
     // containers'), but neither the phase nor the conditions look at them.
-    let ephemeral = crate::runtime::ephemeral::containers(spec);
+    let ephemeral = crate::container::ephemeral::containers(spec);
     if !ephemeral.is_empty() {
         s.ephemeral_container_statuses =
             Some(container_statuses(pod, rt, inputs, &ephemeral, has_init, List::Ephemeral));
@@ -489,7 +490,7 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
 
     // Upstream `GeneratePodReadyToStartContainersCondition`: true unless the pod needs a
     // new sandbox, and then why.
-    let (new_sandbox, _, _, why) = crate::runtime::manager::pod_sandbox_changed_why(spec, rt);
+    let (new_sandbox, _, _, why) = crate::container::helpers::pod_sandbox_changed_why(spec, rt);
     let mut conds = vec![if new_sandbox {
         condition("PodReadyToStartContainers", false, Some("PodSandboxNotReady"), Some(why.to_owned()))
     } else {

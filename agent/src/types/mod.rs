@@ -9,10 +9,14 @@
 //! |---|---|---|
 //! | [`quantity`] | resource quantities: exact parsing, Go's printing, config-file text | `k8s.io/apimachinery/pkg/api/resource` |
 //! | [`pod`] | pod UIDs and full names, config-source annotations, static/mirror/critical pod tests | `pkg/kubelet/types` (`pod_update.go`), `pkg/kubelet/container` (`GetPodFullName`) |
+//! | [`prom_text`] | the Prometheus text format as the Go client writes it: floats, integers, escaping | `prometheus/common/expfmt` |
 //! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
+//! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
 //! | [`clock`] | the monotonic clock the kernel's eBPF timestamps use | swiftlet only |
 
 pub mod clock;
+pub mod expansion;
 pub mod pod;
+pub mod prom_text;
 pub mod quantity;
 pub mod resource_names;

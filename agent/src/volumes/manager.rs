@@ -729,7 +729,7 @@ fn expand_sub_path_expr(expr: &str, envs: &[(String, String)]) -> Result<String>
     if !missing.is_empty() {
         return Err(Error::SubPathExpr(missing.into_iter().collect::<Vec<_>>().join(", ")));
     }
-    Ok(crate::runtime::manager::env::expand(expr, &vars))
+    Ok(crate::types::expansion::expand(expr, &vars))
 }
 
 #[cfg(test)]

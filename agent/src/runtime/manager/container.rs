@@ -13,12 +13,13 @@ use super::{
     DEFAULT_GRACE_PERIOD_SECS, MINIMUM_GRACE_PERIOD_SECS, RuntimeManager, dns, env, is_host_network, no_spec,
     pod_full_name, reasons,
 };
+use crate::container::ephemeral;
 use crate::container::labels::{self, ContainerKind};
 use crate::container::pod_status::{ContainerState, RuntimePodStatus};
 use crate::container::{Result, api};
 use crate::events::EventType;
 use crate::images::puller::{EnsuredImage, PullError};
-use crate::runtime::{ephemeral, security_context};
+use crate::runtime::security_context;
 
 /// The hosts file the kubelet manages in containers.
 const ETC_HOSTS: &str = "/etc/hosts";
@@ -278,8 +279,9 @@ impl RuntimeManager {
         }
         let envs = resolved.vars;
         let env_map: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let command = container.command.iter().flatten().map(|c| env::expand(c, &env_map)).collect();
-        let args = container.args.iter().flatten().map(|c| env::expand(c, &env_map)).collect();
+        let command =
+            container.command.iter().flatten().map(|c| crate::types::expansion::expand(c, &env_map)).collect();
+        let args = container.args.iter().flatten().map(|c| crate::types::expansion::expand(c, &env_map)).collect();
         let log_dir = self.pod_log_dir(pod).join(&container.name);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;

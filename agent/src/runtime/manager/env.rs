@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 
 use super::RuntimeManagerConfig;
+use crate::types::expansion::expand;
 use crate::volumes::downward_api::{self, NodeAllocatable};
 use crate::volumes::source::{self, ObjectSource};
 
@@ -67,40 +68,6 @@ pub struct Resolved {
     pub vars: Vec<(String, String)>,
     /// `InvalidEnvironmentVariableNames` warnings to record as pod events.
     pub warnings: Vec<String>,
-}
-
-/// Expands `$(NAME)` references; `$$` escapes a `$`; unknown references stay as written.
-#[must_use]
-pub fn expand<S: std::hash::BuildHasher>(input: &str, vars: &HashMap<&str, &str, S>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let bytes = input.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'$' && i + 1 < bytes.len() {
-            if bytes[i + 1] == b'$' {
-                out.push('$');
-                i += 2;
-                continue;
-            }
-            if bytes[i + 1] == b'('
-                && let Some(end) = input[i + 2..].find(')')
-            {
-                let name = &input[i + 2..i + 2 + end];
-                match vars.get(name) {
-                    Some(v) => out.push_str(v),
-                    None => {
-                        out.push_str(&input[i..i + 3 + end]);
-                    }
-                }
-                i += 3 + end;
-                continue;
-            }
-        }
-        let ch = input[i..].chars().next().expect("in bounds");
-        out.push(ch);
-        i += ch.len_utf8();
-    }
-    out
 }
 
 /// Upstream `podFieldSelectorRuntimeValue`: the pod's own and status fields, then the
@@ -492,14 +459,6 @@ mod tests {
         assert!(run(&static_pod, &src).await.unwrap().vars.is_empty());
         // Standalone: no services, no variables.
         assert!(run(&p, &NoApiServer).await.unwrap().vars.is_empty());
-    }
-
-    #[test]
-    fn expansion() {
-        let vars = HashMap::from([("A", "1"), ("B", "two")]);
-        assert_eq!(expand("x$(A)y$(B)", &vars), "x1ytwo");
-        assert_eq!(expand("$(C) $$(A) $", &vars), "$(C) $(A) $");
-        assert_eq!(expand("é$(A", &vars), "é$(A");
     }
 
     #[tokio::test]

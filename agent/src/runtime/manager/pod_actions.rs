@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
-use super::is_host_network;
+use crate::container::ephemeral;
+use crate::container::helpers::{pod_sandbox_changed_why, restart_policy, should_container_be_restarted};
 use crate::container::labels;
 use crate::container::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
-use crate::runtime::ephemeral;
 
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,33 +37,8 @@ pub struct PodActions {
     pub kill_grace: BTreeMap<String, i64>,
 }
 
-fn restart_policy(spec: &PodSpec) -> &str {
-    spec.restart_policy.as_deref().unwrap_or("Always")
-}
-
 fn should_restart_on_failure(spec: &PodSpec) -> bool {
     restart_policy(spec) != "Never"
-}
-
-/// Upstream `ShouldContainerBeRestarted`.
-#[must_use]
-pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &RuntimePodStatus) -> bool {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return false;
-    }
-    let Some(c) = status.find_container(&container.name) else { return true };
-    match c.state {
-        ContainerState::Running => false,
-        ContainerState::Unknown | ContainerState::Created => true,
-        ContainerState::Exited => {
-            let Some(spec) = pod.spec.as_ref() else { return false };
-            match restart_policy(spec) {
-                "Never" => false,
-                "OnFailure" => c.exit_code != 0,
-                _ => true,
-            }
-        }
-    }
 }
 
 fn is_init_container_failed(c: &RuntimeContainerStatus) -> bool {
@@ -116,28 +91,6 @@ fn find_next_init_container<'a>(
 fn pod_sandbox_changed(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String) {
     let (changed, attempt, id, _) = pod_sandbox_changed_why(spec, status);
     (changed, attempt, id)
-}
-
-/// Upstream `PodSandboxChanged` with its reason: the message of the
-/// `PodReadyToStartContainers` condition when a new sandbox is needed (upstream
-/// `kubetypes.PodSandboxNotReadyMsg*`), empty when not.
-pub(crate) fn pod_sandbox_changed_why(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String, &'static str) {
-    let Some(latest) = status.sandboxes.first() else { return (true, 0, String::new(), "no pod sandbox exists") };
-    let ready = status.sandboxes.iter().filter(|s| s.ready).count();
-    let next = latest.attempt + 1;
-    if ready > 1 {
-        return (true, next, latest.id.clone(), "multiple pod sandboxes are ready and need to be reconciled");
-    }
-    if !latest.ready {
-        return (true, next, latest.id.clone(), "pod sandbox is not ready");
-    }
-    if latest.host_network != is_host_network(spec) {
-        return (true, next, latest.id.clone(), "network namespace mode changed and sandbox needs to be recreated");
-    }
-    if !is_host_network(spec) && latest.ips.is_empty() {
-        return (true, next, latest.id.clone(), "pod sandbox has no IP address");
-    }
-    (false, latest.attempt, latest.id.clone(), "")
 }
 
 /// Upstream `computePodActions`.
