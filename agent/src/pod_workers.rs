@@ -727,7 +727,7 @@ impl Worker {
     fn update_status(&self, pod: &Pod, rt: &RuntimePodStatus, terminal: bool) -> k8s_openapi::api::core::v1::PodStatus {
         let old = self.deps.status.get(self.uid());
         let failures = self.start_failures(pod);
-        let qos = crate::cm::qos_class(pod);
+        let qos = crate::types::qos::qos_class(pod);
         let mut status = generate_api_pod_status(
             pod,
             rt,

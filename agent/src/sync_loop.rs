@@ -482,8 +482,8 @@ mod tests {
     use tokio_util::task::TaskTracker;
 
     use super::*;
+    use crate::cm::FakePodContainerManager;
     use crate::cm::fake::FakeCall;
-    use crate::cm::{FakePodContainerManager, QosClass};
     use crate::container::fake::FakeRuntime;
     use crate::container::{Backoff, RuntimeService};
     use crate::events::MemoryRecorder;
@@ -491,6 +491,7 @@ mod tests {
     use crate::runtime::manager::RuntimeManagerConfig;
     use crate::status::StatusManager;
     use crate::types::pod::FILE_SOURCE;
+    use crate::types::qos::QosClass;
 
     /// The fake cgroup manager, whose `list_pod_cgroups` waits until the test opens it:
     /// a housekeeping pass held at its start.

@@ -19,7 +19,7 @@ use std::path::{Component, Path};
 
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
-use swiftlet::cm::{pod_resources, qos};
+use swiftlet::types::{pod_resources, qos};
 use swiftlet::images::puller::{ImageReference, PullPolicy};
 use swiftlet::container::api::security_profile::ProfileType;
 use swiftlet::container::labels::{self, ContainerKind};

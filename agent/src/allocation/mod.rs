@@ -44,11 +44,11 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodStatus, Resour
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::cm::pod_resources::is_restartable_init_container;
-use crate::cm::{QosClass, qos_class};
 use crate::container::{ContainerState, RuntimePodStatus, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::lifecycle::admission::{Rejection, pod_requests};
+use crate::types::pod_resources::is_restartable_init_container;
+use crate::types::qos::{QosClass, qos_class};
 use crate::types::quantity;
 use checkpoint::PodAllocation;
 pub use metrics::ResizeMetrics;

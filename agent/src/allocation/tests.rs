@@ -4,9 +4,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
 use super::*;
-use crate::cm::pod_resources::test_pods::{ctr, pod, sidecar};
 use crate::container::pod_status::{RuntimeContainerStatus, RuntimePodStatus};
 use crate::events::MemoryRecorder;
+use crate::types::pod_resources::test_pods::{ctr, pod, sidecar};
 
 fn burstable(uid: &str, cpu_req: &str, cpu_lim: &str, mem: &str) -> Pod {
     let mut p = pod(uid, vec![ctr("c", &[("cpu", cpu_req), ("memory", mem)], &[("cpu", cpu_lim), ("memory", mem)])]);
@@ -297,7 +297,7 @@ fn status_reports_allocated_and_actual_resources_and_conditions() {
 
 #[test]
 fn sidecars_are_resizable_and_quantities_print_as_upstream() {
-    let p = crate::cm::pod_resources::test_pods::pod_with_init(
+    let p = crate::types::pod_resources::test_pods::pod_with_init(
         "u",
         vec![sidecar("s", &[("cpu", "10m")], &[]), ctr("init", &[("cpu", "1")], &[])],
         vec![ctr("app", &[], &[])],

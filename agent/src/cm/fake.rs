@@ -8,8 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::cgroupfs::CgroupNames;
-use super::qos::{QosClass, qos_class};
 use super::{Error, PodContainerManager, Result};
+use crate::types::qos::{QosClass, qos_class};
 
 /// A call made to the fake, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,7 +188,7 @@ impl PodContainerManager for FakePodContainerManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::pod_resources::test_pods::{ctr, pod};
+    use crate::types::pod_resources::test_pods::{ctr, pod};
 
     #[test]
     fn behaves_like_the_real_one() {

@@ -38,8 +38,6 @@ pub mod fake;
 pub mod machine_topology;
 pub mod memorymanager;
 pub mod metrics;
-pub mod pod_resources;
-pub mod qos;
 pub mod resource_managers;
 pub mod resources;
 pub mod topology;
@@ -48,9 +46,11 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::types::pod_resources;
+use crate::types::qos::QosClass;
+
 pub use cgroupfs::{CgroupMode, CgroupfsPodContainerManager};
 pub use fake::FakePodContainerManager;
-pub use qos::{QosClass, qos_class};
 pub use resources::linux_container_resources;
 
 /// Errors of the container manager.

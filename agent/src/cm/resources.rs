@@ -15,9 +15,9 @@ use std::sync::OnceLock;
 use k8s_cri::v1::{HugepageLimit, LinuxContainerResources};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::pod_resources::{self, ContainerKind};
-use super::qos::{QosClass, qos_class};
 use crate::types::pod::{is_critical_pod, is_node_critical_pod};
+use crate::types::pod_resources::{self, ContainerKind};
+use crate::types::qos::{QosClass, qos_class};
 use crate::types::quantity;
 use crate::types::resource_names::{CPU, HUGEPAGES_PREFIX, MEMORY};
 
@@ -631,8 +631,8 @@ pub fn linux_container_resources_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::pod_resources::test_pods::*;
     use crate::types::pod::CONFIG_SOURCE_ANNOTATION;
+    use crate::types::pod_resources::test_pods::*;
     use k8s_openapi::api::core::v1::PodStatus;
     use std::fmt::Write as _;
 

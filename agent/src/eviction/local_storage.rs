@@ -17,7 +17,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::observations::PodUsage;
-use crate::cm::pod_resources;
+use crate::types::pod_resources;
 use crate::types::quantity::{Format, Quantity};
 use crate::types::resource_names::EPHEMERAL_STORAGE;
 

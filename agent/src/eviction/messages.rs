@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::cm::qos::{QosClass, qos_class};
 use crate::lifecycle::admission::Rejection;
 use crate::types::pod::is_critical_pod;
+use crate::types::qos::{QosClass, qos_class};
 
 use super::observations::{Observations, PodUsage};
 use super::thresholds::{NodeCondition, Resource, Threshold};
@@ -58,7 +58,7 @@ pub fn eviction_message(
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     let spec = pod.spec.as_ref();
     if resource == Resource::Memory
-        && crate::cm::pod_resources::is_pod_level_resources_set(pod)
+        && crate::types::pod_resources::is_pod_level_resources_set(pod)
         && let Some(request) = spec
             .and_then(|s| s.resources.as_ref())
             .and_then(|r| r.requests.as_ref())

@@ -18,7 +18,7 @@ use std::hash::BuildHasher;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cm::pod_resources::{self, ResourceList};
+use crate::types::pod_resources::{self, ResourceList};
 
 use super::observations::{FsUsage, PodUsage};
 use super::thresholds::{Resource, Signal};

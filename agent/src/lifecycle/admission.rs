@@ -96,7 +96,7 @@ pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
 /// requests (defaulted from limits, sidecars and init containers as upstream sums them).
 #[must_use]
 pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
-    crate::cm::pod_resources::pod_requests(pod)
+    crate::types::pod_resources::pod_requests(pod)
         .into_iter()
         .filter(|(k, _)| crate::types::resource_names::is_extended_resource_name(k))
         .map(|(k, v)| (k, v.value_saturating()))

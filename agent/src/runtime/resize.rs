@@ -84,7 +84,7 @@ pub fn compute_pod_resize_action(
         .iter()
         .flatten()
         .enumerate()
-        .filter(|(_, c)| crate::cm::pod_resources::is_restartable_init_container(c))
+        .filter(|(_, c)| crate::types::pod_resources::is_restartable_init_container(c))
         .map(|(i, c)| (i, c, true));
     let apps = spec.containers.iter().enumerate().map(|(i, c)| (i, c, false));
     for (index, c, init) in sidecars.chain(apps) {

@@ -9,6 +9,8 @@
 //! |---|---|---|
 //! | [`quantity`] | resource quantities: exact parsing, Go's printing, config-file text | `k8s.io/apimachinery/pkg/api/resource` |
 //! | [`pod`] | pod UIDs and full names, config-source annotations, static/mirror/critical pod tests | `pkg/kubelet/types` (`pod_update.go`), `pkg/kubelet/container` (`GetPodFullName`) |
+//! | [`pod_resources`] | a pod's effective requests and limits (init, sidecar and app containers, overhead, pod-level resources) | `component-helpers/resource` (`PodRequests`, `PodLimits`) |
+//! | [`qos`] | a pod's QoS class | `pkg/apis/core/v1/helper/qos` (`GetPodQOS`) |
 //! | [`prom_text`] | the Prometheus text format as the Go client writes it: floats, integers, escaping | `prometheus/common/expfmt` |
 //! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
 //! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
@@ -17,6 +19,8 @@
 pub mod clock;
 pub mod expansion;
 pub mod pod;
+pub mod pod_resources;
 pub mod prom_text;
+pub mod qos;
 pub mod quantity;
 pub mod resource_names;

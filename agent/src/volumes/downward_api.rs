@@ -15,7 +15,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::{Container, DownwardAPIVolumeFile, Pod, ResourceFieldSelector};
 
 use super::atomic_writer::{FileProjection, Payload};
-use crate::cm::pod_resources::{self, ResourceList};
+use crate::types::pod_resources::{self, ResourceList};
 use crate::types::quantity::{self, ParsedQuantity};
 use crate::types::resource_names::{CPU, EPHEMERAL_STORAGE, MEMORY, is_hugepage_resource_name};
 

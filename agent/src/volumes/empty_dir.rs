@@ -108,7 +108,7 @@ pub fn set_up_tmpfs(dir: &Path, size: i64, mounter: &dyn Mounter) -> Result<(), 
 mod tests {
     use super::super::mounter::{FakeMounter, MountCall};
     use super::*;
-    use crate::cm::pod_resources::test_pods::{ctr, pod};
+    use crate::types::pod_resources::test_pods::{ctr, pod};
 
     #[test]
     fn memory_size_is_the_smallest_positive_bound() {

@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pod_resources;
-use super::qos::{QosClass, qos_class};
 use super::resources::{self, MIN_SHARES, PodResourceConfig};
 use super::{CgroupConfig, PodContainerManager};
+use crate::types::pod_resources;
+use crate::types::qos::{QosClass, qos_class};
 use crate::types::resource_names::CPU;
 use mounts::{CgroupLayout, Hierarchy, HierarchyKind};
 pub use mounts::{CgroupMode, LayoutError};

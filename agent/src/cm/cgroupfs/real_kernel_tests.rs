@@ -13,8 +13,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{CgroupMode, CgroupfsPodContainerManager, cgroup_tree_post_order};
-use crate::cm::pod_resources::test_pods::{ctr, pod};
-use crate::cm::{CgroupConfig, PodContainerManager, QosClass};
+use crate::cm::{CgroupConfig, PodContainerManager};
+use crate::types::pod_resources::test_pods::{ctr, pod};
+use crate::types::qos::QosClass;
 
 /// Removes the test's cgroup root from every hierarchy and kills the test's process.
 struct Cleanup {

@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::mounts::{Hierarchy, HierarchyKind};
 use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, read_string};
-use crate::cm::qos::qos_class;
 use crate::cm::resources::PodResourceConfig;
 use crate::types::pod::uid as pod_uid;
+use crate::types::qos::qos_class;
 
 /// v1 `memory.limit_in_bytes` at or above this is "no limit" (`PAGE_COUNTER_MAX` pages).
 const V1_UNLIMITED: i64 = 0x7fff_ffff_ffff_f000;
@@ -119,8 +119,8 @@ impl CgroupfsPodContainerManager {
 mod tests {
     use super::super::fixture::Fixture;
     use crate::cm::PodContainerManager;
-    use crate::cm::pod_resources::test_pods::{ctr, pod};
     use crate::cm::resources::PodResourceConfig;
+    use crate::types::pod_resources::test_pods::{ctr, pod};
 
     fn burstable() -> k8s_openapi::api::core::v1::Pod {
         pod("b1", vec![ctr("a", &[("cpu", "100m"), ("memory", "64Mi")], &[("cpu", "200m"), ("memory", "128Mi")])])

@@ -2,8 +2,8 @@
 
 use super::fixture::Fixture;
 use super::*;
-use crate::cm::pod_resources::test_pods::{ctr, pod};
 use crate::cm::{CgroupConfig, Error as CmError};
+use crate::types::pod_resources::test_pods::{ctr, pod};
 
 const HYBRID_HIERARCHIES: usize = 10;
 

@@ -44,11 +44,11 @@ use crate::cm::container_lifecycle::ContainerLifecycleHook;
 use crate::cm::cpuset::CpuSet;
 use crate::cm::machine_topology::MachineTopology;
 use crate::cm::metrics::ResourceManagerMetrics;
-use crate::cm::pod_resources;
-use crate::cm::qos::{QosClass, qos_class};
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
 use crate::container::RuntimeService;
 use crate::lifecycle::admission::Rejection;
+use crate::types::pod_resources;
+use crate::types::qos::{QosClass, qos_class};
 use crate::types::resource_names::CPU;
 use state::{Checkpoint, CpuState};
 

@@ -35,10 +35,10 @@ use serde::{Deserialize, Serialize};
 use crate::cm::checkpoint::{Spew, write_atomic};
 use crate::cm::container_lifecycle::ContainerLifecycleHook;
 use crate::cm::machine_topology::MachineTopology;
-use crate::cm::pod_resources;
-use crate::cm::qos::{QosClass, qos_class};
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint, iterate_masks};
 use crate::lifecycle::admission::Rejection;
+use crate::types::pod_resources;
+use crate::types::qos::{QosClass, qos_class};
 use crate::types::resource_names::{MEMORY, is_hugepage_resource_name};
 
 /// Name of the checkpoint file in the root dir.

@@ -389,7 +389,7 @@ mod tests {
         let mut resized = p.clone();
         resized.spec.as_mut().unwrap().containers[0].resources =
             Some(k8s_openapi::api::core::v1::ResourceRequirements {
-                limits: crate::cm::pod_resources::test_pods::list(&[("cpu", "1")]),
+                limits: crate::types::pod_resources::test_pods::list(&[("cpu", "1")]),
                 ..Default::default()
             });
         let a = compute_pod_actions(&resized, &status(vec![sandbox(true, 0)], vec![running.clone()]));

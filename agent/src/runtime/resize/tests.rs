@@ -4,12 +4,13 @@ use k8s_openapi::api::core::v1::{ContainerResizePolicy, Pod};
 
 use super::*;
 use crate::allocation::NodeResizeConfig;
+use crate::cm::Result as CmResult;
 use crate::cm::fake::{FakeCall, FakePodContainerManager};
-use crate::cm::pod_resources::test_pods::{ctr, pod};
-use crate::cm::{QosClass, Result as CmResult};
 use crate::container::api;
 use crate::container::fake::FakeRuntime;
 use crate::container::pod_status::RuntimeContainerStatus;
+use crate::types::pod_resources::test_pods::{ctr, pod};
+use crate::types::qos::QosClass;
 
 fn values(cpu_req: i64, cpu_lim: i64, mem_req: i64, mem_lim: i64) -> ResourceValues {
     ResourceValues { cpu_request: cpu_req, cpu_limit: cpu_lim, memory_request: mem_req, memory_limit: mem_lim }

@@ -130,7 +130,7 @@ pub fn compute_qos_class(pod: &Pod) -> QosClass {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::pod_resources::test_pods::*;
+    use crate::types::pod_resources::test_pods::*;
     use QosClass::{BestEffort, Burstable, Guaranteed};
     use k8s_openapi::api::core::v1::PodStatus;
 
