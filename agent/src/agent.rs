@@ -750,7 +750,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let runtime_name = connect_runtime(&remote, &endpoint, &shutdown).await?;
     let rt: Arc<dyn RuntimeService> = Arc::new(remote);
     // The runtime's readiness, network readiness and features, asked now and every 5 s.
-    let runtime_state = Arc::new(crate::node::runtime_state::RuntimeState::default());
+    let runtime_state = Arc::new(crate::container::runtime_state::RuntimeState::default());
     runtime_state.update(rt.as_ref()).await;
 
     if kc.fail_swap_on {
@@ -1117,7 +1117,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             Arc::new(move || health.check().map_err(|e| format!("PLEG is not healthy: {e}"))),
         )
         .with_runtime_state(runtime_state.clone())
-        .with_shutdown_status(shutdown_status.clone())
+        .with_shutdown_status(shutdown_status.clone().map(|s| Arc::new(move || s.check()) as crate::node::HealthFn))
         .with_heartbeat_failures(heartbeat_failed)
         .with_node_watch(client.clone(), connections)
         .with_pressure({

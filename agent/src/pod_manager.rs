@@ -8,8 +8,8 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::sources::PodUpdate;
 use crate::types::pod::CONFIG_SEEN_ANNOTATION;
+use crate::types::pod::PodUpdate;
 
 /// What a snapshot changed.
 #[derive(Debug, Default)]

@@ -121,7 +121,7 @@ pub struct SyncDeps {
     pub host_ip: Option<String>,
     /// The runtime's state: a pod on the pod network does not start while the runtime
     /// says the network is not ready (upstream's `networkErrors` check in `SyncPod`).
-    pub runtime_state: Option<Arc<crate::node::runtime_state::RuntimeState>>,
+    pub runtime_state: Option<Arc<crate::container::runtime_state::RuntimeState>>,
 }
 
 #[derive(Debug)]
@@ -1110,7 +1110,7 @@ mod tests {
 
     fn env_with_state(
         clock: Arc<dyn Clock>,
-        runtime_state: Option<Arc<crate::node::runtime_state::RuntimeState>>,
+        runtime_state: Option<Arc<crate::container::runtime_state::RuntimeState>>,
     ) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let rt = Arc::new(FakeRuntime::with_images(&["img"]).with_clock(clock.clone()));
@@ -1179,7 +1179,7 @@ mod tests {
     #[tokio::test]
     async fn only_host_network_pods_start_while_the_pod_network_is_not_ready() {
         use crate::container::api;
-        use crate::node::runtime_state::RuntimeState;
+        use crate::container::runtime_state::RuntimeState;
         let state = Arc::new(RuntimeState::default());
         let e = env_with_state(Arc::new(SystemClock), Some(state.clone()));
         let ready = |network: bool| api::StatusResponse {

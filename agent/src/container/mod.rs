@@ -18,6 +18,7 @@ pub mod fake;
 pub mod helpers;
 pub mod labels;
 pub mod pod_status;
+pub mod runtime_state;
 
 /// Waiting reasons of containers that the runtime manager gives and the status shows
 /// (upstream `kubecontainer` errors, `sync_result.go`, and `ContainerCreating` /

@@ -43,7 +43,7 @@ pub trait PluginResourceUpdater: Send + Sync + std::fmt::Debug {
 /// in. Runs with the other admit handlers, before the node-fit predicates (upstream checks
 /// it first among the predicates), and in standalone mode too.
 #[derive(Debug)]
-pub struct SupplementalGroupsPolicyAdmitHandler(pub Arc<crate::node::runtime_state::RuntimeState>);
+pub struct SupplementalGroupsPolicyAdmitHandler(pub Arc<crate::container::runtime_state::RuntimeState>);
 
 impl PodAdmitHandler for SupplementalGroupsPolicyAdmitHandler {
     fn admit(&self, pod: &Pod, _active: &[Pod]) -> Result<(), Rejection> {
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn strict_supplemental_groups_need_a_runtime_that_supports_them() {
-        use crate::node::runtime_state::RuntimeState;
+        use crate::container::runtime_state::RuntimeState;
         use k8s_cri::v1 as api;
         let state = Arc::new(RuntimeState::default());
         let handler = SupplementalGroupsPolicyAdmitHandler(state.clone());

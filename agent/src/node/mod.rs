@@ -4,7 +4,6 @@
 //! `nodeLeaseDurationSeconds / 4`. A deleted Node object is registered again.
 
 pub mod facts;
-pub mod runtime_state;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -25,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use facts::MachineFacts;
 
-use crate::container::RuntimeService;
+use crate::container::{RuntimeService, runtime_state};
 
 /// The namespace of node leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -269,8 +268,9 @@ pub struct NodeManager {
     /// The runtime's state (`Ready`, `features`); without it, `Ready` asks the runtime's
     /// version.
     runtime_state: Option<Arc<runtime_state::RuntimeState>>,
-    /// The node shutdown manager's verdict, the last reason not to be ready.
-    shutdown: Option<crate::nodeshutdown::ShutdownStatus>,
+    /// The node shutdown manager's verdict, the last reason not to be ready (upstream's
+    /// `nodeShutdownManagerErrorsFunc`).
+    shutdown: Option<HealthFn>,
     /// Told when a heartbeat (Lease renewal, status update) fails: the other users of
     /// the API server leave their connections then (see [`NodeManager::with_heartbeat_failures`]).
     heartbeat_failed: Option<Arc<tokio::sync::Notify>>,
@@ -362,9 +362,10 @@ impl NodeManager {
         self
     }
 
-    /// Not ready while the node shuts down.
+    /// Not ready while `shutdown` says why: the node shutdown manager's status
+    /// (`nodeshutdown::ShutdownStatus::check`), an error while the node shuts down.
     #[must_use]
-    pub fn with_shutdown_status(mut self, shutdown: Option<crate::nodeshutdown::ShutdownStatus>) -> Self {
+    pub fn with_shutdown_status(mut self, shutdown: Option<HealthFn>) -> Self {
         self.shutdown = shutdown;
         self
     }
@@ -384,7 +385,7 @@ impl NodeManager {
                 Err(e) => vec![format!("container runtime is down: {e}")],
             },
         };
-        errors.extend(self.shutdown.as_ref().and_then(|s| s.check().err()));
+        errors.extend(self.shutdown.as_ref().and_then(|check| check().err()));
         runtime_state::aggregate(&errors)
     }
 
@@ -898,7 +899,10 @@ mod tests {
         let shutdown = crate::nodeshutdown::ShutdownStatus::default();
         let manager = NodeManager::new(client, settings(), MachineFacts::default(), rt, health)
             .with_runtime_state(state.clone())
-            .with_shutdown_status(Some(shutdown.clone()));
+            .with_shutdown_status(Some({
+                let shutdown = shutdown.clone();
+                Arc::new(move || shutdown.check())
+            }));
         assert_eq!(
             manager.readiness().await,
             Err("[container runtime status check may not have completed yet, network state unknown]".into())

@@ -73,6 +73,14 @@ pub fn is_node_critical_pod(pod: &Pod) -> bool {
         && pod.spec.as_ref().and_then(|s| s.priority_class_name.as_deref()) == Some(SYSTEM_NODE_CRITICAL)
 }
 
+/// A snapshot of one pod source (upstream `kubetypes.PodUpdate`): what `sources` send
+/// and the pod manager merges.
+#[derive(Clone, Debug)]
+pub enum PodUpdate {
+    /// Every pod the source wants now (replaces what it sent before).
+    Set { source: &'static str, pods: Vec<Pod> },
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
