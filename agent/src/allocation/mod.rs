@@ -32,7 +32,6 @@
 
 pub mod checkpoint;
 pub mod metrics;
-pub mod sync;
 
 use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -105,7 +104,7 @@ pub struct ResizeContext<'a> {
     /// Node allocatable (cpu in millicores, memory in bytes), when the node is known.
     pub allocatable: Option<(i64, i64)>,
     /// Admits the pod with its desired resources next to the other active pods (their
-    /// allocated resources): the node-fit predicates (see [`sync`]).
+    /// allocated resources): the node-fit predicates (see `sync_loop/resize.rs`).
     pub fits: &'a dyn Fn(&Pod) -> Result<(), Rejection>,
 }
 

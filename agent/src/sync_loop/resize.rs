@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use super::{ResizeContext, triggers};
+use super::SyncLoop;
+use crate::allocation::{ResizeContext, triggers};
 use crate::lifecycle::admission::Rejection;
 use crate::pod_workers::WorkType;
-use crate::sync_loop::SyncLoop;
 
 /// Node allocatable as (cpu millicores, memory bytes).
 #[must_use]

@@ -14,6 +14,8 @@
 //!   the pass runs is spared, or (same UID) its worker waits for the removal to end
 //!   before it creates anything.
 
+mod resize;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
