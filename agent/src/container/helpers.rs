@@ -42,6 +42,7 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
 /// Upstream `PodSandboxChanged` with its reason: the message of the
 /// `PodReadyToStartContainers` condition when a new sandbox is needed (upstream
 /// `kubetypes.PodSandboxNotReadyMsg*`), empty when not.
+#[must_use]
 pub fn pod_sandbox_changed_why(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32, String, &'static str) {
     let Some(latest) = status.sandboxes.first() else { return (true, 0, String::new(), "no pod sandbox exists") };
     let ready = status.sandboxes.iter().filter(|s| s.ready).count();
