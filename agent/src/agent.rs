@@ -860,55 +860,52 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     managers.topology.add_hint_provider(Arc::new(devices.clone()));
     // Read once, as upstream's AppArmor validator does at start-up.
     let apparmor_enabled = crate::runtime::security_context::apparmor_enabled_on_host();
-    let runtime = Arc::new(
-        RuntimeManager::new(
-            rt.clone(),
-            cm.clone(),
-            metrics.clone(),
-            RuntimeManagerConfig {
-                pod_logs_dir: kc.pod_logs_dir.clone().into(),
-                root_dir: cfg.root_dir.clone(),
-                node_name: cfg.node_name.clone(),
-                host_ip: host_ip.clone(),
-            },
-            Backoff::new(
-                crate::container::backoff::INITIAL.min(crash_max),
-                crash_max,
-                Arc::new(crate::container::backoff::TokioClock::new()),
-            ),
-            Arc::new(
-                crate::images::puller::ImageManager::new(
-                    rt.clone(),
-                    crate::images::puller::PullerConfig::from_config(kc),
-                    metrics.clone(),
-                )
-                .with_recorder(recorder.clone())
-                .with_startup_tracker(startup.clone()),
-            ),
-        )
-        .with_recorder(recorder.clone())
-        .with_kernel_exits(kernel_exits.clone())
-        .with_starts_in_flight(starts_in_flight.clone())
-        .with_container_changes(container_changes.clone())
-        .with_probes(probes.clone(), &runtime_name)
-        .with_startup_tracker(startup.clone())
-        .with_resize(allocation.clone())
-        .with_dns(crate::runtime::manager::dns::DnsSettings {
+    let runtime = Arc::new(RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
+        rt: rt.clone(),
+        cm: cm.clone(),
+        metrics: metrics.clone(),
+        cfg: RuntimeManagerConfig {
+            pod_logs_dir: kc.pod_logs_dir.clone().into(),
+            root_dir: cfg.root_dir.clone(),
+            node_name: cfg.node_name.clone(),
+            host_ip: host_ip.clone(),
+        },
+        backoff: Backoff::new(
+            crate::container::backoff::INITIAL.min(crash_max),
+            crash_max,
+            Arc::new(crate::container::backoff::TokioClock::new()),
+        ),
+        images: Arc::new(
+            crate::images::puller::ImageManager::new(
+                rt.clone(),
+                crate::images::puller::PullerConfig::from_config(kc),
+                metrics.clone(),
+            )
+            .with_recorder(recorder.clone())
+            .with_startup_tracker(startup.clone()),
+        ),
+        recorder: recorder.clone(),
+        volumes: Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)),
+        dns: crate::runtime::manager::dns::DnsSettings {
             cluster_dns: kc.cluster_dns.clone(),
             cluster_domain: kc.cluster_domain.clone(),
             resolv_conf: kc.resolv_conf.clone(),
-        })
-        .with_volumes(Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)))
-        .with_container_lifecycle_hook(managers.cpu.clone())
-        .with_container_lifecycle_hook(managers.memory.clone())
-        .with_container_lifecycle_hook(Arc::new(devices.clone()))
-        .with_start_concurrency(cfg.swiftlet.runtime_start_concurrency)
-        .with_security(crate::runtime::security_context::SecuritySettings::new(
+        },
+        kernel_exits: kernel_exits.clone(),
+        starts_in_flight: starts_in_flight.clone(),
+        container_changes: container_changes.clone(),
+        probes: probes.clone(),
+        runtime_name: runtime_name.clone(),
+        startup: startup.clone(),
+        container_hooks: vec![managers.cpu.clone(), managers.memory.clone(), Arc::new(devices.clone())],
+        allocation: allocation.clone(),
+        start_concurrency: cfg.swiftlet.runtime_start_concurrency,
+        security: crate::runtime::security_context::SecuritySettings::new(
             kc.seccomp_default,
             &cfg.root_dir,
             apparmor_enabled,
-        )),
-    );
+        ),
+    }));
     match cfg.swiftlet.runtime_start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),
         n => tracing::info!(limit = n, "at most {n} sandbox starts and {n} container starts reach the runtime at once"),

@@ -635,9 +635,7 @@ impl Worker {
                     self.deps.status.pod_finished(pod);
                 }
                 self.workers.set_state(&self.uid, WorkerState::Finished);
-                if let Some(t) = self.deps.runtime.startup_tracker() {
-                    t.forget(&self.uid);
-                }
+                self.deps.runtime.startup_tracker().forget(&self.uid);
                 tracing::info!("pod worker finished");
                 return;
             }
@@ -651,7 +649,7 @@ impl Worker {
             WorkerState::Syncing => {
                 let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
                 // Until the pod is Ready, its syncs are steps of its start trace.
-                if let Some(root) = self.deps.runtime.startup_tracker().and_then(|t| t.trace_root(&self.uid)) {
+                if let Some(root) = self.deps.runtime.startup_tracker().trace_root(&self.uid) {
                     crate::telemetry::set_trace_parent(&span, &root);
                 }
                 let after = Box::pin(self.sync_pod().instrument(span)).await;
@@ -697,7 +695,8 @@ impl Worker {
             .get_or_create(&crate::metrics::StaticLabels { r#static: if is_static { "true" } else { "false" }.into() })
             .inc();
         self.workers.registry.lock().unwrap().overrides.remove(&self.uid);
-        if let Some(t) = self.deps.runtime.startup_tracker() {
+        {
+            let t = self.deps.runtime.startup_tracker();
             t.forget(&self.uid);
             if let Some(pod) = &self.pod {
                 t.begin_trace(pod);
@@ -739,21 +738,15 @@ impl Worker {
                 start_time: Some(self.first_seen),
                 host_ip: self.deps.host_ip.as_deref(),
                 qos_class: qos.as_str(),
-                probes: self.deps.runtime.probes(),
+                probes: Some(self.deps.runtime.probes()),
             },
         );
-        if let Some(a) = self.deps.runtime.resize() {
-            a.amend_status(self.pod.as_ref().unwrap_or(pod), rt, &mut status);
-        }
+        self.deps.runtime.allocation().amend_status(self.pod.as_ref().unwrap_or(pod), rt, &mut status);
         if let Some(apply) = self.workers.status_override(self.uid()) {
             apply(&mut status);
         }
-        if let Some(probes) = self.deps.runtime.probes() {
-            probes.set_pod_status(self.uid(), &status);
-        }
-        if let Some(t) = self.deps.runtime.startup_tracker() {
-            t.status_updated(pod, old.as_ref(), &status, self.first_seen);
-        }
+        self.deps.runtime.probes().set_pod_status(self.uid(), &status);
+        self.deps.runtime.startup_tracker().status_updated(pod, old.as_ref(), &status, self.first_seen);
         if tracing::enabled!(target: "pod_status", tracing::Level::DEBUG) {
             // A stable, parseable record for `cargo xtask bench pleg` (enable with
             // RUST_LOG=pod_status=debug): each computed status, with its containers.
@@ -797,10 +790,7 @@ impl Worker {
             return self.deps.sync_frequency;
         }
         // In-place resize: the pod runs with its allocated resources, not the spec's.
-        let pod = match self.deps.runtime.resize() {
-            Some(a) => a.update_pod_from_allocation(&pod).0,
-            None => pod,
-        };
+        let pod = self.deps.runtime.allocation().update_pod_from_allocation(&pod).0;
         let name = pod_full_name(&pod);
         let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
             Ok(s) => s,
@@ -828,9 +818,7 @@ impl Worker {
             return ERROR_REQUEUE;
         }
         // Probe workers for the pod's containers (idempotent, as upstream `AddPod` in SyncPod).
-        if let Some(probes) = self.deps.runtime.probes() {
-            probes.add_pod(&pod);
-        }
+        self.deps.runtime.probes().add_pod(&pod);
         let cg_start = Instant::now();
         let cm = self.deps.cm.clone();
         let for_cgroup = pod.clone();
@@ -887,9 +875,7 @@ impl Worker {
         // it started from serves, without asking the runtime again.
         let fresh = if result.touched_runtime { self.deps.runtime.pod_status(self.uid()).await.ok() } else { None };
         let after = fresh.as_ref().unwrap_or(&rt_status);
-        if let Some(a) = self.deps.runtime.resize() {
-            a.check_resize_in_progress(&pod, after);
-        }
+        self.deps.runtime.allocation().check_resize_in_progress(&pod, after);
         self.update_status(&pod, after, false);
         if fresh.is_some() {
             // (rt_status's were noted above.)
@@ -921,9 +907,7 @@ impl Worker {
             tracing::info!(pod = %pod_full_name(pod), grace = ?self.grace, "terminating pod");
             // Nothing must restart a container of a terminating pod (upstream
             // `StopLivenessAndStartup`); readiness keeps reporting.
-            if let Some(probes) = self.deps.runtime.probes() {
-                probes.stop_liveness_and_startup(pod);
-            }
+            self.deps.runtime.probes().stop_liveness_and_startup(pod);
         }
         if let Err(e) = self.deps.runtime.kill_pod(self.pod.as_ref(), &rt_status, self.grace).await {
             tracing::warn!(error = %e, "failed to kill pod; retrying");
@@ -937,9 +921,7 @@ impl Worker {
             }
             return false;
         }
-        if let Some(probes) = self.deps.runtime.probes() {
-            probes.remove_pod(self.uid());
-        }
+        self.deps.runtime.probes().remove_pod(self.uid());
         // Completed pods keep a final status; so do API pods being deleted, whose last
         // status (all containers terminated) is written before the object is removed.
         let report = self.desired || self.pod.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some());
@@ -1116,23 +1098,23 @@ mod tests {
         let rt = Arc::new(FakeRuntime::with_images(&["img"]).with_clock(clock.clone()));
         let metrics = Arc::new(KubeletMetrics::unregistered());
         let cm: Arc<dyn PodContainerManager> = Arc::new(FakePodContainerManager::default());
-        let manager = RuntimeManager::new(
-            rt.clone(),
-            cm.clone(),
-            metrics.clone(),
-            RuntimeManagerConfig {
+        let manager = RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
+            cm: cm.clone(),
+            metrics: metrics.clone(),
+            cfg: RuntimeManagerConfig {
                 pod_logs_dir: dir.path().join("logs"),
                 root_dir: dir.path().join("root"),
                 node_name: "n".into(),
                 host_ip: None,
             },
-            Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock),
-            Arc::new(crate::images::puller::ImageManager::new(
+            backoff: Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock),
+            images: Arc::new(crate::images::puller::ImageManager::new(
                 rt.clone(),
                 crate::images::puller::PullerConfig::default(),
                 metrics.clone(),
             )),
-        );
+            ..crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path())
+        });
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));
         let deps = Arc::new(SyncDeps {

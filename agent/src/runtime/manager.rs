@@ -34,7 +34,7 @@ use crate::container::{Error, Result, RuntimeService, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
 use crate::types::pod::pod_full_name;
-use crate::volumes::{NoApiServer, VolumeManager};
+use crate::volumes::VolumeManager;
 
 mod container;
 pub mod dns;
@@ -94,6 +94,58 @@ pub struct RuntimeManagerConfig {
     pub host_ip: Option<String>,
 }
 
+/// Everything the runtime manager works with, all required: production fills it once
+/// (`agent.rs`), tests start from `RuntimeManagerDeps::fake` and replace what they look
+/// at. (It used to be a constructor plus twelve `with_*` setters filling `Option`s, and a
+/// setter forgotten turned a feature off without a word.)
+#[derive(Debug)]
+pub struct RuntimeManagerDeps {
+    /// The CRI client.
+    pub rt: Arc<dyn RuntimeService>,
+    /// Pod and `QoS` cgroups.
+    pub cm: Arc<dyn PodContainerManager>,
+    pub metrics: Arc<KubeletMetrics>,
+    pub cfg: RuntimeManagerConfig,
+    /// The crash-loop back-off (`crashLoopBackOff.maxContainerRestartPeriod`).
+    pub backoff: Backoff,
+    /// Pulls images as their pull policy says (events, back-off, credentials).
+    pub images: Arc<crate::images::puller::ImageManager>,
+    /// Records pod events (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`, ...) as
+    /// upstream.
+    pub recorder: Arc<dyn EventRecorder>,
+    /// Pod volumes, and the source of `ConfigMap`s and `Secret`s for environment variables.
+    pub volumes: Arc<VolumeManager>,
+    /// Cluster DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`).
+    pub dns: dns::DnsSettings,
+    /// Exits the evented PLEG saw in the kernel, laid over CRI's answers in
+    /// [`RuntimeManager::pod_status`] (see [`crate::pleg::exits`]).
+    pub kernel_exits: Arc<crate::pleg::exits::KernelExits>,
+    /// Where the sandbox and container start calls under way are marked, for the evented
+    /// PLEG to wait on before asking CRI about a start (see [`crate::pleg::starts`]).
+    pub starts_in_flight: Arc<crate::pleg::starts::StartsInFlight>,
+    /// Bumped whenever a sandbox or container is started or stopped (the stats
+    /// provider's `container_changes`).
+    pub container_changes: Arc<std::sync::atomic::AtomicU64>,
+    /// The prober: its liveness and startup verdicts kill and restart containers.
+    pub probes: crate::prober::ProbeManager,
+    /// The runtime's name, which prefixes container ids in the API status
+    /// (`containerd://<id>`).
+    pub runtime_name: String,
+    /// Pod start latency (`kubelet_pod_start_*`; image pulls are excluded from the SLI).
+    pub startup: Arc<crate::pod_startup::PodStartupTracker>,
+    /// The container manager's hooks (CPU, memory, device managers), called in order
+    /// around every container's creation, after the allocation's own.
+    pub container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
+    /// In-place resize: allocations and actuated resources ([`crate::allocation`]).
+    pub allocation: Arc<crate::allocation::AllocationManager>,
+    /// At most this many sandbox starts and this many container create+start pairs reach
+    /// the runtime at once (0: no limit, upstream's behaviour); see [`super::start_gate`].
+    pub start_concurrency: usize,
+    /// `seccompDefault`, the seccomp profile root and `AppArmor` on the host
+    /// ([`super::security_context`]).
+    pub security: super::security_context::SecuritySettings,
+}
+
 /// Carries out pod syncs and kills through CRI.
 #[derive(Debug)]
 pub struct RuntimeManager {
@@ -102,54 +154,61 @@ pub struct RuntimeManager {
     metrics: Arc<KubeletMetrics>,
     cfg: RuntimeManagerConfig,
     backoff: Mutex<Backoff>,
-    /// Pulls images as their pull policy says (events, back-off, credentials).
     images: Arc<crate::images::puller::ImageManager>,
     /// Registry credentials of the node (docker config files).
     node_credentials: crate::images::credentials::NodeCredentials,
     /// Last start failure per (pod uid, container name): (reason, message). Upstream
     /// `ReasonCache`; cleared by a successful start.
     reasons: Mutex<HashMap<(String, String), (String, String)>>,
-    recorder: Option<Arc<dyn EventRecorder>>,
+    recorder: Arc<dyn EventRecorder>,
     volumes: Arc<VolumeManager>,
     dns: dns::DnsSettings,
-    /// Exits the kernel saw before the runtime recorded them (evented PLEG).
-    kernel_exits: Option<Arc<crate::pleg::exits::KernelExits>>,
-    /// Marks each `RunPodSandbox` and `CreateContainer`+`StartContainer` under way, for
-    /// the evented PLEG (see [`crate::pleg::starts`]).
+    kernel_exits: Arc<crate::pleg::exits::KernelExits>,
     starts: Arc<crate::pleg::starts::StartsInFlight>,
-    /// Bumped whenever a sandbox or container is started or stopped (the stats provider's
-    /// `container_changes`).
     container_changes: Arc<std::sync::atomic::AtomicU64>,
-    /// The prober (liveness/startup verdicts) and the runtime's name, which prefixes
-    /// container ids in the API status (`containerd://<id>`).
-    probes: Option<(crate::prober::ProbeManager, String)>,
+    probes: crate::prober::ProbeManager,
+    runtime_name: String,
     /// Runs postStart / preStop hooks.
     hooks: crate::lifecycle::hooks::HandlerRunner,
-    /// Pod start latency (image pulls are excluded from the SLI).
-    startup: Option<Arc<crate::pod_startup::PodStartupTracker>>,
-    /// The container manager's hooks (CPU, memory, device managers), in order.
+    startup: Arc<crate::pod_startup::PodStartupTracker>,
+    /// The allocation's actuation hook, then the container manager's hooks.
     container_hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>>,
-    /// In-place resize: allocations and actuated resources ([`crate::allocation`]).
-    resize: Option<Arc<crate::allocation::AllocationManager>>,
+    allocation: Arc<crate::allocation::AllocationManager>,
     /// Limits concurrent `RunPodSandbox` calls ([`super::start_gate`]).
     sandbox_gate: super::start_gate::StartGate,
     /// Limits concurrent `CreateContainer`+`StartContainer` pairs.
     container_gate: super::start_gate::StartGate,
-    /// `seccompDefault`, the seccomp profile root and `AppArmor` on the host
-    /// ([`super::security_context`]).
     security: super::security_context::SecuritySettings,
 }
 
 impl RuntimeManager {
     #[must_use]
-    pub fn new(
-        rt: Arc<dyn RuntimeService>,
-        cm: Arc<dyn PodContainerManager>,
-        metrics: Arc<KubeletMetrics>,
-        cfg: RuntimeManagerConfig,
-        backoff: Backoff,
-        images: Arc<crate::images::puller::ImageManager>,
-    ) -> Self {
+    pub fn new(deps: RuntimeManagerDeps) -> Self {
+        let RuntimeManagerDeps {
+            rt,
+            cm,
+            metrics,
+            cfg,
+            backoff,
+            images,
+            recorder,
+            volumes,
+            dns,
+            kernel_exits,
+            starts_in_flight,
+            container_changes,
+            probes,
+            runtime_name,
+            startup,
+            container_hooks,
+            allocation,
+            start_concurrency,
+            security,
+        } = deps;
+        // The allocation records what each container starts with before the resource
+        // managers see it.
+        let actuation: Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook> =
+            Arc::new(crate::allocation::ActuationHook(allocation.clone()));
         Self {
             cm,
             metrics,
@@ -157,137 +216,46 @@ impl RuntimeManager {
             images,
             node_credentials: crate::images::credentials::NodeCredentials::new(&cfg.root_dir),
             reasons: Mutex::new(HashMap::new()),
-            recorder: None,
-            // Standalone until told otherwise: emptyDir/hostPath work, API objects fail clearly.
-            volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
-            dns: dns::DnsSettings::default(),
-            kernel_exits: None,
-            starts: Arc::default(),
-            container_changes: Arc::default(),
-            probes: None,
-            startup: None,
-            container_hooks: Vec::new(),
-            resize: None,
-            sandbox_gate: super::start_gate::StartGate::default(),
-            container_gate: super::start_gate::StartGate::default(),
-            security: super::security_context::SecuritySettings::new(false, &cfg.root_dir, false),
+            recorder,
+            volumes,
+            dns,
+            kernel_exits,
+            starts: starts_in_flight,
+            container_changes,
+            probes,
+            runtime_name,
+            startup,
+            container_hooks: std::iter::once(actuation).chain(container_hooks).collect(),
+            allocation,
+            sandbox_gate: super::start_gate::StartGate::new(start_concurrency),
+            container_gate: super::start_gate::StartGate::new(start_concurrency),
+            security,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
         }
     }
 
-    /// The node's security settings: `seccompDefault`, the seccomp profile root
-    /// (`<root-dir>/seccomp`) and whether the host enforces `AppArmor`.
+    /// The allocation manager (in-place resize).
     #[must_use]
-    pub fn with_security(mut self, security: super::security_context::SecuritySettings) -> Self {
-        self.security = security;
-        self
+    pub fn allocation(&self) -> &Arc<crate::allocation::AllocationManager> {
+        &self.allocation
     }
 
-    /// Lets at most `limit` sandbox starts and `limit` container create+start pairs reach
-    /// the runtime at once (0: no limit, the default and upstream's behaviour); see
-    /// [`super::start_gate`].
+    /// The pod start latency tracker.
     #[must_use]
-    pub fn with_start_concurrency(mut self, limit: usize) -> Self {
-        self.sandbox_gate = super::start_gate::StartGate::new(limit);
-        self.container_gate = super::start_gate::StartGate::new(limit);
-        self
+    pub fn startup_tracker(&self) -> &Arc<crate::pod_startup::PodStartupTracker> {
+        &self.startup
     }
 
-    /// Adds a container manager hook, called around every container's creation.
+    /// The prober.
     #[must_use]
-    pub fn with_container_lifecycle_hook(
-        mut self,
-        hook: Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>,
-    ) -> Self {
-        self.container_hooks.push(hook);
-        self
-    }
-
-    /// Actuates in-place resizes with `allocation` (see [`super::resize`]); also records
-    /// what each container starts with.
-    #[must_use]
-    pub fn with_resize(mut self, allocation: Arc<crate::allocation::AllocationManager>) -> Self {
-        self.container_hooks.push(Arc::new(crate::allocation::ActuationHook(allocation.clone())));
-        self.resize = Some(allocation);
-        self
-    }
-
-    /// The allocation manager, when in-place resize is on.
-    #[must_use]
-    pub fn resize(&self) -> Option<&Arc<crate::allocation::AllocationManager>> {
-        self.resize.as_ref()
-    }
-
-    /// Kills and restarts containers whose liveness or startup probe failed, as
-    /// `probes` says. `runtime_name` prefixes container ids in the API status.
-    #[must_use]
-    pub fn with_probes(mut self, probes: crate::prober::ProbeManager, runtime_name: &str) -> Self {
-        self.probes = Some((probes, runtime_name.to_string()));
-        self
-    }
-
-    /// Tracks pod start latency (`kubelet_pod_start_*` metrics).
-    #[must_use]
-    pub fn with_startup_tracker(mut self, tracker: Arc<crate::pod_startup::PodStartupTracker>) -> Self {
-        self.startup = Some(tracker);
-        self
-    }
-
-    /// The pod start latency tracker, if any.
-    #[must_use]
-    pub fn startup_tracker(&self) -> Option<&Arc<crate::pod_startup::PodStartupTracker>> {
-        self.startup.as_ref()
-    }
-
-    /// The prober, when probes are on.
-    #[must_use]
-    pub fn probes(&self) -> Option<&crate::prober::ProbeManager> {
-        self.probes.as_ref().map(|(p, _)| p)
-    }
-
-    /// Lays the exits the evented PLEG saw in the kernel over CRI's answers in
-    /// [`Self::pod_status`] (see [`crate::pleg::exits`]).
-    #[must_use]
-    pub fn with_kernel_exits(mut self, exits: Arc<crate::pleg::exits::KernelExits>) -> Self {
-        self.kernel_exits = Some(exits);
-        self
-    }
-
-    /// Marks the sandbox and container start calls under way in `starts`, which the
-    /// evented PLEG waits on before asking CRI about a start (see [`crate::pleg::starts`]).
-    #[must_use]
-    pub fn with_starts_in_flight(mut self, starts: Arc<crate::pleg::starts::StartsInFlight>) -> Self {
-        self.starts = starts;
-        self
-    }
-
-    /// Bumps `changes` whenever a sandbox or container is started or stopped.
-    #[must_use]
-    pub fn with_container_changes(mut self, changes: Arc<std::sync::atomic::AtomicU64>) -> Self {
-        self.container_changes = changes;
-        self
+    pub fn probes(&self) -> &crate::prober::ProbeManager {
+        &self.probes
     }
 
     fn containers_changed(&self) {
         self.container_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Uses `volumes` for pod volumes and as the source of `ConfigMap`s and `Secret`s for
-    /// environment variables. Default: a manager over `root_dir` with [`NoApiServer`].
-    #[must_use]
-    pub fn with_volumes(mut self, volumes: Arc<VolumeManager>) -> Self {
-        self.volumes = volumes;
-        self
-    }
-
-    /// Cluster DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`). Default: the
-    /// `KubeletConfiguration` defaults (no cluster DNS, no domain, `/etc/resolv.conf`).
-    #[must_use]
-    pub fn with_dns(mut self, dns: dns::DnsSettings) -> Self {
-        self.dns = dns;
-        self
     }
 
     /// The volume manager (the pod workers mount and clean up through it).
@@ -296,24 +264,13 @@ impl RuntimeManager {
         &self.volumes
     }
 
-    /// Records pod events (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`, ...) as upstream.
-    #[must_use]
-    pub fn with_recorder(mut self, recorder: Arc<dyn EventRecorder>) -> Self {
-        self.recorder = Some(recorder);
-        self
-    }
-
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
-        if let Some(r) = &self.recorder {
-            r.record(pod_ref(pod), type_, reason, message);
-        }
+        self.recorder.record(pod_ref(pod), type_, reason, message);
     }
 
     /// An event about one container (`involvedObject.fieldPath` names it, as upstream).
     fn container_event(&self, pod: &Pod, container: &str, type_: EventType, reason: &str, message: String) {
-        if let Some(r) = &self.recorder {
-            r.record(crate::events::container_ref(pod, container), type_, reason, message);
-        }
+        self.recorder.record(crate::events::container_ref(pod, container), type_, reason, message);
     }
 
     #[must_use]
@@ -352,9 +309,7 @@ impl RuntimeManager {
     /// Fetches a pod's runtime status, with the exits the kernel saw first.
     pub async fn pod_status(&self, uid: &str) -> Result<RuntimePodStatus> {
         let mut status = RuntimePodStatus::fetch(self.rt.as_ref(), uid).await?;
-        if let Some(exits) = &self.kernel_exits {
-            exits.apply(&mut status);
-        }
+        self.kernel_exits.apply(&mut status);
         Ok(status)
     }
 
@@ -380,18 +335,14 @@ impl RuntimeManager {
         let Some(spec) = pod.spec.as_ref() else {
             return PodSyncResult::sync_failed(no_spec(pod));
         };
-        let mut actions = match &self.probes {
-            Some((probes, runtime_name)) => compute_pod_actions_with(pod, status, &|c, id| {
-                probes.container_to_kill(pod, &c.name, &format!("{runtime_name}://{id}"))
-            }),
-            None => compute_pod_actions(pod, status),
-        };
+        let mut actions = compute_pod_actions_with(pod, status, &|c, id| {
+            self.probes.container_to_kill(pod, &c.name, &format!("{}://{id}", self.runtime_name))
+        });
         // In-place resize: restarts join the actions; in-place updates come after the kills.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        let resize_plan = self.resize.as_ref().and_then(|a| {
-            let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
-            super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
-        });
+        let a = &self.allocation;
+        let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
+        let resize_plan = super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions);
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
         let mut result = PodSyncResult::default();
@@ -441,7 +392,7 @@ impl RuntimeManager {
         if self.prune_init_containers(spec, status).await {
             result.touched_runtime = true;
         }
-        if let (Some(plan), Some(a)) = (&resize_plan, &self.resize) {
+        if let Some(plan) = &resize_plan {
             result.touched_runtime = true;
             match super::resize::do_pod_resize_action(self.rt.as_ref(), self.cm.as_ref(), a, pod, plan).await {
                 Ok(()) => {

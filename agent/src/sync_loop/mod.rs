@@ -157,12 +157,10 @@ impl SyncLoop {
         for pod in added {
             tracing::info!(pod = %crate::types::pod::pod_full_name(&pod), "pod added");
             let startup = self.runtime.startup_tracker();
-            if let Some(t) = startup {
-                t.begin_trace(&pod);
-            }
+            startup.begin_trace(&pod);
             if pod.metadata.deletion_timestamp.is_none() {
                 let span = crate::telemetry::pod_step_span("admitPod", "", "");
-                let root = startup.and_then(|t| t.trace_root(pod.metadata.uid.as_deref().unwrap_or_default()));
+                let root = startup.trace_root(pod.metadata.uid.as_deref().unwrap_or_default());
                 if let Some(root) = &root {
                     crate::telemetry::set_trace_parent(&span, root);
                 }
@@ -174,8 +172,8 @@ impl SyncLoop {
                     active.push(pod.clone());
                 } else {
                     crate::telemetry::record_error(&span, "rejected by admission");
-                    if let (Some(t), Some(uid)) = (startup, pod.metadata.uid.as_deref()) {
-                        t.end_trace(uid, crate::pod_startup::StartOutcome::Rejected);
+                    if let Some(uid) = pod.metadata.uid.as_deref() {
+                        startup.end_trace(uid, crate::pod_startup::StartOutcome::Rejected);
                     }
                     continue;
                 }
@@ -320,7 +318,7 @@ impl SyncLoop {
             .pod_manager
             .pods()
             .into_iter()
-            .map(|p| self.runtime.resize().map_or_else(|| p.clone(), |a| a.update_pod_from_allocation(&p).0))
+            .map(|p| self.runtime.allocation().update_pod_from_allocation(&p).0)
             .collect();
         self.tracker.spawn_blocking(move || {
             if let Err(e) = cm.update_qos_cgroups(&pods) {
@@ -425,11 +423,9 @@ impl SyncLoop {
         *pass = Some(self.tracker.spawn_blocking(move || cleanup.run()));
         drop(pass);
         self.runtime.gc_backoff();
-        if let Some(probes) = self.runtime.probes() {
-            // Probe workers of pods that are neither wanted nor still being torn down.
-            let keep: HashSet<String> = desired.iter().chain(workers.iter()).cloned().collect();
-            probes.cleanup_pods(&keep);
-        }
+        // Probe workers of pods that are neither wanted nor still being torn down.
+        let keep: HashSet<String> = desired.iter().chain(workers.iter()).cloned().collect();
+        self.runtime.probes().cleanup_pods(&keep);
         self.update_pod_count_metrics();
     }
 
@@ -486,8 +482,8 @@ mod tests {
     use super::*;
     use crate::cm::FakePodContainerManager;
     use crate::cm::fake::FakeCall;
+    use crate::container::RuntimeService;
     use crate::container::fake::FakeRuntime;
-    use crate::container::{Backoff, RuntimeService};
     use crate::events::MemoryRecorder;
     use crate::pod_workers::SyncDeps;
     use crate::runtime::manager::RuntimeManagerConfig;
@@ -597,23 +593,22 @@ mod tests {
         let rt = Arc::new(FakeRuntime::with_images(&["img"]));
         let metrics = Arc::new(KubeletMetrics::unregistered());
         let cm = Arc::new(HeldCm::default());
-        let runtime = Arc::new(RuntimeManager::new(
-            rt.clone(),
-            cm.clone(),
-            metrics.clone(),
-            RuntimeManagerConfig {
+        let runtime = Arc::new(RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
+            cm: cm.clone(),
+            metrics: metrics.clone(),
+            cfg: RuntimeManagerConfig {
                 pod_logs_dir: dir.path().join("logs"),
                 root_dir: dir.path().join("root"),
                 node_name: "n".into(),
                 host_ip: None,
             },
-            Backoff::default(),
-            Arc::new(crate::images::puller::ImageManager::new(
+            images: Arc::new(crate::images::puller::ImageManager::new(
                 rt.clone(),
                 crate::images::puller::PullerConfig::default(),
                 metrics.clone(),
             )),
-        ));
+            ..crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path())
+        }));
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));
         let stop = CancellationToken::new();

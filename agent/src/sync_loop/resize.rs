@@ -31,7 +31,7 @@ pub fn node_allocatable(node: &Node) -> Option<(i64, i64)> {
 impl SyncLoop {
     /// Admitted, non-terminal pods other than `exclude`, at their allocated resources.
     fn allocated_active_pods(&self, exclude: &str) -> Vec<Pod> {
-        let Some(a) = self.runtime.resize() else { return Vec::new() };
+        let a = self.runtime.allocation();
         let rejected = self.rejected.lock().unwrap().clone();
         self.pod_manager
             .pods()
@@ -64,7 +64,7 @@ impl SyncLoop {
     /// An admitted pod: allocate it (or keep its checkpointed allocation) and handle a
     /// resize made while the agent was down.
     pub fn resize_pod_added(&self, pod: &Pod) {
-        let Some(a) = self.runtime.resize() else { return };
+        let a = self.runtime.allocation();
         a.add_pod(pod);
         if a.update_pod_from_allocation(pod).1 {
             self.resize_pod_updated(pod);
@@ -74,7 +74,7 @@ impl SyncLoop {
     /// A pod's spec may have been resized: evaluate it; an allocated resize may make room
     /// for nothing, but a changed allocation is a trigger for the others' retries.
     pub fn resize_pod_updated(&self, pod: &Pod) {
-        let Some(a) = self.runtime.resize().cloned() else { return };
+        let a = self.runtime.allocation().clone();
         if pod.metadata.deletion_timestamp.is_some() {
             return;
         }
@@ -86,14 +86,14 @@ impl SyncLoop {
 
     /// A pod left its source.
     pub fn resize_pod_removed(&self, pod: &Pod) {
-        let Some(a) = self.runtime.resize().cloned() else { return };
+        let a = self.runtime.allocation().clone();
         a.remove_pod(pod_uid(pod));
         self.retry_pending_resizes(triggers::PODS_REMOVED);
     }
 
     /// Retries the pending resizes and syncs the pods whose resize moved on.
     pub fn retry_pending_resizes(&self, trigger: &str) {
-        let Some(a) = self.runtime.resize().cloned() else { return };
+        let a = self.runtime.allocation().clone();
         if !a.has_pending() || !self.pod_manager.sources_ready() {
             return;
         }
@@ -107,7 +107,7 @@ impl SyncLoop {
     /// Housekeeping: forget pods no longer desired; retry pending resizes when a pod
     /// finished or the periodic retry is due.
     pub fn resize_housekeeping(&self, desired: &HashSet<String>) {
-        let Some(a) = self.runtime.resize().cloned() else { return };
+        let a = self.runtime.allocation().clone();
         a.remove_orphans(desired);
         let terminal: HashSet<String> = desired
             .iter()

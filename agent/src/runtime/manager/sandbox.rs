@@ -88,12 +88,10 @@ impl RuntimeManager {
         let host_resolv = dns::read_resolv_conf(&self.dns.resolv_conf).map_err(|e| Error::Invalid(e.to_string()))?;
         let (dns_config, dns_events) =
             dns::pod_dns_config(pod, &self.dns, host_resolv.as_ref(), self.cfg.host_ip.as_deref());
-        if let Some(r) = &self.recorder {
-            for _ in 0..records {
-                for e in &dns_events {
-                    let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
-                    r.record(object, EventType::Warning, e.reason, e.message.clone());
-                }
+        for _ in 0..records {
+            for e in &dns_events {
+                let object = if e.node { node_ref(&self.cfg.node_name) } else { pod_ref(pod) };
+                self.recorder.record(object, EventType::Warning, e.reason, e.message.clone());
             }
         }
         let dns_config = Some(dns_config);

@@ -6,14 +6,62 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use serde_json::json;
 
-use super::{RuntimeManager, RuntimeManagerConfig, dns};
+use super::{RuntimeManager, RuntimeManagerConfig, RuntimeManagerDeps, dns};
 use crate::cm::FakePodContainerManager;
 use crate::container::Backoff;
 use crate::container::fake::FakeRuntime;
-use crate::events::MemoryRecorder;
+use crate::events::{EventRecorder, MemoryRecorder};
 use crate::images::puller::ImageManager;
 use crate::metrics::KubeletMetrics;
-use crate::volumes::{FakeMounter, FakeObjectSource, NodeAllocatable, VolumeManager};
+use crate::volumes::{FakeMounter, FakeObjectSource, NoApiServer, NodeAllocatable, VolumeManager};
+
+impl RuntimeManagerDeps {
+    /// Test doubles for every dependency, on `rt`, with the directories in `dir`: node
+    /// `node-1`, no cluster DNS, no start limit, no resource manager hooks, events kept in
+    /// memory, volumes without an API server, an allocation manager and a prober of their
+    /// own. Tests replace the fields they look at.
+    pub(crate) fn fake(rt: Arc<FakeRuntime>, dir: &std::path::Path) -> Self {
+        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let recorder: Arc<dyn EventRecorder> = Arc::new(MemoryRecorder::new("node-1"));
+        let cfg = RuntimeManagerConfig {
+            pod_logs_dir: dir.join("logs"),
+            root_dir: dir.join("root"),
+            node_name: "node-1".into(),
+            host_ip: None,
+        };
+        Self {
+            images: Arc::new(ImageManager::new(
+                rt.clone(),
+                crate::images::puller::PullerConfig::default(),
+                metrics.clone(),
+            )),
+            cm: Arc::new(FakePodContainerManager::default()),
+            backoff: Backoff::default(),
+            volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
+            dns: dns::DnsSettings::default(),
+            kernel_exits: Arc::default(),
+            starts_in_flight: Arc::default(),
+            container_changes: Arc::default(),
+            probes: crate::prober::ProbeManager::new(
+                Arc::new(crate::prober::runner::HandlerRunner::new(rt.clone())),
+                recorder.clone(),
+                Arc::new(crate::prober::metrics::ProberMetrics::new()),
+            ),
+            runtime_name: "fake".into(),
+            startup: Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone())),
+            container_hooks: Vec::new(),
+            allocation: Arc::new(crate::allocation::AllocationManager::in_memory(
+                crate::allocation::NodeResizeConfig::default(),
+            )),
+            start_concurrency: 0,
+            security: crate::runtime::security_context::SecuritySettings::new(false, &cfg.root_dir, false),
+            recorder,
+            metrics,
+            cfg,
+            rt,
+        }
+    }
+}
 
 /// A manager on `fake` with its directories in `dir`, recording events on `recorder` (the
 /// image manager's too when `image_events`).
@@ -23,34 +71,28 @@ fn manager(
     host_ip: Option<&str>,
     recorder: &Arc<MemoryRecorder>,
     image_events: bool,
-) -> RuntimeManager {
-    let metrics = Arc::new(KubeletMetrics::unregistered());
-    let images = ImageManager::new(fake.clone(), crate::images::puller::PullerConfig::default(), metrics.clone());
-    let images = if image_events { images.with_recorder(recorder.clone()) } else { images };
-    let cfg = RuntimeManagerConfig {
-        pod_logs_dir: dir.join("logs"),
-        root_dir: dir.join("root"),
-        node_name: "node-1".into(),
-        host_ip: host_ip.map(Into::into),
-    };
-    RuntimeManager::new(
-        fake,
-        Arc::new(FakePodContainerManager::default()),
-        metrics,
-        cfg,
-        Backoff::default(),
-        Arc::new(images),
-    )
-    .with_recorder(recorder.clone())
+) -> RuntimeManagerDeps {
+    let mut deps = RuntimeManagerDeps::fake(fake.clone(), dir);
+    let images = ImageManager::new(fake, crate::images::puller::PullerConfig::default(), deps.metrics.clone());
+    deps.images = Arc::new(if image_events { images.with_recorder(recorder.clone()) } else { images });
+    deps.cfg.host_ip = host_ip.map(Into::into);
+    deps.recorder = recorder.clone();
+    deps
 }
 
 /// A manager on a fake runtime that has the image `img`, recording events.
 pub(super) fn setup() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManager) {
+    let (dir, fake, recorder, deps) = setup_deps();
+    (dir, fake, recorder, RuntimeManager::new(deps))
+}
+
+/// What [`setup`] builds its manager from, for tests that change a dependency.
+pub(super) fn setup_deps() -> (tempfile::TempDir, Arc<FakeRuntime>, Arc<MemoryRecorder>, RuntimeManagerDeps) {
     let dir = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeRuntime::with_images(&["img"]));
     let recorder = Arc::new(MemoryRecorder::new("node-1"));
-    let rm = manager(dir.path(), fake.clone(), None, &recorder, true);
-    (dir, fake, recorder, rm)
+    let deps = manager(dir.path(), fake.clone(), None, &recorder, true);
+    (dir, fake, recorder, deps)
 }
 
 /// A pod `web` (uid `u1`) with one container `c` of image `img` and `lifecycle`.
@@ -85,8 +127,11 @@ pub(super) fn env(dns: dns::DnsSettings) -> Env {
         .with_mounter(Arc::new(FakeMounter::default()))
         .with_node_allocatable(NodeAllocatable { cpu_milli: 2000, memory: 1 << 30, ephemeral_storage: 1 << 30 });
     let fake = Arc::new(FakeRuntime::with_images(&["img"]));
-    let rm =
-        manager(dir.path(), fake, Some("192.0.2.1"), &recorder, false).with_volumes(Arc::new(volumes)).with_dns(dns);
+    let rm = RuntimeManager::new(RuntimeManagerDeps {
+        volumes: Arc::new(volumes),
+        dns,
+        ..manager(dir.path(), fake, Some("192.0.2.1"), &recorder, false)
+    });
     Env { dir, src, recorder, rm: Arc::new(rm) }
 }
 

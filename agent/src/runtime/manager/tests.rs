@@ -178,7 +178,7 @@ mod start_gate_wiring {
     use serde_json::json;
 
     use super::super::*;
-    use crate::runtime::manager::testing::setup;
+    use crate::runtime::manager::testing::setup_deps;
 
     fn pod(uid: &str) -> Pod {
         serde_json::from_value(json!({
@@ -202,8 +202,8 @@ mod start_gate_wiring {
     /// sandbox and container start takes 100 ms. The peaks of (sandbox starts,
     /// container create+start pairs) in flight.
     async fn peaks(limit: usize, pods: usize) -> (usize, usize) {
-        let (_dir, fake, _recorder, rm) = setup();
-        let rm = rm.with_start_concurrency(limit);
+        let (_dir, fake, _recorder, deps) = setup_deps();
+        let rm = RuntimeManager::new(RuntimeManagerDeps { start_concurrency: limit, ..deps });
         let sandboxes = Arc::new(Flight::default());
         let containers = Arc::new(Flight::default());
         fake.set_start_hook({
@@ -258,9 +258,10 @@ mod start_gate_wiring {
 
     #[tokio::test]
     async fn the_evented_pleg_is_told_of_each_start_call_under_way() {
-        let (_dir, fake, _recorder, rm) = setup();
+        let (_dir, fake, _recorder, deps) = setup_deps();
         let starts = Arc::new(crate::pleg::starts::StartsInFlight::default());
-        let rm = rm.with_start_concurrency(2).with_starts_in_flight(starts.clone());
+        let rm =
+            RuntimeManager::new(RuntimeManagerDeps { start_concurrency: 2, starts_in_flight: starts.clone(), ..deps });
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         fake.set_start_hook({
             let (starts, seen) = (starts.clone(), seen.clone());
@@ -288,8 +289,8 @@ mod start_gate_wiring {
 
     #[tokio::test(start_paused = true)]
     async fn a_hung_sandbox_start_does_not_stall_the_other_pods() {
-        let (_dir, fake, _recorder, rm) = setup();
-        let rm = Arc::new(rm.with_start_concurrency(1));
+        let (_dir, fake, _recorder, deps) = setup_deps();
+        let rm = Arc::new(RuntimeManager::new(RuntimeManagerDeps { start_concurrency: 1, ..deps }));
         let first = Arc::new(AtomicUsize::new(0));
         let hanging = Arc::new(tokio::sync::Notify::new());
         fake.set_start_hook({
