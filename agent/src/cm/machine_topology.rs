@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::cpuset::CpuSet;
+use crate::types::cpuset::CpuSet;
 
 /// Where one logical CPU sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,7 +32,6 @@ pub mod cgroupfs;
 pub mod checkpoint;
 pub mod container_lifecycle;
 pub mod cpumanager;
-pub mod cpuset;
 pub mod devicemanager;
 pub mod fake;
 pub mod machine_topology;

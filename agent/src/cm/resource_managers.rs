@@ -145,7 +145,7 @@ pub fn build(
 /// `systemReserved` (systemReserved.cpu becomes the number of reserved CPUs), so node
 /// allocatable matches the CPUs pods can use.
 pub fn apply_reserved_system_cpus(kc: &mut KubeletConfiguration) {
-    let Ok(set) = crate::cm::cpuset::CpuSet::parse(&kc.reserved_system_cpus) else { return };
+    let Ok(set) = crate::types::cpuset::CpuSet::parse(&kc.reserved_system_cpus) else { return };
     if set.is_empty() {
         return;
     }

@@ -9,8 +9,8 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::duration::GoDuration;
 use super::kubelet_configuration::KubeletConfiguration;
+use crate::types::duration::GoDuration;
 
 /// The only `apiVersion` accepted.
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";

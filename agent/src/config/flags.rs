@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use super::duration::GoDuration;
 use super::kubelet_configuration::KubeletConfiguration;
+use crate::types::duration::GoDuration;
 
 /// The agent's command line.
 #[derive(Debug, Clone, PartialEq, Parser)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Taint;
 use serde::{Deserialize, Serialize};
 
-use super::duration::{GoDuration, string_or_nanos};
+use crate::types::duration::{GoDuration, string_or_nanos};
 
 /// The Linux defaults of `evictionHard`.
 pub const DEFAULT_EVICTION_HARD: [(&str, &str); 5] = [

@@ -37,7 +37,6 @@
 //! - `cgroupRoot` defaults to "/" (upstream stores "" and reads it as "/").
 
 mod decode;
-mod duration;
 mod flags;
 mod kubelet_configuration;
 mod validation;
@@ -46,8 +45,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use crate::types::duration::{GoDuration, ParseDurationError};
 pub use decode::{API_VERSION, KIND};
-pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Flags;
 pub use kubelet_configuration::{
     AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, CrashLoopBackOffConfig, DEFAULT_EVICTION_HARD,
@@ -56,7 +55,7 @@ pub use kubelet_configuration::{
     MemoryReservation, MemorySwapConfiguration, OutputRoutingOptions, ShutdownGracePeriodByPodPriority,
     TracingConfiguration, UserNamespaces, VModuleItem, default_eviction_hard,
 };
-pub use validation::{TLS_CIPHER_SUITES, tls_cipher_suite_id, validate};
+pub use validation::validate;
 
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -6,32 +6,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Component, Path};
 
-use super::duration::GoDuration;
 use super::kubelet_configuration::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, KubeletConfiguration};
-
-/// TLS cipher suites accepted in `tlsCipherSuites`: the Go names of the suites rustls
-/// implements, with their IANA code points. Go's CBC, RSA key exchange, 3DES and RC4
-/// suites have no rustls implementation and are rejected.
-pub const TLS_CIPHER_SUITES: [(&str, u16); 11] = [
-    ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", 0xc02b),
-    ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", 0xc02c),
-    ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", 0xc02f),
-    ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", 0xc030),
-    ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256", 0xcca8),
-    ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305", 0xcca8),
-    ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", 0xcca9),
-    ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305", 0xcca9),
-    // TLS 1.3 suites are accepted by name (as by the kubelet) but, as in Go, always on.
-    ("TLS_AES_128_GCM_SHA256", 0x1301),
-    ("TLS_AES_256_GCM_SHA384", 0x1302),
-    ("TLS_CHACHA20_POLY1305_SHA256", 0x1303),
-];
-
-/// The IANA code point of a cipher suite named as in Go's `crypto/tls`.
-#[must_use]
-pub fn tls_cipher_suite_id(name: &str) -> Option<u16> {
-    TLS_CIPHER_SUITES.iter().find(|(known, _)| *known == name).map(|&(_, id)| id)
-}
+use crate::types::duration::GoDuration;
+use crate::types::tls::{TLS_CIPHER_SUITES, tls_cipher_suite_id};
 
 const EVICTION_SIGNALS: [&str; 9] = [
     "memory.available",
@@ -225,7 +202,7 @@ fn validate_tracing(kc: &KubeletConfiguration, p: &mut Problems) {
         }
     }
     if let Some(endpoint) = &tracing.endpoint
-        && let Err(message) = crate::telemetry::CollectorEndpoint::parse(endpoint)
+        && let Err(message) = crate::types::collector_endpoint::CollectorEndpoint::parse(endpoint)
     {
         p.add("tracing.endpoint", message);
     }
@@ -308,7 +285,7 @@ fn validate_eviction(kc: &KubeletConfiguration, p: &mut Problems) {
         for (signal, value) in map {
             if !EVICTION_SIGNALS.contains(&signal.as_str()) {
                 p.add(&format!("{field}[{signal}]"), "unsupported eviction signal");
-            } else if let Some(problem) = crate::eviction::thresholds::check_threshold(field, signal, value) {
+            } else if let Some(problem) = crate::types::eviction::check_threshold(field, signal, value) {
                 p.add(&format!("{field}[{signal}]"), problem);
             }
         }
@@ -398,7 +375,7 @@ fn validate_resource_managers(kc: &KubeletConfiguration, p: &mut Problems) {
                 "can't use reservedSystemCPUs (--reserved-cpus) with systemReservedCgroup (--system-reserved-cgroup) or kubeReservedCgroup (--kube-reserved-cgroup)",
             );
         }
-        if let Err(e) = crate::cm::cpuset::CpuSet::parse(&kc.reserved_system_cpus) {
+        if let Err(e) = crate::types::cpuset::CpuSet::parse(&kc.reserved_system_cpus) {
             p.add(
                 "reservedSystemCPUs",
                 format!("unable to parse reservedSystemCPUs (--reserved-cpus) {}, error: {e}", kc.reserved_system_cpus),

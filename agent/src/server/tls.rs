@@ -44,7 +44,7 @@ use rustls::{
 };
 
 use super::{Error, Result};
-use crate::config::tls_cipher_suite_id;
+use crate::types::tls::tls_cipher_suite_id;
 
 /// File name of the self-signed certificate in the cert dir (as upstream).
 pub const SELF_SIGNED_CERT_FILE: &str = "kubelet.crt";

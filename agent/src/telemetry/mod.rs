@@ -47,7 +47,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer};
 
-pub use endpoint::{CollectorEndpoint, DEFAULT_ENDPOINT};
+pub use crate::types::collector_endpoint::{CollectorEndpoint, DEFAULT_ENDPOINT};
 
 use crate::config::Config;
 
@@ -140,9 +140,7 @@ impl Telemetry {
     /// within a tokio runtime (the gRPC channel's tasks run there); it does not connect:
     /// a collector that is down is not an error.
     pub fn exporting(settings: &TracingSettings) -> Result<Self> {
-        let channel = settings
-            .endpoint
-            .channel(EXPORT_TIMEOUT)
+        let channel = endpoint::channel(&settings.endpoint, EXPORT_TIMEOUT)
             .map_err(|source| Error::Channel { endpoint: settings.endpoint.to_string(), source })?;
         let exporter = {
             use opentelemetry_otlp::{WithExportConfig as _, WithTonicConfig as _};

@@ -15,12 +15,26 @@
 //! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
 //! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
 //! | [`clock`] | the monotonic clock the kernel's eBPF timestamps use | swiftlet only |
+//! | [`duration`] | Go durations (`metav1.Duration`): parsing and printing as Go does | Go's `time.ParseDuration`, `Duration.String` |
+//! | [`cpuset`] | sets of CPU ids in the Linux list syntax (`0-3,5`) | `k8s.io/utils/cpuset` |
+//! | [`eviction`] | eviction signals, threshold values, the grammar of one eviction setting | `pkg/kubelet/eviction/api`, the statement parsing of `pkg/kubelet/eviction/helpers.go` |
+//! | [`collector_endpoint`] | the OTLP collector endpoint (`tracing.endpoint`) and its parsing | component-base `tracing/api/v1` (`validateEndpoint`) |
+//! | [`tls`] | TLS cipher suites by their Go names, with IANA code points | component-base `cli/flag` (`ciphersuites_flag.go`) |
+//!
+//! The last five are values of the `KubeletConfiguration` that both the configuration's
+//! validation and a subsystem read: here, `config` can check them without using the
+//! subsystem.
 
 pub mod clock;
 pub mod expansion;
+pub mod collector_endpoint;
+pub mod cpuset;
+pub mod duration;
+pub mod eviction;
 pub mod pod;
 pub mod pod_resources;
 pub mod prom_text;
 pub mod qos;
 pub mod quantity;
 pub mod resource_names;
+pub mod tls;

@@ -12,8 +12,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::cm::cpuset::CpuSet;
 use crate::cm::machine_topology::MachineTopology;
+use crate::types::cpuset::CpuSet;
 
 /// Taking CPUs failed (upstream's messages).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -41,7 +41,6 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio_util::sync::CancellationToken;
 
 use crate::cm::container_lifecycle::ContainerLifecycleHook;
-use crate::cm::cpuset::CpuSet;
 use crate::cm::machine_topology::MachineTopology;
 use crate::cm::metrics::ResourceManagerMetrics;
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
@@ -49,6 +48,7 @@ use crate::container::RuntimeService;
 use crate::lifecycle::admission::Rejection;
 use crate::types::pod_resources;
 use crate::types::qos::{QosClass, qos_class};
+use crate::types::cpuset::CpuSet;
 use crate::types::resource_names::CPU;
 use state::{Checkpoint, CpuState};
 

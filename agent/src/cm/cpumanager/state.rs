@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cm::checkpoint::{Spew, write_atomic};
-use crate::cm::cpuset::CpuSet;
+use crate::types::cpuset::CpuSet;
 
 /// Name of the checkpoint file in the root dir.
 pub const CHECKPOINT_NAME: &str = "cpu_manager_state";
