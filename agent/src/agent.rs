@@ -676,7 +676,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     // /configz shows the configuration as given; reservedSystemCPUs then replaces the
     // reserved cpu everywhere else (upstream's server.go).
     let configz = cfg.kubelet.to_configz_json();
-    crate::cm::resource_managers::apply_reserved_system_cpus(&mut cfg.kubelet);
+    crate::settings::apply_reserved_system_cpus(&mut cfg.kubelet);
     let kc = &cfg.kubelet;
     if let (Some(path), Some(bootstrap)) = (&cfg.kubeconfig, &cfg.bootstrap_kubeconfig) {
         crate::certificate::bootstrap::load_client_cert(path, bootstrap, &cfg.cert_dir, &cfg.node_name).await?;
@@ -738,7 +738,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     };
     let eviction_metrics = crate::eviction::EvictionMetrics::new(&mut registry);
     let resize_metrics = crate::allocation::ResizeMetrics::new(&mut registry);
-    let eviction_config = crate::eviction::EvictionConfig::from_kubelet_configuration(kc)?;
+    let eviction_config = crate::eviction::EvictionConfig::from_settings(&crate::settings::eviction(kc))?;
     // Kernel memory-pressure signals (PSI, memcg thresholds, eBPF reclaim) wake the
     // eviction manager; it is made once the stats and pod workers exist.
     let (pressure, pressure_rx) = crate::pressure::PressureSignals::channel();
@@ -762,13 +762,17 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         crate::cm::check_swap(&swaps)?;
     }
     // Container resources follow cpuCFSQuota, singleProcessOOMKill and swapBehavior.
-    crate::cm::resources::ContainerResourceOptions::init_host(kc);
+    crate::cm::resources::ContainerResourceOptions::init_host(&crate::settings::container_resources(kc));
     // What the node is, once: node allocatable below and the Node object (API mode).
     let machine = crate::node::MachineFacts::detect(&cfg.root_dir);
     // The resource managers: hint providers of the topology manager (admission) and
     // container lifecycle hooks of the runtime manager (container creation).
-    let mut managers =
-        crate::cm::resource_managers::build(kc, &cfg.root_dir, std::path::Path::new("/sys"), &mut registry)?;
+    let mut managers = crate::cm::resource_managers::build(
+        &crate::settings::resource_managers(kc),
+        &cfg.root_dir,
+        std::path::Path::new("/sys"),
+        &mut registry,
+    )?;
     let cgroups = CgroupfsPodContainerManager::new(CgroupConfig {
         cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
         cgroups_per_qos: kc.cgroups_per_qos,
@@ -776,7 +780,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         pod_pids_limit: kc.pod_pids_limit,
         cpu_cfs_quota: kc.cpu_cfs_quota,
         enforcement: crate::cm::allocatable::plan(
-            kc,
+            &crate::settings::allocatable(kc),
             &crate::cm::allocatable::Capacity::detect(machine.cpus, machine.memory_bytes, machine.hugepages.clone()),
         ),
         ..CgroupConfig::default()
@@ -860,6 +864,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     managers.topology.add_hint_provider(Arc::new(devices.clone()));
     // Read once, as upstream's AppArmor validator does at start-up.
     let apparmor_enabled = crate::runtime::security_context::apparmor_enabled_on_host();
+    let start_concurrency = crate::settings::runtime_start_concurrency(&cfg);
     let runtime = Arc::new(RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
         rt: rt.clone(),
         cm: cm.clone(),
@@ -878,7 +883,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         images: Arc::new(
             crate::images::puller::ImageManager::new(
                 rt.clone(),
-                crate::images::puller::PullerConfig::from_config(kc),
+                crate::settings::image_puller(kc),
                 metrics.clone(),
             )
             .with_recorder(recorder.clone())
@@ -899,14 +904,14 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         startup: startup.clone(),
         container_hooks: vec![managers.cpu.clone(), managers.memory.clone(), Arc::new(devices.clone())],
         allocation: allocation.clone(),
-        start_concurrency: cfg.swiftlet.runtime_start_concurrency,
+        start_concurrency,
         security: crate::runtime::security_context::SecuritySettings::new(
             kc.seccomp_default,
             &cfg.root_dir,
             apparmor_enabled,
         ),
     }));
-    match cfg.swiftlet.runtime_start_concurrency {
+    match start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),
         n => tracing::info!(limit = n, "at most {n} sandbox starts and {n} container starts reach the runtime at once"),
     }
@@ -1038,7 +1043,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             }
         }),
     )
-    .debugging_handlers(crate::server::DebuggingHandlers::from_config(rt.clone(), kc))
+    .debugging_handlers(crate::settings::debugging_handlers(rt.clone(), kc))
     .route("/stats/summary", get(summary_handler).with_state(stats_source.clone()))
     .route("/metrics/resource", get(resource_metrics_handler).with_state(stats_source.clone()))
     .route("/metrics/cadvisor", get(cadvisor_handler).with_state(stats_source.clone()));
@@ -1048,7 +1053,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Some(c) => endpoints.api_client(c.main.clone()),
         None => endpoints,
     };
-    let mut server_settings = ServerSettings { configz, ..ServerSettings::from_config(&cfg)? };
+    let mut server_settings = ServerSettings { configz, ..crate::settings::server(&cfg)? };
     server_settings.tls.bootstrap = serving_slot;
     let server = Server::new(server_settings, endpoints)?;
 
@@ -1064,8 +1069,8 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         tracker.spawn(src.run(update_tx.clone(), shutdown.clone()).instrument(tracing::info_span!("static_pods")));
     }
     // Graceful node shutdown (`crate::nodeshutdown`); off without grace periods.
-    let mut node_shutdown = crate::nodeshutdown::Manager::from_config(
-        kc,
+    let mut node_shutdown = crate::nodeshutdown::Manager::from_settings(
+        &crate::settings::node_shutdown(kc),
         &cfg.root_dir,
         crate::eviction::adapters::AgentPods {
             manager: pod_manager.clone(),
@@ -1181,11 +1186,12 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let image_gc = match crate::images::gc::ImageGcManager::new(
         rt.clone(),
         Arc::new(crate::images::gc::Statvfs),
-        crate::images::gc::ImageGcPolicy::from_config(kc),
+        crate::settings::image_gc(kc),
         metrics.clone(),
     ) {
         Ok(gc) => {
-            let mut gc = gc.with_recorder(recorder.clone(), &cfg.node_name).with_period(cfg.swiftlet.image_gc_period);
+            let mut gc =
+                gc.with_recorder(recorder.clone(), &cfg.node_name).with_period(crate::settings::image_gc_period(&cfg));
             if let Some(image) = &sandbox_image {
                 tracing::info!(%image, "image GC keeps the sandbox image");
                 gc = gc.with_sandbox_image(image);
@@ -1204,7 +1210,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         }
     };
     let gc_pods = Arc::new(GcPods { manager: pod_manager.clone(), workers: workers.clone() });
-    let gc = Arc::new(crate::gc::ContainerGc::new(rt.clone(), gc_pods, cfg.container_gc));
+    let gc = Arc::new(crate::gc::ContainerGc::new(rt.clone(), gc_pods, crate::settings::container_gc(&cfg)));
     tracker.spawn(
         gc.clone()
             .run(crate::gc::CONTAINER_GC_PERIOD, shutdown.clone())
@@ -1232,7 +1238,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             let _ = eviction.set(manager.clone());
             tracker.spawn(manager.run(pressure_rx, shutdown.clone()).instrument(tracing::info_span!("eviction")));
             if cfg.swiftlet.eviction_kernel_signals {
-                crate::pressure::spawn_watchers(&tracker, &pressure, kc, &shutdown);
+                crate::pressure::spawn_watchers(&tracker, &pressure, &crate::settings::memcg_thresholds(kc), &shutdown);
             } else {
                 tracing::info!("--eviction-kernel-signals=false: memory pressure is seen by the 10 s pass only");
             }
@@ -1241,7 +1247,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         tracing::warn!("no stats: node-pressure eviction is off");
     }
     // Validation made sure containerLogMaxSize is a quantity.
-    match crate::logs::rotation::RotationPolicy::from_config(kc) {
+    match crate::settings::log_rotation(kc) {
         Ok(policy) => {
             let logs = Arc::new(crate::logs::rotation::ContainerLogManager::new(rt.clone(), policy));
             tracker.spawn(logs.run(shutdown.clone()).instrument(tracing::info_span!("container_logs")));

@@ -36,6 +36,7 @@ pub mod prober;
 pub mod process_metrics;
 pub mod runtime;
 pub mod server;
+pub mod settings;
 pub mod sources;
 pub mod stats;
 pub mod status;

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let telemetry = {
         let _runtime = runtime.enter();
         let json = cfg.kubelet.logging.format == "json";
-        match swiftlet::telemetry::TracingSettings::from_config(&cfg)
+        match swiftlet::settings::tracing(&cfg)
             .and_then(|tracing| swiftlet::telemetry::init(cfg.verbosity, json, tracing.as_ref()))
         {
             Ok(t) => t,

@@ -249,6 +249,19 @@ pub fn memcg_usage_threshold(capacity: u64, threshold: u64, inactive_file: u64) 
     capacity.saturating_sub(threshold).saturating_add(inactive_file)
 }
 
+/// What the memcg threshold watchers of [`spawn_watchers`] need, as
+/// `settings::memcg_thresholds` takes it from the `KubeletConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemcgThresholdSettings {
+    /// `cgroupRoot`, empty for the root (`""` or `/`): the pods cgroup is
+    /// `<cgroupRoot>/kubepods`.
+    pub cgroup_root: String,
+    /// `evictionHard[memory.available]`, as written (a quantity or a percentage).
+    pub memory_available: Option<String>,
+    /// `evictionHard[allocatableMemory.available]`, as written.
+    pub allocatable_memory_available: Option<String>,
+}
+
 /// Starts the kernel watchers that feed `signals` (see the module docs): a PSI trigger
 /// on `/proc/pressure/memory` (100 ms of stall within 2 s), and, on cgroup v1, memcg
 /// usage thresholds where the working set of the root memory cgroup meets the
@@ -258,7 +271,7 @@ pub fn memcg_usage_threshold(capacity: u64, threshold: u64, inactive_file: u64) 
 pub fn spawn_watchers(
     tracker: &tokio_util::task::TaskTracker,
     signals: &PressureSignals,
-    kc: &crate::config::KubeletConfiguration,
+    settings: &MemcgThresholdSettings,
     shutdown: &CancellationToken,
 ) {
     match PsiTrigger::new(Path::new("/proc/pressure/memory"), Duration::from_millis(100), Duration::from_secs(2)) {
@@ -272,12 +285,11 @@ pub fn spawn_watchers(
     if !memory_root.join("cgroup.event_control").exists() {
         return;
     }
-    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
-    let hard = |signal: &str| kc.eviction_hard.get(signal).cloned();
+    let root = &settings.cgroup_root;
     let targets = [
-        (hard("memory.available"), memory_root.to_path_buf(), None),
+        (settings.memory_available.clone(), memory_root.to_path_buf(), None),
         (
-            hard("allocatableMemory.available"),
+            settings.allocatable_memory_available.clone(),
             memory_root.join(format!("{}/kubepods", root.trim_start_matches('/'))),
             Some(()),
         ),

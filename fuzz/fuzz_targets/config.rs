@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 use clap::Parser as _;
 use libfuzzer_sys::fuzz_target;
 use swiftlet::config::{self, API_VERSION, Flags, KIND};
+use swiftlet::settings;
 
 fuzz_target!(|data: &[u8]| {
     let (args, file) = match data.iter().position(|&b| b == 0) {
@@ -86,16 +87,16 @@ fuzz_target!(|data: &[u8]| {
 /// What `agent::run` and `main` derive from the configuration before serving.
 fn what_the_agent_builds(loaded: &config::Config) {
     let kc = &loaded.kubelet;
-    if let Err(e) = swiftlet::server::ServerSettings::from_config(loaded) {
+    if let Err(e) = settings::server(loaded) {
         panic!("validated, yet the server refuses it: {e}");
     }
-    if let Err(e) = swiftlet::telemetry::TracingSettings::from_config(loaded) {
+    if let Err(e) = settings::tracing(loaded) {
         panic!("validated, yet tracing refuses it: {e}");
     }
-    if let Err(e) = swiftlet::eviction::thresholds::EvictionConfig::from_kubelet_configuration(kc) {
+    if let Err(e) = swiftlet::eviction::thresholds::EvictionConfig::from_settings(&settings::eviction(kc)) {
         panic!("validated, yet the eviction manager refuses it: {e:?}");
     }
-    if let Err(e) = swiftlet::logs::rotation::RotationPolicy::from_config(kc) {
+    if let Err(e) = settings::log_rotation(kc) {
         panic!("validated, yet log rotation refuses it: {e}");
     }
     let capacity = swiftlet::cm::allocatable::Capacity {
@@ -104,10 +105,11 @@ fn what_the_agent_builds(loaded: &config::Config) {
         max_pid: Some(4_194_304),
         hugepages: [(2 << 20, 0), (1 << 30, 2 << 30)].into(),
     };
-    let _ = swiftlet::cm::allocatable::plan(kc, &capacity);
-    let _ = swiftlet::images::puller::PullerConfig::from_config(kc);
-    let _ = swiftlet::images::gc::ImageGcPolicy::from_config(kc);
-    let _ = swiftlet::nodeshutdown::periods(kc);
+    let _ = swiftlet::cm::allocatable::plan(&settings::allocatable(kc), &capacity);
+    let _ = settings::image_puller(kc);
+    let _ = settings::image_gc(kc);
+    let _ = settings::resource_managers(kc);
+    let _ = swiftlet::nodeshutdown::periods(&settings::node_shutdown(kc));
 }
 
 /// A file of this process (libFuzzer may run several jobs side by side).

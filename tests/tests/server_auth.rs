@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result, ensure};
 use clap::Parser as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
-use swiftlet::server::{Endpoints, FakePods, SELF_SIGNED_CERT_FILE, Server, ServerSettings};
+use swiftlet::server::{Endpoints, FakePods, SELF_SIGNED_CERT_FILE, Server};
 use swiftlet_tests::cluster::Cluster;
 use swiftlet_tests::tcp_proxy::TcpProxy;
 use swiftlet_tests::testbed_lock;
@@ -103,7 +103,7 @@ impl Kubelet {
             format!("--cert-dir={}", cert_dir.display()),
         ])?;
         let config = swiftlet::config::load(flags).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut settings = ServerSettings::from_config(&config)?;
+        let mut settings = swiftlet::settings::server(&config)?;
         settings.https_addr = Some("127.0.0.1:0".parse()?);
         settings.healthz_addr = None;
         settings.shutdown_grace_period = Duration::from_secs(1);
@@ -559,7 +559,7 @@ async fn standalone_webhook_settings_are_refused() -> Result<()> {
     ])?;
     let config = swiftlet::config::load(flags).map_err(|e| anyhow::anyhow!("{e}"))?;
     let err = Server::new(
-        ServerSettings::from_config(&config)?,
+        swiftlet::settings::server(&config)?,
         Endpoints::new(Arc::new(FakePods::default()), Arc::default()),
     )
     .unwrap_err()

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 
 /// The leaf modules of `agent/src`: each may use only leaves.
-pub const LEAVES: &[&str] = &["api_throttle", "event_api", "events", "memory", "process_metrics", "types"];
+pub const LEAVES: &[&str] = &["api_throttle", "config", "event_api", "events", "memory", "process_metrics", "types"];
 
 /// One `crate::<module>` use in a file.
 #[derive(Debug, Clone, PartialEq, Eq)]

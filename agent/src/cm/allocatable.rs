@@ -21,6 +21,25 @@ use super::resources::{
 };
 use crate::types::quantity::{parse_bytes, parse_milli_cpu};
 
+/// The node allocatable settings: the `KubeletConfiguration` fields of the same names (as
+/// `settings::allocatable` takes them from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatableSettings {
+    /// `kubeReserved`: resource name (`cpu`, `memory`, `pid`, `hugepages-<size>`) →
+    /// quantity, as written.
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `systemReserved`, as `kube_reserved`.
+    pub system_reserved: BTreeMap<String, String>,
+    /// `kubeReservedCgroup`.
+    pub kube_reserved_cgroup: String,
+    /// `systemReservedCgroup`.
+    pub system_reserved_cgroup: String,
+    /// `enforceNodeAllocatable`: `pods`, `kube-reserved`, `system-reserved`.
+    pub enforce_node_allocatable: Vec<String>,
+    /// `cgroupsPerQOS`: without it there is no `kubepods` cgroup to limit.
+    pub cgroups_per_qos: bool,
+}
+
 /// What to write where (see the module docs). `Default`: nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Enforcement {
@@ -79,15 +98,15 @@ fn reserved_config(r: Reserved, map: &BTreeMap<String, String>) -> PodResourceCo
     }
 }
 
-/// The enforcement the configuration asks for on a machine of `capacity`.
+/// The enforcement the settings ask for on a machine of `capacity`.
 #[must_use]
-pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> Enforcement {
-    let kube = reserved(&kc.kube_reserved);
-    let system = reserved(&kc.system_reserved);
-    let enforced = |key: &str| kc.enforce_node_allocatable.iter().any(|k| k == key);
+pub fn plan(settings: &AllocatableSettings, capacity: &Capacity) -> Enforcement {
+    let kube = reserved(&settings.kube_reserved);
+    let system = reserved(&settings.system_reserved);
+    let enforced = |key: &str| settings.enforce_node_allocatable.iter().any(|k| k == key);
     let total_milli = i64::try_from(capacity.cpus.saturating_mul(1000)).unwrap_or(i64::MAX);
     let memory = i64::try_from(capacity.memory_bytes).unwrap_or(i64::MAX);
-    let pods = (enforced("pods") && kc.cgroups_per_qos).then(|| PodResourceConfig {
+    let pods = (enforced("pods") && settings.cgroups_per_qos).then(|| PodResourceConfig {
         // Saturating: reservations are not bounded by validation (nor upstream's), and more
         // than the machine has leaves pods nothing.
         cpu_shares: Some(milli_cpu_to_shares(
@@ -108,8 +127,8 @@ pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> En
                     Some((
                         hugepage_unit_size(size)?,
                         total
-                            .saturating_sub(reserved(&kc.kube_reserved))
-                            .saturating_sub(reserved(&kc.system_reserved))
+                            .saturating_sub(reserved(&settings.kube_reserved))
+                            .saturating_sub(reserved(&settings.system_reserved))
                             .max(0),
                     ))
                 })
@@ -121,9 +140,9 @@ pub fn plan(kc: &crate::config::KubeletConfiguration, capacity: &Capacity) -> En
     Enforcement {
         pods,
         kube_reserved: enforced("kube-reserved")
-            .then(|| (kc.kube_reserved_cgroup.clone(), reserved_config(kube, &kc.kube_reserved))),
+            .then(|| (settings.kube_reserved_cgroup.clone(), reserved_config(kube, &settings.kube_reserved))),
         system_reserved: enforced("system-reserved")
-            .then(|| (kc.system_reserved_cgroup.clone(), reserved_config(system, &kc.system_reserved))),
+            .then(|| (settings.system_reserved_cgroup.clone(), reserved_config(system, &settings.system_reserved))),
     }
 }
 
@@ -154,7 +173,7 @@ mod tests {
             ]),
             ..KubeletConfiguration::default()
         };
-        let e = plan(&kc, &machine());
+        let e = plan(&crate::settings::allocatable(&kc), &machine());
         assert_eq!(
             e.pods,
             Some(PodResourceConfig {
@@ -181,7 +200,7 @@ mod tests {
             enforce_node_allocatable: vec!["kube-reserved".into(), "system-reserved".into()],
             ..KubeletConfiguration::default()
         };
-        let e = plan(&kc, &machine());
+        let e = plan(&crate::settings::allocatable(&kc), &machine());
         assert_eq!(e.pods, None);
         assert_eq!(
             e.kube_reserved,
@@ -213,7 +232,7 @@ mod tests {
             ..KubeletConfiguration::default()
         };
         assert_eq!(
-            plan(&kc, &machine()).pods,
+            plan(&crate::settings::allocatable(&kc), &machine()).pods,
             Some(PodResourceConfig {
                 cpu_shares: Some(milli_cpu_to_shares(0)),
                 memory_limit: Some(0),
@@ -230,8 +249,8 @@ mod tests {
     #[test]
     fn nothing_without_enforcement_or_qos_cgroups() {
         let none = KubeletConfiguration { enforce_node_allocatable: vec!["none".into()], ..Default::default() };
-        assert_eq!(plan(&none, &machine()), Enforcement::default());
+        assert_eq!(plan(&crate::settings::allocatable(&none), &machine()), Enforcement::default());
         let no_qos = KubeletConfiguration { cgroups_per_qos: false, ..Default::default() };
-        assert_eq!(plan(&no_qos, &machine()).pods, None);
+        assert_eq!(plan(&crate::settings::allocatable(&no_qos), &machine()).pods, None);
     }
 }

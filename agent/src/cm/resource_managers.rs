@@ -1,7 +1,7 @@
-//! Builds the CPU, memory and topology managers from the `KubeletConfiguration` (upstream
+//! Builds the CPU, memory and topology managers from their settings (upstream
 //! `NewContainerManager`'s part for them), so that the agent's wiring stays a few lines.
+//! `settings::resource_managers` takes the settings from the `KubeletConfiguration`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,8 +13,6 @@ use crate::cm::machine_topology::MachineTopology;
 use crate::cm::memorymanager::{MemoryManager, MemoryManagerConfig};
 use crate::cm::metrics::ResourceManagerMetrics;
 use crate::cm::topology::{TopologyManager, TopologyManagerConfig};
-use crate::config::KubeletConfiguration;
-use crate::types::quantity;
 
 /// A resource manager that cannot start; the agent does not start either.
 #[derive(Debug, thiserror::Error)]
@@ -44,12 +42,28 @@ pub struct ResourceManagers {
     pub topology: TopologyManager,
 }
 
-fn milli_cpu(list: &BTreeMap<String, String>) -> i64 {
-    list.get("cpu").and_then(|q| quantity::parse_milli_cpu(q).ok()).unwrap_or(0)
+/// What the three managers are built from.
+#[derive(Debug, Clone)]
+pub struct ResourceManagerSettings {
+    /// The CPU manager's (`cpuManager*`, `reservedSystemCPUs`, `kubeReserved` +
+    /// `systemReserved` cpu, `topologyManagerPolicy`, feature gates).
+    pub cpu: CpuManagerConfig,
+    /// The memory manager's (`memoryManagerPolicy`, `reservedMemory`, and the node
+    /// allocatable reservation: `kubeReserved` + `systemReserved` + the hard
+    /// `memory.available` eviction threshold).
+    pub memory: MemoryManagerConfig,
+    /// The topology manager's (`topologyManager*`, feature gates).
+    pub topology: TopologyManagerConfig,
 }
 
-fn bytes(list: &BTreeMap<String, String>, key: &str) -> u64 {
-    list.get(key).and_then(|q| quantity::parse_bytes(q).ok()).unwrap_or(0).max(0) as u64
+impl ResourceManagerSettings {
+    /// Whether no manager has a policy that places anything (then the machine topology is
+    /// not needed).
+    fn places_nothing(&self) -> bool {
+        matches!(self.cpu.policy.as_str(), "" | "none")
+            && matches!(self.memory.policy.as_str(), "" | "None")
+            && matches!(self.topology.policy.as_str(), "" | "none")
+    }
 }
 
 /// Reads the machine below `sysfs` and builds the managers.
@@ -59,7 +73,7 @@ fn bytes(list: &BTreeMap<String, String>, key: &str) -> u64 {
 /// `reservedSystemCPUs`, static policy without reserved CPUs, `reservedMemory` not
 /// matching node allocatable, unknown policy options, ...).
 pub fn build(
-    kc: &KubeletConfiguration,
+    settings: &ResourceManagerSettings,
     root_dir: &Path,
     sysfs: &Path,
     registry: &mut Registry,
@@ -67,90 +81,20 @@ pub fn build(
     let topo = match MachineTopology::detect(sysfs, &Path::new("/proc").join("meminfo")) {
         Ok(t) => t,
         // Without a policy that places anything the topology is not needed.
-        Err(e)
-            if matches!(kc.cpu_manager_policy.as_str(), "" | "none")
-                && matches!(kc.memory_manager_policy.as_str(), "" | "None")
-                && matches!(kc.topology_manager_policy.as_str(), "" | "none") =>
-        {
+        Err(e) if settings.places_nothing() => {
             tracing::warn!(error = %e, "cannot read the machine topology; the resource managers have nothing to place");
             MachineTopology::default()
         }
         Err(e) => return Err(e.into()),
     };
     let metrics = Arc::new(ResourceManagerMetrics::new(registry));
-    let cpu = Arc::new(CpuManager::new(
-        &CpuManagerConfig {
-            policy: kc.cpu_manager_policy.clone(),
-            options: kc.cpu_manager_policy_options.clone(),
-            reserved_system_cpus: kc.reserved_system_cpus.clone(),
-            reserved_milli_cpu: milli_cpu(&kc.kube_reserved).saturating_add(milli_cpu(&kc.system_reserved)),
-            topology_policy: kc.topology_manager_policy.clone(),
-            feature_gates: kc.feature_gates.clone(),
-            reconcile_period: kc.cpu_manager_reconcile_period.to_std(),
-        },
-        topo.clone(),
-        root_dir,
-        Some(metrics.clone()),
-    )?);
-    let mut reserved_memory: BTreeMap<usize, BTreeMap<String, u64>> = BTreeMap::new();
-    for r in &kc.reserved_memory {
-        let node = reserved_memory.entry(r.numa_node.max(0) as usize).or_default();
-        for kind in r.limits.keys() {
-            let total = node.entry(kind.clone()).or_default();
-            *total = total.saturating_add(bytes(&r.limits, kind));
-        }
-    }
-    // Node allocatable's reservation per memory type (upstream's
-    // nodeAllocatableReservation): kube + system reserved, plus the hard eviction
-    // threshold for memory (absolute only: a percentage is not a size).
-    let eviction = kc.eviction_hard.get("memory.available").filter(|v| !v.ends_with('%'));
-    let mut node_allocatable_reservation = BTreeMap::new();
-    for kind in kc.kube_reserved.keys().chain(kc.system_reserved.keys()).filter(|k| k.starts_with("hugepages-")) {
-        node_allocatable_reservation
-            .insert(kind.clone(), bytes(&kc.kube_reserved, kind).saturating_add(bytes(&kc.system_reserved, kind)));
-    }
-    // Saturating, as in `allocatable::plan`: reservations are not bounded by validation.
-    let memory = bytes(&kc.kube_reserved, "memory")
-        .saturating_add(bytes(&kc.system_reserved, "memory"))
-        .saturating_add(eviction.and_then(|v| quantity::parse_bytes(v).ok()).unwrap_or(0).max(0) as u64);
-    if memory > 0 {
-        node_allocatable_reservation.insert("memory".to_owned(), memory);
-    }
-    let memory = Arc::new(MemoryManager::new(
-        &MemoryManagerConfig {
-            policy: kc.memory_manager_policy.clone(),
-            reserved_memory,
-            node_allocatable_reservation,
-        },
-        &topo,
-        root_dir,
-    )?);
-    let mut topology = TopologyManager::new(
-        &TopologyManagerConfig {
-            policy: kc.topology_manager_policy.clone(),
-            scope: kc.topology_manager_scope.clone(),
-            options: kc.topology_manager_policy_options.clone(),
-            feature_gates: kc.feature_gates.clone(),
-        },
-        &topo,
-        Some(metrics),
-    )
-    .map_err(Error::TopologyManager)?;
+    let cpu = Arc::new(CpuManager::new(&settings.cpu, topo.clone(), root_dir, Some(metrics.clone()))?);
+    let memory = Arc::new(MemoryManager::new(&settings.memory, &topo, root_dir)?);
+    let mut topology =
+        TopologyManager::new(&settings.topology, &topo, Some(metrics)).map_err(Error::TopologyManager)?;
     topology.add_hint_provider(cpu.clone());
     topology.add_hint_provider(memory.clone());
     Ok(ResourceManagers { cpu, memory, topology })
-}
-
-/// Upstream's `server.go`: `reservedSystemCPUs` replaces the cpu of `kubeReserved` and
-/// `systemReserved` (systemReserved.cpu becomes the number of reserved CPUs), so node
-/// allocatable matches the CPUs pods can use.
-pub fn apply_reserved_system_cpus(kc: &mut KubeletConfiguration) {
-    let Ok(set) = crate::types::cpuset::CpuSet::parse(&kc.reserved_system_cpus) else { return };
-    if set.is_empty() {
-        return;
-    }
-    kc.kube_reserved.remove("cpu");
-    kc.system_reserved.insert("cpu".into(), set.len().to_string());
 }
 
 /// The active pods: known to the pod manager and not in a terminal phase; `None` until
@@ -175,28 +119,16 @@ pub fn active_pods(pods: crate::pod_manager::PodManager, status: Arc<dyn crate::
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::config::KubeletConfiguration;
 
     fn sysfs() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let topo = MachineTopology::synthetic(1, 1, 2, 1, 1 << 30);
         crate::cm::machine_topology::tests::write_sysfs(dir.path(), &topo);
         dir
-    }
-
-    #[test]
-    fn reserved_system_cpus_replace_the_reserved_cpu() {
-        let mut kc = KubeletConfiguration {
-            reserved_system_cpus: "0,2-3".into(),
-            kube_reserved: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
-            ..KubeletConfiguration::default()
-        };
-        apply_reserved_system_cpus(&mut kc);
-        assert_eq!(kc.kube_reserved, BTreeMap::from([("memory".into(), "1Gi".into())]));
-        assert_eq!(kc.system_reserved, BTreeMap::from([("cpu".into(), "3".into())]));
-        let mut plain = KubeletConfiguration::default();
-        apply_reserved_system_cpus(&mut plain);
-        assert!(plain.system_reserved.is_empty());
     }
 
     #[test]
@@ -218,7 +150,9 @@ mod tests {
         };
         kc.reserved_memory.push(kc.reserved_memory[0].clone());
         kc.eviction_hard.insert("memory.available".into(), "8Ei".into());
-        assert!(build(&kc, root.path(), sys.path(), &mut Registry::default()).is_ok());
+        assert!(
+            build(&crate::settings::resource_managers(&kc), root.path(), sys.path(), &mut Registry::default()).is_ok()
+        );
     }
 
     #[test]
@@ -231,7 +165,8 @@ mod tests {
             topology_manager_policy: "single-numa-node".into(),
             ..KubeletConfiguration::default()
         };
-        let m = build(&kc, root.path(), sys.path(), &mut Registry::default()).unwrap();
+        let m =
+            build(&crate::settings::resource_managers(&kc), root.path(), sys.path(), &mut Registry::default()).unwrap();
         assert_eq!(m.cpu.reserved().to_string(), "0");
         assert_eq!(m.topology.policy(), crate::cm::topology::Policy::SingleNumaNode);
         assert!(root.path().join("cpu_manager_state").exists());
@@ -239,24 +174,45 @@ mod tests {
         drop(m);
         kc.reserved_system_cpus = String::new();
         let other = tempfile::tempdir().unwrap();
-        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        let e = build(&crate::settings::resource_managers(&kc), other.path(), sys.path(), &mut Registry::default())
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "CPU manager: [cpumanager] the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero"
         );
         kc.kube_reserved.insert("cpu".into(), "200m".into());
         kc.topology_manager_policy_options.insert("bogus".into(), "1".into());
-        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        let e = build(&crate::settings::resource_managers(&kc), other.path(), sys.path(), &mut Registry::default())
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "topology manager: unknown Topology Manager Policy option: \"bogus\"");
         kc.topology_manager_policy_options.clear();
         kc.memory_manager_policy = "Static".into();
-        let e = build(&kc, other.path(), sys.path(), &mut Registry::default()).unwrap_err().to_string();
+        let e = build(&crate::settings::resource_managers(&kc), other.path(), sys.path(), &mut Registry::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("memory manager: [memorymanager] the total amount \"0\""), "{e}");
-        let e = build(&kc, other.path(), Path::new("/nonexistent"), &mut Registry::default()).unwrap_err().to_string();
+        let e = build(
+            &crate::settings::resource_managers(&kc),
+            other.path(),
+            Path::new("/nonexistent"),
+            &mut Registry::default(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("machine topology: reading /nonexistent/devices/system/cpu/online"), "{e}");
         // With nothing to place, an unreadable topology is only a warning.
         let plain = KubeletConfiguration::default();
         let fresh = tempfile::tempdir().unwrap();
-        assert!(build(&plain, fresh.path(), Path::new("/nonexistent"), &mut Registry::default()).is_ok());
+        assert!(
+            build(
+                &crate::settings::resource_managers(&plain),
+                fresh.path(),
+                Path::new("/nonexistent"),
+                &mut Registry::default()
+            )
+            .is_ok()
+        );
     }
 }

@@ -232,6 +232,20 @@ pub fn resource_config_for_pod(pod: &Pod, enforce_cpu_limits: bool) -> PodResour
     }
 }
 
+/// The kubelet settings that shape container resources (as `settings::container_resources`
+/// takes them from the `KubeletConfiguration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerResourceSettings {
+    /// `cpuCFSQuota`.
+    pub cpu_cfs_quota: bool,
+    /// `singleProcessOOMKill`; `None` (unset) keeps the probed default (true on cgroup
+    /// v1, false on v2).
+    pub single_process_oom_kill: Option<bool>,
+    /// `memorySwap.swapBehavior` is `LimitedSwap` and the `NodeSwap` feature gate is on
+    /// (its default).
+    pub limited_swap: bool,
+}
+
 /// Host facts and kubelet settings that shape the CRI container resources.
 #[expect(clippy::struct_excessive_bools, reason = "independent host facts and kubelet switches, as upstream")]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -395,24 +409,22 @@ impl ContainerResourceOptions {
         })
     }
 
-    /// The kubelet settings that shape container resources: `cpuCFSQuota`,
-    /// `singleProcessOOMKill` (when set), `memorySwap.swapBehavior` with the `NodeSwap`
-    /// gate.
+    /// These options with the kubelet's settings applied: `cpuCFSQuota`,
+    /// `singleProcessOOMKill` (when set), `LimitedSwap`.
     #[must_use]
-    pub fn with_config(mut self, kc: &crate::config::KubeletConfiguration) -> Self {
-        self.cpu_cfs_quota = kc.cpu_cfs_quota;
-        if let Some(single) = kc.single_process_oom_kill {
+    pub fn with_settings(mut self, settings: &ContainerResourceSettings) -> Self {
+        self.cpu_cfs_quota = settings.cpu_cfs_quota;
+        if let Some(single) = settings.single_process_oom_kill {
             self.single_process_oom_kill = single;
         }
-        self.limited_swap =
-            kc.memory_swap.swap_behavior == "LimitedSwap" && kc.feature_gates.get("NodeSwap").copied().unwrap_or(true);
+        self.limited_swap = settings.limited_swap;
         self
     }
 
-    /// Probes this host once and applies the configuration, for every later
+    /// Probes this host once and applies the settings, for every later
     /// [`Self::host`]; a no-op when the options are already fixed.
-    pub fn init_host(kc: &crate::config::KubeletConfiguration) {
-        let options = Self::probe().with_config(kc);
+    pub fn init_host(settings: &ContainerResourceSettings) {
+        let options = Self::probe().with_settings(settings);
         if HOST_OPTIONS.set(options).is_err() {
             tracing::warn!("container resource options were fixed before the configuration was applied");
         }
@@ -708,14 +720,18 @@ mod tests {
             memory_swap: crate::config::MemorySwapConfiguration { swap_behavior: "LimitedSwap".into() },
             ..crate::config::KubeletConfiguration::default()
         };
-        let o = ContainerResourceOptions::default().with_config(&kc);
+        let o = ContainerResourceOptions::default().with_settings(&crate::settings::container_resources(&kc));
         assert!(!o.cpu_cfs_quota && !o.single_process_oom_kill && o.limited_swap);
         let mut gated = kc.clone();
         gated.feature_gates.insert("NodeSwap".into(), false);
-        assert!(!ContainerResourceOptions::default().with_config(&gated).limited_swap);
+        assert!(
+            !ContainerResourceOptions::default()
+                .with_settings(&crate::settings::container_resources(&gated))
+                .limited_swap
+        );
         let unset = crate::config::KubeletConfiguration::default();
         let o = ContainerResourceOptions { single_process_oom_kill: false, ..ContainerResourceOptions::default() }
-            .with_config(&unset);
+            .with_settings(&crate::settings::container_resources(&unset));
         assert!(o.cpu_cfs_quota && !o.single_process_oom_kill && !o.limited_swap, "defaults keep the probed values");
     }
 

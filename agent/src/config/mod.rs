@@ -3,6 +3,12 @@
 //! upstream defaults, and validation. [`load`] turns [`Flags`] into a [`Config`] or into
 //! one error that lists every problem.
 //!
+//! `config` is a leaf module: it uses nothing of the crate but other leaves (`types`),
+//! and no subsystem reads it. The `settings` module turns a [`Config`] into each
+//! subsystem's own settings; the value types and checks that validation shares with a
+//! subsystem (Go durations, CPU sets, eviction thresholds, the tracing endpoint, TLS
+//! cipher suites) live in the `types` leaf.
+//!
 //! # Order
 //! As in the kubelet: read the `--config` file (YAML or JSON), apply the v1beta1 defaults,
 //! then the flags that were given (a flag wins over the file), then validate everything.
@@ -138,9 +144,24 @@ pub struct Config {
     /// runtime).
     pub pod_infra_container_image: Option<String>,
     /// Container garbage collection (upstream's flag-only `GCPolicy`).
-    pub container_gc: crate::gc::ContainerGcPolicy,
+    pub container_gc: ContainerGcOptions,
     /// Settings that exist only in swiftlet (flags; not part of `KubeletConfiguration`).
     pub swiftlet: SwiftletOptions,
+}
+
+/// The container GC flags (upstream's flag-only `GCPolicy`, not part of
+/// `KubeletConfiguration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerGcOptions {
+    /// `--minimum-container-ttl-duration`: minimum age of a dead container before it may
+    /// be removed. Default: 0.
+    pub minimum_container_ttl_duration: std::time::Duration,
+    /// `--maximum-dead-containers-per-container`: dead containers kept per (pod,
+    /// container); below 0: no limit. Default: 1.
+    pub maximum_dead_containers_per_container: i32,
+    /// `--maximum-dead-containers`: dead containers kept on the node; below 0: no limit.
+    /// Default: -1.
+    pub maximum_dead_containers: i32,
 }
 
 /// swiftlet's own settings, given as flags so that a `KubeletConfiguration` file stays
@@ -154,8 +175,9 @@ pub struct SwiftletOptions {
     /// `--evented-pleg-ring-buffer-bytes`: the eBPF sensors' ring buffer, in bytes (a power
     /// of two and a multiple of the page size). Default: 262144 (256 KiB).
     pub evented_pleg_ring_buffer_bytes: u32,
-    /// `--image-gc-period`: how often image GC runs. Default: 5m (upstream's constant).
-    pub image_gc_period: std::time::Duration,
+    /// `--image-gc-period`: how often image GC runs. `None` (the default): image GC's
+    /// own period, 5m (upstream's constant).
+    pub image_gc_period: Option<std::time::Duration>,
     /// `--event-api-socket`: `None` turns the event API off. Default:
     /// `<root-dir>/swiftlet/events.sock`.
     pub event_api_socket: Option<PathBuf>,
@@ -164,8 +186,9 @@ pub struct SwiftletOptions {
     /// Default: true.
     pub eviction_kernel_signals: bool,
     /// `--runtime-start-concurrency`: sandbox starts and container create+start pairs sent
-    /// to the runtime at once; 0: no limit. Default: [`crate::runtime::start_gate::default_limit`].
-    pub runtime_start_concurrency: usize,
+    /// to the runtime at once; 0: no limit. `None` (the default): the runtime's own
+    /// default (twice the CPUs, at least 4).
+    pub runtime_start_concurrency: Option<usize>,
 }
 
 /// Reads the `--config` file, applies defaults and flags, and validates the result.
@@ -241,10 +264,12 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
     }
     Ok(Config {
         pod_infra_container_image: flags.pod_infra_container_image.clone().filter(|i| !i.is_empty()),
-        container_gc: crate::gc::ContainerGcPolicy {
-            min_age: flags.minimum_container_ttl_duration.map_or(std::time::Duration::ZERO, GoDuration::to_std),
-            max_per_pod_container: flags.maximum_dead_containers_per_container.unwrap_or(1),
-            max_containers: flags.maximum_dead_containers.unwrap_or(-1),
+        container_gc: ContainerGcOptions {
+            minimum_container_ttl_duration: flags
+                .minimum_container_ttl_duration
+                .map_or(std::time::Duration::ZERO, GoDuration::to_std),
+            maximum_dead_containers_per_container: flags.maximum_dead_containers_per_container.unwrap_or(1),
+            maximum_dead_containers: flags.maximum_dead_containers.unwrap_or(-1),
         },
         verbosity: u8::try_from(kubelet.logging.verbosity).unwrap_or(u8::MAX),
         kubelet,
@@ -261,16 +286,14 @@ fn load_with_hostname(flags: Flags, hostname: impl FnOnce() -> io::Result<String
             evented_pleg_ring_buffer_bytes: flags
                 .evented_pleg_ring_buffer_bytes
                 .unwrap_or(swiftlet_ebpf::SensorConfig::default().ring_buffer_bytes),
-            image_gc_period: flags.image_gc_period.map_or(crate::images::gc::IMAGE_GC_PERIOD, GoDuration::to_std),
+            image_gc_period: flags.image_gc_period.map(GoDuration::to_std),
             event_api_socket: match &flags.event_api_socket {
                 Some(p) if p.as_os_str().is_empty() => None,
                 Some(p) => Some(p.clone()),
                 None => Some(flags.root_dir.join("swiftlet").join("events.sock")),
             },
             eviction_kernel_signals: flags.eviction_kernel_signals.unwrap_or(true),
-            runtime_start_concurrency: flags
-                .runtime_start_concurrency
-                .unwrap_or_else(crate::runtime::start_gate::default_limit),
+            runtime_start_concurrency: flags.runtime_start_concurrency,
         },
         config_file: flags.config,
     })

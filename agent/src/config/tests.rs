@@ -441,8 +441,14 @@ fn hostname_errors_name_the_flag() {
 fn container_gc_flags_default_as_upstream_and_can_be_set() {
     let minimal = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
     let c = load_file(minimal, &[]).unwrap();
-    assert_eq!(c.container_gc, crate::gc::ContainerGcPolicy::default());
-    assert_eq!((c.container_gc.max_per_pod_container, c.container_gc.max_containers), (1, -1));
+    assert_eq!(
+        c.container_gc,
+        ContainerGcOptions {
+            minimum_container_ttl_duration: std::time::Duration::ZERO,
+            maximum_dead_containers_per_container: 1,
+            maximum_dead_containers: -1,
+        }
+    );
     let c = load_file(
         minimal,
         &[
@@ -454,10 +460,10 @@ fn container_gc_flags_default_as_upstream_and_can_be_set() {
     .unwrap();
     assert_eq!(
         c.container_gc,
-        crate::gc::ContainerGcPolicy {
-            min_age: std::time::Duration::from_mins(1),
-            max_per_pod_container: 3,
-            max_containers: 100,
+        ContainerGcOptions {
+            minimum_container_ttl_duration: std::time::Duration::from_mins(1),
+            maximum_dead_containers_per_container: 3,
+            maximum_dead_containers: 100,
         }
     );
     let p = problems(load_file(minimal, &["--minimum-container-ttl-duration=-1s"]));
@@ -465,11 +471,15 @@ fn container_gc_flags_default_as_upstream_and_can_be_set() {
 }
 
 #[test]
-fn image_gc_period_defaults_to_upstreams_constant() {
+fn image_gc_period_is_left_to_image_gc_unless_given() {
     let minimal = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
-    assert_eq!(load_file(minimal, &[]).unwrap().swiftlet.image_gc_period, std::time::Duration::from_mins(5));
+    assert_eq!(load_file(minimal, &[]).unwrap().swiftlet.image_gc_period, None);
+    assert_eq!(
+        load_file(minimal, &["--image-gc-period=1m"]).unwrap().swiftlet.image_gc_period,
+        Some(std::time::Duration::from_mins(1))
+    );
     let c = load_file(minimal, &["--image-gc-period=30s"]).unwrap();
-    assert_eq!(c.swiftlet.image_gc_period, std::time::Duration::from_secs(30));
+    assert_eq!(c.swiftlet.image_gc_period, Some(std::time::Duration::from_secs(30)));
     for bad in ["--image-gc-period=0s", "--image-gc-period=-1m"] {
         let p = problems(load_file(minimal, &[bad]));
         assert!(p.iter().any(|p| p.contains("--image-gc-period: must be greater than 0")), "{bad}: {p:?}");
@@ -522,11 +532,11 @@ fn swiftlet_options_default_to_the_fast_paths() {
 }
 
 #[test]
-fn runtime_start_concurrency_defaults_to_twice_the_cpus_and_zero_lifts_it() {
+fn runtime_start_concurrency_is_left_to_the_runtime_unless_given() {
     let load = |args: &[&str]| load_with_hostname(flags(args), || Ok("host".to_owned())).unwrap().swiftlet;
-    assert_eq!(load(&[]).runtime_start_concurrency, crate::runtime::start_gate::default_limit());
-    assert_eq!(load(&["--runtime-start-concurrency=0"]).runtime_start_concurrency, 0);
-    assert_eq!(load(&["--runtime-start-concurrency=16"]).runtime_start_concurrency, 16);
+    assert_eq!(load(&[]).runtime_start_concurrency, None);
+    assert_eq!(load(&["--runtime-start-concurrency=0"]).runtime_start_concurrency, Some(0));
+    assert_eq!(load(&["--runtime-start-concurrency=16"]).runtime_start_concurrency, Some(16));
 }
 
 #[test]

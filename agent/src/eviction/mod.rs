@@ -17,7 +17,7 @@
 //! [`crate::types`] leaf.
 //!
 //! # Wiring (what the agent does)
-//! 1. **Config**: `EvictionConfig::from_kubelet_configuration(&kc)` after validation; an
+//! 1. **Config**: `EvictionConfig::from_settings` of `settings::eviction(&kc)` after validation; an
 //!    error names each bad `setting[signal]` (exit with the usage code, as for other bad
 //!    config).
 //! 2. **Stats** — implement [`StatsSource`]:

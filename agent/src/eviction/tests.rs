@@ -25,6 +25,12 @@ use crate::types::quantity::Quantity;
 const MI: u64 = 1 << 20;
 const GI: u64 = 1 << 30;
 
+/// The eviction manager's configuration from the default `KubeletConfiguration`.
+fn default_config() -> EvictionConfig {
+    EvictionConfig::from_settings(&crate::settings::eviction(&KubeletConfiguration::default()))
+        .expect("the default KubeletConfiguration has valid eviction settings")
+}
+
 // ---------------------------------------------------------------- fixtures
 
 /// A pod: `containers` are (name, memory request, ephemeral-storage request); "" for none.
@@ -225,7 +231,7 @@ struct Harness {
 
 impl Harness {
     fn new(kc: &KubeletConfiguration, snapshot: NodeSnapshot, pods: Vec<Pod>) -> Self {
-        let config = EvictionConfig::from_kubelet_configuration(kc).unwrap();
+        let config = EvictionConfig::from_settings(&crate::settings::eviction(kc)).unwrap();
         let stats =
             Arc::new(FakeStats { snapshot: Mutex::new(snapshot), reads: AtomicU64::new(0), dedicated_image_fs: false });
         let pods = Arc::new(FakePods { pods: Mutex::new(pods), cleaned_up: AtomicBool::new(false) });
@@ -311,7 +317,7 @@ fn summary_of(config: &EvictionConfig) -> Vec<String> {
 
 #[test]
 fn default_thresholds_are_the_linux_defaults() {
-    let config = EvictionConfig::default();
+    let config = default_config();
     let got = summary_of(&config);
     // The five hard defaults, and allocatableMemory.available (enforceNodeAllocatable: [pods]).
     assert_eq!(
@@ -354,7 +360,7 @@ fn partial_eviction_hard_with_and_without_merging_defaults() {
             ..kc()
         };
         let kc = KubeletConfiguration { enforce_node_allocatable: Vec::new(), ..kc };
-        let mut got = summary_of(&EvictionConfig::from_kubelet_configuration(&kc).unwrap());
+        let mut got = summary_of(&EvictionConfig::from_settings(&crate::settings::eviction(&kc)).unwrap());
         got.sort();
         assert_eq!(got, expected, "merge={merge}");
     }
@@ -371,7 +377,7 @@ fn percentages_quantities_soft_thresholds_and_reclaims() {
         enforce_node_allocatable: vec!["pods".into()],
         ..kc()
     };
-    let config = EvictionConfig::from_kubelet_configuration(&kc).unwrap();
+    let config = EvictionConfig::from_settings(&crate::settings::eviction(&kc)).unwrap();
     let by = |s: Signal, hard: bool| *config.thresholds.iter().find(|t| t.signal == s && t.is_hard() == hard).unwrap();
     // 0% and 100% are ignored.
     assert!(!config.thresholds.iter().any(|t| matches!(t.signal, Signal::NodeFsAvailable | Signal::PidAvailable)));
@@ -409,7 +415,7 @@ fn bad_settings_are_all_reported_with_setting_and_signal() {
         eviction_minimum_reclaim: map(&[("imagefs.available", "0%"), ("nodefs.inodesFree", "-5")]),
         ..kc()
     };
-    let Errors(errors) = EvictionConfig::from_kubelet_configuration(&kc).unwrap_err();
+    let Errors(errors) = EvictionConfig::from_settings(&crate::settings::eviction(&kc)).unwrap_err();
     let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
     let expected = [
         "evictionHard[disk.full]: unsupported eviction signal disk.full",
@@ -430,7 +436,7 @@ fn bad_settings_are_all_reported_with_setting_and_signal() {
 
 #[test]
 fn container_fs_thresholds_follow_nodefs_or_imagefs() {
-    let config = EvictionConfig::default();
+    let config = default_config();
     let single = with_container_fs_thresholds(&config.thresholds, false);
     let of = |ts: &[Threshold], s: Signal| ts.iter().find(|t| t.signal == s).map(|t| t.value);
     assert_eq!(of(&single, Signal::ContainerFsAvailable), Some(ThresholdValue::Percentage(0.1)));
@@ -442,7 +448,7 @@ fn container_fs_thresholds_follow_nodefs_or_imagefs() {
         eviction_hard: map(&[("containerfs.available", "1Gi"), ("nodefs.available", "5%")]),
         ..kc()
     };
-    let given = EvictionConfig::from_kubelet_configuration(&kc).unwrap();
+    let given = EvictionConfig::from_settings(&crate::settings::eviction(&kc)).unwrap();
     let derived = with_container_fs_thresholds(&given.thresholds, false);
     let cfs: Vec<_> = derived.iter().filter(|t| t.signal == Signal::ContainerFsAvailable).collect();
     assert_eq!(cfs.len(), 1);
@@ -513,7 +519,7 @@ fn thresholds_met_with_minimum_reclaim_and_fresh_stats() {
         eviction_minimum_reclaim: map(&[("memory.available", "50Mi")]),
         ..kc()
     };
-    let config = EvictionConfig::from_kubelet_configuration(&kc).unwrap();
+    let config = EvictionConfig::from_settings(&crate::settings::eviction(&kc)).unwrap();
     let at = |mi: u64| make_observations(&node(mi * MI, vec![]));
     assert_eq!(thresholds_met(&config.thresholds, &at(99), false).len(), 1);
     assert!(thresholds_met(&config.thresholds, &at(100), false).is_empty());
@@ -845,7 +851,7 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
     };
-    let m = EvictionManager::new(EvictionConfig::from_kubelet_configuration(&kc()).unwrap(), deps);
+    let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
     let e = m.synchronize(Trigger::Periodic).await.expect("evicts");
     assert_eq!(e.pod.metadata.name.as_deref(), Some("writer"), "the stale usages tie; the fresh ones do not");
     assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 1);
@@ -863,7 +869,7 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
     };
-    let m = EvictionManager::new(EvictionConfig::from_kubelet_configuration(&kc()).unwrap(), deps);
+    let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());
     assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 0);
 }
@@ -905,7 +911,7 @@ async fn stale_stats_do_not_evict_twice() {
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
     };
-    let m = EvictionManager::new(EvictionConfig::default(), deps);
+    let m = EvictionManager::new(default_config(), deps);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());
     assert!(m.synchronize(Trigger::Periodic).await.is_none());
     assert_eq!(killer.killed.lock().unwrap().len(), 1);

@@ -1,5 +1,6 @@
-//! Eviction signals and thresholds, parsed from the `KubeletConfiguration` as upstream's
-//! `ParseThresholdConfig` (`pkg/kubelet/eviction/helpers.go`) does it, plus
+//! Eviction thresholds, parsed from the eviction settings ([`ThresholdSettings`]: the
+//! `eviction*` fields of the `KubeletConfiguration`) as upstream's `ParseThresholdConfig`
+//! (`pkg/kubelet/eviction/helpers.go`) does it, plus
 //! `UpdateContainerFsThresholds` (the `containerfs.*` thresholds follow `nodefs.*` on a
 //! single filesystem and `imagefs.*` on a dedicated image filesystem).
 //!
@@ -14,7 +15,7 @@
 //!   `enforceNodeAllocatable` contains `pods`;
 //! - `mergeDefaultEvictionSettings: false` (the default): a given `evictionHard` replaces
 //!   the defaults, so signals it leaves out have no hard threshold; `true`: the Linux
-//!   defaults fill the signals it leaves out.
+//!   defaults fill the signals it leaves out (`settings::eviction` merges them).
 //!
 //! The signals, threshold values and the grammar of one entry are in the `types` leaf
 //! ([`crate::types::eviction`]), which config validation uses too.
@@ -25,9 +26,33 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::{DEFAULT_EVICTION_HARD, KubeletConfiguration};
 pub use crate::types::eviction::{Error, NodeCondition, Resource, Signal, Threshold, ThresholdValue};
 use crate::types::eviction::{parse_grace_period, parse_min_reclaim, parse_threshold_value};
+
+/// The eviction settings the thresholds are parsed from: the `eviction*` fields of the
+/// `KubeletConfiguration`, as `settings::eviction` takes them from it. The maps are keyed
+/// by signal name (`memory.available`) and hold the values as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThresholdSettings {
+    /// The `evictionHard` map in effect: `evictionHard`, and with
+    /// `mergeDefaultEvictionSettings` the Linux defaults for the signals it leaves out.
+    pub hard: BTreeMap<String, String>,
+    /// `evictionSoft`.
+    pub soft: BTreeMap<String, String>,
+    /// `evictionSoftGracePeriod` (Go durations).
+    pub soft_grace_period: BTreeMap<String, String>,
+    /// `evictionMinimumReclaim`.
+    pub minimum_reclaim: BTreeMap<String, String>,
+    /// `enforceNodeAllocatable` contains `pods`: `allocatableMemory.available` copies the
+    /// hard `memory.available` threshold.
+    pub enforce_pods_allocatable: bool,
+    /// `evictionPressureTransitionPeriod`.
+    pub pressure_transition_period: Duration,
+    /// `evictionMaxPodGracePeriod`, seconds.
+    pub max_pod_grace_period_seconds: i64,
+    /// `localStorageCapacityIsolation`.
+    pub local_storage_capacity_isolation: bool,
+}
 
 /// The eviction manager's configuration (`eviction.Config`).
 #[derive(Debug, Clone, PartialEq)]
@@ -44,37 +69,17 @@ pub struct EvictionConfig {
     pub local_storage_capacity_isolation: bool,
 }
 
-impl Default for EvictionConfig {
-    fn default() -> Self {
-        Self::from_kubelet_configuration(&KubeletConfiguration::default())
-            .expect("the default KubeletConfiguration has valid eviction settings")
-    }
-}
-
 /// Every problem of the eviction settings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid eviction settings: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct Errors(pub Vec<Error>);
 
-/// The `evictionHard` map in effect: with `mergeDefaultEvictionSettings`, the Linux
-/// defaults fill the signals the given map leaves out.
-#[must_use]
-pub fn effective_eviction_hard(kc: &KubeletConfiguration) -> BTreeMap<String, String> {
-    let mut hard = kc.eviction_hard.clone();
-    if kc.merge_default_eviction_settings {
-        for (signal, value) in DEFAULT_EVICTION_HARD {
-            hard.entry(signal.to_owned()).or_insert_with(|| value.to_owned());
-        }
-    }
-    hard
-}
-
 impl EvictionConfig {
-    /// Parses the eviction settings of a (defaulted) configuration.
+    /// Parses the eviction settings.
     ///
     /// # Errors
     /// Every bad setting, each naming the setting and the signal.
-    pub fn from_kubelet_configuration(kc: &KubeletConfiguration) -> Result<Self, Errors> {
+    pub fn from_settings(settings: &ThresholdSettings) -> Result<Self, Errors> {
         let mut errors = Vec::new();
         let mut statements = |setting: &'static str, map: &BTreeMap<String, String>| {
             let mut out = Vec::new();
@@ -87,10 +92,10 @@ impl EvictionConfig {
             }
             out
         };
-        let hard = statements("evictionHard", &effective_eviction_hard(kc));
-        let soft = statements("evictionSoft", &kc.eviction_soft);
+        let hard = statements("evictionHard", &settings.hard);
+        let soft = statements("evictionSoft", &settings.soft);
         let mut grace_periods = BTreeMap::new();
-        for (name, text) in &kc.eviction_soft_grace_period {
+        for (name, text) in &settings.soft_grace_period {
             match parse_grace_period(name, text) {
                 Ok((signal, d)) => {
                     grace_periods.insert(signal, d);
@@ -99,7 +104,7 @@ impl EvictionConfig {
             }
         }
         let mut min_reclaims = BTreeMap::new();
-        for (name, text) in &kc.eviction_minimum_reclaim {
+        for (name, text) in &settings.minimum_reclaim {
             match parse_min_reclaim(name, text) {
                 Ok((signal, v)) => {
                     min_reclaims.insert(signal, v);
@@ -120,7 +125,7 @@ impl EvictionConfig {
         for t in &mut thresholds {
             t.min_reclaim = min_reclaims.get(&t.signal).copied();
         }
-        if kc.enforce_node_allocatable.iter().any(|k| k == "pods") {
+        if settings.enforce_pods_allocatable {
             let allocatable: Vec<Threshold> = thresholds
                 .iter()
                 .filter(|t| t.signal == Signal::MemoryAvailable && t.is_hard())
@@ -131,12 +136,11 @@ impl EvictionConfig {
         if !errors.is_empty() {
             return Err(Errors(errors));
         }
-        let max_pod_grace_period_seconds = i64::from(kc.eviction_max_pod_grace_period);
         Ok(Self {
             thresholds,
-            pressure_transition_period: kc.eviction_pressure_transition_period.to_std(),
-            max_pod_grace_period_seconds,
-            local_storage_capacity_isolation: kc.local_storage_capacity_isolation,
+            pressure_transition_period: settings.pressure_transition_period,
+            max_pod_grace_period_seconds: settings.max_pod_grace_period_seconds,
+            local_storage_capacity_isolation: settings.local_storage_capacity_isolation,
         })
     }
 }

@@ -53,17 +53,20 @@ pub mod events {
     pub const INVALID_DISK_CAPACITY: &str = "InvalidDiskCapacity";
 }
 
-/// When images are collected (upstream `ImageGCPolicy`).
+/// When images are collected (upstream `ImageGCPolicy`), as `settings::image_gc` takes it
+/// from the `KubeletConfiguration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageGcPolicy {
-    /// Usage percent at or above which images are removed. Default: 85.
+    /// `imageGCHighThresholdPercent`: usage percent at or above which images are removed.
+    /// Default: 85.
     pub high_threshold_percent: i32,
-    /// Usage percent removal aims for. Default: 80.
+    /// `imageGCLowThresholdPercent`: usage percent removal aims for. Default: 80.
     pub low_threshold_percent: i32,
-    /// An image seen for less than this is not removed for space. Default: 2 min.
+    /// `imageMinimumGCAge`: an image seen for less than this is not removed for space.
+    /// Default: 2 min.
     pub min_age: Duration,
-    /// Unused images not used for longer than this are removed whatever the usage; zero
-    /// turns it off. Default: zero.
+    /// `imageMaximumGCAge`: unused images not used for longer than this are removed
+    /// whatever the usage; zero turns it off. Default: zero.
     pub max_age: Duration,
 }
 
@@ -79,17 +82,6 @@ impl Default for ImageGcPolicy {
 }
 
 impl ImageGcPolicy {
-    /// The image GC settings of a (defaulted, validated) configuration.
-    #[must_use]
-    pub fn from_config(kc: &crate::config::KubeletConfiguration) -> Self {
-        Self {
-            high_threshold_percent: kc.image_gc_high_threshold_percent,
-            low_threshold_percent: kc.image_gc_low_threshold_percent,
-            min_age: kc.image_minimum_gc_age.to_std(),
-            max_age: kc.image_maximum_gc_age.to_std(),
-        }
-    }
-
     /// Whether image GC runs at all: not with a high threshold of 100 and no maximum age.
     #[must_use]
     pub fn enabled(&self) -> bool {
@@ -647,8 +639,6 @@ mod tests {
         assert_eq!(new(85, -1).unwrap_err(), "invalid LowThresholdPercent -1, must be in range [0-100]");
         assert_eq!(new(70, 80).unwrap_err(), "LowThresholdPercent 80 can not be higher than HighThresholdPercent 70");
 
-        let kc = crate::config::KubeletConfiguration::default();
-        assert_eq!(ImageGcPolicy::from_config(&kc), ImageGcPolicy::default());
         assert!(ImageGcPolicy::default().enabled());
         let off = ImageGcPolicy { high_threshold_percent: 100, ..Default::default() };
         assert!(!off.enabled());

@@ -755,7 +755,8 @@ impl Puller {
 // ---------------------------------------------------------------------------------------
 // The image manager
 
-/// Settings of the image manager, from the `KubeletConfiguration`.
+/// Settings of the image manager, as `settings::image_puller` takes them from the
+/// `KubeletConfiguration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PullerConfig {
     /// Pull one image at a time (`serializeImagePulls`). Default: true.
@@ -772,19 +773,6 @@ pub struct PullerConfig {
 impl Default for PullerConfig {
     fn default() -> Self {
         Self { serialize_image_pulls: true, max_parallel_image_pulls: None, registry_pull_qps: 5, registry_burst: 10 }
-    }
-}
-
-impl PullerConfig {
-    /// The image settings of a (defaulted, validated) configuration.
-    #[must_use]
-    pub fn from_config(kc: &crate::config::KubeletConfiguration) -> Self {
-        Self {
-            serialize_image_pulls: kc.serialize_image_pulls,
-            max_parallel_image_pulls: kc.max_parallel_image_pulls,
-            registry_pull_qps: kc.registry_pull_qps,
-            registry_burst: kc.registry_burst,
-        }
     }
 }
 

@@ -34,7 +34,8 @@ const COMPRESS_SUFFIX: &str = ".gz";
 /// Suffix of files being written.
 const TMP_SUFFIX: &str = ".tmp";
 
-/// The rotation settings (`containerLogMax*` and `containerLogMonitorInterval`).
+/// The rotation settings (`containerLogMax*` and `containerLogMonitorInterval`), as
+/// `settings::log_rotation` takes them from the `KubeletConfiguration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RotationPolicy {
     /// `containerLogMaxSize` in bytes.
@@ -45,25 +46,6 @@ pub struct RotationPolicy {
     pub max_workers: usize,
     /// `containerLogMonitorInterval`.
     pub monitor_interval: Duration,
-}
-
-impl RotationPolicy {
-    /// The policy of a (validated) configuration.
-    ///
-    /// # Errors
-    /// `containerLogMaxSize` is not a quantity.
-    pub fn from_config(kc: &crate::config::KubeletConfiguration) -> Result<Self, String> {
-        let size: crate::types::quantity::ParsedQuantity = kc
-            .container_log_max_size
-            .parse()
-            .map_err(|e| format!("containerLogMaxSize {:?}: {e}", kc.container_log_max_size))?;
-        Ok(Self {
-            max_size: u64::try_from(size.value_saturating()).unwrap_or(0),
-            max_files: usize::try_from(kc.container_log_max_files).unwrap_or(2).max(2),
-            max_workers: usize::try_from(kc.container_log_max_workers).unwrap_or(1).max(1),
-            monitor_interval: kc.container_log_monitor_interval.to_std(),
-        })
-    }
 }
 
 /// Rotates the logs of running containers (see the module docs).

@@ -69,7 +69,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::KubeletConfiguration;
 use crate::events::{EventRecorder, EventType, node_ref};
 use crate::lifecycle::admission::{PodAdmitHandler, Rejection};
 use crate::metrics::KubeletMetrics;
@@ -132,23 +131,35 @@ pub struct PriorityPeriod {
     pub grace_seconds: i64,
 }
 
-/// The groups of the configuration, lowest priority first; empty means the feature is
-/// off.
+/// The graceful node shutdown settings, as `settings::node_shutdown` takes them from the
+/// `KubeletConfiguration`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownSettings {
+    /// The `GracefulNodeShutdown` feature gate (on unless set false): off, shutdown is
+    /// immediate.
+    pub graceful_node_shutdown: bool,
+    /// The `GracefulNodeShutdownBasedOnPodPriority` feature gate (on unless set false):
+    /// [`Self::by_pod_priority`] is used, and shutdown events are recorded.
+    pub based_on_pod_priority: bool,
+    /// `shutdownGracePeriod`.
+    pub shutdown_grace_period: Duration,
+    /// `shutdownGracePeriodCriticalPods`.
+    pub shutdown_grace_period_critical_pods: Duration,
+    /// `shutdownGracePeriodByPodPriority`, as given.
+    pub by_pod_priority: Vec<PriorityPeriod>,
+}
+
+/// The groups of the settings, lowest priority first; empty means the feature is off.
 #[must_use]
-pub fn periods(kc: &KubeletConfiguration) -> Vec<PriorityPeriod> {
-    let gate = |name: &str| kc.feature_gates.get(name).copied().unwrap_or(true);
-    if !gate("GracefulNodeShutdown") {
+pub fn periods(settings: &ShutdownSettings) -> Vec<PriorityPeriod> {
+    if !settings.graceful_node_shutdown {
         return Vec::new();
     }
-    let mut periods: Vec<PriorityPeriod> =
-        if gate("GracefulNodeShutdownBasedOnPodPriority") && !kc.shutdown_grace_period_by_pod_priority.is_empty() {
-            kc.shutdown_grace_period_by_pod_priority
-                .iter()
-                .map(|p| PriorityPeriod { priority: p.priority, grace_seconds: p.shutdown_grace_period_seconds })
-                .collect()
-        } else {
-            migrate(kc.shutdown_grace_period.to_std(), kc.shutdown_grace_period_critical_pods.to_std())
-        };
+    let mut periods: Vec<PriorityPeriod> = if settings.based_on_pod_priority && !settings.by_pod_priority.is_empty() {
+        settings.by_pod_priority.clone()
+    } else {
+        migrate(settings.shutdown_grace_period, settings.shutdown_grace_period_critical_pods)
+    };
     periods.sort_by_key(|p| p.priority);
     periods
 }
@@ -364,23 +375,23 @@ impl Manager {
         }
     }
 
-    /// The agent's manager: `None` (logged) when the configuration turns the feature
-    /// off; else one that kills through the pod workers.
+    /// The agent's manager: `None` (logged) when the settings turn the feature off; else
+    /// one that kills through the pod workers.
     #[must_use]
-    pub fn from_config(
-        kc: &KubeletConfiguration,
+    pub fn from_settings(
+        settings: &ShutdownSettings,
         root_dir: &std::path::Path,
         pods: crate::eviction::adapters::AgentPods,
         workers: crate::pod_workers::PodWorkers,
     ) -> Option<Self> {
-        let periods = periods(kc);
+        let periods = periods(settings);
         if periods.is_empty() {
             tracing::info!("no graceful node shutdown configured, node shutdown will be immediate");
             return None;
         }
         let active = Arc::new(move || crate::eviction::ActivePods::active_pods(&pods));
         let mut manager = Self::new(periods, root_dir, active, Arc::new(adapters::AgentTerminator { workers }));
-        manager.record = kc.feature_gates.get("GracefulNodeShutdownBasedOnPodPriority") != Some(&false);
+        manager.record = settings.based_on_pod_priority;
         Some(manager)
     }
 
@@ -595,5 +606,5 @@ impl Manager {
 
 /// A duration as Go prints it (`30s`, `2m0s`).
 fn go_duration(d: Duration) -> String {
-    crate::config::GoDuration::from_std(d).to_string()
+    crate::types::duration::GoDuration::from_std(d).to_string()
 }

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::config::{GoDuration, ShutdownGracePeriodByPodPriority};
+use crate::config::{GoDuration, KubeletConfiguration, ShutdownGracePeriodByPodPriority};
 
 fn pod(name: &str, priority: Option<i32>, grace: Option<i64>) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -30,7 +30,7 @@ fn pp(priority: i32, grace_seconds: i64) -> PriorityPeriod {
 #[test]
 fn no_grace_period_turns_the_feature_off() {
     let kc = KubeletConfiguration::default();
-    assert!(periods(&kc).is_empty());
+    assert!(periods(&crate::settings::node_shutdown(&kc)).is_empty());
 }
 
 #[test]
@@ -40,8 +40,8 @@ fn the_two_periods_become_a_regular_and_a_critical_group() {
         shutdown_grace_period_critical_pods: GoDuration::from_secs(10),
         ..KubeletConfiguration::default()
     };
-    assert_eq!(periods(&kc), vec![pp(0, 20), pp(SYSTEM_CRITICAL_PRIORITY, 10)]);
-    assert_eq!(period_requested(&periods(&kc)), Duration::from_secs(30));
+    assert_eq!(periods(&crate::settings::node_shutdown(&kc)), vec![pp(0, 20), pp(SYSTEM_CRITICAL_PRIORITY, 10)]);
+    assert_eq!(period_requested(&periods(&crate::settings::node_shutdown(&kc))), Duration::from_secs(30));
     // The critical part alone (no time for regular pods) is still two groups.
     assert_eq!(migrate(Duration::from_secs(5), Duration::from_secs(5)), vec![pp(0, 0), pp(2_000_000_000, 5)]);
     assert!(migrate(Duration::from_secs(5), Duration::from_secs(6)).is_empty());
@@ -57,12 +57,15 @@ fn periods_by_priority_are_sorted_and_need_their_gate() {
         ],
         ..KubeletConfiguration::default()
     };
-    assert_eq!(periods(&kc), vec![pp(0, 60), pp(100_000, 10), pp(2_000_000_000, 5)]);
+    assert_eq!(periods(&crate::settings::node_shutdown(&kc)), vec![pp(0, 60), pp(100_000, 10), pp(2_000_000_000, 5)]);
     kc.feature_gates.insert("GracefulNodeShutdownBasedOnPodPriority".into(), false);
-    assert!(periods(&kc).is_empty(), "without the gate the list is ignored (and shutdownGracePeriod is 0)");
+    assert!(
+        periods(&crate::settings::node_shutdown(&kc)).is_empty(),
+        "without the gate the list is ignored (and shutdownGracePeriod is 0)"
+    );
     kc.feature_gates.insert("GracefulNodeShutdownBasedOnPodPriority".into(), true);
     kc.feature_gates.insert("GracefulNodeShutdown".into(), false);
-    assert!(periods(&kc).is_empty());
+    assert!(periods(&crate::settings::node_shutdown(&kc)).is_empty());
 }
 
 #[test]

@@ -116,7 +116,7 @@ mod webhook;
 mod x509_v1;
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,8 +140,6 @@ pub use system_logs::SYSTEM_LOG_DIR;
 pub use tls::{SELF_SIGNED_CERT_FILE, SELF_SIGNED_KEY_FILE, ServingSlot, TlsSettings};
 pub use webhook::{REVIEW_TIMEOUT, SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 
-use crate::config::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK, Config};
-
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -151,8 +149,8 @@ pub enum Error {
         /// One problem per line.
         problems: Vec<String>,
     },
-    /// An address or port setting is unusable (configs from [`crate::config::load`] are
-    /// validated already; this guards other callers).
+    /// An address or port setting is unusable (validated configurations never have one;
+    /// this guards other callers).
     #[error("{field}: {message}")]
     InvalidSetting {
         /// The setting.
@@ -203,6 +201,12 @@ const HTTPS_API: &str = "HTTPS API";
 const READ_ONLY_API: &str = "read-only API";
 const HEALTHZ: &str = "healthz endpoint";
 
+/// `authorization.mode` that allows every authenticated request (the value as the
+/// `KubeletConfiguration` spells it).
+pub const AUTHORIZATION_MODE_ALWAYS_ALLOW: &str = "AlwaysAllow";
+/// `authorization.mode` that asks the API server (`SubjectAccessReview`).
+pub const AUTHORIZATION_MODE_WEBHOOK: &str = "Webhook";
+
 /// Largest request head (request line and headers) the API listeners read.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Time a client has to send a request's head.
@@ -231,8 +235,9 @@ impl Default for Limits {
     }
 }
 
-/// What the server needs from the configuration. Built with [`ServerSettings::from_config`];
-/// the fields are public so tests (and embedders) can bind elsewhere, e.g. to port 0.
+/// What the server needs from the configuration. Built by `settings::server` from the
+/// `KubeletConfiguration`; the fields are public so tests (and embedders) can bind
+/// elsewhere, e.g. to port 0.
 #[derive(Debug, Clone)]
 pub struct ServerSettings {
     /// `address:port`; `None` when `enableServer` is false.
@@ -251,7 +256,8 @@ pub struct ServerSettings {
     pub webhook_authentication: bool,
     /// `authentication.webhook.cacheTTL`.
     pub token_cache_ttl: Duration,
-    /// `authorization.mode`.
+    /// `authorization.mode`: [`AUTHORIZATION_MODE_ALWAYS_ALLOW`] or
+    /// [`AUTHORIZATION_MODE_WEBHOOK`]; anything else is refused by [`Server::new`].
     pub authorization_mode: String,
     /// `authorization.webhook.cacheAuthorizedTTL`.
     pub authorized_ttl: Duration,
@@ -263,68 +269,6 @@ pub struct ServerSettings {
     pub limits: Limits,
     /// How long open requests may finish after shutdown is asked. Default: 5s.
     pub shutdown_grace_period: Duration,
-}
-
-impl ServerSettings {
-    /// The settings of `config`.
-    pub fn from_config(config: &Config) -> Result<Self> {
-        let kc = &config.kubelet;
-        let addr = |ip_field, ip: &str, port_field, port: i32| {
-            let ip = ip.parse::<IpAddr>().map_err(|_| Error::InvalidSetting {
-                field: ip_field,
-                message: format!("{ip:?} is not a valid IP address"),
-            })?;
-            let port = u16::try_from(port).ok().filter(|&p| p != 0).ok_or_else(|| Error::InvalidSetting {
-                field: port_field,
-                message: format!("{port} must be between 1 and 65535, inclusive"),
-            })?;
-            Ok::<_, Error>(SocketAddr::new(ip, port))
-        };
-        let https_addr = if kc.enable_server { Some(addr("address", &kc.address, "port", kc.port)?) } else { None };
-        let read_only_addr = if kc.read_only_port == 0 {
-            None
-        } else {
-            Some(addr("address", &kc.address, "readOnlyPort", kc.read_only_port)?)
-        };
-        let healthz_addr = if kc.healthz_port == 0 {
-            None
-        } else {
-            Some(addr("healthzBindAddress", &kc.healthz_bind_address, "healthzPort", kc.healthz_port)?)
-        };
-        let mut names = vec![config.node_name.clone()];
-        if let Ok(hostname) = crate::config::os_hostname().map(|h| h.to_lowercase())
-            && !hostname.is_empty()
-            && !names.contains(&hostname)
-        {
-            names.push(hostname);
-        }
-        let non_empty = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
-        let cert_and_key = non_empty(&kc.tls_cert_file).zip(non_empty(&kc.tls_private_key_file));
-        Ok(Self {
-            https_addr,
-            read_only_addr,
-            healthz_addr,
-            tls: TlsSettings {
-                cert_and_key,
-                cert_dir: config.cert_dir.clone(),
-                names,
-                client_ca_file: non_empty(&kc.authentication.x509.client_ca_file),
-                cipher_suites: kc.tls_cipher_suites.clone(),
-                min_version: kc.tls_min_version.clone(),
-                bootstrap: None,
-            },
-            node_name: config.node_name.clone(),
-            anonymous_auth: kc.authentication.anonymous.enabled,
-            webhook_authentication: kc.authentication.webhook.enabled,
-            token_cache_ttl: kc.authentication.webhook.cache_ttl.to_std(),
-            authorization_mode: kc.authorization.mode.clone(),
-            authorized_ttl: kc.authorization.webhook.cache_authorized_ttl.to_std(),
-            unauthorized_ttl: kc.authorization.webhook.cache_unauthorized_ttl.to_std(),
-            configz: kc.to_configz_json(),
-            limits: Limits::default(),
-            shutdown_grace_period: Duration::from_secs(5),
-        })
-    }
 }
 
 /// What the HTTPS API serves: the providers of the built-in routes and the routes of later
@@ -472,7 +416,8 @@ impl Endpoints {
     }
 }
 
-/// What the debugging handlers need and the settings that turn them on.
+/// What the debugging handlers need and the settings that turn them on (built by
+/// `settings::debugging_handlers` from the `KubeletConfiguration`).
 #[derive(Clone)]
 pub struct DebuggingHandlers {
     /// The runtime: streaming URLs, `ExecSync`, container statuses.
@@ -495,23 +440,6 @@ impl std::fmt::Debug for DebuggingHandlers {
             .field("streaming_connection_idle_timeout", &self.streaming_connection_idle_timeout)
             .field("system_log_dir", &self.system_log_dir)
             .finish_non_exhaustive()
-    }
-}
-
-impl DebuggingHandlers {
-    /// The handlers as `kc` configures them.
-    #[must_use]
-    pub fn from_config(
-        runtime: Arc<dyn crate::container::RuntimeService>,
-        kc: &crate::config::KubeletConfiguration,
-    ) -> Self {
-        Self {
-            runtime,
-            enable_debugging_handlers: kc.enable_debugging_handlers,
-            enable_system_log_handler: kc.enable_system_log_handler,
-            streaming_connection_idle_timeout: kc.streaming_connection_idle_timeout.to_std(),
-            system_log_dir: PathBuf::from(SYSTEM_LOG_DIR),
-        }
     }
 }
 

@@ -863,7 +863,7 @@ fn settings_from_a_default_config_are_refused_standalone() {
     ])
     .unwrap();
     let mut config = crate::config::load(flags).unwrap();
-    let settings = ServerSettings::from_config(&config).unwrap();
+    let settings = crate::settings::server(&config).unwrap();
     assert_eq!(settings.https_addr, Some("0.0.0.0:10250".parse().unwrap()));
     assert_eq!(settings.healthz_addr, Some("127.0.0.1:10248".parse().unwrap()));
     assert_eq!(settings.read_only_addr, None);
@@ -878,12 +878,12 @@ fn settings_from_a_default_config_are_refused_standalone() {
     assert!(err.to_string().contains("no client provided, cannot use webhook authorization"), "{err}");
 
     config.kubelet.read_only_port = 10255;
-    let settings = ServerSettings::from_config(&config).unwrap();
+    let settings = crate::settings::server(&config).unwrap();
     assert_eq!(settings.read_only_addr, Some("0.0.0.0:10255".parse().unwrap()));
 
     // An unvalidated port never turns into "any port".
     config.kubelet.port = 0;
-    let err = ServerSettings::from_config(&config).unwrap_err();
+    let err = crate::settings::server(&config).unwrap_err();
     assert_eq!(err.to_string(), "port: 0 must be between 1 and 65535, inclusive");
 }
 

@@ -49,8 +49,6 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 pub use crate::types::collector_endpoint::{CollectorEndpoint, DEFAULT_ENDPOINT};
 
-use crate::config::Config;
-
 /// The `tracing` target of the spans that are exported (and kept out of the logs).
 pub const SPAN_TARGET: &str = "otel";
 
@@ -74,8 +72,8 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Why tracing could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `tracing.endpoint` is unusable (configs from [`crate::config::load`] are validated
-    /// already; this guards other callers).
+    /// `tracing.endpoint` is unusable (validated configurations never have one; this
+    /// guards other callers).
     #[error("tracing.endpoint: {0}")]
     Endpoint(String),
     /// The channel to the collector could not be built (e.g. TLS setup).
@@ -95,7 +93,8 @@ pub enum Error {
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What trace export needs: `KubeletConfiguration` `tracing` and the node name.
+/// What trace export needs: `KubeletConfiguration` `tracing` and the node name (built by
+/// `settings::tracing`; no `tracing` there means no traces at all).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TracingSettings {
     /// `tracing.endpoint`. Default: [`DEFAULT_ENDPOINT`].
@@ -107,15 +106,6 @@ pub struct TracingSettings {
 }
 
 impl TracingSettings {
-    /// The settings of `config`; `None` when `tracing` is not set (no traces at all).
-    pub fn from_config(config: &Config) -> Result<Option<Self>> {
-        let Some(tracing) = &config.kubelet.tracing else { return Ok(None) };
-        let endpoint = CollectorEndpoint::parse(tracing.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT))
-            .map_err(Error::Endpoint)?;
-        let rate = tracing.sampling_rate_per_million.unwrap_or(0).clamp(0, 1_000_000);
-        Ok(Some(Self { endpoint, sampling_rate_per_million: rate as u32, node_name: config.node_name.clone() }))
-    }
-
     /// Upstream's sampler: follow the parent's decision; roots by trace-id ratio (never
     /// at rate 0).
     fn sampler(&self) -> Sampler {

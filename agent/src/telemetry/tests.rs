@@ -217,31 +217,6 @@ async fn a_collector_that_is_down_costs_nothing() {
     assert!(start.elapsed() < SHUTDOWN_TIMEOUT + Duration::from_secs(2), "{:?}", start.elapsed());
 }
 
-#[test]
-fn settings_follow_the_kubelet_configuration() {
-    use clap::Parser as _;
-    let load = |yaml: &str| {
-        let mut file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-        std::io::Write::write_all(
-            &mut file,
-            format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}").as_bytes(),
-        )
-        .unwrap();
-        let config = format!("--config={}", file.path().display());
-        let flags =
-            crate::config::Flags::try_parse_from(["swiftlet", "--hostname-override=Node-1", config.as_str()]).unwrap();
-        TracingSettings::from_config(&crate::config::load(flags).unwrap()).unwrap()
-    };
-    assert_eq!(load(""), None, "no tracing unless configured");
-    let defaults = load("tracing: {}\n").unwrap();
-    assert_eq!(defaults.endpoint, CollectorEndpoint::parse("localhost:4317").unwrap());
-    assert_eq!(defaults.sampling_rate_per_million, 0);
-    assert_eq!(defaults.node_name, "node-1");
-    let set = load("tracing:\n  endpoint: unix:///run/otel.sock\n  samplingRatePerMillion: 250\n").unwrap();
-    assert_eq!(set.endpoint, CollectorEndpoint::Unix("/run/otel.sock".into()));
-    assert_eq!(set.sampling_rate_per_million, 250);
-}
-
 /// A `MakeWriter` into a shared buffer.
 #[derive(Clone, Default)]
 struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

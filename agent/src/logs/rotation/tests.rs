@@ -145,20 +145,3 @@ fn in_use_follows_upstream() {
     let used: Vec<&str> = all.iter().filter(|f| is_in_use(f, &all)).map(|f| f.to_str().unwrap()).collect();
     assert_eq!(used, vec!["a.log.1.gz", "a.log.2", "a.log.3.gz"]);
 }
-
-#[test]
-fn policy_from_the_configuration() {
-    let kc = crate::config::KubeletConfiguration::default();
-    let p = RotationPolicy::from_config(&kc).unwrap();
-    assert_eq!(
-        p,
-        RotationPolicy {
-            max_size: 10 * 1024 * 1024,
-            max_files: 5,
-            max_workers: 1,
-            monitor_interval: Duration::from_secs(10)
-        }
-    );
-    let bad = crate::config::KubeletConfiguration { container_log_max_size: "ten".into(), ..kc };
-    assert!(RotationPolicy::from_config(&bad).unwrap_err().contains("containerLogMaxSize"));
-}

@@ -1,0 +1,139 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Parser as _;
+
+use super::*;
+
+/// `load`s flags (and a config file of `yaml`, when given) as the binary does.
+fn load(yaml: Option<&str>, flags: &[&str]) -> Config {
+    let file = yaml.map(|yaml| {
+        let mut file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+        std::io::Write::write_all(
+            &mut file,
+            format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}").as_bytes(),
+        )
+        .unwrap();
+        file
+    });
+    let mut argv = vec!["swiftlet".to_owned(), "--hostname-override=Node-1".to_owned()];
+    argv.extend(file.as_ref().map(|f| format!("--config={}", f.path().display())));
+    argv.extend(flags.iter().map(|f| (*f).to_owned()));
+    crate::config::load(crate::config::Flags::try_parse_from(argv).unwrap()).unwrap()
+}
+
+#[test]
+fn tracing_follows_the_kubelet_configuration() {
+    let tracing_of = |yaml: &str| tracing(&load(Some(yaml), &[])).unwrap();
+    assert_eq!(tracing_of(""), None, "no tracing unless configured");
+    let defaults = tracing_of("tracing: {}\n").unwrap();
+    assert_eq!(defaults.endpoint, CollectorEndpoint::parse("localhost:4317").unwrap());
+    assert_eq!(defaults.sampling_rate_per_million, 0);
+    assert_eq!(defaults.node_name, "node-1");
+    let set = tracing_of("tracing:\n  endpoint: unix:///run/otel.sock\n  samplingRatePerMillion: 250\n").unwrap();
+    assert_eq!(set.endpoint, CollectorEndpoint::Unix("/run/otel.sock".into()));
+    assert_eq!(set.sampling_rate_per_million, 250);
+}
+
+#[test]
+fn log_rotation_from_the_configuration() {
+    let kc = KubeletConfiguration::default();
+    assert_eq!(
+        log_rotation(&kc).unwrap(),
+        RotationPolicy {
+            max_size: 10 * 1024 * 1024,
+            max_files: 5,
+            max_workers: 1,
+            monitor_interval: Duration::from_secs(10)
+        }
+    );
+    let bad = KubeletConfiguration { container_log_max_size: "ten".into(), ..kc };
+    assert!(log_rotation(&bad).unwrap_err().contains("containerLogMaxSize"));
+}
+
+#[test]
+fn reserved_system_cpus_replace_the_reserved_cpu() {
+    let mut kc = KubeletConfiguration {
+        reserved_system_cpus: "0,2-3".into(),
+        kube_reserved: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
+        ..KubeletConfiguration::default()
+    };
+    apply_reserved_system_cpus(&mut kc);
+    assert_eq!(kc.kube_reserved, BTreeMap::from([("memory".into(), "1Gi".into())]));
+    assert_eq!(kc.system_reserved, BTreeMap::from([("cpu".into(), "3".into())]));
+    let mut plain = KubeletConfiguration::default();
+    apply_reserved_system_cpus(&mut plain);
+    assert!(plain.system_reserved.is_empty());
+}
+
+#[test]
+fn defaults_are_the_subsystems_own() {
+    let c = load(None, &[]);
+    assert_eq!(container_gc(&c), ContainerGcPolicy::default());
+    assert_eq!(image_gc_period(&c), crate::images::gc::IMAGE_GC_PERIOD);
+    assert_eq!(image_gc_period(&c), Duration::from_mins(5));
+    assert_eq!(runtime_start_concurrency(&c), crate::runtime::start_gate::default_limit());
+    assert_eq!(image_gc(&c.kubelet), ImageGcPolicy::default());
+    assert_eq!(image_puller(&c.kubelet), PullerConfig::default());
+}
+
+#[test]
+fn flags_override_the_defaults() {
+    let c = load(
+        None,
+        &[
+            "--minimum-container-ttl-duration=1m",
+            "--maximum-dead-containers-per-container=3",
+            "--maximum-dead-containers=100",
+            "--image-gc-period=30s",
+            "--runtime-start-concurrency=0",
+        ],
+    );
+    assert_eq!(
+        container_gc(&c),
+        ContainerGcPolicy { min_age: Duration::from_mins(1), max_per_pod_container: 3, max_containers: 100 }
+    );
+    assert_eq!(image_gc_period(&c), Duration::from_secs(30));
+    assert_eq!(runtime_start_concurrency(&c), 0);
+}
+
+#[test]
+fn eviction_hard_merges_the_defaults_only_when_asked() {
+    let given = BTreeMap::from([("memory.available".to_owned(), "1Gi".to_owned())]);
+    let kc = KubeletConfiguration { eviction_hard: given.clone(), ..KubeletConfiguration::default() };
+    assert_eq!(eviction(&kc).hard, given);
+    let merged = eviction(&KubeletConfiguration { merge_default_eviction_settings: true, ..kc }).hard;
+    assert_eq!(merged["memory.available"], "1Gi", "a given value wins");
+    for (signal, _) in DEFAULT_EVICTION_HARD {
+        assert!(merged.contains_key(signal), "{signal}");
+    }
+    let defaults = eviction(&KubeletConfiguration::default());
+    assert!(defaults.enforce_pods_allocatable);
+    assert_eq!(defaults.pressure_transition_period, Duration::from_mins(5));
+}
+
+#[test]
+fn memcg_thresholds_take_the_hard_memory_thresholds() {
+    let kc = KubeletConfiguration {
+        cgroup_root: "/".into(),
+        eviction_hard: BTreeMap::from([("memory.available".to_owned(), "5%".to_owned())]),
+        ..KubeletConfiguration::default()
+    };
+    assert_eq!(
+        memcg_thresholds(&kc),
+        MemcgThresholdSettings {
+            cgroup_root: String::new(),
+            memory_available: Some("5%".into()),
+            allocatable_memory_available: None
+        }
+    );
+}
+
+#[test]
+fn node_shutdown_gates_default_on() {
+    let s = node_shutdown(&KubeletConfiguration::default());
+    assert!(s.graceful_node_shutdown && s.based_on_pod_priority);
+    let mut kc = KubeletConfiguration::default();
+    kc.feature_gates.insert("GracefulNodeShutdownBasedOnPodPriority".into(), false);
+    assert!(!node_shutdown(&kc).based_on_pod_priority);
+}
