@@ -881,13 +881,9 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             Arc::new(crate::container::backoff::TokioClock::new()),
         ),
         images: Arc::new(
-            crate::images::puller::ImageManager::new(
-                rt.clone(),
-                crate::settings::image_puller(kc),
-                metrics.clone(),
-            )
-            .with_recorder(recorder.clone())
-            .with_startup_tracker(startup.clone()),
+            crate::images::puller::ImageManager::new(rt.clone(), crate::settings::image_puller(kc), metrics.clone())
+                .with_recorder(recorder.clone())
+                .with_startup_tracker(startup.clone()),
         ),
         recorder: recorder.clone(),
         volumes: Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)),

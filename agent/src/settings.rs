@@ -136,7 +136,7 @@ pub fn server(config: &Config) -> crate::server::Result<ServerSettings> {
 /// [`SYSTEM_LOG_DIR`].
 #[must_use]
 pub fn debugging_handlers(
-    runtime: Arc<dyn crate::runtime::RuntimeService>,
+    runtime: Arc<dyn crate::container::RuntimeService>,
     kc: &KubeletConfiguration,
 ) -> DebuggingHandlers {
     DebuggingHandlers {

@@ -1,5 +1,5 @@
-//! `cargo xtask layering`: checks that the leaf modules of `agent/src` stay leaves, and
-//! reports the import graph between the top-level modules (informational).
+//! `cargo xtask layering`: checks that the leaf modules of `agent/src` stay leaves and
+//! that the top-level modules use each other without cycles, and reports the import graph.
 //!
 //! A leaf (see [`LEAVES`] and `ARCHITECTURE.md`) may use nothing of the crate but other
 //! leaves. The check reads the sources, so it needs no build: every `crate::<module>`
@@ -10,8 +10,10 @@
 //! The report then lists the cycles between top-level modules as `ARCHITECTURE.md`
 //! counts them: production code only (comments, `#[cfg(test)]` items and the files of
 //! `#[cfg(test)] mod x;` left out), the strongly connected components of more than one
-//! module, and each two-module cycle with the paths that make it. Cycles do not fail the
-//! step; they are printed so that the graph can be tracked from one change to the next.
+//! module, and each two-module cycle with the paths that make it. Since issue 28 item 2
+//! the graph has none, and a cycle fails the step as a leaf violation does: a module that
+//! needs something from a module above it takes it as a trait, a function or a settings
+//! struct given to it, or the shared piece moves down (see `ARCHITECTURE.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -645,11 +647,12 @@ pub fn report(g: &Graph) -> String {
     s
 }
 
-/// The check on the workspace: fails on a leaf violation; prints the graph report.
+/// The check on the workspace: fails on a leaf violation or a cycle; prints the graph
+/// report.
 ///
 /// # Errors
-/// When a leaf uses a module that is not a leaf, a leaf is missing, or a file cannot be
-/// read.
+/// When a leaf uses a module that is not a leaf, a leaf is missing, top-level modules
+/// use each other in a cycle, or a file cannot be read.
 pub fn run(workspace: &Path) -> Result<()> {
     let src = workspace.join("agent/src");
     let files = read_sources(workspace, &src)?;
@@ -660,7 +663,8 @@ pub fn run(workspace: &Path) -> Result<()> {
         }
     }
     let violations = leaf_violations(&files, LEAVES);
-    print!("{}", report(&graph(&files)));
+    let g = graph(&files);
+    print!("{}", report(&g));
     println!(
         "leaves ({}): {} files, {} violations ({} ms)",
         LEAVES.join(", "),
@@ -673,6 +677,12 @@ pub fn run(workspace: &Path) -> Result<()> {
     }
     if !violations.is_empty() {
         bail!("{} uses of non-leaf modules in leaves (first: {})", violations.len(), violations[0]);
+    }
+    if let Some(cycle) = cycles(&g).first() {
+        bail!(
+            "top-level modules of agent/src use each other in a cycle: {} (the paths are listed above)",
+            cycle.join(", ")
+        );
     }
     Ok(())
 }
@@ -812,5 +822,13 @@ use crate::types::pod;
         }
         let violations = leaf_violations(&files, LEAVES);
         assert!(violations.is_empty(), "{}", violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
+    }
+
+    /// No cycles between the top-level modules of this workspace: what CI runs.
+    #[test]
+    fn the_top_level_modules_of_this_workspace_have_no_cycle() {
+        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap();
+        let g = graph(&read_sources(&workspace, &workspace.join("agent/src")).unwrap());
+        assert!(cycles(&g).is_empty(), "{}", report(&g));
     }
 }

@@ -404,10 +404,7 @@ impl Default for KubeletAuthorization {
     }
 }
 
-/// `authorization.mode` that allows every authenticated request.
-pub const AUTHORIZATION_MODE_ALWAYS_ALLOW: &str = "AlwaysAllow";
-/// `authorization.mode` that asks the API server (`SubjectAccessReview`).
-pub const AUTHORIZATION_MODE_WEBHOOK: &str = "Webhook";
+pub use crate::types::authorization::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK};
 
 /// `authorization.webhook`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -201,11 +201,7 @@ const HTTPS_API: &str = "HTTPS API";
 const READ_ONLY_API: &str = "read-only API";
 const HEALTHZ: &str = "healthz endpoint";
 
-/// `authorization.mode` that allows every authenticated request (the value as the
-/// `KubeletConfiguration` spells it).
-pub const AUTHORIZATION_MODE_ALWAYS_ALLOW: &str = "AlwaysAllow";
-/// `authorization.mode` that asks the API server (`SubjectAccessReview`).
-pub const AUTHORIZATION_MODE_WEBHOOK: &str = "Webhook";
+pub use crate::types::authorization::{AUTHORIZATION_MODE_ALWAYS_ALLOW, AUTHORIZATION_MODE_WEBHOOK};
 
 /// Largest request head (request line and headers) the API listeners read.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;

@@ -10,7 +10,7 @@
 //! | [`quantity`] | resource quantities: exact parsing, Go's printing, config-file text | `k8s.io/apimachinery/pkg/api/resource` |
 //! | [`pod`] | pod UIDs and full names, config-source annotations, static/mirror/critical pod tests | `pkg/kubelet/types` (`pod_update.go`), `pkg/kubelet/container` (`GetPodFullName`) |
 //! | [`pod_resources`] | a pod's effective requests and limits (init, sidecar and app containers, overhead, pod-level resources) | `component-helpers/resource` (`PodRequests`, `PodLimits`) |
-//! | [`qos`] | a pod's QoS class | `pkg/apis/core/v1/helper/qos` (`GetPodQOS`) |
+//! | [`qos`] | a pod's `QoS` class | `pkg/apis/core/v1/helper/qos` (`GetPodQOS`) |
 //! | [`prom_text`] | the Prometheus text format as the Go client writes it: floats, integers, escaping | `prometheus/common/expfmt` |
 //! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
 //! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
@@ -20,17 +20,19 @@
 //! | [`eviction`] | eviction signals, threshold values, the grammar of one eviction setting | `pkg/kubelet/eviction/api`, the statement parsing of `pkg/kubelet/eviction/helpers.go` |
 //! | [`collector_endpoint`] | the OTLP collector endpoint (`tracing.endpoint`) and its parsing | component-base `tracing/api/v1` (`validateEndpoint`) |
 //! | [`tls`] | TLS cipher suites by their Go names, with IANA code points | component-base `cli/flag` (`ciphersuites_flag.go`) |
+//! | [`authorization`] | the values of `authorization.mode` | `kubelet.config.k8s.io` (`KubeletAuthorizationMode*`) |
 //!
-//! The last five are values of the `KubeletConfiguration` that both the configuration's
+//! The last six are values of the `KubeletConfiguration` that both the configuration's
 //! validation and a subsystem read: here, `config` can check them without using the
 //! subsystem.
 
+pub mod authorization;
 pub mod clock;
-pub mod expansion;
 pub mod collector_endpoint;
 pub mod cpuset;
 pub mod duration;
 pub mod eviction;
+pub mod expansion;
 pub mod pod;
 pub mod pod_resources;
 pub mod prom_text;

@@ -46,9 +46,9 @@ use crate::cm::metrics::ResourceManagerMetrics;
 use crate::cm::topology::{HintProvider, Hints, NumaMask, TopologyHint};
 use crate::container::RuntimeService;
 use crate::lifecycle::admission::Rejection;
+use crate::types::cpuset::CpuSet;
 use crate::types::pod_resources;
 use crate::types::qos::{QosClass, qos_class};
-use crate::types::cpuset::CpuSet;
 use crate::types::resource_names::CPU;
 use state::{Checkpoint, CpuState};
 
