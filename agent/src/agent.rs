@@ -131,10 +131,7 @@ impl PodsProvider for PodsView {
 
 /// `/healthz` check `pleg`; its note says which PLEG runs and, for a fallback, why.
 #[derive(Debug)]
-enum PlegHealth {
-    Evented(EventedPleg),
-    Relist { pleg: GenericPleg, why: String },
-}
+struct PlegHealth(Arc<dyn PodLifecycleEventGenerator>);
 
 impl HealthCheck for PlegHealth {
     fn name(&self) -> &'static str {
@@ -142,20 +139,11 @@ impl HealthCheck for PlegHealth {
     }
 
     fn check(&self) -> Result<(), String> {
-        match self {
-            Self::Evented(p) => p.healthy(),
-            Self::Relist { pleg, .. } => pleg.healthy(),
-        }
+        self.0.healthy()
     }
 
     fn detail(&self) -> Option<String> {
-        Some(match self {
-            Self::Evented(p) => match p.fallback_reason() {
-                Some(why) => format!("relisting only, every {}s: {why}", RELIST_PERIOD.as_secs()),
-                None => format!("evented: eBPF sensors, safety relist every {}s", p.period().as_secs()),
-            },
-            Self::Relist { why, .. } => format!("relisting only, every {}s: {why}", RELIST_PERIOD.as_secs()),
-        })
+        Some(self.0.describe())
     }
 }
 
@@ -287,7 +275,7 @@ impl crate::gc::PodPresence for GcPods {
 fn observed_sink(
     bus: EventBus,
     pods: PodManager,
-    relist: GenericPleg,
+    cache: Arc<crate::container::cache::RuntimeCache>,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
 ) -> ObservedSink {
     // Runs for every kernel event: looks up the two names, copies neither the pod nor the
@@ -295,7 +283,7 @@ fn observed_sink(
     Arc::new(move |o: Observed| {
         let (pod_namespace, pod_name) = pods.namespace_and_name(&o.pod_uid).unwrap_or_default();
         let container_name = if o.container_name.is_empty() {
-            relist.container_name(&o.pod_uid, &o.container_id).unwrap_or_default()
+            cache.container_name(&o.pod_uid, &o.container_id).unwrap_or_default()
         } else {
             o.container_name.clone()
         };
@@ -304,7 +292,7 @@ fn observed_sink(
                 &o.pod_uid,
                 &container_name,
                 &o.container_id,
-                crate::pleg::exits::wall_time_of(o.kernel_time_ns),
+                crate::container::exits::wall_time_of(o.kernel_time_ns),
             );
         }
         let kind = match o.kind {
@@ -841,13 +829,10 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         Some(c) => Arc::new(crate::api_objects::KubeObjectSource::new(c.main.clone())),
         None => Arc::new(crate::volumes::source::NoApiServer),
     };
-    // Counts sandbox and container starts and stops (the runtime manager's and the PLEG's):
-    // the stats provider collects anew after one.
-    let container_changes = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    // Exits the evented PLEG sees before containerd records them.
-    let kernel_exits = Arc::new(crate::pleg::exits::KernelExits::default());
-    // The runtime manager's start calls under way, which the evented PLEG waits on.
-    let starts_in_flight = Arc::new(crate::pleg::starts::StartsInFlight::default());
+    // What the node knows of the runtime's pods: the PLEG's listing and the exits the
+    // kernel saw first, the start calls under way, the change counter the stats provider
+    // watches (`crate::container::cache`).
+    let runtime_cache = Arc::new(crate::container::cache::RuntimeCache::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
     let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
     let probes = crate::prober::ProbeManager::new(
@@ -892,9 +877,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             cluster_domain: kc.cluster_domain.clone(),
             resolv_conf: kc.resolv_conf.clone(),
         },
-        kernel_exits: kernel_exits.clone(),
-        starts_in_flight: starts_in_flight.clone(),
-        container_changes: container_changes.clone(),
+        cache: runtime_cache.clone(),
         probes: probes.clone(),
         runtime_name: runtime_name.clone(),
         startup: startup.clone(),
@@ -953,10 +936,15 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     } else {
         Err("disabled by --evented-pleg=false".to_string())
     };
-    let (pleg, evented, sensors) = match sensors {
+    let pleg: Arc<dyn PodLifecycleEventGenerator> = match sensors {
         Ok(running) => {
-            let relist =
-                GenericPleg::new(rt.clone(), metrics.clone(), cfg.swiftlet.pleg_relist_period, RELIST_THRESHOLD);
+            let relist = GenericPleg::new(
+                rt.clone(),
+                metrics.clone(),
+                runtime_cache.clone(),
+                cfg.swiftlet.pleg_relist_period,
+                RELIST_THRESHOLD,
+            );
             let mut index = CgroupIndex::default();
             if let Some(d) = &kubepods_dirs.cgroup2 {
                 index.scan(crate::pleg::evented::CGROUP2_HIERARCHY, d);
@@ -966,18 +954,16 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
                 index.scan(memory_hierarchy, d);
             }
             startup.set_first_execs_reported(true);
-            let sink = observed_sink(event_bus.clone(), pod_manager.clone(), relist.clone(), startup.clone());
+            let sink = observed_sink(event_bus.clone(), pod_manager.clone(), runtime_cache.clone(), startup.clone());
             let evented = EventedPleg::new(
-                relist.clone(),
+                relist,
                 rt.clone(),
                 metrics.clone(),
                 cfg.swiftlet.pleg_relist_period,
                 index,
                 memory_hierarchy,
                 Some(sink),
-            )
-            .with_exits(kernel_exits.clone())
-            .with_starts(starts_in_flight.clone());
+            );
             let evented =
                 if cfg.swiftlet.eviction_kernel_signals { evented.with_pressure(pressure.clone()) } else { evented };
             tracing::info!(
@@ -987,19 +973,18 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
             );
             // Loading parsed the kernel's BTF; give that memory back.
             crate::memory::trim();
-            (relist, Some(evented), Ok(running))
+            Arc::new(evented.with_sensors(running))
         }
         Err(why) => {
             tracing::warn!(reason = %why, "evented PLEG unavailable; running the {}s relisting PLEG", RELIST_PERIOD.as_secs());
             metrics.evented_pleg_active.set(0);
-            (GenericPleg::new(rt.clone(), metrics.clone(), RELIST_PERIOD, RELIST_THRESHOLD), None, Err(why))
+            Arc::new(
+                GenericPleg::new(rt.clone(), metrics.clone(), runtime_cache.clone(), RELIST_PERIOD, RELIST_THRESHOLD)
+                    .with_fallback_reason(why),
+            )
         }
     };
-    let pleg_health = Arc::new(match (&evented, &sensors) {
-        (Some(e), _) => PlegHealth::Evented(e.clone()),
-        (None, Err(why)) => PlegHealth::Relist { pleg: pleg.clone(), why: why.clone() },
-        (None, Ok(_)) => unreachable!("sensors run only with the evented PLEG"),
-    });
+    let pleg_health = Arc::new(PlegHealth(pleg.clone()));
 
     let events_view = memory_events.clone();
     let stats_source = stats_provider(
@@ -1008,7 +993,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         pod_manager.clone(),
         cm.clone(),
         runtime.volumes().clone(),
-        container_changes.clone(),
+        runtime_cache.changes(),
         metrics.clone(),
     );
     if let Some(stats) = &stats_source {
@@ -1153,18 +1138,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         tracker.spawn(w.run(shutdown.clone()).instrument(tracing::info_span!("status_writer")));
     }
     drop(update_tx);
-    match (evented, sensors) {
-        (Some(evented), Ok(running)) => {
-            tracker.spawn(
-                evented
-                    .run(running.events, running.drops, pleg_tx, shutdown.clone())
-                    .instrument(tracing::info_span!("evented_pleg")),
-            );
-        }
-        _ => {
-            tracker.spawn(pleg.clone().run(pleg_tx, shutdown.clone()).instrument(tracing::info_span!("pleg")));
-        }
-    }
+    tracker.spawn(pleg.start(pleg_tx, shutdown.clone()).instrument(tracing::info_span!("pleg")));
     if let Some(api) = event_api {
         tracker.spawn(api.run(shutdown.clone()).instrument(tracing::info_span!("event_api")));
     }
@@ -1256,7 +1230,7 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
     let sync_loop = SyncLoop {
         pod_manager,
         workers,
-        pleg,
+        cache: runtime_cache.clone(),
         runtime,
         cm,
         metrics,
@@ -1265,7 +1239,6 @@ pub async fn run(mut cfg: Config, shutdown: CancellationToken) -> Result<(), Err
         recorder: recorder.clone(),
         rejected: std::sync::Mutex::default(),
         eviction,
-        container_changes,
         admit_handlers: {
             let mut handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>> =
                 vec![Arc::new(managers.topology)];

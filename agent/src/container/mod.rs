@@ -12,13 +12,16 @@
 //! other (ARCHITECTURE.md, issue 28 item 2).
 
 pub mod backoff;
+pub mod cache;
 pub mod cri;
 pub mod ephemeral;
+pub mod exits;
 pub mod fake;
 pub mod helpers;
 pub mod labels;
 pub mod pod_status;
 pub mod runtime_state;
+pub mod starts;
 
 /// Waiting reasons of containers that the runtime manager gives and the status shows
 /// (upstream `kubecontainer` errors, `sync_result.go`, and `ContainerCreating` /

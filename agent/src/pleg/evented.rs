@@ -7,7 +7,7 @@
 //! PLEG asks CRI for that one container's status until the runtime agrees (the kernel
 //! is ahead of containerd by a few milliseconds), records the new state, and emits the
 //! [`PodLifecycleEvent`] at once: kernel speed, CRI truth. A start the agent itself asked
-//! for waits for its call instead ([`super::starts`]): the processes of a new container
+//! for waits for its call instead ([`crate::container::starts`]): the processes of a new container
 //! exec while `StartContainer` is still under way, CRI cannot agree before it returns,
 //! and when it returns success that is CRI's answer.
 //!
@@ -47,13 +47,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::exits::{KernelExits, wall_time_of};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
-use super::starts::StartsInFlight;
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::container::cache::RuntimeCache;
+use crate::container::exits::wall_time_of;
 use crate::container::{ContainerState, RuntimeService, api};
 use crate::metrics::{KernelEventLabels, KubeletMetrics};
 
@@ -372,11 +373,13 @@ pub struct EventedPleg {
     kernel_alive: Arc<AtomicBool>,
     fallback: Arc<Mutex<Option<String>>>,
     sink: Option<ObservedSink>,
-    exits: Arc<KernelExits>,
-    /// The pods' start calls under way in the runtime (shared with the runtime manager).
-    starts: Option<Arc<StartsInFlight>>,
+    /// Where kernel exits are recorded and the runtime manager's start calls are marked:
+    /// the relisting PLEG's cache.
+    cache: Arc<RuntimeCache>,
     /// Where direct reclaim in pod cgroups and OOM kills are signalled (eviction).
     pressure: Option<crate::pressure::PressureSignals>,
+    /// The running sensors' events, until [`PodLifecycleEventGenerator::start`] takes them.
+    sensors: Arc<Mutex<Option<super::sensors::Running>>>,
 }
 
 impl std::fmt::Debug for EventedPleg {
@@ -489,6 +492,7 @@ impl EventedPleg {
     ) -> Self {
         metrics.evented_pleg_active.set(1);
         Self {
+            cache: relist.cache().clone(),
             relist,
             rt,
             metrics,
@@ -498,25 +502,15 @@ impl EventedPleg {
             kernel_alive: Arc::new(AtomicBool::new(true)),
             fallback: Arc::new(Mutex::new(None)),
             sink,
-            exits: Arc::default(),
-            starts: None,
             pressure: None,
+            sensors: Arc::default(),
         }
     }
 
-    /// Records kernel-seen exits in `exits` (shared with the runtime manager, which
-    /// lays them over CRI's pod status).
+    /// Reads kernel events from `sensors` once started.
     #[must_use]
-    pub fn with_exits(mut self, exits: Arc<KernelExits>) -> Self {
-        self.exits = exits;
-        self
-    }
-
-    /// Waits for the start calls `starts` marks (the runtime manager's) before confirming a
-    /// start with CRI.
-    #[must_use]
-    pub fn with_starts(mut self, starts: Arc<StartsInFlight>) -> Self {
-        self.starts = Some(starts);
+    pub fn with_sensors(self, sensors: super::sensors::Running) -> Self {
+        *self.sensors.lock().unwrap() = Some(sensors);
         self
     }
 
@@ -620,7 +614,7 @@ impl EventedPleg {
                 }
                 if let Some(r) = self.lookup(cgroup2_id, memcg_id) {
                     if let Some(cid) = &r.container_id {
-                        self.exits.record_oom(cid, wall_time_of(ktime_ns));
+                        self.cache.exits().record_oom(cid, wall_time_of(ktime_ns));
                     }
                     self.observe(Observed {
                         pod_uid: r.pod_uid,
@@ -705,7 +699,7 @@ impl EventedPleg {
             }
             let container_name = s.names.get(&cid).cloned().unwrap_or_default();
             drop(s);
-            self.exits.record(&target.pod_uid, &cid, code, wall_time_of(ktime));
+            self.cache.exits().record(&target.pod_uid, &cid, code, wall_time_of(ktime));
             self.observe(Observed {
                 pod_uid: target.pod_uid.clone(),
                 container_id: cid.clone(),
@@ -824,7 +818,8 @@ impl EventedPleg {
     /// first waits for the pod's start calls to return: CRI cannot agree before, and a
     /// start call that succeeded is CRI's agreement already.
     async fn confirm(&self, pod_uid: &str, id: &str, want: PlegState, pace: Pace, not_pid1_exit: bool) -> Confirmation {
-        if let (Pace::BackOff, Some(starts)) = (pace, &self.starts) {
+        if pace == Pace::BackOff {
+            let starts = self.cache.starts();
             if !starts.settled(pod_uid, START_SETTLE_LIMIT).await {
                 tracing::debug!(
                     pod = pod_uid,
@@ -884,7 +879,7 @@ impl EventedPleg {
                 s.known.remove(&e.data);
                 s.names.remove(&e.data);
                 s.inits.remove(&e.data);
-                self.exits.forget(&e.data);
+                self.cache.exits().forget(&e.data);
                 if !s.suspects.contains_key(&e.data) {
                     s.kernel_seen.remove(&e.data);
                 }
@@ -1051,6 +1046,25 @@ impl PodLifecycleEventGenerator for EventedPleg {
     fn period(&self) -> Duration {
         if self.kernel_alive.load(Ordering::Relaxed) { self.safety_period } else { RELIST_PERIOD }
     }
+
+    fn describe(&self) -> String {
+        match self.fallback_reason() {
+            Some(why) => format!("relisting only, every {}s: {why}", RELIST_PERIOD.as_secs()),
+            None => format!("evented: eBPF sensors, safety relist every {}s", self.period().as_secs()),
+        }
+    }
+
+    fn start(&self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        let this = self.clone();
+        let sensors = self.sensors.lock().unwrap().take();
+        Box::pin(async move {
+            if let Some(s) = sensors {
+                this.run(s.events, s.drops, tx, shutdown).await;
+            } else {
+                tracing::error!("the evented PLEG has no sensors to read (started twice?)");
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -1110,7 +1124,8 @@ mod tests {
         };
         let cid = rt.create_container(&sb, cfg, api::PodSandboxConfig::default()).await.unwrap();
         rt.start_container(&cid).await.unwrap();
-        let relist = GenericPleg::new(rt.clone(), metrics.clone(), Duration::from_secs(30), RELIST_THRESHOLD);
+        let relist =
+            GenericPleg::new(rt.clone(), metrics.clone(), Arc::default(), Duration::from_secs(30), RELIST_THRESHOLD);
         let mut idx = CgroupIndex::default();
         idx.insert(CGROUP2_HIERARCHY, 42, &format!("/kubepods/podu1/{cid}"));
         let pleg = EventedPleg::new(relist, rt.clone(), metrics, Duration::from_secs(30), idx, 7, None);
@@ -1158,8 +1173,8 @@ mod tests {
     #[tokio::test]
     async fn kernel_exit_is_container_died_at_once_and_recorded_for_the_status() {
         let (rt, pleg, cid, _) = setup().await;
-        let exits = Arc::new(KernelExits::default());
-        let pleg = pleg.with_exits(exits.clone());
+        let exits_cache = pleg.cache.clone();
+        let exits = exits_cache.exits();
         let started = pleg.handle_kernel_event(pid1_exec(9)).await.expect("CRI agrees it runs");
         assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
         // The kernel is ahead of the runtime: CRI still says running.
@@ -1218,8 +1233,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_end_of_a_pid_namespace_made_inside_the_container_is_not_the_containers() {
         let (_, pleg, cid, _) = setup().await;
-        let exits = Arc::new(KernelExits::default());
-        let pleg = pleg.with_exits(exits.clone());
+        let exits_cache = pleg.cache.clone();
+        let exits = exits_cache.exits();
         assert!(pleg.handle_kernel_event(pid1_exec(100)).await.is_some());
         // A process in the container makes a pid namespace of its own (`unshare -pf`, a
         // sandboxing browser): its init execs and exits as pid 1 of that namespace.
@@ -1233,8 +1248,8 @@ mod tests {
         // An init exit in a container whose init exec the sensors missed is left to CRI,
         // which still shows this one running: nothing is recorded.
         let (_, pleg2, _, _) = setup().await;
-        let exits2 = Arc::new(KernelExits::default());
-        let pleg2 = pleg2.with_exits(exits2.clone());
+        let second_cache = pleg2.cache.clone();
+        let exits2 = second_cache.exits();
         assert!(matches!(pleg2.classify(&ns_init_exit(300, 0)), Some(Next::Confirm(_))));
         assert!(exits2.is_empty());
     }
@@ -1281,8 +1296,7 @@ mod tests {
     /// `ContainerStatus` calls it made.
     async fn start_under_way(succeeded: bool) -> (PodLifecycleEvent, Duration, usize) {
         let (rt, pleg, _, sb) = setup().await;
-        let starts = Arc::new(StartsInFlight::default());
-        let pleg = pleg.with_starts(starts.clone());
+        let starts = pleg.cache.starts().clone();
         let late = late_container(&rt, &pleg, &sb).await;
         let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
         let before = statuses();
@@ -1357,8 +1371,8 @@ mod tests {
         // After an agent restart the first exec seen in an old container's cgroup may be
         // any process (a `sleep` of a shell loop): its exit must not kill the container.
         let (rt, pleg, cid, _) = setup().await;
-        let exits = Arc::new(KernelExits::default());
-        let pleg = pleg.with_exits(exits.clone());
+        let exits_cache = pleg.cache.clone();
+        let exits = exits_cache.exits();
         let exit = main_process_exit(77);
         let statuses = || rt.calls().iter().filter(|c| *c == "container_status").count();
         let before = statuses();
@@ -1655,7 +1669,7 @@ mod tests {
         assert_eq!((died.kind, died.kernel_time_ns.is_some()), (PodLifecycleEventType::ContainerDied, true));
         // The safety relist (30 s) fails meanwhile.
         tokio::time::sleep(Duration::from_secs(31)).await;
-        assert_eq!(pleg.relist.runtime_pods()["u1"].containers[&cid].1, ContainerState::Running, "no listing worked");
+        assert_eq!(pleg.cache.runtime_pods()["u1"].containers[&cid].1, ContainerState::Running, "no listing worked");
 
         rt.set_unavailable(false);
         let again = next_about(&mut rx, &cid, Duration::from_millis(1500)).await.expect("passed on again");

@@ -6,17 +6,19 @@
 //! - [`evented::EventedPleg`] turns kernel events (container init exec/exit, seen by the
 //!   eBPF sensors in microseconds) into lifecycle events — starts after confirming the new
 //!   state with CRI, exits of a container's pid 1 at once, recorded in
-//!   [`exits::KernelExits`] for the pod status until containerd catches up — and keeps a
+//!   [`crate::container::exits::KernelExits`] for the pod status until containerd catches up — and keeps a
 //!   slow relist (30 s) underneath as a safety net that repairs, counts and logs anything
 //!   the kernel path missed.
 
 pub mod evented;
-pub mod exits;
 pub mod relist;
 pub mod sensors;
-pub mod starts;
 
 use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Kind of a lifecycle event (upstream `PodLifeCycleEventType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,11 +41,19 @@ pub struct PodLifecycleEvent {
     pub kernel_time_ns: Option<u64>,
 }
 
-/// The PLEG boundary: events go to a channel given at construction; the sync loop and
-/// `/healthz` ask whether it is healthy.
+/// The PLEG boundary. The agent picks one PLEG at start-up and knows it only through this
+/// trait: it starts it, and `/healthz` asks it whether it is healthy and what it is. What
+/// a PLEG learns of the runtime goes to the [`crate::container::cache::RuntimeCache`]
+/// (the listing, the kernel's exits), where the sync loop, the pod workers and the stats
+/// read it; its events go to the sync loop's channel.
 pub trait PodLifecycleEventGenerator: Send + Sync + std::fmt::Debug {
     /// `Err(reason)` when the PLEG has not been active for longer than its threshold.
     fn healthy(&self) -> Result<(), String>;
-    /// The configured relist period.
+    /// The relist period in use.
     fn period(&self) -> Duration;
+    /// Which PLEG runs and, when the kernel's events are not in use, why (the note of
+    /// `/healthz`'s `pleg` check).
+    fn describe(&self) -> String;
+    /// The PLEG's task: sends events to `tx` until `shutdown`. Called once.
+    fn start(&self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) -> BoxFuture<'static, ()>;
 }

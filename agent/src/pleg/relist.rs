@@ -9,10 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::container::cache::RuntimeCache;
 use crate::container::{ContainerState, RuntimePod, RuntimeService};
 use crate::metrics::{ContainerStateLabels, KubeletMetrics};
 
@@ -86,21 +88,19 @@ pub fn diff(old: &BTreeMap<String, RuntimePod>, new: &BTreeMap<String, RuntimePo
     out
 }
 
-#[derive(Debug, Default)]
-struct Shared {
-    last_relist: Option<Instant>,
-    pods: BTreeMap<String, RuntimePod>,
-    started: Option<Instant>,
-}
-
-/// The relisting PLEG.
+/// The relisting PLEG. Its listing goes to the [`RuntimeCache`], where housekeeping and
+/// the evented PLEG read it.
 #[derive(Debug, Clone)]
 pub struct GenericPleg {
     rt: Arc<dyn RuntimeService>,
     metrics: Arc<KubeletMetrics>,
     period: Duration,
     threshold: Duration,
-    shared: Arc<RwLock<Shared>>,
+    cache: Arc<RuntimeCache>,
+    /// When [`Self::run`] began (the health clock before the first relist).
+    started: Arc<RwLock<Option<Instant>>>,
+    /// Why it runs alone, without the kernel's events (for [`PodLifecycleEventGenerator::describe`]).
+    fallback: Option<String>,
 }
 
 impl GenericPleg {
@@ -108,29 +108,24 @@ impl GenericPleg {
     pub fn new(
         rt: Arc<dyn RuntimeService>,
         metrics: Arc<KubeletMetrics>,
+        cache: Arc<RuntimeCache>,
         period: Duration,
         threshold: Duration,
     ) -> Self {
-        Self { rt, metrics, period, threshold, shared: Arc::default() }
+        Self { rt, metrics, period, threshold, cache, started: Arc::default(), fallback: None }
     }
 
-    /// The runtime's pods as of the last successful relist.
+    /// Marks it as the whole PLEG because the evented one could not run, for `why`.
     #[must_use]
-    pub fn runtime_pods(&self) -> BTreeMap<String, RuntimePod> {
-        self.shared.read().unwrap().pods.clone()
+    pub fn with_fallback_reason(mut self, why: String) -> Self {
+        self.fallback = Some(why);
+        self
     }
 
-    /// The name of container `id` of pod `pod_uid` as of the last relist, without
-    /// copying the snapshot (called for every kernel event).
+    /// The cache it writes.
     #[must_use]
-    pub fn container_name(&self, pod_uid: &str, id: &str) -> Option<String> {
-        self.shared.read().unwrap().pods.get(pod_uid)?.containers.get(id).map(|(name, _)| name.clone())
-    }
-
-    /// Whether at least one relist has completed.
-    #[must_use]
-    pub fn has_relisted(&self) -> bool {
-        self.shared.read().unwrap().last_relist.is_some()
+    pub fn cache(&self) -> &Arc<RuntimeCache> {
+        &self.cache
     }
 
     /// One relist: list, diff, publish. Returns the events (already sent to `tx`).
@@ -152,26 +147,18 @@ impl GenericPleg {
     /// snapshot and metrics, and return the events.
     pub async fn relist_events(&self) -> crate::container::Result<Vec<PodLifecycleEvent>> {
         let start = Instant::now();
-        {
-            let s = self.shared.read().unwrap();
-            if let Some(prev) = s.last_relist {
-                self.metrics.pleg_relist_interval.observe(start.duration_since(prev).as_secs_f64());
-            }
+        if let Some(prev) = self.cache.listed_at() {
+            self.metrics.pleg_relist_interval.observe(start.duration_since(prev).as_secs_f64());
         }
         let pods = RuntimePod::list_all(self.rt.as_ref()).await?;
-        let events = {
-            let mut s = self.shared.write().unwrap();
-            let events = if s.last_relist.is_some() {
-                diff(&s.pods, &pods)
-            } else {
-                // First listing after start: every existing container is news for the
-                // sync loop (it adopts what runs), so diff against nothing.
-                diff(&BTreeMap::new(), &pods)
-            };
-            s.pods = pods;
-            s.last_relist = Some(start);
-            events
+        // Only this PLEG writes the listing: it cannot change between the diff and the set.
+        let events = match self.cache.listed_at() {
+            Some(_) => self.cache.with_listing(|old| diff(old, &pods)),
+            // First listing after start: every existing container is news for the sync
+            // loop (it adopts what runs), so diff against nothing.
+            None => diff(&BTreeMap::new(), &pods),
         };
+        self.cache.set_listing(pods, start);
         self.update_running_metrics();
         self.metrics.pleg_relist_duration.observe(start.elapsed().as_secs_f64());
         self.metrics.pleg_last_seen.set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
@@ -179,16 +166,18 @@ impl GenericPleg {
     }
 
     fn update_running_metrics(&self) {
-        let s = self.shared.read().unwrap();
-        let running_pods = s.pods.values().filter(|p| p.sandboxes.values().any(|r| *r)).count();
-        self.metrics.running_pods.set(running_pods as i64);
-        let mut by_state: BTreeMap<&'static str, i64> =
-            ["created", "running", "exited", "unknown"].into_iter().map(|k| (k, 0)).collect();
-        for p in s.pods.values() {
-            for (_, st) in p.containers.values() {
-                *by_state.entry(st.as_metric_label()).or_default() += 1;
+        let (running_pods, by_state) = self.cache.with_listing(|pods| {
+            let running_pods = pods.values().filter(|p| p.sandboxes.values().any(|r| *r)).count();
+            let mut by_state: BTreeMap<&'static str, i64> =
+                ["created", "running", "exited", "unknown"].into_iter().map(|k| (k, 0)).collect();
+            for p in pods.values() {
+                for (_, st) in p.containers.values() {
+                    *by_state.entry(st.as_metric_label()).or_default() += 1;
+                }
             }
-        }
+            (running_pods, by_state)
+        });
+        self.metrics.running_pods.set(running_pods as i64);
         for (state, n) in by_state {
             self.metrics
                 .running_containers
@@ -199,7 +188,7 @@ impl GenericPleg {
 
     /// Relists every period until shutdown.
     pub async fn run(self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) {
-        self.shared.write().unwrap().started = Some(Instant::now());
+        *self.started.write().unwrap() = Some(Instant::now());
         let mut tick = tokio::time::interval(self.period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -216,8 +205,8 @@ impl GenericPleg {
 
 impl PodLifecycleEventGenerator for GenericPleg {
     fn healthy(&self) -> Result<(), String> {
-        let s = self.shared.read().unwrap();
-        let since = s.last_relist.or(s.started).map(|t| t.elapsed());
+        let started = *self.started.read().unwrap();
+        let since = self.cache.listed_at().or(started).map(|t| t.elapsed());
         match since {
             Some(d) if d > self.threshold => Err(format!(
                 "pleg was last seen active {:.1}s ago; threshold is {}s",
@@ -230,6 +219,18 @@ impl PodLifecycleEventGenerator for GenericPleg {
 
     fn period(&self) -> Duration {
         self.period
+    }
+
+    fn describe(&self) -> String {
+        let every = format!("relisting only, every {}s", self.period.as_secs());
+        match &self.fallback {
+            Some(why) => format!("{every}: {why}"),
+            None => every,
+        }
+    }
+
+    fn start(&self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) -> BoxFuture<'static, ()> {
+        Box::pin(self.clone().run(tx, shutdown))
     }
 }
 
@@ -273,26 +274,68 @@ mod tests {
         assert!(diff(&c, &c).is_empty());
     }
 
-    /// The evented PLEG's observations name containers from the last listing (once per
-    /// kernel event: looked up in place, the snapshot is not copied).
-    #[test]
-    fn container_names_come_from_the_last_listing() {
+    /// Its listing lands in the cache that housekeeping and the evented PLEG read.
+    #[tokio::test]
+    async fn the_listing_goes_to_the_cache() {
+        let rt = Arc::new(FakeRuntime::default());
+        let cache = Arc::new(RuntimeCache::default());
         let pleg = GenericPleg::new(
-            Arc::new(FakeRuntime::default()),
+            rt.clone(),
             Arc::new(KubeletMetrics::unregistered()),
+            cache.clone(),
             RELIST_PERIOD,
             RELIST_THRESHOLD,
         );
-        pleg.shared.write().unwrap().pods.insert("u".into(), pod(&[("c1", ContainerState::Running)], &[]));
-        assert_eq!(pleg.container_name("u", "c1").as_deref(), Some("c"));
-        assert_eq!(pleg.container_name("u", "c2"), None);
-        assert_eq!(pleg.container_name("v", "c1"), None);
+        let (tx, _rx) = mpsc::channel(10);
+        assert!(!cache.has_listed());
+        pleg.relist(&tx).await.unwrap();
+        assert!(cache.has_listed());
+        assert!(cache.runtime_pods().is_empty());
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u"}, "spec": {"containers": []}
+        }))
+        .unwrap();
+        let config = crate::container::api::PodSandboxConfig {
+            metadata: Some(crate::container::api::PodSandboxMetadata {
+                name: "p".into(),
+                uid: "u".into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            labels: crate::container::labels::sandbox_labels(&p),
+            ..Default::default()
+        };
+        let sandbox = rt.run_pod_sandbox(config, String::new()).await.unwrap();
+        let events = pleg.relist(&tx).await.unwrap();
+        assert_eq!(kinds(&events), vec![(PodLifecycleEventType::ContainerStarted, sandbox.clone())]);
+        assert_eq!(cache.runtime_pods()["u"].sandboxes.get(&sandbox), Some(&true));
+    }
+
+    /// What `/healthz` says of it, alone after the evented PLEG could not load.
+    #[test]
+    fn it_says_what_it_is_and_why() {
+        let pleg = GenericPleg::new(
+            Arc::new(FakeRuntime::default()),
+            Arc::new(KubeletMetrics::unregistered()),
+            Arc::default(),
+            RELIST_PERIOD,
+            RELIST_THRESHOLD,
+        );
+        assert_eq!(pleg.describe(), "relisting only, every 1s");
+        let pleg = pleg.with_fallback_reason("disabled by --evented-pleg=false".into());
+        assert_eq!(pleg.describe(), "relisting only, every 1s: disabled by --evented-pleg=false");
     }
 
     #[tokio::test(start_paused = true)]
     async fn health_follows_relists() {
         let rt = Arc::new(FakeRuntime::default());
-        let pleg = GenericPleg::new(rt, Arc::new(KubeletMetrics::unregistered()), RELIST_PERIOD, RELIST_THRESHOLD);
+        let pleg = GenericPleg::new(
+            rt,
+            Arc::new(KubeletMetrics::unregistered()),
+            Arc::default(),
+            RELIST_PERIOD,
+            RELIST_THRESHOLD,
+        );
         let (tx, _rx) = mpsc::channel(10);
         pleg.relist(&tx).await.unwrap();
         assert!(pleg.healthy().is_ok());

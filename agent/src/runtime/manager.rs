@@ -117,15 +117,10 @@ pub struct RuntimeManagerDeps {
     pub volumes: Arc<VolumeManager>,
     /// Cluster DNS settings (`clusterDNS`, `clusterDomain`, `resolvConf`).
     pub dns: dns::DnsSettings,
-    /// Exits the evented PLEG saw in the kernel, laid over CRI's answers in
-    /// [`RuntimeManager::pod_status`] (see [`crate::pleg::exits`]).
-    pub kernel_exits: Arc<crate::pleg::exits::KernelExits>,
-    /// Where the sandbox and container start calls under way are marked, for the evented
-    /// PLEG to wait on before asking CRI about a start (see [`crate::pleg::starts`]).
-    pub starts_in_flight: Arc<crate::pleg::starts::StartsInFlight>,
-    /// Bumped whenever a sandbox or container is started or stopped (the stats
-    /// provider's `container_changes`).
-    pub container_changes: Arc<std::sync::atomic::AtomicU64>,
+    /// The runtime cache the PLEGs write: pod statuses are read through it (with the
+    /// exits the kernel saw first laid over them), start calls are marked in it for the
+    /// evented PLEG, and every start and stop is counted there for the stats provider.
+    pub cache: Arc<crate::container::cache::RuntimeCache>,
     /// The prober: its liveness and startup verdicts kill and restart containers.
     pub probes: crate::prober::ProbeManager,
     /// The runtime's name, which prefixes container ids in the API status
@@ -163,9 +158,7 @@ pub struct RuntimeManager {
     recorder: Arc<dyn EventRecorder>,
     volumes: Arc<VolumeManager>,
     dns: dns::DnsSettings,
-    kernel_exits: Arc<crate::pleg::exits::KernelExits>,
-    starts: Arc<crate::pleg::starts::StartsInFlight>,
-    container_changes: Arc<std::sync::atomic::AtomicU64>,
+    cache: Arc<crate::container::cache::RuntimeCache>,
     probes: crate::prober::ProbeManager,
     runtime_name: String,
     /// Runs postStart / preStop hooks.
@@ -194,9 +187,7 @@ impl RuntimeManager {
             recorder,
             volumes,
             dns,
-            kernel_exits,
-            starts_in_flight,
-            container_changes,
+            cache,
             probes,
             runtime_name,
             startup,
@@ -219,9 +210,7 @@ impl RuntimeManager {
             recorder,
             volumes,
             dns,
-            kernel_exits,
-            starts: starts_in_flight,
-            container_changes,
+            cache,
             probes,
             runtime_name,
             startup,
@@ -248,6 +237,12 @@ impl RuntimeManager {
         &self.startup
     }
 
+    /// The runtime cache it reads pod statuses through.
+    #[must_use]
+    pub fn cache(&self) -> &Arc<crate::container::cache::RuntimeCache> {
+        &self.cache
+    }
+
     /// The prober.
     #[must_use]
     pub fn probes(&self) -> &crate::prober::ProbeManager {
@@ -255,7 +250,7 @@ impl RuntimeManager {
     }
 
     fn containers_changed(&self) {
-        self.container_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.cache.containers_changed();
     }
 
     /// The volume manager (the pod workers mount and clean up through it).
@@ -308,9 +303,7 @@ impl RuntimeManager {
 
     /// Fetches a pod's runtime status, with the exits the kernel saw first.
     pub async fn pod_status(&self, uid: &str) -> Result<RuntimePodStatus> {
-        let mut status = RuntimePodStatus::fetch(self.rt.as_ref(), uid).await?;
-        self.kernel_exits.apply(&mut status);
-        Ok(status)
+        self.cache.pod_status(self.rt.as_ref(), uid).await
     }
 
     fn pod_log_dir(&self, pod: &Pod) -> PathBuf {

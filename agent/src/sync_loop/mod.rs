@@ -24,8 +24,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cm::PodContainerManager;
+use crate::container::cache::RuntimeCache;
 use crate::metrics::{KubeletMetrics, StaticLabels, WorkingPodLabels};
-use crate::pleg::relist::GenericPleg;
 use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{CleanupClaim, PodWorkers, WorkType};
@@ -56,7 +56,8 @@ fn deletion_or(pod: &k8s_openapi::api::core::v1::Pod, kind: WorkType) -> WorkTyp
 pub struct SyncLoop {
     pub pod_manager: PodManager,
     pub workers: PodWorkers,
-    pub pleg: GenericPleg,
+    /// The runtime cache the PLEG writes: housekeeping reads its listing.
+    pub cache: Arc<RuntimeCache>,
     pub runtime: Arc<RuntimeManager>,
     pub cm: Arc<dyn PodContainerManager>,
     pub metrics: Arc<KubeletMetrics>,
@@ -68,8 +69,6 @@ pub struct SyncLoop {
     pub rejected: std::sync::Mutex<HashSet<String>>,
     /// The eviction manager, once made: under node pressure it refuses pods too.
     pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
-    /// Bumped on every PLEG event (the stats provider's `container_changes`).
-    pub container_changes: Arc<std::sync::atomic::AtomicU64>,
     /// Admission checks between the eviction check and the node-fit predicates (topology
     /// manager, node shutdown).
     pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
@@ -200,7 +199,9 @@ impl SyncLoop {
 
     /// A PLEG event: sync the pod it concerns (removals need no sync, as upstream).
     pub fn handle_pleg_event(&self, ev: &PodLifecycleEvent) {
-        self.container_changes.fetch_add(1, std::sync::atomic::Ordering::Release);
+        // Before the worker hears of it: a status read before the change is stale now.
+        self.cache.invalidate(&ev.pod_uid);
+        self.cache.containers_changed();
         if ev.kind == PodLifecycleEventType::ContainerRemoved {
             return;
         }
@@ -387,7 +388,7 @@ impl SyncLoop {
     /// module docs). Does nothing until every source has reported once and the PLEG has
     /// listed the runtime, so a restart never kills what it should adopt.
     pub fn housekeeping(&self) {
-        if !self.pod_manager.sources_ready() || !self.pleg.has_relisted() {
+        if !self.pod_manager.sources_ready() || !self.cache.has_listed() {
             return;
         }
         let mut pass = self.housekeeping_pass.lock().unwrap();
@@ -397,7 +398,7 @@ impl SyncLoop {
         }
         let desired = self.pod_manager.uids();
         let workers = self.workers.known_uids();
-        let runtime_pods = self.pleg.runtime_pods();
+        let runtime_pods = self.cache.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);
         self.resize_housekeeping(&desired);
         // Only what still runs (upstream lists the runtime's running pods here: a ready
@@ -627,13 +628,19 @@ mod tests {
             TaskTracker::new(),
             stop.clone(),
         );
-        let pleg = GenericPleg::new(rt.clone(), metrics.clone(), Duration::from_secs(1), Duration::from_mins(3));
+        let pleg = crate::pleg::relist::GenericPleg::new(
+            rt.clone(),
+            metrics.clone(),
+            runtime.cache().clone(),
+            Duration::from_secs(1),
+            Duration::from_mins(3),
+        );
         pleg.relist_events().await.unwrap();
         let _: &dyn RuntimeService = rt.as_ref();
         let sync_loop = SyncLoop {
             pod_manager: PodManager::new(&[FILE_SOURCE]),
             workers,
-            pleg,
+            cache: runtime.cache().clone(),
             runtime,
             cm: cm.clone(),
             metrics,
@@ -642,7 +649,6 @@ mod tests {
             recorder,
             rejected: std::sync::Mutex::default(),
             eviction: Arc::default(),
-            container_changes: Arc::default(),
             admit_handlers: Vec::new(),
             update_plugin_resources: None,
             tracker: TaskTracker::new(),

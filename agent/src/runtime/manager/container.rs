@@ -182,7 +182,7 @@ impl RuntimeManager {
                 .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e))?;
         }
         let create_and_start = async {
-            let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
+            let under_way = self.cache.starts().begin(pod.metadata.uid.as_deref().unwrap_or_default());
             let id = self
                 .rt
                 .create_container(sandbox_id, config, sandbox_config.clone())

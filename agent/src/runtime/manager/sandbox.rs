@@ -123,7 +123,7 @@ impl RuntimeManager {
         let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
         let started = std::time::Instant::now();
         let run = async {
-            let under_way = self.starts.begin(pod.metadata.uid.as_deref().unwrap_or_default());
+            let under_way = self.cache.starts().begin(pod.metadata.uid.as_deref().unwrap_or_default());
             let ran = self.rt.run_pod_sandbox(config.clone(), handler.clone()).await;
             if let Ok(id) = &ran {
                 under_way.succeeded(id, "");

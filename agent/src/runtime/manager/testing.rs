@@ -39,9 +39,7 @@ impl RuntimeManagerDeps {
             backoff: Backoff::default(),
             volumes: Arc::new(VolumeManager::new(cfg.root_dir.clone(), Arc::new(NoApiServer))),
             dns: dns::DnsSettings::default(),
-            kernel_exits: Arc::default(),
-            starts_in_flight: Arc::default(),
-            container_changes: Arc::default(),
+            cache: Arc::default(),
             probes: crate::prober::ProbeManager::new(
                 Arc::new(crate::prober::runner::HandlerRunner::new(rt.clone())),
                 recorder.clone(),

@@ -259,9 +259,9 @@ mod start_gate_wiring {
     #[tokio::test]
     async fn the_evented_pleg_is_told_of_each_start_call_under_way() {
         let (_dir, fake, _recorder, deps) = setup_deps();
-        let starts = Arc::new(crate::pleg::starts::StartsInFlight::default());
-        let rm =
-            RuntimeManager::new(RuntimeManagerDeps { start_concurrency: 2, starts_in_flight: starts.clone(), ..deps });
+        let cache = Arc::new(crate::container::cache::RuntimeCache::default());
+        let starts = cache.starts().clone();
+        let rm = RuntimeManager::new(RuntimeManagerDeps { start_concurrency: 2, cache, ..deps });
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         fake.set_start_hook({
             let (starts, seen) = (starts.clone(), seen.clone());
