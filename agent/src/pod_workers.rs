@@ -356,6 +356,7 @@ impl PodWorkers {
             started_once: false,
             last_sync_failed: false,
             seen_started: HashSet::new(),
+            last_change_started: None,
         };
         let span = tracing::info_span!("pod_worker", pod_uid = %uid);
         let shutdown = self.shutdown.clone();
@@ -472,7 +473,15 @@ struct Worker {
     /// on to `ImagePullBackOff` or `CrashLoopBackOff` at the next event rather than at
     /// the next requeue.
     last_sync_failed: bool,
+    /// When the last sync that changed something in the runtime began (`None` before the
+    /// first sync): a runtime status read since, with no change reported in the pod since,
+    /// is current (see [`Worker::runtime_status`]).
+    last_change_started: Option<tokio::time::Instant>,
 }
+
+/// The oldest kept runtime status a sync uses instead of asking the runtime: it bounds what
+/// a change the PLEG has not reported (yet) can hide.
+const MAX_KEPT_STATUS_AGE: Duration = Duration::from_secs(5);
 
 /// Combines two pending work items: a kill wins, then create, update, sync.
 fn merge_kind(a: WorkType, b: WorkType) -> WorkType {
@@ -636,6 +645,7 @@ impl Worker {
                 }
                 self.workers.set_state(&self.uid, WorkerState::Finished);
                 self.deps.runtime.startup_tracker().forget(&self.uid);
+                self.deps.runtime.cache().forget(&self.uid);
                 tracing::info!("pod worker finished");
                 return;
             }
@@ -778,6 +788,22 @@ impl Worker {
         status
     }
 
+    /// The pod's runtime status for a sync that begins at `now` (upstream's
+    /// `podCache.GetNewerThan(uid, lastSyncTime)`): the runtime cache's if it was read
+    /// after the last sync that changed the runtime began (such a sync reads the runtime
+    /// again once its calls returned), after the last change the PLEG reported and within
+    /// [`MAX_KEPT_STATUS_AGE`]; else the runtime's own. Upstream waits for the PLEG's next
+    /// relist where the cache has nothing newer; this asks the runtime.
+    async fn runtime_status(&self, now: tokio::time::Instant) -> crate::container::Result<RuntimePodStatus> {
+        let since =
+            self.last_change_started.map(|t| now.checked_sub(MAX_KEPT_STATUS_AGE).map_or(t, |oldest| t.max(oldest)));
+        if let Some(kept) = since.and_then(|t| self.deps.runtime.cache().get_newer_than(self.uid(), t)) {
+            tracing::trace!("runtime status from the cache");
+            return Ok(kept);
+        }
+        self.deps.runtime.pod_status(self.uid()).await
+    }
+
     /// `SyncPod`: returns when to sync again.
     async fn sync_pod(&mut self) -> Duration {
         let Some(pod) = self.pod.clone() else { return self.deps.sync_frequency };
@@ -792,7 +818,8 @@ impl Worker {
         // In-place resize: the pod runs with its allocated resources, not the spec's.
         let pod = self.deps.runtime.allocation().update_pod_from_allocation(&pod).0;
         let name = pod_full_name(&pod);
-        let rt_status = match self.deps.runtime.pod_status(self.uid()).await {
+        let sync_started = tokio::time::Instant::now();
+        let rt_status = match self.runtime_status(sync_started).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(pod = %name, error = %e, "cannot get pod status from the runtime");
@@ -873,6 +900,9 @@ impl Worker {
         // Show the outcome at once rather than at the next PLEG event. A sync that left the
         // runtime alone may still have set a waiting reason (CrashLoopBackOff): the status
         // it started from serves, without asking the runtime again.
+        if result.touched_runtime {
+            self.last_change_started = Some(sync_started);
+        }
         let fresh = if result.touched_runtime { self.deps.runtime.pod_status(self.uid()).await.ok() } else { None };
         let after = fresh.as_ref().unwrap_or(&rt_status);
         self.deps.runtime.allocation().check_resize_in_progress(&pod, after);
@@ -1143,6 +1173,12 @@ mod tests {
         panic!("condition not reached");
     }
 
+    /// What the sync loop does with a PLEG event before the worker hears of it: the pod's
+    /// kept runtime status is stale from now on.
+    fn pleg_event(e: &Env, uid: &str) {
+        e.workers.deps.runtime.cache().invalidate(uid, tokio::time::Instant::now());
+    }
+
     #[tokio::test]
     async fn create_then_kill_removes_everything() {
         let e = env();
@@ -1211,6 +1247,7 @@ mod tests {
         wait_for(|| !e.rt.containers_named("c").is_empty()).await;
         let id = e.rt.containers_named("c")[0].clone();
         e.rt.exit_container(&id, 0);
+        pleg_event(&e, "u2");
         e.workers.update_pod(p.clone(), WorkType::Sync);
         wait_for(|| e.workers.states().get("u2") == Some(&WorkerState::Terminated)).await;
         assert_eq!(e.status.get("u2").unwrap().phase.as_deref(), Some("Succeeded"));
@@ -1349,12 +1386,14 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         e.rt.exit_container(&e.rt.containers_named("c")[0], 1);
+        pleg_event(&e, "u4");
         e.workers.update_pod(p.clone(), WorkType::Sync);
         while container(1).is_none() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let before = reads();
         e.rt.exit_container(&e.rt.containers_named("c").last().cloned().unwrap(), 1);
+        pleg_event(&e, "u4");
         e.workers.update_pod(p.clone(), WorkType::Sync);
         let waiting = |s: &k8s_openapi::api::core::v1::PodStatus| {
             s.container_statuses.as_ref()?[0].state.as_ref()?.waiting.as_ref()?.reason.clone()
@@ -1391,11 +1430,13 @@ mod tests {
         }
         assert_eq!(reads(), before, "both starts were in the status already");
         // A start the worker has not seen: a sync.
+        pleg_event(&e, "u5");
         e.workers.container_started(p.clone(), "another".into());
         idle().await;
         assert_eq!(reads(), before + 1);
         // An exit: a sync, which restarts the container.
         e.rt.exit_container(&container, 1);
+        pleg_event(&e, "u5");
         e.workers.update_pod(p.clone(), WorkType::Sync);
         idle().await;
         assert_eq!(reads(), before + 3, "a sync, with a read after its restart");
@@ -1405,6 +1446,35 @@ mod tests {
         e.workers.container_started(p, restarted);
         idle().await;
         assert_eq!(reads(), before + 3);
+        e.stop.cancel();
+    }
+
+    /// A sync soon after another, with no change in the pod since its last runtime read,
+    /// uses the kept status (upstream's `GetNewerThan`); after a PLEG event, or once the
+    /// kept status is older than [`MAX_KEPT_STATUS_AGE`], it reads the runtime.
+    #[tokio::test(start_paused = true)]
+    async fn a_sync_with_no_change_since_the_last_read_uses_the_kept_status() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u6", "kept", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        while e.status.get("u6").is_none_or(|s| s.phase.as_deref() != Some("Running")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let idle = || tokio::time::sleep(Duration::from_millis(100));
+        idle().await;
+        let reads = || e.rt.calls().iter().filter(|c| *c == "list_podsandbox").count();
+        let before = reads();
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        idle().await;
+        assert_eq!(reads(), before, "nothing changed since the last read");
+        pleg_event(&e, "u6");
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        idle().await;
+        assert_eq!(reads(), before + 1, "a change came after the last read");
+        tokio::time::sleep(MAX_KEPT_STATUS_AGE).await;
+        e.workers.update_pod(p, WorkType::Sync);
+        idle().await;
+        assert_eq!(reads(), before + 2, "the kept status is too old");
         e.stop.cancel();
     }
 
@@ -1423,6 +1493,7 @@ mod tests {
             // The container crashes at once; the PLEG would report it.
             let newest = e.rt.containers_named("c").last().cloned().unwrap();
             e.rt.exit_container(&newest, 1);
+            pleg_event(&e, "u3");
             e.workers.update_pod(p.clone(), WorkType::Sync);
         }
         let gaps: Vec<u64> = starts.windows(2).map(|w| (w[1] - w[0]).as_secs_f64().round() as u64).collect();

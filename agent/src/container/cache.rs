@@ -17,8 +17,9 @@
 //!   [`RuntimeCache::pod_status`], with when it was read; [`RuntimeCache::get_newer_than`]
 //!   hands one out only if it was read after a given time (upstream `GetNewerThan`, without
 //!   its wait: a reader that finds nothing newer reads the runtime itself).
-//!   [`RuntimeCache::invalidate`] marks a pod's status stale: the PLEGs' events do, so a
-//!   status read before an event is never taken for one read after it.
+//!   [`RuntimeCache::invalidate`] marks a pod's status stale from the time a change
+//!   happened: the sync loop does for every PLEG event before the pod worker hears of it,
+//!   so a status read before a change is never taken for one read after it.
 //! - **Changes**: a counter bumped by every PLEG event and every start or stop the
 //!   runtime manager makes; the stats provider collects anew when it moved.
 
@@ -145,25 +146,25 @@ impl RuntimeCache {
         Ok(status)
     }
 
-    /// Pod `uid`'s kept status if it was read after `t` and after every event about the
-    /// pod since, with the kernel's exits laid over it (upstream `GetNewerThan`, which
-    /// waits where this returns `None`).
+    /// Pod `uid`'s kept status if it was read at or after `t` (upstream's "not before")
+    /// and after every change reported in the pod since, with the kernel's exits laid
+    /// over it (upstream `GetNewerThan`, which waits where this returns `None`).
     #[must_use]
     pub fn get_newer_than(&self, uid: &str, t: Instant) -> Option<RuntimePodStatus> {
         let statuses = self.statuses.lock().unwrap();
         let e = statuses.get(uid)?;
-        let fresh = e.read_at > t && e.invalidated_at.is_none_or(|i| e.read_at > i);
+        let fresh = e.read_at >= t && e.invalidated_at.is_none_or(|i| e.read_at > i);
         let mut status = e.status.clone().filter(|_| fresh)?;
         drop(statuses);
         self.exits.apply(&mut status);
         Some(status)
     }
 
-    /// Marks pod `uid`'s kept status stale: something changed after it was read.
-    pub fn invalidate(&self, uid: &str) {
-        let now = Instant::now();
+    /// Marks pod `uid`'s kept status stale if it was read before `at`, when something
+    /// changed in the pod (a PLEG event: the kernel's time of it, or when it was listed).
+    pub fn invalidate(&self, uid: &str, at: Instant) {
         if let Some(e) = self.statuses.lock().unwrap().get_mut(uid) {
-            e.invalidated_at = Some(now);
+            e.invalidated_at = Some(e.invalidated_at.map_or(at, |i| i.max(at)));
         }
     }
 
@@ -216,10 +217,13 @@ mod tests {
         assert!(cache.get_newer_than("u", before).is_none(), "nothing read yet");
         cache.pod_status(&rt, "u").await.unwrap();
         assert!(cache.get_newer_than("u", before).is_some());
+        assert!(cache.get_newer_than("u", Instant::now()).is_some(), "read at the time asked");
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(cache.get_newer_than("u", Instant::now()).is_none(), "read before the time asked");
-        cache.invalidate("u");
-        assert!(cache.get_newer_than("u", before).is_none(), "an event came after the read");
+        cache.invalidate("u", before);
+        assert!(cache.get_newer_than("u", before).is_some(), "the change came before the read");
+        cache.invalidate("u", Instant::now());
+        assert!(cache.get_newer_than("u", before).is_none(), "the change came after the read");
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.pod_status(&rt, "u").await.unwrap();
         assert!(cache.get_newer_than("u", before).is_some(), "read again after the event");

@@ -199,8 +199,15 @@ impl SyncLoop {
 
     /// A PLEG event: sync the pod it concerns (removals need no sync, as upstream).
     pub fn handle_pleg_event(&self, ev: &PodLifecycleEvent) {
-        // Before the worker hears of it: a status read before the change is stale now.
-        self.cache.invalidate(&ev.pod_uid);
+        // Before the worker hears of it: a status read before the change is stale now. The
+        // change happened when the kernel saw it (a CLOCK_MONOTONIC time, the clock of
+        // tokio's instants), or for a relist event at the latest now.
+        let now = tokio::time::Instant::now();
+        let at = ev.kernel_time_ns.map_or(now, |k| {
+            now.checked_sub(Duration::from_nanos(crate::types::clock::monotonic_now_ns().saturating_sub(k)))
+                .unwrap_or(now)
+        });
+        self.cache.invalidate(&ev.pod_uid, at);
         self.cache.containers_changed();
         if ev.kind == PodLifecycleEventType::ContainerRemoved {
             return;
