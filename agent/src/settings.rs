@@ -6,7 +6,7 @@
 //! subsystem takes a settings struct of its own, documented there with the
 //! `KubeletConfiguration` fields that feed it, and never the [`Config`] or the
 //! [`KubeletConfiguration`]. The functions here are the one place that reads those fields
-//! for them; `main.rs` and `agent.rs` (the wiring) call them. This module sits above the
+//! for them; `main.rs` and `agent` (the wiring) call them. This module sits above the
 //! subsystems and may use both them and `config`; nothing but the wiring (and tests)
 //! uses it.
 //!
@@ -15,7 +15,7 @@
 //! ([`runtime_start_concurrency`]). They take a validated configuration: where a value
 //! could still be unusable they return an error rather than panic.
 //!
-//! Settings that `agent.rs` still builds inline from the configuration (the node, stats,
+//! Settings that `agent` still builds inline from the configuration (the node, stats,
 //! cgroup, runtime manager and API client settings) are read there the same way: from
 //! `Config` in the wiring, into a subsystem's own struct.
 

@@ -67,8 +67,8 @@ pub struct SyncLoop {
     pub recorder: Arc<dyn crate::events::EventRecorder>,
     /// Pods refused by admission (they never get a worker).
     pub rejected: std::sync::Mutex<HashSet<String>>,
-    /// The eviction manager, once made: under node pressure it refuses pods too.
-    pub eviction: Arc<std::sync::OnceLock<Arc<crate::eviction::EvictionManager>>>,
+    /// The eviction manager (none without stats): under node pressure it refuses pods too.
+    pub eviction: Option<Arc<crate::eviction::EvictionManager>>,
     /// Admission checks between the eviction check and the node-fit predicates (topology
     /// manager, node shutdown).
     pub admit_handlers: Vec<Arc<dyn crate::lifecycle::admission::PodAdmitHandler>>,
@@ -261,7 +261,7 @@ impl SyncLoop {
     fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod, active: &[k8s_openapi::api::core::v1::Pod]) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         // Node pressure first (upstream's eviction admit handler), API mode or not.
-        if let Some(Err(r)) = self.eviction.get().map(|m| m.admit(pod)) {
+        if let Some(Err(r)) = self.eviction.as_ref().map(|m| m.admit(pod)) {
             return self.reject(pod, &uid, r);
         }
         // The admit handlers (topology manager: CPU, memory and device allocation) run
@@ -655,7 +655,7 @@ mod tests {
             status,
             recorder,
             rejected: std::sync::Mutex::default(),
-            eviction: Arc::default(),
+            eviction: None,
             admit_handlers: Vec::new(),
             update_plugin_resources: None,
             tracker: TaskTracker::new(),
