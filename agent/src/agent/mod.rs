@@ -175,7 +175,8 @@ fn task(future: impl Future<Output = ()> + Send + 'static, span: tracing::Span) 
 }
 
 /// The agent as [`build`] leaves it: every subsystem made and connected, none of its
-/// tasks started. The fields are the tasks, in the order [`Agent::spawn`] starts them.
+/// tasks started. After the tracker, the shutdown token and the slot for a fatal error,
+/// the fields are the tasks, in the order [`Agent::spawn`] starts them (the server last).
 pub struct Agent {
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -226,7 +227,8 @@ struct ApiTasks {
 /// The eviction manager's task and the kernel's memory-pressure watchers that wake it.
 struct EvictionTasks {
     manager: Task,
-    /// `None` with `--eviction-kernel-signals=false`.
+    /// What the kernel's memory-pressure watchers need; `None` with
+    /// `--eviction-kernel-signals=false`.
     kernel_signals: Option<(crate::pressure::PressureSignals, crate::pressure::MemcgThresholdSettings)>,
 }
 
