@@ -94,10 +94,9 @@ pub struct RuntimeManagerConfig {
     pub host_ip: Option<String>,
 }
 
-/// Everything the runtime manager works with, all required: production fills it once
-/// (`agent.rs`), tests start from `RuntimeManagerDeps::fake` and replace what they look
-/// at. (It used to be a constructor plus twelve `with_*` setters filling `Option`s, and a
-/// setter forgotten turned a feature off without a word.)
+/// Everything the runtime manager works with, all required, so that no feature can be left
+/// off by a dependency not given: production fills it once (`agent::build`), tests start
+/// from `RuntimeManagerDeps::fake` and replace what they look at.
 #[derive(Debug)]
 pub struct RuntimeManagerDeps {
     /// The CRI client.
