@@ -1038,7 +1038,6 @@ mod tests {
     use crate::container::fake::FakeRuntime;
     use crate::container::{Backoff, RuntimeService};
     use crate::events::MemoryRecorder;
-    use crate::runtime::manager::RuntimeManagerConfig;
     use crate::status::StatusManager;
 
     fn pod(uid: &str, name: &str, policy: &str, cmd_exit: bool) -> Pod {
@@ -1126,25 +1125,13 @@ mod tests {
     ) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let rt = Arc::new(FakeRuntime::with_images(&["img"]).with_clock(clock.clone()));
-        let metrics = Arc::new(KubeletMetrics::unregistered());
         let cm: Arc<dyn PodContainerManager> = Arc::new(FakePodContainerManager::default());
-        let manager = RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
-            cm: cm.clone(),
-            metrics: metrics.clone(),
-            cfg: RuntimeManagerConfig {
-                pod_logs_dir: dir.path().join("logs"),
-                root_dir: dir.path().join("root"),
-                node_name: "n".into(),
-                host_ip: None,
-            },
-            backoff: Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock),
-            images: Arc::new(crate::images::puller::ImageManager::new(
-                rt.clone(),
-                crate::images::puller::PullerConfig::default(),
-                metrics.clone(),
-            )),
-            ..crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path())
-        });
+        let mut deps = crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path());
+        deps.cm = cm.clone();
+        deps.cfg.node_name = "n".into();
+        deps.backoff = Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock);
+        let metrics = deps.metrics.clone();
+        let manager = RuntimeManager::new(deps);
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));
         let deps = Arc::new(SyncDeps {

@@ -494,7 +494,6 @@ mod tests {
     use crate::container::fake::FakeRuntime;
     use crate::events::MemoryRecorder;
     use crate::pod_workers::SyncDeps;
-    use crate::runtime::manager::RuntimeManagerConfig;
     use crate::status::StatusManager;
     use crate::types::pod::FILE_SOURCE;
     use crate::types::qos::QosClass;
@@ -599,24 +598,12 @@ mod tests {
     async fn env() -> Env {
         let dir = tempfile::tempdir().unwrap();
         let rt = Arc::new(FakeRuntime::with_images(&["img"]));
-        let metrics = Arc::new(KubeletMetrics::unregistered());
         let cm = Arc::new(HeldCm::default());
-        let runtime = Arc::new(RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
-            cm: cm.clone(),
-            metrics: metrics.clone(),
-            cfg: RuntimeManagerConfig {
-                pod_logs_dir: dir.path().join("logs"),
-                root_dir: dir.path().join("root"),
-                node_name: "n".into(),
-                host_ip: None,
-            },
-            images: Arc::new(crate::images::puller::ImageManager::new(
-                rt.clone(),
-                crate::images::puller::PullerConfig::default(),
-                metrics.clone(),
-            )),
-            ..crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path())
-        }));
+        let mut deps = crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path());
+        deps.cm = cm.clone();
+        deps.cfg.node_name = "n".into();
+        let metrics = deps.metrics.clone();
+        let runtime = Arc::new(RuntimeManager::new(deps));
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));
         let stop = CancellationToken::new();
