@@ -74,13 +74,9 @@ impl RuntimeCache {
         f(&self.listing.read().unwrap().pods)
     }
 
-    /// Replaces the listing with `pods`, listed at `at`; returns the listing it replaced
-    /// and whether there was one.
-    pub fn set_listing(&self, pods: BTreeMap<String, RuntimePod>, at: Instant) -> (BTreeMap<String, RuntimePod>, bool) {
-        let mut l = self.listing.write().unwrap();
-        let had = l.at.is_some();
-        l.at = Some(at);
-        (std::mem::replace(&mut l.pods, pods), had)
+    /// Replaces the listing with `pods`, listed at `at`.
+    pub fn set_listing(&self, pods: BTreeMap<String, RuntimePod>, at: Instant) {
+        *self.listing.write().unwrap() = Listing { pods, at: Some(at) };
     }
 
     /// When the last listing was made; `None` before the first.
@@ -197,13 +193,13 @@ mod tests {
         let cache = RuntimeCache::default();
         assert!(!cache.has_listed());
         let t0 = Instant::now();
-        let (old, had) = cache.set_listing(BTreeMap::from([("u".into(), pod("u", ("c1", "web")))]), t0);
-        assert!(old.is_empty() && !had);
+        cache.set_listing(BTreeMap::from([("u".into(), pod("u", ("c1", "web")))]), t0);
+        assert!(cache.has_listed());
+        assert_eq!(cache.runtime_pods().keys().collect::<Vec<_>>(), ["u"]);
         assert_eq!(cache.container_name("u", "c1").as_deref(), Some("web"));
         assert_eq!(cache.container_name("u", "c2"), None);
-        let (old, had) = cache.set_listing(BTreeMap::new(), t0 + Duration::from_secs(1));
-        assert!(had);
-        assert_eq!(old.keys().collect::<Vec<_>>(), ["u"]);
+        cache.set_listing(BTreeMap::new(), t0 + Duration::from_secs(1));
+        assert!(cache.runtime_pods().is_empty(), "replaced whole");
         assert_eq!(cache.container_name("u", "c1"), None);
         assert_eq!(cache.listed_at(), Some(t0 + Duration::from_secs(1)));
     }

@@ -147,12 +147,13 @@ impl GenericPleg {
     /// snapshot and metrics, and return the events.
     pub async fn relist_events(&self) -> crate::container::Result<Vec<PodLifecycleEvent>> {
         let start = Instant::now();
-        if let Some(prev) = self.cache.listed_at() {
+        // Only this PLEG writes the listing: it cannot change until the set below.
+        let previous = self.cache.listed_at();
+        if let Some(prev) = previous {
             self.metrics.pleg_relist_interval.observe(start.duration_since(prev).as_secs_f64());
         }
         let pods = RuntimePod::list_all(self.rt.as_ref()).await?;
-        // Only this PLEG writes the listing: it cannot change between the diff and the set.
-        let events = match self.cache.listed_at() {
+        let events = match previous {
             Some(_) => self.cache.with_listing(|old| diff(old, &pods)),
             // First listing after start: every existing container is news for the sync
             // loop (it adopts what runs), so diff against nothing.
