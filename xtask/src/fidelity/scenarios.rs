@@ -29,6 +29,23 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// How long container `c0` must have been seen running before the action is taken.
+    /// A `ConfigMap` update waits until both agents are past the syncs that follow a
+    /// container's start (upstream relists every second, syncs the pod on the start it
+    /// sees and on the first result of each probe, and each sync refreshes the volume):
+    /// taken at once, it may land just before such a sync on one agent and just after it
+    /// on the other, and the scenario would compare that chance instead of the periodic
+    /// refresh both agents do.
+    #[must_use]
+    pub fn after_running(&self) -> Duration {
+        match self {
+            Self::UpdateConfigMap { .. } => Duration::from_secs(5),
+            Self::None | Self::KillFromHost | Self::Delete => Duration::ZERO,
+        }
+    }
+}
+
 /// When the outcome is there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Done {
@@ -407,6 +424,15 @@ mod tests {
         assert_eq!(p["spec"]["tolerations"][0]["key"], BENCH_TAINT);
         assert_eq!(p["spec"]["containers"][0]["command"], json!(["sh", "-c", "true"]));
         assert_eq!(p["spec"]["containers"][0]["tty"], true);
+    }
+
+    #[test]
+    fn only_the_config_map_update_waits_for_the_start_up_syncs() {
+        let update = Action::UpdateConfigMap { name: "cm", key: "k", value: "v" };
+        assert!(update.after_running() >= Duration::from_secs(3), "upstream relists every second");
+        for a in [Action::None, Action::KillFromHost, Action::Delete] {
+            assert_eq!(a.after_running(), Duration::ZERO, "{a:?}");
+        }
     }
 
     #[test]
