@@ -15,6 +15,12 @@
 //! difference if the other agent got there). The node-pressure eviction runs on a node of
 //! its own whose `memory.available` threshold is set below what is available at its start.
 //!
+//! The facts are taken at moments of two agents' schedules, so a difference in a pod's
+//! facts can be one of timing on this host at that moment (CI once saw two that no local
+//! run showed). The scenarios with undocumented differences therefore run once more on
+//! both agents (on nodes and in namespaces of their own), and only what differs again fails
+//! the run; the report shows both runs. A difference in the node's own facts fails at once.
+//!
 //! `--fast` (CI) runs the scenarios that end within 40 s: about 2 minutes for both agents.
 //! The report goes to stdout and `target/fidelity/report.md`, the facts of each agent to
 //! `target/fidelity/<agent>.json`, the agents' logs beside them.
@@ -141,33 +147,79 @@ async fn fidelity(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()>
         chosen.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
     );
 
-    let mut runs = BTreeMap::new();
-    for (which, binary) in [(Which::Swiftlet, &swiftlet), (Which::Kubelet, &kubelet)] {
-        eprintln!();
-        eprintln!("==> fidelity: {}", which.name());
-        let run = run_agent(ctx, layout, &api, which, binary, &chosen, &mut cri)
-            .await
-            .with_context(|| format!("the {} run", which.name()))?;
-        runs.insert(which.name(), run);
-    }
+    let agents = [(Which::Swiftlet, swiftlet.as_path()), (Which::Kubelet, kubelet.as_path())];
+    let runs = run_both(ctx, layout, &api, agents, "fidelity", &chosen, &mut cri).await?;
     let out = ctx.target_dir.join("fidelity");
     fs::create_dir_all(&out)?;
     for (name, run) in &runs {
         let path = out.join(format!("{name}.json"));
         fs::write(&path, serde_json::to_vec_pretty(&json!(run.facts))?)?;
     }
-    let (report, undocumented) = report(&runs["swiftlet"], &runs["kubelet"]);
-    print!("{report}");
-    fs::write(out.join("report.md"), &report)?;
+    let (mut report_text, mut undocumented) = report(&runs["swiftlet"], &runs["kubelet"]);
+    // The facts are taken at moments of two agents' schedules, so a difference in a pod's
+    // facts may be one of timing on this host at this moment. Those scenarios run once more
+    // on both agents, and only what differs again fails the run; the report keeps both.
+    let again: Vec<Scenario> =
+        chosen.iter().filter(|s| undocumented.iter().any(|d| d.scenario == s.name)).cloned().collect();
+    let node_level = undocumented.iter().any(|d| !again.iter().any(|s| s.name == d.scenario));
+    if !again.is_empty() && !node_level {
+        eprintln!(
+            "fidelity: {} undocumented difference(s) in {}; running them once more on both agents",
+            undocumented.len(),
+            again.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+        );
+        // Nodes and namespaces of their own: the first run's are still being deleted.
+        let reruns =
+            run_both(ctx, layout, &api, agents, "fidelity-again", &again, &mut cri).await.context("the second run")?;
+        let (second, still) = report(&reruns["swiftlet"], &reruns["kubelet"]);
+        let _ = write!(
+            report_text,
+            "\n# Run again: the scenarios with undocumented differences\n\nOnly what differs again fails the \
+             run.\n\n{}",
+            second.split_once('\n').map_or("", |(_, rest)| rest).trim_start()
+        );
+        undocumented = still;
+    }
+    print!("{report_text}");
+    fs::write(out.join("report.md"), &report_text)?;
     eprintln!("fidelity: report in {}", out.join("report.md").display());
     // The error names each difference: CI's summary shows this line, not the report.
     ensure!(
         undocumented.is_empty(),
         "{} undocumented difference(s) between swiftlet and the upstream kubelet: {}",
         undocumented.len(),
-        undocumented.join("; ")
+        undocumented.iter().map(describe).collect::<Vec<_>>().join("; ")
     );
     Ok(())
+}
+
+/// `chosen` on each agent in turn, by agent name; `prefix` starts the names of the nodes,
+/// namespaces and logs.
+async fn run_both(
+    ctx: &Ctx,
+    layout: &Layout,
+    api: &ApiServer,
+    agents: [(Which, &Path); 2],
+    prefix: &str,
+    chosen: &[Scenario],
+    cri: &mut CriClient,
+) -> Result<BTreeMap<&'static str, AgentRun>> {
+    let mut runs = BTreeMap::new();
+    for (which, binary) in agents {
+        eprintln!();
+        eprintln!("==> fidelity: {}", which.name());
+        let run = run_agent(ctx, layout, api, (which, binary), prefix, chosen, cri)
+            .await
+            .with_context(|| format!("the {} run", which.name()))?;
+        runs.insert(which.name(), run);
+    }
+    Ok(runs)
+}
+
+/// One difference on one line.
+fn describe(d: &Difference) -> String {
+    let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
+    format!("{} / {}: swiftlet {}, kubelet {}", d.scenario, d.key, show(&d.swiftlet), show(&d.kubelet))
 }
 
 /// `cargo build -p swiftlet --bin swiftlet` (a no-op when CI has built the workspace).
@@ -187,8 +239,8 @@ async fn run_agent(
     ctx: &Ctx,
     layout: &Layout,
     api: &ApiServer,
-    which: Which,
-    binary: &Path,
+    (which, binary): (Which, &Path),
+    prefix: &str,
     chosen: &[Scenario],
     cri: &mut CriClient,
 ) -> Result<AgentRun> {
@@ -197,7 +249,7 @@ async fn run_agent(
     let pressure: Vec<&Scenario> = chosen.iter().filter(|s| s.pressure).collect();
     if !plain.is_empty() {
         let (facts, node) =
-            phase(ctx, layout, api, which, binary, &format!("fidelity-{}", which.name()), &plain, "", cri).await?;
+            phase(ctx, layout, api, which, binary, &format!("{prefix}-{}", which.name()), &plain, "", cri).await?;
         run.facts.extend(facts);
         run.facts.insert("node".into(), node);
     }
@@ -208,7 +260,7 @@ async fn run_agent(
             "evictionHard:\n  memory.available: {threshold}Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n  \
              nodefs.inodesFree: 1%\nevictionPressureTransitionPeriod: 30s\n"
         );
-        let label = format!("fidelity-pressure-{}", which.name());
+        let label = format!("{prefix}-pressure-{}", which.name());
         let (facts, node) = phase(ctx, layout, api, which, binary, &label, &pressure, &config, cri).await?;
         run.facts.extend(facts);
         run.facts.insert("node pressure".into(), node);
@@ -518,8 +570,8 @@ async fn container_pid(cri: &mut CriClient, id: &str) -> Result<i32> {
         .ok_or_else(|| anyhow!("the runtime gives no pid for container {id}"))
 }
 
-/// The report (markdown) and the undocumented differences, one line each.
-fn report(swiftlet: &AgentRun, kubelet: &AgentRun) -> (String, Vec<String>) {
+/// The report (markdown) and the undocumented differences.
+fn report(swiftlet: &AgentRun, kubelet: &AgentRun) -> (String, Vec<Difference>) {
     let mut names: Vec<&String> = swiftlet.facts.keys().chain(kubelet.facts.keys()).collect();
     names.sort();
     names.dedup();
@@ -546,10 +598,7 @@ fn report(swiftlet: &AgentRun, kubelet: &AgentRun) -> (String, Vec<String>) {
         let same = a.keys().filter(|k| a.get(*k) == b.get(*k)).count();
         let (doc, undoc): (Vec<&Difference>, Vec<&Difference>) =
             diffs.iter().partition(|d| documented::reason(d).is_some());
-        undocumented.extend(undoc.iter().map(|d| {
-            let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
-            format!("{name} / {}: swiftlet {}, kubelet {}", d.key, show(&d.swiftlet), show(&d.kubelet))
-        }));
+        undocumented.extend(undoc.iter().map(|d| (*d).clone()));
         documented_n += doc.len();
         let verdict = if undoc.is_empty() { "✓" } else { "✗" };
         let _ = writeln!(rows, "| {name} | {same} | {} | {} | {verdict} |", doc.len(), undoc.len());
@@ -613,7 +662,8 @@ mod tests {
             .into(),
         };
         let (text, undocumented) = report(&a, &b);
-        assert_eq!(undocumented, ["crash-loop / phase: swiftlet Running, kubelet Failed"]);
+        let lines: Vec<String> = undocumented.iter().map(describe).collect();
+        assert_eq!(lines, ["crash-loop / phase: swiftlet Running, kubelet Failed"]);
         assert!(text.contains("| crash-loop | 0 | 0 | 1 | ✗ |"), "{text}");
         assert!(text.contains("| node | 1 | 1 | 0 | ✓ |"), "{text}");
         assert!(
