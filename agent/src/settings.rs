@@ -15,22 +15,20 @@
 //! ([`runtime_start_concurrency`]). They take a validated configuration: where a value
 //! could still be unusable they return an error rather than panic.
 //!
-//! Settings that `agent` still builds inline from the configuration (the node, stats,
-//! cgroup, runtime manager and API client settings) are read there the same way: from
-//! `Config` in the wiring, into a subsystem's own struct.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cm::CgroupConfig;
 use crate::cm::allocatable::AllocatableSettings;
 use crate::cm::cpumanager::CpuManagerConfig;
 use crate::cm::memorymanager::MemoryManagerConfig;
 use crate::cm::resource_managers::ResourceManagerSettings;
 use crate::cm::resources::ContainerResourceSettings;
 use crate::cm::topology::TopologyManagerConfig;
-use crate::config::{Config, DEFAULT_EVICTION_HARD, KubeletConfiguration};
+use crate::config::{Config, DEFAULT_EVICTION_HARD, GoDuration, KubeletConfiguration};
 use crate::eviction::thresholds::ThresholdSettings;
 use crate::gc::ContainerGcPolicy;
 use crate::images::gc::ImageGcPolicy;
@@ -38,7 +36,10 @@ use crate::images::puller::PullerConfig;
 use crate::logs::rotation::RotationPolicy;
 use crate::nodeshutdown::{PriorityPeriod, ShutdownSettings};
 use crate::pressure::MemcgThresholdSettings;
+use crate::runtime::manager::RuntimeManagerConfig;
+use crate::runtime::manager::dns::DnsSettings;
 use crate::server::{DebuggingHandlers, Limits, SYSTEM_LOG_DIR, ServerSettings, TlsSettings};
+use crate::stats::provider::StatsSettings;
 use crate::telemetry::{CollectorEndpoint, DEFAULT_ENDPOINT, TracingSettings};
 use crate::types::cpuset::CpuSet;
 use crate::types::quantity;
@@ -368,6 +369,102 @@ pub fn node_shutdown(kc: &KubeletConfiguration) -> ShutdownSettings {
             .iter()
             .map(|p| PriorityPeriod { priority: p.priority, grace_seconds: p.shutdown_grace_period_seconds })
             .collect(),
+    }
+}
+
+/// The node manager's settings: `--node-ip` (as resolved by the wiring), `--node-labels`,
+/// `registerWithTaints`, `maxPods`, `port`, the reservations and hard eviction thresholds
+/// (node allocatable), `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`,
+/// `nodeLeaseDurationSeconds`.
+#[must_use]
+pub fn node(config: &Config, node_ip: Option<IpAddr>) -> crate::node::NodeSettings {
+    let kc = &config.kubelet;
+    crate::node::NodeSettings {
+        node_name: config.node_name.clone(),
+        // As upstream: the hostname is --hostname-override when given (which is also
+        // the node name without a cloud provider).
+        hostname: config.node_name.clone(),
+        node_ip,
+        labels: config.node_labels.clone(),
+        taints: kc.register_with_taints.clone(),
+        max_pods: kc.max_pods,
+        port: kc.port,
+        kube_reserved: kc.kube_reserved.clone(),
+        system_reserved: kc.system_reserved.clone(),
+        eviction_hard: kc.eviction_hard.clone(),
+        update_frequency: kc.node_status_update_frequency.to_std(),
+        report_frequency: kc.node_status_report_frequency.to_std(),
+        lease_duration_secs: kc.node_lease_duration_seconds,
+        kubelet_version: format!("v1.37.0-swiftlet.{}", env!("CARGO_PKG_VERSION")),
+    }
+}
+
+/// The pod cgroups: `cgroupRoot` (`/` when empty), `cgroupsPerQOS`, `cgroupDriver`,
+/// `podPidsLimit`, `cpuCFSQuota`, and node allocatable's `enforcement` (planned from
+/// [`allocatable`] and the machine).
+#[must_use]
+pub fn cgroups(kc: &KubeletConfiguration, enforcement: crate::cm::allocatable::Enforcement) -> CgroupConfig {
+    CgroupConfig {
+        cgroup_root: if kc.cgroup_root.is_empty() { "/".into() } else { kc.cgroup_root.clone() },
+        cgroups_per_qos: kc.cgroups_per_qos,
+        cgroup_driver: kc.cgroup_driver.clone(),
+        pod_pids_limit: kc.pod_pids_limit,
+        cpu_cfs_quota: kc.cpu_cfs_quota,
+        enforcement,
+        ..CgroupConfig::default()
+    }
+}
+
+/// In-place resize: whether the CPU (`cpuManagerPolicy`) and memory
+/// (`memoryManagerPolicy`) managers are static.
+#[must_use]
+pub fn node_resize(kc: &KubeletConfiguration) -> crate::allocation::NodeResizeConfig {
+    crate::allocation::NodeResizeConfig {
+        static_cpu_policy: kc.cpu_manager_policy.eq_ignore_ascii_case("static"),
+        static_memory_policy: kc.memory_manager_policy.eq_ignore_ascii_case("static"),
+    }
+}
+
+/// The crash-loop back-off's cap: `crashLoopBackOff.maxContainerRestartPeriod`, else
+/// upstream's 5 minutes ([`crate::container::backoff::MAX`]).
+#[must_use]
+pub fn crash_loop_max(kc: &KubeletConfiguration) -> Duration {
+    kc.crash_loop_back_off.max_container_restart_period.map_or(crate::container::backoff::MAX, GoDuration::to_std)
+}
+
+/// The runtime manager's paths and names: `podLogsDir`, `--root-dir`, the node name and
+/// the host IP (as resolved by the wiring).
+#[must_use]
+pub fn runtime_manager(config: &Config, host_ip: Option<String>) -> RuntimeManagerConfig {
+    RuntimeManagerConfig {
+        pod_logs_dir: config.kubelet.pod_logs_dir.clone().into(),
+        root_dir: config.root_dir.clone(),
+        node_name: config.node_name.clone(),
+        host_ip,
+    }
+}
+
+/// The pods' DNS: `clusterDNS`, `clusterDomain`, `resolvConf`.
+#[must_use]
+pub fn dns(kc: &KubeletConfiguration) -> DnsSettings {
+    DnsSettings {
+        cluster_dns: kc.cluster_dns.clone(),
+        cluster_domain: kc.cluster_domain.clone(),
+        resolv_conf: kc.resolv_conf.clone(),
+    }
+}
+
+/// The stats provider: the node name, `--root-dir`, `podLogsDir` and the pods' cgroup
+/// (`<cgroupRoot>/kubepods` with `cgroupsPerQOS`).
+#[must_use]
+pub fn stats(config: &Config) -> StatsSettings {
+    let kc = &config.kubelet;
+    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
+    StatsSettings {
+        node_name: config.node_name.clone(),
+        root_dir: config.root_dir.clone(),
+        pod_logs_dir: kc.pod_logs_dir.clone().into(),
+        pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
     }
 }
 

@@ -31,13 +31,7 @@ pub(super) fn stats_provider(
             return None;
         }
     };
-    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
-    let settings = crate::stats::provider::StatsSettings {
-        node_name: cfg.node_name.clone(),
-        root_dir: cfg.root_dir.clone(),
-        pod_logs_dir: kc.pod_logs_dir.clone().into(),
-        pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
-    };
+    let settings = crate::settings::stats(cfg);
     let mut config = CollectorConfig::new(hierarchies);
     config.metrics = Some(metrics);
     // volumeStatsAggPeriod paces every disk usage walk (volumes, writable layers, logs).

@@ -137,3 +137,43 @@ fn node_shutdown_gates_default_on() {
     kc.feature_gates.insert("GracefulNodeShutdownBasedOnPodPriority".into(), false);
     assert!(!node_shutdown(&kc).based_on_pod_priority);
 }
+
+#[test]
+fn the_node_the_cgroups_and_the_stats_follow_the_configuration() {
+    let cfg = load(
+        Some(
+            "cgroupRoot: /custom\nmaxPods: 250\nnodeStatusUpdateFrequency: 4s\nclusterDNS: [10.96.0.10]\n\
+             clusterDomain: example.local\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 30s\n\
+             featureGates:\n  KubeletCrashLoopBackOffMax: true\n",
+        ),
+        &["--node-labels=zone=a"],
+    );
+    let node = node(&cfg, Some("10.0.0.7".parse().unwrap()));
+    assert_eq!((node.node_name.as_str(), node.hostname.as_str()), ("node-1", "node-1"));
+    assert_eq!(node.max_pods, 250);
+    assert_eq!(node.update_frequency, Duration::from_secs(4));
+    assert_eq!(node.labels.get("zone").map(String::as_str), Some("a"));
+    assert!(node.kubelet_version.starts_with("v1.37.0-swiftlet."), "{}", node.kubelet_version);
+
+    let cgroups = cgroups(&cfg.kubelet, crate::cm::allocatable::Enforcement::default());
+    assert_eq!(cgroups.cgroup_root, "/custom");
+    assert!(cgroups.cgroups_per_qos);
+    assert_eq!(stats(&cfg).pods_cgroup.as_deref(), Some("/custom/kubepods"));
+
+    let dns = dns(&cfg.kubelet);
+    assert_eq!(dns.cluster_dns, ["10.96.0.10"]);
+    assert_eq!(dns.cluster_domain, "example.local");
+    assert_eq!(crash_loop_max(&cfg.kubelet), Duration::from_secs(30));
+    let rm = runtime_manager(&cfg, Some("10.0.0.7".into()));
+    assert_eq!((rm.node_name.as_str(), rm.host_ip.as_deref()), ("node-1", Some("10.0.0.7")));
+}
+
+#[test]
+fn an_empty_cgroup_root_is_the_root_and_the_defaults_are_upstreams() {
+    let kc = KubeletConfiguration::default();
+    assert_eq!(cgroups(&kc, crate::cm::allocatable::Enforcement::default()).cgroup_root, "/");
+    assert_eq!(crash_loop_max(&kc), crate::container::backoff::MAX);
+    assert!(!node_resize(&kc).static_cpu_policy);
+    let cfg = load(None, &[]);
+    assert_eq!(stats(&cfg).pods_cgroup.as_deref(), Some("/kubepods"));
+}
