@@ -323,12 +323,15 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let mut node_shutdown = crate::nodeshutdown::Manager::from_settings(
         &crate::settings::node_shutdown(kc),
         &base.cfg.root_dir,
-        crate::eviction::adapters::AgentPods {
-            manager: pods.pod_manager.clone(),
-            workers: pods.workers.clone(),
-            status: pods.status.clone(),
+        {
+            let active = crate::eviction::adapters::AgentPods {
+                manager: pods.pod_manager.clone(),
+                workers: pods.workers.clone(),
+                status: pods.status.clone(),
+            };
+            Arc::new(move || crate::eviction::ActivePods::active_pods(&active))
         },
-        pods.workers.clone(),
+        Arc::new(crate::nodeshutdown::adapters::AgentTerminator { workers: pods.workers.clone() }),
     )
     .map(|m| {
         m.with_metrics(base.metrics.clone())

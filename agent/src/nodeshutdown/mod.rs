@@ -376,21 +376,21 @@ impl Manager {
     }
 
     /// The agent's manager: `None` (logged) when the settings turn the feature off; else
-    /// one that kills through the pod workers.
+    /// one that asks `active_pods` for the pods to stop and stops them with `terminator`
+    /// (the agent's is [`adapters::AgentTerminator`], through the pod workers).
     #[must_use]
     pub fn from_settings(
         settings: &ShutdownSettings,
         root_dir: &std::path::Path,
-        pods: crate::eviction::adapters::AgentPods,
-        workers: crate::pod_workers::PodWorkers,
+        active_pods: ActivePodsFn,
+        terminator: Arc<dyn PodTerminator>,
     ) -> Option<Self> {
         let periods = periods(settings);
         if periods.is_empty() {
             tracing::info!("no graceful node shutdown configured, node shutdown will be immediate");
             return None;
         }
-        let active = Arc::new(move || crate::eviction::ActivePods::active_pods(&pods));
-        let mut manager = Self::new(periods, root_dir, active, Arc::new(adapters::AgentTerminator { workers }));
+        let mut manager = Self::new(periods, root_dir, active_pods, terminator);
         manager.record = settings.based_on_pod_priority;
         Some(manager)
     }
