@@ -4,13 +4,11 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::Base;
-use super::Task;
 use super::adapters::PlegHealth;
 use super::api_clients::Api;
 use super::node::NodeResources;
 use super::pods::Pods;
-use super::task;
+use super::{Base, Task, task};
 use crate::server::HealthCheck as _;
 use crate::sources::PodUpdate;
 

@@ -4,11 +4,9 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::Base;
-use super::Task;
 use super::adapters::GcPods;
 use super::pods::Pods;
-use super::task;
+use super::{Base, Task, task};
 
 /// The eviction manager's task and the kernel's memory-pressure watchers that wake it.
 pub(super) struct EvictionTasks {

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 
 use super::Error;
-use crate::cm::CgroupfsPodContainerManager;
-use crate::cm::PodContainerManager;
+use crate::cm::{CgroupfsPodContainerManager, PodContainerManager};
 use crate::config::Config;
 
 /// The node's resources: what the machine is, the resource managers and the cgroups.

@@ -4,20 +4,14 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::Base;
-use super::Task;
-use super::adapters::PlegHealth;
-use super::adapters::observed_sink;
+use super::adapters::{PlegHealth, observed_sink};
 use super::node::NodeResources;
 use super::pods::Pods;
-use super::task;
+use super::{Base, Task, task};
 use crate::event_api::EventBus;
 use crate::pleg::PodLifecycleEventGenerator;
-use crate::pleg::evented::CgroupIndex;
-use crate::pleg::evented::EventedPleg;
-use crate::pleg::relist::GenericPleg;
-use crate::pleg::relist::RELIST_PERIOD;
-use crate::pleg::relist::RELIST_THRESHOLD;
+use crate::pleg::evented::{CgroupIndex, EventedPleg};
+use crate::pleg::relist::{GenericPleg, RELIST_PERIOD, RELIST_THRESHOLD};
 
 /// The PLEG the agent runs, known by its trait alone (`/healthz` asks it), and its task.
 pub(super) struct Pleg {

@@ -7,23 +7,16 @@ use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::Base;
-use super::Error;
-use super::Task;
-use super::api_clients::Api;
-use super::api_clients::ApiClients;
+use super::api_clients::{Api, ApiClients};
 use super::node::NodeResources;
-use super::task;
+use super::{Base, Error, Task, task};
 use crate::config::Config;
 use crate::container::Backoff;
-use crate::events::EventRecorder;
-use crate::events::MemoryRecorder;
+use crate::events::{EventRecorder, MemoryRecorder};
 use crate::pod_manager::PodManager;
-use crate::pod_workers::PodWorkers;
-use crate::pod_workers::SyncDeps;
+use crate::pod_workers::{PodWorkers, SyncDeps};
 use crate::runtime::RuntimeManager;
-use crate::status::StatusManager;
-use crate::status::StatusProvider;
+use crate::status::{StatusManager, StatusProvider};
 use crate::types::pod::FILE_SOURCE;
 
 /// The event recorder: in memory (`/events`), and in API mode also posted to the API

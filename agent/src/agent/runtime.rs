@@ -7,8 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::config::Config;
-use crate::container::RemoteRuntime;
-use crate::container::RuntimeService;
+use crate::container::{RemoteRuntime, RuntimeService};
 use crate::metrics::KubeletMetrics;
 
 /// How long the agent waits for the container runtime at start.

@@ -7,24 +7,14 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::Base;
-use super::Error;
-use super::Task;
-use super::adapters::PlegHealth;
-use super::adapters::PodsView;
-use super::api_clients::Api;
-use super::api_clients::ApiClients;
+use super::adapters::{PlegHealth, PodsView};
+use super::api_clients::{Api, ApiClients};
 use super::pods::Pods;
-use super::stats_handlers::StatsState;
-use super::stats_handlers::cadvisor_handler;
-use super::stats_handlers::resource_metrics_handler;
-use super::stats_handlers::summary_handler;
-use super::task;
+use super::stats_handlers::{StatsState, cadvisor_handler, resource_metrics_handler, summary_handler};
+use super::{Base, Error, Task, task};
 use crate::config::Config;
 use crate::events::MemoryRecorder;
-use crate::server::Endpoints;
-use crate::server::Server;
-use crate::server::ServerSettings;
+use crate::server::{Endpoints, Server, ServerSettings};
 
 /// The HTTPS API, the read-only port and `/healthz`, with every endpoint.
 #[expect(clippy::too_many_arguments, reason = "one step of build, given what the steps before made")]

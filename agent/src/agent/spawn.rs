@@ -5,68 +5,45 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use super::Agent;
-use super::Error;
-use super::Fatal;
-use super::SHUTDOWN_GRACE;
-use super::Task;
+use super::{Agent, Error, Fatal, SHUTDOWN_GRACE, Task};
 
 impl Agent {
     /// Starts every task under the agent's tracker, in the order the agent has always
     /// started them (the sync loop and the server last).
     pub fn spawn(self) -> Running {
-        let Self {
-            tracker,
-            shutdown,
-            fatal,
-            client_certificate,
-            serving_certificate,
-            events,
-            runtime_state,
-            stats,
-            static_pods,
-            api,
-            status_writer,
-            pleg,
-            event_api,
-            image_gc,
-            container_gc,
-            eviction,
-            container_logs,
-            node_shutdown,
-            cpu_manager,
-            sync_loop,
-            server,
-        } = self;
+        let a = self;
+        let tracker = a.tracker;
         let spawn = |task: Task| {
             tracker.spawn(task);
         };
-        client_certificate.into_iter().chain(serving_certificate).chain(events).for_each(spawn);
-        spawn(runtime_state);
-        stats.into_iter().chain(static_pods).for_each(spawn);
-        if let Some(api) = api {
+        a.client_certificate.into_iter().chain(a.serving_certificate).chain(a.events).for_each(spawn);
+        spawn(a.runtime_state);
+        a.stats.into_iter().chain(a.static_pods).for_each(spawn);
+        if let Some(api) = a.api {
             [api.connections, api.pods, api.mirror_pods, api.node_status].into_iter().for_each(spawn);
         }
-        status_writer.into_iter().for_each(spawn);
-        spawn(pleg);
-        event_api.into_iter().chain(image_gc).for_each(spawn);
-        spawn(container_gc);
-        if let Some(eviction) = eviction {
+        a.status_writer.into_iter().for_each(spawn);
+        spawn(a.pleg);
+        a.event_api.into_iter().chain(a.image_gc).for_each(spawn);
+        spawn(a.container_gc);
+        if let Some(eviction) = a.eviction {
             spawn(eviction.manager);
             match eviction.kernel_signals {
-                Some((signals, settings)) => crate::pressure::spawn_watchers(&tracker, &signals, &settings, &shutdown),
+                Some((signals, settings)) => {
+                    crate::pressure::spawn_watchers(&tracker, &signals, &settings, &a.shutdown);
+                }
                 None => {
                     tracing::info!("--eviction-kernel-signals=false: memory pressure is seen by the 10 s pass only");
                 }
             }
         }
-        container_logs.into_iter().chain(node_shutdown).for_each(spawn);
-        spawn(cpu_manager);
-        spawn(sync_loop);
-        let server_shutdown = shutdown.clone();
+        a.container_logs.into_iter().chain(a.node_shutdown).for_each(spawn);
+        spawn(a.cpu_manager);
+        spawn(a.sync_loop);
+        let (server, server_shutdown) = (a.server, a.shutdown.clone());
         let server =
             tracker.spawn(async move { server.run(server_shutdown).await }.instrument(tracing::info_span!("server")));
-        Running { tracker, shutdown, fatal, server }
+        Running { tracker, shutdown: a.shutdown, fatal: a.fatal, server }
     }
 }
 
