@@ -122,6 +122,9 @@ pub struct SyncDeps {
     /// The runtime's state: a pod on the pod network does not start while the runtime
     /// says the network is not ready (upstream's `networkErrors` check in `SyncPod`).
     pub runtime_state: Option<Arc<crate::container::runtime_state::RuntimeState>>,
+    /// Where the agent's records go (the event API's `POD_STATUS_COMPUTED`, and the sync
+    /// loop's `PLEG_EVENT_DISPATCHED` through [`PodWorkers::records`]).
+    pub records: crate::event_api::EventBus,
 }
 
 #[derive(Debug)]
@@ -274,11 +277,50 @@ pub struct PodWorkers {
     shutdown: CancellationToken,
 }
 
+/// The event API's `POD_STATUS_COMPUTED` record of `status`, computed now for `pod`: what
+/// `cargo xtask bench` times a container's state change by.
+fn status_record(pod: &Pod, status: &k8s_openapi::api::core::v1::PodStatus) -> crate::event_api::NodeEvent {
+    let containers = [&status.init_container_statuses, &status.container_statuses]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|c| {
+            let st = c.state.as_ref();
+            let state = if st.is_some_and(|s| s.running.is_some()) {
+                "running"
+            } else if st.is_some_and(|s| s.terminated.is_some()) {
+                "terminated"
+            } else {
+                "waiting"
+            };
+            crate::event_api::ContainerSummary {
+                name: c.name.clone(),
+                state,
+                restart_count: u32::try_from(c.restart_count).unwrap_or(0),
+            }
+        })
+        .collect();
+    crate::event_api::NodeEvent {
+        pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+        pod_namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        pod_name: pod.metadata.name.clone().unwrap_or_default(),
+        agent_time_ns: Some(crate::types::clock::monotonic_now_ns()),
+        containers,
+        ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::PodStatusComputed)
+    }
+}
+
 fn full_name_of(pod: &Pod) -> (String, String) {
     (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
 }
 
 impl PodWorkers {
+    /// Where the agent's records go ([`SyncDeps::records`]).
+    #[must_use]
+    pub fn records(&self) -> &crate::event_api::EventBus {
+        &self.deps.records
+    }
+
     #[must_use]
     pub fn new(deps: Arc<SyncDeps>, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
         Self { deps, registry: Arc::default(), finished: Arc::new(Notify::new()), tracker, shutdown }
@@ -757,32 +799,8 @@ impl Worker {
         }
         self.deps.runtime.probes().set_pod_status(self.uid(), &status);
         self.deps.runtime.startup_tracker().status_updated(pod, old.as_ref(), &status, self.first_seen);
-        if tracing::enabled!(target: "pod_status", tracing::Level::DEBUG) {
-            // A stable, parseable record for `cargo xtask bench pleg` (enable with
-            // RUST_LOG=pod_status=debug): each computed status, with its containers.
-            let summary: Vec<String> = status
-                .container_statuses
-                .iter()
-                .flatten()
-                .map(|c| {
-                    let st = c.state.as_ref();
-                    let state = if st.is_some_and(|s| s.running.is_some()) {
-                        "running"
-                    } else if st.is_some_and(|s| s.terminated.is_some()) {
-                        "terminated"
-                    } else {
-                        "waiting"
-                    };
-                    format!("{}:{state}:{}", c.name, c.restart_count)
-                })
-                .collect();
-            tracing::debug!(
-                target: "pod_status",
-                mono_ns = crate::types::clock::monotonic_now_ns(),
-                uid = %self.uid,
-                containers = %summary.join(","),
-                "updated"
-            );
+        if self.deps.records.subscriber_count() > 0 {
+            self.deps.records.publish(status_record(pod, &status));
         }
         self.deps.status.set(self.uid(), status.clone());
         status
@@ -1144,6 +1162,7 @@ mod tests {
             sync_frequency: Duration::from_mins(1),
             host_ip: None,
             runtime_state,
+            records: crate::event_api::EventBus::default(),
         });
         let stop = CancellationToken::new();
         let workers = PodWorkers::new(deps, TaskTracker::new(), stop.clone());
@@ -1178,6 +1197,24 @@ mod tests {
         assert!(e.rt.containers_named("c").is_empty());
         assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty());
         assert!(e.status.get("u1").is_none());
+        e.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn each_computed_status_is_a_record_on_the_event_bus() {
+        let e = env();
+        let mut records = e.workers.records().subscribe();
+        e.workers.update_pod(pod("u-rec", "rec", "Always", false), WorkType::Create);
+        wait_for(|| e.status.get("u-rec").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let mut running = None;
+        while running.is_none() {
+            let ev = tokio::time::timeout(Duration::from_secs(5), records.recv()).await.unwrap().unwrap();
+            assert_eq!(ev.kind, crate::event_api::NodeEventKind::PodStatusComputed);
+            assert_eq!((ev.pod_uid.as_str(), ev.pod_name.as_str()), ("u-rec", "rec"));
+            assert!(ev.agent_time_ns.is_some_and(|t| t > 0));
+            running = ev.containers.iter().find(|c| c.name == "c" && c.state == "running").cloned();
+        }
+        assert_eq!(running.unwrap().restart_count, 0);
         e.stop.cancel();
     }
 

@@ -103,6 +103,7 @@ pub(super) fn eviction(
             recorder: recorder.clone(),
             metrics,
             node_name: cfg.node_name.clone(),
+            records: base.bus.clone(),
         },
     ));
     let tasks = EvictionTasks {

@@ -248,7 +248,9 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
             "Updated Node Allocatable limit across pods".to_owned(),
         );
     }
-    let base = Base { cfg, rt, metrics, recorder, tracker, shutdown };
+    // The event API's bus: what the PLEG sees, and the agent's records.
+    let bus = EventBus::default();
+    let base = Base { cfg, rt, metrics, recorder, tracker, shutdown, bus };
     let mut pods = pods::build(
         &base,
         &mut node,
@@ -262,16 +264,15 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     .await?;
     let runtime_state_task =
         task(runtime_state.clone().run(base.rt.clone(), base.shutdown.clone()), tracing::info_span!("runtime_state"));
-    let event_bus = EventBus::default();
     let event_api = match &base.cfg.swiftlet.event_api_socket {
-        Some(socket) => Some(EventApiServer::new(socket.clone(), event_bus.clone()).bind().await?),
+        Some(socket) => Some(EventApiServer::new(socket.clone(), base.bus.clone()).bind().await?),
         None => None,
     };
     // Kernel memory-pressure signals (PSI, memcg thresholds, eBPF reclaim) wake the
     // eviction manager.
     let (pressure, pressure_rx) = crate::pressure::PressureSignals::channel();
     let (pleg_tx, pleg_rx) = mpsc::channel(1000);
-    let pleg = pleg::build(&base, &node, &pods, event_bus, &pressure, pleg_tx);
+    let pleg = pleg::build(&base, &node, &pods, base.bus.clone(), &pressure, pleg_tx);
 
     let stats_source = stats_provider(
         &base.cfg,
@@ -397,7 +398,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let sources = pods.pod_manager.clone();
     let managers = node.managers;
     managers.topology.set_sources_ready(Box::new(move || sources.sources_handled()));
-    let Base { cfg: _, rt, metrics, recorder, tracker, shutdown } = base;
+    let Base { cfg: _, rt, metrics, recorder, tracker, shutdown, bus: _ } = base;
     let cpu_manager = task(
         managers.cpu.run(
             rt.clone(),
@@ -468,6 +469,10 @@ struct Base {
     recorder: Arc<dyn EventRecorder>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    /// The event API's bus (`crate::event_api`): the PLEG's events and the agent's
+    /// records (the status the pod workers compute, the PLEG dispatch, the eviction
+    /// decision) go there, whether or not the event API serves it.
+    bus: EventBus,
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ pub(super) async fn build(
     resize_metrics: crate::allocation::ResizeMetrics,
     registry: &mut Registry,
 ) -> Result<Pods, Error> {
-    let Base { cfg, rt, metrics, recorder, tracker, shutdown } = base;
+    let Base { cfg, rt, metrics, recorder, tracker, shutdown, bus } = base;
     let kc = &cfg.kubelet;
     // In-place resize: the allocations admitted pods run with (checkpointed).
     let allocation = Arc::new(
@@ -171,6 +171,7 @@ pub(super) async fn build(
             sync_frequency: kc.sync_frequency.to_std(),
             host_ip,
             runtime_state: Some(runtime_state.clone()),
+            records: bus.clone(),
         }),
         tracker.clone(),
         shutdown.clone(),

@@ -25,6 +25,21 @@ pub enum NodeEventKind {
     CgroupRemoved,
     /// Memory pressure on a pod's cgroup, or on the node when no pod is set.
     MemoryPressure,
+    /// Record: a PLEG event reached the pod's worker.
+    PlegEventDispatched,
+    /// Record: a pod worker computed the pod's status.
+    PodStatusComputed,
+    /// Record: the eviction manager chose the pod to evict.
+    EvictionDecided,
+}
+
+impl NodeEventKind {
+    /// The agent's records (sent only to a `Watch` that names them), as opposed to what
+    /// happened on the node.
+    #[must_use]
+    pub fn is_record(self) -> bool {
+        matches!(self, Self::PlegEventDispatched | Self::PodStatusComputed | Self::EvictionDecided)
+    }
 }
 
 impl From<NodeEventKind> for proto::EventKind {
@@ -37,6 +52,9 @@ impl From<NodeEventKind> for proto::EventKind {
             NodeEventKind::CgroupCreated => Self::CgroupCreated,
             NodeEventKind::CgroupRemoved => Self::CgroupRemoved,
             NodeEventKind::MemoryPressure => Self::MemoryPressure,
+            NodeEventKind::PlegEventDispatched => Self::PlegEventDispatched,
+            NodeEventKind::PodStatusComputed => Self::PodStatusComputed,
+            NodeEventKind::EvictionDecided => Self::EvictionDecided,
         }
     }
 }
@@ -73,6 +91,36 @@ pub struct NodeEvent {
     pub oom_killed: bool,
     /// Human-readable detail, for people and logs.
     pub message: String,
+    /// Records: `CLOCK_MONOTONIC` nanoseconds of what the agent did.
+    pub agent_time_ns: Option<u64>,
+    /// [`NodeEventKind::PlegEventDispatched`]: the PLEG event's type.
+    pub pleg_event: String,
+    /// [`NodeEventKind::PodStatusComputed`]: each container's state.
+    pub containers: Vec<ContainerSummary>,
+    /// [`NodeEventKind::EvictionDecided`]: the decision.
+    pub eviction: Option<EvictionRecord>,
+}
+
+/// One container in a [`NodeEventKind::PodStatusComputed`] record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerSummary {
+    pub name: String,
+    /// `running`, `terminated` or `waiting`.
+    pub state: &'static str,
+    pub restart_count: u32,
+}
+
+/// What a [`NodeEventKind::EvictionDecided`] record says about the decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionRecord {
+    /// The signal whose threshold was crossed (`memory.available`, ...).
+    pub eviction_signal: String,
+    /// `periodic`, or the kernel signal's source (`memcg_threshold`, `psi`, ...).
+    pub trigger: String,
+    /// `CLOCK_MONOTONIC` ns when the deciding pass started.
+    pub pass_time_ns: u64,
+    /// `CLOCK_MONOTONIC` ns when the signal that started the pass arrived; 0 if periodic.
+    pub signal_time_ns: u64,
 }
 
 impl NodeEvent {
@@ -92,6 +140,10 @@ impl NodeEvent {
             signal: None,
             oom_killed: false,
             message: String::new(),
+            agent_time_ns: None,
+            pleg_event: String::new(),
+            containers: Vec::new(),
+            eviction: None,
         }
     }
 }
@@ -111,6 +163,23 @@ impl From<&NodeEvent> for proto::NodeEvent {
             signal: ev.signal,
             oom_killed: ev.oom_killed,
             message: ev.message.clone(),
+            agent_time_ns: ev.agent_time_ns.unwrap_or(0),
+            pleg_event: ev.pleg_event.clone(),
+            containers: ev
+                .containers
+                .iter()
+                .map(|c| proto::ContainerSummary {
+                    name: c.name.clone(),
+                    state: c.state.to_owned(),
+                    restart_count: c.restart_count,
+                })
+                .collect(),
+            eviction: ev.eviction.as_ref().map(|e| proto::EvictionDecision {
+                eviction_signal: e.eviction_signal.clone(),
+                trigger: e.trigger.clone(),
+                pass_time_ns: e.pass_time_ns,
+                signal_time_ns: e.signal_time_ns,
+            }),
         }
     }
 }
@@ -153,6 +222,34 @@ mod tests {
     }
 
     #[test]
+    fn records_carry_their_details_to_the_wire() {
+        let status = NodeEvent {
+            agent_time_ns: Some(7),
+            containers: vec![ContainerSummary { name: "c0".into(), state: "terminated", restart_count: 2 }],
+            ..NodeEvent::new(NodeEventKind::PodStatusComputed)
+        };
+        let wire = proto::NodeEvent::from(&status);
+        assert_eq!(wire.kind(), proto::EventKind::PodStatusComputed);
+        assert_eq!(wire.agent_time_ns, 7);
+        assert_eq!(
+            wire.containers[0],
+            proto::ContainerSummary { name: "c0".into(), state: "terminated".into(), restart_count: 2 }
+        );
+        let eviction = NodeEvent {
+            eviction: Some(EvictionRecord {
+                eviction_signal: "memory.available".into(),
+                trigger: "psi".into(),
+                pass_time_ns: 3,
+                signal_time_ns: 2,
+            }),
+            ..NodeEvent::new(NodeEventKind::EvictionDecided)
+        };
+        let wire = proto::NodeEvent::from(&eviction).eviction.unwrap();
+        assert_eq!((wire.trigger.as_str(), wire.pass_time_ns, wire.signal_time_ns), ("psi", 3, 2));
+        assert!(NodeEventKind::EvictionDecided.is_record() && !NodeEventKind::ContainerDied.is_record());
+    }
+
+    #[test]
     fn not_from_the_kernel_is_zero_on_the_wire() {
         let wire = proto::NodeEvent::from(&NodeEvent::new(NodeEventKind::MemoryPressure));
         assert_eq!(wire.kernel_time_ns, 0);
@@ -171,6 +268,9 @@ mod tests {
             CgroupCreated,
             CgroupRemoved,
             MemoryPressure,
+            PlegEventDispatched,
+            PodStatusComputed,
+            EvictionDecided,
         ] {
             assert_ne!(proto::EventKind::from(kind), proto::EventKind::Unspecified, "{kind:?}");
         }

@@ -23,7 +23,8 @@ pub fn validate(req: &proto::WatchRequest) -> Result<(), Status> {
 }
 
 /// Whether `ev` is selected by `req`: an empty list does not filter, an event matches a
-/// list when it equals any of its values, and it must match every list. Matching is
+/// list when it equals any of its values, and it must match every list. The agent's
+/// records ([`super::NodeEventKind::is_record`]) match only a `kinds` list that names them. Matching is
 /// exact and case-sensitive, as Kubernetes names and UIDs are.
 #[must_use]
 pub fn matches(req: &proto::WatchRequest, ev: &NodeEvent) -> bool {
@@ -33,7 +34,11 @@ pub fn matches(req: &proto::WatchRequest, ev: &NodeEvent) -> bool {
     any_of(&req.namespaces, &ev.pod_namespace)
         && any_of(&req.pod_names, &ev.pod_name)
         && any_of(&req.pod_uids, &ev.pod_uid)
-        && (req.kinds.is_empty() || req.kinds.contains(&i32::from(proto::EventKind::from(ev.kind))))
+        && if req.kinds.is_empty() {
+            !ev.kind.is_record()
+        } else {
+            req.kinds.contains(&i32::from(proto::EventKind::from(ev.kind)))
+        }
 }
 
 #[cfg(test)]
@@ -54,6 +59,17 @@ mod tests {
         let req = proto::WatchRequest::default();
         assert!(matches(&req, &ev("a", "p", "u", NodeEventKind::ContainerDied)));
         assert!(matches(&req, &NodeEvent::new(NodeEventKind::MemoryPressure)));
+    }
+
+    #[test]
+    fn records_are_sent_only_when_asked_for_by_kind() {
+        let record = ev("a", "p", "u", NodeEventKind::PodStatusComputed);
+        assert!(!matches(&proto::WatchRequest::default(), &record), "an empty request gets no records");
+        let req = proto::WatchRequest { pod_uids: vec!["u".into()], ..Default::default() };
+        assert!(!matches(&req, &record), "nor does one that filters on other fields only");
+        let req = proto::WatchRequest { kinds: vec![proto::EventKind::PodStatusComputed.into()], ..Default::default() };
+        assert!(matches(&req, &record));
+        assert!(!matches(&req, &ev("a", "p", "u", NodeEventKind::ContainerDied)));
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod tests;
 use std::path::{Path, PathBuf};
 
 pub use bus::{DEFAULT_CAPACITY, EventBus, RecvError, Subscription};
-pub use event::{NodeEvent, NodeEventKind};
+pub use event::{ContainerSummary, EvictionRecord, NodeEvent, NodeEventKind};
 pub use server::{BoundEventApiServer, EventApiServer};
 
 /// Code generated from `proto/swiftlet/events/v1/events.proto` (messages, the

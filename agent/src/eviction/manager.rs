@@ -187,6 +187,8 @@ pub struct Dependencies {
     pub metrics: EvictionMetrics,
     /// The node's name (for node events).
     pub node_name: String,
+    /// Where the agent's records go (the event API's `EVICTION_DECIDED`).
+    pub records: crate::event_api::EventBus,
 }
 
 impl std::fmt::Debug for Dependencies {
@@ -412,9 +414,9 @@ impl EvictionManager {
                 annotations,
                 limit: None,
             };
-            // A stable, parseable record for `cargo xtask bench eviction` (enable with
-            // RUST_LOG=eviction_decision=debug): when the pass that decided started, when
-            // its kernel signal came (0 for the periodic pass) and when it decided.
+            // The event API's record for `cargo xtask bench eviction`: when the pass that
+            // decided started, when its kernel signal came (0 for the periodic pass) and
+            // when it decided.
             let decided_mono_ns = crate::types::clock::monotonic_now_ns();
             let (trigger_name, signal_mono_ns) = match &trigger {
                 Trigger::Periodic => ("periodic", 0),
@@ -423,16 +425,19 @@ impl EvictionManager {
                     decided_mono_ns.saturating_sub(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX)),
                 ),
             };
-            tracing::debug!(
-                target: "eviction_decision",
-                mono_ns = decided_mono_ns,
-                pass_mono_ns,
-                signal_mono_ns,
-                trigger = trigger_name,
-                uid,
-                eviction_signal = threshold.signal.as_str(),
-                "decided"
-            );
+            self.deps.records.publish(crate::event_api::NodeEvent {
+                pod_uid: uid.to_owned(),
+                pod_namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                pod_name: pod.metadata.name.clone().unwrap_or_default(),
+                agent_time_ns: Some(decided_mono_ns),
+                eviction: Some(crate::event_api::EvictionRecord {
+                    eviction_signal: threshold.signal.as_str().to_owned(),
+                    trigger: trigger_name.to_owned(),
+                    pass_time_ns: pass_mono_ns,
+                    signal_time_ns: signal_mono_ns,
+                }),
+                ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::EvictionDecided)
+            });
             if let Trigger::Signal { source, at } = &trigger {
                 let labels = SourceLabels { source: source.clone() };
                 self.deps.metrics.signal_to_decision.get_or_create(&labels).observe(at.elapsed().as_secs_f64());

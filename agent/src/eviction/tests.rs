@@ -227,6 +227,7 @@ struct Harness {
     reclaimer: Arc<FakeReclaimer>,
     recorder: MemoryRecorder,
     registry: Registry,
+    records: crate::event_api::EventBus,
 }
 
 impl Harness {
@@ -240,6 +241,7 @@ impl Harness {
             Arc::new(FakeReclaimer { stats: stats.clone(), calls: Mutex::default(), after_images: Mutex::default() });
         let recorder = MemoryRecorder::new("node-a");
         let mut registry = Registry::default();
+        let records = crate::event_api::EventBus::default();
         let deps = Dependencies {
             stats: stats.clone(),
             pods: pods.clone(),
@@ -248,6 +250,7 @@ impl Harness {
             recorder: Arc::new(recorder.clone()),
             metrics: EvictionMetrics::new(&mut registry),
             node_name: "node-a".into(),
+            records: records.clone(),
         };
         Self {
             manager: Arc::new(EvictionManager::new(config, deps)),
@@ -257,6 +260,7 @@ impl Harness {
             reclaimer,
             recorder,
             registry,
+            records,
         }
     }
 
@@ -669,8 +673,17 @@ fn pid_ranking_priority_then_processes() {
 async fn hard_memory_eviction_message_events_and_metrics() {
     let pods = vec![pod("web", 0, ""), pod("db", 0, "1Gi")];
     let h = Harness::new(&kc(), node(50 * MI, vec![usage("web", 200 * MI), usage("db", 512 * MI)]), pods);
+    let mut records = h.records.subscribe();
     let e = h.manager.synchronize(Trigger::Periodic).await.expect("evicts");
     assert_eq!(h.killed(), ["web"]);
+    // The event API's record of the decision.
+    let record = records.recv().await.unwrap();
+    assert_eq!(record.kind, crate::event_api::NodeEventKind::EvictionDecided);
+    assert_eq!(record.pod_name, "web");
+    let decision = record.eviction.clone().unwrap();
+    assert_eq!((decision.eviction_signal.as_str(), decision.trigger.as_str()), ("memory.available", "periodic"));
+    assert_eq!(decision.signal_time_ns, 0);
+    assert!(decision.pass_time_ns > 0 && record.agent_time_ns.unwrap() >= decision.pass_time_ns);
     assert!(e.hard);
     assert_eq!(e.grace_period_seconds, 0);
     assert_eq!((e.signal, e.resource), (Signal::MemoryAvailable, Resource::Memory));
@@ -850,6 +863,7 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
         recorder: Arc::new(MemoryRecorder::new("n")),
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
+        records: crate::event_api::EventBus::default(),
     };
     let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
     let e = m.synchronize(Trigger::Periodic).await.expect("evicts");
@@ -868,6 +882,7 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
         recorder: Arc::new(MemoryRecorder::new("n")),
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
+        records: crate::event_api::EventBus::default(),
     };
     let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());
@@ -910,6 +925,7 @@ async fn stale_stats_do_not_evict_twice() {
         recorder: Arc::new(MemoryRecorder::new("n")),
         metrics: EvictionMetrics::default(),
         node_name: "n".into(),
+        records: crate::event_api::EventBus::default(),
     };
     let m = EvictionManager::new(default_config(), deps);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());

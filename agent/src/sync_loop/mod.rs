@@ -214,22 +214,28 @@ impl SyncLoop {
         }
         if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
             tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
+            let (namespace, name) =
+                (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
             if ev.kind == PodLifecycleEventType::ContainerStarted {
                 self.workers.container_started(pod, ev.data.clone());
             } else {
                 self.workers.update_pod(pod, WorkType::Sync);
             }
-            // A stable, parseable record for `cargo xtask bench pleg` (enable with
-            // RUST_LOG=pleg_dispatch=debug): when the event reached the pod worker.
-            tracing::debug!(
-                target: "pleg_dispatch",
-                mono_ns = crate::types::clock::monotonic_now_ns(),
-                kernel_ns = ev.kernel_time_ns.unwrap_or(0),
-                uid = %ev.pod_uid,
-                id = %ev.data,
-                kind = ?ev.kind,
-                "dispatched"
-            );
+            // The event API's record of when the event reached the pod worker (what
+            // `cargo xtask bench pleg` times the PLEG by).
+            let records = self.workers.records();
+            if records.subscriber_count() > 0 {
+                records.publish(crate::event_api::NodeEvent {
+                    pod_uid: ev.pod_uid.clone(),
+                    pod_namespace: namespace,
+                    pod_name: name,
+                    container_id: ev.data.clone(),
+                    kernel_time_ns: ev.kernel_time_ns,
+                    agent_time_ns: Some(crate::types::clock::monotonic_now_ns()),
+                    pleg_event: format!("{:?}", ev.kind),
+                    ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::PlegEventDispatched)
+                });
+            }
             if let Some(k) = ev.kernel_time_ns {
                 let now = crate::types::clock::monotonic_now_ns();
                 self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
@@ -618,6 +624,7 @@ mod tests {
                 sync_frequency: Duration::from_mins(1),
                 host_ip: None,
                 runtime_state: None,
+                records: crate::event_api::EventBus::default(),
             }),
             TaskTracker::new(),
             stop.clone(),

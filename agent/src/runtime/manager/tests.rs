@@ -361,6 +361,7 @@ mod volumes_wiring {
                 sync_frequency: Duration::from_millis(50),
                 host_ip: None,
                 runtime_state: None,
+                records: crate::event_api::EventBus::default(),
             }),
             TaskTracker::new(),
             stop.clone(),
