@@ -10,7 +10,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
-use swiftlet::metrics::{HttpLabels, KubeletMetrics, OperationLabels};
+use swiftlet::agent::metrics::KubeletMetrics;
+use swiftlet::metrics::OperationLabels;
+use swiftlet::server::metrics::HttpLabels;
 use swiftlet::stats::cadvisor::{self, MachineInfo};
 use swiftlet::stats::synthetic::{self, Shape};
 
@@ -51,11 +53,11 @@ fn kubelet_registry() -> Registry {
     ];
     for (k, op) in operations.iter().enumerate() {
         for i in 0..50 {
-            m.observe_runtime_operation(op, 0.0005 * (i * (k + 1)) as f64, i % 17 == 0);
+            m.cri.observe_runtime_operation(op, 0.0005 * (i * (k + 1)) as f64, i % 17 == 0);
         }
     }
     for op in ["sync", "create", "update", "kill"] {
-        let h = m.pod_worker_duration.get_or_create(&OperationLabels { operation_type: op.into() });
+        let h = m.pod_workers.pod_worker_duration.get_or_create(&OperationLabels { operation_type: op.into() });
         for i in 0..250 {
             h.observe(0.001 * f64::from(i));
         }
@@ -67,13 +69,13 @@ fn kubelet_registry() -> Registry {
             server_type: "readwrite".into(),
             long_running: "false".into(),
         };
-        m.http_requests.get_or_create(&labels).inc();
-        m.http_requests_duration.get_or_create(&labels).observe(0.01);
+        m.http.http_requests.get_or_create(&labels).inc();
+        m.http.http_requests_duration.get_or_create(&labels).observe(0.01);
     }
     for i in 0..250 {
-        m.pod_start_duration.observe(0.5 + f64::from(i) * 0.01, None, None);
-        m.pod_start_sli_duration.observe(0.4 + f64::from(i) * 0.01, None, None);
-        m.pod_start_total_duration.observe(0.6 + f64::from(i) * 0.01, None, None);
+        m.pod_startup.pod_start_duration.observe(0.5 + f64::from(i) * 0.01, None, None);
+        m.pod_startup.pod_start_sli_duration.observe(0.4 + f64::from(i) * 0.01, None, None);
+        m.pod_startup.pod_start_total_duration.observe(0.6 + f64::from(i) * 0.01, None, None);
     }
     registry
 }

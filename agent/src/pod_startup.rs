@@ -30,6 +30,8 @@
 //! their bucket's exemplar, so a slow bucket leads to the trace of a pod that landed in
 //! it.
 
+pub mod metrics;
+
 use crate::types::pod::uid as pod_uid;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,7 +41,8 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use opentelemetry::KeyValue;
 use tracing::Span;
 
-use crate::metrics::{KubeletMetrics, TraceExemplar, TracedHistogram};
+use crate::metrics::{TraceExemplar, TracedHistogram};
+use metrics::PodStartupMetrics;
 
 #[derive(Debug, Default, Clone)]
 struct PerPod {
@@ -80,7 +83,7 @@ pub const FIRST_EXEC_WAIT: std::time::Duration = std::time::Duration::from_secs(
 pub struct PodStartupTracker {
     pods: Mutex<HashMap<String, PerPod>>,
     traces: Arc<Mutex<HashMap<String, StartTrace>>>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<PodStartupMetrics>,
     /// The eBPF sensors report first execs (the evented PLEG is on).
     first_execs_reported: std::sync::atomic::AtomicBool,
 }
@@ -146,7 +149,7 @@ fn finish(trace: &mut StartTrace, outcome: StartOutcome) {
 
 impl PodStartupTracker {
     #[must_use]
-    pub fn new(metrics: Arc<KubeletMetrics>) -> Self {
+    pub fn new(metrics: Arc<PodStartupMetrics>) -> Self {
         Self {
             pods: Mutex::default(),
             traces: Arc::default(),
@@ -384,8 +387,8 @@ mod tests {
         text
     }
 
-    fn metrics() -> Arc<KubeletMetrics> {
-        Arc::new(KubeletMetrics::new(&mut Registry::default(), "n"))
+    fn metrics() -> Arc<PodStartupMetrics> {
+        Arc::new(PodStartupMetrics::new(&mut Registry::default()))
     }
 
     fn pod(source: &str, created: Option<&str>) -> Pod {

@@ -43,6 +43,8 @@
 //! thousand updates during one long image pull holds one pod object, and the worker takes
 //! them in at its next look in one step.
 
+pub mod metrics;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -57,10 +59,11 @@ use tracing::Instrument as _;
 use crate::cm::PodContainerManager;
 use crate::container::{RuntimePod, RuntimePodStatus};
 use crate::events::{EventRecorder, EventType, pod_ref};
-use crate::metrics::{KubeletMetrics, OperationLabels};
+use crate::metrics::OperationLabels;
 use crate::runtime::RuntimeManager;
 use crate::status::{StatusInputs, StatusProvider, generate_api_pod_status};
 use crate::types::pod::{is_static_pod, pod_full_name};
+use metrics::PodWorkerMetrics;
 
 /// Upstream `backOffPeriod` used to requeue a pod whose sync failed.
 const ERROR_REQUEUE: Duration = Duration::from_secs(10);
@@ -114,7 +117,7 @@ pub struct SyncDeps {
     pub runtime: Arc<RuntimeManager>,
     pub cm: Arc<dyn PodContainerManager>,
     pub status: Arc<dyn StatusProvider>,
-    pub metrics: Arc<KubeletMetrics>,
+    pub metrics: Arc<PodWorkerMetrics>,
     pub recorder: Arc<dyn EventRecorder>,
     pub runtime_name: String,
     pub sync_frequency: Duration,
@@ -1124,7 +1127,7 @@ mod tests {
         workers: PodWorkers,
         status: Arc<StatusManager>,
         recorder: Arc<MemoryRecorder>,
-        metrics: Arc<KubeletMetrics>,
+        metrics: Arc<PodWorkerMetrics>,
         _dir: tempfile::TempDir,
         stop: CancellationToken,
     }
@@ -1148,7 +1151,7 @@ mod tests {
         deps.cm = cm.clone();
         deps.cfg.node_name = "n".into();
         deps.backoff = Backoff::new(crate::container::backoff::INITIAL, crate::container::backoff::MAX, clock);
-        let metrics = deps.metrics.clone();
+        let metrics = Arc::new(PodWorkerMetrics::default());
         let manager = RuntimeManager::new(deps);
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));

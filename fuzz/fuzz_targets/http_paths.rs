@@ -136,7 +136,7 @@ impl Routers {
             let tokens = FakeTokenAuthenticator::default();
             tokens.add("fuzz-token", UserInfo { name: "fuzz".to_owned(), ..UserInfo::default() });
             let mut registry = Registry::default();
-            let http_metrics = swiftlet::metrics::KubeletMetrics::new(&mut registry, "fuzz-node");
+            let http_metrics = swiftlet::server::metrics::HttpMetrics::new(&mut registry);
             let unhealthy = FakeHealthCheck::new("pleg");
             unhealthy.set_failing("PLEG is not healthy: fuzzing");
             Endpoints::new(Arc::new(FakePods::new(vec![pod.clone()])), Arc::new(registry))

@@ -63,7 +63,7 @@ pub(super) fn build(
             updates,
             mirrors.clone(),
             pods.startup.clone(),
-            metrics.clone(),
+            metrics.sources.clone(),
             connections.clone(),
             shutdown.clone(),
         ),

@@ -43,7 +43,7 @@ pub(super) async fn garbage_collection(base: &Base, pods: &Pods) -> GarbageColle
         rt.clone(),
         Arc::new(crate::images::gc::Statvfs),
         crate::settings::image_gc(&cfg.kubelet),
-        metrics.clone(),
+        metrics.images.clone(),
     ) {
         Ok(gc) => {
             let mut gc =

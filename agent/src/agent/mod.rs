@@ -21,6 +21,7 @@ mod adapters;
 mod api_clients;
 mod api_mode;
 mod housekeeping;
+pub mod metrics;
 mod node;
 mod pleg;
 mod pods;
@@ -42,13 +43,13 @@ use crate::config::Config;
 use crate::container::RuntimeService;
 use crate::event_api::{EventApiServer, EventBus};
 use crate::events::EventRecorder;
-use crate::metrics::KubeletMetrics;
 use crate::server::Server;
 use crate::sources::PodUpdate;
 use crate::sources::file::FileSource;
 use crate::sync_loop::SyncLoop;
 use api_mode::ApiTasks;
 use housekeeping::EvictionTasks;
+use metrics::KubeletMetrics;
 pub use spawn::Running;
 use stats_handlers::stats_provider;
 
@@ -237,7 +238,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let resize_metrics = crate::allocation::ResizeMetrics::new(&mut registry);
     let eviction_config = crate::eviction::EvictionConfig::from_settings(&crate::settings::eviction(&cfg.kubelet))?;
 
-    let (rt, runtime_name, runtime_state) = runtime::connect(&cfg, &metrics, &shutdown).await?;
+    let (rt, runtime_name, runtime_state) = runtime::connect(&cfg, &metrics.cri, &shutdown).await?;
     let mut node = node::resources(&cfg, &mut registry)?;
     let (memory_events, recorder, events) = pods::event_recorder(&cfg, api.as_ref().map(|a| &a.clients), &shutdown);
     if node.allocatable_enforced {
@@ -281,7 +282,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         node.cm.clone(),
         pods.runtime.volumes().clone(),
         pods.cache.changes(),
-        base.metrics.clone(),
+        base.metrics.stats.clone(),
     );
     let mut stats_tasks = Vec::new();
     if let Some(stats) = &stats_source {
@@ -335,7 +336,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         Arc::new(crate::nodeshutdown::adapters::AgentTerminator { workers: pods.workers.clone() }),
     )
     .map(|m| {
-        m.with_metrics(base.metrics.clone())
+        m.with_metrics(base.metrics.shutdown.clone())
             .with_recorder(base.recorder.clone() as Arc<dyn EventRecorder>, &base.cfg.node_name)
     });
     let shutdown_status = node_shutdown.as_ref().map(crate::nodeshutdown::Manager::status);
@@ -413,7 +414,8 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         cache: pods.cache.clone(),
         runtime: pods.runtime,
         cm: node.cm,
-        metrics,
+        metrics: metrics.sync_loop.clone(),
+        pleg_metrics: metrics.pleg.clone(),
         node: node_handle,
         status: pods.status.clone(),
         recorder: recorder.clone(),

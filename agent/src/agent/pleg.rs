@@ -39,7 +39,7 @@ pub(super) fn build(
         Ok(running) => {
             let relist = GenericPleg::new(
                 rt.clone(),
-                metrics.clone(),
+                metrics.pleg.clone(),
                 pods.cache.clone(),
                 cfg.swiftlet.pleg_relist_period,
                 RELIST_THRESHOLD,
@@ -57,7 +57,7 @@ pub(super) fn build(
             let evented = EventedPleg::new(
                 relist,
                 rt.clone(),
-                metrics.clone(),
+                metrics.pleg.clone(),
                 cfg.swiftlet.pleg_relist_period,
                 index,
                 memory_hierarchy,
@@ -76,9 +76,9 @@ pub(super) fn build(
         }
         Err(why) => {
             tracing::warn!(reason = %why, "evented PLEG unavailable; running the {}s relisting PLEG", RELIST_PERIOD.as_secs());
-            metrics.evented_pleg_active.set(0);
+            metrics.pleg.evented_pleg_active.set(0);
             Arc::new(
-                GenericPleg::new(rt.clone(), metrics.clone(), pods.cache.clone(), RELIST_PERIOD, RELIST_THRESHOLD)
+                GenericPleg::new(rt.clone(), metrics.pleg.clone(), pods.cache.clone(), RELIST_PERIOD, RELIST_THRESHOLD)
                     .with_fallback_reason(why),
             )
         }

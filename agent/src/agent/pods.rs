@@ -104,7 +104,7 @@ pub(super) async fn build(
         prober_metrics.clone(),
     );
     let probe_updates = probes.take_updates();
-    let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone()));
+    let startup = Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.pod_startup.clone()));
     // The device manager joins the resource managers.
     let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
         .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(registry));
@@ -115,7 +115,7 @@ pub(super) async fn build(
     let runtime = Arc::new(RuntimeManager::new(crate::runtime::manager::RuntimeManagerDeps {
         rt: rt.clone(),
         cm: node.cm.clone(),
-        metrics: metrics.clone(),
+        metrics: metrics.runtime.clone(),
         cfg: crate::settings::runtime_manager(cfg, host_ip.clone()),
         backoff: Backoff::new(
             crate::container::backoff::INITIAL.min(crash_max),
@@ -123,9 +123,13 @@ pub(super) async fn build(
             Arc::new(crate::container::backoff::TokioClock::new()),
         ),
         images: Arc::new(
-            crate::images::puller::ImageManager::new(rt.clone(), crate::settings::image_puller(kc), metrics.clone())
-                .with_recorder(recorder.clone())
-                .with_startup_tracker(startup.clone()),
+            crate::images::puller::ImageManager::new(
+                rt.clone(),
+                crate::settings::image_puller(kc),
+                metrics.images.clone(),
+            )
+            .with_recorder(recorder.clone())
+            .with_startup_tracker(startup.clone()),
         ),
         recorder: recorder.clone(),
         volumes: Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)),
@@ -154,8 +158,11 @@ pub(super) async fn build(
     let pod_manager = PodManager::new(&sources);
     let (status, status_writer): (Arc<dyn StatusProvider>, _) = match api {
         Some(a) => {
-            let (m, w) =
-                crate::status::api::ApiStatusManager::new(a.clients.main.clone(), pod_manager.clone(), metrics.clone());
+            let (m, w) = crate::status::api::ApiStatusManager::new(
+                a.clients.main.clone(),
+                pod_manager.clone(),
+                metrics.status.clone(),
+            );
             (Arc::new(m), Some(w))
         }
         None => (Arc::new(StatusManager::default()), None),
@@ -165,7 +172,7 @@ pub(super) async fn build(
             runtime: runtime.clone(),
             cm: node.cm.clone(),
             status: status.clone(),
-            metrics: metrics.clone(),
+            metrics: metrics.pod_workers.clone(),
             recorder: recorder.clone() as Arc<dyn EventRecorder>,
             runtime_name,
             sync_frequency: kc.sync_frequency.to_std(),

@@ -7,8 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::config::Config;
+use crate::container::metrics::RuntimeOperationMetrics;
 use crate::container::{RemoteRuntime, RuntimeService};
-use crate::metrics::KubeletMetrics;
 
 /// How long the agent waits for the container runtime at start.
 pub(super) const RUNTIME_WAIT: Duration = Duration::from_mins(1);
@@ -43,7 +43,7 @@ pub(super) async fn wait_for(
 /// readiness, network readiness and features, asked now and every 5 s once spawned).
 pub(super) async fn connect(
     cfg: &Config,
-    metrics: &Arc<KubeletMetrics>,
+    metrics: &Arc<RuntimeOperationMetrics>,
     shutdown: &CancellationToken,
 ) -> Result<(Arc<dyn RuntimeService>, String, Arc<crate::container::runtime_state::RuntimeState>), Error> {
     let kc = &cfg.kubelet;

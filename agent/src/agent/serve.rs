@@ -37,7 +37,7 @@ pub(super) fn server(
             Arc::new(registry),
         )
         .health_check(pleg_health.clone())
-        .http_metrics(metrics.clone())
+        .http_metrics(metrics.http.clone())
         .metrics_endpoint("/metrics/probes", pods.prober_metrics.registry())
         .route(
             "/events",

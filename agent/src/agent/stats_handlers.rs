@@ -8,8 +8,8 @@ use axum::Json;
 use crate::cm::PodContainerManager;
 use crate::config::Config;
 use crate::container::RuntimeService;
-use crate::metrics::KubeletMetrics;
 use crate::pod_manager::PodManager;
+use crate::stats::metrics::VolumeStatMetrics;
 
 /// The stats provider, or `None` when the cgroup hierarchies cannot be found (the stats
 /// endpoints then say so).
@@ -20,7 +20,7 @@ pub(super) fn stats_provider(
     cm: Arc<dyn PodContainerManager>,
     volumes: Arc<crate::volumes::VolumeManager>,
     container_changes: Arc<std::sync::atomic::AtomicU64>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<VolumeStatMetrics>,
 ) -> Option<Arc<crate::stats::provider::StatsProvider>> {
     use crate::stats::{CgroupHierarchies, Collector, CollectorConfig};
     let kc = &cfg.kubelet;

@@ -1,5 +1,5 @@
 //! Metric families of the CPU and topology managers (upstream `pkg/kubelet/metrics`),
-//! served on `/metrics` next to [`crate::metrics::KubeletMetrics`].
+//! served on `/metrics` next to [`crate::agent::metrics::KubeletMetrics`].
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;

@@ -28,8 +28,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::Instrument as _;
 
+use super::metrics::RuntimeOperationMetrics;
 use super::{Error, Result, RuntimeService, api};
-use crate::metrics::KubeletMetrics;
 use crate::telemetry::{self, PropagateTraceContext};
 
 /// The channel of both clients: each request carries its span's trace context.
@@ -44,7 +44,7 @@ pub struct RemoteRuntime {
     runtime: RuntimeServiceClient<TracedChannel>,
     images: ImageServiceClient<TracedChannel>,
     timeout: Duration,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<RuntimeOperationMetrics>,
 }
 
 /// Turns `unix:///path` (or a bare absolute path) into the socket path.
@@ -71,7 +71,7 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf> {
 impl RemoteRuntime {
     /// Creates a client for `endpoint` (e.g. `unix:///run/containerd/containerd.sock`).
     /// Connecting is lazy: this does not fail when the runtime is not up yet.
-    pub fn new(endpoint: &str, timeout: Duration, metrics: Arc<KubeletMetrics>) -> Result<Self> {
+    pub fn new(endpoint: &str, timeout: Duration, metrics: Arc<RuntimeOperationMetrics>) -> Result<Self> {
         let path = socket_path(endpoint)?;
         // The URI is ignored by the connector; tonic needs a syntactically valid one.
         let channel = Endpoint::from_static("http://cri.invalid")
@@ -511,14 +511,14 @@ mod tests {
         dir: &std::path::Path,
         runtime: ExecOnlyRuntime,
         timeout: Duration,
-    ) -> (RemoteRuntime, Arc<KubeletMetrics>) {
+    ) -> (RemoteRuntime, Arc<RuntimeOperationMetrics>) {
         let path = dir.join("cri.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .serve_with_incoming(runtime, tokio_stream::wrappers::UnixListenerStream::new(listener)),
         );
-        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let metrics = Arc::new(RuntimeOperationMetrics::default());
         let rt = RemoteRuntime::new(&format!("unix://{}", path.display()), timeout, metrics.clone()).unwrap();
         (rt, metrics)
     }
@@ -629,7 +629,7 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_runtime_is_an_error_and_counted() {
-        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let metrics = Arc::new(RuntimeOperationMetrics::default());
         let rt = RemoteRuntime::new("unix:///nonexistent/cri.sock", Duration::from_secs(2), metrics.clone()).unwrap();
         let err = rt.version().await.unwrap_err();
         assert!(err.to_string().contains("version"), "{err}");

@@ -19,6 +19,7 @@ pub mod exits;
 pub mod fake;
 pub mod helpers;
 pub mod labels;
+pub mod metrics;
 pub mod pod_status;
 pub mod runtime_state;
 pub mod starts;

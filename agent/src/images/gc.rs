@@ -33,10 +33,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::{ImageGcReasonLabels, ImageMetrics};
 use super::puller::{aggregate_errors, go_duration, go_error_text};
 use crate::container::RuntimeService;
 use crate::events::{EventRecorder, EventType, node_ref};
-use crate::metrics::{ImageGcReasonLabels, KubeletMetrics};
 use crate::stats::fs::FsInfo;
 
 /// How often image GC runs (upstream `ImageGCPeriod`).
@@ -197,7 +197,7 @@ pub struct ImageGcManager {
     rt: Arc<dyn RuntimeService>,
     fs: Arc<dyn FsInfoSource>,
     policy: ImageGcPolicy,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<ImageMetrics>,
     recorder: Option<(Arc<dyn EventRecorder>, String)>,
     sandbox_image: Option<String>,
     /// How often [`Self::run`] runs a round.
@@ -215,7 +215,7 @@ impl ImageGcManager {
         rt: Arc<dyn RuntimeService>,
         fs: Arc<dyn FsInfoSource>,
         policy: ImageGcPolicy,
-        metrics: Arc<KubeletMetrics>,
+        metrics: Arc<ImageMetrics>,
     ) -> Result<Self> {
         policy.validate()?;
         Ok(Self {
@@ -572,7 +572,7 @@ mod tests {
             let fs = Arc::new(TestFs(Mutex::default()));
             fs.set(1000, 1000);
             let mut registry = Registry::default();
-            let metrics = Arc::new(KubeletMetrics::new(&mut registry, "node-a"));
+            let metrics = Arc::new(ImageMetrics::new(&mut registry));
             let recorder = MemoryRecorder::new("node-a");
             let gc = ImageGcManager::new(rt.clone(), fs.clone(), policy, metrics)
                 .unwrap()
@@ -629,7 +629,7 @@ mod tests {
         let new = |high, low| {
             let policy =
                 ImageGcPolicy { high_threshold_percent: high, low_threshold_percent: low, ..Default::default() };
-            let metrics = Arc::new(KubeletMetrics::unregistered());
+            let metrics = Arc::new(ImageMetrics::default());
             ImageGcManager::new(Arc::new(FakeRuntime::default()), Arc::new(Statvfs), policy, metrics)
                 .map(|_| ())
                 .map_err(|e| e.to_string())

@@ -4,4 +4,5 @@
 
 pub mod credentials;
 pub mod gc;
+pub mod metrics;
 pub mod puller;

@@ -42,9 +42,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use super::metrics::{ImageMetrics, ImageSizeLabels, image_size_bucket};
 use crate::container::{RuntimeService, api};
 use crate::events::{EventRecorder, EventType, container_ref};
-use crate::metrics::{ImageSizeLabels, KubeletMetrics, image_size_bucket};
 use crate::pod_startup::PodStartupTracker;
 
 /// Waiting reasons of image errors (upstream `images/types.go` and `cri-api/pkg/errors`).
@@ -802,7 +802,7 @@ pub struct ImageManager {
     /// The last failed pull's `reason: message` per back-off key (upstream
     /// `prevPullErrMsg`): the `ImagePullBackOff` status message carries it.
     prev_pull_error: Mutex<HashMap<String, String>>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<ImageMetrics>,
     recorder: Option<Arc<dyn EventRecorder>>,
     startup: Option<Arc<PodStartupTracker>>,
 }
@@ -811,7 +811,7 @@ impl ImageManager {
     /// An image manager pulling through `rt` as `cfg` says. Must be called within a Tokio
     /// runtime (the serial puller's worker is spawned here).
     #[must_use]
-    pub fn new(rt: Arc<dyn RuntimeService>, cfg: PullerConfig, metrics: Arc<KubeletMetrics>) -> Self {
+    pub fn new(rt: Arc<dyn RuntimeService>, cfg: PullerConfig, metrics: Arc<ImageMetrics>) -> Self {
         let service =
             PullService { rt: rt.clone(), throttle: PullThrottle::new(cfg.registry_pull_qps, cfg.registry_burst) };
         Self {
@@ -1030,7 +1030,7 @@ mod tests {
         fn new(rt: FakeRuntime, cfg: PullerConfig) -> Self {
             let rt = Arc::new(rt);
             let mut registry = Registry::default();
-            let metrics = Arc::new(KubeletMetrics::new(&mut registry, "node"));
+            let metrics = Arc::new(ImageMetrics::new(&mut registry));
             let recorder = MemoryRecorder::new("node");
             let manager = ImageManager::new(rt.clone(), cfg, metrics).with_recorder(Arc::new(recorder.clone()));
             Self { rt, recorder, registry, manager }

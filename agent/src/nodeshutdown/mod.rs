@@ -53,6 +53,7 @@
 //!   on, which is their default).
 
 pub mod adapters;
+pub mod metrics;
 pub mod storage;
 pub mod systemd;
 
@@ -71,8 +72,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{EventRecorder, EventType, node_ref};
 use crate::lifecycle::admission::{PodAdmitHandler, Rejection};
-use crate::metrics::KubeletMetrics;
 use crate::types::pod::SYSTEM_CRITICAL_PRIORITY;
+use metrics::ShutdownMetrics;
 
 pub use systemd::{DbusInhibiter, InhibitLock, Inhibiter};
 
@@ -337,7 +338,7 @@ pub struct Manager {
     logind_conf_dir: std::path::PathBuf,
     /// The system bus; `None`: `DBUS_SYSTEM_BUS_ADDRESS` at each connection, as upstream.
     bus_address: Option<String>,
-    metrics: Option<Arc<KubeletMetrics>>,
+    metrics: Option<Arc<ShutdownMetrics>>,
     recorder: Option<(Arc<dyn EventRecorder>, String)>,
     node_sync: Option<Arc<Notify>>,
 }
@@ -397,7 +398,7 @@ impl Manager {
 
     /// Sets `kubelet_graceful_shutdown_{start,end}_time_seconds`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Arc<KubeletMetrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<ShutdownMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }

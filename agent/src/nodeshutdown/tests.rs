@@ -386,7 +386,7 @@ fn metrics_come_back_from_the_state_file_unless_the_priority_gate_is_off() {
     storage::Storage::new(dir.path().join(STATE_FILE))
         .store(&storage::State { start_time: Some(start), end_time: Some(end) })
         .unwrap();
-    let metrics = Arc::new(KubeletMetrics::new(&mut prometheus_client::registry::Registry::default(), "n"));
+    let metrics = Arc::new(ShutdownMetrics::new(&mut prometheus_client::registry::Registry::default()));
     let fake = Arc::new(FakeTerminator::default());
     let mut m = manager(dir.path(), vec![], &fake).with_metrics(metrics.clone());
     m.record = false;

@@ -51,12 +51,12 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::{KernelEventLabels, PlegMetrics};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::container::cache::RuntimeCache;
 use crate::container::exits::wall_time_of;
 use crate::container::{ContainerState, RuntimeService, api};
-use crate::metrics::{KernelEventLabels, KubeletMetrics};
 
 /// The cgroup2 (default) hierarchy's id, as the kernel numbers it.
 pub const CGROUP2_HIERARCHY: u32 = 0;
@@ -366,7 +366,7 @@ impl State {
 pub struct EventedPleg {
     relist: GenericPleg,
     rt: Arc<dyn RuntimeService>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<PlegMetrics>,
     safety_period: Duration,
     memory_hierarchy: u32,
     state: Arc<Mutex<State>>,
@@ -484,7 +484,7 @@ impl EventedPleg {
     pub fn new(
         relist: GenericPleg,
         rt: Arc<dyn RuntimeService>,
-        metrics: Arc<KubeletMetrics>,
+        metrics: Arc<PlegMetrics>,
         safety_period: Duration,
         index: CgroupIndex,
         memory_hierarchy: u32,
@@ -1106,7 +1106,7 @@ mod tests {
 
     async fn setup() -> (Arc<FakeRuntime>, EventedPleg, String, String) {
         let rt = Arc::new(FakeRuntime::with_images(&["img"]));
-        let metrics = Arc::new(KubeletMetrics::unregistered());
+        let metrics = Arc::new(PlegMetrics::default());
         let sb = rt
             .run_pod_sandbox(
                 api::PodSandboxConfig {

@@ -11,6 +11,7 @@
 //!   the kernel path missed.
 
 pub mod evented;
+pub mod metrics;
 pub mod relist;
 pub mod sensors;
 

@@ -13,10 +13,10 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::{ContainerStateLabels, PlegMetrics};
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::container::cache::RuntimeCache;
 use crate::container::{ContainerState, RuntimePod, RuntimeService};
-use crate::metrics::{ContainerStateLabels, KubeletMetrics};
 
 /// Upstream `genericPlegRelistPeriod`.
 pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
@@ -93,7 +93,7 @@ pub fn diff(old: &BTreeMap<String, RuntimePod>, new: &BTreeMap<String, RuntimePo
 #[derive(Debug, Clone)]
 pub struct GenericPleg {
     rt: Arc<dyn RuntimeService>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<PlegMetrics>,
     period: Duration,
     threshold: Duration,
     cache: Arc<RuntimeCache>,
@@ -107,7 +107,7 @@ impl GenericPleg {
     #[must_use]
     pub fn new(
         rt: Arc<dyn RuntimeService>,
-        metrics: Arc<KubeletMetrics>,
+        metrics: Arc<PlegMetrics>,
         cache: Arc<RuntimeCache>,
         period: Duration,
         threshold: Duration,
@@ -282,7 +282,7 @@ mod tests {
         let cache = Arc::new(RuntimeCache::default());
         let pleg = GenericPleg::new(
             rt.clone(),
-            Arc::new(KubeletMetrics::unregistered()),
+            Arc::new(PlegMetrics::default()),
             cache.clone(),
             RELIST_PERIOD,
             RELIST_THRESHOLD,
@@ -317,7 +317,7 @@ mod tests {
     fn it_says_what_it_is_and_why() {
         let pleg = GenericPleg::new(
             Arc::new(FakeRuntime::default()),
-            Arc::new(KubeletMetrics::unregistered()),
+            Arc::new(PlegMetrics::default()),
             Arc::default(),
             RELIST_PERIOD,
             RELIST_THRESHOLD,
@@ -330,13 +330,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn health_follows_relists() {
         let rt = Arc::new(FakeRuntime::default());
-        let pleg = GenericPleg::new(
-            rt,
-            Arc::new(KubeletMetrics::unregistered()),
-            Arc::default(),
-            RELIST_PERIOD,
-            RELIST_THRESHOLD,
-        );
+        let pleg =
+            GenericPleg::new(rt, Arc::new(PlegMetrics::default()), Arc::default(), RELIST_PERIOD, RELIST_THRESHOLD);
         let (tx, _rx) = mpsc::channel(10);
         pleg.relist(&tx).await.unwrap();
         assert!(pleg.healthy().is_ok());

@@ -32,7 +32,7 @@ use crate::container::labels::{self, ContainerKind};
 use crate::container::pod_status::{ContainerState, RuntimePodStatus};
 use crate::container::{Error, Result, RuntimeService, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
-use crate::metrics::{ContainerTypeLabels, KubeletMetrics, StartedContainerErrorLabels};
+use crate::runtime::metrics::{ContainerTypeLabels, RuntimeMetrics, StartedContainerErrorLabels};
 use crate::types::pod::pod_full_name;
 use crate::volumes::VolumeManager;
 
@@ -103,7 +103,7 @@ pub struct RuntimeManagerDeps {
     pub rt: Arc<dyn RuntimeService>,
     /// Pod and `QoS` cgroups.
     pub cm: Arc<dyn PodContainerManager>,
-    pub metrics: Arc<KubeletMetrics>,
+    pub metrics: Arc<RuntimeMetrics>,
     pub cfg: RuntimeManagerConfig,
     /// The crash-loop back-off (`crashLoopBackOff.maxContainerRestartPeriod`).
     pub backoff: Backoff,
@@ -145,7 +145,7 @@ pub struct RuntimeManagerDeps {
 pub struct RuntimeManager {
     rt: Arc<dyn RuntimeService>,
     cm: Arc<dyn PodContainerManager>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<RuntimeMetrics>,
     cfg: RuntimeManagerConfig,
     backoff: Mutex<Backoff>,
     images: Arc<crate::images::puller::ImageManager>,

@@ -9,6 +9,7 @@
 //! shares with the rest of the kubelet are in [`crate::container`].
 
 pub mod manager;
+pub mod metrics;
 pub mod resize;
 pub mod security_context;
 pub mod start_gate;

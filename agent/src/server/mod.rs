@@ -105,6 +105,7 @@ mod auth;
 mod cache;
 mod container_logs;
 mod healthz;
+pub mod metrics;
 mod metrics_format;
 mod pods;
 mod running_pods;
@@ -277,7 +278,7 @@ pub struct Endpoints {
     token_authenticator: Option<Arc<dyn TokenAuthenticator>>,
     api_client: Option<kube::Client>,
     routes: Router,
-    http_metrics: Option<Arc<crate::metrics::KubeletMetrics>>,
+    http_metrics: Option<Arc<metrics::HttpMetrics>>,
 }
 
 impl std::fmt::Debug for Endpoints {
@@ -310,7 +311,7 @@ impl Endpoints {
 
     /// Counts every request to the API listeners in `kubelet_http_*` of `metrics`.
     #[must_use]
-    pub fn http_metrics(mut self, metrics: Arc<crate::metrics::KubeletMetrics>) -> Self {
+    pub fn http_metrics(mut self, metrics: Arc<metrics::HttpMetrics>) -> Self {
         self.http_metrics = Some(metrics);
         self
     }
@@ -840,13 +841,13 @@ impl Drop for InFlight {
 /// `kubelet_http_requests_duration_seconds` of every request (upstream `ServeHTTP`), with
 /// `server_type` `readwrite` (HTTPS) or `readonly`.
 async fn count_requests(
-    State((metrics, server_type)): State<(Arc<crate::metrics::KubeletMetrics>, &'static str)>,
+    State((metrics, server_type)): State<(Arc<metrics::HttpMetrics>, &'static str)>,
     request: axum::extract::Request,
     next: middleware::Next,
 ) -> Response {
     let path = metric_path_bucket(request.uri().path());
     let long_running = ["exec", "attach", "portforward", "debug"].contains(&path.as_str());
-    let labels = crate::metrics::HttpLabels {
+    let labels = metrics::HttpLabels {
         method: metric_method_bucket(request.method()),
         path,
         server_type: server_type.into(),

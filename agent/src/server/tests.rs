@@ -1145,14 +1145,14 @@ async fn the_read_only_port_serves_upstreams_read_only_paths_without_auth() {
     let mut settings = settings(dir.path());
     settings.read_only_addr = Some("127.0.0.1:0".parse().unwrap());
     let mut registry = Registry::default();
-    let kubelet_metrics = Arc::new(crate::metrics::KubeletMetrics::new(&mut registry, "node-1"));
+    let http_metrics = Arc::new(super::metrics::HttpMetrics::new(&mut registry));
     let registry = Arc::new(registry);
     let summary = axum::routing::get(|| async { r#"{"node":{}}"# });
     let events = axum::routing::get(|| async { "[]" });
     let server = Server::new(
         settings,
         Endpoints::new(Arc::new(FakePods::new(vec![sample_pod()])), registry.clone())
-            .http_metrics(kubelet_metrics)
+            .http_metrics(http_metrics)
             .metrics_endpoint("/metrics/probes", Arc::new(Registry::default()))
             .route("/stats/summary", summary)
             .route("/events", events),

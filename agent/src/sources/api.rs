@@ -43,7 +43,7 @@ pub async fn run(
     tx: mpsc::Sender<PodUpdate>,
     mirrors: crate::mirror::MirrorStore,
     startup: Arc<crate::pod_startup::PodStartupTracker>,
-    metrics: Arc<crate::metrics::KubeletMetrics>,
+    metrics: Arc<super::metrics::SourceMetrics>,
     mut connections: tokio::sync::watch::Receiver<u64>,
     shutdown: CancellationToken,
 ) {

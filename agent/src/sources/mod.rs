@@ -5,5 +5,6 @@
 pub mod api;
 pub mod defaults;
 pub mod file;
+pub mod metrics;
 
 pub use crate::types::pod::PodUpdate;

@@ -169,7 +169,7 @@ pub struct CollectorConfig {
     /// `etc-hosts`) and log directory listing goes to
     /// `kubelet_volume_metric_collection_duration_seconds{metric_source="du"}`. Default
     /// none.
-    pub metrics: Option<Arc<crate::metrics::KubeletMetrics>>,
+    pub metrics: Option<Arc<super::metrics::VolumeStatMetrics>>,
 }
 
 impl CollectorConfig {

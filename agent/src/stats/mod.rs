@@ -69,6 +69,7 @@ pub mod cgroup;
 pub mod collector;
 pub mod fs;
 pub mod log_metrics;
+pub mod metrics;
 pub mod mounts;
 pub mod processes;
 pub mod procfs;

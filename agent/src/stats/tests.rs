@@ -787,7 +787,7 @@ fn du_observations(registry: &prometheus_client::registry::Registry) -> u64 {
 fn every_du_is_timed_in_the_volume_metric() {
     let mut f = v1_fixture();
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(crate::metrics::KubeletMetrics::new(&mut registry, "node-a"));
+    let metrics = Arc::new(super::metrics::VolumeStatMetrics::new(&mut registry));
     let mut config = f.collector.config().clone();
     config.metrics = Some(Arc::clone(&metrics));
     f.collector = Collector::new(config);

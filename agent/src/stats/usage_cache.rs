@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::collector::{Clock, UsageSample};
 use super::fs::{self, DiskUsage};
-use crate::metrics::KubeletMetrics;
+use super::metrics::VolumeStatMetrics;
 
 /// Settings of a [`FsUsageCache`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,7 +68,7 @@ pub struct FsUsageCache {
     entries: Mutex<HashMap<PathBuf, Entry>>,
     wake: tokio::sync::Notify,
     walks: std::sync::atomic::AtomicU64,
-    metrics: Option<Arc<KubeletMetrics>>,
+    metrics: Option<Arc<VolumeStatMetrics>>,
 }
 
 impl std::fmt::Debug for FsUsageCache {
@@ -97,7 +97,7 @@ impl FsUsageCache {
     /// Observes each walk's duration in `metrics`'
     /// `kubelet_volume_metric_collection_duration_seconds{metric_source="du"}`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Option<Arc<KubeletMetrics>>) -> Self {
+    pub fn with_metrics(mut self, metrics: Option<Arc<VolumeStatMetrics>>) -> Self {
         self.metrics = metrics;
         self
     }

@@ -21,8 +21,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::StatusMetrics;
 use super::{StatusManager, StatusProvider};
-use crate::metrics::KubeletMetrics;
 use crate::pod_manager::PodManager;
 use crate::types::pod::is_static_pod;
 
@@ -95,7 +95,7 @@ pub struct StatusWriter {
     client: kube::Client,
     pods: PodManager,
     queue: Arc<Queue>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<StatusMetrics>,
     /// The status last written per pod.
     sent: HashMap<String, PodStatus>,
     /// Pods whose last write failed: failures in a row, and when to try again.
@@ -104,7 +104,7 @@ pub struct StatusWriter {
 
 impl ApiStatusManager {
     #[must_use]
-    pub fn new(client: kube::Client, pods: PodManager, metrics: Arc<KubeletMetrics>) -> (Self, StatusWriter) {
+    pub fn new(client: kube::Client, pods: PodManager, metrics: Arc<StatusMetrics>) -> (Self, StatusWriter) {
         let queue = Arc::new(Queue::default());
         let writer =
             StatusWriter { client, pods, queue: queue.clone(), metrics, sent: HashMap::new(), retry: HashMap::new() };
@@ -399,7 +399,7 @@ mod tests {
         *api.code.lock().unwrap() = 503;
         let pods = PodManager::new(&["api"]);
         pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(writer.run(stop.clone()));
         for n in 1..=5 {
@@ -429,7 +429,7 @@ mod tests {
         *api.code.lock().unwrap() = 503;
         let pods = PodManager::new(&["api"]);
         pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(true)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(writer.run(stop.clone()));
         manager.set("u1", status("final"));
@@ -468,8 +468,7 @@ mod tests {
             pod
         };
         pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("True")] });
-        let (manager, writer) =
-            ApiStatusManager::new(api.client(), pods.clone(), Arc::new(KubeletMetrics::unregistered()));
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods.clone(), Arc::new(StatusMetrics::default()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(writer.run(stop.clone()));
         manager.set("u1", with_ready("True").status.unwrap());
@@ -491,7 +490,7 @@ mod tests {
         *api.code.lock().unwrap() = 200;
         let pods = PodManager::new(&["api"]);
         pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(KubeletMetrics::unregistered()));
+        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(writer.run(stop.clone()));
         manager.set("u1", status("up"));

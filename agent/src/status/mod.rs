@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod generate;
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

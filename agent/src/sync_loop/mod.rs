@@ -14,6 +14,7 @@
 //!   the pass runs is spared, or (same UID) its worker waits for the removal to end
 //!   before it creates anything.
 
+pub mod metrics;
 mod resize;
 
 use std::collections::HashSet;
@@ -25,12 +26,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cm::PodContainerManager;
 use crate::container::cache::RuntimeCache;
-use crate::metrics::{KubeletMetrics, StaticLabels, WorkingPodLabels};
+use crate::metrics::StaticLabels;
 use crate::pleg::{PodLifecycleEvent, PodLifecycleEventType};
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{CleanupClaim, PodWorkers, WorkType};
 use crate::runtime::RuntimeManager;
 use crate::sources::PodUpdate;
+use metrics::{SyncLoopMetrics, WorkingPodLabels};
 
 /// Upstream `housekeepingPeriod`.
 pub const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(2);
@@ -60,7 +62,11 @@ pub struct SyncLoop {
     pub cache: Arc<RuntimeCache>,
     pub runtime: Arc<RuntimeManager>,
     pub cm: Arc<dyn PodContainerManager>,
-    pub metrics: Arc<KubeletMetrics>,
+    /// The housekeeping counts (`kubelet_desired_pods`, ...).
+    pub metrics: Arc<SyncLoopMetrics>,
+    /// The PLEG's families: the loop observes `kubelet_evented_pleg_event_latency_seconds`
+    /// when a kernel event reaches its pod worker.
+    pub pleg_metrics: Arc<crate::pleg::metrics::PlegMetrics>,
     /// The node as registered (API mode): admission checks pods against it.
     pub node: Option<Arc<std::sync::RwLock<Option<k8s_openapi::api::core::v1::Node>>>>,
     pub status: Arc<dyn crate::status::StatusProvider>,
@@ -85,7 +91,7 @@ pub struct SyncLoop {
 struct CleanupPass {
     cm: Arc<dyn PodContainerManager>,
     runtime: Arc<RuntimeManager>,
-    metrics: Arc<KubeletMetrics>,
+    metrics: Arc<SyncLoopMetrics>,
     pods: PodManager,
     workers: PodWorkers,
     /// Pods the runtime still has (as of the PLEG's last listing): their directories
@@ -238,7 +244,7 @@ impl SyncLoop {
             }
             if let Some(k) = ev.kernel_time_ns {
                 let now = crate::types::clock::monotonic_now_ns();
-                self.metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
+                self.pleg_metrics.evented_pleg_event_latency.observe(now.saturating_sub(k) as f64 / 1e9);
             }
         }
     }
@@ -608,7 +614,7 @@ mod tests {
         let mut deps = crate::runtime::manager::RuntimeManagerDeps::fake(rt.clone(), dir.path());
         deps.cm = cm.clone();
         deps.cfg.node_name = "n".into();
-        let metrics = deps.metrics.clone();
+        let pleg_metrics = Arc::new(crate::pleg::metrics::PlegMetrics::default());
         let runtime = Arc::new(RuntimeManager::new(deps));
         let status = Arc::new(StatusManager::default());
         let recorder = Arc::new(MemoryRecorder::new("n"));
@@ -618,7 +624,7 @@ mod tests {
                 runtime: runtime.clone(),
                 cm: cm.clone(),
                 status: status.clone(),
-                metrics: metrics.clone(),
+                metrics: Arc::default(),
                 recorder: recorder.clone(),
                 runtime_name: "fake".into(),
                 sync_frequency: Duration::from_mins(1),
@@ -631,7 +637,7 @@ mod tests {
         );
         let pleg = crate::pleg::relist::GenericPleg::new(
             rt.clone(),
-            metrics.clone(),
+            pleg_metrics.clone(),
             runtime.cache().clone(),
             Duration::from_secs(1),
             Duration::from_mins(3),
@@ -644,7 +650,8 @@ mod tests {
             cache: runtime.cache().clone(),
             runtime,
             cm: cm.clone(),
-            metrics,
+            metrics: Arc::default(),
+            pleg_metrics,
             node: None,
             status,
             recorder,

@@ -134,7 +134,7 @@ impl RuntimeManager {
         self.containers_changed();
         self.metrics
             .run_podsandbox_duration
-            .get_or_create(&crate::metrics::RuntimeHandlerLabels { runtime_handler: handler })
+            .get_or_create(&crate::runtime::metrics::RuntimeHandlerLabels { runtime_handler: handler })
             .observe(started.elapsed().as_secs_f64());
         let st = self.rt.pod_sandbox_status(&id).await?;
         let mut ips = Vec::new();

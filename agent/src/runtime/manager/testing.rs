@@ -12,7 +12,6 @@ use crate::container::Backoff;
 use crate::container::fake::FakeRuntime;
 use crate::events::{EventRecorder, MemoryRecorder};
 use crate::images::puller::ImageManager;
-use crate::metrics::KubeletMetrics;
 use crate::volumes::{FakeMounter, FakeObjectSource, NoApiServer, NodeAllocatable, VolumeManager};
 
 impl RuntimeManagerDeps {
@@ -21,7 +20,6 @@ impl RuntimeManagerDeps {
     /// memory, volumes without an API server, an allocation manager and a prober of their
     /// own. Tests replace the fields they look at.
     pub(crate) fn fake(rt: Arc<FakeRuntime>, dir: &std::path::Path) -> Self {
-        let metrics = Arc::new(KubeletMetrics::unregistered());
         let recorder: Arc<dyn EventRecorder> = Arc::new(MemoryRecorder::new("node-1"));
         let cfg = RuntimeManagerConfig {
             pod_logs_dir: dir.join("logs"),
@@ -33,7 +31,7 @@ impl RuntimeManagerDeps {
             images: Arc::new(ImageManager::new(
                 rt.clone(),
                 crate::images::puller::PullerConfig::default(),
-                metrics.clone(),
+                Arc::default(),
             )),
             cm: Arc::new(FakePodContainerManager::default()),
             backoff: Backoff::default(),
@@ -46,7 +44,7 @@ impl RuntimeManagerDeps {
                 Arc::new(crate::prober::metrics::ProberMetrics::new()),
             ),
             runtime_name: "fake".into(),
-            startup: Arc::new(crate::pod_startup::PodStartupTracker::new(metrics.clone())),
+            startup: Arc::new(crate::pod_startup::PodStartupTracker::new(Arc::default())),
             container_hooks: Vec::new(),
             allocation: Arc::new(crate::allocation::AllocationManager::in_memory(
                 crate::allocation::NodeResizeConfig::default(),
@@ -54,7 +52,7 @@ impl RuntimeManagerDeps {
             start_concurrency: 0,
             security: crate::runtime::security_context::SecuritySettings::new(false, &cfg.root_dir, false),
             recorder,
-            metrics,
+            metrics: Arc::default(),
             cfg,
             rt,
         }
@@ -71,7 +69,7 @@ fn manager(
     image_events: bool,
 ) -> RuntimeManagerDeps {
     let mut deps = RuntimeManagerDeps::fake(fake.clone(), dir);
-    let images = ImageManager::new(fake, crate::images::puller::PullerConfig::default(), deps.metrics.clone());
+    let images = ImageManager::new(fake, crate::images::puller::PullerConfig::default(), Arc::default());
     deps.images = Arc::new(if image_events { images.with_recorder(recorder.clone()) } else { images });
     deps.cfg.host_ip = host_ip.map(Into::into);
     deps.recorder = recorder.clone();

@@ -59,8 +59,8 @@ mod ephemeral_wiring {
     use serde_json::json;
 
     use super::super::*;
-    use crate::metrics::StartedContainerErrorLabels;
     use crate::runtime::manager::testing::setup;
+    use crate::runtime::metrics::StartedContainerErrorLabels;
 
     fn pod(debuggers: &serde_json::Value) -> Pod {
         serde_json::from_value(json!({
@@ -336,7 +336,6 @@ mod volumes_wiring {
     use tokio_util::sync::CancellationToken;
     use tokio_util::task::TaskTracker;
 
-    use super::super::*;
     use crate::cm::FakePodContainerManager;
     use crate::pod_workers::{PodWorkers, SyncDeps, WorkType};
     use crate::runtime::manager::testing::{app_config, cluster_dns, env, events, pod};
@@ -355,7 +354,7 @@ mod volumes_wiring {
                 runtime: e.rm.clone(),
                 cm: Arc::new(FakePodContainerManager::default()),
                 status: status.clone(),
-                metrics: Arc::new(KubeletMetrics::unregistered()),
+                metrics: Arc::default(),
                 recorder: e.recorder.clone(),
                 runtime_name: "fake".into(),
                 sync_frequency: Duration::from_millis(50),
