@@ -195,55 +195,7 @@ mod tests {
         reg.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(std::sync::Arc::new(
             move || Some(std::sync::Arc::clone(&collection)),
         ))));
-        // One sample in each labelled family, so that its label names show.
-        m.cri.observe_runtime_operation("list_podsandbox", 0.01, true);
-        m.pod_workers
-            .pod_worker_duration
-            .get_or_create(&OperationLabels { operation_type: "sync".into() })
-            .observe(0.1);
-        m.pod_workers
-            .cgroup_manager_duration
-            .get_or_create(&OperationLabels { operation_type: "update".into() })
-            .observe(0.1);
-        m.pleg.running_containers.get_or_create(&ContainerStateLabels { container_state: "running".into() }).set(1);
-        m.runtime.started_containers.get_or_create(&ContainerTypeLabels { container_type: "container".into() }).inc();
-        m.runtime
-            .started_containers_errors
-            .get_or_create(&StartedContainerErrorLabels {
-                code: "RunContainerError".into(),
-                container_type: "container".into(),
-            })
-            .inc();
-        for f in [&m.sync_loop.desired_pods, &m.sync_loop.active_pods] {
-            f.get_or_create(&StaticLabels { r#static: "false".into() }).set(1);
-        }
-        m.pod_workers.restarted_pods.get_or_create(&StaticLabels { r#static: "false".into() }).inc();
-        m.sync_loop
-            .working_pods
-            .get_or_create(&WorkingPodLabels {
-                lifecycle: "sync".into(),
-                config: "desired".into(),
-                r#static: "false".into(),
-            })
-            .set(1);
-        let http = HttpLabels {
-            method: "GET".into(),
-            path: "pods".into(),
-            server_type: "readwrite".into(),
-            long_running: "false".into(),
-        };
-        m.http.http_requests.get_or_create(&http).inc();
-        m.http.http_inflight_requests.get_or_create(&http).set(0);
-        m.http.http_requests_duration.get_or_create(&http).observe(0.01);
-        m.runtime
-            .run_podsandbox_duration
-            .get_or_create(&RuntimeHandlerLabels { runtime_handler: String::new() })
-            .observe(0.5);
-        m.images
-            .image_pull_duration
-            .get_or_create(&ImageSizeLabels { image_size_in_bytes: "0-10MB".into() })
-            .observe(1.0);
-        m.stats.observe_volume_stat_duration("du", std::time::Duration::from_millis(3));
+        sample_every_family(&m);
         let mut ours = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut ours, &reg).unwrap();
         let ours = families(&with_upstream_counter_names(&ours));

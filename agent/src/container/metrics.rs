@@ -5,13 +5,14 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::{HistogramFamily, OperationLabels, exponential_buckets};
 
-fn runtime_op_histogram() -> prometheus_client::metrics::histogram::Histogram {
+fn runtime_op_histogram() -> Histogram {
     // pkg/kubelet/metrics: prometheus.ExponentialBuckets(.005, 2.5, 14).
-    prometheus_client::metrics::histogram::Histogram::new(exponential_buckets(0.005, 2.5, 14))
+    Histogram::new(exponential_buckets(0.005, 2.5, 14))
 }
 
 /// The CRI operation families.
