@@ -46,8 +46,9 @@ pub fn is_bench_namespace(namespace: &str) -> bool {
 }
 /// `--hostname-override`: static pod names get `-bench` appended.
 pub const NODE_NAME: &str = "bench";
-/// What the agent logs: info, plus the record targets the benches parse.
-const RUST_LOG: &str = "info,pleg_dispatch=debug,pod_status=debug,eviction_decision=debug";
+/// What the agent logs (the benches read their records from the event API, see
+/// `bench::records`).
+const RUST_LOG: &str = "info";
 
 /// Which PLEG the agent runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -374,12 +375,18 @@ authorization:
             flags.push(format!("--bootstrap-kubeconfig={}", b.display()));
             flags.push(format!("--kubeconfig={}", self.kubeconfig().display()));
         }
-        if self.swiftlet {
-            flags.push(format!("--event-api-socket={}", self.dir.join("events.sock").display()));
+        if let Some(socket) = self.event_socket() {
+            flags.push(format!("--event-api-socket={}", socket.display()));
             flags.push(self.mode.flag().to_owned());
         }
         flags.extend(self.extra_flags.iter().cloned());
         flags
+    }
+
+    /// The event API socket swiftlet serves (where the benches read its records); `None`
+    /// for the upstream kubelet.
+    pub fn event_socket(&self) -> Option<PathBuf> {
+        self.swiftlet.then(|| self.dir.join("events.sock"))
     }
 
     /// Starts the process and waits until `/healthz` answers.

@@ -30,7 +30,7 @@
 //!   (the agent's own formula: available = limit − (usage − inactive file)) and takes
 //!   `CLOCK_MONOTONIC` at the first reading with less than 100 MiB available. Its
 //!   resolution is the poll interval (the largest gap between readings is reported).
-//! - **Decision**: the agent's `eviction_decision` record (`RUST_LOG=eviction_decision=debug`,
+//! - **Decision**: the agent's `EVICTION_DECIDED` record on its event API (`bench::records`,
 //!   written when a pass picks the pod, before the kill), which carries `CLOCK_MONOTONIC`
 //!   times of the decision, of the start of that pass and of the kernel signal that
 //!   started it.
@@ -68,7 +68,7 @@ use crate::{
         latency::Summary,
         pleg::{self, Pauses},
         procfs,
-        records::{EvictionDecision, LogTail, Record},
+        records::{EvictionDecision, Record, RecordStream},
         report::{self, Environment},
         watch,
     },
@@ -355,7 +355,7 @@ pub fn footnotes() -> Vec<String> {
     vec![
         format!(
             "¹ from the first of the bench's readings (every {} ms) of the pods cgroup showing less than {} MiB \
-             available (limit {} MiB − working set) to the agent's eviction_decision record (CLOCK_MONOTONIC both).",
+             available (limit {} MiB − working set) to the agent's EVICTION_DECIDED record (CLOCK_MONOTONIC both).",
             POLL_INTERVAL.as_millis(),
             THRESHOLD_BYTES / MIB,
             LIMIT_BYTES / MIB
@@ -633,7 +633,9 @@ pub async fn measure_mode(
         "the pods cgroup's memory limit is {limit} bytes, not the {LIMIT_BYTES} that systemReserved should leave; the \
          bench's threshold arithmetic would be wrong"
     );
-    let mut tail = LogTail::from_end(&cluster.agent.log_path)?;
+    let socket =
+        cluster.agent.event_socket().context("the eviction bench runs swiftlet, which serves the event API")?;
+    let mut tail = RecordStream::connect(&socket).await?;
     let mut records: Vec<Record> = Vec::new();
     let mut pauses = Pauses::new();
     let mut result = ModeResult { mode, runs: Vec::with_capacity(runs), rejections: 0 };
@@ -700,7 +702,7 @@ async fn run_once(
     cri: &mut CriClient,
     kubepods: &Path,
     name: &str,
-    tail: &mut LogTail,
+    tail: &mut RecordStream,
     records: &mut Vec<Record>,
 ) -> Result<Option<RunOutcome>> {
     let poller = MemoryPoller::start(kubepods, THRESHOLD_BYTES)?;

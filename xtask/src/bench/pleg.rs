@@ -6,8 +6,8 @@
 //! 1. Latency: `exits / 10` static pods of 10 sleeping containers. Once all run, each
 //!    container's init process is killed with SIGKILL once (one restart each, never a back-off),
 //!    one at a time after a random 0–1 s pause, and the bench waits (at most 5 s) until
-//!    the agent's log shows the `ContainerDied` dispatch, the status update and the
-//!    restart. Latencies come from the agent's records ([`records`]) matched to the kill
+//!    the agent's event API has shown the `ContainerDied` dispatch, the status update and
+//!    the restart. Latencies come from the agent's records ([`records`]) matched to the kill
 //!    times ([`latency`]); CPU is the agent's over the whole kill phase, and over 10 s
 //!    without kills just before (its background, to report the kills' own cost).
 //! 2. Idle: the latency pods go, `idle_pods` single-container pods come; once all run and
@@ -37,7 +37,7 @@ use crate::{
         agent::{self, BenchAgent, NAMESPACE, NODE_NAME, PlegMode, PodView},
         latency::{Kill, KillOutcome, Summary, outcome},
         procfs::{self, CpuSample},
-        records::{self, LogTail, Record},
+        records::{Record, RecordStream},
         report::{self, Environment, IdleFigures, LatencyFigures, ModeResult},
     },
     cleanup, containerd,
@@ -53,7 +53,7 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 /// Pauses between kills are uniform in [0, this): one relist period, so kills fall at
 /// every phase of the relist.
 const KILL_PAUSE_MAX_MS: u64 = 1000;
-/// How often the agent's log is read while waiting for a kill's records. The latencies
+/// How often the collected records are looked at while waiting for a kill's records. The latencies
 /// come from the records' own timestamps; this only paces the kills.
 const LOG_POLL: Duration = Duration::from_millis(2);
 const SETTLE: Duration = Duration::from_secs(10);
@@ -496,7 +496,8 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     ensure!(sandboxes.len() == n_pods, "{} ready bench sandboxes for {n_pods} pods", sandboxes.len());
 
     let agent_pid = agent.pid().context("agent pid")?;
-    let mut tail = LogTail::from_end(&agent.log_path)?;
+    let socket = agent.event_socket().context("the PLEG bench runs swiftlet, which serves the event API")?;
+    let mut tail = RecordStream::connect(&socket).await?;
     let mut records = Vec::new();
     let mut pauses = Pauses::new();
     let mut kills = Vec::with_capacity(targets.len());
@@ -578,9 +579,8 @@ async fn latency_phase(agent: &mut BenchAgent, cri: &mut CriClient, exits: usize
     let (cpu_seconds, wall_seconds) = cpu_after.since(&cpu_before);
     agent::ensure_undisturbed(cri, &sandboxes).await?;
 
-    // The figures come from the whole log: a record that came after the wait still counts.
-    let log = fs::read_to_string(&agent.log_path).with_context(|| format!("reading {}", agent.log_path.display()))?;
-    let all = records::parse_all(&log);
+    // The figures come from every record: one that came after the wait still counts.
+    let all = tail.all()?;
     let outcomes: Vec<KillOutcome> = kills.iter().map(|k| outcome(k, &all)).collect();
     let unexpected_exits =
         kills.first().map_or(0, |first| unexpected_exits(&all, &kills, first.t_kill_ns, cpu_after_mono_ns));

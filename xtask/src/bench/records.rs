@@ -1,25 +1,29 @@
-//! The agent's benchmark records, read from its log (tracing's default text format,
-//! `RUST_LOG=pleg_dispatch=debug,pod_status=debug`):
+//! The agent's benchmark records, from its node-local event API
+//! (`proto/swiftlet/events/v1/events.proto`, `--event-api-socket`): a `Watch` that names
+//! the record kinds `PLEG_EVENT_DISPATCHED`, `POD_STATUS_COMPUTED` and `EVICTION_DECIDED`
+//! (the agent sends them to no other watcher). [`RecordStream`] collects them in the
+//! background from the moment it is connected; every time in them is `CLOCK_MONOTONIC`
+//! nanoseconds, as the bench's own.
 //!
-//! ```text
-//! 2026-11-30T18:00:00.000001Z DEBUG pleg_dispatch: dispatched mono_ns=.. kernel_ns=.. uid=.. id=.. kind=ContainerDied
-//! 2026-11-30T18:00:00.000002Z DEBUG pod_worker{..}: pod_status: updated mono_ns=.. uid=.. containers=c0:running:0,c1:terminated:1
-//! 2026-11-30T18:00:00.000003Z DEBUG eviction: eviction_decision: decided mono_ns=.. pass_mono_ns=.. signal_mono_ns=.. trigger=memcg_threshold uid=.. eviction_signal=allocatableMemory.available
-//! ```
-//!
-//! Only `target: message` and the `key=value` fields after it are read; timestamps, levels
-//! and span contexts are ignored, and colour codes are stripped should a terminal ever
-//! have been the writer.
+//! The messages are written by hand with `#[derive(prost::Message)]`, as in `crate::cri`
+//! (xtask builds before `protoc` is installed); only the fields the bench reads are
+//! declared (protobuf skips the others on decode).
 
 use std::{
-    fs::File,
-    io::{Read as _, Seek as _, SeekFrom},
     path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
+use hyper_util::rt::TokioIo;
+use tonic::{
+    Request,
+    codegen::http::uri::PathAndQuery,
+    transport::{Endpoint, Uri},
+};
 
-/// `pleg_dispatch: dispatched`: a PLEG event reached the pod worker.
+/// `PLEG_EVENT_DISPATCHED`: a PLEG event reached the pod worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dispatch {
     /// `CLOCK_MONOTONIC` ns when the event reached the pod worker.
@@ -33,7 +37,7 @@ pub struct Dispatch {
     pub kind: String,
 }
 
-/// A container's state in a `pod_status: updated` record.
+/// A container's state in a `POD_STATUS_COMPUTED` record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     Running,
@@ -48,7 +52,7 @@ pub struct ContainerSummary {
     pub restarts: u32,
 }
 
-/// `pod_status: updated`: the pod worker computed the pod's status.
+/// `POD_STATUS_COMPUTED`: the pod worker computed the pod's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusUpdate {
     pub mono_ns: u64,
@@ -62,7 +66,7 @@ impl StatusUpdate {
     }
 }
 
-/// `eviction_decision: decided`: the eviction manager chose a pod to evict.
+/// `EVICTION_DECIDED`: the eviction manager chose a pod to evict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictionDecision {
     /// `CLOCK_MONOTONIC` ns of the decision.
@@ -86,155 +90,210 @@ pub enum Record {
     Eviction(EvictionDecision),
 }
 
-const DISPATCH: &str = "pleg_dispatch: dispatched";
-const STATUS: &str = "pod_status: updated";
-const EVICTION: &str = "eviction_decision: decided";
+/// `swiftlet.events.v1.EventKind` values of the records.
+const PLEG_EVENT_DISPATCHED: i32 = 8;
+const POD_STATUS_COMPUTED: i32 = 9;
+const EVICTION_DECIDED: i32 = 10;
 
-/// Removes ANSI escape sequences (`ESC [ ... letter`).
-fn strip_ansi(line: &str) -> std::borrow::Cow<'_, str> {
-    if !line.contains('\x1b') {
-        return line.into();
-    }
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            if chars.next() == Some('[') {
-                for c in chars.by_ref() {
-                    if c.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-        } else {
-            out.push(c);
+#[derive(Clone, PartialEq, prost::Message)]
+struct WatchRequest {
+    #[prost(enumeration = "i32", repeated, tag = "4")]
+    kinds: Vec<i32>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct WireEvent {
+    #[prost(string, tag = "1")]
+    pod_uid: String,
+    #[prost(string, tag = "4")]
+    container_id: String,
+    #[prost(int32, tag = "6")]
+    kind: i32,
+    #[prost(uint64, tag = "7")]
+    kernel_time_ns: u64,
+    #[prost(uint64, tag = "13")]
+    agent_time_ns: u64,
+    #[prost(string, tag = "14")]
+    pleg_event: String,
+    #[prost(message, repeated, tag = "15")]
+    containers: Vec<WireContainer>,
+    #[prost(message, optional, tag = "16")]
+    eviction: Option<WireEviction>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct WireContainer {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    state: String,
+    #[prost(uint32, tag = "3")]
+    restart_count: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct WireEviction {
+    #[prost(string, tag = "1")]
+    eviction_signal: String,
+    #[prost(string, tag = "2")]
+    trigger: String,
+    #[prost(uint64, tag = "3")]
+    pass_time_ns: u64,
+    #[prost(uint64, tag = "4")]
+    signal_time_ns: u64,
+}
+
+/// The record one event is, if it is one (and well formed).
+fn record_of(ev: WireEvent) -> Option<Record> {
+    match ev.kind {
+        PLEG_EVENT_DISPATCHED => Some(Record::Dispatch(Dispatch {
+            mono_ns: ev.agent_time_ns,
+            kernel_ns: ev.kernel_time_ns,
+            uid: ev.pod_uid,
+            id: ev.container_id,
+            kind: ev.pleg_event,
+        })),
+        POD_STATUS_COMPUTED => Some(Record::Status(StatusUpdate {
+            mono_ns: ev.agent_time_ns,
+            uid: ev.pod_uid,
+            containers: ev
+                .containers
+                .into_iter()
+                .map(|c| {
+                    let state = match c.state.as_str() {
+                        "running" => State::Running,
+                        "terminated" => State::Terminated,
+                        "waiting" => State::Waiting,
+                        _ => return None,
+                    };
+                    Some(ContainerSummary { name: c.name, state, restarts: c.restart_count })
+                })
+                .collect::<Option<_>>()?,
+        })),
+        EVICTION_DECIDED => {
+            let d = ev.eviction?;
+            Some(Record::Eviction(EvictionDecision {
+                mono_ns: ev.agent_time_ns,
+                pass_mono_ns: d.pass_time_ns,
+                signal_mono_ns: d.signal_time_ns,
+                trigger: d.trigger,
+                uid: ev.pod_uid,
+                eviction_signal: d.eviction_signal,
+            }))
         }
+        _ => None,
     }
-    out.into()
 }
 
-/// The `key=value` fields after `marker` (which must be followed by a space or the end
-/// of the line), or `None` when the line is not that record.
-fn fields_after<'a>(line: &'a str, marker: &str) -> Option<Vec<(&'a str, &'a str)>> {
-    let start = line.find(marker)? + marker.len();
-    let rest = &line[start..];
-    if !(rest.is_empty() || rest.starts_with(' ')) {
-        return None;
-    }
-    Some(rest.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k, v.trim_matches('"'))).collect())
+/// What the background reader has collected.
+#[derive(Debug, Default)]
+struct Collected {
+    records: Vec<Record>,
+    /// Why the stream ended, if it did (the agent stopped, or dropped records because
+    /// the bench read too slowly): the figures would miss records.
+    ended: Option<String>,
 }
 
-fn field<'a>(fields: &[(&'a str, &'a str)], key: &str) -> Option<&'a str> {
-    fields.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
-}
-
-/// `name:state:restarts,...` (empty for a pod without container statuses).
-fn parse_containers(s: &str) -> Option<Vec<ContainerSummary>> {
-    s.split(',')
-        .filter(|c| !c.is_empty())
-        .map(|c| {
-            let mut parts = c.rsplitn(3, ':');
-            let restarts = parts.next()?.parse().ok()?;
-            let state = match parts.next()? {
-                "running" => State::Running,
-                "terminated" => State::Terminated,
-                "waiting" => State::Waiting,
-                _ => return None,
-            };
-            let name = parts.next()?.to_owned();
-            Some(ContainerSummary { name, state, restarts })
-        })
-        .collect()
-}
-
-/// The record on one log line, if it is one (and well formed).
-pub fn parse_line(line: &str) -> Option<Record> {
-    // Cheap filter on the target names (colour codes may split `target: message`).
-    if !line.contains("pleg_dispatch") && !line.contains("pod_status") && !line.contains("eviction_decision") {
-        return None;
-    }
-    let line = strip_ansi(line);
-    if let Some(f) = fields_after(&line, EVICTION) {
-        return Some(Record::Eviction(EvictionDecision {
-            mono_ns: field(&f, "mono_ns")?.parse().ok()?,
-            pass_mono_ns: field(&f, "pass_mono_ns")?.parse().ok()?,
-            signal_mono_ns: field(&f, "signal_mono_ns")?.parse().ok()?,
-            trigger: field(&f, "trigger")?.to_owned(),
-            uid: field(&f, "uid")?.to_owned(),
-            eviction_signal: field(&f, "eviction_signal")?.to_owned(),
-        }));
-    }
-    if let Some(f) = fields_after(&line, DISPATCH) {
-        return Some(Record::Dispatch(Dispatch {
-            mono_ns: field(&f, "mono_ns")?.parse().ok()?,
-            kernel_ns: field(&f, "kernel_ns")?.parse().ok()?,
-            uid: field(&f, "uid")?.to_owned(),
-            id: field(&f, "id")?.to_owned(),
-            kind: field(&f, "kind")?.to_owned(),
-        }));
-    }
-    let f = fields_after(&line, STATUS)?;
-    Some(Record::Status(StatusUpdate {
-        mono_ns: field(&f, "mono_ns")?.parse().ok()?,
-        uid: field(&f, "uid")?.to_owned(),
-        // `containers=` with nothing after it is split away as an empty value.
-        containers: parse_containers(field(&f, "containers").unwrap_or(""))?,
-    }))
-}
-
-/// Every record in a log text.
-pub fn parse_all(text: &str) -> Vec<Record> {
-    text.lines().filter_map(parse_line).collect()
-}
-
-/// Follows a growing log file, returning the records of the lines completed since the
-/// last call.
+/// The records of one agent, collected in the background from the moment of
+/// [`RecordStream::connect`].
 #[derive(Debug)]
-pub struct LogTail {
-    file: File,
-    pos: u64,
-    partial: Vec<u8>,
+pub struct RecordStream {
+    collected: Arc<Mutex<Collected>>,
+    /// How many records [`RecordStream::poll`] has returned.
+    polled: usize,
+    reader: tokio::task::JoinHandle<()>,
 }
 
-impl LogTail {
-    /// Starts at the current end of `path`: only later lines are returned.
-    pub fn from_end(path: &Path) -> Result<Self> {
-        let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let pos = file.seek(SeekFrom::End(0))?;
-        Ok(Self { file, pos, partial: Vec::new() })
+impl Drop for RecordStream {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl RecordStream {
+    /// Watches the record kinds on the agent's event API socket.
+    pub async fn connect(socket: &Path) -> Result<Self> {
+        let path = socket.to_path_buf();
+        // The URI is required by HTTP/2 but never resolved: the connector dials the socket.
+        let channel = Endpoint::try_from("http://events.invalid")?
+            .connect_timeout(Duration::from_secs(3))
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            }))
+            .await
+            .with_context(|| format!("connecting to the event API at {}", socket.display()))?;
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.context("event API channel")?;
+        let request =
+            Request::new(WatchRequest { kinds: vec![PLEG_EVENT_DISPATCHED, POD_STATUS_COMPUTED, EVICTION_DECIDED] });
+        let mut stream = grpc
+            .server_streaming(
+                request,
+                PathAndQuery::from_static("/swiftlet.events.v1.NodeEvents/Watch"),
+                tonic_prost::ProstCodec::<WatchRequest, WireEvent>::default(),
+            )
+            .await
+            .with_context(|| format!("Watch on the event API at {}", socket.display()))?
+            .into_inner();
+        let collected = Arc::new(Mutex::new(Collected::default()));
+        let sink = collected.clone();
+        let reader = tokio::spawn(async move {
+            let ended = loop {
+                match stream.message().await {
+                    Ok(Some(ev)) => {
+                        if let Some(r) = record_of(ev) {
+                            sink.lock().expect("records lock").records.push(r);
+                        }
+                    }
+                    Ok(None) => break "the agent ended the stream".to_owned(),
+                    Err(status) => break format!("{}: {}", status.code(), status.message()),
+                }
+            };
+            sink.lock().expect("records lock").ended = Some(ended);
+        });
+        Ok(Self { collected, polled: 0, reader })
     }
 
+    /// The records that came since the last call; an error once the stream has ended.
     pub fn poll(&mut self) -> Result<Vec<Record>> {
-        self.file.seek(SeekFrom::Start(self.pos))?;
-        let mut buf = Vec::new();
-        let n = self.file.read_to_end(&mut buf)?;
-        self.pos += n as u64;
-        if n == 0 {
-            return Ok(Vec::new());
+        let c = self.collected.lock().expect("records lock");
+        if let Some(why) = &c.ended {
+            bail!("the event API's record stream ended: {why}");
         }
-        self.partial.extend_from_slice(&buf);
-        let Some(last_newline) = self.partial.iter().rposition(|b| *b == b'\n') else {
-            return Ok(Vec::new());
-        };
-        let rest = self.partial.split_off(last_newline + 1);
-        let complete = std::mem::replace(&mut self.partial, rest);
-        Ok(parse_all(&String::from_utf8_lossy(&complete)))
+        let new = c.records[self.polled..].to_vec();
+        self.polled = c.records.len();
+        Ok(new)
+    }
+
+    /// Every record since the stream was connected.
+    pub fn all(&self) -> Result<Vec<Record>> {
+        let c = self.collected.lock().expect("records lock");
+        if let Some(why) = &c.ended {
+            bail!("the event API's record stream ended: {why}");
+        }
+        Ok(c.records.clone())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
-
     use super::*;
 
-    const DISPATCH_LINE: &str = "2026-11-30T18:00:00.123456Z DEBUG pleg_dispatch: dispatched mono_ns=1000 \
-                                 kernel_ns=900 uid=3f2a id=0123abcd kind=ContainerDied";
+    fn event(kind: i32) -> WireEvent {
+        WireEvent { pod_uid: "3f2a".into(), kind, agent_time_ns: 1000, ..WireEvent::default() }
+    }
 
     #[test]
-    fn parses_a_dispatch_record() {
+    fn a_dispatch_record() {
+        let ev = WireEvent {
+            kernel_time_ns: 900,
+            container_id: "0123abcd".into(),
+            pleg_event: "ContainerDied".into(),
+            ..event(PLEG_EVENT_DISPATCHED)
+        };
         assert_eq!(
-            parse_line(DISPATCH_LINE),
+            record_of(ev),
             Some(Record::Dispatch(Dispatch {
                 mono_ns: 1000,
                 kernel_ns: 900,
@@ -246,83 +305,71 @@ mod tests {
     }
 
     #[test]
-    fn parses_a_status_record_inside_spans() {
-        let line = "2026-11-30T18:00:00Z DEBUG pod_worker{pod=\"lat-00-bench_swiftlet-bench\"}:sync: pod_status: \
-                    updated mono_ns=2000 uid=3f2a containers=c0:running:0,c1:terminated:1,c-2:waiting:3";
-        let Some(Record::Status(s)) = parse_line(line) else { panic!("not a status record") };
-        assert_eq!(s.mono_ns, 2000);
-        assert_eq!(s.uid, "3f2a");
+    fn a_status_record_with_its_containers() {
+        let c = |name: &str, state: &str, restart_count| WireContainer {
+            name: name.into(),
+            state: state.into(),
+            restart_count,
+        };
+        let ev = WireEvent {
+            containers: vec![c("c0", "running", 0), c("c1", "terminated", 1), c("c-2", "waiting", 3)],
+            ..event(POD_STATUS_COMPUTED)
+        };
+        let Some(Record::Status(s)) = record_of(ev) else { panic!("not a status record") };
+        assert_eq!((s.mono_ns, s.uid.as_str()), (1000, "3f2a"));
         assert_eq!(
             s.container("c1"),
             Some(&ContainerSummary { name: "c1".into(), state: State::Terminated, restarts: 1 })
         );
         assert_eq!(s.container("c-2").map(|c| (c.state, c.restarts)), Some((State::Waiting, 3)));
         assert_eq!(s.container("c0").map(|c| c.state), Some(State::Running));
+        let Some(Record::Status(empty)) = record_of(event(POD_STATUS_COMPUTED)) else { panic!() };
+        assert!(empty.containers.is_empty());
+        let odd = WireEvent { containers: vec![c("c0", "sleeping", 0)], ..event(POD_STATUS_COMPUTED) };
+        assert_eq!(record_of(odd), None, "an unknown state is not a record");
     }
 
     #[test]
-    fn a_pod_without_containers_has_an_empty_list() {
-        let Some(Record::Status(s)) = parse_line("x DEBUG pod_status: updated mono_ns=5 uid=u containers=") else {
-            panic!("not a status record")
-        };
-        assert!(s.containers.is_empty());
-    }
-
-    #[test]
-    fn parses_an_eviction_decision_inside_its_span() {
-        let line = "2026-12-02T10:00:00.5Z DEBUG eviction: eviction_decision: decided mono_ns=5000 pass_mono_ns=4000 \
-                    signal_mono_ns=3900 trigger=\"memcg_threshold\" uid=\"9a\" eviction_signal=\"allocatableMemory.available\"";
-        assert_eq!(
-            parse_line(line),
-            Some(Record::Eviction(EvictionDecision {
-                mono_ns: 5000,
-                pass_mono_ns: 4000,
-                signal_mono_ns: 3900,
+    fn an_eviction_record() {
+        let ev = WireEvent {
+            eviction: Some(WireEviction {
+                eviction_signal: "allocatableMemory.available".into(),
                 trigger: "memcg_threshold".into(),
-                uid: "9a".into(),
+                pass_time_ns: 800,
+                signal_time_ns: 700,
+            }),
+            ..event(EVICTION_DECIDED)
+        };
+        assert_eq!(
+            record_of(ev),
+            Some(Record::Eviction(EvictionDecision {
+                mono_ns: 1000,
+                pass_mono_ns: 800,
+                signal_mono_ns: 700,
+                trigger: "memcg_threshold".into(),
+                uid: "3f2a".into(),
                 eviction_signal: "allocatableMemory.available".into(),
             }))
         );
-        let periodic = "x DEBUG eviction_decision: decided mono_ns=7 pass_mono_ns=6 signal_mono_ns=0 trigger=periodic \
-                        uid=u eviction_signal=memory.available";
-        let Some(Record::Eviction(d)) = parse_line(periodic) else { panic!("not an eviction record") };
-        assert_eq!((d.trigger.as_str(), d.signal_mono_ns), ("periodic", 0));
-        assert_eq!(parse_line("x DEBUG eviction_decision: decided mono_ns=7 trigger=periodic uid=u"), None);
+        assert_eq!(record_of(event(EVICTION_DECIDED)), None, "an eviction record without its decision");
     }
 
     #[test]
-    fn strips_colours() {
-        let coloured = "\x1b[2m2026-11-30T18:00:00Z\x1b[0m \x1b[34mDEBUG\x1b[0m \x1b[2mpleg_dispatch\x1b[0m\x1b[2m:\x1b[0m \
-                        dispatched \x1b[3mmono_ns\x1b[0m\x1b[2m=\x1b[0m1000 \x1b[3mkernel_ns\x1b[0m\x1b[2m=\x1b[0m900 \
-                        \x1b[3muid\x1b[0m\x1b[2m=\x1b[0m3f2a \x1b[3mid\x1b[0m\x1b[2m=\x1b[0m0123abcd \
-                        \x1b[3mkind\x1b[0m\x1b[2m=\x1b[0mContainerDied";
-        assert_eq!(parse_line(coloured), parse_line(DISPATCH_LINE));
+    fn other_kinds_are_not_records() {
+        for kind in 0..8 {
+            assert_eq!(record_of(event(kind)), None, "kind {kind}");
+        }
     }
 
+    /// The hand-written messages decode what the agent's generated ones encode.
     #[test]
-    fn ignores_other_and_malformed_lines() {
-        assert_eq!(parse_line("2026 INFO swiftlet::agent: pod added pod=x"), None);
-        // Another message of the same target, a longer target name, a missing field, a bad number.
-        assert_eq!(parse_line("x DEBUG pleg_dispatch: dispatchedX mono_ns=1 kernel_ns=0 uid=u id=i kind=K"), None);
-        assert_eq!(parse_line("x DEBUG pleg_dispatch: dispatched mono_ns=1 kernel_ns=0 uid=u kind=K"), None);
-        assert_eq!(parse_line("x DEBUG pod_status: updated mono_ns=abc uid=u containers="), None);
-        assert_eq!(parse_line("x DEBUG pod_status: updated mono_ns=1 uid=u containers=c0:sleeping:0"), None);
-    }
-
-    #[test]
-    fn tail_returns_only_completed_new_lines() {
-        let path = std::env::temp_dir().join(format!("xtask-bench-tail-{}.log", std::process::id()));
-        std::fs::write(&path, format!("{DISPATCH_LINE}\n")).unwrap();
-        let mut tail = LogTail::from_end(&path).unwrap();
-        assert!(tail.poll().unwrap().is_empty(), "lines before the start are skipped");
-
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
-        let (head, rest) = DISPATCH_LINE.split_at(40);
-        write!(f, "noise\n{head}").unwrap();
-        assert!(tail.poll().unwrap().is_empty(), "half a line is kept for later");
-        writeln!(f, "{rest}").unwrap();
-        let got = tail.poll().unwrap();
-        assert_eq!(got, vec![parse_line(DISPATCH_LINE).unwrap()]);
-        std::fs::remove_file(&path).unwrap();
+    fn the_wire_format_matches_the_agents_proto() {
+        use prost::Message as _;
+        let sent = WireEvent {
+            containers: vec![WireContainer { name: "c0".into(), state: "running".into(), restart_count: 2 }],
+            ..event(POD_STATUS_COMPUTED)
+        };
+        let got = WireEvent::decode(sent.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(got, sent);
     }
 }

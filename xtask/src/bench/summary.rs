@@ -84,7 +84,7 @@ use crate::{
         pleg::{self, Pauses},
         procfs::{self, CpuSample},
         profile::{self, Perf},
-        records,
+        records::RecordStream,
         report::{self, Environment},
         scrape::{self, ENDPOINTS, EndpointFigures},
         verdict, watch,
@@ -691,6 +691,11 @@ async fn exit_detection(
         let pid = pleg::pid_from_info(&status.info).with_context(|| format!("no pid for container {id}"))?;
         targets.push((name.clone(), e.uid.clone(), id, ctr.restarts, pid));
     }
+    // swiftlet's records, from before the first kill.
+    let stream = match c.agent.event_socket().filter(|_| records) {
+        Some(socket) => Some(RecordStream::connect(&socket).await?),
+        None => None,
+    };
     let mut pauses = Pauses::new();
     let mut api = Vec::new();
     let mut kills = Vec::new();
@@ -726,12 +731,12 @@ async fn exit_detection(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
-    let agent_side = if records {
-        let log = fs::read_to_string(&c.agent.log_path)?;
-        let all = records::parse_all(&log);
-        kills.iter().filter_map(|k| latency::outcome(k, &all).kill_to_status_ns).collect()
-    } else {
-        Vec::new()
+    let agent_side = match stream {
+        Some(stream) => {
+            let all = stream.all()?;
+            kills.iter().filter_map(|k| latency::outcome(k, &all).kill_to_status_ns).collect()
+        }
+        None => Vec::new(),
     };
     Ok((api, agent_side))
 }

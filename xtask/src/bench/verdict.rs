@@ -637,7 +637,7 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
          (apiserver_flowcontrol_request_execution_seconds_count, type watch), exact."
             .to_owned(),
         "⁹ bench eviction's kernel-signal mode: the bench's own reading of the pods cgroup crossing the threshold \
-         until the agent's eviction_decision record; the periodic pass alone (upstream) decides at the next 10 s \
+         until the agent's EVICTION_DECIDED record; the periodic pass alone (upstream) decides at the next 10 s \
          pass. Another agent is not measured: upstream derives allocatableMemory.available from the node's \
          allocatable, not from the pods cgroup's limit."
             .to_owned(),
