@@ -228,6 +228,56 @@ pub fn exponential_buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
 pub fn def_histogram() -> Histogram {
     Histogram::new(DEF_BUCKETS)
 }
+
+/// Declares a subsystem's metric families once each: the field, its type, how it is made,
+/// and the name and help it is registered under. The struct gets `new(registry)`, which
+/// registers the families in the order they are declared (the exposition's order), and
+/// `Default`, the same families registered nowhere (tests, or when metrics are off).
+///
+/// ```ignore
+/// metric_families! {
+///     /// The status manager family.
+///     #[derive(Debug)]
+///     pub struct StatusMetrics {
+///         /// What it measures.
+///         pub pod_status_sync_duration: Histogram = def_histogram(),
+///             ("kubelet_pod_status_sync_duration_seconds", "[ALPHA] Duration ...");
+///     }
+/// }
+/// ```
+macro_rules! metric_families {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$field_meta:meta])*
+                $field_vis:vis $field:ident : $ty:ty = $init:expr, ($metric:literal, $help:literal);
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $( $(#[$field_meta])* $field_vis $field: $ty, )*
+        }
+
+        impl $name {
+            /// Creates the families and registers them into `registry` (the `/metrics` one).
+            pub fn new(registry: &mut ::prometheus_client::registry::Registry) -> Self {
+                let m = Self::default();
+                $( registry.register($metric, $help, m.$field.clone()); )*
+                m
+            }
+        }
+
+        impl Default for $name {
+            /// Families registered nowhere (tests, or when metrics are off).
+            fn default() -> Self {
+                Self { $( $field: $init, )* }
+            }
+        }
+    };
+}
+pub(crate) use metric_families;
 #[cfg(test)]
 mod tests {
     use super::*;

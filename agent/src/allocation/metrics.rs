@@ -11,7 +11,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+
+use crate::metrics::{HistogramFamily, metric_families};
 
 use super::ResourceValues;
 
@@ -42,8 +43,6 @@ pub struct TriggerLabels {
     pub retry_trigger: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
 /// Upstream's buckets for the resize duration, in milliseconds.
 fn duration_histogram() -> Histogram {
     Histogram::new([
@@ -52,67 +51,26 @@ fn duration_histogram() -> Histogram {
     ])
 }
 
-/// The resize families (cheap to clone: every family is shared).
-#[derive(Clone, Debug)]
-pub struct ResizeMetrics {
-    pub requested: Family<RequestedLabels, Counter>,
-    pub duration: HistogramFamily<SuccessLabels>,
-    pub infeasible: Family<ReasonDetailLabels, Counter>,
-    pub pending: Family<ReasonLabels, Gauge>,
-    pub in_progress: Gauge,
-    pub deferred_accepted: Family<TriggerLabels, Counter>,
-}
-
-impl Default for ResizeMetrics {
-    fn default() -> Self {
-        Self {
-            requested: Family::default(),
-            duration: Family::new_with_constructor(duration_histogram),
-            infeasible: Family::default(),
-            pending: Family::default(),
-            in_progress: Gauge::default(),
-            deferred_accepted: Family::default(),
-        }
+metric_families! {
+    /// The resize families (cheap to clone: every family is shared).
+    #[derive(Clone, Debug)]
+    pub struct ResizeMetrics {
+        pub requested: Family<RequestedLabels, Counter> = Family::default(),
+            ("kubelet_container_requested_resizes", "[ALPHA] Number of requested resizes, counted at the container level. Different resources on the same container are counted separately. The 'requirement' label refers to 'memory' or 'limits'; the 'operation' label can be one of 'add', 'remove', 'increase' or 'decrease'");
+        pub duration: HistogramFamily<SuccessLabels> = Family::new_with_constructor(duration_histogram),
+            ("kubelet_pod_resize_duration_milliseconds", "[ALPHA] Duration in milliseconds to actuate a pod resize");
+        pub infeasible: Family<ReasonDetailLabels, Counter> = Family::default(),
+            ("kubelet_pod_infeasible_resizes", "[ALPHA] Number of infeasible resizes for pods");
+        pub pending: Family<ReasonLabels, Gauge> = Family::default(),
+            ("kubelet_pod_pending_resizes", "[ALPHA] Number of pending resizes for pods");
+        pub in_progress: Gauge = Gauge::default(),
+            ("kubelet_pod_in_progress_resizes", "[ALPHA] Number of in-progress resizes for pods");
+        pub deferred_accepted: Family<TriggerLabels, Counter> = Family::default(),
+            ("kubelet_pod_deferred_accepted_resizes", "[ALPHA] Cumulative number of resizes that were accepted after being deferred");
     }
 }
 
 impl ResizeMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_container_requested_resizes",
-            "[ALPHA] Number of requested resizes, counted at the container level. Different resources on the same container are counted separately. The 'requirement' label refers to 'memory' or 'limits'; the 'operation' label can be one of 'add', 'remove', 'increase' or 'decrease'",
-            m.requested.clone(),
-        );
-        registry.register(
-            "kubelet_pod_resize_duration_milliseconds",
-            "[ALPHA] Duration in milliseconds to actuate a pod resize",
-            m.duration.clone(),
-        );
-        registry.register(
-            "kubelet_pod_infeasible_resizes",
-            "[ALPHA] Number of infeasible resizes for pods",
-            m.infeasible.clone(),
-        );
-        registry.register(
-            "kubelet_pod_pending_resizes",
-            "[ALPHA] Number of pending resizes for pods",
-            m.pending.clone(),
-        );
-        registry.register(
-            "kubelet_pod_in_progress_resizes",
-            "[ALPHA] Number of in-progress resizes for pods",
-            m.in_progress.clone(),
-        );
-        registry.register(
-            "kubelet_pod_deferred_accepted_resizes",
-            "[ALPHA] Cumulative number of resizes that were accepted after being deferred",
-            m.deferred_accepted.clone(),
-        );
-        m
-    }
-
     /// Counts the changes from `old` to `new` of one container (upstream
     /// `recordContainerResizeOperations`).
     pub fn count_requested(&self, old: &ResourceRequirements, new: &ResourceRequirements) {

@@ -6,48 +6,31 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::{HistogramFamily, OperationLabels, exponential_buckets};
+use crate::metrics::{HistogramFamily, OperationLabels, exponential_buckets, metric_families};
 
 fn runtime_op_histogram() -> Histogram {
     // pkg/kubelet/metrics: prometheus.ExponentialBuckets(.005, 2.5, 14).
     Histogram::new(exponential_buckets(0.005, 2.5, 14))
 }
 
-/// The CRI operation families.
-#[derive(Debug)]
-pub struct RuntimeOperationMetrics {
-    /// `kubelet_runtime_operations_total{operation_type}`: CRI calls made.
-    pub runtime_operations: Family<OperationLabels, Counter>,
-    /// `kubelet_runtime_operations_errors_total{operation_type}`: CRI calls that failed.
-    pub runtime_operations_errors: Family<OperationLabels, Counter>,
-    /// `kubelet_runtime_operations_duration_seconds{operation_type}`: how long CRI calls took.
-    pub runtime_operations_duration: HistogramFamily<OperationLabels>,
+metric_families! {
+    /// The CRI operation families.
+    #[derive(Debug)]
+    pub struct RuntimeOperationMetrics {
+        /// `kubelet_runtime_operations_total{operation_type}`: CRI calls made.
+        pub runtime_operations: Family<OperationLabels, Counter> = Family::default(),
+            ("kubelet_runtime_operations", "[ALPHA] Cumulative number of runtime operations by operation type");
+        /// `kubelet_runtime_operations_errors_total{operation_type}`: CRI calls that failed.
+        pub runtime_operations_errors: Family<OperationLabels, Counter> = Family::default(),
+            ("kubelet_runtime_operations_errors", "[ALPHA] Cumulative number of runtime operation errors by operation type");
+        /// `kubelet_runtime_operations_duration_seconds{operation_type}`: how long CRI calls took.
+        pub runtime_operations_duration: HistogramFamily<OperationLabels> = Family::new_with_constructor(runtime_op_histogram),
+            ("kubelet_runtime_operations_duration_seconds", "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type");
+    }
 }
 
 impl RuntimeOperationMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_runtime_operations",
-            "[ALPHA] Cumulative number of runtime operations by operation type",
-            m.runtime_operations.clone(),
-        );
-        registry.register(
-            "kubelet_runtime_operations_errors",
-            "[ALPHA] Cumulative number of runtime operation errors by operation type",
-            m.runtime_operations_errors.clone(),
-        );
-        registry.register(
-            "kubelet_runtime_operations_duration_seconds",
-            "[ALPHA] Duration in seconds of runtime operations. Broken down by operation type",
-            m.runtime_operations_duration.clone(),
-        );
-        m
-    }
-
     /// Records one runtime (CRI) operation: count, duration, and error if any.
     pub fn observe_runtime_operation(&self, operation: &str, seconds: f64, failed: bool) {
         let labels = OperationLabels { operation_type: operation.to_string() };
@@ -55,17 +38,6 @@ impl RuntimeOperationMetrics {
         self.runtime_operations_duration.get_or_create(&labels).observe(seconds);
         if failed {
             self.runtime_operations_errors.get_or_create(&labels).inc();
-        }
-    }
-}
-
-impl Default for RuntimeOperationMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self {
-            runtime_operations: Family::default(),
-            runtime_operations_errors: Family::default(),
-            runtime_operations_duration: Family::new_with_constructor(runtime_op_histogram),
         }
     }
 }

@@ -3,11 +3,11 @@
 //! [`super::puller`]) and `kubelet_image_garbage_collected_total{reason}` (by
 //! [`super::gc`]; upstream since 1.30).
 
+use crate::metrics::metric_families;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
 /// Label set `image_size_in_bytes` of `kubelet_image_pull_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,42 +49,18 @@ pub fn image_size_bucket(bytes: u64) -> &'static str {
     BUCKETS.iter().rev().find(|(low, _)| bytes >= *low).map_or("0-10MB", |(_, l)| l)
 }
 
-/// The image families.
-#[derive(Debug)]
-pub struct ImageMetrics {
-    /// `kubelet_image_pull_duration_seconds{image_size_in_bytes}`: image pulls by the image's
-    /// size range.
-    pub image_pull_duration: Family<ImageSizeLabels, Histogram>,
-    /// `kubelet_image_garbage_collected_total{reason}`: images removed by image GC, by reason
-    /// (`age`, `space`).
-    pub image_garbage_collected: Family<ImageGcReasonLabels, Counter>,
-}
-
-impl ImageMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_image_pull_duration_seconds",
-            "[ALPHA] Duration in seconds to pull an image",
-            m.image_pull_duration.clone(),
-        );
-        registry.register(
-            "kubelet_image_garbage_collected",
-            "[ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age",
-            m.image_garbage_collected.clone(),
-        );
-        m
-    }
-}
-
-impl Default for ImageMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self {
-            image_pull_duration: Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
-            image_garbage_collected: Family::default(),
-        }
+metric_families! {
+    /// The image families.
+    #[derive(Debug)]
+    pub struct ImageMetrics {
+        /// `kubelet_image_pull_duration_seconds{image_size_in_bytes}`: image pulls by the image's
+        /// size range.
+        pub image_pull_duration: Family<ImageSizeLabels, Histogram> = Family::new_with_constructor(|| Histogram::new(IMAGE_PULL_BUCKETS)),
+            ("kubelet_image_pull_duration_seconds", "[ALPHA] Duration in seconds to pull an image");
+        /// `kubelet_image_garbage_collected_total{reason}`: images removed by image GC, by reason
+        /// (`age`, `space`).
+        pub image_garbage_collected: Family<ImageGcReasonLabels, Counter> = Family::default(),
+            ("kubelet_image_garbage_collected", "[ALPHA] Total number of images garbage collected by the kubelet, whether through disk usage or image age");
     }
 }
 

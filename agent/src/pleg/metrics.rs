@@ -16,9 +16,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::{def_histogram, exponential_buckets};
+use crate::metrics::{def_histogram, exponential_buckets, metric_families};
 
 /// Label set `container_state` of `kubelet_running_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,112 +31,43 @@ pub struct KernelEventLabels {
     pub kind: String,
 }
 
-/// The PLEG families.
-#[derive(Debug)]
-pub struct PlegMetrics {
-    /// `kubelet_pleg_relist_duration_seconds`: how long a relist took.
-    pub pleg_relist_duration: Histogram,
-    /// `kubelet_pleg_relist_interval_seconds`: time between relists.
-    pub pleg_relist_interval: Histogram,
-    /// `kubelet_pleg_last_seen_seconds`: when the PLEG last relisted, Unix seconds.
-    pub pleg_last_seen: Gauge<f64, AtomicU64>,
-    /// `kubelet_pleg_discard_events`: events dropped because the channel was full.
-    pub pleg_discard_events: Counter,
-    /// `kubelet_running_pods`: pods with a running sandbox.
-    pub running_pods: Gauge,
-    /// `kubelet_running_containers{container_state}`: containers by state.
-    pub running_containers: Family<ContainerStateLabels, Gauge>,
-    /// swiftlet: kernel events received from the eBPF sensors, by kind.
-    pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter>,
-    /// swiftlet: kernel events lost because the ring buffer was full.
-    pub evented_pleg_ringbuf_drops: Counter,
-    /// swiftlet: changes the safety-net relist found that the kernel path missed.
-    pub evented_pleg_relist_repairs: Counter,
-    /// swiftlet: kernel timestamp of a container's exec/exit → event handed to its pod worker.
-    pub evented_pleg_event_latency: Histogram,
-    /// swiftlet: 1 while the evented (eBPF) PLEG runs, 0 when relisting alone.
-    pub evented_pleg_active: Gauge,
-}
-
-impl PlegMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_pleg_relist_duration_seconds",
-            "[ALPHA] Duration in seconds for relisting pods in PLEG",
-            m.pleg_relist_duration.clone(),
-        );
-        registry.register(
-            "kubelet_pleg_relist_interval_seconds",
-            "[ALPHA] Interval in seconds between relisting in PLEG",
-            m.pleg_relist_interval.clone(),
-        );
-        registry.register(
-            "kubelet_pleg_last_seen_seconds",
-            "[ALPHA] Timestamp in seconds when PLEG was last seen active",
-            m.pleg_last_seen.clone(),
-        );
-        registry.register(
-            "kubelet_pleg_discard_events",
-            "[ALPHA] The number of discard events in PLEG",
-            m.pleg_discard_events.clone(),
-        );
-        registry.register(
-            "kubelet_running_pods",
-            "[ALPHA] Number of pods that have a running pod sandbox",
-            m.running_pods.clone(),
-        );
-        registry.register(
-            "kubelet_running_containers",
-            "[ALPHA] Number of containers currently running",
-            m.running_containers.clone(),
-        );
-        registry.register(
-            "kubelet_evented_pleg_kernel_events",
-            "Kernel events received from swiftlet's eBPF sensors, by kind",
-            m.evented_pleg_kernel_events.clone(),
-        );
-        registry.register(
-            "kubelet_evented_pleg_ringbuf_drops",
-            "Kernel events lost because the eBPF ring buffer was full",
-            m.evented_pleg_ringbuf_drops.clone(),
-        );
-        registry.register(
-            "kubelet_evented_pleg_relist_repairs",
-            "Container state changes found by the safety-net relist that the kernel path missed",
-            m.evented_pleg_relist_repairs.clone(),
-        );
-        registry.register(
-            "kubelet_evented_pleg_event_latency_seconds",
-            "Time from the kernel seeing a container's init exec or exit to the event reaching its pod worker",
-            m.evented_pleg_event_latency.clone(),
-        );
-        registry.register(
-            "kubelet_evented_pleg_active",
-            "1 while the evented (eBPF) PLEG runs, 0 when the relisting PLEG runs alone",
-            m.evented_pleg_active.clone(),
-        );
-        m
-    }
-}
-
-impl Default for PlegMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self {
-            pleg_relist_duration: def_histogram(),
-            pleg_relist_interval: def_histogram(),
-            pleg_last_seen: Gauge::default(),
-            pleg_discard_events: Counter::default(),
-            running_pods: Gauge::default(),
-            running_containers: Family::default(),
-            evented_pleg_kernel_events: Family::default(),
-            evented_pleg_ringbuf_drops: Counter::default(),
-            evented_pleg_relist_repairs: Counter::default(),
-            evented_pleg_event_latency: // 50 µs .. ~1.6 s: the kernel path lives in the sub-millisecond range.
-            Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
-            evented_pleg_active: Gauge::default(),
-        }
+metric_families! {
+    /// The PLEG families.
+    #[derive(Debug)]
+    pub struct PlegMetrics {
+        /// `kubelet_pleg_relist_duration_seconds`: how long a relist took.
+        pub pleg_relist_duration: Histogram = def_histogram(),
+            ("kubelet_pleg_relist_duration_seconds", "[ALPHA] Duration in seconds for relisting pods in PLEG");
+        /// `kubelet_pleg_relist_interval_seconds`: time between relists.
+        pub pleg_relist_interval: Histogram = def_histogram(),
+            ("kubelet_pleg_relist_interval_seconds", "[ALPHA] Interval in seconds between relisting in PLEG");
+        /// `kubelet_pleg_last_seen_seconds`: when the PLEG last relisted, Unix seconds.
+        pub pleg_last_seen: Gauge<f64, AtomicU64> = Gauge::default(),
+            ("kubelet_pleg_last_seen_seconds", "[ALPHA] Timestamp in seconds when PLEG was last seen active");
+        /// `kubelet_pleg_discard_events`: events dropped because the channel was full.
+        pub pleg_discard_events: Counter = Counter::default(),
+            ("kubelet_pleg_discard_events", "[ALPHA] The number of discard events in PLEG");
+        /// `kubelet_running_pods`: pods with a running sandbox.
+        pub running_pods: Gauge = Gauge::default(),
+            ("kubelet_running_pods", "[ALPHA] Number of pods that have a running pod sandbox");
+        /// `kubelet_running_containers{container_state}`: containers by state.
+        pub running_containers: Family<ContainerStateLabels, Gauge> = Family::default(),
+            ("kubelet_running_containers", "[ALPHA] Number of containers currently running");
+        /// swiftlet: kernel events received from the eBPF sensors, by kind.
+        pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter> = Family::default(),
+            ("kubelet_evented_pleg_kernel_events", "Kernel events received from swiftlet's eBPF sensors, by kind");
+        /// swiftlet: kernel events lost because the ring buffer was full.
+        pub evented_pleg_ringbuf_drops: Counter = Counter::default(),
+            ("kubelet_evented_pleg_ringbuf_drops", "Kernel events lost because the eBPF ring buffer was full");
+        /// swiftlet: changes the safety-net relist found that the kernel path missed.
+        pub evented_pleg_relist_repairs: Counter = Counter::default(),
+            ("kubelet_evented_pleg_relist_repairs", "Container state changes found by the safety-net relist that the kernel path missed");
+        /// swiftlet: kernel timestamp of a container's exec/exit → event handed to its pod worker.
+        // 50 µs .. ~1.6 s: the kernel path lives in the sub-millisecond range.
+        pub evented_pleg_event_latency: Histogram = Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+            ("kubelet_evented_pleg_event_latency_seconds", "Time from the kernel seeing a container's init exec or exit to the event reaching its pod worker");
+        /// swiftlet: 1 while the evented (eBPF) PLEG runs, 0 when relisting alone.
+        pub evented_pleg_active: Gauge = Gauge::default(),
+            ("kubelet_evented_pleg_active", "1 while the evented (eBPF) PLEG runs, 0 when the relisting PLEG runs alone");
     }
 }

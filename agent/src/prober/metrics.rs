@@ -22,11 +22,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::ProbeType;
-use crate::metrics::DEF_BUCKETS;
+use crate::metrics::{HistogramFamily, def_histogram};
 
 /// `result` label value of a successful probe.
 pub const RESULT_SUCCESSFUL: &str = "successful";
@@ -55,12 +54,6 @@ pub struct ProbeDurationLabels {
     pub probe_type: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn duration_histogram() -> Histogram {
-    Histogram::new(DEF_BUCKETS)
-}
-
 /// The probe metric families and their registry.
 #[derive(Debug)]
 pub struct ProberMetrics {
@@ -82,7 +75,7 @@ impl ProberMetrics {
     #[must_use]
     pub fn new() -> Self {
         let probe_total = Family::<ProbeTotalLabels, Counter>::default();
-        let probe_duration: HistogramFamily<ProbeDurationLabels> = Family::new_with_constructor(duration_histogram);
+        let probe_duration: HistogramFamily<ProbeDurationLabels> = Family::new_with_constructor(def_histogram);
         let process_start_time = Gauge::<f64, AtomicU64>::default();
         process_start_time.set(process_start_time_seconds());
         let mut registry = Registry::default();

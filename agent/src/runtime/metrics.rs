@@ -8,9 +8,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::{HistogramFamily, def_histogram, exponential_buckets};
+use crate::metrics::{HistogramFamily, def_histogram, exponential_buckets, metric_families};
 
 /// Label set `runtime_handler` of `kubelet_run_podsandbox_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -33,79 +32,34 @@ pub struct StartedContainerErrorLabels {
     pub container_type: String,
 }
 
-/// The runtime manager families.
-#[derive(Debug)]
-pub struct RuntimeMetrics {
-    /// `kubelet_started_pods_total`: sandboxes started.
-    pub started_pods: Counter,
-    /// `kubelet_started_pods_errors_total`: sandboxes that failed to start.
-    pub started_pods_errors: Counter,
-    /// `kubelet_started_containers_total{container_type}`: containers started.
-    pub started_containers: Family<ContainerTypeLabels, Counter>,
-    /// `kubelet_started_containers_errors_total{code,container_type}`: containers that failed to start.
-    pub started_containers_errors: Family<StartedContainerErrorLabels, Counter>,
-    /// `kubelet_run_podsandbox_duration_seconds{runtime_handler}`: `RunPodSandbox` durations
-    /// by runtime handler (`""`: the default).
-    pub run_podsandbox_duration: HistogramFamily<RuntimeHandlerLabels>,
-    /// `kubelet_lifecycle_handler_http_fallbacks_total`: lifecycle `httpGet` hooks that fell
-    /// back from HTTPS to HTTP.
-    pub lifecycle_handler_http_fallbacks: Counter,
-    /// `kubelet_containers_per_pod_count`: containers per pod (registered as upstream does;
-    /// nothing observes it yet).
-    pub containers_per_pod: Histogram,
-}
-
-impl RuntimeMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register("kubelet_started_pods", "[ALPHA] Cumulative number of pods started", m.started_pods.clone());
-        registry.register(
-            "kubelet_started_pods_errors",
-            "[ALPHA] Cumulative number of errors when starting pods",
-            m.started_pods_errors.clone(),
-        );
-        registry.register(
-            "kubelet_started_containers",
-            "[ALPHA] Cumulative number of containers started",
-            m.started_containers.clone(),
-        );
-        registry.register(
-            "kubelet_started_containers_errors",
-            "[ALPHA] Cumulative number of errors when starting containers",
-            m.started_containers_errors.clone(),
-        );
-        registry.register(
-            "kubelet_run_podsandbox_duration_seconds",
-            "[ALPHA] Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler",
-            m.run_podsandbox_duration.clone(),
-        );
-        registry.register(
-            "kubelet_lifecycle_handler_http_fallbacks",
-            "[ALPHA] The number of times lifecycle handlers successfully fell back to http from https",
-            m.lifecycle_handler_http_fallbacks.clone(),
-        );
-        registry.register(
-            "kubelet_containers_per_pod_count",
-            "[ALPHA] The number of containers per pod",
-            m.containers_per_pod.clone(),
-        );
-        m
-    }
-}
-
-impl Default for RuntimeMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self {
-            started_pods: Counter::default(),
-            started_pods_errors: Counter::default(),
-            started_containers: Family::default(),
-            started_containers_errors: Family::default(),
-            run_podsandbox_duration: Family::new_with_constructor(def_histogram),
-            lifecycle_handler_http_fallbacks: Counter::default(),
-            containers_per_pod: // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
-            Histogram::new(exponential_buckets(1.0, 2.0, 5)),
-        }
+metric_families! {
+    /// The runtime manager families.
+    #[derive(Debug)]
+    pub struct RuntimeMetrics {
+        /// `kubelet_started_pods_total`: sandboxes started.
+        pub started_pods: Counter = Counter::default(),
+            ("kubelet_started_pods", "[ALPHA] Cumulative number of pods started");
+        /// `kubelet_started_pods_errors_total`: sandboxes that failed to start.
+        pub started_pods_errors: Counter = Counter::default(),
+            ("kubelet_started_pods_errors", "[ALPHA] Cumulative number of errors when starting pods");
+        /// `kubelet_started_containers_total{container_type}`: containers started.
+        pub started_containers: Family<ContainerTypeLabels, Counter> = Family::default(),
+            ("kubelet_started_containers", "[ALPHA] Cumulative number of containers started");
+        /// `kubelet_started_containers_errors_total{code,container_type}`: containers that failed to start.
+        pub started_containers_errors: Family<StartedContainerErrorLabels, Counter> = Family::default(),
+            ("kubelet_started_containers_errors", "[ALPHA] Cumulative number of errors when starting containers");
+        /// `kubelet_run_podsandbox_duration_seconds{runtime_handler}`: `RunPodSandbox` durations
+        /// by runtime handler (`""`: the default).
+        pub run_podsandbox_duration: HistogramFamily<RuntimeHandlerLabels> = Family::new_with_constructor(def_histogram),
+            ("kubelet_run_podsandbox_duration_seconds", "[ALPHA] Duration in seconds of the run_podsandbox operations. Broken down by RuntimeClass.Handler");
+        /// `kubelet_lifecycle_handler_http_fallbacks_total`: lifecycle `httpGet` hooks that fell
+        /// back from HTTPS to HTTP.
+        pub lifecycle_handler_http_fallbacks: Counter = Counter::default(),
+            ("kubelet_lifecycle_handler_http_fallbacks", "[ALPHA] The number of times lifecycle handlers successfully fell back to http from https");
+        /// `kubelet_containers_per_pod_count`: containers per pod (registered as upstream does;
+        /// nothing observes it yet).
+        // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).
+        pub containers_per_pod: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 5)),
+            ("kubelet_containers_per_pod_count", "[ALPHA] The number of containers per pod");
     }
 }

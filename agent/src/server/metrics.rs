@@ -6,9 +6,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::{HistogramFamily, def_histogram};
+use crate::metrics::{HistogramFamily, def_histogram, metric_families};
 
 /// Label set of the `kubelet_http_*` families.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -19,47 +18,18 @@ pub struct HttpLabels {
     pub long_running: String,
 }
 
-/// The HTTP server families.
-#[derive(Debug)]
-pub struct HttpMetrics {
-    /// `kubelet_http_requests_total`: requests received.
-    pub http_requests: Family<HttpLabels, Counter>,
-    /// `kubelet_http_inflight_requests`: requests being served.
-    pub http_inflight_requests: Family<HttpLabels, Gauge>,
-    /// `kubelet_http_requests_duration_seconds`: how long requests took.
-    pub http_requests_duration: HistogramFamily<HttpLabels>,
-}
-
-impl HttpMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_http_requests",
-            "[ALPHA] Number of the http requests received since the server started",
-            m.http_requests.clone(),
-        );
-        registry.register(
-            "kubelet_http_inflight_requests",
-            "[ALPHA] Number of the inflight http requests",
-            m.http_inflight_requests.clone(),
-        );
-        registry.register(
-            "kubelet_http_requests_duration_seconds",
-            "[ALPHA] Duration in seconds to serve http requests",
-            m.http_requests_duration.clone(),
-        );
-        m
-    }
-}
-
-impl Default for HttpMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self {
-            http_requests: Family::default(),
-            http_inflight_requests: Family::default(),
-            http_requests_duration: Family::new_with_constructor(def_histogram),
-        }
+metric_families! {
+    /// The HTTP server families.
+    #[derive(Debug)]
+    pub struct HttpMetrics {
+        /// `kubelet_http_requests_total`: requests received.
+        pub http_requests: Family<HttpLabels, Counter> = Family::default(),
+            ("kubelet_http_requests", "[ALPHA] Number of the http requests received since the server started");
+        /// `kubelet_http_inflight_requests`: requests being served.
+        pub http_inflight_requests: Family<HttpLabels, Gauge> = Family::default(),
+            ("kubelet_http_inflight_requests", "[ALPHA] Number of the inflight http requests");
+        /// `kubelet_http_requests_duration_seconds`: how long requests took.
+        pub http_requests_duration: HistogramFamily<HttpLabels> = Family::new_with_constructor(def_histogram),
+            ("kubelet_http_requests_duration_seconds", "[ALPHA] Duration in seconds to serve http requests");
     }
 }

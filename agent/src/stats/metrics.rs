@@ -5,9 +5,8 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::{HistogramFamily, def_histogram};
+use crate::metrics::{HistogramFamily, def_histogram, metric_families};
 
 /// Label set `metric_source` of `kubelet_volume_metric_collection_duration_seconds`: how
 /// a usage was measured (`du` here; upstream also `fsquota`, `block` and CSI driver names).
@@ -16,36 +15,21 @@ pub struct MetricSourceLabels {
     pub metric_source: String,
 }
 
-/// The usage measurement family.
-#[derive(Debug)]
-pub struct VolumeStatMetrics {
-    /// `kubelet_volume_metric_collection_duration_seconds{metric_source}`.
-    pub volume_metric_collection_duration: HistogramFamily<MetricSourceLabels>,
+metric_families! {
+    /// The usage measurement family.
+    #[derive(Debug)]
+    pub struct VolumeStatMetrics {
+        /// `kubelet_volume_metric_collection_duration_seconds{metric_source}`.
+        pub volume_metric_collection_duration: HistogramFamily<MetricSourceLabels> = Family::new_with_constructor(def_histogram),
+            ("kubelet_volume_metric_collection_duration_seconds", "[ALPHA] Duration in seconds to calculate volume stats");
+    }
 }
 
 impl VolumeStatMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_volume_metric_collection_duration_seconds",
-            "[ALPHA] Duration in seconds to calculate volume stats",
-            m.volume_metric_collection_duration.clone(),
-        );
-        m
-    }
-
     /// Records how long measuring a usage took, by how it was measured (upstream
     /// `CollectVolumeStatCalDuration`; `du` for the stats module's walks).
     pub fn observe_volume_stat_duration(&self, metric_source: &str, took: std::time::Duration) {
         let labels = MetricSourceLabels { metric_source: metric_source.to_owned() };
         self.volume_metric_collection_duration.get_or_create(&labels).observe(took.as_secs_f64());
-    }
-}
-
-impl Default for VolumeStatMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self { volume_metric_collection_duration: Family::new_with_constructor(def_histogram) }
     }
 }

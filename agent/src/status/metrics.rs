@@ -2,33 +2,15 @@
 //! observed by [`super::api::ApiStatusManager`] when a status update reaches the API.
 
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-use crate::metrics::def_histogram;
+use crate::metrics::{def_histogram, metric_families};
 
-/// The status manager family.
-#[derive(Debug)]
-pub struct StatusMetrics {
-    /// `kubelet_pod_status_sync_duration_seconds`: from a status change to the API having it.
-    pub pod_status_sync_duration: Histogram,
-}
-
-impl StatusMetrics {
-    /// Creates the families and registers them into `registry` (the `/metrics` one).
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "kubelet_pod_status_sync_duration_seconds",
-            "[ALPHA] Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur",
-            m.pod_status_sync_duration.clone(),
-        );
-        m
-    }
-}
-
-impl Default for StatusMetrics {
-    /// Families registered nowhere (tests, or when metrics are off).
-    fn default() -> Self {
-        Self { pod_status_sync_duration: def_histogram() }
+metric_families! {
+    /// The status manager family.
+    #[derive(Debug)]
+    pub struct StatusMetrics {
+        /// `kubelet_pod_status_sync_duration_seconds`: from a status change to the API having it.
+        pub pod_status_sync_duration: Histogram = def_histogram(),
+            ("kubelet_pod_status_sync_duration_seconds", "[ALPHA] Duration in seconds to sync a pod status update. Measures time from detection of a change to pod status until the API is successfully updated for that pod, even if multiple intevening changes to pod status occur");
     }
 }
