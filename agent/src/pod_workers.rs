@@ -304,12 +304,9 @@ fn status_record(pod: &Pod, status: &k8s_openapi::api::core::v1::PodStatus) -> c
         })
         .collect();
     crate::event_api::NodeEvent {
-        pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
-        pod_namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        pod_name: pod.metadata.name.clone().unwrap_or_default(),
         agent_time_ns: Some(crate::types::clock::monotonic_now_ns()),
         containers,
-        ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::PodStatusComputed)
+        ..crate::event_api::NodeEvent::for_pod(crate::event_api::NodeEventKind::PodStatusComputed, pod)
     }
 }
 

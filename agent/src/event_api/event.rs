@@ -146,6 +146,19 @@ impl NodeEvent {
             eviction: None,
         }
     }
+
+    /// An event of `kind` about `pod` (its UID, namespace and name) observed now, with
+    /// every other field empty.
+    #[must_use]
+    pub fn for_pod(kind: NodeEventKind, pod: &k8s_openapi::api::core::v1::Pod) -> Self {
+        let meta = &pod.metadata;
+        Self {
+            pod_uid: meta.uid.clone().unwrap_or_default(),
+            pod_namespace: meta.namespace.clone().unwrap_or_default(),
+            pod_name: meta.name.clone().unwrap_or_default(),
+            ..Self::new(kind)
+        }
+    }
 }
 
 impl From<&NodeEvent> for proto::NodeEvent {

@@ -427,8 +427,6 @@ impl EvictionManager {
             };
             self.deps.records.publish(crate::event_api::NodeEvent {
                 pod_uid: uid.to_owned(),
-                pod_namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                pod_name: pod.metadata.name.clone().unwrap_or_default(),
                 agent_time_ns: Some(decided_mono_ns),
                 eviction: Some(crate::event_api::EvictionRecord {
                     eviction_signal: threshold.signal.as_str().to_owned(),
@@ -436,7 +434,7 @@ impl EvictionManager {
                     pass_time_ns: pass_mono_ns,
                     signal_time_ns: signal_mono_ns,
                 }),
-                ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::EvictionDecided)
+                ..crate::event_api::NodeEvent::for_pod(crate::event_api::NodeEventKind::EvictionDecided, pod)
             });
             if let Trigger::Signal { source, at } = &trigger {
                 let labels = SourceLabels { source: source.clone() };

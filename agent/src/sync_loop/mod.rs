@@ -220,26 +220,26 @@ impl SyncLoop {
         }
         if let Some(pod) = self.pod_manager.get(&ev.pod_uid) {
             tracing::debug!(uid = %ev.pod_uid, kind = ?ev.kind, id = %ev.data, "PLEG event");
-            let (namespace, name) =
-                (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
+            // The event API's record of when the event reached the pod worker (what
+            // `cargo xtask bench pleg` times the PLEG by), made before the pod moves to
+            // its worker and only when a watcher asked for records.
+            let records = self.workers.records();
+            let record = (records.subscriber_count() > 0).then(|| crate::event_api::NodeEvent {
+                pod_uid: ev.pod_uid.clone(),
+                container_id: ev.data.clone(),
+                kernel_time_ns: ev.kernel_time_ns,
+                pleg_event: format!("{:?}", ev.kind),
+                ..crate::event_api::NodeEvent::for_pod(crate::event_api::NodeEventKind::PlegEventDispatched, &pod)
+            });
             if ev.kind == PodLifecycleEventType::ContainerStarted {
                 self.workers.container_started(pod, ev.data.clone());
             } else {
                 self.workers.update_pod(pod, WorkType::Sync);
             }
-            // The event API's record of when the event reached the pod worker (what
-            // `cargo xtask bench pleg` times the PLEG by).
-            let records = self.workers.records();
-            if records.subscriber_count() > 0 {
+            if let Some(record) = record {
                 records.publish(crate::event_api::NodeEvent {
-                    pod_uid: ev.pod_uid.clone(),
-                    pod_namespace: namespace,
-                    pod_name: name,
-                    container_id: ev.data.clone(),
-                    kernel_time_ns: ev.kernel_time_ns,
                     agent_time_ns: Some(crate::types::clock::monotonic_now_ns()),
-                    pleg_event: format!("{:?}", ev.kind),
-                    ..crate::event_api::NodeEvent::new(crate::event_api::NodeEventKind::PlegEventDispatched)
+                    ..record
                 });
             }
             if let Some(k) = ev.kernel_time_ns {
@@ -777,6 +777,39 @@ mod tests {
         // (found by `cargo xtask fidelity`, admission-out-of-cpu).
         assert!(e.sync_loop.status.get("second").and_then(|s| s.start_time).is_some());
         assert!(e.sync_loop.workers.known_uids().contains("first"));
+    }
+
+    /// A PLEG event that reaches a pod's worker is a `PLEG_EVENT_DISPATCHED` record for a
+    /// watcher that asked for records: the pod, the container, the event's type and both
+    /// clocks. An event of a pod the agent does not know is no record.
+    #[tokio::test]
+    async fn a_dispatched_pleg_event_is_a_record_on_the_event_bus() {
+        let e = env().await;
+        let mut records = e.sync_loop.workers.records().subscribe();
+        let pod = named_pod("u-pleg", "2026-01-01T00:00:00Z");
+        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: vec![pod] });
+        let event = |uid: &str| PodLifecycleEvent {
+            pod_uid: uid.into(),
+            kind: PodLifecycleEventType::ContainerDied,
+            data: "c-1".into(),
+            kernel_time_ns: Some(42),
+        };
+        e.sync_loop.handle_pleg_event(&event("u-unknown"));
+        e.sync_loop.handle_pleg_event(&event("u-pleg"));
+        let dispatched = loop {
+            let ev = tokio::time::timeout(Duration::from_secs(5), records.recv()).await.unwrap().unwrap();
+            if ev.kind == crate::event_api::NodeEventKind::PlegEventDispatched {
+                break ev;
+            }
+        };
+        assert_eq!(
+            (dispatched.pod_uid.as_str(), dispatched.pod_namespace.as_str(), dispatched.pod_name.as_str()),
+            ("u-pleg", "default", "u-pleg")
+        );
+        assert_eq!((dispatched.container_id.as_str(), dispatched.pleg_event.as_str()), ("c-1", "ContainerDied"));
+        assert_eq!(dispatched.kernel_time_ns, Some(42));
+        assert!(dispatched.agent_time_ns.is_some_and(|t| t > 42));
+        e.stop.cancel();
     }
 
     /// Records, for each pod it admits, the pods it was shown and whether the pod
