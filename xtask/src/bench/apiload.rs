@@ -262,6 +262,20 @@ impl Window {
         if self.secs > 0.0 { self.agent / self.secs } else { 0.0 }
     }
 
+    /// The agent's load ÷ `other`'s. Windows of the same length (within 5 %: both are
+    /// the bench's idle window, a few milliseconds apart) compare their request counts:
+    /// at idle both agents send a handful of requests on timers, and dividing those whole
+    /// numbers by durations that differ by milliseconds would make equal counts look
+    /// unequal. Otherwise the rates.
+    pub fn agent_share(&self, other: &Self) -> f64 {
+        let same_length = self.secs > 0.0 && (self.secs - other.secs).abs() <= 0.05 * self.secs.max(other.secs);
+        if same_length {
+            crate::bench::verdict::share(self.agent, other.agent)
+        } else {
+            crate::bench::verdict::share(self.agent_rate(), other.agent_rate())
+        }
+    }
+
     /// Requests a second by [`request_key`] less the bench's own (the control plane's
     /// rate, for a window with no agent); watches left out (counted when they end).
     pub fn others_rate(&self) -> BTreeMap<String, f64> {
@@ -471,5 +485,16 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
         assert_eq!(fmt_rate(32.1), "32.1");
         assert_eq!(fmt_rate(321.0), "321");
         assert_eq!(fmt_verbs(&BTreeMap::new()), "—");
+    }
+
+    /// Equal request counts in windows a few milliseconds apart are equal loads (the
+    /// rates would say 1.0001×); windows of different lengths compare rates.
+    #[test]
+    fn loads_of_windows_of_one_length_compare_counts() {
+        let window = |secs: f64, agent: f64| Window { secs, agent, ..Window::default() };
+        assert!((window(60.000, 6.0).agent_share(&window(59.990, 6.0)) - 1.0).abs() < f64::EPSILON);
+        assert!((window(60.0, 5.0).agent_share(&window(60.5, 6.0)) - 5.0 / 6.0).abs() < 1e-12);
+        assert!((window(30.0, 3.0).agent_share(&window(60.0, 12.0)) - 0.5).abs() < 1e-12);
+        assert!(window(60.0, 1.0).agent_share(&window(60.0, 0.0)).is_infinite());
     }
 }

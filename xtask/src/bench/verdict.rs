@@ -446,8 +446,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
     let idle_api = Window::pool(&ours.api_idle);
     if let Some(w) = &idle_api {
         let theirs = other.and_then(|o| Window::pool(&o.api_idle));
-        let checks: Vec<Check> =
-            theirs.iter().map(|t| at_most("", w.agent_rate(), t.agent_rate(), API_IDLE_SHARE)).collect();
+        let checks: Vec<Check> = theirs.iter().map(|t| at_most("", w.agent_share(t), 1.0, API_IDLE_SHARE)).collect();
         rows.push(with_verdict(
             Row {
                 metric: format!("API requests at idle, {pods} pods⁸ ({:.0} s)", w.secs),
@@ -456,7 +455,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
                     Window::pool(&o.api_idle)
                         .map_or_else(|| "—".to_owned(), |t| format!("{} req/s", apiload::fmt_rate(t.agent_rate())))
                 }),
-                ratio: theirs.as_ref().map_or_else(String::new, |t| fmt_share(share(w.agent_rate(), t.agent_rate()))),
+                ratio: theirs.as_ref().map_or_else(String::new, |t| fmt_share(w.agent_share(t))),
                 look: {
                     let mut l = vec!["API requests by verb below".to_owned()];
                     l.extend(logs.iter().cloned());
