@@ -44,7 +44,7 @@ const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MEDIA_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MEDIA_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 const MEDIA_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
-const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Fixed creation time: images are content-addressed, a wall-clock time would change ids.
 const EPOCH: &str = "1970-01-01T00:00:00Z";
 
@@ -287,7 +287,7 @@ pub fn build_all(workspace: &Path, cache_dir: &Path) -> Result<Vec<BuiltImage>> 
 }
 
 /// The cache key: a hash of everything the image is made of.
-fn cache_key(name: &str, inputs: &[&[u8]]) -> String {
+pub fn cache_key(name: &str, inputs: &[&[u8]]) -> String {
     let mut h = Sha256::new();
     h.update(BUILDER_VERSION);
     h.update([0]);
@@ -311,7 +311,12 @@ fn cache_paths(cache_dir: &Path, name: &str, key: &str) -> (PathBuf, PathBuf) {
 }
 
 /// Returns the cached image for `key`, or builds it with `build` and caches it.
-fn cached(cache_dir: &Path, name: &str, key: &str, build: impl FnOnce() -> Result<OciArchive>) -> Result<BuiltImage> {
+pub fn cached(
+    cache_dir: &Path,
+    name: &str,
+    key: &str,
+    build: impl FnOnce() -> Result<OciArchive>,
+) -> Result<BuiltImage> {
     let (tar_path, id_path) = cache_paths(cache_dir, name, key);
     if let (true, Ok(image_id)) = (tar_path.is_file(), fs::read_to_string(&id_path)) {
         eprintln!("image {name}: cached {}", tar_path.display());
@@ -395,21 +400,11 @@ fn build_busybox(cache_dir: &Path) -> Result<BuiltImage> {
 }
 
 fn build_pause_named(workspace: &Path, cache_dir: &Path, name: &str) -> Result<BuiltImage> {
-    let source_path = workspace.join("xtask/assets/pause.c");
+    let source_path = workspace.join(PAUSE_SOURCE);
     let source = fs::read(&source_path).with_context(|| format!("reading {}", source_path.display()))?;
     let key = cache_key(name, &[&source]);
     cached(cache_dir, name, &key, || {
-        let out = cache_dir.join("pause.bin");
-        let status = Command::new("gcc")
-            .args(["-static", "-O2", "-s", "-Wall", "-o"])
-            .arg(&out)
-            .arg(&source_path)
-            .stdout(std::io::stderr())
-            .status()
-            .context("running gcc (apt package gcc, libc6-dev)")?;
-        ensure!(status.success(), "gcc failed to compile {}", source_path.display());
-        let binary = fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
-        fs::remove_file(&out).ok();
+        let binary = pause_binary(workspace, cache_dir)?;
         oci_archive(
             name,
             &pause_layer(&binary),
@@ -424,22 +419,31 @@ fn build_pause_named(workspace: &Path, cache_dir: &Path, name: &str) -> Result<B
     })
 }
 
+/// The pause program's source, in the workspace.
+pub const PAUSE_SOURCE: &str = "xtask/assets/pause.c";
+
+/// The static pause binary, compiled from [`PAUSE_SOURCE`] with gcc (in `scratch`, which
+/// it leaves as it found it).
+pub fn pause_binary(workspace: &Path, scratch: &Path) -> Result<Vec<u8>> {
+    let source_path = workspace.join(PAUSE_SOURCE);
+    let out = scratch.join("pause.bin");
+    let status = Command::new("gcc")
+        .args(["-static", "-O2", "-s", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&source_path)
+        .stdout(std::io::stderr())
+        .status()
+        .context("running gcc (apt package gcc, libc6-dev)")?;
+    ensure!(status.success(), "gcc failed to compile {}", source_path.display());
+    let binary = fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+    fs::remove_file(&out).ok();
+    Ok(binary)
+}
+
 fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
-    // busybox-static installs /bin/busybox; a dynamically linked busybox would not run in
-    // an image without a libc.
-    let path = Path::new("/bin/busybox");
-    let binary = fs::read(path).with_context(|| format!("reading {} (apt package busybox-static)", path.display()))?;
+    let (binary, applets) = host_busybox()?;
     let key = cache_key(name, &[&binary]);
     cached(cache_dir, name, &key, || {
-        let out = Command::new(path)
-            .arg("--list-full")
-            .output()
-            .with_context(|| format!("running {} --list-full", path.display()))?;
-        ensure!(out.status.success(), "busybox --list-full failed");
-        let applets = String::from_utf8(out.stdout).context("busybox applet list")?;
-        if applets.lines().count() < 50 {
-            bail!("busybox lists too few applets; is it busybox-static?");
-        }
         oci_archive(
             name,
             &busybox_layer(&binary, &applets),
@@ -452,6 +456,24 @@ fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
             },
         )
     })
+}
+
+/// The host's static busybox (its bytes) and its applets (`busybox --list-full`).
+pub fn host_busybox() -> Result<(Vec<u8>, String)> {
+    // busybox-static installs /bin/busybox; a dynamically linked busybox would not run in
+    // an image without a libc.
+    let path = Path::new("/bin/busybox");
+    let binary = fs::read(path).with_context(|| format!("reading {} (apt package busybox-static)", path.display()))?;
+    let out = Command::new(path)
+        .arg("--list-full")
+        .output()
+        .with_context(|| format!("running {} --list-full", path.display()))?;
+    ensure!(out.status.success(), "busybox --list-full failed");
+    let applets = String::from_utf8(out.stdout).context("busybox applet list")?;
+    if applets.lines().count() < 50 {
+        bail!("busybox lists too few applets; is it busybox-static?");
+    }
+    Ok((binary, applets))
 }
 
 /// Imports `image` into the `k8s.io` namespace of the containerd at `socket`.

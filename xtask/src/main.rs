@@ -19,6 +19,9 @@
 //!   the 10 s pass.
 //! - `fidelity [--fast]`: the same scenarios on swiftlet and on the upstream kubelet, and
 //!   the diff of what the API shows of them (see `fidelity`).
+//! - `conformance [--focus RE] [--agent swiftlet|upstream]`: upstream's node conformance
+//!   tests (the e2e suite, built from the Go modules) against a swiftlet node and an
+//!   upstream kubelet node, side by side (see `conformance`).
 //! - `chaos <scenario>`: long fault scenarios (`churn`: 1,000 pods created and deleted),
 //!   figures printed (never in CI; the fault matrix's tests run them smaller).
 //! - `layering`: checks that the leaf modules of `agent/src` use only leaves, and prints
@@ -34,6 +37,7 @@ mod chaos;
 mod ci;
 mod cleanup;
 mod cluster;
+mod conformance;
 mod containerd;
 mod cri;
 mod demo;
@@ -113,6 +117,10 @@ enum Cmd {
     /// bed's real control plane, and the diff of what the API shows (fails on any
     /// difference the README does not document).
     Fidelity(fidelity::FidelityArgs),
+    /// Upstream's node conformance tests (`[NodeConformance]` and sig-node `[Conformance]`
+    /// of the e2e suite v1.37.2, built from the Go modules) against a swiftlet node and an
+    /// upstream kubelet node; fails when a test passes on the kubelet and not on swiftlet.
+    Conformance(conformance::ConformanceArgs),
     /// Long fault scenarios against the test bed, at full size; they print figures and
     /// fail when their checks do (never run in CI).
     Chaos(chaos::ChaosArgs),
@@ -236,6 +244,7 @@ async fn main() -> ExitCode {
         Cmd::Bench { command, all } => bench::run(&ctx, &layout, command, all).await,
         Cmd::Chaos(args) => chaos::run(&ctx, &layout, &args),
         Cmd::Fidelity(args) => fidelity::run(&ctx, &layout, &args).await,
+        Cmd::Conformance(args) => conformance::run(&ctx, &layout, &args).await,
         Cmd::Layering => layering::run(&ctx.workspace),
         Cmd::Fuzz { time, targets, minimize } => {
             if minimize {

@@ -411,11 +411,7 @@ fn skopeo(args: &[&str]) -> Result<()> {
 fn push(state: &State, local: &str, image: &BuiltImage) -> Result<()> {
     let src = format!("oci-archive:{}", image.tar_path.display());
     let target = repository_tag(local);
-    let plain = format!("docker://{}/{target}", state.plain.endpoint);
-    // `--insecure-policy`: no signature policy applies to our own images (and Debian's
-    // /etc/containers/policy.json need not exist).
-    skopeo(&["copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false", &src, &plain])
-        .with_context(|| format!("pushing {} to {plain}", image.name))?;
+    let plain = push_plain(state, image, &target)?;
     let tls = format!("docker://{}/{target}", state.tls.endpoint);
     let cert_dir = state.cert_dir.display().to_string();
     let creds = format!("{}:{}", state.username, state.password);
@@ -423,6 +419,17 @@ fn push(state: &State, local: &str, image: &BuiltImage) -> Result<()> {
         .with_context(|| format!("pushing {} to {tls}", image.name))?;
     eprintln!("registry: pushed {} as {plain} and {tls}", image.name);
     Ok(())
+}
+
+/// Pushes `image` to the plain registry as `target` (`repository:tag`); its reference.
+pub fn push_plain(state: &State, image: &BuiltImage, target: &str) -> Result<String> {
+    let src = format!("oci-archive:{}", image.tar_path.display());
+    let plain = format!("docker://{}/{target}", state.plain.endpoint);
+    // `--insecure-policy`: no signature policy applies to our own images (and Debian's
+    // /etc/containers/policy.json need not exist).
+    skopeo(&["copy", "--quiet", "--insecure-policy", "--dest-tls-verify=false", &src, &plain])
+        .with_context(|| format!("pushing {} to {plain}", image.name))?;
+    Ok(plain)
 }
 
 /// Checks what tests rely on: the plain registry serves anonymously; the TLS one verifies

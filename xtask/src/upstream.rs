@@ -41,6 +41,15 @@ pub const BINARIES: &[(&str, &str)] = &[
     ("etcd", "./etcd"),
 ];
 
+/// The node conformance suite's binaries (`cargo xtask conformance`) and the package each
+/// is built from: the e2e suite as a test binary, the ginkgo runner, and agnhost, the
+/// suite's test image's one binary (static: it runs in an image without a libc).
+pub const E2E_BINARIES: &[(&str, &str)] = &[
+    ("e2e.test", "k8s.io/kubernetes/test/e2e"),
+    ("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"),
+    ("agnhost", "k8s.io/kubernetes/test/images/agnhost"),
+];
+
 /// Where the Go module lives and where the binaries go.
 #[derive(Debug, Clone)]
 pub struct Upstream {
@@ -123,6 +132,72 @@ impl Upstream {
         );
         images::write_atomic(&self.stamp_file(), self.fingerprint()?.as_bytes())?;
         eprintln!("upstream: built in {:.0} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+impl Upstream {
+    /// Path of one of [`E2E_BINARIES`].
+    pub fn e2e_bin(&self, name: &str) -> PathBuf {
+        self.bin_dir.join("e2e").join(name)
+    }
+
+    /// Where the module cache holds `k8s.io/kubernetes` (`go list -m`): the agnhost image
+    /// takes its porter certificate from there.
+    pub fn e2e_module_dir(&self) -> Result<PathBuf> {
+        let mut cmd = Command::new(go()?);
+        cmd.current_dir(&self.module_dir).args(["list", "-mod=readonly", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"]);
+        if std::env::var_os("HOME").is_none() {
+            cmd.env("HOME", "/root");
+        }
+        let out = cmd.output().context("running go list -m k8s.io/kubernetes")?;
+        ensure!(out.status.success(), "go list -m k8s.io/kubernetes: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        ensure!(dir.is_dir(), "go list -m k8s.io/kubernetes gave {}, not a directory", dir.display());
+        Ok(dir)
+    }
+
+    fn e2e_stamp_file(&self) -> PathBuf {
+        self.bin_dir.join("e2e").join("stamp")
+    }
+
+    /// Builds [`E2E_BINARIES`] into `<target>/upstream/e2e/` unless its stamp (the same
+    /// fingerprint as the control plane's) is current: cold, about 10 minutes on two cores
+    /// beside the control plane's build (most of it the suite's own packages).
+    pub fn build_e2e(&self) -> Result<()> {
+        let fingerprint = self.fingerprint()?;
+        let current = fs::read_to_string(self.e2e_stamp_file()).is_ok_and(|s| s == fingerprint)
+            && E2E_BINARIES.iter().all(|(name, _)| self.e2e_bin(name).is_file());
+        if current {
+            eprintln!("upstream: the {VERSION} e2e suite is current in {}", self.bin_dir.join("e2e").display());
+            return Ok(());
+        }
+        let started = Instant::now();
+        let dir = self.bin_dir.join("e2e");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let _ = fs::remove_file(self.e2e_stamp_file());
+        eprintln!("upstream: building the {VERSION} e2e suite, ginkgo and agnhost into {}", dir.display());
+        for (name, pkg) in E2E_BINARIES {
+            let mut cmd = Command::new(go()?);
+            cmd.current_dir(&self.module_dir);
+            if *name == "e2e.test" {
+                cmd.args(["test", "-c"]);
+            } else {
+                cmd.arg("build");
+            }
+            cmd.args(["-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"]).arg(dir.join(name)).arg(pkg);
+            if *name == "agnhost" {
+                cmd.env("CGO_ENABLED", "0");
+            }
+            if std::env::var_os("HOME").is_none() {
+                cmd.env("HOME", "/root");
+            }
+            let status = cmd.status().with_context(|| format!("running go build of {pkg}"))?;
+            ensure!(status.success(), "go build of {pkg} failed ({status})");
+            ensure!(self.e2e_bin(name).is_file(), "go build left no {}", self.e2e_bin(name).display());
+        }
+        images::write_atomic(&self.e2e_stamp_file(), fingerprint.as_bytes())?;
+        eprintln!("upstream: e2e suite built in {:.0} s", started.elapsed().as_secs_f64());
         Ok(())
     }
 }

@@ -41,9 +41,19 @@ impl Cluster {
     /// Sets `agent` up to join `api` as node `swiftlet-bench-<label>` (with the bench
     /// nodes' taint); neither the agent nor anything in the API exists yet.
     pub fn prepare(api: &ApiServer, agent: BenchAgent) -> Result<Self> {
+        Self::prepare_registering(api, agent, &apiserver::register_with_taint())
+    }
+
+    /// As [`Self::prepare`], for a node the scheduler may place any pod on (no bench
+    /// taint): the cluster's only node of `cargo xtask conformance`.
+    pub fn prepare_schedulable(api: &ApiServer, agent: BenchAgent) -> Result<Self> {
+        Self::prepare_registering(api, agent, "")
+    }
+
+    fn prepare_registering(api: &ApiServer, agent: BenchAgent, registration: &str) -> Result<Self> {
         let node = apiserver::node_name(&agent.label);
         let namespace = format!("{NAMESPACE}-{}-{}", std::process::id(), apiserver::dns_label(&agent.label));
-        let agent = agent.joining(&node, &api.bootstrap_kubeconfig, &apiserver::register_with_taint());
+        let agent = agent.joining(&node, &api.bootstrap_kubeconfig, registration);
         agent.setup()?;
         Ok(Self { api: api.clone(), agent, namespace, client: None, watch: None })
     }

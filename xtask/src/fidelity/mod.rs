@@ -223,7 +223,7 @@ fn describe(d: &Difference) -> String {
 }
 
 /// `cargo build -p swiftlet --bin swiftlet` (a no-op when CI has built the workspace).
-fn debug_build(ctx: &Ctx) -> Result<PathBuf> {
+pub(crate) fn debug_build(ctx: &Ctx) -> Result<PathBuf> {
     let status = Command::new(&ctx.cargo)
         .args(["build", "-p", "swiftlet", "--bin", "swiftlet"])
         .current_dir(&ctx.workspace)

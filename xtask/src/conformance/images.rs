@@ -1,0 +1,158 @@
+//! The images the node conformance suite asks for, built here and pushed to the test bed's
+//! plain registry under the paths the suite's image manifest
+//! (`k8s.io/kubernetes/test/utils/image/manifest.go`) names, with the suite's registries
+//! remapped to it by `KUBE_TEST_REPO_LIST` ([`repo_list`]). Nothing is fetched from
+//! outside.
+//!
+//! - `e2e-test-images/agnhost:2.66.1` (and `:2.55`, the suite's "previous" agnhost): the
+//!   agnhost binary built from `k8s.io/kubernetes/test/images/agnhost` (static), in a
+//!   busybox root filesystem as upstream's Dockerfile lays it out: `/agnhost` and the
+//!   `agnhost-2` link, `/uploads`, the porter certificate and key, and the user and group
+//!   `user-defined-in-image` (uid 1000) and `group-defined-in-image` (gid 50000);
+//!   entrypoint `/agnhost`, command `pause`.
+//! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
+//! - `pause:3.10.2`: the test bed's pause binary.
+//!
+//! Images the suite names that are not built here (nginx, perl, nonewprivs, nonroot, ...)
+//! cannot be pulled: the tests that use them fail on both agents alike.
+//!
+//! Each image carries the label `io.swiftlet.conformance` so that its image id differs
+//! from the test bed's own images of the same content (containerd removes an image by id
+//! with all its names; see `images::build_registry_copies`).
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    images::{self, BuiltImage, Layer, RunConfig},
+    upstream::Upstream,
+};
+
+/// The agnhost release the suite's manifest asks for, and its "previous" one.
+pub const AGNHOST_TAGS: [&str; 2] = ["2.66.1", "2.55"];
+
+/// `(registry path:tag, image)` of every image built for the suite.
+pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<Vec<(String, BuiltImage)>> {
+    fs::create_dir_all(cache_dir).with_context(|| format!("creating {}", cache_dir.display()))?;
+    let (busybox, applets) = images::host_busybox()?;
+    let agnhost_path = upstream.e2e_bin("agnhost");
+    let agnhost = fs::read(&agnhost_path).with_context(|| format!("reading {}", agnhost_path.display()))?;
+    let porter = upstream.e2e_module_dir()?.join("test/images/agnhost/porter");
+    let cert = fs::read(porter.join("localhost.crt")).context("reading agnhost's porter certificate")?;
+    let key = fs::read(porter.join("localhost.key")).context("reading agnhost's porter key")?;
+
+    let mut out = Vec::new();
+    for tag in AGNHOST_TAGS {
+        let name = format!("e2e-test-images/agnhost:{tag}");
+        let key_inputs: [&[u8]; 4] = [&busybox, &agnhost, &cert, &key];
+        let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
+            let mut layer = images::busybox_layer(&busybox, &applets);
+            agnhost_files(&mut layer, &agnhost, &cert, &key);
+            images::oci_archive(
+                &name,
+                &layer,
+                &run_config(&name, Some(vec!["/agnhost".into()]), Some(vec!["pause".into()])),
+            )
+        })?;
+        out.push((name, image));
+    }
+    let name = "e2e-test-images/busybox:1.37.0-2".to_owned();
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox]), || {
+        images::oci_archive(&name, &images::busybox_layer(&busybox, &applets), &run_config(&name, None, None))
+    })?;
+    out.push((name, image));
+    let name = "pause:3.10.2".to_owned();
+    let source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&source]), || {
+        let pause = images::pause_binary(workspace, cache_dir)?;
+        images::oci_archive(&name, &images::pause_layer(&pause), &run_config(&name, Some(vec!["/pause".into()]), None))
+    })?;
+    out.push((name, image));
+    Ok(out)
+}
+
+/// What upstream's agnhost Dockerfile adds to its base image.
+fn agnhost_files(layer: &mut Layer, agnhost: &[u8], cert: &[u8], key: &[u8]) {
+    layer
+        .file("agnhost", 0o755, agnhost)
+        .symlink("agnhost-2", "agnhost")
+        .dir("uploads", 0o755)
+        .file("localhost.crt", 0o644, cert)
+        .file("localhost.key", 0o600, key)
+        .file(
+            "etc/passwd",
+            0o644,
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n\
+             user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
+        )
+        .file(
+            "etc/group",
+            0o644,
+            "root:x:0:\nnobody:x:65534:\nuser-defined-in-image:x:1000:\n\
+             group-defined-in-image:x:50000:user-defined-in-image\n",
+        )
+        .dir("home/user-defined-in-image", 0o755);
+}
+
+fn run_config(name: &str, entrypoint: Option<Vec<String>>, cmd: Option<Vec<String>>) -> RunConfig {
+    RunConfig {
+        env: vec![images::DEFAULT_PATH.into()],
+        cmd: if entrypoint.is_none() && cmd.is_none() { Some(vec!["sh".into()]) } else { cmd },
+        entrypoint,
+        working_dir: "/".into(),
+        labels: [("io.swiftlet.conformance".to_owned(), name.to_owned())].into(),
+    }
+}
+
+/// The `KUBE_TEST_REPO_LIST` file: every registry of the suite's manifest that an image
+/// built here lives under, mapped to the plain registry at `endpoint`. The invalid and
+/// the private registries keep their defaults (tests expect those pulls to fail).
+pub fn repo_list(endpoint: &str) -> String {
+    format!(
+        "promoterE2eRegistry: {endpoint}/e2e-test-images\ngcRegistry: {endpoint}\ngcEtcdRegistry: {endpoint}\n\
+         dockerLibraryRegistry: {endpoint}/library\nbuildImageRegistry: {endpoint}/build-image\n\
+         sigStorageRegistry: {endpoint}/sig-storage\ncloudProviderGcpRegistry: {endpoint}/cloud-provider-gcp\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agnhost layer has what the suite's tests look for in the image.
+    #[test]
+    fn agnhost_is_laid_out_as_upstream_builds_it() {
+        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/ls\n");
+        agnhost_files(&mut layer, b"agnhost", b"crt", b"key");
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut seen = std::collections::BTreeMap::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string().trim_end_matches('/').to_owned();
+            let link = entry.link_name().unwrap().map(|l| l.display().to_string());
+            let mut body = String::new();
+            std::io::Read::read_to_string(&mut entry, &mut body).unwrap();
+            seen.insert(path, link.unwrap_or(body));
+        }
+        assert_eq!(seen["agnhost"], "agnhost");
+        assert_eq!(seen["agnhost-2"], "agnhost");
+        assert!(seen.contains_key("uploads"));
+        assert_eq!(seen["localhost.crt"], "crt");
+        assert!(seen["etc/passwd"].contains("user-defined-in-image:x:1000:"));
+        assert!(seen["etc/group"].contains("group-defined-in-image:x:50000:user-defined-in-image"));
+        assert_eq!(seen["bin/sh"], "/bin/busybox");
+    }
+
+    #[test]
+    fn the_suite_registries_point_at_the_test_bed() {
+        let list = repo_list("127.0.0.1:5000");
+        assert!(list.contains("promoterE2eRegistry: 127.0.0.1:5000/e2e-test-images\n"));
+        assert!(list.contains("gcRegistry: 127.0.0.1:5000\n"));
+        assert!(!list.contains("invalidRegistry"), "the invalid registry must stay invalid");
+        let config = run_config("x", Some(vec!["/agnhost".into()]), Some(vec!["pause".into()]));
+        assert_eq!(config.cmd, Some(vec!["pause".to_owned()]));
+        assert_eq!(run_config("x", None, None).cmd, Some(vec!["sh".to_owned()]));
+    }
+}

@@ -1,0 +1,351 @@
+//! `cargo xtask conformance`: the Kubernetes e2e suite's node conformance tests against a
+//! swiftlet node and against an upstream kubelet node, side by side.
+//!
+//! The suite is upstream's own, built from the Go modules (`upstream/go.mod`) by
+//! `Upstream::build_e2e`: `e2e.test` (package `k8s.io/kubernetes/test/e2e` v1.37.2), the
+//! `ginkgo` runner and agnhost. Its images are built here and served by the test bed's
+//! plain registry ([`images`]). For each agent in turn the agent joins the test bed's
+//! real control plane as the cluster's one node (schedulable: no bench taint), the suite
+//! runs against the cluster as its admin, and the agent and its node are removed.
+//!
+//! Selected by default: `[NodeConformance]` and sig-node's `[Conformance]` specs (427 of
+//! the suite's 3,206 in v1.37.2), less [`SKIPPED`], each with the reason one machine cannot
+//! run it. `--focus` and `--skip` narrow that. Outputs in `target/conformance/`:
+//! `<agent>/report.json` (ginkgo), `<agent>/junit.xml`, `<agent>/e2e.log`, the agent's
+//! log, and `report.md`, the side-by-side table (also printed). The run fails when a spec
+//! passes on the upstream kubelet and not on swiftlet.
+
+mod images;
+mod report;
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::{
+    Ctx,
+    bench::{
+        self,
+        agent::{self, BenchAgent, PlegMode},
+        apiserver::ApiServer,
+        cluster::Cluster,
+    },
+    containerd,
+    cri::CriClient,
+    registry, testbed,
+    testbed::{Layout, State},
+    upstream::Upstream,
+};
+
+/// The specs run by default: the node conformance tests and sig-node's conformance tests.
+pub const DEFAULT_FOCUS: &str = r"\[NodeConformance\]|\[sig-node\].*\[Conformance\]";
+
+/// The specs never run here, each with the reason (a ginkgo skip regex each).
+pub const SKIPPED: &[(&str, &str)] = &[(
+    r"\[Disruptive\]",
+    "restarts or breaks the node's agent or runtime mid-run; the harness's one node and its test bed's \
+     containerd are shared with the run itself",
+)];
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConformanceArgs {
+    /// Run only the specs matching this regex (within the default selection).
+    #[arg(long)]
+    pub focus: Option<String>,
+    /// Also skip the specs matching this regex.
+    #[arg(long)]
+    pub skip: Option<String>,
+    /// The agents to run the suite on, in this order (default: swiftlet, then upstream).
+    #[arg(long = "agent", value_enum)]
+    pub agents: Vec<AgentKind>,
+    /// Parallel ginkgo processes.
+    #[arg(long, default_value_t = 1)]
+    pub procs: u32,
+    /// Print the selected specs and stop (no cluster, no agent).
+    #[arg(long)]
+    pub list: bool,
+    /// The swiftlet binary (default: a debug build of the workspace's).
+    #[arg(long)]
+    pub swiftlet_bin: Option<PathBuf>,
+    /// Leave the test bed up at the end even if it was down before.
+    #[arg(long)]
+    pub keep_testbed: bool,
+}
+
+/// An agent the suite runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentKind {
+    Swiftlet,
+    Upstream,
+}
+
+impl AgentKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Swiftlet => "swiftlet",
+            Self::Upstream => "kubelet",
+        }
+    }
+}
+
+pub async fn run(ctx: &Ctx, layout: &Layout, args: &ConformanceArgs) -> Result<()> {
+    let upstream = Upstream::new(ctx);
+    upstream.build()?;
+    upstream.build_e2e()?;
+    if args.list {
+        return list(&upstream, args);
+    }
+    testbed::require_root()?;
+    let _lock = bench::testbed_lock(layout)?;
+    let bed_was_up =
+        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let started = Instant::now();
+    let outcome = conformance(ctx, layout, &upstream, args).await;
+    eprintln!("conformance: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    bench::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, Ok(()), Ok(())).await
+}
+
+/// `--ginkgo.skip`: [`SKIPPED`] and `--skip`.
+fn skip_regex(args: &ConformanceArgs) -> String {
+    SKIPPED.iter().map(|(re, _)| *re).chain(args.skip.as_deref()).collect::<Vec<_>>().join("|")
+}
+
+/// `--ginkgo.focus`: [`DEFAULT_FOCUS`], narrowed by `--focus` (both must match).
+fn focus_regex(args: &ConformanceArgs) -> String {
+    match &args.focus {
+        // RE2 has no lookahead; a spec's full text matches both when it matches the first
+        // followed somewhere by the second, or the other way round.
+        Some(f) => format!("(?:{DEFAULT_FOCUS}).*(?:{f})|(?:{f}).*(?:{DEFAULT_FOCUS})"),
+        None => DEFAULT_FOCUS.to_owned(),
+    }
+}
+
+fn list(upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("swiftlet-conformance-list-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let json = dir.join("report.json");
+    let status = Command::new(upstream.e2e_bin("e2e.test"))
+        .arg("--ginkgo.dry-run")
+        .arg(format!("--ginkgo.focus={}", focus_regex(args)))
+        .arg(format!("--ginkgo.skip={}", skip_regex(args)))
+        .arg(format!("--ginkgo.json-report={}", json.display()))
+        .arg("--ginkgo.no-color")
+        .stdout(Stdio::null())
+        .status()
+        .context("running e2e.test --ginkgo.dry-run")?;
+    ensure!(status.success(), "e2e.test --ginkgo.dry-run failed ({status})");
+    let specs = report::outcomes(&fs::read_to_string(&json)?)?;
+    fs::remove_dir_all(&dir).ok();
+    for name in specs.keys() {
+        println!("{name}");
+    }
+    eprintln!("conformance: {} spec(s) selected", specs.len());
+    for (re, why) in SKIPPED {
+        eprintln!("conformance: skipped {re}: {why}");
+    }
+    Ok(())
+}
+
+async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
+    testbed::up(ctx, layout).await.context("bringing the test bed up")?;
+    let api = ApiServer::up(ctx, layout)?;
+    let cluster_state = crate::cluster::State::load(layout)?.context("the test bed's control plane has no record")?;
+    let registry = registry::State::load(layout)?.context("the test bed's registries are not up")?;
+    let out = ctx.target_dir.join("conformance");
+    fs::create_dir_all(&out)?;
+
+    eprintln!("==> conformance: the suite's images");
+    for (path, image) in images::build(upstream, &ctx.workspace, &ctx.target_dir.join("images"))? {
+        registry::push_plain(&registry, &image, &path)?;
+    }
+    let repo_list = out.join("repo-list.yaml");
+    fs::write(&repo_list, images::repo_list(&registry.plain.endpoint))?;
+
+    let agents =
+        if args.agents.is_empty() { vec![AgentKind::Swiftlet, AgentKind::Upstream] } else { args.agents.clone() };
+    let swiftlet = match &args.swiftlet_bin {
+        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
+        None => crate::fidelity::debug_build(ctx)?,
+    };
+    let mut cri = CriClient::connect(&layout.socket()).await?;
+    agent::remove_bench_sandboxes(&mut cri).await?;
+    if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
+        bail!("{why}; the agents would take them over. Try again when the test bed is idle.");
+    }
+    let suite = Suite { upstream, args, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
+    let mut runs = Vec::new();
+    for kind in agents {
+        eprintln!();
+        eprintln!("==> conformance: {}", kind.name());
+        let binary = match kind {
+            AgentKind::Swiftlet => swiftlet.clone(),
+            AgentKind::Upstream => upstream.bin("kubelet"),
+        };
+        let dir = out.join(kind.name());
+        let outcomes = run_agent(layout, &api, kind, &binary, &suite, &dir)
+            .await
+            .with_context(|| format!("the {} run", kind.name()))?;
+        let (p, f, s) = report::counts(&outcomes);
+        eprintln!("conformance: {}: {p} passed, {f} failed, {s} skipped", kind.name());
+        runs.push((kind.name(), outcomes));
+    }
+    let shown: Vec<(&str, &BTreeMap<String, report::Outcome>)> = runs.iter().map(|(n, o)| (*n, o)).collect();
+    let mut text = format!(
+        "# Node conformance, {}\n\nfocus `{}`, skip `{}`\n\n",
+        upstream_suite_name(),
+        focus_regex(args),
+        skip_regex(args)
+    );
+    for (re, why) in SKIPPED {
+        let _ = writeln!(text, "- skipped `{re}`: {why}");
+    }
+    text.push('\n');
+    text.push_str(&report::table(&shown));
+    print!("{text}");
+    fs::write(out.join("report.md"), &text)?;
+    eprintln!("conformance: report in {}", out.join("report.md").display());
+    let swiftlet_run = runs.iter().find(|(n, _)| *n == "swiftlet");
+    let kubelet_run = runs.iter().find(|(n, _)| *n == "kubelet");
+    if let (Some((_, ours)), Some((_, theirs))) = (swiftlet_run, kubelet_run) {
+        let worse = report::regressions(ours, theirs);
+        ensure!(
+            worse.is_empty(),
+            "{} spec(s) pass on the upstream kubelet and not on swiftlet: {}",
+            worse.len(),
+            worse.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn upstream_suite_name() -> String {
+    format!("k8s.io/kubernetes/test/e2e {}", crate::upstream::VERSION)
+}
+
+/// How the suite is run: the same for each agent.
+struct Suite<'a> {
+    upstream: &'a Upstream,
+    args: &'a ConformanceArgs,
+    kubeconfig: &'a Path,
+    repo_list: &'a Path,
+}
+
+impl Suite<'_> {
+    /// `ginkgo [flags] e2e.test -- [suite flags]`, writing its reports into `dir`.
+    fn command(&self, dir: &Path) -> Command {
+        let mut cmd = Command::new(self.upstream.e2e_bin("ginkgo"));
+        cmd.arg(format!("--procs={}", self.args.procs.max(1)))
+            .arg(format!("--focus={}", focus_regex(self.args)))
+            .arg(format!("--skip={}", skip_regex(self.args)))
+            .arg(format!("--output-dir={}", dir.display()))
+            .args(["--json-report=report.json", "--junit-report=junit.xml", "--no-color", "--timeout=24h"])
+            .arg(self.upstream.e2e_bin("e2e.test"))
+            .arg("--")
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(["--provider=skeleton", "--node-schedulable-timeout=2m", "--dump-logs-on-failure=false"])
+            .arg(format!("--report-dir={}", dir.display()))
+            .env("KUBE_TEST_REPO_LIST", self.repo_list);
+        cmd
+    }
+}
+
+/// One agent: joined as the cluster's only node, the suite run against it, the agent
+/// and its node removed; each spec's outcome.
+async fn run_agent(
+    layout: &Layout,
+    api: &ApiServer,
+    kind: AgentKind,
+    binary: &Path,
+    suite: &Suite<'_>,
+    dir: &Path,
+) -> Result<BTreeMap<String, report::Outcome>> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir)?;
+    let label = format!("conformance-{}", kind.name());
+    let mut agent = BenchAgent::named(&label, PlegMode::Evented, binary, &layout.endpoint(), 110)?;
+    if kind == AgentKind::Upstream {
+        agent = agent.other_agent();
+    }
+    let mut cluster = Cluster::prepare_schedulable(api, agent)?;
+    let ran = async {
+        cluster.start().await?;
+        let log = fs::File::create(dir.join("e2e.log"))?;
+        let mut cmd = suite.command(dir);
+        cmd.stdout(log.try_clone()?).stderr(log);
+        eprintln!(
+            "conformance: running the suite against node {} (log {})",
+            cluster.agent.node_name(),
+            dir.join("e2e.log").display()
+        );
+        let status = tokio::task::spawn_blocking(move || cmd.status()).await?.context("running ginkgo")?;
+        // ginkgo exits non-zero when a spec fails: the report says which.
+        eprintln!("conformance: the suite ended ({status})");
+        cluster.agent.ensure_alive()
+    }
+    .await;
+    let ended = cluster.end(layout, &dir.join(format!("{}-agent.log", kind.name()))).await;
+    ran?;
+    ended.context("cleaning up")?;
+    let json = dir.join("report.json");
+    report::outcomes(&fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(focus: Option<&str>, skip: Option<&str>) -> ConformanceArgs {
+        ConformanceArgs {
+            focus: focus.map(str::to_owned),
+            skip: skip.map(str::to_owned),
+            agents: Vec::new(),
+            procs: 1,
+            list: false,
+            swiftlet_bin: None,
+            keep_testbed: false,
+        }
+    }
+
+    /// `--focus` narrows the default selection (both must match, in either order);
+    /// `--skip` adds to the skips that are always there.
+    #[test]
+    fn focus_narrows_and_skip_adds() {
+        let focus = regex::Regex::new(&focus_regex(&args(Some("Probing"), None))).unwrap();
+        assert!(focus.is_match("[sig-node] Probing container should be restarted [NodeConformance] [Conformance]"));
+        assert!(focus.is_match("[sig-node] Pods [NodeConformance] Probing later"));
+        assert!(!focus.is_match("[sig-node] Probing container [Slow]"), "outside the default selection");
+        assert!(!focus.is_match("[sig-node] Pods should get a host IP [NodeConformance]"));
+        let skip = regex::Regex::new(&skip_regex(&args(None, Some(r"\[Slow\]")))).unwrap();
+        assert!(skip.is_match("[sig-node] restarts [Disruptive]"));
+        assert!(skip.is_match("[sig-node] Probing [Slow]"));
+        assert!(!skip.is_match("[sig-node] Pods [NodeConformance]"));
+    }
+
+    #[test]
+    fn the_suite_runs_through_ginkgo_with_the_remapped_registries() {
+        let upstream = Upstream { module_dir: "/m".into(), bin_dir: "/b".into() };
+        let a = args(None, None);
+        let suite =
+            Suite { upstream: &upstream, args: &a, kubeconfig: Path::new("/k/admin"), repo_list: Path::new("/r.yaml") };
+        let cmd = suite.command(Path::new("/out"));
+        assert_eq!(cmd.get_program(), "/b/e2e/ginkgo");
+        let argv: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let dashdash = argv.iter().position(|a| a == "--").unwrap();
+        assert_eq!(argv[dashdash - 1], "/b/e2e/e2e.test");
+        assert!(argv[..dashdash].contains(&"--json-report=report.json".to_owned()));
+        assert!(argv[..dashdash].contains(&"--output-dir=/out".to_owned()));
+        assert!(argv[dashdash..].contains(&"--kubeconfig=/k/admin".to_owned()));
+        assert!(argv[dashdash..].contains(&"--provider=skeleton".to_owned()));
+        let env: Vec<_> = cmd.get_envs().collect();
+        assert_eq!(env, vec![(std::ffi::OsStr::new("KUBE_TEST_REPO_LIST"), Some(std::ffi::OsStr::new("/r.yaml")))]);
+    }
+}
