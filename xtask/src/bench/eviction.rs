@@ -60,7 +60,7 @@ use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use clap::ValueEnum;
 
 use crate::{
-    Ctx, apt,
+    Ctx,
     bench::{
         agent::{self, BenchAgent, PlegMode},
         apiserver::ApiServer,
@@ -72,9 +72,8 @@ use crate::{
         report::{self, Environment},
         watch,
     },
-    containerd,
     cri::CriClient,
-    testbed::{self, Layout, State},
+    testbed::{self, Layout},
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -157,12 +156,8 @@ pub struct EvictionArgs {
     /// Which modes to measure.
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     pub mode: ModeArg,
-    /// Leave the test bed up at the end even if the bench had to bring it up.
-    #[arg(long)]
-    pub keep_testbed: bool,
-    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
-    #[arg(long, value_name = "PATH")]
-    pub swiftlet_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub bed: super::BedArgs,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -767,44 +762,30 @@ pub async fn prepare_bench(
     layout: &Layout,
     swiftlet_bin: Option<&Path>,
 ) -> Result<(Binaries, CriClient, Environment, Option<i32>)> {
-    let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
-    apt::ensure(&["curl", "openssl"])?;
+    let state = super::bed_up(ctx, layout, &["curl", "openssl"]).await?;
     let api = ApiServer::up(ctx, layout)?;
-    let swiftlet = pleg::swiftlet_binary(ctx, swiftlet_bin)?;
-    let mut cri = CriClient::connect(&layout.socket()).await?;
-    pleg::preflight(&mut cri, layout).await?;
-    let version = cri.version().await?;
-    let env = pleg::environment(ctx, &version, swiftlet_bin);
+    let (swiftlet, cri, env) = super::agent_and_runtime(ctx, layout, swiftlet_bin).await?;
     Ok((Binaries { swiftlet, api }, cri, env, state.containerd_pid))
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &EvictionArgs) -> Result<()> {
     testbed::require_root()?;
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = super::bed_was_up(layout);
     let mut session = Session::default();
-    let outcome = tokio::select! {
-        r = bench(ctx, layout, args, &mut session) => r,
-        sig = pleg::interrupted() => Err(anyhow!("interrupted ({sig})")),
-    };
-    if let Err(e) = &outcome {
-        eprintln!("bench: stopped: {e:#}");
-        eprintln!("bench: cleaning up (pods are deleted first)");
-    }
-    let cleanup = session.end_cluster(ctx, layout).await;
-    if let Err(e) = &cleanup {
-        eprintln!("bench: {e:#}");
-    }
+    let outcome =
+        super::until_interrupted(std::pin::pin!(bench(ctx, layout, args, &mut session)), "pods are deleted first")
+            .await;
+    let cleanup = super::said(session.end_cluster(ctx, layout).await);
     let published = match &session.env {
         Some(env) if !session.results.is_empty() => publish(ctx, &session.results, env, outcome.is_err()),
         _ => Ok(()),
     };
-    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
+    super::finish(ctx, layout, bed_was_up || args.bed.keep_testbed, outcome, cleanup, published).await
 }
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &EvictionArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench eviction: test bed");
-    let (binaries, mut cri, env, _) = prepare_bench(ctx, layout, args.swiftlet_bin.as_deref()).await?;
+    let (binaries, mut cri, env, _) = prepare_bench(ctx, layout, args.bed.swiftlet_bin.as_deref()).await?;
     session.env = Some(env);
     for mode in args.mode.modes() {
         eprintln!();

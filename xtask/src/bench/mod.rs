@@ -42,14 +42,23 @@ mod summary;
 mod verdict;
 pub(crate) mod watch;
 
-use std::{fs, os::fd::AsRawFd as _};
+use std::{
+    fs,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    pin::Pin,
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, anyhow};
 use clap::Subcommand;
 
 pub use summary::AllArgs;
 
-use crate::{Ctx, testbed::Layout};
+use crate::{
+    Ctx, apt, containerd,
+    cri::CriClient,
+    testbed::{self, Layout, State},
+};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCmd {
@@ -83,6 +92,17 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
     }
+}
+
+/// The options every bench takes: what it leaves of the test bed and which agent it measures.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct BedArgs {
+    /// Leave the test bed up at the end even if the bench had to bring it up.
+    #[arg(long)]
+    pub keep_testbed: bool,
+    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
+    #[arg(long, value_name = "PATH")]
+    pub swiftlet_bin: Option<PathBuf>,
 }
 
 /// The file whose `flock` serializes the users of one test bed (the end-to-end tests'
@@ -149,4 +169,55 @@ pub async fn finish(
         (Ok(()), Ok(()), Err(e), _) => Err(e.context("taking the test bed down")),
         (Ok(()), Ok(()), Ok(()), Err(e)) => Err(e.context("writing the report")),
     }
+}
+
+/// Whether the test bed is up (its containerd runs) before a bench: a bench leaves it as it
+/// found it.
+fn bed_was_up(layout: &Layout) -> bool {
+    State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive)
+}
+
+/// Runs a bench until it ends or the process is interrupted (SIGINT, SIGTERM); when it
+/// stopped, says so and that the clean-up follows (`cleaning`: what it does first). The
+/// bench is pinned by the caller, so that its (large) future is not moved into this one.
+async fn until_interrupted(bench: Pin<&mut impl Future<Output = Result<()>>>, cleaning: &str) -> Result<()> {
+    let outcome = tokio::select! {
+        r = bench => r,
+        sig = pleg::interrupted() => Err(anyhow!("interrupted ({sig})")),
+    };
+    if let Err(e) = &outcome {
+        eprintln!("bench: stopped: {e:#}");
+        eprintln!("bench: cleaning up ({cleaning})");
+    }
+    outcome
+}
+
+/// A bench's clean-up, its failure printed (and returned).
+fn said(cleanup: Result<()>) -> Result<()> {
+    if let Err(e) = &cleanup {
+        eprintln!("bench: {e:#}");
+    }
+    cleanup
+}
+
+/// Brings the test bed up (if it is not) with the host `packages` a bench needs.
+async fn bed_up(ctx: &Ctx, layout: &Layout, packages: &[&str]) -> Result<State> {
+    let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
+    apt::ensure(packages)?;
+    Ok(state)
+}
+
+/// The agent to bench (see [`pleg::swiftlet_binary`]), a CRI client checked to have the
+/// test bed to itself, and the environment the report names.
+async fn agent_and_runtime(
+    ctx: &Ctx,
+    layout: &Layout,
+    swiftlet_bin: Option<&Path>,
+) -> Result<(PathBuf, CriClient, report::Environment)> {
+    let binary = pleg::swiftlet_binary(ctx, swiftlet_bin)?;
+    let mut cri = CriClient::connect(&layout.socket()).await?;
+    pleg::preflight(&mut cri, layout).await?;
+    let version = cri.version().await?;
+    let env = pleg::environment(ctx, &version, swiftlet_bin);
+    Ok((binary, cri, env))
 }

@@ -26,13 +26,13 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use clap::ValueEnum;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    Ctx, apt,
+    Ctx,
     bench::{
         agent::{self, BenchAgent, NAMESPACE, NODE_NAME, PlegMode, PodView},
         latency::{Kill, KillOutcome, Summary, outcome},
@@ -43,7 +43,7 @@ use crate::{
     cleanup, containerd,
     cri::{CriClient, VersionResponse},
     images::BUSYBOX_IMAGE,
-    testbed::{self, Layout, State},
+    testbed::{self, Layout},
 };
 
 const CONTAINERS_PER_POD: usize = 10;
@@ -93,12 +93,8 @@ pub struct PlegArgs {
     /// Which PLEG to measure.
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     mode: ModeArg,
-    /// Leave the test bed up at the end even if the bench had to bring it up.
-    #[arg(long)]
-    keep_testbed: bool,
-    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
-    #[arg(long, value_name = "PATH")]
-    swiftlet_bin: Option<PathBuf>,
+    #[command(flatten)]
+    bed: super::BedArgs,
 }
 
 /// What outlives the bench however it ends: the agent of the PLEG being measured (to
@@ -136,38 +132,27 @@ pub(super) async fn interrupted() -> &'static str {
 
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &PlegArgs) -> Result<()> {
     testbed::require_root()?;
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = super::bed_was_up(layout);
     let mut session = Session::default();
-    let outcome = tokio::select! {
-        r = bench(ctx, layout, args, &mut session) => r,
-        sig = interrupted() => Err(anyhow!("interrupted ({sig})")),
-    };
-    if let Err(e) = &outcome {
-        eprintln!("bench: stopped: {e:#}");
-        eprintln!("bench: cleaning up (this can take a minute; pods are drained first)");
-    }
-    let cleanup = session.end_agent(ctx, layout).await;
-    if let Err(e) = &cleanup {
-        eprintln!("bench: {e:#}");
-    }
+    let outcome = super::until_interrupted(
+        std::pin::pin!(bench(ctx, layout, args, &mut session)),
+        "this can take a minute; pods are drained first",
+    )
+    .await;
+    let cleanup = super::said(session.end_agent(ctx, layout).await);
     // The PLEGs measured before a failure or an interrupt still have their figures.
     let published = match &session.env {
         Some(env) if !session.results.is_empty() => publish(ctx, &session.results, env, outcome.is_err()),
         _ => Ok(()),
     };
-    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
+    super::finish(ctx, layout, bed_was_up || args.bed.keep_testbed, outcome, cleanup, published).await
 }
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &PlegArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench pleg: test bed");
-    let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
-    apt::ensure(&["curl"])?;
-    let binary = swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?;
-    let mut cri = CriClient::connect(&layout.socket()).await?;
-    preflight(&mut cri, layout).await?;
-    let version = cri.version().await?;
-    session.env = Some(environment(ctx, &version, args.swiftlet_bin.as_deref()));
+    let state = super::bed_up(ctx, layout, &["curl"]).await?;
+    let (binary, mut cri, env) = super::agent_and_runtime(ctx, layout, args.bed.swiftlet_bin.as_deref()).await?;
+    session.env = Some(env);
 
     for mode in args.mode.modes() {
         eprintln!();

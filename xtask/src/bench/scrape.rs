@@ -32,7 +32,7 @@
 
 use std::{
     fmt::Write as _,
-    path::{Path, PathBuf},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -40,7 +40,7 @@ use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use serde_json::Value;
 
 use crate::{
-    Ctx, apt,
+    Ctx,
     bench::{
         agent::{self, BenchAgent, PlegMode},
         https::{self, Tunnel},
@@ -48,9 +48,8 @@ use crate::{
         pleg, procfs,
         report::{self, Environment},
     },
-    containerd,
     cri::CriClient,
-    testbed::{self, Layout, State},
+    testbed::{self, Layout},
 };
 
 /// Before each measured scrape: longer than the agent's 1 s reuse of a stats collection,
@@ -125,12 +124,8 @@ pub struct ScrapeArgs {
     /// Seconds to let the agent settle once every pod runs, before scraping.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=600))]
     settle: u64,
-    /// Leave the test bed up at the end even if the bench had to bring it up.
-    #[arg(long)]
-    keep_testbed: bool,
-    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
-    #[arg(long, value_name = "PATH")]
-    swiftlet_bin: Option<PathBuf>,
+    #[command(flatten)]
+    bed: super::BedArgs,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -481,21 +476,10 @@ impl Session {
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs) -> Result<()> {
     testbed::require_root()?;
     ensure!(!args.pods.is_empty(), "--pods: no pod count");
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = super::bed_was_up(layout);
     let mut session = Session::default();
-    let outcome = tokio::select! {
-        r = bench(ctx, layout, args, &mut session) => r,
-        sig = pleg::interrupted() => Err(anyhow!("interrupted ({sig})")),
-    };
-    if let Err(e) = &outcome {
-        eprintln!("bench: stopped: {e:#}");
-        eprintln!("bench: cleaning up ({DRAIN_NOTE})");
-    }
-    let cleanup = session.end_agent(ctx, layout).await;
-    if let Err(e) = &cleanup {
-        eprintln!("bench: {e:#}");
-    }
+    let outcome = super::until_interrupted(std::pin::pin!(bench(ctx, layout, args, &mut session)), DRAIN_NOTE).await;
+    let cleanup = super::said(session.end_agent(ctx, layout).await);
     // The pod counts measured before a failure or an interrupt still have their figures.
     let published = match &session.env {
         Some(env) if !session.results.is_empty() => {
@@ -503,18 +487,14 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs) -> Result<()> {
         }
         _ => Ok(()),
     };
-    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
+    super::finish(ctx, layout, bed_was_up || args.bed.keep_testbed, outcome, cleanup, published).await
 }
 
 async fn bench(ctx: &Ctx, layout: &Layout, args: &ScrapeArgs, session: &mut Session) -> Result<()> {
     eprintln!("==> bench scrape: test bed");
-    let state = testbed::up(ctx, layout).await.context("bringing the test bed up")?;
-    apt::ensure(&["curl", "openssl"])?;
-    let binary = pleg::swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?;
-    let mut cri = CriClient::connect(&layout.socket()).await?;
-    pleg::preflight(&mut cri, layout).await?;
-    let version = cri.version().await?;
-    session.env = Some(pleg::environment(ctx, &version, args.swiftlet_bin.as_deref()));
+    let state = super::bed_up(ctx, layout, &["curl", "openssl"]).await?;
+    let (binary, mut cri, env) = super::agent_and_runtime(ctx, layout, args.bed.swiftlet_bin.as_deref()).await?;
+    session.env = Some(env);
 
     for &pods in &args.pods {
         let pods = pods as usize;
@@ -794,7 +774,7 @@ mod tests {
     #[test]
     fn defaults_and_pod_counts() {
         let a = Cli::try_parse_from(["x"]).unwrap().args;
-        assert_eq!((a.pods, a.scrapes, a.settle, a.keep_testbed), (vec![100, 250], 20, 15, false));
+        assert_eq!((a.pods, a.scrapes, a.settle, a.bed.keep_testbed), (vec![100, 250], 20, 15, false));
         let a = Cli::try_parse_from(["x", "--pods", "10,50", "--scrapes", "5"]).unwrap().args;
         assert_eq!((a.pods, a.scrapes), (vec![10, 50], 5));
         assert!(Cli::try_parse_from(["x", "--pods", "100,251"]).is_err());

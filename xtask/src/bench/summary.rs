@@ -69,7 +69,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, ensure};
+use anyhow::{Context as _, Result, ensure};
 use serde_json::Value;
 
 use crate::{
@@ -89,10 +89,10 @@ use crate::{
         scrape::{self, ENDPOINTS, EndpointFigures},
         verdict, watch,
     },
-    cleanup, containerd,
+    cleanup,
     cri::{self, CriClient},
     images::BUSYBOX_IMAGE,
-    testbed::{Layout, State},
+    testbed::Layout,
     upstream::Upstream,
 };
 
@@ -141,12 +141,8 @@ pub struct AllArgs {
     /// Seconds of the idle CPU window.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=600))]
     pub idle_secs: u64,
-    /// Leave the test bed up at the end even if the bench had to bring it up.
-    #[arg(long)]
-    pub keep_testbed: bool,
-    /// Benchmark this swiftlet binary instead of building `target/release/swiftlet`.
-    #[arg(long, value_name = "PATH")]
-    pub swiftlet_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub bed: super::BedArgs,
 }
 
 impl Default for AllArgs {
@@ -161,8 +157,7 @@ impl Default for AllArgs {
             scrapes: None,
             evictions: 5,
             idle_secs: 30,
-            keep_testbed: false,
-            swiftlet_bin: None,
+            bed: super::BedArgs::default(),
         }
     }
 }
@@ -747,17 +742,13 @@ async fn exit_detection(
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &AllArgs) -> Result<()> {
     crate::testbed::require_root()?;
     ensure!(!args.bursts.is_empty(), "--bursts: no burst size");
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = super::bed_was_up(layout);
     let started = Instant::now();
     let mut session = Session::default();
-    let outcome = tokio::select! {
-        r = bench(ctx, layout, args, &mut session) => r,
-        sig = pleg::interrupted() => Err(anyhow!("interrupted ({sig})")),
-    };
+    let outcome =
+        super::until_interrupted(std::pin::pin!(bench(ctx, layout, args, &mut session)), "pods are deleted first")
+            .await;
     if let Err(e) = &outcome {
-        eprintln!("bench: stopped: {e:#}");
-        eprintln!("bench: cleaning up (pods are deleted first)");
         let agent = if session.measuring_other {
             session.figures.other.get_or_insert_with(AgentFigures::default)
         } else {
@@ -765,16 +756,13 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &AllArgs) -> Result<()> {
         };
         agent.failed = Some(format!("{e:#}"));
     }
-    let cleanup = end_agent(&mut session, ctx, layout).await;
-    if let Err(e) = &cleanup {
-        eprintln!("bench: {e:#}");
-    }
+    let cleanup = super::said(end_agent(&mut session, ctx, layout).await);
     let published = match &session.env {
         Some(env) => publish(ctx, &session.figures, env, args),
         None => Ok(()),
     };
     eprintln!("bench: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
-    super::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, cleanup, published).await
+    super::finish(ctx, layout, bed_was_up || args.bed.keep_testbed, outcome, cleanup, published).await
 }
 
 /// Ends the agent's cluster, if any, and keeps its log as `<label>-round<k>-agent.log`
@@ -804,7 +792,7 @@ async fn bench(ctx: &Ctx, layout: &Layout, args: &AllArgs, session: &mut Session
     eprintln!("==> bench: test bed and builds");
     let other = args.other_agent.as_deref().map(|p| other_agent(ctx, p)).transpose()?;
     let (binaries, mut cri, env, containerd_pid) =
-        eviction::prepare_bench(ctx, layout, args.swiftlet_bin.as_deref()).await?;
+        eviction::prepare_bench(ctx, layout, args.bed.swiftlet_bin.as_deref()).await?;
     // A row that misses is reported with its profile: perf (Debian's linux-perf) takes it.
     if let Err(e) = crate::apt::ensure(&["linux-perf"]) {
         eprintln!("bench: cannot install linux-perf ({e:#}): rows that miss get no profile");
