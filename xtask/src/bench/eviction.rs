@@ -375,12 +375,7 @@ pub fn text(results: &[ModeResult]) -> String {
 }
 
 pub fn markdown(results: &[ModeResult], env: &Environment) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# `cargo xtask bench eviction`\n");
-    let _ = writeln!(out, "- date: {}", env.date);
-    let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", env.cpu, env.cores, env.kernel);
-    let _ = writeln!(out, "- runtime: {}", env.runtime);
-    let _ = writeln!(out, "- swiftlet: {} (release build)", env.commit);
+    let mut out = env.markdown_head("cargo xtask bench eviction", "release build");
     let _ = writeln!(
         out,
         "- pods cgroup limit {} MiB, evictionHard allocatableMemory.available {} MiB; a BestEffort API pod writes {} \

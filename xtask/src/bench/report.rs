@@ -88,6 +88,20 @@ pub struct Environment {
     pub commit: String,
 }
 
+impl Environment {
+    /// The head of a bench's Markdown report: the title (`command`) and where it ran, with
+    /// `build` saying how the agent measured was built and configured.
+    pub fn markdown_head(&self, command: &str, build: &str) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# `{command}`\n");
+        let _ = writeln!(out, "- date: {}", self.date);
+        let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", self.cpu, self.cores, self.kernel);
+        let _ = writeln!(out, "- runtime: {}", self.runtime);
+        let _ = writeln!(out, "- swiftlet: {} ({build})", self.commit);
+        out
+    }
+}
+
 /// The upstream kubelet 1.28 in kind on this machine (from the issue).
 const UPSTREAM_KILL_TO_API_P50: &str = "481 ms";
 const UPSTREAM_KILL_TO_API_P99: &str = "984 ms";
@@ -380,12 +394,7 @@ pub fn text(results: &[ModeResult]) -> String {
 
 /// The whole report as Markdown.
 pub fn markdown(results: &[ModeResult], env: &Environment) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# `cargo xtask bench pleg`\n");
-    let _ = writeln!(out, "- date: {}", env.date);
-    let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", env.cpu, env.cores, env.kernel);
-    let _ = writeln!(out, "- runtime: {}", env.runtime);
-    let _ = writeln!(out, "- swiftlet: {} (release build)", env.commit);
+    let mut out = env.markdown_head("cargo xtask bench pleg", "release build");
     for r in results {
         let _ = writeln!(
             out,

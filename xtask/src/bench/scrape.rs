@@ -409,12 +409,7 @@ pub fn text(results: &[PodsResult], scrapes: usize) -> String {
 
 /// The report as Markdown (`target/bench/scrape.md`).
 pub fn markdown(results: &[PodsResult], scrapes: usize, env: &Environment) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# `cargo xtask bench scrape`\n");
-    let _ = writeln!(out, "- date: {}", env.date);
-    let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", env.cpu, env.cores, env.kernel);
-    let _ = writeln!(out, "- runtime: {}", env.runtime);
-    let _ = writeln!(out, "- swiftlet: {} (release build, evented PLEG)", env.commit);
+    let mut out = env.markdown_head("cargo xtask bench scrape", "release build, evented PLEG");
     for r in results {
         let _ = writeln!(out, "\n## {} pods\n", r.pods);
         let _ = writeln!(out, "{}\n", run_line(r, scrapes));

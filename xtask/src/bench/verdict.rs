@@ -692,12 +692,7 @@ pub fn text(f: &Figures) -> String {
 }
 
 pub fn markdown(f: &Figures, env: &Environment, args: &AllArgs) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "# `cargo xtask bench`\n");
-    let _ = writeln!(out, "- date: {}", env.date);
-    let _ = writeln!(out, "- machine: {}, {} cores, kernel {}", env.cpu, env.cores, env.kernel);
-    let _ = writeln!(out, "- runtime: {}", env.runtime);
-    let _ = writeln!(out, "- swiftlet: {} (release build, evented PLEG, kernel eviction signals)", env.commit);
+    let mut out = env.markdown_head("cargo xtask bench", "release build, evented PLEG, kernel eviction signals");
     let _ = writeln!(
         out,
         "- control plane: the test bed's kube-apiserver, controller-manager and scheduler {}",
