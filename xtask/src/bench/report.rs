@@ -176,6 +176,7 @@ fn latency_a(r: &ModeResult) -> Option<&Summary> {
 
 fn rows(results: &[ModeResult]) -> Vec<Row> {
     type Pick = fn(&Summary) -> u64;
+    type Stage = fn(&LatencyFigures) -> Option<&Summary>;
     let mut rows = Vec::new();
     rows.push(row(
         "containers killed (once each)",
@@ -217,30 +218,15 @@ fn rows(results: &[ModeResult]) -> Vec<Row> {
         "",
         "",
     ));
-    rows.push(row(
-        "kill → kernel exit, p50 / p99",
-        per_mode(results, |r| p50_p99(r.latency.kill_to_exit.as_ref())),
-        "",
-        "",
-    ));
-    rows.push(row(
-        "kill → pod worker, p50 / p99",
-        per_mode(results, |r| p50_p99(r.latency.kill_to_worker.as_ref())),
-        "",
-        "",
-    ));
-    rows.push(row(
-        "pod worker → status updated, p50 / p99",
-        per_mode(results, |r| p50_p99(r.latency.worker_to_status.as_ref())),
-        "",
-        "",
-    ));
-    rows.push(row(
-        "kill → running again (restarted), p50 / p99",
-        per_mode(results, |r| p50_p99(r.latency.kill_to_running.as_ref())),
-        "",
-        "",
-    ));
+    let stages: [(&str, Stage); 4] = [
+        ("kill → kernel exit", |l| l.kill_to_exit.as_ref()),
+        ("kill → pod worker", |l| l.kill_to_worker.as_ref()),
+        ("pod worker → status updated", |l| l.worker_to_status.as_ref()),
+        ("kill → running again (restarted)", |l| l.kill_to_running.as_ref()),
+    ];
+    for (stage, pick) in stages {
+        rows.push(row(&format!("{stage}, p50 / p99"), per_mode(results, |r| p50_p99(pick(&r.latency))), "", ""));
+    }
     rows.push(row(
         "ContainerDied without kernel time³",
         per_mode(results, |r| match r.mode {
