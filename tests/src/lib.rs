@@ -12,6 +12,7 @@ pub mod device_plugin;
 pub mod logind;
 pub mod outage;
 pub mod pods;
+pub mod prometheus;
 pub mod registry;
 pub mod scratch;
 pub mod spdy;
@@ -286,6 +287,19 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// An in-test OTLP trace receiver, a CRI client, and an agent of the default options
+    /// that exports every trace (sampling one in one) to the receiver.
+    pub async fn traced() -> Result<(swiftlet::telemetry::test_collector::TestCollector, Cri, Self)> {
+        let (collector, addr) = swiftlet::telemetry::test_collector::TestCollector::start().await;
+        let cri = Cri::connect(&cri_endpoint()?)?;
+        let agent = Self::start(AgentOptions {
+            extra_config: format!("tracing:\n  endpoint: {addr}\n  samplingRatePerMillion: 1000000\n"),
+            ..AgentOptions::default()
+        })
+        .await?;
+        Ok((collector, cri, agent))
+    }
+
     /// Writes the config and starts the agent; returns once `/healthz` answers.
     pub async fn start(opts: AgentOptions) -> Result<Self> {
         let endpoint = match opts.cri_endpoint.clone() {

@@ -614,7 +614,8 @@ fn every_alert_has_a_summary_a_runbook_and_a_unit_test() {
 
 mod e2e {
     use super::*;
-    use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+    use swiftlet_tests::prometheus::Prometheus;
+    use swiftlet_tests::{Agent, testbed_lock};
 
     const BUSYBOX: &str = "localhost/busybox:latest";
 
@@ -650,13 +651,7 @@ mod e2e {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_dashboard_query_has_data_from_a_real_agent() -> Result<()> {
         let _g = testbed_lock().await;
-        let (collector, addr) = swiftlet::telemetry::test_collector::TestCollector::start().await;
-        let cri = Cri::connect(&cri_endpoint()?)?;
-        let agent = Agent::start(AgentOptions {
-            extra_config: format!("tracing:\n  endpoint: {addr}\n  samplingRatePerMillion: 1000000\n"),
-            ..AgentOptions::default()
-        })
-        .await?;
+        let (collector, cri, agent) = Agent::traced().await?;
         let serve = r#"["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]"#;
         agent.write_manifest("steady.yaml", &pod("steady", serve, "64Mi"))?;
         agent.write_manifest("crashloop.yaml", &pod("crashloop", r#"["sh", "-c", "sleep 2; exit 3"]"#, "64Mi"))?;
@@ -682,45 +677,21 @@ mod e2e {
         }
 
         // Prometheus: the four endpoints as four jobs, exemplars on, the repo's rules loaded.
-        let dir = agent.dir.path().join("prometheus");
-        std::fs::create_dir_all(&dir)?;
-        let mut config = String::from(
+        let mut head = String::from(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files:\n",
         );
         for f in files(&dashboards_dir().join("rules"), "yaml") {
-            writeln!(config, "- {}", f.display())?;
+            writeln!(head, "- {}", f.display())?;
         }
-        config.push_str("scrape_configs:\n");
-        for (job, path) in [
-            ("kubelet", "/metrics"),
-            ("resource", "/metrics/resource"),
-            ("probes", "/metrics/probes"),
-            ("cadvisor", "/metrics/cadvisor"),
-        ] {
-            writeln!(
-                config,
-                "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['127.0.0.1:{}']",
-                agent.https_port
-            )?;
-        }
-        std::fs::write(dir.join("prometheus.yml"), &config)?;
-        let web = swiftlet_tests::free_port()?;
-        let mut prometheus = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{web}"))
-            .arg("--enable-feature=exemplar-storage")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.join("prometheus.log"))?)
-            .spawn()?;
-        let result = check_every_query(web, &collector).await;
+        let prometheus = Prometheus::start(
+            &agent.dir.path().join("prometheus"),
+            &head,
+            agent.https_port,
+            &["--enable-feature=exemplar-storage"],
+        )?;
+        let result = check_every_query(prometheus.web, &collector).await;
         // Stop our own Prometheus (by pid) whatever happened.
-        let _ = prometheus.kill();
-        let _ = prometheus.wait();
-        result.map_err(|e| {
-            let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
-            anyhow::anyhow!("{e}\nprometheus log:\n{}", swiftlet_tests::tail(&log, 20))
-        })?;
+        prometheus.stop(result)?;
         agent.shutdown(&cri).await
     }
 

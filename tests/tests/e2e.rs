@@ -10,6 +10,7 @@ use anyhow::Result;
 use serde_json::Value;
 use swiftlet_tests::chaos::rss_bytes;
 use swiftlet_tests::pods::{BUSYBOX, SERVE, container, phase, pod_yaml, restarts, running, uid};
+use swiftlet_tests::prometheus::Prometheus;
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, existing_cgroup_dirs, testbed_lock};
 
 /// Tests that run in one PLEG mode only use the evented one (the default).
@@ -700,30 +701,13 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
     agent.wait_pod("busy", Duration::from_mins(1), |p| running(p, "main")).await?;
     let hog = agent.wait_pod("hog", Duration::from_mins(1), |p| running(p, "main")).await?;
 
-    let dir = agent.dir.path().join("prometheus");
-    std::fs::create_dir_all(&dir)?;
-    let mut config = String::from("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n");
-    for (job, path) in [
-        ("kubelet", "/metrics"),
-        ("resource", "/metrics/resource"),
-        ("probes", "/metrics/probes"),
-        ("cadvisor", "/metrics/cadvisor"),
-    ] {
-        writeln!(
-            config,
-            "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['127.0.0.1:{}']",
-            agent.https_port
-        )?;
-    }
-    std::fs::write(dir.join("prometheus.yml"), &config)?;
-    let web = swiftlet_tests::free_port()?;
-    let mut prometheus = std::process::Command::new("prometheus")
-        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("prometheus.log"))?)
-        .spawn()?;
+    let prometheus = Prometheus::start(
+        &agent.dir.path().join("prometheus"),
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n",
+        agent.https_port,
+        &[],
+    )?;
+    let web = prometheus.web;
     let result = async {
         let client = reqwest::Client::new();
         let query = |q: String| {
@@ -812,12 +796,7 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
     }
     .await;
     // Stop our own Prometheus (by pid) whatever happened.
-    let _ = prometheus.kill();
-    let _ = prometheus.wait();
-    result.map_err(|e| {
-        let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
-        anyhow::anyhow!("{e}\nprometheus log:\n{}", swiftlet_tests::tail(&log, 20))
-    })?;
+    prometheus.stop(result)?;
     agent.shutdown(&cri).await
 }
 
@@ -827,13 +806,7 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
 async fn a_pod_start_is_one_trace_and_the_histograms_point_to_it() -> Result<()> {
     use swiftlet::telemetry::test_collector::Value::StringValue;
     let _g = testbed_lock().await;
-    let (collector, addr) = swiftlet::telemetry::test_collector::TestCollector::start().await;
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let agent = Agent::start(AgentOptions {
-        extra_config: format!("tracing:\n  endpoint: {addr}\n  samplingRatePerMillion: 1000000\n"),
-        ..AgentOptions::default()
-    })
-    .await?;
+    let (collector, cri, agent) = Agent::traced().await?;
     let volume = "    volumeMounts:\n    - {name: scratch, mountPath: /scratch}\n  volumes:\n  - name: scratch\n    emptyDir: {}\n";
     agent.write_manifest("traced.yaml", &pod_yaml("traced", "Always", SERVE, volume))?;
     let p = agent
