@@ -14,18 +14,33 @@ pub const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
 /// (more YAML of the container, or more containers).
 #[must_use]
 pub fn pod_yaml(name: &str, policy: &str, script: &str, extra_container: &str) -> String {
+    pod_yaml_of(name, Some(policy), BUSYBOX, "IfNotPresent", script, extra_container)
+}
+
+/// A static pod `name` with one container `main` of `image` (pulled as `pull_policy` says)
+/// running `sh -c script`, the restart policy `policy` (none given: the default, `Always`)
+/// and a 2 s grace period; `extra_container` is appended as is.
+#[must_use]
+pub fn pod_yaml_of(
+    name: &str,
+    policy: Option<&str>,
+    image: &str,
+    pull_policy: &str,
+    script: &str,
+    extra_container: &str,
+) -> String {
+    let restart = policy.map(|p| format!("  restartPolicy: {p}\n")).unwrap_or_default();
     format!(
         r#"apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
 spec:
-  restartPolicy: {policy}
-  terminationGracePeriodSeconds: 2
+{restart}  terminationGracePeriodSeconds: 2
   containers:
   - name: main
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
+    image: {image}
+    imagePullPolicy: {pull_policy}
     command: ["sh", "-c", "{script}"]
 {extra_container}"#
     )

@@ -11,26 +11,12 @@ use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use swiftlet_tests::cluster::{Cluster, ClusterNode};
+use swiftlet_tests::pods::{SERVE, pod_yaml_of};
 use swiftlet_tests::registry::TestRegistry;
 use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
 
-const SERVE: &str = "trap 'exit 0' TERM; while true; do sleep 1; done";
-
 fn manifest(name: &str, image: &str, policy: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: main
-    image: {image}
-    imagePullPolicy: {policy}
-    command: ["sh", "-c", "{SERVE}"]
-"#
-    )
+    pod_yaml_of(name, None, image, policy, SERVE, "")
 }
 
 fn main_state(p: &Value) -> &Value {
