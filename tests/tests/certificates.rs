@@ -9,7 +9,7 @@
 //! `kubeadm:node-autoapprove-certificate-rotation` binding) away for a while and puts it
 //! back whatever happens ([`Unapproved`]); tests run one at a time.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -53,6 +53,19 @@ async fn wait_csr(
         ensure!(Instant::now() < deadline, "no CSR {what} within {secs} s\n{}", tail(&agent.log(), 40));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// An agent that rotates its client certificate, node `node` on 127.0.0.1, with the
+/// credentials of `kubeconfig`.
+async fn rotating_agent(kubeconfig: PathBuf, node: &str) -> Result<Agent> {
+    Agent::start(AgentOptions {
+        kubeconfig: Some(kubeconfig),
+        node_name: Some(node.to_owned()),
+        extra_flags: vec!["--node-ip=127.0.0.1".into()],
+        extra_config: "rotateCertificates: true\n".into(),
+        ..AgentOptions::default()
+    })
+    .await
 }
 
 /// The node's Lease renewal time.
@@ -298,14 +311,7 @@ async fn the_client_certificate_is_rotated_before_it_expires_and_used_at_once() 
     let kubeconfig = cluster.write_cert_kubeconfig(files.path(), "kubelet.conf", &cert, &key)?;
     // The first renewal is not approved by the controller-manager: an admin denies it.
     let unapproved = Unapproved::take(&cluster)?;
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(kubeconfig),
-        node_name: Some(node.clone()),
-        extra_flags: vec!["--node-ip=127.0.0.1".into()],
-        extra_config: "rotateCertificates: true\n".into(),
-        ..AgentOptions::default()
-    })
-    .await?;
+    let agent = rotating_agent(kubeconfig, &node).await?;
     let ttl = agent.metric("kubelet_certificate_manager_client_ttl_seconds").await?;
     assert!((0.0..=20.0).contains(&ttl), "{ttl}");
 
@@ -414,14 +420,7 @@ async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() 
     )?;
     let node = node_name("token-rotate");
     let before: Vec<String> = csrs(&cluster).await?.iter().map(name).collect();
-    let agent = Agent::start(AgentOptions {
-        kubeconfig: Some(kubeconfig),
-        node_name: Some(node.clone()),
-        extra_flags: vec!["--node-ip=127.0.0.1".into()],
-        extra_config: "rotateCertificates: true\n".into(),
-        ..AgentOptions::default()
-    })
-    .await?;
+    let agent = rotating_agent(kubeconfig, &node).await?;
     let token_id = cluster.state.bootstrap_token.split('.').next().unwrap_or_default();
     let bootstrap_user = format!("system:bootstrap:{token_id}");
     let pki = agent.dir.path().join("pki");
