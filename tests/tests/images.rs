@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use swiftlet_tests::cluster::{Cluster, ClusterNode};
 use swiftlet_tests::pods::{SERVE, pod_yaml_of};
 use swiftlet_tests::registry::TestRegistry;
-use swiftlet_tests::{Agent, AgentOptions, Cri, cri_endpoint, testbed_lock};
+use swiftlet_tests::{Agent, AgentOptions, Cri, TestbedGuard, cri_endpoint, testbed_lock};
 
 fn manifest(name: &str, image: &str, policy: &str) -> String {
     pod_yaml_of(name, None, image, policy, SERVE, "")
@@ -57,14 +57,23 @@ async fn forget_images(cri: &Cri, images: &[&str]) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn pull_policies_against_a_real_registry() -> Result<()> {
-    let _g = testbed_lock().await;
+/// The start of a test against the test bed's registries: the test bed's lock, the
+/// registries, a CRI client, and the image `pick` names, which the runtime has forgotten.
+async fn registry_test(
+    pick: impl FnOnce(&TestRegistry) -> String,
+) -> Result<(TestbedGuard, TestRegistry, Cri, String)> {
+    let g = testbed_lock().await;
     let reg = TestRegistry::load()?;
     let cri = Cri::connect(&cri_endpoint()?)?;
-    let image = reg.plain_image("busybox:latest");
-    let missing = reg.plain_image("busybox:no-such-tag");
+    let image = pick(&reg);
     forget_images(&cri, &[&image]).await?;
+    Ok((g, reg, cri, image))
+}
+
+#[tokio::test]
+async fn pull_policies_against_a_real_registry() -> Result<()> {
+    let (_g, reg, cri, image) = registry_test(|r| r.plain_image("busybox:latest")).await?;
+    let missing = reg.plain_image("busybox:no-such-tag");
     let agent = Agent::start(AgentOptions::default()).await?;
 
     // Never, and the image is not there.
@@ -123,11 +132,7 @@ async fn pull_policies_against_a_real_registry() -> Result<()> {
 /// registry that wants a password; without it the pull fails with a clear error.
 #[tokio::test]
 async fn node_credentials_open_the_private_registry() -> Result<()> {
-    let _g = testbed_lock().await;
-    let reg = TestRegistry::load()?;
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let image = reg.tls_image("busybox:latest");
-    forget_images(&cri, &[&image]).await?;
+    let (_g, reg, cri, image) = registry_test(|r| r.tls_image("busybox:latest")).await?;
     let agent = Agent::start(AgentOptions::default()).await?;
     agent.write_manifest("anon.yaml", &manifest("anon", &image, "IfNotPresent"))?;
     agent.wait_pod("anon", Duration::from_secs(30), |p| waiting_reason(p) == "ErrImagePull").await?;
@@ -158,11 +163,7 @@ async fn node_credentials_open_the_private_registry() -> Result<()> {
 /// pull fails, and a secret that does not exist is reported.
 #[tokio::test]
 async fn image_pull_secrets_open_the_private_registry() -> Result<()> {
-    let _g = testbed_lock().await;
-    let reg = TestRegistry::load()?;
-    let cri = Cri::connect(&cri_endpoint()?)?;
-    let image = reg.tls_image("busybox:latest");
-    forget_images(&cri, &[&image]).await?;
+    let (_g, reg, cri, image) = registry_test(|r| r.tls_image("busybox:latest")).await?;
     let cluster = Cluster::connect().await?;
     let mut node = cluster.join("pull-secrets", AgentOptions::default()).await?;
     let ns = node.namespace("pull-secrets").await?;
