@@ -6,6 +6,7 @@
 //! survive an agent restart.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -24,6 +25,23 @@ async fn setup(test: &str) -> Result<(Bed, Cri)> {
     let bed = Bed::join(test, opts).await?;
     let cri = bed.cri.clone();
     Ok((bed, cri))
+}
+
+/// [`setup`], and a test plugin of the default options registered with the node's agent
+/// ([`plugin_up`]).
+async fn setup_with_plugin(test: &str) -> Result<(Bed, Cri, PathBuf, TestDevicePlugin)> {
+    let (bed, cri) = setup(test).await?;
+    let (dir, plugin) = plugin_up(&bed).await?;
+    Ok((bed, cri, dir, plugin))
+}
+
+/// Starts a test plugin of the default options in the agent's device plugin dir (returned)
+/// and waits until the node shows its two devices.
+async fn plugin_up(bed: &Bed) -> Result<(PathBuf, TestDevicePlugin)> {
+    let dir = bed.agent().root_dir.join("device-plugins");
+    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
+    wait_node_devices(bed, "2", "2").await?;
+    Ok((dir, plugin))
 }
 
 fn device_pod(name: &str, count: u32) -> serde_json::Value {
@@ -192,10 +210,7 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
 #[tokio::test]
 async fn agent_restart_keeps_device_allocations() -> Result<()> {
     let _g = testbed_lock().await;
-    let (mut bed, cri) = setup("device-restart").await?;
-    let dir = bed.agent().root_dir.join("device-plugins");
-    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&bed, "2", "2").await?;
+    let (mut bed, cri, dir, plugin) = setup_with_plugin("device-restart").await?;
     let uid = bed.create(device_pod("keeper", 1)).await?.metadata.uid.context("uid")?;
     wait_pod(&bed, "keeper", |p| phase(p) == Some("Running")).await?;
     let id = running_container(&cri, &uid).await?;
@@ -247,8 +262,7 @@ async fn agent_restart_keeps_device_allocations() -> Result<()> {
         assert_eq!(phase(&p), Some("Running"), "{name} was admitted again");
         assert_eq!(&running_container(&cri, uid).await?, id, "{name} kept its container");
     }
-    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&bed, "2", "2").await?;
+    let (_, plugin) = plugin_up(&bed).await?;
     bed.create(device_pod("fourth", 1)).await?;
     let p = wait_pod(&bed, "fourth", |p| phase(p) == Some("Failed")).await?;
     assert_eq!(p.status.unwrap().reason.as_deref(), Some("UnexpectedAdmissionError"));
@@ -308,10 +322,7 @@ spec:
 #[tokio::test]
 async fn a_wiped_node_zeroes_stale_extended_resources() -> Result<()> {
     let _g = testbed_lock().await;
-    let (mut bed, cri) = setup("device-wiped").await?;
-    let dir = bed.agent().root_dir.join("device-plugins");
-    let plugin = TestDevicePlugin::start(&dir, TestDevicePluginOptions::default()).await?;
-    wait_node_devices(&bed, "2", "2").await?;
+    let (mut bed, cri, dir, plugin) = setup_with_plugin("device-wiped").await?;
     plugin.stop().await;
     wait_node_devices(&bed, "2", "0").await?;
     bed.node.agent.stop()?;
