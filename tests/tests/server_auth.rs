@@ -281,6 +281,13 @@ subjects: [{{kind: ServiceAccount, name: alice, namespace: {ns}}}, {{apiGroup: r
         Ok(Self { cluster, ns, tokens })
     }
 
+    /// [`Fixture::new`], the reviewing account allowed both reviews.
+    async fn reviewing() -> Result<Self> {
+        let fx = Self::new().await?;
+        fx.allow_reviews(true, true)?;
+        Ok(fx)
+    }
+
     /// Lets the reviewing account create `TokenReviews` (`tokens`) and
     /// `SubjectAccessReviews` (`access`).
     fn allow_reviews(&self, tokens: bool, access: bool) -> Result<()> {
@@ -400,8 +407,7 @@ fn access_reviews_needed(anonymous: bool) -> u64 {
 #[tokio::test]
 async fn the_authentication_and_authorization_matrix() -> Result<()> {
     let _g = testbed_lock().await;
-    let fx = Fixture::new().await?;
-    fx.allow_reviews(true, true)?;
+    let fx = Fixture::reviewing().await?;
     let ca = TestCa::new("cluster-ca");
     let other_ca = TestCa::new("other-ca");
     let identities = [
@@ -526,8 +532,7 @@ async fn review_failures_are_401_and_500_and_not_cached() -> Result<()> {
 #[tokio::test]
 async fn a_thousand_concurrent_scrapes_make_one_review_each() -> Result<()> {
     let _g = testbed_lock().await;
-    let fx = Fixture::new().await?;
-    fx.allow_reviews(true, true)?;
+    let fx = Fixture::reviewing().await?;
     let ca = TestCa::new("cluster-ca");
     let kubelet = Kubelet::start(fx.reviewer(&fx.cluster.state.server)?, &ca, &config_yaml(false))?;
     let client = kubelet.client(None);
