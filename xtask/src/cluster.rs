@@ -273,6 +273,19 @@ pub fn leftovers(layout: &Layout, bin_dir: &Path) -> Vec<String> {
 fn command_line(upstream: &Upstream, f: &Files, name: &str, issuer: &str) -> Vec<String> {
     let bin = upstream.bin(name).display().to_string();
     let p = |n: &str| f.pki(n).display().to_string();
+    // The controller-manager's and the scheduler's: their credentials (for the API and
+    // for checking who calls them) and their secure port on loopback.
+    let serving = |component: &str, port: u16| -> Vec<String> {
+        let kubeconfig = f.kubeconfig(component).display().to_string();
+        vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", f.dir.join(component).display()),
+        ]
+    };
     let mut argv = vec![bin];
     let flags: Vec<String> = match name {
         "etcd" => vec![
@@ -311,34 +324,26 @@ fn command_line(upstream: &Upstream, f: &Files, name: &str, issuer: &str) -> Vec
             "--profiling=false".into(),
             "--v=1".into(),
         ],
-        "kube-controller-manager" => vec![
-            format!("--kubeconfig={}", f.kubeconfig("controller-manager").display()),
-            format!("--authentication-kubeconfig={}", f.kubeconfig("controller-manager").display()),
-            format!("--authorization-kubeconfig={}", f.kubeconfig("controller-manager").display()),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={CONTROLLER_MANAGER_PORT}"),
-            format!("--cert-dir={}", f.dir.join("controller-manager").display()),
-            "--controllers=*,bootstrapsigner,tokencleaner".into(),
-            format!("--cluster-signing-cert-file={}", p("ca.crt")),
-            format!("--cluster-signing-key-file={}", p("ca.key")),
-            format!("--root-ca-file={}", p("ca.crt")),
-            format!("--service-account-private-key-file={}", p("sa.key")),
-            "--use-service-account-credentials=true".into(),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-            "--v=1".into(),
-        ],
-        _ => vec![
-            format!("--kubeconfig={}", f.kubeconfig("scheduler").display()),
-            format!("--authentication-kubeconfig={}", f.kubeconfig("scheduler").display()),
-            format!("--authorization-kubeconfig={}", f.kubeconfig("scheduler").display()),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={SCHEDULER_PORT}"),
-            format!("--cert-dir={}", f.dir.join("scheduler").display()),
-            "--leader-elect=false".into(),
-            "--profiling=false".into(),
-            "--v=1".into(),
-        ],
+        "kube-controller-manager" => [
+            serving("controller-manager", CONTROLLER_MANAGER_PORT),
+            vec![
+                "--controllers=*,bootstrapsigner,tokencleaner".into(),
+                format!("--cluster-signing-cert-file={}", p("ca.crt")),
+                format!("--cluster-signing-key-file={}", p("ca.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                "--use-service-account-credentials=true".into(),
+                "--leader-elect=false".into(),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        ]
+        .concat(),
+        _ => [
+            serving("scheduler", SCHEDULER_PORT),
+            vec!["--leader-elect=false".into(), "--profiling=false".into(), "--v=1".into()],
+        ]
+        .concat(),
     };
     argv.extend(flags);
     argv
