@@ -30,7 +30,7 @@ use std::{
     fs,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -351,26 +351,10 @@ fn command_line(upstream: &Upstream, f: &Files, name: &str, issuer: &str) -> Vec
 
 /// Starts `argv` detached in a session of its own, output appended to `log`.
 pub fn spawn(argv: &[String], log_path: &Path) -> Result<i32> {
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path)
-        .with_context(|| format!("opening {}", log_path.display()))?;
-    let log_err = log.try_clone()?;
     let (program, rest) = argv.split_first().context("empty command line")?;
     let mut cmd = Command::new(program);
-    cmd.args(rest).stdin(Stdio::null()).stdout(log).stderr(log_err);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
-    i32::try_from(child.id()).context("pid out of range")
+    cmd.args(rest);
+    containerd::spawn_detached(cmd, log_path, &format!("starting {program}"))
 }
 
 fn wait_until(name: &str, pid: i32, log: &Path, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {

@@ -165,15 +165,21 @@ pub fn write_config(layout: &Layout) -> Result<()> {
 
 /// Starts containerd detached (own session, output to the log file) and returns its pid.
 pub fn spawn(layout: &Layout) -> Result<i32> {
-    let log_path = layout.log_file();
+    let mut cmd = Command::new("containerd");
+    cmd.arg("--config").arg(layout.containerd_config());
+    spawn_detached(cmd, &layout.log_file(), "starting containerd (apt package containerd)")
+}
+
+/// Starts `cmd` detached, in a session of its own, with no stdin and its output appended
+/// to `log_path`, and returns its pid; `starting` names it when it does not start.
+pub fn spawn_detached(mut cmd: Command, log_path: &Path, starting: &str) -> Result<i32> {
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
+        .open(log_path)
         .with_context(|| format!("opening {}", log_path.display()))?;
     let log_err = log.try_clone()?;
-    let mut cmd = Command::new("containerd");
-    cmd.arg("--config").arg(layout.containerd_config()).stdin(Stdio::null()).stdout(log).stderr(log_err);
+    cmd.stdin(Stdio::null()).stdout(log).stderr(log_err);
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent. A new
     // session keeps the daemon out of the terminal's process group (Ctrl-C in `cargo xtask
     // test` must not kill it half-way) and free of the terminal's SIGHUP.
@@ -185,7 +191,7 @@ pub fn spawn(layout: &Layout) -> Result<i32> {
             Ok(())
         });
     }
-    let child = cmd.spawn().context("starting containerd (apt package containerd)")?;
+    let child = cmd.spawn().context(starting.to_owned())?;
     i32::try_from(child.id()).context("pid out of range")
 }
 
@@ -332,14 +338,11 @@ pub fn shim_socket_path(address: &str, namespace: &str, id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split(' ').map(str::to_owned).collect()
-    }
+    use crate::testbed::argv;
 
     #[test]
     fn config_points_everything_inside_the_layout() {
-        let layout = Layout::new("/x/root", "/x/state");
+        let layout = Layout::under_x();
         let toml = config_toml(&layout);
         assert!(toml.contains(r#"address = "/x/state/containerd.sock""#));
         assert!(toml.contains(r#"Root = "/x/state/runc""#));
@@ -353,7 +356,7 @@ mod tests {
 
     #[test]
     fn conflist_has_no_masquerade_and_own_ipam_dir() {
-        let layout = Layout::new("/x/root", "/x/state");
+        let layout = Layout::under_x();
         let c = cni_conflist(&layout);
         assert_eq!(c["plugins"][0]["bridge"], BRIDGE);
         assert_eq!(c["plugins"][0]["ipMasq"], false);
@@ -364,19 +367,19 @@ mod tests {
     #[test]
     fn recognises_our_processes_only() {
         let sock = Path::new("/run/t/containerd.sock");
-        let shim = args("/usr/bin/containerd-shim-runc-v2 -namespace k8s.io -id abc -address /run/t/containerd.sock");
+        let shim = argv("/usr/bin/containerd-shim-runc-v2 -namespace k8s.io -id abc -address /run/t/containerd.sock");
         assert!(is_our_shim(&shim, sock));
         assert_eq!(shim_arg(&shim, "-id"), Some("abc"));
         let other =
-            args("/usr/bin/containerd-shim-runc-v2 -namespace k8s.io -id abc -address /run/containerd/containerd.sock");
+            argv("/usr/bin/containerd-shim-runc-v2 -namespace k8s.io -id abc -address /run/containerd/containerd.sock");
         assert!(!is_our_shim(&other, sock));
         // A process merely mentioning the socket is not a shim.
-        assert!(!is_our_shim(&args("less -address /run/t/containerd.sock"), sock));
+        assert!(!is_our_shim(&argv("less -address /run/t/containerd.sock"), sock));
 
         let cfg = Path::new("/v/containerd.toml");
-        assert!(is_our_containerd(&args("containerd --config /v/containerd.toml"), cfg));
-        assert!(!is_our_containerd(&args("containerd"), cfg));
-        assert!(!is_our_containerd(&args("vim --config /v/containerd.toml"), cfg));
+        assert!(is_our_containerd(&argv("containerd --config /v/containerd.toml"), cfg));
+        assert!(!is_our_containerd(&argv("containerd"), cfg));
+        assert!(!is_our_containerd(&argv("vim --config /v/containerd.toml"), cfg));
     }
 
     #[test]

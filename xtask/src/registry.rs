@@ -32,9 +32,9 @@ use std::{
     fs,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -327,26 +327,9 @@ fn version(program: &str) -> Result<String> {
 
 /// Starts `docker-registry serve <config>` detached, output to `log`; returns its pid.
 fn spawn(config: &Path, log_path: &Path) -> Result<i32> {
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path)
-        .with_context(|| format!("opening {}", log_path.display()))?;
-    let log_err = log.try_clone()?;
     let mut cmd = Command::new("docker-registry");
-    cmd.arg("serve").arg(config).stdin(Stdio::null()).stdout(log).stderr(log_err);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent; as for
-    // containerd, a session of its own keeps it out of the terminal's signals.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().context("starting docker-registry (apt package docker-registry)")?;
-    i32::try_from(child.id()).context("pid out of range")
+    cmd.arg("serve").arg(config);
+    containerd::spawn_detached(cmd, log_path, "starting docker-registry (apt package docker-registry)")
 }
 
 /// Waits until the registry answers on its port (for plain HTTP: `GET /v2/` is 200).
@@ -695,14 +678,11 @@ pub fn status(layout: &Layout) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split(' ').map(str::to_owned).collect()
-    }
+    use crate::testbed::argv;
 
     #[test]
     fn configs_point_inside_the_layout() {
-        let layout = Layout::new("/x/root", "/x/state");
+        let layout = Layout::under_x();
         let pki = Pki::new(&layout);
         let plain = config_yml(Kind::Plain, 5000, &Kind::Plain.dir(&layout).join("storage"), &pki, "s3");
         assert!(plain.contains("  addr: 127.0.0.1:5000\n"), "{plain}");
@@ -745,11 +725,11 @@ mod tests {
     #[test]
     fn recognises_our_registries_only() {
         let cfg = Path::new("/x/root/registry/tls/config.yml");
-        assert!(is_our_registry(&args("/usr/bin/docker-registry serve /x/root/registry/tls/config.yml"), cfg));
-        assert!(is_our_registry(&args("docker-registry serve /x/root/registry/tls/config.yml"), cfg));
-        assert!(!is_our_registry(&args("docker-registry serve /etc/docker/registry/config.yml"), cfg));
-        assert!(!is_our_registry(&args("less /x/root/registry/tls/config.yml"), cfg));
-        assert!(!is_our_registry(&args("docker-registry garbage-collect /x/root/registry/tls/config.yml"), cfg));
+        assert!(is_our_registry(&argv("/usr/bin/docker-registry serve /x/root/registry/tls/config.yml"), cfg));
+        assert!(is_our_registry(&argv("docker-registry serve /x/root/registry/tls/config.yml"), cfg));
+        assert!(!is_our_registry(&argv("docker-registry serve /etc/docker/registry/config.yml"), cfg));
+        assert!(!is_our_registry(&argv("less /x/root/registry/tls/config.yml"), cfg));
+        assert!(!is_our_registry(&argv("docker-registry garbage-collect /x/root/registry/tls/config.yml"), cfg));
     }
 
     #[test]

@@ -51,12 +51,25 @@ pub struct Layout {
     pub state: PathBuf,
 }
 
+/// A command line written as one string, as its arguments (tests of telling our processes
+/// from others by theirs).
+#[cfg(test)]
+pub fn argv(line: &str) -> Vec<String> {
+    line.split(' ').map(str::to_owned).collect()
+}
+
 /// The swiftlet root dir that `cargo xtask demo` gives the agent.
 pub const DEMO_ROOT: &str = "/var/lib/swiftlet-demo";
 
 impl Layout {
     pub fn new(root: impl Into<PathBuf>, state: impl Into<PathBuf>) -> Self {
         Self { root: root.into(), state: state.into() }
+    }
+
+    /// A layout under `/x`, for tests of what points inside one.
+    #[cfg(test)]
+    pub fn under_x() -> Self {
+        Self::new("/x/root", "/x/state")
     }
 
     pub fn standard() -> Self {
