@@ -332,6 +332,24 @@ pub struct ContainerStatus {
 /// `ContainerState::CONTAINER_RUNNING`.
 pub const CONTAINER_RUNNING: i32 = 1;
 
+/// A gRPC channel to the unix socket at `socket`, connected within 3 s. The URI `uri` is
+/// required by the HTTP/2 layer but never resolved: the connector ignores it and dials the
+/// socket.
+pub async fn unix_channel(socket: &Path, uri: &'static str) -> Result<Channel> {
+    let path = socket.to_path_buf();
+    let channel = Endpoint::try_from(uri)?
+        .connect_timeout(Duration::from_secs(3))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await?;
+    Ok(channel)
+}
+
 /// A connection to one CRI endpoint (a unix socket).
 #[derive(Debug, Clone)]
 pub struct CriClient {
@@ -342,18 +360,7 @@ pub struct CriClient {
 impl CriClient {
     /// Connects to the unix socket at `socket` (a path, not a `unix://` URI).
     pub async fn connect(socket: &Path) -> Result<Self> {
-        let path = socket.to_path_buf();
-        // The URI is required by the HTTP/2 layer but never resolved: the connector below
-        // ignores it and dials the unix socket.
-        let channel = Endpoint::try_from("http://cri.invalid")?
-            .connect_timeout(Duration::from_secs(3))
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
-                }
-            }))
+        let channel = unix_channel(socket, "http://cri.invalid")
             .await
             .with_context(|| format!("connecting to CRI socket {}", socket.display()))?;
         Ok(Self { grpc: tonic::client::Grpc::new(channel), socket: socket.display().to_string() })

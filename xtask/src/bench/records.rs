@@ -12,16 +12,10 @@
 use std::{
     path::Path,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
-use hyper_util::rt::TokioIo;
-use tonic::{
-    Request,
-    codegen::http::uri::PathAndQuery,
-    transport::{Endpoint, Uri},
-};
+use tonic::{Request, codegen::http::uri::PathAndQuery};
 
 /// `PLEG_EVENT_DISPATCHED`: a PLEG event reached the pod worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,14 +207,7 @@ impl Drop for RecordStream {
 impl RecordStream {
     /// Watches the record kinds on the agent's event API socket.
     pub async fn connect(socket: &Path) -> Result<Self> {
-        let path = socket.to_path_buf();
-        // The URI is required by HTTP/2 but never resolved: the connector dials the socket.
-        let channel = Endpoint::try_from("http://events.invalid")?
-            .connect_timeout(Duration::from_secs(3))
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-            }))
+        let channel = crate::cri::unix_channel(socket, "http://events.invalid")
             .await
             .with_context(|| format!("connecting to the event API at {}", socket.display()))?;
         let mut grpc = tonic::client::Grpc::new(channel);
