@@ -317,15 +317,7 @@ impl Window {
 
 /// `rate` requests a second, with about three significant digits.
 pub fn fmt_rate(rate: f64) -> String {
-    if rate >= 100.0 {
-        format!("{rate:.0}")
-    } else if rate >= 10.0 {
-        format!("{rate:.1}")
-    } else if rate >= 1.0 {
-        format!("{rate:.2}")
-    } else {
-        format!("{rate:.3}")
-    }
+    super::report::three_digits(rate)
 }
 
 /// `PATCH 0.20, GET 0.10` (highest rate first).

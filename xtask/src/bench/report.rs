@@ -118,16 +118,20 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// `ns` as milliseconds with about three significant digits.
 pub fn fmt_ms(ns: u64) -> String {
-    let ms = ns as f64 / 1e6;
-    if ms < 1.0 {
-        format!("{ms:.3} ms")
-    } else if ms < 10.0 {
-        format!("{ms:.2} ms")
-    } else if ms < 100.0 {
-        format!("{ms:.1} ms")
-    } else {
-        format!("{ms:.0} ms")
-    }
+    format!("{} ms", three_digits(ns as f64 / 1e6))
+}
+
+/// The decimals a figure gets: how many of the thresholds of `ladder` (largest first, each
+/// a tenth of the one before) `x` is below, one more decimal for each, so that a figure
+/// keeps about as many significant digits at any size.
+pub fn decimals(x: f64, ladder: &[f64]) -> usize {
+    ladder.iter().position(|&t| x >= t).unwrap_or(ladder.len())
+}
+
+/// `x` with about three significant digits (no decimals from 100 up, 3 below 1).
+pub fn three_digits(x: f64) -> String {
+    let n = decimals(x, &[100.0, 10.0, 1.0]);
+    format!("{x:.n$}")
 }
 
 fn check(text: &str, ok: bool) -> String {

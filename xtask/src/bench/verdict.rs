@@ -96,14 +96,9 @@ pub fn share(ours: f64, theirs: f64) -> f64 {
 pub fn fmt_share(r: f64) -> String {
     if r.is_infinite() {
         "∞".to_owned()
-    } else if r >= 1.0 {
-        format!("{r:.1}×")
-    } else if r >= 0.1 {
-        format!("{r:.2}×")
-    } else if r >= 0.01 {
-        format!("{r:.3}×")
     } else {
-        format!("{r:.4}×")
+        let n = 1 + report::decimals(r, &[1.0, 0.1, 0.01]);
+        format!("{r:.n$}×")
     }
 }
 
