@@ -435,6 +435,25 @@ pub async fn settle(pid: u32) -> Result<(Sample, bool)> {
     }
 }
 
+/// The agent's `/pods` whose names start with `prefix` (none when it does not answer).
+async fn named_from(agent: &Agent, prefix: &str) -> Vec<Value> {
+    agent
+        .pods()
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .collect()
+}
+
+/// Before a round's next look at what it waits for: fails with `what` and the tail of the
+/// agent's log once `deadline` has passed, else sleeps `pause`.
+async fn next_look(agent: &Agent, deadline: Instant, pause: Duration, what: impl FnOnce() -> String) -> Result<()> {
+    ensure!(Instant::now() < deadline, "{}\n{}", what(), tail(&agent.log(), 40));
+    tokio::time::sleep(pause).await;
+    Ok(())
+}
+
 /// One round: `plan.pods` pods created, running and ready, scraped, deleted, gone from the
 /// runtime and from everything of the agent's; then the idle figures.
 async fn round(agent: &Agent, cri: &Cri, pid: u32, round: usize, pods: usize) -> Result<Round> {
@@ -446,23 +465,15 @@ async fn round(agent: &Agent, cri: &Cri, pid: u32, round: usize, pods: usize) ->
     }
     let deadline = started + Duration::from_mins(5);
     let uids: HashSet<String> = loop {
-        let ours: Vec<Value> = agent
-            .pods()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
-            .collect();
+        let ours = named_from(agent, &prefix).await;
         let ready = ours.iter().filter(|p| running_and_ready(p)).count();
         if ready == pods {
             break ours.iter().filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned)).collect();
         }
-        ensure!(
-            Instant::now() < deadline,
-            "round {round}: {ready} of {pods} pods running and ready after 5 min\n{}",
-            tail(&agent.log(), 40)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        next_look(agent, deadline, Duration::from_millis(250), || {
+            format!("round {round}: {ready} of {pods} pods running and ready after 5 min")
+        })
+        .await?;
     };
     let create = started.elapsed();
     ensure!(uids.len() == pods, "round {round}: {} distinct UIDs for {pods} pods", uids.len());
@@ -479,13 +490,7 @@ async fn round(agent: &Agent, cri: &Cri, pid: u32, round: usize, pods: usize) ->
     }
     let deadline = deleting + Duration::from_mins(5);
     loop {
-        let listed = agent
-            .pods()
-            .await
-            .unwrap_or_default()
-            .iter()
-            .filter(|p| p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
-            .count();
+        let listed = named_from(agent, &prefix).await.len();
         let sandboxes = cri
             .all_sandboxes()
             .await?
@@ -498,12 +503,12 @@ async fn round(agent: &Agent, cri: &Cri, pid: u32, round: usize, pods: usize) ->
         if listed == 0 && sandboxes == 0 {
             break;
         }
-        ensure!(
-            Instant::now() < deadline,
-            "round {round}: {listed} pods in /pods and {sandboxes} sandboxes left 5 min after the manifests went\n{}",
-            tail(&agent.log(), 40)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        next_look(agent, deadline, Duration::from_millis(250), || {
+            format!(
+                "round {round}: {listed} pods in /pods and {sandboxes} sandboxes left 5 min after the manifests went"
+            )
+        })
+        .await?;
     }
     let delete = deleting.elapsed();
 
@@ -516,13 +521,10 @@ async fn round(agent: &Agent, cri: &Cri, pid: u32, round: usize, pods: usize) ->
             break;
         }
         last_left = left.join("; ").chars().take(60).collect();
-        ensure!(
-            Instant::now() < deadline,
-            "round {round}: left 60 s after the pods went:\n  {}\n{}",
-            left.join("\n  "),
-            tail(&agent.log(), 40)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        next_look(agent, deadline, Duration::from_millis(500), || {
+            format!("round {round}: left 60 s after the pods went:\n  {}", left.join("\n  "))
+        })
+        .await?;
     }
     let clean = cleaning.elapsed();
     let (idle, settled) = settle(pid).await?;
