@@ -1157,17 +1157,35 @@ mod tests {
         KernelEvent::Exec { ktime_ns: 1, pid, cgroup2_id: 42, memcg_id: 0, ns_init: true, pid1: true }
     }
 
-    fn ns_init_exit(pid: u32, code: i32) -> KernelEvent {
-        KernelEvent::Exit {
-            ktime_ns: crate::types::clock::monotonic_now_ns(),
-            pid,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
-            exit_code: code,
-            signal: 0,
+    /// The fields of a [`KernelEvent::Exit`] the tests vary; the default is a clean exit
+    /// of pid 1 of the container's pid namespace (cgroup 42) at ktime 1.
+    #[derive(Clone, Copy)]
+    struct ExitSpec {
+        ktime_ns: u64,
+        pid: u32,
+        cgroup2_id: u64,
+        ns_init: bool,
+        main_process: bool,
+        exit_code: i32,
+        signal: i32,
+    }
+
+    impl Default for ExitSpec {
+        fn default() -> Self {
+            Self { ktime_ns: 1, pid: 1, cgroup2_id: 42, ns_init: true, main_process: false, exit_code: 0, signal: 0 }
         }
+    }
+
+    impl ExitSpec {
+        fn event(self) -> KernelEvent {
+            let Self { ktime_ns, pid, cgroup2_id, ns_init, main_process, exit_code, signal } = self;
+            KernelEvent::Exit { ktime_ns, pid, cgroup2_id, memcg_id: 0, ns_init, main_process, exit_code, signal }
+        }
+    }
+
+    fn ns_init_exit(pid: u32, code: i32) -> KernelEvent {
+        ExitSpec { ktime_ns: crate::types::clock::monotonic_now_ns(), pid, exit_code: code, ..ExitSpec::default() }
+            .event()
     }
 
     #[tokio::test]
@@ -1178,16 +1196,14 @@ mod tests {
         let started = pleg.handle_kernel_event(pid1_exec(9)).await.expect("CRI agrees it runs");
         assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
         // The kernel is ahead of the runtime: CRI still says running.
-        let exit = KernelEvent::Exit {
+        let exit = ExitSpec {
             ktime_ns: crate::types::clock::monotonic_now_ns(),
             pid: 9,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
             exit_code: 137,
             signal: 9,
-        };
+            ..ExitSpec::default()
+        }
+        .event();
         let Some(Next::Emit(ev)) = pleg.classify(&exit) else { panic!("an exit is emitted without CRI") };
         assert_eq!(
             rt.container_status(&cid).await.unwrap().state,
@@ -1206,27 +1222,9 @@ mod tests {
         // The same state again is not news.
         assert!(pleg.handle_kernel_event(exit).await.is_none());
         // Other processes' exits and unknown cgroups are ignored.
-        let other = KernelEvent::Exit {
-            ktime_ns: 6,
-            pid: 10,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: false,
-            main_process: false,
-            exit_code: 0,
-            signal: 0,
-        };
+        let other = ExitSpec { ktime_ns: 6, pid: 10, ns_init: false, ..ExitSpec::default() }.event();
         assert!(pleg.handle_kernel_event(other).await.is_none());
-        let unknown = KernelEvent::Exit {
-            ktime_ns: 6,
-            pid: 10,
-            cgroup2_id: 99,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
-            exit_code: 0,
-            signal: 0,
-        };
+        let unknown = ExitSpec { ktime_ns: 6, pid: 10, cgroup2_id: 99, ..ExitSpec::default() }.event();
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
     }
 
@@ -1354,16 +1352,7 @@ mod tests {
 
     /// The exit of a process taken for the cgroup's main one that is not a pid 1.
     fn main_process_exit(pid: u32) -> KernelEvent {
-        KernelEvent::Exit {
-            ktime_ns: 1,
-            pid,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: false,
-            main_process: true,
-            exit_code: 0,
-            signal: 0,
-        }
+        ExitSpec { pid, ns_init: false, main_process: true, ..ExitSpec::default() }.event()
     }
 
     #[tokio::test(start_paused = true)]
@@ -1468,16 +1457,7 @@ mod tests {
         let events = pleg.relist.relist_events().await.unwrap();
         assert_eq!(pleg.reconcile(events, false).len(), 1, "the exit is forwarded at once");
         // ... and the kernel's exit event arrives a moment later.
-        let exit = KernelEvent::Exit {
-            ktime_ns: 1,
-            pid: 1,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
-            exit_code: 0,
-            signal: 0,
-        };
+        let exit = ExitSpec::default().event();
         assert!(pleg.handle_kernel_event(exit).await.is_none(), "already reported by the relist");
         tokio::time::advance(SUSPECT_GRACE).await;
         pleg.reconcile(Vec::new(), false);
@@ -1490,16 +1470,7 @@ mod tests {
         let initial = pleg.relist.relist_events().await.unwrap();
         pleg.reconcile(initial, true);
         rt.exit_container(&cid, 0);
-        let exit = KernelEvent::Exit {
-            ktime_ns: 1,
-            pid: 1,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
-            exit_code: 0,
-            signal: 0,
-        };
+        let exit = ExitSpec::default().event();
         assert!(pleg.handle_kernel_event(exit).await.is_some());
         let events = pleg.relist.relist_events().await.unwrap();
         assert!(pleg.reconcile(events, false).is_empty());
@@ -1509,16 +1480,7 @@ mod tests {
     /// A container's exit and the removal of its cgroup, as the sensors report them.
     fn exit_and_rmdir(pid: u32, cgroup_id: u64) -> [KernelEvent; 2] {
         [
-            KernelEvent::Exit {
-                ktime_ns: 2,
-                pid,
-                cgroup2_id: cgroup_id,
-                memcg_id: 0,
-                ns_init: true,
-                main_process: false,
-                exit_code: 0,
-                signal: 0,
-            },
+            ExitSpec { ktime_ns: 2, pid, cgroup2_id: cgroup_id, ..ExitSpec::default() }.event(),
             KernelEvent::CgroupRmdir { ktime_ns: 3, hierarchy_id: CGROUP2_HIERARCHY, cgroup_id, path: String::new() },
         ]
     }
@@ -1701,16 +1663,7 @@ mod tests {
         let (rt, pleg, cid, _) = setup().await;
         pleg.reconcile(Vec::new(), true);
         rt.exit_container(&cid, 0);
-        let exit = KernelEvent::Exit {
-            ktime_ns: 1,
-            pid: 1,
-            cgroup2_id: 42,
-            memcg_id: 0,
-            ns_init: true,
-            main_process: false,
-            exit_code: 0,
-            signal: 0,
-        };
+        let exit = ExitSpec::default().event();
         assert!(pleg.handle_kernel_event(exit).await.is_some());
         // A listing taken before the exit reports the container as started.
         let stale = vec![PodLifecycleEvent {
