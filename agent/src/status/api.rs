@@ -391,17 +391,40 @@ mod tests {
         PodStatus { phase: Some("Running".into()), message: Some(message.into()), ..Default::default() }
     }
 
+    /// A status writer running against `api`, with `pod` the desired one.
+    struct Running {
+        manager: ApiStatusManager,
+        pods: PodManager,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Running {
+        /// Sets `api` to answer `code`, then starts the writer.
+        fn start(api: &FakeApi, code: u16, pod: Pod) -> Self {
+            *api.code.lock().unwrap() = code;
+            let pods = PodManager::new(&["api"]);
+            pods.apply(PodUpdate::Set { source: "api", pods: vec![pod] });
+            let (manager, writer) =
+                ApiStatusManager::new(api.client(), pods.clone(), Arc::new(StatusMetrics::default()));
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(writer.run(stop.clone()));
+            Self { manager, pods, stop, task }
+        }
+
+        async fn stop(self) {
+            self.stop.cancel();
+            self.task.await.unwrap();
+        }
+    }
+
     /// While the API server fails, a pod's status is retried with a growing pause, however
     /// often it changes meanwhile; once the server is back, only the latest is written.
     #[tokio::test(start_paused = true)]
     async fn failed_writes_back_off_and_the_latest_status_wins() {
         let api = FakeApi::default();
-        *api.code.lock().unwrap() = 503;
-        let pods = PodManager::new(&["api"]);
-        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(writer.run(stop.clone()));
+        let running = Running::start(&api, 503, api_pod(false));
+        let manager = &running.manager;
         for n in 1..=5 {
             manager.set("u1", status(&format!("s{n}")));
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -416,8 +439,7 @@ mod tests {
         let written: Vec<String> =
             api.patches().into_iter().filter(|(code, _)| *code == 200).map(|(_, message)| message).collect();
         assert_eq!(written, vec!["s5".to_string()]);
-        stop.cancel();
-        task.await.unwrap();
+        running.stop().await;
     }
 
     /// A deleted pod's object goes (grace 0) only once its last status is written, and
@@ -426,12 +448,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_terminated_pod_is_deleted_after_its_last_status() {
         let api = FakeApi::default();
-        *api.code.lock().unwrap() = 503;
-        let pods = PodManager::new(&["api"]);
-        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(true)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(writer.run(stop.clone()));
+        let running = Running::start(&api, 503, api_pod(true));
+        let manager = &running.manager;
         manager.set("u1", status("final"));
         manager.remove("u1");
         manager.pod_finished(&api_pod(true));
@@ -444,8 +462,7 @@ mod tests {
         manager.set("u1", status("final"));
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(api.patches().last().map(|(_, m)| m.as_str()), Some("final"), "written again");
-        stop.cancel();
-        task.await.unwrap();
+        running.stop().await;
     }
 
     /// Upstream's needsReconcile: the node lifecycle controller marks the pods of a node
@@ -454,8 +471,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_status_another_writer_changed_is_written_again() {
         let api = FakeApi::default();
-        *api.code.lock().unwrap() = 200;
-        let pods = PodManager::new(&["api"]);
         let with_ready = |ready: &str| {
             let mut pod = api_pod(false);
             let mut st = status("ours");
@@ -467,18 +482,15 @@ mod tests {
             pod.status = Some(st);
             pod
         };
-        pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("True")] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods.clone(), Arc::new(StatusMetrics::default()));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(writer.run(stop.clone()));
+        let running = Running::start(&api, 200, with_ready("True"));
+        let manager = &running.manager;
         manager.set("u1", with_ready("True").status.unwrap());
         tokio::time::sleep(Duration::from_secs(35)).await;
         assert_eq!(api.patches().len(), 1, "agreeing statuses are not written again");
-        pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("False")] });
+        running.pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("False")] });
         tokio::time::sleep(RECONCILE_PERIOD + Duration::from_millis(100)).await;
         assert_eq!(api.patches().len(), 2, "the contradicted status is written again");
-        stop.cancel();
-        task.await.unwrap();
+        running.stop().await;
     }
 
     /// Found on the real control plane: a mirror pod deleted through the API came back
@@ -487,12 +499,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_recreated_mirror_pod_gets_the_unchanged_status_again() {
         let api = FakeApi::default();
-        *api.code.lock().unwrap() = 200;
-        let pods = PodManager::new(&["api"]);
-        pods.apply(PodUpdate::Set { source: "api", pods: vec![api_pod(false)] });
-        let (manager, writer) = ApiStatusManager::new(api.client(), pods, Arc::new(StatusMetrics::default()));
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(writer.run(stop.clone()));
+        let running = Running::start(&api, 200, api_pod(false));
+        let manager = &running.manager;
         manager.set("u1", status("up"));
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Unchanged: nothing more to write.
@@ -506,7 +514,6 @@ mod tests {
         manager.mirror_created("unknown");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(api.patches().len(), 2);
-        stop.cancel();
-        task.await.unwrap();
+        running.stop().await;
     }
 }
