@@ -75,6 +75,11 @@ fn manager(dir: &std::path::Path, grace: Duration) -> DeviceManager {
     DeviceManager::with_options(dir.to_owned(), vec![0, 1], grace).unwrap()
 }
 
+/// Registers `devices` from a plugin with default behaviour and options.
+fn register_default(m: &DeviceManager, devices: Vec<proto::Device>) {
+    register(m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), devices);
+}
+
 fn register(
     m: &DeviceManager,
     plugin: Arc<FakePlugin>,
@@ -208,12 +213,7 @@ fn the_plugins_preference_is_asked_and_honoured() {
 fn health_and_a_gone_plugin_shape_capacity() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), Duration::ZERO);
-    register(
-        &m,
-        Arc::new(FakePlugin::default()),
-        proto::DevicePluginOptions::default(),
-        vec![dev("a", true, None), dev("b", false, None)],
-    );
+    register_default(&m, vec![dev("a", true, None), dev("b", false, None)]);
     let r = m.extended_resources();
     assert_eq!((r.capacity[RES], r.allocatable[RES]), (2, 1));
     m.inner.state.lock().unwrap().plugin_gone(RES, Instant::now());
@@ -221,7 +221,7 @@ fn health_and_a_gone_plugin_shape_capacity() {
     let r = m.extended_resources();
     assert_eq!((r.capacity[RES], r.allocatable[RES]), (0, 0));
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
-    register(&m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    register_default(&m, vec![dev("a", true, None)]);
     m.inner.state.lock().unwrap().plugin_gone(RES, Instant::now());
     let r = m.extended_resources();
     assert_eq!((r.capacity[RES], r.allocatable[RES]), (1, 0));
@@ -231,7 +231,7 @@ fn health_and_a_gone_plugin_shape_capacity() {
 fn the_checkpoint_is_written_only_when_devices_are_handed_out() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
-    register(&m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    register_default(&m, vec![dev("a", true, None)]);
     let checkpoint = dir.path().join(CHECKPOINT_FILE);
     let _ = std::fs::remove_file(&checkpoint);
     // No device resources: nothing to record (upstream writes only on an allocation).
@@ -258,12 +258,7 @@ fn the_checkpoint_is_written_only_when_devices_are_handed_out() {
 fn allocations_survive_a_restart_through_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
-    register(
-        &m,
-        Arc::new(FakePlugin::default()),
-        proto::DevicePluginOptions::default(),
-        vec![dev("a", true, None), dev("b", true, None)],
-    );
+    register_default(&m, vec![dev("a", true, None), dev("b", true, None)]);
     let p = pod("u1", &[], &[("app", 1)]);
     admit(&m, &p, &[]).unwrap();
     let before = ids(&m, "u1", "app");
@@ -297,12 +292,7 @@ fn allocations_survive_a_restart_through_the_checkpoint() {
 fn hints_follow_device_numa_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
-    register(
-        &m,
-        Arc::new(FakePlugin::default()),
-        proto::DevicePluginOptions::default(),
-        vec![dev("a", true, Some(0)), dev("b", true, Some(1)), dev("c", true, Some(1))],
-    );
+    register_default(&m, vec![dev("a", true, Some(0)), dev("b", true, Some(1)), dev("c", true, Some(1))]);
     let p = pod("u1", &[], &[("app", 2)]);
     let h = m.get_topology_hints(&p, &p.spec.as_ref().unwrap().containers[0]);
     assert_eq!(
@@ -325,7 +315,7 @@ fn hints_follow_device_numa_nodes() {
     // Devices without topology give no preference at all.
     let dir2 = tempfile::tempdir().unwrap();
     let m2 = manager(dir2.path(), ENDPOINT_STOP_GRACE);
-    register(&m2, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    register_default(&m2, vec![dev("a", true, None)]);
     let one = pod("u3", &[], &[("app", 1)]);
     assert!(m2.get_topology_hints(&one, &one.spec.as_ref().unwrap().containers[0]).is_empty());
 }
@@ -475,7 +465,7 @@ fn a_recreated_node_zeroes_extended_resources_it_does_not_know() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
     assert!(m.extended_resources().reset_unknown);
-    register(&m, Arc::new(FakePlugin::default()), proto::DevicePluginOptions::default(), vec![dev("a", true, None)]);
+    register_default(&m, vec![dev("a", true, None)]);
     admit(&m, &pod("u1", &[], &[("app", 1)]), &[]).unwrap();
     assert!(!m.extended_resources().reset_unknown);
 }
