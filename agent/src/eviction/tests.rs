@@ -230,6 +230,28 @@ struct Harness {
     records: crate::event_api::EventBus,
 }
 
+/// A manager of `config` over `stats` and `pods` (their cleanup done), killing with
+/// `killer` and reclaiming with `h`'s reclaimer; events, metrics and records go nowhere.
+fn bare_manager(
+    config: EvictionConfig,
+    stats: Arc<dyn StatsSource>,
+    pods: Vec<Pod>,
+    killer: Arc<FakeKiller>,
+    h: &Harness,
+) -> EvictionManager {
+    let deps = Dependencies {
+        stats,
+        pods: Arc::new(FakePods { pods: Mutex::new(pods), cleaned_up: AtomicBool::new(true) }),
+        killer,
+        reclaimer: h.reclaimer.clone(),
+        recorder: Arc::new(MemoryRecorder::new("n")),
+        metrics: EvictionMetrics::default(),
+        node_name: "n".into(),
+        records: crate::event_api::EventBus::default(),
+    };
+    EvictionManager::new(config, deps)
+}
+
 impl Harness {
     fn new(kc: &KubeletConfiguration, snapshot: NodeSnapshot, pods: Vec<Pod>) -> Self {
         let config = EvictionConfig::from_settings(&crate::settings::eviction(kc)).unwrap();
@@ -855,17 +877,8 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
     let stats = Arc::new(StaleDu { stale: with(0), fresh: with(3 * GI), fresh_reads: AtomicU64::new(0) });
     let h = Harness::new(&kc(), NodeSnapshot::default(), vec![]);
     let killer = Arc::new(FakeKiller::default());
-    let deps = Dependencies {
-        stats: stats.clone(),
-        pods: Arc::new(FakePods { pods: Mutex::new(pods), cleaned_up: AtomicBool::new(true) }),
-        killer: killer.clone(),
-        reclaimer: h.reclaimer.clone(),
-        recorder: Arc::new(MemoryRecorder::new("n")),
-        metrics: EvictionMetrics::default(),
-        node_name: "n".into(),
-        records: crate::event_api::EventBus::default(),
-    };
-    let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
+    let config = || EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap();
+    let m = bare_manager(config(), stats.clone(), pods, killer.clone(), &h);
     let e = m.synchronize(Trigger::Periodic).await.expect("evicts");
     assert_eq!(e.pod.metadata.name.as_deref(), Some("writer"), "the stale usages tie; the fresh ones do not");
     assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 1);
@@ -874,17 +887,7 @@ async fn disk_pressure_ranks_by_disk_usage_measured_now() {
     let mut memory = with(0);
     memory.memory = node(10 * MI, vec![]).memory;
     let stats = Arc::new(StaleDu { stale: memory.clone(), fresh: memory, fresh_reads: AtomicU64::new(0) });
-    let deps = Dependencies {
-        stats: stats.clone(),
-        pods: Arc::new(FakePods { pods: Mutex::new(vec![pod("a", 0, "")]), cleaned_up: AtomicBool::new(true) }),
-        killer,
-        reclaimer: h.reclaimer.clone(),
-        recorder: Arc::new(MemoryRecorder::new("n")),
-        metrics: EvictionMetrics::default(),
-        node_name: "n".into(),
-        records: crate::event_api::EventBus::default(),
-    };
-    let m = EvictionManager::new(EvictionConfig::from_settings(&crate::settings::eviction(&kc())).unwrap(), deps);
+    let m = bare_manager(config(), stats.clone(), vec![pod("a", 0, "")], killer, &h);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());
     assert_eq!(stats.fresh_reads.load(Ordering::SeqCst), 0);
 }
@@ -914,20 +917,8 @@ async fn stale_stats_do_not_evict_twice() {
     }
     let h = Harness::new(&kc(), NodeSnapshot::default(), vec![]);
     let killer = Arc::new(FakeKiller::default());
-    let deps = Dependencies {
-        stats: Arc::new(Frozen(node(10 * MI, vec![usage("a", GI), usage("b", GI)]))),
-        pods: Arc::new(FakePods {
-            pods: Mutex::new(vec![pod("a", 0, ""), pod("b", 0, "")]),
-            cleaned_up: AtomicBool::new(true),
-        }),
-        killer: killer.clone(),
-        reclaimer: h.reclaimer.clone(),
-        recorder: Arc::new(MemoryRecorder::new("n")),
-        metrics: EvictionMetrics::default(),
-        node_name: "n".into(),
-        records: crate::event_api::EventBus::default(),
-    };
-    let m = EvictionManager::new(default_config(), deps);
+    let stats = Arc::new(Frozen(node(10 * MI, vec![usage("a", GI), usage("b", GI)])));
+    let m = bare_manager(default_config(), stats, vec![pod("a", 0, ""), pod("b", 0, "")], killer.clone(), &h);
     assert!(m.synchronize(Trigger::Periodic).await.is_some());
     assert!(m.synchronize(Trigger::Periodic).await.is_none());
     assert_eq!(killer.killed.lock().unwrap().len(), 1);
