@@ -74,6 +74,24 @@ pub struct EvictionConfig {
 #[error("invalid eviction settings: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct Errors(pub Vec<Error>);
 
+/// Parses a per-signal setting (`evictionSoftGracePeriod`, `evictionMinimumReclaim`) into
+/// a map by signal; each bad entry goes to `errors`.
+fn by_signal<V, F>(map: &BTreeMap<String, String>, parse: F, errors: &mut Vec<Error>) -> BTreeMap<Signal, V>
+where
+    F: Fn(&str, &str) -> Result<(Signal, V), Error>,
+{
+    let mut out = BTreeMap::new();
+    for (name, text) in map {
+        match parse(name, text) {
+            Ok((signal, v)) => {
+                out.insert(signal, v);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    out
+}
+
 impl EvictionConfig {
     /// Parses the eviction settings.
     ///
@@ -94,24 +112,8 @@ impl EvictionConfig {
         };
         let hard = statements("evictionHard", &settings.hard);
         let soft = statements("evictionSoft", &settings.soft);
-        let mut grace_periods = BTreeMap::new();
-        for (name, text) in &settings.soft_grace_period {
-            match parse_grace_period(name, text) {
-                Ok((signal, d)) => {
-                    grace_periods.insert(signal, d);
-                }
-                Err(e) => errors.push(e),
-            }
-        }
-        let mut min_reclaims = BTreeMap::new();
-        for (name, text) in &settings.minimum_reclaim {
-            match parse_min_reclaim(name, text) {
-                Ok((signal, v)) => {
-                    min_reclaims.insert(signal, v);
-                }
-                Err(e) => errors.push(e),
-            }
-        }
+        let grace_periods = by_signal(&settings.soft_grace_period, parse_grace_period, &mut errors);
+        let min_reclaims = by_signal(&settings.minimum_reclaim, parse_min_reclaim, &mut errors);
         let mut thresholds: Vec<Threshold> = hard
             .into_iter()
             .map(|(signal, value)| Threshold { signal, value, grace_period: Duration::ZERO, min_reclaim: None })
