@@ -228,84 +228,77 @@ pub async fn do_pod_resize_action(
     plan: &ResizePlan,
 ) -> Result<(), String> {
     let start = Instant::now();
-    let outcome = actuate(rt, cm, alloc, pod, plan).await;
+    let outcome = async {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        for (c, values) in &plan.memory_request_only {
+            alloc.set_actuated(uid, c, *values);
+        }
+        let desired = crate::cm::resources::resource_config_for_pod(pod, true);
+        let current = if plan.update_pod_resources {
+            cm.pod_cgroup_config(pod).map_err(|e| format!("failed to read the pod cgroup of pod {name}: {e}"))?
+        } else {
+            None
+        };
+        let set_pod = |cfg: PodResourceConfig| -> Result<(), String> {
+            cm.update_pod_cgroup(pod, &cfg).map_err(|e| format!("failed to set the pod cgroup of pod {name}: {e}"))
+        };
+
+        // Memory: the limit is the only pod-level memory setting.
+        if !plan.memory.is_empty() || plan.update_pod_resources {
+            let (cur, new) = match &current {
+                Some(c) => (limit_value(c.memory_limit), limit_value(desired.memory_limit)),
+                None => (0, 0),
+            };
+            // Upstream checks the usage against any new limit, not only a lower one.
+            if current.is_some()
+                && new != i64::MAX
+                && let Ok(Some(usage)) = cm.pod_memory_usage(pod)
+                && i64::try_from(usage).unwrap_or(i64::MAX) >= new
+            {
+                return Err(format!(
+                    "Aborting attempt to set pod memory limit less than current memory usage for pod {name}"
+                ));
+            }
+            if current.is_some() && new > cur {
+                set_pod(part(&desired, true, true))?;
+            }
+            update_containers(rt, alloc, pod, &plan.memory, true).await?;
+            if current.is_some() && new < cur {
+                set_pod(part(&desired, true, true))?;
+            }
+        }
+        // Cpu: quota (limit) and shares (request).
+        if !plan.cpu.is_empty() || plan.update_pod_resources {
+            let (cur_lim, new_lim, cur_req, new_req) = match &current {
+                Some(c) => (
+                    limit_value(c.cpu_quota),
+                    limit_value(desired.cpu_quota),
+                    c.cpu_shares.unwrap_or(0),
+                    desired.cpu_shares.unwrap_or(0),
+                ),
+                None => (0, 0, 0, 0),
+            };
+            let known = current.is_some();
+            if known && new_lim > cur_lim {
+                set_pod(part(&desired, false, true))?;
+            }
+            if known && new_req > cur_req {
+                set_pod(part(&desired, false, false))?;
+            }
+            update_containers(rt, alloc, pod, &plan.cpu, false).await?;
+            if known && new_req < cur_req {
+                set_pod(part(&desired, false, false))?;
+            }
+            if known && new_lim < cur_lim {
+                set_pod(part(&desired, false, true))?;
+            }
+        }
+        Ok(())
+    }
+    .await;
     alloc.metrics().observe_duration(start.elapsed(), outcome.is_ok());
     outcome
-}
-
-async fn actuate(
-    rt: &dyn RuntimeService,
-    cm: &dyn PodContainerManager,
-    alloc: &AllocationManager,
-    pod: &Pod,
-    plan: &ResizePlan,
-) -> Result<(), String> {
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
-    for (c, values) in &plan.memory_request_only {
-        alloc.set_actuated(uid, c, *values);
-    }
-    let desired = crate::cm::resources::resource_config_for_pod(pod, true);
-    let current = if plan.update_pod_resources {
-        cm.pod_cgroup_config(pod).map_err(|e| format!("failed to read the pod cgroup of pod {name}: {e}"))?
-    } else {
-        None
-    };
-    let set_pod = |cfg: PodResourceConfig| -> Result<(), String> {
-        cm.update_pod_cgroup(pod, &cfg).map_err(|e| format!("failed to set the pod cgroup of pod {name}: {e}"))
-    };
-
-    // Memory: the limit is the only pod-level memory setting.
-    if !plan.memory.is_empty() || plan.update_pod_resources {
-        let (cur, new) = match &current {
-            Some(c) => (limit_value(c.memory_limit), limit_value(desired.memory_limit)),
-            None => (0, 0),
-        };
-        // Upstream checks the usage against any new limit, not only a lower one.
-        if current.is_some()
-            && new != i64::MAX
-            && let Ok(Some(usage)) = cm.pod_memory_usage(pod)
-            && i64::try_from(usage).unwrap_or(i64::MAX) >= new
-        {
-            return Err(format!(
-                "Aborting attempt to set pod memory limit less than current memory usage for pod {name}"
-            ));
-        }
-        if current.is_some() && new > cur {
-            set_pod(part(&desired, true, true))?;
-        }
-        update_containers(rt, alloc, pod, &plan.memory, true).await?;
-        if current.is_some() && new < cur {
-            set_pod(part(&desired, true, true))?;
-        }
-    }
-    // Cpu: quota (limit) and shares (request).
-    if !plan.cpu.is_empty() || plan.update_pod_resources {
-        let (cur_lim, new_lim, cur_req, new_req) = match &current {
-            Some(c) => (
-                limit_value(c.cpu_quota),
-                limit_value(desired.cpu_quota),
-                c.cpu_shares.unwrap_or(0),
-                desired.cpu_shares.unwrap_or(0),
-            ),
-            None => (0, 0, 0, 0),
-        };
-        let known = current.is_some();
-        if known && new_lim > cur_lim {
-            set_pod(part(&desired, false, true))?;
-        }
-        if known && new_req > cur_req {
-            set_pod(part(&desired, false, false))?;
-        }
-        update_containers(rt, alloc, pod, &plan.cpu, false).await?;
-        if known && new_req < cur_req {
-            set_pod(part(&desired, false, false))?;
-        }
-        if known && new_lim < cur_lim {
-            set_pod(part(&desired, false, true))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
