@@ -105,23 +105,10 @@ use super::collector::{Collection, FilesystemSample, NetworkSample};
 use super::resource_metrics::{write_family_header, write_sample};
 use crate::types::prom_text::{escape_label, write_go_float, write_i64};
 
-pub use super::resource_metrics::CONTENT_TYPE;
+pub use super::resource_metrics::{CONTENT_TYPE, Family};
 
 /// The `state` values of `container_tasks_state`, as cAdvisor names them.
 pub const TASK_STATES: [&str; 5] = ["sleeping", "running", "stopped", "uninterruptible", "iowaiting"];
-
-/// One metric family of the endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Family {
-    /// Name.
-    pub name: &'static str,
-    /// `counter` or `gauge`.
-    pub kind: &'static str,
-    /// Help text.
-    pub help: &'static str,
-    /// Label names, sorted.
-    pub labels: &'static [&'static str],
-}
 
 const C: &[&str] = &["container", "id", "image", "name", "namespace", "pod"];
 const C_CPU: &[&str] = &["container", "cpu", "id", "image", "name", "namespace", "pod"];

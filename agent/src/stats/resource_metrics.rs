@@ -19,20 +19,20 @@
 //!
 //! prometheus-client is not used: it cannot attach sample timestamps.
 
-use super::summary::{Summary, Time};
+use super::summary::{CpuStats, MemoryStats, Summary, SwapStats, Time};
 use crate::types::prom_text::{escape_help, escape_label, write_go_float, write_i64};
 
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// One metric family of the endpoint.
+/// One metric family of a text endpoint (this one's and `/metrics/cadvisor`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Family {
     /// Name.
     pub name: &'static str,
     /// `counter` or `gauge`.
     pub kind: &'static str,
-    /// Help text with the stability prefix.
+    /// Help text (here with the stability prefix).
     pub help: &'static str,
     /// Label names, sorted.
     pub labels: &'static [&'static str],
@@ -131,6 +131,36 @@ fn sample(values: &[&str], value: f64, time: Option<&Time>) -> Sample {
     }
 }
 
+/// The stats of one node, pod or container that its cpu, working set and swap families show.
+struct Usage<'a> {
+    cpu: Option<&'a CpuStats>,
+    memory: Option<&'a MemoryStats>,
+    swap: Option<&'a SwapStats>,
+}
+
+impl Usage<'_> {
+    /// Pushes the samples there are into `families` (cpu, working set, swap), each stamped
+    /// with its stats' time (the swap sample with `swap_time` when given).
+    fn push(&self, samples: &mut [Vec<Sample>], families: [usize; 3], labels: &[&str], swap_time: Option<&Time>) {
+        let [cpu_family, memory_family, swap_family] = families;
+        if let Some(cpu) = self.cpu
+            && let Some(ns) = cpu.usage_core_nano_seconds
+        {
+            samples[cpu_family].push(sample(labels, ns_to_seconds(ns), Some(&cpu.time)));
+        }
+        if let Some(m) = self.memory
+            && let Some(ws) = m.working_set_bytes
+        {
+            samples[memory_family].push(sample(labels, ws as f64, Some(&m.time)));
+        }
+        if let Some(sw) = self.swap
+            && let Some(u) = sw.swap_usage_bytes
+        {
+            samples[swap_family].push(sample(labels, u as f64, Some(swap_time.unwrap_or(&sw.time))));
+        }
+    }
+}
+
 /// Renders the endpoint from the CPU-and-memory Summary, or `None` when it could not be
 /// produced (then only `scrape_error 1`, as upstream).
 #[must_use]
@@ -139,23 +169,20 @@ pub fn render(summary: Option<&Summary>) -> String {
     let idx = |name: &str| FAMILIES.iter().position(|f| f.name == name).expect("known family");
     let scrape_error = if summary.is_some() { 0.0 } else { 1.0 };
     if let Some(s) = summary {
+        // The cpu, working set and swap families of a node, pod or container.
+        let usage_families = |kind: &str| {
+            [
+                idx(&format!("{kind}_cpu_usage_seconds_total")),
+                idx(&format!("{kind}_memory_working_set_bytes")),
+                idx(&format!("{kind}_swap_usage_bytes")),
+            ]
+        };
+        let (node_families, pod_families, container_families) =
+            (usage_families("node"), usage_families("pod"), usage_families("container"));
         let node = &s.node;
-        if let Some(cpu) = &node.cpu
-            && let Some(ns) = cpu.usage_core_nano_seconds
-        {
-            samples[idx("node_cpu_usage_seconds_total")].push(sample(&[], ns_to_seconds(ns), Some(&cpu.time)));
-        }
-        if let Some(m) = &node.memory
-            && let Some(ws) = m.working_set_bytes
-        {
-            samples[idx("node_memory_working_set_bytes")].push(sample(&[], ws as f64, Some(&m.time)));
-        }
-        if let Some(sw) = &node.swap
-            && let Some(u) = sw.swap_usage_bytes
-        {
-            let time = node.memory.as_ref().map_or(&sw.time, |m| &m.time);
-            samples[idx("node_swap_usage_bytes")].push(sample(&[], u as f64, Some(time)));
-        }
+        // The node's swap sample is stamped with the node memory time, as upstream.
+        let usage = Usage { cpu: node.cpu.as_ref(), memory: node.memory.as_ref(), swap: node.swap.as_ref() };
+        usage.push(&mut samples, node_families, &[], node.memory.as_ref().map(|m| &m.time));
         for pod in &s.pods {
             let (name, ns) = (pod.pod_ref.name.as_str(), pod.pod_ref.namespace.as_str());
             for c in &pod.containers {
@@ -165,42 +192,11 @@ pub fn render(summary: Option<&Summary>) -> String {
                 {
                     samples[idx("container_start_time_seconds")].push(sample(&labels, secs, None));
                 }
-                if let Some(cpu) = &c.cpu
-                    && let Some(v) = cpu.usage_core_nano_seconds
-                {
-                    samples[idx("container_cpu_usage_seconds_total")].push(sample(
-                        &labels,
-                        ns_to_seconds(v),
-                        Some(&cpu.time),
-                    ));
-                }
-                if let Some(m) = &c.memory
-                    && let Some(ws) = m.working_set_bytes
-                {
-                    samples[idx("container_memory_working_set_bytes")].push(sample(&labels, ws as f64, Some(&m.time)));
-                }
-                if let Some(sw) = &c.swap
-                    && let Some(u) = sw.swap_usage_bytes
-                {
-                    samples[idx("container_swap_usage_bytes")].push(sample(&labels, u as f64, Some(&sw.time)));
-                }
+                let usage = Usage { cpu: c.cpu.as_ref(), memory: c.memory.as_ref(), swap: c.swap.as_ref() };
+                usage.push(&mut samples, container_families, &labels, None);
             }
-            let labels = [ns, name];
-            if let Some(cpu) = &pod.cpu
-                && let Some(v) = cpu.usage_core_nano_seconds
-            {
-                samples[idx("pod_cpu_usage_seconds_total")].push(sample(&labels, ns_to_seconds(v), Some(&cpu.time)));
-            }
-            if let Some(m) = &pod.memory
-                && let Some(ws) = m.working_set_bytes
-            {
-                samples[idx("pod_memory_working_set_bytes")].push(sample(&labels, ws as f64, Some(&m.time)));
-            }
-            if let Some(sw) = &pod.swap
-                && let Some(u) = sw.swap_usage_bytes
-            {
-                samples[idx("pod_swap_usage_bytes")].push(sample(&labels, u as f64, Some(&sw.time)));
-            }
+            let usage = Usage { cpu: pod.cpu.as_ref(), memory: pod.memory.as_ref(), swap: pod.swap.as_ref() };
+            usage.push(&mut samples, pod_families, &[ns, name], None);
         }
     }
     samples[idx("scrape_error")].push(sample(&[], scrape_error, None));
