@@ -540,6 +540,20 @@ impl EventedPleg {
         }
     }
 
+    /// Observes what happened to the cgroup of `r` (no exit code; the container name is
+    /// not known from the cgroup).
+    fn observe_cgroup(&self, r: CgroupRef, kind: ObservedKind, kernel_time_ns: u64, signal: Option<i32>) {
+        self.observe(Observed {
+            pod_uid: r.pod_uid,
+            container_id: r.container_id.unwrap_or_default(),
+            container_name: String::new(),
+            kind,
+            kernel_time_ns,
+            exit_code: None,
+            signal,
+        });
+    }
+
     /// Handles one kernel event; returns the lifecycle event to emit (for a start, once
     /// CRI agrees).
     #[cfg(test)]
@@ -569,15 +583,7 @@ impl EventedPleg {
                 s.index.insert(hierarchy_id, cgroup_id, path);
                 if let (CGROUP2_HIERARCHY, Some(r)) = (hierarchy_id, s.index.get(hierarchy_id, cgroup_id).cloned()) {
                     drop(s);
-                    self.observe(Observed {
-                        pod_uid: r.pod_uid,
-                        container_id: r.container_id.unwrap_or_default(),
-                        container_name: String::new(),
-                        kind: ObservedKind::CgroupCreated,
-                        kernel_time_ns: ktime_ns,
-                        exit_code: None,
-                        signal: None,
-                    });
+                    self.observe_cgroup(r, ObservedKind::CgroupCreated, ktime_ns, None);
                 }
                 return None;
             }
@@ -596,15 +602,7 @@ impl EventedPleg {
                     r
                 };
                 if let (CGROUP2_HIERARCHY, Some(r)) = (hierarchy_id, removed) {
-                    self.observe(Observed {
-                        pod_uid: r.pod_uid,
-                        container_id: r.container_id.unwrap_or_default(),
-                        container_name: String::new(),
-                        kind: ObservedKind::CgroupRemoved,
-                        kernel_time_ns: ktime_ns,
-                        exit_code: None,
-                        signal: None,
-                    });
+                    self.observe_cgroup(r, ObservedKind::CgroupRemoved, ktime_ns, None);
                 }
                 return None;
             }
@@ -616,15 +614,7 @@ impl EventedPleg {
                     if let Some(cid) = &r.container_id {
                         self.cache.exits().record_oom(cid, wall_time_of(ktime_ns));
                     }
-                    self.observe(Observed {
-                        pod_uid: r.pod_uid,
-                        container_id: r.container_id.unwrap_or_default(),
-                        container_name: String::new(),
-                        kind: ObservedKind::OomKilled,
-                        kernel_time_ns: ktime_ns,
-                        exit_code: None,
-                        signal: Some(9),
-                    });
+                    self.observe_cgroup(r, ObservedKind::OomKilled, ktime_ns, Some(9));
                 }
                 return None;
             }
