@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use serde::{Deserialize, Serialize};
 
+use crate::cm::checkpoint::PathIoError;
+
 /// The checkpoint's file name under the root dir (upstream `allocatedPodsStateFile`).
 pub const FILE_NAME: &str = "allocated_pods_state";
 
@@ -27,13 +29,8 @@ pub const FILE_NAME: &str = "allocated_pods_state";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be read or written.
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// The file is not a checkpoint.
     #[error("{path}: cannot decode the checkpoint: {source}")]
     Decode {
@@ -101,7 +98,7 @@ pub fn load(path: &Path) -> Result<BTreeMap<String, PodAllocation>, Error> {
     match std::fs::read(path) {
         Ok(bytes) => decode(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(source) => Err(Error::Io { op: "read", path: path.into(), source }),
+        Err(source) => Err(PathIoError { op: "read", path: path.into(), source }.into()),
     }
 }
 
@@ -111,11 +108,8 @@ pub fn load(path: &Path) -> Result<BTreeMap<String, PodAllocation>, Error> {
 /// # Errors
 /// A write failure.
 pub fn store(path: &Path, allocations: &BTreeMap<String, PodAllocation>) -> Result<(), Error> {
-    crate::cm::checkpoint::write_atomic(path, &encode(allocations)).map_err(|source| Error::Io {
-        op: "write",
-        path: path.into(),
-        source,
-    })
+    crate::cm::checkpoint::write_atomic(path, &encode(allocations)).map_err(PathIoError::at("write", path))?;
+    Ok(())
 }
 
 #[cfg(test)]

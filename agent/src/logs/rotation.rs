@@ -27,6 +27,7 @@ use futures::StreamExt as _;
 use k8s_cri::v1 as api;
 use tokio_util::sync::CancellationToken;
 
+use crate::cm::checkpoint::PathIoError;
 use crate::container::RuntimeService;
 
 /// Suffix of compressed rotated files.
@@ -58,13 +59,8 @@ pub struct ContainerLogManager {
 /// What went wrong with one container's log.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("reopening the log of container {id}: {source}")]
     Reopen {
         id: String,
@@ -74,8 +70,8 @@ pub enum Error {
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
-    let path = path.to_owned();
-    move |source| Error::Io { op, path, source }
+    let at = PathIoError::at(op, path);
+    move |source| Error::Io(at(source))
 }
 
 impl ContainerLogManager {
@@ -169,7 +165,7 @@ impl ContainerLogManager {
         // File work (listing, deleting, compressing) on the blocking pool.
         tokio::task::spawn_blocking(move || prepare_rotation(&log_owned, max_files))
             .await
-            .map_err(|e| Error::Io { op: "rotate", path: log.to_owned(), source: std::io::Error::other(e) })??;
+            .map_err(|e| io("rotate", log)(std::io::Error::other(e)))??;
         let rotated = rotated_name(log, SystemTime::now());
         if rotated.exists() {
             // Rotated within the same second already: next time.

@@ -20,6 +20,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
+use crate::cm::checkpoint::PathIoError;
+
 /// Upstream `maxFileNameLength`.
 const MAX_FILE_NAME_LENGTH: usize = 255;
 /// Upstream `maxPathLength`.
@@ -51,24 +53,16 @@ pub enum Error {
         path: PathBuf,
     },
     /// A file system call failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 /// Result of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
-    let path = path.to_owned();
-    move |source| Error::Io { op, path, source }
+    let at = PathIoError::at(op, path);
+    move |source| Error::Io(at(source))
 }
 
 /// One file to project: its content, its permission bits and, optionally, its owner.

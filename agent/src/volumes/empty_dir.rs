@@ -8,13 +8,13 @@
 //! Teardown is the volume manager's: it unmounts what is mounted under the pod's volume
 //! directory and removes it.
 
-use std::io;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::mounter::Mounter;
+use crate::cm::checkpoint::PathIoError;
 
 /// Permission bits of an emptyDir directory.
 const PERM: u32 = 0o777;
@@ -26,16 +26,8 @@ pub enum Error {
     #[error("unknown storage medium {0:?}")]
     UnsupportedMedium(String),
     /// A file system or mount call failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 /// Where an emptyDir keeps its data.
@@ -75,7 +67,7 @@ pub fn memory_size(node_allocatable_memory: i64, pod: &Pod, size_limit: Option<i
 
 /// Upstream `setupDir`: creates `dir` and gives it mode 0777 if its permission bits differ.
 pub fn setup_dir(dir: &Path) -> Result<(), Error> {
-    let io_err = |op| move |source| Error::Io { op, path: dir.to_owned(), source };
+    let io_err = |op| move |source| Error::Io(PathIoError { op, path: dir.to_owned(), source });
     std::fs::create_dir_all(dir).map_err(io_err("mkdir"))?;
     let mode = std::fs::metadata(dir).map_err(io_err("stat"))?.mode();
     if mode & 0o777 != PERM {
@@ -97,7 +89,7 @@ pub fn set_up(dir: &Path, medium: Medium, memory_size: i64, mounter: &dyn Mounte
 
 /// Mounts a tmpfs of `size` bytes on the existing `dir` unless one is there already.
 pub fn set_up_tmpfs(dir: &Path, size: i64, mounter: &dyn Mounter) -> Result<(), Error> {
-    let io_err = |op| move |source| Error::Io { op, path: dir.to_owned(), source };
+    let io_err = |op| move |source| Error::Io(PathIoError { op, path: dir.to_owned(), source });
     if mounter.is_tmpfs(dir).map_err(io_err("inspect mounts of"))? {
         return Ok(());
     }

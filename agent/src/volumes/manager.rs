@@ -18,6 +18,7 @@ use super::mounter::{Mounter, SystemMounter};
 use super::source::{BoundPod, ObjectSource};
 use super::token::TokenManager;
 use super::{Error, Result, SetUpFailure, VolumeError, config_map, host_path, ownership, secret, subpath};
+use crate::cm::checkpoint::PathIoError;
 use crate::container::api;
 use crate::container::backoff::{Clock, SystemClock};
 use crate::types::pod::uid as pod_uid;
@@ -396,10 +397,8 @@ impl VolumeManager {
                 let size = empty_dir::memory_size(self.node_allocatable().memory, pod, mv.size_limit);
                 empty_dir::set_up(&mv.path, medium, size, self.mounter.as_ref())?;
                 if let Some(gid) = fs_group(spec) {
-                    ownership::set_volume_ownership(&mv.path, gid, false).map_err(|source| empty_dir::Error::Io {
-                        op: "set ownership of",
-                        path: mv.path.clone(),
-                        source,
+                    ownership::set_volume_ownership(&mv.path, gid, false).map_err(|source| {
+                        empty_dir::Error::Io(PathIoError { op: "set ownership of", path: mv.path.clone(), source })
                     })?;
                 }
                 Ok(())
@@ -628,10 +627,7 @@ impl VolumeManager {
     /// The pod directory itself is left to its owner.
     pub fn cleanup_pod(&self, uid: &str) -> Result<()> {
         let vols = self.pod_volumes_dir(uid);
-        let io_err = |op, path: &Path| {
-            let path = path.to_owned();
-            move |source| Error::Io { op, path, source }
-        };
+        let io_err = PathIoError::at;
         for point in self.mounter.mounts_under(&vols).map_err(io_err("read mounts under", &vols))? {
             tracing::debug!(path = %point.display(), "unmounting volume");
             self.mounter.unmount(&point).map_err(io_err("unmount", &point))?;
@@ -643,7 +639,7 @@ impl VolumeManager {
         }
         // remove_dir_all does not follow symlinks: links to the host stay links.
         match std::fs::remove_dir_all(&vols) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err("remove", &vols)(e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err("remove", &vols)(e).into()),
             _ => {}
         }
         self.mounted.lock().unwrap().remove(uid);
@@ -662,7 +658,7 @@ impl VolumeManager {
         let entries = match std::fs::read_dir(&pods) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OrphanSweep::default()),
-            Err(source) => return Err(Error::Io { op: "read", path: pods, source }),
+            Err(source) => return Err(PathIoError { op: "read", path: pods, source }.into()),
         };
         let mut uids: BTreeSet<String> = BTreeSet::new();
         for e in entries.flatten() {
@@ -675,7 +671,8 @@ impl VolumeManager {
             let Some(_claim) = claim(&uid) else { continue };
             let outcome = self.cleanup_pod(&uid).and_then(|()| {
                 let dir = self.pod_dir(&uid);
-                std::fs::remove_dir_all(&dir).map_err(|source| Error::Io { op: "remove", path: dir, source })
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|source| Error::Io(PathIoError { op: "remove", path: dir, source }))
             });
             match outcome {
                 Ok(()) => {

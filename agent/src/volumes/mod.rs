@@ -39,6 +39,8 @@ pub mod token;
 
 use std::path::PathBuf;
 
+use crate::cm::checkpoint::PathIoError;
+
 pub use downward_api::NodeAllocatable;
 pub use manager::{MountedVolume, Plugin, PodVolumes, VolumeManager};
 pub use mounter::{FakeMounter, Mounter, SystemMounter};
@@ -148,16 +150,8 @@ pub enum Error {
     #[error("invalid MountPropagation mode: {0:?}")]
     MountPropagation(String),
     /// A file system or mount call failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// Mounts remain under a pod directory after its volumes were unmounted: it is not
     /// removed, so that nothing mounted there is deleted.
     #[error("{path} still has mounts after its volumes were unmounted: {mounts:?}")]
