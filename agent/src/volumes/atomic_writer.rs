@@ -20,6 +20,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::core::v1::KeyToPath;
+
 use crate::cm::checkpoint::PathIoError;
 
 /// Upstream `maxFileNameLength`.
@@ -87,6 +89,36 @@ impl FileProjection {
 
 /// Relative path (as given in `items[].path` or a key) → file.
 pub type Payload = BTreeMap<String, FileProjection>;
+
+/// The payload of a key-value volume (`configMap`, `secret`): every entry of `all` at its
+/// key with `default_mode` when no `items` are listed, else only the listed keys at their
+/// paths (and modes). A listed key `lookup` does not find is skipped when `optional`.
+///
+/// # Errors
+/// The first listed key that is missing, unless `optional`.
+pub fn key_payload<'a>(
+    items: &[KeyToPath],
+    all: impl Iterator<Item = (&'a String, Vec<u8>)>,
+    lookup: impl Fn(&str) -> Option<Vec<u8>>,
+    default_mode: u32,
+    optional: bool,
+) -> std::result::Result<Payload, String> {
+    if items.is_empty() {
+        return Ok(all.map(|(k, v)| (k.clone(), FileProjection::new(v, default_mode))).collect());
+    }
+    let mut payload = Payload::new();
+    for item in items {
+        let Some(content) = lookup(&item.key) else {
+            if optional {
+                continue;
+            }
+            return Err(item.key.clone());
+        };
+        let mode = item.mode.map_or(default_mode, |m| m as u32);
+        payload.insert(item.path.clone(), FileProjection::new(content, mode));
+    }
+    Ok(payload)
+}
 
 /// A hook run on a new version directory before it becomes visible.
 pub type SetPerms<'a> = &'a dyn Fn(&Path) -> io::Result<()>;

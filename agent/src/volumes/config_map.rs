@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, KeyToPath};
 
-use super::atomic_writer::{FileProjection, Payload};
+use super::atomic_writer::{Payload, key_payload};
 
 /// Upstream `ConfigMapVolumeSourceDefaultMode`.
 pub const DEFAULT_MODE: u32 = 0o644;
@@ -26,35 +26,21 @@ pub fn make_payload(
 ) -> Result<Payload, MissingKey> {
     let data = config_map.data.as_ref();
     let binary = config_map.binary_data.as_ref();
-    let mut payload = Payload::new();
-    if items.is_empty() {
-        for (k, v) in data.into_iter().flatten() {
-            payload.insert(k.clone(), FileProjection::new(v.as_bytes(), default_mode));
-        }
-        for (k, v) in binary.into_iter().flatten() {
-            payload.insert(k.clone(), FileProjection::new(v.0.clone(), default_mode));
-        }
-        return Ok(payload);
-    }
-    for item in items {
-        let content = if let Some(v) = data.and_then(|d| d.get(&item.key)) {
-            v.as_bytes().to_vec()
-        } else if let Some(v) = binary.and_then(|d| d.get(&item.key)) {
-            v.0.clone()
-        } else if optional {
-            continue;
-        } else {
-            return Err(MissingKey { key: item.key.clone() });
-        };
-        let mode = item.mode.map_or(default_mode, |m| m as u32);
-        payload.insert(item.path.clone(), FileProjection::new(content, mode));
-    }
-    Ok(payload)
+    // `binaryData` after `data`: a key in both is the binary one, as upstream.
+    let all = data.into_iter().flatten().map(|(k, v)| (k, v.as_bytes().to_vec()));
+    let all = all.chain(binary.into_iter().flatten().map(|(k, v)| (k, v.0.clone())));
+    let lookup = |key: &str| {
+        data.and_then(|d| d.get(key))
+            .map(|v| v.as_bytes().to_vec())
+            .or_else(|| binary.and_then(|d| d.get(key)).map(|v| v.0.clone()))
+    };
+    key_payload(items, all, lookup, default_mode, optional).map_err(|key| MissingKey { key })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumes::atomic_writer::FileProjection;
 
     fn cm() -> ConfigMap {
         serde_json::from_value(serde_json::json!({

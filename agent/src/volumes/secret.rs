@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::{KeyToPath, Secret};
 
-use super::atomic_writer::{FileProjection, Payload};
+use super::atomic_writer::{Payload, key_payload};
 
 /// Upstream `SecretVolumeSourceDefaultMode`.
 pub const DEFAULT_MODE: u32 = 0o644;
@@ -27,29 +27,15 @@ pub fn make_payload(
     optional: bool,
 ) -> Result<Payload, MissingKey> {
     let data = secret.data.as_ref();
-    let mut payload = Payload::new();
-    if items.is_empty() {
-        for (k, v) in data.into_iter().flatten() {
-            payload.insert(k.clone(), FileProjection::new(v.0.clone(), default_mode));
-        }
-        return Ok(payload);
-    }
-    for item in items {
-        let Some(content) = data.and_then(|d| d.get(&item.key)) else {
-            if optional {
-                continue;
-            }
-            return Err(MissingKey { key: item.key.clone() });
-        };
-        let mode = item.mode.map_or(default_mode, |m| m as u32);
-        payload.insert(item.path.clone(), FileProjection::new(content.0.clone(), mode));
-    }
-    Ok(payload)
+    let all = data.into_iter().flatten().map(|(k, v)| (k, v.0.clone()));
+    let lookup = |key: &str| data.and_then(|d| d.get(key)).map(|v| v.0.clone());
+    key_payload(items, all, lookup, default_mode, optional).map_err(|key| MissingKey { key })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumes::atomic_writer::FileProjection;
 
     fn secret() -> Secret {
         serde_json::from_value(serde_json::json!({
