@@ -135,36 +135,28 @@ async fn get(router: &axum::Router, path: &str) -> (StatusCode, String) {
 async fn the_endpoint_serves_current_and_previous_logs() {
     let dir = tempfile::tempdir().unwrap();
     let router = router(dir.path()).await;
-    assert_eq!(get(&router, "/containerLogs/default/web/main").await, (StatusCode::OK, "now\n".into()));
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/main?previous=true").await,
-        (StatusCode::OK, "before\n".into())
-    );
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/main?timestamps=1").await,
-        (StatusCode::OK, "2026-01-02T03:04:06Z now\n".into())
-    );
-    // Following an exited container ends at the end of its log.
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/main?previous=true&follow=true").await,
-        (StatusCode::OK, "before\n".into())
-    );
-    assert_eq!(
-        get(&router, "/containerLogs/default/nope/main").await,
-        (StatusCode::NOT_FOUND, "pod \"nope\" does not exist".into())
-    );
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/other").await,
-        (StatusCode::NOT_FOUND, "container \"other\" not found in pod \"web\"".into())
-    );
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/main?tailLines=-1").await,
-        (StatusCode::UNPROCESSABLE_ENTITY, r#"{"message": "Invalid request."}"#.into())
-    );
-    assert_eq!(
-        get(&router, "/containerLogs/default/web/main?limitBytes=x").await,
-        (StatusCode::BAD_REQUEST, r#"{"message": "Unable to decode query."}"#.into())
-    );
+    let cases = [
+        ("/containerLogs/default/web/main", StatusCode::OK, "now\n"),
+        ("/containerLogs/default/web/main?previous=true", StatusCode::OK, "before\n"),
+        ("/containerLogs/default/web/main?timestamps=1", StatusCode::OK, "2026-01-02T03:04:06Z now\n"),
+        // Following an exited container ends at the end of its log.
+        ("/containerLogs/default/web/main?previous=true&follow=true", StatusCode::OK, "before\n"),
+        ("/containerLogs/default/nope/main", StatusCode::NOT_FOUND, "pod \"nope\" does not exist"),
+        ("/containerLogs/default/web/other", StatusCode::NOT_FOUND, "container \"other\" not found in pod \"web\""),
+        (
+            "/containerLogs/default/web/main?tailLines=-1",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            r#"{"message": "Invalid request."}"#,
+        ),
+        (
+            "/containerLogs/default/web/main?limitBytes=x",
+            StatusCode::BAD_REQUEST,
+            r#"{"message": "Unable to decode query."}"#,
+        ),
+    ];
+    for (path, status, body) in cases {
+        assert_eq!(get(&router, path).await, (status, body.into()), "{path}");
+    }
     // A log file that is gone.
     std::fs::remove_file(dir.path().join("1.log")).unwrap();
     let (status, body) = get(&router, "/containerLogs/default/web/main").await;
