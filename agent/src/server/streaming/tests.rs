@@ -103,6 +103,26 @@ async fn serve_routes(rt: Arc<FakeRuntime>, idle: Duration) -> SocketAddr {
     addr
 }
 
+/// A pod's container on a fake runtime whose streaming server is a
+/// [`fake_streaming_server`], with the debugging routes over it.
+struct Proxied {
+    backend: SocketAddr,
+    seen: Seen,
+    rt: Arc<FakeRuntime>,
+    sandbox: String,
+    id: String,
+    /// The debugging routes.
+    addr: SocketAddr,
+}
+
+async fn proxied() -> Proxied {
+    let (backend, seen) = fake_streaming_server().await;
+    let (rt, sandbox, id) = runtime_with_pod().await;
+    rt.set_streaming_url(&format!("http://{backend}"));
+    let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
+    Proxied { backend, seen, rt, sandbox, id, addr }
+}
+
 /// Sends a raw HTTP/1.1 request; returns the connection and the response head
 /// (status, headers lower-cased).
 async fn raw_request(addr: SocketAddr, head: &str) -> (BufReader<TcpStream>, u16, Vec<(String, String)>) {
@@ -143,10 +163,7 @@ async fn plain(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn exec_is_proxied_to_the_runtime_and_spliced() {
-    let (backend, seen) = fake_streaming_server().await;
-    let (rt, _, id) = runtime_with_pod().await;
-    rt.set_streaming_url(&format!("http://{backend}"));
-    let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
+    let Proxied { backend, seen, rt, id, addr, .. } = proxied().await;
     let head = upgrade_head(
         "/exec/default/web/main?command=sh&command=-c&command=echo%20hi&input=1&output=1&tty=1&error=1",
         "Sec-WebSocket-Protocol: v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.c2VjcmV0, v4.channel.k8s.io\r\n\
@@ -186,10 +203,7 @@ async fn exec_is_proxied_to_the_runtime_and_spliced() {
 
 #[tokio::test]
 async fn attach_and_port_forward_reach_the_runtime() {
-    let (backend, seen) = fake_streaming_server().await;
-    let (rt, sandbox, id) = runtime_with_pod().await;
-    rt.set_streaming_url(&format!("http://{backend}"));
-    let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
+    let Proxied { seen, rt, sandbox, id, addr, .. } = proxied().await;
 
     let (_conn, status, _) = raw_request(addr, &upgrade_head("/attach/default/web/u1/main?output=1", "")).await;
     assert_eq!(status, 101);
@@ -220,10 +234,7 @@ async fn attach_and_port_forward_reach_the_runtime() {
 
 #[tokio::test]
 async fn refusals_are_upstreams() {
-    let (backend, _) = fake_streaming_server().await;
-    let (rt, _, _) = runtime_with_pod().await;
-    rt.set_streaming_url(&format!("http://{backend}"));
-    let addr = serve_routes(rt.clone(), Duration::from_mins(1)).await;
+    let Proxied { backend, rt, addr, .. } = proxied().await;
     let status_and_body = |head: String| async move {
         let (mut conn, status, _) = raw_request(addr, &head).await;
         let mut body = vec![0u8; 200];
@@ -233,17 +244,17 @@ async fn refusals_are_upstreams() {
     // Not an upgrade.
     let (status, body) = plain(addr, "GET", "/exec/default/web/main?command=ls&output=1").await;
     assert_eq!((status, body.as_str()), (400, "Upgrade request required"));
-    // No stream asked for.
-    let (status, body) = status_and_body(upgrade_head("/exec/default/web/main?command=ls", "")).await;
-    assert_eq!((status, body.as_str()), (400, "you must specify at least 1 of stdin, stdout, stderr"));
-    let (status, body) = status_and_body(upgrade_head("/exec/default/nope/main?command=ls&output=1", "")).await;
-    assert_eq!((status, body.as_str()), (404, "pod does not exist"));
-    let (status, body) = status_and_body(upgrade_head("/exec/default/web/other-uid/main?output=1", "")).await;
-    assert_eq!((status, body.as_str()), (404, "pod not found"));
-    let (status, body) = status_and_body(upgrade_head("/attach/default/web/sidecar?output=1", "")).await;
-    assert_eq!((status, body.as_str()), (404, "container not found (\"sidecar\")"));
-    let (status, body) = status_and_body(upgrade_head("/portForward/default/web", "")).await;
-    assert_eq!((status, body.as_str()), (400, "query parameter \"port\" is required"));
+    for (path, want) in [
+        // No stream asked for.
+        ("/exec/default/web/main?command=ls", (400, "you must specify at least 1 of stdin, stdout, stderr")),
+        ("/exec/default/nope/main?command=ls&output=1", (404, "pod does not exist")),
+        ("/exec/default/web/other-uid/main?output=1", (404, "pod not found")),
+        ("/attach/default/web/sidecar?output=1", (404, "container not found (\"sidecar\")")),
+        ("/portForward/default/web", (400, "query parameter \"port\" is required")),
+    ] {
+        let (status, body) = status_and_body(upgrade_head(path, "")).await;
+        assert_eq!((status, body.as_str()), want, "{path}");
+    }
     let (status, _) = status_and_body(upgrade_head("/portForward/default/web?port=http", "")).await;
     assert_eq!(status, 400);
     // The runtime's streaming server refuses: its answer goes back.
