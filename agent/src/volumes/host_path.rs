@@ -38,7 +38,10 @@ pub enum Error {
 pub fn check_type(path: &Path, type_: Option<&str>) -> Result<(), Error> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).ok();
-    let fail = |what| Err(Error::TypeCheck { path: shown.clone(), what });
+    // `path` is there and is a `what`, as `is` tells from its metadata.
+    let expect = |what, is: fn(&std::fs::Metadata) -> bool| {
+        if meta.as_ref().is_some_and(is) { Ok(()) } else { Err(Error::TypeCheck { path: shown.clone(), what }) }
+    };
     match type_.unwrap_or_default() {
         "" => Ok(()),
         "DirectoryOrCreate" if meta.is_none() => std::fs::DirBuilder::new()
@@ -47,13 +50,7 @@ pub fn check_type(path: &Path, type_: Option<&str>) -> Result<(), Error> {
             .create(path)
             .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)))
             .map_err(|source| Error::Create { op: "mkdir", path: shown.clone(), source }),
-        "DirectoryOrCreate" | "Directory" => {
-            if meta.is_some_and(|m| m.is_dir()) {
-                Ok(())
-            } else {
-                fail("directory")
-            }
-        }
+        "DirectoryOrCreate" | "Directory" => expect("directory", std::fs::Metadata::is_dir),
         "FileOrCreate" if meta.is_none() => std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -62,34 +59,10 @@ pub fn check_type(path: &Path, type_: Option<&str>) -> Result<(), Error> {
             .open(path)
             .map(drop)
             .map_err(|source| Error::Create { op: "create", path: shown.clone(), source }),
-        "FileOrCreate" | "File" => {
-            if meta.is_some_and(|m| m.is_file()) {
-                Ok(())
-            } else {
-                fail("file")
-            }
-        }
-        "Socket" => {
-            if meta.is_some_and(|m| m.file_type().is_socket()) {
-                Ok(())
-            } else {
-                fail("socket file")
-            }
-        }
-        "CharDevice" => {
-            if meta.is_some_and(|m| m.file_type().is_char_device()) {
-                Ok(())
-            } else {
-                fail("character device")
-            }
-        }
-        "BlockDevice" => {
-            if meta.is_some_and(|m| m.file_type().is_block_device()) {
-                Ok(())
-            } else {
-                fail("block device")
-            }
-        }
+        "FileOrCreate" | "File" => expect("file", std::fs::Metadata::is_file),
+        "Socket" => expect("socket file", |m| m.file_type().is_socket()),
+        "CharDevice" => expect("character device", |m| m.file_type().is_char_device()),
+        "BlockDevice" => expect("block device", |m| m.file_type().is_block_device()),
         other => Err(Error::InvalidType(other.to_owned())),
     }
 }
