@@ -95,12 +95,17 @@ mod tests {
     use super::*;
     use crate::volumes::tests_support::ManualClock;
 
-    #[tokio::test]
-    async fn refreshes_after_eighty_percent_of_the_lifetime() {
+    /// A token manager and a fake API on one manual clock, and the pod the tokens are for.
+    fn setup() -> (Arc<ManualClock>, FakeObjectSource, TokenManager, BoundPod) {
         let clock = Arc::new(ManualClock::default());
         let src = FakeObjectSource::new().with_clock(clock.clone());
         let tm = TokenManager::new(clock.clone());
-        let pod = BoundPod { name: "p".into(), uid: "u".into() };
+        (clock, src, tm, BoundPod { name: "p".into(), uid: "u".into() })
+    }
+
+    #[tokio::test]
+    async fn refreshes_after_eighty_percent_of_the_lifetime() {
+        let (clock, src, tm, pod) = setup();
         let aud = vec!["vault".to_string()];
         let get = || tm.get(&src, "ns", "sa", &aud, 1000, &pod);
         assert_eq!(get().await.unwrap(), "token-1");
@@ -118,10 +123,7 @@ mod tests {
 
     #[tokio::test]
     async fn long_lived_tokens_are_refreshed_daily() {
-        let clock = Arc::new(ManualClock::default());
-        let src = FakeObjectSource::new().with_clock(clock.clone());
-        let tm = TokenManager::new(clock.clone());
-        let pod = BoundPod { name: "p".into(), uid: "u".into() };
+        let (clock, src, tm, pod) = setup();
         let week = 7 * 24 * 3600;
         assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap(), "token-1");
         clock.advance(Duration::from_hours(23));
