@@ -22,6 +22,29 @@ pub fn fnv32a(data: &[u8]) -> u32 {
     h
 }
 
+/// The elements of a map, slice or struct between `open` and `close`, separated by
+/// spaces, each as `name:value` (`value` alone without a name).
+fn write_elements<'a>(
+    out: &mut String,
+    open: &str,
+    elements: impl Iterator<Item = (Option<&'a str>, &'a Spew)>,
+    show_type: bool,
+    close: char,
+) {
+    out.push_str(open);
+    for (i, (name, v)) in elements.enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        if let Some(name) = name {
+            out.push_str(name);
+            out.push(':');
+        }
+        v.write(out, show_type);
+    }
+    out.push(close);
+}
+
 /// A Go value as go-spew's formatter renders it with `%#v` (types shown, map keys
 /// sorted, keys without their type).
 #[derive(Debug, Clone)]
@@ -103,38 +126,14 @@ impl Spew {
             Self::Scalar { text, .. } => out.push_str(text),
             Self::Map { entries: None, .. } | Self::Slice { items: None, .. } => out.push_str("<nil>"),
             Self::Map { entries: Some(entries), .. } => {
-                out.push_str("map[");
-                for (i, (k, v)) in entries.iter().enumerate() {
-                    if i > 0 {
-                        out.push(' ');
-                    }
-                    out.push_str(k);
-                    out.push(':');
-                    v.write(out, false);
-                }
-                out.push(']');
+                let entries = entries.iter().map(|(k, v)| (Some(k.as_str()), v));
+                write_elements(out, "map[", entries, false, ']');
             }
             Self::Slice { items: Some(items), .. } => {
-                out.push('[');
-                for (i, v) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(' ');
-                    }
-                    v.write(out, false);
-                }
-                out.push(']');
+                write_elements(out, "[", items.iter().map(|v| (None, v)), false, ']');
             }
             Self::Struct { fields, .. } => {
-                out.push('{');
-                for (i, (name, v)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(' ');
-                    }
-                    out.push_str(name);
-                    out.push(':');
-                    v.write(out, true);
-                }
-                out.push('}');
+                write_elements(out, "{", fields.iter().map(|(name, v)| (Some(*name), v)), true, '}');
             }
             // The pointer's own type was printed; the pointee follows without its type.
             Self::Ptr(inner) => inner.write(out, false),
