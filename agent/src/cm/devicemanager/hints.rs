@@ -4,31 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::cm::topology::{NumaMask, TopologyHint};
+use crate::cm::topology::{NumaMask, TopologyHint, iterate_masks};
 
 use super::state::State;
-
-/// Every non-empty subset of `nodes`, smallest first, each size in lexicographic
-/// order (upstream `bitmask.IterateBitMasks`).
-#[must_use]
-pub fn numa_combinations(nodes: &[usize]) -> Vec<NumaMask> {
-    fn rec(nodes: &[usize], k: usize, start: usize, cur: &mut Vec<usize>, out: &mut Vec<NumaMask>) {
-        if cur.len() == k {
-            out.push(NumaMask::from_nodes(cur.iter().copied()));
-            return;
-        }
-        for i in start..nodes.len() {
-            cur.push(nodes[i]);
-            rec(nodes, k, i + 1, cur, out);
-            cur.pop();
-        }
-    }
-    let mut out = Vec::new();
-    for k in 1..=nodes.len() {
-        rec(nodes, k, 0, &mut Vec::new(), &mut out);
-    }
-    out
-}
 
 fn in_mask(mask: NumaMask, nodes: &[i64]) -> bool {
     nodes.iter().any(|n| usize::try_from(*n).is_ok_and(|n| mask.contains(n)))
@@ -48,7 +26,7 @@ pub fn device_hints(
     let mut min_affinity = numa_nodes.len() as u32;
     let mut hints = Vec::new();
     let all: Vec<&String> = state.all_devices.get(resource).map(|d| d.keys().collect()).unwrap_or_default();
-    'masks: for mask in numa_combinations(numa_nodes) {
+    'masks: for mask in iterate_masks(numa_nodes) {
         let in_this = all.iter().filter(|d| in_mask(mask, &state.numa_of(resource, d))).count();
         if in_this >= request && mask.count() < min_affinity {
             min_affinity = mask.count();
@@ -91,7 +69,7 @@ mod tests {
 
     #[test]
     fn combinations_go_narrow_first() {
-        let m: Vec<u64> = numa_combinations(&[0, 1, 2]).iter().map(|m| m.0).collect();
+        let m: Vec<u64> = iterate_masks(&[0, 1, 2]).iter().map(|m| m.0).collect();
         assert_eq!(m, vec![0b001, 0b010, 0b100, 0b011, 0b101, 0b110, 0b111]);
     }
 
