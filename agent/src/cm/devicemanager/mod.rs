@@ -197,6 +197,18 @@ fn is_restartable_init(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
+/// What one container asks of one resource (upstream `devicesToAllocate`'s inputs).
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    pod: &'a str,
+    container: &'a str,
+    resource: &'a str,
+    required: usize,
+    /// Devices of init containers the container may take over.
+    reusable: &'a BTreeSet<String>,
+    affinity: &'a TopologyHint,
+}
+
 enum Reserve {
     /// Nothing (more) to allocate: these devices (maybe none).
     Done(BTreeSet<String>),
@@ -328,17 +340,8 @@ impl DeviceManager {
 
     /// First half of upstream `devicesToAllocate`, under the lock: the checks, the
     /// reusable devices, and what is left to decide.
-    #[expect(clippy::too_many_arguments, reason = "mirrors upstream devicesToAllocate")]
-    fn reserve(
-        &self,
-        s: &mut State,
-        pod: &str,
-        container: &str,
-        resource: &str,
-        required: usize,
-        reusable: &BTreeSet<String>,
-        affinity: &TopologyHint,
-    ) -> Result<Reserve, String> {
+    fn reserve(&self, s: &mut State, request: Request<'_>) -> Result<Reserve, String> {
+        let Request { pod, container, resource, required, reusable, affinity } = request;
         let existing = s.container_devices(pod, container, resource).map(state::ContainerDevices::ids);
         let mut needed = required;
         if let Some(d) = &existing {
@@ -408,18 +411,11 @@ impl DeviceManager {
 
     /// Upstream `devicesToAllocate`: which devices `container` gets of `resource` (none
     /// when it already has them).
-    fn devices_to_allocate(
-        &self,
-        pod: &str,
-        container: &str,
-        resource: &str,
-        required: usize,
-        reusable: &BTreeSet<String>,
-        affinity: &TopologyHint,
-    ) -> Result<BTreeSet<String>, String> {
+    fn devices_to_allocate(&self, request: Request<'_>) -> Result<BTreeSet<String>, String> {
+        let Request { resource, required, .. } = request;
         let (mut picked, mut needed, candidates, within, fallbacks, endpoint) = {
             let mut s = self.inner.state.lock().unwrap();
-            match self.reserve(&mut s, pod, container, resource, required, reusable, affinity)? {
+            match self.reserve(&mut s, request)? {
                 Reserve::Done(p) => return Ok(p),
                 Reserve::Preferred { picked, needed, candidates, within, fallbacks } => {
                     let Some(e) = s.endpoints.get(resource).cloned() else {
@@ -478,7 +474,15 @@ impl DeviceManager {
         for (resource, needed) in requests {
             self.inner.state.lock().unwrap().update_allocated_devices(pod);
             let reuse = reusable.get(&resource).cloned().unwrap_or_default();
-            let devices = self.devices_to_allocate(pod, &container.name, &resource, needed, &reuse, affinity)?;
+            let request = Request {
+                pod,
+                container: &container.name,
+                resource: &resource,
+                required: needed,
+                reusable: &reuse,
+                affinity,
+            };
+            let devices = self.devices_to_allocate(request)?;
             if devices.is_empty() {
                 continue;
             }
@@ -559,83 +563,6 @@ impl DeviceManager {
                 set.retain(|d| !ids.contains(d));
             }
         }
-        Ok(())
-    }
-
-    /// Upstream `GetDeviceRunContainerOptions`, merged into a CRI config.
-    fn run_container_options(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        config: &mut api::ContainerConfig,
-    ) -> Result<(), String> {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let requests = container_requests(&self.inner.state.lock().unwrap(), container);
-        let mut reallocate = false;
-        for resource in requests.keys() {
-            self.pre_start(&uid, &container.name, resource)?;
-            if self.inner.state.lock().unwrap().container_devices(&uid, &container.name, resource).is_none() {
-                reallocate = true;
-            }
-        }
-        if reallocate {
-            tracing::info!(pod_uid = %uid, container = %container.name, "re-allocating device plugin resources");
-            self.allocate_inner(pod, container, &TopologyHint::default())?;
-        }
-        let s = self.inner.state.lock().unwrap();
-        let Some(resources) = s.pod_devices.get(&uid).and_then(|c| c.get(&container.name)) else { return Ok(()) };
-        let mut envs: BTreeMap<String, String> = BTreeMap::new();
-        let mut device_paths: HashSet<String> = config.devices.iter().map(|d| d.container_path.clone()).collect();
-        let mut mount_paths: HashSet<String> = config.mounts.iter().map(|m| m.container_path.clone()).collect();
-        let mut cdi: HashSet<String> = config.cdi_devices.iter().map(|d| d.name.clone()).collect();
-        let mut mounts = Vec::new();
-        for (resource, d) in resources {
-            let r = &d.response;
-            for (k, v) in &r.envs {
-                match envs.get(k) {
-                    Some(old) if old != v => {
-                        tracing::warn!(%resource, env = %k, "conflicting environment variable from device plugins; keeping the first");
-                    }
-                    _ => {
-                        envs.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            for m in &r.mounts {
-                if mount_paths.insert(m.container_path.clone()) {
-                    mounts.push(api::Mount {
-                        container_path: m.container_path.clone(),
-                        host_path: m.host_path.clone(),
-                        readonly: m.read_only,
-                        ..Default::default()
-                    });
-                }
-            }
-            for dev in &r.devices {
-                if device_paths.insert(dev.container_path.clone()) {
-                    config.devices.push(api::Device {
-                        container_path: dev.container_path.clone(),
-                        host_path: dev.host_path.clone(),
-                        permissions: dev.permissions.clone(),
-                    });
-                }
-            }
-            for (k, v) in &r.annotations {
-                config.annotations.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-            for c in &r.cdi_devices {
-                if cdi.insert(c.name.clone()) {
-                    config.cdi_devices.push(api::CdiDevice { name: c.name.clone() });
-                }
-            }
-        }
-        // The device plugins' variables come first: the container's own, later in the
-        // list, win (as upstream's run container options order them).
-        let mut all: Vec<api::KeyValue> = envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect();
-        all.append(&mut config.envs);
-        config.envs = all;
-        mounts.append(&mut config.mounts);
-        config.mounts = mounts;
         Ok(())
     }
 
@@ -828,7 +755,75 @@ impl ContainerLifecycleHook for DeviceManager {
         container: &Container,
         config: &mut api::ContainerConfig,
     ) -> Result<(), String> {
-        self.run_container_options(pod, container, config)
+        // Upstream `GetDeviceRunContainerOptions`, merged into the CRI config.
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let requests = container_requests(&self.inner.state.lock().unwrap(), container);
+        let mut reallocate = false;
+        for resource in requests.keys() {
+            self.pre_start(&uid, &container.name, resource)?;
+            if self.inner.state.lock().unwrap().container_devices(&uid, &container.name, resource).is_none() {
+                reallocate = true;
+            }
+        }
+        if reallocate {
+            tracing::info!(pod_uid = %uid, container = %container.name, "re-allocating device plugin resources");
+            self.allocate_inner(pod, container, &TopologyHint::default())?;
+        }
+        let s = self.inner.state.lock().unwrap();
+        let Some(resources) = s.pod_devices.get(&uid).and_then(|c| c.get(&container.name)) else { return Ok(()) };
+        let mut envs: BTreeMap<String, String> = BTreeMap::new();
+        let mut device_paths: HashSet<String> = config.devices.iter().map(|d| d.container_path.clone()).collect();
+        let mut mount_paths: HashSet<String> = config.mounts.iter().map(|m| m.container_path.clone()).collect();
+        let mut cdi: HashSet<String> = config.cdi_devices.iter().map(|d| d.name.clone()).collect();
+        let mut mounts = Vec::new();
+        for (resource, d) in resources {
+            let r = &d.response;
+            for (k, v) in &r.envs {
+                match envs.get(k) {
+                    Some(old) if old != v => {
+                        tracing::warn!(%resource, env = %k, "conflicting environment variable from device plugins; keeping the first");
+                    }
+                    _ => {
+                        envs.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for m in &r.mounts {
+                if mount_paths.insert(m.container_path.clone()) {
+                    mounts.push(api::Mount {
+                        container_path: m.container_path.clone(),
+                        host_path: m.host_path.clone(),
+                        readonly: m.read_only,
+                        ..Default::default()
+                    });
+                }
+            }
+            for dev in &r.devices {
+                if device_paths.insert(dev.container_path.clone()) {
+                    config.devices.push(api::Device {
+                        container_path: dev.container_path.clone(),
+                        host_path: dev.host_path.clone(),
+                        permissions: dev.permissions.clone(),
+                    });
+                }
+            }
+            for (k, v) in &r.annotations {
+                config.annotations.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            for c in &r.cdi_devices {
+                if cdi.insert(c.name.clone()) {
+                    config.cdi_devices.push(api::CdiDevice { name: c.name.clone() });
+                }
+            }
+        }
+        // The device plugins' variables come first: the container's own, later in the
+        // list, win (as upstream's run container options order them).
+        let mut all: Vec<api::KeyValue> = envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect();
+        all.append(&mut config.envs);
+        config.envs = all;
+        mounts.append(&mut config.mounts);
+        config.mounts = mounts;
+        Ok(())
     }
 }
 
