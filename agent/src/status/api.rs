@@ -412,6 +412,12 @@ mod tests {
             Self { manager, pods, stop, task }
         }
 
+        /// Sets the status of pod `u1`, then lets `wait` pass.
+        async fn set(&self, status: PodStatus, wait: Duration) {
+            self.manager.set("u1", status);
+            tokio::time::sleep(wait).await;
+        }
+
         async fn stop(self) {
             self.stop.cancel();
             self.task.await.unwrap();
@@ -424,10 +430,8 @@ mod tests {
     async fn failed_writes_back_off_and_the_latest_status_wins() {
         let api = FakeApi::default();
         let running = Running::start(&api, 503, api_pod(false));
-        let manager = &running.manager;
         for n in 1..=5 {
-            manager.set("u1", status(&format!("s{n}")));
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            running.set(status(&format!("s{n}")), Duration::from_millis(100)).await;
         }
         tokio::time::sleep(Duration::from_mins(1)).await;
         let failed = api.patches().len();
@@ -449,18 +453,16 @@ mod tests {
     async fn a_terminated_pod_is_deleted_after_its_last_status() {
         let api = FakeApi::default();
         let running = Running::start(&api, 503, api_pod(true));
-        let manager = &running.manager;
-        manager.set("u1", status("final"));
-        manager.remove("u1");
-        manager.pod_finished(&api_pod(true));
+        running.manager.set("u1", status("final"));
+        running.manager.remove("u1");
+        running.manager.pod_finished(&api_pod(true));
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(api.patches(), vec![(503, "final".to_string())], "no deletion before the last status");
         *api.code.lock().unwrap() = 200;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after: Vec<String> = api.patches().into_iter().skip(1).map(|(_, m)| m).collect();
         assert_eq!(after, vec!["final".to_string(), "DELETE".to_string()]);
-        manager.set("u1", status("final"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.set(status("final"), Duration::from_millis(100)).await;
         assert_eq!(api.patches().last().map(|(_, m)| m.as_str()), Some("final"), "written again");
         running.stop().await;
     }
@@ -483,9 +485,7 @@ mod tests {
             pod
         };
         let running = Running::start(&api, 200, with_ready("True"));
-        let manager = &running.manager;
-        manager.set("u1", with_ready("True").status.unwrap());
-        tokio::time::sleep(Duration::from_secs(35)).await;
+        running.set(with_ready("True").status.unwrap(), Duration::from_secs(35)).await;
         assert_eq!(api.patches().len(), 1, "agreeing statuses are not written again");
         running.pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("False")] });
         tokio::time::sleep(RECONCILE_PERIOD + Duration::from_millis(100)).await;
@@ -500,18 +500,15 @@ mod tests {
     async fn a_recreated_mirror_pod_gets_the_unchanged_status_again() {
         let api = FakeApi::default();
         let running = Running::start(&api, 200, api_pod(false));
-        let manager = &running.manager;
-        manager.set("u1", status("up"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.set(status("up"), Duration::from_millis(100)).await;
         // Unchanged: nothing more to write.
-        manager.set("u1", status("up"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        running.set(status("up"), Duration::from_millis(100)).await;
         assert_eq!(api.patches().len(), 1);
-        manager.mirror_created("u1");
+        running.manager.mirror_created("u1");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(api.patches(), vec![(200, "up".to_string()), (200, "up".to_string())], "written again");
         // A pod with no status yet: nothing to write.
-        manager.mirror_created("unknown");
+        running.manager.mirror_created("unknown");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(api.patches().len(), 2);
         running.stop().await;
