@@ -9,7 +9,7 @@ use super::mounts::{CgroupLayout, parse_mountinfo};
 use super::sys::FixtureSys;
 use super::sys::fixture::v1_files;
 use super::{CgroupfsPodContainerManager, sys::CgroupSys};
-use crate::cm::CgroupConfig;
+use crate::cm::{CgroupConfig, PodContainerManager as _};
 
 /// The v1 hierarchies of these machines: (directory, super options).
 const HYBRID_V1: &[(&str, &str)] = &[
@@ -111,6 +111,18 @@ impl Fixture {
 
     pub fn manager(&self) -> CgroupfsPodContainerManager {
         self.manager_with(self.config())
+    }
+
+    /// A manager whose node cgroups (`kubepods` and the quality-of-service ones) are set up.
+    pub fn node_manager(&self) -> CgroupfsPodContainerManager {
+        self.node_manager_with(self.config())
+    }
+
+    /// [`Self::node_manager`] with `cfg`.
+    pub fn node_manager_with(&self, cfg: CgroupConfig) -> CgroupfsPodContainerManager {
+        let m = self.manager_with(cfg);
+        m.ensure_node_cgroups().unwrap();
+        m
     }
 
     /// Creates a cgroup as the kernel would (control files included).

@@ -129,8 +129,7 @@ mod tests {
     #[test]
     fn v1_reads_and_writes_only_what_is_asked() {
         let f = Fixture::hybrid();
-        let m = f.manager();
-        m.ensure_node_cgroups().unwrap();
+        let m = f.node_manager();
         let p = burstable();
         assert_eq!(m.pod_cgroup_config(&p).unwrap(), None, "no pod cgroup yet");
         m.ensure_pod_cgroup(&p).unwrap();
@@ -151,8 +150,7 @@ mod tests {
     #[test]
     fn v2_reads_and_writes_cpu_max_weight_and_memory_max() {
         let f = Fixture::unified();
-        let m = f.manager();
-        m.ensure_node_cgroups().unwrap();
+        let m = f.node_manager();
         let p = burstable();
         m.ensure_pod_cgroup(&p).unwrap();
         let cfg = m.pod_cgroup_config(&p).unwrap().unwrap();
@@ -174,8 +172,7 @@ mod tests {
     #[test]
     fn without_cfs_quota_the_pod_keeps_no_quota() {
         let f = Fixture::hybrid();
-        let m = f.manager_with(crate::cm::CgroupConfig { cpu_cfs_quota: false, ..f.config() });
-        m.ensure_node_cgroups().unwrap();
+        let m = f.node_manager_with(crate::cm::CgroupConfig { cpu_cfs_quota: false, ..f.config() });
         let p = burstable();
         m.ensure_pod_cgroup(&p).unwrap();
         let cfg = PodResourceConfig { cpu_quota: Some(30_000), cpu_period: Some(100_000), ..Default::default() };

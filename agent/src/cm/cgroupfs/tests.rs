@@ -92,8 +92,7 @@ fn cgroups_per_qos_off_is_a_no_op() {
 #[test]
 fn hybrid_node_cgroups() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     assert_eq!(f.hierarchy_dirs().len(), HYBRID_HIERARCHIES);
     assert_eq!(m.hierarchy_mounts().len(), HYBRID_HIERARCHIES);
     for h in f.hierarchy_dirs() {
@@ -132,8 +131,7 @@ fn cgroup_root_must_exist() {
 #[test]
 fn hybrid_pod_cgroups_and_limits() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     m.ensure_pod_cgroup(&burstable("b1")).unwrap();
     m.ensure_pod_cgroup(&best_effort("e1")).unwrap();
@@ -172,8 +170,7 @@ fn hybrid_pod_cgroups_and_limits() {
 #[test]
 fn pids_limit_and_cfs_quota_off() {
     let f = Fixture::hybrid();
-    let m = f.manager_with(CgroupConfig { pod_pids_limit: 1024, cpu_cfs_quota: false, ..f.config() });
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager_with(CgroupConfig { pod_pids_limit: 1024, cpu_cfs_quota: false, ..f.config() });
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     assert_eq!(f.read("pids", "kubepods/podg1/pids.max"), "1024");
     assert_eq!(f.read("cpu", "kubepods/podg1/cpu.cfs_quota_us"), "-1");
@@ -198,8 +195,7 @@ fn pod_cgroup_needs_node_cgroups_and_a_sane_uid() {
 #[test]
 fn listing_and_existence() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     assert!(m.list_pod_cgroups().unwrap().is_empty());
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     m.ensure_pod_cgroup(&burstable("b1")).unwrap();
@@ -232,8 +228,7 @@ fn listing_and_existence() {
 #[test]
 fn removal_kills_and_removes_depth_first() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     m.ensure_pod_cgroup(&burstable("b1")).unwrap();
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     // Container cgroups the runtime would have created, with processes left behind.
@@ -259,8 +254,7 @@ fn removal_kills_and_removes_depth_first() {
 #[test]
 fn removal_reports_the_busy_path() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     std::fs::write(f.path("memory", "kubepods/podg1/cgroup.procs"), "5000\n").unwrap();
     f.sys.make_unkillable(5000);
@@ -274,8 +268,7 @@ fn removal_reports_the_busy_path() {
 #[test]
 fn removal_never_signals_init_or_itself() {
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     let own = std::process::id();
     std::fs::write(f.path("memory", "kubepods/podg1/cgroup.procs"), format!("0\n1\n{own}\n")).unwrap();
@@ -354,8 +347,7 @@ fn pods_with_exclusive_cpus_get_no_cfs_quota() {
 #[test]
 fn unified_pod_limits() {
     let f = Fixture::unified();
-    let m = f.manager_with(CgroupConfig { pod_pids_limit: 100, ..f.config() });
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager_with(CgroupConfig { pod_pids_limit: 100, ..f.config() });
     m.ensure_pod_cgroup(&guaranteed("g1")).unwrap();
     m.ensure_pod_cgroup(&burstable("b1")).unwrap();
     m.ensure_pod_cgroup(&best_effort("e1")).unwrap();
@@ -398,8 +390,7 @@ fn unified_nested_cgroup_root() {
 #[test]
 fn failed_limits_undo_the_pod_cgroup() {
     let f = Fixture::unified();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     // Someone disabled memory below burstable: memory.max will be missing.
     std::fs::write(f.path("", "kubepods/burstable/cgroup.subtree_control"), "+cpu").unwrap();
     let err = cgroup_err(m.ensure_pod_cgroup(&burstable("b1")).unwrap_err());
@@ -411,8 +402,7 @@ fn failed_limits_undo_the_pod_cgroup() {
 fn qos_cgroup_weights_follow_burstable_requests() {
     let pods = [burstable("b1"), pod("b2", vec![ctr("a", &[("cpu", "1")], &[])]), guaranteed("g1"), best_effort("e1")];
     let f = Fixture::hybrid();
-    let m = f.manager();
-    m.ensure_node_cgroups().unwrap();
+    let m = f.node_manager();
     m.update_qos_cgroups(&pods).unwrap();
     assert_eq!(f.read("cpu", "kubepods/burstable/cpu.shares"), "1280", "250m + 1 cpu");
     assert_eq!(f.read("cpu", "kubepods/besteffort/cpu.shares"), "2");
