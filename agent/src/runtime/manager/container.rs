@@ -123,6 +123,20 @@ fn container_namespaces(spec: Option<&PodSpec>, target_id: Option<&str>) -> api:
     }
 }
 
+/// A container about to be created, and what goes into its CRI config (upstream
+/// `generateContainerConfig`'s inputs).
+#[derive(Clone, Copy)]
+struct Starting<'a> {
+    pod: &'a Pod,
+    container: &'a Container,
+    kind: ContainerKind,
+    /// The container whose process namespace an ephemeral container targets.
+    target_id: Option<&'a str>,
+    restart_count: u32,
+    pod_ips: &'a [String],
+    image: &'a EnsuredImage,
+}
+
 impl RuntimeManager {
     #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
     pub(super) async fn start_container(
@@ -145,36 +159,22 @@ impl RuntimeManager {
         // Upstream resolves the target after the image, as a container config error.
         let target_id = ephemeral::target_id(start.target, status)
             .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e.to_string()))?;
-        let started = self.create_and_start_container(
-            pod,
-            container,
-            start.kind,
-            target_id,
-            restart_count,
-            sandbox_id,
-            sandbox_config,
-            pod_ips,
-            &ensured,
-        );
+        let starting =
+            Starting { pod, container, kind: start.kind, target_id, restart_count, pod_ips, image: &ensured };
+        let started = self.create_and_start_container(starting, sandbox_id, sandbox_config);
         traced_step("startContainer", &container.name, image, started).await
     }
 
     /// The part of [`Self::start_container`] after the image: create, start, postStart.
-    #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
     async fn create_and_start_container(
         &self,
-        pod: &Pod,
-        container: &Container,
-        kind: ContainerKind,
-        target_id: Option<&str>,
-        restart_count: u32,
+        starting: Starting<'_>,
         sandbox_id: &str,
         sandbox_config: &api::PodSandboxConfig,
-        pod_ips: &[String],
-        image: &EnsuredImage,
     ) -> Result<(), StartError> {
+        let Starting { pod, container, restart_count, pod_ips, .. } = starting;
         let mut config = self
-            .container_config(pod, container, kind, target_id, restart_count, image, pod_ips)
+            .container_config(starting)
             .await
             .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e))?;
         for h in &self.container_hooks {
@@ -255,17 +255,8 @@ impl RuntimeManager {
     /// as upstream's `getImageUser` always does. Upstream asks twice per container start;
     /// once is enough, and at a 100-pod burst the runtime's time is what start latency is
     /// made of.
-    #[expect(clippy::too_many_arguments, reason = "upstream generateContainerConfig's inputs")]
-    async fn container_config(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        kind: ContainerKind,
-        target_id: Option<&str>,
-        restart_count: u32,
-        image: &EnsuredImage,
-        pod_ips: &[String],
-    ) -> std::result::Result<api::ContainerConfig, String> {
+    async fn container_config(&self, starting: Starting<'_>) -> std::result::Result<api::ContainerConfig, String> {
+        let Starting { pod, container, kind, target_id, restart_count, pod_ips, image } = starting;
         let image_ref = image.image_ref.as_str();
         let ctx = env::Context {
             cfg: &self.cfg,
@@ -558,6 +549,16 @@ mod tests {
         EnsuredImage { image_ref: image_ref.into(), status: None }
     }
 
+    /// A regular container's first start, with `image`.
+    fn regular<'a>(
+        pod: &'a Pod,
+        container: &'a Container,
+        image: &'a EnsuredImage,
+        pod_ips: &'a [String],
+    ) -> Starting<'a> {
+        Starting { pod, container, kind: ContainerKind::Regular, target_id: None, restart_count: 0, pod_ips, image }
+    }
+
     #[tokio::test]
     async fn container_config_has_volumes_env_and_hosts() {
         let e = env(cluster_dns(tempfile::tempdir().unwrap().path()));
@@ -565,8 +566,7 @@ mod tests {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
         let ips = vec!["10.0.0.7".to_string()];
-        let cfg =
-            e.rm.container_config(&p, c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &ips).await.unwrap();
+        let cfg = e.rm.container_config(regular(&p, c, &unchecked_image("img"), &ips)).await.unwrap();
         assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
         let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
         assert!(app.readonly);
@@ -588,8 +588,7 @@ mod tests {
             serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
         );
         let c = p.spec.as_ref().unwrap().containers[0].clone();
-        let cfg =
-            e.rm.container_config(&p, &c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[]).await.unwrap();
+        let cfg = e.rm.container_config(regular(&p, &c, &unchecked_image("img"), &[])).await.unwrap();
         let sc = cfg.linux.unwrap().security_context.unwrap();
         assert_eq!(sc.supplemental_groups, [2000]);
         assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);
@@ -599,10 +598,7 @@ mod tests {
         let sb = e.rm.sandbox_config(&p, 0).unwrap().linux.unwrap().security_context.unwrap();
         assert_eq!(sb.supplemental_groups, [2000]);
         p.spec.as_mut().unwrap().security_context.as_mut().unwrap().run_as_non_root = Some(true);
-        let err =
-            e.rm.container_config(&p, &c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[])
-                .await
-                .unwrap_err();
+        let err = e.rm.container_config(regular(&p, &c, &unchecked_image("img"), &[])).await.unwrap_err();
         assert!(err.starts_with("container has runAsNonRoot and image will run as root (pod: "), "{err}");
     }
 
@@ -613,10 +609,7 @@ mod tests {
         e.src
             .set_config_map(serde_json::from_value(json!({"metadata": {"name": "app", "namespace": "shop"}})).unwrap());
         let c = &p.spec.as_ref().unwrap().containers[0];
-        let err =
-            e.rm.container_config(&p, c, ContainerKind::Regular, None, 0, &unchecked_image("img"), &[])
-                .await
-                .unwrap_err();
+        let err = e.rm.container_config(regular(&p, c, &unchecked_image("img"), &[])).await.unwrap_err();
         assert_eq!(err, "couldn't find key level in ConfigMap shop/app");
     }
 
