@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use serde::{Deserialize, Serialize};
 
-use crate::cm::checkpoint::PathIoError;
+use crate::types::io::PathIoError;
 
 /// The checkpoint's file name under the root dir (upstream `allocatedPodsStateFile`).
 pub const FILE_NAME: &str = "allocated_pods_state";

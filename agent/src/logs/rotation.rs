@@ -27,8 +27,8 @@ use futures::StreamExt as _;
 use k8s_cri::v1 as api;
 use tokio_util::sync::CancellationToken;
 
-use crate::cm::checkpoint::PathIoError;
 use crate::container::RuntimeService;
+use crate::types::io::PathIoError;
 
 /// Suffix of compressed rotated files.
 const COMPRESS_SUFFIX: &str = ".gz";

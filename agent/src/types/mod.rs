@@ -14,6 +14,7 @@
 //! | [`prom_text`] | the Prometheus text format as the Go client writes it: floats, integers, escaping | `prometheus/common/expfmt` |
 //! | [`resource_names`] | resource names: `cpu`, `memory`, huge pages, extended resources | `pkg/apis/core/helper` (`IsExtendedResourceName`) |
 //! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
+//! | [`io`] | `PathIoError`: a file system call that failed on a path | swiftlet only |
 //! | [`clock`] | the monotonic clock the kernel's eBPF timestamps use | swiftlet only |
 //! | [`duration`] | Go durations (`metav1.Duration`): parsing and printing as Go does | Go's `time.ParseDuration`, `Duration.String` |
 //! | [`cpuset`] | sets of CPU ids in the Linux list syntax (`0-3,5`) | `k8s.io/utils/cpuset` |
@@ -33,6 +34,7 @@ pub mod cpuset;
 pub mod duration;
 pub mod eviction;
 pub mod expansion;
+pub mod io;
 pub mod pod;
 pub mod pod_resources;
 pub mod prom_text;

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::KeyToPath;
 
-use crate::cm::checkpoint::PathIoError;
+use crate::types::io::PathIoError;
 
 /// Upstream `maxFileNameLength`.
 const MAX_FILE_NAME_LENGTH: usize = 255;

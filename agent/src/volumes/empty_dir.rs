@@ -14,7 +14,7 @@ use std::path::Path;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::mounter::Mounter;
-use crate::cm::checkpoint::PathIoError;
+use crate::types::io::PathIoError;
 
 /// Permission bits of an emptyDir directory.
 const PERM: u32 = 0o777;

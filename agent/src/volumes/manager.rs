@@ -18,9 +18,9 @@ use super::mounter::{Mounter, SystemMounter};
 use super::source::{BoundPod, ObjectSource};
 use super::token::TokenManager;
 use super::{Error, Result, SetUpFailure, VolumeError, config_map, host_path, ownership, secret, subpath};
-use crate::cm::checkpoint::PathIoError;
 use crate::container::api;
 use crate::container::backoff::{Clock, SystemClock};
+use crate::types::io::PathIoError;
 use crate::types::pod::uid as pod_uid;
 
 /// Upstream default of `serviceAccountToken.expirationSeconds`.

@@ -39,7 +39,7 @@ pub mod token;
 
 use std::path::PathBuf;
 
-use crate::cm::checkpoint::PathIoError;
+use crate::types::io::PathIoError;
 
 pub use downward_api::NodeAllocatable;
 pub use manager::{MountedVolume, Plugin, PodVolumes, VolumeManager};
