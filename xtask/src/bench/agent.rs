@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// `PodSandboxState::SANDBOX_READY`.
-const SANDBOX_READY: i32 = 0;
+pub const SANDBOX_READY: i32 = 0;
 
 /// Namespace of every bench pod: CRI sandboxes in it, or in a namespace named after it
 /// (`swiftlet-bench-<pid>-<label>`, an API bench's: see [`is_bench_namespace`]), are the

@@ -24,7 +24,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -189,7 +189,7 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
             AgentKind::Upstream => upstream.bin("kubelet"),
         };
         let dir = out.join(kind.name());
-        let outcomes = run_agent(layout, &api, kind, &binary, &suite, &dir)
+        let outcomes = run_agent(layout, &api, kind, &binary, &suite, &dir, &mut cri)
             .await
             .with_context(|| format!("the {} run", kind.name()))?;
         let (p, f, s) = report::counts(&outcomes);
@@ -265,6 +265,7 @@ async fn run_agent(
     binary: &Path,
     suite: &Suite<'_>,
     dir: &Path,
+    cri: &mut CriClient,
 ) -> Result<BTreeMap<String, report::Outcome>> {
     if dir.exists() {
         fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
@@ -289,14 +290,76 @@ async fn run_agent(
         let status = tokio::task::spawn_blocking(move || cmd.status()).await?.context("running ginkgo")?;
         // ginkgo exits non-zero when a spec fails: the report says which.
         eprintln!("conformance: the suite ended ({status})");
-        cluster.agent.ensure_alive()
+        cluster.agent.ensure_alive()?;
+        drain(&mut cluster, cri).await
     }
     .await;
     let ended = cluster.end(layout, &dir.join(format!("{}-agent.log", kind.name()))).await;
+    let cleared = clear_sandboxes(cri).await;
     ran?;
     ended.context("cleaning up")?;
+    cleared.context("removing the run's sandboxes")?;
     let json = dir.join("report.json");
     report::outcomes(&fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?)
+}
+
+/// Deletes every pod left on the node and waits until the API and the runtime have none
+/// running: the suite deletes its namespaces without waiting for them, and an agent
+/// stopped under running containers would leave their cgroups behind.
+async fn drain(cluster: &mut Cluster, cri: &mut CriClient) -> Result<()> {
+    let node = cluster.agent.node_name().to_owned();
+    let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{node}");
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    loop {
+        let (code, list) = cluster.client()?.request("GET", &path, None).await?;
+        ensure!(code == 200, "listing the pods of node {node}: {code}: {list}");
+        let pods: Vec<(String, String, bool)> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                let meta = &p["metadata"];
+                let name = |k: &str| meta[k].as_str().unwrap_or_default().to_owned();
+                (name("namespace"), name("name"), meta.get("deletionTimestamp").is_some())
+            })
+            .collect();
+        if pods.is_empty() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} pod(s) still on node {node} after {} s: {}",
+            pods.len(),
+            DRAIN_TIMEOUT.as_secs(),
+            pods.iter().map(|(ns, n, _)| format!("{ns}/{n}")).collect::<Vec<_>>().join(", ")
+        );
+        for (namespace, name, _) in pods.iter().filter(|(_, _, deleting)| !deleting) {
+            let (code, body) = cluster
+                .client()?
+                .request("DELETE", &format!("/api/v1/namespaces/{namespace}/pods/{name}"), None)
+                .await?;
+            ensure!(code == 200 || code == 404, "deleting pod {namespace}/{name}: {code}: {body}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    while cri.list_pod_sandboxes().await?.iter().any(|s| s.state == agent::SANDBOX_READY) {
+        ensure!(Instant::now() < deadline, "the runtime still has ready sandboxes after {} s", DRAIN_TIMEOUT.as_secs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// How long [`drain`] waits for the node's pods to go.
+const DRAIN_TIMEOUT: Duration = Duration::from_mins(3);
+
+/// Stops and removes every sandbox left in the runtime (the run checked at its start that
+/// none was anyone else's), so that the next agent starts on an empty runtime.
+async fn clear_sandboxes(cri: &mut CriClient) -> Result<()> {
+    for sandbox in cri.list_pod_sandboxes().await? {
+        cri.stop_pod_sandbox(&sandbox.id).await?;
+        cri.remove_pod_sandbox(&sandbox.id).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
