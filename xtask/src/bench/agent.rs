@@ -196,6 +196,9 @@ pub struct BenchAgent {
     pub log_path: PathBuf,
     pub https_port: u16,
     pub healthz_port: u16,
+    /// `address`: where the HTTPS API listens (loopback unless the API server must reach
+    /// it, see [`Self::serving_the_api_server`]).
+    address: &'static str,
     /// `cgroupRoot`, e.g. `/swiftlet-bench-4242-evented`.
     pub cgroup_root: String,
 }
@@ -227,8 +230,18 @@ impl BenchAgent {
             dir,
             https_port: free_port()?,
             healthz_port: free_port()?,
+            address: "127.0.0.1",
             cgroup_root: format!("/{tag}"),
         })
+    }
+
+    /// Serves the HTTPS API on every address (the kubelet's default) instead of loopback:
+    /// the API server reaches a node at its `InternalIP` for logs, exec and port-forward,
+    /// which the conformance suite uses.
+    #[must_use]
+    pub fn serving_the_api_server(mut self) -> Self {
+        self.address = "0.0.0.0";
+        self
     }
 
     /// Runs another kubelet-compatible agent: no swiftlet-only flags.
@@ -317,7 +330,7 @@ impl BenchAgent {
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: {manifests}
-{logs}address: 127.0.0.1
+{logs}address: {address}
 port: {https}
 healthzPort: {healthz}
 healthzBindAddress: 127.0.0.1
@@ -339,6 +352,7 @@ authorization:
             } else {
                 String::new()
             },
+            address = self.address,
             https = self.https_port,
             healthz = self.healthz_port,
             cgroup_root = self.cgroup_root,

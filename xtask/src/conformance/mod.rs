@@ -272,7 +272,8 @@ async fn run_agent(
     }
     fs::create_dir_all(dir)?;
     let label = format!("conformance-{}", kind.name());
-    let mut agent = BenchAgent::named(&label, PlegMode::Evented, binary, &layout.endpoint(), 110)?;
+    let mut agent =
+        BenchAgent::named(&label, PlegMode::Evented, binary, &layout.endpoint(), 110)?.serving_the_api_server();
     if kind == AgentKind::Upstream {
         agent = agent.other_agent();
     }
