@@ -17,6 +17,25 @@ pub struct PodChanges {
     pub added: Vec<Pod>,
     pub updated: Vec<Pod>,
     pub removed: Vec<Pod>,
+    /// Pods whose spec is the same but whose readiness gates' conditions changed in the
+    /// API: their Ready condition needs a sync (upstream `HandlePodReconcile` on
+    /// `NeedToReconcilePodReadiness`).
+    pub reconcile: Vec<Pod>,
+}
+
+/// The status and message of the conditions `pod`'s readiness gates name, in gate order
+/// (`None` for a gate without its condition).
+fn gate_conditions(pod: &Pod) -> Vec<Option<(String, Option<String>)>> {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|gate| {
+            conditions.iter().find(|c| c.type_ == gate.condition_type).map(|c| (c.status.clone(), c.message.clone()))
+        })
+        .collect()
 }
 
 #[derive(Debug, Default)]
@@ -75,7 +94,13 @@ impl PodManager {
                 // The status as the API server has it (another writer's changes included:
                 // the node lifecycle controller marks pods not ready), for the status
                 // manager's reconciliation, as upstream's pod config keeps it.
-                Some(existing) if same_spec(existing, &pod) => existing.status = pod.status,
+                Some(existing) if same_spec(existing, &pod) => {
+                    let gates = gate_conditions(&pod);
+                    if !gates.is_empty() && gates != gate_conditions(existing) {
+                        changes.reconcile.push(pod.clone());
+                    }
+                    existing.status = pod.status;
+                }
                 Some(existing) => {
                     let seen =
                         existing.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_SEEN_ANNOTATION)).cloned();
@@ -238,6 +263,34 @@ mod tests {
         assert_eq!(m.ephemeral_containers(), 3);
         m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("b", 1)] });
         assert_eq!(m.ephemeral_containers(), 1);
+    }
+
+    /// A status-only update asks for a sync when the condition of one of the pod's
+    /// readiness gates changed, and only then.
+    #[test]
+    fn a_changed_readiness_gate_condition_asks_for_a_sync() {
+        let m = PodManager::new(&["api"]);
+        let gated = |gate_status: Option<&str>, ready: &str| {
+            let mut p = pod("g", "x");
+            p.spec.as_mut().unwrap().readiness_gates =
+                Some(vec![k8s_openapi::api::core::v1::PodReadinessGate { condition_type: "example.com/gate".into() }]);
+            let mut conditions = vec![serde_json::json!({"type": "Ready", "status": ready})];
+            if let Some(status) = gate_status {
+                conditions.push(serde_json::json!({"type": "example.com/gate", "status": status}));
+            }
+            p.status = Some(serde_json::from_value(serde_json::json!({"conditions": conditions})).unwrap());
+            p
+        };
+        let apply = |p: Pod, plain: Pod| m.apply(PodUpdate::Set { source: "api", pods: vec![p, plain] });
+        assert!(apply(gated(None, "False"), pod("plain", "x")).reconcile.is_empty(), "added, not reconciled");
+        let mut plain = pod("plain", "x");
+        plain.status = Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).unwrap());
+        assert!(apply(gated(None, "True"), plain.clone()).reconcile.is_empty(), "the kubelet's own condition changed");
+        let changes = apply(gated(Some("True"), "True"), plain.clone());
+        assert_eq!(changes.reconcile.iter().map(|p| p.metadata.uid.as_deref()).collect::<Vec<_>>(), [Some("g")]);
+        assert!(changes.updated.is_empty());
+        assert!(apply(gated(Some("True"), "False"), plain.clone()).reconcile.is_empty());
+        assert_eq!(apply(gated(Some("False"), "False"), plain).reconcile.len(), 1);
     }
 
     #[test]

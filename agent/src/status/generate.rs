@@ -351,6 +351,35 @@ fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String
     }
 }
 
+/// Upstream `GeneratePodReadyCondition`: as `ContainersReady` while that is not True;
+/// then False with reason `ReadinessGatesNotReady` while the condition of a readiness
+/// gate is missing from `others` (the conditions other components set) or not True.
+fn ready_condition(spec: &PodSpec, containers_ready: &PodCondition, others: &[PodCondition]) -> PodCondition {
+    if containers_ready.status != "True" {
+        return PodCondition { type_: "Ready".into(), ..containers_ready.clone() };
+    }
+    let unready: Vec<String> = spec
+        .readiness_gates
+        .iter()
+        .flatten()
+        .filter_map(|gate| {
+            let gate = gate.condition_type.as_str();
+            match others.iter().find(|c| c.type_ == gate) {
+                None => Some(format!("corresponding condition of pod readiness gate {gate:?} does not exist.")),
+                Some(c) if c.status != "True" => {
+                    Some(format!("the status of pod readiness gate {gate:?} is not \"True\", but {}", c.status))
+                }
+                Some(_) => None,
+            }
+        })
+        .collect();
+    if unready.is_empty() {
+        condition("Ready", true, None, None)
+    } else {
+        condition("Ready", false, Some("ReadinessGatesNotReady"), Some(unready.join(", ")))
+    }
+}
+
 fn not_ready_names(statuses: &[ContainerStatus], specs: &[Container], unknown_ok: bool) -> (Vec<String>, Vec<String>) {
     let (mut unknown, mut not_ready) = (Vec::new(), Vec::new());
     for c in specs {
@@ -496,21 +525,6 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     } else {
         condition("PodReadyToStartContainers", true, None, None)
     }];
-    conds.push(initialized_condition(spec, &all, &phase));
-    let cr = containers_ready_condition(spec, &all, &phase);
-    let ready = PodCondition { type_: "Ready".into(), ..cr.clone() };
-    conds.push(ready);
-    conds.push(cr);
-    conds.push(condition("PodScheduled", true, None, None));
-    // Transition times only move when the status flips.
-    let now = time(SystemTime::now());
-    for c in &mut conds {
-        let prev = inputs.old.and_then(|o| o.conditions.as_ref()).and_then(|l| l.iter().find(|p| p.type_ == c.type_));
-        c.last_transition_time = match prev {
-            Some(p) if p.status == c.status => p.last_transition_time.clone(),
-            _ => Some(now.clone()),
-        };
-    }
     // Conditions other components own (readiness gates, DisruptionTarget, ...) are kept
     // as the API has them, before the kubelet's own (upstream `PodConditionByKubelet`).
     let kubelet_owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
@@ -523,6 +537,20 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
         .filter(|c| !kubelet_owned.contains(&c.type_.as_str()))
         .cloned()
         .collect();
+    conds.push(initialized_condition(spec, &all, &phase));
+    let cr = containers_ready_condition(spec, &all, &phase);
+    conds.push(ready_condition(spec, &cr, &all_conds));
+    conds.push(cr);
+    conds.push(condition("PodScheduled", true, None, None));
+    // Transition times only move when the status flips.
+    let now = time(SystemTime::now());
+    for c in &mut conds {
+        let prev = inputs.old.and_then(|o| o.conditions.as_ref()).and_then(|l| l.iter().find(|p| p.type_ == c.type_));
+        c.last_transition_time = match prev {
+            Some(p) if p.status == c.status => p.last_transition_time.clone(),
+            _ => Some(now.clone()),
+        };
+    }
     all_conds.extend(conds);
     s.conditions = Some(all_conds);
     s.start_time = inputs.old.and_then(|o| o.start_time.clone()).or_else(|| inputs.start_time.map(time));
@@ -706,6 +734,57 @@ mod tests {
         } else {
             s.waiting.as_ref().unwrap().reason.as_deref().unwrap_or("waiting")
         }
+    }
+
+    /// Upstream `GeneratePodReadyCondition`: with its containers ready, a pod is Ready
+    /// only when the condition of every readiness gate is there and True (conditions other
+    /// components set, kept as the API has them); found by the node conformance suite
+    /// ("should support pod readiness gates").
+    #[test]
+    fn readiness_gates_hold_the_ready_condition() {
+        let failures = HashMap::new();
+        let mut p = pod("Always");
+        p.spec.as_mut().unwrap().readiness_gates = Some(
+            ["k8s.io/gate-a", "k8s.io/gate-b"]
+                .map(|t| k8s_openapi::api::core::v1::PodReadinessGate { condition_type: t.into() })
+                .to_vec(),
+        );
+        let app = rc("a", ContainerState::Running, 0, 0, 1);
+        let ready_of = |p: &Pod| {
+            let s = generate_api_pod_status(p, &rt_status(vec![app.clone()]), &inputs(&failures, None));
+            let conds = s.conditions.unwrap();
+            let get = |t: &str| conds.iter().find(|c| c.type_ == t).cloned().unwrap();
+            assert_eq!(get("ContainersReady").status, "True");
+            let ready = get("Ready");
+            (ready.status, ready.reason, ready.message)
+        };
+        assert_eq!(
+            ready_of(&p),
+            (
+                "False".into(),
+                Some("ReadinessGatesNotReady".into()),
+                Some(
+                    "corresponding condition of pod readiness gate \"k8s.io/gate-a\" does not exist., corresponding \
+                     condition of pod readiness gate \"k8s.io/gate-b\" does not exist."
+                        .into()
+                )
+            )
+        );
+        let gate = |t: &str, ok: bool| PodCondition { type_: t.into(), ..condition("", ok, None, None) };
+        p.status = Some(PodStatus {
+            conditions: Some(vec![gate("k8s.io/gate-a", true), gate("k8s.io/gate-b", false)]),
+            ..Default::default()
+        });
+        assert_eq!(
+            ready_of(&p),
+            (
+                "False".into(),
+                Some("ReadinessGatesNotReady".into()),
+                Some("the status of pod readiness gate \"k8s.io/gate-b\" is not \"True\", but False".into())
+            )
+        );
+        p.status.as_mut().unwrap().conditions.as_mut().unwrap()[1] = gate("k8s.io/gate-b", true);
+        assert_eq!(ready_of(&p), ("True".into(), None, None));
     }
 
     #[test]

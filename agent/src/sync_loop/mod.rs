@@ -196,6 +196,11 @@ impl SyncLoop {
             let kind = deletion_or(&pod, WorkType::Update);
             self.workers.update_pod(pod, kind);
         }
+        // A readiness gate's condition changed (another component set it): the pod's
+        // Ready condition follows at a sync.
+        for pod in changes.reconcile {
+            self.workers.update_pod(pod, WorkType::Sync);
+        }
         self.pod_manager.mark_handled();
         self.update_pod_count_metrics();
         if any_change {
