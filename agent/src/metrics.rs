@@ -234,7 +234,7 @@ pub fn def_histogram() -> Histogram {
 /// registers the families in the order they are declared (the exposition's order), and
 /// `Default`, the same families registered nowhere (tests, or when metrics are off).
 ///
-/// ```ignore
+/// ```text
 /// metric_families! {
 ///     /// The status manager family.
 ///     #[derive(Debug)]
