@@ -230,7 +230,6 @@ impl SyncLoop {
             // its worker and only when a watcher asked for records.
             let records = self.workers.records();
             let record = (records.subscriber_count() > 0).then(|| crate::event_api::NodeEvent {
-                pod_uid: ev.pod_uid.clone(),
                 container_id: ev.data.clone(),
                 kernel_time_ns: ev.kernel_time_ns,
                 pleg_event: format!("{:?}", ev.kind),

@@ -33,6 +33,7 @@ mod eviction;
 pub(crate) mod https;
 mod latency;
 mod pleg;
+pub(crate) use pleg::preflight;
 mod procfs;
 mod profile;
 mod records;
@@ -173,7 +174,9 @@ pub async fn finish(
 
 /// Whether the test bed is up (its containerd runs) before a bench: a bench leaves it as it
 /// found it.
-fn bed_was_up(layout: &Layout) -> bool {
+/// Whether the test bed's containerd runs (a bench, fidelity or conformance run leaves the
+/// bed as it found it).
+pub(crate) fn bed_was_up(layout: &Layout) -> bool {
     State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive)
 }
 

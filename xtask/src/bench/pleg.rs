@@ -204,7 +204,7 @@ fn bench_owner(name: &str) -> Option<i32> {
 /// Makes sure the test bed is ours alone, and removes what earlier benches that could
 /// not clean up (killed with SIGKILL) left: sandboxes in the bench namespace, cgroup roots
 /// and directories of bench processes that are gone.
-pub(super) async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
+pub(crate) async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()> {
     let socket = layout.socket().display().to_string();
     let others = containerd::find_processes(|a| {
         a.first().is_some_and(|a0| Path::new(a0).file_name().is_some_and(|n| n == "swiftlet"))
@@ -216,7 +216,7 @@ pub(super) async fn preflight(cri: &mut CriClient, layout: &Layout) -> Result<()
     );
     agent::remove_bench_sandboxes(cri).await.context("removing sandboxes an earlier bench left")?;
     if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
-        bail!("{why}; the bench's agent would take them over. Try again when the test bed is idle.");
+        bail!("{why}; the agents this run starts would take them over. Try again when the test bed is idle.");
     }
     let stale = |p: &Path| {
         p.file_name().and_then(|n| n.to_str()).and_then(bench_owner).is_some_and(|pid| !containerd::is_alive(pid))

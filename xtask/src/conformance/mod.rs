@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 
 use crate::{
     Ctx,
@@ -37,10 +37,9 @@ use crate::{
         apiserver::ApiServer,
         cluster::Cluster,
     },
-    containerd,
     cri::CriClient,
     registry, testbed,
-    testbed::{Layout, State},
+    testbed::Layout,
     upstream::Upstream,
 };
 
@@ -104,8 +103,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &ConformanceArgs) -> Result<(
     }
     testbed::require_root()?;
     let _lock = bench::testbed_lock(layout)?;
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = bench::bed_was_up(layout);
     let started = Instant::now();
     let outcome = conformance(ctx, layout, &upstream, args).await;
     eprintln!("conformance: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
@@ -175,10 +173,7 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
         None => crate::fidelity::debug_build(ctx)?,
     };
     let mut cri = CriClient::connect(&layout.socket()).await?;
-    agent::remove_bench_sandboxes(&mut cri).await?;
-    if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
-        bail!("{why}; the agents would take them over. Try again when the test bed is idle.");
-    }
+    bench::preflight(&mut cri, layout).await?;
     let suite = Suite { upstream, args, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
     let mut runs = Vec::new();
     for kind in agents {

@@ -38,7 +38,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, ensure};
 use serde_json::{Value, json};
 
 use self::{
@@ -49,14 +49,14 @@ use crate::{
     Ctx, apt,
     bench::{
         self,
-        agent::{self, BenchAgent, PlegMode},
+        agent::{BenchAgent, PlegMode},
         apiserver::{ApiClient, ApiServer},
         cluster::Cluster,
     },
     containerd,
     cri::CriClient,
     registry, testbed,
-    testbed::{Layout, State},
+    testbed::Layout,
     upstream::Upstream,
 };
 
@@ -102,8 +102,7 @@ struct AgentRun {
 pub async fn run(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()> {
     testbed::require_root()?;
     let _lock = bench::testbed_lock(layout)?;
-    let bed_was_up =
-        State::load(layout).ok().flatten().and_then(|s| s.containerd_pid).is_some_and(containerd::is_alive);
+    let bed_was_up = bench::bed_was_up(layout);
     let started = Instant::now();
     let outcome = fidelity(ctx, layout, args).await;
     eprintln!("fidelity: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
@@ -133,10 +132,7 @@ async fn fidelity(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()>
         upstream.build()?;
     }
     let mut cri = CriClient::connect(&layout.socket()).await?;
-    agent::remove_bench_sandboxes(&mut cri).await?;
-    if let Some(why) = agent::foreign_pods(&cri.list_pod_sandboxes().await?) {
-        bail!("{why}; the agents would take them over. Try again when the test bed is idle.");
-    }
+    bench::preflight(&mut cri, layout).await?;
     let pull_registry =
         registry::State::load(layout).ok().flatten().map_or_else(|| "127.0.0.1:9".to_owned(), |s| s.plain.endpoint);
     let chosen = selected(args, &pull_registry);
