@@ -107,15 +107,11 @@ impl Upstream {
             self.bin_dir.display()
         );
         // One `go build` for all six: the packages they share compile once.
-        let mut cmd = Command::new(go()?);
+        let mut cmd = go()?;
         cmd.current_dir(&self.module_dir)
             .args(["build", "-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"])
             .arg(format!("{}/", self.bin_dir.display()))
             .args(BINARIES.iter().map(|(_, pkg)| *pkg));
-        // Go keeps its build and module caches under $HOME; CI may run without one.
-        if std::env::var_os("HOME").is_none() {
-            cmd.env("HOME", "/root");
-        }
         let status = cmd.status().context("running go build")?;
         if !status.success() {
             bail!("go build of the upstream binaries failed ({status})");
@@ -145,11 +141,8 @@ impl Upstream {
     /// Where the module cache holds `k8s.io/kubernetes` (`go list -m`): the agnhost image
     /// takes its porter certificate from there.
     pub fn e2e_module_dir(&self) -> Result<PathBuf> {
-        let mut cmd = Command::new(go()?);
+        let mut cmd = go()?;
         cmd.current_dir(&self.module_dir).args(["list", "-mod=readonly", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"]);
-        if std::env::var_os("HOME").is_none() {
-            cmd.env("HOME", "/root");
-        }
         let out = cmd.output().context("running go list -m k8s.io/kubernetes")?;
         ensure!(out.status.success(), "go list -m k8s.io/kubernetes: {}", String::from_utf8_lossy(&out.stderr).trim());
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
@@ -178,7 +171,7 @@ impl Upstream {
         let _ = fs::remove_file(self.e2e_stamp_file());
         eprintln!("upstream: building the {VERSION} e2e suite, ginkgo and agnhost into {}", dir.display());
         for (name, pkg) in E2E_BINARIES {
-            let mut cmd = Command::new(go()?);
+            let mut cmd = go()?;
             cmd.current_dir(&self.module_dir);
             if *name == "e2e.test" {
                 cmd.args(["test", "-c"]);
@@ -188,9 +181,6 @@ impl Upstream {
             cmd.args(["-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"]).arg(dir.join(name)).arg(pkg);
             if *name == "agnhost" {
                 cmd.env("CGO_ENABLED", "0");
-            }
-            if std::env::var_os("HOME").is_none() {
-                cmd.env("HOME", "/root");
             }
             let status = cmd.status().with_context(|| format!("running go build of {pkg}"))?;
             ensure!(status.success(), "go build of {pkg} failed ({status})");
@@ -221,23 +211,27 @@ fn ldflags() -> String {
     flags
 }
 
-/// The `go` command: on PATH, else the toolchain's usual place.
-fn go() -> Result<PathBuf> {
-    if let Some(path) =
-        std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("go")).find(|p| p.is_file())
-    {
-        return Ok(path);
-    }
+/// A `go` command: the one on PATH, else the toolchain's usual place. Go keeps its build
+/// and module caches under $HOME, which CI may run without: then `/root`.
+fn go() -> Result<Command> {
+    let on_path =
+        std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("go")).find(|p| p.is_file());
     let usual = Path::new("/usr/local/go/bin/go");
-    ensure!(usual.is_file(), "no `go` on PATH nor at {}: the upstream binaries need Go 1.26", usual.display());
-    Ok(usual.to_path_buf())
-}
-
-fn go_version() -> Result<String> {
-    let mut cmd = Command::new(go()?);
+    let path = if let Some(path) = on_path {
+        path
+    } else {
+        ensure!(usual.is_file(), "no `go` on PATH nor at {}: the upstream binaries need Go 1.26", usual.display());
+        usual.to_path_buf()
+    };
+    let mut cmd = Command::new(path);
     if std::env::var_os("HOME").is_none() {
         cmd.env("HOME", "/root");
     }
+    Ok(cmd)
+}
+
+fn go_version() -> Result<String> {
+    let mut cmd = go()?;
     let out = cmd.arg("version").output().context("running go version")?;
     ensure!(out.status.success(), "go version failed");
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
