@@ -280,6 +280,13 @@ pub struct BuiltImage {
     pub image_id: String,
 }
 
+/// The image tarball cache: `<target>/xtask/images`, kept across `testbed down` like
+/// any build output; every image built here (the test bed's, the registries' copies, the
+/// conformance suite's) is cached there.
+pub fn cache_dir(ctx: &crate::Ctx) -> PathBuf {
+    ctx.target_dir.join("xtask/images")
+}
+
 /// Builds (or finds in `cache_dir`) the test bed's images.
 pub fn build_all(workspace: &Path, cache_dir: &Path) -> Result<Vec<BuiltImage>> {
     fs::create_dir_all(cache_dir).with_context(|| format!("creating image cache {}", cache_dir.display()))?;
@@ -441,12 +448,12 @@ pub fn pause_binary(workspace: &Path, scratch: &Path) -> Result<Vec<u8>> {
 }
 
 fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
-    let (binary, applets) = host_busybox()?;
+    let binary = host_busybox()?;
     let key = cache_key(name, &[&binary]);
     cached(cache_dir, name, &key, || {
         oci_archive(
             name,
-            &busybox_layer(&binary, &applets),
+            &host_busybox_layer(&binary)?,
             &RunConfig {
                 env: vec![DEFAULT_PATH.into()],
                 entrypoint: None,
@@ -458,22 +465,28 @@ fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
     })
 }
 
-/// The host's static busybox (its bytes) and its applets (`busybox --list-full`).
-pub fn host_busybox() -> Result<(Vec<u8>, String)> {
-    // busybox-static installs /bin/busybox; a dynamically linked busybox would not run in
-    // an image without a libc.
-    let path = Path::new("/bin/busybox");
-    let binary = fs::read(path).with_context(|| format!("reading {} (apt package busybox-static)", path.display()))?;
-    let out = Command::new(path)
+/// busybox-static installs /bin/busybox; a dynamically linked busybox would not run in an
+/// image without a libc.
+const HOST_BUSYBOX: &str = "/bin/busybox";
+
+/// The host's static busybox: its bytes (an image's cache key).
+pub fn host_busybox() -> Result<Vec<u8>> {
+    fs::read(HOST_BUSYBOX).with_context(|| format!("reading {HOST_BUSYBOX} (apt package busybox-static)"))
+}
+
+/// [`busybox_layer`] around `binary` (the host's busybox, [`host_busybox`]) with the
+/// applets it lists (`busybox --list-full`): asked only when an image is built.
+pub fn host_busybox_layer(binary: &[u8]) -> Result<Layer> {
+    let out = Command::new(HOST_BUSYBOX)
         .arg("--list-full")
         .output()
-        .with_context(|| format!("running {} --list-full", path.display()))?;
+        .with_context(|| format!("running {HOST_BUSYBOX} --list-full"))?;
     ensure!(out.status.success(), "busybox --list-full failed");
     let applets = String::from_utf8(out.stdout).context("busybox applet list")?;
     if applets.lines().count() < 50 {
         bail!("busybox lists too few applets; is it busybox-static?");
     }
-    Ok((binary, applets))
+    Ok(busybox_layer(binary, &applets))
 }
 
 /// Imports `image` into the `k8s.io` namespace of the containerd at `socket`.

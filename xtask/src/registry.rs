@@ -628,7 +628,7 @@ pub fn up(layout: &Layout, ports: Ports, copies: &[(String, BuiltImage)]) -> Res
 pub fn up_cmd(ctx: &Ctx, layout: &Layout, ports: Ports) -> Result<()> {
     require_root()?;
     apt::ensure(&["gcc", "libc6-dev", "busybox-static"])?;
-    let copies = images::build_registry_copies(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
+    let copies = images::build_registry_copies(&ctx.workspace, &images::cache_dir(ctx))?;
     let state = up(layout, ports, &copies)?;
     println!("plain: http://{}", state.plain.endpoint);
     println!("tls:   https://{} (user {}, CA {})", state.tls.endpoint, state.username, state.ca_cert.display());

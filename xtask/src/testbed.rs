@@ -225,7 +225,7 @@ async fn healthy(layout: &Layout, state: &State) -> bool {
 pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
     require_root()?;
     apt::ensure(apt::PACKAGES)?;
-    let built = images::build_all(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
+    let built = images::build_all(&ctx.workspace, &images::cache_dir(ctx))?;
 
     let mut state = if let Some(state) = State::load(layout)? {
         state
@@ -273,7 +273,7 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         state.images.insert(image.name.clone(), image.image_id.clone());
     }
     state.save(layout)?;
-    let copies = images::build_registry_copies(&ctx.workspace, &ctx.target_dir.join("xtask/images"))?;
+    let copies = images::build_registry_copies(&ctx.workspace, &images::cache_dir(ctx))?;
     let registries = registry::up(layout, registry::Ports::default(), &copies)?;
     eprintln!(
         "test registries up: http://{} and https://{} ({})",

@@ -35,7 +35,7 @@ pub const AGNHOST_TAGS: [&str; 2] = ["2.66.1", "2.55"];
 /// `(registry path:tag, image)` of every image built for the suite.
 pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<Vec<(String, BuiltImage)>> {
     fs::create_dir_all(cache_dir).with_context(|| format!("creating {}", cache_dir.display()))?;
-    let (busybox, applets) = images::host_busybox()?;
+    let busybox = images::host_busybox()?;
     let agnhost_path = upstream.e2e_bin("agnhost");
     let agnhost = fs::read(&agnhost_path).with_context(|| format!("reading {}", agnhost_path.display()))?;
     let porter = upstream.e2e_module_dir()?.join("test/images/agnhost/porter");
@@ -47,7 +47,7 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
         let name = format!("e2e-test-images/agnhost:{tag}");
         let key_inputs: [&[u8]; 4] = [&busybox, &agnhost, &cert, &key];
         let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
-            let mut layer = images::busybox_layer(&busybox, &applets);
+            let mut layer = images::host_busybox_layer(&busybox)?;
             agnhost_files(&mut layer, &agnhost, &cert, &key);
             images::oci_archive(
                 &name,
@@ -59,7 +59,7 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     }
     let name = "e2e-test-images/busybox:1.37.0-2".to_owned();
     let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox]), || {
-        images::oci_archive(&name, &images::busybox_layer(&busybox, &applets), &run_config(&name, None, None))
+        images::oci_archive(&name, &images::host_busybox_layer(&busybox)?, &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let name = "pause:3.10.2".to_owned();

@@ -160,7 +160,7 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
     fs::create_dir_all(&out)?;
 
     eprintln!("==> conformance: the suite's images");
-    for (path, image) in images::build(upstream, &ctx.workspace, &ctx.target_dir.join("images"))? {
+    for (path, image) in images::build(upstream, &ctx.workspace, &crate::images::cache_dir(ctx))? {
         registry::push_plain(&registry, &image, &path)?;
     }
     let repo_list = out.join("repo-list.yaml");
