@@ -168,10 +168,6 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
 
     let agents =
         if args.agents.is_empty() { vec![AgentKind::Swiftlet, AgentKind::Upstream] } else { args.agents.clone() };
-    let swiftlet = match &args.swiftlet_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => crate::fidelity::debug_build(ctx)?,
-    };
     let mut cri = CriClient::connect(&layout.socket()).await?;
     bench::preflight(&mut cri, layout).await?;
     let suite = Suite { upstream, args, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
@@ -180,7 +176,7 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
         eprintln!();
         eprintln!("==> conformance: {}", kind.name());
         let binary = match kind {
-            AgentKind::Swiftlet => swiftlet.clone(),
+            AgentKind::Swiftlet => crate::fidelity::swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?,
             AgentKind::Upstream => upstream.bin("kubelet"),
         };
         let dir = out.join(kind.name());

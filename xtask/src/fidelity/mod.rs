@@ -122,10 +122,7 @@ async fn fidelity(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()>
     testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     apt::ensure(&["curl", "openssl"])?;
     let api = ApiServer::up(ctx, layout)?;
-    let swiftlet = match &args.swiftlet_bin {
-        Some(p) => fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()))?,
-        None => debug_build(ctx)?,
-    };
+    let swiftlet = swiftlet_binary(ctx, args.swiftlet_bin.as_deref())?;
     let upstream = Upstream::new(ctx);
     let kubelet = upstream.bin("kubelet");
     if !kubelet.is_file() {
@@ -218,8 +215,13 @@ fn describe(d: &Difference) -> String {
     format!("{} / {}: swiftlet {}, kubelet {}", d.scenario, d.key, show(&d.swiftlet), show(&d.kubelet))
 }
 
-/// `cargo build -p swiftlet --bin swiftlet` (a no-op when CI has built the workspace).
-pub(crate) fn debug_build(ctx: &Ctx) -> Result<PathBuf> {
+/// The swiftlet binary to run: `given` (`--swiftlet-bin`), else a debug build of the
+/// workspace's (`cargo build -p swiftlet --bin swiftlet`, a no-op when CI has built the
+/// workspace).
+pub(crate) fn swiftlet_binary(ctx: &Ctx, given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()));
+    }
     let status = Command::new(&ctx.cargo)
         .args(["build", "-p", "swiftlet", "--bin", "swiftlet"])
         .current_dir(&ctx.workspace)
