@@ -154,6 +154,8 @@ struct State {
     container_configs: HashMap<String, api::ContainerConfig>,
     images: Images,
     calls: Vec<String>,
+    /// Names of the containers `StopContainer` stopped, in order.
+    stopped: Vec<String>,
     exec: ExecScript,
     /// `ReopenContainerLog` fails with this message.
     reopen_failure: Option<String>,
@@ -309,6 +311,12 @@ impl FakeRuntime {
     #[must_use]
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
+    }
+
+    /// The names of the containers stopped so far, in order.
+    #[must_use]
+    pub fn stopped_containers(&self) -> Vec<String> {
+        self.state.lock().unwrap().stopped.clone()
     }
 
     /// Makes `ListPodSandbox` and `ListContainers` fail with `Unavailable`, as a stopped
@@ -559,6 +567,8 @@ impl RuntimeService for FakeRuntime {
             c.exit_code = 137;
             c.finished_at = self.now_nanos();
         }
+        let name = c.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        s.stopped.push(name);
         Ok(())
     }
 

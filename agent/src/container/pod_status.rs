@@ -166,6 +166,15 @@ impl RuntimePodStatus {
         self.containers.iter().find(|c| c.name == name)
     }
 
+    /// The newest container with this name in the newest sandbox (upstream
+    /// `FindActiveContainerStatusByName`): what an older sandbox ran says nothing about the
+    /// current one.
+    #[must_use]
+    pub fn find_active_container(&self, name: &str) -> Option<&RuntimeContainerStatus> {
+        let sandbox = &self.sandboxes.first()?.id;
+        self.containers.iter().find(|c| c.name == name && &c.sandbox_id == sandbox)
+    }
+
     /// IPs of the newest sandbox.
     #[must_use]
     pub fn ips(&self) -> &[String] {

@@ -14,6 +14,8 @@
 //! - `image_credentials`: pull secrets and node credentials for image pulls;
 //! - [`dns`]: pod DNS, hostnames and `/etc/hosts` (`pkg/kubelet/network/dns`);
 //! - [`env`](mod@env): container environment variables (`makeEnvironmentVariables`);
+//! - `termination_order`: sidecars stop after the app containers, in reverse order
+//!   (`kuberuntime_termination_order.go`);
 //! - `sync_result`: what a sync did, per action ([`PodSyncResult`], [`SyncResult`];
 //!   `pkg/kubelet/container/sync_result.go`);
 //! - `tests` (`SyncPod` on the fake runtime) and `testing` (fixtures the tests share).
@@ -34,6 +36,7 @@ use crate::container::{Error, Result, RuntimeService, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::runtime::metrics::{ContainerTypeLabels, RuntimeMetrics, StartedContainerErrorLabels};
 use crate::types::pod::pod_full_name;
+use crate::types::pod_resources::is_restartable_init_container;
 use crate::volumes::VolumeManager;
 
 mod container;
@@ -43,6 +46,7 @@ mod image_credentials;
 pub mod pod_actions;
 mod sandbox;
 mod sync_result;
+mod termination_order;
 #[cfg(test)]
 mod testing;
 
@@ -50,6 +54,7 @@ pub use container::StartError;
 use container::{StartContext, StartSpec};
 pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with};
 pub use sync_result::{PodSyncResult, SyncAction, SyncResult};
+use termination_order::TerminationOrder;
 
 /// Upstream `minimumGracePeriodInSeconds`: a kill never gets less than this.
 pub const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
@@ -74,6 +79,30 @@ const IMAGE_REASONS: [&str; 7] = [
     reasons::REGISTRY_UNAVAILABLE,
     reasons::SIGNATURE_VALIDATION_FAILED,
 ];
+
+/// The prober's verdicts on one pod's containers, for [`compute_pod_actions_with`]
+/// (the runtime reports bare ids; the prober keys its results by `<runtime>://<id>`).
+struct Verdicts<'a> {
+    pod: &'a Pod,
+    probes: &'a crate::prober::ProbeManager,
+    runtime_name: &'a str,
+}
+
+impl Verdicts<'_> {
+    fn full_id(&self, id: &str) -> String {
+        format!("{}://{id}", self.runtime_name)
+    }
+}
+
+impl pod_actions::ProbeVerdicts for Verdicts<'_> {
+    fn to_kill(&self, container: &Container, id: &str) -> Option<crate::prober::ProbeKill> {
+        self.probes.container_to_kill(self.pod, &container.name, &self.full_id(id))
+    }
+
+    fn startup_succeeded(&self, _: &Container, id: &str) -> bool {
+        self.probes.startup().get(&self.full_id(id)) == Some(crate::prober::ProbeResult::Success)
+    }
+}
 
 /// The error of a pod that came without a spec (a broken object from a source).
 fn no_spec(pod: &Pod) -> String {
@@ -327,9 +356,8 @@ impl RuntimeManager {
         let Some(spec) = pod.spec.as_ref() else {
             return PodSyncResult::sync_failed(no_spec(pod));
         };
-        let mut actions = compute_pod_actions_with(pod, status, &|c, id| {
-            self.probes.container_to_kill(pod, &c.name, &format!("{}://{id}", self.runtime_name))
-        });
+        let verdicts = Verdicts { pod, probes: &self.probes, runtime_name: &self.runtime_name };
+        let mut actions = compute_pod_actions_with(pod, status, &verdicts);
         // In-place resize: restarts join the actions; in-place updates come after the kills.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let a = &self.allocation;
@@ -404,7 +432,7 @@ impl RuntimeManager {
         // a sandbox and again before it starts any container (`lazyStart`), in back-off too:
         // a new pod gets `MissingClusterDNS` twice, and once more each sync that has a
         // container to start. One config serves both here; its warnings are recorded as often.
-        let starts_any = actions.next_init_container.is_some()
+        let starts_any = !actions.init_containers_to_start.is_empty()
             || !actions.containers_to_start.is_empty()
             || !actions.ephemeral_containers_to_start.is_empty();
         let dns_records = usize::from(actions.create_sandbox) + usize::from(starts_any);
@@ -453,10 +481,15 @@ impl RuntimeManager {
             Box::pin(self.start_ephemeral_containers(pod, to_start, &ctx, &mut result)).await;
         }
         let inits = spec.init_containers.as_deref().unwrap_or_default();
-        if let Some(i) = actions.next_init_container {
+        for &i in &actions.init_containers_to_start {
             let start = StartSpec::of(&inits[i], ContainerKind::Init);
-            self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
-            return result;
+            let started =
+                self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
+            // A sidecar that cannot start is retried at the next sync; a plain init
+            // container that cannot start holds initialization up.
+            if !started && !is_restartable_init_container(&inits[i]) {
+                return result;
+            }
         }
         for &i in &actions.containers_to_start {
             let start = StartSpec::of(&spec.containers[i], ContainerKind::Regular);
@@ -497,7 +530,7 @@ impl RuntimeManager {
         sandbox_config: &api::PodSandboxConfig,
         pod_ips: &[String],
         result: &mut PodSyncResult,
-    ) {
+    ) -> bool {
         let container = start.container;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(wait) = self.crash_loop_backoff(pod, container, status) {
@@ -517,7 +550,7 @@ impl RuntimeManager {
             );
             let back_off = StartError { reason: reasons::CRASH_LOOP_BACK_OFF, message: msg, retry_after: Some(wait) };
             result.add(SyncResult::start_failed(&container.name, back_off));
-            return;
+            return false;
         }
         let restart_count = status.find_container(&container.name).map_or(0, |c| c.restart_count + 1);
         result.touched_runtime = true;
@@ -531,6 +564,7 @@ impl RuntimeManager {
             Ok(()) => {
                 self.clear_reason(uid, &container.name);
                 result.add(SyncResult::ok(SyncAction::StartContainer, &container.name));
+                true
             }
             Err(e) => {
                 let (reason, msg) = (e.reason, e.message.as_str());
@@ -553,6 +587,7 @@ impl RuntimeManager {
                     self.container_event(pod, &container.name, EventType::Warning, "Failed", message);
                 }
                 result.add(SyncResult::start_failed(&container.name, e));
+                false
             }
         }
     }
@@ -610,19 +645,31 @@ impl RuntimeManager {
                 );
             }
         }
+        let names: Vec<&str> = running.iter().map(|c| c.name.as_str()).collect();
+        let order = pod.and_then(|pod| TerminationOrder::new(pod, &names));
+        let order = order.as_ref();
         let stops = running.iter().map(|c| async move {
-            // Each container's preStop hook runs within its own grace period, in parallel.
-            let grace = match pod {
+            // Each container's preStop hook runs within its own grace period, in parallel;
+            // then sidecars wait for their turn with what is left of it.
+            let mut grace = match pod {
                 Some(pod) if c.state == ContainerState::Running => {
                     self.pre_stop(pod, &c.id, &c.name, grace, status.ips()).await
                 }
-                _ => grace.max(MINIMUM_GRACE_PERIOD_SECS),
+                _ => grace,
             };
-            let stopped = self.rt.stop_container(&c.id, grace).await;
+            if let Some(order) = order {
+                grace -= order.wait_for_turn(&c.name, grace).await;
+            }
+            let stopped = self.rt.stop_container(&c.id, grace.max(MINIMUM_GRACE_PERIOD_SECS)).await;
             self.containers_changed();
             match stopped {
                 Err(e) if !e.is_not_found() => Err(e),
-                _ => Ok(()),
+                _ => {
+                    if let Some(order) = order {
+                        order.stopped(&c.name);
+                    }
+                    Ok(())
+                }
             }
         });
         let mut first_err = None;

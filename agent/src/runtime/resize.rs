@@ -114,8 +114,10 @@ pub fn compute_pod_resize_action(
             actions
                 .containers_to_kill
                 .insert(s.id.clone(), (c.name.clone(), format!("Container {} resize requires restart", c.name)));
-            if !init {
-                actions.containers_to_start.push(index);
+            let to_start = if init { &mut actions.init_containers_to_start } else { &mut actions.containers_to_start };
+            if !to_start.contains(&index) {
+                to_start.push(index);
+                to_start.sort_unstable();
             }
             continue;
         }

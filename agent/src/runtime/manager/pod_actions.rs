@@ -1,7 +1,8 @@
 //! What a sync must do to a pod (upstream `computePodActions` in
 //! `kuberuntime_manager.go`): [`compute_pod_actions`] is a pure function of the pod's spec
-//! and the runtime's state, with its helpers (`ShouldContainerBeRestarted`, the next init
-//! container, whether the sandbox must be recreated).
+//! and the runtime's state, with its helpers (`ShouldContainerBeRestarted`, the init
+//! containers and sidecars to start (`computeInitContainerActions`), whether the sandbox
+//! must be recreated).
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,8 @@ use crate::container::ephemeral;
 use crate::container::helpers::{pod_sandbox_changed_why, restart_policy, should_container_be_restarted};
 use crate::container::labels;
 use crate::container::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
+use crate::prober::{ProbeKill, ProbeType};
+use crate::types::pod_resources::is_restartable_init_container;
 
 /// What a sync must do to a pod (upstream `podActions`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,8 +26,10 @@ pub struct PodActions {
     pub sandbox_id: String,
     /// Attempt number of the sandbox to create.
     pub attempt: u32,
-    /// Index into `spec.initContainers` of the next init container to start.
-    pub next_init_container: Option<usize>,
+    /// Indexes into `spec.initContainers` to start, in spec order (upstream
+    /// `InitContainersToStart`): the next plain init container, and sidecars (restartable
+    /// init containers) that must run again.
+    pub init_containers_to_start: Vec<usize>,
     /// Indexes into `spec.ephemeralContainers` to start (upstream
     /// `EphemeralContainersToStart`): those the runtime never had.
     pub ephemeral_containers_to_start: Vec<usize>,
@@ -37,54 +42,153 @@ pub struct PodActions {
     pub kill_grace: BTreeMap<String, i64>,
 }
 
+/// What the prober says about a running container (upstream's liveness and startup
+/// result managers), as the actions need it.
+pub trait ProbeVerdicts {
+    /// Whether a failed liveness or startup probe wants container `id` killed.
+    fn to_kill(&self, container: &Container, id: &str) -> Option<ProbeKill>;
+    /// Whether container `id` has a startup probe success on record. Asked only for
+    /// sidecars with a startup probe: until then, the next init container waits.
+    fn startup_succeeded(&self, container: &Container, id: &str) -> bool;
+}
+
+/// No prober results yet: nothing to kill, no startup probe has succeeded.
+#[derive(Debug)]
+pub struct NoVerdicts;
+
+impl ProbeVerdicts for NoVerdicts {
+    fn to_kill(&self, _: &Container, _: &str) -> Option<ProbeKill> {
+        None
+    }
+    fn startup_succeeded(&self, _: &Container, _: &str) -> bool {
+        false
+    }
+}
+
 fn should_restart_on_failure(spec: &PodSpec) -> bool {
     restart_policy(spec) != "Never"
 }
 
+/// Upstream `isInitContainerFailed`: exited non-zero, OOM-killed, or in an unknown state.
 fn is_init_container_failed(c: &RuntimeContainerStatus) -> bool {
-    (c.state == ContainerState::Exited && c.exit_code != 0) || c.state == ContainerState::Unknown
+    c.reason == "OOMKilled"
+        || (c.state == ContainerState::Exited && c.exit_code != 0)
+        || c.state == ContainerState::Unknown
 }
 
-/// Upstream `findNextInitContainerToRun`: (status of the last failed init container,
-/// index of the next init container to run, whether all are done).
-fn find_next_init_container<'a>(
+/// Whether a running container's hash says its spec changed (a container an earlier
+/// swiftlet created carries the whole-spec hash and is kept).
+fn definition_changed(c: &Container, s: &RuntimeContainerStatus) -> bool {
+    !s.hash.is_empty() && s.hash != labels::container_hash(c) && s.hash != labels::legacy_container_hash(c)
+}
+
+/// Upstream `computeInitContainerActions`: puts the init containers to start (the next
+/// plain one; sidecars that exited, were never seen, or must restart) and the sidecars to
+/// kill into `actions`, and says whether the pod has initialized. A sidecar counts as
+/// started once it runs and its startup probe, if any, succeeded; the next init container
+/// starts only then. After initialization only sidecars are looked after: plain init
+/// containers the runtime removed are not run again.
+fn compute_init_container_actions(
     spec: &PodSpec,
-    status: &'a RuntimePodStatus,
-) -> (Option<&'a RuntimeContainerStatus>, Option<usize>, bool) {
+    status: &RuntimePodStatus,
+    probes: &dyn ProbeVerdicts,
+    actions: &mut PodActions,
+) -> bool {
     let inits = spec.init_containers.as_deref().unwrap_or_default();
     if inits.is_empty() {
-        return (None, None, true);
+        return true;
     }
-    // A running app container means initialization happened (e.g. before an agent restart
-    // after which init containers were garbage collected).
-    if spec
-        .containers
-        .iter()
-        .any(|c| status.find_container(&c.name).is_some_and(|s| s.state == ContainerState::Running))
-    {
-        return (None, None, true);
-    }
+    // An app container in the current sandbox means initialization finished there.
+    let mut initialized = spec.containers.iter().any(|c| status.find_active_container(&c.name).is_some());
+    let mut previously_initialized = initialized;
+    let last = inits.len() - 1;
+    let mut to_start = Vec::new();
+    // Backwards: completed init containers may be gone from the runtime, so the last one
+    // seen says how far initialization got.
     for (i, c) in inits.iter().enumerate().rev() {
-        if let Some(s) = status.find_container(&c.name)
-            && is_init_container_failed(s)
-        {
-            return (Some(s), Some(i), false);
-        }
-    }
-    for (i, c) in inits.iter().enumerate().rev() {
-        let Some(s) = status.find_container(&c.name) else { continue };
-        match s.state {
-            ContainerState::Running | ContainerState::Created => return (None, None, false),
-            ContainerState::Exited => {
-                if i == inits.len() - 1 {
-                    return (None, None, true);
-                }
-                return (None, Some(i + 1), false);
+        let sidecar = is_restartable_init_container(c);
+        let Some(s) = status.find_active_container(&c.name) else {
+            if previously_initialized && sidecar {
+                to_start.push(i);
             }
-            ContainerState::Unknown => {}
+            continue;
+        };
+        if previously_initialized && !sidecar {
+            continue;
         }
+        match s.state {
+            // Created but never started (the start failed): start it again.
+            ContainerState::Created => to_start.push(i),
+            ContainerState::Running if sidecar => 'running: {
+                let kill = probes.to_kill(c, &s.id);
+                if let Some(kill) = kill.as_ref().filter(|k| k.probe_type == ProbeType::Startup) {
+                    kill_to_restart(actions, s, kill.message.clone(), Some(kill.grace_period_seconds));
+                    to_start.push(i);
+                    break 'running;
+                }
+                if c.startup_probe.is_some() && !probes.startup_succeeded(c, &s.id) {
+                    break 'running;
+                }
+                if i == last {
+                    initialized = true;
+                } else if !previously_initialized {
+                    to_start.push(i + 1);
+                }
+                if definition_changed(c, s) {
+                    kill_to_restart(actions, s, format!("Init container {} definition changed", c.name), None);
+                    to_start.push(i);
+                } else if let Some(kill) = kill {
+                    kill_to_restart(actions, s, kill.message, Some(kill.grace_period_seconds));
+                    to_start.push(i);
+                }
+            }
+            // A plain init container still running: wait for it.
+            ContainerState::Running => {}
+            ContainerState::Exited if sidecar => to_start.push(i),
+            ContainerState::Exited | ContainerState::Unknown if !sidecar && is_init_container_failed(s) => {
+                if !should_restart_on_failure(spec) {
+                    actions.kill_pod = true;
+                    actions.init_containers_to_start.clear();
+                    return false;
+                }
+                if s.state == ContainerState::Unknown {
+                    kill_to_restart(actions, s, unknown_state_message("Init container"), None);
+                }
+                to_start.push(i);
+            }
+            ContainerState::Exited => {
+                if i == last {
+                    initialized = true;
+                } else {
+                    to_start.push(i + 1);
+                }
+            }
+            ContainerState::Unknown => {
+                kill_to_restart(actions, s, unknown_state_message("Init container"), None);
+                to_start.push(i);
+            }
+        }
+        previously_initialized = true;
     }
-    (None, Some(0), false)
+    if !previously_initialized {
+        to_start.push(0);
+    }
+    to_start.reverse();
+    to_start.dedup();
+    actions.init_containers_to_start = to_start;
+    initialized
+}
+
+/// Upstream's message for a container in an unknown state, killed before its restart.
+fn unknown_state_message(what: &str) -> String {
+    format!("{what} is in \"unknown\" state, try killing it before restart")
+}
+
+fn kill_to_restart(actions: &mut PodActions, s: &RuntimeContainerStatus, message: String, grace: Option<i64>) {
+    actions.containers_to_kill.insert(s.id.clone(), (s.name.clone(), message));
+    if let Some(grace) = grace {
+        actions.kill_grace.insert(s.id.clone(), grace);
+    }
 }
 
 /// Upstream `podSandboxChanged`: (create a new sandbox?, attempt, current sandbox id).
@@ -93,19 +197,24 @@ fn pod_sandbox_changed(spec: &PodSpec, status: &RuntimePodStatus) -> (bool, u32,
     (changed, attempt, id)
 }
 
-/// Upstream `computePodActions`.
+/// Upstream `computePodActions`, without prober results.
 #[must_use]
 pub fn compute_pod_actions(pod: &Pod, status: &RuntimePodStatus) -> PodActions {
-    compute_pod_actions_with(pod, status, &|_, _| None)
+    compute_pod_actions_with(pod, status, &NoVerdicts)
 }
 
-/// [`compute_pod_actions`] with the prober's verdicts: `probe_kill(container, id)` says
-/// whether a failed liveness or startup probe wants the running container killed.
-pub fn compute_pod_actions_with(
-    pod: &Pod,
-    status: &RuntimePodStatus,
-    probe_kill: &dyn Fn(&Container, &str) -> Option<crate::prober::ProbeKill>,
-) -> PodActions {
+/// Upstream `HasAnyRegularContainerCreated`: an app container was created, so the init
+/// containers had all run.
+fn any_regular_container_created(spec: &PodSpec, status: &RuntimePodStatus) -> bool {
+    spec.containers.iter().any(|c| {
+        status.find_container(&c.name).is_some_and(|s| {
+            matches!(s.state, ContainerState::Created | ContainerState::Running | ContainerState::Exited)
+        })
+    })
+}
+
+/// [`compute_pod_actions`] with the prober's verdicts on the running containers.
+pub fn compute_pod_actions_with(pod: &Pod, status: &RuntimePodStatus, probes: &dyn ProbeVerdicts) -> PodActions {
     // Nothing to run (`sync_pod` refuses such a pod before it gets here).
     let Some(spec) = pod.spec.as_ref() else { return PodActions::default() };
     let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(spec, status);
@@ -130,12 +239,13 @@ pub fn compute_pod_actions_with(
             })
             .map(|(i, _)| i)
             .collect();
-        if to_start.is_empty() {
+        // Initialization done and nothing left to run: no new sandbox, the pod is over.
+        if to_start.is_empty() && any_regular_container_created(spec, status) {
             actions.create_sandbox = false;
             return actions;
         }
         if spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
-            actions.next_init_container = Some(0);
+            actions.init_containers_to_start = vec![0];
             return actions;
         }
         actions.containers_to_start = to_start;
@@ -146,22 +256,8 @@ pub fn compute_pod_actions_with(
     // before looking at the init containers), and only in a sandbox that exists.
     actions.ephemeral_containers_to_start = ephemeral::to_start(spec, status);
 
-    let (last_failed, next, done) = find_next_init_container(spec, status);
-    if !done {
-        if let Some(next) = next {
-            let failed = last_failed.is_some();
-            if failed && !should_restart_on_failure(spec) {
-                actions.kill_pod = true;
-            } else {
-                if let Some(s) = last_failed.filter(|s| s.state == ContainerState::Unknown) {
-                    actions.containers_to_kill.insert(
-                        s.id.clone(),
-                        (s.name.clone(), "Init container is in unknown state, try killing it before restart".into()),
-                    );
-                }
-                actions.next_init_container = Some(next);
-            }
-        }
+    let initialized = compute_init_container_actions(spec, status, probes, &mut actions);
+    if actions.kill_pod || !initialized {
         return actions;
     }
 
@@ -169,23 +265,17 @@ pub fn compute_pod_actions_with(
     for (i, c) in spec.containers.iter().enumerate() {
         let s = status.find_container(&c.name);
         if let Some(s) = s.filter(|s| s.state == ContainerState::Unknown) {
-            actions.containers_to_kill.insert(
-                s.id.clone(),
-                (c.name.clone(), "Container is in unknown state, try killing it before restart".into()),
-            );
+            actions.containers_to_kill.insert(s.id.clone(), (c.name.clone(), unknown_state_message("Container")));
         }
         match s {
             Some(s) if s.state == ContainerState::Running => {
-                if !s.hash.is_empty()
-                    && s.hash != labels::container_hash(c)
-                    && s.hash != labels::legacy_container_hash(c)
-                {
+                if definition_changed(c, s) {
                     actions.containers_to_start.push(i);
                     actions.containers_to_kill.insert(
                         s.id.clone(),
                         (c.name.clone(), format!("Container {} definition changed, will be restarted", c.name)),
                     );
-                } else if let Some(kill) = probe_kill(c, &s.id) {
+                } else if let Some(kill) = probes.to_kill(c, &s.id) {
                     // Upstream: a failed liveness/startup probe kills the container; it
                     // starts again unless the restart policy is Never.
                     if kill.restart {
@@ -206,6 +296,8 @@ pub fn compute_pod_actions_with(
     }
     if keep == 0 && actions.containers_to_start.is_empty() {
         actions.kill_pod = true;
+        // Sidecars alone do not keep a pod alive.
+        actions.init_containers_to_start.clear();
     }
     actions
 }
@@ -278,6 +370,187 @@ mod tests {
         RuntimePodStatus { uid: "u1".into(), sandboxes, containers, ..Default::default() }
     }
 
+    /// Prober verdicts for the tests: kills by container id (id, probe, message, restart),
+    /// with a 7 s grace, and the ids whose startup probe succeeded.
+    #[derive(Default)]
+    struct Verdicts {
+        kill: Vec<(&'static str, ProbeType, &'static str, bool)>,
+        started: Vec<&'static str>,
+    }
+
+    impl ProbeVerdicts for Verdicts {
+        fn to_kill(&self, _: &Container, id: &str) -> Option<ProbeKill> {
+            let (_, probe_type, message, restart) = self.kill.iter().find(|k| k.0 == id)?;
+            Some(ProbeKill {
+                probe_type: *probe_type,
+                message: (*message).into(),
+                grace_period_seconds: 7,
+                restart: *restart,
+            })
+        }
+        fn startup_succeeded(&self, _: &Container, id: &str) -> bool {
+            self.started.contains(&id)
+        }
+    }
+
+    /// `p` with these init containers made sidecars (`restartPolicy: Always`); the ones in
+    /// `startup_probed` get a startup probe.
+    fn with_sidecars(mut p: Pod, sidecars: &[&str], startup_probed: &[&str]) -> Pod {
+        for c in p.spec.as_mut().unwrap().init_containers.iter_mut().flatten() {
+            if sidecars.contains(&c.name.as_str()) {
+                c.restart_policy = Some("Always".into());
+            }
+            if startup_probed.contains(&c.name.as_str()) {
+                c.startup_probe = Some(k8s_openapi::api::core::v1::Probe::default());
+            }
+        }
+        p
+    }
+
+    fn running(p: &Pod, name: &str, init: bool) -> RuntimeContainerStatus {
+        ctr(p, name, ContainerState::Running, 0, 0, init)
+    }
+
+    #[test]
+    fn a_started_sidecar_lets_the_next_init_container_start_and_keeps_running() {
+        let p = with_sidecars(pod("Always", &["s1", "i2"], &["a"]), &["s1"], &[]);
+        assert_eq!(compute_pod_actions(&p, &RuntimePodStatus::default()).init_containers_to_start, [0]);
+        // The sidecar runs (no startup probe: started at once): the next init container goes.
+        let s = status(vec![sandbox(true, 0)], vec![running(&p, "s1", true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert_eq!(a.init_containers_to_start, [1], "{a:?}");
+        assert!(a.containers_to_start.is_empty() && !a.kill_pod, "{a:?}");
+        // i2 runs: wait for it.
+        let s = status(vec![sandbox(true, 0)], vec![running(&p, "i2", true), running(&p, "s1", true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert!(a.init_containers_to_start.is_empty() && a.containers_to_start.is_empty(), "{a:?}");
+        // i2 done: the pod is initialized with its sidecar still running.
+        let s = status(
+            vec![sandbox(true, 0)],
+            vec![ctr(&p, "i2", ContainerState::Exited, 0, 0, true), running(&p, "s1", true)],
+        );
+        let a = compute_pod_actions(&p, &s);
+        assert!(a.init_containers_to_start.is_empty() && a.containers_to_kill.is_empty(), "{a:?}");
+        assert_eq!(a.containers_to_start, [0]);
+        // App and sidecar running: nothing to do.
+        let s = status(
+            vec![sandbox(true, 0)],
+            vec![running(&p, "a", false), ctr(&p, "i2", ContainerState::Exited, 0, 0, true), running(&p, "s1", true)],
+        );
+        assert_eq!(compute_pod_actions(&p, &s), PodActions { sandbox_id: "sb0".into(), ..Default::default() });
+        // The runtime removed i2 after the app started: it is not run again.
+        let s = status(vec![sandbox(true, 0)], vec![running(&p, "a", false), running(&p, "s1", true)]);
+        assert_eq!(compute_pod_actions(&p, &s), PodActions { sandbox_id: "sb0".into(), ..Default::default() });
+    }
+
+    #[test]
+    fn a_sidecar_with_a_startup_probe_holds_the_next_init_container_until_it_succeeds() {
+        let p = with_sidecars(pod("Always", &["s1", "i2"], &["a"]), &["s1"], &["s1"]);
+        let s = status(vec![sandbox(true, 0)], vec![running(&p, "s1", true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert!(a.init_containers_to_start.is_empty() && a.containers_to_kill.is_empty(), "{a:?}");
+        let ok = Verdicts { started: vec!["s1-0"], ..Default::default() };
+        assert_eq!(compute_pod_actions_with(&p, &s, &ok).init_containers_to_start, [1]);
+        // A failed startup probe restarts the sidecar, with upstream's message.
+        let failed = Verdicts {
+            kill: vec![("s1-0", ProbeType::Startup, "Init container s1 failed startup probe", true)],
+            ..Default::default()
+        };
+        let a = compute_pod_actions_with(&p, &s, &failed);
+        assert_eq!(a.containers_to_kill["s1-0"], ("s1".into(), "Init container s1 failed startup probe".into()));
+        assert_eq!(a.kill_grace["s1-0"], 7);
+        assert_eq!(a.init_containers_to_start, [0]);
+    }
+
+    #[test]
+    fn sidecars_restart_after_exit_liveness_failure_change_or_unknown_state() {
+        let p = with_sidecars(pod("Never", &["s1", "s2"], &["a"]), &["s1", "s2"], &[]);
+        let app = running(&p, "a", false);
+        // s1 exited, s2 gone from the runtime: both start again, whatever the pod's policy.
+        let s = status(vec![sandbox(true, 0)], vec![app.clone(), ctr(&p, "s1", ContainerState::Exited, 1, 0, true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert_eq!(a.init_containers_to_start, [0, 1]);
+        assert!(a.containers_to_start.is_empty() && !a.kill_pod, "{a:?}");
+        // Liveness failure of a started sidecar.
+        let both = vec![app.clone(), running(&p, "s2", true), running(&p, "s1", true)];
+        let live = Verdicts {
+            kill: vec![("s2-0", ProbeType::Liveness, "Init container s2 failed liveness probe", true)],
+            ..Default::default()
+        };
+        let a = compute_pod_actions_with(&p, &status(vec![sandbox(true, 0)], both.clone()), &live);
+        assert_eq!(a.init_containers_to_start, [1]);
+        assert_eq!(a.containers_to_kill["s2-0"].1, "Init container s2 failed liveness probe");
+        // Changed definition.
+        let mut changed = both.clone();
+        changed[2].hash = "deadbeef".into();
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], changed));
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert_eq!(a.containers_to_kill["s1-0"].1, "Init container s1 definition changed");
+        // Unknown state.
+        let mut unknown = both;
+        unknown[1].state = ContainerState::Unknown;
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], unknown));
+        assert_eq!(a.init_containers_to_start, [1]);
+        assert_eq!(
+            a.containers_to_kill["s2-0"].1,
+            "Init container is in \"unknown\" state, try killing it before restart"
+        );
+    }
+
+    #[test]
+    fn sidecars_do_not_keep_a_finished_pod_alive() {
+        for policy in ["Never", "OnFailure"] {
+            let p = with_sidecars(pod(policy, &["s1"], &["a"]), &["s1"], &[]);
+            let s = status(
+                vec![sandbox(true, 0)],
+                vec![ctr(&p, "a", ContainerState::Exited, 0, 0, false), running(&p, "s1", true)],
+            );
+            let a = compute_pod_actions(&p, &s);
+            assert!(a.kill_pod && !a.create_sandbox, "{policy}: {a:?}");
+            assert!(a.init_containers_to_start.is_empty(), "{policy}: {a:?}");
+            // Nor does a crashed sidecar of that pod come back.
+            let s = status(
+                vec![sandbox(true, 0)],
+                vec![
+                    ctr(&p, "a", ContainerState::Exited, 0, 0, false),
+                    ctr(&p, "s1", ContainerState::Exited, 1, 0, true),
+                ],
+            );
+            let a = compute_pod_actions(&p, &s);
+            assert!(a.kill_pod && a.init_containers_to_start.is_empty(), "{policy}: {a:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_current_sandbox_says_whether_the_pod_initialized() {
+        // The app ran in the old sandbox; the new one starts from its first init container.
+        let p = pod("Always", &["i1"], &["a"]);
+        let s = status(
+            vec![sandbox(true, 1), sandbox(false, 0)],
+            vec![
+                ctr(&p, "a", ContainerState::Exited, 137, 0, false),
+                ctr(&p, "i1", ContainerState::Exited, 0, 0, true),
+            ],
+        );
+        let a = compute_pod_actions(&p, &s);
+        assert!(!a.create_sandbox, "{a:?}");
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert!(a.containers_to_start.is_empty());
+    }
+
+    #[test]
+    fn an_oom_killed_init_container_failed_even_with_exit_code_zero() {
+        let p = pod("OnFailure", &["i1"], &["a"]);
+        let mut oom = ctr(&p, "i1", ContainerState::Exited, 0, 0, true);
+        oom.reason = "OOMKilled".into();
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![oom.clone()]));
+        assert_eq!(a.init_containers_to_start, [0]);
+        assert!(a.containers_to_start.is_empty());
+        let p = pod("Never", &["i1"], &["a"]);
+        let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![oom]));
+        assert!(a.kill_pod && a.init_containers_to_start.is_empty(), "{a:?}");
+    }
+
     #[test]
     fn new_pod_creates_sandbox_and_starts_all() {
         let p = pod("Always", &[], &["a", "b"]);
@@ -291,7 +564,7 @@ mod tests {
     fn new_pod_with_init_starts_first_init_only() {
         let p = pod("Always", &["i1", "i2"], &["a"]);
         let a = compute_pod_actions(&p, &RuntimePodStatus::default());
-        assert_eq!(a.next_init_container, Some(0));
+        assert_eq!(a.init_containers_to_start, [0]);
         assert!(a.containers_to_start.is_empty());
     }
 
@@ -300,18 +573,18 @@ mod tests {
         let p = pod("Always", &["i1", "i2"], &["a"]);
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Running, 0, 0, true)]);
         let a = compute_pod_actions(&p, &s);
-        assert_eq!(a.next_init_container, None);
+        assert!(a.init_containers_to_start.is_empty());
         assert!(a.containers_to_start.is_empty() && !a.kill_pod);
 
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Exited, 0, 0, true)]);
-        assert_eq!(compute_pod_actions(&p, &s).next_init_container, Some(1));
+        assert_eq!(compute_pod_actions(&p, &s).init_containers_to_start, [1]);
 
         let s = status(
             vec![sandbox(true, 0)],
             vec![ctr(&p, "i2", ContainerState::Exited, 0, 0, true), ctr(&p, "i1", ContainerState::Exited, 0, 0, true)],
         );
         let a = compute_pod_actions(&p, &s);
-        assert_eq!(a.next_init_container, None);
+        assert!(a.init_containers_to_start.is_empty());
         assert_eq!(a.containers_to_start, vec![0]);
     }
 
@@ -320,14 +593,14 @@ mod tests {
         let p = pod("Always", &["i1"], &["a"]);
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Exited, 1, 0, true)]);
         let a = compute_pod_actions(&p, &s);
-        assert_eq!(a.next_init_container, Some(0));
+        assert_eq!(a.init_containers_to_start, [0]);
         assert!(a.containers_to_start.is_empty());
 
         let p = pod("Never", &["i1"], &["a"]);
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Exited, 1, 0, true)]);
         let a = compute_pod_actions(&p, &s);
         assert!(a.kill_pod);
-        assert_eq!(a.next_init_container, None);
+        assert!(a.init_containers_to_start.is_empty());
     }
 
     #[test]
@@ -405,15 +678,9 @@ mod tests {
 
     #[test]
     fn failed_liveness_kills_and_restarts_unless_never() {
-        let kill = |restart| {
-            move |c: &Container, id: &str| {
-                (c.name == "a" && id == "a-0").then(|| crate::prober::ProbeKill {
-                    probe_type: crate::prober::ProbeType::Liveness,
-                    message: "Container a failed liveness probe, will be restarted".into(),
-                    grace_period_seconds: 7,
-                    restart,
-                })
-            }
+        let kill = |restart| Verdicts {
+            kill: vec![("a-0", ProbeType::Liveness, "Container a failed liveness probe, will be restarted", restart)],
+            ..Default::default()
         };
         let p = pod("Always", &[], &["a", "b"]);
         let s = status(
@@ -498,7 +765,7 @@ mod tests {
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Exited, 1, 3, true)]);
         let a = compute_pod_actions(&p, &s);
         assert_eq!(a.ephemeral_containers_to_start, [0, 1]);
-        assert_eq!(a.next_init_container, Some(0), "the init container is retried too");
+        assert_eq!(a.init_containers_to_start, [0], "the init container is retried too");
         // Still initializing: the same.
         let s = status(vec![sandbox(true, 0)], vec![ctr(&p, "i1", ContainerState::Running, 0, 0, true)]);
         assert_eq!(compute_pod_actions(&p, &s).ephemeral_containers_to_start, [0, 1]);

@@ -398,3 +398,63 @@ mod volumes_wiring {
         stop.cancel();
     }
 }
+
+/// A pod with sidecars on the fake runtime: each sidecar starts and keeps running while the
+/// next init container and the app containers start, and the pod stops app containers
+/// first, then its sidecars in reverse order.
+#[tokio::test]
+async fn sidecars_run_beside_initialization_and_stop_last_in_reverse_order() {
+    use k8s_openapi::api::core::v1::Pod;
+    let (_dir, fake, _recorder, rm) = setup();
+    let ctr = |name: &str| json!({"name": name, "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""});
+    let sidecar = |name: &str| {
+        let mut c = ctr(name);
+        c["restartPolicy"] = json!("Always");
+        c
+    };
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+        "spec": {
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 5,
+            "initContainers": [sidecar("logs"), ctr("setup"), sidecar("proxy")],
+            "containers": [ctr("app"), ctr("worker")]
+        }
+    }))
+    .unwrap();
+    let started = |name: &str| fake.containers_named(name).len();
+    // Sync after sync, as the pod worker does: logs; setup beside it; once setup is done,
+    // proxy; once proxy runs, the app containers.
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    assert_eq!((started("logs"), started("setup")), (1, 0));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    assert_eq!(started("setup"), 1, "setup starts while logs runs");
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    assert_eq!((started("proxy"), started("app")), (0, 0), "both wait for setup");
+    fake.exit_container(&fake.containers_named("setup")[0], 0);
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    assert_eq!((started("proxy"), started("app")), (1, 0));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    assert_eq!((started("app"), started("worker")), (1, 1));
+    assert_eq!((started("logs"), started("setup")), (1, 1), "neither ran twice");
+    // Steady state: nothing to do.
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(!r.touched_runtime, "{r:?}");
+    // Stopping: apps first (in any order), then proxy, then logs, whatever the order the
+    // runtime listed them in (here by name, which would stop logs second).
+    let mut st = rm.pod_status("u1").await.unwrap();
+    st.containers.sort_by(|a, b| a.name.cmp(&b.name));
+    rm.kill_pod(Some(&p), &st, None).await.unwrap();
+    let stopped = fake.stopped_containers();
+    assert_eq!(stopped.len(), 4, "{stopped:?}");
+    let mut apps = stopped[..2].to_vec();
+    apps.sort();
+    assert_eq!(apps, ["app", "worker"], "{stopped:?}");
+    assert_eq!(stopped[2..], ["proxy", "logs"], "{stopped:?}");
+}
