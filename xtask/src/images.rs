@@ -465,6 +465,52 @@ fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
     })
 }
 
+/// A dynamically linked host program with the shared libraries `ldd` names, as files at
+/// their host paths (for an image that needs a tool busybox lacks, e.g. agnhost's curl).
+#[derive(Debug)]
+pub struct HostProgram {
+    files: Vec<(String, Vec<u8>)>,
+}
+
+impl HostProgram {
+    /// Reads `path` and what `ldd` says it loads (the loader included).
+    pub fn read(path: &str) -> Result<Self> {
+        let out = Command::new("ldd").arg(path).output().with_context(|| format!("running ldd {path}"))?;
+        ensure!(out.status.success(), "ldd {path} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let mut files = vec![(path.to_owned(), fs::read(path).with_context(|| format!("reading {path}"))?)];
+        for lib in ldd_paths(&String::from_utf8_lossy(&out.stdout)) {
+            let data = fs::read(&lib).with_context(|| format!("reading {lib} (a library of {path})"))?;
+            files.push((lib, data));
+        }
+        Ok(Self { files })
+    }
+
+    /// Every byte of the program and its libraries, for an image's cache key.
+    #[must_use]
+    pub fn key_inputs(&self) -> Vec<&[u8]> {
+        self.files.iter().flat_map(|(p, d)| [p.as_bytes(), d.as_slice()]).collect()
+    }
+
+    /// Adds the program and its libraries to `layer` at their host paths.
+    pub fn add_to(&self, layer: &mut Layer) {
+        for (path, data) in &self.files {
+            layer.file(path, 0o755, data.clone());
+        }
+    }
+}
+
+/// The libraries in `ldd` output: `name => /path (addr)` lines and the loader's
+/// `/path (addr)` line; the vDSO has no file.
+fn ldd_paths(ldd: &str) -> Vec<String> {
+    ldd.lines()
+        .filter_map(|line| {
+            let target = line.split_once("=>").map_or(line, |(_, t)| t).trim();
+            let path = target.split_whitespace().next()?;
+            path.starts_with('/').then(|| path.to_owned())
+        })
+        .collect()
+}
+
 /// busybox-static installs /bin/busybox; a dynamically linked busybox would not run in an
 /// image without a libc.
 const HOST_BUSYBOX: &str = "/bin/busybox";
@@ -506,6 +552,18 @@ pub fn import(socket: &Path, image: &BuiltImage) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use std::io::Read as _;
+
+    #[test]
+    fn ldd_output_gives_each_library_and_the_loader() {
+        let out = "\tlinux-vdso.so.1 (0x00007ff1d6562000)\n\
+                   \tlibcurl.so.4 => /lib/x86_64-linux-gnu/libcurl.so.4 (0x00007ff1d645d000)\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007ff1d625c000)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007ff1d6564000)\n";
+        assert_eq!(
+            super::ldd_paths(out),
+            ["/lib/x86_64-linux-gnu/libcurl.so.4", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"]
+        );
+    }
 
     use super::*;
 

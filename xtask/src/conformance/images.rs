@@ -9,7 +9,9 @@
 //!   busybox root filesystem as upstream's Dockerfile lays it out: `/agnhost` and the
 //!   `agnhost-2` link, `/uploads`, the porter certificate and key, and the user and group
 //!   `user-defined-in-image` (uid 1000) and `group-defined-in-image` (gid 50000);
-//!   entrypoint `/agnhost`, command `pause`.
+//!   entrypoint `/agnhost`, command `pause`. Upstream's image also has curl (its
+//!   lifecycle-hook tests run `curl` in it); here it is the host's `/usr/bin/curl` with
+//!   the libraries `ldd` names, at their host paths, since busybox has only `wget`.
 //! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
 //! - `pause:3.10.2`: the test bed's pause binary.
 //!
@@ -29,6 +31,9 @@ use crate::{
     upstream::Upstream,
 };
 
+/// curl for agnhost (apt package curl).
+const HOST_CURL: &str = "/usr/bin/curl";
+
 /// The agnhost release the suite's manifest asks for, and its "previous" one.
 pub const AGNHOST_TAGS: [&str; 2] = ["2.66.1", "2.55"];
 
@@ -41,14 +46,17 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let porter = upstream.e2e_module_dir()?.join("test/images/agnhost/porter");
     let cert = fs::read(porter.join("localhost.crt")).context("reading agnhost's porter certificate")?;
     let key = fs::read(porter.join("localhost.key")).context("reading agnhost's porter key")?;
+    let curl = images::HostProgram::read(HOST_CURL)?;
 
     let mut out = Vec::new();
     for tag in AGNHOST_TAGS {
         let name = format!("e2e-test-images/agnhost:{tag}");
-        let key_inputs: [&[u8]; 4] = [&busybox, &agnhost, &cert, &key];
+        let mut key_inputs: Vec<&[u8]> = vec![&busybox, &agnhost, &cert, &key];
+        key_inputs.extend(curl.key_inputs());
         let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
             let mut layer = images::host_busybox_layer(&busybox)?;
             agnhost_files(&mut layer, &agnhost, &cert, &key);
+            curl.add_to(&mut layer);
             images::oci_archive(
                 &name,
                 &layer,
