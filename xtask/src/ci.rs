@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    Ctx, cluster, fidelity, fuzz, layering,
+    Ctx, cluster, conformance, fidelity, fuzz, layering,
     testbed::{self, Layout},
     upstream,
 };
@@ -137,7 +137,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 12 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 13 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -216,6 +216,26 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
         r.record("fidelity", t, fidelity::run(ctx, layout, &args).await);
     } else {
         r.skip("fidelity", if built { "no control plane" } else { "build failed" });
+    }
+
+    // A fixed subset of upstream's node conformance suite (built from the Go modules) on
+    // a swiftlet node; the whole suite, beside the upstream kubelet, is `cargo xtask
+    // conformance`.
+    if built && cluster_up {
+        let t = r.header("cargo xtask conformance --ci (a subset of upstream's node e2e suite on swiftlet)");
+        let args = conformance::ConformanceArgs {
+            focus: None,
+            skip: None,
+            agents: Vec::new(),
+            procs: None,
+            ci: true,
+            list: false,
+            swiftlet_bin: None,
+            keep_testbed: true,
+        };
+        r.record("conformance", t, conformance::run(ctx, layout, &args).await);
+    } else {
+        r.skip("conformance", if built { "no control plane" } else { "build failed" });
     }
 
     // Always: whatever failed above, leave the machine as we found it.

@@ -18,7 +18,8 @@ pub fn restart_policy(spec: &PodSpec) -> &str {
     spec.restart_policy.as_deref().unwrap_or("Always")
 }
 
-/// Upstream `ShouldContainerBeRestarted`.
+/// Upstream `ShouldContainerBeRestarted` (with `ContainerRestartRules`, on by default
+/// since 1.35: see [`container_should_restart`]).
 #[must_use]
 pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &RuntimePodStatus) -> bool {
     if pod.metadata.deletion_timestamp.is_some() {
@@ -29,13 +30,59 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
         ContainerState::Running => false,
         ContainerState::Unknown | ContainerState::Created => true,
         ContainerState::Exited => {
-            let Some(spec) = pod.spec.as_ref() else { return false };
-            match restart_policy(spec) {
-                "Never" => false,
-                "OnFailure" => c.exit_code != 0,
-                _ => true,
-            }
+            pod.spec.as_ref().is_some_and(|spec| container_should_restart(container, spec, c.exit_code))
         }
+    }
+}
+
+/// Upstream `podutil.ContainerShouldRestart`: whether a container that exited with
+/// `exit_code` runs again. A container with its own `restartPolicy` (`ContainerRestartRules`)
+/// first looks for the first of its `restartPolicyRules` whose exit codes match (`In` /
+/// `NotIn`): action `Restart` restarts it. Otherwise its own policy decides, and without one
+/// the pod's. The `RestartAllContainers` action is not implemented here (the node does not
+/// declare the feature, so the scheduler sends no such pod): it falls back to the
+/// container's policy, as upstream does with its gate off.
+#[must_use]
+pub fn container_should_restart(c: &Container, spec: &PodSpec, exit_code: i32) -> bool {
+    let by_policy = |policy: &str| match policy {
+        "Never" => Some(false),
+        "OnFailure" => Some(exit_code != 0),
+        "Always" => Some(true),
+        _ => None,
+    };
+    if let Some(policy) = c.restart_policy.as_deref() {
+        if matching_restart_rule(c, exit_code).is_some_and(|action| action == "Restart") {
+            return true;
+        }
+        if let Some(restart) = by_policy(policy) {
+            return restart;
+        }
+    }
+    by_policy(restart_policy(spec)).unwrap_or(true)
+}
+
+/// Upstream `FindMatchingContainerRestartRule`: the action of the first rule whose exit
+/// codes match `exit_code`.
+fn matching_restart_rule(c: &Container, exit_code: i32) -> Option<&str> {
+    c.restart_policy_rules.iter().flatten().find_map(|rule| {
+        let codes = rule.exit_codes.as_ref()?;
+        let listed = codes.values.iter().flatten().any(|v| *v == exit_code);
+        let matched = match codes.operator.as_str() {
+            "In" => listed,
+            "NotIn" => !listed,
+            _ => false,
+        };
+        matched.then_some(rule.action.as_str())
+    })
+}
+
+/// Upstream `podutil.IsContainerRestartable`: whether the container may ever run again
+/// after it exits (a `Restart` rule, or a policy other than `Never`).
+#[must_use]
+pub fn is_container_restartable(spec: &PodSpec, c: &Container) -> bool {
+    match c.restart_policy.as_deref() {
+        Some(policy) => c.restart_policy_rules.iter().flatten().any(|r| r.action == "Restart") || policy != "Never",
+        None => restart_policy(spec) != "Never",
     }
 }
 
@@ -60,4 +107,73 @@ pub fn pod_sandbox_changed_why(spec: &PodSpec, status: &RuntimePodStatus) -> (bo
         return (true, next, latest.id.clone(), "pod sandbox has no IP address");
     }
     (false, latest.attempt, latest.id.clone(), "")
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ContainerRestartRule, ContainerRestartRuleOnExitCodes};
+
+    use super::*;
+
+    fn spec(policy: &str) -> PodSpec {
+        PodSpec { restart_policy: Some(policy.into()), ..Default::default() }
+    }
+
+    fn container(policy: Option<&str>, rules: &[(&str, &str, &[i32])]) -> Container {
+        Container {
+            name: "c".into(),
+            restart_policy: policy.map(Into::into),
+            restart_policy_rules: (!rules.is_empty()).then(|| {
+                rules
+                    .iter()
+                    .map(|(action, op, codes)| ContainerRestartRule {
+                        action: (*action).into(),
+                        exit_codes: Some(ContainerRestartRuleOnExitCodes {
+                            operator: (*op).into(),
+                            values: Some(codes.to_vec()),
+                        }),
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_pods_policy_decides_for_a_container_without_its_own() {
+        let c = container(None, &[]);
+        for (policy, code, want) in
+            [("Always", 0, true), ("OnFailure", 0, false), ("OnFailure", 1, true), ("Never", 1, false)]
+        {
+            assert_eq!(container_should_restart(&c, &spec(policy), code), want, "{policy} {code}");
+            assert_eq!(is_container_restartable(&spec(policy), &c), policy != "Never");
+        }
+    }
+
+    #[test]
+    fn a_containers_own_policy_and_rules_come_first() {
+        // Pod Never, container OnFailure: a failure restarts it.
+        let c = container(Some("OnFailure"), &[]);
+        assert!(container_should_restart(&c, &spec("Never"), 3));
+        assert!(!container_should_restart(&c, &spec("Always"), 0));
+        // Container Never with a rule restarting on 42 (and only 42).
+        let c = container(Some("Never"), &[("Restart", "In", &[42])]);
+        assert!(container_should_restart(&c, &spec("Always"), 42));
+        assert!(!container_should_restart(&c, &spec("Always"), 1));
+        assert!(is_container_restartable(&spec("Never"), &c), "a Restart rule makes it restartable");
+        // NotIn: every code but those listed; the first matching rule wins.
+        let c = container(Some("Never"), &[("Restart", "NotIn", &[0, 1]), ("Restart", "In", &[1])]);
+        assert!(container_should_restart(&c, &spec("Never"), 7));
+        assert!(!container_should_restart(&c, &spec("Never"), 0));
+        assert!(container_should_restart(&c, &spec("Never"), 1), "the second rule matches 1");
+        // RestartAllContainers is not implemented: the container's policy decides.
+        let c = container(Some("Never"), &[("RestartAllContainers", "In", &[5])]);
+        assert!(!container_should_restart(&c, &spec("Always"), 5));
+        assert!(!is_container_restartable(&spec("Always"), &c));
+        // Rules count only with a container-level policy.
+        let mut c = container(None, &[("Restart", "In", &[5])]);
+        assert!(!container_should_restart(&c, &spec("Never"), 5));
+        c.restart_policy = Some("Always".into());
+        assert!(container_should_restart(&c, &spec("Never"), 0));
+    }
 }

@@ -299,14 +299,18 @@ const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
 
 /// The kill message of upstream's runtime manager for a container whose `probe_type`
 /// probe failed.
-fn kill_message(pod: &Pod, container: &str, probe_type: ProbeType, sidecar: bool) -> (String, bool) {
+/// Whether it restarts afterwards: the container's own restart policy if it has one
+/// (`ContainerRestartRules`; its rules need an exit code, which a running container has
+/// not), else the pod's.
+fn kill_message(pod: &Pod, container: &Container, probe_type: ProbeType, sidecar: bool) -> (String, bool) {
     let what = if probe_type == ProbeType::Startup { "startup" } else { "liveness" };
+    let name = &container.name;
     if sidecar {
         // Sidecars are always restarted; upstream does not say so in the message.
-        return (format!("Init container {container} failed {what} probe"), true);
+        return (format!("Init container {name} failed {what} probe"), true);
     }
-    let restart = restart_policy(pod) != "Never";
-    let mut message = format!("Container {container} failed {what} probe");
+    let restart = container.restart_policy.as_deref().unwrap_or(restart_policy(pod)) != "Never";
+    let mut message = format!("Container {name} failed {what} probe");
     if restart {
         message.push_str(", will be restarted");
     }
@@ -680,7 +684,7 @@ impl ProbeManager {
             if sidecar { [ProbeType::Startup, ProbeType::Liveness] } else { [ProbeType::Liveness, ProbeType::Startup] };
         let probe_type =
             order.into_iter().find(|t| self.inner.cache(*t).get(container_id) == Some(ProbeResult::Failure))?;
-        let (message, restart) = kill_message(pod, container_name, probe_type, sidecar);
+        let (message, restart) = kill_message(pod, container, probe_type, sidecar);
         Some(ProbeKill {
             probe_type,
             message,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::container::helpers::is_container_restartable;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodStatus, Probe};
 use tokio::sync::Notify;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -185,7 +186,9 @@ impl Worker {
         let Some(running) = state.running else {
             self.set_result(ProbeResult::Failure);
             // Stop for good if the container will not run again.
-            return state.terminated.is_none() || super::restart_policy(&self.pod) != "Never" || self.sidecar;
+            return state.terminated.is_none()
+                || self.sidecar
+                || self.pod.spec.as_ref().is_some_and(|spec| is_container_restartable(spec, &self.container));
         };
         if self.pod.metadata.deletion_timestamp.is_some() && self.probe_type() != ProbeType::Readiness {
             if self.probe_type() == ProbeType::Startup {
@@ -234,7 +237,7 @@ impl Worker {
         };
         if fatal {
             if result == ProbeResult::Failure {
-                let (message, _) = kill_message(&self.pod, &self.container.name, self.probe_type(), self.sidecar);
+                let (message, _) = kill_message(&self.pod, &self.container, self.probe_type(), self.sidecar);
                 tracing::info!(pod = %self.key.pod_uid, container = %self.container.name, probe_type = %self.probe_type(), "{message}");
             }
             self.on_hold = true;

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::container::helpers::should_container_be_restarted;
+use crate::container::helpers::{container_should_restart, should_container_be_restarted};
 use crate::container::reasons;
 use crate::container::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 
@@ -45,11 +45,15 @@ fn is_restartable_init(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
-/// Upstream `getPhase`.
+/// Upstream `getPhase` (with `ContainerRestartRules`).
 #[must_use]
 pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool, is_static: bool) -> String {
     let find = |name: &str| info.iter().find(|s| s.name == name);
-    let (mut pending_init, mut failed_init) = (0, 0);
+    // With `ContainerRestartRules` each container's own policy and rules say whether an
+    // exit is final (`container_should_restart`); without them the pod's policy does.
+    let restarts = |c: &Container, exit_code: i32| container_should_restart(c, spec, exit_code);
+    let mut pending_init = 0;
+    let mut failed_init_for_good = 0;
     for c in spec.init_containers.iter().flatten().filter(|c| !is_restartable_init(c)) {
         let Some(s) = find(&c.name) else {
             pending_init += 1;
@@ -59,12 +63,12 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
         if st.and_then(|x| x.running.as_ref()).is_some() {
             pending_init += 1;
         } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
-            if t.exit_code != 0 {
-                failed_init += 1;
+            if t.exit_code != 0 && !restarts(c, t.exit_code) {
+                failed_init_for_good += 1;
             }
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
             match s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
-                Some(t) if t.exit_code != 0 => failed_init += 1,
+                Some(t) if t.exit_code != 0 && !restarts(c, t.exit_code) => failed_init_for_good += 1,
                 Some(_) => {}
                 None => pending_init += 1,
             }
@@ -95,6 +99,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
             unknown += 1;
         }
     }
+    let mut stopped_for_good = 0;
     for c in &spec.containers {
         let Some(s) = find(&c.name) else {
             unknown += 1;
@@ -105,12 +110,18 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
             running += 1;
         } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
             stopped += 1;
+            if !restarts(c, t.exit_code) {
+                stopped_for_good += 1;
+            }
             if t.exit_code == 0 {
                 succeeded += 1;
             }
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
-            if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
+            if let Some(t) = s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
                 stopped += 1;
+                if !restarts(c, t.exit_code) {
+                    stopped_for_good += 1;
+                }
             } else {
                 waiting += 1;
             }
@@ -118,8 +129,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
             unknown += 1;
         }
     }
-    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
-    if failed_init > 0 && policy == "Never" {
+    if failed_init_for_good > 0 {
         return "Failed".into();
     }
     let any_regular_started = spec.containers.iter().any(|c| {
@@ -139,16 +149,11 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
         if pod_is_terminal && !is_static {
             return if stopped == succeeded { "Succeeded" } else { "Failed" }.into();
         }
-        if policy == "Always" {
+        // Some container will run again: the pod still runs.
+        if stopped != stopped_for_good {
             return "Running".into();
         }
-        if stopped == succeeded {
-            return "Succeeded".into();
-        }
-        if policy == "Never" {
-            return "Failed".into();
-        }
-        return "Running".into();
+        return if stopped == succeeded { "Succeeded" } else { "Failed" }.into();
     }
     "Pending".into()
 }
@@ -618,6 +623,41 @@ mod tests {
         assert_eq!(get_phase(&s, &[cs("i", Some(false), 1, None), cs("a", None, 0, None)], false, true), "Failed");
         let s = spec("Always", &["i"], &["a"]);
         assert_eq!(get_phase(&s, &[cs("i", Some(true), 0, None), cs("a", None, 0, None)], false, true), "Pending");
+    }
+
+    /// `ContainerRestartRules`: a container's own policy and rules decide whether its
+    /// exit ends the pod.
+    #[test]
+    fn phases_follow_each_containers_own_restart_policy() {
+        let with_policy = |mut s: PodSpec, name: &str, policy: &str, restart_on: Option<i32>| {
+            let c = s.containers.iter_mut().chain(s.init_containers.iter_mut().flatten()).find(|c| c.name == name);
+            let c = c.unwrap();
+            c.restart_policy = Some(policy.into());
+            c.restart_policy_rules = restart_on.map(|code| {
+                vec![k8s_openapi::api::core::v1::ContainerRestartRule {
+                    action: "Restart".into(),
+                    exit_codes: Some(k8s_openapi::api::core::v1::ContainerRestartRuleOnExitCodes {
+                        operator: "In".into(),
+                        values: Some(vec![code]),
+                    }),
+                }]
+            });
+            s
+        };
+        // Pod Never, container OnFailure: a failure is restarted, so the pod runs on.
+        let s = with_policy(spec("Never", &[], &["a"]), "a", "OnFailure", None);
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 2, None)], false, true), "Running");
+        assert_eq!(get_phase(&s, &[cs("a", None, 0, Some(2))], false, true), "Running", "in back-off");
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 0, None)], false, true), "Succeeded");
+        // Pod Always, container Never with a rule restarting on 42.
+        let s = with_policy(spec("Always", &[], &["a"]), "a", "Never", Some(42));
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 42, None)], false, true), "Running");
+        assert_eq!(get_phase(&s, &[cs("a", Some(false), 1, None)], false, true), "Failed");
+        // An init container failing for good fails the pod whatever the pod's policy.
+        let s = with_policy(spec("Always", &["i"], &["a"]), "i", "Never", None);
+        assert_eq!(get_phase(&s, &[cs("i", Some(false), 1, None), cs("a", None, 0, None)], false, true), "Failed");
+        let s = with_policy(spec("Never", &["i"], &["a"]), "i", "OnFailure", None);
+        assert_eq!(get_phase(&s, &[cs("i", Some(false), 1, None), cs("a", None, 0, None)], false, true), "Pending");
     }
 
     fn rt_status(containers: Vec<RuntimeContainerStatus>) -> RuntimePodStatus {

@@ -53,6 +53,38 @@ pub const SKIPPED: &[(&str, &str)] = &[(
      containerd are shared with the run itself",
 )];
 
+/// The subset CI runs (`--ci`): each entry is a substring of one spec's text. Chosen to
+/// cover probes, lifecycle hooks (sidecars' too), the configMap, secret, downwardAPI,
+/// projected and emptyDir volumes, environment variables and `/etc/hosts`, security
+/// contexts, init containers and the container runtime's behaviour, from the specs that
+/// pass on the upstream kubelet here and take seconds, not minutes (no `[Slow]`).
+pub const CI_SPECS: &[&str] = &[
+    "Probing container should be restarted with a exec \"cat /tmp/health\" liveness probe",
+    "Probing container should be restarted startup probe fails",
+    "Probing container with readiness probe should not be ready before initial delay and never restart",
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart exec hook properly",
+    "[sig-node] Container Lifecycle Hook when create a pod with lifecycle hook should execute prestop http hook properly",
+    "Restartable Init Container Lifecycle Hook when create a pod with lifecycle hook should execute poststart http hook properly",
+    "[sig-storage] ConfigMap should be consumable from pods in volume with mappings and Item mode set",
+    "[sig-storage] ConfigMap updates should be reflected in volume",
+    "[sig-storage] Secrets should be consumable from pods in volume with defaultMode set",
+    "[sig-storage] Downward API volume should update labels on modification",
+    "[sig-storage] Projected combined should project all components that make up the projection API",
+    "[sig-storage] EmptyDir volumes should support (non-root,0666,tmpfs)",
+    "[sig-storage] EmptyDir volumes when FSGroup is specified [LinuxOnly] new files should be created with FSGroup ownership when container is non-root",
+    "[sig-node] Variable Expansion should allow composing env vars into new env vars",
+    "[sig-node] Downward API should provide pod name, namespace and IP address as env vars",
+    "[sig-node] ConfigMap should be consumable via the environment",
+    "[sig-node] KubeletManagedEtcHosts should test kubelet managed /etc/hosts file",
+    "[sig-node] Security Context When creating a container with runAsUser should run the container with uid 65534",
+    "[sig-node] Security Context when creating containers with AllowPrivilegeEscalation should not allow privilege escalation when false",
+    "[sig-node] Security Context When creating a pod with readOnlyRootFilesystem should run the container with writable rootfs when readOnlyRootFilesystem=false",
+    "[sig-node] InitContainer should invoke init containers on a RestartAlways pod",
+    "[sig-node] InitContainer should not start app containers if init containers fail on a RestartAlways pod",
+    "[sig-node] Container Runtime blackbox test on terminated container should report termination message if TerminationMessagePath is set [NodeConformance]",
+    "[sig-node] Container Runtime blackbox test when starting a container that exits should run with the expected status",
+];
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConformanceArgs {
     /// Run only the specs matching this regex (within the default selection).
@@ -64,9 +96,13 @@ pub struct ConformanceArgs {
     /// The agents to run the suite on, in this order (default: swiftlet, then upstream).
     #[arg(long = "agent", value_enum)]
     pub agents: Vec<AgentKind>,
-    /// Parallel ginkgo processes.
-    #[arg(long, default_value_t = 1)]
-    pub procs: u32,
+    /// Parallel ginkgo processes (default 1; 2 with `--ci`).
+    #[arg(long)]
+    pub procs: Option<u32>,
+    /// The fixed subset CI runs ([`CI_SPECS`]), on swiftlet unless `--agent` says
+    /// otherwise: every one of them must pass.
+    #[arg(long, conflicts_with_all = ["focus", "list"])]
+    pub ci: bool,
     /// Print the selected specs and stop (no cluster, no agent).
     #[arg(long)]
     pub list: bool,
@@ -115,8 +151,12 @@ fn skip_regex(args: &ConformanceArgs) -> String {
     SKIPPED.iter().map(|(re, _)| *re).chain(args.skip.as_deref()).collect::<Vec<_>>().join("|")
 }
 
-/// `--ginkgo.focus`: [`DEFAULT_FOCUS`], narrowed by `--focus` (both must match).
+/// `--ginkgo.focus`: [`DEFAULT_FOCUS`], narrowed by `--focus` (both must match), or the
+/// CI subset.
 fn focus_regex(args: &ConformanceArgs) -> String {
+    if args.ci {
+        return CI_SPECS.iter().map(|s| regex::escape(s)).collect::<Vec<_>>().join("|");
+    }
     match &args.focus {
         // RE2 has no lookahead; a spec's full text matches both when it matches the first
         // followed somewhere by the second, or the other way round.
@@ -166,8 +206,11 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
     let repo_list = out.join("repo-list.yaml");
     fs::write(&repo_list, images::repo_list(&registry.plain.endpoint))?;
 
-    let agents =
-        if args.agents.is_empty() { vec![AgentKind::Swiftlet, AgentKind::Upstream] } else { args.agents.clone() };
+    let agents = match (args.agents.is_empty(), args.ci) {
+        (false, _) => args.agents.clone(),
+        (true, true) => vec![AgentKind::Swiftlet],
+        (true, false) => vec![AgentKind::Swiftlet, AgentKind::Upstream],
+    };
     let mut cri = CriClient::connect(&layout.socket()).await?;
     bench::preflight(&mut cri, layout).await?;
     let suite = Suite { upstream, args, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
@@ -202,6 +245,17 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
     print!("{text}");
     fs::write(out.join("report.md"), &text)?;
     eprintln!("conformance: report in {}", out.join("report.md").display());
+    if args.ci {
+        for (agent, outcomes) in &runs {
+            let missed = ci_specs_not_passed(outcomes);
+            ensure!(
+                missed.is_empty(),
+                "{agent}: {} spec(s) of the CI subset did not pass: {}",
+                missed.len(),
+                missed.join("; ")
+            );
+        }
+    }
     let swiftlet_run = runs.iter().find(|(n, _)| *n == "swiftlet");
     let kubelet_run = runs.iter().find(|(n, _)| *n == "kubelet");
     if let (Some((_, ours)), Some((_, theirs))) = (swiftlet_run, kubelet_run) {
@@ -214,6 +268,16 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
         );
     }
     Ok(())
+}
+
+/// The CI subset's specs (each a substring of exactly one spec's text) that did not pass
+/// in `outcomes`, a spec that did not run at all included.
+fn ci_specs_not_passed(outcomes: &BTreeMap<String, report::Outcome>) -> Vec<&'static str> {
+    CI_SPECS
+        .iter()
+        .filter(|spec| !outcomes.iter().any(|(name, o)| name.contains(**spec) && *o == report::Outcome::Passed))
+        .copied()
+        .collect()
 }
 
 fn upstream_suite_name() -> String {
@@ -232,7 +296,8 @@ impl Suite<'_> {
     /// `ginkgo [flags] e2e.test -- [suite flags]`, writing its reports into `dir`.
     fn command(&self, dir: &Path) -> Command {
         let mut cmd = Command::new(self.upstream.e2e_bin("ginkgo"));
-        cmd.arg(format!("--procs={}", self.args.procs.max(1)))
+        let procs = self.args.procs.unwrap_or(if self.args.ci { 2 } else { 1 });
+        cmd.arg(format!("--procs={}", procs.max(1)))
             .arg(format!("--focus={}", focus_regex(self.args)))
             .arg(format!("--skip={}", skip_regex(self.args)))
             .arg(format!("--output-dir={}", dir.display()))
@@ -363,7 +428,8 @@ mod tests {
             focus: focus.map(str::to_owned),
             skip: skip.map(str::to_owned),
             agents: Vec::new(),
-            procs: 1,
+            procs: None,
+            ci: false,
             list: false,
             swiftlet_bin: None,
             keep_testbed: false,
@@ -383,6 +449,37 @@ mod tests {
         assert!(skip.is_match("[sig-node] restarts [Disruptive]"));
         assert!(skip.is_match("[sig-node] Probing [Slow]"));
         assert!(!skip.is_match("[sig-node] Pods [NodeConformance]"));
+    }
+
+    /// `--ci` focuses on exactly the subset's specs, read literally (their brackets and
+    /// quotes are not regex syntax), and fails unless each of them passed.
+    #[test]
+    fn the_ci_subset_is_focused_literally_and_must_all_pass() {
+        let ci = ConformanceArgs { ci: true, ..args(None, None) };
+        let focus = regex::Regex::new(&focus_regex(&ci)).unwrap();
+        for spec in CI_SPECS {
+            assert!(focus.is_match(&format!("{spec} [Conformance] [NodeConformance]")), "{spec}");
+        }
+        assert!(
+            !focus.is_match("[sig-node] Probing container should be restarted with a /healthz http liveness probe")
+        );
+        let mut outcomes: BTreeMap<String, report::Outcome> =
+            CI_SPECS.iter().map(|s| (format!("{s} [NodeConformance]"), report::Outcome::Passed)).collect();
+        assert!(ci_specs_not_passed(&outcomes).is_empty());
+        let first = format!("{} [NodeConformance]", CI_SPECS[0]);
+        outcomes.insert(first.clone(), report::Outcome::Failed("timedout".into()));
+        assert_eq!(ci_specs_not_passed(&outcomes), [CI_SPECS[0]]);
+        outcomes.remove(&first);
+        assert_eq!(ci_specs_not_passed(&outcomes), [CI_SPECS[0]], "a spec that did not run did not pass");
+        let suite_args = |procs| ConformanceArgs { procs, ..ci.clone() };
+        let upstream = Upstream { module_dir: "/m".into(), bin_dir: "/b".into() };
+        for (procs, want) in [(None, "--procs=2"), (Some(3), "--procs=3")] {
+            let a = suite_args(procs);
+            let suite =
+                Suite { upstream: &upstream, args: &a, kubeconfig: Path::new("/k"), repo_list: Path::new("/r") };
+            let cmd = suite.command(Path::new("/out"));
+            assert!(cmd.get_args().any(|x| x == want), "{procs:?}");
+        }
     }
 
     #[test]

@@ -89,6 +89,7 @@ fn definition_changed(c: &Container, s: &RuntimeContainerStatus) -> bool {
 /// starts only then. After initialization only sidecars are looked after: plain init
 /// containers the runtime removed are not run again.
 fn compute_init_container_actions(
+    pod: &Pod,
     spec: &PodSpec,
     status: &RuntimePodStatus,
     probes: &dyn ProbeVerdicts,
@@ -146,7 +147,13 @@ fn compute_init_container_actions(
             ContainerState::Running => {}
             ContainerState::Exited if sidecar => to_start.push(i),
             ContainerState::Exited | ContainerState::Unknown if !sidecar && is_init_container_failed(s) => {
-                if !should_restart_on_failure(spec) {
+                // The container's own restart policy and rules first (`ContainerRestartRules`);
+                // an unknown state has no exit code for the rules.
+                let restart = match s.state {
+                    ContainerState::Exited => should_container_be_restarted(c, pod, status),
+                    _ => c.restart_policy.as_deref().map_or(should_restart_on_failure(spec), |p| p != "Never"),
+                };
+                if !restart {
                     actions.kill_pod = true;
                     actions.init_containers_to_start.clear();
                     return false;
@@ -227,12 +234,15 @@ pub fn compute_pod_actions_with(pod: &Pod, status: &RuntimePodStatus, probes: &d
             actions.create_sandbox = false;
             return actions;
         }
+        // A container that runs until it succeeds (the pod's `OnFailure`, or its own) and
+        // did succeed is not started again in the new sandbox.
         let to_start: Vec<usize> = spec
             .containers
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                !(restart_policy(spec) == "OnFailure"
+                let run_once = c.restart_policy.as_deref().unwrap_or(restart_policy(spec)) == "OnFailure";
+                !(run_once
                     && status
                         .find_container(&c.name)
                         .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == 0))
@@ -256,7 +266,7 @@ pub fn compute_pod_actions_with(pod: &Pod, status: &RuntimePodStatus, probes: &d
     // before looking at the init containers), and only in a sandbox that exists.
     actions.ephemeral_containers_to_start = ephemeral::to_start(spec, status);
 
-    let initialized = compute_init_container_actions(spec, status, probes, &mut actions);
+    let initialized = compute_init_container_actions(pod, spec, status, probes, &mut actions);
     if actions.kill_pod || !initialized {
         return actions;
     }
@@ -521,6 +531,52 @@ mod tests {
         }
     }
 
+    /// `ContainerRestartRules`: a container's own restart policy and rules come before the
+    /// pod's.
+    #[test]
+    fn containers_restart_by_their_own_policy_and_rules() {
+        let rule = |code: i32| k8s_openapi::api::core::v1::ContainerRestartRule {
+            action: "Restart".into(),
+            exit_codes: Some(k8s_openapi::api::core::v1::ContainerRestartRuleOnExitCodes {
+                operator: "In".into(),
+                values: Some(vec![code]),
+            }),
+        };
+        let mut p = pod("Never", &["i1"], &["a", "b"]);
+        let spec = p.spec.as_mut().unwrap();
+        spec.containers[0].restart_policy = Some("OnFailure".into());
+        spec.containers[1].restart_policy = Some("Never".into());
+        spec.containers[1].restart_policy_rules = Some(vec![rule(42)]);
+        spec.init_containers.as_mut().unwrap()[0].restart_policy = Some("OnFailure".into());
+        let sb = || vec![sandbox(true, 0)];
+        let init_done = ctr(&p, "i1", ContainerState::Exited, 0, 0, true);
+        for (a_exit, b_exit, want) in [(1, 42, vec![0, 1]), (0, 42, vec![1]), (1, 3, vec![0]), (0, 3, vec![])] {
+            let s = status(
+                sb(),
+                vec![
+                    ctr(&p, "a", ContainerState::Exited, a_exit, 0, false),
+                    ctr(&p, "b", ContainerState::Exited, b_exit, 0, false),
+                    init_done.clone(),
+                ],
+            );
+            let a = compute_pod_actions(&p, &s);
+            assert_eq!(a.containers_to_start, want, "a exited {a_exit}, b {b_exit}");
+            assert_eq!(a.kill_pod, want.is_empty());
+        }
+        // The init container restarts after a failure although the pod says Never.
+        let s = status(sb(), vec![ctr(&p, "i1", ContainerState::Exited, 1, 0, true)]);
+        let a = compute_pod_actions(&p, &s);
+        assert!(!a.kill_pod && a.init_containers_to_start == [0], "{a:?}");
+        // A new sandbox skips the OnFailure container that succeeded.
+        let mut p = pod("Always", &[], &["a", "b"]);
+        p.spec.as_mut().unwrap().containers[0].restart_policy = Some("OnFailure".into());
+        let s = status(
+            vec![sandbox(false, 0)],
+            vec![ctr(&p, "a", ContainerState::Exited, 0, 0, false), ctr(&p, "b", ContainerState::Exited, 0, 0, false)],
+        );
+        assert_eq!(compute_pod_actions(&p, &s).containers_to_start, [1]);
+    }
+
     #[test]
     fn only_the_current_sandbox_says_whether_the_pod_initialized() {
         // The app ran in the old sandbox; the new one starts from its first init container.
@@ -540,7 +596,9 @@ mod tests {
 
     #[test]
     fn an_oom_killed_init_container_failed_even_with_exit_code_zero() {
-        let p = pod("OnFailure", &["i1"], &["a"]);
+        // Failed, it is restarted as its policy says (upstream asks `ShouldContainerBeRestarted`,
+        // which under `OnFailure` would not restart an exit code 0).
+        let p = pod("Always", &["i1"], &["a"]);
         let mut oom = ctr(&p, "i1", ContainerState::Exited, 0, 0, true);
         oom.reason = "OOMKilled".into();
         let a = compute_pod_actions(&p, &status(vec![sandbox(true, 0)], vec![oom.clone()]));
