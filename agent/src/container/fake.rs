@@ -541,6 +541,7 @@ impl RuntimeService for FakeRuntime {
             image_ref: config.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
             labels: config.labels.clone(),
             annotations: config.annotations.clone(),
+            mounts: config.mounts.clone(),
             log_path: config.log_path.clone(),
             ..Default::default()
         };

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod pod_status;
 pub mod runtime_state;
 pub mod starts;
+pub mod termination_message;
 
 /// Waiting reasons of containers that the runtime manager gives and the status shows
 /// (upstream `kubecontainer` errors, `sync_result.go`, and `ContainerCreating` /

@@ -244,7 +244,9 @@ impl RuntimePodStatus {
                     if let Some(linux) = st.resources.as_ref().and_then(|r| r.linux.clone()) {
                         out.container_resources.insert(c.id.clone(), linux);
                     }
-                    out.containers.push(RuntimeContainerStatus::from_cri(c, Some(&st)));
+                    let mut status = RuntimeContainerStatus::from_cri(c, Some(&st));
+                    status.message = super::termination_message::message(&st);
+                    out.containers.push(status);
                 }
                 // Removed between list and status: it no longer belongs to the pod.
                 Err(e) if e.is_not_found() => {}

@@ -16,6 +16,7 @@
 //! | [`expansion`] | `$(VAR)` expansion in commands, arguments, env values and `subPathExpr` | `third_party/forked/golang/expansion` |
 //! | [`io`] | `PathIoError`: a file system call that failed on a path | swiftlet only |
 //! | [`clock`] | the monotonic clock the kernel's eBPF timestamps use | swiftlet only |
+//! | [`cri_log`] | the CRI log line format and finding a log's last lines | `pkg/kubelet/kuberuntime/logs` (`parseCRILog`, `findTailLineStartIndex`) |
 //! | [`duration`] | Go durations (`metav1.Duration`): parsing and printing as Go does | Go's `time.ParseDuration`, `Duration.String` |
 //! | [`cpuset`] | sets of CPU ids in the Linux list syntax (`0-3,5`) | `k8s.io/utils/cpuset` |
 //! | [`eviction`] | eviction signals, threshold values, the grammar of one eviction setting | `pkg/kubelet/eviction/api`, the statement parsing of `pkg/kubelet/eviction/helpers.go` |
@@ -31,6 +32,7 @@ pub mod authorization;
 pub mod clock;
 pub mod collector_endpoint;
 pub mod cpuset;
+pub mod cri_log;
 pub mod duration;
 pub mod eviction;
 pub mod expansion;

@@ -458,3 +458,23 @@ async fn sidecars_run_beside_initialization_and_stop_last_in_reverse_order() {
     assert_eq!(apps, ["app", "worker"], "{stopped:?}");
     assert_eq!(stopped[2..], ["proxy", "logs"], "{stopped:?}");
 }
+
+/// What a container writes to its termination-message file becomes its status message
+/// once it has exited (the file is the pod directory's, mounted at the message path).
+#[tokio::test]
+async fn an_exited_containers_termination_message_is_read_from_its_file() {
+    let (_dir, fake, _recorder, rm) = setup();
+    let mut p = hooked(&json!({}));
+    p.spec.as_mut().unwrap().containers[0].termination_message_path = Some("/dev/termination-log".into());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    let config = fake.container_config(&id).unwrap();
+    let mount = config.mounts.iter().find(|m| m.container_path == "/dev/termination-log").unwrap();
+    std::fs::write(&mount.host_path, "DONE").unwrap();
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!(st.find_container("c").unwrap().message, "", "not read while it runs");
+    fake.exit_container(&id, 0);
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!(st.find_container("c").unwrap().message, "DONE");
+}
