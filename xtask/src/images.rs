@@ -99,6 +99,14 @@ impl Layer {
         self
     }
 
+    /// A symlink at `path` unless the layer already has something there.
+    pub fn symlink_if_absent(&mut self, path: &str, target: &str) -> &mut Self {
+        if !self.entries.contains_key(path.trim_matches('/')) {
+            self.symlink(path, target);
+        }
+        self
+    }
+
     pub fn symlink(&mut self, path: &str, target: &str) -> &mut Self {
         self.insert(path, Entry::Symlink { target: target.to_owned() });
         self
@@ -523,6 +531,12 @@ pub fn host_busybox() -> Result<Vec<u8>> {
 /// [`busybox_layer`] around `binary` (the host's busybox, [`host_busybox`]) with the
 /// applets it lists (`busybox --list-full`): asked only when an image is built.
 pub fn host_busybox_layer(binary: &[u8]) -> Result<Layer> {
+    Ok(busybox_layer(binary, &host_busybox_applets()?))
+}
+
+/// The host busybox's applets with their paths (`busybox --list-full`: `bin/sh`,
+/// `sbin/sysctl`, ...), one per line.
+pub fn host_busybox_applets() -> Result<String> {
     let out = Command::new(HOST_BUSYBOX)
         .arg("--list-full")
         .output()
@@ -532,7 +546,7 @@ pub fn host_busybox_layer(binary: &[u8]) -> Result<Layer> {
     if applets.lines().count() < 50 {
         bail!("busybox lists too few applets; is it busybox-static?");
     }
-    Ok(busybox_layer(binary, &applets))
+    Ok(applets)
 }
 
 /// Imports `image` into the `k8s.io` namespace of the containerd at `socket`.

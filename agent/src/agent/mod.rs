@@ -88,6 +88,9 @@ pub enum Error {
     Allocation(#[from] crate::allocation::Error),
     #[error("{0}")]
     ResourceManagers(#[from] crate::cm::resource_managers::Error),
+    /// An `allowedUnsafeSysctls` entry that is not a namespaced sysctl (pattern).
+    #[error("{0}")]
+    Sysctls(String),
     /// `rotateCertificates`: the client certificate expired and no new one could be had
     /// (upstream exits here too, so that a restart bootstraps new credentials).
     #[error(
@@ -193,6 +196,9 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     // /configz shows the configuration as given; reservedSystemCPUs then replaces the
     // reserved cpu everywhere else (upstream's server.go).
     let configz = cfg.kubelet.to_configz_json();
+    // Checked first: a bad `allowedUnsafeSysctls` stops the agent, as upstream's.
+    let sysctls =
+        crate::lifecycle::sysctl::SysctlAllowlist::new(&cfg.kubelet.allowed_unsafe_sysctls).map_err(Error::Sysctls)?;
     crate::settings::apply_reserved_system_cpus(&mut cfg.kubelet);
     let mut api = api_clients::connect(&cfg).await?;
     let mode = if api.is_some() { "API server" } else { "standalone: static pods only" };
@@ -428,6 +434,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
             handlers.push(Arc::new(crate::lifecycle::admission::SupplementalGroupsPolicyAdmitHandler(
                 runtime_state.clone(),
             )));
+            handlers.push(Arc::new(sysctls));
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },

@@ -4,3 +4,4 @@
 
 pub mod admission;
 pub mod hooks;
+pub mod sysctl;

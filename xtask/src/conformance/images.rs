@@ -66,8 +66,11 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
         out.push((name, image));
     }
     let name = "e2e-test-images/busybox:1.37.0-2".to_owned();
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox]), || {
-        images::oci_archive(&name, &images::host_busybox_layer(&busybox)?, &run_config(&name, None, None))
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, b"all-in-bin"]), || {
+        let applets = images::host_busybox_applets()?;
+        let mut layer = images::busybox_layer(&busybox, &applets);
+        all_applets_in_bin(&mut layer, &applets);
+        images::oci_archive(&name, &layer, &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let name = "pause:3.10.2".to_owned();
@@ -78,6 +81,15 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     })?;
     out.push((name, image));
     Ok(out)
+}
+
+/// Upstream's busybox image has every applet in `/bin` (the suite runs `/bin/sysctl`,
+/// which Debian's busybox lists under `/sbin`): a `/bin` link for each applet that has
+/// none there, beside the links at the listed paths.
+fn all_applets_in_bin(layer: &mut Layer, applets: &str) {
+    for applet in applets.lines().filter_map(|l| l.trim().rsplit('/').next()).filter(|n| !n.is_empty()) {
+        layer.symlink_if_absent(&format!("bin/{applet}"), "/bin/busybox");
+    }
 }
 
 /// What upstream's agnhost Dockerfile adds to its base image.
@@ -129,6 +141,26 @@ mod tests {
     use super::*;
 
     /// The agnhost layer has what the suite's tests look for in the image.
+    #[test]
+    fn busybox_has_every_applet_in_bin_too() {
+        let applets = "/bin/sh\n/sbin/sysctl\n/usr/bin/env\n";
+        let mut layer = images::busybox_layer(b"busybox", applets);
+        all_applets_in_bin(&mut layer, applets);
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let links: std::collections::BTreeSet<String> = archive
+            .entries()
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.unwrap();
+                e.link_name().unwrap().map(|_| e.path().unwrap().display().to_string())
+            })
+            .collect();
+        for path in ["bin/sh", "bin/sysctl", "bin/env", "sbin/sysctl", "usr/bin/env"] {
+            assert!(links.contains(path), "{path}: {links:?}");
+        }
+    }
+
     #[test]
     fn agnhost_is_laid_out_as_upstream_builds_it() {
         let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/ls\n");
