@@ -9,9 +9,10 @@
 //!   busybox root filesystem as upstream's Dockerfile lays it out: `/agnhost` and the
 //!   `agnhost-2` link, `/uploads`, the porter certificate and key, and the user and group
 //!   `user-defined-in-image` (uid 1000) and `group-defined-in-image` (gid 50000);
-//!   entrypoint `/agnhost`, command `pause`. Upstream's image also has curl (its
-//!   lifecycle-hook tests run `curl` in it); here it is the host's `/usr/bin/curl` with
-//!   the libraries `ldd` names, at their host paths, since busybox has only `wget`.
+//!   entrypoint `/agnhost`, command `pause`. Upstream's image also has curl and bash (the
+//!   lifecycle-hook tests run `curl` in it, some probe tests `/bin/bash`); here they are
+//!   the host's `/usr/bin/curl` and `/bin/bash` with the libraries `ldd` names, at their
+//!   host paths (busybox has only `wget`, and no bash).
 //! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
 //! - `pause:3.10.2`: the test bed's pause binary.
 //!
@@ -31,8 +32,8 @@ use crate::{
     upstream::Upstream,
 };
 
-/// curl for agnhost (apt package curl).
-const HOST_CURL: &str = "/usr/bin/curl";
+/// The host programs agnhost carries (apt packages curl and bash).
+const HOST_TOOLS: [&str; 2] = ["/usr/bin/curl", "/bin/bash"];
 
 /// The agnhost release the suite's manifest asks for, and its "previous" one.
 pub const AGNHOST_TAGS: [&str; 2] = ["2.66.1", "2.55"];
@@ -46,17 +47,20 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let porter = upstream.e2e_module_dir()?.join("test/images/agnhost/porter");
     let cert = fs::read(porter.join("localhost.crt")).context("reading agnhost's porter certificate")?;
     let key = fs::read(porter.join("localhost.key")).context("reading agnhost's porter key")?;
-    let curl = images::HostProgram::read(HOST_CURL)?;
+    let tools = HOST_TOOLS.map(images::HostProgram::read);
+    let tools: Vec<images::HostProgram> = tools.into_iter().collect::<Result<_>>()?;
 
     let mut out = Vec::new();
     for tag in AGNHOST_TAGS {
         let name = format!("e2e-test-images/agnhost:{tag}");
         let mut key_inputs: Vec<&[u8]> = vec![&busybox, &agnhost, &cert, &key];
-        key_inputs.extend(curl.key_inputs());
+        key_inputs.extend(tools.iter().flat_map(images::HostProgram::key_inputs));
         let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
             let mut layer = images::host_busybox_layer(&busybox)?;
             agnhost_files(&mut layer, &agnhost, &cert, &key);
-            curl.add_to(&mut layer);
+            for tool in &tools {
+                tool.add_to(&mut layer);
+            }
             images::oci_archive(
                 &name,
                 &layer,
