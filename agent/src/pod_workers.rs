@@ -238,6 +238,7 @@ impl std::fmt::Debug for Registry {
             .field("workers", &self.workers)
             .field("overrides", &self.overrides.keys().collect::<Vec<_>>())
             .field("claimed", &self.claimed)
+            .field("finished", &self.finished)
             .finish()
     }
 }
@@ -249,6 +250,11 @@ struct Registry {
     overrides: HashMap<String, StatusOverride>,
     /// UIDs whose leftovers housekeeping is removing ([`CleanupClaim`]).
     claimed: HashSet<String>,
+    /// API pods being deleted whose worker has finished while the API still has them (a
+    /// finalizer holds the object): updates of theirs are ignored until they leave their
+    /// source (upstream keeps a finished `podSyncStatus` until `SyncKnownPods`), so no new
+    /// worker overwrites their final status with one of a pod that has nothing left.
+    finished: HashSet<String>,
 }
 
 /// Housekeeping's right to remove what a pod UID left behind (its cgroup, pod and log
@@ -341,6 +347,9 @@ impl PodWorkers {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let work = Work { pod: Some(pod), kind, started };
         let mut reg = self.registry.lock().unwrap();
+        if reg.finished.contains(&uid) {
+            return;
+        }
         let work = match reg.workers.get(&uid) {
             Some(h) => match h.mailbox.send(work) {
                 Ok(()) => return,
@@ -358,6 +367,18 @@ impl PodWorkers {
         );
         drop(reg);
         self.spawn(&uid, Some(pod), mailbox, WorkerState::Syncing);
+    }
+
+    /// Forgets a finished pod that left its source; true if it was one (nothing is left
+    /// to do for it).
+    #[must_use = "true means nothing is left to do for the pod"]
+    pub fn forget_finished(&self, uid: &str) -> bool {
+        self.registry.lock().unwrap().finished.remove(uid)
+    }
+
+    /// Keeps only the finished pods `known` still says their source has.
+    pub fn retain_finished(&self, known: impl Fn(&str) -> bool) {
+        self.registry.lock().unwrap().finished.retain(|uid| known(uid));
     }
 
     /// Terminates a pod that only the runtime knows (upstream "runtime-only pods").
@@ -406,8 +427,17 @@ impl PodWorkers {
     }
 
     fn set_state(&self, uid: &str, state: WorkerState) {
+        self.set_state_of(uid, state, false);
+    }
+
+    /// [`Self::set_state`]; `deleted_api_pod`: a finished worker terminated an API pod
+    /// being deleted, whose later updates are ignored (see `Registry::finished`).
+    fn set_state_of(&self, uid: &str, state: WorkerState, deleted_api_pod: bool) {
         let mut reg = self.registry.lock().unwrap();
         if state == WorkerState::Finished {
+            if deleted_api_pod {
+                reg.finished.insert(uid.to_owned());
+            }
             reg.workers.remove(uid);
             reg.overrides.remove(uid);
             drop(reg);
@@ -685,7 +715,9 @@ impl Worker {
                 if let Some(pod) = &self.pod {
                     self.deps.status.pod_finished(pod);
                 }
-                self.workers.set_state(&self.uid, WorkerState::Finished);
+                let deleted_api_pod =
+                    self.pod.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some() && !is_static_pod(p));
+                self.workers.set_state_of(&self.uid, WorkerState::Finished, deleted_api_pod && !self.desired);
                 self.deps.runtime.startup_tracker().forget(&self.uid);
                 self.deps.runtime.cache().forget(&self.uid);
                 tracing::info!("pod worker finished");
@@ -1197,6 +1229,37 @@ mod tests {
         assert!(e.rt.containers_named("c").is_empty());
         assert!(e.rt.list_pod_sandbox(None).await.unwrap().is_empty());
         assert!(e.status.get("u1").is_none());
+        e.stop.cancel();
+    }
+
+    /// An API pod held by a finalizer after its deletion: once its worker finished, its
+    /// later updates start no worker that would write a status of a pod with nothing
+    /// left (upstream ignores updates of a finished pod until it leaves its source).
+    #[tokio::test]
+    async fn a_deleted_api_pod_held_by_a_finalizer_keeps_its_final_status() {
+        let e = env();
+        let mut p = pod("u1", "a", "Always", false);
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(crate::types::pod::CONFIG_SOURCE_ANNOTATION.into(), "api".into());
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        p.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
+        e.workers.update_pod(p.clone(), WorkType::Kill { grace: Some(1) });
+        tokio::time::timeout(Duration::from_secs(5), e.workers.wait_finished("u1")).await.unwrap();
+        assert!(e.status.get("u1").is_none(), "the final status was handed to the status writer");
+        // The API's update of the deleted object (grace 0, the finalizer still there).
+        e.workers.update_pod(p.clone(), WorkType::Kill { grace: Some(0) });
+        e.workers.update_pod(p.clone(), WorkType::Update);
+        assert!(e.workers.known_uids().is_empty(), "no new worker");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(e.status.get("u1").is_none(), "no new status");
+        // Once the object is gone from its source, a new pod of that UID would start again.
+        assert!(e.workers.forget_finished("u1"));
+        assert!(!e.workers.forget_finished("u1"));
         e.stop.cancel();
     }
 

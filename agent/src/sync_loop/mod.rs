@@ -151,6 +151,9 @@ impl SyncLoop {
                 continue;
             }
             self.resize_pod_removed(&pod);
+            if pod.metadata.uid.as_deref().is_some_and(|uid| self.workers.forget_finished(uid)) {
+                continue;
+            }
             self.workers.update_pod(pod, WorkType::Kill { grace: None });
         }
         // Oldest first, each admitted against the pods admitted before it (upstream
@@ -420,6 +423,9 @@ impl SyncLoop {
             return;
         }
         let desired = self.pod_manager.uids();
+        // Finished pods whose removal came before their worker ended (upstream
+        // `SyncKnownPods`).
+        self.workers.retain_finished(|uid| desired.contains(uid));
         let workers = self.workers.known_uids();
         let runtime_pods = self.cache.runtime_pods();
         self.update_working_pods(&desired, &runtime_pods);
