@@ -731,12 +731,19 @@ impl Worker {
     async fn step(&mut self, kind: &WorkType) -> (Option<tokio::time::Instant>, Option<WorkType>) {
         match self.state {
             WorkerState::Syncing => {
+                let deadline = self.active_deadline_left();
+                if deadline.is_some_and(|left| left.is_zero()) {
+                    self.deadline_exceeded();
+                    return (None, Some(WorkType::Evict { grace: None }));
+                }
                 let span = crate::telemetry::sync_pod_span(&self.uid, self.pod.as_ref(), kind.metric_label());
                 // Until the pod is Ready, its syncs are steps of its start trace.
                 if let Some(root) = self.deps.runtime.startup_tracker().trace_root(&self.uid) {
                     crate::telemetry::set_trace_parent(&span, &root);
                 }
                 let after = Box::pin(self.sync_pod().instrument(span)).await;
+                // Look again when the active deadline passes, if that comes first.
+                let after = deadline.map_or(after, |left| after.min(left));
                 (Some(tokio::time::Instant::now() + after), None)
             }
             WorkerState::Terminating => {
@@ -766,6 +773,34 @@ impl Worker {
             }
             WorkerState::Finished => (None, None),
         }
+    }
+
+    /// Upstream `activeDeadlineHandler`: how long the pod may still be active under its
+    /// `activeDeadlineSeconds`, counted from its `status.startTime` (the API's, else when
+    /// this agent first saw it); `None` without a deadline.
+    fn active_deadline_left(&self) -> Option<Duration> {
+        let pod = self.pod.as_ref()?;
+        let seconds = pod.spec.as_ref()?.active_deadline_seconds?;
+        let start =
+            pod.status.as_ref().and_then(|s| s.start_time.as_ref()).map_or(self.first_seen, |t| SystemTime::from(t.0));
+        let allowed = Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+        let active = SystemTime::now().duration_since(start).unwrap_or_default();
+        Some(allowed.saturating_sub(active))
+    }
+
+    /// The pod outlived its `activeDeadlineSeconds`: as upstream, a `DeadlineExceeded`
+    /// event, and the pod terminated and kept `Failed` with that reason.
+    fn deadline_exceeded(&self) {
+        const MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+        let Some(pod) = &self.pod else { return };
+        tracing::info!(pod = %pod_full_name(pod), "pod exceeded its activeDeadlineSeconds");
+        self.deps.recorder.record(pod_ref(pod), EventType::Normal, "DeadlineExceeded", MESSAGE.into());
+        let failed: StatusOverride = Arc::new(|s| {
+            s.phase = Some("Failed".into());
+            s.reason = Some("DeadlineExceeded".into());
+            s.message = Some(MESSAGE.into());
+        });
+        self.workers.registry.lock().unwrap().overrides.insert(self.uid.clone(), failed);
     }
 
     /// The pod was added again while it terminated, and its old instance is gone now:
@@ -1260,6 +1295,34 @@ mod tests {
         // Once the object is gone from its source, a new pod of that UID would start again.
         assert!(e.workers.forget_finished("u1"));
         assert!(!e.workers.forget_finished("u1"));
+        e.stop.cancel();
+    }
+
+    /// `activeDeadlineSeconds`: once the pod has been active that long it is stopped and
+    /// kept `Failed` with reason `DeadlineExceeded`, without any other sync asking.
+    #[tokio::test]
+    async fn a_pod_past_its_active_deadline_is_stopped_and_failed() {
+        let e = env();
+        let mut p = pod("u1", "a", "Always", false);
+        p.spec.as_mut().unwrap().active_deadline_seconds = Some(1);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Failed"))).await;
+        let s = e.status.get("u1").unwrap();
+        assert_eq!(s.reason.as_deref(), Some("DeadlineExceeded"));
+        assert_eq!(s.message.as_deref(), Some("Pod was active on the node longer than the specified deadline"));
+        let id = e.rt.containers_named("c")[0].clone();
+        for _ in 0..200 {
+            let state = e.rt.container_status(&id).await.map(|c| c.state).unwrap_or_default();
+            if state == crate::container::api::ContainerState::ContainerExited as i32 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let state = e.rt.container_status(&id).await.unwrap().state;
+        assert_eq!(state, crate::container::api::ContainerState::ContainerExited as i32, "stopped");
+        let event = e.recorder.list().into_iter().find(|ev| ev.reason.as_deref() == Some("DeadlineExceeded")).unwrap();
+        assert_eq!(event.type_.as_deref(), Some("Normal"));
         e.stop.cancel();
     }
 
