@@ -48,7 +48,7 @@ pub(crate) fn is_dns1123_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 

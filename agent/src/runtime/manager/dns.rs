@@ -65,6 +65,9 @@ pub enum Error {
     /// `spec.hostname` or `spec.subdomain` is not a DNS label.
     #[error("pod {field} {value:?} is not a valid DNS label")]
     InvalidLabel { field: &'static str, value: String },
+    /// `spec.hostnameOverride` is not a DNS subdomain.
+    #[error("pod HostnameOverride {0:?} is not a valid DNS subdomain")]
+    InvalidHostnameOverride(String),
     /// The pod came without a spec.
     #[error("pod has no spec")]
     NoSpec,
@@ -297,14 +300,21 @@ pub fn pod_dns_config(
     (cfg, events)
 }
 
-use crate::sources::defaults::is_dns1123_label;
+use crate::sources::defaults::{is_dns1123_label, is_dns1123_subdomain};
 
-/// Upstream `GeneratePodHostNameAndDomain`: `spec.hostname` or the pod name (cut to 63
-/// characters without a trailing `-` or `.`), and `<subdomain>.<ns>.svc.<domain>` when
-/// the pod has a subdomain.
+/// Upstream `GeneratePodHostNameAndDomain`: `spec.hostnameOverride` (a DNS subdomain; GA
+/// in 1.37) alone, with no domain; else `spec.hostname` or the pod name, and
+/// `<subdomain>.<ns>.svc.<domain>` when the pod has a subdomain. Either name is cut to 63
+/// characters without a trailing `-` or `.`.
 pub fn pod_hostname_and_domain(pod: &Pod, cluster_domain: &str) -> Result<(String, String), Error> {
     let spec = pod.spec.as_ref().ok_or(Error::NoSpec)?;
     let name = pod.metadata.name.clone().unwrap_or_default();
+    if let Some(hostname) = spec.hostname_override.as_deref() {
+        if !is_dns1123_subdomain(hostname) {
+            return Err(Error::InvalidHostnameOverride(hostname.to_owned()));
+        }
+        return Ok((truncate_hostname(&name, hostname.to_owned())?, String::new()));
+    }
     let mut hostname = name.clone();
     if let Some(h) = spec.hostname.as_deref().filter(|h| !h.is_empty()) {
         if !is_dns1123_label(h) {
@@ -312,14 +322,7 @@ pub fn pod_hostname_and_domain(pod: &Pod, cluster_domain: &str) -> Result<(Strin
         }
         h.clone_into(&mut hostname);
     }
-    if hostname.len() > HOSTNAME_MAX_LEN {
-        let cut = hostname[..HOSTNAME_MAX_LEN].trim_end_matches(['-', '.']).to_owned();
-        tracing::error!(pod = %name, truncated = %cut, "hostname for pod was too long, truncated it");
-        if cut.is_empty() {
-            return Err(Error::InvalidHostname { pod: name, hostname });
-        }
-        hostname = cut;
-    }
+    let hostname = truncate_hostname(&name, hostname)?;
     let mut domain = String::new();
     if let Some(sub) = spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
         if !is_dns1123_label(sub) {
@@ -329,6 +332,19 @@ pub fn pod_hostname_and_domain(pod: &Pod, cluster_domain: &str) -> Result<(Strin
         domain = format!("{sub}.{ns}.svc.{cluster_domain}");
     }
     Ok((hostname, domain))
+}
+
+/// Upstream `truncatePodHostnameIfNeeded`.
+fn truncate_hostname(name: &str, mut hostname: String) -> Result<String, Error> {
+    if hostname.len() > HOSTNAME_MAX_LEN {
+        let cut = hostname[..HOSTNAME_MAX_LEN].trim_end_matches(['-', '.']).to_owned();
+        tracing::error!(pod = %name, truncated = %cut, "hostname for pod was too long, truncated it");
+        if cut.is_empty() {
+            return Err(Error::InvalidHostname { pod: name.to_owned(), hostname });
+        }
+        hostname = cut;
+    }
+    Ok(hostname)
 }
 
 /// Upstream `GetNodenameForKernel`: the FQDN when `setHostnameAsFQDN` and there is a
@@ -534,6 +550,14 @@ mod tests {
         assert_eq!(
             pod_hostname_and_domain(&p, "").unwrap_err().to_string(),
             "pod Hostname \"Bad_Name\" is not a valid DNS label"
+        );
+        // hostnameOverride wins over hostname and subdomain, and brings no domain.
+        let p = pod(json!({"hostname": "h", "subdomain": "sub", "hostnameOverride": "my.host-name"}));
+        assert_eq!(pod_hostname_and_domain(&p, "cluster.local").unwrap(), ("my.host-name".into(), String::new()));
+        let p = pod(json!({"hostnameOverride": "Not_A_Subdomain"}));
+        assert_eq!(
+            pod_hostname_and_domain(&p, "").unwrap_err().to_string(),
+            "pod HostnameOverride \"Not_A_Subdomain\" is not a valid DNS subdomain"
         );
         assert_eq!(kernel_hostname("h", "sub.shop.svc.cluster.local", true).unwrap(), "h.sub.shop.svc.cluster.local");
         assert_eq!(kernel_hostname("h", "d", false).unwrap(), "h");
