@@ -136,14 +136,15 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &ConformanceArgs) -> Result<(
     let upstream = Upstream::new(ctx);
     upstream.build()?;
     upstream.build_e2e()?;
+    let focus = selection_focus(&upstream, args)?;
     if args.list {
-        return list(&upstream, args);
+        return list(&upstream, args, &focus);
     }
     testbed::require_root()?;
     let _lock = bench::testbed_lock(layout)?;
     let bed_was_up = bench::bed_was_up(layout);
     let started = Instant::now();
-    let outcome = conformance(ctx, layout, &upstream, args).await;
+    let outcome = conformance(ctx, layout, &upstream, args, &focus).await;
     eprintln!("conformance: took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     bench::finish(ctx, layout, bed_was_up || args.keep_testbed, outcome, Ok(()), Ok(())).await
 }
@@ -153,28 +154,41 @@ fn skip_regex(args: &ConformanceArgs) -> String {
     SKIPPED.iter().map(|(re, _)| *re).chain(args.skip.as_deref()).collect::<Vec<_>>().join("|")
 }
 
-/// `--ginkgo.focus`: [`DEFAULT_FOCUS`], narrowed by `--focus` (both must match), or the
-/// CI subset.
-fn focus_regex(args: &ConformanceArgs) -> String {
+/// `--ginkgo.focus` for the run: the CI subset, the default selection, or with `--focus`
+/// the default selection's specs whose text the `--focus` regex matches. Ginkgo ORs its
+/// focus regexes and RE2 has no lookahead, so the narrowing is done here: a dry run
+/// lists the selection, and the focus names the chosen specs literally.
+fn selection_focus(upstream: &Upstream, args: &ConformanceArgs) -> Result<String> {
     if args.ci {
-        return CI_SPECS.iter().map(|s| regex::escape(s)).collect::<Vec<_>>().join("|");
+        return Ok(literal_alternatives(CI_SPECS.iter().copied()));
     }
-    match &args.focus {
-        // RE2 has no lookahead; a spec's full text matches both when it matches the first
-        // followed somewhere by the second, or the other way round.
-        Some(f) => format!("(?:{DEFAULT_FOCUS}).*(?:{f})|(?:{f}).*(?:{DEFAULT_FOCUS})"),
-        None => DEFAULT_FOCUS.to_owned(),
-    }
+    let Some(focus) = &args.focus else { return Ok(DEFAULT_FOCUS.to_owned()) };
+    let user = regex::Regex::new(focus).with_context(|| format!("--focus {focus:?} is not a regex"))?;
+    let selected = dry_run(upstream, DEFAULT_FOCUS, &skip_regex(args))?;
+    let picked = narrow(&selected, &user);
+    ensure!(!picked.is_empty(), "--focus {focus:?} matches none of the {} selected specs", selected.len());
+    Ok(literal_alternatives(picked.into_iter()))
 }
 
-fn list(upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
+/// The specs of `selected` whose text `focus` matches.
+fn narrow<'a>(selected: &'a [String], focus: &regex::Regex) -> Vec<&'a str> {
+    selected.iter().filter(|name| focus.is_match(name)).map(String::as_str).collect()
+}
+
+/// A regex matching any of `texts` read literally.
+fn literal_alternatives<'a>(texts: impl Iterator<Item = &'a str>) -> String {
+    texts.map(regex::escape).collect::<Vec<_>>().join("|")
+}
+
+/// The texts of the specs `focus` and `skip` select, from a dry run of the suite.
+fn dry_run(upstream: &Upstream, focus: &str, skip: &str) -> Result<Vec<String>> {
     let dir = std::env::temp_dir().join(format!("swiftlet-conformance-list-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
     let json = dir.join("report.json");
     let status = Command::new(upstream.e2e_bin("e2e.test"))
         .arg("--ginkgo.dry-run")
-        .arg(format!("--ginkgo.focus={}", focus_regex(args)))
-        .arg(format!("--ginkgo.skip={}", skip_regex(args)))
+        .arg(format!("--ginkgo.focus={focus}"))
+        .arg(format!("--ginkgo.skip={skip}"))
         .arg(format!("--ginkgo.json-report={}", json.display()))
         .arg("--ginkgo.no-color")
         .stdout(Stdio::null())
@@ -183,7 +197,12 @@ fn list(upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
     ensure!(status.success(), "e2e.test --ginkgo.dry-run failed ({status})");
     let specs = report::outcomes(&fs::read_to_string(&json)?)?;
     fs::remove_dir_all(&dir).ok();
-    for name in specs.keys() {
+    Ok(specs.into_keys().collect())
+}
+
+fn list(upstream: &Upstream, args: &ConformanceArgs, focus: &str) -> Result<()> {
+    let specs = dry_run(upstream, focus, &skip_regex(args))?;
+    for name in &specs {
         println!("{name}");
     }
     eprintln!("conformance: {} spec(s) selected", specs.len());
@@ -193,7 +212,13 @@ fn list(upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
     Ok(())
 }
 
-async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &ConformanceArgs) -> Result<()> {
+async fn conformance(
+    ctx: &Ctx,
+    layout: &Layout,
+    upstream: &Upstream,
+    args: &ConformanceArgs,
+    focus: &str,
+) -> Result<()> {
     testbed::up(ctx, layout).await.context("bringing the test bed up")?;
     let api = ApiServer::up(ctx, layout)?;
     let cluster_state = crate::cluster::State::load(layout)?.context("the test bed's control plane has no record")?;
@@ -215,7 +240,7 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
     };
     let mut cri = CriClient::connect(&layout.socket()).await?;
     bench::preflight(&mut cri, layout).await?;
-    let suite = Suite { upstream, args, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
+    let suite = Suite { upstream, args, focus, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
     let mut runs = Vec::new();
     for kind in agents {
         eprintln!();
@@ -234,9 +259,9 @@ async fn conformance(ctx: &Ctx, layout: &Layout, upstream: &Upstream, args: &Con
     }
     let shown: Vec<(&str, &BTreeMap<String, report::Outcome>)> = runs.iter().map(|(n, o)| (*n, o)).collect();
     let mut text = format!(
-        "# Node conformance, {}\n\nfocus `{}`, skip `{}`\n\n",
+        "# Node conformance, {}\n\n{}, skip `{}`\n\n",
         upstream_suite_name(),
-        focus_regex(args),
+        describe_selection(args),
         skip_regex(args)
     );
     for (re, why) in SKIPPED {
@@ -286,10 +311,23 @@ fn upstream_suite_name() -> String {
     format!("k8s.io/kubernetes/test/e2e {}", crate::upstream::VERSION)
 }
 
+/// What was selected, in words, for the report.
+fn describe_selection(args: &ConformanceArgs) -> String {
+    if args.ci {
+        return format!("the CI subset ({} specs)", CI_SPECS.len());
+    }
+    match &args.focus {
+        Some(f) => format!("focus `{DEFAULT_FOCUS}` narrowed by `{f}`"),
+        None => format!("focus `{DEFAULT_FOCUS}`"),
+    }
+}
+
 /// How the suite is run: the same for each agent.
 struct Suite<'a> {
     upstream: &'a Upstream,
     args: &'a ConformanceArgs,
+    /// `--focus` (see [`selection_focus`]).
+    focus: &'a str,
     kubeconfig: &'a Path,
     repo_list: &'a Path,
 }
@@ -300,7 +338,7 @@ impl Suite<'_> {
         let mut cmd = Command::new(self.upstream.e2e_bin("ginkgo"));
         let procs = self.args.procs.unwrap_or(if self.args.ci { 2 } else { 1 });
         cmd.arg(format!("--procs={}", procs.max(1)))
-            .arg(format!("--focus={}", focus_regex(self.args)))
+            .arg(format!("--focus={}", self.focus))
             .arg(format!("--skip={}", skip_regex(self.args)))
             .arg(format!("--output-dir={}", dir.display()))
             .args(["--json-report=report.json", "--junit-report=junit.xml", "--no-color", "--timeout=24h"])
@@ -438,15 +476,21 @@ mod tests {
         }
     }
 
-    /// `--focus` narrows the default selection (both must match, in either order);
-    /// `--skip` adds to the skips that are always there.
+    /// `--focus` picks specs of the default selection, whose texts carry the selection's
+    /// own tags too; the focus names them literally. `--skip` adds to the skips that are
+    /// always there.
     #[test]
     fn focus_narrows_and_skip_adds() {
-        let focus = regex::Regex::new(&focus_regex(&args(Some("Probing"), None))).unwrap();
-        assert!(focus.is_match("[sig-node] Probing container should be restarted [NodeConformance] [Conformance]"));
-        assert!(focus.is_match("[sig-node] Pods [NodeConformance] Probing later"));
-        assert!(!focus.is_match("[sig-node] Probing container [Slow]"), "outside the default selection");
-        assert!(!focus.is_match("[sig-node] Pods should get a host IP [NodeConformance]"));
+        let selected = vec![
+            "[sig-node] Probing container should be restarted [NodeConformance] [Conformance]".to_owned(),
+            "[sig-node] Pods should get a host IP (a+b) [NodeConformance]".to_owned(),
+        ];
+        let user = regex::Regex::new(r"Probing container should be restarted \[NodeConformance\]").unwrap();
+        let picked = narrow(&selected, &user);
+        assert_eq!(picked, [selected[0].as_str()]);
+        let focus = regex::Regex::new(&literal_alternatives(selected.iter().map(String::as_str))).unwrap();
+        assert!(selected.iter().all(|s| focus.is_match(s)), "names with brackets and parentheses read literally");
+        assert!(!focus.is_match("[sig-node] Pods should get a host IP aab [NodeConformance]"));
         let skip = regex::Regex::new(&skip_regex(&args(None, Some(r"\[Slow\]")))).unwrap();
         assert!(skip.is_match("[sig-node] restarts [Disruptive]"));
         assert!(skip.is_match("[sig-node] Probing [Slow]"));
@@ -458,7 +502,7 @@ mod tests {
     #[test]
     fn the_ci_subset_is_focused_literally_and_must_all_pass() {
         let ci = ConformanceArgs { ci: true, ..args(None, None) };
-        let focus = regex::Regex::new(&focus_regex(&ci)).unwrap();
+        let focus = regex::Regex::new(&literal_alternatives(CI_SPECS.iter().copied())).unwrap();
         for spec in CI_SPECS {
             assert!(focus.is_match(&format!("{spec} [Conformance] [NodeConformance]")), "{spec}");
         }
@@ -477,8 +521,13 @@ mod tests {
         let upstream = Upstream { module_dir: "/m".into(), bin_dir: "/b".into() };
         for (procs, want) in [(None, "--procs=2"), (Some(3), "--procs=3")] {
             let a = suite_args(procs);
-            let suite =
-                Suite { upstream: &upstream, args: &a, kubeconfig: Path::new("/k"), repo_list: Path::new("/r") };
+            let suite = Suite {
+                upstream: &upstream,
+                args: &a,
+                focus: "x",
+                kubeconfig: Path::new("/k"),
+                repo_list: Path::new("/r"),
+            };
             let cmd = suite.command(Path::new("/out"));
             assert!(cmd.get_args().any(|x| x == want), "{procs:?}");
         }
@@ -488,8 +537,13 @@ mod tests {
     fn the_suite_runs_through_ginkgo_with_the_remapped_registries() {
         let upstream = Upstream { module_dir: "/m".into(), bin_dir: "/b".into() };
         let a = args(None, None);
-        let suite =
-            Suite { upstream: &upstream, args: &a, kubeconfig: Path::new("/k/admin"), repo_list: Path::new("/r.yaml") };
+        let suite = Suite {
+            upstream: &upstream,
+            args: &a,
+            focus: "x",
+            kubeconfig: Path::new("/k/admin"),
+            repo_list: Path::new("/r.yaml"),
+        };
         let cmd = suite.command(Path::new("/out"));
         assert_eq!(cmd.get_program(), "/b/e2e/ginkgo");
         let argv: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
