@@ -381,6 +381,9 @@ impl RuntimeManager {
             std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
             let file = dir.join(format!("termination-{}", std::process::id() ^ rand::random::<u32>()));
             std::fs::write(&file, b"").map_err(|e| format!("writing {}: {e}", file.display()))?;
+            // Any container user writes its message there (upstream chmods it 0666 too).
+            std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .map_err(|e| format!("chmod {}: {e}", file.display()))?;
             mounts.push(api::Mount {
                 container_path: term_path,
                 host_path: file.to_string_lossy().into_owned(),

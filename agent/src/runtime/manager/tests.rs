@@ -471,6 +471,9 @@ async fn an_exited_containers_termination_message_is_read_from_its_file() {
     let id = fake.containers_named("c")[0].clone();
     let config = fake.container_config(&id).unwrap();
     let mount = config.mounts.iter().find(|m| m.container_path == "/dev/termination-log").unwrap();
+    // Any container user may write it.
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&mount.host_path).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o666);
     std::fs::write(&mount.host_path, "DONE").unwrap();
     let st = rm.pod_status("u1").await.unwrap();
     assert_eq!(st.find_container("c").unwrap().message, "", "not read while it runs");
