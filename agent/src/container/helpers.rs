@@ -18,6 +18,13 @@ pub fn restart_policy(spec: &PodSpec) -> &str {
     spec.restart_policy.as_deref().unwrap_or("Always")
 }
 
+/// The restart policy that applies to container `c`: its own (`ContainerRestartRules`),
+/// else the pod's.
+#[must_use]
+pub fn container_restart_policy<'a>(c: &'a Container, spec: &'a PodSpec) -> &'a str {
+    c.restart_policy.as_deref().unwrap_or_else(|| restart_policy(spec))
+}
+
 /// Upstream `ShouldContainerBeRestarted` (with `ContainerRestartRules`, on by default
 /// since 1.35: see [`container_should_restart`]).
 #[must_use]

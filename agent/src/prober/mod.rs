@@ -309,16 +309,15 @@ fn kill_message(pod: &Pod, container: &Container, probe_type: ProbeType, sidecar
         // Sidecars are always restarted; upstream does not say so in the message.
         return (format!("Init container {name} failed {what} probe"), true);
     }
-    let restart = container.restart_policy.as_deref().unwrap_or(restart_policy(pod)) != "Never";
+    let restart = pod
+        .spec
+        .as_ref()
+        .is_none_or(|spec| crate::container::helpers::container_restart_policy(container, spec) != "Never");
     let mut message = format!("Container {name} failed {what} probe");
     if restart {
         message.push_str(", will be restarted");
     }
     (message, restart)
-}
-
-fn restart_policy(pod: &Pod) -> &str {
-    pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always")
 }
 
 fn is_restartable_init(c: &Container) -> bool {

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use crate::container::ephemeral;
-use crate::container::helpers::{pod_sandbox_changed_why, restart_policy, should_container_be_restarted};
+use crate::container::helpers::{
+    container_restart_policy, pod_sandbox_changed_why, restart_policy, should_container_be_restarted,
+};
 use crate::container::labels;
 use crate::container::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 use crate::prober::{ProbeKill, ProbeType};
@@ -151,7 +153,7 @@ fn compute_init_container_actions(
                 // an unknown state has no exit code for the rules.
                 let restart = match s.state {
                     ContainerState::Exited => should_container_be_restarted(c, pod, status),
-                    _ => c.restart_policy.as_deref().map_or(should_restart_on_failure(spec), |p| p != "Never"),
+                    _ => container_restart_policy(c, spec) != "Never",
                 };
                 if !restart {
                     actions.kill_pod = true;
@@ -241,7 +243,7 @@ pub fn compute_pod_actions_with(pod: &Pod, status: &RuntimePodStatus, probes: &d
             .iter()
             .enumerate()
             .filter(|(_, c)| {
-                let run_once = c.restart_policy.as_deref().unwrap_or(restart_policy(spec)) == "OnFailure";
+                let run_once = container_restart_policy(c, spec) == "OnFailure";
                 !(run_once
                     && status
                         .find_container(&c.name)
