@@ -464,7 +464,11 @@ impl RuntimeService for FakeRuntime {
             metadata: cfg.metadata.clone(),
             state: *state,
             created_at: *created,
-            network: Some(api::PodSandboxNetworkStatus { ip: "10.0.0.2".into(), additional_ips: vec![] }),
+            // Like containerd: a sandbox on the node's network has no IP of its own.
+            network: Some(api::PodSandboxNetworkStatus {
+                ip: if host_network(cfg) { String::new() } else { "10.0.0.2".into() },
+                additional_ips: vec![],
+            }),
             // Like containerd: the namespace options the sandbox was created with.
             linux: Some(api::LinuxPodSandboxStatus {
                 namespaces: Some(api::Namespace {
@@ -769,6 +773,12 @@ impl RuntimeService for FakeRuntime {
         s.images.local.push(found);
         Ok(id)
     }
+}
+
+/// Whether a sandbox config asks for the node's network namespace.
+fn host_network(cfg: &api::PodSandboxConfig) -> bool {
+    let options = cfg.linux.as_ref().and_then(|l| l.security_context.as_ref()?.namespace_options.as_ref());
+    options.is_some_and(|o| o.network == api::NamespaceMode::Node as i32)
 }
 
 #[cfg(test)]

@@ -203,6 +203,17 @@ pub struct RuntimeManager {
 }
 
 impl RuntimeManager {
+    /// The pod's IPs as its containers see them (env vars, hooks, `/etc/hosts`): the
+    /// sandbox's, or the node's for a pod on the node's network, whose sandbox has none
+    /// (upstream takes them from the API status, where such a pod has the host IP).
+    fn pod_ips(&self, pod: &Pod, sandbox_ips: &[String]) -> Vec<String> {
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        match &self.cfg.host_ip {
+            Some(ip) if host_network && sandbox_ips.is_empty() => vec![ip.clone()],
+            _ => sandbox_ips.to_vec(),
+        }
+    }
+
     #[must_use]
     pub fn new(deps: RuntimeManagerDeps) -> Self {
         let RuntimeManagerDeps {
@@ -402,7 +413,7 @@ impl RuntimeManager {
                 result.touched_runtime = true;
                 tracing::info!(pod = %pod_full_name(pod), container = %name, reason = %why, "killing container");
                 let grace = actions.kill_grace.get(id).copied();
-                if let Err(e) = self.kill_container(pod, id, name, grace, why, status.ips()).await {
+                if let Err(e) = self.kill_container(pod, id, name, grace, why, &self.pod_ips(pod, status.ips())).await {
                     result.add(SyncResult::failed(SyncAction::KillContainer, name, e.to_string()));
                     return result;
                 }
@@ -443,13 +454,13 @@ impl RuntimeManager {
                 return result;
             }
         };
-        let mut pod_ips = status.ips().to_vec();
+        let mut pod_ips = self.pod_ips(pod, status.ips());
         if actions.create_sandbox {
             result.touched_runtime = true;
             match self.create_sandbox(pod, &sandbox_config).await {
                 Ok((id, ips)) => {
                     sandbox_id = id;
-                    pod_ips = ips;
+                    pod_ips = self.pod_ips(pod, &ips);
                     result.add(SyncResult::ok(SyncAction::CreatePodSandbox, pod_full_name(pod)));
                 }
                 Err(e) => {
@@ -653,7 +664,7 @@ impl RuntimeManager {
             // then sidecars wait for their turn with what is left of it.
             let mut grace = match pod {
                 Some(pod) if c.state == ContainerState::Running => {
-                    self.pre_stop(pod, &c.id, &c.name, grace, status.ips()).await
+                    self.pre_stop(pod, &c.id, &c.name, grace, &self.pod_ips(pod, status.ips())).await
                 }
                 _ => grace,
             };

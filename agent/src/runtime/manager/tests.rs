@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::runtime::manager::testing::{hooked, setup};
+use crate::runtime::manager::testing::{hooked, setup, setup_deps};
 
 /// `touched_runtime` tells the pod worker whether the runtime state it holds is stale; the
 /// results say what each action did, successes included, and a container in crash-loop
@@ -480,4 +480,30 @@ async fn an_exited_containers_termination_message_is_read_from_its_file() {
     fake.exit_container(&id, 0);
     let st = rm.pod_status("u1").await.unwrap();
     assert_eq!(st.find_container("c").unwrap().message, "DONE");
+}
+
+/// A host-network pod's IP is the node's: a container that asks for `status.podIP` and
+/// `status.podIPs` gets the node IP, as upstream's (the sandbox of such a pod has no IP).
+#[tokio::test]
+async fn a_host_network_pods_ip_in_env_vars_is_the_nodes() {
+    let (_dir, fake, _recorder, mut deps) = setup_deps();
+    deps.cfg.host_ip = Some("192.0.2.7".into());
+    let rm = crate::runtime::manager::RuntimeManager::new(deps);
+    let mut p = hooked(&json!({}));
+    let spec = p.spec.as_mut().unwrap();
+    spec.host_network = Some(true);
+    spec.containers[0].env = Some(
+        serde_json::from_value(json!([
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+        ]))
+        .unwrap(),
+    );
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    let envs = fake.container_config(&id).unwrap().envs;
+    let value = |k: &str| envs.iter().find(|e| e.key == k).map(|e| e.value.clone());
+    assert_eq!(value("POD_IP").as_deref(), Some("192.0.2.7"));
+    assert_eq!(value("POD_IPS").as_deref(), Some("192.0.2.7"));
 }
