@@ -87,6 +87,7 @@ mod worker;
 mod tests;
 
 use crate::types::pod::uid as pod_uid;
+use crate::types::pod_resources::is_restartable_init_container;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -320,10 +321,6 @@ fn kill_message(pod: &Pod, container: &Container, probe_type: ProbeType, sidecar
     (message, restart)
 }
 
-fn is_restartable_init(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
 /// The containers that get probe workers: regular ones, then sidecars (with `true`).
 fn probed_containers(pod: &Pod) -> impl Iterator<Item = (&Container, bool)> {
     let spec = pod.spec.as_ref();
@@ -331,7 +328,7 @@ fn probed_containers(pod: &Pod) -> impl Iterator<Item = (&Container, bool)> {
     let sidecars = spec
         .into_iter()
         .flat_map(|s| s.init_containers.iter().flatten())
-        .filter(|c| is_restartable_init(c))
+        .filter(|c| is_restartable_init_container(c))
         .map(|c| (c, true));
     regular.chain(sidecars)
 }
@@ -611,7 +608,7 @@ impl ProbeManager {
         for s in status.init_container_statuses.iter_mut().flatten() {
             let started = self.container_started(uid, s);
             s.started = Some(started);
-            let sidecar = init_specs.get(s.name.as_str()).is_some_and(|c| is_restartable_init(c));
+            let sidecar = init_specs.get(s.name.as_str()).is_some_and(|c| is_restartable_init_container(c));
             if sidecar {
                 s.ready = started && self.container_ready(uid, s);
             } else {

@@ -1,5 +1,6 @@
 //! Turning the runtime's view of a pod into a `v1.PodStatus`, as upstream does.
 
+use crate::types::pod_resources::is_restartable_init_container;
 use std::collections::HashMap;
 use std::time::SystemTime;
 
@@ -41,10 +42,6 @@ pub(crate) fn time(t: SystemTime) -> Time {
     Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-fn is_restartable_init(c: &Container) -> bool {
-    c.restart_policy.as_deref() == Some("Always")
-}
-
 /// Upstream `getPhase` (with `ContainerRestartRules`).
 #[must_use]
 pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool, is_static: bool) -> String {
@@ -54,7 +51,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
     let restarts = |c: &Container, exit_code: i32| container_should_restart(c, spec, exit_code);
     let mut pending_init = 0;
     let mut failed_init_for_good = 0;
-    for c in spec.init_containers.iter().flatten().filter(|c| !is_restartable_init(c)) {
+    for c in spec.init_containers.iter().flatten().filter(|c| !is_restartable_init_container(c)) {
         let Some(s) = find(&c.name) else {
             pending_init += 1;
             continue;
@@ -77,7 +74,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
         }
     }
     let (mut unknown, mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0, 0);
-    for c in spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)) {
+    for c in spec.init_containers.iter().flatten().filter(|c| is_restartable_init_container(c)) {
         let Some(s) = find(&c.name) else {
             unknown += 1;
             continue;
@@ -401,7 +398,7 @@ fn not_ready_names(statuses: &[ContainerStatus], specs: &[Container], unknown_ok
 fn containers_ready_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -> PodCondition {
     let (unknown, mut not_ready) = not_ready_names(all, &spec.containers, false);
     let restartable: Vec<Container> =
-        spec.init_containers.iter().flatten().filter(|c| is_restartable_init(c)).cloned().collect();
+        spec.init_containers.iter().flatten().filter(|c| is_restartable_init_container(c)).cloned().collect();
     let (_, nr) = not_ready_names(all, &restartable, true);
     not_ready.extend(nr);
     // Terminal phases: upstream `generateContainersReadyConditionForTerminalPhase` (a
@@ -439,7 +436,7 @@ fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -
         match all.iter().find(|s| s.name == c.name) {
             None => unknown.push(c.name.clone()),
             Some(s) => {
-                let done = if is_restartable_init(c) {
+                let done = if is_restartable_init_container(c) {
                     s.started.unwrap_or(false)
                 } else {
                     s.state.as_ref().and_then(|x| x.terminated.as_ref()).is_some_and(|t| t.exit_code == 0)
