@@ -978,7 +978,14 @@ impl Worker {
                 return ERROR_REQUEUE;
             }
         }
-        let result = self.deps.runtime.sync_pod(&pod, &rt_status).await;
+        // A container's exit asked for all of them to restart in place: this sync removes
+        // them, and the next one (at once) starts the pod again.
+        let restart_all = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == crate::status::generate::ALL_CONTAINERS_RESTARTING && c.status == "True");
+        let result = self.deps.runtime.sync_pod_restarting(&pod, &rt_status, restart_all).await;
         for e in result.errors() {
             tracing::debug!(pod = %name, error = %e, "sync error");
         }
@@ -997,6 +1004,9 @@ impl Worker {
             self.note_started(after);
         }
         self.last_sync_failed = result.failed();
+        if restart_all && !result.failed() && result.removed_any() {
+            return Duration::ZERO;
+        }
         let resync = resync_after(self.deps.sync_frequency);
         // A failed sync comes back within upstream's `backOffPeriod` even when the back-off
         // it ran into is longer: a sync in back-off shows `ImagePullBackOff` or
@@ -1323,6 +1333,52 @@ mod tests {
         assert_eq!(state, crate::container::api::ContainerState::ContainerExited as i32, "stopped");
         let event = e.recorder.list().into_iter().find(|ev| ev.reason.as_deref() == Some("DeadlineExceeded")).unwrap();
         assert_eq!(event.type_.as_deref(), Some("Normal"));
+        e.stop.cancel();
+    }
+
+    /// `RestartAllContainers`: an exit code with that rule removes every container of
+    /// the pod (the running one stopped first) and, in the sync that
+    /// follows at once, starts them again; each counts one restart.
+    #[tokio::test]
+    async fn an_exit_with_a_restart_all_rule_restarts_every_container() {
+        let e = env();
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "default", "uid": "u1",
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "hostNetwork": true,
+                     "containers": [
+                        {"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
+                         "restartPolicy": "Never",
+                         "restartPolicyRules": [{"action": "RestartAllContainers",
+                                                 "exitCodes": {"operator": "In", "values": [42]}}]},
+                        {"name": "d", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}]}
+        }))
+        .unwrap();
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let (c0, d0) = (e.rt.containers_named("c")[0].clone(), e.rt.containers_named("d")[0].clone());
+        e.rt.exit_container(&c0, 42);
+        pleg_event(&e, "u1");
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        let restarted = |name: &str, old: &str| {
+            let ids = e.rt.containers_named(name);
+            ids.len() == 1 && ids[0] != old
+        };
+        wait_for(|| restarted("c", &c0) && restarted("d", &d0)).await;
+        wait_for(|| {
+            e.status.get("u1").is_some_and(|s| {
+                s.container_statuses
+                    .iter()
+                    .flatten()
+                    .all(|c| c.restart_count == 1 && c.state.as_ref().is_some_and(|st| st.running.is_some()))
+            })
+        })
+        .await;
+        let s = e.status.get("u1").unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        let cond = s.conditions.iter().flatten().find(|c| c.type_ == "AllContainersRestarting").unwrap();
+        assert_eq!(cond.status, "False");
+        assert_eq!(e.rt.stopped_containers(), ["d"], "only the running container is stopped");
         e.stop.cancel();
     }
 

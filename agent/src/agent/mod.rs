@@ -435,6 +435,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
                 runtime_state.clone(),
             )));
             handlers.push(Arc::new(sysctls));
+            handlers.push(Arc::new(crate::lifecycle::declared_features::DeclaredFeaturesAdmitHandler));
             handlers.extend(shutdown_status.map(|s| Arc::new(s) as _));
             handlers
         },

@@ -2,7 +2,7 @@
 //! and the status generation make (upstream `pkg/kubelet/container/helpers.go` and the
 //! sandbox check of `kuberuntime_manager.go`).
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 
 use super::pod_status::{ContainerState, RuntimePodStatus};
 
@@ -45,10 +45,9 @@ pub fn should_container_be_restarted(container: &Container, pod: &Pod, status: &
 /// Upstream `podutil.ContainerShouldRestart`: whether a container that exited with
 /// `exit_code` runs again. A container with its own `restartPolicy` (`ContainerRestartRules`)
 /// first looks for the first of its `restartPolicyRules` whose exit codes match (`In` /
-/// `NotIn`): action `Restart` restarts it. Otherwise its own policy decides, and without one
-/// the pod's. The `RestartAllContainers` action is not implemented here (the node does not
-/// declare the feature, so the scheduler sends no such pod): it falls back to the
-/// container's policy, as upstream does with its gate off.
+/// `NotIn`): action `Restart` restarts it, and so does `RestartAllContainers`
+/// (`RestartAllContainersOnContainerExits`, beta and on since 1.36), which restarts the
+/// others too. Otherwise its own policy decides, and without one the pod's.
 #[must_use]
 pub fn container_should_restart(c: &Container, spec: &PodSpec, exit_code: i32) -> bool {
     let by_policy = |policy: &str| match policy {
@@ -58,7 +57,7 @@ pub fn container_should_restart(c: &Container, spec: &PodSpec, exit_code: i32) -
         _ => None,
     };
     if let Some(policy) = c.restart_policy.as_deref() {
-        if matching_restart_rule(c, exit_code).is_some_and(|action| action == "Restart") {
+        if matching_restart_rule(c, exit_code).is_some_and(|action| action == "Restart" || action == RESTART_ALL) {
             return true;
         }
         if let Some(restart) = by_policy(policy) {
@@ -83,14 +82,54 @@ fn matching_restart_rule(c: &Container, exit_code: i32) -> Option<&str> {
     })
 }
 
-/// Upstream `podutil.IsContainerRestartable`: whether the container may ever run again
-/// after it exits (a `Restart` rule, or a policy other than `Never`).
+/// The rule action that restarts every container of the pod in place.
+pub const RESTART_ALL: &str = "RestartAllContainers";
+
+/// Whether container `c` exiting with `exit_code` restarts every container of its pod
+/// (its first matching rule has the `RestartAllContainers` action).
 #[must_use]
-pub fn is_container_restartable(spec: &PodSpec, c: &Container) -> bool {
-    match c.restart_policy.as_deref() {
-        Some(policy) => c.restart_policy_rules.iter().flatten().any(|r| r.action == "Restart") || policy != "Never",
-        None => restart_policy(spec) != "Never",
-    }
+pub fn exit_restarts_all(c: &Container, exit_code: i32) -> bool {
+    matching_restart_rule(c, exit_code) == Some(RESTART_ALL)
+}
+
+/// Upstream `podutil.AllContainersCouldRestart`: whether an init or app container has a
+/// `RestartAllContainers` rule (such a pod gets the `AllContainersRestarting` condition).
+#[must_use]
+pub fn all_containers_could_restart(spec: &PodSpec) -> bool {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .any(|c| c.restart_policy_rules.iter().flatten().any(|r| r.action == RESTART_ALL))
+}
+
+/// Upstream `ShouldAllContainersRestart`: whether an init or app container exited with a
+/// code whose rule restarts every container, as the runtime has it (its newest instance)
+/// or as the API status `api` has it.
+#[must_use]
+pub fn should_all_containers_restart(spec: &PodSpec, rt: Option<&RuntimePodStatus>, api: Option<&PodStatus>) -> bool {
+    let api_statuses: Vec<_> = api
+        .into_iter()
+        .flat_map(|s| s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten()))
+        .collect();
+    spec.init_containers.iter().flatten().chain(&spec.containers).any(|c| {
+        let in_runtime = rt
+            .and_then(|rt| rt.find_container(&c.name))
+            .is_some_and(|s| s.state == ContainerState::Exited && exit_restarts_all(c, s.exit_code));
+        let in_api = api_statuses
+            .iter()
+            .find(|s| s.name == c.name)
+            .and_then(|s| s.state.as_ref()?.terminated.as_ref())
+            .is_some_and(|t| exit_restarts_all(c, t.exit_code));
+        in_runtime || in_api
+    })
+}
+
+/// Upstream `AllContainersRestartCleanedUp`: no init or app container of the pod is left
+/// in the runtime.
+#[must_use]
+pub fn all_containers_restart_cleaned_up(spec: &PodSpec, rt: &RuntimePodStatus) -> bool {
+    spec.init_containers.iter().flatten().chain(&spec.containers).all(|c| rt.find_container(&c.name).is_none())
 }
 
 /// Upstream `PodSandboxChanged` with its reason: the message of the
@@ -153,7 +192,6 @@ mod tests {
             [("Always", 0, true), ("OnFailure", 0, false), ("OnFailure", 1, true), ("Never", 1, false)]
         {
             assert_eq!(container_should_restart(&c, &spec(policy), code), want, "{policy} {code}");
-            assert_eq!(is_container_restartable(&spec(policy), &c), policy != "Never");
         }
     }
 
@@ -167,20 +205,54 @@ mod tests {
         let c = container(Some("Never"), &[("Restart", "In", &[42])]);
         assert!(container_should_restart(&c, &spec("Always"), 42));
         assert!(!container_should_restart(&c, &spec("Always"), 1));
-        assert!(is_container_restartable(&spec("Never"), &c), "a Restart rule makes it restartable");
         // NotIn: every code but those listed; the first matching rule wins.
         let c = container(Some("Never"), &[("Restart", "NotIn", &[0, 1]), ("Restart", "In", &[1])]);
         assert!(container_should_restart(&c, &spec("Never"), 7));
         assert!(!container_should_restart(&c, &spec("Never"), 0));
         assert!(container_should_restart(&c, &spec("Never"), 1), "the second rule matches 1");
-        // RestartAllContainers is not implemented: the container's policy decides.
+        // RestartAllContainers restarts it (and the others); other codes: its policy.
         let c = container(Some("Never"), &[("RestartAllContainers", "In", &[5])]);
-        assert!(!container_should_restart(&c, &spec("Always"), 5));
-        assert!(!is_container_restartable(&spec("Always"), &c));
+        assert!(container_should_restart(&c, &spec("Never"), 5));
+        assert!(!container_should_restart(&c, &spec("Always"), 4));
         // Rules count only with a container-level policy.
         let mut c = container(None, &[("Restart", "In", &[5])]);
         assert!(!container_should_restart(&c, &spec("Never"), 5));
         c.restart_policy = Some("Always".into());
         assert!(container_should_restart(&c, &spec("Never"), 0));
+    }
+
+    #[test]
+    fn an_exit_with_a_restart_all_rule_restarts_every_container_until_none_is_left() {
+        use crate::container::pod_status::RuntimeContainerStatus;
+        let mut pod = spec("Never");
+        pod.containers = vec![
+            Container { name: "app".into(), ..container(Some("Never"), &[("RestartAllContainers", "In", &[42])]) },
+            Container { name: "other".into(), ..container(None, &[]) },
+        ];
+        assert!(all_containers_could_restart(&pod));
+        assert!(!all_containers_could_restart(&spec("Never")));
+        let exited = |code| {
+            let mut c = RuntimeContainerStatus::running_for_test("app", "1");
+            c.state = ContainerState::Exited;
+            c.exit_code = code;
+            c
+        };
+        let rt = |cs: Vec<RuntimeContainerStatus>| RuntimePodStatus { containers: cs, ..Default::default() };
+        // From the runtime: the newest instance's exit code decides.
+        assert!(should_all_containers_restart(&pod, Some(&rt(vec![exited(42)])), None));
+        assert!(!should_all_containers_restart(&pod, Some(&rt(vec![exited(1)])), None));
+        assert!(!should_all_containers_restart(&pod, Some(&rt(vec![exited(1), exited(42)])), None));
+        // From the API status: a terminated state with that code.
+        let api: PodStatus = serde_json::from_value(serde_json::json!({"containerStatuses": [
+            {"name": "app", "image": "", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 42}}}
+        ]}))
+        .unwrap();
+        assert!(should_all_containers_restart(&pod, Some(&rt(vec![])), Some(&api)));
+        // Cleaned up once the runtime has none of the pod's containers.
+        assert!(!all_containers_restart_cleaned_up(&pod, &rt(vec![exited(42)])));
+        let mut stranger = exited(42);
+        stranger.name = "ephemeral".into();
+        assert!(all_containers_restart_cleaned_up(&pod, &rt(vec![stranger])));
     }
 }

@@ -3,5 +3,6 @@
 //! (`lifecycle/handlers.go`): postStart and preStop handlers.
 
 pub mod admission;
+pub mod declared_features;
 pub mod hooks;
 pub mod sysctl;

@@ -498,6 +498,9 @@ impl NodeManager {
             features: self.runtime_state.as_ref().map(|state| NodeFeatures {
                 supplemental_groups_policy: Some(state.supports_supplemental_groups_policy()),
             }),
+            declared_features: Some(
+                crate::lifecycle::declared_features::DECLARED.iter().map(|f| (*f).to_owned()).collect(),
+            ),
             ..Default::default()
         }
     }

@@ -15,8 +15,9 @@
 //!   value (readiness `Failure`, liveness `Success`, startup `Unknown`) and leaves the
 //!   "on hold" state;
 //! - does not probe a non-running container: its result becomes `Failure` and the
-//!   worker ends if the container terminated and will not be restarted (pod
-//!   `restartPolicy: Never`, and the container is not a sidecar);
+//!   worker ends if the container terminated and will not be restarted (not a
+//!   sidecar, its restart policy and rules do not restart it after that exit code, and
+//!   no exit of the pod asks for all its containers to restart);
 //! - on a pod with a `deletionTimestamp` publishes `Success` for liveness and startup
 //!   and ends (readiness keeps going);
 //! - does not probe before `initialDelaySeconds` have passed since the container's

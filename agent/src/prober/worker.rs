@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::container::helpers::is_container_restartable;
+use crate::container::helpers::{container_should_restart, should_all_containers_restart};
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodStatus, Probe};
 use tokio::sync::Notify;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -185,10 +185,14 @@ impl Worker {
         let state = c.state.unwrap_or_default();
         let Some(running) = state.running else {
             self.set_result(ProbeResult::Failure);
-            // Stop for good if the container will not run again.
-            return state.terminated.is_none()
-                || self.sidecar
-                || self.pod.spec.as_ref().is_some_and(|spec| is_container_restartable(spec, &self.container));
+            // Stop for good if the container will not run again: it exited for good, and
+            // no exit asks for all the pod's containers to restart.
+            let Some(terminated) = state.terminated else { return true };
+            return self.sidecar
+                || self.pod.spec.as_ref().is_some_and(|spec| {
+                    container_should_restart(&self.container, spec, terminated.exit_code)
+                        || should_all_containers_restart(spec, None, Some(&status))
+                });
         };
         if self.pod.metadata.deletion_timestamp.is_some() && self.probe_type() != ProbeType::Readiness {
             if self.probe_type() == ProbeType::Startup {

@@ -52,7 +52,9 @@ mod testing;
 
 pub use container::StartError;
 use container::{StartContext, StartSpec};
-pub use pod_actions::{PodActions, compute_pod_actions, compute_pod_actions_with};
+pub use pod_actions::{
+    ContainerToReset, PodActions, compute_pod_actions, compute_pod_actions_with, compute_reset_actions,
+};
 pub use sync_result::{PodSyncResult, SyncAction, SyncResult};
 use termination_order::TerminationOrder;
 
@@ -203,6 +205,21 @@ pub struct RuntimeManager {
 }
 
 impl RuntimeManager {
+    /// One container of a `RestartAllContainers` reset: stopped without a grace period
+    /// (no preStop hook) if it runs, with a `Killing` event, then removed; its logs stay
+    /// until the pod goes.
+    async fn reset_container(&self, pod: &Pod, reset: &ContainerToReset, status: &RuntimePodStatus) -> Result<()> {
+        tracing::info!(pod = %pod_full_name(pod), container = %reset.name, id = %reset.id, kill = reset.kill, "removing container before the pod restarts");
+        if reset.kill {
+            self.kill_container(pod, &reset.id, &reset.name, Some(0), "killing", &self.pod_ips(pod, status.ips()))
+                .await?;
+        }
+        match self.remove_container(&reset.id).await {
+            Err(e) if !e.is_not_found() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// The pod's IPs as its containers see them (env vars, hooks, `/etc/hosts`): the
     /// sandbox's, or the node's for a pod on the node's network, whose sandbox has none
     /// (upstream takes them from the API status, where such a pod has the host IP).
@@ -364,16 +381,31 @@ impl RuntimeManager {
     /// and ensured the pod cgroup.
     /// A pod without a spec is an error for that pod.
     pub async fn sync_pod(&self, pod: &Pod, status: &RuntimePodStatus) -> PodSyncResult {
+        self.sync_pod_restarting(pod, status, false).await
+    }
+
+    /// [`Self::sync_pod`]; with `restart_all` (the pod's `AllContainersRestarting`
+    /// condition is True) it removes every container of the pod instead of starting any
+    /// ([`compute_reset_actions`]), and the caller syncs again at once.
+    pub async fn sync_pod_restarting(&self, pod: &Pod, status: &RuntimePodStatus, restart_all: bool) -> PodSyncResult {
         let Some(spec) = pod.spec.as_ref() else {
             return PodSyncResult::sync_failed(no_spec(pod));
         };
         let verdicts = Verdicts { pod, probes: &self.probes, runtime_name: &self.runtime_name };
-        let mut actions = compute_pod_actions_with(pod, status, &verdicts);
+        let mut actions = if restart_all {
+            compute_reset_actions(pod, status)
+        } else {
+            compute_pod_actions_with(pod, status, &verdicts)
+        };
         // In-place resize: restarts join the actions; in-place updates come after the kills.
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let a = &self.allocation;
         let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
-        let resize_plan = super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions);
+        let resize_plan = if restart_all {
+            None
+        } else {
+            super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
+        };
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();
         let mut result = PodSyncResult::default();
@@ -418,6 +450,15 @@ impl RuntimeManager {
                     return result;
                 }
                 result.add(SyncResult::ok(SyncAction::KillContainer, name));
+            }
+            for reset in &actions.containers_to_reset {
+                result.touched_runtime = true;
+                if let Err(e) = self.reset_container(pod, reset, status).await {
+                    tracing::warn!(pod = %pod_full_name(pod), container = %reset.name, error = %e, "failed to remove container before the pod restarts");
+                    result.add(SyncResult::failed(SyncAction::RemoveContainer, &reset.name, e.to_string()));
+                    return result;
+                }
+                result.add(SyncResult::ok(SyncAction::RemoveContainer, &reset.name));
             }
         }
         if self.prune_init_containers(spec, status).await {

@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::container::helpers::{container_should_restart, should_container_be_restarted};
+use crate::container::helpers::{
+    all_containers_could_restart, all_containers_restart_cleaned_up, container_should_restart,
+    should_all_containers_restart, should_container_be_restarted,
+};
 use crate::container::reasons;
 use crate::container::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
 
@@ -48,7 +51,10 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
     let find = |name: &str| info.iter().find(|s| s.name == name);
     // With `ContainerRestartRules` each container's own policy and rules say whether an
     // exit is final (`container_should_restart`); without them the pod's policy does.
-    let restarts = |c: &Container, exit_code: i32| container_should_restart(c, spec, exit_code);
+    // A container stopped by a `RestartAllContainers` reset runs again too.
+    let restarts = |c: &Container, t: &ContainerStateTerminated| {
+        container_should_restart(c, spec, t.exit_code) || t.reason.as_deref() == Some(RESTARTING_ALL_CONTAINERS)
+    };
     let mut pending_init = 0;
     let mut failed_init_for_good = 0;
     for c in spec.init_containers.iter().flatten().filter(|c| !is_restartable_init_container(c)) {
@@ -60,12 +66,12 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
         if st.and_then(|x| x.running.as_ref()).is_some() {
             pending_init += 1;
         } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
-            if t.exit_code != 0 && !restarts(c, t.exit_code) {
+            if t.exit_code != 0 && !restarts(c, t) {
                 failed_init_for_good += 1;
             }
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
             match s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
-                Some(t) if t.exit_code != 0 && !restarts(c, t.exit_code) => failed_init_for_good += 1,
+                Some(t) if t.exit_code != 0 && !restarts(c, t) => failed_init_for_good += 1,
                 Some(_) => {}
                 None => pending_init += 1,
             }
@@ -107,7 +113,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
             running += 1;
         } else if let Some(t) = st.and_then(|x| x.terminated.as_ref()) {
             stopped += 1;
-            if !restarts(c, t.exit_code) {
+            if !restarts(c, t) {
                 stopped_for_good += 1;
             }
             if t.exit_code == 0 {
@@ -116,7 +122,7 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
         } else if st.and_then(|x| x.waiting.as_ref()).is_some() {
             if let Some(t) = s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
                 stopped += 1;
-                if !restarts(c, t.exit_code) {
+                if !restarts(c, t) {
                     stopped_for_good += 1;
                 }
             } else {
@@ -155,7 +161,21 @@ pub fn get_phase(spec: &PodSpec, info: &[ContainerStatus], pod_is_terminal: bool
     "Pending".into()
 }
 
-fn convert(cs: &RuntimeContainerStatus, runtime_name: &str, old: Option<&ContainerStatus>) -> ContainerStatus {
+/// The reason of the states a `RestartAllContainers` reset gives (upstream
+/// `RestartingAllContainers`).
+pub const RESTARTING_ALL_CONTAINERS: &str = "RestartingAllContainers";
+/// The message of a container a reset removed.
+const REMOVED_BY_RESET: &str = "The container is removed because RestartAllContainers in place";
+
+/// Upstream `convertContainerStatus`. `pod_restarting`: the pod restarts all its
+/// containers in place. A reset removes the old instances, so the restart count and the
+/// last termination come from the old status (`RestartAllContainersOnContainerExits`).
+fn convert(
+    cs: &RuntimeContainerStatus,
+    runtime_name: &str,
+    old: Option<&ContainerStatus>,
+    pod_restarting: bool,
+) -> ContainerStatus {
     let cid = format!("{runtime_name}://{}", cs.id);
     let mut st = ContainerStatus {
         name: cs.name.clone(),
@@ -165,11 +185,28 @@ fn convert(cs: &RuntimeContainerStatus, runtime_name: &str, old: Option<&Contain
         container_id: Some(cid.clone()),
         ..Default::default()
     };
+    let old_terminated = old.and_then(|o| o.state.as_ref()?.terminated.as_ref());
+    if let Some(o) = old {
+        st.restart_count = st.restart_count.max(o.restart_count);
+        if o.container_id != st.container_id && old_terminated.is_some() {
+            st.last_state = Some(ApiState { terminated: old_terminated.cloned(), ..Default::default() });
+        } else if let Some(t) = o.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+            st.last_state = Some(ApiState { terminated: Some(t.clone()), ..Default::default() });
+        }
+    }
     st.state = Some(match cs.state {
-        ContainerState::Running => ApiState {
-            running: Some(ContainerStateRunning { started_at: cs.started_at.map(time) }),
-            ..Default::default()
-        },
+        ContainerState::Running => {
+            if let Some(o) = old
+                && old_terminated.is_some()
+                && o.restart_count >= cs.restart_count as i32
+            {
+                st.restart_count = o.restart_count + 1;
+            }
+            ApiState {
+                running: Some(ContainerStateRunning { started_at: cs.started_at.map(time) }),
+                ..Default::default()
+            }
+        }
         ContainerState::Exited => ApiState {
             terminated: Some(ContainerStateTerminated {
                 exit_code: cs.exit_code,
@@ -184,9 +221,10 @@ fn convert(cs: &RuntimeContainerStatus, runtime_name: &str, old: Option<&Contain
         },
         ContainerState::Unknown if old.and_then(|o| o.state.as_ref()).is_some_and(|s| s.running.is_some()) => {
             st.restart_count = old.map_or(0, |o| o.restart_count) + 1;
+            let reason = if pod_restarting { RESTARTING_ALL_CONTAINERS } else { "ContainerStatusUnknown" };
             ApiState {
                 terminated: Some(ContainerStateTerminated {
-                    reason: Some("ContainerStatusUnknown".into()),
+                    reason: Some(reason.into()),
                     message: Some("The container could not be located when the pod was terminated".into()),
                     exit_code: 137,
                     ..Default::default()
@@ -215,6 +253,7 @@ fn container_statuses(
     containers: &[Container],
     has_init: bool,
     list: List,
+    pod_restarting: bool,
 ) -> Vec<ContainerStatus> {
     let is_init = list == List::Init;
     let old_list = inputs.old.and_then(|o| match list {
@@ -253,10 +292,31 @@ fn container_statuses(
             continue;
         }
         let Some(o) = old.get(c.name.as_str()) else { continue };
+        let st = statuses.get_mut(&c.name).expect("inserted above");
+        // Removed by a `RestartAllContainers` reset: waiting to run again.
+        if pod_restarting && o.state.as_ref().is_none_or(|s| s.waiting.is_none()) {
+            st.state = Some(ApiState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(RESTARTING_ALL_CONTAINERS.into()),
+                    message: Some(REMOVED_BY_RESET.into()),
+                }),
+                ..Default::default()
+            });
+            st.last_state = Some(ApiState {
+                terminated: Some(ContainerStateTerminated {
+                    reason: Some(RESTARTING_ALL_CONTAINERS.into()),
+                    message: Some(REMOVED_BY_RESET.into()),
+                    exit_code: 137,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            st.restart_count = o.restart_count + 1;
+            continue;
+        }
         if o.state.as_ref().is_none_or(|s| s.running.is_none()) {
             continue;
         }
-        let st = statuses.get_mut(&c.name).expect("inserted above");
         let is_default = st
             .state
             .as_ref()
@@ -293,7 +353,7 @@ fn container_statuses(
         if *n >= 2 {
             continue;
         }
-        let converted = convert(cs, inputs.runtime_name, old.get(cs.name.as_str()).copied());
+        let converted = convert(cs, inputs.runtime_name, old.get(cs.name.as_str()).copied(), pod_restarting);
         let entry = statuses.get_mut(&cs.name).expect("checked");
         if *n == 0 {
             *entry = converted;
@@ -468,6 +528,35 @@ fn initialized_condition(spec: &PodSpec, all: &[ContainerStatus], phase: &str) -
     condition("Initialized", false, Some("ContainersNotInitialized"), Some(msgs.join(", ")))
 }
 
+/// The condition a pod with a `RestartAllContainers` rule has (upstream
+/// `v1.AllContainersRestarting`).
+pub const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
+
+/// Upstream `GenerateAllContainersRestartingCondition`: True from the exit that asks for a
+/// reset until the runtime has none of the pod's containers left; the pod worker removes
+/// them while it is True.
+fn all_containers_restarting_condition(
+    spec: &PodSpec,
+    rt: &RuntimePodStatus,
+    old: Option<&PodStatus>,
+    phase: &str,
+) -> PodCondition {
+    match phase {
+        "Succeeded" => return condition(ALL_CONTAINERS_RESTARTING, false, Some("PodCompleted"), None),
+        "Failed" => return condition(ALL_CONTAINERS_RESTARTING, false, Some("PodFailed"), None),
+        _ => {}
+    }
+    if !should_all_containers_restart(spec, Some(rt), old) || all_containers_restart_cleaned_up(spec, rt) {
+        return condition(ALL_CONTAINERS_RESTARTING, false, None, None);
+    }
+    condition(
+        ALL_CONTAINERS_RESTARTING,
+        true,
+        Some("RestartAllContainersStarted"),
+        Some("container exited with restart policy rule".into()),
+    )
+}
+
 /// Upstream `generateAPIPodStatus` (without resize), with the prober's readiness.
 #[must_use]
 pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &StatusInputs<'_>) -> PodStatus {
@@ -483,16 +572,18 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
         s.pod_ip = Some(ips[0].clone());
         s.pod_ips = Some(ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect());
     }
-    s.container_statuses = Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, List::Containers));
+    let restarting = should_all_containers_restart(spec, Some(rt), inputs.old);
+    s.container_statuses =
+        Some(container_statuses(pod, rt, inputs, &spec.containers, has_init, List::Containers, restarting));
     if has_init {
-        s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, List::Init));
+        s.init_container_statuses = Some(container_statuses(pod, rt, inputs, inits, has_init, List::Init, restarting));
     }
     // Ephemeral containers get statuses like the others (default reason as the app
     // containers'), but neither the phase nor the conditions look at them.
     let ephemeral = crate::container::ephemeral::containers(spec);
     if !ephemeral.is_empty() {
         s.ephemeral_container_statuses =
-            Some(container_statuses(pod, rt, inputs, &ephemeral, has_init, List::Ephemeral));
+            Some(container_statuses(pod, rt, inputs, &ephemeral, has_init, List::Ephemeral, restarting));
     }
     if let Some(probes) = inputs.probes {
         probes.update_pod_status(pod, &mut s);
@@ -529,7 +620,14 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     }];
     // Conditions other components own (readiness gates, DisruptionTarget, ...) are kept
     // as the API has them, before the kubelet's own (upstream `PodConditionByKubelet`).
-    let kubelet_owned = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"];
+    let kubelet_owned = [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+        ALL_CONTAINERS_RESTARTING,
+    ];
     let mut all_conds: Vec<PodCondition> = pod
         .status
         .as_ref()
@@ -539,11 +637,23 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
         .filter(|c| !kubelet_owned.contains(&c.type_.as_str()))
         .cloned()
         .collect();
-    conds.push(initialized_condition(spec, &all, &phase));
+    let mut initialized = initialized_condition(spec, &all, &phase);
+    // A pod that was initialized stays so while a reset runs its init containers again.
+    let was_initialized = inputs
+        .old
+        .and_then(|o| o.conditions.as_ref())
+        .is_some_and(|l| l.iter().any(|c| c.type_ == "Initialized" && c.status == "True"));
+    if initialized.status != "True" && was_initialized {
+        initialized = condition("Initialized", true, None, None);
+    }
+    conds.push(initialized);
     let cr = containers_ready_condition(spec, &all, &phase);
     conds.push(ready_condition(spec, &cr, &all_conds));
     conds.push(cr);
     conds.push(condition("PodScheduled", true, None, None));
+    if all_containers_could_restart(spec) {
+        conds.push(all_containers_restarting_condition(spec, rt, inputs.old, &phase));
+    }
     // Transition times only move when the status flips.
     let now = time(SystemTime::now());
     for c in &mut conds {
@@ -990,5 +1100,97 @@ mod tests {
             cond(&s, "PodReadyToStartContainers").2,
             Some("network namespace mode changed and sandbox needs to be recreated")
         );
+    }
+
+    /// A container's exit with a `RestartAllContainers` rule: the condition goes True
+    /// until the runtime has none of the pod's containers; the removed ones wait with
+    /// reason `RestartingAllContainers` and one more restart; the pod stays Running and
+    /// Initialized; the new instances keep the counts.
+    #[test]
+    fn a_restart_all_exit_resets_every_container_and_keeps_the_counts() {
+        let mut p = pod("Never");
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers =
+            Some(vec![Container { name: "i".into(), image: Some("img".into()), ..Default::default() }]);
+        spec.containers = vec![
+            Container {
+                name: "src".into(),
+                image: Some("img".into()),
+                restart_policy: Some("Never".into()),
+                restart_policy_rules: Some(vec![k8s_openapi::api::core::v1::ContainerRestartRule {
+                    action: "RestartAllContainers".into(),
+                    exit_codes: Some(k8s_openapi::api::core::v1::ContainerRestartRuleOnExitCodes {
+                        operator: "In".into(),
+                        values: Some(vec![42]),
+                    }),
+                }]),
+                ..Default::default()
+            },
+            Container { name: "b".into(), image: Some("img".into()), ..Default::default() },
+        ];
+        let init =
+            |id: &str| RuntimeContainerStatus { id: id.into(), init: true, ..rc("i", ContainerState::Exited, 0, 0, 1) };
+        let failures = HashMap::new();
+        let cond = |s: &PodStatus, t: &str| s.conditions.iter().flatten().find(|c| c.type_ == t).cloned().unwrap();
+        let find = |s: &PodStatus, n: &str| {
+            s.container_statuses
+                .iter()
+                .chain(&s.init_container_statuses)
+                .flatten()
+                .find(|c| c.name == n)
+                .cloned()
+                .unwrap()
+        };
+
+        let running = rt_status(vec![
+            rc("src", ContainerState::Running, 0, 0, 2),
+            rc("b", ContainerState::Running, 0, 0, 2),
+            init("i0"),
+        ]);
+        let s1 = generate_api_pod_status(&p, &running, &inputs(&failures, None));
+        assert_eq!(cond(&s1, ALL_CONTAINERS_RESTARTING).status, "False");
+        assert_eq!(cond(&s1, "Initialized").status, "True");
+
+        let exited = rt_status(vec![
+            rc("src", ContainerState::Exited, 42, 0, 2),
+            rc("b", ContainerState::Running, 0, 0, 2),
+            init("i0"),
+        ]);
+        let s2 = generate_api_pod_status(&p, &exited, &inputs(&failures, Some(&s1)));
+        let c = cond(&s2, ALL_CONTAINERS_RESTARTING);
+        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("True", Some("RestartAllContainersStarted")));
+        assert_eq!(s2.phase.as_deref(), Some("Running"));
+
+        let emptied = rt_status(vec![]);
+        let s3 = generate_api_pod_status(&p, &emptied, &inputs(&failures, Some(&s2)));
+        assert_eq!(cond(&s3, ALL_CONTAINERS_RESTARTING).status, "False", "nothing left to remove");
+        assert_eq!(cond(&s3, "Initialized").status, "True", "stays initialized");
+        assert_eq!(s3.phase.as_deref(), Some("Running"));
+        for name in ["i", "src", "b"] {
+            let st = find(&s3, name);
+            let waiting = st.state.as_ref().unwrap().waiting.clone().unwrap();
+            assert_eq!(waiting.reason.as_deref(), Some(RESTARTING_ALL_CONTAINERS), "{name}");
+            let last = st.last_state.as_ref().unwrap().terminated.clone().unwrap();
+            assert_eq!((last.reason.as_deref(), last.exit_code), (Some(RESTARTING_ALL_CONTAINERS), 137), "{name}");
+            assert_eq!(st.restart_count, 1, "{name}");
+        }
+
+        let again = rt_status(vec![
+            RuntimeContainerStatus { id: "src-new".into(), ..rc("src", ContainerState::Running, 0, 0, 5) },
+            RuntimeContainerStatus { id: "b-new".into(), ..rc("b", ContainerState::Running, 0, 0, 5) },
+            init("i-new"),
+        ]);
+        let s4 = generate_api_pod_status(&p, &again, &inputs(&failures, Some(&s3)));
+        for name in ["src", "b"] {
+            let st = find(&s4, name);
+            assert!(st.state.as_ref().unwrap().running.is_some(), "{name}");
+            assert_eq!(st.restart_count, 1, "{name}");
+            let last = st.last_state.as_ref().unwrap().terminated.clone().unwrap();
+            assert_eq!(last.reason.as_deref(), Some(RESTARTING_ALL_CONTAINERS), "{name}");
+        }
+        assert_eq!(cond(&s4, ALL_CONTAINERS_RESTARTING).status, "False");
+        // A pod without such a rule has no such condition.
+        let plain = generate_api_pod_status(&pod("Never"), &rt_status(vec![]), &inputs(&failures, None));
+        assert!(plain.conditions.iter().flatten().all(|c| c.type_ != ALL_CONTAINERS_RESTARTING));
     }
 }

@@ -437,7 +437,8 @@ impl RuntimeManager {
     pub(super) async fn pre_stop(&self, pod: &Pod, id: &str, name: &str, grace: i64, pod_ips: &[String]) -> i64 {
         use crate::lifecycle::hooks;
         let Some(container) = Self::container_spec(pod, name) else { return grace.max(MINIMUM_GRACE_PERIOD_SECS) };
-        let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) else {
+        // Upstream runs the hook only within a grace period (a reset kills with none).
+        let Some(handler) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).filter(|_| grace > 0) else {
             return grace.max(MINIMUM_GRACE_PERIOD_SECS);
         };
         let ctx = hooks::HookContext { pod, container, container_id: id, pod_ips };

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use crate::container::ephemeral;
 use crate::container::helpers::{
-    container_restart_policy, pod_sandbox_changed_why, restart_policy, should_container_be_restarted,
+    container_restart_policy, exit_restarts_all, pod_sandbox_changed_why, restart_policy, should_container_be_restarted,
 };
 use crate::container::labels;
 use crate::container::pod_status::{ContainerState, RuntimeContainerStatus, RuntimePodStatus};
@@ -42,6 +42,18 @@ pub struct PodActions {
     /// Grace periods for kills a failed liveness/startup probe asked for (the probe's
     /// own `terminationGracePeriodSeconds`): container id -> seconds.
     pub kill_grace: BTreeMap<String, i64>,
+    /// Containers to remove from the runtime (killed first if they run) because the pod
+    /// restarts all its containers in place (upstream `ContainersToReset`), in order.
+    pub containers_to_reset: Vec<ContainerToReset>,
+}
+
+/// One container instance a `RestartAllContainers` reset removes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerToReset {
+    pub id: String,
+    pub name: String,
+    /// It has not exited: stop it (without a grace period) before removing it.
+    pub kill: bool,
 }
 
 /// What the prober says about a running container (upstream's liveness and startup
@@ -220,6 +232,51 @@ fn any_regular_container_created(spec: &PodSpec, status: &RuntimePodStatus) -> b
             matches!(s.state, ContainerState::Created | ContainerState::Running | ContainerState::Exited)
         })
     })
+}
+
+/// The actions of a sync while the pod's `AllContainersRestarting` condition is True
+/// (upstream `computePodActions` with `restartAllContainers`): every instance of every
+/// init and app container is removed, in reverse: first the app containers, then the init
+/// containers that did not trigger the reset, then the app and init containers whose exit
+/// did. Nothing starts; the next sync, with the runtime emptied, starts the pod again from
+/// its first init container. A sandbox that must be recreated is, as in any sync.
+#[must_use]
+pub fn compute_reset_actions(pod: &Pod, status: &RuntimePodStatus) -> PodActions {
+    let Some(spec) = pod.spec.as_ref() else { return PodActions::default() };
+    let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(spec, status);
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let (init_sources, init_targets) = containers_to_reset(inits, status);
+    let (sources, targets) = containers_to_reset(&spec.containers, status);
+    let containers_to_reset = [targets, init_targets, sources, init_sources].concat();
+    PodActions {
+        kill_pod: create_sandbox,
+        create_sandbox,
+        sandbox_id,
+        attempt,
+        containers_to_reset,
+        ..Default::default()
+    }
+}
+
+/// Upstream `getContainersToReset`: every runtime instance of `containers`, split into
+/// those whose exit asked for the reset and the others.
+fn containers_to_reset(
+    containers: &[Container],
+    status: &RuntimePodStatus,
+) -> (Vec<ContainerToReset>, Vec<ContainerToReset>) {
+    let (mut sources, mut targets) = (Vec::new(), Vec::new());
+    for c in containers {
+        for s in status.containers.iter().filter(|s| s.name == c.name) {
+            let exited = s.state == ContainerState::Exited;
+            let reset = ContainerToReset { id: s.id.clone(), name: c.name.clone(), kill: !exited };
+            if exited && exit_restarts_all(c, s.exit_code) {
+                sources.push(reset);
+            } else {
+                targets.push(reset);
+            }
+        }
+    }
+    (sources, targets)
 }
 
 /// [`compute_pod_actions`] with the prober's verdicts on the running containers.
@@ -577,6 +634,49 @@ mod tests {
             vec![ctr(&p, "a", ContainerState::Exited, 0, 0, false), ctr(&p, "b", ContainerState::Exited, 0, 0, false)],
         );
         assert_eq!(compute_pod_actions(&p, &s).containers_to_start, [1]);
+    }
+
+    /// A reset removes every instance of every init and app container, the exit that
+    /// asked for it last, and starts nothing; running ones are killed first.
+    #[test]
+    fn a_reset_removes_every_container_the_sources_last() {
+        let mut p = with_sidecars(pod("Never", &["i1", "side"], &["src", "app"]), &["side"], &[]);
+        p.spec.as_mut().unwrap().containers[0].restart_policy = Some("Never".into());
+        p.spec.as_mut().unwrap().containers[0].restart_policy_rules =
+            Some(vec![k8s_openapi::api::core::v1::ContainerRestartRule {
+                action: "RestartAllContainers".into(),
+                exit_codes: Some(k8s_openapi::api::core::v1::ContainerRestartRuleOnExitCodes {
+                    operator: "In".into(),
+                    values: Some(vec![42]),
+                }),
+            }]);
+        let s = status(
+            vec![sandbox(true, 0)],
+            vec![
+                ctr(&p, "src", ContainerState::Exited, 42, 0, false),
+                running(&p, "app", false),
+                running(&p, "side", true),
+                ctr(&p, "i1", ContainerState::Exited, 0, 1, true),
+                ctr(&p, "i1", ContainerState::Exited, 1, 0, true),
+            ],
+        );
+        let a = compute_reset_actions(&p, &s);
+        let order: Vec<(&str, &str, bool)> =
+            a.containers_to_reset.iter().map(|r| (r.name.as_str(), r.id.as_str(), r.kill)).collect();
+        assert_eq!(
+            order,
+            [
+                ("app", "app-0", true),
+                ("i1", "i1-1", false),
+                ("i1", "i1-0", false),
+                ("side", "side-0", true),
+                ("src", "src-0", false)
+            ]
+        );
+        assert!(a.init_containers_to_start.is_empty() && a.containers_to_start.is_empty());
+        assert!(!a.kill_pod && !a.create_sandbox && a.sandbox_id == "sb0");
+        // In the ordinary actions the source restarts like any container with a Restart rule.
+        assert_eq!(compute_pod_actions(&p, &s).containers_to_start, [0]);
     }
 
     #[test]

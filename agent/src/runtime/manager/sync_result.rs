@@ -18,6 +18,9 @@ pub enum SyncAction {
     StartContainer,
     /// Stop one container the pod actions named; the target is its name.
     KillContainer,
+    /// Remove a container (stopping it first if it runs) before the pod restarts all its
+    /// containers in place; the target is its name.
+    RemoveContainer,
     /// Stop the whole pod, containers then sandboxes; the target is the pod's full name.
     /// Upstream records a `KillContainer` per container and a `KillPodSandbox` per sandbox;
     /// [`super::RuntimeManager::kill_pod`] stops at the first error and reports that one.
@@ -40,6 +43,7 @@ impl SyncAction {
         match self {
             SyncAction::StartContainer => "StartContainer",
             SyncAction::KillContainer => "KillContainer",
+            SyncAction::RemoveContainer => "RemoveContainer",
             SyncAction::KillPod => "KillPod",
             SyncAction::ConfigPodSandbox => "CreatePodSandboxConfig",
             SyncAction::CreatePodSandbox => "CreatePodSandbox",
@@ -55,6 +59,7 @@ impl SyncAction {
         match self {
             SyncAction::StartContainer => "RunContainerError",
             SyncAction::KillContainer => "KillContainerError",
+            SyncAction::RemoveContainer => "RemoveContainerError",
             SyncAction::KillPod => "KillPodError",
             SyncAction::ConfigPodSandbox => "ConfigPodSandboxError",
             SyncAction::CreatePodSandbox => "CreatePodSandboxError",
@@ -111,14 +116,17 @@ impl SyncResult {
     }
 
     /// The failure as one line, `None` when the action succeeded: `<reason>: <message>`
-    /// for a container start, `KillContainer <name>: <message>` for a container kill,
+    /// for a container start, `KillContainer <name>: <message>` for a container kill (and
+    /// `RemoveContainer <name>: ...` for a removal),
     /// `<action>: <message>` for the others.
     #[must_use]
     pub fn error_line(&self) -> Option<String> {
         let error = self.error?;
         Some(match self.action {
             SyncAction::StartContainer => format!("{error}: {}", self.message),
-            SyncAction::KillContainer => format!("KillContainer {}: {}", self.target, self.message),
+            SyncAction::KillContainer | SyncAction::RemoveContainer => {
+                format!("{} {}: {}", self.action.as_str(), self.target, self.message)
+            }
             other => format!("{}: {}", other.as_str(), self.message),
         })
     }
@@ -139,6 +147,12 @@ pub struct PodSyncResult {
 }
 
 impl PodSyncResult {
+    /// Whether a container was removed (a `RestartAllContainers` reset).
+    #[must_use]
+    pub fn removed_any(&self) -> bool {
+        self.results.iter().any(|r| r.action == SyncAction::RemoveContainer && !r.is_failed())
+    }
+
     /// A sync that failed before any action.
     #[must_use]
     pub fn sync_failed(error: impl Into<String>) -> Self {

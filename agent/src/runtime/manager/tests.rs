@@ -507,3 +507,24 @@ async fn a_host_network_pods_ip_in_env_vars_is_the_nodes() {
     assert_eq!(value("POD_IP").as_deref(), Some("192.0.2.7"));
     assert_eq!(value("POD_IPS").as_deref(), Some("192.0.2.7"));
 }
+
+/// A reset (`RestartAllContainers`) stops a running container without a grace period,
+/// so without its preStop hook, with a `Killing` event saying `killing`, removes it, and
+/// starts nothing.
+#[tokio::test]
+async fn a_reset_kills_without_the_pre_stop_hook_and_removes() {
+    use super::{SyncAction, SyncResult};
+    let (_dir, fake, recorder, rm) = setup();
+    let p = hooked(&json!({"preStop": {"exec": {"command": ["/bin/hook"]}}}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod_restarting(&p, &st, true).await;
+    assert_eq!(r.results, [SyncResult::ok(SyncAction::RemoveContainer, "c")]);
+    assert!(r.removed_any() && r.touched_runtime);
+    assert!(fake.containers_named("c").is_empty(), "removed");
+    assert!(fake.exec_calls().is_empty(), "no preStop hook");
+    let killing: Vec<_> = recorder.list().into_iter().filter(|e| e.reason.as_deref() == Some("Killing")).collect();
+    assert_eq!(killing.len(), 1);
+    assert_eq!(killing[0].message.as_deref(), Some("killing"));
+}
