@@ -46,7 +46,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::container::{ContainerState, RuntimePodStatus, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
 use crate::lifecycle::admission::{Rejection, pod_requests};
-use crate::types::pod_resources::is_restartable_init_container;
 use crate::types::qos::{QosClass, qos_class};
 use crate::types::quantity;
 use checkpoint::PodAllocation;
@@ -215,12 +214,14 @@ pub fn cri_values(r: &api::LinuxContainerResources) -> (Option<i64>, Option<i64>
     (cpu_request, cpu_limit, memory_limit)
 }
 
-/// Containers whose resources a resize may change: app containers and sidecars
-/// (upstream `IsResizableContainer`).
+/// Containers whose resources a resize may change (upstream `IsResizableContainer`): app
+/// containers and every init container, sidecar or not
+/// (`InPlacePodVerticalScalingInitContainers`, GA in 1.37; a plain init container is
+/// resized while it runs).
 pub fn resizable_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
     let spec = pod.spec.as_ref();
     spec.into_iter()
-        .flat_map(|s| s.init_containers.iter().flatten().filter(|c| is_restartable_init_container(c)))
+        .flat_map(|s| s.init_containers.iter().flatten())
         .chain(spec.into_iter().flat_map(|s| s.containers.iter()))
 }
 

@@ -296,14 +296,14 @@ fn status_reports_allocated_and_actual_resources_and_conditions() {
 }
 
 #[test]
-fn sidecars_are_resizable_and_quantities_print_as_upstream() {
+fn init_containers_are_resizable_and_quantities_print_as_upstream() {
     let p = crate::types::pod_resources::test_pods::pod_with_init(
         "u",
         vec![sidecar("s", &[("cpu", "10m")], &[]), ctr("init", &[("cpu", "1")], &[])],
         vec![ctr("app", &[], &[])],
     );
     let names: Vec<_> = resizable_containers(&p).map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["s", "app"]);
+    assert_eq!(names, ["s", "init", "app"]);
     assert_eq!(milli_quantity(1500).0, "1500m");
     assert_eq!(milli_quantity(2000).0, "2");
     assert_eq!(binary_quantity(100_663_296).0, "96Mi");

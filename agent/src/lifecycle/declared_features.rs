@@ -5,13 +5,14 @@
 //! A node lists in `status.declaredFeatures` the features of its agent that a pod may
 //! depend on; the scheduler's `NodeDeclaredFeatures` plugin sends a pod that needs one only
 //! to nodes that declare it, and the agent refuses such a pod when it does not
-//! (`PodFeatureUnsupported`). swiftlet declares only what it implements:
+//! (`PodFeatureUnsupported`); the API server likewise refuses an update (a resize) that
+//! needs a feature the pod's node lacks. swiftlet declares only what it implements:
 //! [`DECLARED`]. Of upstream's registry, the features a pod's spec can require at
 //! scheduling are [`RESTART_ALL_CONTAINERS`], `UserNamespacesHostNetworkSupport` (a
 //! host-network pod with `hostUsers: false`) and `VolumeBindMountOptions` (a volume mount
-//! with `bindMountOptions`); the other registry entries (in-place resize variants, DRA,
-//! `ExtendWebSocketsToKubelet`) matter only to pod updates or other components, and are not
-//! declared because swiftlet does not implement them.
+//! with `bindMountOptions`). Of those that matter to updates, [`INIT_CONTAINER_RESIZE`] is
+//! declared; pod-level resize, memory-backed volume resize, DRA and
+//! `ExtendWebSocketsToKubelet` are not, because swiftlet does not implement them.
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
@@ -23,8 +24,12 @@ pub const RESTART_ALL_CONTAINERS: &str = "RestartAllContainersOnContainerExits";
 const USER_NAMESPACES_HOST_NETWORK: &str = "UserNamespacesHostNetworkSupport";
 const VOLUME_BIND_MOUNT_OPTIONS: &str = "VolumeBindMountOptions";
 
+/// `InPlacePodVerticalScalingInitContainers`: resizing a plain (non-sidecar) init
+/// container in place; the API server refuses such a resize for a node without it.
+pub const INIT_CONTAINER_RESIZE: &str = "InPlacePodVerticalScalingInitContainers";
+
 /// What the node declares in `status.declaredFeatures`, sorted as upstream sorts them.
-pub const DECLARED: &[&str] = &[RESTART_ALL_CONTAINERS];
+pub const DECLARED: &[&str] = &[INIT_CONTAINER_RESIZE, RESTART_ALL_CONTAINERS];
 
 /// The reason of a pod refused for a feature the node lacks.
 pub const UNSUPPORTED_REASON: &str = "PodFeatureUnsupported";

@@ -30,7 +30,7 @@ use crate::container::pod_status::{ContainerState, RuntimePodStatus};
 /// One container to update in place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerUpdate {
-    /// Index into `spec.containers` (or `spec.initContainers` for sidecars).
+    /// Index into `spec.containers` (or `spec.initContainers` when `init`).
     pub index: usize,
     pub init: bool,
     pub id: String,
@@ -79,15 +79,11 @@ pub fn compute_pod_resize_action(
     }
     let spec = pod.spec.as_ref()?;
     let mut plan = ResizePlan::default();
-    let sidecars = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter(|(_, c)| crate::types::pod_resources::is_restartable_init_container(c))
-        .map(|(i, c)| (i, c, true));
+    // Init containers too: sidecars, and a plain init container while it runs (the pod
+    // is initializing; upstream `computeInitContainerActions` resizes the running one).
+    let inits = spec.init_containers.iter().flatten().enumerate().map(|(i, c)| (i, c, true));
     let apps = spec.containers.iter().enumerate().map(|(i, c)| (i, c, false));
-    for (index, c, init) in sidecars.chain(apps) {
+    for (index, c, init) in inits.chain(apps) {
         let Some(s) = status.find_container(&c.name).filter(|s| s.state == ContainerState::Running) else { continue };
         if actions.containers_to_kill.contains_key(&s.id) {
             continue;

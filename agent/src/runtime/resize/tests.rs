@@ -69,6 +69,34 @@ fn restart_container_policy_restarts_on_memory_only() {
     assert_eq!(plan.cpu.len(), 1);
 }
 
+/// A plain init container is resized while it runs (the pod is initializing): in place,
+/// or restarted as an init container when its policy says so; once it exited, never.
+#[test]
+fn a_running_plain_init_container_is_resized() {
+    let mut init = ctr("c", &[("cpu", "150m"), ("memory", "64Mi")], &[("cpu", "300m"), ("memory", "192Mi")]);
+    let p = crate::types::pod_resources::test_pods::pod_with_init("u1", vec![init.clone()], vec![ctr("app", &[], &[])]);
+    let now = values(100, 200, 64 * MI, 128 * MI);
+    let mut actions = PodActions::default();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert!(plan.cpu[0].init && plan.cpu[0].index == 0 && plan.memory.len() == 1, "{plan:?}");
+    assert!(actions.containers_to_kill.is_empty());
+
+    init.resize_policy =
+        Some(vec![ContainerResizePolicy { resource_name: "memory".into(), restart_policy: "RestartContainer".into() }]);
+    let p = crate::types::pod_resources::test_pods::pod_with_init("u1", vec![init], vec![ctr("app", &[], &[])]);
+    let mut actions = PodActions::default();
+    compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    assert!(actions.containers_to_kill.contains_key("id1"));
+    assert_eq!(
+        (actions.init_containers_to_start.as_slice(), actions.containers_to_start.as_slice()),
+        (&[0][..], &[][..])
+    );
+
+    let mut exited = status("id1");
+    exited.containers[0].state = ContainerState::Exited;
+    assert_eq!(compute_pod_resize_action(&p, &exited, &|_| Some(now), &mut PodActions::default()), None);
+}
+
 #[test]
 fn nothing_to_do_when_actuated_matches_or_the_pod_is_killed() {
     let p = burstable("100m", "200m", "64Mi", "128Mi", true);
