@@ -573,6 +573,17 @@ fn resync_after(base: Duration) -> Duration {
     base.mul_f64(1.0 + jitter)
 }
 
+/// Whether `result` started a sidecar (restartable init container) of `pod` that has no
+/// startup probe: the init sequence may go on at once.
+fn started_a_sidecar_without_startup_probe(pod: &Pod, result: &crate::runtime::manager::PodSyncResult) -> bool {
+    let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+    result.started().any(|name| {
+        inits.iter().any(|c| {
+            c.name == name && crate::types::pod_resources::is_restartable_init_container(c) && c.startup_probe.is_none()
+        })
+    })
+}
+
 impl Worker {
     /// Takes in what was sent since the worker last looked; its kind, and whether it can
     /// change anything (all but PLEG starts the status already shows).
@@ -1007,6 +1018,12 @@ impl Worker {
         if restart_all && !result.failed() && result.removed_any() {
             return Duration::ZERO;
         }
+        // A sidecar without a startup probe that just started lets the next init container
+        // start: sync again at once (upstream's next sync comes from the PLEG's start
+        // event, which this worker drops when its status already shows the start).
+        if started_a_sidecar_without_startup_probe(&pod, &result) {
+            return Duration::ZERO;
+        }
         let resync = resync_after(self.deps.sync_frequency);
         // A failed sync comes back within upstream's `backOffPeriod` even when the back-off
         // it ran into is longer: a sync in back-off shows `ImagePullBackOff` or
@@ -1333,6 +1350,30 @@ mod tests {
         assert_eq!(state, crate::container::api::ContainerState::ContainerExited as i32, "stopped");
         let event = e.recorder.list().into_iter().find(|ev| ev.reason.as_deref() == Some("DeadlineExceeded")).unwrap();
         assert_eq!(event.type_.as_deref(), Some("Normal"));
+        e.stop.cancel();
+    }
+
+    /// Found by the conformance suite: after a sidecar without a startup probe started,
+    /// the next init container waited for the periodic resync (a minute). It starts in
+    /// the sync that follows at once, with no event from outside.
+    #[tokio::test]
+    async fn the_init_container_after_a_sidecar_starts_without_waiting_for_a_resync() {
+        let e = env();
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "default", "uid": "u1",
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"terminationGracePeriodSeconds": 1, "hostNetwork": true,
+                     "initContainers": [
+                        {"name": "s", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
+                         "restartPolicy": "Always"},
+                        {"name": "i", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}],
+                     "containers": [
+                        {"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}]}
+        }))
+        .unwrap();
+        e.workers.update_pod(p, WorkType::Create);
+        wait_for(|| e.rt.containers_named("i").len() == 1).await;
+        assert_eq!(e.rt.containers_named("s").len(), 1);
         e.stop.cancel();
     }
 

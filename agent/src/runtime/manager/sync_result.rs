@@ -147,6 +147,14 @@ pub struct PodSyncResult {
 }
 
 impl PodSyncResult {
+    /// The names of the containers this sync started.
+    pub fn started(&self) -> impl Iterator<Item = &str> {
+        self.results
+            .iter()
+            .filter(|r| r.action == SyncAction::StartContainer && !r.is_failed())
+            .map(|r| r.target.as_str())
+    }
+
     /// Whether a container was removed (a `RestartAllContainers` reset).
     #[must_use]
     pub fn removed_any(&self) -> bool {
