@@ -181,8 +181,9 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
     // A short run of every fuzz target on its committed seeds (cargo-fuzz needs nightly:
     // without it the step is skipped, and so failed).
     if fuzz::nightly_available() {
-        let t = r.header(&format!("cargo xtask fuzz --time {} (each target)", fuzz::CI_SECS));
-        r.record("fuzz", t, fuzz::run(ctx, fuzz::CI_SECS, &[]));
+        let dev = if fuzz::CI_DEV { " --dev" } else { "" };
+        let t = r.header(&format!("cargo xtask fuzz{dev} --time {} (each target)", fuzz::CI_SECS));
+        r.record("fuzz", t, fuzz::run(ctx, fuzz::CI_SECS, &[], fuzz::CI_DEV));
     } else {
         r.skip("fuzz", "no nightly toolchain for cargo-fuzz (rustup toolchain install nightly)");
     }

@@ -136,6 +136,10 @@ enum Cmd {
         /// at most 200 inputs (the hand-written seeds, then those adding the most edges).
         #[arg(long, conflicts_with = "time")]
         minimize: bool,
+        /// Build the targets without optimisations (`cargo fuzz --dev`; CI does): a faster
+        /// build, slower runs. `--minimize` needs a run without it first.
+        #[arg(long, conflicts_with = "minimize")]
+        dev: bool,
         /// The targets (default: all of them).
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(fuzz::TARGETS))]
         targets: Vec<String>,
@@ -246,11 +250,11 @@ async fn main() -> ExitCode {
         Cmd::Fidelity(args) => fidelity::run(&ctx, &layout, &args).await,
         Cmd::Conformance(args) => conformance::run(&ctx, &layout, &args).await,
         Cmd::Layering => layering::run(&ctx.workspace),
-        Cmd::Fuzz { time, targets, minimize } => {
+        Cmd::Fuzz { time, targets, minimize, dev } => {
             if minimize {
                 fuzz::minimize(&ctx, &targets)
             } else {
-                fuzz::run(&ctx, time, &targets)
+                fuzz::run(&ctx, time, &targets, dev)
             }
         }
     };
