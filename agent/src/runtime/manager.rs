@@ -204,6 +204,25 @@ pub struct RuntimeManager {
     security: super::security_context::SecuritySettings,
 }
 
+/// Upstream `calcRestartCountByLogDir`: for a container the runtime has no instance of
+/// (removed by a `RestartAllContainers` reset, or lost with the runtime's state), one past
+/// the highest `<n>.log` (or rotated `<n>.log.*`) in its log directory, so that it logs to
+/// a new file; 0 when there is none or the directory cannot be read.
+fn restart_count_from_log_dir(dir: &std::path::Path) -> u32 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name();
+            let (n, rest) = name.to_str()?.split_once(".log")?;
+            (rest.is_empty() || rest.starts_with('.')).then_some(())?;
+            n.parse::<u32>().ok().map(|n| n.saturating_add(1))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 impl RuntimeManager {
     /// One container of a `RestartAllContainers` reset: stopped without a grace period
     /// (no preStop hook) if it runs, with a `Killing` event, then removed; its logs stay
@@ -604,7 +623,10 @@ impl RuntimeManager {
             result.add(SyncResult::start_failed(&container.name, back_off));
             return false;
         }
-        let restart_count = status.find_container(&container.name).map_or(0, |c| c.restart_count + 1);
+        let restart_count = match status.find_container(&container.name) {
+            Some(c) => c.restart_count + 1,
+            None => restart_count_from_log_dir(&self.pod_log_dir(pod).join(&container.name)),
+        };
         result.touched_runtime = true;
         let container_type = start.kind.metric_label();
         // Upstream counts every start it attempts (past the back-off), failed ones included.

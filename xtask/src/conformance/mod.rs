@@ -85,6 +85,8 @@ pub const CI_SPECS: &[&str] = &[
     "[sig-node] InitContainer should not start app containers if init containers fail on a RestartAlways pod",
     "[sig-node] Container Runtime blackbox test on terminated container should report termination message if TerminationMessagePath is set [NodeConformance]",
     "[sig-node] Container Runtime blackbox test when starting a container that exits should run with the expected status",
+    "[sig-node] Downward API should provide host IP and pod IP as an env var if pod uses host network",
+    "RestartAllContainers should restart all containers on regular container exit",
 ];
 
 #[derive(Debug, Clone, clap::Args)]

@@ -528,3 +528,28 @@ async fn a_reset_kills_without_the_pre_stop_hook_and_removes() {
     assert_eq!(killing.len(), 1);
     assert_eq!(killing[0].message.as_deref(), Some("killing"));
 }
+
+/// A container the runtime no longer has (removed by a reset, or lost in a runtime
+/// restart) starts with the restart count after the newest log file of its directory, as
+/// upstream's `calcRestartCountByLogDir`: its log goes to a new file, not onto the old one.
+#[tokio::test]
+async fn a_removed_container_starts_after_its_newest_log_file() {
+    let (dir, fake, _recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let first = fake.container_config(&fake.containers_named("c")[0]).unwrap();
+    assert_eq!((first.log_path.as_str(), first.metadata.unwrap().attempt), ("c/0.log", 0));
+    // What the runtime wrote: the log and a rotated one.
+    let logs = dir.path().join("logs").join("default_web_u1").join("c");
+    std::fs::create_dir_all(&logs).unwrap();
+    for name in ["0.log", "1.log.20261205-101010", "notes.txt"] {
+        std::fs::write(logs.join(name), "").unwrap();
+    }
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod_restarting(&p, &st, true).await.removed_any());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let again = fake.container_config(&fake.containers_named("c")[0]).unwrap();
+    assert_eq!((again.log_path.as_str(), again.metadata.unwrap().attempt), ("c/2.log", 2));
+}
