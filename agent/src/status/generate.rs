@@ -534,11 +534,11 @@ pub const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
 
 /// Upstream `GenerateAllContainersRestartingCondition`: True from the exit that asks for a
 /// reset until the runtime has none of the pod's containers left; the pod worker removes
-/// them while it is True.
+/// them while it is True. `restarting`: [`should_all_containers_restart`] of the pod.
 fn all_containers_restarting_condition(
     spec: &PodSpec,
     rt: &RuntimePodStatus,
-    old: Option<&PodStatus>,
+    restarting: bool,
     phase: &str,
 ) -> PodCondition {
     match phase {
@@ -546,7 +546,7 @@ fn all_containers_restarting_condition(
         "Failed" => return condition(ALL_CONTAINERS_RESTARTING, false, Some("PodFailed"), None),
         _ => {}
     }
-    if !should_all_containers_restart(spec, Some(rt), old) || all_containers_restart_cleaned_up(spec, rt) {
+    if !restarting || all_containers_restart_cleaned_up(spec, rt) {
         return condition(ALL_CONTAINERS_RESTARTING, false, None, None);
     }
     condition(
@@ -652,7 +652,7 @@ pub fn generate_api_pod_status(pod: &Pod, rt: &RuntimePodStatus, inputs: &Status
     conds.push(cr);
     conds.push(condition("PodScheduled", true, None, None));
     if all_containers_could_restart(spec) {
-        conds.push(all_containers_restarting_condition(spec, rt, inputs.old, &phase));
+        conds.push(all_containers_restarting_condition(spec, rt, restarting, &phase));
     }
     // Transition times only move when the status flips.
     let now = time(SystemTime::now());
