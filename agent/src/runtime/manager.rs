@@ -243,7 +243,7 @@ impl RuntimeManager {
     /// sandbox's, or the node's for a pod on the node's network, whose sandbox has none
     /// (upstream takes them from the API status, where such a pod has the host IP).
     fn pod_ips(&self, pod: &Pod, sandbox_ips: &[String]) -> Vec<String> {
-        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        let host_network = pod.spec.as_ref().is_some_and(is_host_network);
         match &self.cfg.host_ip {
             Some(ip) if host_network && sandbox_ips.is_empty() => vec![ip.clone()],
             _ => sandbox_ips.to_vec(),
