@@ -166,6 +166,9 @@ struct State {
     /// The streaming requests made so far.
     streaming: Vec<StreamingCall>,
     start_hook: StartHookSlot,
+    /// Containers whose process is gone but whose exit the runtime has not recorded yet:
+    /// the exit code, and how many more `ContainerStatus` calls still show them running.
+    lagging_exits: HashMap<String, (i32, u32)>,
 }
 
 #[derive(Default)]
@@ -213,6 +216,12 @@ fn unavailable(operation: &'static str) -> super::Error {
 
 fn not_found(what: &str) -> super::Error {
     super::Error::Rpc { operation: "fake", status: tonic::Status::not_found(format!("{what} not found")) }
+}
+
+/// What containerd 1.6 answers a kill of a container whose exit it is still recording.
+fn exit_in_flight(operation: &'static str, id: &str) -> super::Error {
+    let message = format!("failed to kill container {id:?}: ttrpc: closed: unknown");
+    super::Error::Rpc { operation, status: tonic::Status::unknown(message) }
 }
 
 impl FakeRuntime {
@@ -354,6 +363,14 @@ impl FakeRuntime {
         }
     }
 
+    /// Makes a running container's process exit with `code` the way containerd lags
+    /// behind the kernel: the runtime still shows it running for the next `polls`
+    /// `ContainerStatus` calls, and meanwhile stopping it, or its sandbox, fails as
+    /// containerd 1.6 does while it deletes the task (`ttrpc: closed`).
+    pub fn exit_container_lagging(&self, id: &str, code: i32, polls: u32) {
+        self.state.lock().unwrap().lagging_exits.insert(id.to_owned(), (code, polls));
+    }
+
     /// The config container `id` was created with.
     #[must_use]
     pub fn container_config(&self, id: &str) -> Option<api::ContainerConfig> {
@@ -436,6 +453,9 @@ impl RuntimeService for FakeRuntime {
 
     async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
         let mut s = self.record("stop_podsandbox");
+        if let Some(c) = s.lagging_exits.keys().find(|c| s.container_sandbox.get(*c).is_some_and(|sb| sb == id)) {
+            return Err(exit_in_flight("stop_podsandbox", c));
+        }
         let Some(sb) = s.sandboxes.get_mut(id) else { return Err(not_found(id)) };
         sb.1 = api::PodSandboxState::SandboxNotready as i32;
         let ids: Vec<String> = s.container_sandbox.iter().filter(|(_, sb)| *sb == id).map(|(c, _)| c.clone()).collect();
@@ -566,6 +586,9 @@ impl RuntimeService for FakeRuntime {
 
     async fn stop_container(&self, id: &str, _timeout: i64) -> Result<()> {
         let mut s = self.record("stop_container");
+        if s.lagging_exits.contains_key(id) {
+            return Err(exit_in_flight("stop_container", id));
+        }
         let c = s.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         if c.state != api::ContainerState::ContainerExited as i32 {
             c.state = api::ContainerState::ContainerExited as i32;
@@ -649,7 +672,17 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn container_status(&self, id: &str) -> Result<api::ContainerStatus> {
-        let s = self.record("container_status");
+        let mut s = self.record("container_status");
+        match s.lagging_exits.get_mut(id) {
+            Some((_, polls)) if *polls > 0 => *polls -= 1,
+            Some(&mut (code, _)) => {
+                s.lagging_exits.remove(id);
+                drop(s);
+                self.exit_container(id, code);
+                s = self.state.lock().unwrap();
+            }
+            None => {}
+        }
         s.containers.get(id).cloned().ok_or_else(|| not_found(id))
     }
 

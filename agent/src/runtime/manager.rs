@@ -62,6 +62,13 @@ use termination_order::TerminationOrder;
 pub const MINIMUM_GRACE_PERIOD_SECS: i64 = 2;
 /// Default `terminationGracePeriodSeconds` (API server defaulting).
 pub const DEFAULT_GRACE_PERIOD_SECS: i64 = 30;
+
+/// How long a kill waits for the runtime to record an exit the kernel reported
+/// ([`RuntimeManager::await_runtime_exits`]); containerd takes tens of milliseconds.
+const RUNTIME_EXIT_LAG_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often the runtime is asked meanwhile.
+const RUNTIME_EXIT_POLL: Duration = Duration::from_millis(10);
 /// Waiting reasons as upstream (`kubecontainer` errors and `images` errors).
 pub mod reasons {
     pub use crate::container::reasons::*;
@@ -755,6 +762,7 @@ impl RuntimeManager {
         if let Some(e) = first_err {
             return Err(e);
         }
+        self.await_runtime_exits(status).await;
         for s in &status.sandboxes {
             let stopped = self.rt.stop_pod_sandbox(&s.id).await;
             self.containers_changed();
@@ -764,6 +772,36 @@ impl RuntimeManager {
             }
         }
         Ok(())
+    }
+
+    /// Waits, up to [`RUNTIME_EXIT_LAG_LIMIT`], until the runtime has recorded the exits of
+    /// the pod's containers that only the kernel reported so far ([`KernelExits`]
+    /// laid over the status). containerd's `StopPodSandbox` kills every container of the
+    /// sandbox it still shows running, and killing one whose exit it is handling fails
+    /// (`ttrpc: closed`): the kernel is ahead of it by tens of milliseconds, and a pod
+    /// that turns terminal on such an exit is killed within that window. After the limit
+    /// the sandbox is stopped anyway and what the runtime answers is the kill's result.
+    ///
+    /// [`KernelExits`]: crate::container::exits::KernelExits
+    async fn await_runtime_exits(&self, status: &RuntimePodStatus) {
+        let exits = self.cache.exits();
+        let give_up = tokio::time::Instant::now() + RUNTIME_EXIT_LAG_LIMIT;
+        for c in status.containers.iter().filter(|c| c.state == ContainerState::Exited) {
+            if exits.get(&c.id).is_none() {
+                continue;
+            }
+            loop {
+                match self.rt.container_status(&c.id).await {
+                    Ok(s) if ContainerState::from_cri(s.state) == ContainerState::Running => {}
+                    _ => break,
+                }
+                if tokio::time::Instant::now() >= give_up {
+                    tracing::warn!(container = %c.id, "the runtime has not recorded within {RUNTIME_EXIT_LAG_LIMIT:?} an exit the kernel reported; stopping the sandbox anyway");
+                    return;
+                }
+                tokio::time::sleep(RUNTIME_EXIT_POLL).await;
+            }
+        }
     }
 
     /// Removes everything the runtime has for a pod that is gone: containers, sandboxes,

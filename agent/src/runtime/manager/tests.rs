@@ -1,8 +1,11 @@
 //! `SyncPod` through the runtime manager on the fake runtime: what a sync reports, ephemeral
 //! containers, the start gate, and the pod workers around it.
 
+use std::time::{Duration, SystemTime};
+
 use serde_json::json;
 
+use crate::container::ContainerState;
 use crate::runtime::manager::testing::{hooked, setup, setup_deps};
 
 /// `touched_runtime` tells the pod worker whether the runtime state it holds is stale; the
@@ -552,4 +555,46 @@ async fn a_removed_container_starts_after_its_newest_log_file() {
     assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
     let again = fake.container_config(&fake.containers_named("c")[0]).unwrap();
     assert_eq!((again.log_path.as_str(), again.metadata.unwrap().attempt), ("c/2.log", 2));
+}
+
+/// The kernel reports a container's exit tens of milliseconds before containerd records
+/// it; a pod that turns terminal on that exit is killed at once. Its sandbox is stopped
+/// only once the runtime has recorded the exit: containerd kills every container of a
+/// sandbox it still thinks runs, and a kill during its own exit handling fails
+/// (`ttrpc: closed`), which failed the pod's termination for one sync (`FailedKillPod`).
+#[tokio::test(start_paused = true)]
+async fn a_pod_is_killed_after_the_runtime_records_an_exit_the_kernel_reported_first() {
+    let (_dir, fake, recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container_lagging(&id, 137, 5);
+    rm.cache().exits().record("u1", &id, 137, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!(st.containers[0].state, ContainerState::Exited, "the kernel's exit is laid over CRI's answer");
+    rm.kill_pod(Some(&p), &st, None).await.unwrap();
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(st.sandboxes.iter().all(|s| !s.ready), "{st:?}");
+    assert!(fake.stopped_containers().is_empty(), "the exited container is not stopped");
+    assert!(!recorder.list().iter().any(|e| e.reason.as_deref() == Some("Killing")), "{:?}", recorder.list());
+}
+
+/// A runtime that never records the exit does not hold the kill up for ever: after the
+/// wait the sandbox is stopped anyway and the runtime's error is the kill's.
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_never_records_a_kernel_exit_delays_the_kill_by_a_bounded_wait() {
+    let (_dir, fake, _recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container_lagging(&id, 137, u32::MAX);
+    rm.cache().exits().record("u1", &id, 137, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    let began = tokio::time::Instant::now();
+    let err = rm.kill_pod(Some(&p), &st, None).await.unwrap_err();
+    assert!(err.to_string().contains("ttrpc: closed"), "{err}");
+    let waited = began.elapsed();
+    assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_secs(3), "{waited:?}");
 }
