@@ -366,7 +366,8 @@ impl FakeRuntime {
     /// Makes a running container's process exit with `code` the way containerd lags
     /// behind the kernel: the runtime still shows it running for the next `polls`
     /// `ContainerStatus` calls, and meanwhile stopping it, or its sandbox, fails as
-    /// containerd 1.6 does while it deletes the task (`ttrpc: closed`).
+    /// containerd 1.6 does while it deletes the task (`ttrpc: closed`), and so does
+    /// removing it (it is running).
     pub fn exit_container_lagging(&self, id: &str, code: i32, polls: u32) {
         self.state.lock().unwrap().lagging_exits.insert(id.to_owned(), (code, polls));
     }
@@ -602,6 +603,11 @@ impl RuntimeService for FakeRuntime {
 
     async fn remove_container(&self, id: &str) -> Result<()> {
         let mut s = self.record("remove_container");
+        if s.lagging_exits.contains_key(id) {
+            let message =
+                format!("failed to set removing state for container {id:?}: container is still running, to stop first");
+            return Err(super::Error::Rpc { operation: "remove_container", status: tonic::Status::unknown(message) });
+        }
         s.containers.remove(id);
         s.container_sandbox.remove(id);
         s.container_configs.remove(id);

@@ -239,6 +239,8 @@ impl RuntimeManager {
         if reset.kill {
             self.kill_container(pod, &reset.id, &reset.name, Some(0), "killing", &self.pod_ips(pod, status.ips()))
                 .await?;
+        } else {
+            self.await_runtime_exits(std::iter::once(reset.id.as_str())).await;
         }
         match self.remove_container(&reset.id).await {
             Err(e) if !e.is_not_found() => Err(e),
@@ -762,7 +764,8 @@ impl RuntimeManager {
         if let Some(e) = first_err {
             return Err(e);
         }
-        self.await_runtime_exits(status).await;
+        let exited = status.containers.iter().filter(|c| c.state == ContainerState::Exited);
+        self.await_runtime_exits(exited.map(|c| c.id.as_str())).await;
         for s in &status.sandboxes {
             let stopped = self.rt.stop_pod_sandbox(&s.id).await;
             self.containers_changed();
@@ -775,28 +778,29 @@ impl RuntimeManager {
     }
 
     /// Waits, up to [`RUNTIME_EXIT_LAG_LIMIT`], until the runtime has recorded the exits of
-    /// the pod's containers that only the kernel reported so far ([`KernelExits`]
+    /// the `exited` containers that only the kernel reported so far ([`KernelExits`]
     /// laid over the status). containerd's `StopPodSandbox` kills every container of the
     /// sandbox it still shows running, and killing one whose exit it is handling fails
     /// (`ttrpc: closed`): the kernel is ahead of it by tens of milliseconds, and a pod
     /// that turns terminal on such an exit is killed within that window. After the limit
     /// the sandbox is stopped anyway and what the runtime answers is the kill's result.
+    /// Likewise `RemoveContainer` refuses a container containerd still shows running.
     ///
     /// [`KernelExits`]: crate::container::exits::KernelExits
-    async fn await_runtime_exits(&self, status: &RuntimePodStatus) {
+    async fn await_runtime_exits(&self, exited: impl Iterator<Item = &str>) {
         let exits = self.cache.exits();
         let give_up = tokio::time::Instant::now() + RUNTIME_EXIT_LAG_LIMIT;
-        for c in status.containers.iter().filter(|c| c.state == ContainerState::Exited) {
-            if exits.get(&c.id).is_none() {
+        for id in exited {
+            if exits.get(id).is_none() {
                 continue;
             }
             loop {
-                match self.rt.container_status(&c.id).await {
+                match self.rt.container_status(id).await {
                     Ok(s) if ContainerState::from_cri(s.state) == ContainerState::Running => {}
                     _ => break,
                 }
                 if tokio::time::Instant::now() >= give_up {
-                    tracing::warn!(container = %c.id, "the runtime has not recorded within {RUNTIME_EXIT_LAG_LIMIT:?} an exit the kernel reported; stopping the sandbox anyway");
+                    tracing::warn!(container = %id, "the runtime has not recorded within {RUNTIME_EXIT_LAG_LIMIT:?} an exit the kernel reported; stopping the sandbox anyway");
                     return;
                 }
                 tokio::time::sleep(RUNTIME_EXIT_POLL).await;

@@ -532,6 +532,27 @@ async fn a_reset_kills_without_the_pre_stop_hook_and_removes() {
     assert_eq!(killing[0].message.as_deref(), Some("killing"));
 }
 
+/// A reset on an exit the kernel reported before the runtime recorded it removes the
+/// container once the runtime has (containerd refuses to remove a container it shows
+/// running), in the same sync, and kills nothing.
+#[tokio::test(start_paused = true)]
+async fn a_reset_removes_a_container_once_the_runtime_records_its_exit() {
+    use super::{SyncAction, SyncResult};
+    let (_dir, fake, recorder, rm) = setup();
+    let p = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container_lagging(&id, 1, 5);
+    rm.cache().exits().record("u1", &id, 1, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod_restarting(&p, &st, true).await;
+    assert_eq!(r.results, [SyncResult::ok(SyncAction::RemoveContainer, "c")]);
+    assert!(fake.containers_named("c").is_empty(), "removed");
+    assert!(fake.stopped_containers().is_empty(), "not stopped: it had exited");
+    assert!(!recorder.list().iter().any(|e| e.reason.as_deref() == Some("Killing")), "{:?}", recorder.list());
+}
+
 /// A container the runtime no longer has (removed by a reset, or lost in a runtime
 /// restart) starts with the restart count after the newest log file of its directory, as
 /// upstream's `calcRestartCountByLogDir`: its log goes to a new file, not onto the old one.
