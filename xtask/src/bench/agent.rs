@@ -343,7 +343,7 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-{cgroup_v1}{eviction}{extra}",
+{cgroup_v1}{eviction}{image_gc}{extra}",
             manifests = self.manifests.display(),
             // podLogsDir is newer than some kubelets (1.28 refuses it): another agent
             // writes its pod logs to its default, /var/log/pods.
@@ -367,6 +367,15 @@ authorization:
                 ""
             } else {
                 "evictionHard:\n  memory.available: 100Mi\n"
+            },
+            // Nor must it set image GC going: at 85 % used (the default high threshold)
+            // the upstream kubelet removed the sandbox image, which containerd 1.6 does
+            // not pin, six minutes into a conformance run, and every later pod failed to
+            // start. Runs that test image GC set their own thresholds.
+            image_gc = if self.extra_config.contains("imageGC") {
+                ""
+            } else {
+                "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n"
             },
             extra = self.extra_config,
         )
@@ -783,8 +792,8 @@ mod tests {
         assert!(
             config.contains("\npodLogsDir: ")
                 && config.ends_with(
-                    "mode: AlwaysAllow\nevictionHard:\n  memory.available: 100Mi\nregisterWithTaints: []\nfailSwapOn: \
-                     false\n"
+                    "mode: AlwaysAllow\nevictionHard:\n  memory.available: 100Mi\nimageGCHighThresholdPercent: \
+                     100\nimageGCLowThresholdPercent: 99\nregisterWithTaints: []\nfailSwapOn: false\n"
                 ),
             "{config}"
         );
@@ -805,6 +814,11 @@ mod tests {
         assert!(flags.windows(2).any(|w| w == ["--hostname-override", NODE_NAME]));
         assert!(!other.config().contains("podLogsDir") && other.config().contains("maxPods: 200\n"));
         assert!(other.config().contains("\nfailCgroupV1: false\n") && !ours.config().contains("failCgroupV1"));
+        // A full developer disk sets neither agent's image GC going (it took the sandbox
+        // image from the upstream kubelet); a run about image GC sets its own thresholds.
+        assert!(other.config().contains("\nimageGCHighThresholdPercent: 100\n"), "{}", other.config());
+        let gc = other.with_config("imageGCHighThresholdPercent: 50\nimageGCLowThresholdPercent: 40").config();
+        assert_eq!(gc.matches("imageGCHighThresholdPercent").count(), 1, "{gc}");
         assert!(!flags.iter().any(|f| f.starts_with("--kubeconfig") || f.starts_with("--bootstrap")), "{flags:?}");
     }
 
