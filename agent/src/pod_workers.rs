@@ -56,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
+use crate::allocation::pod_level::set_pod_level_status;
 use crate::cm::PodContainerManager;
 use crate::container::{RuntimePod, RuntimePodStatus};
 use crate::events::{EventRecorder, EventType, pod_ref};
@@ -872,6 +873,7 @@ impl Worker {
             },
         );
         self.deps.runtime.allocation().amend_status(self.pod.as_ref().unwrap_or(pod), rt, &mut status);
+        set_pod_level_status(pod, || self.deps.runtime.pod_cgroup_for_status(pod), old.as_ref(), &mut status);
         if let Some(apply) = self.workers.status_override(self.uid()) {
             apply(&mut status);
         }

@@ -35,6 +35,11 @@ fn pod(name: &str, resize_policy: Option<Value>) -> Pod {
     .unwrap()
 }
 
+/// A pod-level field of the pod's status (`resources`, `allocatedResources`).
+fn pod_level(p: &Pod, field: &str) -> Value {
+    serde_json::to_value(p.status.as_ref()).map(|s| s[field].clone()).unwrap_or_default()
+}
+
 async fn resize(bed: &Bed, name: &str, resources: Value) -> Result<Pod> {
     let pods = bed.pods();
     let patch = json!({"spec": {"containers": [{"name": "main", "resources": resources}]}});
@@ -116,8 +121,13 @@ async fn cpu_and_memory_resize_in_place_without_restart() -> Result<()> {
             && cs["resources"]["requests"] == json!({"cpu": "150m", "memory": "96Mi"})
             && resize_condition(p, "PodResizeInProgress").is_none()
             && resize_condition(p, "PodResizePending").is_none()
+            // The pod level, as upstream reports it for every pod: the pod cgroup's
+            // cpu shares (153: 150m) and quota, its memory limit, the total requests.
+            && pod_level(p, "resources")
+                == json!({"limits": {"cpu": "300m", "memory": "192Mi"}, "requests": {"cpu": "150m", "memory": "96Mi"}})
     })
     .await?;
+    assert_eq!(pod_level(&p, "allocatedResources"), json!({"cpu": "150m", "memory": "96Mi"}));
     let cs = container_status(&p);
     assert_eq!(cs["allocatedResources"], json!({"cpu": "150m", "memory": "96Mi"}));
     assert_eq!(cs["restartCount"], 0);

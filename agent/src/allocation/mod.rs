@@ -23,7 +23,8 @@
 //!   runtime reports them, else the actuated record) of running containers, the
 //!   `PodResizePending` / `PodResizeInProgress` conditions with `observedGeneration`, and
 //!   `status.observedGeneration` and that of the kubelet's own conditions (upstream's
-//!   `PodObservedGenerationTracking`).
+//!   `PodObservedGenerationTracking`); the pod-level `allocatedResources` and
+//!   `resources` every pod shows ([`pod_level`]).
 //!
 //! Deviations: swap is never on for containers here (`failSwapOn`, no `LimitedSwap`), so
 //! the swap infeasibility check never fires; pod-level resources are not resizable (the
@@ -32,6 +33,7 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod pod_level;
 
 use crate::types::pod::uid as pod_uid;
 use std::collections::{BTreeMap, HashMap, HashSet};

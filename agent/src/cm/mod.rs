@@ -180,6 +180,14 @@ pub trait PodContainerManager: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// The pod cgroup's settings as upstream reads them for the pod's `status.resources`
+    /// (`GetPodCgroupConfig`): [`Self::pod_cgroup_config`], except that an unlimited
+    /// memory on cgroup v1 is the kernel's number (9223372036854771712 with 4 KiB pages),
+    /// which upstream shows as the pod's memory limit (v2's `max` it leaves out).
+    fn pod_cgroup_status_config(&self, pod: &Pod) -> Result<Option<resources::PodResourceConfig>> {
+        self.pod_cgroup_config(pod)
+    }
+
     /// Writes the `Some` settings of `cfg` into the existing pod cgroup (upstream
     /// `SetPodCgroupConfig`, for in-place resize). Default: nothing.
     fn update_pod_cgroup(&self, _pod: &Pod, _cfg: &resources::PodResourceConfig) -> Result<()> {

@@ -399,6 +399,17 @@ impl RuntimeManager {
         ))
     }
 
+    /// The pod cgroup as the pod's `status.resources` shows it
+    /// ([`PodContainerManager::pod_cgroup_status_config`]); `None` when there is none or
+    /// it cannot be read.
+    #[must_use]
+    pub fn pod_cgroup_for_status(&self, pod: &Pod) -> Option<crate::cm::resources::PodResourceConfig> {
+        self.cm.pod_cgroup_status_config(pod).unwrap_or_else(|e| {
+            tracing::debug!(pod = %pod_full_name(pod), error = %e, "cannot read the pod cgroup for the pod's status");
+            None
+        })
+    }
+
     /// The pod's directory under the root dir.
     #[must_use]
     pub fn pod_dir(&self, uid: &str) -> PathBuf {

@@ -24,14 +24,58 @@ use crate::types::resource_names::{CPU, MEMORY, is_hugepage_resource_name};
 /// Parsed resource list: resource name → quantity.
 pub type ResourceList = BTreeMap<String, ParsedQuantity>;
 
+/// A quantity the aggregation sums: the exact value ([`ParsedQuantity`], what resource
+/// math needs) or the value with Go's print format ([`quantity::Quantity`], for what the
+/// API shows: `status.allocatedResources` prints a sum as Go's `Add` leaves it).
+pub trait Amount: Copy + Ord {
+    /// Parses a quantity string.
+    ///
+    /// # Errors
+    /// When `text` is not a quantity.
+    fn parse_amount(text: &str) -> quantity::Result<Self>;
+    /// Go's `Add`: the left side keeps its format.
+    #[must_use]
+    fn plus(self, other: Self) -> Self;
+    /// `IsZero()`.
+    fn is_nothing(self) -> bool;
+}
+
+impl Amount for ParsedQuantity {
+    fn parse_amount(text: &str) -> quantity::Result<Self> {
+        quantity::parse(text)
+    }
+    fn plus(self, other: Self) -> Self {
+        self.saturating_add(other)
+    }
+    fn is_nothing(self) -> bool {
+        self.is_zero()
+    }
+}
+
+impl Amount for quantity::Quantity {
+    fn parse_amount(text: &str) -> quantity::Result<Self> {
+        Self::parse(text)
+    }
+    fn plus(self, other: Self) -> Self {
+        self + other
+    }
+    fn is_nothing(self) -> bool {
+        self.is_zero()
+    }
+}
+
 /// Parses a raw resource list, dropping entries whose quantity does not parse.
 #[must_use]
 pub fn parse_list(raw: Option<&BTreeMap<String, Quantity>>) -> ResourceList {
+    parse_list_as(raw)
+}
+
+fn parse_list_as<Q: Amount>(raw: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<String, Q> {
     let Some(raw) = raw else {
-        return ResourceList::new();
+        return BTreeMap::new();
     };
     raw.iter()
-        .filter_map(|(name, q)| match quantity::parse(&q.0) {
+        .filter_map(|(name, q)| match Q::parse_amount(&q.0) {
             Ok(parsed) => Some((name.clone(), parsed)),
             Err(error) => {
                 // Debug only: this runs on every sync; admission reports it once.
@@ -55,7 +99,11 @@ fn requirements(c: &Container) -> Option<&ResourceRequirements> {
 /// The container's limits.
 #[must_use]
 pub fn container_limits(c: &Container) -> ResourceList {
-    parse_list(requirements(c).and_then(|r| r.limits.as_ref()))
+    limits_as(c)
+}
+
+fn limits_as<Q: Amount>(c: &Container) -> BTreeMap<String, Q> {
+    parse_list_as(requirements(c).and_then(|r| r.limits.as_ref()))
 }
 
 /// The container's requests as written, without defaulting.
@@ -68,8 +116,12 @@ pub fn container_raw_requests(c: &Container) -> ResourceList {
 /// requests its limit.
 #[must_use]
 pub fn container_requests(c: &Container) -> ResourceList {
-    let mut requests = container_raw_requests(c);
-    for (name, limit) in container_limits(c) {
+    requests_as(c)
+}
+
+fn requests_as<Q: Amount>(c: &Container) -> BTreeMap<String, Q> {
+    let mut requests: BTreeMap<String, Q> = parse_list_as(requirements(c).and_then(|r| r.requests.as_ref()));
+    for (name, limit) in limits_as(c) {
         requests.entry(name).or_insert(limit);
     }
     requests
@@ -119,14 +171,15 @@ pub fn pod_level_limits(pod: &Pod) -> ResourceList {
     parse_list(pod_level(pod).and_then(|r| r.limits.as_ref()))
 }
 
-fn add(into: &mut ResourceList, other: &ResourceList) {
+/// Go's `addResourceList`: a resource new to `into` is copied (with its format).
+fn add<Q: Amount>(into: &mut BTreeMap<String, Q>, other: &BTreeMap<String, Q>) {
     for (name, q) in other {
-        let entry = into.entry(name.clone()).or_default();
-        *entry = entry.saturating_add(*q);
+        into.entry(name.clone()).and_modify(|e| *e = e.plus(*q)).or_insert(*q);
     }
 }
 
-fn max_into(into: &mut ResourceList, other: &ResourceList) {
+/// Go's `maxResourceList`: the larger quantity replaces the smaller (with its format).
+fn max_into<Q: Amount>(into: &mut BTreeMap<String, Q>, other: &BTreeMap<String, Q>) {
     for (name, q) in other {
         let entry = into.entry(name.clone()).or_insert(*q);
         if *q > *entry {
@@ -151,22 +204,22 @@ fn spec(pod: &Pod) -> Option<&PodSpec> {
 
 /// The KEP-753 aggregation over all containers, calling `visit` with each container's
 /// effective list as upstream's `ContainerFn` sees it.
-fn aggregate(
+fn aggregate<Q: Amount>(
     pod: &Pod,
-    list_of: impl Fn(&Container) -> ResourceList,
-    mut visit: impl FnMut(&ResourceList, ContainerKind),
-) -> ResourceList {
+    list_of: impl Fn(&Container) -> BTreeMap<String, Q>,
+    mut visit: impl FnMut(&BTreeMap<String, Q>, ContainerKind),
+) -> BTreeMap<String, Q> {
     let Some(spec) = spec(pod) else {
-        return ResourceList::new();
+        return BTreeMap::new();
     };
-    let mut total = ResourceList::new();
+    let mut total = BTreeMap::new();
     for c in &spec.containers {
         let list = list_of(c);
         visit(&list, ContainerKind::Regular);
         add(&mut total, &list);
     }
-    let mut sidecars = ResourceList::new();
-    let mut init_peak = ResourceList::new();
+    let mut sidecars = BTreeMap::new();
+    let mut init_peak = BTreeMap::new();
     for c in spec.init_containers.iter().flatten() {
         let own = list_of(c);
         let effective = if is_restartable_init_container(c) {
@@ -185,17 +238,21 @@ fn aggregate(
     total
 }
 
-fn overhead(pod: &Pod) -> ResourceList {
-    parse_list(spec(pod).and_then(|s| s.overhead.as_ref()))
+fn overhead<Q: Amount>(pod: &Pod) -> BTreeMap<String, Q> {
+    parse_list_as(spec(pod).and_then(|s| s.overhead.as_ref()))
 }
 
 /// Total pod requests (`resourcehelper.PodRequests` with default options): containers per
 /// KEP-753, pod-level requests override, plus overhead.
 #[must_use]
 pub fn pod_requests(pod: &Pod) -> ResourceList {
-    let mut requests = aggregate(pod, container_requests, |_, _| {});
+    pod_requests_as(pod)
+}
+
+fn pod_requests_as<Q: Amount>(pod: &Pod) -> BTreeMap<String, Q> {
+    let mut requests = aggregate(pod, requests_as, |_, _| {});
     if is_pod_level_requests_set(pod) {
-        for (name, q) in pod_level_requests(pod) {
+        for (name, q) in parse_list_as::<Q>(pod_level(pod).and_then(|r| r.requests.as_ref())) {
             if is_supported_pod_level_resource(&name) {
                 requests.insert(name, q);
             }
@@ -208,19 +265,23 @@ pub fn pod_requests(pod: &Pod) -> ResourceList {
 /// Total pod limits (`resourcehelper.PodLimits`), calling `visit` for every container's
 /// effective limits like upstream's `ContainerFn`; overhead is added to non-zero limits only.
 pub fn pod_limits_with(pod: &Pod, visit: impl FnMut(&ResourceList, ContainerKind)) -> ResourceList {
-    let mut limits = aggregate(pod, container_limits, visit);
+    pod_limits_as(pod, visit)
+}
+
+fn pod_limits_as<Q: Amount>(pod: &Pod, visit: impl FnMut(&BTreeMap<String, Q>, ContainerKind)) -> BTreeMap<String, Q> {
+    let mut limits = aggregate(pod, limits_as, visit);
     if is_pod_level_resources_set(pod) {
-        for (name, q) in pod_level_limits(pod) {
+        for (name, q) in parse_list_as::<Q>(pod_level(pod).and_then(|r| r.limits.as_ref())) {
             if is_supported_pod_level_resource(&name) {
                 limits.insert(name, q);
             }
         }
     }
-    for (name, q) in overhead(pod) {
+    for (name, q) in overhead::<Q>(pod) {
         if let Some(limit) = limits.get_mut(&name)
-            && !limit.is_zero()
+            && !limit.is_nothing()
         {
-            *limit = limit.saturating_add(q);
+            *limit = limit.plus(q);
         }
     }
     limits
@@ -230,6 +291,23 @@ pub fn pod_limits_with(pod: &Pod, visit: impl FnMut(&ResourceList, ContainerKind
 #[must_use]
 pub fn pod_limits(pod: &Pod) -> ResourceList {
     pod_limits_with(pod, |_, _| {})
+}
+
+/// [`pod_requests`] as the API prints it (`status.allocatedResources`): each sum keeps
+/// the format of the quantity it started from, as Go's `Add` does.
+#[must_use]
+pub fn pod_requests_api(pod: &Pod) -> BTreeMap<String, Quantity> {
+    printed(pod_requests_as(pod))
+}
+
+/// [`pod_limits`] as the API prints it.
+#[must_use]
+pub fn pod_limits_api(pod: &Pod) -> BTreeMap<String, Quantity> {
+    printed(pod_limits_as(pod, |_, _| {}))
+}
+
+fn printed(list: BTreeMap<String, quantity::Quantity>) -> BTreeMap<String, Quantity> {
+    list.into_iter().map(|(name, q)| (name, Quantity(q.to_string()))).collect()
 }
 
 /// Checks that every quantity in the pod parses; the error names the container, the
@@ -405,6 +483,34 @@ mod tests {
         let l = pod_limits(&p);
         assert_eq!(get(&l, MEMORY).value(), Some((2 << 30) + (10 << 20)));
         assert!(!l.contains_key(CPU), "overhead is not added to absent limits");
+    }
+
+    /// `status.allocatedResources` prints each sum as Go's `Add` leaves it: in the format
+    /// of the first quantity of the sum, or of the larger one where a maximum is taken.
+    #[test]
+    fn api_totals_print_as_go_adds_them() {
+        let p = pod_with_init(
+            "u",
+            vec![ctr("init", &[("memory", "1Gi")], &[])],
+            vec![
+                ctr("a", &[("cpu", "100m"), ("memory", "100Mi")], &[("memory", "100Mi")]),
+                ctr("b", &[("cpu", "1"), ("memory", "50Mi")], &[]),
+            ],
+        );
+        let text = |m: &BTreeMap<String, Quantity>, k: &str| m.get(k).map(|q| q.0.clone());
+        let r = pod_requests_api(&p);
+        assert_eq!((text(&r, CPU), text(&r, MEMORY)), (Some("1100m".into()), Some("1Gi".into())));
+        let p = pod("u", vec![ctr("a", &[("cpu", "500m"), ("memory", "20M")], &[]), ctr("b", &[("cpu", "0.5")], &[])]);
+        let r = pod_requests_api(&p);
+        assert_eq!((text(&r, CPU), text(&r, MEMORY)), (Some("1".into()), Some("20M".into())));
+        assert!(pod_requests_api(&pod("u", vec![ctr("a", &[], &[])])).is_empty(), "best effort: nothing");
+        let p = with_pod_resources(
+            pod("u", vec![ctr("a", &[("cpu", "100m")], &[])]),
+            &[("cpu", "250m")],
+            &[("memory", "64Mi")],
+        );
+        assert_eq!(text(&pod_requests_api(&p), CPU).as_deref(), Some("250m"), "pod level overrides");
+        assert_eq!(text(&pod_limits_api(&p), MEMORY).as_deref(), Some("64Mi"));
     }
 
     #[test]

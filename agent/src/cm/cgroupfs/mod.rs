@@ -646,7 +646,11 @@ fn pids_max(limit: i64) -> String {
 
 impl PodContainerManager for CgroupfsPodContainerManager {
     fn pod_cgroup_config(&self, pod: &Pod) -> super::Result<Option<PodResourceConfig>> {
-        Ok(self.read_pod_config(pod)?)
+        Ok(self.read_pod_config(pod, false)?)
+    }
+
+    fn pod_cgroup_status_config(&self, pod: &Pod) -> super::Result<Option<PodResourceConfig>> {
+        Ok(self.read_pod_config(pod, true)?)
     }
 
     fn update_pod_cgroup(&self, pod: &Pod, cfg: &PodResourceConfig) -> super::Result<()> {

@@ -27,9 +27,10 @@ impl CgroupfsPodContainerManager {
         Ok(dir.is_dir().then_some(dir))
     }
 
-    /// Reads the pod cgroup's cpu shares, quota and period, and memory limit (`-1`: none).
+    /// Reads the pod cgroup's cpu shares, quota and period, and memory limit (`-1`: none;
+    /// with `v1_unlimited_as_read`, an unlimited v1 limit is the kernel's number).
     /// `None` without pod cgroups.
-    pub(crate) fn read_pod_config(&self, pod: &Pod) -> Result<Option<PodResourceConfig>> {
+    pub(crate) fn read_pod_config(&self, pod: &Pod, v1_unlimited_as_read: bool) -> Result<Option<PodResourceConfig>> {
         if self.layout.is_none() || !self.config.cgroups_per_qos {
             return Ok(None);
         }
@@ -50,7 +51,7 @@ impl CgroupfsPodContainerManager {
                     if c.contains("memory") {
                         found = true;
                         cfg.memory_limit = parse_i64(&read_string(&dir.join("memory.limit_in_bytes"))?)
-                            .map(|v| if v >= V1_UNLIMITED { -1 } else { v });
+                            .map(|v| if v >= V1_UNLIMITED && !v1_unlimited_as_read { -1 } else { v });
                     }
                 }
                 HierarchyKind::Unified(_) => {
@@ -145,6 +146,12 @@ mod tests {
         assert_eq!(f.read("cpu", "kubepods/burstable/podb1/cpu.shares"), "153");
         std::fs::write(f.path("memory", "kubepods/burstable/podb1/memory.usage_in_bytes"), "4096\n").unwrap();
         assert_eq!(m.pod_memory_usage(&p).unwrap(), Some(4096));
+        // What v1 says for no limit: none for resizing, the number itself for the status.
+        std::fs::write(f.path("memory", "kubepods/burstable/podb1/memory.limit_in_bytes"), "9223372036854771712\n")
+            .unwrap();
+        assert_eq!(m.pod_cgroup_config(&p).unwrap().unwrap().memory_limit, Some(-1));
+        let status = m.pod_cgroup_status_config(&p).unwrap().unwrap();
+        assert_eq!((status.memory_limit, status.cpu_shares), (Some(9_223_372_036_854_771_712), Some(153)));
     }
 
     #[test]
@@ -167,6 +174,7 @@ mod tests {
         assert_eq!(f.read("", "kubepods/burstable/podb1/memory.max"), (128 << 20).to_string());
         m.update_pod_cgroup(&p, &PodResourceConfig { memory_limit: Some(-1), ..Default::default() }).unwrap();
         assert_eq!(m.pod_cgroup_config(&p).unwrap().unwrap().memory_limit, Some(-1));
+        assert_eq!(m.pod_cgroup_status_config(&p).unwrap().unwrap().memory_limit, Some(-1), "v2's max: none");
     }
 
     #[test]
