@@ -1156,15 +1156,24 @@ mod tests {
 
     fn pod(uid: &str, name: &str, policy: &str, cmd_exit: bool) -> Pod {
         let _ = cmd_exit;
+        static_pod(uid, name, serde_json::json!({"restartPolicy": policy, "containers": [ctr("c")]}))
+    }
+
+    /// A static pod on the host network with a 1 s grace period and `spec`'s fields.
+    fn static_pod(uid: &str, name: &str, mut spec: serde_json::Value) -> Pod {
+        spec["terminationGracePeriodSeconds"] = 1.into();
+        spec["hostNetwork"] = true.into();
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": "default", "uid": uid,
                          "annotations": {"kubernetes.io/config.source": "file"}},
-            "spec": {"restartPolicy": policy, "terminationGracePeriodSeconds": 1,
-                     "hostNetwork": true,
-                     "containers": [{"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
-                                     "terminationMessagePath": ""}]}
+            "spec": spec,
         }))
         .unwrap()
+    }
+
+    /// Container `name` of image `img`.
+    fn ctr(name: &str) -> serde_json::Value {
+        serde_json::json!({"name": name, "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""})
     }
 
     fn work(p: Option<&Pod>, kind: WorkType, started: Option<&str>) -> Work {
@@ -1361,18 +1370,10 @@ mod tests {
     #[tokio::test]
     async fn the_init_container_after_a_sidecar_starts_without_waiting_for_a_resync() {
         let e = env();
-        let p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a", "namespace": "default", "uid": "u1",
-                         "annotations": {"kubernetes.io/config.source": "file"}},
-            "spec": {"terminationGracePeriodSeconds": 1, "hostNetwork": true,
-                     "initContainers": [
-                        {"name": "s", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
-                         "restartPolicy": "Always"},
-                        {"name": "i", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}],
-                     "containers": [
-                        {"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}]}
-        }))
-        .unwrap();
+        let mut sidecar = ctr("s");
+        sidecar["restartPolicy"] = "Always".into();
+        let p =
+            static_pod("u1", "a", serde_json::json!({"initContainers": [sidecar, ctr("i")], "containers": [ctr("c")]}));
         e.workers.update_pod(p, WorkType::Create);
         wait_for(|| e.rt.containers_named("i").len() == 1).await;
         assert_eq!(e.rt.containers_named("s").len(), 1);
@@ -1385,18 +1386,11 @@ mod tests {
     #[tokio::test]
     async fn an_exit_with_a_restart_all_rule_restarts_every_container() {
         let e = env();
-        let p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a", "namespace": "default", "uid": "u1",
-                         "annotations": {"kubernetes.io/config.source": "file"}},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "hostNetwork": true,
-                     "containers": [
-                        {"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
-                         "restartPolicy": "Never",
-                         "restartPolicyRules": [{"action": "RestartAllContainers",
-                                                 "exitCodes": {"operator": "In", "values": [42]}}]},
-                        {"name": "d", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": ""}]}
-        }))
-        .unwrap();
+        let mut c = ctr("c");
+        c["restartPolicy"] = "Never".into();
+        c["restartPolicyRules"] =
+            serde_json::json!([{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]);
+        let p = static_pod("u1", "a", serde_json::json!({"restartPolicy": "Never", "containers": [c, ctr("d")]}));
         e.workers.update_pod(p.clone(), WorkType::Create);
         wait_for(|| e.status.get("u1").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
         let (c0, d0) = (e.rt.containers_named("c")[0].clone(), e.rt.containers_named("d")[0].clone());
