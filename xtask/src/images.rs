@@ -159,6 +159,9 @@ pub struct RunConfig {
     pub working_dir: String,
     #[serde(rename = "Labels", skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// The image's user (`USER 1234`); empty: root.
+    #[serde(rename = "User", skip_serializing_if = "String::is_empty")]
+    pub user: String,
 }
 
 #[derive(Serialize)]
@@ -429,6 +432,7 @@ fn build_pause_named(workspace: &Path, cache_dir: &Path, name: &str) -> Result<B
                 cmd: None,
                 working_dir: "/".into(),
                 labels: labels(name),
+                user: String::new(),
             },
         )
     })
@@ -468,6 +472,7 @@ fn build_busybox_named(cache_dir: &Path, name: &str) -> Result<BuiltImage> {
                 cmd: Some(vec!["sh".into()]),
                 working_dir: "/".into(),
                 labels: labels(name),
+                user: String::new(),
             },
         )
     })
@@ -634,6 +639,7 @@ mod tests {
             cmd: None,
             working_dir: "/".into(),
             labels: BTreeMap::new(),
+            user: String::new(),
         };
         let archive = oci_archive(PAUSE_IMAGE, &pause_layer(b"\x7fELF"), &run).unwrap();
         let files = read_tar(&archive.tar);

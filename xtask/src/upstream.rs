@@ -42,12 +42,14 @@ pub const BINARIES: &[(&str, &str)] = &[
 ];
 
 /// The node conformance suite's binaries (`cargo xtask conformance`) and the package each
-/// is built from: the e2e suite as a test binary, the ginkgo runner, and agnhost, the
-/// suite's test image's one binary (static: it runs in an image without a libc).
+/// is built from: the e2e suite as a test binary, the ginkgo runner, and the programs of
+/// the suite's test images, agnhost and nonewprivs' `nnp` (static: they run in images
+/// without a libc).
 pub const E2E_BINARIES: &[(&str, &str)] = &[
     ("e2e.test", "k8s.io/kubernetes/test/e2e"),
     ("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"),
     ("agnhost", "k8s.io/kubernetes/test/images/agnhost"),
+    ("nnp", "k8s.io/kubernetes/test/images/nonewprivs"),
 ];
 
 /// Where the Go module lives and where the binaries go.
@@ -169,7 +171,10 @@ impl Upstream {
         let dir = self.bin_dir.join("e2e");
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let _ = fs::remove_file(self.e2e_stamp_file());
-        eprintln!("upstream: building the {VERSION} e2e suite, ginkgo and agnhost into {}", dir.display());
+        eprintln!(
+            "upstream: building the {VERSION} e2e suite, ginkgo and the test images' programs into {}",
+            dir.display()
+        );
         for (name, pkg) in E2E_BINARIES {
             let mut cmd = go()?;
             cmd.current_dir(&self.module_dir);
@@ -179,7 +184,7 @@ impl Upstream {
                 cmd.arg("build");
             }
             cmd.args(["-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"]).arg(dir.join(name)).arg(pkg);
-            if *name == "agnhost" {
+            if *name == "agnhost" || *name == "nnp" {
                 cmd.env("CGO_ENABLED", "0");
             }
             let status = cmd.status().with_context(|| format!("running go build of {pkg}"))?;

@@ -14,9 +14,15 @@
 //!   the host's `/usr/bin/curl` and `/bin/bash` with the libraries `ldd` names, at their
 //!   host paths (busybox has only `wget`, and no bash).
 //! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
+//! - `e2e-test-images/nonewprivs:1.4`: busybox with upstream's `nnp` (built from
+//!   `k8s.io/kubernetes/test/images/nonewprivs`, static) set-uid root at
+//!   `/usr/local/bin/nnp`, command `nnp` (upstream's base is alpine; the tests only run
+//!   `nnp`, which prints its effective uid).
+//! - `e2e-test-images/nonroot:1.5`: busybox with `USER 1234` (upstream's base is
+//!   Debian's; the tests run `id -u`).
 //! - `pause:3.10.2`: the test bed's pause binary.
 //!
-//! Images the suite names that are not built here (nginx, perl, nonewprivs, nonroot, ...)
+//! Images the suite names that are not built here (nginx, perl, glibc-dns-testing, ...)
 //! cannot be pulled: the tests that use them fail on both agents alike.
 //!
 //! Each image carries the label `io.swiftlet.conformance` so that its image id differs
@@ -77,6 +83,21 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
         images::oci_archive(&name, &layer, &run_config(&name, None, None))
     })?;
     out.push((name, image));
+    let nnp_path = upstream.e2e_bin("nnp");
+    let nnp = fs::read(&nnp_path).with_context(|| format!("reading {}", nnp_path.display()))?;
+    let name = "e2e-test-images/nonewprivs:1.4".to_owned();
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, &nnp]), || {
+        let mut layer = images::host_busybox_layer(&busybox)?;
+        nonewprivs_files(&mut layer, &nnp);
+        images::oci_archive(&name, &layer, &run_config(&name, None, Some(vec!["nnp".into()])))
+    })?;
+    out.push((name, image));
+    let name = "e2e-test-images/nonroot:1.5".to_owned();
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, b"USER 1234"]), || {
+        let layer = images::host_busybox_layer(&busybox)?;
+        images::oci_archive(&name, &layer, &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) })
+    })?;
+    out.push((name, image));
     let name = "pause:3.10.2".to_owned();
     let source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
     let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&source]), || {
@@ -94,6 +115,14 @@ fn all_applets_in_bin(layer: &mut Layer, applets: &str) {
     for applet in applets.lines().filter_map(|l| l.trim().rsplit('/').next()).filter(|n| !n.is_empty()) {
         layer.symlink_if_absent(&format!("bin/{applet}"), "/bin/busybox");
     }
+}
+
+/// The user of upstream's nonroot image (`USER 1234`).
+const NON_ROOT_USER: &str = "1234";
+
+/// What upstream's nonewprivs Dockerfile adds: `nnp`, set-uid (owned by root).
+fn nonewprivs_files(layer: &mut Layer, nnp: &[u8]) {
+    layer.file("usr/local/bin/nnp", 0o4755, nnp);
 }
 
 /// What upstream's agnhost Dockerfile adds to its base image.
@@ -126,6 +155,7 @@ fn run_config(name: &str, entrypoint: Option<Vec<String>>, cmd: Option<Vec<Strin
         entrypoint,
         working_dir: "/".into(),
         labels: [("io.swiftlet.conformance".to_owned(), name.to_owned())].into(),
+        user: String::new(),
     }
 }
 
@@ -187,6 +217,27 @@ mod tests {
         assert!(seen["etc/passwd"].contains("user-defined-in-image:x:1000:"));
         assert!(seen["etc/group"].contains("group-defined-in-image:x:50000:user-defined-in-image"));
         assert_eq!(seen["bin/sh"], "/bin/busybox");
+    }
+
+    /// `nnp` must keep its set-uid bit: the suite checks that it runs as root unless
+    /// privilege escalation is off.
+    #[test]
+    fn nnp_is_set_uid_root() {
+        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n");
+        nonewprivs_files(&mut layer, b"nnp");
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let entry = archive
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .find(|e| e.path().unwrap().display().to_string() == "usr/local/bin/nnp")
+            .expect("nnp in the layer");
+        let header = entry.header();
+        assert_eq!((header.mode().unwrap(), header.uid().unwrap()), (0o4755, 0));
+        let config = RunConfig { user: NON_ROOT_USER.into(), ..run_config("x", None, None) };
+        assert_eq!(serde_json::to_value(&config).unwrap()["User"], "1234");
+        assert!(serde_json::to_value(run_config("x", None, None)).unwrap().get("User").is_none());
     }
 
     #[test]
