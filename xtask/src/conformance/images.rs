@@ -20,9 +20,13 @@
 //!   `nnp`, which prints its effective uid).
 //! - `e2e-test-images/nonroot:1.5`: busybox with `USER 1234` (upstream's base is
 //!   Debian's; the tests run `id -u`).
+//! - `e2e-test-images/glibc-dns-testing:2.1.1`: busybox with the host's glibc `hostname`
+//!   and its libraries, and `hosts: files dns` in `/etc/nsswitch.conf` (upstream's is
+//!   Debian with dnsutils and coredns; the hostnameOverride specs, its only users in the
+//!   node suite, run `hostname` and `hostname -f`).
 //! - `pause:3.10.2`: the test bed's pause binary.
 //!
-//! Images the suite names that are not built here (nginx, perl, glibc-dns-testing, ...)
+//! Images the suite names that are not built here (nginx, perl, ...)
 //! cannot be pulled: the tests that use them fail on both agents alike.
 //!
 //! Each image carries the label `io.swiftlet.conformance` so that its image id differs
@@ -98,6 +102,16 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
         images::oci_archive(&name, &layer, &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) })
     })?;
     out.push((name, image));
+    let hostname = images::HostProgram::read(HOST_HOSTNAME)?;
+    let name = "e2e-test-images/glibc-dns-testing:2.1.1".to_owned();
+    let mut key_inputs: Vec<&[u8]> = vec![&busybox, NSSWITCH.as_bytes()];
+    key_inputs.extend(hostname.key_inputs());
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
+        let mut layer = images::host_busybox_layer(&busybox)?;
+        glibc_files(&mut layer, &hostname);
+        images::oci_archive(&name, &layer, &run_config(&name, None, None))
+    })?;
+    out.push((name, image));
     let name = "pause:3.10.2".to_owned();
     let source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
     let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&source]), || {
@@ -115,6 +129,21 @@ fn all_applets_in_bin(layer: &mut Layer, applets: &str) {
     for applet in applets.lines().filter_map(|l| l.trim().rsplit('/').next()).filter(|n| !n.is_empty()) {
         layer.symlink_if_absent(&format!("bin/{applet}"), "/bin/busybox");
     }
+}
+
+/// The glibc `hostname` (Debian's essential package `hostname`): `hostname -f` asks
+/// glibc's resolver, as in upstream's Debian-based glibc-dns-testing image.
+const HOST_HOSTNAME: &str = "/bin/hostname";
+
+/// Debian's host lookup order: without the file glibc asks DNS first and stops at its
+/// "not found", never reading `/etc/hosts`.
+const NSSWITCH: &str = "hosts: files dns\n";
+
+/// What the hostnameOverride specs need of upstream's glibc-dns-testing image: glibc's
+/// `hostname` (over busybox's applet) and its resolver configuration.
+fn glibc_files(layer: &mut Layer, hostname: &images::HostProgram) {
+    hostname.add_to(layer);
+    layer.file("etc/nsswitch.conf", 0o644, NSSWITCH);
 }
 
 /// The user of upstream's nonroot image (`USER 1234`).
@@ -238,6 +267,30 @@ mod tests {
         let config = RunConfig { user: NON_ROOT_USER.into(), ..run_config("x", None, None) };
         assert_eq!(serde_json::to_value(&config).unwrap()["User"], "1234");
         assert!(serde_json::to_value(run_config("x", None, None)).unwrap().get("User").is_none());
+    }
+
+    /// glibc's `hostname` replaces busybox's applet, with its loader and libc, and the
+    /// resolver reads `/etc/hosts` first.
+    #[test]
+    fn glibc_dns_testing_has_glibc_hostname_over_busybox() {
+        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/hostname\n");
+        glibc_files(&mut layer, &images::HostProgram::read(HOST_HOSTNAME).unwrap());
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut files = std::collections::BTreeMap::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string();
+            let is_link = entry.link_name().unwrap().is_some();
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut body).unwrap();
+            files.insert(path, (is_link, body));
+        }
+        let (is_link, body) = &files["bin/hostname"];
+        assert!(!is_link && body.starts_with(b"\x7fELF"), "the host's binary, not busybox's link");
+        assert!(files.keys().any(|p| p.contains("libc.so")), "{:?}", files.keys());
+        assert_eq!(files["etc/nsswitch.conf"].1, b"hosts: files dns\n");
+        assert!(files["bin/sh"].0, "busybox's sh stays");
     }
 
     #[test]
