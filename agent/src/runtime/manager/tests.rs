@@ -532,20 +532,36 @@ async fn a_reset_kills_without_the_pre_stop_hook_and_removes() {
     assert_eq!(killing[0].message.as_deref(), Some("killing"));
 }
 
+/// A running pod whose container the kernel saw exit with `code`, which the runtime shows
+/// running for `polls` more `ContainerStatus` calls; `status` has the kernel's exit.
+struct KernelOnlyExit {
+    dir: tempfile::TempDir,
+    fake: std::sync::Arc<crate::container::fake::FakeRuntime>,
+    recorder: std::sync::Arc<crate::events::MemoryRecorder>,
+    rm: super::RuntimeManager,
+    pod: k8s_openapi::api::core::v1::Pod,
+    status: crate::container::RuntimePodStatus,
+}
+
+async fn kernel_only_exit(code: i32, polls: u32) -> KernelOnlyExit {
+    let (dir, fake, recorder, rm) = setup();
+    let pod = hooked(&json!({}));
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&pod, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    fake.exit_container_lagging(&id, code, polls);
+    rm.cache().exits().record("u1", &id, code, SystemTime::now());
+    let status = rm.pod_status("u1").await.unwrap();
+    KernelOnlyExit { dir, fake, recorder, rm, pod, status }
+}
+
 /// A reset on an exit the kernel reported before the runtime recorded it removes the
 /// container once the runtime has (containerd refuses to remove a container it shows
 /// running), in the same sync, and kills nothing.
 #[tokio::test(start_paused = true)]
 async fn a_reset_removes_a_container_once_the_runtime_records_its_exit() {
     use super::{SyncAction, SyncResult};
-    let (_dir, fake, recorder, rm) = setup();
-    let p = hooked(&json!({}));
-    let st = rm.pod_status("u1").await.unwrap();
-    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
-    let id = fake.containers_named("c")[0].clone();
-    fake.exit_container_lagging(&id, 1, 5);
-    rm.cache().exits().record("u1", &id, 1, SystemTime::now());
-    let st = rm.pod_status("u1").await.unwrap();
+    let KernelOnlyExit { dir: _dir, fake, recorder, rm, pod: p, status: st } = Box::pin(kernel_only_exit(1, 5)).await;
     let r = rm.sync_pod_restarting(&p, &st, true).await;
     assert_eq!(r.results, [SyncResult::ok(SyncAction::RemoveContainer, "c")]);
     assert!(fake.containers_named("c").is_empty(), "removed");
@@ -585,14 +601,7 @@ async fn a_removed_container_starts_after_its_newest_log_file() {
 /// (`ttrpc: closed`), which failed the pod's termination for one sync (`FailedKillPod`).
 #[tokio::test(start_paused = true)]
 async fn a_pod_is_killed_after_the_runtime_records_an_exit_the_kernel_reported_first() {
-    let (_dir, fake, recorder, rm) = setup();
-    let p = hooked(&json!({}));
-    let st = rm.pod_status("u1").await.unwrap();
-    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
-    let id = fake.containers_named("c")[0].clone();
-    fake.exit_container_lagging(&id, 137, 5);
-    rm.cache().exits().record("u1", &id, 137, SystemTime::now());
-    let st = rm.pod_status("u1").await.unwrap();
+    let KernelOnlyExit { dir: _dir, fake, recorder, rm, pod: p, status: st } = Box::pin(kernel_only_exit(137, 5)).await;
     assert_eq!(st.containers[0].state, ContainerState::Exited, "the kernel's exit is laid over CRI's answer");
     rm.kill_pod(Some(&p), &st, None).await.unwrap();
     let st = rm.pod_status("u1").await.unwrap();
@@ -605,14 +614,7 @@ async fn a_pod_is_killed_after_the_runtime_records_an_exit_the_kernel_reported_f
 /// wait the sandbox is stopped anyway and the runtime's error is the kill's.
 #[tokio::test(start_paused = true)]
 async fn a_runtime_that_never_records_a_kernel_exit_delays_the_kill_by_a_bounded_wait() {
-    let (_dir, fake, _recorder, rm) = setup();
-    let p = hooked(&json!({}));
-    let st = rm.pod_status("u1").await.unwrap();
-    assert!(rm.sync_pod(&p, &st).await.errors().is_empty());
-    let id = fake.containers_named("c")[0].clone();
-    fake.exit_container_lagging(&id, 137, u32::MAX);
-    rm.cache().exits().record("u1", &id, 137, SystemTime::now());
-    let st = rm.pod_status("u1").await.unwrap();
+    let KernelOnlyExit { dir: _dir, rm, pod: p, status: st, .. } = Box::pin(kernel_only_exit(137, u32::MAX)).await;
     let began = tokio::time::Instant::now();
     let err = rm.kill_pod(Some(&p), &st, None).await.unwrap_err();
     assert!(err.to_string().contains("ttrpc: closed"), "{err}");
