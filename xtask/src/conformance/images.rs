@@ -24,9 +24,14 @@
 //!   and its libraries, and `hosts: files dns` in `/etc/nsswitch.conf` (upstream's is
 //!   Debian with dnsutils and coredns; the hostnameOverride specs, its only users in the
 //!   node suite, run `hostname` and `hostname -f`).
+//! - `e2e-test-images/nginx:1.27.0-2`: **not nginx**, busybox under nginx's name. The one
+//!   node spec that runs it ("back-off timer reset on image update") switches a crashing
+//!   busybox container to it keeping busybox's command: it needs another image with a
+//!   shell, not a web server. A spec that served HTTP from it would fail.
 //! - `pause:3.10.2`: the test bed's pause binary.
 //!
-//! Images the suite names that are not built here (nginx, perl, ...)
+//! Images the suite names that are not built here (perl, kitten for image volumes, which
+//! containerd 1.6 cannot mount anyway, ...)
 //! cannot be pulled: the tests that use them fail on both agents alike.
 //!
 //! Each image carries the label `io.swiftlet.conformance` so that its image id differs
@@ -100,6 +105,13 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, b"USER 1234"]), || {
         let layer = images::host_busybox_layer(&busybox)?;
         images::oci_archive(&name, &layer, &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) })
+    })?;
+    out.push((name, image));
+    // nginx's name on a busybox image (the label makes its id differ from busybox's).
+    let name = "e2e-test-images/nginx:1.27.0-2".to_owned();
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox]), || {
+        let layer = images::host_busybox_layer(&busybox)?;
+        images::oci_archive(&name, &layer, &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let hostname = images::HostProgram::read(HOST_HOSTNAME)?;
