@@ -57,8 +57,9 @@ pub const SKIPPED: &[(&str, &str)] = &[(
 /// cover probes, lifecycle hooks (sidecars' too), the configMap, secret, downwardAPI,
 /// projected and emptyDir volumes, environment variables and `/etc/hosts`, security
 /// contexts, init containers and the container runtime's behaviour, from the specs that
-/// pass on the upstream kubelet here and take seconds, not minutes (no `[Slow]`), with
-/// images built here (not those needing nonewprivs, nonroot, nginx, ...).
+/// pass on the upstream kubelet here and take seconds, not minutes (no `[Slow]`), and one
+/// spec on each of the images built here besides agnhost and busybox (nonroot,
+/// nonewprivs, glibc-dns-testing).
 pub const CI_SPECS: &[&str] = &[
     "Probing container should be restarted with a exec \"cat /tmp/health\" liveness probe",
     "Probing container should be restarted startup probe fails",
@@ -87,6 +88,9 @@ pub const CI_SPECS: &[&str] = &[
     "[sig-node] Container Runtime blackbox test when starting a container that exits should run with the expected status",
     "[sig-node] Downward API should provide host IP and pod IP as an env var if pod uses host network",
     "RestartAllContainers should restart all containers on regular container exit",
+    "[sig-node] Security Context When creating a container with runAsNonRoot should run with an image specified user ID",
+    "[sig-node] Security Context when creating containers with AllowPrivilegeEscalation should not allow privilege escalation when false",
+    "[sig-node] Override hostname of Pod a pod with only hostnameOverride field will have hostnameOverride as hostname",
 ];
 
 #[derive(Debug, Clone, clap::Args)]
