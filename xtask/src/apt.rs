@@ -30,6 +30,8 @@ pub const PACKAGES: &[&str] = &[
     "skopeo",
     // The private system bus of the node shutdown tests (`tests/src/logind.rs`).
     "dbus-daemon",
+    // OpenBSD's netcat in the conformance suite's agnhost image (`conformance::images`).
+    "netcat-openbsd",
 ];
 
 /// Parses `dpkg -s` output: installed means a `Status: install ok installed` line.

@@ -128,6 +128,15 @@ pub struct ImageStatusRequest {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct RemoveImageRequest {
+    #[prost(message, optional, tag = "1")]
+    pub image: Option<ImageSpec>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RemoveImageResponse {}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct ImageStatusResponse {
     #[prost(message, optional, tag = "1")]
     pub image: Option<Image>,
@@ -413,6 +422,18 @@ impl CriClient {
     pub async fn remove_pod_sandbox(&mut self, id: &str) -> Result<()> {
         let _: RemovePodSandboxResponse = self
             .unary("/runtime.v1.RuntimeService/RemovePodSandbox", RemovePodSandboxRequest { pod_sandbox_id: id.into() })
+            .await?;
+        Ok(())
+    }
+
+    /// Removes an image (by reference: containerd removes the image it names with all
+    /// its names).
+    pub async fn remove_image(&mut self, image: &str) -> Result<()> {
+        let _: RemoveImageResponse = self
+            .unary(
+                "/runtime.v1.ImageService/RemoveImage",
+                RemoveImageRequest { image: Some(ImageSpec { image: image.into() }) },
+            )
             .await?;
         Ok(())
     }

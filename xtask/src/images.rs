@@ -510,6 +510,14 @@ impl HostProgram {
             layer.file(path, 0o755, data.clone());
         }
     }
+
+    /// [`Self::add_to`], with the program at `path` instead of its host path (Debian's
+    /// `/bin/nc.openbsd` is `nc` in an image).
+    pub fn add_to_at(&self, layer: &mut Layer, path: &str) {
+        for (i, (host_path, data)) in self.files.iter().enumerate() {
+            layer.file(if i == 0 { path } else { host_path }, 0o755, data.clone());
+        }
+    }
 }
 
 /// The libraries in `ldd` output: `name => /path (addr)` lines and the loader's

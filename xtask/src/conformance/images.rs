@@ -12,7 +12,10 @@
 //!   entrypoint `/agnhost`, command `pause`. Upstream's image also has curl and bash (the
 //!   lifecycle-hook tests run `curl` in it, some probe tests `/bin/bash`); here they are
 //!   the host's `/usr/bin/curl` and `/bin/bash` with the libraries `ldd` names, at their
-//!   host paths (busybox has only `wget`, and no bash).
+//!   host paths (busybox has only `wget`, and no bash). Likewise OpenBSD's netcat as
+//!   `/usr/bin/nc` (Debian's `netcat-openbsd`; the node-to-pod UDP check runs `nc -u`,
+//!   which busybox's `nc` lacks), and `/bin/sh` is bash: Debian's static busybox `sh`
+//!   runs its own applets ahead of PATH, so it would never run that `nc`.
 //! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
 //! - `e2e-test-images/nonewprivs:1.4`: busybox with upstream's `nnp` (built from
 //!   `k8s.io/kubernetes/test/images/nonewprivs`, static) set-uid root at
@@ -47,6 +50,16 @@ use crate::{
     upstream::Upstream,
 };
 
+/// The suite's UDP checks from a host-network pod run `nc -u` in agnhost; busybox's `nc`
+/// has no `-u`. Upstream's agnhost has OpenBSD's netcat (alpine's `netcat-openbsd`); so
+/// does this one, Debian's (apt package `netcat-openbsd`), at the same path.
+const HOST_NETCAT: &str = "/bin/nc.openbsd";
+const NETCAT_IN_IMAGE: &str = "/usr/bin/nc";
+
+/// Part of agnhost's cache key: what [`agnhost_files`] and the build lay out beyond the
+/// programs' bytes (change it with the layout).
+const AGNHOST_LAYOUT: &[u8] = b"agnhost layout 2: /usr/bin/nc, /bin/sh -> /bin/bash";
+
 /// The host programs agnhost carries (apt packages curl and bash).
 const HOST_TOOLS: [&str; 2] = ["/usr/bin/curl", "/bin/bash"];
 
@@ -64,18 +77,27 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let key = fs::read(porter.join("localhost.key")).context("reading agnhost's porter key")?;
     let tools = HOST_TOOLS.map(images::HostProgram::read);
     let tools: Vec<images::HostProgram> = tools.into_iter().collect::<Result<_>>()?;
+    let netcat = images::HostProgram::read(HOST_NETCAT)?;
 
     let mut out = Vec::new();
     for tag in AGNHOST_TAGS {
         let name = format!("e2e-test-images/agnhost:{tag}");
         let mut key_inputs: Vec<&[u8]> = vec![&busybox, &agnhost, &cert, &key];
         key_inputs.extend(tools.iter().flat_map(images::HostProgram::key_inputs));
+        key_inputs.extend(netcat.key_inputs());
+        key_inputs.push(AGNHOST_LAYOUT);
         let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
             let mut layer = images::host_busybox_layer(&busybox)?;
             agnhost_files(&mut layer, &agnhost, &cert, &key);
             for tool in &tools {
                 tool.add_to(&mut layer);
             }
+            netcat.add_to_at(&mut layer, NETCAT_IN_IMAGE);
+            // Debian's busybox-static runs its own applets before anything on PATH
+            // (`FEATURE_SH_STANDALONE`): its `sh` would run its own `nc`, whatever
+            // `/usr/bin/nc` is. bash (upstream's image has it too) looks PATH up, as
+            // alpine's `sh` does in upstream's image; called as `sh` it is POSIX.
+            layer.symlink("bin/sh", "/bin/bash");
             images::oci_archive(
                 &name,
                 &layer,
@@ -234,6 +256,31 @@ mod tests {
         for path in ["bin/sh", "bin/sysctl", "bin/env", "sbin/sysctl", "usr/bin/env"] {
             assert!(links.contains(path), "{path}: {links:?}");
         }
+    }
+
+    /// OpenBSD's netcat is agnhost's `nc` (the UDP checks need `-u`), ahead of busybox's
+    /// applet on the image's PATH.
+    #[test]
+    fn agnhost_nc_is_openbsd_netcat() {
+        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/nc\n");
+        images::HostProgram::read(HOST_NETCAT).unwrap().add_to_at(&mut layer, NETCAT_IN_IMAGE);
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut files = std::collections::BTreeMap::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string();
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut body).unwrap();
+            files.insert(path, body);
+        }
+        assert_eq!(files["usr/bin/nc"], std::fs::read(HOST_NETCAT).unwrap());
+        assert!(!files.contains_key("bin/nc.openbsd"), "only at the image's path");
+        assert!(files.keys().any(|p| p.contains("libbsd.so")), "{:?}", files.keys());
+        let path = images::DEFAULT_PATH.trim_start_matches("PATH=");
+        let dirs: Vec<&str> = path.split(':').collect();
+        let pos = |d: &str| dirs.iter().position(|x| *x == d).unwrap();
+        assert!(pos("/usr/bin") < pos("/bin"), "{path}");
     }
 
     #[test]

@@ -233,18 +233,20 @@ async fn conformance(
     fs::create_dir_all(&out)?;
 
     eprintln!("==> conformance: the suite's images");
-    for (path, image) in images::build(upstream, &ctx.workspace, &crate::images::cache_dir(ctx))? {
-        registry::push_plain(&registry, &image, &path)?;
+    let built = images::build(upstream, &ctx.workspace, &crate::images::cache_dir(ctx))?;
+    for (path, image) in &built {
+        registry::push_plain(&registry, image, path)?;
     }
     let repo_list = out.join("repo-list.yaml");
     fs::write(&repo_list, images::repo_list(&registry.plain.endpoint))?;
+    let mut cri = CriClient::connect(&layout.socket()).await?;
+    drop_stale_images(&mut cri, &registry.plain.endpoint, &built).await?;
 
     let agents = match (args.agents.is_empty(), args.ci) {
         (false, _) => args.agents.clone(),
         (true, true) => vec![AgentKind::Swiftlet],
         (true, false) => vec![AgentKind::Swiftlet, AgentKind::Upstream],
     };
-    let mut cri = CriClient::connect(&layout.socket()).await?;
     bench::preflight(&mut cri, layout).await?;
     let suite = Suite { upstream, args, focus, kubeconfig: &cluster_state.admin_kubeconfig, repo_list: &repo_list };
     let mut runs = Vec::new();
@@ -299,6 +301,26 @@ async fn conformance(
             worse.len(),
             worse.join("; ")
         );
+    }
+    Ok(())
+}
+
+/// Removes from the runtime each suite image an earlier run pulled that is not the one
+/// just built: the suite pulls `IfNotPresent`, so an image changed here (a tool added to
+/// agnhost) would otherwise never reach the agents.
+async fn drop_stale_images(
+    cri: &mut CriClient,
+    endpoint: &str,
+    built: &[(String, crate::images::BuiltImage)],
+) -> Result<()> {
+    for (path, image) in built {
+        let reference = format!("{endpoint}/{path}");
+        if let Some(present) = cri.image_status(&reference).await?
+            && present.id != image.image_id
+        {
+            eprintln!("conformance: removing {reference} ({}), older than the one built", present.id);
+            cri.remove_image(&reference).await?;
+        }
     }
     Ok(())
 }
