@@ -258,23 +258,30 @@ mod tests {
         }
     }
 
-    /// OpenBSD's netcat is agnhost's `nc` (the UDP checks need `-u`), ahead of busybox's
-    /// applet on the image's PATH.
-    #[test]
-    fn agnhost_nc_is_openbsd_netcat() {
-        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/nc\n");
-        images::HostProgram::read(HOST_NETCAT).unwrap().add_to_at(&mut layer, NETCAT_IN_IMAGE);
+    /// Path → (is a link, contents) of every entry of `layer`'s tar.
+    fn layer_files(layer: &Layer) -> std::collections::BTreeMap<String, (bool, Vec<u8>)> {
         let tar = layer.to_tar().unwrap();
         let mut archive = tar::Archive::new(tar.as_slice());
         let mut files = std::collections::BTreeMap::new();
         for entry in archive.entries().unwrap() {
             let mut entry = entry.unwrap();
             let path = entry.path().unwrap().display().to_string();
+            let is_link = entry.link_name().unwrap().is_some();
             let mut body = Vec::new();
             std::io::Read::read_to_end(&mut entry, &mut body).unwrap();
-            files.insert(path, body);
+            files.insert(path, (is_link, body));
         }
-        assert_eq!(files["usr/bin/nc"], std::fs::read(HOST_NETCAT).unwrap());
+        files
+    }
+
+    /// OpenBSD's netcat is agnhost's `nc` (the UDP checks need `-u`), ahead of busybox's
+    /// applet on the image's PATH.
+    #[test]
+    fn agnhost_nc_is_openbsd_netcat() {
+        let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/nc\n");
+        images::HostProgram::read(HOST_NETCAT).unwrap().add_to_at(&mut layer, NETCAT_IN_IMAGE);
+        let files = layer_files(&layer);
+        assert_eq!(files["usr/bin/nc"].1, std::fs::read(HOST_NETCAT).unwrap());
         assert!(!files.contains_key("bin/nc.openbsd"), "only at the image's path");
         assert!(files.keys().any(|p| p.contains("libbsd.so")), "{:?}", files.keys());
         let path = images::DEFAULT_PATH.trim_start_matches("PATH=");
@@ -334,17 +341,7 @@ mod tests {
     fn glibc_dns_testing_has_glibc_hostname_over_busybox() {
         let mut layer = images::busybox_layer(b"busybox", "/bin/sh\n/bin/hostname\n");
         glibc_files(&mut layer, &images::HostProgram::read(HOST_HOSTNAME).unwrap());
-        let tar = layer.to_tar().unwrap();
-        let mut archive = tar::Archive::new(tar.as_slice());
-        let mut files = std::collections::BTreeMap::new();
-        for entry in archive.entries().unwrap() {
-            let mut entry = entry.unwrap();
-            let path = entry.path().unwrap().display().to_string();
-            let is_link = entry.link_name().unwrap().is_some();
-            let mut body = Vec::new();
-            std::io::Read::read_to_end(&mut entry, &mut body).unwrap();
-            files.insert(path, (is_link, body));
-        }
+        let files = layer_files(&layer);
         let (is_link, body) = &files["bin/hostname"];
         assert!(!is_link && body.starts_with(b"\x7fELF"), "the host's binary, not busybox's link");
         assert!(files.keys().any(|p| p.contains("libc.so")), "{:?}", files.keys());
