@@ -21,7 +21,9 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{binary_quantity, milli_quantity, shares_to_milli_cpu};
-use crate::cm::resources::{PodResourceConfig, milli_cpu_to_shares};
+use crate::cm::resources::{
+    PodResourceConfig, cpu_shares_to_cpu_weight, cpu_weight_to_cpu_shares, milli_cpu_to_shares,
+};
 use crate::types::pod_resources::{pod_limits_api, pod_requests_api};
 use crate::types::quantity;
 
@@ -40,8 +42,9 @@ pub fn set_pod_level_status(
     old: Option<&PodStatus>,
     status: &mut PodStatus,
 ) {
-    status.allocated_resources = Some(pod_requests_api(allocated)).filter(|r| !r.is_empty());
-    status.resources = Some(pod_level_resources(allocated, cgroup, old));
+    let totals = pod_requests_api(allocated);
+    status.resources = Some(pod_level_resources(allocated, &totals, cgroup, old));
+    status.allocated_resources = Some(totals).filter(|r| !r.is_empty());
 }
 
 fn milli(list: &BTreeMap<String, Quantity>, name: &str) -> i64 {
@@ -59,15 +62,17 @@ fn requirements(
     base
 }
 
+/// `totals` is the pod's [`pod_requests_api`].
 fn pod_level_resources(
     allocated: &Pod,
+    totals: &BTreeMap<String, Quantity>,
     cgroup: impl FnOnce() -> Option<PodResourceConfig>,
     old: Option<&PodStatus>,
 ) -> ResourceRequirements {
     let spec_resources = allocated.spec.as_ref().and_then(|s| s.resources.clone()).unwrap_or_default();
     let running = allocated.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
     if !running {
-        return requirements(spec_resources, pod_requests_api(allocated), pod_limits_api(allocated));
+        return requirements(spec_resources, totals.clone(), pod_limits_api(allocated));
     }
     let cgroup = cgroup();
     let cgroup = cgroup.as_ref();
@@ -106,9 +111,9 @@ fn pod_level_resources(
         None => keep_old(old_resources.and_then(|r| r.requests.as_ref()), "cpu", &mut requests),
     }
     if !requests.contains_key("memory")
-        && let Some(m) = pod_requests_api(allocated).remove("memory")
+        && let Some(m) = totals.get("memory")
     {
-        requests.insert("memory".into(), m);
+        requests.insert("memory".into(), m.clone());
     }
     match cpu_limit {
         Some(actual) => {
@@ -130,12 +135,7 @@ fn pod_level_resources(
 /// Upstream `CPUSharesEqualAfterV2RoundTrip`: the shares read back equal the allocated
 /// request's shares after a trip through `cpu.weight` and back.
 fn shares_survive_v2_round_trip(allocated_milli: i64, read_back: Option<u64>) -> bool {
-    let Some(read_back) = read_back else { return false };
-    let shares = milli_cpu_to_shares(allocated_milli);
-    let weight = crate::cm::resources::cpu_shares_to_cpu_weight(shares);
-    // Upstream `cpuWeightToCPUShares`.
-    let back = 2 + (weight.saturating_sub(1) * 262_142) / 9999;
-    back == read_back
+    read_back == Some(cpu_weight_to_cpu_shares(cpu_shares_to_cpu_weight(milli_cpu_to_shares(allocated_milli))))
 }
 
 #[cfg(test)]

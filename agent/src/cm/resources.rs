@@ -92,6 +92,13 @@ pub fn cpu_shares_to_cpu_weight(shares: u64) -> u64 {
     1 + (shares.max(MIN_SHARES) - MIN_SHARES) * 9999 / 262_142
 }
 
+/// The inverse of [`cpu_shares_to_cpu_weight`] (upstream `cpuWeightToCPUShares`), which
+/// loses what the weight's coarse steps cannot hold.
+#[must_use]
+pub fn cpu_weight_to_cpu_shares(weight: u64) -> u64 {
+    MIN_SHARES + weight.saturating_sub(1) * 262_142 / 9999
+}
+
 /// Limits for a pod cgroup (upstream `ResourceConfig` as filled by `ResourceConfigForPod`).
 /// `None` leaves the kernel default in place.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

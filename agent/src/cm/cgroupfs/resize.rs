@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::mounts::{Hierarchy, HierarchyKind};
 use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, read_string};
-use crate::cm::resources::PodResourceConfig;
+use crate::cm::resources::{PodResourceConfig, cpu_weight_to_cpu_shares};
 use crate::types::pod::uid as pod_uid;
 use crate::types::qos::qos_class;
 
@@ -59,8 +59,7 @@ impl CgroupfsPodContainerManager {
                     if let Ok(w) = read_string(&dir.join("cpu.weight"))
                         && let Some(w) = parse_i64(&w).and_then(|v| u64::try_from(v).ok())
                     {
-                        // The inverse of the shares-to-weight conversion.
-                        cfg.cpu_shares = Some(2 + (w.saturating_sub(1)) * 262_142 / 9999);
+                        cfg.cpu_shares = Some(cpu_weight_to_cpu_shares(w));
                     }
                     if let Ok(max) = read_string(&dir.join("cpu.max")) {
                         let mut it = max.split_whitespace();
