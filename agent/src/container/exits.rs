@@ -48,6 +48,8 @@ struct Inner {
     exits: HashMap<String, KernelExit>,
     /// Recent OOM kills per container id.
     ooms: HashMap<String, SystemTime>,
+    /// Containers whose exits wait for the runtime, and their pods.
+    awaiting_runtime: HashMap<String, String>,
     seq: u64,
 }
 
@@ -97,9 +99,25 @@ impl KernelExits {
         self.inner.lock().unwrap().exits.get(id).cloned()
     }
 
+    /// Says that the exit of container `id` of pod `pod_uid` is to be reported only once
+    /// the runtime has recorded it: its termination message may be the end of its log,
+    /// which the runtime writes out before it records the exit.
+    pub fn await_runtime(&self, pod_uid: &str, id: &str) {
+        self.inner.lock().unwrap().awaiting_runtime.insert(id.to_string(), pod_uid.to_string());
+    }
+
+    /// Whether the exit of container `id` is to be reported only once the runtime has
+    /// recorded it ([`Self::await_runtime`]).
+    #[must_use]
+    pub fn awaits_runtime(&self, id: &str) -> bool {
+        self.inner.lock().unwrap().awaiting_runtime.contains_key(id)
+    }
+
     /// Forgets `id` (it left the runtime).
     pub fn forget(&self, id: &str) {
-        self.inner.lock().unwrap().exits.remove(id);
+        let mut s = self.inner.lock().unwrap();
+        s.exits.remove(id);
+        s.awaiting_runtime.remove(id);
     }
 
     /// Number of records.
@@ -115,23 +133,41 @@ impl KernelExits {
     }
 
     /// Lays the records over a pod status fetched from CRI: a container the runtime
-    /// still shows running is exited, with the kernel's code, reason and time; a
-    /// sandbox whose init exited is not ready. Drops the records of this pod whose
+    /// still shows running is exited, with the kernel's code, reason and time and the
+    /// termination message it wrote; a sandbox whose init exited is not ready. A
+    /// container whose message is the end of its log stays as the runtime shows it
+    /// until the runtime records the exit. Drops the records of this pod whose
     /// container or sandbox the runtime no longer has.
     pub fn apply(&self, status: &mut RuntimePodStatus) {
         let mut s = self.inner.lock().unwrap();
+        let uid = status.uid.clone();
+        let here =
+            |id: &str| status.containers.iter().any(|c| c.id == id) || status.sandboxes.iter().any(|sb| sb.id == id);
+        s.awaiting_runtime.retain(|id, pod| *pod != uid || here(id));
+        // Marked here too for containers started before this agent (and its marks).
+        for c in &status.containers {
+            if c.termination_message.may_need_log() && c.state != ContainerState::Exited {
+                s.awaiting_runtime.insert(c.id.clone(), uid.clone());
+            }
+        }
         if s.exits.is_empty() {
             return;
         }
-        let uid = status.uid.clone();
-        s.exits.retain(|id, e| {
-            e.pod_uid != uid
-                || status.containers.iter().any(|c| c.id == *id)
-                || status.sandboxes.iter().any(|sb| sb.id == *id)
-        });
-        for c in &mut status.containers {
-            let Some(e) = s.exits.get(&c.id) else { continue };
+        s.exits.retain(|id, e| e.pod_uid != uid || here(id));
+        let containers: Vec<(usize, KernelExit)> =
+            status.containers.iter().enumerate().filter_map(|(i, c)| Some((i, s.exits.get(&c.id)?.clone()))).collect();
+        for sb in &mut status.sandboxes {
+            if sb.ready && s.exits.contains_key(&sb.id) {
+                sb.ready = false;
+                sb.ips.clear();
+            }
+        }
+        // The messages are read from the pod's files without the lock the PLEG waits on.
+        drop(s);
+        for (i, e) in containers {
+            let c = &mut status.containers[i];
             if c.state != ContainerState::Exited {
+                let Some(message) = c.termination_message.message_without_log(e.exit_code) else { continue };
                 c.state = ContainerState::Exited;
                 c.exit_code = e.exit_code;
                 c.reason = if e.oom_killed {
@@ -142,15 +178,9 @@ impl KernelExits {
                     "Error"
                 }
                 .to_string();
-                c.message.clear();
+                c.message = message;
             }
             c.finished_at = Some(e.finished_at);
-        }
-        for sb in &mut status.sandboxes {
-            if sb.ready && s.exits.contains_key(&sb.id) {
-                sb.ready = false;
-                sb.ips.clear();
-            }
         }
     }
 }

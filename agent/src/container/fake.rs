@@ -529,7 +529,7 @@ impl RuntimeService for FakeRuntime {
         &self,
         sandbox_id: &str,
         config: api::ContainerConfig,
-        _sandbox_config: api::PodSandboxConfig,
+        sandbox_config: api::PodSandboxConfig,
     ) -> Result<String> {
         self.start_hook("create_container").await;
         let mut s = self.record("create_container");
@@ -567,7 +567,12 @@ impl RuntimeService for FakeRuntime {
             labels: config.labels.clone(),
             annotations: config.annotations.clone(),
             mounts: config.mounts.clone(),
-            log_path: config.log_path.clone(),
+            // As containerd: the log path the status tells is under the sandbox's directory.
+            log_path: if sandbox_config.log_directory.is_empty() || config.log_path.is_empty() {
+                config.log_path.clone()
+            } else {
+                format!("{}/{}", sandbox_config.log_directory, config.log_path)
+            },
             ..Default::default()
         };
         s.containers.insert(id.clone(), st);

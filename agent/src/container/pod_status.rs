@@ -63,6 +63,8 @@ pub struct RuntimeContainerStatus {
     pub hash: String,
     pub restart_count: u32,
     pub init: bool,
+    /// Where its termination message comes from (for an exit the kernel reports first).
+    pub termination_message: super::termination_message::Source,
 }
 
 impl RuntimeContainerStatus {
@@ -87,6 +89,7 @@ impl RuntimeContainerStatus {
             hash: String::new(),
             restart_count: 0,
             init: false,
+            termination_message: super::termination_message::Source::default(),
         }
     }
 
@@ -128,6 +131,7 @@ impl RuntimeContainerStatus {
             hash: annotations.get(labels::CONTAINER_HASH).cloned().unwrap_or_default(),
             restart_count,
             init: labels.get(labels::CONTAINER_TYPE).is_some_and(|t| t == "init"),
+            termination_message: status.map(super::termination_message::Source::of).unwrap_or_default(),
         }
     }
 }

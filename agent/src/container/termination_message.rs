@@ -7,7 +7,7 @@
 
 use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::api;
 use super::labels::{CONTAINER_TERMINATION_MESSAGE_PATH, CONTAINER_TERMINATION_MESSAGE_POLICY};
@@ -29,15 +29,14 @@ pub fn message(status: &api::ContainerStatus) -> String {
     if status.state != api::ContainerState::ContainerExited as i32 {
         return out;
     }
-    let annotation = |key: &str| status.annotations.get(key).map(String::as_str).unwrap_or_default();
+    let source = Source::of(status);
     // A container that could not even start has no log worth reading.
-    let fallback = annotation(CONTAINER_TERMINATION_MESSAGE_POLICY) == "FallbackToLogsOnError"
-        && status.exit_code != 0
-        && status.reason != "ContainerCannotRun";
-    let (mut written, read_log) = from_file(status, annotation(CONTAINER_TERMINATION_MESSAGE_PATH), fallback);
-    if read_log {
-        written = from_log(Path::new(&status.log_path));
-    }
+    let fallback = source.fallback && status.exit_code != 0 && status.reason != "ContainerCannotRun";
+    let written = match source.read_file() {
+        Written::Text(text) => text,
+        Written::Nothing if fallback => from_log(&source.log),
+        Written::Nothing => String::new(),
+    };
     if !written.is_empty() {
         if !out.is_empty() {
             out.push_str(": ");
@@ -47,22 +46,70 @@ pub fn message(status: &api::ContainerStatus) -> String {
     out
 }
 
-/// What the container wrote at `path` (through its mount), and whether to read the log
-/// instead.
-fn from_file(status: &api::ContainerStatus, path: &str, fallback: bool) -> (String, bool) {
-    if path.is_empty() {
-        return (String::new(), fallback);
-    }
-    let Some(mount) = status.mounts.iter().find(|m| m.container_path == path) else {
-        return (String::new(), fallback);
-    };
-    match read_last(Path::new(&mount.host_path), MAX_MESSAGE_BYTES) {
-        Ok(data) => {
-            let empty = data.is_empty();
-            (String::from_utf8_lossy(&data).into_owned(), fallback && empty)
+/// Where a container's termination message comes from, taken from its runtime status
+/// in any state: kept with the status, so that an exit the kernel reports before the
+/// runtime records it gets its message too ([`Source::message_without_log`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Source {
+    /// The host file mounted at the container's `terminationMessagePath`.
+    file: Option<PathBuf>,
+    /// `terminationMessagePolicy: FallbackToLogsOnError`.
+    fallback: bool,
+    /// The container's CRI log.
+    log: PathBuf,
+}
+
+/// What the container wrote to its termination message file.
+enum Written {
+    /// Its message, or why it could not be read.
+    Text(String),
+    /// Nothing: the file is empty, missing or not mounted.
+    Nothing,
+}
+
+impl Source {
+    /// The source of the container whose runtime status is `status`.
+    #[must_use]
+    pub fn of(status: &api::ContainerStatus) -> Self {
+        let annotation = |key: &str| status.annotations.get(key).map(String::as_str).unwrap_or_default();
+        let path = annotation(CONTAINER_TERMINATION_MESSAGE_PATH);
+        let file = (!path.is_empty())
+            .then(|| status.mounts.iter().find(|m| m.container_path == path))
+            .flatten()
+            .map(|m| PathBuf::from(&m.host_path));
+        Self {
+            file,
+            fallback: annotation(CONTAINER_TERMINATION_MESSAGE_POLICY) == "FallbackToLogsOnError",
+            log: PathBuf::from(&status.log_path),
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), fallback),
-        Err(e) => (format!("Error on reading termination log {}: {e}", mount.host_path), false),
+    }
+
+    /// Whether a failed container's message may be the end of its log.
+    #[must_use]
+    pub fn may_need_log(&self) -> bool {
+        self.fallback
+    }
+
+    /// The termination message of an exit with `exit_code` the runtime has not recorded
+    /// yet, or `None` when it is the end of the log, which the runtime may not have
+    /// written out yet: then only the runtime's exit can be reported.
+    #[must_use]
+    pub fn message_without_log(&self, exit_code: i32) -> Option<String> {
+        match self.read_file() {
+            Written::Text(text) => Some(text),
+            Written::Nothing if self.fallback && exit_code != 0 => None,
+            Written::Nothing => Some(String::new()),
+        }
+    }
+
+    fn read_file(&self) -> Written {
+        let Some(file) = &self.file else { return Written::Nothing };
+        match read_last(file, MAX_MESSAGE_BYTES) {
+            Ok(data) if data.is_empty() => Written::Nothing,
+            Ok(data) => Written::Text(String::from_utf8_lossy(&data).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Written::Nothing,
+            Err(e) => Written::Text(format!("Error on reading termination log {}: {e}", file.display())),
+        }
     }
 }
 
@@ -184,5 +231,23 @@ mod tests {
         write_log(dir.path(), &short.iter().map(String::as_str).collect::<Vec<_>>());
         let m = message(&exited(dir.path(), "FallbackToLogsOnError", 2, Some(b"")));
         assert!(m.starts_with("20\n21\n") && m.ends_with("99\n"), "{m}");
+    }
+
+    #[test]
+    fn before_the_runtime_records_an_exit_only_a_message_that_needs_no_log_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        write_log(dir.path(), &["F half written"]);
+        let source = |policy, written| Source::of(&exited(dir.path(), policy, 1, written));
+        assert_eq!(source("File", Some(b"why")).message_without_log(1).as_deref(), Some("why"));
+        assert_eq!(source("File", Some(b"")).message_without_log(1).as_deref(), Some(""));
+        let fallback = source("FallbackToLogsOnError", Some(b"why"));
+        assert!(fallback.may_need_log());
+        assert_eq!(fallback.message_without_log(1).as_deref(), Some("why"), "the file wins");
+        let silent = source("FallbackToLogsOnError", Some(b""));
+        assert_eq!(silent.message_without_log(1), None, "the log's end, not yet known");
+        assert_eq!(silent.message_without_log(0).as_deref(), Some(""), "a success needs no log");
+        std::fs::remove_file(dir.path().join("termination")).unwrap();
+        assert_eq!(source("FallbackToLogsOnError", None).message_without_log(137), None);
+        assert!(!source("File", None).may_need_log());
     }
 }

@@ -682,8 +682,11 @@ impl EventedPleg {
         // The end of a container's pid namespace is the end of the container: emit it
         // now. A "main process" exit without that certainty (a container sharing the
         // host's or the pod's pid namespace, or a cgroup older than the sensors, where the
-        // first exec seen may be any process) waits for CRI like a start.
-        if let (Some((code, signal, _)), true) = (exit, ns_end) {
+        // first exec seen may be any process) waits for CRI like a start; so does a failed
+        // exit whose termination message may be the end of the log, which the runtime
+        // writes out before it records the exit.
+        let awaits_runtime = exit.is_some_and(|(code, _, _)| code != 0) && self.cache.exits().awaits_runtime(&cid);
+        if let (Some((code, signal, _)), true) = (exit, ns_end && !awaits_runtime) {
             if !advance(&mut s.known, &cid, want) {
                 return None;
             }
@@ -1216,6 +1219,28 @@ mod tests {
         assert!(pleg.handle_kernel_event(other).await.is_none());
         let unknown = ExitSpec { ktime_ns: 6, pid: 10, cgroup2_id: 99, ..ExitSpec::default() }.event();
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
+    }
+
+    /// A failed exit whose termination message may be the end of the log is reported once
+    /// the runtime has recorded it (and written the log out); a clean one at once.
+    #[tokio::test]
+    async fn a_failed_exit_that_awaits_the_runtime_is_confirmed_before_it_is_reported() {
+        let (rt, pleg, cid, _) = setup().await;
+        pleg.cache.exits().await_runtime("u1", &cid);
+        pleg.handle_kernel_event(pid1_exec(9)).await.expect("CRI agrees it runs");
+        let Some(Next::Confirm(work)) = pleg.classify(&ns_init_exit(9, 1)) else {
+            panic!("a failed exit awaiting the runtime is confirmed")
+        };
+        assert!(pleg.cache.exits().get(&cid).is_none(), "no kernel record to lay over the runtime's status");
+        rt.exit_container(&cid, 1);
+        let ev = pleg.complete(work).await.expect("the runtime agrees");
+        assert_eq!((ev.kind, ev.data.as_str()), (PodLifecycleEventType::ContainerDied, cid.as_str()));
+        // A clean exit needs no log.
+        let (_rt, pleg, cid, _) = setup().await;
+        pleg.cache.exits().await_runtime("u1", &cid);
+        pleg.handle_kernel_event(pid1_exec(9)).await.expect("CRI agrees it runs");
+        assert!(matches!(pleg.classify(&ns_init_exit(9, 0)), Some(Next::Emit(_))));
+        assert!(pleg.cache.exits().get(&cid).is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -800,6 +800,7 @@ mod tests {
             hash: String::new(),
             restart_count: restarts,
             init: false,
+            termination_message: crate::container::termination_message::Source::default(),
         }
     }
 

@@ -188,6 +188,11 @@ impl RuntimeManager {
                 .create_container(sandbox_id, config, sandbox_config.clone())
                 .await
                 .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_ERROR, e.to_string()))?;
+            // Before it can exit: the evented PLEG then waits for the runtime to record
+            // a failed exit, whose message may be the end of the log (`KernelExits`).
+            if container.termination_message_policy.as_deref() == Some("FallbackToLogsOnError") {
+                self.cache.exits().await_runtime(pod.metadata.uid.as_deref().unwrap_or_default(), &id);
+            }
             for h in &self.container_hooks {
                 h.pre_start_container(pod, container, &id)
                     .map_err(|e| StartError::new(reasons::RUN_CONTAINER_ERROR, e))?;

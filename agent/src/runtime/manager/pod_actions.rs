@@ -432,6 +432,7 @@ mod tests {
             hash: labels::container_hash(c),
             restart_count: restarts,
             init,
+            termination_message: crate::container::termination_message::Source::default(),
         }
     }
 

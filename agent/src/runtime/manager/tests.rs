@@ -621,3 +621,68 @@ async fn a_runtime_that_never_records_a_kernel_exit_delays_the_kill_by_a_bounded
     let waited = began.elapsed();
     assert!(waited >= Duration::from_secs(1) && waited <= Duration::from_secs(3), "{waited:?}");
 }
+
+/// A pod whose container `c` writes its termination message to the default path, with
+/// `terminationMessagePolicy: policy`; the container is started and its id returned.
+async fn with_termination_message(
+    policy: &str,
+) -> (tempfile::TempDir, std::sync::Arc<crate::container::fake::FakeRuntime>, super::RuntimeManager, String) {
+    let (dir, fake, _recorder, rm) = setup();
+    let mut pod = hooked(&json!({}));
+    let c = &mut pod.spec.as_mut().unwrap().containers[0];
+    c.termination_message_path = Some("/dev/termination-log".into());
+    c.termination_message_policy = Some(policy.into());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert!(rm.sync_pod(&pod, &st).await.errors().is_empty());
+    let id = fake.containers_named("c")[0].clone();
+    (dir, fake, rm, id)
+}
+
+/// Where the fake runtime's container `id` has its termination message file on the host.
+fn termination_file(fake: &crate::container::fake::FakeRuntime, id: &str) -> std::path::PathBuf {
+    let config = fake.container_config(id).unwrap();
+    let mount = config.mounts.iter().find(|m| m.container_path == "/dev/termination-log").unwrap();
+    mount.host_path.clone().into()
+}
+
+/// An exit the kernel reported before the runtime recorded it carries the message the
+/// container wrote, in the first status that shows it exited: a pod that turns terminal
+/// on that exit writes that status once, and a status without the message was what the
+/// API kept.
+#[tokio::test]
+async fn a_kernel_only_exit_carries_the_termination_message() {
+    let (_dir, fake, rm, id) = Box::pin(with_termination_message("File")).await;
+    std::fs::write(termination_file(&fake, &id), "all done").unwrap();
+    fake.exit_container_lagging(&id, 3, 5);
+    rm.cache().exits().record("u1", &id, 3, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    let c = &st.containers[0];
+    assert_eq!((c.state, c.exit_code, c.reason.as_str()), (ContainerState::Exited, 3, "Error"));
+    assert_eq!(c.message, "all done");
+}
+
+/// With `FallbackToLogsOnError`, a failed container that wrote no message gets the end of
+/// its log, which the runtime may not have written out when the kernel sees the exit:
+/// such an exit waits for the runtime. The manager says so before the container starts,
+/// so that the evented PLEG confirms the exit with the runtime instead of reporting it at
+/// once; a kernel record made all the same (the agent restarted, say) is not laid over.
+#[tokio::test]
+async fn a_failed_exit_whose_message_comes_from_the_log_waits_for_the_runtime() {
+    let (dir, fake, rm, id) = Box::pin(with_termination_message("FallbackToLogsOnError")).await;
+    assert!(rm.cache().exits().awaits_runtime(&id), "marked before it could exit");
+    let log = dir.path().join("logs").join("default_web_u1").join("c").join("0.log");
+    std::fs::write(&log, "2026-12-05T10:00:00.000000000Z stderr F no such file\n").unwrap();
+    fake.exit_container_lagging(&id, 2, 1);
+    rm.cache().exits().record("u1", &id, 2, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!(st.containers[0].state, ContainerState::Running, "the runtime has not flushed the log");
+    let st = rm.pod_status("u1").await.unwrap();
+    let c = &st.containers[0];
+    assert_eq!((c.state, c.exit_code, c.message.as_str()), (ContainerState::Exited, 2, "no such file\n"));
+    // A clean exit needs no log: it is reported at once.
+    let (_dir, fake, rm, id) = Box::pin(with_termination_message("FallbackToLogsOnError")).await;
+    fake.exit_container_lagging(&id, 0, 5);
+    rm.cache().exits().record("u1", &id, 0, SystemTime::now());
+    let st = rm.pod_status("u1").await.unwrap();
+    assert_eq!((st.containers[0].state, st.containers[0].message.as_str()), (ContainerState::Exited, ""));
+}
