@@ -10,9 +10,9 @@
 //! that string: `(string)` followed by the raw data. A checkpoint whose checksum does not
 //! match is corrupt (upstream refuses to start with it; so do we).
 //!
-//! Upstream's newest format ("v2", a protobuf `PodList` inside the JSON) is not written;
-//! pod-level resource entries (`PodLevelResources`) are read and ignored, as pod-level
-//! resizes are not supported.
+//! A pod with pod-level resources has them under `PodLevelResources` (left out when it
+//! has none, where upstream writes `null`; both read the same). Upstream's newest format
+//! ("v2", a protobuf `PodList` inside the JSON) is not written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,11 +43,14 @@ pub enum Error {
     Corrupt { path: PathBuf },
 }
 
-/// The resources allocated to one pod: container name -> requirements.
+/// The resources allocated to one pod: container name -> requirements, and the pod-level
+/// requirements.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodAllocation {
     #[serde(rename = "ContainerResources", default)]
     pub container_resources: BTreeMap<String, ResourceRequirements>,
+    #[serde(rename = "PodLevelResources", default, skip_serializing_if = "Option::is_none")]
+    pub pod_level_resources: Option<ResourceRequirements>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -127,7 +130,10 @@ mod tests {
         let c = ResourceRequirements { requests: Some(requests), ..Default::default() };
         BTreeMap::from([(
             "pod1".to_string(),
-            PodAllocation { container_resources: BTreeMap::from([("container1".to_string(), c)]) },
+            PodAllocation {
+                container_resources: BTreeMap::from([("container1".to_string(), c)]),
+                pod_level_resources: None,
+            },
         )])
     }
 
@@ -154,5 +160,23 @@ mod tests {
         assert_eq!(load(&path).unwrap(), upstream_allocation());
         let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(files, [std::ffi::OsString::from(FILE_NAME)], "no temporary file is left");
+    }
+
+    #[test]
+    fn pod_level_resources_are_kept_and_upstreams_null_reads_as_none() {
+        let mut with = upstream_allocation();
+        let limits = BTreeMap::from([("memory".to_string(), Quantity("200Mi".into()))]);
+        with.get_mut("pod1").unwrap().pod_level_resources =
+            Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
+        let bytes = encode(&with);
+        assert!(
+            String::from_utf8_lossy(&bytes).contains(r#"\"PodLevelResources\":{\"limits\":{\"memory\":\"200Mi\"}}"#)
+        );
+        assert_eq!(decode(Path::new("x"), &bytes).unwrap(), with);
+        let data =
+            r#"{"entries":{"pod1":{"ContainerResources":{},"PodLevelResources":null,"EmptyDirVolumeLimits":null}}}"#;
+        let file = format!(r#"{{"data":{},"checksum":{}}}"#, serde_json::to_string(data).unwrap(), checksum(data));
+        let got = decode(Path::new("x"), file.as_bytes()).unwrap();
+        assert_eq!(got["pod1"], PodAllocation::default());
     }
 }

@@ -47,7 +47,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::container::{ContainerState, RuntimePodStatus, api};
 use crate::events::{EventRecorder, EventType, pod_ref};
-use crate::lifecycle::admission::{Rejection, pod_requests};
+use crate::lifecycle::admission::Rejection;
+use crate::types::pod_resources;
 use crate::types::qos::{QosClass, qos_class};
 use crate::types::quantity;
 use checkpoint::PodAllocation;
@@ -134,6 +135,29 @@ fn bytes(list: Option<&BTreeMap<String, Quantity>>, r: &str) -> i64 {
 }
 
 impl ResourceValues {
+    /// The values of container `c` of `pod` as the kubelet compares them (upstream
+    /// `containerResourcesFromRequirements`): a limit the container does not set is the
+    /// pod-level one, which the container's cgroup gets.
+    #[must_use]
+    pub fn of_container(pod: &Pod, c: &Container) -> Self {
+        let mut values = Self::of(c.resources.as_ref());
+        let pod_level = Self::of(pod.spec.as_ref().and_then(|s| s.resources.as_ref()));
+        if values.cpu_limit == 0 {
+            values.cpu_limit = pod_level.cpu_limit;
+        }
+        if values.memory_limit == 0 {
+            values.memory_limit = pod_level.memory_limit;
+        }
+        values
+    }
+
+    /// The pod-level values of `pod`, when it sets pod-level resources.
+    #[must_use]
+    pub fn of_pod(pod: &Pod) -> Option<Self> {
+        pod_resources::is_pod_level_resources_set(pod)
+            .then(|| Self::of(pod.spec.as_ref().and_then(|s| s.resources.as_ref())))
+    }
+
     /// The values of a container's requirements.
     #[must_use]
     pub fn of(r: Option<&ResourceRequirements>) -> Self {
@@ -239,6 +263,7 @@ fn allocation_from_pod(pod: &Pod) -> PodAllocation {
         container_resources: resizable_containers(pod)
             .map(|c| (c.name.clone(), c.resources.clone().unwrap_or_default()))
             .collect(),
+        pod_level_resources: pod.spec.as_ref().and_then(|s| s.resources.clone()),
     }
 }
 
@@ -250,11 +275,20 @@ fn requirements_equal(a: Option<&ResourceRequirements>, b: Option<&ResourceRequi
     norm(a) == norm(b)
 }
 
-/// `pod` with the resources of `alloc` (upstream `updatePodFromAllocation`).
+/// `pod` with the resources of `alloc` (upstream `updatePodFromAllocation`). An
+/// allocation without pod-level resources leaves the spec's: the API lets a resize
+/// change pod-level resources but neither add nor remove them, so such an allocation was
+/// written before pod-level resources were checkpointed (upstream would drop them).
 fn pod_from_allocation(pod: &Pod, alloc: &PodAllocation) -> (Pod, bool) {
     let mut out = pod.clone();
     let mut updated = false;
     if let Some(spec) = out.spec.as_mut() {
+        if let Some(a) = &alloc.pod_level_resources
+            && !requirements_equal(spec.resources.as_ref(), Some(a))
+        {
+            spec.resources = Some(a.clone());
+            updated = true;
+        }
         for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
             if let Some(a) = alloc.container_resources.get(&c.name)
                 && !requirements_equal(c.resources.as_ref(), Some(a))
@@ -306,6 +340,8 @@ struct Inner {
     allocated: BTreeMap<String, PodAllocation>,
     /// pod uid -> container name -> what the running container was last given.
     actuated: HashMap<String, HashMap<String, ResourceValues>>,
+    /// pod uid -> the pod-level resources its pod cgroup was last given.
+    pod_actuated: HashMap<String, ResourceValues>,
     conditions: HashMap<String, ResizeConditions>,
     /// Pods with a deferred or infeasible resize, in retry order.
     pending: Vec<String>,
@@ -418,6 +454,7 @@ impl AllocationManager {
     pub fn remove_pod(&self, uid: &str) {
         let mut inner = self.inner.lock().unwrap();
         inner.actuated.remove(uid);
+        inner.pod_actuated.remove(uid);
         inner.conditions.remove(uid);
         inner.pending.retain(|u| u != uid);
         inner.last_desired.remove(uid);
@@ -437,6 +474,7 @@ impl AllocationManager {
         let before = inner.allocated.len();
         inner.allocated.retain(|u, _| keep.contains(u));
         inner.actuated.retain(|u, _| keep.contains(u));
+        inner.pod_actuated.retain(|u, _| keep.contains(u));
         inner.conditions.retain(|u, _| keep.contains(u));
         inner.pending.retain(|u| keep.contains(u));
         inner.last_desired.retain(|u, _| keep.contains(u));
@@ -456,6 +494,26 @@ impl AllocationManager {
     /// Records what a container was given (at start, or by `UpdateContainerResources`).
     pub fn set_actuated(&self, uid: &str, container: &str, values: ResourceValues) {
         self.inner.lock().unwrap().actuated.entry(uid.to_string()).or_default().insert(container.to_string(), values);
+    }
+
+    /// What the pod cgroup of pod `uid` was last given at pod level, if known.
+    #[must_use]
+    pub fn pod_actuated(&self, uid: &str) -> Option<ResourceValues> {
+        self.inner.lock().unwrap().pod_actuated.get(uid).copied()
+    }
+
+    /// Records what the pod cgroup was given at pod level (by a resize).
+    pub fn set_pod_actuated(&self, uid: &str, values: ResourceValues) {
+        self.inner.lock().unwrap().pod_actuated.insert(uid.to_string(), values);
+    }
+
+    /// Records the pod-level resources of `allocated_pod` (the pod with its allocation) as
+    /// actuated when nothing is recorded yet (upstream `InitializeActuatedPod`, at every
+    /// sync): its pod cgroup was made with them. After an agent restart the allocation
+    /// stands in for what the cgroup has, as upstream's does when its record is missing.
+    pub fn initialize_pod_actuated(&self, allocated_pod: &Pod) {
+        let Some(values) = ResourceValues::of_pod(allocated_pod) else { return };
+        self.inner.lock().unwrap().pod_actuated.entry(pod_uid(allocated_pod).to_string()).or_insert(values);
     }
 
     /// Counts the container resizes `pod` asks for that were not seen before
@@ -587,11 +645,11 @@ impl AllocationManager {
             }
         }
         if let Some((cpu_available, mem_available)) = ctx.allocatable
-            && let Some(spec) = pod.spec.as_ref()
+            && pod.spec.is_some()
         {
-            let want = pod_requests(spec);
-            let cpu = want.get("cpu").copied().unwrap_or(0);
-            let mem = want.get("memory").copied().unwrap_or(0);
+            let want = pod_resources::pod_requests(pod);
+            let cpu = pod_resources::get(&want, "cpu").milli_value_saturating();
+            let mem = pod_resources::get(&want, "memory").value_saturating();
             if cpu > cpu_available || mem > mem_available {
                 let detail = if mem > mem_available {
                     format!("memory, requested: {mem}, capacity: {mem_available}")
@@ -655,10 +713,13 @@ impl AllocationManager {
         let mut pods: Vec<Pod> = pending.iter().filter_map(|u| pod_of(u)).collect();
         pods.sort_by_cached_key(|p| {
             let (allocated, _) = self.update_pod_from_allocation(p);
+            // Upstream `isResizeIncreasingRequests` (pod-level requests count).
             let grows = {
-                let (Some(n), Some(o)) = (p.spec.as_ref(), allocated.spec.as_ref()) else { return (false, 0, 1, None) };
-                let (n, o) = (pod_requests(n), pod_requests(o));
-                ["cpu", "memory"].iter().any(|r| n.get(*r) > o.get(*r))
+                let (n, o) = (pod_resources::pod_requests(p), pod_resources::pod_requests(&allocated));
+                ["cpu", "memory"].iter().any(|r| {
+                    pod_resources::get(&n, r).milli_value_saturating()
+                        > pod_resources::get(&o, r).milli_value_saturating()
+                })
             };
             let priority = p.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
             let guaranteed = u8::from(qos_class(p) != QosClass::Guaranteed);
@@ -698,13 +759,17 @@ impl AllocationManager {
     /// match, the condition goes and `ResizeCompleted` is recorded.
     pub fn check_resize_in_progress(&self, allocated_pod: &Pod, status: &RuntimePodStatus) {
         let uid = pod_uid(allocated_pod).to_string();
-        let in_progress = resizable_containers(allocated_pod).any(|c| {
+        let containers = resizable_containers(allocated_pod).any(|c| {
             let running = status.find_container(&c.name).is_some_and(|s| s.state == ContainerState::Running);
             running
                 && self
                     .actuated(&uid, &c.name)
-                    .is_some_and(|a| !values_match(ResourceValues::of(c.resources.as_ref()), a))
+                    .is_some_and(|a| !values_match(ResourceValues::of_container(allocated_pod, c), a))
         });
+        let pod_level = ResourceValues::of_pod(allocated_pod)
+            .zip(self.pod_actuated(&uid))
+            .is_some_and(|(desired, actuated)| !values_match(desired, actuated));
+        let in_progress = containers || pod_level;
         let generation = allocated_pod.metadata.generation.unwrap_or(0);
         let mut inner = self.inner.lock().unwrap();
         if in_progress {
@@ -878,21 +943,19 @@ fn actual_resources(
         _ => (None, None, None),
     };
     let allocated = ResourceValues::of(Some(alloc));
+    // Where the container has limits (requests), what the runtime reports is shown, also
+    // for a resource it sets none of: a limit inherited from the pod level.
     if let Some(limits) = out.limits.as_mut() {
-        if limits.contains_key("cpu")
-            && let Some(v) = cpu_lim
+        if let Some(v) = cpu_lim
             && (v > 10 || allocated.cpu_limit > 10)
         {
             limits.insert("cpu".into(), milli_quantity(v));
         }
-        if limits.contains_key("memory")
-            && let Some(v) = mem_lim
-        {
+        if let Some(v) = mem_lim {
             limits.insert("memory".into(), binary_quantity(v));
         }
     }
     if let Some(requests) = out.requests.as_mut()
-        && requests.contains_key("cpu")
         && let Some(v) = cpu_req
         && (v > 2 || allocated.cpu_request > 2)
     {
@@ -942,7 +1005,7 @@ pub struct ActuationHook(pub Arc<AllocationManager>);
 
 impl crate::cm::container_lifecycle::ContainerLifecycleHook for ActuationHook {
     fn pre_start_container(&self, pod: &Pod, container: &Container, _container_id: &str) -> Result<(), String> {
-        self.0.set_actuated(pod_uid(pod), &container.name, ResourceValues::of(container.resources.as_ref()));
+        self.0.set_actuated(pod_uid(pod), &container.name, ResourceValues::of_container(pod, container));
         Ok(())
     }
 }

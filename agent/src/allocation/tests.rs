@@ -358,3 +358,61 @@ fn the_fit_check_may_look_at_other_allocations() {
     let ctx = ResizeContext { allocatable: None, fits: &fits };
     assert!(m.handle_resize(&resized(&a, "150m", "200m", "64Mi"), &ctx));
 }
+
+/// `burstable` with pod-level requests and limits.
+fn with_pod_level(p: Pod, cpu: &str, mem: &str) -> Pod {
+    crate::types::pod_resources::test_pods::with_pod_resources(
+        p,
+        &[("cpu", cpu), ("memory", mem)],
+        &[("cpu", cpu), ("memory", mem)],
+    )
+}
+
+/// A resize of pod-level resources (`InPlacePodLevelResourcesVerticalScaling`) is
+/// allocated, checkpointed and in progress until the pod cgroup has it, as a container's.
+#[test]
+fn a_pod_level_resize_is_allocated_checkpointed_and_in_progress_until_actuated() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = MemoryRecorder::new("node");
+    let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default())
+        .unwrap()
+        .with_recorder(Arc::new(recorder.clone()));
+    let p = with_pod_level(burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
+    m.add_pod(&p);
+    m.initialize_pod_actuated(&p);
+    let mut n = with_pod_level(p.clone(), "500m", "256Mi");
+    n.metadata.generation = Some(2);
+    let (allocated, differs) = m.update_pod_from_allocation(&n);
+    assert!(differs, "the pod-level resources are not allocated yet");
+    assert_eq!(allocated.spec.as_ref().unwrap().resources, p.spec.as_ref().unwrap().resources);
+    let ctx = ResizeContext { allocatable: Some((2000, 1 << 30)), fits: &fits_always };
+    assert!(m.handle_resize(&n, &ctx));
+    assert!(!m.update_pod_from_allocation(&n).1, "allocated");
+    let rt = RuntimePodStatus { uid: "u1".into(), ..Default::default() };
+    m.check_resize_in_progress(&n, &rt);
+    assert!(has_in_progress(&m, "u1"), "the pod cgroup still has the old values");
+    m.set_pod_actuated("u1", ResourceValues::of_pod(&n).unwrap());
+    m.check_resize_in_progress(&n, &rt);
+    assert!(!has_in_progress(&m, "u1"));
+    assert_eq!(reasons_of(&recorder), ["ResizeStarted", "ResizeCompleted"]);
+    // The checkpoint keeps the pod-level allocation across a restart.
+    let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
+    assert!(!m.update_pod_from_allocation(&n).1);
+    assert!(m.update_pod_from_allocation(&p).1);
+    // More than the node has is infeasible, counted on the pod-level requests.
+    let huge = with_pod_level(p.clone(), "3", "256Mi");
+    assert!(!m.handle_resize(&huge, &ctx));
+    assert_eq!(pending(&m, "u1").unwrap().0, "Infeasible");
+}
+
+/// An allocation checkpointed without pod-level resources (before they were) leaves the
+/// spec's: the API never adds or removes them in a resize.
+#[test]
+fn an_allocation_without_pod_level_resources_keeps_the_specs() {
+    let p = with_pod_level(burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
+    let mut old = allocation_from_pod(&p);
+    old.pod_level_resources = None;
+    let (allocated, differs) = pod_from_allocation(&p, &old);
+    assert!(!differs);
+    assert_eq!(allocated.spec.unwrap().resources, p.spec.unwrap().resources);
+}

@@ -10,8 +10,8 @@
 //! [`DECLARED`]. Of upstream's registry, the features a pod's spec can require at
 //! scheduling are [`RESTART_ALL_CONTAINERS`], `UserNamespacesHostNetworkSupport` (a
 //! host-network pod with `hostUsers: false`) and `VolumeBindMountOptions` (a volume mount
-//! with `bindMountOptions`). Of those that matter to updates, [`INIT_CONTAINER_RESIZE`] is
-//! declared; pod-level resize, memory-backed volume resize, DRA and
+//! with `bindMountOptions`). Of those that matter to updates, [`INIT_CONTAINER_RESIZE`] and
+//! [`POD_LEVEL_RESOURCES_RESIZE`] are declared; memory-backed volume resize, DRA and
 //! `ExtendWebSocketsToKubelet` are not, because swiftlet does not implement them.
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
@@ -28,8 +28,12 @@ const VOLUME_BIND_MOUNT_OPTIONS: &str = "VolumeBindMountOptions";
 /// container in place; the API server refuses such a resize for a node without it.
 pub const INIT_CONTAINER_RESIZE: &str = "InPlacePodVerticalScalingInitContainers";
 
+/// `InPlacePodLevelResourcesVerticalScaling`: resizing a pod's pod-level resources in
+/// place; the API server refuses such a resize for a node without it.
+pub const POD_LEVEL_RESOURCES_RESIZE: &str = "InPlacePodLevelResourcesVerticalScaling";
+
 /// What the node declares in `status.declaredFeatures`, sorted as upstream sorts them.
-pub const DECLARED: &[&str] = &[INIT_CONTAINER_RESIZE, RESTART_ALL_CONTAINERS];
+pub const DECLARED: &[&str] = &[POD_LEVEL_RESOURCES_RESIZE, INIT_CONTAINER_RESIZE, RESTART_ALL_CONTAINERS];
 
 /// The reason of a pod refused for a feature the node lacks.
 pub const UNSUPPORTED_REASON: &str = "PodFeatureUnsupported";

@@ -440,10 +440,11 @@ impl RuntimeManager {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let a = &self.allocation;
         let actuated = |c: &str| a.actuated(uid, c).or_else(|| super::resize::reported_values(pod, status, c));
+        a.initialize_pod_actuated(pod);
         let resize_plan = if restart_all {
             None
         } else {
-            super::resize::compute_pod_resize_action(pod, status, &actuated, &mut actions)
+            super::resize::compute_pod_resize_action(pod, status, &actuated, a.pod_actuated(uid), &mut actions)
         };
         tracing::debug!(pod = %pod_full_name(pod), ?actions, "computed pod actions");
         let nothing_yet = status.sandboxes.is_empty() && status.containers.is_empty();

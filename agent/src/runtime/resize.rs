@@ -7,12 +7,15 @@
 //! restarts the container (killed with "Container <name> resize requires restart" and
 //! started again with the new resources); otherwise the container is updated in place.
 //! A container whose actuated resources are unknown (after an agent restart) is updated in
-//! place with its allocation, never restarted.
+//! place with its allocation, never restarted. A container without its own cpu or memory
+//! limit is compared with the pod-level limit it inherits, so a pod-level resize
+//! (`InPlacePodLevelResourcesVerticalScaling`) updates it as its own resize would; the
+//! pod-level resources themselves are compared with what the pod cgroup was last given.
 //!
 //! [`do_pod_resize_action`] then applies, per resource (memory, then cpu), in upstream's
 //! order: limits grow on the pod cgroup before the containers and shrink after them;
-//! requests (cpu shares) likewise. A pod memory limit below the pod's current usage is
-//! refused with upstream's message. Containers get `UpdateContainerResources` with the
+//! requests (cpu shares) likewise. A pod memory limit set or lowered below the pod's
+//! current usage is refused with upstream's message. Containers get `UpdateContainerResources` with the
 //! resized resource's new values and the other resource's current ones; a change of only
 //! the memory request needs no runtime call (it only counts for scheduling).
 
@@ -50,6 +53,8 @@ pub struct ResizePlan {
     pub cpu: Vec<ContainerUpdate>,
     /// Containers where only the memory request changes: (name, new values).
     pub memory_request_only: Vec<(String, ResourceValues)>,
+    /// The pod-level resources to give the pod cgroup (`UpdatePodLevelResources`).
+    pub pod_level: Option<ResourceValues>,
 }
 
 impl ResizePlan {
@@ -65,13 +70,16 @@ fn policy_restarts(c: &Container, resource: &str) -> bool {
     c.resize_policy.iter().flatten().any(|p| p.resource_name == resource && p.restart_policy == "RestartContainer")
 }
 
-/// Upstream `computePodResizeAction` for every resizable running container; restarts go
-/// into `actions`. `actuated(container)` is what the container was last given (`None`:
-/// unknown). `None` when nothing is to be resized.
+/// Upstream `computePodResizeAction` for every resizable running container, and
+/// `computePodLevelResourcesResizeAction`; restarts go into `actions`.
+/// `actuated(container)` is what the container was last given (`None`: unknown), with
+/// the pod-level limits it inherits; `pod_actuated` what the pod cgroup was last given at
+/// pod level. `None` when nothing is to be resized.
 pub fn compute_pod_resize_action(
     pod: &Pod,
     status: &RuntimePodStatus,
     actuated: &dyn Fn(&str) -> Option<ResourceValues>,
+    pod_actuated: Option<ResourceValues>,
     actions: &mut PodActions,
 ) -> Option<ResizePlan> {
     if actions.kill_pod || actions.create_sandbox {
@@ -88,7 +96,7 @@ pub fn compute_pod_resize_action(
         if actions.containers_to_kill.contains_key(&s.id) {
             continue;
         }
-        let desired = ResourceValues::of(c.resources.as_ref());
+        let desired = ResourceValues::of_container(pod, c);
         let Some(current) = actuated(&c.name) else {
             // Unknown (agent restart): apply the allocation in place, once.
             let update =
@@ -128,6 +136,12 @@ pub fn compute_pod_resize_action(
             plan.cpu.push(update);
         }
     }
+    if let (Some(desired), Some(current)) = (ResourceValues::of_pod(pod), pod_actuated)
+        && !values_match(desired, current)
+    {
+        plan.pod_level = Some(desired);
+        plan.update_pod_resources = true;
+    }
     (!plan.is_empty()).then_some(plan)
 }
 
@@ -146,7 +160,7 @@ pub fn reported_values(pod: &Pod, status: &RuntimePodStatus, name: &str) -> Opti
         cpu_request: cpu_request.unwrap_or(0),
         cpu_limit: cpu_limit.unwrap_or(0),
         memory_limit: memory_limit.unwrap_or(0),
-        memory_request: ResourceValues::of(allocated.resources.as_ref()).memory_request,
+        memory_request: ResourceValues::of_container(pod, allocated).memory_request,
     })
 }
 
@@ -248,14 +262,16 @@ pub async fn do_pod_resize_action(
                 Some(c) => (limit_value(c.memory_limit), limit_value(desired.memory_limit)),
                 None => (0, 0),
             };
-            // Upstream checks the usage against any new limit, not only a lower one.
+            // Upstream `validateMemoryResizeAction`: a pod limit set or lowered must stay
+            // above the pod's usage.
             if current.is_some()
                 && new != i64::MAX
+                && new < cur
                 && let Ok(Some(usage)) = cm.pod_memory_usage(pod)
                 && i64::try_from(usage).unwrap_or(i64::MAX) >= new
             {
                 return Err(format!(
-                    "Aborting attempt to set pod memory limit less than current memory usage for pod {name}"
+                    "cannot decrease memory limits: attempting to set pod memory limit ({new}) below current usage ({usage})"
                 ));
             }
             if current.is_some() && new > cur {
@@ -291,6 +307,9 @@ pub async fn do_pod_resize_action(
             if known && new_lim < cur_lim {
                 set_pod(part(&desired, false, true))?;
             }
+        }
+        if let Some(values) = plan.pod_level {
+            alloc.set_pod_actuated(uid, values);
         }
         Ok(())
     }

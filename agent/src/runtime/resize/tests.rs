@@ -42,7 +42,7 @@ fn not_required_resizes_in_place() {
     let p = burstable("150m", "300m", "64Mi", "192Mi", false);
     let mut actions = PodActions::default();
     let now = values(100, 200, 64 * MI, 128 * MI);
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert!(actions.containers_to_kill.is_empty() && actions.containers_to_start.is_empty());
     assert!(plan.update_pod_resources);
     assert_eq!(plan.memory.len(), 1);
@@ -56,7 +56,7 @@ fn restart_container_policy_restarts_on_memory_only() {
     let p = burstable("100m", "200m", "64Mi", "192Mi", true);
     let mut actions = PodActions::default();
     let now = values(100, 200, 64 * MI, 128 * MI);
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert_eq!(actions.containers_to_kill["id1"], ("c".to_string(), "Container c resize requires restart".to_string()));
     assert_eq!(actions.containers_to_start, [0]);
     assert!(plan.memory.is_empty() && plan.cpu.is_empty() && plan.update_pod_resources);
@@ -64,7 +64,7 @@ fn restart_container_policy_restarts_on_memory_only() {
     // A cpu change of the same container stays in place.
     let p = burstable("150m", "200m", "64Mi", "128Mi", true);
     let mut actions = PodActions::default();
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert!(actions.containers_to_kill.is_empty());
     assert_eq!(plan.cpu.len(), 1);
 }
@@ -77,7 +77,7 @@ fn a_running_plain_init_container_is_resized() {
     let p = crate::types::pod_resources::test_pods::pod_with_init("u1", vec![init.clone()], vec![ctr("app", &[], &[])]);
     let now = values(100, 200, 64 * MI, 128 * MI);
     let mut actions = PodActions::default();
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert!(plan.cpu[0].init && plan.cpu[0].index == 0 && plan.memory.len() == 1, "{plan:?}");
     assert!(actions.containers_to_kill.is_empty());
 
@@ -85,7 +85,7 @@ fn a_running_plain_init_container_is_resized() {
         Some(vec![ContainerResizePolicy { resource_name: "memory".into(), restart_policy: "RestartContainer".into() }]);
     let p = crate::types::pod_resources::test_pods::pod_with_init("u1", vec![init], vec![ctr("app", &[], &[])]);
     let mut actions = PodActions::default();
-    compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert!(actions.containers_to_kill.contains_key("id1"));
     assert_eq!(
         (actions.init_containers_to_start.as_slice(), actions.containers_to_start.as_slice()),
@@ -94,7 +94,7 @@ fn a_running_plain_init_container_is_resized() {
 
     let mut exited = status("id1");
     exited.containers[0].state = ContainerState::Exited;
-    assert_eq!(compute_pod_resize_action(&p, &exited, &|_| Some(now), &mut PodActions::default()), None);
+    assert_eq!(compute_pod_resize_action(&p, &exited, &|_| Some(now), None, &mut PodActions::default()), None);
 }
 
 #[test]
@@ -102,10 +102,10 @@ fn nothing_to_do_when_actuated_matches_or_the_pod_is_killed() {
     let p = burstable("100m", "200m", "64Mi", "128Mi", true);
     let now = values(100, 200, 64 * MI, 128 * MI);
     let mut actions = PodActions::default();
-    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions), None);
+    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions), None);
     let mut actions = PodActions { kill_pod: true, ..Default::default() };
     let other = values(1, 1, 1, 1);
-    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(other), &mut actions), None);
+    assert_eq!(compute_pod_resize_action(&p, &status("id1"), &|_| Some(other), None, &mut actions), None);
     assert!(actions.containers_to_kill.is_empty());
 }
 
@@ -113,7 +113,7 @@ fn nothing_to_do_when_actuated_matches_or_the_pod_is_killed() {
 fn unknown_actuated_resources_are_reapplied_in_place_never_restarted() {
     let p = burstable("100m", "200m", "64Mi", "128Mi", true);
     let mut actions = PodActions::default();
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| None, &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| None, None, &mut actions).unwrap();
     assert!(actions.containers_to_kill.is_empty());
     assert_eq!((plan.memory.len(), plan.cpu.len()), (1, 1));
 }
@@ -123,7 +123,7 @@ fn a_memory_request_change_alone_needs_no_runtime_call() {
     let p = burstable("100m", "200m", "96Mi", "128Mi", false);
     let mut actions = PodActions::default();
     let now = values(100, 200, 64 * MI, 128 * MI);
-    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), &mut actions).unwrap();
+    let plan = compute_pod_resize_action(&p, &status("id1"), &|_| Some(now), None, &mut actions).unwrap();
     assert!(plan.memory.is_empty() && plan.cpu.is_empty());
     assert_eq!(plan.memory_request_only, [("c".to_string(), values(100, 200, 96 * MI, 128 * MI))]);
 }
@@ -188,7 +188,7 @@ async fn setup(from: &Pod) -> (Arc<FakeRuntime>, Ordered, AllocationManager, Str
 }
 
 fn plan_for(p: &Pod, id: &str, now: ResourceValues) -> ResizePlan {
-    compute_pod_resize_action(p, &status(id), &|_| Some(now), &mut PodActions::default()).unwrap()
+    compute_pod_resize_action(p, &status(id), &|_| Some(now), None, &mut PodActions::default()).unwrap()
 }
 
 #[tokio::test]
@@ -234,10 +234,79 @@ async fn a_memory_limit_below_usage_is_refused() {
     cm.inner.set_memory_usage("u1", u64::try_from(100 * MI).unwrap());
     let plan = plan_for(&new, &id, values(100, 200, 64 * MI, 128 * MI));
     let err = do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap_err();
-    assert_eq!(err, "Aborting attempt to set pod memory limit less than current memory usage for pod pod-u1");
+    assert_eq!(
+        err,
+        "cannot decrease memory limits: attempting to set pod memory limit (100663296) below current usage (104857600)"
+    );
     assert!(cm.log.lock().unwrap().is_empty());
     assert_eq!(cm.updates(), 0);
     assert_eq!(alloc.actuated("u1", "c"), None);
+    // A limit that grows is not checked against the usage (upstream 1.37).
+    let grown = burstable("100m", "200m", "64Mi", "160Mi", false);
+    cm.inner.set_memory_usage("u1", u64::try_from(150 * MI).unwrap());
+    let plan = plan_for(&grown, &id, values(100, 200, 64 * MI, 128 * MI));
+    do_pod_resize_action(rt.as_ref(), &cm, &alloc, &grown, &plan).await.unwrap();
+}
+
+/// A pod with pod-level `requests` and `limits` and one container `c` with `requests`
+/// only: it inherits the pod-level limits.
+fn pod_level(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
+    use crate::types::pod_resources::test_pods::with_pod_resources;
+    with_pod_resources(pod("u1", vec![ctr("c", &[("cpu", "100m"), ("memory", "64Mi")], &[])]), requests, limits)
+}
+
+/// A pod-level limit is what a container without its own gets: changing it updates the
+/// container (inherited limits compared) and the pod cgroup; a change of the pod-level
+/// requests alone is a pod cgroup update.
+#[test]
+fn a_pod_level_resize_updates_the_containers_that_inherit_and_the_pod_cgroup() {
+    let old = pod_level(&[("cpu", "200m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "256Mi")]);
+    let new = pod_level(&[("cpu", "200m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "200Mi")]);
+    let was = ResourceValues::of_pod(&old);
+    assert_eq!(was, Some(values(200, 400, 128 * MI, 256 * MI)));
+    let inherited = values(100, 400, 64 * MI, 256 * MI);
+    assert_eq!(ResourceValues::of_container(&old, &old.spec.as_ref().unwrap().containers[0]), inherited);
+    let mut actions = PodActions::default();
+    let plan = compute_pod_resize_action(&new, &status("id1"), &|_| Some(inherited), was, &mut actions).unwrap();
+    assert_eq!(plan.pod_level, Some(values(200, 400, 128 * MI, 200 * MI)));
+    assert!(plan.update_pod_resources);
+    assert_eq!(plan.memory.len(), 1);
+    assert_eq!(plan.memory[0].desired, values(100, 400, 64 * MI, 200 * MI));
+    assert!(plan.cpu.is_empty());
+    // Nothing changed: nothing to do.
+    assert_eq!(compute_pod_resize_action(&old, &status("id1"), &|_| Some(inherited), was, &mut actions), None);
+    // Pod-level requests only: the pod cgroup alone.
+    let more = pod_level(&[("cpu", "300m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "256Mi")]);
+    let plan = compute_pod_resize_action(&more, &status("id1"), &|_| Some(inherited), was, &mut actions).unwrap();
+    assert_eq!(plan.pod_level, Some(values(300, 400, 128 * MI, 256 * MI)));
+    assert!(plan.memory.is_empty() && plan.cpu.is_empty(), "{plan:?}");
+}
+
+#[tokio::test]
+async fn a_pod_level_resize_sets_the_pod_cgroup_and_records_it() {
+    let old = pod_level(&[("cpu", "200m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "256Mi")]);
+    let new = pod_level(&[("cpu", "300m"), ("memory", "128Mi")], &[("cpu", "600m"), ("memory", "256Mi")]);
+    let (rt, cm, alloc, id) = setup(&old).await;
+    alloc.initialize_pod_actuated(&old);
+    let inherited = values(100, 400, 64 * MI, 256 * MI);
+    let plan = compute_pod_resize_action(
+        &new,
+        &status(&id),
+        &|_| Some(inherited),
+        alloc.pod_actuated("u1"),
+        &mut PodActions::default(),
+    )
+    .unwrap();
+    do_pod_resize_action(rt.as_ref(), &cm, &alloc, &new, &plan).await.unwrap();
+    let log = cm.log.lock().unwrap().clone();
+    // The cpu limit and shares grow on the pod cgroup before the container's quota does.
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!((log[0].0.cpu_quota, log[0].1), (Some(60_000), 0));
+    assert_eq!((log[1].0.cpu_shares, log[1].1), (Some(307), 0));
+    let st = rt.container_status(&id).await.unwrap();
+    assert_eq!(st.resources.unwrap().linux.unwrap().cpu_quota, 60_000, "the inherited limit");
+    assert_eq!(alloc.pod_actuated("u1"), Some(values(300, 600, 128 * MI, 256 * MI)));
+    assert_eq!(alloc.actuated("u1", "c"), Some(values(100, 600, 64 * MI, 256 * MI)));
 }
 
 #[test]
@@ -258,5 +327,5 @@ fn reported_resources_stand_in_for_an_unknown_actuation() {
     assert_eq!(reported_values(&p, &st, "c"), Some(values(100, 200, 64 * MI, 128 * MI)));
     let mut actions = PodActions::default();
     let actual = |c: &str| reported_values(&p, &st, c);
-    assert_eq!(compute_pod_resize_action(&p, &st, &actual, &mut actions), None, "nothing to re-apply");
+    assert_eq!(compute_pod_resize_action(&p, &st, &actual, None, &mut actions), None, "nothing to re-apply");
 }
