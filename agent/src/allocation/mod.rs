@@ -26,10 +26,21 @@
 //!   `PodObservedGenerationTracking`); the pod-level `allocatedResources` and
 //!   `resources` every pod shows ([`pod_level`]).
 //!
+//! - **Pod-level resources** (`InPlacePodLevelResourcesVerticalScaling`, beta and on in
+//!   1.37; the node declares it): a pod's `spec.resources` are allocated and checkpointed
+//!   (`PodLevelResources`) and admitted like a container's, on the pod's requests; the
+//!   pod-level resources the pod cgroup was last given are recorded when the pod is first
+//!   synced ([`AllocationManager::initialize_pod_actuated`]) and after each resize, and the
+//!   resize is in progress until they match the allocation. Containers without their own
+//!   limits inherit the pod-level ones and are resized with them
+//!   ([`ResourceValues::of_container`]).
+//!
 //! Deviations: swap is never on for containers here (`failSwapOn`, no `LimitedSwap`), so
-//! the swap infeasibility check never fires; pod-level resources are not resizable (the
-//! API refuses them); a memory limit decrease below the pod's current usage fails with
-//! upstream's message and is retried at the next sync (per-container usage is not checked).
+//! the swap infeasibility check never fires; a memory limit set or lowered below the
+//! pod's current usage fails with upstream's message and is retried at the next sync
+//! (per-container usage is not checked); the actuated records live in memory (upstream
+//! checkpoints them), so after an agent restart a container's are re-applied in place and
+//! the pod's are taken to be the allocation.
 
 pub mod checkpoint;
 pub mod metrics;

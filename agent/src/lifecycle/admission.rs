@@ -62,34 +62,21 @@ fn reject(reason: &str, message: String) -> Rejection {
     Rejection { reason: reason.into(), message }
 }
 
-/// Effective requests of a pod: max(largest init container, sum of app containers), as
-/// the scheduler and kubelet compute them, plus overhead.
+/// The requests of a pod as the node-fit check counts them (upstream `PodRequests`):
+/// app containers and sidecars summed, each init container with the sidecars before it,
+/// the larger of the two, pod-level requests replacing the containers' where set, plus
+/// overhead; cpu in millicores, the rest in units.
 #[must_use]
-pub fn pod_requests(spec: &PodSpec) -> BTreeMap<String, i64> {
-    let get = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> i64 {
-        c.resources
-            .as_ref()
-            .and_then(|res| res.requests.as_ref().and_then(|q| q.get(r)).or(res.limits.as_ref().and_then(|q| q.get(r))))
-            .and_then(
-                |q| if r == "cpu" { quantity::parse_milli_cpu(&q.0).ok() } else { quantity::parse_bytes(&q.0).ok() },
-            )
-            .unwrap_or(0)
-    };
-    let mut out = BTreeMap::new();
-    for r in ["cpu", "memory", "ephemeral-storage"] {
-        let apps: i64 = spec.containers.iter().map(|c| get(c, r)).sum();
-        let init = spec.init_containers.iter().flatten().map(|c| get(c, r)).max().unwrap_or(0);
-        let overhead = spec
-            .overhead
-            .as_ref()
-            .and_then(|o| o.get(r))
-            .and_then(
-                |q| if r == "cpu" { quantity::parse_milli_cpu(&q.0).ok() } else { quantity::parse_bytes(&q.0).ok() },
-            )
-            .unwrap_or(0);
-        out.insert(r.to_string(), apps.max(init) + overhead);
-    }
-    out
+pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i64> {
+    use crate::types::pod_resources;
+    let all = pod_resources::pod_requests(pod);
+    ["cpu", "memory", "ephemeral-storage"]
+        .into_iter()
+        .map(|r| {
+            let q = pod_resources::get(&all, r);
+            (r.to_string(), if r == "cpu" { q.milli_value_saturating() } else { q.value_saturating() })
+        })
+        .collect()
 }
 
 /// Effective requests of extended resources (e.g. device plugin resources): the pod's
@@ -234,7 +221,7 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
             format!("Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {max}", active.len()),
         ));
     }
-    let want = pod_requests(spec);
+    let want = pod_requests(pod);
     for (r, reason) in [("cpu", "OutOfcpu"), ("memory", "OutOfmemory"), ("ephemeral-storage", "OutOfephemeral-storage")]
     {
         let req = want.get(r).copied().unwrap_or(0);
@@ -242,8 +229,7 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
             continue;
         }
         let Some(cap) = allocatable(node, r) else { continue };
-        let used: i64 =
-            active.iter().filter_map(|p| p.spec.as_ref()).map(|s| pod_requests(s).get(r).copied().unwrap_or(0)).sum();
+        let used: i64 = active.iter().map(|p| pod_requests(p).get(r).copied().unwrap_or(0)).sum();
         if used + req > cap {
             return Err(reject(
                 reason,
@@ -370,6 +356,27 @@ mod tests {
         let p = pod(&serde_json::json!({
             "initContainers": [{"name": "i", "image": "x", "resources": {"requests": {"cpu": "1"}}}]
         }));
-        assert_eq!(pod_requests(p.spec.as_ref().unwrap())["cpu"], 1000);
+        assert_eq!(pod_requests(&p)["cpu"], 1000);
+    }
+
+    /// The node-fit check counts requests as upstream's `PodRequests`: pod-level requests
+    /// replace the containers' sum, and sidecars run beside the app containers.
+    #[test]
+    fn pod_level_requests_and_sidecars_count_as_upstream() {
+        let n = node();
+        let pod_level = pod(&serde_json::json!({"resources": {"requests": {"cpu": "2500m"}}}));
+        let r = admit(&pod_level, &n, &[]).unwrap_err();
+        assert_eq!(r.message, "Node didn't have enough resource: cpu, requested: 2500, used: 0, capacity: 2000");
+        let sidecar = pod(&serde_json::json!({
+            "initContainers": [{"name": "s", "image": "x", "restartPolicy": "Always",
+                "resources": {"requests": {"cpu": "1600m"}}}]
+        }));
+        let r = admit(&sidecar, &n, &[]).unwrap_err();
+        assert_eq!(r.message, "Node didn't have enough resource: cpu, requested: 2100, used: 0, capacity: 2000");
+        // And on the other pods' side.
+        let small = pod(&serde_json::json!({"containers": [{"name": "c", "image": "x"}]}));
+        let r = admit(&pod(&serde_json::json!({})), &n, &[pod_level]).unwrap_err();
+        assert_eq!(r.message, "Node didn't have enough resource: cpu, requested: 500, used: 2500, capacity: 2000");
+        assert_eq!(admit(&small, &n, &[sidecar]), Ok(()));
     }
 }
