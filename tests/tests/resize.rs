@@ -392,7 +392,15 @@ async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result
     })
     .await?;
     let c = resize_condition(&p, "PodResizeInProgress").unwrap();
-    assert_eq!(c["message"], "Aborting attempt to set pod memory limit less than current memory usage for pod lowmem");
+    // Upstream 1.37's message: the new limit (48Mi) and the usage.
+    let message = c["message"].as_str().unwrap_or_default();
+    let usage = message
+        .strip_prefix(
+            "cannot decrease memory limits: attempting to set pod memory limit (50331648) below current usage (",
+        )
+        .and_then(|rest| rest.strip_suffix(')'))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(usage.is_some_and(|u| u >= 50_331_648), "{message}");
     assert_eq!(c["observedGeneration"], 2);
     let cs = container_status(&p);
     // Allocated, not actuated: the kernel keeps the old limit, the container runs on.
@@ -404,5 +412,82 @@ async fn a_memory_limit_below_the_pods_usage_is_an_in_progress_error() -> Result
     assert_eq!(cgroup_file(agent, "memory", &uid, None, "memory.limit_in_bytes"), "134217728");
 
     bed.delete("lowmem").await?;
+    bed.leave().await
+}
+
+/// A pod whose resources are set at the pod level (`spec.resources`), its container
+/// without any: the container inherits the pod-level limits.
+fn pod_level_pod(name: &str) -> Pod {
+    let mut p = pod(name, None);
+    let spec = p.spec.as_mut().unwrap();
+    spec.containers[0].resources = None;
+    spec.resources = Some(
+        serde_json::from_value(json!({
+            "requests": {"cpu": "200m", "memory": "64Mi"},
+            "limits": {"cpu": "400m", "memory": "128Mi"},
+        }))
+        .unwrap(),
+    );
+    p
+}
+
+/// `InPlacePodLevelResourcesVerticalScaling` (beta, on in 1.37): a resize of the pod-level
+/// resources is admitted (the node declares the feature, else the API server refuses it),
+/// allocated and actuated in place on the pod cgroup and on the container that inherits
+/// the pod-level limits, without a restart.
+#[tokio::test]
+async fn pod_level_resources_resize_in_place() -> Result<()> {
+    let _g = testbed_lock().await;
+    let bed = Bed::join("resize-podlevel", AgentOptions::default()).await?;
+    let (agent, cri) = (bed.agent(), &bed.cri);
+    let created = bed.create(serde_json::to_value(pod_level_pod("podlevel"))?).await?;
+    let uid = created.metadata.uid.clone().unwrap();
+    eventually(&bed, "podlevel", 60, "running", running).await?;
+    let id = running_container(cri, &uid).await?;
+    // 400m -> quota 40000; 200m -> 204 shares (the pod); the container inherits the limits
+    // and has the minimum shares (no request of its own).
+    assert_eq!(limits(agent, &uid, None), triple("40000", "204", "134217728"));
+    assert_eq!(limits(agent, &uid, Some(&id)), triple("40000", "2", "134217728"));
+
+    let patch = json!({"spec": {"resources": {
+        "requests": {"cpu": "300m", "memory": "64Mi"},
+        "limits": {"cpu": "600m", "memory": "192Mi"},
+    }}});
+    let resized =
+        bed.pods().patch_subresource("resize", "podlevel", &PatchParams::default(), &Patch::Strategic(patch)).await?;
+    assert_eq!(resized.metadata.generation, Some(2));
+    let p = eventually(&bed, "podlevel", 60, "pod-level resize actuated", |p| {
+        pod_level(p, "allocatedResources") == json!({"cpu": "300m", "memory": "64Mi"})
+            && resize_condition(p, "PodResizeInProgress").is_none()
+            && resize_condition(p, "PodResizePending").is_none()
+            && pod_level(p, "resources")["limits"] == json!({"cpu": "600m", "memory": "192Mi"})
+    })
+    .await?;
+    assert_eq!(container_status(&p)["restartCount"], 0);
+    assert_eq!(running_container(cri, &uid).await?, id, "resized in place");
+    assert_eq!(limits(agent, &uid, None), triple("60000", "307", "201326592"));
+    assert_eq!(limits(agent, &uid, Some(&id)), triple("60000", "2", "201326592"));
+    // The events say so (they reach the API server a little later).
+    let reasons = || {
+        bed.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=podlevel",
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = reasons()?;
+        if seen.contains("ResizeStarted") && seen.contains("ResizeCompleted") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "resize events missing: {seen}\n{}", tail(&agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    bed.delete("podlevel").await?;
     bed.leave().await
 }

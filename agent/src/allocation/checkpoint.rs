@@ -10,9 +10,10 @@
 //! that string: `(string)` followed by the raw data. A checkpoint whose checksum does not
 //! match is corrupt (upstream refuses to start with it; so do we).
 //!
-//! A pod with pod-level resources has them under `PodLevelResources` (left out when it
-//! has none, where upstream writes `null`; both read the same). Upstream's newest format
-//! ("v2", a protobuf `PodList` inside the JSON) is not written.
+//! `PodLevelResources` holds the pod-level resources, `null` for none, as upstream writes
+//! it; an entry without the field was written before swiftlet checkpointed them (it
+//! reads as unknown). Upstream's newest format ("v2", a protobuf `PodList` inside the
+//! JSON) is not written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,8 +50,20 @@ pub enum Error {
 pub struct PodAllocation {
     #[serde(rename = "ContainerResources", default)]
     pub container_resources: BTreeMap<String, ResourceRequirements>,
-    #[serde(rename = "PodLevelResources", default, skip_serializing_if = "Option::is_none")]
-    pub pod_level_resources: Option<ResourceRequirements>,
+    /// `None`: unknown (an entry without the field); `Some(None)`: the pod has none.
+    #[serde(
+        rename = "PodLevelResources",
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pod_level_resources: Option<Option<ResourceRequirements>>,
+}
+
+/// A field that is there, `null` or not (serde's `default` covers a missing one).
+#[expect(clippy::option_option, reason = "missing, null and a value are three cases")]
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<ResourceRequirements>>, D::Error> {
+    Option::<ResourceRequirements>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -163,11 +176,11 @@ mod tests {
     }
 
     #[test]
-    fn pod_level_resources_are_kept_and_upstreams_null_reads_as_none() {
+    fn pod_level_resources_are_kept_and_null_is_none_unlike_a_missing_field() {
         let mut with = upstream_allocation();
         let limits = BTreeMap::from([("memory".to_string(), Quantity("200Mi".into()))]);
         with.get_mut("pod1").unwrap().pod_level_resources =
-            Some(ResourceRequirements { limits: Some(limits), ..Default::default() });
+            Some(Some(ResourceRequirements { limits: Some(limits), ..Default::default() }));
         let bytes = encode(&with);
         assert!(
             String::from_utf8_lossy(&bytes).contains(r#"\"PodLevelResources\":{\"limits\":{\"memory\":\"200Mi\"}}"#)
@@ -177,6 +190,8 @@ mod tests {
             r#"{"entries":{"pod1":{"ContainerResources":{},"PodLevelResources":null,"EmptyDirVolumeLimits":null}}}"#;
         let file = format!(r#"{{"data":{},"checksum":{}}}"#, serde_json::to_string(data).unwrap(), checksum(data));
         let got = decode(Path::new("x"), file.as_bytes()).unwrap();
-        assert_eq!(got["pod1"], PodAllocation::default());
+        assert_eq!(got["pod1"], PodAllocation { pod_level_resources: Some(None), ..PodAllocation::default() });
+        let none = BTreeMap::from([("pod1".to_string(), got["pod1"].clone())]);
+        assert!(String::from_utf8(encode(&none)).unwrap().contains(r#"\"PodLevelResources\":null"#));
     }
 }

@@ -162,11 +162,10 @@ impl ResourceValues {
         values
     }
 
-    /// The pod-level values of `pod`, when it sets pod-level resources.
+    /// The pod-level values of `pod` (zero where it sets none).
     #[must_use]
-    pub fn of_pod(pod: &Pod) -> Option<Self> {
-        pod_resources::is_pod_level_resources_set(pod)
-            .then(|| Self::of(pod.spec.as_ref().and_then(|s| s.resources.as_ref())))
+    pub fn of_pod(pod: &Pod) -> Self {
+        Self::of(pod.spec.as_ref().and_then(|s| s.resources.as_ref()))
     }
 
     /// The values of a container's requirements.
@@ -274,7 +273,7 @@ fn allocation_from_pod(pod: &Pod) -> PodAllocation {
         container_resources: resizable_containers(pod)
             .map(|c| (c.name.clone(), c.resources.clone().unwrap_or_default()))
             .collect(),
-        pod_level_resources: pod.spec.as_ref().and_then(|s| s.resources.clone()),
+        pod_level_resources: Some(pod.spec.as_ref().and_then(|s| s.resources.clone())),
     }
 }
 
@@ -287,17 +286,16 @@ fn requirements_equal(a: Option<&ResourceRequirements>, b: Option<&ResourceRequi
 }
 
 /// `pod` with the resources of `alloc` (upstream `updatePodFromAllocation`). An
-/// allocation without pod-level resources leaves the spec's: the API lets a resize
-/// change pod-level resources but neither add nor remove them, so such an allocation was
-/// written before pod-level resources were checkpointed (upstream would drop them).
+/// allocation whose pod-level resources are unknown (checkpointed before they were)
+/// leaves the spec's, where upstream would drop them.
 fn pod_from_allocation(pod: &Pod, alloc: &PodAllocation) -> (Pod, bool) {
     let mut out = pod.clone();
     let mut updated = false;
     if let Some(spec) = out.spec.as_mut() {
         if let Some(a) = &alloc.pod_level_resources
-            && !requirements_equal(spec.resources.as_ref(), Some(a))
+            && !requirements_equal(spec.resources.as_ref(), a.as_ref())
         {
-            spec.resources = Some(a.clone());
+            spec.resources.clone_from(a);
             updated = true;
         }
         for c in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
@@ -452,10 +450,16 @@ impl AllocationManager {
         let uid = pod_uid(pod).to_string();
         let mut inner = self.inner.lock().unwrap();
         inner.last_desired.insert(uid.clone(), allocation_from_pod(pod));
-        if inner.allocated.contains_key(&uid) {
-            return;
+        match inner.allocated.get_mut(&uid) {
+            // Checkpointed before pod-level resources were: the spec's are what it runs with.
+            Some(a) if a.pod_level_resources.is_none() => {
+                a.pod_level_resources = Some(pod.spec.as_ref().and_then(|s| s.resources.clone()));
+            }
+            Some(_) => return,
+            None => {
+                inner.allocated.insert(uid, allocation_from_pod(pod));
+            }
         }
-        inner.allocated.insert(uid, allocation_from_pod(pod));
         let snapshot = inner.allocated.clone();
         drop(inner);
         self.persist(&snapshot);
@@ -523,7 +527,7 @@ impl AllocationManager {
     /// sync): its pod cgroup was made with them. After an agent restart the allocation
     /// stands in for what the cgroup has, as upstream's does when its record is missing.
     pub fn initialize_pod_actuated(&self, allocated_pod: &Pod) {
-        let Some(values) = ResourceValues::of_pod(allocated_pod) else { return };
+        let values = ResourceValues::of_pod(allocated_pod);
         self.inner.lock().unwrap().pod_actuated.entry(pod_uid(allocated_pod).to_string()).or_insert(values);
     }
 
@@ -777,9 +781,9 @@ impl AllocationManager {
                     .actuated(&uid, &c.name)
                     .is_some_and(|a| !values_match(ResourceValues::of_container(allocated_pod, c), a))
         });
-        let pod_level = ResourceValues::of_pod(allocated_pod)
-            .zip(self.pod_actuated(&uid))
-            .is_some_and(|(desired, actuated)| !values_match(desired, actuated));
+        let pod_level = self
+            .pod_actuated(&uid)
+            .is_some_and(|actuated| !values_match(ResourceValues::of_pod(allocated_pod), actuated));
         let in_progress = containers || pod_level;
         let generation = allocated_pod.metadata.generation.unwrap_or(0);
         let mut inner = self.inner.lock().unwrap();

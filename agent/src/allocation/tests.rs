@@ -391,7 +391,7 @@ fn a_pod_level_resize_is_allocated_checkpointed_and_in_progress_until_actuated()
     let rt = RuntimePodStatus { uid: "u1".into(), ..Default::default() };
     m.check_resize_in_progress(&n, &rt);
     assert!(has_in_progress(&m, "u1"), "the pod cgroup still has the old values");
-    m.set_pod_actuated("u1", ResourceValues::of_pod(&n).unwrap());
+    m.set_pod_actuated("u1", ResourceValues::of_pod(&n));
     m.check_resize_in_progress(&n, &rt);
     assert!(!has_in_progress(&m, "u1"));
     assert_eq!(reasons_of(&recorder), ["ResizeStarted", "ResizeCompleted"]);
@@ -405,14 +405,41 @@ fn a_pod_level_resize_is_allocated_checkpointed_and_in_progress_until_actuated()
     assert_eq!(pending(&m, "u1").unwrap().0, "Infeasible");
 }
 
-/// An allocation checkpointed without pod-level resources (before they were) leaves the
-/// spec's: the API never adds or removes them in a resize.
+/// A resize may add pod-level resources to a pod that had none: allocated, and in
+/// progress until the pod cgroup has them.
 #[test]
-fn an_allocation_without_pod_level_resources_keeps_the_specs() {
+fn a_resize_that_adds_pod_level_resources_is_allocated() {
+    let (m, _) = manager();
+    let p = burstable("u1", "100m", "200m", "64Mi");
+    m.add_pod(&p);
+    m.initialize_pod_actuated(&p);
+    let mut n = with_pod_level(p.clone(), "300m", "128Mi");
+    n.metadata.generation = Some(2);
+    let (allocated, differs) = m.update_pod_from_allocation(&n);
+    assert!(differs, "the pod-level resources are not allocated yet");
+    assert_eq!(allocated.spec.unwrap().resources, None);
+    let ctx = ResizeContext { allocatable: Some((2000, 1 << 30)), fits: &fits_always };
+    assert!(m.handle_resize(&n, &ctx));
+    assert!(!m.update_pod_from_allocation(&n).1);
+    let rt = RuntimePodStatus { uid: "u1".into(), ..Default::default() };
+    m.check_resize_in_progress(&n, &rt);
+    assert!(has_in_progress(&m, "u1"), "the pod cgroup has no pod-level values yet");
+}
+
+/// An allocation checkpointed by an older swiftlet has no `PodLevelResources` at all
+/// (upstream writes `null` for none): it leaves the spec's, and the pod's next admission
+/// fills them in from the spec.
+#[test]
+fn an_allocation_from_before_pod_level_resources_keeps_the_specs() {
     let p = with_pod_level(burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
     let mut old = allocation_from_pod(&p);
     old.pod_level_resources = None;
     let (allocated, differs) = pod_from_allocation(&p, &old);
     assert!(!differs);
-    assert_eq!(allocated.spec.unwrap().resources, p.spec.unwrap().resources);
+    assert_eq!(allocated.spec.unwrap().resources, p.spec.as_ref().unwrap().resources);
+    let (m, _) = manager();
+    m.inner.lock().unwrap().allocated.insert("u1".into(), old);
+    m.add_pod(&p);
+    let alloc = m.inner.lock().unwrap().allocated["u1"].clone();
+    assert_eq!(alloc.pod_level_resources, Some(p.spec.as_ref().unwrap().resources.clone()));
 }

@@ -136,7 +136,9 @@ pub fn compute_pod_resize_action(
             plan.cpu.push(update);
         }
     }
-    if let (Some(desired), Some(current)) = (ResourceValues::of_pod(pod), pod_actuated)
+    // Pod-level resources changed, added (a resize may add them) or not.
+    let desired = ResourceValues::of_pod(pod);
+    if let Some(current) = pod_actuated
         && !values_match(desired, current)
     {
         plan.pod_level = Some(desired);

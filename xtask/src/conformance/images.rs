@@ -124,7 +124,8 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     })?;
     out.push((name, image));
     let name = "e2e-test-images/nonroot:1.5".to_owned();
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, b"USER 1234"]), || {
+    let user = format!("USER {NON_ROOT_USER}");
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, user.as_bytes()]), || {
         let layer = images::host_busybox_layer(&busybox)?;
         images::oci_archive(&name, &layer, &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) })
     })?;

@@ -262,7 +262,7 @@ fn pod_level(requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Pod {
 fn a_pod_level_resize_updates_the_containers_that_inherit_and_the_pod_cgroup() {
     let old = pod_level(&[("cpu", "200m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "256Mi")]);
     let new = pod_level(&[("cpu", "200m"), ("memory", "128Mi")], &[("cpu", "400m"), ("memory", "200Mi")]);
-    let was = ResourceValues::of_pod(&old);
+    let was = Some(ResourceValues::of_pod(&old));
     assert_eq!(was, Some(values(200, 400, 128 * MI, 256 * MI)));
     let inherited = values(100, 400, 64 * MI, 256 * MI);
     assert_eq!(ResourceValues::of_container(&old, &old.spec.as_ref().unwrap().containers[0]), inherited);
