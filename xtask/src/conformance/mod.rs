@@ -91,6 +91,8 @@ pub const CI_SPECS: &[&str] = &[
     "[sig-node] Security Context When creating a container with runAsNonRoot should run with an image specified user ID",
     "[sig-node] Security Context when creating containers with AllowPrivilegeEscalation should not allow privilege escalation when false",
     "[sig-node] Override hostname of Pod a pod with only hostnameOverride field will have hostnameOverride as hostname",
+    "[sig-node] Container Runtime blackbox test on terminated container should report termination message from log output if TerminationMessagePolicy FallbackToLogsOnError is set",
+    "burstable pods - pod-level resources pod-level resize with requests and limits add",
 ];
 
 #[derive(Debug, Clone, clap::Args)]
