@@ -445,9 +445,9 @@ async fn pod_level_resources_resize_in_place() -> Result<()> {
     eventually(&bed, "podlevel", 60, "running", running).await?;
     let id = running_container(cri, &uid).await?;
     // 400m -> quota 40000; 200m -> 204 shares (the pod); the container inherits the limits
-    // and has the minimum shares (no request of its own).
+    // and, with no request of its own, has the shares of its (inherited) cpu limit.
     assert_eq!(limits(agent, &uid, None), triple("40000", "204", "134217728"));
-    assert_eq!(limits(agent, &uid, Some(&id)), triple("40000", "2", "134217728"));
+    assert_eq!(limits(agent, &uid, Some(&id)), triple("40000", "409", "134217728"));
 
     let patch = json!({"spec": {"resources": {
         "requests": {"cpu": "300m", "memory": "64Mi"},
@@ -466,7 +466,7 @@ async fn pod_level_resources_resize_in_place() -> Result<()> {
     assert_eq!(container_status(&p)["restartCount"], 0);
     assert_eq!(running_container(cri, &uid).await?, id, "resized in place");
     assert_eq!(limits(agent, &uid, None), triple("60000", "307", "201326592"));
-    assert_eq!(limits(agent, &uid, Some(&id)), triple("60000", "2", "201326592"));
+    assert_eq!(limits(agent, &uid, Some(&id)), triple("60000", "614", "201326592"));
     // The events say so (they reach the API server a little later).
     let reasons = || {
         bed.kubectl(&[
