@@ -368,6 +368,19 @@ fn with_pod_level(p: Pod, cpu: &str, mem: &str) -> Pod {
     )
 }
 
+/// Admits `p` (its pod cgroup made with its pod-level resources), then returns it resized
+/// to pod-level cpu and memory `cpu` and `mem`, not allocated yet.
+fn admitted_then_resized(m: &AllocationManager, p: &Pod, cpu: &str, mem: &str) -> Pod {
+    m.add_pod(p);
+    m.initialize_pod_actuated(p);
+    let mut n = with_pod_level(p.clone(), cpu, mem);
+    n.metadata.generation = Some(2);
+    let (allocated, differs) = m.update_pod_from_allocation(&n);
+    assert!(differs, "the pod-level resources are not allocated yet");
+    assert_eq!(allocated.spec.unwrap().resources, p.spec.as_ref().unwrap().resources);
+    n
+}
+
 /// A resize of pod-level resources (`InPlacePodLevelResourcesVerticalScaling`) is
 /// allocated, checkpointed and in progress until the pod cgroup has it, as a container's.
 #[test]
@@ -378,13 +391,7 @@ fn a_pod_level_resize_is_allocated_checkpointed_and_in_progress_until_actuated()
         .unwrap()
         .with_recorder(Arc::new(recorder.clone()));
     let p = with_pod_level(burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
-    m.add_pod(&p);
-    m.initialize_pod_actuated(&p);
-    let mut n = with_pod_level(p.clone(), "500m", "256Mi");
-    n.metadata.generation = Some(2);
-    let (allocated, differs) = m.update_pod_from_allocation(&n);
-    assert!(differs, "the pod-level resources are not allocated yet");
-    assert_eq!(allocated.spec.as_ref().unwrap().resources, p.spec.as_ref().unwrap().resources);
+    let n = admitted_then_resized(&m, &p, "500m", "256Mi");
     let ctx = ResizeContext { allocatable: Some((2000, 1 << 30)), fits: &fits_always };
     assert!(m.handle_resize(&n, &ctx));
     assert!(!m.update_pod_from_allocation(&n).1, "allocated");
@@ -410,14 +417,7 @@ fn a_pod_level_resize_is_allocated_checkpointed_and_in_progress_until_actuated()
 #[test]
 fn a_resize_that_adds_pod_level_resources_is_allocated() {
     let (m, _) = manager();
-    let p = burstable("u1", "100m", "200m", "64Mi");
-    m.add_pod(&p);
-    m.initialize_pod_actuated(&p);
-    let mut n = with_pod_level(p.clone(), "300m", "128Mi");
-    n.metadata.generation = Some(2);
-    let (allocated, differs) = m.update_pod_from_allocation(&n);
-    assert!(differs, "the pod-level resources are not allocated yet");
-    assert_eq!(allocated.spec.unwrap().resources, None);
+    let n = admitted_then_resized(&m, &burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
     let ctx = ResizeContext { allocatable: Some((2000, 1 << 30)), fits: &fits_always };
     assert!(m.handle_resize(&n, &ctx));
     assert!(!m.update_pod_from_allocation(&n).1);
