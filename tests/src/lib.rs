@@ -217,7 +217,25 @@ impl Cri {
     }
 }
 
+/// A free port on 127.0.0.1 for a server the test starts, below the kernel's ephemeral
+/// range: a port from that range (what binding port 0 gives) can be taken, between this
+/// check and the server's own bind, as the local port of any outgoing connection, which
+/// failed an agent's start with "Address already in use" once.
+///
+/// # Errors
+/// No port could be bound.
 pub fn free_port() -> Result<u16> {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000, first_ephemeral.max(10_001));
+    for _ in 0..256 {
+        let port = rand::random_range(low..high);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
