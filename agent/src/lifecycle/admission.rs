@@ -222,6 +222,8 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
         ));
     }
     let want = pod_requests(pod);
+    // Each active pod's requests, aggregated once for the three resources.
+    let mut active_requests: Option<Vec<BTreeMap<String, i64>>> = None;
     for (r, reason) in [("cpu", "OutOfcpu"), ("memory", "OutOfmemory"), ("ephemeral-storage", "OutOfephemeral-storage")]
     {
         let req = want.get(r).copied().unwrap_or(0);
@@ -229,7 +231,11 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
             continue;
         }
         let Some(cap) = allocatable(node, r) else { continue };
-        let used: i64 = active.iter().map(|p| pod_requests(p).get(r).copied().unwrap_or(0)).sum();
+        let used: i64 = active_requests
+            .get_or_insert_with(|| active.iter().map(pod_requests).collect())
+            .iter()
+            .map(|q| q.get(r).copied().unwrap_or(0))
+            .sum();
         if used + req > cap {
             return Err(reject(
                 reason,
