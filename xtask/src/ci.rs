@@ -107,9 +107,10 @@ fn run_status(mut cmd: Command, what: &str) -> Result<()> {
 }
 
 /// Runs `cargo test`, copying its stdout through line by line (CI reads it) and summing
-/// its results.
+/// its results. `--no-fail-fast`: a failing test binary must not hide the results of the
+/// binaries after it.
 fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut TestTotals) -> Result<()> {
-    let mut cmd = cargo(ctx, &["test", "--workspace", "--locked"]);
+    let mut cmd = cargo(ctx, &["test", "--workspace", "--locked", "--no-fail-fast"]);
     if !test_args.is_empty() {
         cmd.arg("--").args(test_args);
     }

@@ -146,7 +146,10 @@ impl KernelExits {
         s.awaiting_runtime.retain(|id, pod| *pod != uid || here(id));
         // Marked here too for containers started before this agent (and its marks).
         for c in &status.containers {
-            if c.termination_message.may_need_log() && c.state != ContainerState::Exited {
+            if c.termination_message.may_need_log()
+                && c.state != ContainerState::Exited
+                && !s.awaiting_runtime.contains_key(&c.id)
+            {
                 s.awaiting_runtime.insert(c.id.clone(), uid.clone());
             }
         }
