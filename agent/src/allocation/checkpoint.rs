@@ -26,6 +26,10 @@ use crate::types::io::PathIoError;
 /// The checkpoint's file name under the root dir (upstream `allocatedPodsStateFile`).
 pub const FILE_NAME: &str = "allocated_pods_state";
 
+/// The file of what the containers and pod cgroups were last given, in the same format
+/// (upstream `actuatedPodsStateFile`, written by its runtime manager).
+pub const ACTUATED_FILE_NAME: &str = "actuated_pods_state";
+
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -125,6 +129,17 @@ pub fn load(path: &Path) -> Result<BTreeMap<String, PodAllocation>, Error> {
 /// A write failure.
 pub fn store(path: &Path, allocations: &BTreeMap<String, PodAllocation>) -> Result<(), Error> {
     crate::cm::checkpoint::write_atomic(path, &encode(allocations)).map_err(PathIoError::at("write", path))?;
+    Ok(())
+}
+
+/// [`store`] without waiting for the disk (`fsync`): for records that describe running
+/// containers, which a crash of the machine ends anyway (the actuated records are
+/// written at every container start; an agent crash keeps what the kernel has).
+///
+/// # Errors
+/// A write failure.
+pub fn store_unsynced(path: &Path, allocations: &BTreeMap<String, PodAllocation>) -> Result<(), Error> {
+    crate::cm::checkpoint::replace_unsynced(path, &encode(allocations)).map_err(PathIoError::at("write", path))?;
     Ok(())
 }
 

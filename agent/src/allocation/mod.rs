@@ -38,16 +38,18 @@
 //! Deviations: swap is never on for containers here (`failSwapOn`, no `LimitedSwap`), so
 //! the swap infeasibility check never fires; a memory limit set or lowered below the
 //! pod's current usage fails with upstream's message and is retried at the next sync
-//! (per-container usage is not checked); the actuated records live in memory (upstream
-//! checkpoints them), so after an agent restart a container's are re-applied in place and
-//! the pod's are taken to be the allocation.
+//! (per-container usage is not checked). The actuated records are kept in upstream's
+//! `actuated_pods_state` (written at every change, without `fsync`: they describe running
+//! containers, which a machine crash ends anyway); a container's record holds the values
+//! its cgroup was given, pod-level limits it inherits included, where upstream's holds its
+//! own requirements.
 
 pub mod checkpoint;
 pub mod metrics;
 pub mod pod_level;
 
 use crate::types::pod::uid as pod_uid;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -365,6 +367,10 @@ struct Inner {
 /// The allocation manager (see the module docs).
 pub struct AllocationManager {
     path: Option<PathBuf>,
+    /// `actuated_pods_state`, beside the allocation checkpoint.
+    actuated_path: Option<PathBuf>,
+    /// Held while the actuated records are written, so that writes land in order.
+    actuated_writes: Mutex<()>,
     inner: Mutex<Inner>,
     recorder: Option<Arc<dyn EventRecorder>>,
     metrics: ResizeMetrics,
@@ -385,9 +391,26 @@ impl AllocationManager {
     pub fn new(root_dir: &Path, node: NodeResizeConfig, metrics: ResizeMetrics) -> Result<Self, Error> {
         let path = root_dir.join(checkpoint::FILE_NAME);
         let allocated = checkpoint::load(&path)?;
+        let actuated_path = root_dir.join(checkpoint::ACTUATED_FILE_NAME);
+        let mut inner = Inner { allocated, ..Inner::default() };
+        for (uid, record) in checkpoint::load(&actuated_path)? {
+            let containers: HashMap<String, ResourceValues> = record
+                .container_resources
+                .iter()
+                .map(|(name, r)| (name.clone(), ResourceValues::of(Some(r))))
+                .collect();
+            if !containers.is_empty() {
+                inner.actuated.insert(uid.clone(), containers);
+            }
+            if let Some(pod_level) = &record.pod_level_resources {
+                inner.pod_actuated.insert(uid, ResourceValues::of(pod_level.as_ref()));
+            }
+        }
         Ok(Self {
             path: Some(path),
-            inner: Mutex::new(Inner { allocated, ..Inner::default() }),
+            actuated_path: Some(actuated_path),
+            actuated_writes: Mutex::new(()),
+            inner: Mutex::new(inner),
             recorder: None,
             metrics,
             node,
@@ -397,7 +420,15 @@ impl AllocationManager {
     /// A manager that keeps its allocations in memory only (tests).
     #[must_use]
     pub fn in_memory(node: NodeResizeConfig) -> Self {
-        Self { path: None, inner: Mutex::default(), recorder: None, metrics: ResizeMetrics::default(), node }
+        Self {
+            path: None,
+            actuated_path: None,
+            actuated_writes: Mutex::new(()),
+            inner: Mutex::default(),
+            recorder: None,
+            metrics: ResizeMetrics::default(),
+            node,
+        }
     }
 
     /// Records `ResizeStarted`, `ResizeDeferred`, ... events through `recorder`.
@@ -410,6 +441,36 @@ impl AllocationManager {
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
         if let Some(r) = &self.recorder {
             r.record(pod_ref(pod), type_, reason, message);
+        }
+    }
+
+    /// Writes the actuated records (`actuated_pods_state`): each pod's containers and,
+    /// once recorded, its pod-level resources (`null` for none, as upstream).
+    fn persist_actuated(&self) {
+        let Some(path) = &self.actuated_path else { return };
+        let _order = self.actuated_writes.lock().unwrap();
+        let records = {
+            let inner = self.inner.lock().unwrap();
+            let uids: BTreeSet<&String> = inner.actuated.keys().chain(inner.pod_actuated.keys()).collect();
+            uids.into_iter()
+                .map(|uid| {
+                    let container_resources = inner
+                        .actuated
+                        .get(uid)
+                        .into_iter()
+                        .flatten()
+                        .map(|(name, v)| (name.clone(), v.to_requirements()))
+                        .collect();
+                    let pod_level_resources = inner
+                        .pod_actuated
+                        .get(uid)
+                        .map(|v| (*v != ResourceValues::default()).then(|| v.to_requirements()));
+                    (uid.clone(), PodAllocation { container_resources, pod_level_resources })
+                })
+                .collect()
+        };
+        if let Err(e) = checkpoint::store_unsynced(path, &records) {
+            tracing::error!(error = %e, "failed to write the actuated resources checkpoint");
         }
     }
 
@@ -468,8 +529,7 @@ impl AllocationManager {
     /// Forgets a pod that is gone from its source.
     pub fn remove_pod(&self, uid: &str) {
         let mut inner = self.inner.lock().unwrap();
-        inner.actuated.remove(uid);
-        inner.pod_actuated.remove(uid);
+        let had_actuated = inner.actuated.remove(uid).is_some() | inner.pod_actuated.remove(uid).is_some();
         inner.conditions.remove(uid);
         inner.pending.retain(|u| u != uid);
         inner.last_desired.remove(uid);
@@ -480,6 +540,9 @@ impl AllocationManager {
         } else {
             drop(inner);
         }
+        if had_actuated {
+            self.persist_actuated();
+        }
         self.update_gauges();
     }
 
@@ -488,15 +551,20 @@ impl AllocationManager {
         let mut inner = self.inner.lock().unwrap();
         let before = inner.allocated.len();
         inner.allocated.retain(|u, _| keep.contains(u));
+        let actuated_before = (inner.actuated.len(), inner.pod_actuated.len());
         inner.actuated.retain(|u, _| keep.contains(u));
         inner.pod_actuated.retain(|u, _| keep.contains(u));
+        let actuated_changed = actuated_before != (inner.actuated.len(), inner.pod_actuated.len());
         inner.conditions.retain(|u, _| keep.contains(u));
         inner.pending.retain(|u| keep.contains(u));
         inner.last_desired.retain(|u, _| keep.contains(u));
-        if inner.allocated.len() != before {
-            let snapshot = inner.allocated.clone();
-            drop(inner);
+        let snapshot = (inner.allocated.len() != before).then(|| inner.allocated.clone());
+        drop(inner);
+        if let Some(snapshot) = snapshot {
             self.persist(&snapshot);
+        }
+        if actuated_changed {
+            self.persist_actuated();
         }
     }
 
@@ -508,7 +576,14 @@ impl AllocationManager {
 
     /// Records what a container was given (at start, or by `UpdateContainerResources`).
     pub fn set_actuated(&self, uid: &str, container: &str, values: ResourceValues) {
-        self.inner.lock().unwrap().actuated.entry(uid.to_string()).or_default().insert(container.to_string(), values);
+        let mut inner = self.inner.lock().unwrap();
+        let containers = inner.actuated.entry(uid.to_string()).or_default();
+        if containers.get(container) == Some(&values) {
+            return;
+        }
+        containers.insert(container.to_string(), values);
+        drop(inner);
+        self.persist_actuated();
     }
 
     /// What the pod cgroup of pod `uid` was last given at pod level, if known.
@@ -519,16 +594,25 @@ impl AllocationManager {
 
     /// Records what the pod cgroup was given at pod level (by a resize).
     pub fn set_pod_actuated(&self, uid: &str, values: ResourceValues) {
-        self.inner.lock().unwrap().pod_actuated.insert(uid.to_string(), values);
+        if self.inner.lock().unwrap().pod_actuated.insert(uid.to_string(), values) != Some(values) {
+            self.persist_actuated();
+        }
     }
 
     /// Records the pod-level resources of `allocated_pod` (the pod with its allocation) as
     /// actuated when nothing is recorded yet (upstream `InitializeActuatedPod`, at every
-    /// sync): its pod cgroup was made with them. After an agent restart the allocation
-    /// stands in for what the cgroup has, as upstream's does when its record is missing.
+    /// sync): its pod cgroup was made with them. After an agent restart the record comes
+    /// from `actuated_pods_state`; only a pod without one (its pod cgroup made by an
+    /// agent that kept none) takes the allocation for what the cgroup has.
     pub fn initialize_pod_actuated(&self, allocated_pod: &Pod) {
-        let values = ResourceValues::of_pod(allocated_pod);
-        self.inner.lock().unwrap().pod_actuated.entry(pod_uid(allocated_pod).to_string()).or_insert(values);
+        let uid = pod_uid(allocated_pod);
+        let mut inner = self.inner.lock().unwrap();
+        if inner.pod_actuated.contains_key(uid) {
+            return;
+        }
+        inner.pod_actuated.insert(uid.to_string(), ResourceValues::of_pod(allocated_pod));
+        drop(inner);
+        self.persist_actuated();
     }
 
     /// Counts the container resizes `pod` asks for that were not seen before

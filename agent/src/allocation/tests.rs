@@ -443,3 +443,67 @@ fn an_allocation_from_before_pod_level_resources_keeps_the_specs() {
     let alloc = m.inner.lock().unwrap().allocated["u1"].clone();
     assert_eq!(alloc.pod_level_resources, Some(p.spec.as_ref().unwrap().resources.clone()));
 }
+
+fn restarted(dir: &std::path::Path) -> AllocationManager {
+    AllocationManager::new(dir, NodeResizeConfig::default(), ResizeMetrics::default()).unwrap()
+}
+
+/// What the containers and the pod cgroup were last given outlives the agent, in
+/// upstream's `actuated_pods_state`: a pod-level resize allocated but not yet actuated
+/// when the agent stops is still in progress after its restart, not taken as done.
+#[test]
+fn actuated_records_survive_a_restart_so_an_interrupted_resize_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = restarted(dir.path());
+    let p = with_pod_level(burstable("u1", "100m", "200m", "64Mi"), "300m", "128Mi");
+    let n = admitted_then_resized(&m, &p, "500m", "256Mi");
+    let c = &p.spec.as_ref().unwrap().containers[0];
+    m.set_actuated("u1", "c", ResourceValues::of_container(&p, c));
+    let ctx = ResizeContext { allocatable: Some((2000, 1 << 30)), fits: &fits_always };
+    assert!(m.handle_resize(&n, &ctx), "allocated; the agent stops before the pod cgroup is set");
+    let file = dir.path().join(checkpoint::ACTUATED_FILE_NAME);
+    let on_disk = checkpoint::load(&file).unwrap();
+    assert_eq!(on_disk["u1"].pod_level_resources, Some(Some(ResourceValues::of_pod(&p).to_requirements())));
+    assert_eq!(on_disk["u1"].container_resources["c"], ResourceValues::of_container(&p, c).to_requirements());
+
+    let m = restarted(dir.path());
+    m.add_pod(&n);
+    let (allocated, _) = m.update_pod_from_allocation(&n);
+    m.initialize_pod_actuated(&allocated);
+    assert_eq!(m.pod_actuated("u1"), Some(ResourceValues::of_pod(&p)), "the old values, not the allocation");
+    assert_eq!(m.actuated("u1", "c"), Some(ResourceValues::of_container(&p, c)));
+    let rt = RuntimePodStatus { uid: "u1".into(), ..Default::default() };
+    m.check_resize_in_progress(&allocated, &rt);
+    assert!(has_in_progress(&m, "u1"), "the pod cgroup still has the old values");
+
+    // A pod the agent forgets leaves the file too.
+    m.remove_pod("u1");
+    assert!(checkpoint::load(&file).unwrap().is_empty());
+    assert_eq!(restarted(dir.path()).pod_actuated("u1"), None);
+}
+
+/// A pod without pod-level resources is recorded with `null` ones, as upstream writes
+/// them, and reads back as all zero; a record that does not change is not written again.
+#[test]
+fn actuated_records_without_pod_level_resources_are_null() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = restarted(dir.path());
+    let p = burstable("u1", "100m", "200m", "64Mi");
+    m.add_pod(&p);
+    m.initialize_pod_actuated(&p);
+    let file = dir.path().join(checkpoint::ACTUATED_FILE_NAME);
+    assert_eq!(checkpoint::load(&file).unwrap()["u1"].pod_level_resources, Some(None));
+    std::fs::remove_file(&file).unwrap();
+    m.initialize_pod_actuated(&p);
+    m.set_pod_actuated("u1", ResourceValues::default());
+    assert!(!file.exists(), "nothing changed, nothing written");
+    assert_eq!(restarted(dir.path()).pod_actuated("u1"), None, "the file was removed above");
+}
+
+#[test]
+fn a_corrupt_actuated_checkpoint_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(checkpoint::ACTUATED_FILE_NAME), r#"{"data":"{}","checksum":1}"#).unwrap();
+    let err = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap_err();
+    assert!(err.to_string().ends_with("actuated_pods_state: checkpoint is corrupted"), "{err}");
+}

@@ -162,6 +162,19 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// # Errors
 /// The I/O error.
 pub fn write_atomic_with_mode(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    replace(path, contents, mode, true)
+}
+
+/// [`write_atomic`] without `fsync`: a reader never sees a partial file and an agent
+/// crash loses nothing (the page cache has it), but a machine crash may.
+///
+/// # Errors
+/// The I/O error.
+pub fn replace_unsynced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    replace(path, contents, 0o600, false)
+}
+
+fn replace(path: &Path, contents: &[u8], mode: u32, sync: bool) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
@@ -170,7 +183,9 @@ pub fn write_atomic_with_mode(path: &Path, contents: &[u8], mode: u32) -> std::i
     let result = (|| {
         let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
         f.write_all(contents)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
