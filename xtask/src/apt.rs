@@ -32,6 +32,9 @@ pub const PACKAGES: &[&str] = &[
     "dbus-daemon",
     // OpenBSD's netcat in the conformance suite's agnhost image (`conformance::images`).
     "netcat-openbsd",
+    // Building busybox from source for the conformance suite's images (`conformance::busybox`).
+    "make",
+    "bzip2",
 ];
 
 /// Parses `dpkg -s` output: installed means a `Status: install ok installed` line.

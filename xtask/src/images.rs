@@ -190,9 +190,34 @@ pub struct OciArchive {
     pub image_id: String,
 }
 
+/// The documents and blobs of a one-layer image.
+#[derive(Debug)]
+pub struct OciBlobs {
+    /// The image index (with its `mediaType`): one linux/amd64 manifest, annotated with
+    /// the image's name.
+    pub index: Vec<u8>,
+    pub manifest: Vec<u8>,
+    pub config: Vec<u8>,
+    /// The uncompressed layer tar.
+    pub layer: Vec<u8>,
+}
+
 /// Builds the OCI layout tarball (oci-layout, index.json, blobs/sha256/*) of a one-layer
 /// image named `name` (a full reference such as `localhost/pause:3.10`).
 pub fn oci_archive(name: &str, layer: &Layer, run: &RunConfig) -> Result<OciArchive> {
+    let blobs = oci_blobs(name, layer, run)?;
+    let mut outer = Layer::default();
+    outer.file("oci-layout", 0o644, r#"{"imageLayoutVersion":"1.0.0"}"#);
+    outer.file("index.json", 0o644, blobs.index);
+    for blob in [&blobs.manifest, &blobs.config, &blobs.layer] {
+        let hex = &digest(blob)["sha256:".len()..];
+        outer.file(&format!("blobs/sha256/{hex}"), 0o644, blob.clone());
+    }
+    Ok(OciArchive { tar: outer.to_tar()?, image_id: digest(&blobs.config) })
+}
+
+/// The index, manifest, config and layer of a one-layer image named `name`.
+pub fn oci_blobs(name: &str, layer: &Layer, run: &RunConfig) -> Result<OciBlobs> {
     let layer_tar = layer.to_tar()?;
     let layer_digest = digest(&layer_tar);
 
@@ -212,7 +237,7 @@ pub fn oci_archive(name: &str, layer: &Layer, run: &RunConfig) -> Result<OciArch
         "mediaType": MEDIA_MANIFEST,
         "config": Descriptor {
             media_type: MEDIA_CONFIG,
-            digest: config_digest.clone(),
+            digest: config_digest,
             size: config.len(),
             platform: None,
             annotations: BTreeMap::new(),
@@ -243,14 +268,7 @@ pub fn oci_archive(name: &str, layer: &Layer, run: &RunConfig) -> Result<OciArch
         }],
     }))?;
 
-    let mut outer = Layer::default();
-    outer.file("oci-layout", 0o644, r#"{"imageLayoutVersion":"1.0.0"}"#);
-    outer.file("index.json", 0o644, index);
-    for blob in [&manifest, &config, &layer_tar] {
-        let hex = &digest(blob)["sha256:".len()..];
-        outer.file(&format!("blobs/sha256/{hex}"), 0o644, blob.clone());
-    }
-    Ok(OciArchive { tar: outer.to_tar()?, image_id: config_digest })
+    Ok(OciBlobs { index, manifest, config, layer: layer_tar })
 }
 
 /// The minimal busybox root filesystem around `busybox` (the binary's bytes), with one
@@ -550,10 +568,15 @@ pub fn host_busybox_layer(binary: &[u8]) -> Result<Layer> {
 /// The host busybox's applets with their paths (`busybox --list-full`: `bin/sh`,
 /// `sbin/sysctl`, ...), one per line.
 pub fn host_busybox_applets() -> Result<String> {
-    let out = Command::new(HOST_BUSYBOX)
+    busybox_applets(Path::new(HOST_BUSYBOX))
+}
+
+/// The applets of the busybox at `path`, as [`host_busybox_applets`].
+pub fn busybox_applets(path: &Path) -> Result<String> {
+    let out = Command::new(path)
         .arg("--list-full")
         .output()
-        .with_context(|| format!("running {HOST_BUSYBOX} --list-full"))?;
+        .with_context(|| format!("running {} --list-full", path.display()))?;
     ensure!(out.status.success(), "busybox --list-full failed");
     let applets = String::from_utf8(out.stdout).context("busybox applet list")?;
     if applets.lines().count() < 50 {

@@ -3,13 +3,14 @@
 //!
 //! `cargo xtask registry up|down|status`, and `testbed up|down|check-clean` do the same.
 //! `up` starts two registries, each pushed the test bed's local images with `skopeo`:
-//! - **plain**: HTTP, no authentication, `127.0.0.1:5000`;
+//! - **plain**: HTTP, no authentication, `127.0.0.1:5001` (not 5000: the node
+//!   conformance suite runs agnhost's fake registry on the node's port 5000);
 //! - **tls**: HTTPS with a certificate for `127.0.0.1` and `localhost` from a CA generated
 //!   here, and htpasswd (bcrypt) basic authentication, `127.0.0.1:5443`. A random
 //!   password per test bed; an anonymous pull is refused (checked by `up`).
 //!
 //! The images keep their path without `localhost/`: `localhost/busybox:latest` becomes
-//! `127.0.0.1:5000/busybox:latest` and `127.0.0.1:5443/busybox:latest`.
+//! `127.0.0.1:5001/busybox:latest` and `127.0.0.1:5443/busybox:latest`.
 //!
 //! containerd learns how to reach them from `hosts.toml` files (one directory per
 //! `host:port`) under the CRI plugin's registry `config_path`, which the test bed's
@@ -63,9 +64,16 @@ pub struct Ports {
 
 impl Default for Ports {
     fn default() -> Self {
-        Self { plain: 5000, tls: 5443 }
+        Self { plain: 5001, tls: 5443 }
     }
 }
+
+/// Registries that pods of the node conformance suite serve on the node's loopback, plain
+/// HTTP: agnhost's `fake-registry-server` (host network, port 5000; the private-registry
+/// specs pull `localhost:5000/pause:testing` from it). A node's containerd without
+/// `config_path`, or 1.7 and later, speaks plain HTTP to loopback by itself; containerd 1.6
+/// with `config_path` (the test bed's) needs a `hosts.toml` saying so.
+const NODE_LOCAL_PLAIN: [&str; 2] = ["localhost:5000", "127.0.0.1:5000"];
 
 /// One of the two registries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -608,6 +616,9 @@ pub fn up(layout: &Layout, ports: Ports, copies: &[(String, BuiltImage)]) -> Res
             )?;
         }
     }
+    for endpoint in NODE_LOCAL_PLAIN {
+        write_file(&hosts.join(endpoint).join("hosts.toml"), hosts_toml("http", endpoint, None).as_bytes(), 0o644)?;
+    }
 
     for (local, image) in copies {
         push(&state, local, image)?;
@@ -684,8 +695,8 @@ mod tests {
     fn configs_point_inside_the_layout() {
         let layout = Layout::under_x();
         let pki = Pki::new(&layout);
-        let plain = config_yml(Kind::Plain, 5000, &Kind::Plain.dir(&layout).join("storage"), &pki, "s3");
-        assert!(plain.contains("  addr: 127.0.0.1:5000\n"), "{plain}");
+        let plain = config_yml(Kind::Plain, 5001, &Kind::Plain.dir(&layout).join("storage"), &pki, "s3");
+        assert!(plain.contains("  addr: 127.0.0.1:5001\n"), "{plain}");
         assert!(plain.contains("    rootdirectory: /x/root/registry/plain/storage\n"));
         assert!(!plain.contains("tls:") && !plain.contains("htpasswd"));
         let tls = config_yml(Kind::Tls, 5443, &Kind::Tls.dir(&layout).join("storage"), &pki, "s3");
@@ -772,7 +783,7 @@ mod tests {
             storage: kind.dir(&layout).join("storage"),
         };
         let state = State {
-            plain: instance(Kind::Plain, 5000),
+            plain: instance(Kind::Plain, 5001),
             tls: instance(Kind::Tls, 5443),
             username: USERNAME.into(),
             password: "pw".into(),

@@ -2,21 +2,26 @@
 //! plain registry under the paths the suite's image manifest
 //! (`k8s.io/kubernetes/test/utils/image/manifest.go`) names, with the suite's registries
 //! remapped to it by `KUBE_TEST_REPO_LIST` ([`repo_list`]). Nothing is fetched from
-//! outside.
+//! outside but busybox's source (see [`super::busybox`]).
+//!
+//! Every image but pause sits on busybox [`super::busybox::VERSION`] built from upstream's
+//! source with every applet linked in `/bin` too (as upstream's busybox image; the suite
+//! runs `/bin/sysctl`), not on Debian's patched busybox.
 //!
 //! - `e2e-test-images/agnhost:2.66.1` (and `:2.55`, the suite's "previous" agnhost): the
-//!   agnhost binary built from `k8s.io/kubernetes/test/images/agnhost` (static), in a
-//!   busybox root filesystem as upstream's Dockerfile lays it out: `/agnhost` and the
-//!   `agnhost-2` link, `/uploads`, the porter certificate and key, and the user and group
-//!   `user-defined-in-image` (uid 1000) and `group-defined-in-image` (gid 50000);
-//!   entrypoint `/agnhost`, command `pause`. Upstream's image also has curl and bash (the
-//!   lifecycle-hook tests run `curl` in it, some probe tests `/bin/bash`); here they are
-//!   the host's `/usr/bin/curl` and `/bin/bash` with the libraries `ldd` names, at their
-//!   host paths (busybox has only `wget`, and no bash). Likewise OpenBSD's netcat as
-//!   `/usr/bin/nc` (Debian's `netcat-openbsd`; the node-to-pod UDP check runs `nc -u`,
-//!   which busybox's `nc` lacks), and `/bin/sh` is bash: Debian's static busybox `sh`
-//!   runs its own applets ahead of PATH, so it would never run that `nc`.
-//! - `e2e-test-images/busybox:1.37.0-2`: the host's static busybox.
+//!   agnhost binary built from `k8s.io/kubernetes/test/images/agnhost` (static), laid out
+//!   as upstream's Dockerfile does: `/agnhost` and the `agnhost-2` link, `/uploads`, the
+//!   porter certificate and key, the user and group `user-defined-in-image` (uid 1000)
+//!   and `group-defined-in-image` (gid 50000), and `/var/registry` for its
+//!   `fake-registry-server` (the private-registry specs pull `pause:testing` from it:
+//!   here the test bed's pause program); entrypoint `/agnhost`, command `pause`.
+//!   Upstream's image also has curl and bash (the lifecycle-hook tests run `curl` in it,
+//!   some probe tests `/bin/bash`); here they are the host's `/usr/bin/curl` and
+//!   `/bin/bash` with the libraries `ldd` names, at their host paths (busybox has only
+//!   `wget`, and no bash). Likewise OpenBSD's netcat as `/usr/bin/nc` (Debian's
+//!   `netcat-openbsd`; the node-to-pod UDP check runs `nc -u`, which busybox's `nc`
+//!   lacks), which `sh` finds on `PATH` as alpine's does in upstream's image.
+//! - `e2e-test-images/busybox:1.37.0-2`: busybox alone.
 //! - `e2e-test-images/nonewprivs:1.4`: busybox with upstream's `nnp` (built from
 //!   `k8s.io/kubernetes/test/images/nonewprivs`, static) set-uid root at
 //!   `/usr/local/bin/nnp`, command `nnp` (upstream's base is alpine; the tests only run
@@ -45,6 +50,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result};
 
+use super::busybox;
 use crate::{
     images::{self, BuiltImage, Layer, RunConfig},
     upstream::Upstream,
@@ -58,7 +64,7 @@ const NETCAT_IN_IMAGE: &str = "/usr/bin/nc";
 
 /// Part of agnhost's cache key: what [`agnhost_files`] and the build lay out beyond the
 /// programs' bytes (change it with the layout).
-const AGNHOST_LAYOUT: &[u8] = b"agnhost layout 2: /usr/bin/nc, /bin/sh -> /bin/bash";
+const AGNHOST_LAYOUT: &[u8] = b"agnhost layout 3: /usr/bin/nc, upstream busybox, /var/registry";
 
 /// The host programs agnhost carries (apt packages curl and bash).
 const HOST_TOOLS: [&str; 2] = ["/usr/bin/curl", "/bin/bash"];
@@ -66,10 +72,20 @@ const HOST_TOOLS: [&str; 2] = ["/usr/bin/curl", "/bin/bash"];
 /// The agnhost release the suite's manifest asks for, and its "previous" one.
 pub const AGNHOST_TAGS: [&str; 2] = ["2.66.1", "2.55"];
 
+/// What agnhost's `fake-registry-server` serves (upstream's `fakeregistryserver/images.txt`:
+/// registry.k8s.io's `pause:3.10.2` as `pause:testing`; here the test bed's pause program).
+/// The private-registry specs pull `localhost:5000/pause:testing` from it.
+const FAKE_REGISTRY_IMAGE: (&str, &str) = ("pause", "testing");
+
 /// `(registry path:tag, image)` of every image built for the suite.
 pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<Vec<(String, BuiltImage)>> {
     fs::create_dir_all(cache_dir).with_context(|| format!("creating {}", cache_dir.display()))?;
-    let busybox = images::host_busybox()?;
+    let busybox = busybox::build(cache_dir)?;
+    let base = || {
+        let mut layer = images::busybox_layer(&busybox.binary, &busybox.applets);
+        all_applets_in_bin(&mut layer, &busybox.applets);
+        layer
+    };
     let agnhost_path = upstream.e2e_bin("agnhost");
     let agnhost = fs::read(&agnhost_path).with_context(|| format!("reading {}", agnhost_path.display()))?;
     let porter = upstream.e2e_module_dir()?.join("test/images/agnhost/porter");
@@ -78,26 +94,33 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let tools = HOST_TOOLS.map(images::HostProgram::read);
     let tools: Vec<images::HostProgram> = tools.into_iter().collect::<Result<_>>()?;
     let netcat = images::HostProgram::read(HOST_NETCAT)?;
+    let pause_source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
+    let pause = std::cell::OnceCell::<Vec<u8>>::new();
+    let pause_binary = || -> Result<Vec<u8>> {
+        if let Some(binary) = pause.get() {
+            return Ok(binary.clone());
+        }
+        let binary = images::pause_binary(workspace, cache_dir)?;
+        Ok(pause.get_or_init(|| binary).clone())
+    };
 
     let mut out = Vec::new();
     for tag in AGNHOST_TAGS {
         let name = format!("e2e-test-images/agnhost:{tag}");
-        let mut key_inputs: Vec<&[u8]> = vec![&busybox, &agnhost, &cert, &key];
+        let mut key_inputs: Vec<&[u8]> = vec![&busybox.binary, &agnhost, &cert, &key, &pause_source];
         key_inputs.extend(tools.iter().flat_map(images::HostProgram::key_inputs));
         key_inputs.extend(netcat.key_inputs());
         key_inputs.push(AGNHOST_LAYOUT);
         let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
-            let mut layer = images::host_busybox_layer(&busybox)?;
+            let mut layer = base();
             agnhost_files(&mut layer, &agnhost, &cert, &key);
             for tool in &tools {
                 tool.add_to(&mut layer);
             }
             netcat.add_to_at(&mut layer, NETCAT_IN_IMAGE);
-            // Debian's busybox-static runs its own applets before anything on PATH
-            // (`FEATURE_SH_STANDALONE`): its `sh` would run its own `nc`, whatever
-            // `/usr/bin/nc` is. bash (upstream's image has it too) looks PATH up, as
-            // alpine's `sh` does in upstream's image; called as `sh` it is POSIX.
-            layer.symlink("bin/sh", "/bin/bash");
+            let (image, tag) = FAKE_REGISTRY_IMAGE;
+            let served = pause_image(&format!("localhost:5000/{image}:{tag}"), &pause_binary()?);
+            fake_registry_files(&mut layer, image, tag, &served?);
             images::oci_archive(
                 &name,
                 &layer,
@@ -107,54 +130,84 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
         out.push((name, image));
     }
     let name = "e2e-test-images/busybox:1.37.0-2".to_owned();
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, b"all-in-bin"]), || {
-        let applets = images::host_busybox_applets()?;
-        let mut layer = images::busybox_layer(&busybox, &applets);
-        all_applets_in_bin(&mut layer, &applets);
-        images::oci_archive(&name, &layer, &run_config(&name, None, None))
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox.binary, b"all-in-bin"]), || {
+        images::oci_archive(&name, &base(), &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let nnp_path = upstream.e2e_bin("nnp");
     let nnp = fs::read(&nnp_path).with_context(|| format!("reading {}", nnp_path.display()))?;
     let name = "e2e-test-images/nonewprivs:1.4".to_owned();
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, &nnp]), || {
-        let mut layer = images::host_busybox_layer(&busybox)?;
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox.binary, &nnp]), || {
+        let mut layer = base();
         nonewprivs_files(&mut layer, &nnp);
         images::oci_archive(&name, &layer, &run_config(&name, None, Some(vec!["nnp".into()])))
     })?;
     out.push((name, image));
     let name = "e2e-test-images/nonroot:1.5".to_owned();
     let user = format!("USER {NON_ROOT_USER}");
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox, user.as_bytes()]), || {
-        let layer = images::host_busybox_layer(&busybox)?;
-        images::oci_archive(&name, &layer, &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) })
-    })?;
+    let image =
+        images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox.binary, user.as_bytes()]), || {
+            images::oci_archive(
+                &name,
+                &base(),
+                &RunConfig { user: NON_ROOT_USER.into(), ..run_config(&name, None, None) },
+            )
+        })?;
     out.push((name, image));
     // nginx's name on a busybox image (the label makes its id differ from busybox's).
     let name = "e2e-test-images/nginx:1.27.0-2".to_owned();
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox]), || {
-        let layer = images::host_busybox_layer(&busybox)?;
-        images::oci_archive(&name, &layer, &run_config(&name, None, None))
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&busybox.binary]), || {
+        images::oci_archive(&name, &base(), &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let hostname = images::HostProgram::read(HOST_HOSTNAME)?;
     let name = "e2e-test-images/glibc-dns-testing:2.1.1".to_owned();
-    let mut key_inputs: Vec<&[u8]> = vec![&busybox, NSSWITCH.as_bytes()];
+    let mut key_inputs: Vec<&[u8]> = vec![&busybox.binary, NSSWITCH.as_bytes()];
     key_inputs.extend(hostname.key_inputs());
     let image = images::cached(cache_dir, &name, &images::cache_key(&name, &key_inputs), || {
-        let mut layer = images::host_busybox_layer(&busybox)?;
+        let mut layer = base();
         glibc_files(&mut layer, &hostname);
         images::oci_archive(&name, &layer, &run_config(&name, None, None))
     })?;
     out.push((name, image));
     let name = "pause:3.10.2".to_owned();
-    let source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
-    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&source]), || {
-        let pause = images::pause_binary(workspace, cache_dir)?;
-        images::oci_archive(&name, &images::pause_layer(&pause), &run_config(&name, Some(vec!["/pause".into()]), None))
+    let image = images::cached(cache_dir, &name, &images::cache_key(&name, &[&pause_source]), || {
+        images::oci_archive(
+            &name,
+            &images::pause_layer(&pause_binary()?),
+            &run_config(&name, Some(vec!["/pause".into()]), None),
+        )
     })?;
     out.push((name, image));
     Ok(out)
+}
+
+/// The pause image agnhost's fake registry serves.
+fn pause_image(name: &str, pause: &[u8]) -> Result<images::OciBlobs> {
+    images::oci_blobs(name, &images::pause_layer(pause), &run_config(name, Some(vec!["/pause".into()]), None))
+}
+
+/// Where agnhost's `fake-registry-server` reads images (upstream's Dockerfile copies
+/// them there).
+const FAKE_REGISTRY_DIR: &str = "var/registry";
+
+/// `image:tag` laid out as `fake-registry-server` reads it (upstream's
+/// `prepare_registry.sh`): `<image>/manifests/<tag>` holds the index's digest, the index
+/// and manifest are `<image>/manifests/sha256/<2 hex>/<hex>/data`, the config and layer
+/// `<image>/blobs/...` alike. Readable by anyone: the registry runs as uid 5123.
+fn fake_registry_files(layer: &mut Layer, image: &str, tag: &str, blobs: &images::OciBlobs) {
+    let root = format!("{FAKE_REGISTRY_DIR}/{image}");
+    let at = |kind: &str, blob: &[u8]| {
+        let digest = images::digest(blob);
+        let hex = &digest["sha256:".len()..];
+        format!("{root}/{kind}/sha256/{}/{hex}/data", &hex[..2])
+    };
+    layer.file(&format!("{root}/manifests/{tag}"), 0o644, images::digest(&blobs.index));
+    for (kind, blob) in
+        [("manifests", &blobs.index), ("manifests", &blobs.manifest), ("blobs", &blobs.config), ("blobs", &blobs.layer)]
+    {
+        layer.file(&at(kind, blob), 0o644, blob.clone());
+    }
 }
 
 /// Upstream's busybox image has every applet in `/bin` (the suite runs `/bin/sysctl`,
@@ -312,7 +365,7 @@ mod tests {
         assert_eq!(seen["localhost.crt"], "crt");
         assert!(seen["etc/passwd"].contains("user-defined-in-image:x:1000:"));
         assert!(seen["etc/group"].contains("group-defined-in-image:x:50000:user-defined-in-image"));
-        assert_eq!(seen["bin/sh"], "/bin/busybox");
+        assert_eq!(seen["bin/sh"], "/bin/busybox", "busybox's sh, which looks PATH up");
     }
 
     /// `nnp` must keep its set-uid bit: the suite checks that it runs as root unless
@@ -350,11 +403,51 @@ mod tests {
         assert!(files["bin/sh"].0, "busybox's sh stays");
     }
 
+    /// What `fake-registry-server` does for a pull of `pause:testing`: the tag file names
+    /// the index, the index's manifest names the config and the layer, each at the path
+    /// the server derives from its digest (`<dir>/sha256/<2 hex>/<hex>/data`).
+    #[test]
+    fn the_fake_registry_serves_pause_testing_as_agnhost_reads_it() {
+        let served = pause_image("localhost:5000/pause:testing", b"pause").unwrap();
+        let mut layer = Layer::default();
+        fake_registry_files(&mut layer, "pause", "testing", &served);
+        let files = layer_files(&layer);
+        let read = |kind: &str, digest: &str| {
+            let hex = digest.strip_prefix("sha256:").expect(digest);
+            let path = format!("var/registry/pause/{kind}/sha256/{}/{hex}/data", &hex[..2]);
+            let (is_link, body) = files.get(&path).unwrap_or_else(|| panic!("{path}: {:?}", files.keys()));
+            assert!(!is_link);
+            assert_eq!(images::digest(body), digest, "{path}");
+            body.clone()
+        };
+        let tag = String::from_utf8(files["var/registry/pause/manifests/testing"].1.clone()).unwrap();
+        let index: serde_json::Value = serde_json::from_slice(&read("manifests", tag.trim())).unwrap();
+        assert_eq!(index["mediaType"], "application/vnd.oci.image.index.v1+json", "the server's Content-Type");
+        assert_eq!(index["manifests"][0]["platform"]["os"], "linux");
+        let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
+        let manifest: serde_json::Value = serde_json::from_slice(&read("manifests", manifest_digest)).unwrap();
+        assert_eq!(manifest["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+        read("blobs", manifest["config"]["digest"].as_str().unwrap());
+        let layer_tar = read("blobs", manifest["layers"][0]["digest"].as_str().unwrap());
+        let mut archive = tar::Archive::new(layer_tar.as_slice());
+        let paths: Vec<String> =
+            archive.entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        assert_eq!(paths, ["pause"]);
+        // The registry runs as uid 5123: everything readable by others.
+        let tar = layer.to_tar().unwrap();
+        let mut archive = tar::Archive::new(tar.as_slice());
+        for entry in archive.entries().unwrap() {
+            let entry = entry.unwrap();
+            let mode = entry.header().mode().unwrap();
+            assert_eq!(mode & 0o004, 0o004, "{}: {mode:o}", entry.path().unwrap().display());
+        }
+    }
+
     #[test]
     fn the_suite_registries_point_at_the_test_bed() {
-        let list = repo_list("127.0.0.1:5000");
-        assert!(list.contains("promoterE2eRegistry: 127.0.0.1:5000/e2e-test-images\n"));
-        assert!(list.contains("gcRegistry: 127.0.0.1:5000\n"));
+        let list = repo_list("127.0.0.1:5001");
+        assert!(list.contains("promoterE2eRegistry: 127.0.0.1:5001/e2e-test-images\n"));
+        assert!(list.contains("gcRegistry: 127.0.0.1:5001\n"));
         assert!(!list.contains("invalidRegistry"), "the invalid registry must stay invalid");
         let config = run_config("x", Some(vec!["/agnhost".into()]), Some(vec!["pause".into()]));
         assert_eq!(config.cmd, Some(vec!["pause".to_owned()]));

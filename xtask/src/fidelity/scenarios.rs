@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn scenarios_have_unique_names_and_cover_the_list() {
-        let all = all("127.0.0.1:5000");
+        let all = all("127.0.0.1:5001");
         let mut names: Vec<&str> = all.iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();
