@@ -39,6 +39,7 @@ pub mod memorymanager;
 pub mod metrics;
 pub mod resource_managers;
 pub mod resources;
+pub mod systemd_names;
 pub mod topology;
 
 use std::path::PathBuf;
