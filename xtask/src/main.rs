@@ -45,6 +45,7 @@ mod fidelity;
 mod fuzz;
 mod images;
 mod layering;
+mod nodectr;
 mod registry;
 mod testbed;
 mod upstream;
@@ -154,6 +155,10 @@ enum TestbedCmd {
         /// kube-apiserver, kube-controller-manager, kube-scheduler) on 127.0.0.1.
         #[arg(long)]
         cluster: bool,
+        /// Also boot a node in a container: systemd as its PID 1, containerd with the
+        /// systemd cgroup driver, its own address on the bridge swl-nodes (`nodectr`).
+        #[arg(long)]
+        node_container: bool,
     },
     /// Drain pods, stop containerd and remove everything the test bed created.
     Down,
@@ -221,9 +226,15 @@ async fn main() -> ExitCode {
     let layout = testbed::Layout::standard();
     let result = match cli.command {
         Cmd::Testbed { command } => match command {
-            TestbedCmd::Up { cluster } => testbed::up(&ctx, &layout).await.and_then(|_| {
-                if cluster { cluster::up(&upstream::Upstream::new(&ctx), &layout).map(drop) } else { Ok(()) }
-            }),
+            TestbedCmd::Up { cluster, node_container } => {
+                let up = testbed::up(&ctx, &layout).await.and_then(|_| {
+                    if cluster { cluster::up(&upstream::Upstream::new(&ctx), &layout).map(drop) } else { Ok(()) }
+                });
+                match up {
+                    Ok(()) if node_container => nodectr::up(&ctx, &layout).await.map(drop),
+                    other => other,
+                }
+            }
             TestbedCmd::Down => testbed::down(&ctx, &layout).await,
             TestbedCmd::Status => testbed::status(&layout).await,
             TestbedCmd::CheckClean => testbed::check_clean_cmd(&ctx, &layout),

@@ -1,0 +1,779 @@
+//! `cargo xtask testbed up --node-container`: a node in a container, as production runs
+//! nodes: a Debian root filesystem with **systemd as its PID 1** and containerd under it
+//! (`SystemdCgroup = true`), on its own network address. This machine has no systemd as
+//! PID 1; the node container gives the systemd cgroup driver a real systemd.
+//!
+//! - **Root filesystem**: Debian bookworm made by `mmdebstrap` (minbase, with systemd,
+//!   dbus, containerd, runc, the CNI plugins, iptables, iproute2), cached as a tarball in
+//!   `target/xtask/node-container/` (about 45 s and 320 MB, once) and unpacked afresh into
+//!   the test bed's root dir at every `up`.
+//! - **Boot**: systemd runs as PID 1 of new PID, mount, UTS, IPC, network and cgroup
+//!   namespaces (`unshare`), the way container managers start one (`container=other`):
+//!   a private `/proc`, `/sys` read-only, every cgroup hierarchy mounted at the node
+//!   container's own cgroup (`swiftlet-node-container`, under the launching process's
+//!   cgroup in each hierarchy) so that systemd and the runtime can make cgroups there, a
+//!   `/dev` of bind-mounted device nodes, `/run` on tmpfs. systemd-nspawn works too here,
+//!   but mounts the v1 controllers read-only on this cgroup v1 host and its seccomp
+//!   filter refuses runc's session keyring; the plain namespaces need no workaround.
+//!   Units that would act on the host's kernel from inside (`systemd-sysctl`,
+//!   `systemd-modules-load`, `systemd-binfmt`) are masked, as is the console getty.
+//! - **Network**: a veth pair, `host0` inside with [`NODE_ADDR`], the other end on the
+//!   bridge `swl-nodes` ([`BRIDGE_ADDR`]); the node's pods on a bridge of its own
+//!   ([`NODE_POD_SUBNET`], the CNI plugins of the node's root filesystem).
+//! - **Check**: `up` waits for `systemctl is-system-running` to say `running`, for
+//!   containerd to be active, then imports the test bed's pause and busybox images and
+//!   runs a pod through CRI with a systemd slice as its cgroup parent: the container must
+//!   land in `kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice`
+//!   as a `cri-containerd-<id>.scope`, made by systemd.
+//! - **Down** (`testbed down` too): `systemctl poweroff` inside (SIGKILL to its PID 1
+//!   after a timeout: the kernel then ends every process of the namespace), then the
+//!   cgroups, the bridge and the root filesystem go. The node's mounts lived in its own
+//!   mount namespace and end with it.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::{
+    Ctx, apt, cleanup,
+    cri::{self, CriClient},
+    images,
+    testbed::Layout,
+};
+
+/// The node container's cgroup (under the launcher's own cgroup in each hierarchy), and
+/// its host name.
+pub const NAME: &str = "swiftlet-node-container";
+const HOSTNAME: &str = "swiftlet-node";
+/// The bridge the node containers' veths are on.
+pub const BRIDGE: &str = "swl-nodes";
+const BRIDGE_ADDR: &str = "10.231.77.1";
+const NODE_ADDR: &str = "10.231.77.2";
+const PREFIX_LEN: u8 = 24;
+const HOST_VETH: &str = "swl-nc0";
+
+const SUITE: &str = "bookworm";
+const MIRROR: &str = "http://deb.debian.org/debian";
+/// The node's packages beyond minbase.
+const PACKAGES: [&str; 10] = [
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "iproute2",
+    "iputils-ping",
+    "procps",
+];
+/// Part of the root filesystem's cache key (bump when [`rootfs_tar`] changes).
+const ROOTFS_RECIPE: &str = "node rootfs 1: mmdebstrap minbase";
+
+/// Units masked in the node: they would write the host's kernel settings (the node shares
+/// the kernel and sees a writable `/proc/sys`), or have no terminal to serve.
+const MASKED_UNITS: [&str; 5] = [
+    "systemd-sysctl.service",
+    "systemd-modules-load.service",
+    "systemd-binfmt.service",
+    "console-getty.service",
+    "getty@tty1.service",
+];
+
+/// The node's containerd: the CRI plugin with the systemd cgroup driver, the test bed's
+/// pause image, and no `oom_score_adj` below the caller's (root here lacks
+/// `CAP_SYS_RESOURCE`, see ENVIRONMENT.md).
+const CONTAINERD_CONFIG: &str = r#"# Written by `cargo xtask testbed up --node-container`.
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/pause:3.10"
+  restrict_oom_score_adj = true
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "/etc/cni/net.d"
+  max_conf_num = 1
+"#;
+
+/// The node's pod network: a bridge of its own, pods in [`NODE_POD_SUBNET`], masqueraded
+/// when they leave the node.
+const NODE_CNI: &str = r#"{
+  "cniVersion": "1.0.0",
+  "name": "swiftlet-node",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": "10.232.0.0/24" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+"#;
+
+/// The node's pod subnet (in [`NODE_CNI`]).
+pub const NODE_POD_SUBNET: &str = "10.232.0.0/24";
+
+/// `node-container.json`: what `down` needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// `unshare`, the node's parent on the host.
+    pub launcher_pid: i32,
+    /// The node's PID 1 (systemd), as the host sees it.
+    pub init_pid: i32,
+    /// The node's cgroup in each hierarchy.
+    pub cgroups: Vec<PathBuf>,
+    /// Whether `up` created [`BRIDGE`].
+    pub bridge_created: bool,
+    pub rootfs: PathBuf,
+    pub address: String,
+}
+
+fn rootfs_dir(layout: &Layout) -> PathBuf {
+    layout.root.join("node-container/rootfs")
+}
+
+fn state_file(layout: &Layout) -> PathBuf {
+    layout.state.join("node-container.json")
+}
+
+/// The node's console (systemd logs there).
+pub fn console_log(layout: &Layout) -> PathBuf {
+    layout.state.join("node-container-console.log")
+}
+
+impl State {
+    pub fn load(layout: &Layout) -> Result<Option<Self>> {
+        images::read_json(&state_file(layout))
+    }
+
+    fn save(&self, layout: &Layout) -> Result<()> {
+        images::write_atomic(&state_file(layout), &serde_json::to_vec_pretty(self)?)
+    }
+
+    /// The node's containerd socket, reached through its PID 1's root.
+    pub fn containerd_socket(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/run/containerd/containerd.sock", self.init_pid))
+    }
+}
+
+/// Starts the node container (the test bed must be up: its images are imported).
+pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
+    if let Some(state) = State::load(layout)? {
+        if is_alive(state.init_pid) {
+            eprintln!("node container: already up (PID 1 is host pid {})", state.init_pid);
+            return Ok(state);
+        }
+        eprintln!("node container: removing the remains of a stopped one");
+        down(layout)?;
+    }
+    let tar = rootfs_tar(ctx)?;
+    let rootfs = rootfs_dir(layout);
+    if rootfs.exists() {
+        fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
+    }
+    fs::create_dir_all(&rootfs)?;
+    run(Command::new("tar").arg("--numeric-owner").arg("-xpf").arg(&tar).arg("-C").arg(&rootfs), "tar")?;
+    prepare_rootfs(&rootfs)?;
+
+    let cgroups = node_cgroups()?;
+    let mut state = State {
+        launcher_pid: 0,
+        init_pid: 0,
+        cgroups: cgroups.clone(),
+        bridge_created: false,
+        rootfs: rootfs.clone(),
+        address: NODE_ADDR.to_owned(),
+    };
+    // Recorded before anything is made, so that `down` finds all of it.
+    fs::create_dir_all(&layout.state)?;
+    state.save(layout)?;
+    for dir in &cgroups {
+        fs::create_dir_all(dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+        if dir.starts_with("/sys/fs/cgroup/cpuset") {
+            // A v1 cpuset cgroup holds no task until it has cpus and mems.
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let parent = dir.parent().context("cpuset cgroup without parent")?;
+                let value = fs::read_to_string(parent.join(file))?;
+                fs::write(dir.join(file), value.trim()).with_context(|| format!("writing {file}"))?;
+            }
+        }
+    }
+    let console = console_log(layout);
+    fs::write(&console, b"")?;
+    let script = layout.state.join("node-container-boot.sh");
+    fs::write(&script, boot_script(&cleanup::cgroup_hierarchies(), &cgroups, &rootfs, &console))?;
+    let outer_log = layout.state.join("node-container-launcher.log");
+    let log = fs::File::create(&outer_log)?;
+    let child = Command::new("setsid")
+        .arg("sh")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting the node container (setsid, unshare: util-linux)")?;
+    let launcher_pid = i32::try_from(child.id())?;
+    state.launcher_pid = launcher_pid;
+    state.save(layout)?;
+    // Not waited for: it lives until `down`.
+    drop(child);
+
+    let result = async {
+        state.init_pid = wait_for_init(launcher_pid, &outer_log)?;
+        state.save(layout)?;
+        eprintln!("node container: systemd is host pid {}", state.init_pid);
+        state.bridge_created = network(state.init_pid)?;
+        state.save(layout)?;
+        wait_running(state.init_pid, &console)?;
+        wait_active(state.init_pid, "containerd.service")?;
+        check_systemd_cgroups(ctx, &state).await
+    }
+    .await;
+    if let Err(e) = result {
+        let tail = tail_lines(&console, 30);
+        eprintln!("node container: the last lines of its console:\n{tail}");
+        if is_alive(state.init_pid)
+            && let Ok(out) = in_node(state.init_pid, &["journalctl", "-b", "--no-pager", "-n", "40"])
+        {
+            eprintln!("node container: its journal:\n{}", String::from_utf8_lossy(&out.stdout));
+        }
+        if let Err(down_error) = down(layout) {
+            eprintln!("node container: removing it failed too: {down_error:#}");
+        }
+        return Err(e);
+    }
+    eprintln!("node container: up, systemd running, containerd with SystemdCgroup; address {NODE_ADDR}");
+    Ok(state)
+}
+
+/// The cached root filesystem tarball, made with `mmdebstrap` when missing.
+fn rootfs_tar(ctx: &Ctx) -> Result<PathBuf> {
+    let mut h = Sha256::new();
+    for part in [ROOTFS_RECIPE, SUITE, MIRROR, &PACKAGES.join(",")] {
+        h.update(part);
+        h.update([0]);
+    }
+    let key = hex::encode(h.finalize());
+    let dir = ctx.target_dir.join("xtask/node-container");
+    let path = dir.join(format!("rootfs-{}.tar", &key[..16]));
+    if path.is_file() {
+        return Ok(path);
+    }
+    apt::ensure(&["mmdebstrap"])?;
+    fs::create_dir_all(&dir)?;
+    for entry in fs::read_dir(&dir)?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("rootfs-") {
+            fs::remove_file(entry.path()).ok();
+        }
+    }
+    let tmp = dir.join("rootfs.tmp.tar");
+    eprintln!("node container: making the root filesystem (mmdebstrap {SUITE}, about a minute)");
+    run(
+        Command::new("mmdebstrap")
+            .args(["--variant=minbase", "--quiet"])
+            .arg(format!("--include={}", PACKAGES.join(",")))
+            .arg(SUITE)
+            .arg(&tmp)
+            .arg(MIRROR),
+        "mmdebstrap",
+    )?;
+    fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// The node's own files: host name, hosts, masked units, containerd's configuration.
+fn prepare_rootfs(rootfs: &Path) -> Result<()> {
+    let write = |rel: &str, data: &str| -> Result<()> {
+        let path = rootfs.join(rel);
+        fs::create_dir_all(path.parent().context("a file without a directory")?)?;
+        fs::write(&path, data).with_context(|| format!("writing {}", path.display()))
+    };
+    write("etc/hostname", &format!("{HOSTNAME}\n"))?;
+    write("etc/hosts", &format!("127.0.0.1 localhost\n{NODE_ADDR} {HOSTNAME}\n"))?;
+    write("etc/containerd/config.toml", CONTAINERD_CONFIG)?;
+    write("etc/cni/net.d/10-swiftlet-node.conflist", NODE_CNI)?;
+    let units = rootfs.join("etc/systemd/system");
+    fs::create_dir_all(&units)?;
+    for unit in MASKED_UNITS {
+        let link = units.join(unit);
+        if link.symlink_metadata().is_ok() {
+            fs::remove_file(&link)?;
+        }
+        std::os::unix::fs::symlink("/dev/null", &link).with_context(|| format!("masking {unit}"))?;
+    }
+    Ok(())
+}
+
+/// The node's cgroup in every hierarchy, under this process's own cgroup there.
+fn node_cgroups() -> Result<Vec<PathBuf>> {
+    let own = fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    let mut dirs = Vec::new();
+    for mount in cleanup::cgroup_hierarchies() {
+        let name = mount.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let cgroup2 = mount == Path::new("/sys/fs/cgroup/unified") || mount == Path::new("/sys/fs/cgroup");
+        let path = own_cgroup_in(&own, &name, cgroup2)
+            .with_context(|| format!("no line for {} in /proc/self/cgroup", mount.display()))?;
+        dirs.push(mount.join(path.trim_start_matches('/')).join(NAME));
+    }
+    ensure!(!dirs.is_empty(), "no cgroup hierarchy is mounted under /sys/fs/cgroup");
+    Ok(dirs)
+}
+
+/// This process's cgroup path in the hierarchy mounted as `/sys/fs/cgroup/<name>`, from
+/// `/proc/self/cgroup` (`4:memory:/a/b`, `1:name=systemd:/x`, `0::/y` for cgroup2).
+fn own_cgroup_in(proc_self_cgroup: &str, name: &str, cgroup2: bool) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = if cgroup2 {
+            controllers.is_empty()
+        } else {
+            // A joint hierarchy is mounted under its controllers' names (`cpu,cpuacct`).
+            let wanted: Vec<&str> = name.split(',').collect();
+            controllers.split(',').any(|c| wanted.contains(&c) || c.strip_prefix("name=").is_some_and(|n| n == name))
+        };
+        matches.then(|| path.to_owned())
+    })
+}
+
+/// The launcher: moves itself into the node's cgroups, then starts systemd as PID 1 of
+/// new namespaces with its root in `rootfs`, the cgroup hierarchies mounted at `mounts`
+/// mounted alike in it, and its console in `console`.
+fn boot_script(mounts: &[PathBuf], cgroups: &[PathBuf], rootfs: &Path, console: &Path) -> String {
+    let mut s = String::from("#!/bin/sh\n# Written by `cargo xtask testbed up --node-container`.\nset -e\n");
+    for dir in cgroups {
+        let _ = writeln!(s, "echo $$ > '{}/cgroup.procs'", dir.display());
+    }
+    // The hierarchies by name: `memory`, `systemd`, `unified`; none on a host with only
+    // cgroup v2 (mounted at /sys/fs/cgroup itself).
+    let hierarchies: Vec<String> = mounts
+        .iter()
+        .filter_map(|m| Some(m.strip_prefix("/sys/fs/cgroup").ok()?.to_str()?.to_owned()))
+        .filter(|name| !name.is_empty())
+        .collect();
+    let mut inner = format!("set -e\nR='{}'\n", rootfs.display());
+    inner.push_str(
+        "mount --bind \"$R\" \"$R\"\n\
+         mount -t proc proc \"$R/proc\"\n\
+         mount -t sysfs -o ro,nosuid,nodev,noexec sysfs \"$R/sys\"\n",
+    );
+    if hierarchies.is_empty() {
+        inner.push_str("mount -t cgroup2 -o nosuid,nodev,noexec cgroup \"$R/sys/fs/cgroup\"\n");
+    } else {
+        inner.push_str("mount -t tmpfs -o mode=755,nosuid,nodev,noexec tmpfs \"$R/sys/fs/cgroup\"\n");
+    }
+    for h in &hierarchies {
+        let (fs_type, options) = match h.as_str() {
+            "unified" => ("cgroup2", "nosuid,nodev,noexec".to_owned()),
+            "systemd" => ("cgroup", "nosuid,nodev,noexec,none,name=systemd".to_owned()),
+            other => ("cgroup", format!("nosuid,nodev,noexec,{other}")),
+        };
+        let _ = writeln!(
+            inner,
+            "mkdir \"$R/sys/fs/cgroup/{h}\"
+mount -t {fs_type} -o {options} cgroup \"$R/sys/fs/cgroup/{h}\""
+        );
+    }
+    let _ = write!(
+        inner,
+        "mount -t tmpfs -o mode=755,nosuid tmpfs \"$R/dev\"\n\
+         for n in null zero full random urandom tty; do touch \"$R/dev/$n\"; mount --bind \"/dev/$n\" \"$R/dev/$n\"; done\n\
+         mkdir \"$R/dev/pts\" \"$R/dev/shm\"\n\
+         mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts \"$R/dev/pts\"\n\
+         ln -s pts/ptmx \"$R/dev/ptmx\"\n\
+         touch \"$R/dev/console\"; mount --bind '{console}' \"$R/dev/console\"\n\
+         mount -t tmpfs -o mode=755,nosuid,nodev tmpfs \"$R/run\"\n\
+         hostname {HOSTNAME}\n\
+         cd \"$R\"; mkdir -p .oldroot; pivot_root . .oldroot; umount -l /.oldroot; rmdir /.oldroot\n\
+         export container=other\n\
+         exec /lib/systemd/systemd --log-target=console\n",
+        console = console.display(),
+    );
+    let _ = writeln!(
+        s,
+        "exec unshare --pid --mount --uts --ipc --net --cgroup --fork --propagation private sh -c '{}'",
+        inner.replace('\'', "'\\''")
+    );
+    s
+}
+
+/// The host pid of the launcher's child (the node's PID 1).
+fn wait_for_init(launcher: i32, log: &Path) -> Result<i32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "systemd" {
+                return Ok(pid);
+            }
+        }
+        if !is_alive(launcher) || Instant::now() > deadline {
+            bail!("the node container did not start systemd: {}", tail_lines(log, 20));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `nsenter` into every namespace of the node's PID 1.
+fn nsenter(init: i32) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg("-t").arg(init.to_string()).args(["-m", "-u", "-i", "-n", "-p", "-C"]);
+    c
+}
+
+/// Output of `args` run in the node.
+fn in_node(init: i32, args: &[&str]) -> Result<std::process::Output> {
+    nsenter(init).args(args).stdin(Stdio::null()).output().with_context(|| format!("nsenter {}", args.join(" ")))
+}
+
+/// The veth pair and the bridge; returns whether the bridge was created.
+fn network(init: i32) -> Result<bool> {
+    let created = !cleanup::link_exists(BRIDGE);
+    if created {
+        ip(&["link", "add", BRIDGE, "type", "bridge"])?;
+        ip(&["addr", "add", &format!("{BRIDGE_ADDR}/{PREFIX_LEN}"), "dev", BRIDGE])?;
+        ip(&["link", "set", BRIDGE, "up"])?;
+    }
+    ip(&["link", "add", HOST_VETH, "type", "veth", "peer", "name", "host0", "netns", &init.to_string()])?;
+    ip(&["link", "set", HOST_VETH, "master", BRIDGE, "up"])?;
+    let node_ip = |args: &[&str]| -> Result<()> {
+        let mut full = vec!["ip"];
+        full.extend_from_slice(args);
+        let out = in_node(init, &full)?;
+        ensure!(out.status.success(), "in the node, ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    };
+    node_ip(&["link", "set", "lo", "up"])?;
+    node_ip(&["addr", "add", &format!("{NODE_ADDR}/{PREFIX_LEN}"), "dev", "host0"])?;
+    node_ip(&["link", "set", "host0", "up"])?;
+    node_ip(&["route", "add", "default", "via", BRIDGE_ADDR])?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = in_node(init, &["ping", "-c1", "-W1", BRIDGE_ADDR])?;
+        if out.status.success() {
+            return Ok(created);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the node cannot reach the bridge {BRIDGE_ADDR}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    run(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
+}
+
+/// Waits until systemd says the node is `running` (every unit started, none failed).
+fn wait_running(init: i32, console: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = in_node(init, &["systemctl", "is-system-running"])?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        match said.as_str() {
+            "running" => return Ok(()),
+            "degraded" => {
+                let failed = in_node(init, &["systemctl", "--failed", "--no-legend", "--plain"])?;
+                bail!("systemd in the node is degraded; failed units:\n{}", String::from_utf8_lossy(&failed.stdout));
+            }
+            _ if Instant::now() > deadline => {
+                bail!("systemd in the node is {said:?} after 90 s: {}", tail_lines(console, 20))
+            }
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+fn wait_active(init: i32, unit: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let out = in_node(init, &["systemctl", "is-active", unit])?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if said == "active" {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{unit} in the node is {said:?} after 60 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A pod through the node's containerd with a systemd slice as its cgroup parent: the
+/// container must be a scope systemd made in the pod's slice.
+async fn check_systemd_cgroups(ctx: &Ctx, state: &State) -> Result<()> {
+    let cache = images::cache_dir(ctx);
+    for image in images::build_all(&ctx.workspace, &cache)? {
+        let inside = Path::new("/tmp").join(image.tar_path.file_name().context("image tar without name")?);
+        fs::copy(&image.tar_path, state.rootfs.join(inside.strip_prefix("/")?))?;
+        let inside = inside.display().to_string();
+        let out = in_node(state.init_pid, &["ctr", "-n", "k8s.io", "images", "import", &inside])?;
+        ensure!(out.status.success(), "importing {} in the node: {}", image.name, String::from_utf8_lossy(&out.stderr));
+        fs::remove_file(state.rootfs.join(inside.trim_start_matches('/'))).ok();
+    }
+    let mut cri = connect(&state.containerd_socket()).await?;
+    let uid = "0b1c-node-container-check";
+    let slice = format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_"));
+    let parent = format!("/kubepods.slice/kubepods-besteffort.slice/{slice}");
+    let sandbox_config = cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "node-container-check".into(),
+            uid: uid.into(),
+            namespace: "xtask".into(),
+            attempt: 0,
+        }),
+        hostname: "check".into(),
+        log_directory: "/tmp/node-container-check".into(),
+        port_mappings: Vec::new(),
+        labels: [("swiftlet.io/xtask".to_owned(), "node-container".to_owned())].into(),
+        linux: Some(cri::LinuxPodSandboxConfig { cgroup_parent: parent.clone(), security_context: None }),
+    };
+    let sandbox = cri.run_pod_sandbox(sandbox_config.clone()).await?;
+    let result = async {
+        let ip = cri.pod_sandbox_status(&sandbox).await?.network.map(|n| n.ip).unwrap_or_default();
+        let prefix = NODE_POD_SUBNET.trim_end_matches("0/24");
+        ensure!(ip.starts_with(prefix), "the pod's address {ip:?} is not in the node's pod subnet {NODE_POD_SUBNET}");
+        let container = cri
+            .create_container(
+                &sandbox,
+                cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata { name: "sleep".into(), attempt: 0 }),
+                    image: Some(cri::ImageSpec { image: images::BUSYBOX_IMAGE.into() }),
+                    command: vec!["sleep".into(), "3600".into()],
+                    args: Vec::new(),
+                    mounts: Vec::new(),
+                    log_path: "sleep.log".into(),
+                },
+                sandbox_config,
+            )
+            .await?;
+        cri.start_container(&container).await?;
+        let status = cri.container_status_verbose(&container).await?;
+        let info: serde_json::Value = serde_json::from_str(status.info.get("info").map_or("{}", String::as_str))?;
+        let pid = info["pid"].as_i64().context("no pid in the container's verbose status")?;
+        let out = in_node(state.init_pid, &["cat", &format!("/proc/{pid}/cgroup")])?;
+        let cgroup = String::from_utf8_lossy(&out.stdout).into_owned();
+        let want = format!("{parent}/cri-containerd-{container}.scope");
+        ensure!(
+            cgroup.lines().any(|l| l.ends_with(&format!(":memory:{want}"))),
+            "the container is not in the systemd scope {want}:\n{cgroup}"
+        );
+        let unit = format!("cri-containerd-{container}.scope");
+        let shown = in_node(state.init_pid, &["systemctl", "show", "-p", "Slice", "--value", &unit])?;
+        ensure!(
+            String::from_utf8_lossy(&shown.stdout).trim() == slice,
+            "systemd does not know {unit} in {slice}: {}",
+            String::from_utf8_lossy(&shown.stdout)
+        );
+        eprintln!("node container: a CRI pod at {ip} runs in {want}, a scope of systemd's");
+        anyhow::Ok(())
+    }
+    .await;
+    cri.stop_pod_sandbox(&sandbox).await?;
+    cri.remove_pod_sandbox(&sandbox).await?;
+    result
+}
+
+/// CRI over the node's socket, once containerd has made it.
+async fn connect(socket: &Path) -> Result<CriClient> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let error = match CriClient::connect(socket).await {
+            Ok(mut c) => match c.version().await {
+                Ok(_) => return Ok(c),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        if Instant::now() > deadline {
+            return Err(error.context("the node's containerd does not answer CRI Version"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Stops the node container and removes all it left: processes, cgroups, veth and
+/// bridge, root filesystem, state.
+pub fn down(layout: &Layout) -> Result<()> {
+    let Some(state) = State::load(layout)? else {
+        let rootfs = rootfs_dir(layout);
+        if rootfs.exists() {
+            fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
+        }
+        return Ok(());
+    };
+    if state.init_pid > 0 && is_alive(state.init_pid) {
+        eprintln!("node container: powering off (PID 1 is host pid {})", state.init_pid);
+        let _ = in_node(state.init_pid, &["systemctl", "poweroff", "--no-block"]);
+        if !wait_gone(state.launcher_pid, Duration::from_secs(30)) {
+            eprintln!("node container: still up after 30 s; SIGKILL to its PID 1");
+            kill(state.init_pid);
+        }
+    } else if is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
+        kill(state.launcher_pid);
+    }
+    ensure!(
+        wait_gone(state.launcher_pid, Duration::from_secs(10)),
+        "the node container's launcher {} stays",
+        state.launcher_pid
+    );
+    let mut deepest_first: Vec<PathBuf> =
+        state.cgroups.iter().filter(|d| d.exists()).flat_map(|d| cleanup::cgroup_tree(d)).collect();
+    deepest_first.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for dir in deepest_first {
+        // The kernel frees a cgroup a moment after its last task exits.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Err(e) = fs::remove_dir(&dir) {
+            if Instant::now() > deadline {
+                return Err(e).with_context(|| format!("removing cgroup {}", dir.display()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    if cleanup::link_exists(HOST_VETH) {
+        ip(&["link", "del", HOST_VETH])?;
+    }
+    if state.bridge_created && cleanup::link_exists(BRIDGE) {
+        ip(&["link", "del", BRIDGE])?;
+    }
+    let mounts = cleanup::mounts()?;
+    let held = cleanup::mounts_under(&mounts, std::slice::from_ref(&state.rootfs));
+    ensure!(held.is_empty(), "mounts under the node's root filesystem remain: {held:?}");
+    if state.rootfs.exists() {
+        fs::remove_dir_all(&state.rootfs).with_context(|| format!("removing {}", state.rootfs.display()))?;
+    }
+    fs::remove_file(state_file(layout)).ok();
+    eprintln!("node container: down");
+    Ok(())
+}
+
+/// What a node container left on the host.
+pub fn leftovers(layout: &Layout) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Ok(Some(state)) = State::load(layout) {
+        if is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
+            left.push(format!("node container launcher process {}", state.launcher_pid));
+        }
+        for cg in state.cgroups.iter().filter(|d| d.exists()) {
+            left.push(format!("node container cgroup {}", cg.display()));
+        }
+        if state.bridge_created && cleanup::link_exists(BRIDGE) {
+            left.push(format!("bridge {BRIDGE}"));
+        }
+    }
+    if cleanup::link_exists(HOST_VETH) {
+        left.push(format!("veth {HOST_VETH}"));
+    }
+    if rootfs_dir(layout).exists() {
+        left.push(format!("node container root filesystem {}", rootfs_dir(layout).display()));
+    }
+    left
+}
+
+/// Whether process `pid` runs (a zombie does not: the launcher is reaped only by
+/// whoever adopted it).
+fn is_alive(pid: i32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) S ...`: the state follows the last `)`.
+    pid > 0 && stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+/// Whether `pid` is the `unshare` that started a node container on `rootfs`.
+fn is_our_launcher(pid: i32, rootfs: &Path) -> bool {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    cmdline.starts_with("unshare\0") && cmdline.contains(&*rootfs.to_string_lossy())
+}
+
+fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while is_alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
+fn kill(pid: i32) {
+    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {what}"))?;
+    ensure!(out.status.success(), "{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    Ok(())
+}
+
+fn tail_lines(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cgroups_are_read_per_hierarchy() {
+        let own = "12:pids:/p\n5:cpu:/c\n4:cpuacct:/a\n3:memory:/process_api/7\n1:name=systemd:/s\n0::/u\n";
+        assert_eq!(own_cgroup_in(own, "memory", false).as_deref(), Some("/process_api/7"));
+        assert_eq!(own_cgroup_in(own, "cpu", false).as_deref(), Some("/c"));
+        assert_eq!(own_cgroup_in(own, "systemd", false).as_deref(), Some("/s"));
+        assert_eq!(own_cgroup_in(own, "unified", true).as_deref(), Some("/u"));
+        assert_eq!(own_cgroup_in(own, "blkio", false), None);
+        let joint = "6:cpu,cpuacct:/j\n";
+        assert_eq!(own_cgroup_in(joint, "cpuacct", false).as_deref(), Some("/j"));
+    }
+
+    #[test]
+    fn the_boot_script_enters_the_cgroups_and_mounts_each_hierarchy() {
+        let cgroups = [
+            PathBuf::from("/sys/fs/cgroup/memory/p/swiftlet-node-container"),
+            PathBuf::from("/sys/fs/cgroup/systemd/swiftlet-node-container"),
+            PathBuf::from("/sys/fs/cgroup/unified/swiftlet-node-container"),
+        ];
+        let mounts = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"].map(PathBuf::from);
+        let s = boot_script(&mounts, &cgroups, Path::new("/r/rootfs"), Path::new("/s/console.log"));
+        assert!(s.contains("echo $$ > '/sys/fs/cgroup/memory/p/swiftlet-node-container/cgroup.procs'\n"));
+        assert!(s.contains("mount -t cgroup -o nosuid,nodev,noexec,memory cgroup \"$R/sys/fs/cgroup/memory\""));
+        assert!(s.contains("-o nosuid,nodev,noexec,none,name=systemd cgroup"));
+        assert!(s.contains("mount -t cgroup2 -o nosuid,nodev,noexec cgroup \"$R/sys/fs/cgroup/unified\""));
+        assert!(s.contains("exec unshare --pid --mount --uts --ipc --net --cgroup --fork"));
+        assert!(s.contains("exec /lib/systemd/systemd --log-target=console"));
+        // The inner script is one single-quoted argument: no stray quote ends it early.
+        let inner = s.split_once("sh -c '").unwrap().1;
+        assert!(inner.trim_end().ends_with('\''));
+        assert!(inner.contains("R='\\''/r/rootfs'\\''"));
+        // Only cgroup v2, at /sys/fs/cgroup: mounted there, no tmpfs.
+        let v2 = boot_script(&[PathBuf::from("/sys/fs/cgroup")], &cgroups[..1], Path::new("/r"), Path::new("/c"));
+        assert!(v2.contains("mount -t cgroup2 -o nosuid,nodev,noexec cgroup \"$R/sys/fs/cgroup\"\n"));
+        assert!(!v2.contains("tmpfs tmpfs \"$R/sys/fs/cgroup\""));
+    }
+}
