@@ -66,12 +66,16 @@ fn a_new_pod_is_allocated_its_spec_and_a_restart_keeps_the_checkpoint() {
     assert!(!m.is_pod_allocated("u1"));
 }
 
+/// Either checkpoint corrupt: the agent does not start (upstream neither), and says which.
 #[test]
 fn a_corrupt_checkpoint_refuses_to_start() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join(checkpoint::FILE_NAME), r#"{"data":"{}","checksum":1}"#).unwrap();
-    let err = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap_err();
-    assert!(err.to_string().ends_with("checkpoint is corrupted"), "{err}");
+    for file in [checkpoint::FILE_NAME, checkpoint::ACTUATED_FILE_NAME] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(file), r#"{"data":"{}","checksum":1}"#).unwrap();
+        let err =
+            AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap_err();
+        assert!(err.to_string().ends_with(&format!("{file}: checkpoint is corrupted")), "{err}");
+    }
 }
 
 #[test]
@@ -498,12 +502,4 @@ fn actuated_records_without_pod_level_resources_are_null() {
     m.set_pod_actuated("u1", ResourceValues::default());
     assert!(!file.exists(), "nothing changed, nothing written");
     assert_eq!(restarted(dir.path()).pod_actuated("u1"), None, "the file was removed above");
-}
-
-#[test]
-fn a_corrupt_actuated_checkpoint_refuses_to_start() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join(checkpoint::ACTUATED_FILE_NAME), r#"{"data":"{}","checksum":1}"#).unwrap();
-    let err = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap_err();
-    assert!(err.to_string().ends_with("actuated_pods_state: checkpoint is corrupted"), "{err}");
 }
