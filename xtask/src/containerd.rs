@@ -229,6 +229,18 @@ pub async fn wait_ready(layout: &Layout, pid: i32, timeout: Duration) -> Result<
     )
 }
 
+/// Runs `cmd` (no stdin, output captured) and fails unless it succeeds, with the last
+/// lines of its stderr in the error.
+pub fn run_checked(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        bail!("{what} failed ({}): {}", out.status, lines[lines.len().saturating_sub(20)..].join("\n"));
+    }
+    Ok(())
+}
+
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();

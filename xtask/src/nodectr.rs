@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::{
-    Ctx, apt, cleanup,
+    Ctx, apt, cleanup, containerd,
     cri::{self, CriClient},
     images,
     testbed::Layout,
@@ -182,7 +182,7 @@ impl State {
 /// Starts the node container (the test bed must be up: its images are imported).
 pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
     if let Some(state) = State::load(layout)? {
-        if is_alive(state.init_pid) {
+        if containerd::is_alive(state.init_pid) {
             eprintln!("node container: already up (PID 1 is host pid {})", state.init_pid);
             return Ok(state);
         }
@@ -195,7 +195,10 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
     }
     fs::create_dir_all(&rootfs)?;
-    run(Command::new("tar").arg("--numeric-owner").arg("-xpf").arg(&tar).arg("-C").arg(&rootfs), "tar")?;
+    containerd::run_checked(
+        Command::new("tar").arg("--numeric-owner").arg("-xpf").arg(&tar).arg("-C").arg(&rootfs),
+        "tar",
+    )?;
     prepare_rootfs(&rootfs)?;
 
     let cgroups = node_cgroups()?;
@@ -253,9 +256,9 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
     }
     .await;
     if let Err(e) = result {
-        let tail = tail_lines(&console, 30);
+        let tail = containerd::log_tail(&console, 30);
         eprintln!("node container: the last lines of its console:\n{tail}");
-        if is_alive(state.init_pid)
+        if containerd::is_alive(state.init_pid)
             && let Ok(out) = in_node(state.init_pid, &["journalctl", "-b", "--no-pager", "-n", "40"])
         {
             eprintln!("node container: its journal:\n{}", String::from_utf8_lossy(&out.stdout));
@@ -291,7 +294,7 @@ fn rootfs_tar(ctx: &Ctx) -> Result<PathBuf> {
     }
     let tmp = dir.join("rootfs.tmp.tar");
     eprintln!("node container: making the root filesystem (mmdebstrap {SUITE}, about a minute)");
-    run(
+    containerd::run_checked(
         Command::new("mmdebstrap")
             .args(["--variant=minbase", "--quiet"])
             .arg(format!("--include={}", PACKAGES.join(",")))
@@ -431,8 +434,8 @@ fn wait_for_init(launcher: i32, log: &Path) -> Result<i32> {
                 return Ok(pid);
             }
         }
-        if !is_alive(launcher) || Instant::now() > deadline {
-            bail!("the node container did not start systemd: {}", tail_lines(log, 20));
+        if !containerd::is_alive(launcher) || Instant::now() > deadline {
+            bail!("the node container did not start systemd: {}", containerd::log_tail(log, 20));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -487,7 +490,7 @@ fn network(init: i32) -> Result<bool> {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    run(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
+    containerd::run_checked(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
 }
 
 /// Waits until systemd says the node is `running` (every unit started, none failed).
@@ -503,7 +506,7 @@ fn wait_running(init: i32, console: &Path) -> Result<()> {
                 bail!("systemd in the node is degraded; failed units:\n{}", String::from_utf8_lossy(&failed.stdout));
             }
             _ if Instant::now() > deadline => {
-                bail!("systemd in the node is {said:?} after 90 s: {}", tail_lines(console, 20))
+                bail!("systemd in the node is {said:?} after 90 s: {}", containerd::log_tail(console, 20))
             }
             _ => std::thread::sleep(Duration::from_millis(200)),
         }
@@ -626,15 +629,15 @@ pub fn down(layout: &Layout) -> Result<()> {
         }
         return Ok(());
     };
-    if state.init_pid > 0 && is_alive(state.init_pid) {
+    if state.init_pid > 0 && containerd::is_alive(state.init_pid) {
         eprintln!("node container: powering off (PID 1 is host pid {})", state.init_pid);
         let _ = in_node(state.init_pid, &["systemctl", "poweroff", "--no-block"]);
         if !wait_gone(state.launcher_pid, Duration::from_secs(30)) {
             eprintln!("node container: still up after 30 s; SIGKILL to its PID 1");
-            kill(state.init_pid);
+            containerd::signal(state.init_pid, libc::SIGKILL);
         }
-    } else if is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
-        kill(state.launcher_pid);
+    } else if containerd::is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
+        containerd::signal(state.launcher_pid, libc::SIGKILL);
     }
     ensure!(
         wait_gone(state.launcher_pid, Duration::from_secs(10)),
@@ -675,7 +678,7 @@ pub fn down(layout: &Layout) -> Result<()> {
 pub fn leftovers(layout: &Layout) -> Vec<String> {
     let mut left = Vec::new();
     if let Ok(Some(state)) = State::load(layout) {
-        if is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
+        if containerd::is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
             left.push(format!("node container launcher process {}", state.launcher_pid));
         }
         for cg in state.cgroups.iter().filter(|d| d.exists()) {
@@ -694,46 +697,22 @@ pub fn leftovers(layout: &Layout) -> Vec<String> {
     left
 }
 
-/// Whether process `pid` runs (a zombie does not: the launcher is reaped only by
-/// whoever adopted it).
-fn is_alive(pid: i32) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // `pid (comm) S ...`: the state follows the last `)`.
-    pid > 0 && stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-}
-
 /// Whether `pid` is the `unshare` that started a node container on `rootfs`.
 fn is_our_launcher(pid: i32, rootfs: &Path) -> bool {
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let cmdline = String::from_utf8_lossy(&cmdline);
-    cmdline.starts_with("unshare\0") && cmdline.contains(&*rootfs.to_string_lossy())
+    let rootfs = rootfs.to_string_lossy();
+    containerd::cmdline(pid)
+        .is_some_and(|args| args.first().is_some_and(|a| a == "unshare") && args.iter().any(|a| a.contains(&*rootfs)))
 }
 
 fn wait_gone(pid: i32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
-    while is_alive(pid) {
+    while containerd::is_alive(pid) {
         if Instant::now() > deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     true
-}
-
-fn kill(pid: i32) {
-    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-}
-
-fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {what}"))?;
-    ensure!(out.status.success(), "{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
-    Ok(())
-}
-
-fn tail_lines(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]

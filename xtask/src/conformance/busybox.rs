@@ -20,13 +20,12 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use anyhow::{Context as _, Result, bail, ensure};
-use sha2::{Digest as _, Sha256};
 
-use crate::images;
+use crate::{containerd, images};
 
 /// The busybox release upstream's busybox image (`e2e-test-images/busybox:1.37.0-2`) has.
 pub const VERSION: &str = "1.37.0";
@@ -97,29 +96,31 @@ fn compile_in(scratch: &Path) -> Result<Vec<u8>> {
         .context("running curl (apt package curl)")?;
     ensure!(status.success(), "fetching busybox's source from {SOURCE_URL} failed (curl: {status})");
     let source = fs::read(&tarball).with_context(|| format!("reading {}", tarball.display()))?;
-    let got = hex::encode(Sha256::digest(&source));
-    ensure!(got == SOURCE_SHA256, "busybox's source from {SOURCE_URL} has sha256 {got}, expected {SOURCE_SHA256}");
-    run(Command::new("tar").arg("-xjf").arg(&tarball).arg("-C").arg(scratch), "tar (apt package bzip2)")?;
+    let got = images::digest(&source);
+    ensure!(
+        got.strip_prefix("sha256:") == Some(SOURCE_SHA256),
+        "busybox's source from {SOURCE_URL} has {got}, expected sha256:{SOURCE_SHA256}"
+    );
+    containerd::run_checked(
+        Command::new("tar").arg("-xjf").arg(&tarball).arg("-C").arg(scratch),
+        "tar (apt package bzip2)",
+    )?;
     let dir = scratch.join(format!("busybox-{VERSION}"));
-    run(Command::new("make").arg("defconfig").current_dir(&dir), "make defconfig (apt package make)")?;
+    containerd::run_checked(
+        Command::new("make").arg("defconfig").current_dir(&dir),
+        "make defconfig (apt package make)",
+    )?;
     let config_path = dir.join(".config");
     let config = fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
     fs::write(&config_path, edit_config(&config)?)?;
     let jobs = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     eprintln!("busybox {VERSION}: compiling ({jobs} jobs)");
-    run(Command::new("make").arg(format!("-j{jobs}")).current_dir(&dir), "make (apt packages make, gcc, libc6-dev)")?;
+    containerd::run_checked(
+        Command::new("make").arg(format!("-j{jobs}")).current_dir(&dir),
+        "make (apt packages make, gcc, libc6-dev)",
+    )?;
     let binary: PathBuf = dir.join("busybox");
     fs::read(&binary).with_context(|| format!("reading {}", binary.display()))
-}
-
-/// Runs `cmd` with its output on stderr (quiet: only its failure matters).
-fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        let tail: String = String::from_utf8_lossy(&out.stderr).lines().rev().take(20).collect::<Vec<_>>().join("\n");
-        bail!("{what} failed ({}); last lines of its stderr, newest first:\n{tail}", out.status);
-    }
-    Ok(())
 }
 
 /// `config` (a kconfig `.config`) with [`CONFIG_EDITS`] applied; each edited option must

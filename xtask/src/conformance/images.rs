@@ -95,14 +95,8 @@ pub fn build(upstream: &Upstream, workspace: &Path, cache_dir: &Path) -> Result<
     let tools: Vec<images::HostProgram> = tools.into_iter().collect::<Result<_>>()?;
     let netcat = images::HostProgram::read(HOST_NETCAT)?;
     let pause_source = fs::read(workspace.join(images::PAUSE_SOURCE)).context("reading the pause source")?;
-    let pause = std::cell::OnceCell::<Vec<u8>>::new();
-    let pause_binary = || -> Result<Vec<u8>> {
-        if let Some(binary) = pause.get() {
-            return Ok(binary.clone());
-        }
-        let binary = images::pause_binary(workspace, cache_dir)?;
-        Ok(pause.get_or_init(|| binary).clone())
-    };
+    // Compiled only when an image that holds it is built (not cached).
+    let pause_binary = || images::pause_binary(workspace, cache_dir);
 
     let mut out = Vec::new();
     for tag in AGNHOST_TAGS {
