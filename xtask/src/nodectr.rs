@@ -629,7 +629,7 @@ pub fn down(layout: &Layout) -> Result<()> {
         }
         return Ok(());
     };
-    if state.init_pid > 0 && containerd::is_alive(state.init_pid) {
+    if containerd::is_alive(state.init_pid) && is_our_init(&state) {
         eprintln!("node container: powering off (PID 1 is host pid {})", state.init_pid);
         let _ = in_node(state.init_pid, &["systemctl", "poweroff", "--no-block"]);
         if !wait_gone(state.launcher_pid, Duration::from_secs(30)) {
@@ -695,6 +695,15 @@ pub fn leftovers(layout: &Layout) -> Vec<String> {
         left.push(format!("node container root filesystem {}", rootfs_dir(layout).display()));
     }
     left
+}
+
+/// Whether the recorded PID 1 is still the node's: the child of our launcher (a pid is
+/// signalled only when it is provably ours).
+fn is_our_init(state: &State) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{}/stat", state.init_pid)).unwrap_or_default();
+    // `pid (comm) state ppid ...`: the parent follows the state after the last `)`.
+    let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+    ppid == Some(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs)
 }
 
 /// Whether `pid` is the `unshare` that started a node container on `rootfs`.
