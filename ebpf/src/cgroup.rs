@@ -137,7 +137,10 @@ impl CgroupDir {
                 })?
             }
         };
-        Ok(Self { id: CgroupId { hierarchy_id, id: metadata.ino() }, level: level_of(mount, &canonical) })
+        // In a cgroup namespace (a node in a container) paths and mount roots start at the
+        // namespace's root, not the hierarchy's: the kernel's level is unknown from here.
+        let level = if in_initial_cgroup_namespace() { level_of(mount, &canonical) } else { LEVEL_UNKNOWN };
+        Ok(Self { id: CgroupId { hierarchy_id, id: metadata.ino() }, level })
     }
 }
 
@@ -210,6 +213,19 @@ fn unescape_octal(field: &str) -> String {
 /// `path` resolves through, barring overmounts inside cgroupfs, which cgroupfs forbids).
 fn find_cgroup_mount<'a>(mounts: &'a [CgroupMount], path: &Path) -> Option<&'a CgroupMount> {
     mounts.iter().filter(|m| path.starts_with(&m.mount_point)).max_by_key(|m| m.mount_point.components().count())
+}
+
+/// A root whose level below its hierarchy's root is not known: the filter then checks
+/// every ancestor level for it.
+pub(crate) const LEVEL_UNKNOWN: u32 = u32::MAX;
+
+/// The initial cgroup namespace's inode (the kernel's `CGROUP_NS_INIT_INO`).
+const CGROUP_NS_INIT_INO: u64 = 0xEFFF_FFFB;
+
+/// Whether this process sees the cgroup hierarchies from their roots (no cgroup
+/// namespace of its own); assumed so when `/proc/self/ns/cgroup` cannot be read.
+fn in_initial_cgroup_namespace() -> bool {
+    fs::metadata("/proc/self/ns/cgroup").map_or(true, |m| m.ino() == CGROUP_NS_INIT_INO)
 }
 
 fn level_of(mount: &CgroupMount, path: &Path) -> u32 {

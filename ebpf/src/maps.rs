@@ -207,7 +207,7 @@ impl SensorMaps {
 
     /// Adds a root at `level` below its hierarchy's root.
     pub(crate) fn watch(&mut self, cgroup: CgroupId, level: u32) -> Result<(), MapsError> {
-        if level > MAX_ROOT_LEVEL {
+        if level != crate::cgroup::LEVEL_UNKNOWN && level > MAX_ROOT_LEVEL {
             return Err(MapsError::TooDeep { cgroup, level, max: MAX_ROOT_LEVEL });
         }
         self.watched_roots
@@ -238,7 +238,7 @@ impl SensorMaps {
         for entry in &self.watched_roots {
             let (key, level) = entry?;
             if key.hierarchy_id == hierarchy_id {
-                mask |= 1u64 << level.min(63);
+                mask |= if level == crate::cgroup::LEVEL_UNKNOWN { u64::MAX } else { 1u64 << level.min(63) };
             }
         }
         self.watched_levels.set(hierarchy_id, mask, 0)
