@@ -74,6 +74,8 @@ pub enum Error {
     },
     #[error("container manager: {0}")]
     ContainerManager(#[from] crate::cm::Error),
+    #[error("cgroup driver: {0}")]
+    CgroupDriver(String),
     #[error("cgroups: {0}")]
     Cgroups(#[from] crate::cm::cgroupfs::Error),
     #[error("server: {0}")]
@@ -245,6 +247,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let eviction_config = crate::eviction::EvictionConfig::from_settings(&crate::settings::eviction(&cfg.kubelet))?;
 
     let (rt, runtime_name, runtime_state) = runtime::connect(&cfg, &metrics.cri, &shutdown).await?;
+    cfg.kubelet.cgroup_driver = runtime::cgroup_driver(rt.as_ref(), &cfg.kubelet.cgroup_driver).await?;
     let mut node = node::resources(&cfg, &mut registry)?;
     let (memory_events, recorder, events) = pods::event_recorder(&cfg, api.as_ref().map(|a| &a.clients), &shutdown);
     if node.allocatable_enforced {

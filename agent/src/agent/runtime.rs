@@ -56,3 +56,19 @@ pub(super) async fn connect(
     runtime_state.update(rt.as_ref()).await;
     Ok((rt, runtime_name, runtime_state))
 }
+
+/// The cgroup driver to run with ([`crate::container::cgroup_driver`]), logged as upstream.
+pub(super) async fn cgroup_driver(rt: &dyn RuntimeService, configured: &str) -> Result<String, Error> {
+    use crate::container::cgroup_driver::{Source, detect};
+    let (driver, source) = detect(rt, configured).await.map_err(Error::CgroupDriver)?;
+    let said = match source {
+        Source::Runtime => "Using cgroup driver setting received from the CRI runtime",
+        Source::ConfigChecked => "cgroupDriver matches the container runtime's configuration",
+        Source::Config => {
+            "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from \
+             kubelet config."
+        }
+    };
+    tracing::info!(cgroup_driver = %driver, "{said}");
+    Ok(driver)
+}

@@ -147,6 +147,18 @@ impl RuntimeService for RemoteRuntime {
         self.call("status", "runtime.v1.RuntimeService/Status", Some(self.timeout), c.status(req)).await
     }
 
+    async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
+        let mut c = self.runtime.clone();
+        let req = api::RuntimeConfigRequest {};
+        self.call(
+            "runtime_config",
+            "runtime.v1.RuntimeService/RuntimeConfig",
+            Some(self.timeout),
+            c.runtime_config(req),
+        )
+        .await
+    }
+
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: String) -> Result<String> {
         let mut c = self.runtime.clone();
         let req = api::RunPodSandboxRequest { config: Some(config), runtime_handler };

@@ -13,6 +13,7 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod cgroup_driver;
 pub mod cri;
 pub mod ephemeral;
 pub mod exits;
@@ -144,6 +145,11 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// The runtime's conditions; `verbose` adds its `info` (containerd: its CRI config as
     /// JSON under `config`).
     async fn status(&self, verbose: bool) -> Result<api::StatusResponse>;
+    /// The runtime's own configuration (`RuntimeConfig`: its cgroup driver). Default: the
+    /// runtime does not implement it (containerd before 1.7).
+    async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
+        Err(Error::Rpc { operation: "runtime_config", status: tonic::Status::unimplemented("RuntimeConfig") })
+    }
     async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, runtime_handler: String) -> Result<String>;
     async fn stop_pod_sandbox(&self, id: &str) -> Result<()>;
     async fn remove_pod_sandbox(&self, id: &str) -> Result<()>;
