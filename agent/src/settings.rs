@@ -455,7 +455,7 @@ pub fn dns(kc: &KubeletConfiguration) -> DnsSettings {
 }
 
 /// The stats provider: the node name, `--root-dir`, `podLogsDir` and the pods' cgroup
-/// (`<cgroupRoot>/kubepods` with `cgroupsPerQOS`).
+/// (`<cgroupRoot>/kubepods` with `cgroupsPerQOS`; `/kubepods.slice` under the systemd driver).
 #[must_use]
 pub fn stats(config: &Config) -> StatsSettings {
     let kc = &config.kubelet;
@@ -464,7 +464,16 @@ pub fn stats(config: &Config) -> StatsSettings {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
         pod_logs_dir: kc.pod_logs_dir.clone().into(),
-        pods_cgroup: kc.cgroups_per_qos.then(|| format!("{root}/kubepods")),
+        pods_cgroup: kc.cgroups_per_qos.then(|| {
+            if kc.cgroup_driver == "systemd" {
+                let mut parts: Vec<&str> = root.split('/').filter(|c| !c.is_empty()).collect();
+                parts.push("kubepods");
+                // A root systemd cannot name is refused when the cgroups are made.
+                crate::cm::systemd_names::to_systemd(&parts).unwrap_or_else(|_| format!("{root}/kubepods.slice"))
+            } else {
+                format!("{root}/kubepods")
+            }
+        }),
     }
 }
 

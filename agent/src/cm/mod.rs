@@ -5,8 +5,10 @@
 //! - [`linux_container_resources`]: the CRI `LinuxContainerResources` of a container (cpu
 //!   shares and CFS quota, memory limit, `oom_score_adj`, swap, huge pages);
 //! - [`PodContainerManager`]: the pod cgroups (`kubepods/{burstable,besteffort}/pod<uid>`) and
-//!   their limits, with [`CgroupfsPodContainerManager`] for the cgroupfs driver on cgroup
-//!   v1 (legacy or hybrid) and v2, and [`FakePodContainerManager`] for other modules' tests;
+//!   their limits, with [`CgroupfsPodContainerManager`] for the cgroupfs and systemd drivers
+//!   on cgroup v1 (legacy or hybrid) and v2 (under systemd the cgroups are slices made
+//!   through [`systemd_dbus`], named by [`systemd_names`]), and [`FakePodContainerManager`]
+//!   for other modules' tests;
 //! - [`pod_resources`]: pod request and limit totals (`PodRequests`/`PodLimits`);
 //!   [`resources`]: the shares/quota/OOM math.
 //!
@@ -39,6 +41,7 @@ pub mod memorymanager;
 pub mod metrics;
 pub mod resource_managers;
 pub mod resources;
+pub mod systemd_dbus;
 pub mod systemd_names;
 pub mod topology;
 
@@ -112,8 +115,8 @@ pub struct CgroupConfig {
     /// kubelet creates no cgroups at all: the sandbox's `cgroup_parent` is empty and the
     /// runtime places containers where it likes; every operation is a no-op.
     pub cgroups_per_qos: bool,
-    /// `cgroupDriver`: only `"cgroupfs"` (the default) is supported; `"systemd"` is
-    /// rejected at construction.
+    /// `cgroupDriver`: `"cgroupfs"` (the default) or `"systemd"` (slices made through
+    /// systemd's D-Bus API, [`systemd_dbus`]).
     pub cgroup_driver: String,
     /// `podPidsLimit`: maximum pids per pod; -1 (the default) or 0 for unlimited.
     pub pod_pids_limit: i64,
@@ -151,6 +154,12 @@ pub trait PodContainerManager: Send + Sync + std::fmt::Debug {
     /// The CRI `cgroup_parent` of the pod's sandbox (`/kubepods/burstable/pod<uid>`), or
     /// `""` when `cgroupsPerQOS` is off.
     fn cgroup_parent(&self, pod: &Pod) -> String;
+
+    /// The cgroup path of a container of the pod whose cgroup is `pod_cgroup` (a
+    /// [`Self::cgroup_parent`]): `<pod>/<id>` as runc names it under the cgroupfs driver.
+    fn container_cgroup(&self, pod_cgroup: &str, container_id: &str) -> String {
+        format!("{pod_cgroup}/{container_id}")
+    }
 
     /// Creates the pod cgroup in every hierarchy with the pod's limits
     /// (`ResourceConfigForPod` and `podPidsLimit`). Idempotent: an existing pod cgroup is

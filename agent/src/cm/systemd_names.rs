@@ -13,8 +13,7 @@
 //!   path  /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice
 //! ```
 //!
-//! This is the naming only; the systemd driver itself (slices made through systemd's
-//! D-Bus API) is not built yet.
+//! The slices themselves are made through systemd's D-Bus API ([`super::systemd_dbus`]).
 
 /// A name that is not a systemd slice.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

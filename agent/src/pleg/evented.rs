@@ -158,15 +158,38 @@ fn is_container_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Parses a cgroupfs-driver path: `.../pod<uid>` or `.../pod<uid>/<64-hex id>`.
+/// The pod uid a pod cgroup's directory names: `pod<uid>` (cgroupfs driver), or
+/// `kubepods[-<qos>]-pod<uid>.slice` with the uid's `-` written `_` (systemd driver).
+fn pod_uid_of(component: &str) -> Option<String> {
+    if let Some(slice) = component.strip_suffix(".slice") {
+        let uid = slice.rsplit('-').next()?.strip_prefix("pod")?;
+        return (!uid.is_empty()).then(|| uid.replace('_', "-"));
+    }
+    let uid = component.strip_prefix("pod")?;
+    (!uid.is_empty()).then(|| uid.to_owned())
+}
+
+/// The container id a container cgroup's directory names: the id itself (cgroupfs
+/// driver), or `<runtime>-<id>.scope` (systemd driver: `cri-containerd-`, `crio-`,
+/// `docker-`); CRI-O's `crio-conmon-<id>.scope` holds its monitor, not the container.
+fn container_id_of(component: &str) -> Option<&str> {
+    let id = match component.strip_suffix(".scope") {
+        Some(scope) if scope.contains("conmon") => return None,
+        Some(scope) => scope.rsplit('-').next()?,
+        None => component,
+    };
+    is_container_id(id).then_some(id)
+}
+
+/// Parses a pod or container cgroup path of either driver: `.../pod<uid>[/<64-hex id>]`
+/// or `.../kubepods-burstable-pod<uid>.slice[/cri-containerd-<id>.scope]`.
 #[must_use]
 pub fn parse_cgroup_path(path: &str) -> Option<CgroupRef> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    let pos = parts.iter().rposition(|p| p.len() > 3 && p.starts_with("pod"))?;
-    let pod_uid = parts[pos][3..].to_string();
+    let (pos, pod_uid) = parts.iter().enumerate().rev().find_map(|(i, p)| pod_uid_of(p).map(|u| (i, u)))?;
     match &parts[pos + 1..] {
         [] => Some(CgroupRef { pod_uid, container_id: None }),
-        [id] if is_container_id(id) => Some(CgroupRef { pod_uid, container_id: Some((*id).to_string()) }),
+        [id] => container_id_of(id).map(|id| CgroupRef { pod_uid, container_id: Some(id.to_string()) }),
         _ => None,
     }
 }
@@ -1079,6 +1102,19 @@ mod tests {
             Some(CgroupRef { pod_uid: "abc".into(), container_id: None })
         );
         assert_eq!(parse_cgroup_path("/kubepods/burstable"), None);
+        // The systemd driver's slices and scopes, below whatever the node's own cgroup is.
+        let sliced = "/n/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podu_1_2.slice";
+        assert_eq!(parse_cgroup_path(sliced), Some(CgroupRef { pod_uid: "u-1-2".into(), container_id: None }));
+        for runtime in ["cri-containerd", "crio", "docker"] {
+            assert_eq!(
+                parse_cgroup_path(&format!("{sliced}/{runtime}-{CID}.scope")),
+                Some(CgroupRef { pod_uid: "u-1-2".into(), container_id: Some(CID.into()) }),
+                "{runtime}"
+            );
+        }
+        assert_eq!(parse_cgroup_path(&format!("{sliced}/crio-conmon-{CID}.scope")), None);
+        assert_eq!(parse_cgroup_path("/kubepods.slice/kubepods-burstable.slice"), None);
+        assert_eq!(parse_cgroup_path("/kubepods.slice/kubepods-pod.slice"), None);
         assert_eq!(parse_cgroup_path("/kubepods/podabc/not-an-id"), None);
     }
 

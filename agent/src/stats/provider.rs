@@ -279,7 +279,7 @@ impl StatsProvider {
                         log_dir: Some(log_dir.join(&cname)),
                         name: cname,
                         id: c.id.clone(),
-                        cgroup: format!("{cgroup}/{}", c.id),
+                        cgroup: self.cm.container_cgroup(&cgroup, &c.id),
                         start_time: time_from_nanos(c.created_at),
                         image: c.image.as_ref().map(|i| i.image.clone()).unwrap_or_default(),
                         writable_layer: None,

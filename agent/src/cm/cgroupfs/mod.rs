@@ -1,4 +1,9 @@
-//! Pod and `QoS` cgroups for the `cgroupfs` driver, on cgroup v1 (legacy or hybrid) and v2.
+//! Pod and `QoS` cgroups for the `cgroupfs` and `systemd` drivers, on cgroup v1 (legacy or
+//! hybrid) and v2. Under systemd the same directories are slices
+//! (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice`) that
+//! systemd makes as transient units ([`crate::cm::systemd_dbus`]) before the manager writes
+//! their files; the v1 hierarchies systemd handles by itself (devices, freezer) are left
+//! to it.
 //!
 //! Layout (upstream `qos_container_manager_linux.go`, `pod_container_manager_linux.go`):
 //! ```text
@@ -27,6 +32,8 @@ mod fixture;
 mod real_kernel_tests;
 mod resize;
 #[cfg(test)]
+mod systemd_tests;
+#[cfg(test)]
 mod tests;
 
 use crate::types::pod::uid as pod_uid;
@@ -39,6 +46,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::resources::{self, MIN_SHARES, PodResourceConfig};
+use super::systemd_dbus::{self, DbusSystemd, SystemdUnits};
+use super::systemd_names;
 use super::{CgroupConfig, PodContainerManager};
 use crate::types::pod_resources;
 use crate::types::qos::{QosClass, qos_class};
@@ -50,9 +59,9 @@ use sys::{CgroupSys, RealSys};
 /// Errors of cgroup operations; each names the path or setting at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `cgroupDriver: systemd`.
-    #[error("cgroupDriver systemd is not supported yet")]
-    SystemdDriverUnsupported,
+    /// A systemd call of the systemd driver failed.
+    #[error(transparent)]
+    Systemd(#[from] crate::cm::systemd_dbus::Error),
     /// Any other unknown driver.
     #[error("invalid cgroupDriver {driver:?}: must be \"cgroupfs\" or \"systemd\"")]
     InvalidDriver {
@@ -179,6 +188,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 const KUBEPODS: &str = "kubepods";
 const POD_PREFIX: &str = "pod";
+/// What runc's systemd driver names a container's scope after, by runtime.
+const SCOPE_PREFIXES: [&str; 3] = ["cri-containerd", "crio", "docker"];
 const QOS_CLASSES: [QosClass; 3] = [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort];
 /// v1 controllers the kubelet refuses to run without (`validateSystemRequirements`).
 const REQUIRED_V1: [&str; 4] = ["cpu", "cpuacct", "cpuset", "memory"];
@@ -202,16 +213,50 @@ pub struct KubepodsDirs {
     pub memory_v1: Option<PathBuf>,
 }
 
-/// Cgroup names under the configured root, shared with the fake.
+/// How cgroups are named and made (`cgroupDriver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Directories named by the kubelet's components (`/kubepods/burstable/pod<uid>`),
+    /// made with mkdir.
+    Cgroupfs,
+    /// Slices (`/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice`)
+    /// made by systemd as transient units ([`crate::cm::systemd_dbus`]).
+    Systemd,
+}
+
+impl Driver {
+    /// Parses `cgroupDriver`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDriver`] for anything but `cgroupfs` and `systemd`.
+    pub fn parse(driver: &str) -> Result<Self> {
+        match driver {
+            "cgroupfs" => Ok(Self::Cgroupfs),
+            "systemd" => Ok(Self::Systemd),
+            other => Err(Error::InvalidDriver { driver: other.to_owned() }),
+        }
+    }
+}
+
+/// Cgroup names under the configured root, shared with the fake: the kubelet's
+/// components (upstream `CgroupName`) and the path each driver makes of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CgroupNames {
     /// Components of `cgroupRoot`.
     root: Vec<String>,
+    driver: Driver,
 }
 
 impl CgroupNames {
-    /// Normalizes `cgroupRoot` (`""` and `"/"` are the root; `"a/b"` means `"/a/b"`).
+    /// Normalizes `cgroupRoot` (`""` and `"/"` are the root; `"a/b"` means `"/a/b"`) for the
+    /// cgroupfs driver.
     pub(crate) fn new(cgroup_root: &str) -> Result<Self> {
+        Self::with_driver(cgroup_root, Driver::Cgroupfs)
+    }
+
+    /// As [`Self::new`] for `driver`: under systemd every component of the root must be
+    /// able to name a slice.
+    pub(crate) fn with_driver(cgroup_root: &str, driver: Driver) -> Result<Self> {
         let invalid = |reason| Error::InvalidCgroupRoot { root: cgroup_root.to_owned(), reason };
         let mut root = Vec::new();
         for component in cgroup_root.split('/').filter(|c| !c.is_empty()) {
@@ -221,41 +266,106 @@ impl CgroupNames {
             if component.contains('\0') {
                 return Err(invalid("must not contain NUL"));
             }
+            if driver == Driver::Systemd && component.contains('_') {
+                return Err(invalid("must not contain _ with cgroupDriver systemd"));
+            }
             root.push(component.to_owned());
         }
-        Ok(Self { root })
+        Ok(Self { root, driver })
     }
 
-    /// Relative components of the cgroup root.
-    pub(crate) fn root(&self) -> Vec<&str> {
-        self.root.iter().map(String::as_str).collect()
+    fn components<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        self.root.iter().map(String::as_str).chain(extra.iter().copied()).collect()
     }
 
-    /// Relative components of a `QoS` class's parent cgroup.
-    pub(crate) fn qos(&self, qos: QosClass) -> Vec<&str> {
-        let mut parts = self.root();
-        parts.push(KUBEPODS);
-        parts.extend(qos.cgroup_name());
-        parts
+    /// The path of the cgroup named by the root and `extra`, relative to a hierarchy's
+    /// mount; the caller has checked the components ([`Self::checked_uid`]).
+    fn rel(&self, extra: &[&str]) -> PathBuf {
+        let parts = self.components(extra);
+        match self.driver {
+            Driver::Cgroupfs => parts.iter().collect(),
+            Driver::Systemd => {
+                let path = systemd_names::to_systemd(&parts)
+                    .unwrap_or_else(|e| unreachable!("components checked at construction and by checked_uid: {e}"));
+                PathBuf::from(path.trim_start_matches('/'))
+            }
+        }
     }
 
-    /// The cgroupfs name of a pod cgroup (`/kubepods/burstable/pod<uid>`).
-    pub(crate) fn pod_cgroupfs_name(&self, qos: QosClass, uid: &str) -> String {
-        let mut parts = self.qos(qos);
+    fn qos_parts(qos: QosClass) -> Vec<&'static str> {
+        std::iter::once(KUBEPODS).chain(qos.cgroup_name()).collect()
+    }
+
+    /// The cgroup root, relative to a hierarchy's mount (empty for `/`).
+    pub(crate) fn root_rel(&self) -> PathBuf {
+        self.rel(&[])
+    }
+
+    /// The `kubepods` cgroup (node allocatable), relative to a hierarchy's mount.
+    pub(crate) fn kubepods_rel(&self) -> PathBuf {
+        self.rel(&[KUBEPODS])
+    }
+
+    /// A `QoS` class's parent cgroup, relative to a hierarchy's mount.
+    pub(crate) fn qos_rel(&self, qos: QosClass) -> PathBuf {
+        self.rel(&Self::qos_parts(qos))
+    }
+
+    /// A pod's cgroup, relative to a hierarchy's mount (`uid` checked by
+    /// [`Self::checked_uid`]).
+    pub(crate) fn pod_rel(&self, qos: QosClass, uid: &str) -> PathBuf {
         let pod = format!("{POD_PREFIX}{uid}");
+        let mut parts = Self::qos_parts(qos);
         parts.push(&pod);
-        format!("/{}", parts.join("/"))
+        self.rel(&parts)
     }
-}
 
-/// The pod's UID, checked for use as a path component.
-fn checked_uid(uid: &str) -> Result<&str> {
-    let bad = uid.is_empty() || uid == "." || uid == ".." || uid.contains(['/', '\0']);
-    if bad { Err(Error::InvalidPodUid { uid: uid.to_owned() }) } else { Ok(uid) }
-}
+    /// The systemd slice of the `kubepods` cgroup (`None`), a `QoS` class's (`Some(qos,
+    /// None)`) or a pod's (`Some(qos, Some(uid))`).
+    pub(crate) fn slice(&self, which: Option<(QosClass, Option<&str>)>) -> String {
+        let pod = which.and_then(|(_, uid)| uid).map(|u| format!("{POD_PREFIX}{u}"));
+        let mut parts = match which {
+            Some((qos, _)) => Self::qos_parts(qos),
+            None => vec![KUBEPODS],
+        };
+        parts.extend(pod.as_deref());
+        systemd_names::unit_name(&self.components(&parts))
+            .unwrap_or_else(|e| unreachable!("components checked at construction and by checked_uid: {e}"))
+    }
 
-fn join(base: &Path, parts: &[&str]) -> PathBuf {
-    parts.iter().fold(base.to_owned(), |p, c| p.join(c))
+    /// The pod uid a directory in a `QoS` class's cgroup names, if it is a pod cgroup.
+    pub(crate) fn pod_uid_of(&self, qos: QosClass, dir_name: &str) -> Option<String> {
+        let uid = match self.driver {
+            Driver::Cgroupfs => dir_name.strip_prefix(POD_PREFIX)?.to_owned(),
+            Driver::Systemd => {
+                let qos_slice = self.slice(Some((qos, None)));
+                let prefix = format!("{}-{POD_PREFIX}", qos_slice.strip_suffix(".slice").unwrap_or(&qos_slice));
+                dir_name.strip_prefix(&prefix)?.strip_suffix(".slice")?.replace('_', "-")
+            }
+        };
+        (!uid.is_empty()).then_some(uid)
+    }
+
+    /// The pod's UID, checked for use in a cgroup name.
+    pub(crate) fn checked_uid<'a>(&self, uid: &'a str) -> Result<&'a str> {
+        let bad = uid.is_empty()
+            || uid == "."
+            || uid == ".."
+            || uid.contains(['/', '\0'])
+            || (self.driver == Driver::Systemd && uid.contains('_'));
+        if bad { Err(Error::InvalidPodUid { uid: uid.to_owned() }) } else { Ok(uid) }
+    }
+
+    /// The CRI `cgroup_parent` of a pod: its cgroup's path from the hierarchy root
+    /// (`/kubepods/burstable/pod<uid>`; under systemd the expanded slice path, of which
+    /// the runtime uses the last slice).
+    pub(crate) fn pod_cgroupfs_name(&self, qos: QosClass, uid: &str) -> String {
+        if self.driver == Driver::Systemd && self.checked_uid(uid).is_err() {
+            // Refused when the pod cgroup is made; no slice can be named for it.
+            return String::new();
+        }
+        format!("/{}", self.pod_rel(qos, uid).display())
+    }
 }
 
 fn read_string(path: &Path) -> Result<String> {
@@ -312,6 +422,8 @@ pub struct CgroupfsPodContainerManager {
     /// `None` when `cgroupsPerQOS` is off: every operation is a no-op.
     layout: Option<CgroupLayout>,
     sys: Box<dyn CgroupSys>,
+    /// systemd, under `cgroupDriver: systemd` (with `cgroupsPerQOS`).
+    systemd: Option<Arc<dyn SystemdUnits>>,
     /// How long removal waits for killed processes to leave before giving up.
     remove_timeout: Duration,
     unquoted: Option<UnquotedPods>,
@@ -327,16 +439,30 @@ impl std::fmt::Debug for CgroupfsPodContainerManager {
 }
 
 impl CgroupfsPodContainerManager {
-    /// Validates `cfg` and detects the cgroup layout from `/proc/self/mountinfo`.
+    /// Validates `cfg` and detects the cgroup layout from `/proc/self/mountinfo`; under
+    /// `cgroupDriver: systemd` connects to systemd ([`DbusSystemd::connect`]).
     pub fn new(cfg: CgroupConfig) -> Result<Self> {
-        Self::validate_driver(&cfg)?;
+        let driver = Driver::parse(&cfg.cgroup_driver)?;
         let mountinfo = if cfg.cgroups_per_qos {
             let path = PathBuf::from("/proc/self/mountinfo");
             Some(std::fs::read_to_string(&path).map_err(|source| Error::ReadMountinfo { path, source })?)
         } else {
             None
         };
-        Self::build(cfg, mountinfo.as_deref(), Box::new(RealSys))
+        let mut manager = Self::build(cfg, mountinfo.as_deref(), Box::new(RealSys))?;
+        if driver == Driver::Systemd && manager.layout.is_some() {
+            let systemd = DbusSystemd::connect()?;
+            tracing::info!(address = systemd.address(), "cgroupDriver systemd: pod and QoS cgroups are systemd slices");
+            manager.systemd = Some(Arc::new(systemd));
+        }
+        Ok(manager)
+    }
+
+    /// Uses `units` for the slices of `cgroupDriver: systemd` (tests, or another bus).
+    #[must_use]
+    pub fn with_systemd_units(mut self, units: Arc<dyn SystemdUnits>) -> Self {
+        self.systemd = Some(units);
+        self
     }
 
     /// Pods for which `unquoted` says so get their pod cgroup without a CFS quota (upstream:
@@ -353,17 +479,9 @@ impl CgroupfsPodContainerManager {
         Self::build(cfg, Some(mountinfo), Box::new(RealSys))
     }
 
-    fn validate_driver(cfg: &CgroupConfig) -> Result<()> {
-        match cfg.cgroup_driver.as_str() {
-            "cgroupfs" => Ok(()),
-            "systemd" => Err(Error::SystemdDriverUnsupported),
-            other => Err(Error::InvalidDriver { driver: other.to_owned() }),
-        }
-    }
-
     pub(crate) fn build(cfg: CgroupConfig, mountinfo: Option<&str>, sys: Box<dyn CgroupSys>) -> Result<Self> {
-        Self::validate_driver(&cfg)?;
-        let names = CgroupNames::new(&cfg.cgroup_root)?;
+        let driver = Driver::parse(&cfg.cgroup_driver)?;
+        let names = CgroupNames::with_driver(&cfg.cgroup_root, driver)?;
         let layout = match (cfg.cgroups_per_qos, mountinfo) {
             (true, Some(text)) => {
                 let layout = CgroupLayout::from_mounts(&mounts::parse_mountinfo(text), &cfg.fs_root)?;
@@ -372,7 +490,15 @@ impl CgroupfsPodContainerManager {
             }
             _ => None,
         };
-        Ok(Self { config: cfg, names, layout, sys, remove_timeout: Duration::from_secs(2), unquoted: None })
+        Ok(Self {
+            config: cfg,
+            names,
+            layout,
+            sys,
+            systemd: None,
+            remove_timeout: Duration::from_secs(2),
+            unquoted: None,
+        })
     }
 
     fn validate_layout(layout: &CgroupLayout, fs_root: &Path) -> Result<()> {
@@ -420,15 +546,14 @@ impl CgroupfsPodContainerManager {
     /// unified), and the v1 memory one (for OOM victims), if mounted.
     #[must_use]
     pub fn kubepods_dirs(&self) -> KubepodsDirs {
-        let mut parts = self.names.root();
-        parts.push(KUBEPODS);
+        let kubepods = self.names.kubepods_rel();
         let mut out = KubepodsDirs::default();
         for h in self.hierarchies() {
             match &h.kind {
                 HierarchyKind::Unified(_) | HierarchyKind::HybridUnified => {
-                    out.cgroup2 = Some(join(&h.mount, &parts));
+                    out.cgroup2 = Some(h.mount.join(&kubepods));
                 }
-                HierarchyKind::V1(c) if c.contains("memory") => out.memory_v1 = Some(join(&h.mount, &parts)),
+                HierarchyKind::V1(c) if c.contains("memory") => out.memory_v1 = Some(h.mount.join(&kubepods)),
                 HierarchyKind::V1(_) => {}
             }
         }
@@ -592,11 +717,9 @@ impl CgroupfsPodContainerManager {
 
     /// Existing pod cgroup directories of `uid`, over every hierarchy and `QoS` class.
     fn pod_dirs(&self, uid: &str) -> Vec<PathBuf> {
-        let pod = format!("{POD_PREFIX}{uid}");
-        let pod = pod.as_str();
         self.hierarchies()
             .iter()
-            .flat_map(|h| QOS_CLASSES.iter().map(move |q| join(&h.mount, &self.names.qos(*q)).join(pod)))
+            .flat_map(|h| QOS_CLASSES.iter().map(move |q| h.mount.join(self.names.pod_rel(*q, uid))))
             .filter(|p| p.is_dir())
             .collect()
     }
@@ -636,8 +759,61 @@ impl CgroupfsPodContainerManager {
     }
 
     fn qos_dirs(&self, h: &Hierarchy) -> [(QosClass, PathBuf); 3] {
-        QOS_CLASSES.map(|q| (q, join(&h.mount, &self.names.qos(q))))
+        QOS_CLASSES.map(|q| (q, h.mount.join(self.names.qos_rel(q))))
     }
+
+    /// Whether the manager makes and limits its cgroups in `h`: every hierarchy under the
+    /// cgroupfs driver; under systemd the unified one and the v1 hierarchies the kubelet
+    /// uses (upstream's list for the systemd driver): systemd itself handles the rest
+    /// (devices, freezer, ...), and removes what others make there.
+    fn ours(&self, h: &Hierarchy) -> bool {
+        match &h.kind {
+            HierarchyKind::V1(c) if self.systemd.is_some() => CHECKED_V1.iter().any(|x| c.contains(*x)),
+            _ => true,
+        }
+    }
+
+    /// Creates each missing level of `rel` in `h` (a cpuset cgroup with its parent's cpus).
+    fn mkdir_levels(&self, h: &Hierarchy, rel: &Path) -> Result<()> {
+        let mut dir = h.mount.clone();
+        for c in rel.components() {
+            dir.push(c);
+            if self.mkdir(&dir)? && matches!(&h.kind, HierarchyKind::V1(c) if c.contains("cpuset")) {
+                Self::inherit_cpuset(&dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn unified(&self) -> bool {
+        self.layout.as_ref().is_some_and(CgroupLayout::is_unified)
+    }
+
+    /// Under systemd: starts the slice `unit` in `parent` with `cfg`'s limits; true when
+    /// it was created now. An existing slice is left as it is unless `update_existing`.
+    /// Without systemd: false.
+    fn start_slice(&self, unit: &str, parent: &str, cfg: &PodResourceConfig, update_existing: bool) -> Result<bool> {
+        let Some(units) = &self.systemd else { return Ok(false) };
+        let props = systemd_dbus::resource_properties(cfg, self.unified());
+        let created = units.start_slice(unit, parent, &props)?;
+        if !created && update_existing {
+            units.set_properties(unit, &props)?;
+        }
+        Ok(created)
+    }
+
+    /// Under systemd: sets `cfg`'s limits on the unit `unit`.
+    fn set_slice(&self, unit: &str, cfg: &PodResourceConfig) -> Result<()> {
+        let Some(units) = &self.systemd else { return Ok(()) };
+        units.set_properties(unit, &systemd_dbus::resource_properties(cfg, self.unified()))?;
+        Ok(())
+    }
+}
+
+/// The slice holding the cgroup root `root` (`-.slice` for `/`).
+fn root_slice(root: &Path) -> String {
+    let parts: Vec<&str> = root.iter().filter_map(|c| c.to_str()).collect();
+    parts.last().map_or_else(|| "-.slice".to_owned(), |last| (*last).to_owned())
 }
 
 fn pids_max(limit: i64) -> String {
@@ -662,9 +838,28 @@ impl PodContainerManager for CgroupfsPodContainerManager {
     }
 
     fn ensure_node_cgroups(&self) -> super::Result<()> {
-        let root = self.names.root();
-        for h in self.hierarchies() {
-            let root_dir = join(&h.mount, &root);
+        let root = self.names.root_rel();
+        let kubepods_rel = self.names.kubepods_rel();
+        // The QoS cgroups leave huge pages to the pod cgroups (upstream
+        // `setHugePagesUnbounded`).
+        let unbounded = Some(resources::HugepageLimits::unbounded());
+        let best_effort = PodResourceConfig {
+            cpu_shares: Some(MIN_SHARES),
+            hugepage_limits: unbounded.clone(),
+            ..PodResourceConfig::default()
+        };
+        let burstable = PodResourceConfig { hugepage_limits: unbounded, ..PodResourceConfig::default() };
+        let pods_limits = self.config.enforcement.pods.clone().unwrap_or_default();
+        if self.systemd.is_some() {
+            let kubepods = self.names.slice(None);
+            let root_slice = root_slice(&root);
+            self.start_slice(&kubepods, &root_slice, &pods_limits, true)?;
+            for (qos, cfg) in [(QosClass::Burstable, &burstable), (QosClass::BestEffort, &best_effort)] {
+                self.start_slice(&self.names.slice(Some((qos, None))), &kubepods, cfg, true)?;
+            }
+        }
+        for h in self.hierarchies().iter().filter(|h| self.ours(h)) {
+            let root_dir = h.mount.join(&root);
             if !root_dir.is_dir() {
                 return Err(Error::CgroupRootMissing { path: root_dir }.into());
             }
@@ -672,49 +867,51 @@ impl PodContainerManager for CgroupfsPodContainerManager {
                 // Every level from the fs root down must pass the controllers on.
                 let mut dir = h.mount.clone();
                 Self::enable_controllers(&dir)?;
-                for c in &root {
+                for c in root.components() {
                     dir.push(c);
                     Self::enable_controllers(&dir)?;
                 }
             }
-            if matches!(&h.kind, HierarchyKind::V1(c) if c.contains("cpuset")) && !root.is_empty() {
+            if matches!(&h.kind, HierarchyKind::V1(c) if c.contains("cpuset")) && root.components().next().is_some() {
                 Self::inherit_cpuset(&root_dir)?;
             }
-            let kubepods = root_dir.join(KUBEPODS);
-            for dir in [kubepods.clone(), kubepods.join("burstable"), kubepods.join("besteffort")] {
-                self.mkdir(&dir)?;
+            let kubepods = h.mount.join(&kubepods_rel);
+            let burstable_dir = h.mount.join(self.names.qos_rel(QosClass::Burstable));
+            let best_effort_dir = h.mount.join(self.names.qos_rel(QosClass::BestEffort));
+            for dir in [&kubepods, &burstable_dir, &best_effort_dir] {
+                self.mkdir(dir)?;
                 match h.kind {
-                    HierarchyKind::Unified(_) => Self::enable_controllers(&dir)?,
-                    HierarchyKind::V1(ref c) if c.contains("cpuset") => Self::inherit_cpuset(&dir)?,
+                    HierarchyKind::Unified(_) => Self::enable_controllers(dir)?,
+                    HierarchyKind::V1(ref c) if c.contains("cpuset") => Self::inherit_cpuset(dir)?,
                     _ => {}
                 }
             }
-            // The QoS cgroups leave huge pages to the pod cgroups (upstream
-            // `setHugePagesUnbounded`).
-            let unbounded = Some(resources::HugepageLimits::unbounded());
-            let best_effort = PodResourceConfig {
-                cpu_shares: Some(MIN_SHARES),
-                hugepage_limits: unbounded.clone(),
-                ..PodResourceConfig::default()
-            };
-            Self::apply_limits(h, &kubepods.join("besteffort"), &best_effort)?;
-            let burstable = PodResourceConfig { hugepage_limits: unbounded, ..PodResourceConfig::default() };
-            Self::apply_limits(h, &kubepods.join("burstable"), &burstable)?;
-            if let Some(pods) = &self.config.enforcement.pods {
-                Self::apply_limits(h, &kubepods, pods)?;
+            Self::apply_limits(h, &best_effort_dir, &best_effort)?;
+            Self::apply_limits(h, &burstable_dir, &burstable)?;
+            if self.config.enforcement.pods.is_some() {
+                Self::apply_limits(h, &kubepods, &pods_limits)?;
             }
         }
         let reserved =
             [("Kube", &self.config.enforcement.kube_reserved), ("System", &self.config.enforcement.system_reserved)];
         for (what, enforced) in reserved {
             let Some((name, limits)) = enforced else { continue };
-            let parts: Vec<&str> = name.split('/').filter(|c| !c.is_empty()).collect();
+            let rel: PathBuf = name.split('/').filter(|c| !c.is_empty()).collect();
             for h in self.hierarchies().iter().filter(|h| !matches!(h.kind, HierarchyKind::HybridUnified)) {
-                let dir = join(&h.mount, &parts);
+                let dir = h.mount.join(&rel);
                 if !dir.is_dir() {
                     return Err(Error::ReservedCgroupMissing { what, name: name.clone(), path: dir }.into());
                 }
-                Self::apply_limits(h, &dir, limits)?;
+            }
+            // Under systemd the reserved cgroup is a unit (`/system.slice`), which keeps its
+            // limits across a daemon-reload only when systemd holds them too.
+            if self.systemd.is_some()
+                && let Some(unit) = rel.file_name().and_then(|u| u.to_str())
+            {
+                self.set_slice(unit, limits)?;
+            }
+            for h in self.hierarchies().iter().filter(|h| !matches!(h.kind, HierarchyKind::HybridUnified)) {
+                Self::apply_limits(h, &h.mount.join(&rel), limits)?;
             }
         }
         Ok(())
@@ -727,30 +924,64 @@ impl PodContainerManager for CgroupfsPodContainerManager {
         self.names.pod_cgroupfs_name(qos_class(pod), pod_uid(pod))
     }
 
+    fn container_cgroup(&self, pod_cgroup: &str, container_id: &str) -> String {
+        if self.systemd.is_none() {
+            return format!("{pod_cgroup}/{container_id}");
+        }
+        // runc names a container's scope after the runtime's prefix (containerd's
+        // `cri-containerd`, CRI-O's `crio`): whichever exists.
+        let scopes = SCOPE_PREFIXES.map(|p| format!("{pod_cgroup}/{p}-{container_id}.scope"));
+        let first = self.hierarchies().first().map(|h| h.mount.clone());
+        first
+            .and_then(|mount| scopes.iter().find(|s| mount.join(s.trim_start_matches('/')).is_dir()).cloned())
+            .unwrap_or_else(|| scopes[0].clone())
+    }
+
     fn ensure_pod_cgroup(&self, pod: &Pod) -> super::Result<()> {
         if self.layout.is_none() {
             return Ok(());
         }
-        let uid = checked_uid(pod_uid(pod))?;
+        let uid = self.names.checked_uid(pod_uid(pod))?;
         let qos = qos_class(pod);
         let enforce_cpu_limits = self.config.cpu_cfs_quota && !self.unquoted.as_ref().is_some_and(|f| f(uid));
         let mut cfg = resources::resource_config_for_pod(pod, enforce_cpu_limits);
         if self.config.pod_pids_limit > 0 {
             cfg.pids_limit = Some(self.config.pod_pids_limit);
         }
-        let pod_dir = format!("{POD_PREFIX}{uid}");
-        for h in self.hierarchies() {
-            let parent = join(&h.mount, &self.names.qos(qos));
-            if !parent.is_dir() {
+        let rel = self.names.pod_rel(qos, uid);
+        let qos_rel = self.names.qos_rel(qos);
+        for h in self.hierarchies().iter().filter(|h| self.ours(h)) {
+            let parent = h.mount.join(&qos_rel);
+            if parent.is_dir() {
+                continue;
+            }
+            if self.systemd.is_none() {
                 return Err(Error::ParentMissing { path: parent }.into());
             }
-            let dir = parent.join(&pod_dir);
-            if !self.mkdir(&dir)? {
+            // systemd trims a slice's cgroups in the v1 hierarchies it does not use for
+            // it when it realizes the slice again; the ones the kubelet uses come back.
+            self.mkdir_levels(h, &qos_rel)?;
+        }
+        // systemd makes the slice's cgroup in the hierarchies it manages; mkdir makes the
+        // others (cpuset and hugetlb on v1), as libcontainer's systemd manager does.
+        let slice = self.names.slice(Some((qos, Some(uid))));
+        let started =
+            self.systemd.is_some() && self.start_slice(&slice, &self.names.slice(Some((qos, None))), &cfg, false)?;
+        for h in self.hierarchies().iter().filter(|h| self.ours(h)) {
+            let dir = h.mount.join(&rel);
+            if !self.mkdir(&dir)? && !started {
                 continue;
             }
             if let Err(error) = Self::apply_limits(h, &dir, &cfg) {
                 // Start over on the next attempt rather than keep a cgroup without limits.
-                if let Err(rm) = self.sys.rmdir(&dir) {
+                if let Some(units) = &self.systemd
+                    && let Err(stop) = units.stop_unit(&slice)
+                {
+                    tracing::warn!(error = %stop, %slice, "cannot undo pod slice creation");
+                }
+                if let Err(rm) = self.sys.rmdir(&dir)
+                    && rm.kind() != io::ErrorKind::NotFound
+                {
                     tracing::warn!(error = %rm, path = %dir.display(), "cannot undo pod cgroup creation");
                 }
                 return Err(error.into());
@@ -764,12 +995,19 @@ impl PodContainerManager for CgroupfsPodContainerManager {
         if self.layout.is_none() {
             return Ok(());
         }
-        let uid = checked_uid(uid)?;
+        let uid = self.names.checked_uid(uid)?;
         let dirs = self.pod_dirs(uid);
         if dirs.is_empty() {
             return Ok(());
         }
         self.kill_processes(&dirs)?;
+        if let Some(units) = &self.systemd {
+            // The pod's slice is the last component of its directory, in any QoS class.
+            let slices: BTreeSet<&str> = dirs.iter().filter_map(|d| d.file_name()?.to_str()).collect();
+            for slice in slices {
+                units.stop_unit(slice).map_err(Error::from)?;
+            }
+        }
         let deadline = Instant::now() + self.remove_timeout;
         let mut delay = Duration::from_millis(10);
         loop {
@@ -818,14 +1056,9 @@ impl PodContainerManager for CgroupfsPodContainerManager {
                         continue;
                     }
                     let name = entry.file_name();
-                    let Some(uid) = name.to_str().and_then(|n| n.strip_prefix(POD_PREFIX)) else {
-                        continue;
-                    };
-                    if uid.is_empty() {
-                        tracing::debug!(path = %entry.path().display(), "ignoring cgroup that is not a pod");
-                        continue;
-                    }
-                    found.insert((uid.to_owned(), qos));
+                    // The other QoS classes' cgroups sit in Guaranteed's (kubepods) too.
+                    let Some(uid) = name.to_str().and_then(|n| self.names.pod_uid_of(qos, n)) else { continue };
+                    found.insert((uid, qos));
                 }
             }
         }
@@ -836,10 +1069,9 @@ impl PodContainerManager for CgroupfsPodContainerManager {
         let Some(layout) = self.layout.as_ref() else {
             return true;
         };
-        let Ok(uid) = checked_uid(uid) else {
+        let Ok(uid) = self.names.checked_uid(uid) else {
             return false;
         };
-        let pod = format!("{POD_PREFIX}{uid}");
         let checked: Vec<&Hierarchy> = layout
             .hierarchies
             .iter()
@@ -849,7 +1081,10 @@ impl PodContainerManager for CgroupfsPodContainerManager {
                 HierarchyKind::HybridUnified => false,
             })
             .collect();
-        QOS_CLASSES.iter().any(|q| checked.iter().all(|h| join(&h.mount, &self.names.qos(*q)).join(&pod).is_dir()))
+        QOS_CLASSES.iter().any(|q| {
+            let rel = self.names.pod_rel(*q, uid);
+            checked.iter().all(|h| h.mount.join(&rel).is_dir())
+        })
     }
 
     fn update_qos_cgroups(&self, active_pods: &[Pod]) -> super::Result<()> {
@@ -863,9 +1098,14 @@ impl PodContainerManager for CgroupfsPodContainerManager {
             ..PodResourceConfig::default()
         };
         let best_effort = PodResourceConfig { cpu_shares: Some(MIN_SHARES), ..PodResourceConfig::default() };
+        if self.systemd.is_some() {
+            for (qos, cfg) in [(QosClass::Burstable, &burstable), (QosClass::BestEffort, &best_effort)] {
+                self.set_slice(&self.names.slice(Some((qos, None))), cfg)?;
+            }
+        }
         for h in self.hierarchies().iter().filter(|h| h.has("cpu")) {
             for (qos, cfg) in [(QosClass::Burstable, &burstable), (QosClass::BestEffort, &best_effort)] {
-                let dir = join(&h.mount, &self.names.qos(qos));
+                let dir = h.mount.join(self.names.qos_rel(qos));
                 if !dir.is_dir() {
                     return Err(Error::ParentMissing { path: dir }.into());
                 }

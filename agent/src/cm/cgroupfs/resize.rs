@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::mounts::{Hierarchy, HierarchyKind};
-use super::{CgroupfsPodContainerManager, POD_PREFIX, Result, checked_uid, join, read_string};
+use super::{CgroupfsPodContainerManager, Result, read_string};
 use crate::cm::resources::{PodResourceConfig, cpu_weight_to_cpu_shares};
 use crate::types::pod::uid as pod_uid;
 use crate::types::qos::qos_class;
@@ -22,8 +22,8 @@ fn parse_i64(s: &str) -> Option<i64> {
 impl CgroupfsPodContainerManager {
     /// The pod cgroup directory of `pod` in hierarchy `h`, when it exists.
     fn pod_dir_in(&self, h: &Hierarchy, pod: &Pod) -> Result<Option<PathBuf>> {
-        let uid = checked_uid(pod_uid(pod))?;
-        let dir = join(&h.mount, &self.names.qos(qos_class(pod))).join(format!("{POD_PREFIX}{uid}"));
+        let uid = self.names.checked_uid(pod_uid(pod))?;
+        let dir = h.mount.join(self.names.pod_rel(qos_class(pod), uid));
         Ok(dir.is_dir().then_some(dir))
     }
 
@@ -85,6 +85,10 @@ impl CgroupfsPodContainerManager {
         // `cpuCFSQuota: false`: pod cgroups stay without a quota, as at creation.
         if !self.config.cpu_cfs_quota && cfg.cpu_quota.is_some() {
             cfg.cpu_quota = Some(-1);
+        }
+        if self.systemd.is_some() && self.hierarchies().iter().any(|h| matches!(self.pod_dir_in(h, pod), Ok(Some(_)))) {
+            let uid = self.names.checked_uid(pod_uid(pod))?;
+            self.set_slice(&self.names.slice(Some((qos_class(pod), Some(uid)))), &cfg)?;
         }
         for h in self.hierarchies() {
             if let Some(dir) = self.pod_dir_in(h, pod)? {

@@ -30,19 +30,17 @@ fn cgroup_err(err: CmError) -> Error {
 fn construction_validates_config() {
     let f = Fixture::hybrid();
     let build = |cfg| CgroupfsPodContainerManager::build(cfg, Some(&f.mountinfo), Box::new(sys::RealSys));
-    let err = build(CgroupConfig { cgroup_driver: "systemd".into(), ..f.config() }).unwrap_err();
-    assert_eq!(err.to_string(), "cgroupDriver systemd is not supported yet");
+    assert!(build(CgroupConfig { cgroup_driver: "systemd".into(), ..f.config() }).is_ok());
     let err = build(CgroupConfig { cgroup_driver: "lxc".into(), ..f.config() }).unwrap_err();
     assert_eq!(err.to_string(), "invalid cgroupDriver \"lxc\": must be \"cgroupfs\" or \"systemd\"");
     let err = build(CgroupConfig { cgroup_root: "/a/../b".into(), ..f.config() }).unwrap_err();
     assert!(err.to_string().starts_with("invalid cgroupRoot \"/a/../b\""), "{err}");
     let err = build(CgroupConfig { fs_root: "/nowhere".into(), ..f.config() }).unwrap_err();
     assert_eq!(err.to_string(), "no cgroup hierarchies are mounted under /nowhere");
-    // The systemd check also guards the public constructors.
-    let err =
-        CgroupfsPodContainerManager::new(CgroupConfig { cgroup_driver: "systemd".into(), ..CgroupConfig::default() })
-            .unwrap_err();
-    assert!(matches!(err, Error::SystemdDriverUnsupported));
+    // The driver check also guards the public constructors.
+    let err = CgroupfsPodContainerManager::new(CgroupConfig { cgroup_driver: "lxc".into(), ..CgroupConfig::default() })
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidDriver { .. }));
     assert_eq!(f.manager().cgroup_mode(), Some(CgroupMode::Hybrid));
 }
 
