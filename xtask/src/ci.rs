@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    Ctx, cluster, conformance, fidelity, fuzz, layering,
+    Ctx, cluster, conformance, fidelity, fuzz, layering, nodectr,
     testbed::{self, Layout},
     upstream,
 };
@@ -118,6 +118,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
         .env("SWIFTLET_TESTBED", "1")
         .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
         .env("SWIFTLET_CLUSTER_STATE", cluster::state_file(layout))
+        .env("SWIFTLET_NODE_CONTAINER_STATE", nodectr::state_file(layout))
         .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("running cargo test")?;
     let stdout = child.stdout.take().context("cargo test stdout")?;
@@ -138,7 +139,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 13 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 14 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -154,6 +155,15 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
         r.skip("cluster up", "test bed is not up");
         false
     };
+
+    // A node with systemd as PID 1 for the systemd cgroup driver's end-to-end test
+    // (tests/tests/systemd_node.rs); its root filesystem is cached after the first run.
+    if bed_up {
+        let t = r.header("node container (testbed up --node-container: systemd, containerd with SystemdCgroup)");
+        r.record("node container up", t, nodectr::up(ctx, layout).await.map(drop));
+    } else {
+        r.skip("node container up", "test bed is not up");
+    }
 
     let t = r.header("cargo build --workspace --all-targets --locked");
     let built = r.record(

@@ -155,7 +155,8 @@ fn rootfs_dir(layout: &Layout) -> PathBuf {
     layout.root.join("node-container/rootfs")
 }
 
-fn state_file(layout: &Layout) -> PathBuf {
+/// Where `up` records the node container (the end-to-end suite reads it).
+pub fn state_file(layout: &Layout) -> PathBuf {
     layout.state.join("node-container.json")
 }
 

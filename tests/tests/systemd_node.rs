@@ -1,0 +1,341 @@
+//! swiftlet on a node with systemd as its PID 1 and `cgroupDriver: systemd`: the node
+//! container of `cargo xtask testbed up --node-container` (Debian, systemd, containerd
+//! 1.6 with `SystemdCgroup = true`). swiftlet is installed in it as the README's unit
+//! (`examples/systemd/swiftlet.service`, used as is) and runs there standalone, static
+//! pods only; the test looks from the host: systemd's view of the slices (`systemctl`
+//! in the node), the cgroup files, CRI on the node's containerd socket, and the agent's
+//! HTTPS API on the node's address.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::Value;
+use swiftlet_tests::pods::{BUSYBOX, restarts, running, uid};
+use swiftlet_tests::{Cri, swiftlet_bin, testbed_lock};
+
+const UNIT: &str = include_str!("../../examples/systemd/swiftlet.service");
+const STATE: &str = "/run/swiftlet-testbed/node-container.json";
+
+/// The node container as `testbed up --node-container` recorded it.
+struct Node {
+    init_pid: i32,
+    rootfs: PathBuf,
+    address: String,
+}
+
+impl Node {
+    fn load() -> Result<Self> {
+        let path = std::env::var("SWIFTLET_NODE_CONTAINER_STATE").unwrap_or_else(|_| STATE.to_owned());
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no node container: run `cargo xtask testbed up --node-container` ({path})"))?;
+        let v: Value = serde_json::from_str(&text)?;
+        let node = Self {
+            init_pid: v["init_pid"].as_i64().and_then(|p| i32::try_from(p).ok()).context("no init_pid")?,
+            rootfs: PathBuf::from(v["rootfs"].as_str().context("no rootfs")?),
+            address: v["address"].as_str().context("no address")?.to_owned(),
+        };
+        ensure!(Path::new(&format!("/proc/{}", node.init_pid)).exists(), "the node container is not running");
+        Ok(node)
+    }
+
+    /// `args` run in every namespace of the node.
+    fn run(&self, args: &[&str]) -> Result<Output> {
+        Command::new("nsenter")
+            .arg("-t")
+            .arg(self.init_pid.to_string())
+            .args(["-m", "-u", "-i", "-n", "-p", "-C"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("nsenter {}", args.join(" ")))
+    }
+
+    /// Stdout of `args` in the node, which must succeed.
+    fn ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.run(args)?;
+        ensure!(
+            out.status.success(),
+            "in the node, {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// `systemctl show -p <property> --value <unit>`.
+    fn unit_property(&self, unit: &str, property: &str) -> Result<String> {
+        self.ok(&["systemctl", "show", "-p", property, "--value", unit])
+    }
+
+    /// A path of the node's root filesystem, from the host.
+    fn file(&self, path: &str) -> PathBuf {
+        self.rootfs.join(path.trim_start_matches('/'))
+    }
+
+    fn write(&self, path: &str, content: &str) -> Result<()> {
+        let file = self.file(path);
+        std::fs::create_dir_all(file.parent().context("a parent")?)?;
+        std::fs::write(&file, content).with_context(|| format!("writing {}", file.display()))
+    }
+
+    fn cri(&self) -> Result<Cri> {
+        Cri::connect(&format!("unix:///proc/{}/root/run/containerd/containerd.sock", self.init_pid))
+    }
+
+    fn journal(&self) -> String {
+        self.run(&["journalctl", "-u", "swiftlet", "--no-pager", "-n", "60", "-o", "cat"])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// Stops the agent's unit and removes what the test installed, also when it fails half-way.
+struct Installed<'a>(&'a Node);
+
+impl Drop for Installed<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.run(&["systemctl", "stop", "swiftlet"]);
+        for path in ["/etc/systemd/system/swiftlet.service", "/etc/default/swiftlet", "/usr/local/bin/swiftlet"] {
+            let _ = std::fs::remove_file(self.0.file(path));
+        }
+        let _ = std::fs::remove_dir_all(self.0.file("/etc/swiftlet"));
+        let _ = std::fs::remove_dir_all(self.0.file("/etc/kubernetes/manifests"));
+        let _ = self.0.run(&["systemctl", "daemon-reload"]);
+    }
+}
+
+fn config(driver: &str) -> String {
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: {driver}
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+staticPodPath: /etc/kubernetes/manifests
+syncFrequency: 1m
+fileCheckFrequency: 2s
+address: 0.0.0.0
+healthzBindAddress: 0.0.0.0
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+evictionHard:
+  memory.available: 100Mi
+"
+    )
+}
+
+fn static_pod(name: &str, resources: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 1; done\"]
+{resources}"
+    )
+}
+
+async fn eventually<T>(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => String::new(),
+            Err(e) => format!(": {e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!("{what} not within {timeout:?}{last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(node: &Node) -> Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http =
+            reqwest::Client::builder().danger_accept_invalid_certs(true).timeout(Duration::from_secs(10)).build()?;
+        Ok(Self { http, base: format!("https://{}:10250", node.address) })
+    }
+
+    async fn text(&self, path: &str) -> Result<String> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await?;
+        ensure!(r.status().is_success(), "GET {path}: {}", r.status());
+        Ok(r.text().await?)
+    }
+
+    async fn pod(&self, name: &str) -> Result<Option<Value>> {
+        let pods: Value = serde_json::from_str(&self.text("/pods").await?)?;
+        Ok(pods["items"].as_array().into_iter().flatten().find(|p| p["metadata"]["name"] == name).cloned())
+    }
+
+    async fn metric(&self, series: &str) -> Result<f64> {
+        let body = self.text("/metrics").await?;
+        Ok(body
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0))
+    }
+}
+
+/// The slice of a pod's uid under `qos` (`""` for Guaranteed), as upstream names it.
+fn pod_slice(qos: &str, uid: &str) -> String {
+    let qos = if qos.is_empty() { String::new() } else { format!("-{qos}") };
+    format!("kubepods{qos}-pod{}.slice", uid.replace('-', "_"))
+}
+
+#[tokio::test]
+async fn pods_are_systemd_slices_on_a_systemd_node() -> Result<()> {
+    let _g = testbed_lock().await;
+    let node = Node::load()?;
+    let cri = node.cri()?;
+    cri.remove_all().await?;
+    let installed = Installed(&node);
+    std::fs::copy(swiftlet_bin()?, node.file("/usr/local/bin/swiftlet")).context("installing swiftlet")?;
+    node.write("/etc/systemd/system/swiftlet.service", UNIT)?;
+    node.write("/etc/default/swiftlet", "SWIFTLET_ARGS=\"--hostname-override=systemd-node --v=2\"\n")?;
+    std::fs::create_dir_all(node.file("/etc/kubernetes/manifests"))?;
+
+    // A driver that differs from the runtime's is refused at start, naming both.
+    node.write("/etc/swiftlet/config.yaml", &config("cgroupfs"))?;
+    let out = node.run(&["/usr/local/bin/swiftlet", "--config=/etc/swiftlet/config.yaml"])?;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    ensure!(!out.status.success(), "swiftlet started with the wrong driver: {said}");
+    ensure!(
+        said.contains(
+            "cgroupDriver is \"cgroupfs\" but the container runtime runs containers with the \"systemd\" driver"
+        ),
+        "the mismatch is not named: {said}"
+    );
+    ensure!(cri.all_sandboxes().await?.is_empty(), "a refused agent must not start pods");
+
+    node.write("/etc/swiftlet/config.yaml", &config("systemd"))?;
+    node.write(
+        "/etc/kubernetes/manifests/guaranteed.yaml",
+        &static_pod(
+            "guaranteed",
+            "    resources:\n      limits: {cpu: 250m, memory: 64Mi}\n      requests: {cpu: 250m, memory: 64Mi}\n",
+        ),
+    )?;
+    node.write("/etc/kubernetes/manifests/besteffort.yaml", &static_pod("besteffort", ""))?;
+    node.ok(&["systemctl", "daemon-reload"])?;
+    node.ok(&["systemctl", "start", "swiftlet"])?;
+    let api = Api::new(&node)?;
+    let result = async {
+        // The QoS slices are systemd's units with the kubelet's settings.
+        let active = eventually("kubepods-besteffort.slice active", Duration::from_secs(30), async || {
+            Ok((node.unit_property("kubepods-besteffort.slice", "ActiveState")? == "active").then_some(()))
+        })
+        .await;
+        active.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        assert_eq!(node.unit_property("kubepods.slice", "ActiveState")?, "active");
+        assert_eq!(node.unit_property("kubepods-besteffort.slice", "CPUShares")?, "2");
+        assert_eq!(node.unit_property("kubepods-burstable.slice", "Slice")?, "kubepods.slice");
+
+        let g = eventually("the guaranteed pod running", Duration::from_mins(1), async || {
+            Ok(api.pod("guaranteed-systemd-node").await?.filter(|p| running(p, "main")))
+        })
+        .await
+        .with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        let b = eventually("the best-effort pod running", Duration::from_secs(30), async || {
+            Ok(api.pod("besteffort-systemd-node").await?.filter(|p| running(p, "main")))
+        })
+        .await?;
+        let (g_uid, b_uid) = (uid(&g), uid(&b));
+        let g_slice = pod_slice("", &g_uid);
+        let b_slice = pod_slice("besteffort", &b_uid);
+        // systemd holds the pod's limits.
+        assert_eq!(node.unit_property(&g_slice, "ActiveState")?, "active");
+        assert_eq!(node.unit_property(&g_slice, "Slice")?, "kubepods.slice");
+        assert_eq!(node.unit_property(&g_slice, "MemoryLimit")?, (64u64 << 20).to_string());
+        assert_eq!(node.unit_property(&g_slice, "CPUQuotaPerSecUSec")?, "250ms");
+        assert_eq!(node.unit_property(&b_slice, "Slice")?, "kubepods-besteffort.slice");
+        // And so do the cgroup files; the container is a scope of containerd's in the slice.
+        let g_path = format!("/kubepods.slice/{g_slice}");
+        let limit = node.ok(&["cat", &format!("/sys/fs/cgroup/memory{g_path}/memory.limit_in_bytes")])?;
+        assert_eq!(limit, (64u64 << 20).to_string());
+        let quota = node.ok(&["cat", &format!("/sys/fs/cgroup/cpu{g_path}/cpu.cfs_quota_us")])?;
+        assert_eq!(quota, "25000");
+        let cid = cri.containers(&g_uid).await?.first().context("no container")?.id.clone();
+        let pid = cri.container_pid(&cid).await?;
+        let cgroups = node.ok(&["cat", &format!("/proc/{pid}/cgroup")])?;
+        let scope = format!("{g_path}/cri-containerd-{cid}.scope");
+        ensure!(cgroups.lines().any(|l| l.ends_with(&format!(":memory:{scope}"))), "not in {scope}:\n{cgroups}");
+
+        // The stats follow the slices: the container's usage and the pods' cgroup.
+        let summary: Value = serde_json::from_str(&api.text("/stats/summary").await?)?;
+        let pod_stats = summary["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["podRef"]["name"] == "guaranteed-systemd-node")
+            .context("no stats for the guaranteed pod")?;
+        let ws = &pod_stats["containers"][0]["memory"]["workingSetBytes"];
+        ensure!(ws.as_u64().is_some_and(|b| b > 0), "no container memory from the slice: {pod_stats}");
+        ensure!(pod_stats["memory"]["workingSetBytes"].as_u64().is_some_and(|b| b > 0), "no pod memory");
+        let pods_sc =
+            summary["node"]["systemContainers"].as_array().into_iter().flatten().find(|c| c["name"] == "pods");
+        ensure!(pods_sc.is_some_and(|c| c["memory"]["workingSetBytes"].as_u64().is_some()), "no pods container");
+
+        // The kernel sensors see the slices from inside the node's cgroup namespace.
+        let health = api.text("/healthz?verbose").await?;
+        ensure!(health.contains("[+]pleg ok (evented"), "evented PLEG must be active in the node: {health}");
+        let before = restarts(&g, "main");
+        node.ok(&["kill", "-9", &pid.to_string()])?;
+        let restarted = eventually("the killed container restarted", Duration::from_secs(20), async || {
+            Ok(api
+                .pod("guaranteed-systemd-node")
+                .await?
+                .filter(|p| restarts(p, "main") == before + 1 && running(p, "main")))
+        })
+        .await;
+        restarted.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        assert!(api.metric("kubelet_evented_pleg_kernel_events_total{kind=\"exit\"}").await? >= 1.0);
+        assert!(api.metric("kubelet_evented_pleg_relist_repairs_total").await? < 0.5, "the kernel missed the exit");
+
+        // Removed pods take their slices with them (once container GC has removed their
+        // sandboxes, as upstream: up to a minute).
+        std::fs::remove_file(node.file("/etc/kubernetes/manifests/guaranteed.yaml"))?;
+        std::fs::remove_file(node.file("/etc/kubernetes/manifests/besteffort.yaml"))?;
+        let gone = eventually("the pods' slices gone", Duration::from_mins(2), async || {
+            // systemd loads any slice name on demand: a stopped one is inactive.
+            let g = node.unit_property(&g_slice, "ActiveState")? == "inactive";
+            let b = node.unit_property(&b_slice, "ActiveState")? == "inactive";
+            Ok((g && b).then_some(()))
+        })
+        .await;
+        gone.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        for h in ["cpuset", "memory", "unified"] {
+            let dir = node.run(&["test", "-d", &format!("/sys/fs/cgroup/{h}{g_path}")])?;
+            ensure!(!dir.status.success(), "the pod's {h} cgroup is left");
+        }
+        ensure!(cri.all_sandboxes().await?.is_empty(), "sandboxes left in the node");
+        anyhow::Ok(())
+    }
+    .await;
+    drop(installed);
+    if result.is_err() {
+        // A test that failed half-way leaves no pod for the next one.
+        cri.remove_all().await?;
+    }
+    result
+}
