@@ -81,8 +81,8 @@ impl Node {
         std::fs::write(&file, content).with_context(|| format!("writing {}", file.display()))
     }
 
-    fn cri(&self) -> Result<Cri> {
-        Cri::connect(&format!("unix:///proc/{}/root/run/containerd/containerd.sock", self.init_pid))
+    fn cri(&self, runtime: Runtime) -> Result<Cri> {
+        Cri::connect(&format!("unix:///proc/{}/root{}", self.init_pid, runtime.socket()))
     }
 
     fn journal(&self) -> String {
@@ -107,12 +107,30 @@ impl Drop for Installed<'_> {
     }
 }
 
-fn config(driver: &str) -> String {
+/// The node's two containerds (both with `SystemdCgroup = true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Runtime {
+    /// Debian's containerd 1.6: no CRI `RuntimeConfig`.
+    Containerd16,
+    /// containerd 2.x built from the Go modules: answers `RuntimeConfig`.
+    Containerd2,
+}
+
+impl Runtime {
+    const fn socket(self) -> &'static str {
+        match self {
+            Self::Containerd16 => "/run/containerd/containerd.sock",
+            Self::Containerd2 => "/run/containerd2/containerd.sock",
+        }
+    }
+}
+
+fn config(driver: &str, runtime: Runtime) -> String {
     format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 cgroupDriver: {driver}
-containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+containerRuntimeEndpoint: unix://{socket}
 staticPodPath: /etc/kubernetes/manifests
 syncFrequency: 1m
 fileCheckFrequency: 2s
@@ -127,7 +145,8 @@ authorization:
   mode: AlwaysAllow
 evictionHard:
   memory.available: 100Mi
-"
+",
+        socket = runtime.socket()
     )
 }
 
@@ -203,11 +222,24 @@ fn pod_slice(qos: &str, uid: &str) -> String {
     format!("kubepods{qos}-pod{}.slice", uid.replace('-', "_"))
 }
 
+/// On Debian's containerd 1.6, which does not say its driver over CRI: a `cgroupDriver`
+/// that differs from its `SystemdCgroup` is refused.
 #[tokio::test]
-async fn pods_are_systemd_slices_on_a_systemd_node() -> Result<()> {
+async fn pods_are_systemd_slices_on_a_systemd_node_with_containerd_1_6() -> Result<()> {
+    pods_are_systemd_slices(Runtime::Containerd16).await
+}
+
+/// On containerd 2.x, which answers `RuntimeConfig`: its driver wins over `cgroupDriver`,
+/// as upstream.
+#[tokio::test]
+async fn pods_are_systemd_slices_on_a_systemd_node_with_containerd_2() -> Result<()> {
+    pods_are_systemd_slices(Runtime::Containerd2).await
+}
+
+async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
     let _g = testbed_lock().await;
     let node = Node::load()?;
-    let cri = node.cri()?;
+    let cri = node.cri(runtime)?;
     cri.remove_all().await?;
     let installed = Installed(&node);
     std::fs::copy(swiftlet_bin()?, node.file("/usr/local/bin/swiftlet")).context("installing swiftlet")?;
@@ -215,20 +247,27 @@ async fn pods_are_systemd_slices_on_a_systemd_node() -> Result<()> {
     node.write("/etc/default/swiftlet", "SWIFTLET_ARGS=\"--hostname-override=systemd-node --v=2\"\n")?;
     std::fs::create_dir_all(node.file("/etc/kubernetes/manifests"))?;
 
-    // A driver that differs from the runtime's is refused at start, naming both.
-    node.write("/etc/swiftlet/config.yaml", &config("cgroupfs"))?;
-    let out = node.run(&["/usr/local/bin/swiftlet", "--config=/etc/swiftlet/config.yaml"])?;
-    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    ensure!(!out.status.success(), "swiftlet started with the wrong driver: {said}");
-    ensure!(
-        said.contains(
-            "cgroupDriver is \"cgroupfs\" but the container runtime runs containers with the \"systemd\" driver"
-        ),
-        "the mismatch is not named: {said}"
-    );
-    ensure!(cri.all_sandboxes().await?.is_empty(), "a refused agent must not start pods");
-
-    node.write("/etc/swiftlet/config.yaml", &config("systemd"))?;
+    let configured = match runtime {
+        Runtime::Containerd16 => {
+            // A driver that differs from the runtime's is refused at start, naming both.
+            node.write("/etc/swiftlet/config.yaml", &config("cgroupfs", runtime))?;
+            let out = node.run(&["/usr/local/bin/swiftlet", "--config=/etc/swiftlet/config.yaml"])?;
+            let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+            ensure!(!out.status.success(), "swiftlet started with the wrong driver: {said}");
+            ensure!(
+                said.contains(
+                    "cgroupDriver is \"cgroupfs\" but the container runtime runs containers with the \"systemd\" \
+                     driver"
+                ),
+                "the mismatch is not named: {said}"
+            );
+            ensure!(cri.all_sandboxes().await?.is_empty(), "a refused agent must not start pods");
+            "systemd"
+        }
+        // The runtime's answer decides: the configured cgroupfs is overridden.
+        Runtime::Containerd2 => "cgroupfs",
+    };
+    node.write("/etc/swiftlet/config.yaml", &config(configured, runtime))?;
     node.write(
         "/etc/kubernetes/manifests/guaranteed.yaml",
         &static_pod(
@@ -242,14 +281,20 @@ async fn pods_are_systemd_slices_on_a_systemd_node() -> Result<()> {
     let api = Api::new(&node)?;
     let result = async {
         // The QoS slices are systemd's units with the kubelet's settings.
-        let active = eventually("kubepods-besteffort.slice active", Duration::from_secs(30), async || {
-            Ok((node.unit_property("kubepods-besteffort.slice", "ActiveState")? == "active").then_some(()))
+        let active = eventually("kubepods-besteffort.slice with CPUShares=2", Duration::from_secs(30), async || {
+            Ok((node.unit_property("kubepods-besteffort.slice", "CPUShares")? == "2").then_some(()))
         })
         .await;
         active.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
         assert_eq!(node.unit_property("kubepods.slice", "ActiveState")?, "active");
-        assert_eq!(node.unit_property("kubepods-besteffort.slice", "CPUShares")?, "2");
         assert_eq!(node.unit_property("kubepods-burstable.slice", "Slice")?, "kubepods.slice");
+        if runtime == Runtime::Containerd2 {
+            let journal = node.journal();
+            ensure!(
+                journal.contains("Using cgroup driver setting received from the CRI runtime cgroup_driver=systemd"),
+                "the runtime's driver is not the one used:\n{journal}"
+            );
+        }
 
         let g = eventually("the guaranteed pod running", Duration::from_mins(1), async || {
             Ok(api.pod("guaranteed-systemd-node").await?.filter(|p| running(p, "main")))

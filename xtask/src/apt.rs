@@ -35,6 +35,9 @@ pub const PACKAGES: &[&str] = &[
     // Building busybox from source for the conformance suite's images (`conformance::busybox`).
     "make",
     "bzip2",
+    // runc's seccomp support, built from the Go modules for the node container (`containerd2`).
+    "libseccomp-dev",
+    "pkg-config",
 ];
 
 /// Parses `dpkg -s` output: installed means a `Status: install ok installed` line.

@@ -39,6 +39,7 @@ mod cleanup;
 mod cluster;
 mod conformance;
 mod containerd;
+mod containerd2;
 mod cri;
 mod demo;
 mod fidelity;
@@ -161,7 +162,11 @@ enum TestbedCmd {
         node_container: bool,
     },
     /// Drain pods, stop containerd and remove everything the test bed created.
-    Down,
+    Down {
+        /// Only the node container (`up --node-container`): the rest stays up.
+        #[arg(long)]
+        node_container: bool,
+    },
     /// Show whether the test bed is up (exit 1 if not).
     Status,
     /// List anything the test bed left behind (exit 1 if any).
@@ -235,7 +240,8 @@ async fn main() -> ExitCode {
                     other => other,
                 }
             }
-            TestbedCmd::Down => testbed::down(&ctx, &layout).await,
+            TestbedCmd::Down { node_container: true } => nodectr::down(&layout),
+            TestbedCmd::Down { node_container: false } => testbed::down(&ctx, &layout).await,
             TestbedCmd::Status => testbed::status(&layout).await,
             TestbedCmd::CheckClean => testbed::check_clean_cmd(&ctx, &layout),
             TestbedCmd::Smoke { keep } => testbed::smoke(&layout, keep).await,

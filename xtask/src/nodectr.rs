@@ -110,6 +110,73 @@ version = 2
   max_conf_num = 1
 "#;
 
+/// Where containerd 2.x and its runc live in the node ([`crate::containerd2`]).
+pub const CONTAINERD2_DIR: &str = "/usr/local/lib/containerd2";
+/// containerd 2.x's socket in the node.
+pub const CONTAINERD2_SOCKET: &str = "/run/containerd2/containerd.sock";
+
+/// The node's second runtime: containerd 2.x (config version 3) beside Debian's 1.6, with
+/// its own root, state and socket, runc 1.5 with the systemd cgroup driver, the same CNI
+/// network.
+const CONTAINERD2_CONFIG: &str = r#"# Written by `cargo xtask testbed up --node-container`.
+version = 3
+root = "/var/lib/containerd2"
+state = "/run/containerd2"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "/run/containerd2/containerd.sock"
+
+[ttrpc]
+  address = "/run/containerd2/containerd.sock.ttrpc"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "localhost/pause:3.10"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+  BinaryName = "/usr/local/lib/containerd2/runc"
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "/etc/cni/net.d"
+  max_conf_num = 1
+"#;
+
+/// containerd 2.x's unit; its shim is found on `PATH`, ahead of Debian's.
+const CONTAINERD2_UNIT: &str = r"# Written by `cargo xtask testbed up --node-container`.
+[Unit]
+Description=containerd 2.x (built from the Go modules)
+After=network.target local-fs.target
+
+[Service]
+Environment=PATH=/usr/local/lib/containerd2:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+ExecStart=/usr/local/lib/containerd2/containerd --config /etc/containerd2/config.toml
+Type=notify
+Delegate=yes
+KillMode=process
+Restart=always
+LimitNOFILE=infinity
+TasksMax=infinity
+OOMScoreAdjust=-999
+
+[Install]
+WantedBy=multi-user.target
+";
+
 /// The node's pod network: a bridge of its own, pods in [`NODE_POD_SUBNET`], masqueraded
 /// when they leave the node.
 const NODE_CNI: &str = r#"{
@@ -173,11 +240,6 @@ impl State {
     fn save(&self, layout: &Layout) -> Result<()> {
         images::write_atomic(&state_file(layout), &serde_json::to_vec_pretty(self)?)
     }
-
-    /// The node's containerd socket, reached through its PID 1's root.
-    pub fn containerd_socket(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/root/run/containerd/containerd.sock", self.init_pid))
-    }
 }
 
 /// Starts the node container (the test bed must be up: its images are imported).
@@ -190,6 +252,8 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         eprintln!("node container: removing the remains of a stopped one");
         down(layout)?;
     }
+    let containerd2 = crate::containerd2::Containerd2::new(ctx);
+    containerd2.build()?;
     let tar = rootfs_tar(ctx)?;
     let rootfs = rootfs_dir(layout);
     if rootfs.exists() {
@@ -201,6 +265,11 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         "tar",
     )?;
     prepare_rootfs(&rootfs)?;
+    let dir = rootfs.join(CONTAINERD2_DIR.trim_start_matches('/'));
+    fs::create_dir_all(&dir)?;
+    for name in crate::containerd2::Containerd2::names() {
+        fs::copy(containerd2.bin(name), dir.join(name)).with_context(|| format!("installing {name} in the node"))?;
+    }
 
     let cgroups = node_cgroups()?;
     let mut state = State {
@@ -253,7 +322,9 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         state.save(layout)?;
         wait_running(state.init_pid, &console)?;
         wait_active(state.init_pid, "containerd.service")?;
-        check_systemd_cgroups(ctx, &state).await
+        wait_active(state.init_pid, "containerd2.service")?;
+        check_systemd_cgroups(ctx, &state, Runtime::Debian).await?;
+        check_systemd_cgroups(ctx, &state, Runtime::Containerd2).await
     }
     .await;
     if let Err(e) = result {
@@ -318,6 +389,14 @@ fn prepare_rootfs(rootfs: &Path) -> Result<()> {
     write("etc/hostname", &format!("{HOSTNAME}\n"))?;
     write("etc/hosts", &format!("127.0.0.1 localhost\n{NODE_ADDR} {HOSTNAME}\n"))?;
     write("etc/containerd/config.toml", CONTAINERD_CONFIG)?;
+    write("etc/containerd2/config.toml", CONTAINERD2_CONFIG)?;
+    write("etc/systemd/system/containerd2.service", CONTAINERD2_UNIT)?;
+    let wants = rootfs.join("etc/systemd/system/multi-user.target.wants");
+    fs::create_dir_all(&wants)?;
+    let link = wants.join("containerd2.service");
+    if link.symlink_metadata().is_err() {
+        std::os::unix::fs::symlink("/etc/systemd/system/containerd2.service", &link)?;
+    }
     write("etc/cni/net.d/10-swiftlet-node.conflist", NODE_CNI)?;
     let units = rootfs.join("etc/systemd/system");
     fs::create_dir_all(&units)?;
@@ -529,18 +608,36 @@ fn wait_active(init: i32, unit: &str) -> Result<()> {
 
 /// A pod through the node's containerd with a systemd slice as its cgroup parent: the
 /// container must be a scope systemd made in the pod's slice.
-async fn check_systemd_cgroups(ctx: &Ctx, state: &State) -> Result<()> {
+/// The node's two containerds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Runtime {
+    /// Debian's containerd 1.6, `/run/containerd/containerd.sock`.
+    Debian,
+    /// containerd 2.x built from the Go modules, [`CONTAINERD2_SOCKET`].
+    Containerd2,
+}
+
+async fn check_systemd_cgroups(ctx: &Ctx, state: &State, runtime: Runtime) -> Result<()> {
     let cache = images::cache_dir(ctx);
+    let (ctr, socket) = match runtime {
+        Runtime::Debian => ("ctr".to_owned(), "/run/containerd/containerd.sock"),
+        Runtime::Containerd2 => (format!("{CONTAINERD2_DIR}/ctr"), CONTAINERD2_SOCKET),
+    };
     for image in images::build_all(&ctx.workspace, &cache)? {
         let inside = Path::new("/tmp").join(image.tar_path.file_name().context("image tar without name")?);
         fs::copy(&image.tar_path, state.rootfs.join(inside.strip_prefix("/")?))?;
         let inside = inside.display().to_string();
-        let out = in_node(state.init_pid, &["ctr", "-n", "k8s.io", "images", "import", &inside])?;
+        let out = in_node(state.init_pid, &[&ctr, "--address", socket, "-n", "k8s.io", "images", "import", &inside])?;
         ensure!(out.status.success(), "importing {} in the node: {}", image.name, String::from_utf8_lossy(&out.stderr));
         fs::remove_file(state.rootfs.join(inside.trim_start_matches('/'))).ok();
     }
-    let mut cri = connect(&state.containerd_socket()).await?;
-    let uid = "0b1c-node-container-check";
+    let mut cri = connect(&PathBuf::from(format!("/proc/{}/root{socket}", state.init_pid))).await?;
+    let version = cri.version().await?;
+    eprintln!("node container: {} {} answers CRI on {socket}", version.runtime_name, version.runtime_version);
+    let uid = match runtime {
+        Runtime::Debian => "0b1c-node-container-check",
+        Runtime::Containerd2 => "0b1c-node-container-check-2",
+    };
     let slice = format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_"));
     let parent = format!("/kubepods.slice/kubepods-besteffort.slice/{slice}");
     let sandbox_config = cri::PodSandboxConfig {

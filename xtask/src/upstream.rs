@@ -218,7 +218,7 @@ fn ldflags() -> String {
 
 /// A `go` command: the one on PATH, else the toolchain's usual place. Go keeps its build
 /// and module caches under $HOME, which CI may run without: then `/root`.
-fn go() -> Result<Command> {
+pub(crate) fn go() -> Result<Command> {
     let on_path =
         std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("go")).find(|p| p.is_file());
     let usual = Path::new("/usr/local/go/bin/go");
@@ -235,7 +235,7 @@ fn go() -> Result<Command> {
     Ok(cmd)
 }
 
-fn go_version() -> Result<String> {
+pub(crate) fn go_version() -> Result<String> {
     let mut cmd = go()?;
     let out = cmd.arg("version").output().context("running go version")?;
     ensure!(out.status.success(), "go version failed");
