@@ -174,6 +174,11 @@ fn an_empty_cgroup_root_is_the_root_and_the_defaults_are_upstreams() {
     assert_eq!(cgroups(&kc, crate::cm::allocatable::Enforcement::default()).cgroup_root, "/");
     assert_eq!(crash_loop_max(&kc), crate::container::backoff::MAX);
     assert!(!node_resize(&kc).static_cpu_policy);
-    let cfg = load(None, &[]);
+    let mut cfg = load(None, &[]);
     assert_eq!(stats(&cfg).pods_cgroup.as_deref(), Some("/kubepods"));
+    // Under the systemd driver the pods' cgroup is a slice, under a root slice too.
+    cfg.kubelet.cgroup_driver = "systemd".into();
+    assert_eq!(stats(&cfg).pods_cgroup.as_deref(), Some("/kubepods.slice"));
+    cfg.kubelet.cgroup_root = "/node".into();
+    assert_eq!(stats(&cfg).pods_cgroup.as_deref(), Some("/node.slice/node-kubepods.slice"));
 }

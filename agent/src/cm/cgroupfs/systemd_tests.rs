@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use super::fixture::Fixture;
 use super::sys::CgroupSys as _;
+use super::tests::{best_effort, burstable, cgroup_err, guaranteed};
 use super::*;
+use crate::cm::CgroupConfig;
 use crate::cm::systemd_dbus::{self as dbus, Property};
-use crate::cm::{CgroupConfig, Error as CmError};
-use crate::types::pod_resources::test_pods::{ctr, pod};
 
 /// v1 hierarchies whose cgroups systemd makes for a slice with accounting on.
 const SYSTEMD_V1: [&str; 6] = ["blkio", "cpu", "cpuacct", "memory", "pids", "systemd"];
@@ -116,18 +116,6 @@ fn systemd_manager(f: &Fixture, cfg: CgroupConfig) -> (CgroupfsPodContainerManag
     (m, units)
 }
 
-fn guaranteed(uid: &str) -> Pod {
-    pod(uid, vec![ctr("a", &[], &[("cpu", "500m"), ("memory", "256Mi")])])
-}
-
-fn burstable(uid: &str) -> Pod {
-    pod(uid, vec![ctr("a", &[("cpu", "250m"), ("memory", "64Mi")], &[("memory", "128Mi")])])
-}
-
-fn best_effort(uid: &str) -> Pod {
-    pod(uid, vec![ctr("a", &[], &[])])
-}
-
 /// v1 hierarchies the kubelet leaves to systemd under its driver.
 const LEFT_TO_SYSTEMD: [&str; 2] = ["devices", "freezer"];
 
@@ -158,13 +146,6 @@ fn pods_are_slices_named_as_upstream() {
     )
     .unwrap_err();
     assert_eq!(err.to_string(), "invalid cgroupRoot \"/my_root\": must not contain _ with cgroupDriver systemd");
-}
-
-fn cgroup_err(err: CmError) -> Error {
-    match err {
-        CmError::Cgroup(e) => e,
-        other => panic!("not a cgroup error: {other}"),
-    }
 }
 
 #[test]

@@ -7,19 +7,19 @@ use crate::types::pod_resources::test_pods::{ctr, pod};
 
 const HYBRID_HIERARCHIES: usize = 10;
 
-fn guaranteed(uid: &str) -> Pod {
+pub(super) fn guaranteed(uid: &str) -> Pod {
     pod(uid, vec![ctr("a", &[], &[("cpu", "500m"), ("memory", "256Mi")])])
 }
 
-fn burstable(uid: &str) -> Pod {
+pub(super) fn burstable(uid: &str) -> Pod {
     pod(uid, vec![ctr("a", &[("cpu", "250m"), ("memory", "64Mi")], &[("memory", "128Mi")])])
 }
 
-fn best_effort(uid: &str) -> Pod {
+pub(super) fn best_effort(uid: &str) -> Pod {
     pod(uid, vec![ctr("a", &[], &[])])
 }
 
-fn cgroup_err(err: CmError) -> Error {
+pub(super) fn cgroup_err(err: CmError) -> Error {
     match err {
         CmError::Cgroup(e) => e,
         other => panic!("not a cgroup error: {other}"),
