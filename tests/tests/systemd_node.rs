@@ -305,6 +305,10 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
             Ok(api.pod("besteffort-systemd-node").await?.filter(|p| running(p, "main")))
         })
         .await?;
+        // Upstream's gauge for a runtime without RuntimeConfig: containerd 1.6 only.
+        let losing = api.metric("kubelet_cri_losing_support{version=\"1.38.0\"}").await?;
+        let want = if runtime == Runtime::Containerd16 { 1.0 } else { 0.0 };
+        assert!((losing - want).abs() < 0.5, "kubelet_cri_losing_support {losing} on {runtime:?}");
         let (g_uid, b_uid) = (uid(&g), uid(&b));
         let g_slice = pod_slice("", &g_uid);
         let b_slice = pod_slice("besteffort", &b_uid);

@@ -247,7 +247,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let eviction_config = crate::eviction::EvictionConfig::from_settings(&crate::settings::eviction(&cfg.kubelet))?;
 
     let (rt, runtime_name, runtime_state) = runtime::connect(&cfg, &metrics.cri, &shutdown).await?;
-    cfg.kubelet.cgroup_driver = runtime::cgroup_driver(rt.as_ref(), &cfg.kubelet.cgroup_driver).await?;
+    cfg.kubelet.cgroup_driver = runtime::cgroup_driver(rt.as_ref(), &cfg.kubelet.cgroup_driver, &mut registry).await?;
     let mut node = node::resources(&cfg, &mut registry)?;
     let (memory_events, recorder, events) = pods::event_recorder(&cfg, api.as_ref().map(|a| &a.clients), &shutdown);
     if node.allocatable_enforced {

@@ -57,12 +57,32 @@ pub(super) async fn connect(
     Ok((rt, runtime_name, runtime_state))
 }
 
-/// The cgroup driver to run with ([`crate::container::cgroup_driver`]), logged as upstream.
-pub(super) async fn cgroup_driver(rt: &dyn RuntimeService, configured: &str) -> Result<String, Error> {
+/// The Kubernetes release upstream names in `kubelet_cri_losing_support` (1.37's).
+const CRI_LOSING_SUPPORT_VERSION: &str = "1.38.0";
+
+/// The cgroup driver to run with ([`crate::container::cgroup_driver`]), logged as upstream;
+/// a runtime without `RuntimeConfig` sets `kubelet_cri_losing_support`, as upstream's does.
+pub(super) async fn cgroup_driver(
+    rt: &dyn RuntimeService,
+    configured: &str,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<String, Error> {
     use crate::container::cgroup_driver::{Source, detect};
+    use prometheus_client::metrics::{family::Family, gauge::Gauge};
     let (driver, source) = detect(rt, configured).await.map_err(Error::CgroupDriver)?;
+    if source.runtime_config_unimplemented() {
+        let losing = Family::<Vec<(String, String)>, Gauge>::default();
+        losing.get_or_create(&vec![("version".to_owned(), CRI_LOSING_SUPPORT_VERSION.to_owned())]).inc();
+        registry.register(
+            "kubelet_cri_losing_support",
+            "[ALPHA] the Kubernetes version that the currently running CRI implementation will lose support on if \
+             not upgraded.",
+            losing,
+        );
+    }
     let said = match source {
         Source::Runtime => "Using cgroup driver setting received from the CRI runtime",
+        Source::ConfigNoLinux => "the CRI runtime's configuration has no cgroup driver; using cgroupDriver",
         Source::ConfigChecked => "cgroupDriver matches the container runtime's configuration",
         Source::Config => {
             "CRI implementation should be updated to support RuntimeConfig. Falling back to using cgroupDriver from \

@@ -23,10 +23,21 @@ use super::{Error, RuntimeService};
 pub enum Source {
     /// `RuntimeConfig`.
     Runtime,
-    /// `cgroupDriver`, checked against the runtime's configuration.
+    /// `cgroupDriver`: `RuntimeConfig` answered without a Linux part.
+    ConfigNoLinux,
+    /// `cgroupDriver`, checked against the runtime's configuration (no `RuntimeConfig`).
     ConfigChecked,
-    /// `cgroupDriver`, the runtime saying nothing about its own.
+    /// `cgroupDriver`, the runtime saying nothing about its own (no `RuntimeConfig`).
     Config,
+}
+
+impl Source {
+    /// Whether the runtime lacks `RuntimeConfig` (upstream then sets
+    /// `kubelet_cri_losing_support{version="1.38.0"}`).
+    #[must_use]
+    pub const fn runtime_config_unimplemented(&self) -> bool {
+        matches!(self, Self::ConfigChecked | Self::Config)
+    }
 }
 
 /// The driver to run with, or why the node cannot start.
@@ -42,7 +53,7 @@ pub fn resolve(
     match runtime_config {
         Ok(resp) => {
             let Some(linux) = resp.linux else {
-                return Ok((configured.to_owned(), Source::Config));
+                return Ok((configured.to_owned(), Source::ConfigNoLinux));
             };
             let driver = match api::CgroupDriver::try_from(linux.cgroup_driver) {
                 Ok(api::CgroupDriver::Systemd) => "systemd",
@@ -128,7 +139,10 @@ mod tests {
         let unknown = api::RuntimeConfigResponse { linux: Some(api::LinuxRuntimeConfiguration { cgroup_driver: 7 }) };
         assert_eq!(resolve("systemd", Ok(unknown), None), Err("runtime returned an unknown cgroup driver 7".into()));
         let empty = api::RuntimeConfigResponse { linux: None };
-        assert_eq!(resolve("systemd", Ok(empty), None), Ok(("systemd".to_owned(), Source::Config)));
+        assert_eq!(resolve("systemd", Ok(empty), None), Ok(("systemd".to_owned(), Source::ConfigNoLinux)));
+        assert!(
+            !Source::ConfigNoLinux.runtime_config_unimplemented() && !Source::Runtime.runtime_config_unimplemented()
+        );
     }
 
     /// What containerd 1.6's verbose Status shows (trimmed), with and without the option.
@@ -152,6 +166,7 @@ mod tests {
         );
         assert!(resolve("systemd", unimplemented, Some(plain)).unwrap_err().contains("\"cgroupfs\" driver"));
         assert_eq!(resolve("systemd", unimplemented, None), Ok(("systemd".into(), Source::Config)));
+        assert!(Source::Config.runtime_config_unimplemented() && Source::ConfigChecked.runtime_config_unimplemented());
         assert_eq!(
             resolve("systemd", Err(tonic::Code::Unavailable), None),
             Err("RuntimeConfig failed: Unavailable".into())
