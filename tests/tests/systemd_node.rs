@@ -360,6 +360,19 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
         restarted.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
         assert!(api.metric("kubelet_evented_pleg_kernel_events_total{kind=\"exit\"}").await? >= 1.0);
         assert!(api.metric("kubelet_evented_pleg_relist_repairs_total").await? < 0.5, "the kernel missed the exit");
+        // containerd 2 tells the stop on its event stream too (GetContainerEvents), after
+        // the kernel; containerd 1.6 has no such stream.
+        let series = "kubelet_evented_pleg_runtime_events_total{kind=\"stopped\",first=\"kernel\"}";
+        if runtime == Runtime::Containerd2 {
+            eventually(
+                "the runtime's stop event, counted as told by the kernel first",
+                Duration::from_secs(10),
+                async || Ok((api.metric(series).await? >= 1.0).then_some(())),
+            )
+            .await?;
+        } else {
+            assert!(api.metric(series).await? < 0.5, "no event stream on containerd 1.6");
+        }
 
         // Removed pods take their slices with them (once container GC has removed their
         // sandboxes, as upstream: up to a minute).

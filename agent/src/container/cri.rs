@@ -147,6 +147,21 @@ impl RuntimeService for RemoteRuntime {
         self.call("status", "runtime.v1.RuntimeService/Status", Some(self.timeout), c.status(req)).await
     }
 
+    async fn container_events(&self) -> Result<super::ContainerEventStream> {
+        use futures::StreamExt as _;
+        let mut c = self.runtime.clone();
+        // A stream lives as long as the agent: no deadline on it, only on opening it.
+        let stream = self
+            .call(
+                "get_container_events",
+                "runtime.v1.RuntimeService/GetContainerEvents",
+                Some(self.timeout),
+                c.get_container_events(api::GetEventsRequest {}),
+            )
+            .await?;
+        Ok(Box::pin(stream.map(|item| item.map_err(|status| Error::Rpc { operation: "get_container_events", status }))))
+    }
+
     async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {
         let mut c = self.runtime.clone();
         let req = api::RuntimeConfigRequest {};

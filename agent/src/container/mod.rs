@@ -137,6 +137,10 @@ pub fn sandbox_image_of(status: &api::StatusResponse) -> Option<String> {
     config.get("sandboxImage")?.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
+/// The events of `GetContainerEvents`, as the runtime sends them.
+pub type ContainerEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<api::ContainerEventResponse>> + Send>>;
+
 /// The CRI calls the kubelet makes, one method per RPC. The real implementation is
 /// [`RemoteRuntime`]; [`fake::FakeRuntime`] keeps state in memory for unit tests.
 #[async_trait]
@@ -145,6 +149,14 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
     /// The runtime's conditions; `verbose` adds its `info` (containerd: its CRI config as
     /// JSON under `config`).
     async fn status(&self, verbose: bool) -> Result<api::StatusResponse>;
+    /// The runtime's container event stream (`GetContainerEvents`). Default: the runtime
+    /// does not implement it (containerd 1.6).
+    async fn container_events(&self) -> Result<ContainerEventStream> {
+        Err(Error::Rpc {
+            operation: "get_container_events",
+            status: tonic::Status::unimplemented("GetContainerEvents"),
+        })
+    }
     /// The runtime's own configuration (`RuntimeConfig`: its cgroup driver). Default: the
     /// runtime does not implement it (containerd before 1.7).
     async fn runtime_config(&self) -> Result<api::RuntimeConfigResponse> {

@@ -33,6 +33,13 @@
 //! If the kernel stream ends, the PLEG falls back to relisting every second and says so
 //! in the log, in `/healthz?verbose` and in `kubelet_evented_pleg_active`.
 //!
+//! A runtime with an event stream of its own (CRI `GetContainerEvents`: containerd 2.x)
+//! is a third input: a start or stop it tells before the kernel path did is recorded and
+//! emitted at once (the runtime agrees with itself), and every one of its events is
+//! counted by which source told the change first
+//! (`kubelet_evented_pleg_runtime_events_total{kind,first}`): what the stream adds to the
+//! kernel's. A runtime without it (containerd 1.6) is asked once.
+//!
 //! What the PLEG remembers of a container (its last state, name and what the kernel saw)
 //! goes when a relist reports the container removed, or — for a container born and
 //! removed between two relists, which no relist ever lists — after the rmdir of its
@@ -51,7 +58,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{KernelEventLabels, PlegMetrics};
+use super::metrics::{KernelEventLabels, PlegMetrics, RuntimeEventLabels};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::container::cache::RuntimeCache;
@@ -962,6 +969,12 @@ impl EventedPleg {
             let shutdown = shutdown.clone();
             tokio::spawn(async move { this.safety_relist(tx, shutdown).await })
         };
+        let runtime_events_task = {
+            let this = self.clone();
+            let tx = tx.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { this.runtime_events(tx, shutdown).await })
+        };
         let mut last_drops = 0;
         let mut drop_tick = tokio::time::interval(Duration::from_secs(1));
         drop_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1015,6 +1028,117 @@ impl EventedPleg {
         }
         inflight.close();
         relist_task.abort();
+        runtime_events_task.abort();
+    }
+
+    /// Handles one event of the runtime's own stream (CRI `GetContainerEvents`, containerd
+    /// 2.x): a start or a stop the kernel path has not reported yet is recorded and
+    /// emitted (the runtime already agrees: it is its own event); every event is counted
+    /// by which source reported the change first. Creations and removals are counted
+    /// only: the kubelet makes and removes containers itself, and the relist forgets them.
+    fn handle_runtime_event(&self, ev: &api::ContainerEventResponse) -> Option<PodLifecycleEvent> {
+        let (kind, new, lifecycle) = match api::ContainerEventType::try_from(ev.container_event_type) {
+            Ok(api::ContainerEventType::ContainerStartedEvent) => {
+                ("started", PlegState::Running, PodLifecycleEventType::ContainerStarted)
+            }
+            Ok(api::ContainerEventType::ContainerStoppedEvent) => {
+                ("stopped", PlegState::Exited, PodLifecycleEventType::ContainerDied)
+            }
+            Ok(api::ContainerEventType::ContainerCreatedEvent) => {
+                self.count_runtime_event("created", "none");
+                return None;
+            }
+            Ok(api::ContainerEventType::ContainerDeletedEvent) => {
+                self.count_runtime_event("deleted", "none");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let pod_uid = ev.pod_sandbox_status.as_ref().and_then(|s| s.metadata.as_ref()).map(|m| m.uid.clone());
+        let id = &ev.container_id;
+        let mut s = self.state.lock().unwrap();
+        if s.kernel_seen.get(id).is_some_and(|k| rank(*k) >= rank(new)) {
+            drop(s);
+            self.count_runtime_event(kind, "kernel");
+            return None;
+        }
+        let Some(pod_uid) = pod_uid.filter(|u| !u.is_empty()) else {
+            drop(s);
+            self.count_runtime_event(kind, "none");
+            return None;
+        };
+        if !advance(&mut s.known, id, new) {
+            drop(s);
+            self.count_runtime_event(kind, "none");
+            return None;
+        }
+        drop(s);
+        self.count_runtime_event(kind, "runtime");
+        tracing::debug!(pod = %pod_uid, container = %id, kind, "the runtime's event stream told a change first");
+        Some(PodLifecycleEvent { pod_uid, kind: lifecycle, data: id.clone(), kernel_time_ns: None })
+    }
+
+    fn count_runtime_event(&self, kind: &str, first: &str) {
+        self.metrics
+            .evented_pleg_runtime_events
+            .get_or_create(&RuntimeEventLabels { kind: kind.into(), first: first.into() })
+            .inc();
+    }
+
+    /// Reads the runtime's event stream until shutdown, reopening it when it breaks; a
+    /// runtime without it (containerd 1.6) is asked once.
+    async fn runtime_events(&self, tx: mpsc::Sender<PodLifecycleEvent>, shutdown: CancellationToken) {
+        use futures::StreamExt as _;
+        let mut retry = Duration::from_secs(1);
+        loop {
+            let mut stream = match self.rt.container_events().await {
+                Ok(stream) => {
+                    tracing::info!(
+                        "reading the runtime's container events (CRI GetContainerEvents) beside the kernel's"
+                    );
+                    retry = Duration::from_secs(1);
+                    stream
+                }
+                Err(crate::container::Error::Rpc { status, .. }) if status.code() == tonic::Code::Unimplemented => {
+                    tracing::info!(
+                        "the runtime has no container event stream (CRI GetContainerEvents); kernel events only"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?retry, "cannot open the runtime's container event stream");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(retry) => {}
+                    }
+                    retry = (retry * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            loop {
+                let item = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    item = stream.next() => item,
+                };
+                match item {
+                    Some(Ok(ev)) => {
+                        if let Some(e) = self.handle_runtime_event(&ev)
+                            && tx.send(e).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "the runtime's container event stream broke; reopening it");
+                        break;
+                    }
+                    None => {
+                        tracing::info!("the runtime closed its container event stream; reopening it");
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     fn fall_back(&self, why: &str) {
@@ -1255,6 +1379,67 @@ mod tests {
         assert!(pleg.handle_kernel_event(other).await.is_none());
         let unknown = ExitSpec { ktime_ns: 6, pid: 10, cgroup2_id: 99, ..ExitSpec::default() }.event();
         assert!(pleg.handle_kernel_event(unknown).await.is_none());
+    }
+
+    fn runtime_event(cid: &str, kind: api::ContainerEventType, uid: &str) -> api::ContainerEventResponse {
+        api::ContainerEventResponse {
+            container_id: cid.into(),
+            container_event_type: kind as i32,
+            created_at: 1,
+            pod_sandbox_status: Some(api::PodSandboxStatus {
+                metadata: Some(api::PodSandboxMetadata { uid: uid.into(), ..Default::default() }),
+                ..Default::default()
+            }),
+            containers_statuses: Vec::new(),
+        }
+    }
+
+    fn runtime_events_counted(pleg: &EventedPleg, kind: &str, first: &str) -> u64 {
+        pleg.metrics
+            .evented_pleg_runtime_events
+            .get_or_create(&RuntimeEventLabels { kind: kind.into(), first: first.into() })
+            .get()
+    }
+
+    /// The runtime's own events (containerd 2.x): what the kernel told first is only
+    /// counted; what it did not is emitted at once and counted as the runtime's; an older
+    /// state, a creation or a removal is no news.
+    #[tokio::test]
+    async fn the_runtimes_event_stream_fills_in_what_the_kernel_did_not_tell() {
+        use api::ContainerEventType as T;
+        let (_, pleg, cid, _) = setup().await;
+        pleg.handle_kernel_event(pid1_exec(9)).await.expect("started");
+        assert!(pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStartedEvent, "u1")).is_none());
+        assert_eq!(runtime_events_counted(&pleg, "started", "kernel"), 1);
+        // An exit the kernel did not report (say, a ring-buffer drop): the runtime's event
+        // is emitted, without a kernel time.
+        let died = pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStoppedEvent, "u1")).expect("emitted");
+        assert_eq!(
+            (died.pod_uid.as_str(), died.kind, died.data.as_str(), died.kernel_time_ns),
+            ("u1", PodLifecycleEventType::ContainerDied, cid.as_str(), None)
+        );
+        assert_eq!(runtime_events_counted(&pleg, "stopped", "runtime"), 1);
+        // The kernel's late report of it is no news, nor is the same event again.
+        assert!(pleg.handle_kernel_event(ns_init_exit(9, 0)).await.is_none());
+        assert!(pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStoppedEvent, "u1")).is_none());
+        // A start after the exit (an older state), creations, removals and events without
+        // a pod are not emitted.
+        assert!(pleg.handle_runtime_event(&runtime_event("other", T::ContainerCreatedEvent, "u1")).is_none());
+        assert!(pleg.handle_runtime_event(&runtime_event("other", T::ContainerDeletedEvent, "u1")).is_none());
+        assert!(pleg.handle_runtime_event(&runtime_event("other", T::ContainerStartedEvent, "")).is_none());
+        assert_eq!(runtime_events_counted(&pleg, "created", "none"), 1);
+        assert_eq!(runtime_events_counted(&pleg, "deleted", "none"), 1);
+        assert_eq!(runtime_events_counted(&pleg, "started", "none"), 1);
+    }
+
+    /// The fake runtime is containerd 1.6: no event stream; the reader asks once and stops.
+    #[tokio::test]
+    async fn a_runtime_without_an_event_stream_is_asked_once() {
+        let (_, pleg, _, _) = setup().await;
+        let (tx, _rx) = mpsc::channel(8);
+        tokio::time::timeout(Duration::from_secs(5), pleg.runtime_events(tx, CancellationToken::new()))
+            .await
+            .expect("returns at once on Unimplemented");
     }
 
     /// A failed exit whose termination message may be the end of the log is reported once

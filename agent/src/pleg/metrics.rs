@@ -5,7 +5,8 @@
 //! generic PLEG does after each relist, `kubelet_running_pods` and
 //! `kubelet_running_containers{container_state}`. The evented (eBPF) PLEG
 //! ([`super::evented`]) records swiftlet's `kubelet_evented_pleg_kernel_events_total{kind}`,
-//! `kubelet_evented_pleg_ringbuf_drops_total`, `kubelet_evented_pleg_relist_repairs_total`
+//! `kubelet_evented_pleg_ringbuf_drops_total`, `kubelet_evented_pleg_relist_repairs_total`,
+//! `kubelet_evented_pleg_runtime_events_total{kind,first}`
 //! and `kubelet_evented_pleg_active`; the sync loop observes
 //! `kubelet_evented_pleg_event_latency_seconds` when an event reaches a pod worker.
 
@@ -23,6 +24,15 @@ use crate::metrics::{def_histogram, exponential_buckets, metric_families};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ContainerStateLabels {
     pub container_state: String,
+}
+
+/// Labels of `kubelet_evented_pleg_runtime_events_total`: the runtime's event type and
+/// which source reported the change first (`kernel`, `runtime`, or `none`: a change that
+/// is not news, e.g. an older state).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeEventLabels {
+    pub kind: String,
+    pub first: String,
 }
 
 /// Label set `kind` of `kubelet_evented_pleg_kernel_events_total`.
@@ -56,6 +66,10 @@ metric_families! {
         /// swiftlet: kernel events received from the eBPF sensors, by kind.
         pub evented_pleg_kernel_events: Family<KernelEventLabels, Counter> = Family::default(),
             ("kubelet_evented_pleg_kernel_events", "Kernel events received from swiftlet's eBPF sensors, by kind");
+        /// swiftlet: CRI `GetContainerEvents` events (runtimes that have it), by type and by
+        /// which source told the change first: what the runtime's stream adds to the kernel's.
+        pub evented_pleg_runtime_events: Family<RuntimeEventLabels, Counter> = Family::default(),
+            ("kubelet_evented_pleg_runtime_events", "Container events from the runtime's CRI event stream, by type and by which source reported the change first");
         /// swiftlet: kernel events lost because the ring buffer was full.
         pub evented_pleg_ringbuf_drops: Counter = Counter::default(),
             ("kubelet_evented_pleg_ringbuf_drops", "Kernel events lost because the eBPF ring buffer was full");
