@@ -321,7 +321,8 @@ impl CgroupNames {
     }
 
     /// The systemd slice of the `kubepods` cgroup (`None`), a `QoS` class's (`Some(qos,
-    /// None)`) or a pod's (`Some(qos, Some(uid))`).
+    /// None)`) or a pod's (`Some(qos, Some(uid))`). Under the systemd driver only: the
+    /// cgroupfs driver allows `_`, which no slice name can hold.
     pub(crate) fn slice(&self, which: Option<(QosClass, Option<&str>)>) -> String {
         let pod = which.and_then(|(_, uid)| uid).map(|u| format!("{POD_PREFIX}{u}"));
         let mut parts = match which {
@@ -964,9 +965,12 @@ impl PodContainerManager for CgroupfsPodContainerManager {
         }
         // systemd makes the slice's cgroup in the hierarchies it manages; mkdir makes the
         // others (cpuset and hugetlb on v1), as libcontainer's systemd manager does.
-        let slice = self.names.slice(Some((qos, Some(uid))));
-        let started =
-            self.systemd.is_some() && self.start_slice(&slice, &self.names.slice(Some((qos, None))), &cfg, false)?;
+        // Slice names exist only under systemd (a cgroupfs root or uid may hold `_`).
+        let slice = self.systemd.is_some().then(|| self.names.slice(Some((qos, Some(uid)))));
+        let started = match &slice {
+            Some(slice) => self.start_slice(slice, &self.names.slice(Some((qos, None))), &cfg, false)?,
+            None => false,
+        };
         for h in self.hierarchies().iter().filter(|h| self.ours(h)) {
             let dir = h.mount.join(&rel);
             if !self.mkdir(&dir)? && !started {
@@ -974,8 +978,8 @@ impl PodContainerManager for CgroupfsPodContainerManager {
             }
             if let Err(error) = Self::apply_limits(h, &dir, &cfg) {
                 // Start over on the next attempt rather than keep a cgroup without limits.
-                if let Some(units) = &self.systemd
-                    && let Err(stop) = units.stop_unit(&slice)
+                if let (Some(units), Some(slice)) = (&self.systemd, &slice)
+                    && let Err(stop) = units.stop_unit(slice)
                 {
                     tracing::warn!(error = %stop, %slice, "cannot undo pod slice creation");
                 }

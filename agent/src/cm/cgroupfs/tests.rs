@@ -368,6 +368,20 @@ fn unified_pod_limits() {
     );
 }
 
+/// Under the cgroupfs driver `_` is an ordinary character, in the root and in a pod
+/// uid: no systemd slice name is ever made of them.
+#[test]
+fn underscores_are_fine_under_cgroupfs() {
+    let f = Fixture::unified();
+    let m = f.manager_with(CgroupConfig { cgroup_root: "/my_root".into(), ..f.config() });
+    std::fs::write(f.path("", "cgroup.subtree_control"), "+cpu +memory").unwrap();
+    f.mkdir(&f.path("", "my_root"));
+    m.ensure_node_cgroups().unwrap();
+    m.ensure_pod_cgroup(&guaranteed("g_1")).unwrap();
+    assert_eq!(f.read("", "my_root/kubepods/podg_1/memory.max"), (256 << 20).to_string());
+    assert_eq!(m.list_pod_cgroups().unwrap(), [("g_1".to_owned(), QosClass::Guaranteed)]);
+}
+
 #[test]
 fn unified_nested_cgroup_root() {
     let f = Fixture::unified();
