@@ -86,14 +86,18 @@ impl CgroupfsPodContainerManager {
         if !self.config.cpu_cfs_quota && cfg.cpu_quota.is_some() {
             cfg.cpu_quota = Some(-1);
         }
-        if self.systemd.is_some() && self.hierarchies().iter().any(|h| matches!(self.pod_dir_in(h, pod), Ok(Some(_)))) {
+        let mut dirs = Vec::new();
+        for h in self.hierarchies() {
+            if let Some(dir) = self.pod_dir_in(h, pod)? {
+                dirs.push((h, dir));
+            }
+        }
+        if self.systemd.is_some() && !dirs.is_empty() {
             let uid = self.names.checked_uid(pod_uid(pod))?;
             self.set_slice(&self.names.slice(Some((qos_class(pod), Some(uid)))), &cfg)?;
         }
-        for h in self.hierarchies() {
-            if let Some(dir) = self.pod_dir_in(h, pod)? {
-                Self::apply_limits(h, &dir, &cfg)?;
-            }
+        for (h, dir) in dirs {
+            Self::apply_limits(h, &dir, &cfg)?;
         }
         tracing::debug!(pod = %pod_uid(pod), ?cfg, "pod cgroup resized");
         Ok(())
