@@ -455,25 +455,20 @@ pub fn dns(kc: &KubeletConfiguration) -> DnsSettings {
 }
 
 /// The stats provider: the node name, `--root-dir`, `podLogsDir` and the pods' cgroup
-/// (`<cgroupRoot>/kubepods` with `cgroupsPerQOS`; `/kubepods.slice` under the systemd driver).
+/// (with `cgroupsPerQOS`: `<cgroupRoot>/kubepods`, or its slice under the systemd driver,
+/// named as the cgroup manager names it).
 #[must_use]
 pub fn stats(config: &Config) -> StatsSettings {
     let kc = &config.kubelet;
-    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
     StatsSettings {
         node_name: config.node_name.clone(),
         root_dir: config.root_dir.clone(),
         pod_logs_dir: kc.pod_logs_dir.clone().into(),
-        pods_cgroup: kc.cgroups_per_qos.then(|| {
-            if kc.cgroup_driver == "systemd" {
-                let mut parts: Vec<&str> = root.split('/').filter(|c| !c.is_empty()).collect();
-                parts.push("kubepods");
-                // A root systemd cannot name is refused when the cgroups are made.
-                crate::cm::systemd_names::to_systemd(&parts).unwrap_or_else(|_| format!("{root}/kubepods.slice"))
-            } else {
-                format!("{root}/kubepods")
-            }
-        }),
+        // A root or driver the cgroup manager refuses stops the agent before stats start.
+        pods_cgroup: kc
+            .cgroups_per_qos
+            .then(|| crate::cm::cgroupfs::kubepods_cgroup(&kc.cgroup_root, &kc.cgroup_driver))
+            .flatten(),
     }
 }
 

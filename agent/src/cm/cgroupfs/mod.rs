@@ -238,6 +238,15 @@ impl Driver {
     }
 }
 
+/// The `kubepods` cgroup's path from a hierarchy's root as the manager names it
+/// (`/kubepods`, `/r/kubepods`; `/kubepods.slice`, `/r.slice/r-kubepods.slice` under
+/// systemd); `None` for a `cgroupRoot` or `cgroupDriver` the manager refuses.
+#[must_use]
+pub fn kubepods_cgroup(cgroup_root: &str, cgroup_driver: &str) -> Option<String> {
+    let names = CgroupNames::with_driver(cgroup_root, Driver::parse(cgroup_driver).ok()?).ok()?;
+    Some(format!("/{}", names.kubepods_rel().display()))
+}
+
 /// Cgroup names under the configured root, shared with the fake: the kubelet's
 /// components (upstream `CgroupName`) and the path each driver makes of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
