@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
-use swiftlet_tests::pods::{BUSYBOX, restarts, running, uid};
+use swiftlet_tests::pods::{BUSYBOX, pod_yaml_of, restarts, running, uid};
 use swiftlet_tests::{Cri, swiftlet_bin, testbed_lock};
 
 const UNIT: &str = include_str!("../../examples/systemd/swiftlet.service");
@@ -150,21 +150,10 @@ evictionHard:
     )
 }
 
+/// A static pod whose container `main` sleeps until SIGTERM, with `resources` (lines under
+/// the container) as given.
 fn static_pod(name: &str, resources: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 2
-  containers:
-  - name: main
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
-    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 1; done\"]
-{resources}"
-    )
+    pod_yaml_of(name, None, BUSYBOX, "IfNotPresent", "trap 'exit 0' TERM; while true; do sleep 1; done", resources)
 }
 
 async fn eventually<T>(what: &str, timeout: Duration, mut probe: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
