@@ -43,8 +43,17 @@ enum cgroup_subsys_id {
 	memory_cgrp_id = 4,
 };
 
+struct ns_common {
+	unsigned int inum;
+} __swl_core;
+
+struct pid_namespace {
+	struct ns_common ns;
+} __swl_core;
+
 struct upid {
 	int nr;
+	struct pid_namespace *ns;
 } __swl_core;
 
 struct pid {

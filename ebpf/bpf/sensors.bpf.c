@@ -277,6 +277,46 @@ static __always_inline __u32 pid_nr_in_own_ns(struct pid *pid)
 	return nr;
 }
 
+/*
+ * The inode number of the agent's pid namespace when that is not the initial one (an
+ * agent in a node container, as kind runs its kubelets); 0 when it is. Set at load.
+ * A cgroup's main_tgid is the process id the agent sees (the one it reads in
+ * cgroup.procs and /proc when it adopts a running container), so in a pid namespace
+ * the sensors compare the task's number there, not its init-namespace tgid.
+ */
+const volatile __u32 agent_pidns_inum = 0;
+
+/* A thread group's id as the agent sees it: its number in the agent's pid namespace
+ * (0 when the task is not in it or a descendant of it). */
+static __always_inline __u32 tgid_seen_by_agent(struct task_struct *task)
+{
+	struct pid *pid;
+	unsigned int level;
+
+	if (!agent_pidns_inum)
+		return task->tgid;
+	pid = task->group_leader->thread_pid;
+	if (!pid)
+		return 0;
+	level = pid->level;
+	for (unsigned int i = 0; i <= 32; i++) {
+		struct pid_namespace *ns = NULL;
+		const char *upid;
+		unsigned int inum = 0;
+		int nr = 0;
+
+		if (i > level)
+			break;
+		upid = (const char *)&pid->numbers + i * bpf_core_type_size(struct upid);
+		bpf_core_read(&ns, sizeof(ns), upid + bpf_core_field_offset(struct upid, ns));
+		if (!ns || bpf_core_read(&inum, sizeof(inum), &ns->ns.inum) || inum != agent_pidns_inum)
+			continue;
+		bpf_core_read(&nr, sizeof(nr), upid + bpf_core_field_offset(struct upid, nr));
+		return nr;
+	}
+	return 0;
+}
+
 static __always_inline void fill_task(struct swl_task *t, struct task_struct *task, struct task_cgroups *cgs)
 {
 	struct cgroup *cpu = NULL;
@@ -385,7 +425,7 @@ int BPF_PROG(on_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 		__sync_fetch_and_add(&c->execs, 1);
 		/* The runtime's init execs the container's process first. Userspace
 		 * seeds main_tgid for containers that started before the sensors. */
-		if (__sync_val_compare_and_swap(&c->main_tgid, 0, (__u32)p->tgid) == 0)
+		if (__sync_val_compare_and_swap(&c->main_tgid, 0, tgid_seen_by_agent(p)) == 0)
 			flags |= SWL_TASK_FIRST_EXEC;
 	}
 	if (is_ns_init(p))
@@ -436,7 +476,7 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 			__sync_fetch_and_add(&c->group_exits, 1);
 			c->last_exit_status = status;
 			c->last_exit_ktime_ns = now;
-			if (c->main_tgid == (__u32)p->tgid)
+			if (c->main_tgid && c->main_tgid == tgid_seen_by_agent(p))
 				flags |= SWL_TASK_MAIN;
 		}
 	}

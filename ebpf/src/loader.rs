@@ -153,12 +153,31 @@ pub enum LoadError {
     },
 }
 
-/// Loads the object (maps sized by `ring_buffer_bytes`) and attaches every program.
+/// The initial pid namespace's inode number (`PROC_PID_INIT_INO`).
+const INITIAL_PIDNS_INUM: u64 = 0xEFFF_FFFC;
+
+/// What the sensors' `agent_pidns_inum` is set to: 0 for the initial pid namespace (the
+/// kernel's tgids are the agent's pids), else the namespace's inode number, `pidns`
+/// or this process's own (an agent in a node container): the sensors then compare a
+/// cgroup's main process by its number there, the one the agent reads in `cgroup.procs`.
+fn agent_pidns_inum(pidns: Option<u64>) -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    let inum = pidns.or_else(|| std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino()));
+    match inum {
+        Some(i) if i != INITIAL_PIDNS_INUM => u32::try_from(i).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Loads the object (maps sized by `ring_buffer_bytes`, main processes counted in the pid
+/// namespace `pidns`, see [`agent_pidns_inum`]) and attaches every program.
 /// On error everything loaded so far is released when the partial `Ebpf` drops.
-pub(crate) fn load_and_attach(ring_buffer_bytes: u32) -> Result<Ebpf, LoadError> {
+pub(crate) fn load_and_attach(ring_buffer_bytes: u32, pidns: Option<u64>) -> Result<Ebpf, LoadError> {
     let btf = Btf::from_sys_fs().map_err(|source| LoadError::NoKernelBtf { path: KERNEL_BTF.into(), source })?;
+    let pidns = agent_pidns_inum(pidns);
     let mut ebpf = EbpfLoader::new()
         .btf(Some(&btf))
+        .override_global("agent_pidns_inum", &pidns, true)
         .map_max_entries(crate::maps::EVENTS, ring_buffer_bytes)
         .load(OBJECT)
         .map_err(classify_object_error)?;

@@ -38,6 +38,11 @@ pub struct SensorConfig {
     /// of processes other than a cgroup's main one). Bounds their delay when no other
     /// record wakes the reader first. Default 250 ms.
     pub pressure_flush_interval: Duration,
+    /// The inode number of the pid namespace whose process ids [`Sensors::adopt_cgroup`]
+    /// is given (and the kernel keeps for a cgroup's main process); `None` (the
+    /// default): this process's own. An agent in a node container (kind's way) sees the
+    /// node's pids, not the host's.
+    pub pid_namespace_inum: Option<u64>,
 }
 
 impl Default for SensorConfig {
@@ -46,6 +51,7 @@ impl Default for SensorConfig {
             ring_buffer_bytes: 256 * 1024,
             channel_capacity: 4096,
             pressure_flush_interval: Duration::from_millis(250),
+            pid_namespace_inum: None,
         }
     }
 }
@@ -118,7 +124,7 @@ impl Sensors {
     /// privilege, verifier rejection with its log, a missing tracepoint, ...).
     pub fn load(cfg: &SensorConfig) -> Result<Self> {
         cfg.validate()?;
-        let mut ebpf = loader::load_and_attach(cfg.ring_buffer_bytes)?;
+        let mut ebpf = loader::load_and_attach(cfg.ring_buffer_bytes, cfg.pid_namespace_inum)?;
         let maps = SensorMaps::take(&mut ebpf)?;
         let ring = ebpf.take_map(maps::EVENTS).ok_or(MapsError::Missing { name: maps::EVENTS })?;
         let ring = RingBuf::try_from(ring).map_err(|source| MapsError::Layout { name: maps::EVENTS, source })?;

@@ -150,6 +150,79 @@ async fn containers_started_before_the_sensors_can_be_adopted() {
     assert_eq!(sensors.cgroup_counters(child.cgroup2_id()).unwrap().execs, 1);
 }
 
+/// The children of a process (`/proc/<pid>/task/<pid>/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// An agent in a node container (kind's way) sees the node's process ids: the pid it
+/// adopts a running container with is the node's, and so is the one the kernel must
+/// compare at the main process's exit. Here a pid namespace of its own plays the node:
+/// the container's main process is its pid 2 (not the namespace's init), adopted as 2.
+#[tokio::test]
+async fn adoption_by_an_agent_in_another_pid_namespace_names_the_main_process_there() {
+    let root = TestRoot::new("adopt-pidns");
+    let child = root.child("ctr");
+    let inner = format!(
+        "echo 0 > {}/cgroup.procs && echo 0 > {}/cgroup.procs && exec sleep 60",
+        child.memory.display(),
+        child.unified.display()
+    );
+    // unshare -> sh (the namespace's init, pid 1) -> sh -c inner (pid 2, exec'ing sleep).
+    let unshare = root.spawn(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "sh", "-c"])
+            .arg(format!("sh -c '{inner}' & wait")),
+    );
+    let deadline = std::time::Instant::now() + EVENT_TIMEOUT;
+    let main = loop {
+        let sleeping = children_of(unshare)
+            .into_iter()
+            .flat_map(children_of)
+            .find(|p| fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim() == "sleep");
+        if let Some(pid) = sleeping {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the namespace's sleep never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let status = fs::read_to_string(format!("/proc/{main}/status")).unwrap();
+    let nspid: Vec<u32> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert_eq!(nspid, vec![main, 2], "the main process is pid 2 of its namespace");
+    let pidns = inode(&PathBuf::from(format!("/proc/{main}/ns/pid")));
+
+    let cfg = SensorConfig { pid_namespace_inum: Some(pidns), ..SensorConfig::default() };
+    let (mut sensors, mut rx) = watching(&root, &cfg);
+    for cgroup in [child.memcg_id(), child.cgroup2_id()] {
+        sensors.adopt_cgroup(cgroup, 2).unwrap();
+    }
+    // A process outside the namespace exec'd into the cgroup is not the main one either.
+    let probe = root.spawn_in(&child, "/bin/true");
+    let (exit, _) =
+        expect_event(&mut rx, "probe exit", |e| matches!(e, SensorEvent::Exit { task, .. } if task.tgid == probe))
+            .await;
+    assert!(matches!(exit, SensorEvent::Exit { main_process: false, .. }), "{exit:?}");
+
+    // SAFETY: kill(2) of the test's own sleep, a grandchild of its unshare child.
+    assert_eq!(unsafe { libc::kill(i32::try_from(main).unwrap(), libc::SIGKILL) }, 0);
+    let (exit, _) =
+        expect_event(&mut rx, "main exit", |e| matches!(e, SensorEvent::Exit { task, .. } if task.tgid == main)).await;
+    let SensorEvent::Exit { main_process, ns_init, task, .. } = exit else { unreachable!() };
+    assert!(!ns_init, "pid 2 is not its namespace's init");
+    assert!(main_process, "the adopted main process's exit, named by its pid in the agent's namespace");
+    assert_eq!(task.ns_tgid, 2);
+}
+
 #[tokio::test]
 async fn a_process_killed_by_sigkill_reports_signal_9() {
     let root = TestRoot::new("sigkill");
