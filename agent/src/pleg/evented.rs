@@ -336,6 +336,15 @@ enum Next {
     Confirm(Work),
 }
 
+/// A kernel observation waiting for CRI to agree ([`Work`]).
+#[derive(Debug, Clone)]
+struct Awaiting {
+    pod_uid: String,
+    want: PlegState,
+    ktime: u64,
+    exit: Option<(i32, i32)>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Last state of each container/sandbox this PLEG reported (either path).
@@ -344,6 +353,9 @@ struct State {
     /// Counted: runc's own processes in a new container cgroup also exec and exit, so
     /// several confirmations of one container can be in flight at once.
     pending: HashMap<String, usize>,
+    /// The latest kernel observation awaiting CRI per id (see [`Awaiting`]): a runtime
+    /// event telling the same change is that confirmation.
+    awaiting: HashMap<String, Awaiting>,
     /// Ids whose start is being confirmed: runc's helper and then the container's init
     /// exec in a new container, and one answer from CRI settles both.
     starting: HashSet<String>,
@@ -756,15 +768,10 @@ impl EventedPleg {
             return None;
         }
         *s.pending.entry(cid.clone()).or_default() += 1;
-        Some(Next::Confirm(Work {
-            pod_uid: target.pod_uid,
-            cid,
-            want,
-            ktime,
-            exit: exit.map(|(c, s, _)| (c, s)),
-            pace,
-            not_pid1_exit: exit.is_some_and(|(_, _, ns_init)| !ns_init),
-        }))
+        let not_pid1_exit = exit.is_some_and(|(_, _, ns_init)| !ns_init);
+        let exit = exit.map(|(c, s, _)| (c, s));
+        s.awaiting.insert(cid.clone(), Awaiting { pod_uid: target.pod_uid.clone(), want, ktime, exit });
+        Some(Next::Confirm(Work { pod_uid: target.pod_uid, cid, want, ktime, exit, pace, not_pid1_exit }))
     }
 
     /// The asynchronous part: waits for CRI to agree, then records and emits.
@@ -779,6 +786,7 @@ impl EventedPleg {
             *n -= 1;
             if *n == 0 {
                 s.pending.remove(&cid);
+                s.awaiting.remove(&cid);
             }
         }
         let container_name = match confirmed {
@@ -1057,6 +1065,39 @@ impl EventedPleg {
         let pod_uid = ev.pod_sandbox_status.as_ref().and_then(|s| s.metadata.as_ref()).map(|m| m.uid.clone());
         let id = &ev.container_id;
         let mut s = self.state.lock().unwrap();
+        // The kernel told it first and waits for CRI to agree (a main process's exit in a
+        // shared pid namespace, a start): the runtime's own event is that agreement. The
+        // change is the kernel's, with its time and exit status; the confirmation still
+        // polling finds it reported.
+        if let Some(a) = s.awaiting.get(id).filter(|a| a.want == new).cloned() {
+            advance(&mut s.kernel_seen, id, new);
+            let fresh = advance(&mut s.known, id, new);
+            let container_name = s.names.get(id).cloned().unwrap_or_default();
+            drop(s);
+            self.count_runtime_event(kind, "kernel");
+            if !fresh {
+                return None;
+            }
+            let observed = match new {
+                PlegState::Running => ObservedKind::ContainerStarted,
+                _ => ObservedKind::ContainerDied,
+            };
+            self.observe(Observed {
+                pod_uid: a.pod_uid.clone(),
+                container_id: id.clone(),
+                container_name,
+                kind: observed,
+                kernel_time_ns: a.ktime,
+                exit_code: a.exit.map(|e| e.0),
+                signal: a.exit.map(|e| e.1).filter(|s| *s != 0),
+            });
+            return Some(PodLifecycleEvent {
+                pod_uid: a.pod_uid,
+                kind: lifecycle,
+                data: id.clone(),
+                kernel_time_ns: Some(a.ktime),
+            });
+        }
         if s.kernel_seen.get(id).is_some_and(|k| rank(*k) >= rank(new)) {
             drop(s);
             self.count_runtime_event(kind, "kernel");
@@ -1430,6 +1471,34 @@ mod tests {
         assert_eq!(runtime_events_counted(&pleg, "created", "none"), 1);
         assert_eq!(runtime_events_counted(&pleg, "deleted", "none"), 1);
         assert_eq!(runtime_events_counted(&pleg, "started", "none"), 1);
+    }
+
+    /// A main-process exit the kernel told but cannot be sure ends the container (a shared
+    /// pid namespace: found with the agent in the node container) waits for CRI; the
+    /// runtime's stop event arriving first is that agreement: the kernel's exit is emitted
+    /// with its time, counted as told by the kernel first, and the confirmation still
+    /// polling adds nothing.
+    #[tokio::test]
+    async fn the_runtimes_event_confirms_a_kernel_exit_awaiting_cri() {
+        use api::ContainerEventType as T;
+        let (rt, pleg, cid, _) = setup().await;
+        // The main process shares the pod's pid namespace: its exec is the cgroup's first,
+        // not a pid 1's.
+        let exec = KernelEvent::Exec { ktime_ns: 1, pid: 77, cgroup2_id: 42, memcg_id: 0, ns_init: true, pid1: false };
+        pleg.handle_kernel_event(exec).await.expect("started");
+        let exit =
+            ExitSpec { ktime_ns: 1234, pid: 77, ns_init: false, main_process: true, signal: 9, ..ExitSpec::default() }
+                .event();
+        let Some(Next::Confirm(work)) = pleg.classify(&exit) else { panic!("a main-process exit waits for CRI") };
+        let died = pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStoppedEvent, "u1")).expect("emitted");
+        assert_eq!(
+            (died.kind, died.data.as_str(), died.kernel_time_ns),
+            (PodLifecycleEventType::ContainerDied, cid.as_str(), Some(1234))
+        );
+        assert_eq!(runtime_events_counted(&pleg, "stopped", "kernel"), 1);
+        assert_eq!(runtime_events_counted(&pleg, "stopped", "runtime"), 0);
+        rt.exit_container(&cid, 137);
+        assert!(pleg.complete(work).await.is_none(), "reported once");
     }
 
     /// The fake runtime is containerd 1.6: no event stream; the reader asks once and stops.
