@@ -253,9 +253,9 @@ pub fn memcg_usage_threshold(capacity: u64, threshold: u64, inactive_file: u64) 
 /// `settings::memcg_thresholds` takes it from the `KubeletConfiguration`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemcgThresholdSettings {
-    /// `cgroupRoot`, empty for the root (`""` or `/`): the pods cgroup is
-    /// `<cgroupRoot>/kubepods`.
-    pub cgroup_root: String,
+    /// The pods cgroup from the memory hierarchy's root, as the cgroup manager names it
+    /// for the driver (`/kubepods`, `/kubepods.slice`); `None`: not watched.
+    pub pods_cgroup: Option<String>,
     /// `evictionHard[memory.available]`, as written (a quantity or a percentage).
     pub memory_available: Option<String>,
     /// `evictionHard[allocatableMemory.available]`, as written.
@@ -285,17 +285,13 @@ pub fn spawn_watchers(
     if !memory_root.join("cgroup.event_control").exists() {
         return;
     }
-    let root = &settings.cgroup_root;
+    let pods = settings.pods_cgroup.as_ref().map(|p| memory_root.join(p.trim_start_matches('/')));
     let targets = [
-        (settings.memory_available.clone(), memory_root.to_path_buf(), None),
-        (
-            settings.allocatable_memory_available.clone(),
-            memory_root.join(format!("{}/kubepods", root.trim_start_matches('/'))),
-            Some(()),
-        ),
+        (settings.memory_available.clone(), Some(memory_root.to_path_buf()), None),
+        (settings.allocatable_memory_available.clone(), pods, Some(())),
     ];
     for (threshold, cgroup, pods) in targets {
-        let Some(threshold) = threshold else { continue };
+        let (Some(threshold), Some(cgroup)) = (threshold, cgroup) else { continue };
         let signals = signals.clone();
         let shutdown = shutdown.clone();
         tracker.spawn(async move {

@@ -175,9 +175,8 @@ pub fn eviction(kc: &KubeletConfiguration) -> ThresholdSettings {
 /// and `allocatableMemory.available` thresholds as written.
 #[must_use]
 pub fn memcg_thresholds(kc: &KubeletConfiguration) -> MemcgThresholdSettings {
-    let root = if kc.cgroup_root.is_empty() || kc.cgroup_root == "/" { String::new() } else { kc.cgroup_root.clone() };
     MemcgThresholdSettings {
-        cgroup_root: root,
+        pods_cgroup: crate::cm::cgroupfs::kubepods_cgroup(&kc.cgroup_root, &kc.cgroup_driver),
         memory_available: kc.eviction_hard.get("memory.available").cloned(),
         allocatable_memory_available: kc.eviction_hard.get("allocatableMemory.available").cloned(),
     }

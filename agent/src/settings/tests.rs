@@ -122,11 +122,28 @@ fn memcg_thresholds_take_the_hard_memory_thresholds() {
     assert_eq!(
         memcg_thresholds(&kc),
         MemcgThresholdSettings {
-            cgroup_root: String::new(),
+            pods_cgroup: Some("/kubepods".into()),
             memory_available: Some("5%".into()),
             allocatable_memory_available: None
         }
     );
+}
+
+/// The pods cgroup whose memcg threshold tells `allocatableMemory.available` is the one
+/// the cgroup manager makes: `/kubepods.slice` under the systemd driver (found in the
+/// node container: the watcher looked for `/kubepods` there and the kernel OOM killer
+/// acted before the eviction manager).
+#[test]
+fn memcg_thresholds_watch_the_pods_cgroup_of_the_driver() {
+    let kc = KubeletConfiguration {
+        cgroup_root: "/".into(),
+        cgroup_driver: "systemd".into(),
+        eviction_hard: BTreeMap::from([("allocatableMemory.available".to_owned(), "150Mi".to_owned())]),
+        ..KubeletConfiguration::default()
+    };
+    assert_eq!(memcg_thresholds(&kc).pods_cgroup.as_deref(), Some("/kubepods.slice"));
+    let kc = KubeletConfiguration { cgroup_root: "/node".into(), cgroup_driver: "cgroupfs".into(), ..kc };
+    assert_eq!(memcg_thresholds(&kc).pods_cgroup.as_deref(), Some("/node/kubepods"));
 }
 
 #[test]
