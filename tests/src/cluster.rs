@@ -387,13 +387,15 @@ users:
         // A name of its own per run: pods an earlier, failed run left bound to its node
         // must not be run by this agent.
         let name = &format!("{TEST_NODE_PREFIX}{test}-{:04x}", rand::random::<u16>());
-        let files = tempfile::Builder::new().prefix("swiftlet-e2e-join-").tempdir()?;
+        let files = crate::agent_tempdir("swiftlet-e2e-join-")?;
         let kubeconfig = files.path().join("kubelet.conf");
         opts.kubeconfig = Some(kubeconfig.clone());
         opts.node_name = Some(name.to_owned());
+        let in_node = crate::node::node_target()?.map(|(n, _)| n);
         // The kubeconfig the agent writes after bootstrap names the bootstrap's server.
-        let bootstrap = match server {
-            Some(url) => {
+        let bootstrap = match (server, in_node) {
+            (Some(_), Some(_)) => bail!("an agent in the node container reaches the API server directly"),
+            (Some(url), None) => {
                 let path = files.path().join("bootstrap-kubelet.conf");
                 let original = std::fs::read_to_string(&self.state.bootstrap_kubeconfig)?;
                 std::fs::write(
@@ -402,10 +404,22 @@ users:
                 )?;
                 path
             }
-            None => self.state.bootstrap_kubeconfig.clone(),
+            (None, Some(node)) => {
+                // The node sees the API server at its host address, and the CA where the
+                // kubeconfigs and the config name it.
+                node.forward_api_server(&self.state.server)?;
+                let ca = node.file(&self.state.ca_cert.display().to_string());
+                std::fs::create_dir_all(ca.parent().context("the CA has a parent")?)?;
+                std::fs::copy(&self.state.ca_cert, &ca)?;
+                let path = files.path().join("bootstrap-kubelet.conf");
+                std::fs::copy(&self.state.bootstrap_kubeconfig, &path)?;
+                path
+            }
+            (None, None) => self.state.bootstrap_kubeconfig.clone(),
         };
-        opts.extra_flags.push(format!("--bootstrap-kubeconfig={}", bootstrap.display()));
-        opts.extra_flags.push("--node-ip=127.0.0.1".to_owned());
+        opts.extra_flags.push(format!("--bootstrap-kubeconfig={}", crate::agent_path(&bootstrap)?.display()));
+        let node_ip = in_node.map_or("127.0.0.1", |n| n.address.as_str());
+        opts.extra_flags.push(format!("--node-ip={node_ip}"));
         opts.authentication = Some(format!(
             "authentication:
   anonymous:

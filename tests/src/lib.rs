@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod device_plugin;
 pub mod logind;
+pub mod node;
 pub mod outage;
 pub mod pods;
 pub mod prometheus;
@@ -40,6 +41,9 @@ pub const TESTBED_STATE: &str = "/run/swiftlet-testbed/testbed.json";
 
 /// The CRI endpoint of the test bed: `SWIFTLET_CRI_ENDPOINT`, else the test bed state file.
 pub fn cri_endpoint() -> Result<String> {
+    if let Some((node, runtime)) = node::node_target()? {
+        return Ok(node.cri_endpoint(*runtime));
+    }
     if let Ok(e) = std::env::var("SWIFTLET_CRI_ENDPOINT") {
         return Ok(e);
     }
@@ -103,6 +107,9 @@ pub fn swiftlet_bin() -> Result<PathBuf> {
 pub struct Cri {
     client: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
+    /// The node container whose runtime this is, when the end-to-end agents run there:
+    /// the runtime's process ids are the node's, translated for the host.
+    node: Option<&'static node::Node>,
 }
 
 impl Cri {
@@ -114,7 +121,8 @@ impl Cri {
                 async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
             },
         ));
-        Ok(Self { client: RuntimeServiceClient::new(channel.clone()), images: ImageServiceClient::new(channel) })
+        let node = node::in_node().filter(|(n, r)| n.cri_endpoint(*r) == endpoint).map(|(n, _)| n);
+        Ok(Self { client: RuntimeServiceClient::new(channel.clone()), images: ImageServiceClient::new(channel), node })
     }
 
     fn selector(uid: &str) -> HashMap<String, String> {
@@ -203,11 +211,16 @@ impl Cri {
         Ok(self.client.clone().container_status(req).await?.into_inner())
     }
 
-    /// The main pid of a container (in the node's pid namespace), from its verbose status.
+    /// The main pid of a container, from its verbose status, as the host's pid (a runtime
+    /// in the node container counts pids in the node's namespace).
     pub async fn container_pid(&self, id: &str) -> Result<i32> {
         let st = self.container_status(id).await?;
         let info: Value = serde_json::from_str(st.info.get("info").map_or("{}", String::as_str))?;
-        info["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).context("no pid in the container's info")
+        let pid = info["pid"].as_i64().and_then(|p| i32::try_from(p).ok()).context("no pid in the container's info")?;
+        match self.node {
+            Some(node) => node.host_pid(pid),
+            None => Ok(pid),
+        }
     }
 
     /// Sandbox status (verbose).
@@ -302,6 +315,125 @@ pub struct Agent {
     env: Vec<(String, String)>,
     http: reqwest::Client,
     log_path: PathBuf,
+    /// The agent's unit, for an agent in the node container.
+    node: Option<NodeAgent>,
+}
+
+/// Where the agents in the node container keep their directories (a node path).
+const NODE_AGENT_DIRS: &str = "/var/lib/swiftlet-e2e";
+
+/// The node's copy of the `swiftlet` binary the agents there run.
+const NODE_AGENT_BIN: &str = "/usr/local/bin/swiftlet-e2e";
+
+/// A temporary directory the agent can use: on the host, or in the node container's root
+/// filesystem for an agent there (see [`node::node_target`]).
+pub fn agent_tempdir(prefix: &str) -> Result<tempfile::TempDir> {
+    match node::node_target()? {
+        Some((n, _)) => {
+            let parent = n.file(NODE_AGENT_DIRS);
+            std::fs::create_dir_all(&parent)?;
+            Ok(tempfile::Builder::new().prefix(prefix).tempdir_in(parent)?)
+        }
+        None => Ok(tempfile::Builder::new().prefix(prefix).tempdir()?),
+    }
+}
+
+/// The agent's name for a host path: the path itself, or for an agent in the node
+/// container the node's path of a file in its root filesystem.
+pub fn agent_path(host: &Path) -> Result<PathBuf> {
+    match node::node_target()? {
+        Some((n, _)) => n.inside(host),
+        None => Ok(host.to_path_buf()),
+    }
+}
+
+/// The last part of a temporary directory's name (its random suffix).
+fn dir_suffix(dir: &Path) -> String {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.rsplit('-').next().unwrap_or_default().to_ascii_lowercase()
+}
+
+/// An agent in the node container: a transient systemd unit of the node (as a
+/// `swiftlet.service` would run it there), its output appended to the agent's log file.
+#[derive(Debug)]
+struct NodeAgent {
+    node: &'static node::Node,
+    unit: String,
+    /// The runtime's endpoint in the node.
+    endpoint: String,
+}
+
+impl NodeAgent {
+    /// Installs the binary in the node (once per build) and starts the unit.
+    fn start(&self, agent: &Agent) -> Result<()> {
+        let bin = swiftlet_bin()?;
+        let copy = self.node.file(NODE_AGENT_BIN);
+        let same = |a: &Path, b: &Path| -> Option<bool> {
+            let (a, b) = (std::fs::metadata(a).ok()?, std::fs::metadata(b).ok()?);
+            Some(a.len() == b.len() && a.modified().ok()? <= b.modified().ok()?)
+        };
+        if same(&bin, &copy) != Some(true) {
+            let tmp = copy.with_extension("tmp");
+            std::fs::copy(&bin, &tmp).with_context(|| format!("copying swiftlet into the node ({})", tmp.display()))?;
+            std::fs::rename(&tmp, &copy)?;
+        }
+        let log = self.node.inside(&agent.log_path)?.display().to_string();
+        let _ = self.node.run(&["systemctl", "reset-failed", &self.unit]);
+        let mut cmd = vec![
+            "systemd-run".to_owned(),
+            format!("--unit={}", self.unit),
+            "--collect".to_owned(),
+            "--quiet".to_owned(),
+            format!("--property=StandardOutput=append:{log}"),
+            format!("--property=StandardError=append:{log}"),
+            "--property=TimeoutStopSec=20".to_owned(),
+        ];
+        cmd.extend(agent.env.iter().map(|(k, v)| format!("--setenv={k}={v}")));
+        cmd.push("--".to_owned());
+        cmd.extend(agent.args(Path::new(NODE_AGENT_BIN), &self.endpoint, |p| self.node.inside(p))?);
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        self.node.ok(&cmd)?;
+        Ok(())
+    }
+
+    /// Whether the unit is still starting or running.
+    fn running(&self) -> Result<bool> {
+        let state = self.node.unit_property(&self.unit, "ActiveState")?;
+        Ok(matches!(state.as_str(), "active" | "activating" | "reloading"))
+    }
+
+    /// The host's pid of the unit's main process.
+    fn host_pid(&self) -> Result<i32> {
+        let pid: i32 = self.node.unit_property(&self.unit, "MainPID")?.parse()?;
+        ensure!(pid > 0, "{} has no main process", self.unit);
+        self.node.host_pid(pid)
+    }
+
+    /// Waits (20 s at most) for the unit to end.
+    fn wait_ended(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.running()? {
+            ensure!(Instant::now() < deadline, "{} did not end in 20 s", self.unit);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// SIGKILL to the agent (a crash); the unit ends.
+    fn kill9(&self) -> Result<()> {
+        if self.running()? {
+            let _ = self.node.run(&["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", &self.unit]);
+        }
+        self.wait_ended()
+    }
+
+    /// `systemctl stop`: SIGTERM, and SIGKILL after 20 s.
+    fn stop(&self) -> Result<()> {
+        if self.running()? {
+            self.node.ok(&["systemctl", "stop", &self.unit])?;
+        }
+        self.wait_ended()
+    }
 }
 
 impl Agent {
@@ -309,6 +441,9 @@ impl Agent {
     /// that exports every trace (sampling one in one) to the receiver.
     pub async fn traced() -> Result<(swiftlet::telemetry::test_collector::TestCollector, Cri, Self)> {
         let (collector, addr) = swiftlet::telemetry::test_collector::TestCollector::start().await;
+        if let Some((node, _)) = node::node_target()? {
+            node.forward_loopback(addr)?;
+        }
         let cri = Cri::connect(&cri_endpoint()?)?;
         let agent = Self::start(AgentOptions {
             extra_config: format!("tracing:\n  endpoint: {addr}\n  samplingRatePerMillion: 1000000\n"),
@@ -318,26 +453,45 @@ impl Agent {
         Ok((collector, cri, agent))
     }
 
-    /// Writes the config and starts the agent; returns once `/healthz` answers.
+    /// Writes the config and starts the agent; returns once `/healthz` answers. With
+    /// `SWIFTLET_E2E_NODE` set ([`node::node_target`]) the agent runs in the node
+    /// container with `cgroupDriver: systemd` (see [`NodeAgent`]).
     pub async fn start(opts: AgentOptions) -> Result<Self> {
+        let node = node::node_target()?;
+        if node.is_some() {
+            ensure!(
+                opts.cri_endpoint.is_none(),
+                "an agent in the node container runs on one of the node's runtimes, not a runtime of the test's own"
+            );
+        }
         let endpoint = match opts.cri_endpoint.clone() {
             Some(e) => e,
             None => cri_endpoint()?,
         };
         Cri::connect(&endpoint)?.remove_all().await?;
-        let dir = tempfile::Builder::new().prefix("swiftlet-e2e-").tempdir()?;
+        let dir = agent_tempdir("swiftlet-e2e-")?;
+        // The agent's own paths: the node's, for an agent in the node.
+        let seen = agent_path;
         let manifests = dir.path().join("manifests");
         let logs_dir = dir.path().join("pod-logs");
         std::fs::create_dir_all(&manifests)?;
         let https_port = free_port()?;
         let healthz_port = free_port()?;
-        let cgroup_root = format!("/swiftlet-e2e-{}", std::process::id());
-        // The kubelet requires cgroupRoot to exist; create it in every hierarchy.
-        for h in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-            if h.file_type()?.is_dir() {
-                std::fs::create_dir_all(h.path().join(cgroup_root.trim_start_matches('/')))?;
+        let cgroup_root = if node.is_some() {
+            // systemd's root slice, as kubeadm's nodes run: the QoS slices are
+            // `/kubepods.slice/...` and outlive each test's agent, as upstream leaves them.
+            "/".to_owned()
+        } else {
+            let root = format!("/swiftlet-e2e-{}", std::process::id());
+            // The kubelet requires cgroupRoot to exist; create it in every hierarchy.
+            for h in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+                if h.file_type()?.is_dir() {
+                    std::fs::create_dir_all(h.path().join(root.trim_start_matches('/')))?;
+                }
             }
-        }
+            root
+        };
+        let (bind, driver) = if node.is_some() { ("0.0.0.0", "systemd") } else { ("127.0.0.1", "cgroupfs") };
         let config_path = dir.path().join("config.yaml");
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
@@ -346,11 +500,12 @@ staticPodPath: {manifests}
 podLogsDir: {logs}
 syncFrequency: {sync}
 fileCheckFrequency: 20s
-address: 127.0.0.1
+address: {bind}
 port: {https_port}
 healthzPort: {healthz_port}
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: {bind}
 cgroupRoot: {cgroup_root}
+cgroupDriver: {driver}
 {auth}{eviction}{extra}
 ",
             auth = opts.authentication.as_deref().unwrap_or(
@@ -363,8 +518,8 @@ authorization:
   mode: AlwaysAllow
 "
             ),
-            manifests = manifests.display(),
-            logs = logs_dir.display(),
+            manifests = seen(&manifests)?.display(),
+            logs = seen(&logs_dir)?.display(),
             sync = opts.sync_frequency,
             extra = opts.extra_config,
             // The host's disks are the test's nodefs and imagefs: a full developer disk must
@@ -388,10 +543,22 @@ authorization:
         let log_path = dir.path().join("swiftlet.log");
         let mut flags = opts.extra_flags.clone();
         flags.push(format!("--evented-pleg={}", opts.evented_pleg));
-        flags.push(format!("--event-api-socket={}", dir.path().join("events.sock").display()));
+        flags.push(format!("--event-api-socket={}", seen(&dir.path().join("events.sock"))?.display()));
         if let Some(k) = &opts.kubeconfig {
-            flags.push(format!("--kubeconfig={}", k.display()));
+            flags.push(format!("--kubeconfig={}", seen(k)?.display()));
         }
+        let root_dir = opts.root_dir.clone().unwrap_or_else(|| dir.path().join("root"));
+        let node = match node {
+            Some((n, runtime)) => {
+                seen(&root_dir)?;
+                Some(NodeAgent {
+                    node: n,
+                    unit: format!("swiftlet-e2e-{}-{}.service", std::process::id(), dir_suffix(dir.path())),
+                    endpoint: format!("unix://{}", runtime.socket()),
+                })
+            }
+            None => None,
+        };
         let mut agent = Self {
             flags,
             env: opts.env.clone(),
@@ -403,11 +570,12 @@ authorization:
             cgroup_root,
             node_name: opts.node_name.clone().unwrap_or_else(|| "e2e-node".into()),
             config_path,
-            root_dir: opts.root_dir.clone().unwrap_or_else(|| dir.path().join("root")),
+            root_dir,
             endpoint,
             http,
             log_path,
             dir,
+            node,
         };
         agent.spawn().await?;
         Ok(agent)
@@ -427,33 +595,31 @@ authorization:
 
     /// Starts (or restarts) the process with the same config and directories.
     pub async fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
-        let child = Command::new(swiftlet_bin()?)
-            .arg("--config")
-            .arg(&self.config_path)
-            .arg("--container-runtime-endpoint")
-            .arg(&self.endpoint)
-            .arg("--root-dir")
-            .arg(&self.root_dir)
-            .arg("--cert-dir")
-            .arg(self.dir.path().join("pki"))
-            .arg("--hostname-override")
-            .arg(&self.node_name)
-            .arg("--v")
-            .arg("4")
-            .args(&self.flags)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        self.child = Some(child);
+        if let Some(node) = &self.node {
+            node.start(self)?;
+        } else {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
+            let bin = swiftlet_bin()?;
+            let child = Command::new(&bin)
+                .args(self.args(&bin, &self.endpoint, |p| Ok(p.to_path_buf()))?.iter().skip(1))
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?;
+            self.child = Some(child);
+        }
         let deadline = Instant::now() + Duration::from_mins(1);
         loop {
             if let Some(c) = self.child.as_mut()
                 && let Some(status) = c.try_wait()?
             {
                 bail!("swiftlet exited at start with {status}; log:\n{}", self.log());
+            }
+            if let Some(node) = &self.node
+                && !node.running()?
+            {
+                bail!("swiftlet's unit {} ended at start; log:\n{}", node.unit, self.log());
             }
             if self.healthz().await.is_ok() {
                 return Ok(());
@@ -463,6 +629,31 @@ authorization:
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The command line: the binary `bin`, then the flags, with the agent's paths as
+    /// `seen` maps them (the node's paths for an agent in the node).
+    fn args(&self, bin: &Path, endpoint: &str, seen: impl Fn(&Path) -> Result<PathBuf>) -> Result<Vec<String>> {
+        let mut args = vec![bin.display().to_string()];
+        for (flag, value) in [
+            ("--config", seen(&self.config_path)?.display().to_string()),
+            ("--container-runtime-endpoint", endpoint.to_owned()),
+            ("--root-dir", seen(&self.root_dir)?.display().to_string()),
+            ("--cert-dir", seen(&self.dir.path().join("pki"))?.display().to_string()),
+            ("--hostname-override", self.node_name.clone()),
+            ("--v", "4".to_owned()),
+        ] {
+            args.push(flag.to_owned());
+            args.push(value);
+        }
+        args.extend(self.flags.iter().cloned());
+        Ok(args)
+    }
+
+    /// The host the agent's ports answer on: the node's address for an agent in the node.
+    #[must_use]
+    pub fn host(&self) -> &str {
+        self.node.as_ref().map_or("127.0.0.1", |n| n.node.address.as_str())
     }
 
     /// The agent's log so far.
@@ -507,21 +698,73 @@ authorization:
             .sum())
     }
 
-    /// The process id.
+    /// The process id (the host's, also for an agent in the node).
     #[must_use]
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        match &self.node {
+            Some(node) => node.host_pid().ok().and_then(|p| u32::try_from(p).ok()),
+            None => self.child.as_ref().map(Child::id),
+        }
+    }
+
+    /// Whether the agent runs with the systemd cgroup driver (in the node container).
+    #[must_use]
+    pub fn systemd_driver(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// The pods cgroup (`<root>/kubepods`; `/kubepods.slice` under systemd), a path of the
+    /// agent's cgroup namespace.
+    #[must_use]
+    pub fn kubepods_cgroup(&self) -> String {
+        if self.systemd_driver() {
+            "/kubepods.slice".to_owned()
+        } else {
+            format!("{}/kubepods", self.cgroup_root.trim_end_matches('/'))
+        }
+    }
+
+    /// A pod's cgroup for its class (`guaranteed`, `burstable` or `besteffort`), as the
+    /// agent's driver names it.
+    #[must_use]
+    pub fn pod_cgroup(&self, qos: &str, uid: &str) -> String {
+        let kubepods = self.kubepods_cgroup();
+        match (self.systemd_driver(), qos) {
+            (false, "guaranteed") => format!("{kubepods}/pod{uid}"),
+            (false, _) => format!("{kubepods}/{qos}/pod{uid}"),
+            (true, "guaranteed") => format!("{kubepods}/kubepods-pod{}.slice", uid.replace('-', "_")),
+            (true, _) => format!("{kubepods}/kubepods-{qos}.slice/kubepods-{qos}-pod{}.slice", uid.replace('-', "_")),
+        }
+    }
+
+    /// A container's cgroup in its pod's cgroup (containerd's scope under systemd).
+    #[must_use]
+    pub fn container_cgroup(&self, pod_cgroup: &str, container_id: &str) -> String {
+        if self.systemd_driver() {
+            format!("{pod_cgroup}/cri-containerd-{container_id}.scope")
+        } else {
+            format!("{pod_cgroup}/{container_id}")
+        }
+    }
+
+    /// The host directory of the agent's cgroup `relative` in the hierarchy mounted at
+    /// `/sys/fs/cgroup/<hierarchy>`.
+    pub fn cgroup_dir(&self, hierarchy: &str, relative: &str) -> Result<PathBuf> {
+        match &self.node {
+            Some(n) => n.node.cgroup_dir(hierarchy, relative).with_context(|| format!("the node has no {hierarchy}")),
+            None => Ok(Path::new("/sys/fs/cgroup").join(hierarchy).join(relative.trim_start_matches('/'))),
+        }
     }
 
     /// `GET /healthz` on the healthz port: (status code, body).
     pub async fn healthz(&self) -> Result<(u16, String)> {
-        let r = self.http.get(format!("http://127.0.0.1:{}/healthz", self.healthz_port)).send().await?;
+        let r = self.http.get(format!("http://{}:{}/healthz", self.host(), self.healthz_port)).send().await?;
         Ok((r.status().as_u16(), r.text().await?))
     }
 
     /// `GET` a path on the HTTPS port: (status code, body).
     pub async fn get(&self, path: &str) -> Result<(u16, String)> {
-        let r = self.http.get(format!("https://127.0.0.1:{}{path}", self.https_port)).send().await?;
+        let r = self.http.get(format!("https://{}:{}{path}", self.host(), self.https_port)).send().await?;
         Ok((r.status().as_u16(), r.text().await?))
     }
 
@@ -529,7 +772,7 @@ authorization:
     pub async fn get_accepting(&self, path: &str, accept: &str) -> Result<(u16, String)> {
         let r = self
             .http
-            .get(format!("https://127.0.0.1:{}{path}", self.https_port))
+            .get(format!("https://{}:{}{path}", self.host(), self.https_port))
             .header("Accept", accept)
             .send()
             .await?;
@@ -538,7 +781,7 @@ authorization:
 
     /// GET with `headers`; the status, the `Content-Encoding` and the body's bytes as sent.
     pub async fn get_raw(&self, path: &str, headers: &[(&str, &str)]) -> Result<(u16, Option<String>, Vec<u8>)> {
-        let mut req = self.http.get(format!("https://127.0.0.1:{}{path}", self.https_port));
+        let mut req = self.http.get(format!("https://{}:{}{path}", self.host(), self.https_port));
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -605,6 +848,9 @@ authorization:
 
     /// Sends SIGKILL (a crash) and reaps the process.
     pub fn kill9(&mut self) -> Result<()> {
+        if let Some(node) = &self.node {
+            return node.kill9();
+        }
         if let Some(mut c) = self.child.take() {
             c.kill()?;
             c.wait()?;
@@ -614,6 +860,9 @@ authorization:
 
     /// SIGTERM and wait (the agent leaves pods running, as the kubelet does).
     pub fn stop(&mut self) -> Result<()> {
+        if let Some(node) = &self.node {
+            return node.stop();
+        }
         if let Some(mut c) = self.child.take() {
             let pid = i32::try_from(c.id())?;
             kill(pid, libc::SIGTERM);
@@ -649,7 +898,9 @@ authorization:
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.stop()?;
-        remove_cgroup_tree(&self.cgroup_root);
+        if self.node.is_none() {
+            remove_cgroup_tree(&self.cgroup_root);
+        }
         Ok(())
     }
 }
@@ -662,6 +913,16 @@ impl Drop for Agent {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(node) = &self.node {
+            let _ = node.kill9();
+            for dir in [self.dir.path(), &self.root_dir] {
+                let Ok(inside) = node.node.inside(dir) else { continue };
+                for mount in node.node.mounts_under(&inside) {
+                    let _ = node.node.run(&["umount", "-l", &mount.display().to_string()]);
+                }
+            }
+            return;
         }
         for mount in mounts_under(&[self.dir.path(), &self.root_dir]) {
             let Ok(path) = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()) else { continue };
@@ -677,6 +938,11 @@ impl Drop for Agent {
 /// first.
 fn mounts_under(roots: &[&Path]) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    mount_points_under(&info, roots)
+}
+
+/// The mount points of a `mountinfo` below any of `roots`, deepest first.
+fn mount_points_under(info: &str, roots: &[&Path]) -> Vec<PathBuf> {
     // The fifth field is the mount point, with space, tab, newline and backslash escaped
     // in octal.
     let unescape =
@@ -702,6 +968,13 @@ fn kill(pid: i32, sig: i32) {
 /// Removes a cgroup directory tree (depth first) in every hierarchy; ignores absence.
 pub fn remove_cgroup_tree(root: &str) {
     let rel = root.trim_start_matches('/');
+    if let Some((node, _)) = node::in_node() {
+        // Never the node's own root (an agent there has cgroupRoot `/`).
+        if !rel.is_empty() {
+            node.cgroup_dirs(rel).iter().for_each(|d| remove_tree(d));
+        }
+        return;
+    }
     let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return };
     for h in entries.flatten() {
         let base = h.path().join(rel);
@@ -724,6 +997,9 @@ fn remove_tree(dir: &Path) {
 #[must_use]
 pub fn existing_cgroup_dirs(relative: &str) -> Vec<PathBuf> {
     let rel = relative.trim_start_matches('/');
+    if let Some((node, _)) = node::in_node() {
+        return node.cgroup_dirs(rel).into_iter().filter(|p| p.is_dir()).collect();
+    }
     let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") else { return Vec::new() };
     entries.flatten().map(|h| h.path().join(rel)).filter(|p| p.is_dir()).collect()
 }

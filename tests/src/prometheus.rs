@@ -27,14 +27,15 @@ impl Prometheus {
     /// Starts `prometheus` in `dir` (created; its `prometheus.yml`, `data/` and
     /// `prometheus.log`) on a free loopback port, with the configuration `head` (its
     /// `global:` and whatever else comes before `scrape_configs:`) followed by one HTTPS job
-    /// per endpoint of the agent on `https_port` (certificates not checked), and `flags`.
-    pub fn start(dir: &Path, head: &str, https_port: u16, flags: &[&str]) -> Result<Self> {
+    /// per endpoint of the agent on `host:https_port` (certificates not checked), and
+    /// `flags`.
+    pub fn start(dir: &Path, head: &str, host: &str, https_port: u16, flags: &[&str]) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut config = format!("{head}scrape_configs:\n");
         for (job, path) in JOBS {
             writeln!(
                 config,
-                "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['127.0.0.1:{https_port}']",
+                "- job_name: {job}\n  scheme: https\n  metrics_path: {path}\n  tls_config:\n    insecure_skip_verify: true\n  static_configs:\n  - targets: ['{host}:{https_port}']",
             )?;
         }
         std::fs::write(dir.join("prometheus.yml"), &config)?;

@@ -39,22 +39,51 @@ fn run(program: &str, args: &[&std::ffi::OsStr]) -> Result<()> {
 #[derive(Debug)]
 pub struct LoopFs {
     dir: Option<tempfile::TempDir>,
+    /// Where it is mounted, as the host reaches it (through `/proc/<pid>/root` of the
+    /// node container's init when mounted there).
     pub mountpoint: PathBuf,
     mounted: bool,
+    /// Mounted in the node container (see [`crate::node::node_target`]): the node and the
+    /// loop device the host set up for it.
+    in_node: Option<(&'static crate::node::Node, String)>,
 }
 
 impl LoopFs {
     /// Creates a `size_mib` MiB ext4 filesystem (no blocks reserved for root, so that
-    /// free and available space agree) and mounts it.
+    /// free and available space agree) and mounts it: on the host, or in the node
+    /// container's mount namespace when the end-to-end agents run there.
     pub fn create(size_mib: u64) -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("swiftlet-e2e-loop-").tempdir()?;
+        let dir = crate::agent_tempdir("swiftlet-e2e-loop-")?;
         let image = dir.path().join("fs.img");
         std::fs::File::create(&image)?.set_len(size_mib << 20)?;
         run("mkfs.ext4", &["-q".as_ref(), "-F".as_ref(), "-m".as_ref(), "0".as_ref(), image.as_os_str()])?;
         let mountpoint = dir.path().join("mnt");
         std::fs::create_dir(&mountpoint)?;
-        run("mount", &["-o".as_ref(), "loop".as_ref(), image.as_os_str(), mountpoint.as_os_str()])?;
-        Ok(Self { dir: Some(dir), mountpoint, mounted: true })
+        let Some((node, _)) = crate::node::node_target()? else {
+            run("mount", &["-o".as_ref(), "loop".as_ref(), image.as_os_str(), mountpoint.as_os_str()])?;
+            return Ok(Self { dir: Some(dir), mountpoint, mounted: true, in_node: None });
+        };
+        // The node's /dev has no loop devices: the host sets one up, and the node mounts
+        // it through a device node of its own made for the mount.
+        let out = Command::new("losetup").arg("--find").arg("--show").arg(&image).output()?;
+        ensure!(out.status.success(), "losetup {}: {}", image.display(), String::from_utf8_lossy(&out.stderr));
+        let device = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let minor = device.trim_start_matches("/dev/loop").to_owned();
+        let inside = node.inside(&mountpoint)?.display().to_string();
+        let script = format!(
+            "mknod /dev/swl-{minor} b 7 {minor} && mount /dev/swl-{minor} {inside}; r=$?; rm -f /dev/swl-{minor}; exit $r"
+        );
+        let mounted = Command::new("nsenter")
+            .arg("-t")
+            .arg(node.init_pid.to_string())
+            .args(["-m", "sh", "-c", &script])
+            .output()?;
+        if !mounted.status.success() {
+            let _ = run("losetup", &["-d".as_ref(), device.as_ref()]);
+            bail!("mounting {device} at {inside} in the node: {}", String::from_utf8_lossy(&mounted.stderr));
+        }
+        let mountpoint = PathBuf::from(format!("/proc/{}/root{inside}", node.init_pid));
+        Ok(Self { dir: Some(dir), mountpoint, mounted: true, in_node: Some((node, device)) })
     }
 
     /// Unmounts (retrying while busy for a few seconds) and removes the file.
@@ -62,13 +91,23 @@ impl LoopFs {
         if self.mounted {
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                match run("umount", &[self.mountpoint.as_os_str()]) {
+                let unmounted = match self.in_node {
+                    Some((node, _)) => {
+                        let inside = node.inside(&self.mountpoint)?.display().to_string();
+                        node.ok(&["umount", &inside]).map(drop)
+                    }
+                    None => run("umount", &[self.mountpoint.as_os_str()]),
+                };
+                match unmounted {
                     Ok(()) => break,
                     Err(e) if Instant::now() > deadline => return Err(e),
                     Err(_) => std::thread::sleep(Duration::from_millis(200)),
                 }
             }
             self.mounted = false;
+            if let Some((_, device)) = &self.in_node {
+                run("losetup", &["-d".as_ref(), device.as_ref()])?;
+            }
         }
         if let Some(dir) = self.dir.take() {
             dir.close()?;

@@ -686,6 +686,7 @@ mod e2e {
         let prometheus = Prometheus::start(
             &agent.dir.path().join("prometheus"),
             &head,
+            agent.host(),
             agent.https_port,
             &["--enable-feature=exemplar-storage"],
         )?;

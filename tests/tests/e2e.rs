@@ -48,23 +48,30 @@ async fn static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely
     assert_eq!(containers.len(), 1);
     let cid = containers[0].id.clone();
     assert_eq!(container(&p, "main")["containerID"].as_str().unwrap(), format!("containerd://{cid}"));
-    let pod_cgroup = format!("{}/kubepods/burstable/pod{uid}", agent.cgroup_root);
+    let pod_cgroup = agent.pod_cgroup("burstable", &uid);
     let status = cri.container_status(&cid).await?;
     let info: Value = serde_json::from_str(status.info.get("info").map_or("{}", String::as_str))?;
     let cgroups_path = info["runtimeSpec"]["linux"]["cgroupsPath"].as_str().unwrap_or_default();
-    assert_eq!(cgroups_path, format!("{pod_cgroup}/{cid}"));
+    if agent.systemd_driver() {
+        // runc's systemd form: `<slice>:<prefix>:<name>`.
+        let slice = pod_cgroup.rsplit('/').next().unwrap_or_default();
+        assert_eq!(cgroups_path, format!("{slice}:cri-containerd:{cid}"));
+    } else {
+        assert_eq!(cgroups_path, format!("{pod_cgroup}/{cid}"));
+    }
     let res = &info["runtimeSpec"]["linux"]["resources"];
     assert_eq!(res["memory"]["limit"], 64 * 1024 * 1024);
     assert_eq!(res["cpu"]["quota"], 20_000);
     assert_eq!(res["cpu"]["period"], 100_000);
     assert_eq!(res["cpu"]["shares"], 102);
     // The kernel agrees: the memory cgroup of the container has the limit.
-    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory{pod_cgroup}/{cid}/memory.limit_in_bytes"))?;
+    let memory = agent.cgroup_dir("memory", &agent.container_cgroup(&pod_cgroup, &cid))?;
+    let limit = std::fs::read_to_string(memory.join("memory.limit_in_bytes"))?;
     assert_eq!(limit.trim(), (64 * 1024 * 1024).to_string());
     // The pod cgroup exists in every hierarchy, the unified one included.
     let dirs = existing_cgroup_dirs(&pod_cgroup);
-    assert!(dirs.iter().any(|d| d.starts_with("/sys/fs/cgroup/memory")));
-    assert!(dirs.iter().any(|d| d.starts_with("/sys/fs/cgroup/unified")), "{dirs:?}");
+    assert!(dirs.contains(&agent.cgroup_dir("memory", &pod_cgroup)?), "{dirs:?}");
+    assert!(dirs.contains(&agent.cgroup_dir("unified", &pod_cgroup)?), "{dirs:?}");
     let log_dir = agent.logs_dir.join(format!("default_web-{}_{uid}", agent.node_name));
     assert!(log_dir.join("main/0.log").exists(), "container log at {}", log_dir.display());
 
@@ -581,7 +588,12 @@ async fn containers_running_before_an_agent_restart_are_adopted_by_the_sensors()
             if ev.kind == swiftlet::event_api::proto::EventKind::ContainerDied as i32 {
                 return Ok(ev);
             }
-            assert_ne!(ev.kind, swiftlet::event_api::proto::EventKind::ContainerStarted as i32, "{ev:?}");
+            assert_ne!(
+                ev.kind,
+                swiftlet::event_api::proto::EventKind::ContainerStarted as i32,
+                "{ev:?}\n{}",
+                swiftlet_tests::tail(&agent.log(), 40)
+            );
         }
     })
     .await??;
@@ -704,6 +716,7 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
     let prometheus = Prometheus::start(
         &agent.dir.path().join("prometheus"),
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n",
+        agent.host(),
         agent.https_port,
         &[],
     )?;
@@ -772,8 +785,8 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
         // What the hog's memory cgroup itself says now.
         let uid = hog["metadata"]["uid"].as_str().unwrap_or_default().to_string();
         let id = cri.containers(&uid).await?.into_iter().find(|c| c.state == 1).map(|c| c.id).unwrap_or_default();
-        let cgroup = format!("{}/kubepods/besteffort/pod{uid}/{id}", agent.cgroup_root.trim_start_matches('/'));
-        let v1 = std::path::Path::new("/sys/fs/cgroup/memory").join(&cgroup);
+        let cgroup = agent.container_cgroup(&agent.pod_cgroup("besteffort", &uid), &id);
+        let v1 = agent.cgroup_dir("memory", &cgroup)?;
         let (usage, stat, inactive_key) = if v1.exists() {
             (
                 std::fs::read_to_string(v1.join("memory.usage_in_bytes"))?,
@@ -781,7 +794,7 @@ async fn prometheus_scrapes_every_endpoint() -> Result<()> {
                 "total_inactive_file",
             )
         } else {
-            let v2 = std::path::Path::new("/sys/fs/cgroup").join(&cgroup);
+            let v2 = agent.cgroup_dir("", &cgroup)?;
             (
                 std::fs::read_to_string(v2.join("memory.current"))?,
                 std::fs::read_to_string(v2.join("memory.stat"))?,
@@ -1008,7 +1021,7 @@ async fn a_thousand_concurrent_scrapes_of_every_endpoint_leave_pods_and_memory_a
     let mut report = Vec::new();
     for path in endpoints {
         let started = std::time::Instant::now();
-        let url = format!("https://127.0.0.1:{}{path}", agent.https_port);
+        let url = format!("https://{}:{}{path}", agent.host(), agent.https_port);
         let requests: Vec<_> = (0..1000)
             .map(|_| {
                 let (client, url) = (client.clone(), url.clone());

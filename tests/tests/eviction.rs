@@ -158,11 +158,11 @@ async fn a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_st
     let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
         let agent = bed.agent();
         // Node allocatable, enforced on the real pods cgroup.
-        let kubepods = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory{}/kubepods", agent.cgroup_root));
+        let kubepods = agent.cgroup_dir("memory", &agent.kubepods_cgroup())?;
         let limit = std::fs::read_to_string(kubepods.join("memory.limit_in_bytes"))?;
         assert_eq!(limit.trim().parse::<u64>()?, 400 * MIB, "the kubepods memory limit");
         let cpus = u64::try_from(std::thread::available_parallelism()?.get())?;
-        let shares = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{}/kubepods/cpu.shares", agent.cgroup_root))?;
+        let shares = std::fs::read_to_string(agent.cgroup_dir("cpu", &agent.kubepods_cgroup())?.join("cpu.shares"))?;
         assert_eq!(shares.trim().parse::<u64>()?, cpus * 1024, "the kubepods cpu.shares: all CPUs, none reserved");
 
         bed.create(pod("guaranteed", STEADY, &guaranteed())).await?;

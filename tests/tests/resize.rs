@@ -70,11 +70,15 @@ async fn running_container(cri: &Cri, uid: &str) -> Result<String> {
 
 /// A v1 cgroup file of the pod (`container = None`) or of one of its containers.
 fn cgroup_file(agent: &Agent, controller: &str, uid: &str, container: Option<&str>, file: &str) -> String {
-    let mut path = format!("/sys/fs/cgroup/{controller}{}/kubepods/burstable/pod{uid}", agent.cgroup_root);
+    let mut cgroup = agent.pod_cgroup("burstable", uid);
     if let Some(c) = container {
-        path = format!("{path}/{c}");
+        cgroup = agent.container_cgroup(&cgroup, c);
     }
-    std::fs::read_to_string(format!("{path}/{file}")).map(|s| s.trim().to_string()).unwrap_or_default()
+    agent
+        .cgroup_dir(controller, &cgroup)
+        .and_then(|dir| Ok(std::fs::read_to_string(dir.join(file))?))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// (`cpu.cfs_quota_us`, `cpu.shares`, `memory.limit_in_bytes`) of the pod or a container.

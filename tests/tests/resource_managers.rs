@@ -55,44 +55,50 @@ fn uid(p: &Value) -> String {
 }
 
 /// The file `file` of the cgroup named `name` (a container id, `pod<uid>`) on the host:
-/// under the v1 hierarchy `controller`, or the unified one.
-fn cgroup_file(cgroup_root: &str, controller: &str, name: &str, file: &str) -> Result<PathBuf> {
-    fn find(dir: &Path, name: &str, file: &str) -> Option<PathBuf> {
+/// under the v1 hierarchy `controller`, or the unified one. Under the systemd driver the
+/// same cgroups are `cri-containerd-<id>.scope` and `kubepods-…-pod<uid_>.slice`.
+fn cgroup_file(agent: &Agent, controller: &str, name: &str, file: &str) -> Result<PathBuf> {
+    fn find(dir: &Path, names: &[String], file: &str) -> Option<PathBuf> {
         for e in std::fs::read_dir(dir).ok()?.flatten() {
             if !e.file_type().ok()?.is_dir() {
                 continue;
             }
-            if e.file_name().to_string_lossy() == name {
+            let here = e.file_name().to_string_lossy().into_owned();
+            if names.iter().any(|n| here == *n || (n.starts_with('-') && here.ends_with(n.as_str()))) {
                 return Some(e.path().join(file));
             }
-            if let Some(p) = find(&e.path(), name, file) {
+            if let Some(p) = find(&e.path(), names, file) {
                 return Some(p);
             }
         }
         None
     }
-    let rel = cgroup_root.trim_start_matches('/');
-    let v1 = format!("/sys/fs/cgroup/{controller}");
-    for base in [v1.as_str(), "/sys/fs/cgroup"] {
-        if let Some(p) = find(&Path::new(base).join(rel), name, file).filter(|p| p.exists()) {
+    let names = if agent.systemd_driver() {
+        vec![format!("cri-containerd-{name}.scope"), format!("-{}.slice", name.replace('-', "_"))]
+    } else {
+        vec![name.to_owned()]
+    };
+    let bases = [agent.cgroup_dir(controller, &agent.cgroup_root).ok(), agent.cgroup_dir("", &agent.cgroup_root).ok()];
+    for base in bases.iter().flatten() {
+        if let Some(p) = find(base, &names, file).filter(|p| p.exists()) {
             return Ok(p);
         }
     }
-    bail!("no {file} for cgroup {name} under {cgroup_root}")
+    bail!("no {file} for cgroup {name} under {}", agent.cgroup_root)
 }
 
 /// The `cpuset.cpus` file of a container's cgroup on the host (cgroup v1 or v2).
-fn cpuset_file(cgroup_root: &str, id: &str) -> Result<PathBuf> {
-    cgroup_file(cgroup_root, "cpuset", id, "cpuset.cpus")
+fn cpuset_file(agent: &Agent, id: &str) -> Result<PathBuf> {
+    cgroup_file(agent, "cpuset", id, "cpuset.cpus")
 }
 
 /// The CFS quota of the cgroup `name`: v1 `cpu.cfs_quota_us`, else the first field of v2
 /// `cpu.max` (`max` read as -1).
-fn cfs_quota(cgroup_root: &str, name: &str) -> Result<i64> {
-    if let Ok(p) = cgroup_file(cgroup_root, "cpu", name, "cpu.cfs_quota_us") {
+fn cfs_quota(agent: &Agent, name: &str) -> Result<i64> {
+    if let Ok(p) = cgroup_file(agent, "cpu", name, "cpu.cfs_quota_us") {
         return Ok(std::fs::read_to_string(p)?.trim().parse()?);
     }
-    let max = std::fs::read_to_string(cgroup_file(cgroup_root, "cpu", name, "cpu.max")?)?;
+    let max = std::fs::read_to_string(cgroup_file(agent, "cpu", name, "cpu.max")?)?;
     let quota = max.split_whitespace().next().unwrap_or_default();
     Ok(if quota == "max" { -1 } else { quota.parse()? })
 }
@@ -105,7 +111,7 @@ async fn container_id(cri: &Cri, uid: &str) -> Result<String> {
 
 /// What the container runs on: the host's cgroup file and the kernel's view from inside.
 async fn cpus(agent: &Agent, cri: &Cri, id: &str) -> Result<(String, String)> {
-    let host = std::fs::read_to_string(cpuset_file(&agent.cgroup_root, id)?)?.trim().to_owned();
+    let host = std::fs::read_to_string(cpuset_file(agent, id)?)?.trim().to_owned();
     let (code, out) = cri.exec(id, &["sh", "-c", "grep Cpus_allowed_list /proc/self/status"]).await?;
     if code != 0 {
         bail!("exec in {id} failed: {out}");
@@ -170,8 +176,8 @@ async fn static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool
     // DisableCPUQuotaWithExclusiveCPUs (on by default): the pinned container and its pod
     // cgroup run without a CFS quota, although the pod limits its CPU.
     assert_eq!(runtime_cpu_spec(&cri, &pinned_container).await?["quota"], -1);
-    assert_eq!(cfs_quota(&agent.cgroup_root, &pinned_container)?, -1);
-    assert_eq!(cfs_quota(&agent.cgroup_root, &format!("pod{pinned_uid}"))?, -1);
+    assert_eq!(cfs_quota(&agent, &pinned_container)?, -1);
+    assert_eq!(cfs_quota(&agent, &format!("pod{pinned_uid}"))?, -1);
 
     // The checkpoint holds the assignment in upstream's format.
     let state: Value = serde_json::from_str(&std::fs::read_to_string(agent.root_dir.join("cpu_manager_state"))?)?;

@@ -6,92 +6,15 @@
 //! in the node), the cgroup files, CRI on the node's containerd socket, and the agent's
 //! HTTPS API on the node's address.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
+use swiftlet_tests::node::{Node, Runtime};
 use swiftlet_tests::pods::{BUSYBOX, pod_yaml_of, restarts, running, uid};
-use swiftlet_tests::{Cri, swiftlet_bin, testbed_lock};
+use swiftlet_tests::{swiftlet_bin, testbed_lock};
 
 const UNIT: &str = include_str!("../../examples/systemd/swiftlet.service");
-const STATE: &str = "/run/swiftlet-testbed/node-container.json";
-
-/// The node container as `testbed up --node-container` recorded it.
-struct Node {
-    init_pid: i32,
-    rootfs: PathBuf,
-    address: String,
-}
-
-impl Node {
-    fn load() -> Result<Self> {
-        let path = std::env::var("SWIFTLET_NODE_CONTAINER_STATE").unwrap_or_else(|_| STATE.to_owned());
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("no node container: run `cargo xtask testbed up --node-container` ({path})"))?;
-        let v: Value = serde_json::from_str(&text)?;
-        let node = Self {
-            init_pid: v["init_pid"].as_i64().and_then(|p| i32::try_from(p).ok()).context("no init_pid")?,
-            rootfs: PathBuf::from(v["rootfs"].as_str().context("no rootfs")?),
-            address: v["address"].as_str().context("no address")?.to_owned(),
-        };
-        ensure!(Path::new(&format!("/proc/{}", node.init_pid)).exists(), "the node container is not running");
-        Ok(node)
-    }
-
-    /// `args` run in every namespace of the node.
-    fn run(&self, args: &[&str]) -> Result<Output> {
-        Command::new("nsenter")
-            .arg("-t")
-            .arg(self.init_pid.to_string())
-            .args(["-m", "-u", "-i", "-n", "-p", "-C"])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("nsenter {}", args.join(" ")))
-    }
-
-    /// Stdout of `args` in the node, which must succeed.
-    fn ok(&self, args: &[&str]) -> Result<String> {
-        let out = self.run(args)?;
-        ensure!(
-            out.status.success(),
-            "in the node, {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    }
-
-    /// `systemctl show -p <property> --value <unit>`.
-    fn unit_property(&self, unit: &str, property: &str) -> Result<String> {
-        self.ok(&["systemctl", "show", "-p", property, "--value", unit])
-    }
-
-    /// A path of the node's root filesystem, from the host.
-    fn file(&self, path: &str) -> PathBuf {
-        self.rootfs.join(path.trim_start_matches('/'))
-    }
-
-    fn write(&self, path: &str, content: &str) -> Result<()> {
-        let file = self.file(path);
-        std::fs::create_dir_all(file.parent().context("a parent")?)?;
-        std::fs::write(&file, content).with_context(|| format!("writing {}", file.display()))
-    }
-
-    fn cri(&self, runtime: Runtime) -> Result<Cri> {
-        Cri::connect(&format!("unix:///proc/{}/root{}", self.init_pid, runtime.socket()))
-    }
-
-    fn journal(&self) -> String {
-        self.run(&["journalctl", "-u", "swiftlet", "--no-pager", "-n", "60", "-o", "cat"])
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    }
-}
-
 /// Stops the agent's unit and removes what the test installed, also when it fails half-way.
 struct Installed<'a>(&'a Node);
 
@@ -104,24 +27,6 @@ impl Drop for Installed<'_> {
         let _ = std::fs::remove_dir_all(self.0.file("/etc/swiftlet"));
         let _ = std::fs::remove_dir_all(self.0.file("/etc/kubernetes/manifests"));
         let _ = self.0.run(&["systemctl", "daemon-reload"]);
-    }
-}
-
-/// The node's two containerds (both with `SystemdCgroup = true`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Runtime {
-    /// Debian's containerd 1.6: no CRI `RuntimeConfig`.
-    Containerd16,
-    /// containerd 2.x built from the Go modules: answers `RuntimeConfig`.
-    Containerd2,
-}
-
-impl Runtime {
-    const fn socket(self) -> &'static str {
-        match self {
-            Self::Containerd16 => "/run/containerd/containerd.sock",
-            Self::Containerd2 => "/run/containerd2/containerd.sock",
-        }
     }
 }
 
@@ -274,11 +179,11 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
             Ok((node.unit_property("kubepods-besteffort.slice", "CPUShares")? == "2").then_some(()))
         })
         .await;
-        active.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        active.with_context(|| format!("swiftlet's journal:\n{}", node.journal("swiftlet")))?;
         assert_eq!(node.unit_property("kubepods.slice", "ActiveState")?, "active");
         assert_eq!(node.unit_property("kubepods-burstable.slice", "Slice")?, "kubepods.slice");
         if runtime == Runtime::Containerd2 {
-            let journal = node.journal();
+            let journal = node.journal("swiftlet");
             ensure!(
                 journal.contains("Using cgroup driver setting received from the CRI runtime cgroup_driver=systemd"),
                 "the runtime's driver is not the one used:\n{journal}"
@@ -289,7 +194,7 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
             Ok(api.pod("guaranteed-systemd-node").await?.filter(|p| running(p, "main")))
         })
         .await
-        .with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        .with_context(|| format!("swiftlet's journal:\n{}", node.journal("swiftlet")))?;
         let b = eventually("the best-effort pod running", Duration::from_secs(30), async || {
             Ok(api.pod("besteffort-systemd-node").await?.filter(|p| running(p, "main")))
         })
@@ -346,7 +251,7 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
                 .filter(|p| restarts(p, "main") == before + 1 && running(p, "main")))
         })
         .await;
-        restarted.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        restarted.with_context(|| format!("swiftlet's journal:\n{}", node.journal("swiftlet")))?;
         assert!(api.metric("kubelet_evented_pleg_kernel_events_total{kind=\"exit\"}").await? >= 1.0);
         assert!(api.metric("kubelet_evented_pleg_relist_repairs_total").await? < 0.5, "the kernel missed the exit");
         // containerd 2 tells the stop on its event stream too (GetContainerEvents), after
@@ -374,7 +279,7 @@ async fn pods_are_systemd_slices(runtime: Runtime) -> Result<()> {
             Ok((g && b).then_some(()))
         })
         .await;
-        gone.with_context(|| format!("swiftlet's journal:\n{}", node.journal()))?;
+        gone.with_context(|| format!("swiftlet's journal:\n{}", node.journal("swiftlet")))?;
         for h in ["cpuset", "memory", "unified"] {
             let dir = node.run(&["test", "-d", &format!("/sys/fs/cgroup/{h}{g_path}")])?;
             ensure!(!dir.status.success(), "the pod's {h} cgroup is left");

@@ -20,6 +20,28 @@ use crate::{
     upstream,
 };
 
+/// The test binaries of the node container's run (see [`NODE_SUITE`]).
+const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_managers"];
+
+/// The end-to-end tests that run a second time with the agent in the node container
+/// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
+/// containerd 2.x), as `cargo test` name filters: the lifecycle, QoS, resource manager
+/// and eviction scenarios the README's test matrix lists, about three minutes. Every
+/// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
+pub const NODE_SUITE: &[&str] = &[
+    "evented_pleg::static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely",
+    "evented_pleg::restart_policies_always_onfailure_never",
+    "evented_pleg::agent_kill9_and_restart_restarts_no_container",
+    "container_killed_from_the_host_is_seen_by_the_kernel",
+    "containers_running_before_an_agent_restart_are_adopted_by_the_sensors",
+    "oom_killed_container_is_reported_as_oomkilled",
+    "cpu_and_memory_resize_in_place_without_restart",
+    "static_policy_pins_guaranteed_containers_and_reconciles_the_shared_pool",
+    "static_memory_policy_reserves_numa_memory_and_checks_reserved_memory",
+    "a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_stays",
+    "a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure",
+];
+
 /// Totals over the `test result:` lines of a `cargo test` run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TestTotals {
@@ -110,10 +132,25 @@ fn run_status(mut cmd: Command, what: &str) -> Result<()> {
 /// its results. `--no-fail-fast`: a failing test binary must not hide the results of the
 /// binaries after it.
 fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut TestTotals) -> Result<()> {
-    let mut cmd = cargo(ctx, &["test", "--workspace", "--locked", "--no-fail-fast"]);
+    cargo_test_of(ctx, layout, &["--workspace"], test_args, &[], totals)
+}
+
+/// `cargo test <selection> --locked --no-fail-fast -- <test_args>` with the test bed's
+/// environment and `env`.
+fn cargo_test_of(
+    ctx: &Ctx,
+    layout: &Layout,
+    selection: &[&str],
+    test_args: &[String],
+    env: &[(&str, &str)],
+    totals: &mut TestTotals,
+) -> Result<()> {
+    let mut cmd = cargo(ctx, &["test"]);
+    cmd.args(selection).args(["--locked", "--no-fail-fast"]);
     if !test_args.is_empty() {
         cmd.arg("--").args(test_args);
     }
+    cmd.envs(env.iter().copied());
     cmd.env("SWIFTLET_CRI_ENDPOINT", layout.endpoint())
         .env("SWIFTLET_TESTBED", "1")
         .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
@@ -139,7 +176,7 @@ fn cargo_test(ctx: &Ctx, layout: &Layout, test_args: &[String], totals: &mut Tes
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 14 };
+    let mut r = Report { results: Vec::new(), step: 0, total: 15 };
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -158,12 +195,13 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
 
     // A node with systemd as PID 1 for the systemd cgroup driver's end-to-end test
     // (tests/tests/systemd_node.rs); its root filesystem is cached after the first run.
-    if bed_up {
+    let node_up = if bed_up {
         let t = r.header("node container (testbed up --node-container: systemd, containerd with SystemdCgroup)");
-        r.record("node container up", t, nodectr::up(ctx, layout).await.map(drop));
+        r.record("node container up", t, nodectr::up(ctx, layout).await.map(drop))
     } else {
         r.skip("node container up", "test bed is not up");
-    }
+        false
+    };
 
     let t = r.header("cargo build --workspace --all-targets --locked");
     let built = r.record(
@@ -218,6 +256,21 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
         r.record("test", t, result);
     } else {
         r.skip("test", if built { "test bed is not up" } else { "build failed" });
+    }
+
+    // The lifecycle, QoS (resize), resource manager and eviction scenarios of NODE_SUITE
+    // again with the agent in the node container: systemd as PID 1, `cgroupDriver:
+    // systemd`, containerd 2.x (the README's table says which combinations run where).
+    if built && node_up {
+        let t = r.header("node e2e: a subset in the node container (systemd driver, containerd 2.x)");
+        let mut args: Vec<String> = NODE_SUITE.iter().map(|t| (*t).to_owned()).collect();
+        args.push("--test-threads=1".to_owned());
+        let mut selection = vec!["-p", "swiftlet-tests"];
+        selection.extend(NODE_SUITE_BINARIES.iter().flat_map(|b| ["--test", *b]));
+        let env = [("SWIFTLET_E2E_NODE", "containerd2")];
+        r.record("node e2e", t, cargo_test_of(ctx, layout, &selection, &args, &env, &mut totals));
+    } else {
+        r.skip("node e2e", if built { "the node container is not up" } else { "build failed" });
     }
 
     // The same fast scenarios on swiftlet and on the upstream kubelet, and the diff of what
