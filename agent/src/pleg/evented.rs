@@ -1072,6 +1072,11 @@ impl EventedPleg {
         if let Some(a) = s.awaiting.get(id).filter(|a| a.want == new).cloned() {
             advance(&mut s.kernel_seen, id, new);
             let fresh = advance(&mut s.known, id, new);
+            // The name CRI would have told the confirmation: the event's own status has it.
+            let told = ev.containers_statuses.iter().find(|c| c.id == *id).and_then(|c| c.metadata.as_ref());
+            if let Some(m) = told.filter(|m| !m.name.is_empty()) {
+                s.names.entry(id.clone()).or_insert_with(|| m.name.clone());
+            }
             let container_name = s.names.get(id).cloned().unwrap_or_default();
             drop(s);
             self.count_runtime_event(kind, "kernel");
@@ -1499,6 +1504,30 @@ mod tests {
         assert_eq!(runtime_events_counted(&pleg, "stopped", "runtime"), 0);
         rt.exit_container(&cid, 137);
         assert!(pleg.complete(work).await.is_none(), "reported once");
+    }
+
+    /// A start the kernel told (the container's first exec) and the runtime's started
+    /// event confirms: observed with the container's name from the event, as the CRI
+    /// confirmation would have told it (the pod-start trace's `firstExec` names it).
+    #[tokio::test]
+    async fn a_start_confirmed_by_the_runtimes_event_is_observed_with_its_name() {
+        use api::ContainerEventType as T;
+        let (_, mut pleg, cid, _) = setup().await;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        pleg.sink = Some(Arc::new(move |o: Observed| sink.lock().unwrap().push(o)));
+        let Some(Next::Confirm(_)) = pleg.classify(&pid1_exec(9)) else { panic!("a start waits for CRI") };
+        let mut ev = runtime_event(&cid, T::ContainerStartedEvent, "u1");
+        ev.containers_statuses = vec![api::ContainerStatus {
+            id: cid.clone(),
+            metadata: Some(api::ContainerMetadata { name: "main".into(), attempt: 0 }),
+            ..Default::default()
+        }];
+        let started = pleg.handle_runtime_event(&ev).expect("emitted");
+        assert_eq!(started.kind, PodLifecycleEventType::ContainerStarted);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!((seen[0].container_name.as_str(), seen[0].kind), ("main", ObservedKind::ContainerStarted));
     }
 
     /// The fake runtime is containerd 1.6: no event stream; the reader asks once and stops.
