@@ -25,7 +25,7 @@ const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_ma
 
 /// The end-to-end tests that run a second time with the agent in the node container
 /// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
-/// containerd 2.x), as `cargo test` name filters: the lifecycle, QoS, resource manager
+/// containerd 2.x), as `cargo test` name filters: the lifecycle, `QoS`, resource manager
 /// and eviction scenarios the README's test matrix lists, about three minutes. Every
 /// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
 pub const NODE_SUITE: &[&str] = &[
