@@ -1089,6 +1089,8 @@ impl Worker {
             tracing::warn!(error = %e, "failed to remove the pod cgroup; retrying");
             return false;
         }
+        // As upstream, the pod's user namespace range is free once its cgroup is gone.
+        self.deps.runtime.userns().release(&self.uid);
         if self.desired {
             // A finished pod keeps its status and logs, not its volumes (upstream unmounts
             // them in SyncTerminatedPod).

@@ -162,6 +162,22 @@ impl Cri {
     }
 
     /// CRI `Version`: the runtime answers.
+    /// The runtime's `Status` (its conditions, features and runtime handlers).
+    pub async fn status(&self) -> Result<cri::StatusResponse> {
+        Ok(self.client.clone().status(cri::StatusRequest { verbose: false }).await?.into_inner())
+    }
+
+    /// Whether the runtime's default handler supports user namespaces (CRI `Status`).
+    pub async fn supports_user_namespaces(&self) -> Result<bool> {
+        let status = self.status().await?;
+        Ok(status
+            .runtime_handlers
+            .iter()
+            .find(|h| h.name.is_empty())
+            .and_then(|h| h.features)
+            .is_some_and(|f| f.user_namespaces))
+    }
+
     pub async fn version(&self) -> Result<cri::VersionResponse> {
         Ok(self.client.clone().version(cri::VersionRequest { version: String::new() }).await?.into_inner())
     }

@@ -40,10 +40,7 @@ fn running(p: &Value, names: &[&str]) -> bool {
 /// The `/proc/<pid>/status` line `field` of the container's main process, as the host sees it.
 async fn proc_status(cri: &Cri, p: &Value, name: &str, field: &str) -> Result<String> {
     let id = container(p, name)["containerID"].as_str().context("no containerID")?;
-    let id = id.trim_start_matches("containerd://");
-    let status = cri.container_status(id).await?;
-    let info: Value = serde_json::from_str(status.info.get("info").map_or("{}", String::as_str))?;
-    let pid = info["pid"].as_u64().context("container status has no pid")?;
+    let pid = cri.container_pid(id.trim_start_matches("containerd://")).await?;
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
@@ -242,4 +239,117 @@ async fn run_as_non_root_uses_the_image_user_from_image_status() -> Result<()> {
     agent.remove_manifest("imageuser.yaml")?;
     agent.shutdown(&cri).await?;
     cri.remove_image(&image).await
+}
+
+/// `hostUsers: false` (user namespaces, GA since 1.36). On a runtime whose handler
+/// supports them (containerd 2.x: run with `SWIFTLET_E2E_NODE=containerd2`, as CI's node
+/// suite does) the pod's processes run in a user namespace of their own, container ids
+/// 0..65536 on host ids 65536..131072 (the first range after id 0's), the range kept in
+/// the pod's directory across an agent restart; its emptyDir is an idmapped mount, so a
+/// file root makes there is owned by root on the host too. On a runtime without them
+/// (containerd 1.6) the sandbox is refused with upstream's event, and nothing runs.
+#[tokio::test]
+async fn host_users_false_runs_the_pod_in_a_user_namespace_of_its_own() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (mut agent, cri) = setup().await?;
+    let supported = cri.supports_user_namespaces().await?;
+    let script = format!("touch /data/by-root; {SERVE}");
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: userns\nspec:\n  hostUsers: false\n  terminationGracePeriodSeconds: 2\n  \
+         volumes:\n  - name: data\n    emptyDir: {{}}\n  containers:\n  - name: main\n    image: {BUSYBOX}\n    \
+         imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"{script}\"]\n    volumeMounts:\n    - {{name: data, mountPath: /data}}\n"
+    );
+    agent.write_manifest("userns.yaml", &manifest)?;
+    if !supported {
+        let refused = "Failed to create pod sandbox: can't set `spec.hostUsers: false`, runtime does not support user \
+                       namespaces";
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, body) = agent.get("/events").await?;
+            let events: Value = serde_json::from_str(&body)?;
+            let found = events["items"].as_array().into_iter().flatten().any(|e| {
+                e["reason"] == "FailedCreatePodSandBox" && e["message"].as_str().is_some_and(|m| m == refused)
+            });
+            if found {
+                break;
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "no refusal event: {body}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        anyhow::ensure!(cri.all_sandboxes().await?.is_empty(), "a sandbox was made");
+        return agent.shutdown(&cri).await;
+    }
+    let p = agent.wait_pod("userns", Duration::from_mins(1), |p| running(p, &["main"])).await?;
+    let uid = p["metadata"]["uid"].as_str().context("no uid")?.to_owned();
+    let id = container(&p, "main")["containerID"].as_str().context("no containerID")?;
+    let id = id.trim_start_matches("containerd://").to_owned();
+    let (code, map) = cri.exec(&id, &["cat", "/proc/self/uid_map"]).await?;
+    anyhow::ensure!(code == 0, "cat uid_map: {map}");
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    assert_eq!(fields, ["0", "65536", "65536"], "the container's uid map");
+    let (_, gid_map) = cri.exec(&id, &["cat", "/proc/self/gid_map"]).await?;
+    assert_eq!(gid_map.split_whitespace().collect::<Vec<_>>(), ["0", "65536", "65536"]);
+    // Root inside owns what it makes in the volume, seen from inside and on the host.
+    let (_, owner) = cri.exec(&id, &["stat", "-c", "%u", "/data/by-root"]).await?;
+    assert_eq!(owner.trim(), "0");
+    let on_host = agent.root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/data/by-root"));
+    let meta = std::fs::metadata(&on_host).with_context(|| format!("{}", on_host.display()))?;
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 0, "an idmapped mount keeps the host's ids");
+    // The range is the pod's, in upstream's file, and survives an agent crash.
+    let file = agent.root_dir.join(format!("pods/{uid}/userns"));
+    let mappings: Value = serde_json::from_slice(&std::fs::read(&file)?)?;
+    assert_eq!(mappings["uidMappings"][0], serde_json::json!({"hostId": 65536, "containerId": 0, "length": 65536}));
+    agent.kill9()?;
+    agent.spawn().await?;
+    let again = agent.wait_pod("userns", Duration::from_mins(1), |p| running(p, &["main"])).await?;
+    assert_eq!(container(&again, "main")["containerID"], container(&p, "main")["containerID"], "nothing restarted");
+    // Removed: the range is given back with the pod.
+    agent.remove_manifest("userns.yaml")?;
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
+    while file.exists() {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the pod's mappings file is still there");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    agent.shutdown(&cri).await
+}
+
+/// `supplementalGroupsPolicy`: `Merge` (the default) adds the groups the image's
+/// `/etc/group` gives the user (root is in `wheel`, 10, in the test bed's busybox),
+/// `Strict` leaves them out, and the status' `user` names the process's groups as the
+/// runtime reports them. Both on a runtime with the feature (containerd 2.x: run with
+/// `SWIFTLET_E2E_NODE=containerd2`, as CI's node suite does); on one without it
+/// (containerd 1.6) `Strict` is refused at admission (`tests/tests/runtime_state.rs`),
+/// `Merge` merges and no `user` is reported.
+#[tokio::test]
+async fn supplemental_groups_policy_strict_leaves_out_the_images_groups() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup().await?;
+    let supported = cri.status().await?.features.is_some_and(|f| f.supplemental_groups_policy);
+    agent.write_manifest("merge.yaml", &pod_yaml("merge", "{supplementalGroups: [3000]}", &[("main", "{}")]))?;
+    let groups = async |name: &str| -> Result<(Vec<String>, Value)> {
+        let p = agent.wait_pod(name, Duration::from_mins(1), |p| running(p, &["main"])).await?;
+        let groups = proc_status(&cri, &p, "main", "Groups").await?;
+        Ok((groups.split_whitespace().map(str::to_owned).collect(), container(&p, "main")["user"].clone()))
+    };
+    let (merged, merged_user) = groups("merge").await?;
+    assert!(merged.contains(&"10".into()) && merged.contains(&"3000".into()), "Merge: {merged:?}");
+    if !supported {
+        assert!(merged_user.is_null(), "containerd 1.6 reports no user: {merged_user}");
+        return agent.shutdown(&cri).await;
+    }
+    assert_eq!(merged_user["linux"]["uid"], 0);
+    agent.write_manifest(
+        "strict.yaml",
+        &pod_yaml("strict", "{supplementalGroups: [3000], supplementalGroupsPolicy: Strict}", &[("main", "{}")]),
+    )?;
+    let (strict, strict_user) = groups("strict").await?;
+    assert!(!strict.contains(&"10".into()) && strict.contains(&"3000".into()), "Strict: {strict:?}");
+    let reported: Vec<String> = strict_user["linux"]["supplementalGroups"]
+        .as_array()
+        .context("no supplementalGroups in the status' user")?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(!reported.contains(&"10".into()) && reported.contains(&"3000".into()), "status user: {strict_user}");
+    agent.shutdown(&cri).await
 }

@@ -21,12 +21,13 @@ use crate::{
 };
 
 /// The test binaries of the node container's run (see [`NODE_SUITE`]).
-const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_managers"];
+const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_managers", "security_context"];
 
 /// The end-to-end tests that run a second time with the agent in the node container
 /// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
 /// containerd 2.x), as `cargo test` name filters: the lifecycle, `QoS`, resource manager
-/// and eviction scenarios the README's test matrix lists, about three minutes. Every
+/// and eviction scenarios the README's test matrix lists, user namespaces and
+/// `supplementalGroupsPolicy: Strict`; about three minutes. Every
 /// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
 pub const NODE_SUITE: &[&str] = &[
     "evented_pleg::static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely",
@@ -40,6 +41,9 @@ pub const NODE_SUITE: &[&str] = &[
     "static_memory_policy_reserves_numa_memory_and_checks_reserved_memory",
     "a_memory_hog_is_evicted_before_the_oom_killer_and_the_guaranteed_pod_stays",
     "a_pod_filling_the_node_filesystem_is_evicted_under_disk_pressure",
+    // Features only containerd 2.x has (on 1.6 the same tests check the refusal).
+    "host_users_false_runs_the_pod_in_a_user_namespace_of_its_own",
+    "supplemental_groups_policy_strict_leaves_out_the_images_groups",
 ];
 
 /// Totals over the `test result:` lines of a `cargo test` run.

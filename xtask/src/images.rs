@@ -3,7 +3,8 @@
 //!
 //! - `localhost/pause:3.10`: a static pause binary compiled from `xtask/assets/pause.c`.
 //! - `localhost/busybox:latest`: the host's static `/bin/busybox` plus a symlink for
-//!   every applet, a minimal `/etc/passwd` and `/etc/group`, and `/tmp`.
+//!   every applet, a minimal `/etc/passwd` and `/etc/group` (root also in `wheel`, 10),
+//!   and `/tmp`.
 //!
 //! Everything in the tarball is deterministic (fixed mtimes, owners, order), so the same
 //! inputs give the same digests and the same image id, and a rebuilt cache entry is a no-op
@@ -285,7 +286,9 @@ pub fn busybox_layer(busybox: &[u8], applets: &str) -> Layer {
             0o644,
             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
         )
-        .file("etc/group", 0o644, "root:x:0:\nnobody:x:65534:\n");
+        // root is a member of `wheel`: under `supplementalGroupsPolicy: Merge` (the
+        // default) its processes get group 10 from here; under `Strict` they do not.
+        .file("etc/group", 0o644, "root:x:0:\nwheel:x:10:root\nnobody:x:65534:\n");
     for applet in applets.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let applet = applet.trim_start_matches('/');
         if applet != "bin/busybox" {

@@ -88,6 +88,9 @@ pub enum Error {
     DeviceManager(#[from] crate::cm::devicemanager::Error),
     #[error("pod allocations: {0}")]
     Allocation(#[from] crate::allocation::Error),
+    /// The user namespace mappings (upstream's kubelet does not start either).
+    #[error("user namespace manager: {0}")]
+    UserNamespaces(String),
     #[error("{0}")]
     ResourceManagers(#[from] crate::cm::resource_managers::Error),
     /// An `allowedUnsafeSysctls` entry that is not a namespaced sysctl (pattern).

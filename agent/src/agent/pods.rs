@@ -68,6 +68,28 @@ pub(super) struct Pods {
     pub(super) apparmor_enabled: bool,
 }
 
+/// The user namespace manager: `userNamespaces.idsPerPod` ids per pod, cut from the
+/// `kubelet` user's subordinate ids (or every id from `idsPerPod` up), the ranges of the
+/// pods on disk read back.
+fn user_namespaces(
+    cfg: &crate::config::Config,
+    runtime_state: &Arc<crate::container::runtime_state::RuntimeState>,
+) -> Result<crate::runtime::userns::UsernsManager, Error> {
+    use crate::runtime::userns;
+    let kc = &cfg.kubelet;
+    let ids = kc
+        .user_namespaces
+        .as_ref()
+        .and_then(|u| u.ids_per_pod)
+        .filter(|n| *n != 0)
+        .map_or(Ok(userns::UNIT), u32::try_from)
+        .map_err(|_| Error::UserNamespaces("userNamespaces.idsPerPod must not be more than 4294967295".into()))?;
+    let mapping = userns::kubelet_mappings(ids).map_err(|e| Error::UserNamespaces(format!("kubelet mappings: {e}")))?;
+    let max_pods = u32::try_from(kc.max_pods).unwrap_or(0);
+    userns::UsernsManager::new(&cfg.root_dir.join("pods"), ids, mapping, max_pods, runtime_state.clone())
+        .map_err(Error::UserNamespaces)
+}
+
 /// Builds the runtime manager (with the allocations, probes, images, volumes and the
 /// device manager, which starts here from the containers running now), the pod manager,
 /// the status manager and the pod workers.
@@ -146,6 +168,7 @@ pub(super) async fn build(
             &cfg.root_dir,
             apparmor_enabled,
         ),
+        userns: Arc::new(user_namespaces(cfg, runtime_state)?),
     }));
     match start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),

@@ -65,6 +65,17 @@ pub struct RuntimeContainerStatus {
     pub init: bool,
     /// Where its termination message comes from (for an exit the kernel reports first).
     pub termination_message: super::termination_message::Source,
+    /// The user its process runs as, as the runtime reports it (CRI
+    /// `ContainerStatus.user`: containerd 2.x, not 1.6): the API status' `user`.
+    pub user: Option<LinuxUser>,
+}
+
+/// A container process's uid, gid and supplementary groups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinuxUser {
+    pub uid: i64,
+    pub gid: i64,
+    pub supplemental_groups: Vec<i64>,
 }
 
 impl RuntimeContainerStatus {
@@ -90,6 +101,7 @@ impl RuntimeContainerStatus {
             restart_count: 0,
             init: false,
             termination_message: super::termination_message::Source::default(),
+            user: None,
         }
     }
 
@@ -132,6 +144,11 @@ impl RuntimeContainerStatus {
             restart_count,
             init: labels.get(labels::CONTAINER_TYPE).is_some_and(|t| t == "init"),
             termination_message: status.map(super::termination_message::Source::of).unwrap_or_default(),
+            user: status.and_then(|s| s.user.as_ref()?.linux.as_ref()).map(|u| LinuxUser {
+                uid: u.uid,
+                gid: u.gid,
+                supplemental_groups: u.supplemental_groups.clone(),
+            }),
         }
     }
 }

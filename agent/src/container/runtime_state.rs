@@ -38,6 +38,18 @@ struct Inner {
     runtime_error: Option<String>,
     network_error: Option<String>,
     supplemental_groups_policy: bool,
+    /// The runtime handlers of the last status; empty for a runtime that does not list
+    /// them (containerd 1.6).
+    handlers: Vec<RuntimeHandler>,
+}
+
+/// A runtime handler (CRI `Status`'s `runtime_handlers`) and its features.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeHandler {
+    /// `""` for the default handler.
+    pub name: String,
+    pub recursive_read_only_mounts: bool,
+    pub user_namespaces: bool,
 }
 
 /// The runtime's state, shared by the node status, admission and the pod workers.
@@ -91,6 +103,7 @@ impl RuntimeState {
                 runtime_error: None,
                 network_error: Some("network state unknown".to_owned()),
                 supplemental_groups_policy: false,
+                handlers: Vec::new(),
             }),
             threshold,
         }
@@ -134,6 +147,15 @@ impl RuntimeState {
         }
         inner.runtime_error = None;
         inner.supplemental_groups_policy = status.features.is_some_and(|f| f.supplemental_groups_policy);
+        inner.handlers = status
+            .runtime_handlers
+            .iter()
+            .map(|h| RuntimeHandler {
+                name: h.name.clone(),
+                recursive_read_only_mounts: h.features.is_some_and(|f| f.recursive_read_only_mounts),
+                user_namespaces: h.features.is_some_and(|f| f.user_namespaces),
+            })
+            .collect();
         inner.last_sync = Some(Instant::now());
     }
 
@@ -163,6 +185,32 @@ impl RuntimeState {
     #[must_use]
     pub fn supports_supplemental_groups_policy(&self) -> bool {
         self.read().supplemental_groups_policy
+    }
+
+    /// Whether the runtime handler `name` (`""`: the default) supports user namespaces
+    /// (upstream `HandlerSupportsUserNamespaces`): not when the runtime lists no
+    /// handlers (an older runtime).
+    ///
+    /// # Errors
+    /// The runtime lists handlers, and not this one.
+    pub fn handler_supports_user_namespaces(&self, name: &str) -> Result<bool, String> {
+        let inner = self.read();
+        if inner.handlers.is_empty() {
+            return Ok(false);
+        }
+        inner
+            .handlers
+            .iter()
+            .find(|h| h.name == name)
+            .map(|h| h.user_namespaces)
+            .ok_or_else(|| format!("the handler {name:?} is not known"))
+    }
+
+    /// The runtime handlers and their features, as the last status listed them (the
+    /// node status' `runtimeHandlers`).
+    #[must_use]
+    pub fn runtime_handlers(&self) -> Vec<RuntimeHandler> {
+        self.read().handlers.clone()
     }
 
     /// Asks the runtime once.
@@ -200,6 +248,26 @@ mod tests {
             features: Some(api::RuntimeFeatures { supplemental_groups_policy: sgp }),
             ..Default::default()
         }
+    }
+
+    /// Which handlers support user namespaces: none on a runtime that lists none
+    /// (containerd 1.6), an unknown handler named.
+    #[test]
+    fn handlers_say_whether_they_support_user_namespaces() {
+        let state = RuntimeState::default();
+        let ready = vec![condition("RuntimeReady", true, "", ""), condition("NetworkReady", true, "", "")];
+        state.apply(Ok(&status(ready.clone(), false)));
+        assert_eq!(state.handler_supports_user_namespaces(""), Ok(false));
+        let handler = |name: &str, userns: bool| api::RuntimeHandler {
+            name: name.into(),
+            features: Some(api::RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: userns }),
+        };
+        let mut st = status(ready, true);
+        st.runtime_handlers = vec![handler("", true), handler("runc", true), handler("kata", false)];
+        state.apply(Ok(&st));
+        assert_eq!(state.handler_supports_user_namespaces(""), Ok(true));
+        assert_eq!(state.handler_supports_user_namespaces("kata"), Ok(false));
+        assert_eq!(state.handler_supports_user_namespaces("gvisor"), Err("the handler \"gvisor\" is not known".into()));
     }
 
     #[test]

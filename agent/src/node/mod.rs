@@ -498,6 +498,25 @@ impl NodeManager {
             features: self.runtime_state.as_ref().map(|state| NodeFeatures {
                 supplemental_groups_policy: Some(state.supports_supplemental_groups_policy()),
             }),
+            // Upstream's `RuntimeHandlers` setter (an empty list is left out, as its
+            // `omitempty` does).
+            runtime_handlers: self
+                .runtime_state
+                .as_ref()
+                .map(|state| {
+                    state
+                        .runtime_handlers()
+                        .into_iter()
+                        .map(|h| k8s_openapi::api::core::v1::NodeRuntimeHandler {
+                            name: Some(h.name),
+                            features: Some(k8s_openapi::api::core::v1::NodeRuntimeHandlerFeatures {
+                                recursive_read_only_mounts: Some(h.recursive_read_only_mounts),
+                                user_namespaces: Some(h.user_namespaces),
+                            }),
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .filter(|h| !h.is_empty()),
             declared_features: Some(
                 crate::lifecycle::declared_features::DECLARED.iter().map(|f| (*f).to_owned()).collect(),
             ),
@@ -935,8 +954,22 @@ mod tests {
         pleg_ok.store(true, std::sync::atomic::Ordering::SeqCst);
         shutdown.set(false);
         assert_eq!(manager.readiness().await, Ok(()));
-        let features = manager.compute_status(None).await.features.unwrap();
+        let computed = manager.compute_status(None).await;
+        let features = computed.features.unwrap();
         assert_eq!(features.supplemental_groups_policy, Some(false), "containerd 1.6 has no such feature");
+        assert_eq!(computed.runtime_handlers, None, "containerd 1.6 lists no handlers");
+        // containerd 2.x lists its handlers and their features.
+        let mut listed = status(true);
+        listed.runtime_handlers = vec![api::RuntimeHandler {
+            name: String::new(),
+            features: Some(api::RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: true }),
+        }];
+        state.apply(Ok(&listed));
+        let handlers = manager.compute_status(None).await.runtime_handlers.unwrap();
+        assert_eq!(
+            serde_json::to_value(&handlers).unwrap(),
+            serde_json::json!([{"name": "", "features": {"recursiveReadOnlyMounts": true, "userNamespaces": true}}])
+        );
     }
 
     #[test]

@@ -176,6 +176,8 @@ pub struct RuntimeManagerDeps {
     /// `seccompDefault`, the seccomp profile root and `AppArmor` on the host
     /// ([`super::security_context`]).
     pub security: super::security_context::SecuritySettings,
+    /// The user namespaces of pods with `hostUsers: false` ([`super::userns`]).
+    pub userns: Arc<super::userns::UsernsManager>,
 }
 
 /// Carries out pod syncs and kills through CRI.
@@ -209,6 +211,7 @@ pub struct RuntimeManager {
     /// Limits concurrent `CreateContainer`+`StartContainer` pairs.
     container_gate: super::start_gate::StartGate,
     security: super::security_context::SecuritySettings,
+    userns: Arc<super::userns::UsernsManager>,
 }
 
 /// Upstream `calcRestartCountByLogDir`: for a container the runtime has no instance of
@@ -279,6 +282,7 @@ impl RuntimeManager {
             allocation,
             start_concurrency,
             security,
+            userns,
         } = deps;
         // The allocation records what each container starts with before the resource
         // managers see it.
@@ -303,6 +307,7 @@ impl RuntimeManager {
             sandbox_gate: super::start_gate::StartGate::new(start_concurrency),
             container_gate: super::start_gate::StartGate::new(start_concurrency),
             security,
+            userns,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -341,6 +346,19 @@ impl RuntimeManager {
     #[must_use]
     pub fn volumes(&self) -> &Arc<VolumeManager> {
         &self.volumes
+    }
+
+    /// The user namespace ranges of the pods.
+    #[must_use]
+    pub fn userns(&self) -> &Arc<super::userns::UsernsManager> {
+        &self.userns
+    }
+
+    /// The pod's user namespace for its sandbox and containers ([`super::userns`]), on
+    /// the runtime handler its runtime class names.
+    pub(crate) fn user_namespace(&self, pod: &Pod) -> std::result::Result<api::UserNamespace, String> {
+        let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()).unwrap_or_default();
+        self.userns.namespace(pod, handler)
     }
 
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
@@ -530,6 +548,16 @@ impl RuntimeManager {
         let dns_records = usize::from(actions.create_sandbox) + usize::from(starts_any);
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, dns_records) {
             Ok(c) => c,
+            Err(e) if actions.create_sandbox => {
+                // Upstream generates the config in `createPodSandbox`: its failure is the
+                // sandbox's (a pod with `hostUsers: false` on a runtime without user
+                // namespaces, say).
+                tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to generate sandbox config for pod");
+                self.event(pod, EventType::Warning, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e}"));
+                let message = format!("Failed to generate sandbox config for pod \"{}\": {e}", pod_full_name(pod));
+                result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), message));
+                return result;
+            }
             Err(e) => {
                 result.add(SyncResult::failed(SyncAction::ConfigPodSandbox, pod_full_name(pod), e.to_string()));
                 return result;

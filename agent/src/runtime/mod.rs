@@ -13,5 +13,6 @@ pub mod metrics;
 pub mod resize;
 pub mod security_context;
 pub mod start_gate;
+pub mod userns;
 
 pub use manager::{PodSyncResult, RuntimeManager, SyncAction, SyncResult};

@@ -183,6 +183,15 @@ fn convert(
         image: cs.image.clone(),
         image_id: cs.image_ref.clone(),
         container_id: Some(cid.clone()),
+        // Upstream `convertContainerStatusUser` (SupplementalGroupsPolicy, GA): the
+        // process's ids as the runtime reports them.
+        user: cs.user.as_ref().map(|u| k8s_openapi::api::core::v1::ContainerUser {
+            linux: Some(k8s_openapi::api::core::v1::LinuxContainerUser {
+                uid: u.uid,
+                gid: u.gid,
+                supplemental_groups: Some(u.supplemental_groups.clone()),
+            }),
+        }),
         ..Default::default()
     };
     let old_terminated = old.and_then(|o| o.state.as_ref()?.terminated.as_ref());
@@ -801,6 +810,7 @@ mod tests {
             restart_count: restarts,
             init: false,
             termination_message: crate::container::termination_message::Source::default(),
+            user: None,
         }
     }
 
@@ -814,6 +824,20 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    /// The process's ids the runtime reports (containerd 2.x) are the status' `user`;
+    /// a runtime that reports none (1.6) leaves it out.
+    #[test]
+    fn the_runtimes_user_is_the_container_status_user() {
+        let user = crate::container::pod_status::LinuxUser { uid: 0, gid: 0, supplemental_groups: vec![0, 3000] };
+        let with = RuntimeContainerStatus { user: Some(user), ..rc("a", ContainerState::Running, 0, 0, 1) };
+        let st = convert(&with, "containerd", None, false);
+        assert_eq!(
+            serde_json::to_value(st.user).unwrap(),
+            serde_json::json!({"linux": {"uid": 0, "gid": 0, "supplementalGroups": [0, 3000]}})
+        );
+        assert_eq!(convert(&rc("a", ContainerState::Running, 0, 0, 1), "containerd", None, false).user, None);
     }
 
     #[test]

@@ -126,6 +126,7 @@ impl CleanupPass {
             Err(e) => tracing::warn!(error = %e, "cannot list pod cgroups"),
         }
         self.runtime.cleanup_orphaned_log_dirs(|uid| self.claim(uid));
+        self.runtime.userns().cleanup_orphans(|uid| self.runtime_pods.contains(uid) || self.pods.contains(uid));
         match self.runtime.volumes().cleanup_orphans(|uid| self.claim(uid)) {
             Ok(sweep) => {
                 self.metrics.orphan_pod_cleaned_volumes.set(sweep.removed.len() as i64);

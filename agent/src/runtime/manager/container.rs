@@ -281,7 +281,11 @@ impl RuntimeManager {
         let log_dir = self.pod_log_dir(pod).join(&container.name);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;
-        let mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
+        let mut mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
+        // A pod of its own user namespace: the same mappings for every container, and
+        // for its mounts (idmapped by the runtime).
+        let userns = self.user_namespace(pod)?;
+        crate::runtime::userns::map_mounts(&mut mounts, Some(&userns));
         // Upstream `getImageUser` + `verifyRunAsNonRoot`, then
         // `determineEffectiveSecurityContext` ([`super::security_context`]).
         let queried;
@@ -299,7 +303,10 @@ impl RuntimeManager {
         let linux = api::LinuxContainerConfig {
             resources: Some(crate::cm::linux_container_resources(pod, container)),
             security_context: Some(api::LinuxContainerSecurityContext {
-                namespace_options: Some(container_namespaces(pod.spec.as_ref(), target_id)),
+                namespace_options: Some(api::NamespaceOption {
+                    userns_options: Some(userns),
+                    ..container_namespaces(pod.spec.as_ref(), target_id)
+                }),
                 ..security
             }),
         };

@@ -433,6 +433,7 @@ mod tests {
             restart_count: restarts,
             init,
             termination_message: crate::container::termination_message::Source::default(),
+            user: None,
         }
     }
 

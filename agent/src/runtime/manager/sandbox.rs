@@ -57,6 +57,7 @@ impl RuntimeManager {
         let ns_mode = |node: bool| if node { api::NamespaceMode::Node } else { api::NamespaceMode::Pod } as i32;
         let sc = spec.security_context.as_ref();
         let security = security_context::sandbox_security_context(pod).map_err(|e| Error::Invalid(e.to_string()))?;
+        let userns = self.user_namespace(pod).map_err(Error::Invalid)?;
         let linux = api::LinuxPodSandboxConfig {
             cgroup_parent: self.cm.cgroup_parent(pod),
             security_context: Some(api::LinuxSandboxSecurityContext {
@@ -70,6 +71,7 @@ impl RuntimeManager {
                         api::NamespaceMode::Container as i32
                     },
                     ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
+                    userns_options: Some(userns),
                     ..Default::default()
                 }),
                 privileged: spec

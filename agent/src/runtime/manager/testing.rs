@@ -51,6 +51,16 @@ impl RuntimeManagerDeps {
             )),
             start_concurrency: 0,
             security: crate::runtime::security_context::SecuritySettings::new(false, &cfg.root_dir, false),
+            userns: Arc::new(
+                crate::runtime::userns::UsernsManager::new(
+                    &cfg.root_dir.join("pods"),
+                    crate::runtime::userns::UNIT,
+                    (crate::runtime::userns::UNIT, 0u32.wrapping_sub(crate::runtime::userns::UNIT)),
+                    110,
+                    Arc::default(),
+                )
+                .expect("the default mapping"),
+            ),
             recorder,
             metrics: Arc::default(),
             cfg,
