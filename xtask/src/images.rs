@@ -35,8 +35,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 
-/// Bump when the image layout code changes, so cached tarballs are rebuilt.
-const BUILDER_VERSION: &str = "swiftlet-xtask-images-1";
+/// Bump when the image layout code or an image's files change, so cached tarballs are
+/// rebuilt (the keys hash the inputs from outside, not what the code writes).
+const BUILDER_VERSION: &str = "swiftlet-xtask-images-2";
 
 pub const PAUSE_IMAGE: &str = "localhost/pause:3.10";
 pub const BUSYBOX_IMAGE: &str = "localhost/busybox:latest";
