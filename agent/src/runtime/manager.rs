@@ -553,7 +553,12 @@ impl RuntimeManager {
                 // sandbox's (a pod with `hostUsers: false` on a runtime without user
                 // namespaces, say).
                 tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to generate sandbox config for pod");
-                self.event(pod, EventType::Warning, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e}"));
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: {e}"),
+                );
                 let message = format!("Failed to generate sandbox config for pod \"{}\": {e}", pod_full_name(pod));
                 result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), message));
                 return result;

@@ -315,7 +315,9 @@ impl UsernsManager {
         let refused = if handler.is_empty() {
             "can't set `spec.hostUsers: false`, runtime does not support user namespaces".to_owned()
         } else {
-            format!("can't set `spec.hostUsers: false`, RuntimeClass handler {handler:?} does not support user namespaces")
+            format!(
+                "can't set `spec.hostUsers: false`, RuntimeClass handler {handler:?} does not support user namespaces"
+            )
         };
         match self.runtime.handler_supports_user_namespaces(handler) {
             Ok(true) => {}

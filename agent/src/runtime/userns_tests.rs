@@ -104,12 +104,10 @@ fn a_runtime_without_user_namespaces_refuses_the_pod() {
         m.namespace(&pod("ua", Some(false)), "").unwrap_err(),
         "can't set `spec.hostUsers: false`, runtime does not support user namespaces"
     );
-    assert!(
-        m.namespace(&pod("ua", Some(false)), "kata").unwrap_err().starts_with(
-            "can't set `spec.hostUsers: false`, RuntimeClass handler \"kata\" does not support user namespaces: \
+    assert!(m.namespace(&pod("ua", Some(false)), "kata").unwrap_err().starts_with(
+        "can't set `spec.hostUsers: false`, RuntimeClass handler \"kata\" does not support user namespaces: \
              the handler \"kata\" is not known"
-        )
-    );
+    ));
     // containerd 1.6 lists no handlers at all.
     let m = manager(dir.path(), Arc::new(RuntimeState::default()));
     assert!(m.namespace(&pod("ua", Some(false)), "").is_err());
