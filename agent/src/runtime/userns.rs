@@ -338,7 +338,10 @@ impl UsernsManager {
 
     /// Gives the pod's range back and removes its file (the pod is terminated).
     pub fn release(&self, uid: &str) {
-        let mut ranges = self.lock();
+        self.release_locked(&mut self.lock(), uid);
+    }
+
+    fn release_locked(&self, ranges: &mut Ranges, uid: &str) {
         if let Some(index) = ranges.used_by.remove(uid) {
             ranges.used.remove(&index);
             let _ = std::fs::remove_file(self.file(uid));
@@ -348,16 +351,22 @@ impl UsernsManager {
 
     /// Releases the ranges of pods `known` does not know (upstream
     /// `CleanupOrphanedPodUsernsAllocations`): pod directories left behind, and ranges
-    /// whose pod directory is gone.
+    /// whose pod directory is gone. The directories are listed under the lock, as
+    /// upstream does: a range allocated meanwhile (its directory made with it) is not
+    /// taken for one whose directory is gone.
     pub fn cleanup_orphans(&self, known: impl Fn(&str) -> bool) {
-        let on_disk: Vec<String> = std::fs::read_dir(&self.pods_dir)
+        let mut ranges = self.lock();
+        let on_disk: std::collections::HashSet<String> = std::fs::read_dir(&self.pods_dir)
             .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
-        let allocated: Vec<String> = self.lock().used_by.keys().cloned().collect();
-        for uid in on_disk.iter().chain(&allocated) {
-            if !known(uid) || !on_disk.contains(uid) {
-                self.release(uid);
-            }
+        let orphans: Vec<String> = on_disk
+            .iter()
+            .filter(|uid| !known(uid))
+            .chain(ranges.used_by.keys().filter(|uid| !on_disk.contains(*uid)))
+            .cloned()
+            .collect();
+        for uid in orphans {
+            self.release_locked(&mut ranges, &uid);
         }
     }
 

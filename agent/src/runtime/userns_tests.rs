@@ -94,6 +94,10 @@ fn a_pod_without_host_users_gets_a_range_of_its_own_that_survives_a_restart() {
     // Orphans: pods the agent no longer knows give their ranges back.
     restarted.cleanup_orphans(|uid| uid == "ud");
     assert_eq!(restarted.allocated(), 1);
+    // A range whose pod directory is gone is given back too.
+    std::fs::remove_dir_all(dir.path().join("ud")).unwrap();
+    restarted.cleanup_orphans(|_| true);
+    assert_eq!(restarted.allocated(), 0);
 }
 
 #[test]
