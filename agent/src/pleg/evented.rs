@@ -816,6 +816,21 @@ impl EventedPleg {
             return None;
         }
         drop(s);
+        Some(self.report_confirmed(pod_uid, cid, container_name, want, ktime, exit))
+    }
+
+    /// A kernel observation the runtime agreed to (CRI's answer or its own event):
+    /// observed for the event API and traces, and the lifecycle event with the kernel's
+    /// time.
+    fn report_confirmed(
+        &self,
+        pod_uid: String,
+        cid: String,
+        container_name: String,
+        want: PlegState,
+        ktime: u64,
+        exit: Option<(i32, i32)>,
+    ) -> PodLifecycleEvent {
         let (kind, observed) = if want == PlegState::Running {
             (PodLifecycleEventType::ContainerStarted, ObservedKind::ContainerStarted)
         } else {
@@ -830,7 +845,7 @@ impl EventedPleg {
             exit_code: exit.map(|e| e.0),
             signal: exit.map(|e| e.1).filter(|s| *s != 0),
         });
-        Some(PodLifecycleEvent { pod_uid, kind, data: cid, kernel_time_ns: Some(ktime) })
+        PodLifecycleEvent { pod_uid, kind, data: cid, kernel_time_ns: Some(ktime) }
     }
 
     fn lookup(&self, cgroup2_id: u64, memcg_id: u64) -> Option<CgroupRef> {
@@ -1083,25 +1098,7 @@ impl EventedPleg {
             if !fresh {
                 return None;
             }
-            let observed = match new {
-                PlegState::Running => ObservedKind::ContainerStarted,
-                _ => ObservedKind::ContainerDied,
-            };
-            self.observe(Observed {
-                pod_uid: a.pod_uid.clone(),
-                container_id: id.clone(),
-                container_name,
-                kind: observed,
-                kernel_time_ns: a.ktime,
-                exit_code: a.exit.map(|e| e.0),
-                signal: a.exit.map(|e| e.1).filter(|s| *s != 0),
-            });
-            return Some(PodLifecycleEvent {
-                pod_uid: a.pod_uid,
-                kind: lifecycle,
-                data: id.clone(),
-                kernel_time_ns: Some(a.ktime),
-            });
+            return Some(self.report_confirmed(a.pod_uid, id.clone(), container_name, a.want, a.ktime, a.exit));
         }
         if s.kernel_seen.get(id).is_some_and(|k| rank(*k) >= rank(new)) {
             drop(s);
