@@ -407,10 +407,13 @@ int BPF_PROG(on_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 	struct task_cgroups cgs;
 	struct swl_exec_event *e;
 	__u32 flags = 0;
+	__u32 tgid;
 
 	if (!task_is_watched(p, &cgs))
 		return 0;
 
+	/* Once for both slots: in a pid namespace it walks the task's pid levels. */
+	tgid = tgid_seen_by_agent(p);
 	for (int slot = 0; slot < 2; slot++) {
 		struct swl_counters *c = task_counters(&cgs, slot);
 
@@ -425,7 +428,7 @@ int BPF_PROG(on_exec, struct task_struct *p, int old_pid, struct linux_binprm *b
 		__sync_fetch_and_add(&c->execs, 1);
 		/* The runtime's init execs the container's process first. Userspace
 		 * seeds main_tgid for containers that started before the sensors. */
-		if (__sync_val_compare_and_swap(&c->main_tgid, 0, tgid_seen_by_agent(p)) == 0)
+		if (__sync_val_compare_and_swap(&c->main_tgid, 0, tgid) == 0)
 			flags |= SWL_TASK_FIRST_EXEC;
 	}
 	if (is_ns_init(p))
@@ -451,6 +454,7 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 	struct swl_exit_event *e;
 	__u32 flags = 0;
 	__u32 status;
+	__u32 tgid = 0;
 	__u64 now;
 
 	if (!task_is_watched(p, &cgs))
@@ -466,6 +470,9 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 		status = p->signal->group_exit_code;
 
 	now = bpf_ktime_get_ns();
+	/* Once for both slots, and only for a group's end: only that can be a main exit. */
+	if (group_dead)
+		tgid = tgid_seen_by_agent(p);
 	for (int slot = 0; slot < 2; slot++) {
 		struct swl_counters *c = task_counters(&cgs, slot);
 
@@ -476,7 +483,7 @@ int BPF_PROG(on_exit, struct task_struct *p, bool group_dead)
 			__sync_fetch_and_add(&c->group_exits, 1);
 			c->last_exit_status = status;
 			c->last_exit_ktime_ns = now;
-			if (c->main_tgid && c->main_tgid == tgid_seen_by_agent(p))
+			if (c->main_tgid && c->main_tgid == tgid)
 				flags |= SWL_TASK_MAIN;
 		}
 	}
