@@ -287,16 +287,11 @@ impl UsernsManager {
     }
 
     fn write(&self, uid: &str, mappings: &Mappings) -> Result<(), String> {
-        use std::io::Write as _;
-        let dir = self.pods_dir.join(uid);
         let fail = |e: std::io::Error| format!("writing the user namespace mappings of pod {uid}: {e}");
-        std::fs::create_dir_all(&dir).map_err(fail)?;
-        let tmp = dir.join(format!(".{MAPPINGS_FILE}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(fail)?;
-        f.write_all(&serde_json::to_vec(mappings).map_err(|e| e.to_string())?).map_err(fail)?;
-        f.sync_all().map_err(fail)?;
-        std::fs::rename(&tmp, self.file(uid)).map_err(fail)?;
-        std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(fail)
+        let bytes = serde_json::to_vec(mappings).map_err(|e| e.to_string())?;
+        crate::cm::checkpoint::write_atomic_with_mode(&self.file(uid), &bytes, 0o644).map_err(fail)?;
+        // Durable as upstream makes it: the directory entry too.
+        std::fs::File::open(self.pods_dir.join(uid)).and_then(|d| d.sync_all()).map_err(fail)
     }
 
     /// The sandbox's (and its containers') user namespace (upstream
@@ -326,6 +321,11 @@ impl UsernsManager {
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let mut ranges = self.lock();
+        // Asked at every sync and container start: a range recorded already is its file's
+        // content (recorded only after checking that), so the file is read once.
+        if let Some(&index) = ranges.used_by.get(&uid) {
+            return Ok(Mappings::of_range(index * self.ids_per_pod, self.ids_per_pod).to_cri());
+        }
         let mappings = match self.read(&uid)? {
             Some(m) => {
                 self.record(&mut ranges, &uid, &m).map_err(|e| format!("user namespace: {e}"))?;
