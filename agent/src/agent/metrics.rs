@@ -391,6 +391,6 @@ mod tests {
         };
         let before = include_str!("kubelet_metrics.snapshot.txt");
         assert_eq!(sorted(&text), sorted(before));
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), 46);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), 49);
     }
 }

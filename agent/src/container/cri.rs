@@ -28,6 +28,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::Instrument as _;
 
+mod image_sub_path;
+
 use super::metrics::RuntimeOperationMetrics;
 use super::{Error, Result, RuntimeService, api};
 use crate::telemetry::{self, PropagateTraceContext};
@@ -43,6 +45,8 @@ const MAX_MSG_SIZE: usize = 16 * 1024 * 1024;
 pub struct RemoteRuntime {
     runtime: RuntimeServiceClient<TracedChannel>,
     images: ImageServiceClient<TracedChannel>,
+    /// The channel itself, for the call the bindings cannot make ([`image_sub_path`]).
+    channel: TracedChannel,
     timeout: Duration,
     metrics: Arc<RuntimeOperationMetrics>,
 }
@@ -84,9 +88,10 @@ impl RemoteRuntime {
             runtime: RuntimeServiceClient::with_interceptor(channel.clone(), PropagateTraceContext)
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
-            images: ImageServiceClient::with_interceptor(channel, PropagateTraceContext)
+            images: ImageServiceClient::with_interceptor(channel.clone(), PropagateTraceContext)
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
+            channel: InterceptedService::new(channel, PropagateTraceContext),
             timeout,
             metrics,
         })
@@ -265,6 +270,35 @@ impl RuntimeService for RemoteRuntime {
                 Some(self.timeout),
                 Box::pin(c.create_container(req)),
             )
+            .await?;
+        if resp.container_id.is_empty() {
+            return Err(Error::MissingField { operation: "create_container", field: "container_id" });
+        }
+        Ok(resp.container_id)
+    }
+
+    async fn create_container_with_image_sub_paths(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+        image_sub_paths: &super::ImageSubPaths,
+    ) -> Result<String> {
+        if image_sub_paths.is_empty() {
+            return self.create_container(sandbox_id, config, sandbox_config).await;
+        }
+        let req = image_sub_path::request(sandbox_id, config, sandbox_config, image_sub_paths);
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MSG_SIZE)
+            .max_encoding_message_size(MAX_MSG_SIZE);
+        let create = async move {
+            grpc.ready().await.map_err(|e| tonic::Status::unavailable(format!("CRI channel not ready: {e}")))?;
+            let path = http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/CreateContainer");
+            let codec = tonic_prost::ProstCodec::<_, api::CreateContainerResponse>::default();
+            grpc.unary(tonic::Request::new(req), path, codec).await
+        };
+        let resp = self
+            .call("create_container", "runtime.v1.RuntimeService/CreateContainer", Some(self.timeout), Box::pin(create))
             .await?;
         if resp.container_id.is_empty() {
             return Err(Error::MissingField { operation: "create_container", field: "container_id" });

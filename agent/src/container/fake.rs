@@ -152,6 +152,8 @@ struct State {
     container_sandbox: HashMap<String, String>,
     /// The config each container was created with.
     container_configs: HashMap<String, api::ContainerConfig>,
+    /// The image sub paths each container was created with (when it had any).
+    image_sub_paths: HashMap<String, super::ImageSubPaths>,
     images: Images,
     calls: Vec<String>,
     /// Names of the containers `StopContainer` stopped, in order.
@@ -378,6 +380,12 @@ impl FakeRuntime {
         self.state.lock().unwrap().container_configs.get(id).cloned()
     }
 
+    /// The `Mount.image_sub_path`s container `id` was created with (empty: none).
+    #[must_use]
+    pub fn image_sub_paths(&self, id: &str) -> super::ImageSubPaths {
+        self.state.lock().unwrap().image_sub_paths.get(id).cloned().unwrap_or_default()
+    }
+
     /// Ids of containers with this name, oldest first.
     #[must_use]
     pub fn containers_named(&self, name: &str) -> Vec<String> {
@@ -581,6 +589,20 @@ impl RuntimeService for FakeRuntime {
         Ok(id)
     }
 
+    async fn create_container_with_image_sub_paths(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+        image_sub_paths: &super::ImageSubPaths,
+    ) -> Result<String> {
+        let id = self.create_container(sandbox_id, config, sandbox_config).await?;
+        if !image_sub_paths.is_empty() {
+            self.state.lock().unwrap().image_sub_paths.insert(id.clone(), image_sub_paths.clone());
+        }
+        Ok(id)
+    }
+
     async fn start_container(&self, id: &str) -> Result<()> {
         self.start_hook("start_container").await;
         let mut s = self.record("start_container");
@@ -616,6 +638,7 @@ impl RuntimeService for FakeRuntime {
         s.containers.remove(id);
         s.container_sandbox.remove(id);
         s.container_configs.remove(id);
+        s.image_sub_paths.remove(id);
         Ok(())
     }
 

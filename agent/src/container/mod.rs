@@ -137,6 +137,12 @@ pub fn sandbox_image_of(status: &api::StatusResponse) -> Option<String> {
     config.get("sandboxImage")?.as_str().filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
+/// CRI `Mount.image_sub_path` (field 10, CRI since 1.33) of a container's image volume
+/// mounts, as `(index into ContainerConfig.mounts, sub path)`. The CRI bindings
+/// (k8s-cri 0.11) predate the field, so it travels beside the config:
+/// [`RuntimeService::create_container_with_image_sub_paths`].
+pub type ImageSubPaths = Vec<(usize, String)>;
+
 /// The events of `GetContainerEvents`, as the runtime sends them.
 pub type ContainerEventStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<api::ContainerEventResponse>> + Send>>;
@@ -173,6 +179,20 @@ pub trait RuntimeService: Send + Sync + std::fmt::Debug {
         config: api::ContainerConfig,
         sandbox_config: api::PodSandboxConfig,
     ) -> Result<String>;
+    /// `CreateContainer` whose image volume mounts carry `image_sub_paths`
+    /// ([`ImageSubPaths`]). Default: none may (a runtime double without the field).
+    async fn create_container_with_image_sub_paths(
+        &self,
+        sandbox_id: &str,
+        config: api::ContainerConfig,
+        sandbox_config: api::PodSandboxConfig,
+        image_sub_paths: &ImageSubPaths,
+    ) -> Result<String> {
+        if image_sub_paths.is_empty() {
+            return self.create_container(sandbox_id, config, sandbox_config).await;
+        }
+        Err(Error::Invalid("this runtime client cannot send an image volume's subPath (Mount.image_sub_path)".into()))
+    }
     async fn start_container(&self, id: &str) -> Result<()>;
     /// Stops a container, giving it `timeout_secs` between SIGTERM and SIGKILL.
     async fn stop_container(&self, id: &str, timeout_secs: i64) -> Result<()>;

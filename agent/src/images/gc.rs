@@ -382,8 +382,8 @@ impl ImageGcManager {
     /// the images in use. Images new to the records were first seen at `detect_time`;
     /// those in use were last used now.
     async fn detect_images(&self, detect_time: Instant) -> Result<HashSet<String>> {
-        // References that keep an image: every container's (running or not), and the
-        // sandbox image's id.
+        // References that keep an image: every container's (running or not), the images
+        // its image volumes mount, and the sandbox image's id.
         let mut refs = HashSet::new();
         if let Some(sandbox) = &self.sandbox_image
             && let Ok(Some(image)) = self.rt.image_status(sandbox).await
@@ -392,6 +392,13 @@ impl ImageGcManager {
         }
         let images = self.rt.list_images().await?;
         for c in self.rt.list_containers(None).await? {
+            // Upstream `handleImageVolumes`: the mounts are only in the container's status.
+            match self.rt.container_status(&c.id).await {
+                Ok(status) => refs.extend(status.mounts.into_iter().filter_map(|m| Some(m.image?.image))),
+                // Removed since the list: nothing of it to keep.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
             refs.insert(c.image_ref);
             if let Some(spec) = c.image {
                 refs.insert(spec.image);
@@ -592,9 +599,23 @@ mod tests {
 
         /// Starts a container using image `name`; returns its id.
         async fn use_image(&self, name: &str) -> String {
+            self.use_images(name, &[]).await
+        }
+
+        /// Starts a container using image `name` with image volumes of `volumes`.
+        async fn use_images(&self, name: &str, volumes: &[&str]) -> String {
             let sandbox = self.rt.run_pod_sandbox(api::PodSandboxConfig::default(), String::new()).await.unwrap();
+            let image = |name: &str| api::ImageSpec { image: format!("sha256:{name}"), ..Default::default() };
             let config = api::ContainerConfig {
-                image: Some(api::ImageSpec { image: format!("sha256:{name}"), ..Default::default() }),
+                image: Some(image(name)),
+                mounts: volumes
+                    .iter()
+                    .map(|v| api::Mount {
+                        container_path: format!("/{v}"),
+                        image: Some(image(v)),
+                        ..Default::default()
+                    })
+                    .collect(),
                 ..Default::default()
             };
             let id = self.rt.create_container(&sandbox, config, api::PodSandboxConfig::default()).await.unwrap();
@@ -714,6 +735,24 @@ mod tests {
         assert_eq!(h.local(), ids(&["exited", "pause", "pinned", "running"]));
         assert_eq!(h.events(), vec![(events::FREE_DISK_SPACE_FAILED.to_string(), msg.to_string())]);
         assert_eq!(h.recorder.list()[0].involved_object.kind.as_deref(), Some("Node"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn images_mounted_as_image_volumes_are_in_use() {
+        let h = Harness::new(ImageGcPolicy::default());
+        for name in ["app", "tools", "free"] {
+            h.image(name, 100);
+        }
+        let c = h.use_images("app", &["tools"]).await;
+        h.rt.stop_container(&c, 0).await.unwrap();
+        tokio::time::advance(Duration::from_mins(3)).await;
+        h.gc.garbage_collect(Instant::now()).await.unwrap();
+        tokio::time::advance(Duration::from_mins(3)).await;
+
+        h.fs.set(1000, 0);
+        h.gc.garbage_collect(Instant::now()).await.unwrap_err();
+        assert_eq!(h.rt.removed_images(), ids(&["free"]));
+        assert_eq!(h.local(), ids(&["app", "tools"]));
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,14 +37,14 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, ImageVolumeSource, ObjectReference, Pod};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::metrics::{ImageMetrics, ImageSizeLabels, image_size_bucket};
 use crate::container::{RuntimeService, api};
-use crate::events::{EventRecorder, EventType, container_ref};
+use crate::events::{EventRecorder, EventType, container_ref, pod_ref};
 use crate::pod_startup::PodStartupTracker;
 
 /// Waiting reasons of image errors (upstream `images/types.go` and `cri-api/pkg/errors`).
@@ -373,8 +373,14 @@ impl PullPolicy {
     /// presence check knows only `IfNotPresent` and `Never`.
     #[must_use]
     pub fn of(container: &Container) -> Self {
-        match container.image_pull_policy.as_deref() {
-            None | Some("") => default_pull_policy(container.image.as_deref().unwrap_or_default()),
+        Self::parse(container.image_pull_policy.as_deref(), container.image.as_deref().unwrap_or_default())
+    }
+
+    /// A pull policy field of `image` (a container's or an image volume's).
+    #[must_use]
+    pub fn parse(field: Option<&str>, image: &str) -> Self {
+        match field {
+            None | Some("") => default_pull_policy(image),
             Some("IfNotPresent") => Self::IfNotPresent,
             Some("Never") => Self::Never,
             Some(_) => Self::Always,
@@ -840,9 +846,9 @@ impl ImageManager {
         self
     }
 
-    fn event(&self, pod: &Pod, container: &Container, type_: EventType, reason: &str, message: String) {
+    fn event(&self, target: &ObjectReference, type_: EventType, reason: &str, message: String) {
         if let Some(r) = &self.recorder {
-            r.record(container_ref(pod, &container.name), type_, reason, message);
+            r.record(target.clone(), type_, reason, message);
         }
     }
 
@@ -861,22 +867,50 @@ impl ImageManager {
         sandbox_config: Option<&api::PodSandboxConfig>,
     ) -> Result<EnsuredImage, PullError> {
         let requested = container.image.as_deref().unwrap_or_default();
+        let target = container_ref(pod, &container.name);
+        self.ensure(pod, &target, requested, PullPolicy::of(container), credentials, sandbox_config).await
+    }
+
+    /// [`Self::ensure_image_exists`] for an image volume (upstream `getImageVolumes`): its
+    /// `reference` with its `pullPolicy` (the API server's default when absent, as for a
+    /// container), the events on the pod itself.
+    pub async fn ensure_volume_image(
+        &self,
+        pod: &Pod,
+        volume: &ImageVolumeSource,
+        credentials: Vec<api::AuthConfig>,
+        sandbox_config: Option<&api::PodSandboxConfig>,
+    ) -> Result<EnsuredImage, PullError> {
+        let requested = volume.reference.as_deref().unwrap_or_default();
+        let policy = PullPolicy::parse(volume.pull_policy.as_deref(), requested);
+        self.ensure(pod, &pod_ref(pod), requested, policy, credentials, sandbox_config).await
+    }
+
+    /// Upstream `EnsureImageExists`: `requested` for `pod`, pull events on `target`.
+    async fn ensure(
+        &self,
+        pod: &Pod,
+        target: &ObjectReference,
+        requested: &str,
+        policy: PullPolicy,
+        credentials: Vec<api::AuthConfig>,
+        sandbox_config: Option<&api::PodSandboxConfig>,
+    ) -> Result<EnsuredImage, PullError> {
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let image = match apply_default_image_tag(requested) {
             Ok(i) => i,
             Err(e) => {
                 let msg = format!("Failed to apply default image tag {requested:?}: {e}");
-                self.event(pod, container, EventType::Warning, events::FAILED_TO_INSPECT_IMAGE, msg.clone());
+                self.event(target, EventType::Warning, events::FAILED_TO_INSPECT_IMAGE, msg.clone());
                 return Err(PullError::new(reasons::INVALID_IMAGE_NAME, msg, None));
             }
         };
-        let policy = PullPolicy::of(container);
         if policy != PullPolicy::Always {
             let present = match self.rt.image_status(&image).await {
                 Ok(i) => i.filter(|i| !i.id.is_empty()),
                 Err(e) => {
                     let msg = format!("Failed to inspect image {requested:?}: {}", go_error_text(&e, false));
-                    self.event(pod, container, EventType::Warning, events::FAILED_TO_INSPECT_IMAGE, msg.clone());
+                    self.event(target, EventType::Warning, events::FAILED_TO_INSPECT_IMAGE, msg.clone());
                     return Err(PullError::new(reasons::IMAGE_INSPECT_ERROR, msg, Some(RETRY_WITHOUT_BACKOFF)));
                 }
             };
@@ -886,7 +920,7 @@ impl ImageManager {
                 // re-verify credentials for present images (see the README's limitations).
                 let msg =
                     format!("Container image {requested:?} already present on machine and can be accessed by the pod");
-                self.event(pod, container, EventType::Normal, events::PULLED_IMAGE, msg);
+                self.event(target, EventType::Normal, events::PULLED_IMAGE, msg);
                 // Another pod may have pulled it while this one was waiting for its pull.
                 if let Some(t) = &self.startup {
                     t.image_finished_pulling(uid);
@@ -895,7 +929,7 @@ impl ImageManager {
             }
             if policy == PullPolicy::Never {
                 let msg = format!("Container image {requested:?} is not present with pull policy of Never");
-                self.event(pod, container, EventType::Warning, events::ERR_IMAGE_NEVER_PULL_POLICY, msg.clone());
+                self.event(target, EventType::Warning, events::ERR_IMAGE_NEVER_PULL_POLICY, msg.clone());
                 return Err(PullError::new(reasons::ERR_IMAGE_NEVER_PULL, msg, Some(RETRY_WITHOUT_BACKOFF)));
             }
         }
@@ -904,7 +938,7 @@ impl ImageManager {
         let remaining = self.backoff.lock().unwrap().remaining(&key, Instant::now());
         if let Some(remaining) = remaining {
             let msg = format!("Back-off pulling image {requested:?}");
-            self.event(pod, container, EventType::Normal, events::BACK_OFF_PULL_IMAGE, msg.clone());
+            self.event(target, EventType::Normal, events::BACK_OFF_PULL_IMAGE, msg.clone());
             // The status says why (the event does not), as upstream.
             let msg = match self.prev_pull_error.lock().unwrap().get(&key) {
                 Some(prev) => format!("{msg}: {prev}"),
@@ -917,15 +951,14 @@ impl ImageManager {
             t.image_started_pulling(uid);
         }
         tracing::info!(pod = %pod_name(pod), image = requested, policy = policy.as_str(), "pulling image");
-        self.event(pod, container, EventType::Normal, events::PULLING_IMAGE, format!("Pulling image {requested:?}"));
+        self.event(target, EventType::Normal, events::PULLING_IMAGE, format!("Pulling image {requested:?}"));
         let start = Instant::now();
         let outcome = self.puller.pull(image, credentials, sandbox_config.cloned()).await;
         match outcome.result {
             Err(error) => {
                 tracing::warn!(pod = %pod_name(pod), image = requested, %error, "image pull failed");
                 self.event(
-                    pod,
-                    container,
+                    target,
                     EventType::Warning,
                     events::FAILED_TO_PULL_IMAGE,
                     format!("Failed to pull image {requested:?}: {error}"),
@@ -941,8 +974,7 @@ impl ImageManager {
                 }
                 let total = truncate_to_millis(start.elapsed());
                 self.event(
-                    pod,
-                    container,
+                    target,
                     EventType::Normal,
                     events::PULLED_IMAGE,
                     format!(

@@ -43,6 +43,7 @@ mod container;
 pub mod dns;
 pub mod env;
 mod image_credentials;
+mod image_volumes;
 pub mod pod_actions;
 mod sandbox;
 mod sync_result;
@@ -596,20 +597,31 @@ impl RuntimeManager {
             return result;
         }
 
+        // Upstream's `lazyStart`: the images of the pod's image volumes, before any
+        // container that may mount them starts.
+        let image_volumes = if starts_any {
+            Box::pin(self.pull_image_volumes(pod, &sandbox_config)).await
+        } else {
+            image_volumes::ImageVolumePulls::new()
+        };
+        let ctx = StartContext {
+            status,
+            sandbox_id: &sandbox_id,
+            sandbox_config: &sandbox_config,
+            pod_ips: &pod_ips,
+            image_volumes: &image_volumes,
+        };
         // Ephemeral containers first, so that they run even when an init container cannot
         // start (upstream's step 5). A sandbox just stopped because the pod is done gets none.
         // (Boxed: the sync's own future stays small.)
         if !actions.kill_pod && !actions.ephemeral_containers_to_start.is_empty() {
             let to_start = &actions.ephemeral_containers_to_start;
-            let ctx =
-                StartContext { status, sandbox_id: &sandbox_id, sandbox_config: &sandbox_config, pod_ips: &pod_ips };
             Box::pin(self.start_ephemeral_containers(pod, to_start, &ctx, &mut result)).await;
         }
         let inits = spec.init_containers.as_deref().unwrap_or_default();
         for &i in &actions.init_containers_to_start {
             let start = StartSpec::of(&inits[i], ContainerKind::Init);
-            let started =
-                self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
+            let started = self.start_with_backoff(pod, &start, &ctx, &mut result).await;
             // A sidecar that cannot start is retried at the next sync; a plain init
             // container that cannot start holds initialization up.
             if !started && !is_restartable_init_container(&inits[i]) {
@@ -618,7 +630,7 @@ impl RuntimeManager {
         }
         for &i in &actions.containers_to_start {
             let start = StartSpec::of(&spec.containers[i], ContainerKind::Regular);
-            self.start_with_backoff(pod, &start, status, &sandbox_id, &sandbox_config, &pod_ips, &mut result).await;
+            self.start_with_backoff(pod, &start, &ctx, &mut result).await;
         }
         result
     }
@@ -640,22 +652,18 @@ impl RuntimeManager {
                 kind: ContainerKind::Ephemeral,
                 target: ec.target_container_name.as_deref(),
             };
-            self.start_with_backoff(pod, &start, ctx.status, ctx.sandbox_id, ctx.sandbox_config, ctx.pod_ips, result)
-                .await;
+            self.start_with_backoff(pod, &start, ctx, result).await;
         }
     }
 
-    #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
     async fn start_with_backoff(
         &self,
         pod: &Pod,
         start: &StartSpec<'_>,
-        status: &RuntimePodStatus,
-        sandbox_id: &str,
-        sandbox_config: &api::PodSandboxConfig,
-        pod_ips: &[String],
+        ctx: &StartContext<'_>,
         result: &mut PodSyncResult,
     ) -> bool {
+        let status = ctx.status;
         let container = start.container;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if let Some(wait) = self.crash_loop_backoff(pod, container, status) {
@@ -688,7 +696,19 @@ impl RuntimeManager {
             .started_containers
             .get_or_create(&ContainerTypeLabels { container_type: container_type.into() })
             .inc();
-        match self.start_container(pod, start, status, restart_count, sandbox_id, sandbox_config, pod_ips).await {
+        // Upstream fails a container whose image volume was not pulled here, after counting
+        // the start and before `startContainer` (so not in the errors counter).
+        let image_volumes = match self.container_image_volumes(pod, container, ctx.image_volumes) {
+            Ok(v) => v,
+            Err(e) => {
+                self.set_reason(uid, &container.name, e.reason, e.message.clone());
+                result.add(SyncResult::start_failed(&container.name, e));
+                return false;
+            }
+        };
+        let started = self.start_container(pod, start, ctx, restart_count, &image_volumes).await;
+        self.count_image_volume_mounts(container, &image_volumes, &started);
+        match started {
             Ok(()) => {
                 self.clear_reason(uid, &container.name);
                 result.add(SyncResult::ok(SyncAction::StartContainer, &container.name));

@@ -2,7 +2,9 @@
 //! `kubelet_started_pods_errors_total`, `kubelet_started_containers_total{container_type}`,
 //! `kubelet_started_containers_errors_total{code,container_type}`,
 //! `kubelet_run_podsandbox_duration_seconds{runtime_handler}`,
-//! `kubelet_lifecycle_handler_http_fallbacks_total` and `kubelet_containers_per_pod_count`.
+//! `kubelet_lifecycle_handler_http_fallbacks_total`, `kubelet_containers_per_pod_count` and
+//! the image volume counters `kubelet_image_volume_requested_total`,
+//! `kubelet_image_volume_mounted_succeed_total` and `kubelet_image_volume_mounted_errors_total`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -56,6 +58,17 @@ metric_families! {
         /// back from HTTPS to HTTP.
         pub lifecycle_handler_http_fallbacks: Counter = Counter::default(),
             ("kubelet_lifecycle_handler_http_fallbacks", "[ALPHA] The number of times lifecycle handlers successfully fell back to http from https");
+        /// `kubelet_image_volume_requested_total`: image volumes of the containers whose start
+        /// was attempted.
+        pub image_volume_requested: Counter = Counter::default(),
+            ("kubelet_image_volume_requested", "[BETA] Number of requested image volumes");
+        /// `kubelet_image_volume_mounted_succeed_total`: image volume mounts of those starts
+        /// the runtime did not refuse.
+        pub image_volume_mounted_succeeded: Counter = Counter::default(),
+            ("kubelet_image_volume_mounted_succeed", "[BETA] Number of successful image volume mounts");
+        /// `kubelet_image_volume_mounted_errors_total`: image volume mounts the runtime refused.
+        pub image_volume_mounted_errors: Counter = Counter::default(),
+            ("kubelet_image_volume_mounted_errors", "[BETA] Number of failed image volume mounts");
         /// `kubelet_containers_per_pod_count`: containers per pod (registered as upstream does;
         /// nothing observes it yet).
         // pkg/kubelet/metrics: prometheus.ExponentialBuckets(1, 2, 5).

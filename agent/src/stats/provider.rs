@@ -137,7 +137,7 @@ fn pod_volumes(volumes: &VolumeManager, uid: &str) -> Vec<VolumeInventory> {
         .mounted_volumes(uid)
         .iter()
         .flat_map(crate::volumes::manager::PodVolumes::iter)
-        .filter(|v| v.plugin != Plugin::HostPath)
+        .filter(|v| !matches!(v.plugin, Plugin::HostPath | Plugin::Image))
         .map(|v| VolumeInventory {
             name: v.name.clone(),
             path: v.path.clone(),

@@ -37,6 +37,10 @@ pub enum Plugin {
     Secret,
     DownwardApi,
     Projected,
+    /// An OCI image or artifact mounted by the runtime (upstream `kubernetes.io/image`):
+    /// nothing on the node's side; the image is pulled by the runtime manager before the
+    /// containers start and handed to CRI as the mount's `image`.
+    Image,
 }
 
 impl Plugin {
@@ -50,6 +54,7 @@ impl Plugin {
             Self::Secret => "kubernetes.io/secret",
             Self::DownwardApi => "kubernetes.io/downward-api",
             Self::Projected => "kubernetes.io/projected",
+            Self::Image => "kubernetes.io/image",
         }
     }
 
@@ -65,6 +70,19 @@ impl Plugin {
     pub fn is_projected_content(self) -> bool {
         matches!(self, Self::ConfigMap | Self::Secret | Self::DownwardApi | Self::Projected)
     }
+}
+
+/// The images pulled for a pod's image volumes, by volume name (upstream
+/// `ImageVolumes`): what each mount of the volume hands the runtime.
+pub type ImageVolumes = HashMap<String, api::ImageSpec>;
+
+/// A container's CRI mounts ([`VolumeManager::container_mounts`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerMounts {
+    pub mounts: Vec<api::Mount>,
+    /// CRI `Mount.image_sub_path` of the image volume mounts with a sub path, by index
+    /// into `mounts` ([`crate::container::ImageSubPaths`]).
+    pub image_sub_paths: crate::container::ImageSubPaths,
 }
 
 /// A volume as set up for a pod.
@@ -157,11 +175,10 @@ fn used_volume_names(spec: &PodSpec) -> HashSet<&str> {
 
 /// The field name of a volume source this agent does not provide.
 fn unsupported_kind(v: &Volume) -> &'static str {
-    let kinds: [(bool, &'static str); 24] = [
+    let kinds: [(bool, &'static str); 23] = [
         (v.persistent_volume_claim.is_some(), "persistentVolumeClaim"),
         (v.csi.is_some(), "csi"),
         (v.ephemeral.is_some(), "ephemeral"),
-        (v.image.is_some(), "image"),
         (v.nfs.is_some(), "nfs"),
         (v.iscsi.is_some(), "iscsi"),
         (v.fc.is_some(), "fc"),
@@ -327,6 +344,10 @@ impl VolumeManager {
             mv(Plugin::DownwardApi, at(Plugin::DownwardApi), true)
         } else if v.projected.is_some() {
             mv(Plugin::Projected, at(Plugin::Projected), true)
+        } else if v.image.is_some() {
+            // No path: the runtime mounts the image (upstream's plugin has none either),
+            // always read-only.
+            MountedVolume { read_only: true, ..mv(Plugin::Image, PathBuf::new(), false) }
         } else {
             return Err(VolumeError::Unsupported { kind: unsupported_kind(v) });
         })
@@ -336,7 +357,7 @@ impl VolumeManager {
     /// in-memory record is gone; upstream reconstructs it from disk the same way).
     fn set_up_on_disk(mv: &MountedVolume) -> bool {
         match mv.plugin {
-            Plugin::HostPath => false,
+            Plugin::HostPath | Plugin::Image => false,
             Plugin::EmptyDir => mv.path.is_dir(),
             _ => std::fs::symlink_metadata(mv.path.join(DATA_DIR_NAME)).is_ok(),
         }
@@ -407,6 +428,8 @@ impl VolumeManager {
                 let hp = v.host_path.as_ref().expect("described as hostPath");
                 Ok(host_path::check_type(&mv.path, hp.type_.as_deref())?)
             }
+            // Pulled by the runtime manager, mounted by the runtime.
+            Plugin::Image => Ok(()),
             Plugin::ConfigMap | Plugin::Secret | Plugin::DownwardApi | Plugin::Projected => {
                 // Read everything first: a failure leaves the volume as it was.
                 let payload = self.payload(pod, v).await?;
@@ -585,13 +608,12 @@ impl VolumeManager {
     /// resolved environment, for `subPathExpr`.
     pub fn container_mounts(
         &self,
-        pod: &Pod,
         container: &Container,
         volumes: &PodVolumes,
+        images: &ImageVolumes,
         envs: &[(String, String)],
-    ) -> Result<Vec<api::Mount>> {
-        let _ = pod;
-        let mut mounts = Vec::new();
+    ) -> Result<ContainerMounts> {
+        let mut out = ContainerMounts::default();
         for m in container.volume_mounts.iter().flatten() {
             let vol = volumes
                 .get(&m.name)
@@ -600,26 +622,38 @@ impl VolumeManager {
             if let Some(expr) = m.sub_path_expr.as_deref().filter(|e| !e.is_empty()) {
                 sub_path = expand_sub_path_expr(expr, envs)?;
             }
-            let host_path = if sub_path.is_empty() {
-                vol.path.clone()
-            } else {
-                subpath::prepare(&vol.path, &sub_path, &m.name, &container.name)?
-            };
             let propagation = match m.mount_propagation.as_deref() {
                 None | Some("None") => api::MountPropagation::PropagationPrivate,
                 Some("HostToContainer") => api::MountPropagation::PropagationHostToContainer,
                 Some("Bidirectional") => api::MountPropagation::PropagationBidirectional,
                 Some(other) => return Err(Error::MountPropagation(other.to_owned())),
             };
-            mounts.push(api::Mount {
+            let mut mount = api::Mount {
                 container_path: m.mount_path.clone(),
-                host_path: host_path.to_string_lossy().into_owned(),
                 readonly: m.read_only.unwrap_or(false) || vol.read_only,
                 propagation: propagation as i32,
                 ..Default::default()
-            });
+            };
+            if vol.plugin == Plugin::Image {
+                // Upstream `makeMounts`: the image pulled for the volume, its sub path
+                // checked as any other and left to the runtime to resolve in the image.
+                let image = images.get(&m.name).ok_or_else(|| Error::ImageNotPulled { volume: m.name.clone() })?;
+                if !sub_path.is_empty() {
+                    subpath::validate(&sub_path)?;
+                    out.image_sub_paths.push((out.mounts.len(), sub_path));
+                }
+                mount.image = Some(image.clone());
+            } else {
+                let host_path = if sub_path.is_empty() {
+                    vol.path.clone()
+                } else {
+                    subpath::prepare(&vol.path, &sub_path, &m.name, &container.name)?
+                };
+                mount.host_path = host_path.to_string_lossy().into_owned();
+            }
+            out.mounts.push(mount);
         }
-        Ok(mounts)
+        Ok(out)
     }
 
     /// Unmounts and removes the volumes of a pod whose containers are gone (upstream

@@ -10,7 +10,7 @@
 //!   was never set up blocks the pod (event `FailedMount`, retried); a failed refresh of a
 //!   volume that is already in use is reported and the old content stays.
 //! - [`VolumeManager::container_mounts`] turns `volumeMounts` into CRI mounts (`readOnly`,
-//!   `subPath`/`subPathExpr`, `mountPropagation`).
+//!   `subPath`/`subPathExpr`, `mountPropagation`, and the images of image volumes).
 //! - [`VolumeManager::cleanup_pod`] unmounts and removes a terminated pod's volumes;
 //!   [`VolumeManager::cleanup_orphans`] does it for pod directories nobody knows.
 //!
@@ -18,7 +18,13 @@
 //! pods with emptyDir/hostPath work; configMap/secret/token volumes fail with a clear
 //! error), [`FakeObjectSource`] in tests.
 //!
-//! Not implemented: persistent volumes, CSI, ephemeral and image volumes (refused with an
+//! - `image` volumes (upstream `kubernetes.io/image`) need nothing on the node: the runtime
+//!   manager pulls each volume's image with the volume's `pullPolicy` before the pod's
+//!   containers start, and [`VolumeManager::container_mounts`] hands the runtime the pulled
+//!   image as the mount's `image`, read-only, with its `subPath` as `image_sub_path`. The
+//!   runtime mounts it (containerd 2.1 and later; containerd 1.6 refuses such a mount).
+//!
+//! Not implemented: persistent volumes, CSI and ephemeral volumes (refused with an
 //! error naming the type), clusterTrustBundle and podCertificate projections, the alpha
 //! fields `emptyDir.mode` and the `user`/`defaultUser` of atomic-writer volumes (their
 //! feature gates are off by default upstream), `SELinux` relabeling, `emptyDir.sizeLimit`
@@ -139,6 +145,13 @@ pub enum Error {
         volume: String,
         /// The container.
         container: String,
+    },
+    /// An image volume whose image was not pulled for this start (a runtime manager bug:
+    /// it pulls every image volume before any container starts).
+    #[error("the image of image volume {volume:?} was not pulled")]
+    ImageNotPulled {
+        /// The volume.
+        volume: String,
     },
     /// A bad or unsafe `subPath`.
     #[error(transparent)]

@@ -42,14 +42,20 @@ pub enum Error {
     },
 }
 
-/// Validates `sub_path`, creates it if missing and returns its resolved host path.
-pub fn prepare(volume_path: &Path, sub_path: &str, volume: &str, container: &str) -> Result<PathBuf, Error> {
+/// Upstream's checks of every sub path: relative, and without a `..` element.
+pub fn validate(sub_path: &str) -> Result<(), Error> {
     if sub_path.starts_with('/') {
         return Err(Error::Absolute(sub_path.to_owned()));
     }
     if sub_path.split('/').any(|p| p == "..") {
         return Err(Error::Backsteps(sub_path.to_owned()));
     }
+    Ok(())
+}
+
+/// Validates `sub_path`, creates it if missing and returns its resolved host path.
+pub fn prepare(volume_path: &Path, sub_path: &str, volume: &str, container: &str) -> Result<PathBuf, Error> {
+    validate(sub_path)?;
     let prepare_err = |why: &dyn std::fmt::Display| {
         tracing::warn!(volume, container, sub_path, reason = %why, "failed to prepare subPath");
         Error::Prepare { volume: volume.to_owned(), container: container.to_owned() }

@@ -16,10 +16,11 @@ use super::{
 use crate::container::ephemeral;
 use crate::container::labels::{self, ContainerKind};
 use crate::container::pod_status::{ContainerState, RuntimePodStatus};
-use crate::container::{Result, api};
+use crate::container::{ImageSubPaths, Result, api};
 use crate::events::EventType;
 use crate::images::puller::{EnsuredImage, PullError};
 use crate::runtime::security_context;
+use crate::volumes::manager::{ContainerMounts, ImageVolumes};
 
 /// The hosts file the kubelet manages in containers.
 const ETC_HOSTS: &str = "/etc/hosts";
@@ -84,11 +85,14 @@ impl<'a> StartSpec<'a> {
 
 /// Where a sync starts containers: the runtime's view of the pod before the sync and the
 /// sandbox to start them in.
+#[derive(Clone, Copy)]
 pub(super) struct StartContext<'a> {
     pub(super) status: &'a RuntimePodStatus,
     pub(super) sandbox_id: &'a str,
     pub(super) sandbox_config: &'a api::PodSandboxConfig,
     pub(super) pod_ips: &'a [String],
+    /// The pulls of the pod's image volumes for this sync.
+    pub(super) image_volumes: &'a super::image_volumes::ImageVolumePulls,
 }
 
 /// A container's namespaces: the node's or the pod's network, pid and ipc namespaces as the
@@ -135,20 +139,21 @@ struct Starting<'a> {
     restart_count: u32,
     pod_ips: &'a [String],
     image: &'a EnsuredImage,
+    image_volumes: &'a ImageVolumes,
 }
 
 impl RuntimeManager {
-    #[expect(clippy::too_many_arguments, reason = "mirrors upstream startContainer inputs")]
+    /// Upstream `startContainer`; `image_volumes` are the pulled images of the image
+    /// volumes the container mounts.
     pub(super) async fn start_container(
         &self,
         pod: &Pod,
         start: &StartSpec<'_>,
-        status: &RuntimePodStatus,
+        ctx: &StartContext<'_>,
         restart_count: u32,
-        sandbox_id: &str,
-        sandbox_config: &api::PodSandboxConfig,
-        pod_ips: &[String],
+        image_volumes: &ImageVolumes,
     ) -> Result<(), StartError> {
+        let StartContext { status, sandbox_id, sandbox_config, pod_ips, .. } = *ctx;
         let container = start.container;
         let image = container.image.as_deref().unwrap_or_default();
         let credentials = self.image_credentials(pod, image).await;
@@ -159,8 +164,16 @@ impl RuntimeManager {
         // Upstream resolves the target after the image, as a container config error.
         let target_id = ephemeral::target_id(start.target, status)
             .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e.to_string()))?;
-        let starting =
-            Starting { pod, container, kind: start.kind, target_id, restart_count, pod_ips, image: &ensured };
+        let starting = Starting {
+            pod,
+            container,
+            kind: start.kind,
+            target_id,
+            restart_count,
+            pod_ips,
+            image: &ensured,
+            image_volumes,
+        };
         let started = self.create_and_start_container(starting, sandbox_id, sandbox_config);
         traced_step("startContainer", &container.name, image, started).await
     }
@@ -173,7 +186,7 @@ impl RuntimeManager {
         sandbox_config: &api::PodSandboxConfig,
     ) -> Result<(), StartError> {
         let Starting { pod, container, restart_count, pod_ips, .. } = starting;
-        let mut config = self
+        let (mut config, image_sub_paths) = self
             .container_config(starting)
             .await
             .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_CONFIG_ERROR, e))?;
@@ -185,7 +198,7 @@ impl RuntimeManager {
             let under_way = self.cache.starts().begin(pod.metadata.uid.as_deref().unwrap_or_default());
             let id = self
                 .rt
-                .create_container(sandbox_id, config, sandbox_config.clone())
+                .create_container_with_image_sub_paths(sandbox_id, config, sandbox_config.clone(), &image_sub_paths)
                 .await
                 .map_err(|e| StartError::new(reasons::CREATE_CONTAINER_ERROR, e.to_string()))?;
             // Before it can exit: the evented PLEG then waits for the runtime to record
@@ -260,8 +273,11 @@ impl RuntimeManager {
     /// as upstream's `getImageUser` always does. Upstream asks twice per container start;
     /// once is enough, and at a 100-pod burst the runtime's time is what start latency is
     /// made of.
-    async fn container_config(&self, starting: Starting<'_>) -> std::result::Result<api::ContainerConfig, String> {
-        let Starting { pod, container, kind, target_id, restart_count, pod_ips, image } = starting;
+    async fn container_config(
+        &self,
+        starting: Starting<'_>,
+    ) -> std::result::Result<(api::ContainerConfig, ImageSubPaths), String> {
+        let Starting { pod, container, kind, target_id, restart_count, pod_ips, image, image_volumes } = starting;
         let image_ref = image.image_ref.as_str();
         let ctx = env::Context {
             cfg: &self.cfg,
@@ -281,7 +297,8 @@ impl RuntimeManager {
         let log_dir = self.pod_log_dir(pod).join(&container.name);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;
-        let mut mounts = self.make_mounts(pod, container, pod_ips, &envs).await?;
+        let ContainerMounts { mut mounts, image_sub_paths } =
+            self.make_mounts(pod, container, pod_ips, image_volumes, &envs).await?;
         // A pod of its own user namespace: the same mappings for every container, and
         // for its mounts (idmapped by the runtime).
         let userns = self.user_namespace(pod)?;
@@ -310,7 +327,7 @@ impl RuntimeManager {
                 ..security
             }),
         };
-        Ok(api::ContainerConfig {
+        let config = api::ContainerConfig {
             metadata: Some(api::ContainerMetadata { name: container.name.clone(), attempt: restart_count }),
             image: Some(api::ImageSpec {
                 image: if image_ref.is_empty() {
@@ -334,7 +351,8 @@ impl RuntimeManager {
             tty: container.tty.unwrap_or(false),
             linux: Some(linux),
             ..Default::default()
-        })
+        };
+        Ok((config, image_sub_paths))
     }
 
     /// The container's mounts, in upstream `makeMounts` order: its volumes (set up by the
@@ -346,15 +364,18 @@ impl RuntimeManager {
         pod: &Pod,
         container: &Container,
         pod_ips: &[String],
+        image_volumes: &ImageVolumes,
         envs: &[(String, String)],
-    ) -> std::result::Result<Vec<api::Mount>, String> {
+    ) -> std::result::Result<ContainerMounts, String> {
         let spec = pod.spec.as_ref().ok_or_else(|| no_spec(pod))?;
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let volumes = match self.volumes.mounted_volumes(uid) {
             Some(v) => v,
             None => self.volumes.mount_pod_volumes(pod).await.map_err(|e| e.to_string())?,
         };
-        let mut mounts = self.volumes.container_mounts(pod, container, &volumes, envs).map_err(|e| e.to_string())?;
+        let mut out =
+            self.volumes.container_mounts(container, &volumes, image_volumes, envs).map_err(|e| e.to_string())?;
+        let mounts = &mut out.mounts;
         let pod_dir = self.pod_dir(uid);
 
         // Host-network pods report the node's IPs as theirs.
@@ -402,7 +423,7 @@ impl RuntimeManager {
                 ..Default::default()
             });
         }
-        Ok(mounts)
+        Ok(out)
     }
 
     /// Keeps only the newest instance of each init container (upstream
@@ -572,7 +593,17 @@ mod tests {
         image: &'a EnsuredImage,
         pod_ips: &'a [String],
     ) -> Starting<'a> {
-        Starting { pod, container, kind: ContainerKind::Regular, target_id: None, restart_count: 0, pod_ips, image }
+        static NO_IMAGE_VOLUMES: std::sync::LazyLock<ImageVolumes> = std::sync::LazyLock::new(ImageVolumes::new);
+        Starting {
+            pod,
+            container,
+            kind: ContainerKind::Regular,
+            target_id: None,
+            restart_count: 0,
+            pod_ips,
+            image,
+            image_volumes: &NO_IMAGE_VOLUMES,
+        }
     }
 
     #[tokio::test]
@@ -582,7 +613,7 @@ mod tests {
         let p = pod();
         let c = &p.spec.as_ref().unwrap().containers[0];
         let ips = vec!["10.0.0.7".to_string()];
-        let cfg = e.rm.container_config(regular(&p, c, &unchecked_image("img"), &ips)).await.unwrap();
+        let (cfg, _) = e.rm.container_config(regular(&p, c, &unchecked_image("img"), &ips)).await.unwrap();
         assert_eq!(cfg.envs, vec![api::KeyValue { key: "LEVEL".into(), value: "debug".into() }]);
         let app = cfg.mounts.iter().find(|m| m.container_path == "/etc/app").unwrap();
         assert!(app.readonly);
@@ -604,7 +635,7 @@ mod tests {
             serde_json::from_value(json!({"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}})).unwrap(),
         );
         let c = p.spec.as_ref().unwrap().containers[0].clone();
-        let cfg = e.rm.container_config(regular(&p, &c, &unchecked_image("img"), &[])).await.unwrap();
+        let (cfg, _) = e.rm.container_config(regular(&p, &c, &unchecked_image("img"), &[])).await.unwrap();
         let sc = cfg.linux.unwrap().security_context.unwrap();
         assert_eq!(sc.supplemental_groups, [2000]);
         assert_eq!(sc.seccomp.unwrap().profile_type, api::security_profile::ProfileType::RuntimeDefault as i32);

@@ -686,3 +686,88 @@ async fn a_failed_exit_whose_message_comes_from_the_log_waits_for_the_runtime() 
     let st = rm.pod_status("u1").await.unwrap();
     assert_eq!((st.containers[0].state, st.containers[0].message.as_str()), (ContainerState::Exited, ""));
 }
+
+/// Image volumes: pulled before the containers start, with their own pull policy and
+/// events on the pod; a failed pull holds back only the containers that mount the volume.
+#[tokio::test]
+async fn image_volumes_are_pulled_first_and_a_failed_one_holds_back_its_containers_only() {
+    use crate::container::api;
+    use crate::container::fake::fake_image;
+    use crate::runtime::metrics::{ContainerTypeLabels, StartedContainerErrorLabels};
+    let (_dir, fake, recorder, rm) = setup();
+    fake.add_registry_image(fake_image("example.test/tools:1"));
+    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": "u1", "annotations": {"a": "b"}},
+        "spec": {
+            "volumes": [
+                {"name": "tools", "image": {"reference": "example.test/tools:1"}},
+                {"name": "gone", "image": {"reference": "example.test/gone:1", "pullPolicy": "Never"}}
+            ],
+            "containers": [
+                {"name": "a", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
+                 "volumeMounts": [{"name": "tools", "mountPath": "/opt/tools"},
+                                  {"name": "tools", "mountPath": "/opt/bin", "subPath": "bin"}]},
+                {"name": "b", "image": "img", "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "",
+                 "volumeMounts": [{"name": "gone", "mountPath": "/gone"}]}
+            ]
+        }
+    }))
+    .unwrap();
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert_eq!(
+        r.errors(),
+        ["ErrImageNeverPull: Container image \"example.test/gone:1\" is not present with pull policy of Never"]
+    );
+
+    // `a` runs with the pulled image mounted twice, read-only, the second at its sub path.
+    let [a] = fake.containers_named("a").try_into().unwrap();
+    let mounts = fake.container_config(&a).unwrap().mounts;
+    let tools = api::ImageSpec {
+        image: "sha256:example.test/tools:1".into(),
+        user_specified_image: "example.test/tools:1".into(),
+        annotations: [("a".to_owned(), "b".to_owned())].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        mounts[..2].iter().map(|m| (m.container_path.as_str(), m.host_path.as_str(), m.readonly)).collect::<Vec<_>>(),
+        [("/opt/tools", "", true), ("/opt/bin", "", true)]
+    );
+    assert!(mounts[..2].iter().all(|m| m.image.as_ref() == Some(&tools)), "{mounts:?}");
+    assert_eq!(fake.image_sub_paths(&a), [(1, "bin".to_owned())]);
+
+    // `b` never reached the runtime; its waiting reason is the pull's.
+    assert!(fake.containers_named("b").is_empty());
+    let (reason, message) = rm.start_failure("u1", "b").unwrap();
+    assert_eq!(reason, "ErrImageNeverPull");
+    assert_eq!(message, "Container image \"example.test/gone:1\" is not present with pull policy of Never");
+
+    // Pull events are the pod's; the start failure is the container's.
+    let on = |reason: &str| {
+        recorder
+            .list()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| (e.involved_object.field_path, e.message.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(on("Pulling"), [(None, "Pulling image \"example.test/tools:1\"".to_owned())]);
+    assert_eq!(
+        on("ErrImageNeverPull"),
+        [(None, "Container image \"example.test/gone:1\" is not present with pull policy of Never".to_owned())]
+    );
+    assert_eq!(on("Failed"), [(Some("spec.containers{b}".to_owned()), "Error: ErrImageNeverPull".to_owned())]);
+
+    // Upstream's counters: both starts counted, `b`'s failure not among start errors;
+    // one image volume requested by `a`, mounted twice.
+    let started =
+        rm.metrics.started_containers.get_or_create(&ContainerTypeLabels { container_type: "container".into() });
+    assert_eq!(started.get(), 2);
+    let errors = StartedContainerErrorLabels { code: "ErrImageNeverPull".into(), container_type: "container".into() };
+    assert_eq!(rm.metrics.started_containers_errors.get_or_create(&errors).get(), 0);
+    let m = &rm.metrics;
+    assert_eq!(
+        (m.image_volume_requested.get(), m.image_volume_mounted_succeeded.get(), m.image_volume_mounted_errors.get()),
+        (1, 2, 0)
+    );
+}

@@ -53,6 +53,10 @@ fn pod_with(volumes: &serde_json::Value, mounts: &serde_json::Value, security: &
     .unwrap()
 }
 
+fn no_images() -> ImageVolumes {
+    ImageVolumes::new()
+}
+
 fn mount(name: &str, path: &str) -> serde_json::Value {
     json!({"name": name, "mountPath": path})
 }
@@ -150,7 +154,8 @@ async fn host_path_creates_and_checks() {
     let vols = e.vm.mount_pod_volumes(&p).await.unwrap();
     assert_eq!(vols.get("hp").unwrap().path, target);
     assert!(target.is_dir());
-    let mounts = e.vm.container_mounts(&p, &p.spec.as_ref().unwrap().containers[0], &vols, &[]).unwrap();
+    let mounts =
+        e.vm.container_mounts(&p.spec.as_ref().unwrap().containers[0], &vols, &no_images(), &[]).unwrap().mounts;
     assert_eq!(mounts[0].host_path, target.to_string_lossy());
     assert!(!mounts[0].readonly);
     // Cleanup never touches the host path.
@@ -416,7 +421,7 @@ async fn container_mounts_map_read_only_propagation_and_sub_paths() {
     let vols = e.vm.mount_pod_volumes(&p).await.unwrap();
     let c = &p.spec.as_ref().unwrap().containers[0];
     let envs = vec![("POD_NAME".to_string(), "p".to_string())];
-    let m = e.vm.container_mounts(&p, c, &vols, &envs).unwrap();
+    let m = e.vm.container_mounts(c, &vols, &no_images(), &envs).unwrap().mounts;
     let data = vols.get("data").unwrap().path.canonicalize().unwrap();
     assert_eq!(m.len(), 4);
     assert!(m[0].readonly, "configMap volumes are always read-only");
@@ -431,7 +436,7 @@ async fn container_mounts_map_read_only_propagation_and_sub_paths() {
     assert_eq!(m[3].container_path, "/e");
 
     // subPathExpr without the variable.
-    let err = e.vm.container_mounts(&p, c, &vols, &[]).unwrap_err();
+    let err = e.vm.container_mounts(c, &vols, &no_images(), &[]).unwrap_err();
     assert_eq!(err.to_string(), "missing value for POD_NAME");
 }
 
@@ -447,7 +452,7 @@ async fn container_mount_errors() {
     let vols = e.vm.mount_pod_volumes(&p).await.unwrap();
     std::os::unix::fs::symlink(&escape, vols.get("data").unwrap().path.join("link")).unwrap();
     let c = p.spec.as_ref().unwrap().containers[0].clone();
-    let err = e.vm.container_mounts(&p, &c, &vols, &[]).unwrap_err();
+    let err = e.vm.container_mounts(&c, &vols, &no_images(), &[]).unwrap_err();
     assert_eq!(err.to_string(), "failed to prepare subPath for volumeMount \"data\" of container \"c\"");
     assert!(!escape.join("etc").exists());
 
@@ -456,14 +461,64 @@ async fn container_mount_errors() {
         serde_json::from_value(json!({"name": "data", "mountPath": "/x", "mountPropagation": "Sideways"})).unwrap(),
     ]);
     assert_eq!(
-        e.vm.container_mounts(&p, &bad, &vols, &[]).unwrap_err().to_string(),
+        e.vm.container_mounts(&bad, &vols, &no_images(), &[]).unwrap_err().to_string(),
         "invalid MountPropagation mode: \"Sideways\""
     );
     bad.volume_mounts = Some(vec![serde_json::from_value(json!({"name": "other", "mountPath": "/x"})).unwrap()]);
     assert_eq!(
-        e.vm.container_mounts(&p, &bad, &vols, &[]).unwrap_err().to_string(),
+        e.vm.container_mounts(&bad, &vols, &no_images(), &[]).unwrap_err().to_string(),
         "cannot find volume \"other\" to mount into container \"c\""
     );
+}
+
+#[tokio::test]
+async fn an_image_volume_is_the_pulled_image_mounted_read_only_by_the_runtime_with_its_sub_path() {
+    let e = env();
+    let p = pod(
+        json!([{"name": "tools", "image": {"reference": "example.test/tools:1", "pullPolicy": "IfNotPresent"}},
+               {"name": "data", "emptyDir": {}}]),
+        json!([
+            {"name": "data", "mountPath": "/data"},
+            {"name": "tools", "mountPath": "/opt/tools"},
+            {"name": "tools", "mountPath": "/etc/tool", "subPathExpr": "etc/$(POD_NAME)", "readOnly": false}
+        ]),
+    );
+    let vols = e.vm.mount_pod_volumes(&p).await.unwrap();
+    let tools = vols.get("tools").unwrap();
+    assert_eq!((tools.plugin.name(), tools.read_only), ("kubernetes.io/image", true));
+    assert!(e.mounter.calls().is_empty(), "nothing is mounted on the node for an image volume");
+    assert!(!e.vm.pod_volumes_dir("u1").join("kubernetes.io~image").exists());
+
+    let c = &p.spec.as_ref().unwrap().containers[0];
+    let envs = vec![("POD_NAME".to_string(), "p".to_string())];
+    let spec = api::ImageSpec {
+        image: "sha256:1234".into(),
+        user_specified_image: "example.test/tools:1".into(),
+        ..Default::default()
+    };
+    let images = ImageVolumes::from([("tools".to_owned(), spec.clone())]);
+    let out = e.vm.container_mounts(c, &vols, &images, &envs).unwrap();
+    assert_eq!(out.mounts.len(), 3);
+    assert!(out.mounts[0].image.is_none());
+    for m in &out.mounts[1..] {
+        assert_eq!(m.image.as_ref(), Some(&spec));
+        assert_eq!(m.host_path, "", "an image mount has no host path");
+        assert!(m.readonly, "image volumes are read-only whatever the mount says");
+    }
+    assert_eq!(out.image_sub_paths, [(2, "etc/p".to_owned())]);
+
+    // The image must have been pulled; sub paths are checked as any other.
+    let err = e.vm.container_mounts(c, &vols, &no_images(), &envs).unwrap_err();
+    assert_eq!(err.to_string(), "the image of image volume \"tools\" was not pulled");
+    let mut bad = c.clone();
+    bad.volume_mounts =
+        Some(vec![serde_json::from_value(json!({"name": "tools", "mountPath": "/x", "subPath": "../etc"})).unwrap()]);
+    assert_eq!(
+        e.vm.container_mounts(&bad, &vols, &images, &[]).unwrap_err().to_string(),
+        "unable to provision SubPath `../etc`: must not contain '..'"
+    );
+    // Nothing to clean up but the pod's directory.
+    e.vm.cleanup_pod("u1").unwrap();
 }
 
 #[tokio::test]
