@@ -1127,3 +1127,114 @@ async fn agent_kill9_with_100_pods_restarts_nothing() -> Result<()> {
     eprintln!("kill -9 with {PODS} pods: every pod running in the new agent's /pods {converged:?} after the kill");
     agent.shutdown(&cri).await
 }
+
+/// The waiting reason and message of container `name`.
+fn waiting<'a>(p: &'a Value, name: &str) -> (&'a str, &'a str) {
+    let w = &container(p, name)["state"]["waiting"];
+    (w["reason"].as_str().unwrap_or_default(), w["message"].as_str().unwrap_or_default())
+}
+
+/// Whether the runtime mounts image volumes (CRI `Mount.image`): containerd 2.1 and later.
+async fn runtime_mounts_images(cri: &Cri) -> Result<bool> {
+    let v = cri.version().await?.runtime_version;
+    let mut parts = v.trim_start_matches('v').split(['.', '~', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    Ok((major, minor) >= (2, 1))
+}
+
+/// An image volume: the busybox image mounted whole and, with a subPath, its `etc`, both
+/// read-only, by the runtime; a volume whose image is absent with `pullPolicy: Never`
+/// holds back only the container that mounts it (`ErrImageNeverPull`, the pull's event on
+/// the pod); a subPath the image lacks is the runtime's `CreateContainerError`. On a
+/// runtime without image volumes (containerd 1.6) the mount is refused at create.
+#[tokio::test]
+async fn an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_image_holds_back_its_container()
+-> Result<()> {
+    let _g = testbed_lock().await;
+    let (agent, cri) = setup(EVENTED).await?;
+    let supported = runtime_mounts_images(&cri).await?;
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: imgvol
+spec:
+  terminationGracePeriodSeconds: 2
+  volumes:
+  - name: tools
+    image: {{reference: "{BUSYBOX}", pullPolicy: IfNotPresent}}
+  - name: absent
+    image: {{reference: "localhost/absent:1", pullPolicy: Never}}
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "{SERVE}"]
+    volumeMounts:
+    - {{name: tools, mountPath: /img}}
+    - {{name: tools, mountPath: /imgetc, subPath: etc}}
+  - name: held
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "{SERVE}"]
+    volumeMounts:
+    - {{name: absent, mountPath: /absent}}
+  - name: badsub
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "{SERVE}"]
+    volumeMounts:
+    - {{name: tools, mountPath: /nope, subPath: no/such/dir}}
+"#
+    );
+    agent.write_manifest("imgvol.yaml", &manifest)?;
+    let never = "Container image \"localhost/absent:1\" is not present with pull policy of Never";
+    let settled = |p: &Value| {
+        waiting(p, "held") == ("ErrImageNeverPull", never)
+            && (running(p, "main") || !supported)
+            && waiting(p, "badsub").0 == "CreateContainerError"
+    };
+    let p = agent.wait_pod("imgvol", Duration::from_mins(1), settled).await?;
+    if supported {
+        let id = container(&p, "main")["containerID"].as_str().unwrap_or_default().trim_start_matches("containerd://");
+        let (code, passwd) = cri.exec(id, &["cat", "/img/etc/passwd"]).await?;
+        assert_eq!(code, 0, "{passwd}");
+        assert!(passwd.starts_with("root:x:0:0:"), "{passwd}");
+        let (code, group) = cri.exec(id, &["cat", "/imgetc/group"]).await?;
+        assert_eq!((code, group.contains("wheel:x:10:root")), (0, true), "the subPath's content: {group}");
+        let (code, out) = cri.exec(id, &["touch", "/img/new"]).await?;
+        assert_ne!(code, 0, "an image volume is read-only: {out}");
+        let (_, mounts) = cri.exec(id, &["cat", "/proc/self/mounts"]).await?;
+        for path in ["/img", "/imgetc"] {
+            let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(path)).unwrap_or_default();
+            assert!(line.split(' ').nth(3).is_some_and(|o| o.split(',').any(|f| f == "ro")), "{path}: {line}");
+        }
+        let (_, msg) = waiting(&p, "badsub");
+        assert!(msg.contains("no/such/dir"), "the runtime names the missing subPath: {msg}");
+    } else {
+        let (reason, msg) = waiting(&p, "main");
+        assert_eq!(reason, "CreateContainerError", "{msg}");
+    }
+    // The pull's events are the pod's; the held container's failure is its own.
+    let (_, body) = agent.get("/events").await?;
+    let events: Value = serde_json::from_str(&body)?;
+    let items = events["items"].as_array().cloned().unwrap_or_default();
+    let on_pod = items.iter().any(|e| {
+        e["reason"] == "ErrImageNeverPull" && e["message"] == never && e["involvedObject"]["fieldPath"].is_null()
+    });
+    assert!(on_pod, "no ErrImageNeverPull event on the pod: {body}");
+    let on_held = items.iter().any(|e| {
+        e["reason"] == "Failed"
+            && e["message"] == "Error: ErrImageNeverPull"
+            && e["involvedObject"]["fieldPath"] == "spec.containers{held}"
+    });
+    assert!(on_held, "no Failed event on the held container: {body}");
+    let (_, metrics) = agent.get("/metrics").await?;
+    let value = |name: &str| {
+        metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok()).unwrap_or(-1.0)
+    };
+    assert!(value("kubelet_image_volume_requested_total") >= 2.0, "main's and badsub's starts");
+    assert!(value("kubelet_image_volume_mounted_succeed_total") >= 3.0, "counted as upstream counts");
+    agent.remove_manifest("imgvol.yaml")?;
+    agent.shutdown(&cri).await
+}

@@ -26,8 +26,8 @@ const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_ma
 /// The end-to-end tests that run a second time with the agent in the node container
 /// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
 /// containerd 2.x), as `cargo test` name filters: the lifecycle, `QoS`, resource manager
-/// and eviction scenarios the README's test matrix lists, user namespaces and
-/// `supplementalGroupsPolicy: Strict`; about three minutes. Every
+/// and eviction scenarios the README's test matrix lists, user namespaces,
+/// `supplementalGroupsPolicy: Strict` and image volumes; about three minutes. Every
 /// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
 pub const NODE_SUITE: &[&str] = &[
     "evented_pleg::static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely",
@@ -44,6 +44,7 @@ pub const NODE_SUITE: &[&str] = &[
     // Features only containerd 2.x has (on 1.6 the same tests check the refusal).
     "host_users_false_runs_the_pod_in_a_user_namespace_of_its_own",
     "supplemental_groups_policy_strict_leaves_out_the_images_groups",
+    "an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_image_holds_back_its_container",
 ];
 
 /// Totals over the `test result:` lines of a `cargo test` run.
