@@ -15,6 +15,7 @@ pub mod outage;
 pub mod pods;
 pub mod prometheus;
 pub mod registry;
+pub mod runtime_events;
 pub mod scratch;
 pub mod spdy;
 pub mod streaming;
@@ -685,7 +686,7 @@ authorization:
     }
 
     /// `/metrics`, which must answer 200.
-    async fn metrics_text(&self) -> Result<String> {
+    pub async fn metrics_text(&self) -> Result<String> {
         let (code, body) = self.get("/metrics").await?;
         ensure!(code == 200, "/metrics answered {code}: {body}");
         Ok(body)

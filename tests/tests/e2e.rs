@@ -1238,3 +1238,15 @@ spec:
     agent.remove_manifest("imgvol.yaml")?;
     agent.shutdown(&cri).await
 }
+
+/// What the runtime's event stream adds, small (`swiftlet_tests::runtime_events`; `cargo
+/// xtask bench runtime-events` runs it at 100 containers): on containerd 2.x every kill's
+/// stop comes from the runtime's stream too, counted by which source told it first, and
+/// each one the kernel told first is timed; on containerd 1.6 no runtime event is counted.
+#[tokio::test]
+async fn the_runtimes_event_stream_is_counted_and_timed_against_the_kernel() -> Result<()> {
+    let _g = testbed_lock().await;
+    let report = swiftlet_tests::runtime_events::run(swiftlet_tests::runtime_events::Plan::CI).await?;
+    println!("{}", report.table());
+    report.check()
+}

@@ -42,30 +42,44 @@ pub struct ChaosArgs {
 }
 
 pub fn run(ctx: &Ctx, layout: &Layout, args: &ChaosArgs) -> Result<()> {
+    let name = args.scenario.to_possible_value().context("a scenario has a name")?.get_name().to_owned();
+    run_scenario(ctx, layout, &name, &args.args, args.release, &[])
+}
+
+/// Builds the agent and `swiftlet-chaos` and runs its scenario `name` with `args` and the
+/// test bed's environment plus `env`.
+pub fn run_scenario(
+    ctx: &Ctx,
+    layout: &Layout,
+    name: &str,
+    args: &[String],
+    release: bool,
+    env: &[(&str, &str)],
+) -> Result<()> {
     ensure!(layout.socket().exists(), "the test bed is not up: run `cargo xtask testbed up` first");
     let mut build =
         vec!["build", "-p", "swiftlet", "-p", "swiftlet-tests", "--bin", "swiftlet", "--bin", "swiftlet-chaos"];
-    if args.release {
+    if release {
         build.push("--release");
     }
     eprintln!("==> cargo {}", build.join(" "));
     let status =
         Command::new(&ctx.cargo).args(&build).current_dir(&ctx.workspace).status().context("running cargo build")?;
     ensure!(status.success(), "cargo build failed ({status})");
-    let bin_dir = ctx.target_dir.join(if args.release { "release" } else { "debug" });
-    let name = args.scenario.to_possible_value().context("a scenario has a name")?.get_name().to_owned();
-    eprintln!("==> swiftlet-chaos {name} {}", args.args.join(" "));
+    let bin_dir = ctx.target_dir.join(if release { "release" } else { "debug" });
+    eprintln!("==> swiftlet-chaos {name} {}", args.join(" "));
     let status = Command::new(bin_dir.join("swiftlet-chaos"))
-        .arg(&name)
-        .args(&args.args)
+        .arg(name)
+        .args(args)
         .current_dir(&ctx.workspace)
         .env("SWIFTLET_BIN", bin_dir.join("swiftlet"))
         .env("SWIFTLET_CRI_ENDPOINT", layout.endpoint())
         .env("SWIFTLET_TESTBED", "1")
         .env("SWIFTLET_REGISTRY_STATE", layout.registry_state_file())
         .env("SWIFTLET_CLUSTER_STATE", cluster::state_file(layout))
+        .envs(env.iter().copied())
         .status()
         .context("running swiftlet-chaos")?;
-    ensure!(status.success(), "chaos {name} failed ({status})");
+    ensure!(status.success(), "{name} failed ({status})");
     Ok(())
 }

@@ -27,7 +27,8 @@ const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_ma
 /// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
 /// containerd 2.x), as `cargo test` name filters: the lifecycle, `QoS`, resource manager
 /// and eviction scenarios the README's test matrix lists, user namespaces,
-/// `supplementalGroupsPolicy: Strict` and image volumes; about three minutes. Every
+/// `supplementalGroupsPolicy: Strict`, image volumes and the runtime's event stream;
+/// about three minutes. Every
 /// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
 pub const NODE_SUITE: &[&str] = &[
     "evented_pleg::static_pod_runs_with_its_cgroup_and_resources_and_is_removed_completely",
@@ -45,6 +46,8 @@ pub const NODE_SUITE: &[&str] = &[
     "host_users_false_runs_the_pod_in_a_user_namespace_of_its_own",
     "supplemental_groups_policy_strict_leaves_out_the_images_groups",
     "an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_image_holds_back_its_container",
+    // What containerd 2's GetContainerEvents adds (`bench runtime-events` at full size).
+    "the_runtimes_event_stream_is_counted_and_timed_against_the_kernel",
 ];
 
 /// Totals over the `test result:` lines of a `cargo test` run.

@@ -118,7 +118,7 @@ mod tests {
         COUNTERS_WITHOUT_TOTAL, OperationLabels, StaticLabels, TraceExemplar, go_float,
         openmetrics_with_upstream_counter_names, with_upstream_counter_names,
     };
-    use crate::pleg::metrics::{ContainerStateLabels, KernelEventLabels};
+    use crate::pleg::metrics::{ContainerStateLabels, KernelEventLabels, RuntimeEventKindLabels};
     use crate::runtime::metrics::{ContainerTypeLabels, RuntimeHandlerLabels, StartedContainerErrorLabels};
     use crate::server::metrics::HttpLabels;
     use crate::sync_loop::metrics::WorkingPodLabels;
@@ -372,6 +372,10 @@ mod tests {
         m.images.image_garbage_collected.get_or_create(&ImageGcReasonLabels { reason: "age".into() }).inc();
         m.stats.observe_volume_stat_duration("du", std::time::Duration::from_millis(3));
         m.pleg.evented_pleg_kernel_events.get_or_create(&KernelEventLabels { kind: "exit".into() }).inc();
+        m.pleg
+            .evented_pleg_runtime_event_lag
+            .get_or_create(&RuntimeEventKindLabels { kind: "stopped".into() })
+            .observe(0.002);
     }
 
     /// The registry renders the families it rendered before the split into per-subsystem
@@ -391,6 +395,6 @@ mod tests {
         };
         let before = include_str!("kubelet_metrics.snapshot.txt");
         assert_eq!(sorted(&text), sorted(before));
-        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), 49);
+        assert_eq!(text.lines().filter(|l| l.starts_with("# TYPE ")).count(), 50);
     }
 }

@@ -58,7 +58,7 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{KernelEventLabels, PlegMetrics, RuntimeEventLabels};
+use super::metrics::{KernelEventLabels, PlegMetrics, RuntimeEventKindLabels, RuntimeEventLabels};
 use super::relist::{GenericPleg, PlegState, RELIST_PERIOD};
 use super::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::container::cache::RuntimeCache;
@@ -362,6 +362,9 @@ struct State {
     /// The most advanced state the kernel reported per container, whether or not it
     /// led to an event: what decides if a relist finding was a miss.
     kernel_seen: HashMap<String, PlegState>,
+    /// When (kernel monotonic ns) the kernel path saw each container reach its state in
+    /// `kernel_seen`: the runtime's event telling the same change is timed against it.
+    kernel_at: HashMap<String, u64>,
     /// Relist findings not (yet) reported by the kernel: (state, when found, pod uid).
     /// The relist can be ahead of the kernel for a moment (CRI marks a container
     /// running when `StartContainer` returns, a little before its process execs), so a
@@ -398,6 +401,7 @@ impl State {
             self.known.remove(&id);
             self.names.remove(&id);
             self.kernel_seen.remove(&id);
+            self.kernel_at.remove(&id);
             self.inits.remove(&id);
         }
     }
@@ -456,6 +460,13 @@ fn rank(s: PlegState) -> u8 {
 }
 
 /// Records `new` unless something at least as advanced is known; true when recorded.
+/// [`advance`] of what the kernel saw of container `id`, remembering when it saw it.
+fn kernel_saw(s: &mut State, id: &str, new: PlegState, ktime: u64) {
+    if advance(&mut s.kernel_seen, id, new) {
+        s.kernel_at.insert(id.to_owned(), ktime);
+    }
+}
+
 fn advance(known: &mut HashMap<String, PlegState>, id: &str, new: PlegState) -> bool {
     match known.get(id) {
         Some(old) if rank(*old) >= rank(new) => false,
@@ -719,7 +730,7 @@ impl EventedPleg {
         // exit made every later relist finding of the container's exit look reported, and
         // a missed exit never counted as a repair.
         if exit.is_none() || ns_end || s.known.get(&cid).is_some_and(|k| rank(*k) >= rank(want)) {
-            advance(&mut s.kernel_seen, &cid, want);
+            kernel_saw(&mut s, &cid, want, ktime);
         }
         // The end of a container's pid namespace is the end of the container: emit it
         // now. A "main process" exit without that certainty (a container sharing the
@@ -791,13 +802,13 @@ impl EventedPleg {
         }
         let container_name = match confirmed {
             Confirmation::Agreed(name) => {
-                advance(&mut s.kernel_seen, &cid, want);
+                kernel_saw(&mut s, &cid, want, ktime);
                 name
             }
             Confirmation::Passed => {
                 // It did reach `want` (the kernel saw it): remember that much, so that a
                 // relist listing taken meanwhile is not mistaken for a miss.
-                advance(&mut s.kernel_seen, &cid, want);
+                kernel_saw(&mut s, &cid, want, ktime);
                 advance(&mut s.known, &cid, want);
                 return None;
             }
@@ -928,6 +939,7 @@ impl EventedPleg {
                 self.cache.exits().forget(&e.data);
                 if !s.suspects.contains_key(&e.data) {
                     s.kernel_seen.remove(&e.data);
+                    s.kernel_at.remove(&e.data);
                 }
                 out.push(e);
                 continue;
@@ -1085,7 +1097,8 @@ impl EventedPleg {
         // change is the kernel's, with its time and exit status; the confirmation still
         // polling finds it reported.
         if let Some(a) = s.awaiting.get(id).filter(|a| a.want == new).cloned() {
-            advance(&mut s.kernel_seen, id, new);
+            kernel_saw(&mut s, id, new, a.ktime);
+            self.observe_runtime_lag(kind, a.ktime);
             let fresh = advance(&mut s.known, id, new);
             // The name CRI would have told the confirmation: the event's own status has it.
             let told = ev.containers_statuses.iter().find(|c| c.id == *id).and_then(|c| c.metadata.as_ref());
@@ -1100,9 +1113,14 @@ impl EventedPleg {
             }
             return Some(self.report_confirmed(a.pod_uid, id.clone(), container_name, a.want, a.ktime, a.exit));
         }
-        if s.kernel_seen.get(id).is_some_and(|k| rank(*k) >= rank(new)) {
+        if let Some(k) = s.kernel_seen.get(id).filter(|k| rank(**k) >= rank(new)) {
+            // Timed only against the kernel's sight of this very state (not a later one).
+            let seen_at = s.kernel_at.get(id).copied().filter(|_| *k == new);
             drop(s);
             self.count_runtime_event(kind, "kernel");
+            if let Some(ktime) = seen_at {
+                self.observe_runtime_lag(kind, ktime);
+            }
             return None;
         }
         let Some(pod_uid) = pod_uid.filter(|u| !u.is_empty()) else {
@@ -1119,6 +1137,18 @@ impl EventedPleg {
         self.count_runtime_event(kind, "runtime");
         tracing::debug!(pod = %pod_uid, container = %id, kind, "the runtime's event stream told a change first");
         Some(PodLifecycleEvent { pod_uid, kind: lifecycle, data: id.clone(), kernel_time_ns: None })
+    }
+
+    /// `kubelet_evented_pleg_runtime_event_lag_seconds`: the runtime's event of `kind`
+    /// arrives now; the kernel saw the same change at `ktime`.
+    fn observe_runtime_lag(&self, kind: &str, ktime: u64) {
+        let lag_ns = crate::types::clock::monotonic_now_ns().saturating_sub(ktime);
+        #[expect(clippy::cast_precision_loss, reason = "nanoseconds of a lag fit in f64")]
+        let lag = lag_ns as f64 / 1e9;
+        self.metrics
+            .evented_pleg_runtime_event_lag
+            .get_or_create(&RuntimeEventKindLabels { kind: kind.into() })
+            .observe(lag);
     }
 
     fn count_runtime_event(&self, kind: &str, first: &str) {
@@ -1475,6 +1505,56 @@ mod tests {
         assert_eq!(runtime_events_counted(&pleg, "started", "none"), 1);
     }
 
+    /// `(count, sum)` of `kubelet_evented_pleg_runtime_event_lag_seconds{kind}`.
+    fn runtime_lag(pleg: &EventedPleg, kind: &str) -> (u64, f64) {
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register("lag", "", pleg.metrics.evented_pleg_runtime_event_lag.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut text, &reg).unwrap();
+        let field = |suffix: &str| {
+            let prefix = format!("lag_{suffix}{{kind=\"{kind}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok()).unwrap_or(0.0)
+        };
+        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a count")]
+        let count = field("count") as u64;
+        (count, field("sum"))
+    }
+
+    /// How far the runtime's stream lags behind the kernel is timed from the kernel's
+    /// sight of the same change (a start from the init's exec, a stop from its exit), and
+    /// only when the kernel told it first.
+    #[tokio::test]
+    async fn the_runtimes_lag_is_timed_from_the_kernels_sight_of_the_same_change() {
+        use api::ContainerEventType as T;
+        let (_, pleg, cid, _) = setup().await;
+        let now = crate::types::clock::monotonic_now_ns();
+        let exec = KernelEvent::Exec {
+            ktime_ns: now - 40_000_000,
+            pid: 9,
+            cgroup2_id: 42,
+            memcg_id: 0,
+            ns_init: true,
+            pid1: true,
+        };
+        pleg.handle_kernel_event(exec).await.expect("started");
+        assert!(pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStartedEvent, "u1")).is_none());
+        let (count, started) = runtime_lag(&pleg, "started");
+        assert_eq!(count, 1);
+        assert!(started >= 0.04, "timed from the exec 40 ms ago: {started}");
+        let exit = ExitSpec { ktime_ns: now - 5_000_000, pid: 9, ..ExitSpec::default() }.event();
+        pleg.handle_kernel_event(exit).await.expect("died");
+        assert!(pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStoppedEvent, "u1")).is_none());
+        let (count, stopped) = runtime_lag(&pleg, "stopped");
+        assert_eq!(count, 1);
+        assert!((0.005..started).contains(&stopped), "timed from the exit 5 ms ago, not the exec: {stopped}");
+        // A late start event (the kernel is past it) and the runtime's own news are not timed.
+        assert!(pleg.handle_runtime_event(&runtime_event(&cid, T::ContainerStartedEvent, "u1")).is_none());
+        assert_eq!(runtime_lag(&pleg, "started").0, 1);
+        let other = pleg.handle_runtime_event(&runtime_event("other", T::ContainerStoppedEvent, "u1"));
+        assert!(other.is_some(), "the runtime told it first");
+        assert_eq!(runtime_lag(&pleg, "stopped").0, 1);
+    }
+
     /// A main-process exit the kernel told but cannot be sure ends the container (a shared
     /// pid namespace: found with the agent in the node container) waits for CRI; the
     /// runtime's stop event arriving first is that agreement: the kernel's exit is emitted
@@ -1823,6 +1903,7 @@ mod tests {
             ("known", s.known.contains_key(id)),
             ("names", s.names.contains_key(id)),
             ("kernel_seen", s.kernel_seen.contains_key(id)),
+            ("kernel_at", s.kernel_at.contains_key(id)),
         ]
         .into_iter()
         .filter_map(|(what, held)| held.then_some(what))

@@ -6,8 +6,8 @@
 //! `kubelet_running_containers{container_state}`. The evented (eBPF) PLEG
 //! ([`super::evented`]) records swiftlet's `kubelet_evented_pleg_kernel_events_total{kind}`,
 //! `kubelet_evented_pleg_ringbuf_drops_total`, `kubelet_evented_pleg_relist_repairs_total`,
-//! `kubelet_evented_pleg_runtime_events_total{kind,first}`
-//! and `kubelet_evented_pleg_active`; the sync loop observes
+//! `kubelet_evented_pleg_runtime_events_total{kind,first}`,
+//! `kubelet_evented_pleg_runtime_event_lag_seconds{kind}` and `kubelet_evented_pleg_active`; the sync loop observes
 //! `kubelet_evented_pleg_event_latency_seconds` when an event reaches a pod worker.
 
 use std::sync::atomic::AtomicU64;
@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
-use crate::metrics::{def_histogram, exponential_buckets, metric_families};
+use crate::metrics::{HistogramFamily, def_histogram, exponential_buckets, metric_families};
 
 /// Label set `container_state` of `kubelet_running_containers`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -33,6 +33,16 @@ pub struct ContainerStateLabels {
 pub struct RuntimeEventLabels {
     pub kind: String,
     pub first: String,
+}
+
+/// Label set `kind` of `kubelet_evented_pleg_runtime_event_lag_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeEventKindLabels {
+    pub kind: String,
+}
+
+fn runtime_event_lag_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
 }
 
 /// Label set `kind` of `kubelet_evented_pleg_kernel_events_total`.
@@ -80,6 +90,12 @@ metric_families! {
         // 50 µs .. ~1.6 s: the kernel path lives in the sub-millisecond range.
         pub evented_pleg_event_latency: Histogram = Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
             ("kubelet_evented_pleg_event_latency_seconds", "Time from the kernel seeing a container's init exec or exit to the event reaching its pod worker");
+        /// swiftlet: how long after the kernel the runtime's event stream told the same start
+        /// or stop, by the event's `kind` (`started`, `stopped`): what waiting for the
+        /// runtime's stream instead of the kernel would cost.
+        // 100 µs .. ~13 s.
+        pub evented_pleg_runtime_event_lag: HistogramFamily<RuntimeEventKindLabels> = Family::new_with_constructor(runtime_event_lag_histogram),
+            ("kubelet_evented_pleg_runtime_event_lag_seconds", "Time from the kernel seeing a container's start or stop to the runtime's CRI event stream telling it");
         /// swiftlet: 1 while the evented (eBPF) PLEG runs, 0 when relisting alone.
         pub evented_pleg_active: Gauge = Gauge::default(),
             ("kubelet_evented_pleg_active", "1 while the evented (eBPF) PLEG runs, 0 when the relisting PLEG runs alone");

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use swiftlet_tests::chaos::{self, ChurnPlan};
+use swiftlet_tests::runtime_events;
 
 #[derive(Debug, Parser)]
 #[command(name = "swiftlet-chaos", about = "long fault scenarios against the test bed")]
@@ -30,6 +31,17 @@ enum Scenario {
         /// Pods per round.
         #[arg(long, default_value_t = ChurnPlan::FULL.pods)]
         pods: usize,
+    },
+    /// Containers killed from the host, one at a time then all at once: what the
+    /// runtime's `GetContainerEvents` stream adds to the kernel's events
+    /// (`swiftlet_tests::runtime_events`; `cargo xtask bench runtime-events`).
+    RuntimeEvents {
+        /// Pods.
+        #[arg(long, default_value_t = runtime_events::Plan::FULL.pods)]
+        pods: usize,
+        /// Containers per pod.
+        #[arg(long, default_value_t = runtime_events::Plan::FULL.containers)]
+        containers: usize,
     },
     /// kube-apiserver stopped under a joined node (`swiftlet_tests::outage`).
     ApiOutage {
@@ -52,6 +64,16 @@ async fn main() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Scenario::RuntimeEvents { pods, containers } => {
+            let plan = runtime_events::Plan { pods, containers, ..runtime_events::Plan::FULL };
+            match runtime_events::run(plan).await {
+                Ok(report) => {
+                    println!("{}", report.table());
+                    report.check()
+                }
+                Err(e) => Err(e),
+            }
+        }
         Scenario::ApiOutage { seconds } => {
             swiftlet_tests::outage::api_server_outage("chaos-outage", std::time::Duration::from_secs(seconds))
                 .await

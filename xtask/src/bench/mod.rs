@@ -13,6 +13,9 @@
 //!   the upstream kubelet's figures.
 //! - `eviction`: memory threshold crossed → eviction decision, with the kernel's signals
 //!   and with the periodic 10 s pass alone.
+//! - `runtime-events`: what CRI `GetContainerEvents` adds to the kernel's events, with the
+//!   agent in the node container on containerd 2.x (`swiftlet_tests::runtime_events`, run
+//!   by the tests crate's `swiftlet-chaos`, which takes the test bed's lock itself).
 //!
 //! The API benches (the summary, `eviction`) join their agents as nodes to the test bed's
 //! real control plane (kube-apiserver, controller-manager and scheduler v1.37.2 of
@@ -75,6 +78,12 @@ pub enum BenchCmd {
     /// and /stats/summary at 100 and 250 running containers, against kubelet 1.28. Takes
     /// 10 to 15 minutes; needs the machine and the test bed to itself.
     Scrape(scrape::ScrapeArgs),
+    /// What the runtime's own event stream (CRI `GetContainerEvents`) adds to the
+    /// kernel's events: 100 containers killed from the host, one at a time then all at
+    /// once, with the agent in the node container on containerd 2.4.2 (needs `testbed up
+    /// --node-container`); which source told each stop first and how far the runtime's
+    /// event lagged. About 3 minutes.
+    RuntimeEvents(RuntimeEventsArgs),
     /// Memory threshold crossed → eviction decision, with the kernel's signals (the
     /// default) and with the periodic 10 s pass alone, side by side (20 runs each by
     /// default, about 2 and 5 minutes); needs the machine and the test bed to itself.
@@ -85,6 +94,10 @@ pub enum BenchCmd {
 /// bed's lock (see the module docs).
 pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: AllArgs) -> Result<()> {
     crate::testbed::require_root()?;
+    // Run by the tests crate's `swiftlet-chaos`, which takes the lock itself.
+    if let Some(BenchCmd::RuntimeEvents(args)) = &command {
+        return runtime_events(ctx, layout, args);
+    }
     let _lock = testbed_lock(layout)?;
     let Some(command) = command else { return summary::run(ctx, layout, &all).await };
     match command {
@@ -92,7 +105,35 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Pleg(args) => pleg::run(ctx, layout, &args).await,
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
+        BenchCmd::RuntimeEvents(args) => runtime_events(ctx, layout, &args),
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RuntimeEventsArgs {
+    /// Pods of 10 containers.
+    #[arg(long, default_value_t = 10)]
+    pods: usize,
+    /// Where the agent runs: `containerd2` (the node container's containerd 2.4.2),
+    /// `containerd1.6` (the node container's containerd 1.6, no event stream) or `host`
+    /// (the test bed's containerd 1.6).
+    #[arg(long, default_value = "containerd2")]
+    node: String,
+}
+
+/// `bench runtime-events`: `swiftlet_tests::runtime_events` at full size, release builds.
+fn runtime_events(ctx: &Ctx, layout: &Layout, args: &RuntimeEventsArgs) -> Result<()> {
+    let mut env = Vec::new();
+    if args.node != "host" {
+        anyhow::ensure!(
+            crate::nodectr::state_file(layout).exists(),
+            "the node container is not up: run `cargo xtask testbed up --node-container` first"
+        );
+        env.push(("SWIFTLET_E2E_NODE", args.node.as_str()));
+    }
+    let pods = args.pods.to_string();
+    let scenario_args = ["--pods".to_owned(), pods, "--containers".to_owned(), "10".to_owned()];
+    crate::chaos::run_scenario(ctx, layout, "runtime-events", &scenario_args, true, &env)
 }
 
 /// The options every bench takes: what it leaves of the test bed and which agent it measures.
