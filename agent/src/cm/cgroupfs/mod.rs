@@ -437,6 +437,10 @@ pub struct CgroupfsPodContainerManager {
     /// How long removal waits for killed processes to leave before giving up.
     remove_timeout: Duration,
     unquoted: Option<UnquotedPods>,
+    /// Under systemd, the runtime's scope prefix ([`SCOPE_PREFIXES`]) once a container's
+    /// scope was found with it: one runtime serves the node, so later lookups (every
+    /// stats pass, for every container) need not probe the file system.
+    scope_prefix: std::sync::OnceLock<&'static str>,
 }
 
 impl std::fmt::Debug for CgroupfsPodContainerManager {
@@ -508,6 +512,7 @@ impl CgroupfsPodContainerManager {
             systemd: None,
             remove_timeout: Duration::from_secs(2),
             unquoted: None,
+            scope_prefix: std::sync::OnceLock::new(),
         })
     }
 
@@ -939,12 +944,18 @@ impl PodContainerManager for CgroupfsPodContainerManager {
             return format!("{pod_cgroup}/{container_id}");
         }
         // runc names a container's scope after the runtime's prefix (containerd's
-        // `cri-containerd`, CRI-O's `crio`): whichever exists.
-        let scopes = SCOPE_PREFIXES.map(|p| format!("{pod_cgroup}/{p}-{container_id}.scope"));
-        let first = self.hierarchies().first().map(|h| h.mount.clone());
-        first
-            .and_then(|mount| scopes.iter().find(|s| mount.join(s.trim_start_matches('/')).is_dir()).cloned())
-            .unwrap_or_else(|| scopes[0].clone())
+        // `cri-containerd`, CRI-O's `crio`): whichever exists, remembered once found.
+        let scope = |prefix: &str| format!("{pod_cgroup}/{prefix}-{container_id}.scope");
+        if let Some(prefix) = self.scope_prefix.get() {
+            return scope(prefix);
+        }
+        let Some(mount) = self.hierarchies().first().map(|h| h.mount.clone()) else {
+            return scope(SCOPE_PREFIXES[0]);
+        };
+        match SCOPE_PREFIXES.iter().find(|p| mount.join(scope(p).trim_start_matches('/')).is_dir()) {
+            Some(prefix) => scope(self.scope_prefix.get_or_init(|| prefix)),
+            None => scope(SCOPE_PREFIXES[0]),
+        }
     }
 
     fn ensure_pod_cgroup(&self, pod: &Pod) -> super::Result<()> {

@@ -122,6 +122,21 @@ const LEFT_TO_SYSTEMD: [&str; 2] = ["devices", "freezer"];
 const G: &str = "kubepods.slice/kubepods-pod12_ab.slice";
 const B: &str = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb1.slice";
 
+/// A container's scope is named after the runtime's prefix, found on disk once and
+/// remembered: a scope not made yet (or gone) is named the same way without a probe.
+#[test]
+fn container_scopes_take_the_runtimes_prefix_found_once() {
+    let f = Fixture::hybrid();
+    let (m, _) = systemd_manager(&f, f.config());
+    let pod = format!("/{B}");
+    // Nothing on disk yet: containerd's name, not remembered.
+    assert_eq!(m.container_cgroup(&pod, "c0"), format!("{pod}/cri-containerd-c0.scope"));
+    let first = m.hierarchies().first().unwrap().mount.clone();
+    std::fs::create_dir_all(first.join(format!("{B}/crio-c1.scope"))).unwrap();
+    assert_eq!(m.container_cgroup(&pod, "c1"), format!("{pod}/crio-c1.scope"));
+    assert_eq!(m.container_cgroup(&pod, "c2"), format!("{pod}/crio-c2.scope"), "the prefix found is kept");
+}
+
 #[test]
 fn pods_are_slices_named_as_upstream() {
     let f = Fixture::hybrid();
