@@ -323,8 +323,9 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         wait_running(state.init_pid, &console)?;
         wait_active(state.init_pid, "containerd.service")?;
         wait_active(state.init_pid, "containerd2.service")?;
-        check_systemd_cgroups(ctx, &state, Runtime::Debian).await?;
-        check_systemd_cgroups(ctx, &state, Runtime::Containerd2).await
+        let built = images::build_all(&ctx.workspace, &images::cache_dir(ctx))?;
+        check_systemd_cgroups(&state, &built, Runtime::Debian).await?;
+        check_systemd_cgroups(&state, &built, Runtime::Containerd2).await
     }
     .await;
     if let Err(e) = result {
@@ -617,13 +618,14 @@ enum Runtime {
     Containerd2,
 }
 
-async fn check_systemd_cgroups(ctx: &Ctx, state: &State, runtime: Runtime) -> Result<()> {
-    let cache = images::cache_dir(ctx);
+/// Imports `built` into `runtime` of the node and runs a pod there through CRI (see the
+/// module docs' "Check").
+async fn check_systemd_cgroups(state: &State, built: &[images::BuiltImage], runtime: Runtime) -> Result<()> {
     let (ctr, socket) = match runtime {
         Runtime::Debian => ("ctr".to_owned(), "/run/containerd/containerd.sock"),
         Runtime::Containerd2 => (format!("{CONTAINERD2_DIR}/ctr"), CONTAINERD2_SOCKET),
     };
-    for image in images::build_all(&ctx.workspace, &cache)? {
+    for image in built {
         let inside = Path::new("/tmp").join(image.tar_path.file_name().context("image tar without name")?);
         fs::copy(&image.tar_path, state.rootfs.join(inside.strip_prefix("/")?))?;
         let inside = inside.display().to_string();
