@@ -380,6 +380,17 @@ struct NodeAgent {
     endpoint: String,
 }
 
+/// A unit's `ActiveState` while it starts or runs.
+fn unit_running(state: &str) -> bool {
+    matches!(state, "active" | "activating" | "reloading")
+}
+
+/// A unit's `ActiveState` once it has ended (`inactive`, `failed`; a `--collect`ed unit
+/// that is gone reads `inactive` too).
+fn unit_ended(state: &str) -> bool {
+    !unit_running(state) && state != "deactivating"
+}
+
 impl NodeAgent {
     /// Installs the binary in the node (once per build) and starts the unit.
     fn start(&self, agent: &Agent) -> Result<()> {
@@ -415,8 +426,13 @@ impl NodeAgent {
 
     /// Whether the unit is still starting or running.
     fn running(&self) -> Result<bool> {
-        let state = self.node.unit_property(&self.unit, "ActiveState")?;
-        Ok(matches!(state.as_str(), "active" | "activating" | "reloading"))
+        Ok(unit_running(&self.node.unit_property(&self.unit, "ActiveState")?))
+    }
+
+    /// Whether the unit has ended: not running, and not still stopping either (a unit
+    /// `deactivating` still holds its name, and a new one under it would be refused).
+    fn ended(&self) -> Result<bool> {
+        Ok(unit_ended(&self.node.unit_property(&self.unit, "ActiveState")?))
     }
 
     /// The host's pid of the unit's main process.
@@ -429,7 +445,7 @@ impl NodeAgent {
     /// Waits (20 s at most) for the unit to end.
     fn wait_ended(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while self.running()? {
+        while !self.ended()? {
             ensure!(Instant::now() < deadline, "{} did not end in 20 s", self.unit);
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -671,6 +687,12 @@ authorization:
     #[must_use]
     pub fn host(&self) -> &str {
         self.node.as_ref().map_or("127.0.0.1", |n| n.node.address.as_str())
+    }
+
+    /// Where the agent's HTTPS API listens: ([`Self::host`], its port).
+    #[must_use]
+    pub fn https_addr(&self) -> (&str, u16) {
+        (self.host(), self.https_port)
     }
 
     /// The agent's log so far.
@@ -1034,6 +1056,21 @@ pub type SharedCri = Arc<Cri>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A unit still stopping has not ended: waiting for the end waits for it too.
+    #[test]
+    fn a_deactivating_unit_is_neither_running_nor_ended() {
+        for (state, running, ended) in [
+            ("active", true, false),
+            ("activating", true, false),
+            ("reloading", true, false),
+            ("deactivating", false, false),
+            ("inactive", false, true),
+            ("failed", false, true),
+        ] {
+            assert_eq!((unit_running(state), unit_ended(state)), (running, ended), "{state}");
+        }
+    }
 
     fn mount_tmpfs(at: &Path) {
         std::fs::create_dir_all(at).unwrap();

@@ -907,10 +907,10 @@ impl Spdy<streaming::Conn> {
     /// Upgrades `method path` on the agent's HTTPS port to SPDY/3.1, offering `protocols`
     /// in order (`X-Stream-Protocol-Version`). Fails with the status and body when the
     /// server does not upgrade.
-    pub async fn connect(port: u16, method: &str, path: &str, protocols: &[&str]) -> Result<Self> {
+    pub async fn connect(addr: (&str, u16), method: &str, path: &str, protocols: &[&str]) -> Result<Self> {
         let mut headers = vec![("Upgrade", "SPDY/3.1")];
         headers.extend(protocols.iter().map(|p| ("X-Stream-Protocol-Version", *p)));
-        let up = streaming::upgrade(port, method, path, &headers).await?;
+        let up = streaming::upgrade(addr, method, path, &headers).await?;
         if up.status != 101 {
             let status = up.status;
             bail!("no upgrade: {status} {}", up.body().await);

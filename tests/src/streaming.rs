@@ -87,21 +87,23 @@ impl Upgraded {
     }
 }
 
-/// Sends `method path` over TLS to `127.0.0.1:port` with `headers` (plus `Host` and
-/// `Connection: Upgrade`) and reads the response head.
-pub async fn upgrade(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Upgraded> {
+/// Sends `method path` over TLS to `addr` (host, port: the agent's
+/// [`crate::Agent::https_addr`]) with `headers` (plus `Host` and `Connection: Upgrade`)
+/// and reads the response head.
+pub async fn upgrade(addr: (&str, u16), method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Upgraded> {
+    let (host, port) = addr;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
         .with_no_client_auth();
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    let tcp = TcpStream::connect((host, port)).await?;
     tcp.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from("localhost")?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
     let mut conn = BufReader::new(tls);
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: Upgrade\r\n");
     for (k, v) in headers {
         let _ = write!(head, "{k}: {v}\r\n");
     }
@@ -150,11 +152,11 @@ pub const CLOSE: u8 = 255;
 impl WsChannels {
     /// Opens a WebSocket to `path`, offering `protocols` in order. Fails with the status
     /// and body when the server does not upgrade.
-    pub async fn connect(port: u16, path: &str, protocols: &[&str]) -> Result<Self> {
+    pub async fn connect(addr: (&str, u16), path: &str, protocols: &[&str]) -> Result<Self> {
         let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
         let offered = protocols.join(", ");
         let up = upgrade(
-            port,
+            addr,
             "GET",
             path,
             &[

@@ -924,12 +924,14 @@ async fn wait_pod_gone(agent: &Agent, cri: &Cri, name: &str, uid: &str) -> Resul
 
 /// A pod whose container writes to `/marker/<file>` (a hostPath of the test's
 /// directory `dir`), with a preStop exec hook.
-fn marker_pod(name: &str, grace: u32, dir: &Path, script: &str, pre_stop: &str) -> String {
-    let volumes = format!("  volumes:\n  - name: marker\n    hostPath: {{path: {}, type: Directory}}\n", dir.display());
+fn marker_pod(name: &str, grace: u32, dir: &Path, script: &str, pre_stop: &str) -> Result<String> {
+    // The agent's name for the directory (the node's, for an agent in the node container).
+    let at = swiftlet_tests::agent_path(dir)?;
+    let volumes = format!("  volumes:\n  - name: marker\n    hostPath: {{path: {}, type: Directory}}\n", at.display());
     let extra = format!(
         "    volumeMounts:\n    - {{name: marker, mountPath: /marker}}\n    lifecycle:\n      preStop:\n        exec:\n          command: [\"sh\", \"-c\", \"{pre_stop}\"]\n"
     );
-    pod_yaml(name, grace, &volumes, &[container_yaml("main", script, &extra)])
+    Ok(pod_yaml(name, grace, &volumes, &[container_yaml("main", script, &extra)]))
 }
 
 /// preStop: removing the manifest of a pod (grace period 5 s) runs the container's
@@ -942,7 +944,7 @@ async fn prestop_runs_before_sigterm(agent: &Agent, cri: &Cri, dir: &Path) -> Re
     let script =
         "trap 'echo term >> /marker/order; exit 0' TERM; echo started >> /marker/order; while true; do sleep 1; done";
     agent
-        .write_manifest("prestop.yaml", &marker_pod(name, 5, dir, script, "echo prestop >> /marker/order; sleep 1"))?;
+        .write_manifest("prestop.yaml", &marker_pod(name, 5, dir, script, "echo prestop >> /marker/order; sleep 1")?)?;
     let p = agent.wait_pod(name, TIMEOUT, |p| running(p, "main")).await?;
     let uid = uid(&p);
     wait_marker(agent, &file, "started").await?;
@@ -964,7 +966,7 @@ async fn prestop_is_cut_at_the_grace_period(agent: &Agent, cri: &Cri, dir: &Path
     let file = dir.join("slow");
     let script = "trap 'echo term >> /marker/slow' TERM; echo started >> /marker/slow; while true; do sleep 1; done";
     let pre_stop = "echo prestop >> /marker/slow; sleep 60; echo prestop-done >> /marker/slow";
-    agent.write_manifest("prestop-slow.yaml", &marker_pod(name, 3, dir, script, pre_stop))?;
+    agent.write_manifest("prestop-slow.yaml", &marker_pod(name, 3, dir, script, pre_stop)?)?;
     let p = agent.wait_pod(name, TIMEOUT, |p| running(p, "main")).await?;
     let uid = uid(&p);
     wait_marker(agent, &file, "started").await?;
@@ -1035,7 +1037,7 @@ async fn poststart_runs_in_the_container(agent: &Agent, cri: &Cri) -> Result<()>
 async fn lifecycle_hooks_run_at_the_right_moments() -> Result<()> {
     let _g = testbed_lock().await;
     let (agent, cri) = setup(AgentOptions::default()).await?;
-    let markers = tempfile::Builder::new().prefix("swiftlet-e2e-hooks-").tempdir()?;
+    let markers = swiftlet_tests::agent_tempdir("swiftlet-e2e-hooks-")?;
     tokio::try_join!(
         prestop_runs_before_sigterm(&agent, &cri, markers.path()),
         prestop_is_cut_at_the_grace_period(&agent, &cri, markers.path()),

@@ -1,7 +1,7 @@
 //! End-to-end tests on the real control plane of what the agent reads from the runtime's
 //! CRI `Status`: the node is not ready while containerd's pod network is not (its CNI
 //! configuration removed), when only pods on the host's network start, and pods asking for `supplementalGroupsPolicy: Strict` are refused on containerd 1.6,
-//! which cannot honour it (the node's `status.features` says so).
+//! which cannot honour it (the node's `status.features` says so), and run on 2.x.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -43,8 +43,12 @@ async fn wait_phase(node: &ClusterNode, ns: &str, name: &str, want: &str, secs: 
     node.eventually_pod(ns, name, Duration::from_secs(secs), &format!("{name} {want}"), |p| phase(p) == want).await
 }
 
-/// The test bed's CNI configuration directory (containerd's `conf_dir`).
+/// The test bed's CNI configuration directory (containerd's `conf_dir`), or the node
+/// container's for an agent there (`SWIFTLET_E2E_NODE`).
 fn cni_conf_dir() -> Result<PathBuf> {
+    if let Some((node, _)) = swiftlet_tests::node::node_target()? {
+        return Ok(node.file("/etc/cni/net.d"));
+    }
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(swiftlet_tests::TESTBED_STATE).context("test bed state")?)?;
     let root = state["root_dir"].as_str().context("root_dir")?;
@@ -147,13 +151,15 @@ fn sleeper(name: &str, host_network: bool) -> serde_json::Value {
 }
 
 #[tokio::test]
-async fn strict_supplemental_groups_are_refused_by_a_runtime_without_them() -> Result<()> {
+async fn strict_supplemental_groups_are_refused_only_by_a_runtime_without_them() -> Result<()> {
     let _g = testbed_lock().await;
     let (_cluster, mut node, cri) = join("supplemental").await?;
     let ns = node.namespace("supplemental").await?;
     let n = node.node().await?.context("node")?;
     let features = n.status.and_then(|s| s.features).context("the node reports no status.features")?;
-    assert_eq!(features.supplemental_groups_policy, Some(false), "containerd 1.6 does not support it");
+    // containerd 1.6 cannot honour it; 2.x can (the agent in the node container).
+    let supported = cri.status().await?.features.is_some_and(|f| f.supplemental_groups_policy);
+    assert_eq!(features.supplemental_groups_policy, Some(supported), "the node tells what its runtime can do");
 
     let strict = json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -165,6 +171,10 @@ async fn strict_supplemental_groups_are_refused_by_a_runtime_without_them() -> R
         }
     });
     let uid = node.create_pod(&ns, strict).await?.metadata.uid.context("uid")?;
+    if supported {
+        wait_phase(&node, &ns, "strict", "Running", 60).await?;
+        return node.leave(&cri).await;
+    }
     let p = wait_phase(&node, &ns, "strict", "Failed", 30).await?;
     let status = p.status.context("status")?;
     assert_eq!(status.reason.as_deref(), Some("SupplementalGroupsPolicyNotSupported"));

@@ -112,7 +112,7 @@ fn url_encode(s: &str) -> String {
 async fn exec_websocket(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&error=1", command(&["sh", "-c", EXEC_SCRIPT]));
-    let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
+    let mut ws = WsChannels::connect(agent.https_addr(), &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     assert!(["v5.channel.k8s.io", "v4.channel.k8s.io"].contains(&ws.protocol.as_str()), "{}", ws.protocol);
     ws.send(streaming::STDIN, b"hello\n").await?;
     if ws.protocol.starts_with("v5") {
@@ -125,19 +125,22 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
 
     // A TTY: the command sees a terminal; stderr is not separate.
     let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&tty=1", command(&["sh", "-c", TTY_SCRIPT]));
-    let mut ws = WsChannels::connect(agent.https_port, &path, &["v4.channel.k8s.io"]).await?;
+    let mut ws = WsChannels::connect(agent.https_addr(), &path, &["v4.channel.k8s.io"]).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     assert!(out.stdout.contains("is-a-tty\r\n"), "{out:?}");
     assert_eq!(out.exit_code()?, 0, "{out:?}");
 
     // Refusals: no stream, unknown container.
-    let e =
-        WsChannels::connect(agent.https_port, &format!("/exec/default/{pod}/main?command=ls"), &["v4.channel.k8s.io"])
-            .await
-            .unwrap_err();
+    let e = WsChannels::connect(
+        agent.https_addr(),
+        &format!("/exec/default/{pod}/main?command=ls"),
+        &["v4.channel.k8s.io"],
+    )
+    .await
+    .unwrap_err();
     assert!(e.to_string().contains("400"), "{e}");
     let e = WsChannels::connect(
-        agent.https_port,
+        agent.https_addr(),
         &format!("/exec/default/{pod}/nope?command=ls&output=1"),
         &["v4.channel.k8s.io"],
     )
@@ -151,7 +154,7 @@ async fn exec_websocket(agent: &Agent) -> Result<()> {
 async fn attach_websocket(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/attach/default/{pod}/echo?input=1&output=1&error=1");
-    let mut ws = WsChannels::connect(agent.https_port, &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
+    let mut ws = WsChannels::connect(agent.https_addr(), &path, &["v5.channel.k8s.io", "v4.channel.k8s.io"]).await?;
     ws.send(streaming::STDIN, b"ping\n").await?;
     ws.stdout_until("got ping\n", Duration::from_secs(30)).await.context("no echo through attach")?;
     Ok(())
@@ -162,7 +165,7 @@ async fn attach_websocket(agent: &Agent) -> Result<()> {
 async fn port_forward(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/portForward/default/{pod}?port=8080");
-    let mut ws = WsChannels::connect(agent.https_port, &path, &["v4.channel.k8s.io"]).await?;
+    let mut ws = WsChannels::connect(agent.https_addr(), &path, &["v4.channel.k8s.io"]).await?;
     ws.send(0, HTTP_REQUEST).await?;
     let out = ws.collect(Duration::from_secs(30)).await?;
     let data = out.other.get(&0).cloned().unwrap_or_default();
@@ -183,7 +186,7 @@ const SPDY_EXEC_PROTOCOLS: [&str; 4] =
 async fn exec_spdy(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&error=1", command(&["sh", "-c", EXEC_SCRIPT]));
-    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    let mut spdy = Spdy::connect(agent.https_addr(), "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     assert_eq!(spdy.protocol, "v4.channel.k8s.io");
     let error = spdy.create_stream(&[("streamtype", "error")]).await?;
     let stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
@@ -206,7 +209,7 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
          [ $i -lt 50 ] || break; sleep 0.1; i=$((i+1)); done; echo \"size $s\""
     );
     let path = format!("/exec/default/{pod}/main?{}&input=1&output=1&tty=1", command(&["sh", "-c", &script]));
-    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    let mut spdy = Spdy::connect(agent.https_addr(), "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     let error = spdy.create_stream(&[("streamtype", "error")]).await?;
     // stdin stays open, as a terminal's does (its EOF could hang the shell up).
     let _stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
@@ -221,13 +224,17 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
     assert_eq!(got.exit_code(error)?, 0, "{got:?}");
 
     // Refusals come before the upgrade, as plain HTTP.
-    let e =
-        Spdy::connect(agent.https_port, "POST", &format!("/exec/default/{pod}/main?command=ls"), &SPDY_EXEC_PROTOCOLS)
-            .await
-            .unwrap_err();
+    let e = Spdy::connect(
+        agent.https_addr(),
+        "POST",
+        &format!("/exec/default/{pod}/main?command=ls"),
+        &SPDY_EXEC_PROTOCOLS,
+    )
+    .await
+    .unwrap_err();
     assert!(e.to_string().contains("400"), "{e}");
     let e = Spdy::connect(
-        agent.https_port,
+        agent.https_addr(),
         "POST",
         &format!("/exec/default/{pod}/nope?command=ls&output=1"),
         &SPDY_EXEC_PROTOCOLS,
@@ -243,7 +250,7 @@ async fn exec_spdy(agent: &Agent) -> Result<()> {
 async fn attach_spdy(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/attach/default/{pod}/echo?input=1&output=1&error=1");
-    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
+    let mut spdy = Spdy::connect(agent.https_addr(), "POST", &path, &SPDY_EXEC_PROTOCOLS).await?;
     let _error = spdy.create_stream(&[("streamtype", "error")]).await?;
     let stdin = spdy.create_stream(&[("streamtype", "stdin")]).await?;
     let stdout = spdy.create_stream(&[("streamtype", "stdout")]).await?;
@@ -262,7 +269,7 @@ async fn attach_spdy(agent: &Agent) -> Result<()> {
 async fn port_forward_spdy(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
     let path = format!("/portForward/default/{pod}");
-    let mut spdy = Spdy::connect(agent.https_port, "POST", &path, &["portforward.k8s.io"]).await?;
+    let mut spdy = Spdy::connect(agent.https_addr(), "POST", &path, &["portforward.k8s.io"]).await?;
     assert_eq!(spdy.protocol, "portforward.k8s.io");
     for request_id in ["0", "1"] {
         let headers = |kind| [("streamtype", kind), ("port", "8080"), ("requestid", request_id)];
@@ -289,11 +296,11 @@ fn http() -> Result<reqwest::Client> {
 
 async fn run_in_container(agent: &Agent) -> Result<()> {
     let pod = full(agent, "stream");
-    let url = format!("https://127.0.0.1:{}/run/default/{pod}/main?cmd=echo%20from-run", agent.https_port);
+    let url = format!("https://{}:{}/run/default/{pod}/main?cmd=echo%20from-run", agent.host(), agent.https_port);
     let r = http()?.post(&url).send().await?;
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(r.text().await?, "from-run\n");
-    let url = format!("https://127.0.0.1:{}/run/default/{pod}/main?cmd=false", agent.https_port);
+    let url = format!("https://{}:{}/run/default/{pod}/main?cmd=false", agent.host(), agent.https_port);
     let r = http()?.post(&url).send().await?;
     assert_eq!(r.status().as_u16(), 500);
     assert!(r.text().await?.contains("exited with 1"));
@@ -332,7 +339,7 @@ async fn exec_attach_and_port_forward_over_spdy() -> Result<()> {
 /// GETs `path` and reads the body until `want` shows up (or the body ends); returns what
 /// was read and whether the body ended.
 async fn read_logs_until(agent: &Agent, path: &str, want: &str, timeout: Duration) -> Result<(String, bool)> {
-    let url = format!("https://127.0.0.1:{}{path}", agent.https_port);
+    let url = format!("https://{}:{}{path}", agent.host(), agent.https_port);
     let mut r = http()?.get(&url).send().await?;
     if r.status().as_u16() != 200 {
         bail!("{path}: {} {}", r.status(), r.text().await?);
@@ -451,7 +458,8 @@ spec:
         .await?;
         assert_eq!(got, "run");
         // Errors.
-        let url = format!("https://127.0.0.1:{}/containerLogs/default/{pod}/main?previous=true", agent.https_port);
+        let url =
+            format!("https://{}:{}/containerLogs/default/{pod}/main?previous=true", agent.host(), agent.https_port);
         let r = http()?.get(&url).send().await?;
         assert_eq!(r.status().as_u16(), 400);
         assert!(r.text().await?.contains("previous terminated container \"main\""));
