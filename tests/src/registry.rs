@@ -17,6 +17,10 @@ use anyhow::{Context as _, Result};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
+/// The node container's containerd `config_path` (`cargo xtask testbed up
+/// --node-container` sets it for both runtimes).
+pub const NODE_CERTS_DIR: &str = "/etc/containerd/certs.d";
+
 /// Where `cargo xtask registry up` records the registries.
 pub const REGISTRY_STATE: &str = "/run/swiftlet-testbed/registry.json";
 
@@ -52,11 +56,44 @@ impl fmt::Debug for TestRegistry {
 }
 
 impl TestRegistry {
-    /// Reads `SWIFTLET_REGISTRY_STATE`, else [`REGISTRY_STATE`].
+    /// Reads `SWIFTLET_REGISTRY_STATE`, else [`REGISTRY_STATE`]. For an agent in the node
+    /// container (`SWIFTLET_E2E_NODE`) the registries are made reachable there too
+    /// ([`Self::reach_from_node`]).
     pub fn load() -> Result<Self> {
         let path =
             std::env::var_os("SWIFTLET_REGISTRY_STATE").map_or_else(|| PathBuf::from(REGISTRY_STATE), PathBuf::from);
-        Self::from_file(&path)
+        let reg = Self::from_file(&path)?;
+        if let Some((node, _)) = crate::node::node_target()? {
+            reg.reach_from_node(node)?;
+        }
+        Ok(reg)
+    }
+
+    /// Makes the registries answer at their loopback addresses inside the node (forwarded
+    /// into its network namespace) and gives the node's runtimes their `hosts.toml`s: the
+    /// files of [`Self::hosts_dir`] in the node's `/etc/containerd/certs.d` (both its
+    /// containerds' `config_path`), the CA beside them.
+    pub fn reach_from_node(&self, node: &crate::node::Node) -> Result<()> {
+        for endpoint in [&self.plain, &self.tls] {
+            let addr: std::net::SocketAddr =
+                endpoint.parse().with_context(|| format!("registry endpoint {endpoint:?}"))?;
+            node.forward_loopback(addr)?;
+        }
+        let certs = node.file(NODE_CERTS_DIR);
+        std::fs::create_dir_all(&certs)?;
+        let ca = certs.join("registry-ca.crt");
+        std::fs::copy(&self.ca_cert, &ca).with_context(|| format!("copying {}", self.ca_cert.display()))?;
+        let ca_in_node = format!("{NODE_CERTS_DIR}/registry-ca.crt");
+        for entry in std::fs::read_dir(&self.hosts_dir)? {
+            let entry = entry?;
+            let hosts = entry.path().join("hosts.toml");
+            let Ok(text) = std::fs::read_to_string(&hosts) else { continue };
+            let dir = certs.join(entry.file_name());
+            std::fs::create_dir_all(&dir)?;
+            let text = text.replace(&self.ca_cert.display().to_string(), &ca_in_node);
+            std::fs::write(dir.join("hosts.toml"), text)?;
+        }
+        Ok(())
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {

@@ -108,6 +108,9 @@ version = 2
   bin_dir = "/usr/lib/cni"
   conf_dir = "/etc/cni/net.d"
   max_conf_num = 1
+
+[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "/etc/containerd/certs.d"
 "#;
 
 /// Where containerd 2.x and its runc live in the node ([`crate::containerd2`]).
@@ -154,6 +157,9 @@ disabled_plugins = [
   bin_dirs = ["/usr/lib/cni"]
   conf_dir = "/etc/cni/net.d"
   max_conf_num = 1
+
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "/etc/containerd/certs.d"
 "#;
 
 /// containerd 2.x's unit; its shim is found on `PATH`, ahead of Debian's.
