@@ -139,7 +139,10 @@ async fn node_credentials_open_the_private_registry() -> Result<()> {
     let events = events_of(&agent, "anon").await?;
     let failed = events.iter().find(|(r, _)| r == "Failed").map(|(_, m)| m.clone()).unwrap_or_default();
     assert!(failed.starts_with(&format!("Failed to pull image \"{image}\"")), "{events:?}");
-    assert!(failed.contains("401") || failed.to_lowercase().contains("unauthorized"), "{failed}");
+    // containerd 1.6 says "401 Unauthorized", 2.x "authorization failed: no basic auth
+    // credentials": the runtime's words, passed on as they are.
+    let lower = failed.to_lowercase();
+    assert!(failed.contains("401") || lower.contains("unauthorized") || lower.contains("authorization"), "{failed}");
     agent.shutdown(&cri).await?;
 
     // The node's credentials are read once per 5 minutes, as upstream caches them: a new
@@ -266,7 +269,9 @@ async fn eventually_events(
 struct SlowRegistry {
     port: u16,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
-    hosts_dir: std::path::PathBuf,
+    /// Its `hosts.toml` directories: the test bed's, and the node container's when the
+    /// agent runs there.
+    hosts_dirs: Vec<std::path::PathBuf>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -308,16 +313,25 @@ impl SlowRegistry {
                 });
             }
         });
-        // containerd speaks plain HTTP to it (the hosts dir of `cargo xtask registry up`).
-        let hosts_dir = std::path::PathBuf::from(format!("/var/lib/swiftlet-testbed/certs.d/127.0.0.1:{port}"));
-        std::fs::create_dir_all(&hosts_dir)?;
-        std::fs::write(
-            hosts_dir.join("hosts.toml"),
-            format!(
-                "server = \"http://127.0.0.1:{port}\"\n\n[host.\"http://127.0.0.1:{port}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-            ),
-        )?;
-        Ok(Self { port, requests, hosts_dir, task })
+        // containerd speaks plain HTTP to it (the hosts dir of `cargo xtask registry up`;
+        // in the node container, the node's, and the port forwarded there).
+        let mut hosts_dirs =
+            vec![std::path::PathBuf::from(format!("/var/lib/swiftlet-testbed/certs.d/127.0.0.1:{port}"))];
+        if let Some((node, _)) = swiftlet_tests::node::node_target()? {
+            node.forward_loopback(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
+            let certs = node.file(swiftlet_tests::registry::NODE_CERTS_DIR);
+            hosts_dirs.push(certs.join(format!("127.0.0.1:{port}")));
+        }
+        for dir in &hosts_dirs {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(
+                dir.join("hosts.toml"),
+                format!(
+                    "server = \"http://127.0.0.1:{port}\"\n\n[host.\"http://127.0.0.1:{port}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                ),
+            )?;
+        }
+        Ok(Self { port, requests, hosts_dirs, task })
     }
 
     /// (first, last) request time of the pulls of `repository`.
@@ -332,7 +346,9 @@ impl SlowRegistry {
 impl Drop for SlowRegistry {
     fn drop(&mut self) {
         self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.hosts_dir);
+        for dir in &self.hosts_dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
