@@ -228,6 +228,10 @@ users:
 {user}",
             self.state.server
         );
+        // An agent in the node container reaches the API server at the same address.
+        if let Some((node, _)) = crate::node::node_target()? {
+            node.forward_api_server(&self.state.server)?;
+        }
         let path = dir.join(file_name);
         let mut f = std::fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&path)?;
         std::io::Write::write_all(&mut f, text.as_bytes())?;

@@ -187,6 +187,36 @@ pub struct TestDevicePlugin {
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
     socket: PathBuf,
+    /// The short name the sockets are reached by, when the directory's is too long.
+    _alias: Option<ShortAlias>,
+}
+
+/// A unix socket's path holds at most 107 bytes (`sun_path`), and the device plugin
+/// directory of an agent in the node container is deeper than that from the host: a
+/// symlink to the directory in `/tmp` gives the sockets a short path (the kernel follows
+/// it; the socket files are made in the directory itself). Removed when dropped.
+#[derive(Debug)]
+struct ShortAlias(PathBuf);
+
+impl ShortAlias {
+    /// Longest socket path used as it is.
+    const MAX: usize = 100;
+
+    /// `dir` itself when its sockets' paths fit, else an alias for it.
+    fn of(dir: &Path) -> Result<(PathBuf, Option<Self>)> {
+        if dir.as_os_str().len() + 40 <= Self::MAX {
+            return Ok((dir.to_path_buf(), None));
+        }
+        let alias = std::env::temp_dir().join(format!("swl-dp-{:016x}", rand::random::<u64>()));
+        std::os::unix::fs::symlink(dir, &alias).with_context(|| format!("linking {}", alias.display()))?;
+        Ok((alias.clone(), Some(Self(alias))))
+    }
+}
+
+impl Drop for ShortAlias {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl TestDevicePlugin {
@@ -206,8 +236,9 @@ impl TestDevicePlugin {
             .collect();
         let shared = Arc::new(Shared { opts, devices: watch::Sender::new(devices), calls: Mutex::default() });
         let shutdown = CancellationToken::new();
-        let kubelet = dir.join(KUBELET_SOCKET);
-        let socket = dir.join(&shared.opts.endpoint);
+        let (reach, alias) = ShortAlias::of(dir)?;
+        let kubelet = reach.join(KUBELET_SOCKET);
+        let socket = reach.join(&shared.opts.endpoint);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !kubelet.exists() {
             anyhow::ensure!(tokio::time::Instant::now() < deadline, "{} did not appear", kubelet.display());
@@ -215,7 +246,7 @@ impl TestDevicePlugin {
         }
         let (instance, inode) = serve_and_register(&shared, &kubelet, &socket).await?;
         let task = tokio::spawn(supervise(shared.clone(), kubelet, socket.clone(), shutdown.clone(), instance, inode));
-        Ok(Self { shared, shutdown, task: Some(task), socket })
+        Ok(Self { shared, shutdown, task: Some(task), socket, _alias: alias })
     }
 
     /// Marks device `dev-<i>` healthy or not (sent to the agent at once).

@@ -55,13 +55,14 @@ async fn wait_csr(
     }
 }
 
-/// An agent that rotates its client certificate, node `node` on 127.0.0.1, with the
-/// credentials of `kubeconfig`.
+/// An agent that rotates its client certificate, node `node` on 127.0.0.1 (the node
+/// container's address for an agent there), with the credentials of `kubeconfig`.
 async fn rotating_agent(kubeconfig: PathBuf, node: &str) -> Result<Agent> {
+    let ip = swiftlet_tests::node::node_target()?.map_or("127.0.0.1", |(n, _)| n.address.as_str());
     Agent::start(AgentOptions {
         kubeconfig: Some(kubeconfig),
         node_name: Some(node.to_owned()),
-        extra_flags: vec!["--node-ip=127.0.0.1".into()],
+        extra_flags: vec![format!("--node-ip={ip}")],
         extra_config: "rotateCertificates: true\n".into(),
         ..AgentOptions::default()
     })
@@ -145,7 +146,8 @@ async fn bootstrap_writes_the_certificate_and_a_restart_keeps_it() -> Result<()>
     let target = link_target(&pki)?;
     assert!(target.file_name().context("file name")?.to_string_lossy().starts_with("kubelet-client-2"), "{target:?}");
     let written = std::fs::read_to_string(node.kubeconfig())?;
-    let current = pki.join("kubelet-client-current.pem").display().to_string();
+    // The agent names its files by its own paths (the node's, in the node container).
+    let current = swiftlet_tests::agent_path(&pki.join("kubelet-client-current.pem"))?.display().to_string();
     assert!(written.contains(&format!("client-certificate: {current}")), "{written}");
     assert!(written.contains(&format!("client-key: {current}")), "{written}");
     assert!(!written.contains(&cluster.state.bootstrap_token), "{written}");
@@ -227,7 +229,7 @@ async fn a_denied_bootstrap_request_stops_the_agent_with_the_reason() -> Result<
     let _g = testbed_lock().await;
     let cluster = Cluster::connect().await?;
     let token = ManualToken::create(&cluster)?;
-    let files = tempfile::tempdir()?;
+    let files = swiftlet_tests::agent_tempdir("swiftlet-e2e-certs-")?;
     let bootstrap =
         cluster.write_kubeconfig(files.path(), "bootstrap.conf", &format!("    token: {}\n", token.token()))?;
     let kubeconfig = files.path().join("kubelet.conf");
@@ -307,7 +309,7 @@ async fn the_client_certificate_is_rotated_before_it_expires_and_used_at_once() 
     let expires = SystemTime::now() + Duration::from_secs(20);
     let (cert, key) =
         cluster.issue_client_cert(&user, &["system:nodes"], SystemTime::now() - Duration::from_secs(100), expires)?;
-    let files = tempfile::tempdir()?;
+    let files = swiftlet_tests::agent_tempdir("swiftlet-e2e-certs-")?;
     let kubeconfig = cluster.write_cert_kubeconfig(files.path(), "kubelet.conf", &cert, &key)?;
     // The first renewal is not approved by the controller-manager: an admin denies it.
     let unapproved = Unapproved::take(&cluster)?;
@@ -381,7 +383,7 @@ async fn server_tls_bootstrap_serves_a_certificate_from_the_cluster_ca() -> Resu
         .use_rustls_tls()
         .add_root_certificate(ca)
         .identity(reqwest::Identity::from_pem(&admin)?)
-        .resolve(&node.name, std::net::SocketAddr::from(([127, 0, 0, 1], node.agent.https_port)))
+        .resolve(&node.name, std::net::SocketAddr::new(node.agent.host().parse()?, node.agent.https_port))
         .timeout(Duration::from_secs(5))
         .build()?;
     let url = format!("https://{}:{}/healthz", node.name, node.agent.https_port);
@@ -412,7 +414,7 @@ async fn with_rotation_a_token_kubeconfig_gets_a_certificate_and_then_uses_it() 
     let cluster = Cluster::connect().await?;
     // The bootstrap token as a plain kubeconfig token (no --bootstrap-kubeconfig): the
     // certificate manager asks for a certificate with it.
-    let files = tempfile::tempdir()?;
+    let files = swiftlet_tests::agent_tempdir("swiftlet-e2e-certs-")?;
     let kubeconfig = cluster.write_kubeconfig(
         files.path(),
         "kubelet.conf",
