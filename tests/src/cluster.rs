@@ -397,9 +397,16 @@ users:
         opts.node_name = Some(name.to_owned());
         let in_node = crate::node::node_target()?.map(|(n, _)| n);
         // The kubeconfig the agent writes after bootstrap names the bootstrap's server.
+        // The node sees the API server (or the test's proxy in front of it) at its host
+        // address, and the CA where the kubeconfigs and the config name it.
+        if let Some(node) = in_node {
+            node.forward_api_server(server.unwrap_or(&self.state.server))?;
+            let ca = node.file(&self.state.ca_cert.display().to_string());
+            std::fs::create_dir_all(ca.parent().context("the CA has a parent")?)?;
+            std::fs::copy(&self.state.ca_cert, &ca)?;
+        }
         let bootstrap = match (server, in_node) {
-            (Some(_), Some(_)) => bail!("an agent in the node container reaches the API server directly"),
-            (Some(url), None) => {
+            (Some(url), _) => {
                 let path = files.path().join("bootstrap-kubelet.conf");
                 let original = std::fs::read_to_string(&self.state.bootstrap_kubeconfig)?;
                 std::fs::write(
@@ -408,13 +415,7 @@ users:
                 )?;
                 path
             }
-            (None, Some(node)) => {
-                // The node sees the API server at its host address, and the CA where the
-                // kubeconfigs and the config name it.
-                node.forward_api_server(&self.state.server)?;
-                let ca = node.file(&self.state.ca_cert.display().to_string());
-                std::fs::create_dir_all(ca.parent().context("the CA has a parent")?)?;
-                std::fs::copy(&self.state.ca_cert, &ca)?;
+            (None, Some(_)) => {
                 let path = files.path().join("bootstrap-kubelet.conf");
                 std::fs::copy(&self.state.bootstrap_kubeconfig, &path)?;
                 path
@@ -751,11 +752,18 @@ pub fn phase(pod: &Pod) -> &str {
 }
 
 async fn kube_client(kubeconfig: &Path) -> Result<kube::Client> {
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(kubeconfig)?,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
+    let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    // An agent in the node container names its certificate files by the node's paths.
+    if let Some((node, _)) = crate::node::node_target()? {
+        for auth in kc.auth_infos.iter_mut().filter_map(|a| a.auth_info.as_mut()) {
+            for file in [&mut auth.client_certificate, &mut auth.client_key].into_iter().flatten() {
+                if !Path::new(file.as_str()).exists() {
+                    *file = node.resolved_file(file).display().to_string();
+                }
+            }
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -122,6 +122,21 @@ impl Node {
         self.rootfs.join(path.trim_start_matches('/'))
     }
 
+    /// [`Self::file`], following the symbolic links of the last component as the node
+    /// would (an absolute target names a node path: `kubelet-client-current.pem`).
+    pub fn resolved_file(&self, path: &str) -> PathBuf {
+        let mut at = self.file(path);
+        for _ in 0..8 {
+            let Ok(target) = std::fs::read_link(&at) else { break };
+            at = if target.is_absolute() {
+                self.file(&target.display().to_string())
+            } else {
+                at.parent().map_or(target.clone(), |dir| dir.join(&target))
+            };
+        }
+        at
+    }
+
     /// The node's path of a host path inside its root filesystem, or of a path through
     /// `/proc/<init>/root` (which reaches the node's own mounts too).
     pub fn inside(&self, host: &Path) -> Result<PathBuf> {

@@ -236,7 +236,7 @@ async fn a_denied_bootstrap_request_stops_the_agent_with_the_reason() -> Result<
     let started = tokio::spawn(Agent::start(AgentOptions {
         kubeconfig: Some(kubeconfig.clone()),
         node_name: Some(node_name("denied")),
-        extra_flags: vec![format!("--bootstrap-kubeconfig={}", bootstrap.display())],
+        extra_flags: vec![format!("--bootstrap-kubeconfig={}", swiftlet_tests::agent_path(&bootstrap)?.display())],
         ..AgentOptions::default()
     }));
     // An admin denies the request (kubectl sets reason KubectlDeny).

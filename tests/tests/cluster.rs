@@ -64,7 +64,7 @@ async fn node_joins_by_tls_bootstrap_and_is_ready_with_its_lease() -> Result<()>
     assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("linux"));
     let status = n.status.clone().context("node status")?;
     let addresses: Vec<_> = status.addresses.iter().flatten().map(|a| (a.type_.as_str(), a.address.as_str())).collect();
-    assert!(addresses.contains(&("InternalIP", "127.0.0.1")), "{addresses:?}");
+    assert!(addresses.contains(&("InternalIP", node.agent.host())), "{addresses:?}");
     for t in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
         assert_eq!(node_condition(&n, t), Some("False"), "{t}");
     }
@@ -164,8 +164,8 @@ async fn a_deployments_pods_are_scheduled_to_the_node_and_run() -> Result<()> {
         assert_eq!(spec.node_name.as_deref(), Some(node.name.as_str()), "scheduled elsewhere");
         let s = p.status.as_ref().context("status")?;
         assert_eq!(s.phase.as_deref(), Some("Running"));
-        assert_eq!(s.host_ip.as_deref(), Some("127.0.0.1"));
-        assert_eq!(s.host_ips.as_ref().map(|h| h[0].ip.as_str()), Some("127.0.0.1"));
+        assert_eq!(s.host_ip.as_deref(), Some(node.agent.host()));
+        assert_eq!(s.host_ips.as_ref().map(|h| h[0].ip.as_str()), Some(node.agent.host()));
         assert_eq!(s.qos_class.as_deref(), Some("Burstable"));
         let ip = s.pod_ip.clone().context("pod IP")?;
         assert_ne!(ip, "127.0.0.1", "a pod-network pod has an IP of its own");

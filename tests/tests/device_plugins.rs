@@ -134,13 +134,14 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     let _g = testbed_lock().await;
     let (bed, cri) = setup("devices").await?;
     let agent = bed.agent();
-    let shared = tempfile::tempdir()?;
+    // A plugin on the node names the node's paths (an agent in the node container's).
+    let shared = swiftlet_tests::agent_tempdir("swiftlet-e2e-plugin-")?;
     std::fs::write(shared.path().join("hello"), "from the plugin\n")?;
     let plugin = TestDevicePlugin::start(
         &agent.root_dir.join("device-plugins"),
         TestDevicePluginOptions {
             envs: BTreeMap::from([("FAKE_VENDOR".into(), "swiftlet".into())]),
-            mount: Some((shared.path().to_owned(), "/fake".into())),
+            mount: Some((swiftlet_tests::agent_path(shared.path())?, "/fake".into())),
             pre_start_required: true,
             ..TestDevicePluginOptions::default()
         },

@@ -1153,39 +1153,21 @@ async fn an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_im
     let _g = testbed_lock().await;
     let (agent, cri) = setup(EVENTED).await?;
     let supported = runtime_mounts_images(&cri).await?;
+    let sleeper = |name: &str, mounts: &str| {
+        format!(
+            "  - name: {name}\n    image: {BUSYBOX}\n    imagePullPolicy: IfNotPresent\n    command: [\"sh\", \"-c\", \"{SERVE}\"]\n    volumeMounts:\n{mounts}"
+        )
+    };
     let manifest = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: imgvol
-spec:
-  terminationGracePeriodSeconds: 2
-  volumes:
-  - name: tools
-    image: {{reference: "{BUSYBOX}", pullPolicy: IfNotPresent}}
-  - name: absent
-    image: {{reference: "localhost/absent:1", pullPolicy: Never}}
-  containers:
-  - name: main
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "{SERVE}"]
-    volumeMounts:
-    - {{name: tools, mountPath: /img}}
-    - {{name: tools, mountPath: /imgetc, subPath: etc}}
-  - name: held
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "{SERVE}"]
-    volumeMounts:
-    - {{name: absent, mountPath: /absent}}
-  - name: badsub
-    image: {BUSYBOX}
-    imagePullPolicy: IfNotPresent
-    command: ["sh", "-c", "{SERVE}"]
-    volumeMounts:
-    - {{name: tools, mountPath: /nope, subPath: no/such/dir}}
-"#
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: imgvol\nspec:\n  terminationGracePeriodSeconds: 2\n  volumes:\n  \
+         - name: tools\n    image: {{reference: \"{BUSYBOX}\", pullPolicy: IfNotPresent}}\n  - name: absent\n    \
+         image: {{reference: \"localhost/absent:1\", pullPolicy: Never}}\n  containers:\n{}{}{}",
+        sleeper(
+            "main",
+            "    - {name: tools, mountPath: /img}\n    - {name: tools, mountPath: /imgetc, subPath: etc}\n"
+        ),
+        sleeper("held", "    - {name: absent, mountPath: /absent}\n"),
+        sleeper("badsub", "    - {name: tools, mountPath: /nope, subPath: no/such/dir}\n"),
     );
     agent.write_manifest("imgvol.yaml", &manifest)?;
     let never = "Container image \"localhost/absent:1\" is not present with pull policy of Never";
