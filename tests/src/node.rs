@@ -124,6 +124,7 @@ impl Node {
 
     /// [`Self::file`], following the symbolic links of the last component as the node
     /// would (an absolute target names a node path: `kubelet-client-current.pem`).
+    #[must_use]
     pub fn resolved_file(&self, path: &str) -> PathBuf {
         let mut at = self.file(path);
         for _ in 0..8 {
