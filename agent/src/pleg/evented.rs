@@ -360,11 +360,10 @@ struct State {
     /// exec in a new container, and one answer from CRI settles both.
     starting: HashSet<String>,
     /// The most advanced state the kernel reported per container, whether or not it
-    /// led to an event: what decides if a relist finding was a miss.
-    kernel_seen: HashMap<String, PlegState>,
-    /// When (kernel monotonic ns) the kernel path saw each container reach its state in
-    /// `kernel_seen`: the runtime's event telling the same change is timed against it.
-    kernel_at: HashMap<String, u64>,
+    /// led to an event: what decides if a relist finding was a miss; and when (kernel
+    /// monotonic ns) it saw the container reach it, what the runtime's event telling the
+    /// same change is timed against.
+    kernel_seen: HashMap<String, (PlegState, u64)>,
     /// Relist findings not (yet) reported by the kernel: (state, when found, pod uid).
     /// The relist can be ahead of the kernel for a moment (CRI marks a container
     /// running when `StartContainer` returns, a little before its process execs), so a
@@ -401,7 +400,6 @@ impl State {
             self.known.remove(&id);
             self.names.remove(&id);
             self.kernel_seen.remove(&id);
-            self.kernel_at.remove(&id);
             self.inits.remove(&id);
         }
     }
@@ -462,8 +460,11 @@ fn rank(s: PlegState) -> u8 {
 /// Records `new` unless something at least as advanced is known; true when recorded.
 /// [`advance`] of what the kernel saw of container `id`, remembering when it saw it.
 fn kernel_saw(s: &mut State, id: &str, new: PlegState, ktime: u64) {
-    if advance(&mut s.kernel_seen, id, new) {
-        s.kernel_at.insert(id.to_owned(), ktime);
+    match s.kernel_seen.get(id) {
+        Some((old, _)) if rank(*old) >= rank(new) => {}
+        _ => {
+            s.kernel_seen.insert(id.to_owned(), (new, ktime));
+        }
     }
 }
 
@@ -939,7 +940,6 @@ impl EventedPleg {
                 self.cache.exits().forget(&e.data);
                 if !s.suspects.contains_key(&e.data) {
                     s.kernel_seen.remove(&e.data);
-                    s.kernel_at.remove(&e.data);
                 }
                 out.push(e);
                 continue;
@@ -954,7 +954,7 @@ impl EventedPleg {
             }
             let is_lifecycle =
                 matches!(e.kind, PodLifecycleEventType::ContainerStarted | PodLifecycleEventType::ContainerDied);
-            let kernel_saw = s.kernel_seen.get(&e.data).is_some_and(|k| rank(*k) >= rank(new));
+            let kernel_saw = s.kernel_seen.get(&e.data).is_some_and(|(k, _)| rank(*k) >= rank(new));
             if is_lifecycle && !initial && !kernel_saw && self.kernel_alive.load(Ordering::Relaxed) {
                 s.suspects.insert(e.data.clone(), (new, tokio::time::Instant::now(), e.pod_uid.clone()));
             }
@@ -979,7 +979,7 @@ impl EventedPleg {
         let ids: Vec<String> = s.suspects.keys().cloned().collect();
         for id in ids {
             let (state, found, pod_uid) = s.suspects[&id].clone();
-            if s.kernel_seen.get(&id).is_some_and(|k| rank(*k) >= rank(state)) {
+            if s.kernel_seen.get(&id).is_some_and(|(k, _)| rank(*k) >= rank(state)) {
                 s.suspects.remove(&id);
             } else if now.duration_since(found) >= SUSPECT_GRACE {
                 s.suspects.remove(&id);
@@ -1113,9 +1113,9 @@ impl EventedPleg {
             }
             return Some(self.report_confirmed(a.pod_uid, id.clone(), container_name, a.want, a.ktime, a.exit));
         }
-        if let Some(k) = s.kernel_seen.get(id).filter(|k| rank(**k) >= rank(new)) {
+        if let Some(&(k, at)) = s.kernel_seen.get(id).filter(|(k, _)| rank(*k) >= rank(new)) {
             // Timed only against the kernel's sight of this very state (not a later one).
-            let seen_at = s.kernel_at.get(id).copied().filter(|_| *k == new);
+            let seen_at = (k == new).then_some(at);
             drop(s);
             self.count_runtime_event(kind, "kernel");
             if let Some(ktime) = seen_at {
@@ -1903,7 +1903,6 @@ mod tests {
             ("known", s.known.contains_key(id)),
             ("names", s.names.contains_key(id)),
             ("kernel_seen", s.kernel_seen.contains_key(id)),
-            ("kernel_at", s.kernel_at.contains_key(id)),
         ]
         .into_iter()
         .filter_map(|(what, held)| held.then_some(what))
