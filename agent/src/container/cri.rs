@@ -72,6 +72,14 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// The id a `CreateContainer` answered, which CRI requires.
+fn created_id(resp: api::CreateContainerResponse) -> Result<String> {
+    if resp.container_id.is_empty() {
+        return Err(Error::MissingField { operation: "create_container", field: "container_id" });
+    }
+    Ok(resp.container_id)
+}
+
 impl RemoteRuntime {
     /// Creates a client for `endpoint` (e.g. `unix:///run/containerd/containerd.sock`).
     /// Connecting is lazy: this does not fail when the runtime is not up yet.
@@ -84,14 +92,15 @@ impl RemoteRuntime {
                 let path = path.clone();
                 async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
             }));
+        let channel = InterceptedService::new(channel, PropagateTraceContext);
         Ok(Self {
-            runtime: RuntimeServiceClient::with_interceptor(channel.clone(), PropagateTraceContext)
+            runtime: RuntimeServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
-            images: ImageServiceClient::with_interceptor(channel.clone(), PropagateTraceContext)
+            images: ImageServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MSG_SIZE)
                 .max_encoding_message_size(MAX_MSG_SIZE),
-            channel: InterceptedService::new(channel, PropagateTraceContext),
+            channel,
             timeout,
             metrics,
         })
@@ -271,10 +280,7 @@ impl RuntimeService for RemoteRuntime {
                 Box::pin(c.create_container(req)),
             )
             .await?;
-        if resp.container_id.is_empty() {
-            return Err(Error::MissingField { operation: "create_container", field: "container_id" });
-        }
-        Ok(resp.container_id)
+        created_id(resp)
     }
 
     async fn create_container_with_image_sub_paths(
@@ -300,10 +306,7 @@ impl RuntimeService for RemoteRuntime {
         let resp = self
             .call("create_container", "runtime.v1.RuntimeService/CreateContainer", Some(self.timeout), Box::pin(create))
             .await?;
-        if resp.container_id.is_empty() {
-            return Err(Error::MissingField { operation: "create_container", field: "container_id" });
-        }
-        Ok(resp.container_id)
+        created_id(resp)
     }
 
     async fn start_container(&self, id: &str) -> Result<()> {
