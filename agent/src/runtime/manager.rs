@@ -114,6 +114,11 @@ impl pod_actions::ProbeVerdicts for Verdicts<'_> {
     }
 }
 
+/// The runtime handler of the pod's runtime class (`""`: the runtime's default).
+fn runtime_handler(pod: &Pod) -> &str {
+    pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()).unwrap_or_default()
+}
+
 /// The error of a pod that came without a spec (a broken object from a source).
 fn no_spec(pod: &Pod) -> String {
     format!("pod {} has no spec", pod_full_name(pod))
@@ -358,8 +363,7 @@ impl RuntimeManager {
     /// The pod's user namespace for its sandbox and containers ([`super::userns`]), on
     /// the runtime handler its runtime class names.
     pub(crate) fn user_namespace(&self, pod: &Pod) -> std::result::Result<api::UserNamespace, String> {
-        let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()).unwrap_or_default();
-        self.userns.namespace(pod, handler)
+        self.userns.namespace(pod, runtime_handler(pod))
     }
 
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {

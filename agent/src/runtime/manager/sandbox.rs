@@ -122,7 +122,7 @@ impl RuntimeManager {
     ) -> Result<(String, Vec<String>)> {
         std::fs::create_dir_all(self.pod_log_dir(pod))
             .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
-        let handler = pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone()).unwrap_or_default();
+        let handler = super::runtime_handler(pod).to_owned();
         let started = std::time::Instant::now();
         let run = async {
             let under_way = self.cache.starts().begin(pod.metadata.uid.as_deref().unwrap_or_default());
