@@ -183,6 +183,11 @@ impl Cri {
         Ok(self.client.clone().version(cri::VersionRequest { version: String::new() }).await?.into_inner())
     }
 
+    /// The runtime's `(major, minor)` version (`v2.4.2` and `1.6.20~ds1` alike).
+    pub async fn runtime_release(&self) -> Result<(u32, u32)> {
+        Ok(release_of(&self.version().await?.runtime_version))
+    }
+
     /// Pulls `image` (CRI `PullImage`, no credentials); returns its image reference.
     pub async fn pull_image(&self, image: &str) -> Result<String> {
         let req = cri::PullImageRequest {
@@ -1053,9 +1058,23 @@ pub fn tail(s: &str, n: usize) -> String {
 /// Shared handle type for tests.
 pub type SharedCri = Arc<Cri>;
 
+/// `(major, minor)` of a runtime version string (`v2.4.2`, `1.6.20~ds1`); 0 where a part
+/// is missing or not a number.
+fn release_of(version: &str) -> (u32, u32) {
+    let mut parts = version.trim_start_matches('v').split(['.', '~', '-', '+']).map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_releases_parse_from_containerds_versions() {
+        assert_eq!(release_of("v2.4.2"), (2, 4));
+        assert_eq!(release_of("1.6.20~ds1"), (1, 6));
+        assert_eq!(release_of("weird"), (0, 0));
+    }
 
     /// A unit still stopping has not ended: waiting for the end waits for it too.
     #[test]

@@ -211,10 +211,7 @@ async fn snapshot(agent: &Agent) -> Result<Snapshot> {
 /// Whether the runtime serves `GetContainerEvents`: containerd 1.7 and later.
 async fn serves_events(cri: &Cri) -> Result<(String, bool)> {
     let v = cri.version().await?;
-    let version = v.runtime_version.trim_start_matches('v');
-    let mut parts = version.split(['.', '~', '-', '+']).map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    Ok((format!("{} {}", v.runtime_name, v.runtime_version), (major, minor) >= (1, 7)))
+    Ok((format!("{} {}", v.runtime_name, v.runtime_version), cri.runtime_release().await? >= (1, 7)))
 }
 
 /// The pod manifest: `containers` sleeping busybox containers `c0`, `c1`, ...

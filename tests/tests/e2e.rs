@@ -1136,10 +1136,7 @@ fn waiting<'a>(p: &'a Value, name: &str) -> (&'a str, &'a str) {
 
 /// Whether the runtime mounts image volumes (CRI `Mount.image`): containerd 2.1 and later.
 async fn runtime_mounts_images(cri: &Cri) -> Result<bool> {
-    let v = cri.version().await?.runtime_version;
-    let mut parts = v.trim_start_matches('v').split(['.', '~', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    Ok((major, minor) >= (2, 1))
+    Ok(cri.runtime_release().await? >= (2, 1))
 }
 
 /// An image volume: the busybox image mounted whole and, with a subPath, its `etc`, both
