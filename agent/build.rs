@@ -6,7 +6,13 @@ use std::error::Error;
 use std::path::PathBuf;
 
 /// The `.proto` files to compile, relative to the proto root.
-const PROTOS: &[&str] = &["swiftlet/events/v1/events.proto", "deviceplugin/v1beta1/api.proto"];
+const PROTOS: &[&str] = &[
+    "swiftlet/events/v1/events.proto",
+    "deviceplugin/v1beta1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "csi/v1/csi.proto",
+    "dra/v1/api.proto",
+];
 
 fn main() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);

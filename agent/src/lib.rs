@@ -27,6 +27,7 @@ pub mod mirror;
 pub mod node;
 pub mod nodeshutdown;
 pub mod pleg;
+pub mod pluginmanager;
 pub mod pod_manager;
 pub mod pod_startup;
 pub mod pod_workers;

@@ -32,6 +32,7 @@
 
 pub mod atomic_writer;
 pub mod config_map;
+pub mod csi;
 pub mod downward_api;
 pub mod empty_dir;
 pub mod host_path;
