@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service, ServiceAccount};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::{reflector, watcher};
@@ -239,5 +240,27 @@ impl ObjectSource for KubeObjectSource {
 
     fn services(&self) -> Option<Vec<Arc<Service>>> {
         self.services.synced.load(std::sync::atomic::Ordering::Acquire).then(|| self.services.store.state())
+    }
+
+    /// Read from the API server on every call, as upstream's volume manager does when
+    /// it adds a pod's claims: a claim's binding must be current, not cached.
+    async fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name).await.map_err(|e| api_err("PersistentVolumeClaim", namespace, name, &e))
+    }
+
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        api.get_opt(name).await.map_err(|e| api_err("PersistentVolume", "", name, &e))
+    }
+
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>> {
+        let api: Api<CSIDriver> = Api::all(self.client.clone());
+        api.get_opt(name).await.map_err(|e| api_err("CSIDriver", "", name, &e))
+    }
+
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
+        let api: Api<VolumeAttachment> = Api::all(self.client.clone());
+        api.get_opt(name).await.map_err(|e| api_err("VolumeAttachment", "", name, &e))
     }
 }

@@ -303,6 +303,11 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         registry.register_collector(Box::new(crate::stats::log_metrics::LogMetricsCollector::new(Arc::new(
             move || latest.latest(),
         ))));
+        // `kubelet_volume_stats_*` of the volumes from claims.
+        let latest = Arc::clone(stats);
+        registry.register_collector(Box::new(crate::stats::volume_metrics::VolumeStatsCollector::new(Arc::new(
+            move || latest.latest(),
+        ))));
         // Walks writable layers and volumes in the background; scrapes read its cache.
         stats_tasks.push(task(stats.fs_usage().run(base.shutdown.clone()), tracing::info_span!("fs_usage")));
         stats_tasks.push(task(

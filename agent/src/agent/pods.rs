@@ -117,6 +117,12 @@ pub(super) async fn build(
         Some(a) => Arc::new(crate::api_objects::KubeObjectSource::new(a.clients.main.clone())),
         None => Arc::new(crate::volumes::source::NoApiServer),
     };
+    // CSI drivers register through the plugin manager; their node objects in API mode.
+    let csi_node_info: Arc<dyn crate::volumes::csi::NodeInfoUpdater> = match api {
+        Some(a) => Arc::new(crate::volumes::csi::KubeNodeInfo::new(a.clients.main.clone(), cfg.node_name.clone())),
+        None => Arc::new(crate::volumes::csi::NoNodeInfo),
+    };
+    let csi = Arc::new(crate::volumes::csi::CsiDrivers::new(cfg.node_name.clone(), csi_node_info));
     let cache = Arc::new(crate::container::cache::RuntimeCache::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
     let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
@@ -154,7 +160,9 @@ pub(super) async fn build(
             .with_startup_tracker(startup.clone()),
         ),
         recorder: recorder.clone(),
-        volumes: Arc::new(crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)),
+        volumes: Arc::new(
+            crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source).with_csi(csi.clone()),
+        ),
         dns: crate::settings::dns(kc),
         cache: cache.clone(),
         probes: probes.clone(),

@@ -9,3 +9,13 @@
 pub mod proto {
     tonic::include_proto!("pluginregistration");
 }
+
+/// What a plugin type's owner does with plugins of that type (`CSIPlugin`, `DRAPlugin`).
+#[async_trait::async_trait]
+pub trait PluginHandler: Send + Sync + std::fmt::Debug {
+    /// Validates and registers; `Err(message)` is reported to the plugin as not
+    /// registered with that error.
+    async fn register(&self, name: &str, endpoint: &std::path::Path, versions: &[String]) -> Result<(), String>;
+    /// The plugin's socket is gone (or it re-registered: deregister comes first).
+    async fn deregister(&self, name: &str);
+}

@@ -78,6 +78,7 @@ pub mod resource_metrics;
 pub mod summary;
 pub mod synthetic;
 pub mod usage_cache;
+pub mod volume_metrics;
 
 #[cfg(test)]
 mod tests;

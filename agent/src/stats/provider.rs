@@ -131,7 +131,7 @@ impl std::fmt::Debug for StatsProvider {
 /// The pod's volumes as the volume manager set them up (plugin, path, medium), with
 /// upstream's `IsLocalEphemeralVolume` (emptyDir not in memory, configMap) deciding what
 /// counts as the pod's ephemeral storage. Host paths have no stats upstream either.
-fn pod_volumes(volumes: &VolumeManager, uid: &str) -> Vec<VolumeInventory> {
+fn pod_volumes(volumes: &VolumeManager, uid: &str, namespace: &str) -> Vec<VolumeInventory> {
     use crate::volumes::manager::Plugin;
     volumes
         .mounted_volumes(uid)
@@ -142,7 +142,10 @@ fn pod_volumes(volumes: &VolumeManager, uid: &str) -> Vec<VolumeInventory> {
             name: v.name.clone(),
             path: v.path.clone(),
             local_ephemeral: (v.plugin == Plugin::EmptyDir && !v.memory) || v.plugin == Plugin::ConfigMap,
-            pvc: None,
+            pvc: v
+                .claim
+                .as_ref()
+                .map(|name| super::summary::PvcReference { name: name.clone(), namespace: namespace.to_owned() }),
         })
         .collect()
 }
@@ -289,14 +292,14 @@ impl StatsProvider {
             pods.push(PodInventory {
                 uid: uid.clone(),
                 name,
-                namespace,
                 sandbox_cgroup: Some(format!("{cgroup}/{}", sb.id)),
                 cgroup,
                 start_time: time_from_nanos(sb.created_at),
                 sandbox_id: sb.id.clone(),
                 log_dir: Some(log_dir),
                 etc_hosts: etc_hosts.exists().then_some(etc_hosts),
-                volumes: pod_volumes(&self.volumes, uid),
+                volumes: pod_volumes(&self.volumes, uid, &namespace),
+                namespace,
                 containers,
             });
         }

@@ -134,6 +134,11 @@ impl CleanupPass {
             }
             Err(e) => tracing::warn!(error = %e, "failed to clean up orphaned pod volumes"),
         }
+        // CSI volumes staged for pods that are gone (removed while the agent was down).
+        let volumes = self.runtime.volumes();
+        for e in volumes.csi().unstage_unused(volumes.root_dir()) {
+            tracing::warn!(error = %e, "failed to unstage an unused CSI volume");
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, Secret, Volume, VolumeProjection};
 
 use super::atomic_writer::{AtomicWriter, DATA_DIR_NAME, Payload};
+use super::csi::{CsiDrivers, CsiSpec};
 use super::downward_api::{self, NodeAllocatable};
 use super::empty_dir::{self, Medium};
 use super::mounter::{Mounter, SystemMounter};
@@ -41,6 +42,8 @@ pub enum Plugin {
     /// nothing on the node's side; the image is pulled by the runtime manager before the
     /// containers start and handed to CRI as the mount's `image`.
     Image,
+    /// A volume of a CSI driver (upstream `kubernetes.io/csi`), from a claim or inline.
+    Csi,
 }
 
 impl Plugin {
@@ -55,6 +58,7 @@ impl Plugin {
             Self::DownwardApi => "kubernetes.io/downward-api",
             Self::Projected => "kubernetes.io/projected",
             Self::Image => "kubernetes.io/image",
+            Self::Csi => super::csi::PLUGIN_NAME,
         }
     }
 
@@ -100,6 +104,11 @@ pub struct MountedVolume {
     pub memory: bool,
     /// `emptyDir.sizeLimit` in bytes, for eviction.
     pub size_limit: Option<i64>,
+    /// The claim it comes from (`persistentVolumeClaim`, or the claim of an `ephemeral`
+    /// volume), in the pod's namespace.
+    pub claim: Option<String>,
+    /// What a CSI volume is.
+    pub csi: Option<Arc<CsiSpec>>,
 }
 
 /// The volumes of one pod, by name.
@@ -150,6 +159,7 @@ pub struct VolumeManager {
     tokens: TokenManager,
     node: OnceLock<NodeAllocatable>,
     mounted: Mutex<HashMap<String, PodVolumes>>,
+    csi: Arc<CsiDrivers>,
 }
 
 fn pod_namespace(pod: &Pod) -> &str {
@@ -267,7 +277,27 @@ impl VolumeManager {
             tokens: TokenManager::new(Arc::new(SystemClock)),
             node: OnceLock::new(),
             mounted: Mutex::default(),
+            csi: Arc::default(),
         }
+    }
+
+    /// Serves CSI volumes through `drivers`.
+    #[must_use]
+    pub fn with_csi(mut self, drivers: Arc<CsiDrivers>) -> Self {
+        self.csi = drivers;
+        self
+    }
+
+    /// The CSI drivers registered on this node.
+    #[must_use]
+    pub fn csi(&self) -> &Arc<CsiDrivers> {
+        &self.csi
+    }
+
+    /// `<root>`.
+    #[must_use]
+    pub fn root_dir(&self) -> &Path {
+        &self.root_dir
     }
 
     /// Mounts through `mounter` (a [`super::FakeMounter`] in tests).
@@ -329,6 +359,8 @@ impl VolumeManager {
             read_only: plugin.is_projected_content(),
             memory,
             size_limit: None,
+            claim: None,
+            csi: None,
         };
         Ok(if let Some(ed) = &v.empty_dir {
             let memory = Medium::parse(ed.medium.as_deref())? == Medium::Memory;
@@ -358,6 +390,7 @@ impl VolumeManager {
     fn set_up_on_disk(mv: &MountedVolume) -> bool {
         match mv.plugin {
             Plugin::HostPath | Plugin::Image => false,
+            Plugin::Csi => mv.path.parent().is_some_and(|d| d.join(super::csi::VOL_DATA_FILE).exists()),
             Plugin::EmptyDir => mv.path.is_dir(),
             _ => std::fs::symlink_metadata(mv.path.join(DATA_DIR_NAME)).is_ok(),
         }
@@ -374,7 +407,8 @@ impl VolumeManager {
         let mut result = PodVolumes::default();
         let mut failures = Vec::new();
         for v in spec.volumes.iter().flatten().filter(|v| used.contains(v.name.as_str())) {
-            let mv = match self.describe(&uid, v) {
+            // Boxed: claims and CSI set-ups are rare, and would make every sync's future larger.
+            let mv = match Box::pin(self.resolve(pod, v, previous.get(&v.name))).await {
                 Ok(mv) => mv,
                 Err(e) => {
                     failures.push(SetUpFailure::new(&v.name, &e));
@@ -430,6 +464,7 @@ impl VolumeManager {
             }
             // Pulled by the runtime manager, mounted by the runtime.
             Plugin::Image => Ok(()),
+            Plugin::Csi => Box::pin(self.set_up_csi(pod, mv)).await,
             Plugin::ConfigMap | Plugin::Secret | Plugin::DownwardApi | Plugin::Projected => {
                 // Read everything first: a failure leaves the volume as it was.
                 let payload = self.payload(pod, v).await?;
@@ -661,6 +696,11 @@ impl VolumeManager {
     /// The pod directory itself is left to its owner.
     pub fn cleanup_pod(&self, uid: &str) -> Result<()> {
         let vols = self.pod_volumes_dir(uid);
+        // Through the drivers first: they unmount what they mounted.
+        self.csi
+            .tear_down_pod(&self.root_dir, &vols)
+            .map_err(VolumeError::from)
+            .map_err(|e| Error::TearDown(e.to_string()))?;
         let io_err = PathIoError::at;
         for point in self.mounter.mounts_under(&vols).map_err(io_err("read mounts under", &vols))? {
             tracing::debug!(path = %point.display(), "unmounting volume");
@@ -763,5 +803,6 @@ fn expand_sub_path_expr(expr: &str, envs: &[(String, String)]) -> Result<String>
     Ok(crate::types::expansion::expand(expr, &vars))
 }
 
+mod claims;
 #[cfg(test)]
 mod tests;

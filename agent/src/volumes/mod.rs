@@ -90,7 +90,7 @@ pub enum VolumeError {
     SizeLimit(#[from] crate::types::quantity::Error),
     /// A volume type or projection this agent does not provide.
     #[error(
-        "{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)"
+        "{kind} volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, image, csi, persistentVolumeClaim, ephemeral)"
     )]
     Unsupported {
         /// The volume source's field name (`persistentVolumeClaim`, `csi`, ...).
@@ -105,6 +105,12 @@ pub enum VolumeError {
     /// Creating the mount points of volumes nested in this one failed.
     #[error("unable to create nested volume mountpoints: {0}")]
     NestedMountpoint(String),
+    /// A CSI volume could not be set up.
+    #[error(transparent)]
+    Csi(#[from] csi::Error),
+    /// A claim or its volume is not usable (upstream's messages).
+    #[error("{0}")]
+    Claim(String),
     /// Several projected sources failed (Go's `utilerrors.NewAggregate` format).
     #[error("[{}]", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     Aggregate(Vec<VolumeError>),
@@ -166,6 +172,9 @@ pub enum Error {
     /// A file system or mount call failed.
     #[error(transparent)]
     Io(#[from] PathIoError),
+    /// A volume could not be torn down through its driver.
+    #[error("{0}")]
+    TearDown(String),
     /// Mounts remain under a pod directory after its volumes were unmounted: it is not
     /// removed, so that nothing mounted there is deleted.
     #[error("{path} still has mounts after its volumes were unmounted: {mounts:?}")]

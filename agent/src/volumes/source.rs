@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use crate::container::backoff::{Clock, SystemClock};
 
@@ -86,6 +87,14 @@ pub trait ObjectSource: Send + Sync + std::fmt::Debug {
     /// Every `Service` of the cluster, for service-link environment variables (upstream's
     /// service lister); `None` while the first list has not completed.
     fn services(&self) -> Option<Vec<Arc<Service>>>;
+    /// The `PersistentVolumeClaim` `namespace/name`; `Ok(None)` when it does not exist.
+    async fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>>;
+    /// The `PersistentVolume` `name`; `Ok(None)` when it does not exist.
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>>;
+    /// The `CSIDriver` `name`; `Ok(None)` when it does not exist.
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>>;
+    /// The `VolumeAttachment` `name`; `Ok(None)` when it does not exist.
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>>;
 }
 
 /// The standalone source: there is no API server, so every object is unavailable. Static
@@ -118,6 +127,22 @@ impl ObjectSource for NoApiServer {
     fn services(&self) -> Option<Vec<Arc<Service>>> {
         Some(Vec::new())
     }
+
+    async fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>> {
+        Err(Error::NoApiServer { kind: "PersistentVolumeClaim", namespace: namespace.into(), name: name.into() })
+    }
+
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>> {
+        Err(Error::NoApiServer { kind: "PersistentVolume", namespace: String::new(), name: name.into() })
+    }
+
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>> {
+        Err(Error::NoApiServer { kind: "CSIDriver", namespace: String::new(), name: name.into() })
+    }
+
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
+        Err(Error::NoApiServer { kind: "VolumeAttachment", namespace: String::new(), name: name.into() })
+    }
 }
 
 /// One `TokenRequest` a [`FakeObjectSource`] answered.
@@ -143,6 +168,8 @@ struct FakeState {
     failure: Option<String>,
     /// `None`: the service list has not synced.
     services: Option<Vec<Arc<Service>>>,
+    /// Storage objects by (namespace, kind, name); cluster-scoped ones with namespace "".
+    storage: HashMap<(String, &'static str, String), serde_json::Value>,
 }
 
 impl Default for FakeState {
@@ -153,6 +180,7 @@ impl Default for FakeState {
             tokens: Vec::new(),
             failure: None,
             services: Some(Vec::new()),
+            storage: HashMap::new(),
         }
     }
 }
@@ -211,6 +239,32 @@ impl FakeObjectSource {
     /// Replaces the services; `None` makes the service list unsynced.
     pub fn set_services(&self, services: Option<Vec<Service>>) {
         self.state.lock().unwrap().services = services.map(|v| v.into_iter().map(Arc::new).collect());
+    }
+
+    /// Adds or replaces a storage object (`PersistentVolumeClaim`, `PersistentVolume`,
+    /// `CSIDriver`, `VolumeAttachment`), keyed by its namespace and name.
+    pub fn set_storage_object<K: kube::Resource<DynamicType = ()> + serde::Serialize>(&self, object: &K) {
+        let meta = object.meta();
+        let key = (meta.namespace.clone().unwrap_or_default(), kind_of::<K>(), meta.name.clone().unwrap_or_default());
+        let value = serde_json::to_value(object).expect("API objects serialize");
+        self.state.lock().unwrap().storage.insert(key, value);
+    }
+
+    /// Deletes a storage object.
+    pub fn remove_storage_object<K: kube::Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
+        self.state.lock().unwrap().storage.remove(&(namespace.into(), kind_of::<K>(), name.into()));
+    }
+
+    fn storage_object<K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<K>> {
+        let kind = kind_of::<K>();
+        self.check(kind, namespace, name)?;
+        let state = self.state.lock().unwrap();
+        let found = state.storage.get(&(namespace.into(), kind, name.into()));
+        Ok(found.map(|v| serde_json::from_value(v.clone()).expect("stored from the same type")))
     }
 
     /// Makes every call fail with `message` (an API error) until cleared with `None`.
@@ -272,6 +326,33 @@ impl ObjectSource for FakeObjectSource {
 
     fn services(&self) -> Option<Vec<Arc<Service>>> {
         self.state.lock().unwrap().services.clone()
+    }
+
+    async fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Result<Option<PersistentVolumeClaim>> {
+        self.storage_object(namespace, name)
+    }
+
+    async fn persistent_volume(&self, name: &str) -> Result<Option<PersistentVolume>> {
+        self.storage_object("", name)
+    }
+
+    async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>> {
+        self.storage_object("", name)
+    }
+
+    async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
+        self.storage_object("", name)
+    }
+}
+
+/// The kind of a typed API object (`PersistentVolumeClaim`).
+fn kind_of<K: kube::Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()).as_ref() {
+        "PersistentVolumeClaim" => "PersistentVolumeClaim",
+        "PersistentVolume" => "PersistentVolume",
+        "CSIDriver" => "CSIDriver",
+        "VolumeAttachment" => "VolumeAttachment",
+        _ => "object",
     }
 }
 

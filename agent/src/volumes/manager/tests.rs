@@ -127,7 +127,7 @@ async fn unused_and_unsupported_volumes() {
     let e = env();
     let p = pod(
         json!([{"name": "unused", "emptyDir": {}},
-               {"name": "claim", "persistentVolumeClaim": {"claimName": "c"}},
+               {"name": "claim", "nfs": {"server": "s", "path": "/x"}},
                {"name": "hp", "hostPath": {"path": "/nonexistent/swiftlet", "type": "Directory"}}]),
         json!([mount("claim", "/c"), mount("hp", "/h")]),
     );
@@ -135,7 +135,7 @@ async fn unused_and_unsupported_volumes() {
     assert_eq!(
         failure_messages(&err),
         vec![
-            "MountVolume.SetUp failed for volume \"claim\" : persistentVolumeClaim volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)",
+            "MountVolume.SetUp failed for volume \"claim\" : nfs volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, image, csi, persistentVolumeClaim, ephemeral)",
             "MountVolume.SetUp failed for volume \"hp\" : hostPath type check failed: /nonexistent/swiftlet is not a directory",
         ]
     );

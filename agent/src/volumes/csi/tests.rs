@@ -1,0 +1,497 @@
+//! CSI volume tests: a fake driver serving the CSI node service on a unix socket in a
+//! temporary directory, the volume manager with the fake object source, real files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use serde_json::json;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use super::proto::node_server::{Node, NodeServer};
+use super::proto::node_service_capability::{Rpc as RpcCap, Type as CapType, rpc::Type as Rpc};
+use super::proto::{self, NodeServiceCapability};
+use super::volume::{VolData, staging_dir};
+use super::*;
+use crate::volumes::manager::Plugin;
+use crate::volumes::{FakeMounter, FakeObjectSource, ObjectSource as _, VolumeManager};
+
+const DRIVER: &str = "hostpath.csi.test";
+
+/// One call the fake driver got: (method, volume id, path, volume context).
+type Call = (&'static str, String, String, BTreeMap<String, String>);
+
+#[derive(Clone, Default)]
+struct FakeDriver {
+    calls: Arc<Mutex<Vec<Call>>>,
+    stage: bool,
+    fail_publish: Arc<Mutex<Option<String>>>,
+}
+
+impl FakeDriver {
+    fn record(&self, method: &'static str, id: &str, path: &str, context: &std::collections::HashMap<String, String>) {
+        let ctx = context.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        self.calls.lock().unwrap().push((method, id.to_owned(), path.to_owned(), ctx));
+    }
+
+    fn methods(&self) -> Vec<&'static str> {
+        self.calls.lock().unwrap().iter().map(|c| c.0).collect()
+    }
+}
+
+#[tonic::async_trait]
+impl Node for FakeDriver {
+    async fn node_stage_volume(
+        &self,
+        r: Request<proto::NodeStageVolumeRequest>,
+    ) -> Result<Response<proto::NodeStageVolumeResponse>, Status> {
+        let r = r.into_inner();
+        assert!(Path::new(&r.staging_target_path).is_dir(), "the CO creates the staging directory");
+        self.record("NodeStageVolume", &r.volume_id, &r.staging_target_path, &r.volume_context);
+        Ok(Response::new(proto::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        r: Request<proto::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnstageVolumeResponse>, Status> {
+        let r = r.into_inner();
+        self.record("NodeUnstageVolume", &r.volume_id, &r.staging_target_path, &std::collections::HashMap::default());
+        Ok(Response::new(proto::NodeUnstageVolumeResponse {}))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        r: Request<proto::NodePublishVolumeRequest>,
+    ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        if let Some(message) = self.fail_publish.lock().unwrap().clone() {
+            return Err(Status::internal(message));
+        }
+        // As a driver does: the target is its to create.
+        std::fs::create_dir_all(&r.target_path).unwrap();
+        std::fs::write(Path::new(&r.target_path).join("data"), &r.volume_id).unwrap();
+        self.record("NodePublishVolume", &r.volume_id, &r.target_path, &r.volume_context);
+        Ok(Response::new(proto::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
+        let r = r.into_inner();
+        let _ = std::fs::remove_dir_all(&r.target_path);
+        self.record("NodeUnpublishVolume", &r.volume_id, &r.target_path, &std::collections::HashMap::default());
+        Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        _: Request<proto::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
+        Err(Status::unimplemented("no stats"))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _: Request<proto::NodeExpandVolumeRequest>,
+    ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented("no expansion"))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
+        let cap = |t: Rpc| NodeServiceCapability { r#type: Some(CapType::Rpc(RpcCap { r#type: t as i32 })) };
+        let mut capabilities = vec![cap(Rpc::GetVolumeStats)];
+        if self.stage {
+            capabilities.push(cap(Rpc::StageUnstageVolume));
+        }
+        Ok(Response::new(proto::NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<proto::NodeGetInfoRequest>,
+    ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(proto::NodeGetInfoResponse {
+            node_id: "node-id-1".into(),
+            max_volumes_per_node: 7,
+            accessible_topology: Some(proto::Topology {
+                segments: [("topology.hostpath.csi/node".to_owned(), "n1".to_owned())].into(),
+            }),
+        }))
+    }
+}
+
+type RecordedDriver = (String, i64, BTreeMap<String, String>);
+
+/// Records what the registry writes to the node objects.
+#[derive(Debug, Default)]
+struct RecordingNodeInfo {
+    /// Driver → (node id, volume limit, topology).
+    drivers: Mutex<BTreeMap<String, RecordedDriver>>,
+}
+
+#[async_trait::async_trait]
+impl NodeInfoUpdater for RecordingNodeInfo {
+    async fn init(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn add_driver(&self, d: &str, id: &str, max: i64, topo: &BTreeMap<String, String>) -> Result<(), String> {
+        self.drivers.lock().unwrap().insert(d.into(), (id.into(), max, topo.clone()));
+        Ok(())
+    }
+
+    async fn remove_driver(&self, d: &str) -> Result<(), String> {
+        self.drivers.lock().unwrap().remove(d);
+        Ok(())
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    src: FakeObjectSource,
+    driver: FakeDriver,
+    socket: PathBuf,
+    drivers: Arc<CsiDrivers>,
+    node_info: Arc<RecordingNodeInfo>,
+    vm: VolumeManager,
+}
+
+fn env(stage: bool) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let driver = FakeDriver { stage, ..FakeDriver::default() };
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = NodeServer::new(driver.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(server)
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    let node_info = Arc::new(RecordingNodeInfo::default());
+    let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()));
+    let src = FakeObjectSource::new();
+    let root = dir.path().join("root");
+    let vm = VolumeManager::new(&root, Arc::new(src.clone()))
+        .with_mounter(Arc::new(FakeMounter::default()))
+        .with_csi(drivers.clone());
+    Env { dir, src, driver, socket, drivers, node_info, vm }
+}
+
+impl Env {
+    async fn register(&self) {
+        self.drivers.register(DRIVER, &self.socket, &["1.0.0".into()]).await.unwrap();
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// A bound claim `data` (uid `pvc-uid`) on PV `pv-1` with handle `vol-1`.
+    fn bound_claim(&self) {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "default", "uid": "pvc-uid"},
+            "spec": {"volumeName": "pv-1"},
+            "status": {"phase": "Bound"}
+        }))
+        .unwrap();
+        self.src.set_storage_object(&pvc);
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv-1"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"name": "data", "namespace": "default", "uid": "pvc-uid"},
+                "csi": {"driver": DRIVER, "volumeHandle": "vol-1", "volumeAttributes": {"size": "1Gi"}}
+            }
+        }))
+        .unwrap();
+        self.src.set_storage_object(&pv);
+        self.csi_driver(&json!({"attachRequired": false, "podInfoOnMount": true}));
+    }
+
+    fn csi_driver(&self, spec: &serde_json::Value) {
+        let d: CSIDriver = serde_json::from_value(json!({"metadata": {"name": DRIVER}, "spec": spec})).unwrap();
+        self.src.set_storage_object(&d);
+    }
+}
+
+fn pod(name: &str, uid: &str, volume: &serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {
+            "serviceAccountName": "sa",
+            "volumes": [volume],
+            "containers": [{"name": "c", "image": "img", "volumeMounts": [{"name": "v", "mountPath": "/data"}]}]
+        }
+    }))
+    .unwrap()
+}
+
+fn claim_pod(name: &str, uid: &str) -> Pod {
+    pod(name, uid, &json!({"name": "v", "persistentVolumeClaim": {"claimName": "data"}}))
+}
+
+#[tokio::test]
+async fn registration_asks_the_driver_and_records_it_in_the_node_objects() {
+    let e = env(true);
+    e.register().await;
+    let d = e.drivers.get(DRIVER).unwrap();
+    assert_eq!((d.node_id.as_str(), d.max_volumes_per_node), ("node-id-1", 7));
+    assert!(d.capabilities.stage_unstage && d.capabilities.get_volume_stats && !d.capabilities.expand);
+    let recorded = e.node_info.drivers.lock().unwrap().get(DRIVER).cloned().unwrap();
+    assert_eq!(recorded.0, "node-id-1");
+    assert_eq!(recorded.2.get("topology.hostpath.csi/node").map(String::as_str), Some("n1"));
+    e.drivers.deregister(DRIVER).await;
+    assert!(e.drivers.get(DRIVER).is_none());
+    assert!(e.node_info.drivers.lock().unwrap().is_empty());
+    let err = e.drivers.register(DRIVER, &e.socket, &["0.3.0".into()]).await.unwrap_err();
+    assert!(err.contains("none of the CSI versions"), "{err}");
+}
+
+#[tokio::test]
+async fn a_claim_is_staged_once_published_per_pod_and_unstaged_after_the_last_pod() {
+    let e = env(true);
+    e.register().await;
+    e.bound_claim();
+    let (a, b) = (claim_pod("a", "uid-a"), claim_pod("b", "uid-b"));
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    let v = vols.get("v").unwrap();
+    assert_eq!(v.plugin, Plugin::Csi);
+    assert_eq!(v.claim.as_deref(), Some("data"));
+    let target = e.root().join("pods/uid-a/volumes/kubernetes.io~csi/pv-1/mount");
+    assert_eq!(v.path, target);
+    assert_eq!(std::fs::read_to_string(target.join("data")).unwrap(), "vol-1");
+    let data = VolData::load(target.parent().unwrap()).unwrap().unwrap();
+    assert_eq!((data.driver_name.as_str(), data.volume_handle.as_str()), (DRIVER, "vol-1"));
+    assert_eq!((data.spec_vol_id.as_str(), data.volume_lifecycle_mode.as_str()), ("pv-1", "Persistent"));
+    assert_eq!(data.attachment_id, attachment_name("vol-1", DRIVER, "node-1"));
+    let staged = staging_dir(&e.root(), DRIVER, "vol-1");
+    assert!(staged.join("globalmount").is_dir() && staged.join(VOL_DATA_FILE).exists());
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+    // podInfoOnMount: the pod's details in the publish call's context, not the stage's.
+    let calls = e.driver.calls.lock().unwrap().clone();
+    assert_eq!(calls[0].3.get("size").map(String::as_str), Some("1Gi"));
+    assert!(!calls[0].3.contains_key("csi.storage.k8s.io/pod.name"));
+    let publish = &calls[1].3;
+    assert_eq!(publish.get("csi.storage.k8s.io/pod.name").map(String::as_str), Some("a"));
+    assert_eq!(publish.get("csi.storage.k8s.io/pod.uid").map(String::as_str), Some("uid-a"));
+    assert_eq!(publish.get("csi.storage.k8s.io/serviceAccount.name").map(String::as_str), Some("sa"));
+    assert_eq!(publish.get("csi.storage.k8s.io/ephemeral").map(String::as_str), Some("false"));
+
+    // A later sync of the same pod does not call the driver again.
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods().len(), 2);
+
+    e.vm.mount_pod_volumes(&b).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume", "NodeStageVolume", "NodePublishVolume"]);
+
+    let root = e.root();
+    let vm = Arc::new(e.vm);
+    let cleanup = |uid: &'static str| {
+        let vm = vm.clone();
+        async move { tokio::task::spawn_blocking(move || vm.cleanup_pod(uid)).await.unwrap() }
+    };
+    cleanup("uid-a").await.unwrap();
+    assert_eq!(e.driver.methods().last(), Some(&"NodeUnpublishVolume"), "b still publishes the volume");
+    assert!(staged.exists());
+    assert!(!root.join("pods/uid-a/volumes").exists());
+    cleanup("uid-b").await.unwrap();
+    assert_eq!(e.driver.methods()[4..], ["NodeUnpublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"]);
+    assert!(!staged.exists());
+}
+
+#[tokio::test]
+async fn claims_that_are_not_ready_say_why() {
+    let e = env(false);
+    e.register().await;
+    let err = e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap_err().to_string();
+    assert!(
+        err.contains("error processing PVC default/data: failed to fetch PVC from API server: persistentvolumeclaims \"data\" not found"),
+        "{err}"
+    );
+    let pending: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "default", "uid": "pvc-uid"},
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    e.src.set_storage_object(&pending);
+    let err = e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap_err().to_string();
+    assert!(err.contains("error processing PVC default/data: PVC is not bound"), "{err}");
+    // Bound, but the PV belongs to another claim.
+    e.bound_claim();
+    let mut pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "default", "uid": "other-uid"},
+        "spec": {"volumeName": "pv-1"},
+        "status": {"phase": "Bound"}
+    }))
+    .unwrap();
+    e.src.set_storage_object(&pvc);
+    let err = e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap_err().to_string();
+    assert!(err.contains("does not point to claim.UID other-uid"), "{err}");
+    // A Block claim mounted as a filesystem.
+    pvc.metadata.uid = Some("pvc-uid".into());
+    e.src.set_storage_object(&pvc);
+    let mut pv: PersistentVolume = e.src.persistent_volume("pv-1").await.unwrap().unwrap();
+    pv.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    e.src.set_storage_object(&pv);
+    let err = e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap_err().to_string();
+    assert!(err.contains("volume v has volumeMode Block, but is specified in volumeMounts"), "{err}");
+    assert!(e.driver.methods().is_empty());
+}
+
+#[tokio::test]
+async fn a_driver_that_is_not_registered_holds_the_pod_until_it_registers() {
+    let e = env(false);
+    e.bound_claim();
+    let a = claim_pod("a", "uid-a");
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("driver name {DRIVER} not found in the list of registered CSI drivers")), "{err}");
+    e.register().await;
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    // Without STAGE_UNSTAGE_VOLUME: publish only.
+    assert_eq!(e.driver.methods(), ["NodePublishVolume"]);
+    // A failed publish of another pod is the driver's message.
+    *e.driver.fail_publish.lock().unwrap() = Some("disk on fire".into());
+    let err = e.vm.mount_pod_volumes(&claim_pod("b", "uid-b")).await.unwrap_err().to_string();
+    assert!(err.contains("code = Internal desc = disk on fire"), "{err}");
+}
+
+#[tokio::test]
+async fn an_attachable_driver_waits_for_its_volume_attachment() {
+    let e = env(false);
+    e.register().await;
+    e.bound_claim();
+    e.csi_driver(&json!({}));
+    let a = claim_pod("a", "uid-a");
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
+    assert!(err.contains("is not attached to node node-1 yet"), "{err}");
+    let name = attachment_name("vol-1", DRIVER, "node-1");
+    let va: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"attacher": DRIVER, "nodeName": "node-1", "source": {"persistentVolumeName": "pv-1"}},
+        "status": {"attached": true, "attachmentMetadata": {"device": "/dev/fake"}}
+    }))
+    .unwrap();
+    e.src.set_storage_object(&va);
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodePublishVolume"]);
+}
+
+#[tokio::test]
+async fn inline_volumes_need_the_ephemeral_mode_and_get_a_per_pod_handle() {
+    let e = env(true);
+    e.register().await;
+    e.csi_driver(&json!({"attachRequired": false, "podInfoOnMount": true}));
+    let a = pod("a", "uid-a", &json!({"name": "v", "csi": {"driver": DRIVER, "volumeAttributes": {"k": "x"}}}));
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
+    assert!(err.contains("volume mode \"Ephemeral\" not supported by driver"), "{err}");
+    e.csi_driver(&json!({"attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"]}));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    // Never staged, even by a driver that stages.
+    assert_eq!(e.driver.methods(), ["NodePublishVolume"]);
+    let calls = e.driver.calls.lock().unwrap().clone();
+    assert_eq!(calls[0].1, CsiSpec::inline_volume_handle("uid-a", "v"));
+    assert!(calls[0].2.ends_with("pods/uid-a/volumes/kubernetes.io~csi/v/mount"));
+    assert_eq!(calls[0].3.get("csi.storage.k8s.io/ephemeral").map(String::as_str), Some("true"));
+    assert_eq!(calls[0].3.get("k").map(String::as_str), Some("x"));
+    let vm = Arc::new(e.vm);
+    let vm2 = vm.clone();
+    tokio::task::spawn_blocking(move || vm2.cleanup_pod("uid-a")).await.unwrap().unwrap();
+    assert_eq!(e.driver.methods(), ["NodePublishVolume", "NodeUnpublishVolume"]);
+}
+
+#[tokio::test]
+async fn a_generic_ephemeral_volume_uses_the_claim_made_for_the_pod() {
+    let e = env(false);
+    e.register().await;
+    e.bound_claim();
+    let a = pod("a", "uid-a", &json!({"name": "v", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}));
+    // The claim is `<pod>-<volume>`, and must be owned by the pod.
+    let claim = |owner: &str| -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "a-v", "namespace": "default", "uid": "pvc-uid",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "a", "uid": owner, "controller": true}]},
+            "spec": {"volumeName": "pv-1"},
+            "status": {"phase": "Bound"}
+        }))
+        .unwrap()
+    };
+    e.src.set_storage_object(&claim("someone-else"));
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
+    assert!(err.contains("PVC default/a-v was not created for pod default/a (pod is not owner)"), "{err}");
+    e.src.set_storage_object(&claim("uid-a"));
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(vols.get("v").unwrap().claim.as_deref(), Some("a-v"));
+}
+
+#[tokio::test]
+async fn a_restarted_agent_tears_down_through_the_driver_from_what_is_on_disk() {
+    let e = env(true);
+    e.register().await;
+    e.bound_claim();
+    e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap();
+    // A new manager (the agent restarted) knows nothing but the disk.
+    let restarted = Arc::new(
+        VolumeManager::new(e.root(), Arc::new(e.src.clone()))
+            .with_mounter(Arc::new(FakeMounter::default()))
+            .with_csi(e.drivers.clone()),
+    );
+    let sweep = tokio::task::spawn_blocking(move || restarted.cleanup_orphans(|_| Some(()))).await.unwrap().unwrap();
+    assert_eq!(sweep.removed, ["uid-a"]);
+    assert_eq!(
+        e.driver.methods(),
+        ["NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"]
+    );
+}
+
+#[test]
+fn node_annotation_and_csi_node_entries() {
+    let a = node_info::updated_annotation(None, "d1", Some("n1")).unwrap();
+    assert_eq!(a, r#"{"d1":"n1"}"#);
+    let a = node_info::updated_annotation(Some(&a), "d2", Some("n2")).unwrap();
+    assert_eq!(a, r#"{"d1":"n1","d2":"n2"}"#);
+    assert_eq!(node_info::updated_annotation(Some(r#"{"d1":"n1"}"#), "d1", None), None);
+    let topo = BTreeMap::from([("zone".to_owned(), "a".to_owned())]);
+    let entry = node_info::driver_entry("d1", "n1", 0, &topo);
+    assert_eq!(entry.topology_keys, Some(vec!["zone".to_owned()]));
+    assert!(entry.allocatable.is_none(), "no limit: no allocatable");
+    assert_eq!(node_info::driver_entry("d1", "n1", 3, &BTreeMap::new()).allocatable.unwrap().count, Some(3));
+}
+
+#[test]
+fn fs_group_policy_as_upstream() {
+    use proto::volume_capability::access_mode::Mode;
+    let mut spec = CsiSpec {
+        driver: DRIVER.into(),
+        volume_handle: "h".into(),
+        spec_name: "pv".into(),
+        mode: LifecycleMode::Persistent,
+        read_only: false,
+        fs_type: String::new(),
+        mount_options: vec![],
+        attributes: BTreeMap::new(),
+        stage_secret: None,
+        publish_secret: None,
+        access_modes: vec!["ReadWriteOnce".into()],
+        block: false,
+    };
+    assert!(!spec.applies_fs_group("ReadWriteOnceWithFSType"), "no fsType");
+    assert!(spec.applies_fs_group("File"));
+    assert!(!spec.applies_fs_group("None"));
+    spec.fs_type = "ext4".into();
+    assert!(spec.applies_fs_group("ReadWriteOnceWithFSType"));
+    spec.access_modes.push("ReadOnlyMany".into());
+    assert!(!spec.applies_fs_group("ReadWriteOnceWithFSType"));
+    assert_eq!(spec.csi_access_mode(false), Mode::SingleNodeWriter);
+    spec.access_modes = vec!["ReadWriteMany".into()];
+    assert_eq!(spec.csi_access_mode(false), Mode::MultiNodeMultiWriter);
+}

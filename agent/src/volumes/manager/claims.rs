@@ -1,0 +1,342 @@
+//! Volumes from claims and CSI drivers: a pod's `persistentVolumeClaim` and generic
+//! `ephemeral` volumes resolved to their bound `PersistentVolume` (upstream
+//! `desired_state_of_world_populator.go`'s `createVolumeSpec`), inline `csi` volumes, and
+//! the set-up of CSI volumes with what the API says about their driver.
+//!
+//! A claim's volume is read from the API server when the pod's volume is first set up;
+//! later syncs of the pod keep what was resolved (a bound claim's volume does not change).
+//! Persistent volumes served here: `csi`, and `hostPath` and `local` (bind-mounted from
+//! their path on the node, without upstream's `local` plugin's block-device support).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Volume};
+
+use super::{MountedVolume, Plugin, VolumeManager, pod_namespace};
+use crate::types::pod::uid as pod_uid;
+use crate::volumes::VolumeError;
+use crate::volumes::csi::volume::{SetUpArgs, plugin_dir_name};
+use crate::volumes::csi::{CsiSpec, LifecycleMode, SecretRef, attachment_name};
+
+fn claim_error(namespace: &str, claim: &str, message: impl std::fmt::Display) -> VolumeError {
+    VolumeError::Claim(format!("error processing PVC {namespace}/{claim}: {message}"))
+}
+
+/// Whether a container uses the volume by `volumeDevices` (block) rather than mounts.
+fn used_as_device(pod: &Pod, name: &str) -> bool {
+    let spec = pod.spec.as_ref();
+    spec.iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .flat_map(|c| c.volume_devices.iter().flatten())
+        .any(|d| d.name == name)
+}
+
+impl VolumeManager {
+    /// What a pod volume is, reading its claim and persistent volume from the API when
+    /// it has one. `previous` is the volume as this pod's last sync set it up.
+    pub(super) async fn resolve(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        previous: Option<&MountedVolume>,
+    ) -> Result<MountedVolume, VolumeError> {
+        let uid = pod_uid(pod);
+        let namespace = pod_namespace(pod);
+        let claim = if let Some(pvc) = &v.persistent_volume_claim {
+            Some((pvc.claim_name.clone(), pvc.read_only.unwrap_or(false), false))
+        } else if v.ephemeral.is_some() {
+            let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+            Some((format!("{pod_name}-{}", v.name), false, true))
+        } else {
+            None
+        };
+        if let Some(prev) = previous.filter(|p| p.claim.is_some() || p.csi.is_some())
+            && (claim.is_some() || v.csi.is_some())
+        {
+            return Ok(prev.clone());
+        }
+        if let Some(csi) = &v.csi {
+            let spec = CsiSpec {
+                driver: csi.driver.clone(),
+                volume_handle: CsiSpec::inline_volume_handle(uid, &v.name),
+                spec_name: v.name.clone(),
+                mode: LifecycleMode::Ephemeral,
+                read_only: csi.read_only.unwrap_or(false),
+                fs_type: csi.fs_type.clone().unwrap_or_default(),
+                mount_options: Vec::new(),
+                attributes: csi.volume_attributes.clone().unwrap_or_default(),
+                stage_secret: None,
+                publish_secret: csi
+                    .node_publish_secret_ref
+                    .as_ref()
+                    .map(|r| SecretRef { namespace: namespace.to_owned(), name: r.name.clone() }),
+                access_modes: Vec::new(),
+                block: false,
+            };
+            return Ok(self.csi_volume(uid, &v.name, spec, None));
+        }
+        let Some((claim_name, claim_read_only, ephemeral)) = claim else {
+            return self.describe(uid, v);
+        };
+        let pvc = self.source.persistent_volume_claim(namespace, &claim_name).await?.ok_or_else(|| {
+            claim_error(
+                namespace,
+                &claim_name,
+                format!("failed to fetch PVC from API server: persistentvolumeclaims {claim_name:?} not found"),
+            )
+        })?;
+        if ephemeral {
+            let owned =
+                pvc.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.uid == uid);
+            if !owned {
+                let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+                return Err(VolumeError::Claim(format!(
+                    "PVC {namespace}/{claim_name} was not created for pod {namespace}/{pod_name} (pod is not owner)"
+                )));
+            }
+        }
+        let protected = pvc.metadata.finalizers.iter().flatten().any(|f| f == "kubernetes.io/pvc-protection");
+        if pvc.metadata.deletion_timestamp.is_some() && !protected {
+            return Err(claim_error(namespace, &claim_name, "PVC is being deleted"));
+        }
+        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            return Err(claim_error(namespace, &claim_name, "PVC is not bound"));
+        }
+        let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()).unwrap_or_default();
+        if pv_name.is_empty() {
+            return Err(claim_error(namespace, &claim_name, "PVC has empty pvc.Spec.VolumeName"));
+        }
+        let pv = self.source.persistent_volume(&pv_name).await?.ok_or_else(|| {
+            claim_error(
+                namespace,
+                &claim_name,
+                format!("failed to fetch PV {pv_name} from API server: persistentvolumes {pv_name:?} not found"),
+            )
+        })?;
+        let pvc_uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+        match pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+            None => {
+                return Err(claim_error(
+                    namespace,
+                    &claim_name,
+                    format!(
+                        "found PV object {pv_name} but it has a nil pv.Spec.ClaimRef indicating it is not yet bound to the claim"
+                    ),
+                ));
+            }
+            Some(r) if r.uid.as_deref().unwrap_or_default() != pvc_uid => {
+                return Err(claim_error(
+                    namespace,
+                    &claim_name,
+                    format!(
+                        "found PV object {pv_name} but its pv.Spec.ClaimRef.UID {} does not point to claim.UID {pvc_uid}",
+                        r.uid.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        let block = pv.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        let as_device = used_as_device(pod, &v.name);
+        if block != as_device {
+            let (mode, used) = if block { ("Block", "volumeMounts") } else { ("Filesystem", "volumeDevices") };
+            return Err(VolumeError::Claim(format!(
+                "volume {} has volumeMode {mode}, but is specified in {used}",
+                v.name
+            )));
+        }
+        let mut mv = self.persistent_volume(pod, v, &pv, claim_read_only)?;
+        mv.claim = Some(claim_name);
+        Ok(mv)
+    }
+
+    /// A bound persistent volume of a pod.
+    fn persistent_volume(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        pv: &PersistentVolume,
+        claim_read_only: bool,
+    ) -> Result<MountedVolume, VolumeError> {
+        let uid = pod_uid(pod);
+        let pv_name = pv.metadata.name.clone().unwrap_or_default();
+        let spec = pv.spec.clone().unwrap_or_default();
+        let host = |path: &str, read_only: bool| MountedVolume {
+            name: v.name.clone(),
+            plugin: Plugin::HostPath,
+            path: PathBuf::from(path),
+            read_only,
+            memory: false,
+            size_limit: None,
+            claim: None,
+            csi: None,
+        };
+        if let Some(hp) = &spec.host_path {
+            return Ok(host(&hp.path, claim_read_only));
+        }
+        if let Some(local) = &spec.local {
+            return Ok(host(&local.path, claim_read_only));
+        }
+        let Some(csi) = &spec.csi else {
+            let kind = serde_json::to_value(&spec)
+                .ok()
+                .and_then(|s| {
+                    s.as_object().and_then(|o| {
+                        o.keys()
+                            .find(|k| {
+                                !matches!(
+                                    k.as_str(),
+                                    "accessModes"
+                                        | "capacity"
+                                        | "claimRef"
+                                        | "mountOptions"
+                                        | "nodeAffinity"
+                                        | "persistentVolumeReclaimPolicy"
+                                        | "storageClassName"
+                                        | "volumeMode"
+                                        | "volumeAttributesClassName"
+                                )
+                            })
+                            .cloned()
+                    })
+                })
+                .unwrap_or_else(|| "(empty)".into());
+            return Err(VolumeError::Claim(format!(
+                "persistent volume {pv_name}: {kind} volumes are not supported by swiftlet (supported: csi, hostPath, local)"
+            )));
+        };
+        let secret = |r: &Option<k8s_openapi::api::core::v1::SecretReference>| {
+            r.as_ref().map(|r| SecretRef {
+                namespace: r.namespace.clone().unwrap_or_default(),
+                name: r.name.clone().unwrap_or_default(),
+            })
+        };
+        let csi_spec = CsiSpec {
+            driver: csi.driver.clone(),
+            volume_handle: csi.volume_handle.clone(),
+            spec_name: pv_name,
+            mode: LifecycleMode::Persistent,
+            read_only: claim_read_only || csi.read_only.unwrap_or(false),
+            fs_type: csi.fs_type.clone().unwrap_or_default(),
+            mount_options: spec.mount_options.clone().unwrap_or_default(),
+            attributes: csi.volume_attributes.clone().unwrap_or_default(),
+            stage_secret: secret(&csi.node_stage_secret_ref),
+            publish_secret: secret(&csi.node_publish_secret_ref),
+            access_modes: spec.access_modes.clone().unwrap_or_default(),
+            block: spec.volume_mode.as_deref() == Some("Block"),
+        };
+        if csi_spec.block {
+            return Err(VolumeError::Claim(format!(
+                "volume {}: block volumes (volumeMode: Block) of CSI drivers are not supported by swiftlet yet",
+                v.name
+            )));
+        }
+        Ok(self.csi_volume(uid, &v.name, csi_spec, None))
+    }
+
+    fn csi_volume(&self, uid: &str, name: &str, spec: CsiSpec, claim: Option<String>) -> MountedVolume {
+        let dir = self.pod_volumes_dir(uid).join(plugin_dir_name()).join(&spec.spec_name);
+        MountedVolume {
+            name: name.to_owned(),
+            plugin: Plugin::Csi,
+            path: crate::volumes::csi::volume::publish_target(&dir),
+            read_only: spec.read_only,
+            memory: false,
+            size_limit: None,
+            claim,
+            csi: Some(Arc::new(spec)),
+        }
+    }
+
+    async fn secret_data(&self, r: &SecretRef, what: &str) -> Result<BTreeMap<String, String>, VolumeError> {
+        let secret = self.source.secret(&r.namespace, &r.name).await?.ok_or_else(|| {
+            VolumeError::Claim(format!(
+                "fetching {what} {}/{} failed: secrets {:?} not found",
+                r.namespace, r.name, r.name
+            ))
+        })?;
+        let mut data: BTreeMap<String, String> = secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+            .collect();
+        data.extend(secret.string_data.unwrap_or_default());
+        Ok(data)
+    }
+
+    /// Sets up a CSI volume: the `CSIDriver` object's rules, the attachment, the secrets,
+    /// then stage and publish through the driver, then the fsGroup.
+    pub(super) async fn set_up_csi(&self, pod: &Pod, mv: &MountedVolume) -> Result<(), VolumeError> {
+        let spec = mv.csi.as_ref().expect("described as csi");
+        let object = self.source.csi_driver(&spec.driver).await?;
+        let driver_spec = object.map(|o| o.spec).unwrap_or_default();
+        if spec.mode == LifecycleMode::Ephemeral {
+            let modes = driver_spec.volume_lifecycle_modes.clone().unwrap_or_else(|| vec!["Persistent".into()]);
+            if !modes.iter().any(|m| m == "Ephemeral") {
+                return Err(VolumeError::Claim(format!(
+                    "kubernetes.io/csi: mounter.SetupAt failed to check volume lifecycle mode: volume mode \"Ephemeral\" not supported by driver {} (only supports {modes:?})",
+                    spec.driver
+                )));
+            }
+        }
+        // Upstream: without a CSIDriver object, a driver needs attaching.
+        let attach_required = driver_spec.attach_required.unwrap_or(true);
+        let mut publish_context = BTreeMap::new();
+        if attach_required && spec.mode == LifecycleMode::Persistent {
+            let name = attachment_name(&spec.volume_handle, &spec.driver, self.csi.node_name());
+            let attachment = self.source.volume_attachment(&name).await?;
+            let status = attachment.and_then(|a| a.status);
+            if !status.as_ref().is_some_and(|s| s.attached) {
+                return Err(VolumeError::Claim(format!(
+                    "kubernetes.io/csi: mounter.SetUpAt failed to fetch publishContext: volume {} is not attached to node {} yet (VolumeAttachment {name})",
+                    spec.volume_handle,
+                    self.csi.node_name()
+                )));
+            }
+            publish_context = status.and_then(|s| s.attachment_metadata).unwrap_or_default();
+        }
+        let stage_secrets = match &spec.stage_secret {
+            Some(r) => self.secret_data(r, "NodeStageSecretRef").await?,
+            None => BTreeMap::new(),
+        };
+        let publish_secrets = match &spec.publish_secret {
+            Some(r) => self.secret_data(r, "NodePublishSecretRef").await?,
+            None => BTreeMap::new(),
+        };
+        let mut pod_attributes = BTreeMap::new();
+        if driver_spec.pod_info_on_mount == Some(true) {
+            let p = |k: &str| format!("csi.storage.k8s.io/{k}");
+            let pod_spec = pod.spec.as_ref();
+            pod_attributes.insert(p("pod.name"), pod.metadata.name.clone().unwrap_or_default());
+            pod_attributes.insert(p("pod.namespace"), pod_namespace(pod).to_owned());
+            pod_attributes.insert(p("pod.uid"), pod_uid(pod).to_owned());
+            pod_attributes.insert(
+                p("serviceAccount.name"),
+                pod_spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
+            );
+            pod_attributes.insert(p("ephemeral"), (spec.mode == LifecycleMode::Ephemeral).to_string());
+        }
+        let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
+        let publish_dir = mv.path.parent().expect("a publish target has a parent").to_owned();
+        let args = SetUpArgs { publish_dir, publish_context, stage_secrets, publish_secrets, pod_attributes, fs_group };
+        self.csi.set_up(&self.root_dir, spec, args).await?;
+
+        let policy = driver_spec.fs_group_policy.as_deref().unwrap_or("ReadWriteOnceWithFSType");
+        let driver_applies = self.csi.get(&spec.driver).is_some_and(|d| d.capabilities.volume_mount_group);
+        if let Some(gid) = fs_group.and_then(|g| u32::try_from(g).ok())
+            && !driver_applies
+            && spec.applies_fs_group(policy)
+        {
+            let path = mv.path.clone();
+            let read_only = spec.read_only;
+            tokio::task::spawn_blocking(move || super::ownership::set_volume_ownership(&path, gid, read_only))
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                .map_err(|e| VolumeError::Claim(format!("applying fsGroup {gid} to volume {}: {e}", mv.name)))?;
+        }
+        Ok(())
+    }
+}
