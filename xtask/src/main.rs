@@ -4,8 +4,8 @@
 //!   images, for end-to-end tests (see `testbed`).
 //! - `testbed up --cluster`: the same plus the real control plane (etcd, kube-apiserver,
 //!   kube-controller-manager, kube-scheduler) on loopback (see `cluster`).
-//! - `upstream build`: the upstream Kubernetes binaries from the Go modules (see
-//!   `upstream`).
+//! - `upstream build`: the upstream Kubernetes binaries and the CSI sidecars from the Go
+//!   modules (see `upstream`).
 //! - `registry up|down|status`: the test bed's image registries on loopback (plain HTTP,
 //!   and HTTPS with basic auth), holding the local images (see `registry`).
 //! - `test` (alias `ci`): what CI runs: test bed up, build, fmt, layering, clippy, fuzz, tests,
@@ -101,7 +101,8 @@ enum Cmd {
         cluster: bool,
     },
     /// The upstream Kubernetes binaries (kube-apiserver, kube-controller-manager,
-    /// kube-scheduler, kubelet, kubectl, etcd) built from the Go modules.
+    /// kube-scheduler, kubelet, kubectl, etcd) and the CSI sidecars (csi-provisioner,
+    /// csi-resizer) built from the Go modules.
     Upstream {
         #[command(subcommand)]
         command: UpstreamCmd,

@@ -14,6 +14,11 @@
 //! the etcd main and the build flags. A build is skipped when the stamp matches and every
 //! binary is there, so CI and a developer pay the cold build (about 20 minutes on two
 //! cores, most of it kube-apiserver's dependencies) once per change of go.mod/go.sum.
+//!
+//! The CSI sidecars of the test bed's host-path driver ([`CSI_BINARIES`]:
+//! external-provisioner's `csi-provisioner`, external-resizer's `csi-resizer`) come from
+//! a module of their own, `upstream/csi`, into the same `<target>/upstream/`, with a
+//! stamp of their own (`csi-stamp`).
 
 use std::{
     fmt::Write as _,
@@ -39,6 +44,15 @@ pub const BINARIES: &[(&str, &str)] = &[
     ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
     ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
     ("etcd", "./etcd"),
+];
+
+/// The CSI sidecars beside the test bed's host-path driver (`tests/src/csi_driver.rs`),
+/// built from a module of their own, `upstream/csi` (their Kubernetes client release is
+/// not the control plane's): (binary, package, release). The release is the one
+/// `upstream/csi/go.mod` requires; `--version` says it.
+pub const CSI_BINARIES: &[(&str, &str, &str)] = &[
+    ("csi-provisioner", "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner", "v5.3.0"),
+    ("csi-resizer", "github.com/kubernetes-csi/external-resizer/cmd/csi-resizer", "v1.14.0"),
 ];
 
 /// The node conformance suite's binaries (`cargo xtask conformance`) and the package each
@@ -93,8 +107,14 @@ impl Upstream {
         Ok(stamp.trim() == fingerprint && BINARIES.iter().all(|(name, _)| self.bin(name).is_file()))
     }
 
-    /// Builds every binary unless [`Upstream::is_current`].
+    /// Builds the control plane's binaries unless [`Upstream::is_current`], and the CSI
+    /// sidecars unless [`Upstream::csi_is_current`].
     pub fn build(&self) -> Result<()> {
+        self.build_control_plane()?;
+        self.build_csi()
+    }
+
+    fn build_control_plane(&self) -> Result<()> {
         if self.is_current()? {
             eprintln!("upstream: {VERSION} binaries are current in {}", self.bin_dir.display());
             return Ok(());
@@ -132,6 +152,74 @@ impl Upstream {
         eprintln!("upstream: built in {:.0} s", started.elapsed().as_secs_f64());
         Ok(())
     }
+}
+
+impl Upstream {
+    /// The CSI sidecars' module.
+    fn csi_module_dir(&self) -> PathBuf {
+        self.module_dir.join("csi")
+    }
+
+    fn csi_stamp_file(&self) -> PathBuf {
+        self.bin_dir.join("csi-stamp")
+    }
+
+    /// What the sidecars' build depends on: their module files, the flags, the Go version.
+    fn csi_fingerprint(&self) -> Result<String> {
+        let mut h = Sha256::new();
+        for f in ["go.mod", "go.sum"] {
+            let path = self.csi_module_dir().join(f);
+            h.update(f.as_bytes());
+            h.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+        }
+        for (_, _, release) in CSI_BINARIES {
+            h.update(csi_ldflags(release).as_bytes());
+        }
+        h.update(go_version()?.as_bytes());
+        Ok(hex::encode(h.finalize()))
+    }
+
+    /// Whether the CSI sidecars are there and were built from the current module files.
+    pub fn csi_is_current(&self) -> Result<bool> {
+        let fingerprint = self.csi_fingerprint()?;
+        let stamp = fs::read_to_string(self.csi_stamp_file()).unwrap_or_default();
+        Ok(stamp.trim() == fingerprint && CSI_BINARIES.iter().all(|(name, _, _)| self.bin(name).is_file()))
+    }
+
+    /// Builds [`CSI_BINARIES`] into `<target>/upstream/` unless [`Upstream::csi_is_current`].
+    /// Cold (empty module and build caches) about 2.5 minutes on two cores.
+    pub fn build_csi(&self) -> Result<()> {
+        if self.csi_is_current()? {
+            eprintln!("upstream: the CSI sidecars are current in {}", self.bin_dir.display());
+            return Ok(());
+        }
+        let started = Instant::now();
+        fs::create_dir_all(&self.bin_dir).with_context(|| format!("creating {}", self.bin_dir.display()))?;
+        let _ = fs::remove_file(self.csi_stamp_file());
+        // One `go build` each: each sets its own `main.version`; the second reuses the
+        // packages the first compiled.
+        for (name, pkg, release) in CSI_BINARIES {
+            eprintln!("upstream: building {name} {release} into {}", self.bin_dir.display());
+            let mut cmd = go()?;
+            cmd.current_dir(self.csi_module_dir())
+                .args(["build", "-mod=readonly", "-trimpath", "-ldflags", &csi_ldflags(release), "-o"])
+                .arg(self.bin(name))
+                .arg(pkg);
+            let status = cmd.status().with_context(|| format!("running go build of {pkg}"))?;
+            ensure!(status.success(), "go build of {pkg} failed ({status})");
+            let out = Command::new(self.bin(name)).arg("--version").output()?;
+            let version = String::from_utf8_lossy(&out.stdout);
+            ensure!(version.contains(release), "{name} --version says {:?}, not {release}", version.trim());
+        }
+        images::write_atomic(&self.csi_stamp_file(), self.csi_fingerprint()?.as_bytes())?;
+        eprintln!("upstream: CSI sidecars built in {:.0} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// A sidecar's flags: stripped, and `--version` saying its release (as its Makefile sets).
+fn csi_ldflags(release: &str) -> String {
+    format!("-s -w -X main.version={release}")
 }
 
 impl Upstream {
@@ -252,6 +340,16 @@ mod tests {
         assert!(f.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"));
         assert!(f.contains("-X k8s.io/client-go/pkg/version.gitVersion=v1.37.2"));
         assert!(f.contains("-X k8s.io/component-base/version.gitMinor=37"));
+    }
+
+    #[test]
+    fn the_csi_module_requires_the_sidecars_at_their_releases() {
+        let go_mod = include_str!("../../upstream/csi/go.mod");
+        for (name, pkg, release) in CSI_BINARIES {
+            assert!(go_mod.contains(&format!("\t{pkg}\n")), "{name}: no tool line for {pkg}");
+            let module = pkg.split("/cmd/").next().unwrap();
+            assert!(go_mod.contains(&format!("\t{module} {release}")), "{module} is not required at {release}");
+        }
     }
 
     #[test]
