@@ -8,6 +8,7 @@
 pub mod chaos;
 pub mod cluster;
 pub mod containerd;
+pub mod csi_driver;
 pub mod device_plugin;
 pub mod logind;
 pub mod node;
