@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod containerd;
 pub mod csi_driver;
+pub mod csi_hostpath;
 pub mod device_plugin;
 pub mod logind;
 pub mod node;

@@ -1,0 +1,540 @@
+//! The test bed's host-path CSI driver deployed for one node, as a cluster deploys a CSI
+//! driver: the driver itself (`swiftlet-test-csi-driver`, serving CSI on
+//! `<root-dir>/plugins/<name>/csi.sock` and the plugin registration API on
+//! `<root-dir>/plugins_registry/<name>-reg.sock`), upstream's `csi-provisioner` and
+//! `csi-resizer` (built by `cargo xtask upstream build` into `target/upstream/`) as
+//! processes talking to the test bed's API server, the `CSIDriver` object and the
+//! storage class [`STORAGE_CLASS`].
+//!
+//! [`CsiHostPath::stop`] (or dropping it) stops the processes it started (by pid), unmounts
+//! what is still mounted from its volumes, detaches its loop devices, and deletes the
+//! `CSIDriver`, the storage class and the persistent volumes of its driver.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::Api;
+use serde_json::{Value, json};
+
+use crate::cluster::Cluster;
+use crate::csi_driver::{self, CsiCall, DEFAULT_NAME, Store, VolumeRecord};
+
+/// The storage class of the driver's volumes (Immediate binding, expansion allowed).
+pub const STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
+
+/// What to deploy.
+#[derive(Clone, Debug)]
+pub struct CsiHostPathOptions {
+    /// The driver's name (default [`DEFAULT_NAME`]).
+    pub driver_name: String,
+    /// The storage class's name (default [`STORAGE_CLASS`]).
+    pub storage_class: String,
+    /// `NodeGetInfo`'s `max_volumes_per_node` (0: no limit).
+    pub max_volumes_per_node: i64,
+    /// Run `csi-provisioner` (persistent volumes for claims of the storage class).
+    pub provisioner: bool,
+    /// Run `csi-resizer` (claims' expansion).
+    pub resizer: bool,
+    /// The `CSIDriver`'s `fsGroupPolicy` (`File`, `ReadWriteOnceWithFSType`, `None`).
+    pub fs_group_policy: String,
+    /// The `CSIDriver`'s `podInfoOnMount`.
+    pub pod_info_on_mount: bool,
+    /// More sidecar flags, e.g. `--feature-gates=...`.
+    pub provisioner_flags: Vec<String>,
+    pub resizer_flags: Vec<String>,
+}
+
+impl Default for CsiHostPathOptions {
+    fn default() -> Self {
+        Self {
+            driver_name: DEFAULT_NAME.into(),
+            storage_class: STORAGE_CLASS.into(),
+            max_volumes_per_node: 0,
+            provisioner: true,
+            resizer: true,
+            fs_group_policy: "File".into(),
+            pod_info_on_mount: true,
+            provisioner_flags: Vec::new(),
+            resizer_flags: Vec::new(),
+        }
+    }
+}
+
+/// A process the harness started, and its log file.
+#[derive(Debug)]
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+/// The driver deployed for one node. See the module documentation.
+#[derive(Debug)]
+pub struct CsiHostPath {
+    pub driver_name: String,
+    pub storage_class: String,
+    pub node_name: String,
+    /// The CSI socket, `<root-dir>/plugins/<name>/csi.sock`.
+    pub csi_socket: PathBuf,
+    /// `<root-dir>/plugins_registry/<name>-reg.sock`.
+    pub registration_socket: PathBuf,
+    /// Where the volumes live.
+    pub state_dir: PathBuf,
+    /// The driver's calls, one JSON line each ([`CsiCall`]).
+    pub calls_log: PathBuf,
+    dir: tempfile::TempDir,
+    cluster: Cluster,
+    driver_argv: Vec<String>,
+    procs: Vec<Proc>,
+    cleaned: bool,
+}
+
+/// The driver's binary, built beside the test executables
+/// (`target/<profile>/swiftlet-test-csi-driver`), or `SWIFTLET_TEST_CSI_DRIVER`.
+///
+/// # Errors
+/// It is not there.
+pub fn driver_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SWIFTLET_TEST_CSI_DRIVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("test executable has no parent")?;
+    // target/debug/deps/<test> and target/debug/<bin> alike.
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("deps has no parent")?;
+    }
+    let bin = dir.join("swiftlet-test-csi-driver");
+    ensure!(bin.is_file(), "{} not found: run `cargo build -p swiftlet-tests --bins` first", bin.display());
+    Ok(bin)
+}
+
+/// A sidecar built by `cargo xtask upstream build`: in `SWIFTLET_CSI_SIDECARS`, else
+/// beside the control plane's binaries.
+fn sidecar_bin(cluster: &Cluster, name: &str) -> Result<PathBuf> {
+    let dir = std::env::var_os("SWIFTLET_CSI_SIDECARS").map_or_else(|| cluster.state.bin_dir.clone(), PathBuf::from);
+    let bin = dir.join(name);
+    ensure!(bin.is_file(), "{} not found: run `cargo xtask upstream build`", bin.display());
+    Ok(bin)
+}
+
+/// A child in a session of its own (out of the test's terminal signals) that gets
+/// SIGTERM when the test process dies, so a killed test leaves no sidecar behind.
+fn spawn(name: &'static str, argv: &[String], log: &Path) -> Result<Proc> {
+    use std::os::unix::process::CommandExt as _;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    // SAFETY: setsid and prctl are async-signal-safe and touch no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("starting {}", argv[0]))?;
+    Ok(Proc { name, child })
+}
+
+/// SIGTERM, then SIGKILL after `grace`; reaps it.
+fn terminate(p: &mut Proc, grace: Duration) {
+    if matches!(p.child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    if let Ok(pid) = i32::try_from(p.child.id()) {
+        // SAFETY: kill(2) of our own child, not yet reaped (so the pid is still ours).
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if matches!(p.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+}
+
+impl CsiHostPath {
+    /// Deploys the driver for node `node_name`, whose agent's `--root-dir` is
+    /// `kubelet_root_dir`: starts the driver and waits for it to answer, starts the
+    /// sidecars and waits until they have asked the driver its capabilities, and
+    /// creates the `CSIDriver` and the storage class (replacing any a failed test left).
+    /// The agent finds the driver through the registration socket, whenever it runs.
+    ///
+    /// # Errors
+    /// A binary is missing, a process did not come up, or the API server refused.
+    pub async fn start(
+        cluster: &Cluster,
+        node_name: &str,
+        kubelet_root_dir: &Path,
+        opts: CsiHostPathOptions,
+    ) -> Result<Self> {
+        if crate::node::node_target()?.is_some() {
+            bail!("the CSI host-path driver runs beside agents on the host, not in the node container");
+        }
+        let dir = tempfile::Builder::new().prefix("swiftlet-csi-").tempdir()?;
+        let name = opts.driver_name.clone();
+        let csi_socket = kubelet_root_dir.join("plugins").join(&name).join("csi.sock");
+        let registration_dir = kubelet_root_dir.join("plugins_registry");
+        let registration_socket = registration_dir.join(format!("{name}-reg.sock"));
+        let state_dir = dir.path().join("state");
+        let calls_log = dir.path().join("calls.jsonl");
+        std::fs::create_dir_all(&state_dir)?;
+        let driver_argv: Vec<String> = vec![
+            driver_bin()?.display().to_string(),
+            format!("--name={name}"),
+            format!("--endpoint={}", csi_socket.display()),
+            format!("--node-id={node_name}"),
+            format!("--state-dir={}", state_dir.display()),
+            format!("--registration-dir={}", registration_dir.display()),
+            format!("--calls-log={}", calls_log.display()),
+            format!("--max-volumes-per-node={}", opts.max_volumes_per_node),
+        ];
+        let mut this = Self {
+            driver_name: name.clone(),
+            storage_class: opts.storage_class.clone(),
+            node_name: node_name.to_owned(),
+            csi_socket,
+            registration_socket,
+            state_dir,
+            calls_log,
+            dir,
+            cluster: cluster.clone(),
+            driver_argv,
+            procs: Vec::new(),
+            cleaned: false,
+        };
+        this.delete_objects()?;
+        this.start_driver().await?;
+
+        let kubeconfig = format!("--kubeconfig={}", cluster.state.admin_kubeconfig.display());
+        let address = format!("--csi-address={}", this.csi_socket.display());
+        let mut sidecars = 0;
+        if opts.provisioner {
+            let mut argv = vec![
+                sidecar_bin(cluster, "csi-provisioner")?.display().to_string(),
+                address.clone(),
+                kubeconfig.clone(),
+                "--leader-election=false".into(),
+                "--extra-create-metadata".into(),
+                "--timeout=30s".into(),
+                "--retry-interval-start=500ms".into(),
+                "--retry-interval-max=5s".into(),
+                "--v=4".into(),
+            ];
+            argv.extend(opts.provisioner_flags.iter().cloned());
+            this.procs.push(spawn("csi-provisioner", &argv, &this.log_path("csi-provisioner"))?);
+            sidecars += 1;
+        }
+        if opts.resizer {
+            let mut argv = vec![
+                sidecar_bin(cluster, "csi-resizer")?.display().to_string(),
+                address,
+                kubeconfig,
+                "--leader-election=false".into(),
+                "--timeout=30s".into(),
+                "--retry-interval-start=500ms".into(),
+                "--retry-interval-max=5s".into(),
+                "--v=4".into(),
+            ];
+            argv.extend(opts.resizer_flags.iter().cloned());
+            this.procs.push(spawn("csi-resizer", &argv, &this.log_path("csi-resizer"))?);
+            sidecars += 1;
+        }
+        // Each sidecar asks the driver's name and capabilities before it serves.
+        let deadline = Instant::now() + Duration::from_mins(1);
+        while this.calls_of("ControllerGetCapabilities").len() < sidecars {
+            let exited = this.procs.iter_mut().find_map(|p| Some((p.name, p.child.try_wait().ok()??)));
+            if let Some((name, status)) = exited {
+                bail!("{name} exited ({status}):\n{}", crate::tail(&this.log(name), 40));
+            }
+            ensure!(Instant::now() < deadline, "the sidecars did not reach the driver in 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        let driver = json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+            "metadata": {"name": name},
+            "spec": {
+                "attachRequired": false,
+                "podInfoOnMount": opts.pod_info_on_mount,
+                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+                "fsGroupPolicy": opts.fs_group_policy,
+            }
+        });
+        let class = json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": opts.storage_class},
+            "provisioner": name,
+            "reclaimPolicy": "Delete",
+            "allowVolumeExpansion": true,
+            "volumeBindingMode": "Immediate",
+        });
+        cluster.kubectl_apply(&driver.to_string())?;
+        cluster.kubectl_apply(&class.to_string())?;
+        Ok(this)
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    /// The output of one process: `driver`, `csi-provisioner` or `csi-resizer`.
+    #[must_use]
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
+    }
+
+    /// Starts the driver process and waits (30 s) until its socket answers `Probe`.
+    async fn start_driver(&mut self) -> Result<()> {
+        let argv = self.driver_argv.clone();
+        self.procs.insert(0, spawn("driver", &argv, &self.log_path("driver"))?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.csi_socket.exists()
+                && let Ok(channel) = csi_driver::connect(&self.csi_socket).await
+            {
+                let mut identity = swiftlet::volumes::csi::proto::identity_client::IdentityClient::new(channel);
+                if identity.probe(swiftlet::volumes::csi::proto::ProbeRequest {}).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            if let Ok(Some(status)) = self.procs[0].child.try_wait() {
+                bail!("the CSI driver exited ({status}):\n{}", crate::tail(&self.log("driver"), 40));
+            }
+            ensure!(Instant::now() < deadline, "the CSI driver did not answer in 30 s:\n{}", self.log("driver"));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the driver (SIGKILL: no goodbye, its sockets stay) and starts it again on
+    /// the same sockets and volumes; the sidecars reconnect by themselves.
+    ///
+    /// # Errors
+    /// It did not come back.
+    pub async fn restart_driver(&mut self) -> Result<()> {
+        if let Some(i) = self.procs.iter().position(|p| p.name == "driver") {
+            let mut p = self.procs.remove(i);
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        self.start_driver().await
+    }
+
+    /// Every call the driver answered so far, in order.
+    #[must_use]
+    pub fn calls(&self) -> Vec<CsiCall> {
+        csi_driver::read_calls(&self.calls_log)
+    }
+
+    /// The calls of one method (`NodePublishVolume`, ...).
+    #[must_use]
+    pub fn calls_of(&self, method: &str) -> Vec<CsiCall> {
+        self.calls().into_iter().filter(|c| c.method == method).collect()
+    }
+
+    /// Waits until a call matches `pred`; returns the first that does.
+    ///
+    /// # Errors
+    /// None within `timeout`; the error lists the calls seen.
+    pub async fn wait_for_call(&self, timeout: Duration, pred: impl Fn(&CsiCall) -> bool) -> Result<CsiCall> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(c) = self.calls().into_iter().find(|c| pred(c)) {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline {
+                let seen: Vec<String> =
+                    self.calls().iter().map(|c| format!("{} {} {}", c.method, c.volume_id, c.code)).collect();
+                bail!("no such CSI call in {timeout:?}; seen:\n{}", seen.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The volumes the driver holds now.
+    #[must_use]
+    pub fn volumes(&self) -> Vec<VolumeRecord> {
+        Store::new(&self.state_dir).all()
+    }
+
+    /// A persistent volume claim of the storage class: `size` (a quantity), `Filesystem` or
+    /// `Block` mode, `ReadWriteOnce`.
+    #[must_use]
+    pub fn claim(&self, name: &str, size: &str, block: bool) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "storageClassName": self.storage_class,
+                "accessModes": ["ReadWriteOnce"],
+                "volumeMode": if block { "Block" } else { "Filesystem" },
+                "resources": {"requests": {"storage": size}},
+            }
+        })
+    }
+
+    /// Creates the claim `claim` (see [`CsiHostPath::claim`]) in `namespace` and waits
+    /// until it is bound; returns the bound persistent volume.
+    ///
+    /// # Errors
+    /// The API server refused, or it was not bound within `timeout`.
+    pub async fn create_bound_claim(
+        &self,
+        namespace: &str,
+        claim: Value,
+        timeout: Duration,
+    ) -> Result<PersistentVolume> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.cluster.client(), namespace);
+        let claim: PersistentVolumeClaim = serde_json::from_value(claim)?;
+        let name = claim.metadata.name.clone().context("claim without a name")?;
+        claims.create(&kube::api::PostParams::default(), &claim).await?;
+        self.wait_bound(namespace, &name, timeout).await
+    }
+
+    /// Waits until the claim is bound; returns its persistent volume.
+    ///
+    /// # Errors
+    /// Not bound within `timeout`; the error has the provisioner's log.
+    pub async fn wait_bound(&self, namespace: &str, name: &str, timeout: Duration) -> Result<PersistentVolume> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.cluster.client(), namespace);
+        let volumes: Api<PersistentVolume> = Api::all(self.cluster.client());
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = claims.get(name).await?;
+            let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
+            if phase == Some("Bound")
+                && let Some(pv) = c.spec.as_ref().and_then(|s| s.volume_name.as_deref())
+            {
+                return Ok(volumes.get(pv).await?);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "claim {namespace}/{name} not bound in {timeout:?} (phase {phase:?}); provisioner:\n{}",
+                crate::tail(&self.log("csi-provisioner"), 30)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Deletes the `CSIDriver`, the storage class and the persistent volumes of the driver
+    /// (their finalizers dropped: the provisioner that would remove them may be gone).
+    fn delete_objects(&self) -> Result<()> {
+        let out = self.cluster.kubectl_ok(&["get", "pv", "-o", "json"])?;
+        let list: Value = serde_json::from_str(&out)?;
+        for pv in list["items"].as_array().into_iter().flatten() {
+            if pv["spec"]["csi"]["driver"] != self.driver_name.as_str() {
+                continue;
+            }
+            let Some(name) = pv["metadata"]["name"].as_str() else { continue };
+            let _ = self.cluster.kubectl(&["delete", "pv", name, "--ignore-not-found", "--wait=false"]);
+            let _ = self.cluster.kubectl(&[
+                "patch",
+                "pv",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
+        }
+        let driver = format!("csidriver/{}", self.driver_name);
+        let class = format!("storageclass/{}", self.storage_class);
+        self.cluster.kubectl_ok(&["delete", &driver, &class, "--ignore-not-found", "--wait=false"])?;
+        Ok(())
+    }
+
+    /// The loop devices of the driver's block volumes.
+    fn loop_devices(&self) -> Vec<PathBuf> {
+        let store = Store::new(&self.state_dir);
+        self.volumes()
+            .iter()
+            .filter(|r| r.block)
+            .flat_map(|r| csi_driver::loop_devices_of(&store.image_path(&r.id)).unwrap_or_default())
+            .collect()
+    }
+
+    /// Mount points whose source is one of the driver's volumes (a bind mount of a
+    /// directory in the state dir, or of one of `loops`), or that are inside the state
+    /// dir; deepest first.
+    fn our_mounts(&self, loops: &[PathBuf]) -> Vec<PathBuf> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Ok(state) = std::fs::canonicalize(&self.state_dir) else { return Vec::new() };
+        let Ok(dev) = std::fs::metadata(&state).map(|m| m.dev()) else { return Vec::new() };
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        // The state dir's path inside the file system it is on (its mount's root is `/`
+        // for the usual root file system, which is what the root field is relative to).
+        let loop_roots: Vec<PathBuf> =
+            loops.iter().filter_map(|l| l.file_name()).map(|n| Path::new("/").join(n)).collect();
+        let mut found: Vec<PathBuf> = csi_driver::mounts()
+            .into_iter()
+            .filter(|m| {
+                m.mount_point.starts_with(&state)
+                    || (m.dev == (major, minor) && m.root.starts_with(&state))
+                    || (m.fs_type == "devtmpfs" && loop_roots.contains(&m.root))
+            })
+            .map(|m| m.mount_point)
+            .collect();
+        found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        found.dedup();
+        found
+    }
+
+    fn cleanup(&mut self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.cleaned {
+            return errors;
+        }
+        self.cleaned = true;
+        // Sidecars first (nothing new provisioned), the driver last.
+        for mut p in self.procs.drain(..).rev() {
+            terminate(&mut p, Duration::from_secs(5));
+        }
+        let loops = self.loop_devices();
+        for m in self.our_mounts(&loops) {
+            let Ok(path) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) else { continue };
+            // SAFETY: umount2 with a NUL-terminated path; MNT_DETACH cannot fail half-way.
+            if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+                errors.push(format!("unmounting {}: {}", m.display(), std::io::Error::last_os_error()));
+            }
+        }
+        for l in &loops {
+            if let Err(e) = Command::new("losetup").arg("-d").arg(l).status() {
+                errors.push(format!("detaching {}: {e}", l.display()));
+            }
+        }
+        for s in [&self.csi_socket, &self.registration_socket] {
+            let _ = std::fs::remove_file(s);
+        }
+        if let Some(d) = self.csi_socket.parent() {
+            let _ = std::fs::remove_dir(d);
+        }
+        if let Err(e) = self.delete_objects() {
+            errors.push(format!("deleting the objects: {e:#}"));
+        }
+        errors
+    }
+
+    /// Stops everything it started and removes what its volumes left (see the module
+    /// documentation).
+    ///
+    /// # Errors
+    /// Something could not be undone; the rest was.
+    pub fn stop(mut self) -> Result<()> {
+        let errors = self.cleanup();
+        ensure!(errors.is_empty(), "CSI host-path clean-up: {}", errors.join("; "));
+        Ok(())
+    }
+}
+
+impl Drop for CsiHostPath {
+    fn drop(&mut self) {
+        for e in self.cleanup() {
+            eprintln!("CSI host-path clean-up: {e}");
+        }
+    }
+}
