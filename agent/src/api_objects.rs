@@ -263,4 +263,12 @@ impl ObjectSource for KubeObjectSource {
         let api: Api<VolumeAttachment> = Api::all(self.client.clone());
         api.get_opt(name).await.map_err(|e| api_err("VolumeAttachment", "", name, &e))
     }
+
+    async fn patch_claim_status(&self, namespace: &str, name: &str, patch: &serde_json::Value) -> Result<()> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        api.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| api_err("PersistentVolumeClaim", namespace, name, &e))
+    }
 }

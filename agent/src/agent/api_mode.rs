@@ -92,6 +92,10 @@ pub(super) fn build(
         let devices = pods.devices.clone();
         Arc::new(move || devices.extended_resources())
     })
+    .with_volumes_in_use({
+        let volumes = pods.runtime.volumes().clone();
+        Arc::new(move || volumes.volumes_in_use())
+    })
     .with_observed_addresses(observed_addresses);
     let mirror_pods = task(
         crate::mirror::run(

@@ -74,6 +74,9 @@ pub type HealthFn = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// Capacity and allocatable of the device plugin resources (the device manager's).
 pub type ExtendedResourcesFn = Arc<dyn Fn() -> crate::cm::devicemanager::ExtendedResources + Send + Sync>;
 
+/// Gives the volumes in use on the node (`status.volumesInUse`, sorted).
+pub type VolumesInUseFn = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
 fn now() -> Time {
     Time(Timestamp::now())
 }
@@ -260,6 +263,7 @@ pub struct NodeManager {
     /// Wakes the status loop before its period (e.g. the node shutdown manager's).
     sync_now: Arc<tokio::sync::Notify>,
     extended: Option<ExtendedResourcesFn>,
+    volumes_in_use: Option<VolumesInUseFn>,
     /// The last Node this manager registered or reported (for admission).
     current: Arc<RwLock<Option<Node>>>,
     /// The addresses of the last status the API server took (upstream's
@@ -307,6 +311,7 @@ impl NodeManager {
             pressure: None,
             sync_now: Arc::default(),
             extended: None,
+            volumes_in_use: None,
             current: Arc::default(),
             observed_addresses: None,
             runtime_state: None,
@@ -432,6 +437,13 @@ impl NodeManager {
         self
     }
 
+    /// Reports the volumes `volumes` reads (upstream's `VolumesInUse` setter).
+    #[must_use]
+    pub fn with_volumes_in_use(mut self, volumes: VolumesInUseFn) -> Self {
+        self.volumes_in_use = Some(volumes);
+        self
+    }
+
     /// The node as last registered or reported.
     #[must_use]
     pub fn current(&self) -> Option<Node> {
@@ -495,6 +507,8 @@ impl NodeManager {
                 ..Default::default()
             }),
             images: Some(images),
+            // Left out when empty, as upstream's `omitempty`.
+            volumes_in_use: self.volumes_in_use.as_ref().map(|v| v()).filter(|v| !v.is_empty()),
             features: self.runtime_state.as_ref().map(|state| NodeFeatures {
                 supplemental_groups_policy: Some(state.supports_supplemental_groups_policy()),
             }),

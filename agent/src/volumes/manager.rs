@@ -331,6 +331,23 @@ impl VolumeManager {
         self.node.get_or_init(|| NodeAllocatable::detect(&self.root_dir))
     }
 
+    /// The node's volumes in use (`status.volumesInUse`): the persistent CSI volumes of
+    /// the pods set up here, named as upstream's unique volume names
+    /// (`kubernetes.io/csi/<driver>^<volume handle>`), sorted, each once. The
+    /// attach/detach controller does not detach a volume in use.
+    #[must_use]
+    pub fn volumes_in_use(&self) -> Vec<String> {
+        let mounted = self.mounted.lock().unwrap();
+        let names: BTreeSet<String> = mounted
+            .values()
+            .flat_map(PodVolumes::iter)
+            .filter_map(|v| v.csi.as_ref())
+            .filter(|c| c.mode == super::csi::LifecycleMode::Persistent)
+            .map(|c| format!("{}/{}^{}", super::csi::PLUGIN_NAME, c.driver, c.volume_handle))
+            .collect();
+        names.into_iter().collect()
+    }
+
     /// `<root>/pods/<uid>`.
     #[must_use]
     pub fn pod_dir(&self, uid: &str) -> PathBuf {
@@ -417,6 +434,11 @@ impl VolumeManager {
             };
             let known = previous.get(&v.name).is_some_and(|p| p.plugin == mv.plugin && p.path == mv.path);
             if known && !mv.plugin.is_projected_content() {
+                if mv.plugin == Plugin::Csi
+                    && let Err(e) = Box::pin(self.expand_if_pending(pod, &mv)).await
+                {
+                    tracing::warn!(volume = %v.name, error = %e, "expanding the volume on the node failed; retrying at the next sync");
+                }
                 // emptyDir and hostPath have nothing to refresh (upstream mounts them once).
                 result.volumes.insert(v.name.clone(), mv);
                 continue;

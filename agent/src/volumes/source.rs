@@ -95,6 +95,9 @@ pub trait ObjectSource: Send + Sync + std::fmt::Debug {
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>>;
     /// The `VolumeAttachment` `name`; `Ok(None)` when it does not exist.
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>>;
+    /// Applies a JSON merge patch to the status of claim `namespace/name` (the node
+    /// finishing a volume expansion).
+    async fn patch_claim_status(&self, namespace: &str, name: &str, patch: &serde_json::Value) -> Result<()>;
 }
 
 /// The standalone source: there is no API server, so every object is unavailable. Static
@@ -142,6 +145,10 @@ impl ObjectSource for NoApiServer {
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
         Err(Error::NoApiServer { kind: "VolumeAttachment", namespace: String::new(), name: name.into() })
+    }
+
+    async fn patch_claim_status(&self, namespace: &str, name: &str, _patch: &serde_json::Value) -> Result<()> {
+        Err(Error::NoApiServer { kind: "PersistentVolumeClaim", namespace: namespace.into(), name: name.into() })
     }
 }
 
@@ -342,6 +349,46 @@ impl ObjectSource for FakeObjectSource {
 
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
         self.storage_object("", name)
+    }
+
+    async fn patch_claim_status(&self, namespace: &str, name: &str, patch: &serde_json::Value) -> Result<()> {
+        self.check("PersistentVolumeClaim", namespace, name)?;
+        let mut state = self.state.lock().unwrap();
+        let key = (namespace.to_owned(), "PersistentVolumeClaim", name.to_owned());
+        let Some(claim) = state.storage.get_mut(&key) else {
+            return Err(Error::Api {
+                kind: "PersistentVolumeClaim",
+                namespace: namespace.into(),
+                name: name.into(),
+                message: format!("persistentvolumeclaims {name:?} not found"),
+            });
+        };
+        // Only the status may change, as through the status subresource.
+        if let Some(status) = patch.get("status") {
+            let target =
+                claim.as_object_mut().expect("an object").entry("status").or_insert_with(|| serde_json::json!({}));
+            merge_patch(target, status);
+        }
+        Ok(())
+    }
+}
+
+/// RFC 7386 JSON merge patch: objects merge, `null` removes, anything else replaces.
+pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::json!({});
+    }
+    let object = target.as_object_mut().expect("made an object");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(key);
+        } else {
+            merge_patch(object.entry(key.clone()).or_insert(serde_json::Value::Null), value);
+        }
     }
 }
 

@@ -28,6 +28,7 @@ type Call = (&'static str, String, String, BTreeMap<String, String>);
 struct FakeDriver {
     calls: Arc<Mutex<Vec<Call>>>,
     stage: bool,
+    expand: bool,
     fail_publish: Arc<Mutex<Option<String>>>,
 }
 
@@ -97,9 +98,13 @@ impl Node for FakeDriver {
 
     async fn node_expand_volume(
         &self,
-        _: Request<proto::NodeExpandVolumeRequest>,
+        r: Request<proto::NodeExpandVolumeRequest>,
     ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("no expansion"))
+        let r = r.into_inner();
+        let required = r.capacity_range.map_or(0, |c| c.required_bytes);
+        let context = [("required_bytes".to_owned(), required.to_string())].into();
+        self.record("NodeExpandVolume", &r.volume_id, &r.volume_path, &context);
+        Ok(Response::new(proto::NodeExpandVolumeResponse { capacity_bytes: required }))
     }
 
     async fn node_get_capabilities(
@@ -110,6 +115,9 @@ impl Node for FakeDriver {
         let mut capabilities = vec![cap(Rpc::GetVolumeStats)];
         if self.stage {
             capabilities.push(cap(Rpc::StageUnstageVolume));
+        }
+        if self.expand {
+            capabilities.push(cap(Rpc::ExpandVolume));
         }
         Ok(Response::new(proto::NodeGetCapabilitiesResponse { capabilities }))
     }
@@ -165,9 +173,12 @@ struct Env {
 }
 
 fn env(stage: bool) -> Env {
+    env_with(FakeDriver { stage, ..FakeDriver::default() })
+}
+
+fn env_with(driver: FakeDriver) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
-    let driver = FakeDriver { stage, ..FakeDriver::default() };
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     let server = NodeServer::new(driver.clone());
     tokio::spawn(async move {
@@ -293,6 +304,8 @@ async fn a_claim_is_staged_once_published_per_pod_and_unstaged_after_the_last_po
 
     e.vm.mount_pod_volumes(&b).await.unwrap();
     assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume", "NodeStageVolume", "NodePublishVolume"]);
+    // Both pods' volume is in use once.
+    assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
 
     let root = e.root();
     let vm = Arc::new(e.vm);
@@ -398,6 +411,8 @@ async fn inline_volumes_need_the_ephemeral_mode_and_get_a_per_pod_handle() {
     e.vm.mount_pod_volumes(&a).await.unwrap();
     // Never staged, even by a driver that stages.
     assert_eq!(e.driver.methods(), ["NodePublishVolume"]);
+    // Not attachable, so never "in use" on the node.
+    assert!(e.vm.volumes_in_use().is_empty());
     let calls = e.driver.calls.lock().unwrap().clone();
     assert_eq!(calls[0].1, CsiSpec::inline_volume_handle("uid-a", "v"));
     assert!(calls[0].2.ends_with("pods/uid-a/volumes/kubernetes.io~csi/v/mount"));
@@ -451,6 +466,44 @@ async fn a_restarted_agent_tears_down_through_the_driver_from_what_is_on_disk() 
         e.driver.methods(),
         ["NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"]
     );
+}
+
+#[tokio::test]
+async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let a = claim_pod("a", "uid-a");
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    // Nothing pending: no expansion.
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "default", "uid": "pvc-uid"},
+        "spec": {"volumeName": "pv-1"},
+        "status": {
+            "phase": "Bound",
+            "capacity": {"storage": "1Gi"},
+            "allocatedResources": {"storage": "2Gi"},
+            "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+            "conditions": [{"type": "FileSystemResizePending", "status": "True"}]
+        }
+    }))
+    .unwrap();
+    e.src.set_storage_object(&pvc);
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let calls = e.driver.calls.lock().unwrap().clone();
+    let expand = calls.last().unwrap();
+    assert_eq!((expand.0, expand.1.as_str()), ("NodeExpandVolume", "vol-1"));
+    assert!(expand.2.ends_with("pods/uid-a/volumes/kubernetes.io~csi/pv-1/mount"));
+    assert_eq!(expand.3.get("required_bytes").map(String::as_str), Some("2147483648"));
+    let after = e.src.persistent_volume_claim("default", "data").await.unwrap().unwrap().status.unwrap();
+    assert_eq!(after.capacity.unwrap().get("storage").unwrap().0, "2Gi");
+    assert!(after.allocated_resource_statuses.unwrap_or_default().is_empty());
+    assert!(after.conditions.unwrap_or_default().is_empty());
+    // Done once.
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods().len(), 3);
 }
 
 #[test]

@@ -188,6 +188,39 @@ impl CsiDrivers {
             .map_err(|s| Error::rpc("mounter.SetUpAt", &s))
     }
 
+    /// Grows a published volume's file system to `required_bytes` (`NodeExpandVolume`);
+    /// a driver without `EXPAND_VOLUME` has nothing to do on the node (upstream skips
+    /// the call too). Returns the capacity the driver reports, if any.
+    ///
+    /// # Errors
+    /// The driver is not registered or the call failed.
+    pub async fn expand(
+        &self,
+        root: &Path,
+        spec: &CsiSpec,
+        target: &Path,
+        required_bytes: i64,
+    ) -> Result<Option<i64>, Error> {
+        let op = "Expander.NodeExpand";
+        let driver = self.driver(op, &spec.driver)?;
+        if !driver.capabilities.expand {
+            return Ok(None);
+        }
+        let staging = (driver.capabilities.stage_unstage && spec.mode == LifecycleMode::Persistent)
+            .then(|| staging_path(root, &spec.driver, &spec.volume_handle).to_string_lossy().into_owned());
+        let req = proto::NodeExpandVolumeRequest {
+            volume_id: spec.volume_handle.clone(),
+            volume_path: target.to_string_lossy().into_owned(),
+            capacity_range: Some(proto::CapacityRange { required_bytes, limit_bytes: 0 }),
+            staging_target_path: staging.unwrap_or_default(),
+            volume_capability: Some(spec.capability(driver.capabilities.single_node_multi_writer, None)),
+            secrets: HashMap::new(),
+        };
+        let mut node = driver.node();
+        let out = self.run(async move { node.node_expand_volume(req).await }).await.map_err(|s| Error::rpc(op, &s))?;
+        Ok(Some(out.into_inner().capacity_bytes).filter(|c| *c > 0))
+    }
+
     /// Unpublishes every CSI volume in a pod's volumes directory and unstages those no
     /// other pod publishes; removes their directories. Blocking: runs on a blocking
     /// thread. A volume without `vol_data.json` (a set-up that stopped before writing

@@ -267,6 +267,46 @@ impl VolumeManager {
         Ok(data)
     }
 
+    /// Finishes the expansion of a claim's volume on the node (upstream's online
+    /// expansion in the volume manager's reconciler): when the claim says
+    /// `allocatedResourceStatuses.storage: NodeResizePending` (the resizer grew the volume
+    /// and the node must grow its file system), `NodeExpandVolume` to the allocated size,
+    /// then the claim's status: the new capacity, the resize status and conditions gone.
+    /// Returns whether it expanded.
+    pub(super) async fn expand_if_pending(&self, pod: &Pod, mv: &MountedVolume) -> Result<bool, VolumeError> {
+        let (Some(claim), Some(spec)) = (&mv.claim, &mv.csi) else { return Ok(false) };
+        let namespace = pod_namespace(pod);
+        let Some(pvc) = self.source.persistent_volume_claim(namespace, claim).await? else { return Ok(false) };
+        let status = pvc.status.unwrap_or_default();
+        let pending = status.allocated_resource_statuses.as_ref().and_then(|m| m.get("storage")).map(String::as_str)
+            == Some("NodeResizePending");
+        if !pending {
+            return Ok(false);
+        }
+        let Some(size) = status.allocated_resources.as_ref().and_then(|r| r.get("storage")).cloned() else {
+            return Ok(false);
+        };
+        let bytes = crate::types::quantity::parse_bytes(&size.0)?;
+        self.csi.expand(&self.root_dir, spec, &mv.path, bytes).await?;
+        let resize_conditions = ["Resizing", "FileSystemResizePending", "ControllerResizeError", "NodeResizeError"];
+        let conditions: Vec<_> = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| !resize_conditions.contains(&c.type_.as_str()))
+            .collect();
+        let patch = serde_json::json!({
+            "status": {
+                "capacity": {"storage": size},
+                "allocatedResourceStatuses": {"storage": null},
+                "conditions": conditions,
+            }
+        });
+        self.source.patch_claim_status(namespace, claim, &patch).await?;
+        tracing::info!(volume = %mv.name, claim = %claim, size = %size.0, "volume expanded on the node");
+        Ok(true)
+    }
+
     /// Sets up a CSI volume: the `CSIDriver` object's rules, the attachment, the secrets,
     /// then stage and publish through the driver, then the fsGroup.
     pub(super) async fn set_up_csi(&self, pod: &Pod, mv: &MountedVolume) -> Result<(), VolumeError> {
