@@ -138,6 +138,8 @@ fn pod_volumes(volumes: &VolumeManager, uid: &str, namespace: &str) -> Vec<Volum
         .iter()
         .flat_map(crate::volumes::manager::PodVolumes::iter)
         .filter(|v| !matches!(v.plugin, Plugin::HostPath | Plugin::Image))
+        // A block volume is a device, not a directory to measure.
+        .filter(|v| !v.csi.as_ref().is_some_and(|c| c.block))
         .map(|v| VolumeInventory {
             name: v.name.clone(),
             path: v.path.clone(),

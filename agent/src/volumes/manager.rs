@@ -87,6 +87,8 @@ pub struct ContainerMounts {
     /// CRI `Mount.image_sub_path` of the image volume mounts with a sub path, by index
     /// into `mounts` ([`crate::container::ImageSubPaths`]).
     pub image_sub_paths: crate::container::ImageSubPaths,
+    /// The block volumes of its `volumeDevices` (upstream `makeBlockVolumes`).
+    pub devices: Vec<api::Device>,
 }
 
 /// A volume as set up for a pod.
@@ -709,6 +711,19 @@ impl VolumeManager {
                 mount.host_path = host_path.to_string_lossy().into_owned();
             }
             out.mounts.push(mount);
+        }
+        for d in container.volume_devices.iter().flatten() {
+            let vol = volumes
+                .get(&d.name)
+                .ok_or_else(|| Error::VolumeNotFound { volume: d.name.clone(), container: container.name.clone() })?;
+            if !vol.csi.as_ref().is_some_and(|c| c.block) {
+                return Err(Error::NotBlock { volume: d.name.clone(), container: container.name.clone() });
+            }
+            out.devices.push(api::Device {
+                container_path: d.device_path.clone(),
+                host_path: vol.path.to_string_lossy().into_owned(),
+                permissions: "mrw".into(),
+            });
         }
         Ok(out)
     }

@@ -153,6 +153,14 @@ pub enum Error {
         /// The container.
         container: String,
     },
+    /// A `volumeDevices` entry names a volume that is not a block volume.
+    #[error("volume {volume:?} of container {container:?} is not a block volume and cannot be in volumeDevices")]
+    NotBlock {
+        /// The device's volume name.
+        volume: String,
+        /// The container.
+        container: String,
+    },
     /// An image volume whose image was not pulled for this start (a runtime manager bug:
     /// it pulls every image volume before any container starts).
     #[error("the image of image volume {volume:?} was not pulled")]

@@ -297,7 +297,7 @@ impl RuntimeManager {
         let log_dir = self.pod_log_dir(pod).join(&container.name);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| format!("creating container log directory {}: {e}", log_dir.display()))?;
-        let ContainerMounts { mut mounts, image_sub_paths } =
+        let ContainerMounts { mut mounts, image_sub_paths, devices } =
             self.make_mounts(pod, container, pod_ips, image_volumes, &envs).await?;
         // A pod of its own user namespace: the same mappings for every container, and
         // for its mounts (idmapped by the runtime).
@@ -343,6 +343,7 @@ impl RuntimeManager {
             working_dir: container.working_dir.clone().unwrap_or_default(),
             envs: envs.into_iter().map(|(key, value)| api::KeyValue { key, value }).collect(),
             mounts,
+            devices,
             labels: labels::container_labels(pod, container, kind),
             annotations: labels::container_annotations(pod, container, restart_count),
             log_path: format!("{}/{restart_count}.log", container.name),

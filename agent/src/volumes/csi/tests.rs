@@ -506,6 +506,36 @@ async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
     assert_eq!(e.driver.methods().len(), 3);
 }
 
+#[tokio::test]
+async fn a_block_claim_is_handed_to_the_container_as_a_device() {
+    let e = env(true);
+    e.register().await;
+    e.bound_claim();
+    let mut pv: PersistentVolume = e.src.persistent_volume("pv-1").await.unwrap().unwrap();
+    pv.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    e.src.set_storage_object(&pv);
+    let a: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "a", "namespace": "default", "uid": "uid-a"},
+        "spec": {
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+            "containers": [{"name": "c", "image": "img", "volumeDevices": [{"name": "v", "devicePath": "/dev/xvda"}]}]
+        }
+    }))
+    .unwrap();
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+    let container = &a.spec.as_ref().unwrap().containers[0];
+    let out = e.vm.container_mounts(container, &vols, &crate::volumes::manager::ImageVolumes::new(), &[]).unwrap();
+    assert!(out.mounts.is_empty());
+    assert_eq!(out.devices.len(), 1);
+    assert_eq!(out.devices[0].container_path, "/dev/xvda");
+    assert!(out.devices[0].host_path.ends_with("pods/uid-a/volumes/kubernetes.io~csi/pv-1/mount"));
+    assert_eq!(out.devices[0].permissions, "mrw");
+    // The block capability went to the driver.
+    let calls = e.driver.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2);
+}
+
 #[test]
 fn node_annotation_and_csi_node_entries() {
     let a = node_info::updated_annotation(None, "d1", Some("n1")).unwrap();

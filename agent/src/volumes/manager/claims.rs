@@ -227,12 +227,6 @@ impl VolumeManager {
             access_modes: spec.access_modes.clone().unwrap_or_default(),
             block: spec.volume_mode.as_deref() == Some("Block"),
         };
-        if csi_spec.block {
-            return Err(VolumeError::Claim(format!(
-                "volume {}: block volumes (volumeMode: Block) of CSI drivers are not supported by swiftlet yet",
-                v.name
-            )));
-        }
         Ok(self.csi_volume(uid, &v.name, csi_spec, None))
     }
 
@@ -367,6 +361,7 @@ impl VolumeManager {
         let policy = driver_spec.fs_group_policy.as_deref().unwrap_or("ReadWriteOnceWithFSType");
         let driver_applies = self.csi.get(&spec.driver).is_some_and(|d| d.capabilities.volume_mount_group);
         if let Some(gid) = fs_group.and_then(|g| u32::try_from(g).ok())
+            && !spec.block
             && !driver_applies
             && spec.applies_fs_group(policy)
         {
