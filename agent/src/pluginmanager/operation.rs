@@ -14,6 +14,9 @@ use super::proto::registration_client::RegistrationClient;
 use super::proto::{InfoRequest, PluginInfo, RegistrationStatus};
 use super::{Handlers, PluginHandler};
 
+/// The pause between attempts to connect to a socket that refuses.
+const DIAL_RETRY: Duration = Duration::from_millis(100);
+
 /// How long each step of a registration may take.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Timeouts {
@@ -70,7 +73,7 @@ pub(super) async fn register(
     handlers: &Handlers,
     timeouts: Timeouts,
 ) -> Result<Registered, RegisterError> {
-    let channel = within(timeouts.dial, "connecting", dial(socket)).await?.map_err(RegisterError::Dial)?;
+    let channel = dial(socket, timeouts.dial).await?;
     let mut client = RegistrationClient::new(channel);
     let info: PluginInfo = within(timeouts.get_info, "GetInfo", client.get_info(InfoRequest {}))
         .await?
@@ -104,9 +107,26 @@ pub(super) async fn deregister(plugin: &Registered) {
     plugin.handler.deregister(&plugin.name).await;
 }
 
-/// Connects to the plugin's unix socket (the URI is a placeholder tonic needs; the
-/// connector ignores it).
-async fn dial(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+/// Connects to the plugin's unix socket, trying again while it refuses: the socket file
+/// appears at `bind`, a moment before the plugin listens on it (upstream's dial blocks
+/// until connected, too).
+async fn dial(socket: &Path, timeout: Duration) -> Result<Channel, RegisterError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, connect(socket)).await {
+            Ok(Ok(channel)) => return Ok(channel),
+            Ok(Err(e)) if tokio::time::Instant::now() + DIAL_RETRY >= deadline => return Err(RegisterError::Dial(e)),
+            Ok(Err(e)) => {
+                tracing::trace!(error = %e, "plugin socket refuses connections yet");
+                tokio::time::sleep(DIAL_RETRY).await;
+            }
+            Err(_) => return Err(RegisterError::Timeout { call: "connecting", timeout }),
+        }
+    }
+}
+
+/// One connection attempt (the URI is a placeholder tonic needs; the connector ignores it).
+async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_owned();
     Endpoint::from_static("http://plugin-registration.invalid")
         .connect_with_connector(tower::service_fn(move |_: Uri| {

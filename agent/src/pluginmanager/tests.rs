@@ -1,6 +1,8 @@
 //! The manager against fake plugins served by tonic on unix sockets in a temporary
 //! directory, and a fake handler that reports every call on a channel.
 
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -73,7 +75,10 @@ struct Served {
 }
 
 fn serve(socket: &Path, info: PluginInfo, answer: Answer) -> Served {
-    let listener = UnixListener::bind(socket).unwrap();
+    serve_on(UnixListener::bind(socket).unwrap(), info, answer)
+}
+
+fn serve_on(listener: UnixListener, info: PluginInfo, answer: Answer) -> Served {
     let (get_info_tx, get_info_calls) = mpsc::unbounded_channel();
     let (status_tx, statuses) = mpsc::unbounded_channel();
     let plugin = FakePlugin {
@@ -90,6 +95,38 @@ fn serve(socket: &Path, info: PluginInfo, answer: Answer) -> Served {
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.clone().cancelled_owned()),
     );
     Served { get_info_calls, statuses, _stop: stop.drop_guard() }
+}
+
+/// A unix socket bound at `path` that does not listen yet: connecting to it is refused.
+fn bind_without_listening(path: &Path) -> OwnedFd {
+    // SAFETY: socket(2) takes no pointers; the descriptor it returns is owned from here on.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid `sockaddr_un` (an empty path).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    assert!(bytes.len() < addr.sun_path.len(), "socket path too long");
+    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is an initialized `sockaddr_un` of `len` bytes, alive for the call.
+    let rc = unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) };
+    assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Starts listening on a socket from [`bind_without_listening`].
+fn listen(fd: OwnedFd) -> UnixListener {
+    // SAFETY: listen(2) on a descriptor we own; no pointers.
+    let rc = unsafe { libc::listen(fd.as_raw_fd(), 16) };
+    assert_eq!(rc, 0, "listen: {}", std::io::Error::last_os_error());
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    listener.set_nonblocking(true).unwrap();
+    UnixListener::from_std(listener).unwrap()
 }
 
 fn info(plugin_type: &str, name: &str, endpoint: &str) -> PluginInfo {
@@ -281,6 +318,25 @@ async fn a_recreated_socket_deregisters_then_registers_again() {
     assert_eq!(next(&mut calls).await, Call::Deregister { name: "csi.example.com".to_owned() });
     assert_eq!(next(&mut calls).await, register_call("csi.example.com", &socket));
     expect_registered(&mut second).await;
+}
+
+#[tokio::test]
+async fn a_socket_is_dialed_until_its_plugin_listens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, mut calls) = handler(None);
+    let mut manager = PluginManager::new(dir.path().to_owned());
+    manager.add_handler(CSI_PLUGIN, h);
+    // No periodic pass to try again after a failed attempt: the one attempt must wait.
+    manager.reconcile_period = Duration::from_hours(1);
+    let _manager = start(manager);
+    let socket = dir.path().join("csi.sock");
+    let bound = bind_without_listening(&socket);
+    // Not an assertion: leaves the manager time to find the socket refusing (a slower
+    // manager finds it listening, and the test proves less but still passes).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut plugin = serve_on(listen(bound), info(CSI_PLUGIN, "csi.example.com", ""), Answer::Info);
+    assert_eq!(next(&mut calls).await, register_call("csi.example.com", &socket));
+    expect_registered(&mut plugin).await;
 }
 
 #[tokio::test]
