@@ -4,9 +4,9 @@
 //! plugin to the handler of its type (`CSIPlugin`, `DRAPlugin`), and reports the outcome
 //! with `NotifyRegistrationStatus`. A socket that goes away deregisters its plugin.
 //!
-//! [`desired`] knows which sockets exist (a walk of the directory, inotify in between,
-//! and a walk again every second as a safety net); [`reconciler`] makes the registered
-//! plugins follow, one task per socket operation ([`operation`]) so that one hung plugin
+//! `desired` knows which sockets exist (a walk of the directory, inotify in between,
+//! and a walk again every second as a safety net); `reconciler` makes the registered
+//! plugins follow, one task per socket operation (`operation`) so that one hung plugin
 //! delays no other.
 
 mod desired;
