@@ -167,10 +167,44 @@ pub struct Agent {
     /// Node-pressure eviction (when there are stats).
     eviction: Option<EvictionTasks>,
     container_logs: Option<Task>,
+    /// Plugins registering under `<root-dir>/plugins_registry` (CSI drivers).
+    plugin_manager: Task,
     node_shutdown: Option<Task>,
     cpu_manager: Task,
     sync_loop: Task,
     server: Server,
+}
+
+/// The plugin manager with the CSI drivers' handler, and in API mode the node's
+/// `CSINode` object created at start (upstream creates it before any driver registers),
+/// retried until the node exists.
+fn plugin_manager(base: &Base, pods: &pods::Pods, registry: &mut Registry) -> Task {
+    let mut manager = crate::pluginmanager::PluginManager::new(base.cfg.root_dir.join("plugins_registry"))
+        .with_metrics(crate::pluginmanager::metrics::PluginManagerMetrics::new(registry));
+    let csi = pods.runtime.volumes().csi().clone();
+    manager.add_handler(crate::pluginmanager::CSI_PLUGIN, csi.clone());
+    let shutdown = base.shutdown.clone();
+    let init_csi_node = {
+        let shutdown = shutdown.clone();
+        async move {
+            loop {
+                match csi.node_info().init().await {
+                    Ok(()) => return,
+                    Err(e) => tracing::debug!(error = %e, "CSINode not written yet; retrying"),
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+                }
+            }
+        }
+    };
+    task(
+        async move {
+            tokio::join!(init_csi_node, manager.run(shutdown));
+        },
+        tracing::info_span!("plugin_manager"),
+    )
 }
 
 impl std::fmt::Debug for Agent {
@@ -277,6 +311,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     .await?;
     let runtime_state_task =
         task(runtime_state.clone().run(base.rt.clone(), base.shutdown.clone()), tracing::info_span!("runtime_state"));
+    let plugin_manager = plugin_manager(&base, &pods, &mut registry);
     let event_api = match &base.cfg.swiftlet.event_api_socket {
         Some(socket) => Some(EventApiServer::new(socket.clone(), base.bus.clone()).bind().await?),
         None => None,
@@ -475,6 +510,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         container_gc: gc.container_gc_task,
         eviction: eviction_tasks,
         container_logs,
+        plugin_manager,
         node_shutdown,
         cpu_manager,
         sync_loop,

@@ -38,6 +38,7 @@ impl Agent {
             }
         }
         a.container_logs.into_iter().chain(a.node_shutdown).for_each(spawn);
+        spawn(a.plugin_manager);
         spawn(a.cpu_manager);
         spawn(a.sync_loop);
         let (server, server_shutdown) = (a.server, a.shutdown.clone());
