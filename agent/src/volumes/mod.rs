@@ -24,8 +24,13 @@
 //!   image as the mount's `image`, read-only, with its `subPath` as `image_sub_path`. The
 //!   runtime mounts it (containerd 2.1 and later; containerd 1.6 refuses such a mount).
 //!
-//! Not implemented: persistent volumes, CSI and ephemeral volumes (refused with an
-//! error naming the type), clusterTrustBundle and podCertificate projections, the alpha
+//! - Claims (`persistentVolumeClaim`, generic `ephemeral`) and CSI volumes
+//!   ([`csi`], `manager/claims.rs`): a claim is resolved to its bound persistent volume;
+//!   `csi` volumes are staged and published through their registered driver, `hostPath`
+//!   and `local` persistent volumes bind-mounted from their path.
+//!
+//! Not implemented: other in-tree volume types (refused with an error naming the type),
+//! clusterTrustBundle and podCertificate projections, the alpha
 //! fields `emptyDir.mode` and the `user`/`defaultUser` of atomic-writer volumes (their
 //! feature gates are off by default upstream), `SELinux` relabeling, `emptyDir.sizeLimit`
 //! enforcement (eviction's job), and the jitter upstream adds to token refresh.
