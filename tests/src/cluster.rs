@@ -74,10 +74,25 @@ impl Cluster {
     /// # Errors
     /// No control plane: run `cargo xtask testbed up --cluster`.
     pub async fn connect() -> Result<Self> {
-        let path = std::env::var("SWIFTLET_CLUSTER_STATE").unwrap_or_else(|_| CLUSTER_STATE.to_owned());
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("no control plane: run `cargo xtask testbed up --cluster` (reading {path})"))?;
-        let state: State = serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
+        Self::connect_to(&Self::state_path()).await
+    }
+
+    /// Where [`Cluster::connect`] reads the record: `SWIFTLET_CLUSTER_STATE`, else
+    /// [`CLUSTER_STATE`].
+    #[must_use]
+    pub fn state_path() -> PathBuf {
+        std::env::var_os("SWIFTLET_CLUSTER_STATE").map_or_else(|| PathBuf::from(CLUSTER_STATE), PathBuf::from)
+    }
+
+    /// Reads the record at `path` and connects as the cluster admin.
+    ///
+    /// # Errors
+    /// No record there, or no control plane: run `cargo xtask testbed up --cluster`.
+    pub async fn connect_to(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!("no control plane: run `cargo xtask testbed up --cluster` (reading {})", path.display())
+        })?;
+        let state: State = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = kube_client(&state.admin_kubeconfig).await?;
         Ok(Self { state, client })
