@@ -33,8 +33,6 @@ const DASHBOARDS: &[(&str, &str)] = &[
 
 /// Families the dashboards query that swiftlet does not serve, and why they are there.
 const NOT_SERVED: &[(&str, &str)] = &[
-    ("storage_operation_duration_seconds", "upstream kubelet (volume manager); for mixed fleets"),
-    ("volume_manager_total_volumes", "upstream kubelet (volume manager); for mixed fleets"),
     ("rest_client_requests_total", "upstream kubelet (client-go); for mixed fleets"),
     ("rest_client_request_duration_seconds", "upstream kubelet (client-go); for mixed fleets"),
     ("node_pressure_cpu_waiting_seconds_total", "node_exporter: swiftlet exports no PSI family"),
@@ -46,10 +44,6 @@ const NOT_SERVED: &[(&str, &str)] = &[
 const EXPECTED_EMPTY: &[(&str, &str, &str)] = &[
     // Families swiftlet does not serve (NOT_SERVED): the panels are for fleets that still
     // run upstream kubelets, in a collapsed row that says so.
-    ("swiftlet-kubelet", "Storage operation rate", "storage_operation_* is not served by swiftlet"),
-    ("swiftlet-kubelet", "Storage operation error rate", "storage_operation_* is not served by swiftlet"),
-    ("swiftlet-kubelet", "Storage operation duration p99", "storage_operation_* is not served by swiftlet"),
-    ("swiftlet-kubelet", "Volumes (actual / desired)", "volume_manager_* is not served by swiftlet"),
     ("swiftlet-kubelet", "REST client requests", "rest_client_* is not served by swiftlet"),
     ("swiftlet-kubelet", "REST client request duration p99", "rest_client_* is not served by swiftlet"),
     // PSI comes from node_exporter, which the test does not run.
@@ -626,6 +620,11 @@ mod e2e {
         )
     }
 
+    /// `manifest` with one volume `v` of `source` (a YAML flow mapping) mounted at `/v`.
+    fn with_volume(manifest: &str, source: &str) -> String {
+        format!("{manifest}    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes:\n  - name: v\n    {source}\n")
+    }
+
     fn container(p: &Value) -> &Value {
         p["status"]["containerStatuses"].as_array().and_then(|a| a.first()).unwrap_or(&Value::Null)
     }
@@ -657,6 +656,16 @@ mod e2e {
         agent.write_manifest("crashloop.yaml", &pod("crashloop", r#"["sh", "-c", "sleep 2; exit 3"]"#, "64Mi"))?;
         agent.write_manifest("oom.yaml", &pod("oom", r#"["sh", "-c", "tail /dev/zero"]"#, "24Mi"))?;
         agent.write_manifest("badcmd.yaml", &pod("badcmd", r#"["/no/such/binary"]"#, "64Mi"))?;
+        // Volume operations: the steady pod's emptyDir set up, and a hostPath that never
+        // passes its type check (a failed `volume_mount` at every try).
+        agent.write_manifest("volumes.yaml", &with_volume(&pod("volumes", serve, "64Mi"), "emptyDir: {}"))?;
+        agent.write_manifest(
+            "badvolume.yaml",
+            &with_volume(
+                &pod("badvolume", serve, "64Mi"),
+                "hostPath: {path: /nonexistent/swiftlet-dashboards, type: Directory}",
+            ),
+        )?;
         agent.wait_pod("steady", Duration::from_mins(1), |p| !container(p)["state"]["running"].is_null()).await?;
         agent
             .wait_pod("crashloop", Duration::from_mins(1), |p| container(p)["restartCount"].as_i64().unwrap_or(0) >= 1)

@@ -312,6 +312,10 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let runtime_state_task =
         task(runtime_state.clone().run(base.rt.clone(), base.shutdown.clone()), tracing::info_span!("runtime_state"));
     let plugin_manager = plugin_manager(&base, &pods, &mut registry);
+    // `volume_manager_total_volumes`, counted at scrape time.
+    registry.register_collector(Box::new(crate::volumes::metrics::total_volumes::TotalVolumesCollector::new(
+        pods.runtime.volumes().clone(),
+    )));
     let event_api = match &base.cfg.swiftlet.event_api_socket {
         Some(socket) => Some(EventApiServer::new(socket.clone(), base.bus.clone()).bind().await?),
         None => None,

@@ -122,7 +122,10 @@ pub(super) async fn build(
         Some(a) => Arc::new(crate::volumes::csi::KubeNodeInfo::new(a.clients.main.clone(), cfg.node_name.clone())),
         None => Arc::new(crate::volumes::csi::NoNodeInfo),
     };
-    let csi = Arc::new(crate::volumes::csi::CsiDrivers::new(cfg.node_name.clone(), csi_node_info));
+    let volume_metrics = crate::volumes::metrics::VolumeMetrics::new(registry);
+    let csi = Arc::new(
+        crate::volumes::csi::CsiDrivers::new(cfg.node_name.clone(), csi_node_info).with_metrics(volume_metrics.clone()),
+    );
     let cache = Arc::new(crate::container::cache::RuntimeCache::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
     let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
@@ -161,7 +164,9 @@ pub(super) async fn build(
         ),
         recorder: recorder.clone(),
         volumes: Arc::new(
-            crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source).with_csi(csi.clone()),
+            crate::volumes::VolumeManager::new(cfg.root_dir.clone(), object_source)
+                .with_csi(csi.clone())
+                .with_metrics(volume_metrics),
         ),
         dns: crate::settings::dns(kc),
         cache: cache.clone(),

@@ -113,11 +113,25 @@ pub struct MountedVolume {
     pub csi: Option<Arc<CsiSpec>>,
 }
 
+impl MountedVolume {
+    /// The plugin's name in metrics: upstream's, with a CSI volume's driver
+    /// (`kubernetes.io/csi:<driver>`).
+    #[must_use]
+    pub fn qualified_plugin(&self) -> String {
+        match &self.csi {
+            Some(c) => format!("{}:{}", self.plugin.name(), c.driver),
+            None => self.plugin.name().to_owned(),
+        }
+    }
+}
+
 /// The volumes of one pod, by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodVolumes {
     volumes: BTreeMap<String, MountedVolume>,
     remount_failures: Vec<SetUpFailure>,
+    /// The plugins of the volumes whose first set-up failed (still desired).
+    pending: Vec<String>,
 }
 
 impl PodVolumes {
@@ -162,6 +176,7 @@ pub struct VolumeManager {
     node: OnceLock<NodeAllocatable>,
     mounted: Mutex<HashMap<String, PodVolumes>>,
     csi: Arc<CsiDrivers>,
+    metrics: super::metrics::VolumeMetrics,
 }
 
 fn pod_namespace(pod: &Pod) -> &str {
@@ -280,7 +295,40 @@ impl VolumeManager {
             node: OnceLock::new(),
             mounted: Mutex::default(),
             csi: Arc::default(),
+            metrics: super::metrics::VolumeMetrics::default(),
         }
+    }
+
+    /// Records volume operations into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: super::metrics::VolumeMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The volume operation families.
+    #[must_use]
+    pub fn metrics(&self) -> &super::metrics::VolumeMetrics {
+        &self.metrics
+    }
+
+    /// `volume_manager_total_volumes`: the volumes of the pods set up here by plugin
+    /// (upstream's full plugin names), `actual_state_of_world` for those set up and
+    /// `desired_state_of_world` for those plus the ones whose set-up failed.
+    #[must_use]
+    pub fn volume_counts(&self) -> BTreeMap<(String, &'static str), i64> {
+        let mut counts = BTreeMap::new();
+        for pod in self.mounted.lock().unwrap().values() {
+            for v in pod.iter() {
+                let plugin = v.qualified_plugin();
+                *counts.entry((plugin.clone(), "actual_state_of_world")).or_insert(0) += 1;
+                *counts.entry((plugin, "desired_state_of_world")).or_insert(0) += 1;
+            }
+            for plugin in &pod.pending {
+                *counts.entry((plugin.clone(), "desired_state_of_world")).or_insert(0) += 1;
+            }
+        }
+        counts
     }
 
     /// Serves CSI volumes through `drivers`.
@@ -446,7 +494,10 @@ impl VolumeManager {
                 continue;
             }
             let in_use = known || Self::set_up_on_disk(&mv);
-            match self.set_up(pod, v, &mv, in_use).await {
+            let started = std::time::Instant::now();
+            let outcome = self.set_up(pod, v, &mv, in_use).await;
+            self.metrics.observe(&mv.qualified_plugin(), "volume_mount", outcome.is_ok(), started.elapsed());
+            match outcome {
                 Ok(()) => {
                     result.volumes.insert(v.name.clone(), mv);
                 }
@@ -457,6 +508,7 @@ impl VolumeManager {
                         result.remount_failures.push(failure);
                         result.volumes.insert(v.name.clone(), mv);
                     } else {
+                        result.pending.push(mv.qualified_plugin());
                         failures.push(failure);
                     }
                 }
@@ -739,10 +791,15 @@ impl VolumeManager {
             .map_err(VolumeError::from)
             .map_err(|e| Error::TearDown(e.to_string()))?;
         let io_err = PathIoError::at;
-        for point in self.mounter.mounts_under(&vols).map_err(io_err("read mounts under", &vols))? {
-            tracing::debug!(path = %point.display(), "unmounting volume");
-            self.mounter.unmount(&point).map_err(io_err("unmount", &point))?;
+        // Volume by volume, each timed as upstream's `volume_unmount`.
+        for (plugin, dir) in volume_dirs(&vols) {
+            let started = std::time::Instant::now();
+            let unmounted = self.unmount_all_under(&dir);
+            self.metrics.observe(&plugin, "volume_unmount", unmounted.is_ok(), started.elapsed());
+            unmounted?;
         }
+        // Anything else mounted in the pod's volumes directory.
+        self.unmount_all_under(&vols)?;
         let pod_dir = self.pod_dir(uid);
         let left = self.mounter.mounts_under(&pod_dir).map_err(io_err("read mounts under", &pod_dir))?;
         if !left.is_empty() {
@@ -755,6 +812,15 @@ impl VolumeManager {
         }
         self.mounted.lock().unwrap().remove(uid);
         self.tokens.forget_pod(uid);
+        Ok(())
+    }
+
+    fn unmount_all_under(&self, dir: &Path) -> Result<()> {
+        let io_err = PathIoError::at;
+        for point in self.mounter.mounts_under(dir).map_err(io_err("read mounts under", dir))? {
+            tracing::debug!(path = %point.display(), "unmounting volume");
+            self.mounter.unmount(&point).map_err(io_err("unmount", &point))?;
+        }
         Ok(())
     }
 
@@ -798,6 +864,19 @@ impl VolumeManager {
         }
         Ok(sweep)
     }
+}
+
+/// The volume directories in a pod's volumes directory, with their plugin's name
+/// (`kubernetes.io~empty-dir/x` → `kubernetes.io/empty-dir`).
+fn volume_dirs(vols: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for plugin in std::fs::read_dir(vols).into_iter().flatten().flatten() {
+        let name = plugin.file_name().to_string_lossy().replace('~', "/");
+        for volume in std::fs::read_dir(plugin.path()).into_iter().flatten().flatten() {
+            out.push((name.clone(), volume.path()));
+        }
+    }
+    out
 }
 
 /// What one [`VolumeManager::cleanup_orphans`] sweep did (upstream's

@@ -42,6 +42,7 @@ pub mod downward_api;
 pub mod empty_dir;
 pub mod host_path;
 pub mod manager;
+pub mod metrics;
 pub mod mounter;
 pub mod ownership;
 pub mod secret;

@@ -101,6 +101,8 @@ pub struct CsiDrivers {
     /// One lock per volume (`driver/handle`): stage, publish, unpublish and the decision
     /// to unstage of one volume never run at once.
     pub(super) volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// `storage_operation_duration_seconds` of tear-downs and unstaging.
+    pub(super) metrics: crate::volumes::metrics::VolumeMetrics,
 }
 
 impl Default for CsiDrivers {
@@ -140,7 +142,15 @@ impl CsiDrivers {
             drivers: Mutex::default(),
             runtime: OnceLock::new(),
             volume_locks: Mutex::default(),
+            metrics: crate::volumes::metrics::VolumeMetrics::default(),
         }
+    }
+
+    /// Records tear-downs and unstaging into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: crate::volumes::metrics::VolumeMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The node's name.

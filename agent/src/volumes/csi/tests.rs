@@ -170,6 +170,7 @@ struct Env {
     drivers: Arc<CsiDrivers>,
     node_info: Arc<RecordingNodeInfo>,
     vm: VolumeManager,
+    registry: prometheus_client::registry::Registry,
 }
 
 fn env(stage: bool) -> Env {
@@ -189,13 +190,16 @@ fn env_with(driver: FakeDriver) -> Env {
             .unwrap();
     });
     let node_info = Arc::new(RecordingNodeInfo::default());
-    let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()));
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = crate::volumes::metrics::VolumeMetrics::new(&mut registry);
+    let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()).with_metrics(metrics.clone()));
     let src = FakeObjectSource::new();
     let root = dir.path().join("root");
     let vm = VolumeManager::new(&root, Arc::new(src.clone()))
         .with_mounter(Arc::new(FakeMounter::default()))
-        .with_csi(drivers.clone());
-    Env { dir, src, driver, socket, drivers, node_info, vm }
+        .with_csi(drivers.clone())
+        .with_metrics(metrics);
+    Env { dir, src, driver, socket, drivers, node_info, vm, registry }
 }
 
 impl Env {
@@ -304,6 +308,10 @@ async fn a_claim_is_staged_once_published_per_pod_and_unstaged_after_the_last_po
 
     e.vm.mount_pod_volumes(&b).await.unwrap();
     assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume", "NodeStageVolume", "NodePublishVolume"]);
+    let counts = e.vm.volume_counts();
+    let plugin = format!("kubernetes.io/csi:{DRIVER}");
+    assert_eq!(counts.get(&(plugin.clone(), "actual_state_of_world")), Some(&2));
+    assert_eq!(counts.get(&(plugin, "desired_state_of_world")), Some(&2));
     // Both pods' volume is in use once.
     assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
 
@@ -320,6 +328,18 @@ async fn a_claim_is_staged_once_published_per_pod_and_unstaged_after_the_last_po
     cleanup("uid-b").await.unwrap();
     assert_eq!(e.driver.methods()[4..], ["NodeUnpublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"]);
     assert!(!staged.exists());
+    // Each operation timed, by upstream's operation and plugin names.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode_registry(&mut text, &e.registry).unwrap();
+    let count = |op: &str| {
+        let series = format!(
+            "storage_operation_duration_seconds_count{{volume_plugin=\"kubernetes.io/csi:{DRIVER}\",operation_name=\"{op}\",status=\"success\",migrated=\"false\"}} "
+        );
+        text.lines().find_map(|l| l.strip_prefix(&series)).map(str::to_owned)
+    };
+    assert_eq!(count("volume_mount").as_deref(), Some("2"), "{text}");
+    assert_eq!(count("volume_unmount").as_deref(), Some("2"), "{text}");
+    assert_eq!(count("unmount_device").as_deref(), Some("1"), "{text}");
 }
 
 #[tokio::test]

@@ -239,7 +239,14 @@ impl CsiDrivers {
         let mut first_error = None;
         for entry in entries.flatten() {
             let publish_dir = entry.path();
-            if let Err(e) = self.tear_down_volume(root, &publish_dir) {
+            let plugin = match VolData::load(&publish_dir) {
+                Ok(Some(d)) => format!("{PLUGIN_NAME}:{}", d.driver_name),
+                _ => PLUGIN_NAME.to_owned(),
+            };
+            let started = std::time::Instant::now();
+            let outcome = self.tear_down_volume(root, &publish_dir);
+            self.metrics.observe(&plugin, "volume_unmount", outcome.is_ok(), started.elapsed());
+            if let Err(e) = outcome {
                 tracing::warn!(path = %publish_dir.display(), error = %e, "CSI volume tear-down failed");
                 first_error.get_or_insert(e);
             }
@@ -285,10 +292,16 @@ impl CsiDrivers {
             staging_target_path: staging.to_string_lossy().into_owned(),
         };
         let mut node = driver.node();
-        self.run_blocking(async move { node.node_unstage_volume(req).await }).map_err(|s| Error::rpc(op, &s))?;
-        remove_path(op, &staging)?;
-        remove_path(op, &staged.join(VOL_DATA_FILE))?;
-        remove_path(op, &staged)
+        let started = std::time::Instant::now();
+        let unstaged = self
+            .run_blocking(async move { node.node_unstage_volume(req).await })
+            .map_err(|s| Error::rpc(op, &s))
+            .and_then(|_| remove_path(op, &staging))
+            .and_then(|()| remove_path(op, &staged.join(VOL_DATA_FILE)))
+            .and_then(|()| remove_path(op, &staged));
+        let plugin = format!("{PLUGIN_NAME}:{}", data.driver_name);
+        self.metrics.observe(&plugin, "unmount_device", unstaged.is_ok(), started.elapsed());
+        unstaged
     }
 
     /// Unstages a staged volume no pod publishes (left by pods removed while the agent
@@ -318,12 +331,15 @@ impl CsiDrivers {
                     staging_target_path: staging.to_string_lossy().into_owned(),
                 };
                 let mut node = driver.node();
+                let started = std::time::Instant::now();
                 let result = self
                     .run_blocking(async move { node.node_unstage_volume(req).await })
                     .map_err(|s| Error::rpc(op, &s))
                     .and_then(|_| remove_path(op, &staging))
                     .and_then(|()| remove_path(op, &staged.path().join(VOL_DATA_FILE)))
                     .and_then(|()| remove_path(op, &staged.path()));
+                let plugin = format!("{PLUGIN_NAME}:{}", data.driver_name);
+                self.metrics.observe(&plugin, "unmount_device", result.is_ok(), started.elapsed());
                 if let Err(e) = result {
                     errors.push(e);
                 }

@@ -281,7 +281,10 @@ impl VolumeManager {
             return Ok(false);
         };
         let bytes = crate::types::quantity::parse_bytes(&size.0)?;
-        self.csi.expand(&self.root_dir, spec, &mv.path, bytes).await?;
+        let started = std::time::Instant::now();
+        let expanded = self.csi.expand(&self.root_dir, spec, &mv.path, bytes).await;
+        self.metrics.observe(&mv.qualified_plugin(), "volume_fs_resize", expanded.is_ok(), started.elapsed());
+        expanded?;
         let resize_conditions = ["Resizing", "FileSystemResizePending", "ControllerResizeError", "NodeResizeError"];
         let conditions: Vec<_> = status
             .conditions

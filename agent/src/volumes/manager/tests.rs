@@ -141,6 +141,11 @@ async fn unused_and_unsupported_volumes() {
     );
     assert!(err.to_string().starts_with("unmounted volumes=[claim hp]: "));
     assert!(!e.dir.path().join("pods/u1/volumes/kubernetes.io~empty-dir/unused").exists());
+    // The hostPath is desired but not set up; the unsupported volume is neither.
+    let counts = e.vm.volume_counts();
+    assert_eq!(counts.get(&("kubernetes.io/host-path".to_owned(), "desired_state_of_world")), Some(&1));
+    assert_eq!(counts.get(&("kubernetes.io/host-path".to_owned(), "actual_state_of_world")), None);
+    assert_eq!(counts.len(), 1, "{counts:?}");
 }
 
 #[tokio::test]
