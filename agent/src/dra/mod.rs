@@ -1,0 +1,3 @@
+//! Dynamic Resource Allocation on the node (upstream `pkg/kubelet/cm/dra`).
+
+pub mod checkpoint;
