@@ -14,6 +14,7 @@ pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod container;
+pub mod dra;
 pub mod event_api;
 pub mod events;
 pub mod eviction;
