@@ -1066,6 +1066,14 @@ impl Worker {
             return false;
         }
         self.deps.runtime.probes().remove_pod(self.uid());
+        // Upstream: the claims are unprepared once the containers are stopped and before
+        // the final status goes out (the scheduler may then give the devices away).
+        if let (Some(dra), Some(pod)) = (self.deps.runtime.dra(), &self.pod)
+            && let Err(e) = dra.unprepare_resources(pod).await
+        {
+            tracing::warn!(error = %e, "failed to unprepare dynamic resources; retrying");
+            return false;
+        }
         // Completed pods keep a final status; so do API pods being deleted, whose last
         // status (all containers terminated) is written before the object is removed.
         let report = self.desired || self.pod.as_ref().is_some_and(|p| p.metadata.deletion_timestamp.is_some());

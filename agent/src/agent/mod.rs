@@ -86,6 +86,9 @@ pub enum Error {
     Eviction(#[from] crate::eviction::thresholds::Errors),
     #[error("device manager: {0}")]
     DeviceManager(#[from] crate::cm::devicemanager::Error),
+    /// The DRA manager's checkpoint could not be restored.
+    #[error("DRA manager: {0}")]
+    Dra(#[from] crate::dra::Error),
     #[error("pod allocations: {0}")]
     Allocation(#[from] crate::allocation::Error),
     /// The user namespace mappings (upstream's kubelet does not start either).
@@ -175,7 +178,8 @@ pub struct Agent {
     server: Server,
 }
 
-/// The plugin manager with the CSI drivers' handler, and in API mode the node's
+/// The plugin manager with the CSI and DRA drivers' handlers, DRA's reconcile loop, and
+/// in API mode the node's
 /// `CSINode` object created at start (upstream creates it before any driver registers),
 /// retried until the node exists.
 fn plugin_manager(base: &Base, pods: &pods::Pods, registry: &mut Registry) -> Task {
@@ -183,7 +187,29 @@ fn plugin_manager(base: &Base, pods: &pods::Pods, registry: &mut Registry) -> Ta
         .with_metrics(crate::pluginmanager::metrics::PluginManagerMetrics::new(registry));
     let csi = pods.runtime.volumes().csi().clone();
     manager.add_handler(crate::pluginmanager::CSI_PLUGIN, csi.clone());
+    let dra = pods.runtime.dra().cloned();
+    if let Some(dra) = &dra {
+        manager.add_handler(crate::pluginmanager::DRA_PLUGIN, Arc::new(dra.clone()));
+    }
     let shutdown = base.shutdown.clone();
+    // Upstream's DRA reconcile loop: claims of pods no longer active are unprepared, once
+    // the pod sources are ready.
+    let reconcile_dra = {
+        let shutdown = shutdown.clone();
+        let pod_manager = pods.pod_manager.clone();
+        async move {
+            let Some(dra) = dra else { return };
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(crate::dra::RECONCILE_PERIOD) => {}
+                }
+                if pod_manager.sources_ready() {
+                    dra.unprepare_inactive(&pod_manager.uids()).await;
+                }
+            }
+        }
+    };
     let init_csi_node = {
         let shutdown = shutdown.clone();
         async move {
@@ -201,7 +227,7 @@ fn plugin_manager(base: &Base, pods: &pods::Pods, registry: &mut Registry) -> Ta
     };
     task(
         async move {
-            tokio::join!(init_csi_node, manager.run(shutdown));
+            tokio::join!(init_csi_node, reconcile_dra, manager.run(shutdown));
         },
         tracing::info_span!("plugin_manager"),
     )

@@ -126,6 +126,18 @@ pub(super) async fn build(
     let csi = Arc::new(
         crate::volumes::csi::CsiDrivers::new(cfg.node_name.clone(), csi_node_info).with_metrics(volume_metrics.clone()),
     );
+    // Dynamic Resource Allocation: claims come from the API server.
+    let dra = match api {
+        Some(a) => {
+            let claims = Arc::new(crate::dra::KubeClaimSource::new(a.clients.main.clone()));
+            let dra = crate::dra::DraManager::new(&cfg.root_dir, &cfg.node_name, claims)?
+                .with_metrics(crate::dra::metrics::DraMetrics::new(registry));
+            registry.register_collector(Box::new(dra.claims_in_use_collector()));
+            dra.start();
+            Some(dra)
+        }
+        None => None,
+    };
     let cache = Arc::new(crate::container::cache::RuntimeCache::default());
     // Startup, liveness and readiness probes; their own registry for /metrics/probes.
     let prober_metrics = Arc::new(crate::prober::metrics::ProberMetrics::new());
@@ -173,7 +185,12 @@ pub(super) async fn build(
         probes: probes.clone(),
         runtime_name: runtime_name.clone(),
         startup: startup.clone(),
-        container_hooks: vec![node.managers.cpu.clone(), node.managers.memory.clone(), Arc::new(devices.clone())],
+        container_hooks: {
+            let mut hooks: Vec<Arc<dyn crate::cm::container_lifecycle::ContainerLifecycleHook>> =
+                vec![node.managers.cpu.clone(), node.managers.memory.clone(), Arc::new(devices.clone())];
+            hooks.extend(dra.clone().map(|d| Arc::new(d) as _));
+            hooks
+        },
         allocation: allocation.clone(),
         start_concurrency,
         security: crate::runtime::security_context::SecuritySettings::new(
@@ -182,6 +199,7 @@ pub(super) async fn build(
             apparmor_enabled,
         ),
         userns: Arc::new(user_namespaces(cfg, runtime_state)?),
+        dra,
     }));
     match start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),

@@ -184,6 +184,9 @@ pub struct RuntimeManagerDeps {
     pub security: super::security_context::SecuritySettings,
     /// The user namespaces of pods with `hostUsers: false` ([`super::userns`]).
     pub userns: Arc<super::userns::UsernsManager>,
+    /// Dynamic Resource Allocation (API-server mode): the pod's claims are prepared
+    /// before its sandbox is created.
+    pub dra: Option<crate::dra::DraManager>,
 }
 
 /// Carries out pod syncs and kills through CRI.
@@ -218,6 +221,7 @@ pub struct RuntimeManager {
     container_gate: super::start_gate::StartGate,
     security: super::security_context::SecuritySettings,
     userns: Arc<super::userns::UsernsManager>,
+    dra: Option<crate::dra::DraManager>,
 }
 
 /// Upstream `calcRestartCountByLogDir`: for a container the runtime has no instance of
@@ -289,6 +293,7 @@ impl RuntimeManager {
             start_concurrency,
             security,
             userns,
+            dra,
         } = deps;
         // The allocation records what each container starts with before the resource
         // managers see it.
@@ -314,6 +319,7 @@ impl RuntimeManager {
             container_gate: super::start_gate::StartGate::new(start_concurrency),
             security,
             userns,
+            dra,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -358,6 +364,26 @@ impl RuntimeManager {
     #[must_use]
     pub fn userns(&self) -> &Arc<super::userns::UsernsManager> {
         &self.userns
+    }
+
+    /// Prepares the pod's resource claims (upstream `PrepareDynamicResources`); nothing to
+    /// do for a pod without claims.
+    async fn prepare_dynamic_resources(&self, pod: &Pod) -> std::result::Result<(), String> {
+        let has_claims = pod.spec.as_ref().is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()))
+            || pod.status.as_ref().is_some_and(|s| s.extended_resource_claim_status.is_some());
+        if !has_claims {
+            return Ok(());
+        }
+        match &self.dra {
+            Some(dra) => dra.prepare_resources(pod).await.map_err(|e| e.to_string()),
+            None => Err("resource claims need the API server (standalone mode)".to_owned()),
+        }
+    }
+
+    /// The DRA manager (API-server mode).
+    #[must_use]
+    pub fn dra(&self) -> Option<&crate::dra::DraManager> {
+        self.dra.as_ref()
     }
 
     /// The pod's user namespace for its sandbox and containers ([`super::userns`]), on
@@ -575,6 +601,18 @@ impl RuntimeManager {
         };
         let mut pod_ips = self.pod_ips(pod, status.ips());
         if actions.create_sandbox {
+            // Upstream: the claims are prepared before the sandbox; a failure is an event
+            // and the sync ends there (the next sync tries again).
+            if let Err(e) = Box::pin(self.prepare_dynamic_resources(pod)).await {
+                tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to prepare dynamic resources");
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    "FailedPrepareDynamicResources",
+                    format!("Failed to prepare dynamic resources: {e}"),
+                );
+                return result;
+            }
             result.touched_runtime = true;
             match self.create_sandbox(pod, &sandbox_config).await {
                 Ok((id, ips)) => {

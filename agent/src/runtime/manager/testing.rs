@@ -61,6 +61,7 @@ impl RuntimeManagerDeps {
                 )
                 .expect("the default mapping"),
             ),
+            dra: None,
             recorder,
             metrics: Arc::default(),
             cfg,

@@ -771,3 +771,29 @@ async fn image_volumes_are_pulled_first_and_a_failed_one_holds_back_its_containe
         (1, 2, 0)
     );
 }
+
+/// A pod with resource claims on an agent without the API server: its claims cannot be
+/// prepared, so its sandbox is never created, and the pod gets upstream's event.
+#[tokio::test]
+async fn claims_that_cannot_be_prepared_hold_back_the_sandbox() {
+    let (_dir, fake, recorder, rm) = setup();
+    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+            "containers": [{"name": "c", "image": "img", "imagePullPolicy": "IfNotPresent",
+                            "resources": {"claims": [{"name": "gpu"}]}}]
+        }
+    }))
+    .unwrap();
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(!r.touched_runtime, "{r:?}");
+    assert!(!fake.calls().iter().any(|c| c == "run_podsandbox"), "{:?}", fake.calls());
+    let events = recorder.list();
+    let event = events.iter().find(|e| e.reason.as_deref() == Some("FailedPrepareDynamicResources")).unwrap();
+    assert_eq!(
+        event.message.as_deref(),
+        Some("Failed to prepare dynamic resources: resource claims need the API server (standalone mode)")
+    );
+}
