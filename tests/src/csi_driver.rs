@@ -39,6 +39,7 @@ use swiftlet::volumes::csi::proto as csi;
 use swiftlet::volumes::csi::proto::controller_server::{Controller, ControllerServer};
 use swiftlet::volumes::csi::proto::identity_server::{Identity, IdentityServer};
 use swiftlet::volumes::csi::proto::node_server::{Node, NodeServer};
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
@@ -1268,9 +1269,12 @@ async fn serve_registration(driver: Arc<Driver>, socket: PathBuf, shutdown: Canc
         let file = identity(&socket);
         eprintln!("csi-driver: registration API on {}", socket.display());
         let instance = shutdown.child_token();
+        // The upstream kubelet dials this socket by its path, which grpc-go then sends as
+        // the `:authority` that h2 refuses (see `crate::h2_authority`).
+        let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(crate::h2_authority::LocalAuthority::new));
         let server = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(Registrar(driver.clone())))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), instance.clone().cancelled_owned());
+            .serve_with_incoming_shutdown(incoming, instance.clone().cancelled_owned());
         let server = tokio::spawn(server);
         loop {
             tokio::select! {
