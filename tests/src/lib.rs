@@ -11,6 +11,7 @@ pub mod containerd;
 pub mod csi_driver;
 pub mod csi_hostpath;
 pub mod device_plugin;
+pub mod dra_driver;
 pub mod h2_authority;
 pub mod logind;
 pub mod node;

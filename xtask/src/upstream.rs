@@ -44,6 +44,9 @@ pub const BINARIES: &[(&str, &str)] = &[
     ("kubelet", "k8s.io/kubernetes/cmd/kubelet"),
     ("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
     ("etcd", "./etcd"),
+    // Upstream's DRA test driver (its kubelet plugin publishes ResourceSlices and prepares
+    // claims with CDI devices); `go build` names it after its directory.
+    ("test-driver", "k8s.io/kubernetes/test/e2e/dra/test-driver"),
 ];
 
 /// The CSI sidecars beside the test bed's host-path driver (`tests/src/csi_driver.rs`),
@@ -124,11 +127,11 @@ impl Upstream {
         // A stale stamp must not survive a failed build.
         let _ = fs::remove_file(self.stamp_file());
         eprintln!(
-            "upstream: building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl \
-             {VERSION} and etcd into {} (cold: about 20 minutes on two cores)",
+            "upstream: building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, \
+             the DRA test driver {VERSION} and etcd into {} (cold: about 20 minutes on two cores)",
             self.bin_dir.display()
         );
-        // One `go build` for all six: the packages they share compile once.
+        // One `go build` for all: the packages they share compile once.
         let mut cmd = go()?;
         cmd.current_dir(&self.module_dir)
             .args(["build", "-mod=readonly", "-trimpath", "-ldflags", &ldflags(), "-o"])

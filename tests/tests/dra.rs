@@ -1,0 +1,158 @@
+//! Dynamic Resource Allocation on a swiftlet node of the test bed's real control plane:
+//! upstream's DRA test driver publishes the node's devices and registers with the agent
+//! through `<root-dir>/plugins_registry`, the real scheduler allocates a claim from them,
+//! and the agent prepares it before the pod's sandbox, hands the container the driver's
+//! CDI device, and unprepares it once the pod is gone.
+//!
+//! CDI needs containerd 1.7 or later: in the node container (containerd 2.x,
+//! `SWIFTLET_E2E_NODE=containerd2`) the container sees the device's environment; the
+//! host's containerd 1.6 ignores CDI devices, so there the test checks everything up to
+//! the CRI config (the prepared claim, the spec the driver wrote, the agent's state).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use swiftlet_tests::cluster::{Cluster, phase};
+use swiftlet_tests::dra_driver::{DRIVER, DraTestDriver};
+use swiftlet_tests::pods::BUSYBOX;
+use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!("{what} not within {WAIT:?} (last error: {last_error:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn logs(agent: &swiftlet_tests::Agent, driver: &DraTestDriver) -> String {
+    format!("--- agent log ---\n{}\n--- driver log ---\n{}", tail(&agent.log(), 60), tail(&driver.log_text(), 30))
+}
+
+#[tokio::test]
+async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_and_unprepared_after() -> Result<()> {
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let mut node = cluster.join("dra", AgentOptions::default()).await?;
+    node.wait_ready(Duration::from_secs(30)).await?;
+    let root = node.agent.root_dir.clone();
+    let driver = DraTestDriver::start(&cluster, &node.name, &root).await?;
+    let client = cluster.client();
+
+    // The driver's devices on this node, and the agent's side of the registration.
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    eventually("the node's ResourceSlice", || async {
+        let list = slices.list(&ListParams::default()).await?;
+        Ok(list.items.iter().any(|s| s.spec.node_name.as_deref() == Some(node.name.as_str())).then_some(()))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
+    eventually("the agent's registration of the driver", || async {
+        Ok(node.agent.log().contains("DRA driver plugin registered").then_some(()))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
+
+    let class_name = format!("swiftlet-dra-{}", node.name);
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}]}
+    }))?;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    classes.create(&PostParams::default(), &class).await?;
+    let ns = node.namespace("dra").await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "gpu"},
+        "spec": {"devices": {"requests": [{"name": "one", "exactly": {"deviceClassName": class_name}}]}}
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "user"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "terminationGracePeriodSeconds": 2,
+            "resourceClaims": [{"name": "dev", "resourceClaimName": "gpu"}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "resources": {"claims": [{"name": "dev"}]}
+            }]
+        }
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let running =
+        eventually("the pod Running", || async { Ok(pods.get_opt("user").await?.filter(|p| phase(p) == "Running")) })
+            .await
+            .with_context(|| logs(&node.agent, &driver))?;
+    let pod_uid = running.metadata.uid.clone().unwrap_or_default();
+
+    // Allocated from this node's devices and reserved for the pod; the driver prepared it.
+    let claim = claims.get("gpu").await?;
+    let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+    let status = claim.status.clone().context("claim status")?;
+    let results = status.allocation.and_then(|a| a.devices).and_then(|d| d.results).unwrap_or_default();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].driver, DRIVER);
+    assert!(status.reserved_for.unwrap_or_default().iter().any(|r| r.uid == pod_uid));
+    let specs = driver.cdi_specs_of(&claim_uid);
+    assert_eq!(specs.len(), 1, "the driver's CDI spec of the claim: {specs:?}");
+    // The agent's state and metrics know the prepared claim.
+    let state = std::fs::read_to_string(root.join("dra_manager_state"))?;
+    assert!(state.contains(&claim_uid), "{state}");
+    let in_use = format!("dra_resource_claims_in_use{{driver_name=\"{DRIVER}\"}} 1");
+    assert!(node.agent.metrics_text().await?.contains(&in_use));
+
+    // The container got the CDI device (on a runtime with CDI).
+    let containers = cri.containers(&pod_uid).await?;
+    let id = containers.iter().find(|c| c.state == 1).map(|c| c.id.clone()).context("no running container")?;
+    let (code, env) = cri.exec(&id, &["env"]).await?;
+    assert_eq!(code, 0, "{env}");
+    let variable = "claim_gpu_one=true";
+    if swiftlet_tests::node::node_target()?.is_some() {
+        assert!(env.lines().any(|l| l == variable), "the CDI device's environment is missing:\n{env}");
+    } else {
+        // containerd 1.6 has no CDI: the device is in the config but never applied.
+        assert!(!env.lines().any(|l| l == variable), "containerd 1.6 applied a CDI device?\n{env}");
+    }
+
+    // The pod deleted: the claim is unprepared (the driver removes its spec) and forgotten.
+    pods.delete("user", &DeleteParams::default()).await?;
+    let deleted = Instant::now();
+    eventually("the claim unprepared", || async {
+        let state = std::fs::read_to_string(root.join("dra_manager_state")).unwrap_or_default();
+        Ok((driver.cdi_specs_of(&claim_uid).is_empty() && !state.contains(&claim_uid)).then_some(()))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
+    eprintln!("unprepared {:?} after the delete", deleted.elapsed());
+    let text = node.agent.metrics_text().await?;
+    assert!(!text.contains(&in_use), "{text}");
+    assert!(text.contains("dra_resource_claims_in_use{driver_name=\"<any>\"} 0"), "{text}");
+
+    claims.delete("gpu", &DeleteParams::default()).await?;
+    classes.delete(&class_name, &DeleteParams::default()).await?;
+    driver.stop()?;
+    node.leave(&cri).await
+}
