@@ -269,6 +269,12 @@ impl BenchAgent {
         &self.node_name
     }
 
+    /// The agent's `--root-dir` (where a CSI driver registers with it in
+    /// `plugins_registry`).
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
     /// The kubeconfig the agent uses once joined (written by its TLS bootstrap).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubelet.conf")
@@ -388,7 +394,7 @@ authorization:
             "--container-runtime-endpoint".to_owned(),
             self.endpoint.clone(),
             "--root-dir".to_owned(),
-            self.dir.join("root").display().to_string(),
+            self.root_dir().display().to_string(),
             "--cert-dir".to_owned(),
             self.dir.join("pki").display().to_string(),
             "--hostname-override".to_owned(),

@@ -153,10 +153,14 @@ pub fn pod_facts(pod: &Value, norm: &Normalizer, facts: &mut Facts) {
 }
 
 /// The facts of the events about pod `name`: per reason, the type, the reporting
-/// component, every distinct message and the summed count as a [`bucket`].
+/// component, every distinct message and the summed count as a [`bucket`]. The
+/// scheduler's `FailedScheduling` (a pod the scheduler places waits for its claims) is
+/// left out: how often it tries before the claims are bound is the scheduler's timing.
 pub fn event_facts(events: &[Value], name: &str, norm: &Normalizer, facts: &mut Facts) {
     let mut by_reason: BTreeMap<String, (BTreeSet<String>, u64)> = BTreeMap::new();
-    for e in events.iter().filter(|e| e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == name) {
+    for e in events.iter().filter(|e| {
+        e["involvedObject"]["kind"] == "Pod" && e["involvedObject"]["name"] == name && e["reason"] != "FailedScheduling"
+    }) {
         let component = if text(&e["source"]["component"]).is_empty() {
             text(&e["reportingComponent"])
         } else {
@@ -220,6 +224,108 @@ pub fn node_facts(node: &Value, norm: &Normalizer) -> Facts {
         t.sort();
         t.join(",")
     });
+    facts
+}
+
+/// The facts of the claims of one scenario (`claims`, as the API lists them; those of
+/// the pod's generic ephemeral volumes among them): per claim its phase, capacity, access
+/// modes and volume mode, whether it is bound to a volume, and who owns it.
+pub fn claim_facts(claims: &[&Value], norm: &Normalizer, facts: &mut Facts) {
+    for c in claims {
+        let name = norm.apply(text(&c["metadata"]["name"]));
+        let modes = |v: &Value| v.as_array().into_iter().flatten().map(text).collect::<Vec<_>>().join(",");
+        let owners: Vec<String> = c["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| format!("{} {}", text(&o["kind"]), norm.apply(text(&o["name"]))))
+            .collect();
+        let status = &c["status"];
+        let mut put = |k: &str, v: String| {
+            facts.insert(format!("claim {name} {k}"), v);
+        };
+        put("phase", text(&status["phase"]).into());
+        put("capacity", text(&status["capacity"]["storage"]).into());
+        put("accessModes", modes(&status["accessModes"]));
+        put("volumeMode", text(&c["spec"]["volumeMode"]).into());
+        put("volumeName set", (!text(&c["spec"]["volumeName"]).is_empty()).to_string());
+        put("owners", owners.join(","));
+        let conditions: Vec<String> = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{}={}", text(&c["type"]), text(&c["status"])))
+            .collect();
+        if !conditions.is_empty() {
+            put("conditions", conditions.join(","));
+        }
+    }
+}
+
+/// The facts a kubelet writes of the CSI drivers and volumes of its node: the node's
+/// `csi.volume.kubernetes.io/nodeid` annotation, its `volumesInUse` and
+/// `volumesAttached`, and its `CSINode` (`csinode`: its drivers with their node ids,
+/// topology keys and volume limits, its annotations and its owner). A volume handle is the driver's name
+/// for a volume, which differs from run to run: `volumes` (the cluster's
+/// `PersistentVolumes`) name its claim instead.
+pub fn csi_node_facts(node: &Value, csinode: Option<&Value>, volumes: &[Value], norm: &Normalizer) -> Facts {
+    let mut facts = Facts::new();
+    let annotation = &node["metadata"]["annotations"]["csi.volume.kubernetes.io/nodeid"];
+    facts.insert("csi nodeid annotation".into(), norm.apply(annotation.as_str().unwrap_or("(none)")));
+    let handle_names: BTreeMap<&str, String> = volumes
+        .iter()
+        .filter_map(|pv| {
+            let handle = pv["spec"]["csi"]["volumeHandle"].as_str()?;
+            Some((handle, format!("<volume of claim {}>", norm.apply(text(&pv["spec"]["claimRef"]["name"])))))
+        })
+        .collect();
+    let unique_name = |n: &str| -> String {
+        // `kubernetes.io/csi/<driver>^<volume handle>`
+        match n.split_once('^') {
+            Some((plugin, handle)) => {
+                format!("{plugin}^{}", handle_names.get(handle).cloned().unwrap_or_else(|| "<handle>".into()))
+            }
+            None => norm.apply(n),
+        }
+    };
+    let mut in_use: Vec<String> =
+        node["status"]["volumesInUse"].as_array().into_iter().flatten().map(|v| unique_name(text(v))).collect();
+    in_use.sort();
+    facts.insert("csi volumesInUse".into(), in_use.join(", "));
+    let mut attached: Vec<String> = node["status"]["volumesAttached"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| unique_name(text(&v["name"])))
+        .collect();
+    attached.sort();
+    facts.insert("csi volumesAttached".into(), attached.join(", "));
+    let Some(csinode) = csinode else {
+        facts.insert("csinode".into(), "(none)".into());
+        return facts;
+    };
+    let owners: Vec<String> = csinode["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| format!("{} {} controller={}", text(&o["kind"]), norm.apply(text(&o["name"])), o["controller"]))
+        .collect();
+    facts.insert("csinode owners".into(), owners.join(","));
+    for (k, v) in csinode["metadata"]["annotations"].as_object().into_iter().flatten() {
+        facts.insert(format!("csinode annotation {k}"), norm.apply(text(v)));
+    }
+    let mut names = Vec::new();
+    for d in csinode["spec"]["drivers"].as_array().into_iter().flatten() {
+        let name = text(&d["name"]);
+        names.push(name);
+        let keys = d["topologyKeys"].as_array().into_iter().flatten().map(text).collect::<Vec<_>>().join(",");
+        let count = d["allocatable"]["count"].as_u64().map_or_else(|| "(none)".to_owned(), |c| c.to_string());
+        facts.insert(
+            format!("csinode driver {name}"),
+            format!("nodeID={} topologyKeys=[{keys}] allocatable.count={count}", norm.apply(text(&d["nodeID"]))),
+        );
+    }
+    facts.insert("csinode drivers".into(), names.join(","));
     facts
 }
 
@@ -350,6 +456,53 @@ mod tests {
         assert_eq!((d[1].key.as_str(), d[1].kubelet.as_deref()), ("x", None));
         assert_eq!((d[2].key.as_str(), d[2].swiftlet.as_deref()), ("y", None));
         assert!(diff("s", &a, &a).is_empty());
+    }
+
+    #[test]
+    fn claim_facts_name_the_claim_and_its_owner() {
+        let claim = json!({
+            "metadata": {"name": "p-scratch", "ownerReferences": [{"kind": "Pod", "name": "p"}]},
+            "spec": {"volumeMode": "Filesystem", "volumeName": "pvc-0b8e4a6c-1a2b-4c3d-9e8f-0123456789ab"},
+            "status": {"phase": "Bound", "capacity": {"storage": "5Mi"}, "accessModes": ["ReadWriteOnce"]},
+        });
+        let mut f = Facts::new();
+        claim_facts(&[&claim], &norm(), &mut f);
+        assert_eq!(f["claim p-scratch phase"], "Bound");
+        assert_eq!(f["claim p-scratch capacity"], "5Mi");
+        assert_eq!(f["claim p-scratch accessModes"], "ReadWriteOnce");
+        assert_eq!(f["claim p-scratch volumeName set"], "true");
+        assert_eq!(f["claim p-scratch owners"], "Pod p");
+        assert!(!f.contains_key("claim p-scratch conditions"));
+    }
+
+    #[test]
+    fn csi_node_facts_name_volumes_by_their_claims() {
+        let n = "swiftlet-bench-fidelity-swiftlet";
+        let node = json!({
+            "metadata": {"annotations": {"csi.volume.kubernetes.io/nodeid": format!("{{\"d\":\"{n}\"}}")}},
+            "status": {"volumesInUse": ["kubernetes.io/csi/d^hp-2", "kubernetes.io/csi/d^hp-1", "kubernetes.io/csi/d^hp-9"]},
+        });
+        let volumes = [
+            json!({"spec": {"csi": {"driver": "d", "volumeHandle": "hp-1"}, "claimRef": {"name": "data"}}}),
+            json!({"spec": {"csi": {"driver": "d", "volumeHandle": "hp-2"}, "claimRef": {"name": "p-scratch"}}}),
+        ];
+        let csinode = json!({
+            "metadata": {"ownerReferences": [{"kind": "Node", "name": n}], "annotations": {"a": "x"}},
+            "spec": {"drivers": [{"name": "d", "nodeID": n, "topologyKeys": null}]},
+        });
+        let f = csi_node_facts(&node, Some(&csinode), &volumes, &norm());
+        assert_eq!(f["csi nodeid annotation"], "{\"d\":\"<node>\"}");
+        assert_eq!(
+            f["csi volumesInUse"],
+            "kubernetes.io/csi/d^<handle>, kubernetes.io/csi/d^<volume of claim data>, \
+             kubernetes.io/csi/d^<volume of claim p-scratch>"
+        );
+        assert_eq!(f["csi volumesAttached"], "");
+        assert_eq!(f["csinode drivers"], "d");
+        assert_eq!(f["csinode driver d"], "nodeID=<node> topologyKeys=[] allocatable.count=(none)");
+        assert_eq!(f["csinode owners"], "Node <node> controller=null");
+        assert_eq!(f["csinode annotation a"], "x");
+        assert_eq!(csi_node_facts(&json!({}), None, &[], &norm())["csinode"], "(none)");
     }
 
     #[test]

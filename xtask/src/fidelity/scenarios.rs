@@ -6,6 +6,10 @@
 //! `ConfigMap` update, which a kubelet sees at its next periodic sync, up to a minute and a
 //! half later; a node-pressure eviction, which needs a node configured to be under
 //! pressure) run with `cargo xtask fidelity` alone.
+//!
+//! The `csi-*` scenarios use the test bed's host-path CSI driver, which the runner deploys
+//! beside the node of each agent in turn (see [`super::csi`]): a claim of its storage
+//! class, a generic ephemeral and an inline volume of it, and a claim that does not exist.
 
 use std::time::Duration;
 
@@ -117,6 +121,17 @@ impl Done {
     }
 }
 
+/// How a scenario's pod gets to the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The runner binds it (`nodeName`), as the scheduler binds a pod.
+    Bound,
+    /// The scheduler places it (a node selector on the node's hostname label): it waits
+    /// until the claims of the pod's generic ephemeral volumes exist and are bound, as in
+    /// any cluster, where a pod bound at once would reach the agent before its claims.
+    Scheduled,
+}
+
 /// One scenario.
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -128,6 +143,13 @@ pub struct Scenario {
     pub pressure: bool,
     /// `ConfigMaps` created before the pod.
     pub config_maps: Vec<Value>,
+    /// `PersistentVolumeClaims` created before the pod; the pod is created once they are
+    /// bound, as the scheduler would have waited for them.
+    pub claims: Vec<Value>,
+    /// Needs the test bed's host-path CSI driver deployed for the node.
+    pub csi: bool,
+    /// How the pod gets to the node.
+    pub placement: Placement,
     /// The pod, without `nodeName` (set by the runner).
     pub pod: Value,
     pub action: Action,
@@ -174,6 +196,107 @@ fn exec_probe(command: &[&str], extra: &Value) -> Value {
 
 const SLEEP: &str = "exec sleep 3600";
 
+/// The test bed's host-path CSI driver and its storage class (`swiftlet_tests::csi_driver`
+/// and `swiftlet_tests::csi_hostpath`, which `swiftlet-test-csi-driver deploy` deploys).
+pub const CSI_DRIVER: &str = "hostpath.csi.swiftlet.test";
+pub const CSI_STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
+
+/// A `ReadWriteOnce` filesystem claim `name` of the host-path storage class, `size` big.
+pub fn csi_claim(name: &str, size: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": name },
+        "spec": {
+            "storageClassName": CSI_STORAGE_CLASS,
+            "accessModes": ["ReadWriteOnce"],
+            "resources": { "requests": { "storage": size } },
+        },
+    })
+}
+
+/// The CSI scenarios (see the module documentation).
+fn csi_scenarios() -> Vec<Scenario> {
+    let csi = |name, claims, placement, pod, done| Scenario {
+        name,
+        fast: true,
+        pressure: false,
+        config_maps: Vec::new(),
+        claims,
+        csi: true,
+        placement,
+        pod,
+        action: Action::None,
+        done,
+        timeout: Duration::from_secs(40),
+    };
+    let writes = |dirs: &[&str]| {
+        let files: Vec<String> = dirs.iter().map(|d| format!("{d}/f")).collect();
+        let script = format!("echo hi | tee {} && exec sleep 3600", files.join(" "));
+        let mut probe = vec!["cat"];
+        probe.extend(files.iter().map(String::as_str));
+        (script, exec_probe(&probe, &json!({})))
+    };
+    let (claim_script, claim_probe) = writes(&["/data"]);
+    let (eph_script, eph_probe) = writes(&["/scratch", "/inline"]);
+    vec![
+        csi(
+            "csi-claim",
+            vec![csi_claim("csi-claim-data", "5Mi")],
+            Placement::Bound,
+            pod(
+                "csi-claim",
+                &json!({
+                    "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "csi-claim-data" } }],
+                    "containers": [c0_with(&claim_script, &json!({
+                        "volumeMounts": [{ "name": "data", "mountPath": "/data" }],
+                        "readinessProbe": claim_probe,
+                    }))],
+                }),
+            ),
+            Done::All(vec![Done::Phase("Running"), Done::Ready(true)]),
+        ),
+        csi(
+            "csi-ephemeral",
+            Vec::new(),
+            Placement::Scheduled,
+            pod(
+                "csi-ephemeral",
+                &json!({
+                    "volumes": [
+                        { "name": "scratch", "ephemeral": { "volumeClaimTemplate": { "spec": {
+                            "storageClassName": CSI_STORAGE_CLASS,
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": { "requests": { "storage": "5Mi" } },
+                        } } } },
+                        { "name": "inline", "csi": { "driver": CSI_DRIVER, "volumeAttributes": { "purpose": "fidelity" } } },
+                    ],
+                    "containers": [c0_with(&eph_script, &json!({
+                        "volumeMounts": [
+                            { "name": "scratch", "mountPath": "/scratch" },
+                            { "name": "inline", "mountPath": "/inline" },
+                        ],
+                        "readinessProbe": eph_probe,
+                    }))],
+                }),
+            ),
+            Done::All(vec![Done::Phase("Running"), Done::Ready(true)]),
+        ),
+        csi(
+            "csi-missing-claim",
+            Vec::new(),
+            Placement::Bound,
+            pod(
+                "csi-missing-claim",
+                &json!({
+                    "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "csi-absent" } }],
+                    "containers": [c0_with(SLEEP, &json!({ "volumeMounts": [{ "name": "data", "mountPath": "/data" }] }))],
+                }),
+            ),
+            Done::All(vec![Done::Waiting("ContainerCreating"), Done::Event("FailedMount")]),
+        ),
+    ]
+}
+
 /// Every scenario. `pull_registry` is the test bed's plain registry (`host:port`), where
 /// the image of the failing pull is absent.
 pub fn all(pull_registry: &str) -> Vec<Scenario> {
@@ -182,6 +305,9 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
         fast: true,
         pressure: false,
         config_maps: Vec::new(),
+        claims: Vec::new(),
+        csi: false,
+        placement: Placement::Bound,
         pod,
         action,
         done,
@@ -360,10 +486,14 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
             30,
         ),
     ];
+    v.extend(csi_scenarios());
     v.push(Scenario {
         name: "configmap-update",
         fast: false,
         pressure: false,
+        claims: Vec::new(),
+        csi: false,
+        placement: Placement::Bound,
         config_maps: vec![json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": "fidelity-cm" },
@@ -388,6 +518,9 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
         fast: false,
         pressure: true,
         config_maps: Vec::new(),
+        claims: Vec::new(),
+        csi: false,
+        placement: Placement::Bound,
         pod: pod(
             "node-pressure-eviction",
             &json!({
@@ -445,6 +578,31 @@ mod tests {
         assert!(all.iter().all(|s| s.pod["metadata"]["name"] == s.name));
         assert!(all.iter().filter(|s| s.fast).all(|s| s.timeout <= Duration::from_secs(40) && !s.pressure));
         assert_eq!(all.iter().filter(|s| !s.fast).count(), 2);
+    }
+
+    #[test]
+    fn csi_scenarios_name_their_claims_and_the_driver() {
+        let all = all("127.0.0.1:5001");
+        let csi: Vec<&Scenario> = all.iter().filter(|s| s.csi).collect();
+        assert_eq!(csi.iter().map(|s| s.name).collect::<Vec<_>>(), ["csi-claim", "csi-ephemeral", "csi-missing-claim"]);
+        assert!(all.iter().filter(|s| !s.csi).all(|s| s.claims.is_empty() && s.placement == Placement::Bound));
+        for s in &csi {
+            for v in s.pod["spec"]["volumes"].as_array().unwrap() {
+                if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                    // Created by the scenario, or (the missing one) by none.
+                    let own = s.claims.iter().any(|c| c["metadata"]["name"] == claim);
+                    assert_eq!(own, s.name != "csi-missing-claim", "{}: {claim}", s.name);
+                }
+                if let Some(t) = v.get("ephemeral") {
+                    assert_eq!(t["volumeClaimTemplate"]["spec"]["storageClassName"], CSI_STORAGE_CLASS);
+                    assert_eq!(s.placement, Placement::Scheduled, "{}: its claim comes after the pod", s.name);
+                }
+                if let Some(c) = v.get("csi") {
+                    assert_eq!(c["driver"], CSI_DRIVER);
+                }
+            }
+            assert!(s.claims.iter().all(|c| c["spec"]["storageClassName"] == CSI_STORAGE_CLASS));
+        }
     }
 
     #[test]
