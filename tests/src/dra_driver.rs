@@ -53,14 +53,18 @@ impl DraTestDriver {
         // DaemonSet would have them mounted.
         std::fs::create_dir_all(root_dir.join("plugins").join(DRIVER))?;
         std::fs::create_dir_all(root_dir.join("plugins_registry"))?;
-        let admin = std::fs::read_to_string(&cluster.state.admin_kubeconfig)?;
+        // The admin's credentials inline: the node does not see the test bed's files.
+        let pki = cluster.state.ca_cert.parent().map(Path::to_path_buf).unwrap_or_default();
+        let cert = std::fs::read_to_string(pki.join("admin.crt"))?;
+        let key = std::fs::read_to_string(pki.join("admin.key"))?;
         let (child, in_node, cdi_dir, log) = if let Some((node, _)) = crate::node::node_target()? {
             // In the node: the binary, a kubeconfig (the API server is forwarded to the
             // same address) and the node's own paths.
             node.forward_api_server(&cluster.state.server)?;
             std::fs::create_dir_all(node.file("/usr/local/lib/swiftlet-test"))?;
             std::fs::copy(&bin, node.file("/usr/local/lib/swiftlet-test/dra-test-driver"))?;
-            node.write("/etc/swiftlet-test/dra-test-driver.conf", &admin)?;
+            std::fs::create_dir_all(node.file("/etc/swiftlet-test"))?;
+            cluster.write_cert_kubeconfig(&node.file("/etc/swiftlet-test"), "dra-test-driver.conf", &cert, &key)?;
             let root = node.inside(root_dir)?;
             let _ = node.run(&["systemctl", "reset-failed", UNIT]);
             node.ok(&[
@@ -77,10 +81,11 @@ impl DraTestDriver {
                 &format!("--datadir={}", root.join("plugins").display()),
                 "--cdi-dir=/var/run/cdi",
             ])?;
-            (None, true, node.file("/var/run/cdi"), node.file("/var/log/swiftlet-dra-test-driver.log"))
+            // `/var/run` is `/run`, the node's own tmpfs: seen through its root.
+            let cdi_dir = PathBuf::from(format!("/proc/{}/root/run/cdi", node.init_pid));
+            (None, true, cdi_dir, node.file("/var/log/swiftlet-dra-test-driver.log"))
         } else {
-            let kubeconfig = dir.path().join("admin.conf");
-            std::fs::write(&kubeconfig, admin)?;
+            let kubeconfig = cluster.write_cert_kubeconfig(dir.path(), "admin.conf", &cert, &key)?;
             let cdi_dir = dir.path().join("cdi");
             std::fs::create_dir_all(&cdi_dir)?;
             let log = dir.path().join("driver.log");
@@ -106,6 +111,12 @@ impl DraTestDriver {
                 && let Some(status) = c.try_wait()?
             {
                 anyhow::bail!("the DRA test driver exited with {status}:\n{}", driver.log_text());
+            }
+            if driver.in_node
+                && let Some((node, _)) = crate::node::node_target()?
+                && node.run(&["systemctl", "is-active", "--quiet", UNIT])?.status.code() == Some(3)
+            {
+                anyhow::bail!("the DRA test driver's unit ended:\n{}", driver.log_text());
             }
             ensure!(
                 Instant::now() < deadline,

@@ -139,14 +139,12 @@ async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_
 
     // The pod deleted: the claim is unprepared (the driver removes its spec) and forgotten.
     pods.delete("user", &DeleteParams::default()).await?;
-    let deleted = Instant::now();
     eventually("the claim unprepared", || async {
         let state = std::fs::read_to_string(root.join("dra_manager_state")).unwrap_or_default();
         Ok((driver.cdi_specs_of(&claim_uid).is_empty() && !state.contains(&claim_uid)).then_some(()))
     })
     .await
     .with_context(|| logs(&node.agent, &driver))?;
-    eprintln!("unprepared {:?} after the delete", deleted.elapsed());
     let text = node.agent.metrics_text().await?;
     assert!(!text.contains(&in_use), "{text}");
     assert!(text.contains("dra_resource_claims_in_use{driver_name=\"<any>\"} 0"), "{text}");

@@ -21,13 +21,14 @@ use crate::{
 };
 
 /// The test binaries of the node container's run (see [`NODE_SUITE`]).
-const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_managers", "security_context"];
+const NODE_SUITE_BINARIES: &[&str] = &["e2e", "eviction", "resize", "resource_managers", "security_context", "dra"];
 
 /// The end-to-end tests that run a second time with the agent in the node container
 /// (`SWIFTLET_E2E_NODE=containerd2`: systemd as PID 1, `cgroupDriver: systemd`,
 /// containerd 2.x), as `cargo test` name filters: the lifecycle, `QoS`, resource manager
 /// and eviction scenarios the README's test matrix lists, user namespaces,
-/// `supplementalGroupsPolicy: Strict`, image volumes and the runtime's event stream;
+/// `supplementalGroupsPolicy: Strict`, image volumes, DRA's CDI devices and the runtime's
+/// event stream;
 /// about three minutes. Every
 /// end-to-end test can run there (`SWIFTLET_E2E_NODE=containerd2 cargo test ...`).
 pub const NODE_SUITE: &[&str] = &[
@@ -46,6 +47,8 @@ pub const NODE_SUITE: &[&str] = &[
     "host_users_false_runs_the_pod_in_a_user_namespace_of_its_own",
     "supplemental_groups_policy_strict_leaves_out_the_images_groups",
     "an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_image_holds_back_its_container",
+    // CDI devices of a DRA claim reach the container (containerd 1.6 has no CDI).
+    "a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_and_unprepared_after",
     // What containerd 2's GetContainerEvents adds (`bench runtime-events` at full size).
     "the_runtimes_event_stream_is_counted_and_timed_against_the_kernel",
 ];
