@@ -9,9 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use super::metrics::{DraMetrics, GrpcLabels};
 use super::proto;
@@ -87,47 +85,11 @@ pub struct Plugin {
     channel: Channel,
 }
 
-/// The runtime gRPC calls run on: one thread, started on first use, stopped when the
-/// registry is dropped. Calls keep their own (real) time there, whatever the caller's
-/// runtime does with its clock.
-#[derive(Debug)]
-struct CallRuntime {
-    handle: tokio::runtime::Handle,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl CallRuntime {
-    fn start() -> Self {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a DRA call runtime");
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("dra-calls".into())
-            .spawn(move || {
-                let _ = rt.block_on(stopped);
-            })
-            .expect("a DRA call thread");
-        Self { handle, _stop: stop }
-    }
-}
-
-/// Dials the unix socket `socket` on first use, each call bounded by `timeout`.
-fn channel(socket: &Path, timeout: Duration) -> Channel {
-    let path = socket.to_owned();
-    // The connector ignores the URI; tonic needs a valid one.
-    Endpoint::from_static("http://dra-plugin.invalid").timeout(timeout).connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        },
-    ))
-}
-
 /// The registered plugins by driver name, in registration order.
 #[derive(Debug)]
 pub struct Plugins {
     store: Mutex<HashMap<String, Vec<Plugin>>>,
-    runtime: OnceLock<CallRuntime>,
+    runtime: OnceLock<crate::pluginmanager::calls::CallRuntime>,
     call_timeout: Duration,
 }
 
@@ -137,7 +99,7 @@ impl Plugins {
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        &self.runtime.get_or_init(CallRuntime::start).handle
+        self.runtime.get_or_init(|| crate::pluginmanager::calls::CallRuntime::start("dra-calls")).handle()
     }
 
     /// Runs `call` on the call runtime.
@@ -152,7 +114,7 @@ impl Plugins {
         // the runtime instead of awaiting a task there keeps registration free of waits.
         let channel = {
             let _runtime = self.handle().enter();
-            channel(endpoint, self.call_timeout)
+            crate::pluginmanager::calls::unix_channel(endpoint, self.call_timeout)
         };
         let plugin = Plugin { driver: driver.to_owned(), endpoint: endpoint.to_owned(), service, channel };
         let mut store = self.store.lock().unwrap();

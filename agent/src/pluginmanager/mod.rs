@@ -9,6 +9,7 @@
 //! plugins follow, one task per socket operation (`operation`) so that one hung plugin
 //! delays no other.
 
+pub mod calls;
 mod desired;
 pub mod metrics;
 mod operation;

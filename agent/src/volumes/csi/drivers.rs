@@ -6,9 +6,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use super::node_info::{NoNodeInfo, NodeInfoUpdater};
 use super::proto::node_client::NodeClient;
@@ -67,29 +65,6 @@ impl Driver {
     }
 }
 
-/// The runtime CSI calls run on: one thread, started on first use.
-#[derive(Debug)]
-struct CallRuntime {
-    handle: tokio::runtime::Handle,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-impl CallRuntime {
-    fn start() -> Self {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a CSI call runtime");
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("csi-calls".into())
-            .spawn(move || {
-                // Ends when the registry is dropped (the sender with it).
-                let _ = rt.block_on(stopped);
-            })
-            .expect("a CSI call thread");
-        Self { handle, _stop: stop }
-    }
-}
-
 /// The CSI drivers registered on this node (upstream's `csiDrivers` store and the
 /// registration handler of the CSI plugin).
 #[derive(Debug)]
@@ -97,7 +72,7 @@ pub struct CsiDrivers {
     node_name: String,
     node_info: Arc<dyn NodeInfoUpdater>,
     drivers: Mutex<HashMap<String, Driver>>,
-    runtime: OnceLock<CallRuntime>,
+    runtime: OnceLock<crate::pluginmanager::calls::CallRuntime>,
     /// One lock per volume (`driver/handle`): stage, publish, unpublish and the decision
     /// to unstage of one volume never run at once.
     pub(super) volume_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -110,18 +85,6 @@ impl Default for CsiDrivers {
     fn default() -> Self {
         Self::new(String::new(), Arc::new(NoNodeInfo))
     }
-}
-
-/// Dials a unix socket lazily (the first call connects).
-fn channel(socket: &Path) -> Channel {
-    let path = socket.to_owned();
-    // The URI is ignored by the connector; tonic needs a syntactically valid one.
-    Endpoint::from_static("http://csi-driver.invalid").timeout(CALL_TIMEOUT).connect_with_connector_lazy(
-        tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        }),
-    )
 }
 
 /// Upstream accepts drivers whose versions include a 1.x.
@@ -180,7 +143,7 @@ impl CsiDrivers {
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        &self.runtime.get_or_init(CallRuntime::start).handle
+        self.runtime.get_or_init(|| crate::pluginmanager::calls::CallRuntime::start("csi-calls")).handle()
     }
 
     /// Runs `call` on the call runtime and waits for it from async code.
@@ -214,7 +177,7 @@ impl CsiDrivers {
         let endpoint_owned = endpoint.to_owned();
         let (info, caps, channel) = self
             .run(async move {
-                let channel = channel(&endpoint_owned);
+                let channel = crate::pluginmanager::calls::unix_channel(&endpoint_owned, CALL_TIMEOUT);
                 let mut node = NodeClient::new(channel.clone());
                 let info = node.node_get_info(proto::NodeGetInfoRequest {}).await?.into_inner();
                 let caps = node.node_get_capabilities(proto::NodeGetCapabilitiesRequest {}).await?.into_inner();
