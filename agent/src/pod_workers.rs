@@ -985,7 +985,11 @@ impl Worker {
                 for f in e.set_up_failures() {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", f.to_string());
                 }
-                if e.set_up_failures().is_empty() {
+                let processing = e.processing_event();
+                if let Some(message) = &processing {
+                    self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", message.clone());
+                }
+                if e.set_up_failures().is_empty() && processing.is_none() {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", e.to_string());
                 }
                 return ERROR_REQUEUE;

@@ -58,6 +58,31 @@ pub fn cri_endpoint() -> Result<String> {
     v["cri_endpoint"].as_str().map(str::to_string).context("test bed state has no cri_endpoint")
 }
 
+/// Polls `check` every 250 ms until it gives `Some`, for at most `timeout`; the error
+/// names `what` and the last error `check` returned.
+///
+/// # Errors
+/// Not reached within `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!("{what} not within {timeout:?} (last error: {last_error:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The file whose `flock` serializes test processes on one test bed.

@@ -5,9 +5,9 @@
 //! pods and the claims of generic ephemeral volumes, and the agent stages, publishes,
 //! expands, reports and tears them down through the driver.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
@@ -17,29 +17,9 @@ use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
 use swiftlet_tests::csi_driver::CsiCall;
 use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions};
 use swiftlet_tests::pods::BUSYBOX;
-use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last_error = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_error = Some(e),
-        }
-        if Instant::now() > deadline {
-            bail!("{what} not within {timeout:?} (last error: {last_error:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 /// The pod `name` once it runs, with its UID.
 async fn running_pod(node: &ClusterNode, ns: &str, name: &str, not_uid: Option<&str>) -> Result<Pod> {

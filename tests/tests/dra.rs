@@ -9,9 +9,9 @@
 //! host's containerd 1.6 ignores CDI devices, so there the test checks everything up to
 //! the CRI config (the prepared claim, the spec the driver wrote, the agent's state).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -19,29 +19,9 @@ use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, phase};
 use swiftlet_tests::dra_driver::{DRIVER, DraTestDriver};
 use swiftlet_tests::pods::BUSYBOX;
-use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, tail, testbed_lock};
+use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let deadline = Instant::now() + WAIT;
-    let mut last_error = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_error = Some(e),
-        }
-        if Instant::now() > deadline {
-            bail!("{what} not within {WAIT:?} (last error: {last_error:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 fn logs(agent: &swiftlet_tests::Agent, driver: &DraTestDriver) -> String {
     format!("--- agent log ---\n{}\n--- driver log ---\n{}", tail(&agent.log(), 60), tail(&driver.log_text(), 30))
@@ -60,13 +40,13 @@ async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_
 
     // The driver's devices on this node, and the agent's side of the registration.
     let slices: Api<ResourceSlice> = Api::all(client.clone());
-    eventually("the node's ResourceSlice", || async {
+    eventually("the node's ResourceSlice", WAIT, || async {
         let list = slices.list(&ListParams::default()).await?;
         Ok(list.items.iter().any(|s| s.spec.node_name.as_deref() == Some(node.name.as_str())).then_some(()))
     })
     .await
     .with_context(|| logs(&node.agent, &driver))?;
-    eventually("the agent's registration of the driver", || async {
+    eventually("the agent's registration of the driver", WAIT, || async {
         Ok(node.agent.log().contains("DRA driver plugin registered").then_some(()))
     })
     .await
@@ -102,10 +82,11 @@ async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_
         }
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
-    let running =
-        eventually("the pod Running", || async { Ok(pods.get_opt("user").await?.filter(|p| phase(p) == "Running")) })
-            .await
-            .with_context(|| logs(&node.agent, &driver))?;
+    let running = eventually("the pod Running", WAIT, || async {
+        Ok(pods.get_opt("user").await?.filter(|p| phase(p) == "Running"))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
     let pod_uid = running.metadata.uid.clone().unwrap_or_default();
 
     // Allocated from this node's devices and reserved for the pod; the driver prepared it.
@@ -139,7 +120,7 @@ async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_
 
     // The pod deleted: the claim is unprepared (the driver removes its spec) and forgotten.
     pods.delete("user", &DeleteParams::default()).await?;
-    eventually("the claim unprepared", || async {
+    eventually("the claim unprepared", WAIT, || async {
         let state = std::fs::read_to_string(root.join("dra_manager_state")).unwrap_or_default();
         Ok((driver.cdi_specs_of(&claim_uid).is_empty() && !state.contains(&claim_uid)).then_some(()))
     })

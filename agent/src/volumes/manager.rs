@@ -130,8 +130,8 @@ impl MountedVolume {
 pub struct PodVolumes {
     volumes: BTreeMap<String, MountedVolume>,
     remount_failures: Vec<SetUpFailure>,
-    /// The plugins of the volumes whose first set-up failed (still desired).
-    pending: Vec<String>,
+    /// The volumes whose first set-up failed (still desired).
+    pending: Vec<MountedVolume>,
 }
 
 impl PodVolumes {
@@ -324,8 +324,8 @@ impl VolumeManager {
                 *counts.entry((plugin.clone(), "actual_state_of_world")).or_insert(0) += 1;
                 *counts.entry((plugin, "desired_state_of_world")).or_insert(0) += 1;
             }
-            for plugin in &pod.pending {
-                *counts.entry((plugin.clone(), "desired_state_of_world")).or_insert(0) += 1;
+            for v in &pod.pending {
+                *counts.entry((v.qualified_plugin(), "desired_state_of_world")).or_insert(0) += 1;
             }
         }
         counts
@@ -381,8 +381,9 @@ impl VolumeManager {
         self.node.get_or_init(|| NodeAllocatable::detect(&self.root_dir))
     }
 
-    /// The node's volumes in use (`status.volumesInUse`): the persistent CSI volumes of
-    /// the pods set up here, named as upstream's unique volume names
+    /// The node's volumes in use (`status.volumesInUse`): the attachable volumes
+    /// (persistent CSI volumes whose driver attaches them) the node's pods want, set up or
+    /// not yet, named as upstream's unique volume names
     /// (`kubernetes.io/csi/<driver>^<volume handle>`), sorted, each once. The
     /// attach/detach controller does not detach a volume in use.
     #[must_use]
@@ -390,9 +391,9 @@ impl VolumeManager {
         let mounted = self.mounted.lock().unwrap();
         let names: BTreeSet<String> = mounted
             .values()
-            .flat_map(PodVolumes::iter)
+            .flat_map(|p| p.iter().chain(&p.pending))
             .filter_map(|v| v.csi.as_ref())
-            .filter(|c| c.mode == super::csi::LifecycleMode::Persistent)
+            .filter(|c| c.mode == super::csi::LifecycleMode::Persistent && c.attach_required)
             .map(|c| format!("{}/{}^{}", super::csi::PLUGIN_NAME, c.driver, c.volume_handle))
             .collect();
         names.into_iter().collect()
@@ -473,12 +474,13 @@ impl VolumeManager {
         let used = used_volume_names(spec);
         let mut result = PodVolumes::default();
         let mut failures = Vec::new();
+        let mut unprocessed = Vec::new();
         for v in spec.volumes.iter().flatten().filter(|v| used.contains(v.name.as_str())) {
             // Boxed: claims and CSI set-ups are rare, and would make every sync's future larger.
             let mv = match Box::pin(self.resolve(pod, v, previous.get(&v.name))).await {
                 Ok(mv) => mv,
                 Err(e) => {
-                    failures.push(SetUpFailure::new(&v.name, &e));
+                    unprocessed.push(SetUpFailure::new(&v.name, &e));
                     continue;
                 }
             };
@@ -508,7 +510,7 @@ impl VolumeManager {
                         result.remount_failures.push(failure);
                         result.volumes.insert(v.name.clone(), mv);
                     } else {
-                        result.pending.push(mv.qualified_plugin());
+                        result.pending.push(mv);
                         failures.push(failure);
                     }
                 }
@@ -517,7 +519,11 @@ impl VolumeManager {
         let mut recorded = result.clone();
         recorded.remount_failures.clear();
         self.mounted.lock().unwrap().insert(uid, recorded);
-        if failures.is_empty() { Ok(result) } else { Err(Error::MountFailed { failures }) }
+        if failures.is_empty() && unprocessed.is_empty() {
+            Ok(result)
+        } else {
+            Err(Error::MountFailed { failures, unprocessed })
+        }
     }
 
     async fn set_up(&self, pod: &Pod, v: &Volume, mv: &MountedVolume, in_use: bool) -> Result<(), VolumeError> {

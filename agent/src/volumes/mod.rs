@@ -141,15 +141,20 @@ impl SetUpFailure {
 /// Errors of the volume manager.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Volumes the pod needs could not be set up; the pod waits.
+    /// Volumes the pod needs could not be set up; the pod waits. `failures` are the
+    /// volumes whose set-up failed (one `MountVolume.SetUp failed` event each);
+    /// `unprocessed` those that could not even be resolved (a claim not bound, an
+    /// unsupported type: upstream's "failed to process volumes").
     #[error(
         "unmounted volumes=[{}]: {}",
-        failures.iter().map(|f| f.volume.as_str()).collect::<Vec<_>>().join(" "),
-        failures.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+        unmounted_names(failures, unprocessed).join(" "),
+        failures.iter().map(ToString::to_string).chain(unprocessed.iter().map(|f| f.message.clone())).collect::<Vec<_>>().join("; ")
     )]
     MountFailed {
-        /// One entry per failed volume.
+        /// One entry per volume whose set-up failed.
         failures: Vec<SetUpFailure>,
+        /// One entry per volume that could not be resolved.
+        unprocessed: Vec<SetUpFailure>,
     },
     /// A `volumeMount` names a volume that is not set up.
     #[error("cannot find volume {volume:?} to mount into container {container:?}")]
@@ -200,14 +205,45 @@ pub enum Error {
     },
 }
 
+/// The volumes not mounted, sorted.
+fn unmounted_names(failures: &[SetUpFailure], unprocessed: &[SetUpFailure]) -> Vec<String> {
+    let mut names: Vec<String> = failures.iter().chain(unprocessed).map(|f| f.volume.clone()).collect();
+    names.sort();
+    names
+}
+
 impl Error {
-    /// The per-volume failures of [`Error::MountFailed`] (one `FailedMount` event each).
+    /// The per-volume set-up failures of [`Error::MountFailed`] (one `FailedMount` event
+    /// each).
     #[must_use]
     pub fn set_up_failures(&self) -> &[SetUpFailure] {
         match self {
-            Self::MountFailed { failures } => failures,
+            Self::MountFailed { failures, .. } => failures,
             _ => &[],
         }
+    }
+
+    /// Upstream's `FailedMount` event when volumes could not be resolved (the volume
+    /// manager's wait ending on the populator's errors): `Unable to attach or mount
+    /// volumes: unmounted volumes=[..], unattached volumes=[], failed to process
+    /// volumes=[..]: <errors>`. No volume here waits on an attachment of its own (an
+    /// attachable CSI volume not attached yet is a set-up failure), so the unattached list
+    /// is empty.
+    #[must_use]
+    pub fn processing_event(&self) -> Option<String> {
+        let Self::MountFailed { failures, unprocessed } = self else { return None };
+        if unprocessed.is_empty() {
+            return None;
+        }
+        let mut failed: Vec<&str> = unprocessed.iter().map(|f| f.volume.as_str()).collect();
+        failed.sort_unstable();
+        let errors: Vec<&str> = unprocessed.iter().map(|f| f.message.as_str()).collect();
+        Some(format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {}",
+            unmounted_names(failures, unprocessed).join(" "),
+            failed.join(" "),
+            errors.join("; ")
+        ))
     }
 }
 

@@ -110,6 +110,9 @@ pub struct CsiSpec {
     pub access_modes: Vec<String>,
     /// `volumeMode: Block`: the volume is a device, mapped by `volumeDevices`.
     pub block: bool,
+    /// The driver attaches it (its `CSIDriver`'s `attachRequired`, true without one):
+    /// the volume waits for its `VolumeAttachment` and is in the node's `volumesInUse`.
+    pub attach_required: bool,
 }
 
 impl CsiSpec {

@@ -312,8 +312,8 @@ async fn a_claim_is_staged_once_published_per_pod_and_unstaged_after_the_last_po
     let plugin = format!("kubernetes.io/csi:{DRIVER}");
     assert_eq!(counts.get(&(plugin.clone(), "actual_state_of_world")), Some(&2));
     assert_eq!(counts.get(&(plugin, "desired_state_of_world")), Some(&2));
-    // Both pods' volume is in use once.
-    assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
+    // Not attachable (attachRequired: false): never in the node's volumesInUse.
+    assert!(e.vm.volumes_in_use().is_empty());
 
     let root = e.root();
     let vm = Arc::new(e.vm);
@@ -407,6 +407,8 @@ async fn an_attachable_driver_waits_for_its_volume_attachment() {
     let a = claim_pod("a", "uid-a");
     let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
     assert!(err.contains("is not attached to node node-1 yet"), "{err}");
+    // Wanted, so in use, before it is attached (the controller must not detach it).
+    assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
     let name = attachment_name("vol-1", DRIVER, "node-1");
     let va: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -417,6 +419,7 @@ async fn an_attachable_driver_waits_for_its_volume_attachment() {
     e.src.set_storage_object(&va);
     e.vm.mount_pod_volumes(&a).await.unwrap();
     assert_eq!(e.driver.methods(), ["NodePublishVolume"]);
+    assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
 }
 
 #[tokio::test]
@@ -586,6 +589,7 @@ fn fs_group_policy_as_upstream() {
         publish_secret: None,
         access_modes: vec!["ReadWriteOnce".into()],
         block: false,
+        attach_required: false,
     };
     assert!(!spec.applies_fs_group("ReadWriteOnceWithFSType"), "no fsType");
     assert!(spec.applies_fs_group("File"));

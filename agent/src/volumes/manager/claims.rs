@@ -74,6 +74,7 @@ impl VolumeManager {
                     .map(|r| SecretRef { namespace: namespace.to_owned(), name: r.name.clone() }),
                 access_modes: Vec::new(),
                 block: false,
+                attach_required: false,
             };
             return Ok(self.csi_volume(uid, &v.name, spec, None));
         }
@@ -149,6 +150,11 @@ impl VolumeManager {
         }
         let mut mv = self.persistent_volume(pod, v, &pv, claim_read_only)?;
         mv.claim = Some(claim_name);
+        if let Some(csi) = mv.csi.as_mut() {
+            // Upstream: without a CSIDriver object, a driver needs attaching.
+            let object = self.source.csi_driver(&csi.driver).await?;
+            Arc::make_mut(csi).attach_required = object.and_then(|o| o.spec.attach_required).unwrap_or(true);
+        }
         Ok(mv)
     }
 
@@ -226,6 +232,7 @@ impl VolumeManager {
             publish_secret: secret(&csi.node_publish_secret_ref),
             access_modes: spec.access_modes.clone().unwrap_or_default(),
             block: spec.volume_mode.as_deref() == Some("Block"),
+            attach_required: true,
         };
         Ok(self.csi_volume(uid, &v.name, csi_spec, None))
     }
@@ -319,10 +326,8 @@ impl VolumeManager {
                 )));
             }
         }
-        // Upstream: without a CSIDriver object, a driver needs attaching.
-        let attach_required = driver_spec.attach_required.unwrap_or(true);
         let mut publish_context = BTreeMap::new();
-        if attach_required && spec.mode == LifecycleMode::Persistent {
+        if spec.attach_required && spec.mode == LifecycleMode::Persistent {
             let name = attachment_name(&spec.volume_handle, &spec.driver, self.csi.node_name());
             let attachment = self.source.volume_attachment(&name).await?;
             let status = attachment.and_then(|a| a.status);

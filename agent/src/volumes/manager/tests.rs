@@ -132,12 +132,19 @@ async fn unused_and_unsupported_volumes() {
         json!([mount("claim", "/c"), mount("hp", "/h")]),
     );
     let err = e.vm.mount_pod_volumes(&p).await.unwrap_err();
+    // The hostPath failed its set-up (its own event); the nfs volume could not even be
+    // processed (upstream's "failed to process volumes" event).
     assert_eq!(
         failure_messages(&err),
         vec![
-            "MountVolume.SetUp failed for volume \"claim\" : nfs volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, image, csi, persistentVolumeClaim, ephemeral)",
-            "MountVolume.SetUp failed for volume \"hp\" : hostPath type check failed: /nonexistent/swiftlet is not a directory",
+            "MountVolume.SetUp failed for volume \"hp\" : hostPath type check failed: /nonexistent/swiftlet is not a directory"
         ]
+    );
+    assert_eq!(
+        err.processing_event().as_deref(),
+        Some(
+            "Unable to attach or mount volumes: unmounted volumes=[claim hp], unattached volumes=[], failed to process volumes=[claim]: nfs volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, image, csi, persistentVolumeClaim, ephemeral)"
+        )
     );
     assert!(err.to_string().starts_with("unmounted volumes=[claim hp]: "));
     assert!(!e.dir.path().join("pods/u1/volumes/kubernetes.io~empty-dir/unused").exists());
