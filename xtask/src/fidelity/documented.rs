@@ -60,26 +60,7 @@ pub const DOCUMENTED: &[Documented] = &[
 /// the agent. They are listed so that the runs that show them pass until the fix lands;
 /// the report shows them apart, and says so when one no longer shows (its entry is then to
 /// be removed).
-pub const AWAITING_FIX: &[Documented] = &[
-    Documented {
-        scenario: "csi-missing-claim",
-        key: "event FailedMount",
-        why: "swiftlet reports a claim it cannot use (here: not found) as its volume's set-up failure \
-              (`MountVolume.SetUp failed for volume \"data\" : error processing PVC ...`); the upstream \
-              kubelet's volume manager never gets to set such a volume up and reports it for the pod \
-              (`Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[], failed to \
-              process volumes=[data]: error processing PVC ...`). The fix is in the agent's volume manager and \
-              pod worker (agent/src/volumes/manager/claims.rs, agent/src/volumes/mod.rs, agent/src/pod_workers.rs)",
-    },
-    Documented {
-        scenario: "node",
-        key: "csi volumesInUse",
-        why: "swiftlet lists every persistent CSI volume of its pods in use; the upstream kubelet lists only the \
-              volumes whose plugin attaches them, and the CSI plugin attaches none of a driver whose CSIDriver \
-              says `attachRequired: false`, as the host-path driver's does. The fix is in the agent's \
-              `VolumeManager::volumes_in_use` (agent/src/volumes/manager.rs)",
-    },
-];
+pub const AWAITING_FIX: &[Documented] = &[];
 
 impl Documented {
     /// Whether this covers `d`.
