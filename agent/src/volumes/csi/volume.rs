@@ -32,6 +32,13 @@ pub fn staging_path(root: &Path, driver: &str, volume_handle: &str) -> PathBuf {
     staging_dir(root, driver, volume_handle).join("globalmount")
 }
 
+/// The staging path of `spec` when its driver stages it (persistent volumes of drivers
+/// with `STAGE_UNSTAGE_VOLUME`), else `None`.
+fn staging_of(root: &Path, driver: &Driver, spec: &CsiSpec) -> Option<PathBuf> {
+    (driver.capabilities.stage_unstage && spec.mode == LifecycleMode::Persistent)
+        .then(|| staging_path(root, &spec.driver, &spec.volume_handle))
+}
+
 /// What `vol_data.json` records (upstream's keys).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolData {
@@ -134,8 +141,7 @@ impl CsiDrivers {
         let lock = self.volume_lock(&spec.driver, &spec.volume_handle);
         let _held = lock.lock().await;
 
-        let staging = (caps.stage_unstage && spec.mode == LifecycleMode::Persistent)
-            .then(|| staging_path(root, &spec.driver, &spec.volume_handle));
+        let staging = staging_of(root, &driver, spec);
         if let Some(staging) = &staging {
             let dir = staging.parent().expect("the staging path has a parent");
             mkdir("attacher.MountDevice", staging)?;
@@ -206,8 +212,7 @@ impl CsiDrivers {
         if !driver.capabilities.expand {
             return Ok(None);
         }
-        let staging = (driver.capabilities.stage_unstage && spec.mode == LifecycleMode::Persistent)
-            .then(|| staging_path(root, &spec.driver, &spec.volume_handle).to_string_lossy().into_owned());
+        let staging = staging_of(root, &driver, spec).map(|p| p.to_string_lossy().into_owned());
         let req = proto::NodeExpandVolumeRequest {
             volume_id: spec.volume_handle.clone(),
             volume_path: target.to_string_lossy().into_owned(),
@@ -285,6 +290,13 @@ impl CsiDrivers {
         if published_anywhere(root, &data.driver_name, &data.volume_handle) {
             return Ok(());
         }
+        self.unstage(&driver, &data, &staged)
+    }
+
+    /// `NodeUnstageVolume` of a staged volume, then its staging directory removed; timed
+    /// as upstream's `unmount_device`. The caller holds the volume's lock and has checked
+    /// that no pod publishes it.
+    fn unstage(&self, driver: &Driver, data: &VolData, staged: &Path) -> Result<(), Error> {
         let op = "attacher.UnmountDevice";
         let staging = staged.join("globalmount");
         let req = proto::NodeUnstageVolumeRequest {
@@ -298,7 +310,7 @@ impl CsiDrivers {
             .map_err(|s| Error::rpc(op, &s))
             .and_then(|_| remove_path(op, &staging))
             .and_then(|()| remove_path(op, &staged.join(VOL_DATA_FILE)))
-            .and_then(|()| remove_path(op, &staged));
+            .and_then(|()| remove_path(op, staged));
         let plugin = format!("{PLUGIN_NAME}:{}", data.driver_name);
         self.metrics.observe(&plugin, "unmount_device", unstaged.is_ok(), started.elapsed());
         unstaged
@@ -324,22 +336,7 @@ impl CsiDrivers {
                 if published_anywhere(root, &data.driver_name, &data.volume_handle) {
                     continue;
                 }
-                let op = "attacher.UnmountDevice";
-                let staging = staged.path().join("globalmount");
-                let req = proto::NodeUnstageVolumeRequest {
-                    volume_id: data.volume_handle.clone(),
-                    staging_target_path: staging.to_string_lossy().into_owned(),
-                };
-                let mut node = driver.node();
-                let started = std::time::Instant::now();
-                let result = self
-                    .run_blocking(async move { node.node_unstage_volume(req).await })
-                    .map_err(|s| Error::rpc(op, &s))
-                    .and_then(|_| remove_path(op, &staging))
-                    .and_then(|()| remove_path(op, &staged.path().join(VOL_DATA_FILE)))
-                    .and_then(|()| remove_path(op, &staged.path()));
-                let plugin = format!("{PLUGIN_NAME}:{}", data.driver_name);
-                self.metrics.observe(&plugin, "unmount_device", result.is_ok(), started.elapsed());
+                let result = self.unstage(&driver, &data, &staged.path());
                 if let Err(e) = result {
                     errors.push(e);
                 }
