@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod containerd;
 pub mod csi_driver;
 pub mod csi_hostpath;
+pub mod csi_pods;
 pub mod device_plugin;
 pub mod dra_driver;
 pub mod h2_authority;
@@ -233,6 +234,15 @@ impl Cri {
             verbose: false,
         };
         Ok(self.images.clone().image_status(req).await?.into_inner().image.is_some())
+    }
+
+    /// The id of `image` in the runtime, if it has it (CRI `ImageStatus`).
+    pub async fn image_id(&self, image: &str) -> Result<Option<String>> {
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+            verbose: false,
+        };
+        Ok(self.images.clone().image_status(req).await?.into_inner().image.map(|i| i.id))
     }
 
     /// Removes `image` if the runtime has it (CRI `RemoveImage`).
@@ -1024,7 +1034,7 @@ fn mount_points_under(info: &str, roots: &[&Path]) -> Vec<PathBuf> {
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(|m| PathBuf::from(unescape(m)))
-        .filter(|m| roots.iter().any(|r| m.starts_with(r) && m != r))
+        .filter(|m| roots.iter().any(|r| m.starts_with(r)))
         .collect();
     found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     found.dedup();

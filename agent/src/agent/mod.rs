@@ -106,6 +106,9 @@ pub enum Error {
          bootstrap new credentials"
     )]
     CredentialsLapsed(Duration),
+    /// The root directory or one of the directories under it could not be set up.
+    #[error("error configuring root directory {path}: {message}")]
+    RootDir { path: String, message: String },
 }
 
 /// A task's reason for the agent to stop with an error: it ends the agent through the
@@ -247,6 +250,22 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), Error> 
     Box::pin(build(cfg, shutdown)).await?.spawn().wait().await
 }
 
+/// The root directory and the directories under it that others look for (upstream's
+/// setupDataDirs): the root made rshared ([`crate::volumes::mounter::make_rshared`]) before
+/// anything is mounted below it, then `pods`, `plugins` and `plugins_registry`.
+fn setup_data_dirs(root: &std::path::Path) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let fail = |e: std::io::Error| Error::RootDir { path: root.display().to_string(), message: e.to_string() };
+    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(root).map_err(fail)?;
+    if crate::volumes::mounter::make_rshared(root).map_err(fail)? {
+        tracing::info!(root = %root.display(), "bind-mounted the root directory with shared mount propagation");
+    }
+    for dir in ["pods", "plugins", "plugins_registry"] {
+        std::fs::DirBuilder::new().recursive(true).mode(0o750).create(root.join(dir)).map_err(fail)?;
+    }
+    Ok(())
+}
+
 /// Builds the agent: every subsystem, made from `cfg` and connected to the others. The
 /// order keeps the start-up effects in theirs: the container runtime answers and the node's
 /// cgroups exist before the pods' subsystems are made, the device manager starts (from the
@@ -265,6 +284,7 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
     let sysctls =
         crate::lifecycle::sysctl::SysctlAllowlist::new(&cfg.kubelet.allowed_unsafe_sysctls).map_err(Error::Sysctls)?;
     crate::settings::apply_reserved_system_cpus(&mut cfg.kubelet);
+    setup_data_dirs(&cfg.root_dir)?;
     let mut api = api_clients::connect(&cfg).await?;
     let mode = if api.is_some() { "API server" } else { "standalone: static pods only" };
     tracing::info!(node = %cfg.node_name, config = ?cfg.config_file, mode, "starting swiftlet");

@@ -160,6 +160,55 @@ impl Mounter for FakeMounter {
     }
 }
 
+/// Whether the mount that `path` (canonical) lives on, the last mount in `table` whose
+/// mount point is `path` or one of its parents, propagates to its peers (`shared:N`).
+/// `None`: no mount holds `path`.
+pub(crate) fn on_shared_mount(table: &[crate::cm::cgroupfs::mounts::Mount], path: &Path) -> Option<bool> {
+    // Later lines are mounted on top of earlier ones: the last match is the one in effect.
+    let mount = table.iter().rev().find(|m| path.starts_with(&m.point))?;
+    Some(mount.optional.iter().any(|f| f.starts_with("shared:")))
+}
+
+/// Makes `path` (a directory) a shared mount with all mounts below it shared too, as
+/// upstream's kubelet does with its root directory (`MakeRShared` in its setupDataDirs):
+/// nothing when it already lives on a shared mount, else a bind mount of `path` on itself
+/// made `rshared`. Then a container's `Bidirectional` mount of a directory below it (a
+/// CSI driver's mount of `<root>/pods`) sends the mounts it makes back to the host, and
+/// the host's to the other containers. The bind mount stays when the agent stops (as
+/// upstream's does): a restarted agent finds the path shared and leaves it. Returns
+/// whether it mounted.
+///
+/// # Errors
+/// The mount table cannot be read, or mount(2) fails (not root).
+pub fn make_rshared(path: &Path) -> io::Result<bool> {
+    let path = std::fs::canonicalize(path)?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let table = crate::cm::cgroupfs::mounts::parse_mountinfo(&text);
+    match on_shared_mount(&table, &path) {
+        Some(true) => return Ok(false),
+        Some(false) => {}
+        None => {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no mount holds {}", path.display())));
+        }
+    }
+    let c = c_path(&path)?;
+    // SAFETY: valid NUL-terminated paths that outlive the calls; mount(2) only reads them.
+    let rc = unsafe { libc::mount(c.as_ptr(), c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind-mounting {} on itself: {e}", path.display())));
+    }
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::mount(std::ptr::null(), c.as_ptr(), std::ptr::null(), libc::MS_SHARED | libc::MS_REC, std::ptr::null())
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("making {} rshared: {e}", path.display())));
+    }
+    Ok(true)
+}
+
 /// Whether this process runs as root (tests that need real mounts skip otherwise).
 #[must_use]
 pub fn running_as_root() -> bool {
@@ -171,6 +220,56 @@ pub fn running_as_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn table(lines: &str) -> Vec<crate::cm::cgroupfs::mounts::Mount> {
+        crate::cm::cgroupfs::mounts::parse_mountinfo(lines)
+    }
+
+    #[test]
+    fn the_mount_in_effect_decides_whether_a_path_is_shared() {
+        let t = table(
+            "22 1 8:1 / / rw,relatime - ext4 /dev/vda rw\n\
+             30 22 8:1 /var/lib/k /var/lib/k rw,relatime shared:5 - ext4 /dev/vda rw\n\
+             31 22 0:40 / /var/lib/kx rw master:3 - tmpfs tmpfs rw\n",
+        );
+        assert_eq!(on_shared_mount(&t, Path::new("/var/lib/k/pods")), Some(true));
+        assert_eq!(on_shared_mount(&t, Path::new("/var/lib/k")), Some(true));
+        // A sibling whose name only starts the same lives on its own mount or on /.
+        assert_eq!(on_shared_mount(&t, Path::new("/var/lib/kx")), Some(false));
+        assert_eq!(on_shared_mount(&t, Path::new("/var/lib/ky")), Some(false));
+        // Mounted again on top, private: the last line wins.
+        let mut stacked = t.clone();
+        stacked.extend(table("40 30 8:1 /var/lib/k /var/lib/k rw - ext4 /dev/vda rw\n"));
+        assert_eq!(on_shared_mount(&stacked, Path::new("/var/lib/k/pods")), Some(false));
+        assert_eq!(on_shared_mount(&[], Path::new("/x")), None);
+    }
+
+    /// A real directory on a private mount made rshared, then left alone the second time
+    /// (root only; CI runs as root).
+    #[test]
+    fn make_rshared_binds_a_private_directory_once() {
+        if !running_as_root() {
+            eprintln!("skipping: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let root = root.canonicalize().unwrap();
+        let first = make_rshared(&root);
+        let second = make_rshared(&root);
+        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let shared = on_shared_mount(&table(&text), &root.join("pods"));
+        let ours = SystemMounter.mounts_under(&root).unwrap();
+        for m in &ours {
+            let _ = SystemMounter.unmount(m);
+        }
+        // Was the temporary directory already on a shared mount, nothing is mounted.
+        assert_eq!(first.unwrap(), ours == vec![root.clone()]);
+        assert!(!second.unwrap(), "a shared path is bound only once");
+        assert_eq!(shared, Some(true));
+        assert!(SystemMounter.mounts_under(&root).unwrap().is_empty());
+    }
 
     #[test]
     fn fake_tracks_mounts() {

@@ -20,6 +20,9 @@ pub(crate) struct Mount {
     pub fstype: String,
     /// Superblock options: for v1 cgroups, the controllers and `name=...`.
     pub super_options: Vec<String>,
+    /// The optional fields: propagation (`shared:N`, `master:N`, `unbindable`), none for
+    /// a private mount.
+    pub optional: Vec<String>,
 }
 
 /// Undoes the octal escapes (`\040` for a space) of mountinfo paths.
@@ -49,12 +52,15 @@ pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
         .filter_map(|line| {
             // id parent major:minor root mount-point options [optional...] - fstype source super
             let (left, right) = line.split_once(" - ")?;
-            let mount_point = left.split(' ').nth(4)?;
+            let mut left = left.split(' ');
+            let mount_point = left.nth(4)?;
+            // After the mount options (the sixth field), up to the separator.
+            let optional = left.skip(1).filter(|f| !f.is_empty()).map(str::to_owned).collect();
             let mut right = right.split(' ');
             let fstype = right.next()?;
             let _source = right.next()?;
             let super_options = right.next().unwrap_or("").split(',').map(str::to_owned).collect();
-            Some(Mount { point: unescape(mount_point).into(), fstype: fstype.to_owned(), super_options })
+            Some(Mount { point: unescape(mount_point).into(), fstype: fstype.to_owned(), super_options, optional })
         })
         .collect()
 }
