@@ -2,13 +2,20 @@
 //! driver: the driver itself (`swiftlet-test-csi-driver`, serving CSI on
 //! `<root-dir>/plugins/<name>/csi.sock` and the plugin registration API on
 //! `<root-dir>/plugins_registry/<name>-reg.sock`), upstream's `csi-provisioner` and
-//! `csi-resizer` (built by `cargo xtask upstream build` into `target/upstream/`) as
-//! processes talking to the test bed's API server, the `CSIDriver` object and the
-//! storage class [`STORAGE_CLASS`].
+//! `csi-resizer` (built by `cargo xtask upstream build` into `target/upstream/`) talking
+//! to the test bed's API server, the `CSIDriver` object and the storage class
+//! [`STORAGE_CLASS`].
 //!
-//! [`CsiHostPath::stop`] (or dropping it) stops the processes it started (by pid), unmounts
-//! what is still mounted from its volumes, detaches its loop devices, and deletes the
-//! `CSIDriver`, the storage class and the persistent volumes of its driver.
+//! The driver and its sidecars run either as processes beside the agent (the default:
+//! the node's agent may start before or after them, or not at all) or, with
+//! [`Deployment::Pods`], as a pod on the node (a `DaemonSet`, as upstream deploys CSI
+//! drivers; see [`crate::csi_pods`]): then the node's agent must be running,
+//! it runs the driver that it mounts through.
+//!
+//! [`CsiHostPath::stop`] (or dropping it) stops the processes it started (by pid) or
+//! deletes the pod (waiting until the agent has stopped it), unmounts what is still
+//! mounted from its volumes, detaches its loop devices, and deletes the `CSIDriver`, the
+//! storage class and the persistent volumes of its driver.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::Cluster;
 use crate::csi_driver::{self, CsiCall, DEFAULT_NAME, Store, VolumeRecord};
+use crate::csi_pods;
 
 /// The storage class of the driver's volumes (Immediate binding, expansion allowed).
 pub const STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
@@ -45,6 +53,18 @@ pub struct CsiHostPathOptions {
     /// More sidecar flags, e.g. `--feature-gates=...`.
     pub provisioner_flags: Vec<String>,
     pub resizer_flags: Vec<String>,
+    /// How the driver and its sidecars run.
+    pub deployment: Deployment,
+}
+
+/// How the driver and its sidecars run (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Deployment {
+    /// Processes beside the node's agent.
+    #[default]
+    Processes,
+    /// A pod on the node, run by its agent.
+    Pods,
 }
 
 impl Default for CsiHostPathOptions {
@@ -59,6 +79,7 @@ impl Default for CsiHostPathOptions {
             pod_info_on_mount: true,
             provisioner_flags: Vec::new(),
             resizer_flags: Vec::new(),
+            deployment: Deployment::Processes,
         }
     }
 }
@@ -88,6 +109,8 @@ pub struct CsiHostPath {
     cluster: Cluster,
     driver_argv: Vec<String>,
     procs: Vec<Proc>,
+    /// The pod deployment's namespace and cluster role, when it runs as pods.
+    pods: Option<(String, String)>,
     cleaned: bool,
 }
 
@@ -185,16 +208,17 @@ impl CsiHostPath {
         let state_dir = dir.path().join("state");
         let calls_log = dir.path().join("calls.jsonl");
         std::fs::create_dir_all(&state_dir)?;
-        let driver_argv: Vec<String> = vec![
-            driver_bin()?.display().to_string(),
+        let common_args: Vec<String> = vec![
             format!("--name={name}"),
             format!("--endpoint={}", csi_socket.display()),
-            format!("--node-id={node_name}"),
             format!("--state-dir={}", state_dir.display()),
             format!("--registration-dir={}", registration_dir.display()),
             format!("--calls-log={}", calls_log.display()),
             format!("--max-volumes-per-node={}", opts.max_volumes_per_node),
         ];
+        let mut driver_argv = vec![driver_bin()?.display().to_string()];
+        driver_argv.extend(common_args.iter().cloned());
+        driver_argv.push(format!("--node-id={node_name}"));
         let mut this = Self {
             driver_name: name.clone(),
             storage_class: opts.storage_class.clone(),
@@ -207,19 +231,16 @@ impl CsiHostPath {
             cluster: cluster.clone(),
             driver_argv,
             procs: Vec::new(),
+            pods: None,
             cleaned: false,
         };
         this.delete_objects()?;
-        this.start_driver().await?;
 
-        let kubeconfig = format!("--kubeconfig={}", cluster.state.admin_kubeconfig.display());
         let address = format!("--csi-address={}", this.csi_socket.display());
-        let mut sidecars = 0;
+        let mut sidecars: Vec<(&'static str, Vec<String>)> = Vec::new();
         if opts.provisioner {
-            let mut argv = vec![
-                sidecar_bin(cluster, "csi-provisioner")?.display().to_string(),
+            let mut args = vec![
                 address.clone(),
-                kubeconfig.clone(),
                 "--leader-election=false".into(),
                 "--extra-create-metadata".into(),
                 "--timeout=30s".into(),
@@ -227,31 +248,37 @@ impl CsiHostPath {
                 "--retry-interval-max=5s".into(),
                 "--v=4".into(),
             ];
-            argv.extend(opts.provisioner_flags.iter().cloned());
-            this.procs.push(spawn("csi-provisioner", &argv, &this.log_path("csi-provisioner"))?);
-            sidecars += 1;
+            args.extend(opts.provisioner_flags.iter().cloned());
+            sidecars.push(("csi-provisioner", args));
         }
         if opts.resizer {
-            let mut argv = vec![
-                sidecar_bin(cluster, "csi-resizer")?.display().to_string(),
+            let mut args = vec![
                 address,
-                kubeconfig,
                 "--leader-election=false".into(),
                 "--timeout=30s".into(),
                 "--retry-interval-start=500ms".into(),
                 "--retry-interval-max=5s".into(),
                 "--v=4".into(),
             ];
-            argv.extend(opts.resizer_flags.iter().cloned());
-            this.procs.push(spawn("csi-resizer", &argv, &this.log_path("csi-resizer"))?);
-            sidecars += 1;
+            args.extend(opts.resizer_flags.iter().cloned());
+            sidecars.push(("csi-resizer", args));
+        }
+        if opts.deployment == Deployment::Pods {
+            this.deploy_pods(kubelet_root_dir, common_args, &sidecars).await?;
+        } else {
+            this.start_driver().await?;
+            let kubeconfig = format!("--kubeconfig={}", cluster.state.admin_kubeconfig.display());
+            for (program, args) in &sidecars {
+                let mut argv = vec![sidecar_bin(cluster, program)?.display().to_string(), kubeconfig.clone()];
+                argv.extend(args.iter().cloned());
+                this.procs.push(spawn(program, &argv, &this.log_path(program))?);
+            }
         }
         // Each sidecar asks the driver's name and capabilities before it serves.
         let deadline = Instant::now() + Duration::from_mins(1);
-        while this.calls_of("ControllerGetCapabilities").len() < sidecars {
-            let exited = this.procs.iter_mut().find_map(|p| Some((p.name, p.child.try_wait().ok()??)));
-            if let Some((name, status)) = exited {
-                bail!("{name} exited ({status}):\n{}", crate::tail(&this.log(name), 40));
+        while this.calls_of("ControllerGetCapabilities").len() < sidecars.len() {
+            if let Some(failure) = this.failure() {
+                bail!("{failure}");
             }
             ensure!(Instant::now() < deadline, "the sidecars did not reach the driver in 60 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -284,17 +311,74 @@ impl CsiHostPath {
         self.dir.path().join(format!("{name}.log"))
     }
 
-    /// The output of one process: `driver`, `csi-provisioner` or `csi-resizer`.
+    /// The output of one process or container: `driver`, `csi-provisioner` or
+    /// `csi-resizer`.
     #[must_use]
     pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.log_path(name)).unwrap_or_default()
+        match &self.pods {
+            Some((namespace, _)) => {
+                let container = if name == "driver" { csi_pods::DRIVER_CONTAINER } else { name };
+                csi_pods::logs(&self.cluster, namespace, container)
+            }
+            None => std::fs::read_to_string(self.log_path(name)).unwrap_or_default(),
+        }
+    }
+
+    /// Why the driver or a sidecar cannot serve, if it cannot: a process exited, or a
+    /// container of the pod is failing (with its output).
+    fn failure(&mut self) -> Option<String> {
+        if let Some((namespace, _)) = &self.pods {
+            let pod = csi_pods::pod(&self.cluster, namespace).ok()??;
+            let why = csi_pods::failing(&pod)?;
+            let container = why.split(':').next().unwrap_or_default().to_owned();
+            return Some(format!("the CSI driver's pod: {why}\n{}", crate::tail(&self.log(&container), 40)));
+        }
+        let (name, status) = self.procs.iter_mut().find_map(|p| Some((p.name, p.child.try_wait().ok()??)))?;
+        Some(format!("{name} exited ({status}):\n{}", crate::tail(&self.log(name), 40)))
+    }
+
+    /// Runs the driver and the sidecars as a pod on the node (the image imported into the
+    /// test bed's containerd first) and waits (60 s) until the driver's socket answers.
+    async fn deploy_pods(
+        &mut self,
+        kubelet_root_dir: &Path,
+        driver_args: Vec<String>,
+        sidecars: &[(&'static str, Vec<String>)],
+    ) -> Result<()> {
+        let endpoint = crate::cri_endpoint()?;
+        let cri = crate::Cri::connect(&endpoint)?;
+        let programs = sidecars.iter().map(|(p, _)| sidecar_bin(&self.cluster, p)).collect::<Result<Vec<_>>>()?;
+        let socket = PathBuf::from(endpoint.trim_start_matches("unix://"));
+        csi_pods::ensure_image(&cri, &socket, &driver_bin()?, &programs, self.dir.path()).await?;
+        let mut namespace = format!("csi-{}", self.node_name);
+        namespace.truncate(63);
+        let namespace = namespace.trim_end_matches('-').to_owned();
+        let cluster_role = format!("swiftlet-csi-hostpath-{}", self.node_name);
+        let spec = csi_pods::PodsSpec {
+            namespace: &namespace,
+            cluster_role: &cluster_role,
+            node_name: &self.node_name,
+            kubelet_root_dir,
+            driver_args,
+            sidecars: sidecars.iter().map(|(p, a)| ((*p).to_owned(), a.clone())).collect(),
+            shared_dirs: vec![self.dir.path().to_path_buf()],
+            server: &self.cluster.state.server,
+        };
+        self.cluster.kubectl_apply(&csi_pods::manifests(&spec)?.to_string())?;
+        self.pods = Some((namespace, cluster_role));
+        self.wait_driver(Duration::from_mins(1)).await
     }
 
     /// Starts the driver process and waits (30 s) until its socket answers `Probe`.
     async fn start_driver(&mut self) -> Result<()> {
         let argv = self.driver_argv.clone();
         self.procs.insert(0, spawn("driver", &argv, &self.log_path("driver"))?);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        self.wait_driver(Duration::from_secs(30)).await
+    }
+
+    /// Waits until the driver's socket answers `Probe`.
+    async fn wait_driver(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
         loop {
             if self.csi_socket.exists()
                 && let Ok(channel) = csi_driver::connect(&self.csi_socket).await
@@ -304,10 +388,22 @@ impl CsiHostPath {
                     return Ok(());
                 }
             }
-            if let Ok(Some(status)) = self.procs[0].child.try_wait() {
-                bail!("the CSI driver exited ({status}):\n{}", crate::tail(&self.log("driver"), 40));
+            if let Some(failure) = self.failure() {
+                bail!("the CSI driver does not serve: {failure}");
             }
-            ensure!(Instant::now() < deadline, "the CSI driver did not answer in 30 s:\n{}", self.log("driver"));
+            if Instant::now() >= deadline {
+                let events = match &self.pods {
+                    Some((namespace, _)) => {
+                        self.cluster.kubectl(&["get", "events", "-n", namespace]).map(|o| o.stdout).unwrap_or_default()
+                    }
+                    None => Vec::new(),
+                };
+                bail!(
+                    "the CSI driver did not answer in {timeout:?}:\n{}\n{}",
+                    self.log("driver"),
+                    String::from_utf8_lossy(&events)
+                );
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -316,14 +412,23 @@ impl CsiHostPath {
     /// the same sockets and volumes; the sidecars reconnect by themselves.
     ///
     /// # Errors
-    /// It did not come back.
+    /// It did not come back, or it runs as a pod (whose restarts are its agent's).
     pub async fn restart_driver(&mut self) -> Result<()> {
+        ensure!(self.pods.is_none(), "the driver runs as a pod: its agent restarts it");
         if let Some(i) = self.procs.iter().position(|p| p.name == "driver") {
             let mut p = self.procs.remove(i);
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
         self.start_driver().await
+    }
+
+    /// The uid of the driver's pod, when it runs as a pod and has one.
+    #[must_use]
+    pub fn driver_pod_uid(&self) -> Option<String> {
+        let (namespace, _) = self.pods.as_ref()?;
+        let pod = csi_pods::pod(&self.cluster, namespace).ok()??;
+        pod["metadata"]["uid"].as_str().map(str::to_owned)
     }
 
     /// Every call the driver answered so far, in order.
@@ -493,6 +598,11 @@ impl CsiHostPath {
         // Sidecars first (nothing new provisioned), the driver last.
         for mut p in self.procs.drain(..).rev() {
             terminate(&mut p, Duration::from_secs(5));
+        }
+        if let Some((namespace, cluster_role)) = self.pods.take()
+            && let Err(e) = csi_pods::delete(&self.cluster, &namespace, &cluster_role)
+        {
+            errors.push(format!("{e:#}"));
         }
         let loops = self.loop_devices();
         for m in self.our_mounts(&loops) {

@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
 use swiftlet_tests::csi_driver::CsiCall;
-use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions};
+use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment};
 use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
@@ -36,14 +36,16 @@ fn calls_for(csi: &CsiHostPath, method: &str, volume: &str) -> Vec<CsiCall> {
     csi.calls_of(method).into_iter().filter(|c| c.volume_id == volume).collect()
 }
 
-/// The mounts under the agent's root directory.
-fn mounts_under(root: &std::path::Path) -> Vec<String> {
-    let root = root.to_string_lossy().into_owned();
+/// The mounts below the agent's root directory but the driver pod's (and the root's own:
+/// the agent makes it a shared mount, as upstream's kubelet does).
+fn mounts_under(root: &std::path::Path, csi: &CsiHostPath) -> Vec<String> {
+    let driver_pod = csi.driver_pod_uid().map(|uid| format!("{}/pods/{uid}/", root.display()));
+    let root = format!("{}/", root.to_string_lossy());
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root))
+        .filter(|p| p.starts_with(&root) && !driver_pod.as_ref().is_some_and(|d| p.starts_with(d.as_str())))
         .map(str::to_owned)
         .collect()
 }
@@ -57,7 +59,14 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     let mut node = cluster.join("csi-sts", AgentOptions { sync_frequency: "5s", ..AgentOptions::default() }).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = CsiHostPath::start(&cluster, &node.name, &root, CsiHostPathOptions::default()).await?;
+    let csi = CsiHostPath::start(
+        &cluster,
+        &node.name,
+        &root,
+        CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() },
+    )
+    .await
+    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
     let client = cluster.client();
 
     // Registration: the driver in the node's CSINode (owned by the Node) and annotation.
@@ -175,6 +184,12 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     };
     let before = ids(cri.containers(&second_uid).await?);
     ensure!(before.len() == 1, "running containers: {before:?}");
+    // The driver runs as a pod of this agent: it too runs on through the restart, and
+    // registers again with the new agent.
+    let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
+    let driver_before = ids(cri.containers(&driver_uid).await?);
+    ensure!(driver_before.len() == 3, "the driver pod's running containers: {driver_before:?}");
+    let registered = csi.calls_of("NotifyRegistrationStatus").iter().filter(|c| c.registered).count();
     node.agent.kill9()?;
     node.agent.spawn().await?;
     node.wait_ready(Duration::from_mins(1)).await?;
@@ -187,6 +202,9 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
     let after = ids(cri.containers(&second_uid).await?);
     assert_eq!(before, after, "the container was restarted");
+    assert_eq!(driver_before, ids(cri.containers(&driver_uid).await?), "the driver's containers were restarted");
+    let registered_again = csi.calls_of("NotifyRegistrationStatus").iter().filter(|c| c.registered).count();
+    assert!(registered_again > registered, "the restarted agent did not register the driver again");
     assert_eq!(boots(), "boot\nboot\n");
 
     // Expansion: the resizer grows the volume, the agent the file system, the claim's
@@ -225,7 +243,7 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     })
     .await?;
     eventually("nothing mounted under the agent's root", WAIT, || async {
-        Ok(mounts_under(&root).is_empty().then_some(()))
+        Ok(mounts_under(&root, &csi).is_empty().then_some(()))
     })
     .await?;
     assert!(!staging.join("x").parent().is_some_and(|d| d.read_dir().is_ok_and(|mut e| e.next().is_some())));
@@ -241,7 +259,14 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
     let mut node = cluster.join("csi-eph", AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = CsiHostPath::start(&cluster, &node.name, &root, CsiHostPathOptions::default()).await?;
+    let csi = CsiHostPath::start(
+        &cluster,
+        &node.name,
+        &root,
+        CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() },
+    )
+    .await
+    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
     let ns = node.namespace("csi-eph").await?;
     let pod = json!({
         "metadata": {"name": "eph"},
@@ -294,7 +319,7 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
         Ok((!calls_for(&csi, "DeleteVolume", &handle).is_empty()).then_some(()))
     })
     .await?;
-    ensure!(mounts_under(&root).is_empty(), "left mounted: {:?}", mounts_under(&root));
+    ensure!(mounts_under(&root, &csi).is_empty(), "left mounted: {:?}", mounts_under(&root, &csi));
     csi.stop()?;
     node.leave(&cri).await
 }
