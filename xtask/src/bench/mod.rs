@@ -13,6 +13,9 @@
 //!   the upstream kubelet's figures.
 //! - `eviction`: memory threshold crossed → eviction decision, with the kernel's signals
 //!   and with the periodic 10 s pass alone.
+//! - `cluster`: several nodes (node containers) joined to the control plane, a Deployment
+//!   spread across them; pod start-up and the API load per node at idle and during churn,
+//!   for swiftlet and the upstream kubelet, and a model of a 5,000-node fleet ([`fleet`]).
 //! - `runtime-events`: what CRI `GetContainerEvents` adds to the kernel's events, with the
 //!   agent in the node container on containerd 2.x (`swiftlet_tests::runtime_events`, run
 //!   by the tests crate's `swiftlet-chaos`, which takes the test bed's lock itself).
@@ -33,6 +36,7 @@ mod apiload;
 pub(crate) mod apiserver;
 pub(crate) mod cluster;
 mod eviction;
+mod fleet;
 pub(crate) mod https;
 mod latency;
 mod pleg;
@@ -88,6 +92,12 @@ pub enum BenchCmd {
     /// default) and with the periodic 10 s pass alone, side by side (20 runs each by
     /// default, about 2 and 5 minutes); needs the machine and the test bed to itself.
     Eviction(eviction::EvictionArgs),
+    /// Three (`--nodes`, up to 5) node containers joined to the test bed's control plane,
+    /// a Deployment spread across them: pod start-up and the API server's load per node
+    /// (requests by verb and resource, watches, bytes) at idle and during churn, for
+    /// swiftlet and as many upstream kubelets, and a model of 5,000 nodes × 110 pods.
+    /// About 8 minutes; needs the machine and the test bed to itself.
+    Cluster(fleet::ClusterArgs),
 }
 
 /// Runs `command`, or the summary (`all`) with `all` when there is none, holding the test
@@ -105,6 +115,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Pleg(args) => pleg::run(ctx, layout, &args).await,
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
+        BenchCmd::Cluster(args) => fleet::run(ctx, layout, &args).await,
         BenchCmd::RuntimeEvents(args) => runtime_events(ctx, layout, &args),
     }
 }
