@@ -16,6 +16,8 @@
 //! - `cluster`: several nodes (node containers) joined to the control plane, a Deployment
 //!   spread across them; pod start-up and the API load per node at idle and during churn,
 //!   for swiftlet and the upstream kubelet, and a model of a 5,000-node fleet ([`fleet`]).
+//! - `density`: one node at growing pod counts (`--pods 250,500`): idle CPU and RSS,
+//!   kill → pod status, API requests at idle, scrape cost, start-up; SVG plots ([`density`]).
 //! - `runtime-events`: what CRI `GetContainerEvents` adds to the kernel's events, with the
 //!   agent in the node container on containerd 2.x (`swiftlet_tests::runtime_events`, run
 //!   by the tests crate's `swiftlet-chaos`, which takes the test bed's lock itself).
@@ -35,6 +37,7 @@ pub(crate) mod agent;
 mod apiload;
 pub(crate) mod apiserver;
 pub(crate) mod cluster;
+mod density;
 mod eviction;
 mod fleet;
 pub(crate) mod https;
@@ -47,6 +50,7 @@ mod records;
 mod report;
 mod scrape;
 mod summary;
+mod svg;
 mod verdict;
 pub(crate) mod watch;
 
@@ -98,6 +102,11 @@ pub enum BenchCmd {
     /// swiftlet and as many upstream kubelets, and a model of 5,000 nodes × 110 pods.
     /// About 8 minutes; needs the machine and the test bed to itself.
     Cluster(fleet::ClusterArgs),
+    /// One node as its pod count grows (`--pods 250,500`, maxPods raised): idle CPU and
+    /// RSS, kill → pod status, API requests at idle, scrape cost and pod start-up at each
+    /// count, SVG plots in `target/bench/`; `--other-agent upstream` beside it. 15 to 25
+    /// minutes at 250 and 500 pods; needs the machine and the test bed to itself.
+    Density(density::DensityArgs),
 }
 
 /// Runs `command`, or the summary (`all`) with `all` when there is none, holding the test
@@ -116,6 +125,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
         BenchCmd::Cluster(args) => fleet::run(ctx, layout, &args).await,
+        BenchCmd::Density(args) => density::run(ctx, layout, &args).await,
         BenchCmd::RuntimeEvents(args) => runtime_events(ctx, layout, &args),
     }
 }
