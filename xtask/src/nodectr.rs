@@ -883,6 +883,17 @@ pub fn down_spec(spec: &Spec) -> Result<()> {
     if state.rootfs.exists() {
         fs::remove_dir_all(&state.rootfs).with_context(|| format!("removing {}", state.rootfs.display()))?;
     }
+    // The directories that held only the root filesystem (a bench node's `bench-nodes/<i>`
+    // and, once the last is gone, `bench-nodes`): removing a non-empty one fails, harmlessly.
+    if let Some(parent) = state.rootfs.parent() {
+        let _ = fs::remove_dir(parent);
+        if let Some(grand) = parent.parent().filter(|g| g.ends_with("bench-nodes")) {
+            let _ = fs::remove_dir(grand);
+        }
+    }
+    for file in [&spec.boot_script, &spec.launcher_log] {
+        fs::remove_file(file).ok();
+    }
     fs::remove_file(&spec.state_file).ok();
     eprintln!("node container {}: down", spec.name);
     Ok(())

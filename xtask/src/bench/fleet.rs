@@ -115,6 +115,8 @@ pub struct ClusterArgs {
 
 /// The most nodes one run boots (a 2-core machine).
 const MAX_NODES: usize = 5;
+/// The control plane's own window.
+const BASELINE: Duration = Duration::from_secs(40);
 /// The Deployment's name.
 const DEPLOYMENT: &str = "fleet";
 /// Where an agent's files live in its node.
@@ -182,7 +184,12 @@ impl Phase {
 
     /// Requests a second per node by request key (estimated, see the module docs).
     pub fn per_node_requests(&self, baseline: &Window, nodes: usize) -> BTreeMap<String, f64> {
-        self.window.agent_by_request(Some(baseline)).into_iter().map(|(k, v)| (k, v / nodes.max(1) as f64)).collect()
+        self.window
+            .agent_by_request(Some(baseline))
+            .into_iter()
+            .filter(|(k, _)| !controllers_only(k))
+            .map(|(k, v)| (k, v / nodes.max(1) as f64))
+            .collect()
     }
 }
 
@@ -664,10 +671,17 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &ClusterArgs) -> Result<()> {
         super::until_interrupted(bench.as_mut(), "stopping the agents, removing the node containers").await
     };
     let mut failures = Vec::new();
-    for node in &mut nodes {
+    let bench_dir = super::pleg::bench_dir(ctx);
+    for (i, node) in nodes.iter_mut().enumerate() {
         node.forwarder = None;
         if let Err(e) = nodectr::down_spec(&node.spec) {
             failures.push(format!("{e:#}"));
+        }
+        // The node's console (its systemd's log) is kept with the agents' logs.
+        if node.spec.console.exists() {
+            let _ = fs::create_dir_all(&bench_dir);
+            let _ = fs::copy(&node.spec.console, bench_dir.join(format!("cluster-node-{}-console.log", i + 1)));
+            let _ = fs::remove_file(&node.spec.console);
         }
     }
     let cleanup = if failures.is_empty() { Ok(()) } else { Err(anyhow::anyhow!("{}", failures.join("; "))) };
@@ -724,9 +738,9 @@ async fn measure(
         let (_, rv) = client.list_pods(&namespace).await?;
         let target = WatchTarget { host: api.host.clone(), tls: api.tls.clone(), namespace: namespace.clone() };
         let watch = PodWatch::start(target, &rv)?;
-        eprintln!("bench: the control plane alone for 20 s (the baseline)");
+        eprintln!("bench: the control plane alone for {} s (the baseline)", BASELINE.as_secs());
         let (before, _) = read(&mut client).await?;
-        tokio::time::sleep(Duration::from_secs(20)).await;
+        tokio::time::sleep(BASELINE).await;
         let (after, base_watches) = read(&mut client).await?;
         *baseline = Some(Window::between(&before, &after, &[]));
         for kind in kinds {
@@ -828,13 +842,8 @@ async fn agent_run(
         }
         let (after, watches) = read(client).await?;
         let bytes1: Vec<(u64, u64)> = nodes.iter().map(BenchNode::bytes).collect();
-        let scales = (args.churn_cycles * 2) as f64;
-        let own = [
-            ("PUT deployments/scale", scales),
-            ("POST pods", started as f64),
-            ("POST pods/binding", started as f64),
-            ("DELETE pods", stopped as f64),
-        ];
+        let own = controllers_share(&before, &after, started, stopped, args.churn_cycles * 2);
+        let own: Vec<(&str, f64)> = own.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         run.churn = Some(phase(&before, &after, &own, &watches, base_watches, &bytes0, &bytes1, started, stopped));
         anyhow::Ok(())
     }
@@ -876,6 +885,49 @@ async fn agent_run(
         (Ok(()), true) => Ok(()),
         (Ok(()), false) => bail!("{label}: cleanup incomplete: {}", failures.join("; ")),
     }
+}
+
+/// Resources only the control plane's controllers write (or read) for the workload: the
+/// agents never touch them, so the estimate leaves them out whole.
+const CONTROLLER_RESOURCES: [&str; 3] = ["deployments", "replicasets", "limitranges"];
+
+/// Whether a request key (`PUT replicasets/status`) is of a [`CONTROLLER_RESOURCES`].
+pub fn controllers_only(key: &str) -> bool {
+    let resource = key.split_once(' ').map_or("", |(_, r)| r);
+    let resource = resource.split_once('/').map_or(resource, |(r, _)| r);
+    CONTROLLER_RESOURCES.contains(&resource)
+}
+
+/// The requests of the churn window that the bench and the controllers made for the
+/// workload, by request key, to leave out of the agents' estimate: the bench's scale
+/// requests; per pod created, the `ReplicaSet` controller's `POST pods` and the
+/// scheduler's `POST pods/binding`; per pod removed, the controller's `DELETE pods`; and
+/// the controllers' events — `SuccessfulCreate` and `Scheduled` per pod created,
+/// `SuccessfulDelete` per pod removed, `ScalingReplicaSet` per scale — which their event
+/// correlators send as a `POST` or, once aggregated, a `PATCH`: taken from the window's
+/// `POST events` first, the rest from its `PATCH events` (an estimate).
+pub fn controllers_share(
+    before: &Reading,
+    after: &Reading,
+    started: usize,
+    stopped: usize,
+    scales: usize,
+) -> Vec<(String, f64)> {
+    let delta = |key: &str| {
+        (after.counters.by_request.get(key).copied().unwrap_or(0.0)
+            - before.counters.by_request.get(key).copied().unwrap_or(0.0))
+        .max(0.0)
+    };
+    let events = (2 * started + stopped + scales) as f64;
+    let posts = events.min(delta("POST events"));
+    vec![
+        ("PUT deployments/scale".to_owned(), scales as f64),
+        ("POST pods".to_owned(), started as f64),
+        ("POST pods/binding".to_owned(), started as f64),
+        ("DELETE pods".to_owned(), stopped as f64),
+        ("POST events".to_owned(), posts),
+        ("PATCH events".to_owned(), events - posts),
+    ]
 }
 
 /// A window's figures from its readings and byte counts.
@@ -1303,6 +1355,28 @@ apiserver_longrunning_requests{component="apiserver",group="",resource="pods",sc
         );
         assert!(text.contains("idle fleet: requests/s") && text.contains("1000"), "{text}");
         assert!(md.contains("### Model: 5000 nodes × 110 pods"), "{md}");
+    }
+
+    #[test]
+    fn the_controllers_share_of_the_churn_is_left_out() {
+        let t = Instant::now();
+        let reading = |events: f64, patches: f64| Reading {
+            counters: Counters {
+                node_requests: 0.0,
+                node_watches: 0.0,
+                by_request: BTreeMap::from([("POST events".to_owned(), events), ("PATCH events".to_owned(), patches)]),
+            },
+            at: t,
+        };
+        // 8 started, 8 stopped, 4 scales: 28 controller events; 20 POSTed in the window.
+        let share = controllers_share(&reading(100.0, 0.0), &reading(120.0, 30.0), 8, 8, 4);
+        let get = |k: &str| share.iter().find(|(key, _)| key == k).map(|(_, v)| *v);
+        assert_eq!(get("POST events"), Some(20.0));
+        assert_eq!(get("PATCH events"), Some(8.0));
+        assert_eq!((get("POST pods"), get("POST pods/binding"), get("DELETE pods")), (Some(8.0), Some(8.0), Some(8.0)));
+        assert_eq!(get("PUT deployments/scale"), Some(4.0));
+        assert!(controllers_only("PUT replicasets/status") && controllers_only("LIST limitranges"));
+        assert!(!controllers_only("PATCH pods/status") && !controllers_only("GET /metrics"));
     }
 
     #[test]
