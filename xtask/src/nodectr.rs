@@ -29,6 +29,13 @@
 //!   after a timeout: the kernel then ends every process of the namespace), then the
 //!   cgroups, the bridge and the root filesystem go. The node's mounts lived in its own
 //!   mount namespace and end with it.
+//! - **Several**: `cargo xtask bench cluster` runs up to [`MAX_BENCH_NODES`] more beside
+//!   the test bed's ([`Spec::bench`]): each with its own cgroup, host name, address, veth,
+//!   pod subnet, root filesystem (unpacked from the same cached tarball), state file and
+//!   console, and Debian's containerd alone. They share the bridge; the last one down
+//!   removes it. `testbed down` stops any a killed bench left. Every node container's
+//!   `/dev` has `/dev/kmsg` too: the upstream kubelet's OOM watcher refuses to start
+//!   without it.
 
 use std::{
     fmt::Write as _,
