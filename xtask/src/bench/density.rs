@@ -137,7 +137,9 @@ async fn curve_of(
     let most = *args.pods.last().context("no counts")?;
     let mut agent = BenchAgent::named(label, PlegMode::Evented, binary, &layout.endpoint(), most + 10)?
         .with_config("evictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n")
-        .with_drain_timeout(Duration::from_mins(5));
+        // The upstream kubelet removes stopped sandboxes in its garbage collection, minutes
+        // later: what is left after a minute is removed through CRI.
+        .with_drain_timeout(Duration::from_mins(1));
     if !swiftlet {
         agent = agent.other_agent();
     }

@@ -1148,7 +1148,8 @@ pub fn render(args: &ClusterArgs, baseline: &Window, runs: &[AgentRun]) -> (Stri
          per pod started and stopped); idle figures × {nodes} nodes, churn figures × {churn} pod lifecycles a \
          second. Idle figures were measured with about {} pods per node and are taken as independent of the pod \
          count (nothing changes at idle, and these pods mount no secret or config map); that is an assumption \
-         at {pods} pods, which the density bench measures.\n",
+         at {pods} pods, which the density bench measures. A node status report the agents send every 5 \
+         minutes when nothing changed (`nodeStatusReportFrequency`) may fall outside the idle window.\n",
         per.iter().flatten().map(|p| format!("{:.1}", p.pods)).collect::<Vec<_>>().join(" / ")
     );
     let _ = writeln!(text, "\nModel: {nodes} nodes × {pods} pods, fleet churn {churn} pods/s");
@@ -1186,6 +1187,7 @@ pub fn render(args: &ClusterArgs, baseline: &Window, runs: &[AgentRun]) -> (Stri
     let mheader: Vec<&str> = mheader.iter().map(String::as_str).collect();
     text.push_str(&report::text_table(&mheader, &mrows));
     md.push_str(&report::markdown_table(&mheader, &mrows));
+    md.push('\n');
     for (r, m) in runs.iter().zip(&models) {
         let Some(m) = m else { continue };
         for (out, bullet) in [(&mut text, "  "), (&mut md, "- ")] {
