@@ -29,6 +29,13 @@
 //!   after a timeout: the kernel then ends every process of the namespace), then the
 //!   cgroups, the bridge and the root filesystem go. The node's mounts lived in its own
 //!   mount namespace and end with it.
+//! - **Several**: `cargo xtask bench cluster` runs up to [`MAX_BENCH_NODES`] more beside
+//!   the test bed's ([`Spec::bench`]): each with its own cgroup, host name, address, veth,
+//!   pod subnet, root filesystem (unpacked from the same cached tarball), state file and
+//!   console, and Debian's containerd alone. They share the bridge; the last one down
+//!   removes it. `testbed down` stops any a killed bench left. Every node container's
+//!   `/dev` has `/dev/kmsg` too: the upstream kubelet's OOM watcher refuses to start
+//!   without it.
 
 use std::{
     fmt::Write as _,
@@ -206,8 +213,13 @@ const NODE_CNI: &str = r#"{
 }
 "#;
 
-/// The node's pod subnet (in [`NODE_CNI`]).
+/// The test bed's node's pod subnet (in [`NODE_CNI`]).
 pub const NODE_POD_SUBNET: &str = "10.232.0.0/24";
+
+/// [`NODE_CNI`] with the pods in `subnet`.
+fn node_cni(subnet: &str) -> String {
+    NODE_CNI.replace(NODE_POD_SUBNET, subnet)
+}
 
 /// `node-container.json`: what `down` needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,30 +250,106 @@ pub fn console_log(layout: &Layout) -> PathBuf {
     layout.state.join("node-container-console.log")
 }
 
-impl State {
-    pub fn load(layout: &Layout) -> Result<Option<Self>> {
-        images::read_json(&state_file(layout))
+/// What tells one node container from another: the test bed's own ([`Spec::testbed`]) or
+/// one of `cargo xtask bench cluster`'s ([`Spec::bench`]), which run beside it on the same
+/// bridge, each with its own cgroup, host name, address, veth, pod subnet, root filesystem
+/// (unpacked from the one cached tarball) and state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// Its cgroup's name (under the launcher's own cgroup in each hierarchy).
+    pub name: String,
+    pub hostname: String,
+    /// Its address on [`BRIDGE`].
+    pub address: String,
+    /// The host's end of its veth.
+    pub host_veth: String,
+    /// Its pods' subnet (`10.232.0.0/24`), on a bridge of its own in its network namespace.
+    pub pod_subnet: String,
+    /// Where its root filesystem, state and logs live.
+    pub rootfs: PathBuf,
+    pub state_file: PathBuf,
+    pub console: PathBuf,
+    /// The boot script and the launcher's log.
+    pub boot_script: PathBuf,
+    pub launcher_log: PathBuf,
+    /// Whether containerd 2.x runs beside Debian's 1.6 (the test bed's node; the bench
+    /// nodes run Debian's containerd alone).
+    pub containerd2: bool,
+}
+
+/// The most bench nodes [`Spec::bench`] makes: addresses and veth names are numbered.
+pub const MAX_BENCH_NODES: usize = 9;
+
+impl Spec {
+    /// The test bed's node container (`testbed up --node-container`).
+    pub fn testbed(layout: &Layout) -> Self {
+        Self {
+            name: NAME.to_owned(),
+            hostname: HOSTNAME.to_owned(),
+            address: NODE_ADDR.to_owned(),
+            host_veth: HOST_VETH.to_owned(),
+            pod_subnet: NODE_POD_SUBNET.to_owned(),
+            rootfs: rootfs_dir(layout),
+            state_file: state_file(layout),
+            console: console_log(layout),
+            boot_script: layout.state.join("node-container-boot.sh"),
+            launcher_log: layout.state.join("node-container-launcher.log"),
+            containerd2: true,
+        }
     }
 
-    fn save(&self, layout: &Layout) -> Result<()> {
-        images::write_atomic(&state_file(layout), &serde_json::to_vec_pretty(self)?)
+    /// Bench node `index` (1 to [`MAX_BENCH_NODES`]): `swiftlet-bench-node-<index>` at
+    /// `10.231.77.<10 + index>`, pods in `10.232.<index>.0/24`.
+    pub fn bench(layout: &Layout, index: usize) -> Result<Self> {
+        ensure!((1..=MAX_BENCH_NODES).contains(&index), "bench node {index}: expected 1 to {MAX_BENCH_NODES}");
+        let name = format!("swiftlet-bench-node-{index}");
+        let dir = layout.root.join("bench-nodes").join(index.to_string());
+        Ok(Self {
+            hostname: name.clone(),
+            address: format!("10.231.77.{}", 10 + index),
+            host_veth: format!("swl-nb{index}"),
+            pod_subnet: format!("10.232.{index}.0/24"),
+            rootfs: dir.join("rootfs"),
+            state_file: layout.state.join(format!("bench-node-{index}.json")),
+            console: layout.state.join(format!("bench-node-{index}-console.log")),
+            boot_script: layout.state.join(format!("bench-node-{index}-boot.sh")),
+            launcher_log: layout.state.join(format!("bench-node-{index}-launcher.log")),
+            containerd2: false,
+            name,
+        })
+    }
+
+    /// The recorded container of this spec, if any.
+    pub fn load(&self) -> Result<Option<State>> {
+        images::read_json(&self.state_file)
+    }
+
+    fn save(&self, state: &State) -> Result<()> {
+        images::write_atomic(&self.state_file, &serde_json::to_vec_pretty(state)?)
     }
 }
 
-/// Starts the node container (the test bed must be up: its images are imported).
+/// Starts the test bed's node container (the test bed must be up: its images are imported).
 pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
-    if let Some(state) = State::load(layout)? {
+    up_spec(ctx, &Spec::testbed(layout)).await
+}
+
+/// Starts the node container `spec` (the test bed must be up: its images are imported).
+pub async fn up_spec(ctx: &Ctx, spec: &Spec) -> Result<State> {
+    if let Some(state) = spec.load()? {
         if containerd::is_alive(state.init_pid) {
-            eprintln!("node container: already up (PID 1 is host pid {})", state.init_pid);
+            eprintln!("node container {}: already up (PID 1 is host pid {})", spec.name, state.init_pid);
             return Ok(state);
         }
-        eprintln!("node container: removing the remains of a stopped one");
-        down(layout)?;
+        eprintln!("node container {}: removing the remains of a stopped one", spec.name);
+        down_spec(spec)?;
     }
     let containerd2 = crate::containerd2::Containerd2::new(ctx);
-    containerd2.build()?;
+    if spec.containerd2 {
+        containerd2.build()?;
+    }
     let tar = rootfs_tar(ctx)?;
-    let rootfs = rootfs_dir(layout);
+    let rootfs = spec.rootfs.clone();
     if rootfs.exists() {
         fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
     }
@@ -270,25 +358,30 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         Command::new("tar").arg("--numeric-owner").arg("-xpf").arg(&tar).arg("-C").arg(&rootfs),
         "tar",
     )?;
-    prepare_rootfs(&rootfs)?;
-    let dir = rootfs.join(CONTAINERD2_DIR.trim_start_matches('/'));
-    fs::create_dir_all(&dir)?;
-    for name in crate::containerd2::Containerd2::names() {
-        fs::copy(containerd2.bin(name), dir.join(name)).with_context(|| format!("installing {name} in the node"))?;
+    prepare_rootfs(&rootfs, spec)?;
+    if spec.containerd2 {
+        let dir = rootfs.join(CONTAINERD2_DIR.trim_start_matches('/'));
+        fs::create_dir_all(&dir)?;
+        for name in crate::containerd2::Containerd2::names() {
+            fs::copy(containerd2.bin(name), dir.join(name))
+                .with_context(|| format!("installing {name} in the node"))?;
+        }
     }
 
-    let cgroups = node_cgroups()?;
+    let cgroups = node_cgroups(&spec.name)?;
     let mut state = State {
         launcher_pid: 0,
         init_pid: 0,
         cgroups: cgroups.clone(),
         bridge_created: false,
         rootfs: rootfs.clone(),
-        address: NODE_ADDR.to_owned(),
+        address: spec.address.clone(),
     };
     // Recorded before anything is made, so that `down` finds all of it.
-    fs::create_dir_all(&layout.state)?;
-    state.save(layout)?;
+    if let Some(parent) = spec.state_file.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    spec.save(&state)?;
     for dir in &cgroups {
         fs::create_dir_all(dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
         if dir.starts_with("/sys/fs/cgroup/cpuset") {
@@ -300,11 +393,11 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
             }
         }
     }
-    let console = console_log(layout);
+    let console = spec.console.clone();
     fs::write(&console, b"")?;
-    let script = layout.state.join("node-container-boot.sh");
-    fs::write(&script, boot_script(&cleanup::cgroup_hierarchies(), &cgroups, &rootfs, &console))?;
-    let outer_log = layout.state.join("node-container-launcher.log");
+    let script = spec.boot_script.clone();
+    fs::write(&script, boot_script(&cleanup::cgroup_hierarchies(), &cgroups, &rootfs, &console, &spec.hostname))?;
+    let outer_log = spec.launcher_log.clone();
     let log = fs::File::create(&outer_log)?;
     let child = Command::new("setsid")
         .arg("sh")
@@ -316,22 +409,25 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         .context("starting the node container (setsid, unshare: util-linux)")?;
     let launcher_pid = i32::try_from(child.id())?;
     state.launcher_pid = launcher_pid;
-    state.save(layout)?;
+    spec.save(&state)?;
     // Not waited for: it lives until `down`.
     drop(child);
 
     let result = async {
         state.init_pid = wait_for_init(launcher_pid, &outer_log)?;
-        state.save(layout)?;
-        eprintln!("node container: systemd is host pid {}", state.init_pid);
-        state.bridge_created = network(state.init_pid)?;
-        state.save(layout)?;
+        spec.save(&state)?;
+        eprintln!("node container {}: systemd is host pid {}", spec.name, state.init_pid);
+        state.bridge_created = network(state.init_pid, spec)?;
+        spec.save(&state)?;
         wait_running(state.init_pid, &console)?;
         wait_active(state.init_pid, "containerd.service")?;
-        wait_active(state.init_pid, "containerd2.service")?;
         let built = images::build_all(&ctx.workspace, &images::cache_dir(ctx))?;
-        check_systemd_cgroups(&state, &built, Runtime::Debian).await?;
-        check_systemd_cgroups(&state, &built, Runtime::Containerd2).await
+        check_systemd_cgroups(&state, spec, &built, Runtime::Debian).await?;
+        if spec.containerd2 {
+            wait_active(state.init_pid, "containerd2.service")?;
+            check_systemd_cgroups(&state, spec, &built, Runtime::Containerd2).await?;
+        }
+        anyhow::Ok(())
     }
     .await;
     if let Err(e) = result {
@@ -342,12 +438,15 @@ pub async fn up(ctx: &Ctx, layout: &Layout) -> Result<State> {
         {
             eprintln!("node container: its journal:\n{}", String::from_utf8_lossy(&out.stdout));
         }
-        if let Err(down_error) = down(layout) {
+        if let Err(down_error) = down_spec(spec) {
             eprintln!("node container: removing it failed too: {down_error:#}");
         }
         return Err(e);
     }
-    eprintln!("node container: up, systemd running, containerd with SystemdCgroup; address {NODE_ADDR}");
+    eprintln!(
+        "node container {}: up, systemd running, containerd with SystemdCgroup; address {}",
+        spec.name, spec.address
+    );
     Ok(state)
 }
 
@@ -387,24 +486,27 @@ fn rootfs_tar(ctx: &Ctx) -> Result<PathBuf> {
 }
 
 /// The node's own files: host name, hosts, masked units, containerd's configuration.
-fn prepare_rootfs(rootfs: &Path) -> Result<()> {
+fn prepare_rootfs(rootfs: &Path, spec: &Spec) -> Result<()> {
     let write = |rel: &str, data: &str| -> Result<()> {
         let path = rootfs.join(rel);
         fs::create_dir_all(path.parent().context("a file without a directory")?)?;
         fs::write(&path, data).with_context(|| format!("writing {}", path.display()))
     };
-    write("etc/hostname", &format!("{HOSTNAME}\n"))?;
-    write("etc/hosts", &format!("127.0.0.1 localhost\n{NODE_ADDR} {HOSTNAME}\n"))?;
+    let (hostname, address) = (&spec.hostname, &spec.address);
+    write("etc/hostname", &format!("{hostname}\n"))?;
+    write("etc/hosts", &format!("127.0.0.1 localhost\n{address} {hostname}\n"))?;
     write("etc/containerd/config.toml", CONTAINERD_CONFIG)?;
-    write("etc/containerd2/config.toml", CONTAINERD2_CONFIG)?;
-    write("etc/systemd/system/containerd2.service", CONTAINERD2_UNIT)?;
-    let wants = rootfs.join("etc/systemd/system/multi-user.target.wants");
-    fs::create_dir_all(&wants)?;
-    let link = wants.join("containerd2.service");
-    if link.symlink_metadata().is_err() {
-        std::os::unix::fs::symlink("/etc/systemd/system/containerd2.service", &link)?;
+    if spec.containerd2 {
+        write("etc/containerd2/config.toml", CONTAINERD2_CONFIG)?;
+        write("etc/systemd/system/containerd2.service", CONTAINERD2_UNIT)?;
+        let wants = rootfs.join("etc/systemd/system/multi-user.target.wants");
+        fs::create_dir_all(&wants)?;
+        let link = wants.join("containerd2.service");
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink("/etc/systemd/system/containerd2.service", &link)?;
+        }
     }
-    write("etc/cni/net.d/10-swiftlet-node.conflist", NODE_CNI)?;
+    write("etc/cni/net.d/10-swiftlet-node.conflist", &node_cni(&spec.pod_subnet))?;
     let units = rootfs.join("etc/systemd/system");
     fs::create_dir_all(&units)?;
     for unit in MASKED_UNITS {
@@ -418,15 +520,15 @@ fn prepare_rootfs(rootfs: &Path) -> Result<()> {
 }
 
 /// The node's cgroup in every hierarchy, under this process's own cgroup there.
-fn node_cgroups() -> Result<Vec<PathBuf>> {
+fn node_cgroups(name: &str) -> Result<Vec<PathBuf>> {
     let own = fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
     let mut dirs = Vec::new();
     for mount in cleanup::cgroup_hierarchies() {
-        let name = mount.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let hierarchy = mount.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let cgroup2 = mount == Path::new("/sys/fs/cgroup/unified") || mount == Path::new("/sys/fs/cgroup");
-        let path = own_cgroup_in(&own, &name, cgroup2)
+        let path = own_cgroup_in(&own, &hierarchy, cgroup2)
             .with_context(|| format!("no line for {} in /proc/self/cgroup", mount.display()))?;
-        dirs.push(mount.join(path.trim_start_matches('/')).join(NAME));
+        dirs.push(mount.join(path.trim_start_matches('/')).join(name));
     }
     ensure!(!dirs.is_empty(), "no cgroup hierarchy is mounted under /sys/fs/cgroup");
     Ok(dirs)
@@ -452,7 +554,7 @@ fn own_cgroup_in(proc_self_cgroup: &str, name: &str, cgroup2: bool) -> Option<St
 /// The launcher: moves itself into the node's cgroups, then starts systemd as PID 1 of
 /// new namespaces with its root in `rootfs`, the cgroup hierarchies mounted at `mounts`
 /// mounted alike in it, and its console in `console`.
-fn boot_script(mounts: &[PathBuf], cgroups: &[PathBuf], rootfs: &Path, console: &Path) -> String {
+fn boot_script(mounts: &[PathBuf], cgroups: &[PathBuf], rootfs: &Path, console: &Path, hostname: &str) -> String {
     let mut s = String::from("#!/bin/sh\n# Written by `cargo xtask testbed up --node-container`.\nset -e\n");
     for dir in cgroups {
         let _ = writeln!(s, "echo $$ > '{}/cgroup.procs'", dir.display());
@@ -490,13 +592,13 @@ mount -t {fs_type} -o {options} cgroup \"$R/sys/fs/cgroup/{h}\""
     let _ = write!(
         inner,
         "mount -t tmpfs -o mode=755,nosuid tmpfs \"$R/dev\"\n\
-         for n in null zero full random urandom tty; do touch \"$R/dev/$n\"; mount --bind \"/dev/$n\" \"$R/dev/$n\"; done\n\
+         for n in null zero full random urandom tty kmsg; do touch \"$R/dev/$n\"; mount --bind \"/dev/$n\" \"$R/dev/$n\"; done\n\
          mkdir \"$R/dev/pts\" \"$R/dev/shm\"\n\
          mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts \"$R/dev/pts\"\n\
          ln -s pts/ptmx \"$R/dev/ptmx\"\n\
          touch \"$R/dev/console\"; mount --bind '{console}' \"$R/dev/console\"\n\
          mount -t tmpfs -o mode=755,nosuid,nodev tmpfs \"$R/run\"\n\
-         hostname {HOSTNAME}\n\
+         hostname {hostname}\n\
          cd \"$R\"; mkdir -p .oldroot; pivot_root . .oldroot; umount -l /.oldroot; rmdir /.oldroot\n\
          export container=other\n\
          exec /lib/systemd/systemd --log-target=console\n",
@@ -541,15 +643,16 @@ fn in_node(init: i32, args: &[&str]) -> Result<std::process::Output> {
 }
 
 /// The veth pair and the bridge; returns whether the bridge was created.
-fn network(init: i32) -> Result<bool> {
+fn network(init: i32, spec: &Spec) -> Result<bool> {
     let created = !cleanup::link_exists(BRIDGE);
     if created {
         ip(&["link", "add", BRIDGE, "type", "bridge"])?;
         ip(&["addr", "add", &format!("{BRIDGE_ADDR}/{PREFIX_LEN}"), "dev", BRIDGE])?;
         ip(&["link", "set", BRIDGE, "up"])?;
     }
-    ip(&["link", "add", HOST_VETH, "type", "veth", "peer", "name", "host0", "netns", &init.to_string()])?;
-    ip(&["link", "set", HOST_VETH, "master", BRIDGE, "up"])?;
+    let veth = spec.host_veth.as_str();
+    ip(&["link", "add", veth, "type", "veth", "peer", "name", "host0", "netns", &init.to_string()])?;
+    ip(&["link", "set", veth, "master", BRIDGE, "up"])?;
     let node_ip = |args: &[&str]| -> Result<()> {
         let mut full = vec!["ip"];
         full.extend_from_slice(args);
@@ -558,7 +661,7 @@ fn network(init: i32) -> Result<bool> {
         Ok(())
     };
     node_ip(&["link", "set", "lo", "up"])?;
-    node_ip(&["addr", "add", &format!("{NODE_ADDR}/{PREFIX_LEN}"), "dev", "host0"])?;
+    node_ip(&["addr", "add", &format!("{}/{PREFIX_LEN}", spec.address), "dev", "host0"])?;
     node_ip(&["link", "set", "host0", "up"])?;
     node_ip(&["route", "add", "default", "via", BRIDGE_ADDR])?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -626,7 +729,12 @@ enum Runtime {
 
 /// Imports `built` into `runtime` of the node and runs a pod there through CRI (see the
 /// module docs' "Check").
-async fn check_systemd_cgroups(state: &State, built: &[images::BuiltImage], runtime: Runtime) -> Result<()> {
+async fn check_systemd_cgroups(
+    state: &State,
+    spec: &Spec,
+    built: &[images::BuiltImage],
+    runtime: Runtime,
+) -> Result<()> {
     let (ctr, socket) = match runtime {
         Runtime::Debian => ("ctr".to_owned(), "/run/containerd/containerd.sock"),
         Runtime::Containerd2 => (format!("{CONTAINERD2_DIR}/ctr"), CONTAINERD2_SOCKET),
@@ -664,8 +772,9 @@ async fn check_systemd_cgroups(state: &State, built: &[images::BuiltImage], runt
     let sandbox = cri.run_pod_sandbox(sandbox_config.clone()).await?;
     let result = async {
         let ip = cri.pod_sandbox_status(&sandbox).await?.network.map(|n| n.ip).unwrap_or_default();
-        let prefix = NODE_POD_SUBNET.trim_end_matches("0/24");
-        ensure!(ip.starts_with(prefix), "the pod's address {ip:?} is not in the node's pod subnet {NODE_POD_SUBNET}");
+        let subnet = spec.pod_subnet.as_str();
+        let prefix = subnet.trim_end_matches("0/24");
+        ensure!(ip.starts_with(prefix), "the pod's address {ip:?} is not in the node's pod subnet {subnet}");
         let container = cri
             .create_container(
                 &sandbox,
@@ -725,21 +834,26 @@ async fn connect(socket: &Path) -> Result<CriClient> {
     }
 }
 
-/// Stops the node container and removes all it left: processes, cgroups, veth and
-/// bridge, root filesystem, state.
+/// Stops the test bed's node container and removes all it left (see [`down_spec`]).
 pub fn down(layout: &Layout) -> Result<()> {
-    let Some(state) = State::load(layout)? else {
-        let rootfs = rootfs_dir(layout);
+    down_spec(&Spec::testbed(layout))
+}
+
+/// Stops the node container `spec` and removes all it left: processes, cgroups, veth,
+/// the bridge once no node container is on it, root filesystem, state.
+pub fn down_spec(spec: &Spec) -> Result<()> {
+    let Some(state) = spec.load()? else {
+        let rootfs = &spec.rootfs;
         if rootfs.exists() {
-            fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
+            fs::remove_dir_all(rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
         }
         return Ok(());
     };
     if containerd::is_alive(state.init_pid) && is_our_init(&state) {
-        eprintln!("node container: powering off (PID 1 is host pid {})", state.init_pid);
+        eprintln!("node container {}: powering off (PID 1 is host pid {})", spec.name, state.init_pid);
         let _ = in_node(state.init_pid, &["systemctl", "poweroff", "--no-block"]);
         if !wait_gone(state.launcher_pid, Duration::from_secs(30)) {
-            eprintln!("node container: still up after 30 s; SIGKILL to its PID 1");
+            eprintln!("node container {}: still up after 30 s; SIGKILL to its PID 1", spec.name);
             containerd::signal(state.init_pid, libc::SIGKILL);
         }
     } else if containerd::is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
@@ -763,10 +877,11 @@ pub fn down(layout: &Layout) -> Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    if cleanup::link_exists(HOST_VETH) {
-        ip(&["link", "del", HOST_VETH])?;
+    if cleanup::link_exists(&spec.host_veth) {
+        ip(&["link", "del", &spec.host_veth])?;
     }
-    if state.bridge_created && cleanup::link_exists(BRIDGE) {
+    // Several node containers share the bridge: the last one down removes it.
+    if state.bridge_created && cleanup::link_exists(BRIDGE) && bridge_ports().is_empty() {
         ip(&["link", "del", BRIDGE])?;
     }
     let mounts = cleanup::mounts()?;
@@ -775,30 +890,72 @@ pub fn down(layout: &Layout) -> Result<()> {
     if state.rootfs.exists() {
         fs::remove_dir_all(&state.rootfs).with_context(|| format!("removing {}", state.rootfs.display()))?;
     }
-    fs::remove_file(state_file(layout)).ok();
-    eprintln!("node container: down");
+    // The directories that held only the root filesystem (a bench node's `bench-nodes/<i>`
+    // and, once the last is gone, `bench-nodes`): removing a non-empty one fails, harmlessly.
+    if let Some(parent) = state.rootfs.parent() {
+        let _ = fs::remove_dir(parent);
+        if let Some(grand) = parent.parent().filter(|g| g.ends_with("bench-nodes")) {
+            let _ = fs::remove_dir(grand);
+        }
+    }
+    for file in [&spec.boot_script, &spec.launcher_log] {
+        fs::remove_file(file).ok();
+    }
+    fs::remove_file(&spec.state_file).ok();
+    eprintln!("node container {}: down", spec.name);
     Ok(())
 }
 
-/// What a node container left on the host.
+/// The interfaces on [`BRIDGE`].
+fn bridge_ports() -> Vec<String> {
+    fs::read_dir(format!("/sys/class/net/{BRIDGE}/brif"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// Stops every bench node container (`bench cluster`) a killed bench left.
+pub fn down_bench(layout: &Layout) -> Result<()> {
+    let mut failures = Vec::new();
+    for i in 1..=MAX_BENCH_NODES {
+        let spec = Spec::bench(layout, i)?;
+        if (spec.state_file.exists() || spec.rootfs.exists())
+            && let Err(e) = down_spec(&spec)
+        {
+            failures.push(format!("{}: {e:#}", spec.name));
+        }
+    }
+    if failures.is_empty() { Ok(()) } else { bail!("{}", failures.join("; ")) }
+}
+
+/// What the bench node containers (`bench cluster`) left on the host.
+pub fn bench_leftovers(layout: &Layout) -> Vec<String> {
+    (1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok()).flat_map(|s| spec_leftovers(&s)).collect()
+}
+
+/// What the test bed's node container left on the host.
 pub fn leftovers(layout: &Layout) -> Vec<String> {
+    spec_leftovers(&Spec::testbed(layout))
+}
+
+/// What node container `spec` left on the host.
+fn spec_leftovers(spec: &Spec) -> Vec<String> {
     let mut left = Vec::new();
-    if let Ok(Some(state)) = State::load(layout) {
+    if let Ok(Some(state)) = spec.load() {
         if containerd::is_alive(state.launcher_pid) && is_our_launcher(state.launcher_pid, &state.rootfs) {
             left.push(format!("node container launcher process {}", state.launcher_pid));
         }
         for cg in state.cgroups.iter().filter(|d| d.exists()) {
             left.push(format!("node container cgroup {}", cg.display()));
         }
-        if state.bridge_created && cleanup::link_exists(BRIDGE) {
+        if state.bridge_created && cleanup::link_exists(BRIDGE) && bridge_ports().is_empty() {
             left.push(format!("bridge {BRIDGE}"));
         }
     }
-    if cleanup::link_exists(HOST_VETH) {
-        left.push(format!("veth {HOST_VETH}"));
+    if cleanup::link_exists(&spec.host_veth) {
+        left.push(format!("veth {}", spec.host_veth));
     }
-    if rootfs_dir(layout).exists() {
-        left.push(format!("node container root filesystem {}", rootfs_dir(layout).display()));
+    if spec.rootfs.exists() {
+        left.push(format!("node container root filesystem {}", spec.rootfs.display()));
     }
     left
 }
@@ -854,7 +1011,7 @@ mod tests {
             PathBuf::from("/sys/fs/cgroup/unified/swiftlet-node-container"),
         ];
         let mounts = ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"].map(PathBuf::from);
-        let s = boot_script(&mounts, &cgroups, Path::new("/r/rootfs"), Path::new("/s/console.log"));
+        let s = boot_script(&mounts, &cgroups, Path::new("/r/rootfs"), Path::new("/s/console.log"), "n1");
         assert!(s.contains("echo $$ > '/sys/fs/cgroup/memory/p/swiftlet-node-container/cgroup.procs'\n"));
         assert!(s.contains("mount -t cgroup -o nosuid,nodev,noexec,memory cgroup \"$R/sys/fs/cgroup/memory\""));
         assert!(s.contains("-o nosuid,nodev,noexec,none,name=systemd cgroup"));
@@ -866,8 +1023,39 @@ mod tests {
         assert!(inner.trim_end().ends_with('\''));
         assert!(inner.contains("R='\\''/r/rootfs'\\''"));
         // Only cgroup v2, at /sys/fs/cgroup: mounted there, no tmpfs.
-        let v2 = boot_script(&[PathBuf::from("/sys/fs/cgroup")], &cgroups[..1], Path::new("/r"), Path::new("/c"));
+        let v2 = boot_script(&[PathBuf::from("/sys/fs/cgroup")], &cgroups[..1], Path::new("/r"), Path::new("/c"), "n1");
         assert!(v2.contains("mount -t cgroup2 -o nosuid,nodev,noexec cgroup \"$R/sys/fs/cgroup\"\n"));
         assert!(!v2.contains("tmpfs tmpfs \"$R/sys/fs/cgroup\""));
+        assert!(s.contains("\nhostname n1\n") && s.contains(" tty kmsg; do"), "{s}");
+    }
+
+    /// The bench's node containers differ from each other and from the test bed's in every
+    /// name, address and path; only the bridge is shared.
+    #[test]
+    fn bench_node_specs_share_nothing_but_the_bridge() {
+        let layout = Layout::new(Path::new("/x/root"), Path::new("/x/state"));
+        let mut specs = vec![Spec::testbed(&layout)];
+        specs.extend((1..=MAX_BENCH_NODES).map(|i| Spec::bench(&layout, i).unwrap()));
+        for field in [
+            |s: &Spec| s.name.clone(),
+            |s: &Spec| s.hostname.clone(),
+            |s: &Spec| s.address.clone(),
+            |s: &Spec| s.host_veth.clone(),
+            |s: &Spec| s.pod_subnet.clone(),
+            |s: &Spec| s.rootfs.display().to_string(),
+            |s: &Spec| s.state_file.display().to_string(),
+            |s: &Spec| s.console.display().to_string(),
+        ] {
+            let values: std::collections::BTreeSet<String> = specs.iter().map(field).collect();
+            assert_eq!(values.len(), specs.len(), "{values:?}");
+        }
+        // Interface names are at most 15 bytes.
+        assert!(specs.iter().all(|s| s.host_veth.len() <= 15));
+        let third = Spec::bench(&layout, 3).unwrap();
+        assert_eq!((third.address.as_str(), third.pod_subnet.as_str()), ("10.231.77.13", "10.232.3.0/24"));
+        assert!(!third.containerd2 && Spec::testbed(&layout).containerd2);
+        assert!(Spec::bench(&layout, 0).is_err() && Spec::bench(&layout, MAX_BENCH_NODES + 1).is_err());
+        assert!(node_cni(&third.pod_subnet).contains("\"subnet\": \"10.232.3.0/24\""));
+        assert_eq!(node_cni(NODE_POD_SUBNET), NODE_CNI);
     }
 }

@@ -422,6 +422,7 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
 
     // The control plane first: its controllers must not act on a half-removed node.
     steps.run("stopping the control plane", cluster::down(layout, &Upstream::new(ctx).bin_dir));
+    steps.run("stopping the bench's node containers", crate::nodectr::down_bench(layout));
     steps.run("stopping the node container", crate::nodectr::down(layout));
 
     let config = layout.containerd_config();
@@ -496,6 +497,7 @@ pub fn check_clean(layout: &Layout, bin_dir: &Path, state: Option<&State>) -> Ve
     left.extend(registry::leftovers(layout));
     left.extend(cluster::leftovers(layout, bin_dir));
     left.extend(crate::nodectr::leftovers(layout));
+    left.extend(crate::nodectr::bench_leftovers(layout));
 
     let mut dirs = layout.dirs();
     match state {

@@ -13,6 +13,11 @@
 //!   the upstream kubelet's figures.
 //! - `eviction`: memory threshold crossed → eviction decision, with the kernel's signals
 //!   and with the periodic 10 s pass alone.
+//! - `cluster`: several nodes (node containers) joined to the control plane, a Deployment
+//!   spread across them; pod start-up and the API load per node at idle and during churn,
+//!   for swiftlet and the upstream kubelet, and a model of a 5,000-node fleet ([`fleet`]).
+//! - `density`: one node at growing pod counts (`--pods 250,500`): idle CPU and RSS,
+//!   kill → pod status, API requests at idle, scrape cost, start-up; SVG plots ([`density`]).
 //! - `runtime-events`: what CRI `GetContainerEvents` adds to the kernel's events, with the
 //!   agent in the node container on containerd 2.x (`swiftlet_tests::runtime_events`, run
 //!   by the tests crate's `swiftlet-chaos`, which takes the test bed's lock itself).
@@ -32,7 +37,9 @@ pub(crate) mod agent;
 mod apiload;
 pub(crate) mod apiserver;
 pub(crate) mod cluster;
+mod density;
 mod eviction;
+mod fleet;
 pub(crate) mod https;
 mod latency;
 mod pleg;
@@ -43,6 +50,7 @@ mod records;
 mod report;
 mod scrape;
 mod summary;
+mod svg;
 mod verdict;
 pub(crate) mod watch;
 
@@ -88,6 +96,17 @@ pub enum BenchCmd {
     /// default) and with the periodic 10 s pass alone, side by side (20 runs each by
     /// default, about 2 and 5 minutes); needs the machine and the test bed to itself.
     Eviction(eviction::EvictionArgs),
+    /// Three (`--nodes`, up to 5) node containers joined to the test bed's control plane,
+    /// a Deployment spread across them: pod start-up and the API server's load per node
+    /// (requests by verb and resource, watches, bytes) at idle and during churn, for
+    /// swiftlet and as many upstream kubelets, and a model of 5,000 nodes × 110 pods.
+    /// About 8 minutes; needs the machine and the test bed to itself.
+    Cluster(fleet::ClusterArgs),
+    /// One node as its pod count grows (`--pods 250,500`, maxPods raised): idle CPU and
+    /// RSS, kill → pod status, API requests at idle, scrape cost and pod start-up at each
+    /// count, SVG plots in `target/bench/`; `--other-agent upstream` beside it. 15 to 25
+    /// minutes at 250 and 500 pods; needs the machine and the test bed to itself.
+    Density(density::DensityArgs),
 }
 
 /// Runs `command`, or the summary (`all`) with `all` when there is none, holding the test
@@ -105,6 +124,8 @@ pub async fn run(ctx: &Ctx, layout: &Layout, command: Option<BenchCmd>, all: All
         BenchCmd::Pleg(args) => pleg::run(ctx, layout, &args).await,
         BenchCmd::Scrape(args) => scrape::run(ctx, layout, &args).await,
         BenchCmd::Eviction(args) => eviction::run(ctx, layout, &args).await,
+        BenchCmd::Cluster(args) => fleet::run(ctx, layout, &args).await,
+        BenchCmd::Density(args) => density::run(ctx, layout, &args).await,
         BenchCmd::RuntimeEvents(args) => runtime_events(ctx, layout, &args),
     }
 }

@@ -943,7 +943,7 @@ async fn wait_bench_namespaces_gone(client: &mut ApiClient) -> Result<()> {
 
 /// What `--other-agent` names: `upstream` is the upstream kubelet of `target/upstream/`
 /// (built if it is missing; `./upstream` for a file of that name), anything else a path.
-fn other_agent(ctx: &Ctx, given: &Path) -> Result<PathBuf> {
+pub(super) fn other_agent(ctx: &Ctx, given: &Path) -> Result<PathBuf> {
     if given != Path::new(UPSTREAM) {
         return pleg::given_binary(given, "--other-agent");
     }

@@ -1,0 +1,399 @@
+//! `cargo xtask bench density`: one node as its pod count grows (`--pods 250,500`, maxPods
+//! raised to match): at each count the agent's idle CPU and RSS, the exit of a container
+//! seen in the API (kill → pod status on the bench's watch, the PLEG's latency as a user
+//! sees it), the agent's API requests a second at idle (its status writes, which should
+//! not grow with the pods when nothing changes), the cost of a scrape of each endpoint,
+//! and the start-up of the pods added to reach the count — with `--other-agent` (the
+//! upstream kubelet) beside it, one agent after the other. The figures go to
+//! `target/bench/density.md`, one SVG plot per curve beside it (`density-*.svg`).
+//!
+//! The agent is a [`BenchAgent`] joined to the test bed's control plane ([`Cluster`]) on
+//! the test bed's containerd, as the summary's; the pods are API pods bound to its node,
+//! one busybox container each, added in steps (the pods of one count stay for the next).
+//! The idle window counts the agent's requests exactly (the node flow schemas, see
+//! [`apiload`]: one agent at a time); the exit latency kills `--kills` containers of
+//! different pods, one every 1.5 s, with SIGKILL from the host.
+//!
+//! At 250 and 500 pods a run takes the machine for 15–25 minutes (start-up alone: 78 s for
+//! 250 and 245 s for 500 pods here, ENVIRONMENT.md); validate it at small counts
+//! (`--pods 20,40`).
+
+use std::{collections::BTreeSet, fmt::Write as _, fs, path::Path, time::Duration};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::{
+    Ctx,
+    bench::{
+        BedArgs,
+        agent::{BenchAgent, PlegMode},
+        apiload::{self, Window},
+        apiserver::ApiServer,
+        cluster::Cluster,
+        latency::Summary,
+        pleg, procfs, report, scrape,
+        svg::{self, Series},
+        watch,
+    },
+    testbed::Layout,
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DensityArgs {
+    #[command(flatten)]
+    pub bed: BedArgs,
+    /// Pod counts, ascending (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "250,500")]
+    pub pods: Vec<usize>,
+    /// Containers killed at each count (in different pods) for the exit latency.
+    #[arg(long, default_value_t = 20)]
+    pub kills: usize,
+    /// Length of the idle window at each count.
+    #[arg(long, default_value_t = 30)]
+    pub idle_secs: u64,
+    /// Scrapes of each endpoint at each count.
+    #[arg(long, default_value_t = 3)]
+    pub scrapes: usize,
+    /// Another agent measured the same way after swiftlet (`upstream`: the upstream
+    /// kubelet of `target/upstream/`, or a path).
+    #[arg(long)]
+    pub other_agent: Option<std::path::PathBuf>,
+}
+
+/// What one agent measured at one pod count.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Point {
+    pub pods: usize,
+    /// Start-up (create → Running on the watch) of the pods added for this count.
+    pub startup: Option<Summary>,
+    pub idle_cores: f64,
+    pub rss_bytes: u64,
+    /// The agent's API requests a second at idle (exact).
+    pub idle_requests: f64,
+    /// Its `PATCH pods/status` a second at idle (estimated against the baseline).
+    pub idle_status_writes: f64,
+    /// Kill → the container's exit in the pod's status on the watch.
+    pub exit_to_api: Option<Summary>,
+    /// Median agent CPU per scrape (ms) by endpoint path.
+    pub scrape_cpu_ms: Vec<(String, f64)>,
+}
+
+/// One agent's curve.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Curve {
+    pub label: String,
+    pub points: Vec<Point>,
+}
+
+pub async fn run(ctx: &Ctx, layout: &Layout, args: &DensityArgs) -> Result<()> {
+    ensure!(!args.pods.is_empty(), "--pods: give at least one count");
+    ensure!(args.pods.windows(2).all(|w| w[0] < w[1]), "--pods {:?}: counts must ascend", args.pods);
+    ensure!(args.kills <= args.pods[0], "--kills {} is more than the first count {}", args.kills, args.pods[0]);
+    let leave_bed_up = super::bed_was_up(layout) || args.bed.keep_testbed;
+    super::bed_up(ctx, layout, &["curl"]).await?;
+    let api = ApiServer::up(ctx, layout)?;
+    let (binary, mut cri, env) = super::agent_and_runtime(ctx, layout, args.bed.swiftlet_bin.as_deref()).await?;
+    let mut agents = vec![("swiftlet".to_owned(), binary, true)];
+    if let Some(other) = &args.other_agent {
+        agents.push(("kubelet".to_owned(), super::summary::other_agent(ctx, other)?, false));
+    }
+    let mut curves = Vec::new();
+    let mut slot: Option<Cluster> = None;
+    let mut outcome = Ok(());
+    for (label, binary, swiftlet) in &agents {
+        let mut curve = Curve { label: label.clone(), points: Vec::new() };
+        let r = {
+            let bench = curve_of(layout, args, &api, label, binary, *swiftlet, &mut slot, &mut curve);
+            let mut bench = std::pin::pin!(bench);
+            super::until_interrupted(bench.as_mut(), "removing the pods, stopping the agent").await
+        };
+        let cleanup = match slot.take() {
+            Some(mut c) => c.end(layout, &pleg::bench_dir(ctx).join(format!("density-{label}.log"))).await,
+            None => Ok(()),
+        };
+        curves.push(curve);
+        if let Err(e) = r.and(super::said(cleanup)) {
+            outcome = Err(e);
+            break;
+        }
+    }
+    let _ = super::agent::remove_bench_sandboxes(&mut cri).await;
+    let published = publish(ctx, &env, args, &curves, outcome.is_err());
+    super::finish(ctx, layout, leave_bed_up, outcome, Ok(()), published).await
+}
+
+/// One agent from the first count to the last.
+#[expect(clippy::too_many_arguments, reason = "one agent's run, its slot filled for the caller's clean-up")]
+async fn curve_of(
+    layout: &Layout,
+    args: &DensityArgs,
+    api: &ApiServer,
+    label: &str,
+    binary: &Path,
+    swiftlet: bool,
+    slot: &mut Option<Cluster>,
+    curve: &mut Curve,
+) -> Result<()> {
+    let most = *args.pods.last().context("no counts")?;
+    let mut agent = BenchAgent::named(label, PlegMode::Evented, binary, &layout.endpoint(), most + 10)?
+        .with_config("evictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n")
+        // The upstream kubelet removes stopped sandboxes in its garbage collection, minutes
+        // later: what is left after a minute is removed through CRI.
+        .with_drain_timeout(Duration::from_mins(1));
+    if !swiftlet {
+        agent = agent.other_agent();
+    }
+    let mut metrics = api.client();
+    // The control plane alone (the agent's status writes are estimated against it).
+    let before = apiload::read(&mut metrics).await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let baseline = Window::between(&before, &apiload::read(&mut metrics).await?, &[]);
+    let c = slot.insert(Cluster::prepare(api, agent)?);
+    c.start().await?;
+    let mut cri = crate::cri::CriClient::connect(&layout.socket()).await?;
+    let mut names: Vec<String> = Vec::new();
+    for &count in &args.pods {
+        eprintln!("bench: {label}: adding {} pods to reach {count}", count - names.len());
+        let new: Vec<String> = (names.len()..count).map(|i| format!("dense-{i:04}")).collect();
+        let pods: Vec<_> = new.iter().map(|n| c.pod(n, pleg::SLEEPER, false)).collect();
+        let sent = c.create_pods(&pods).await?;
+        let timeout =
+            Duration::from_mins(2) + Duration::from_millis(800) * u32::try_from(new.len()).unwrap_or(u32::MAX);
+        let running = c.wait_running(&new, &sent, timeout).await?;
+        let startup = Summary::of(running.iter().zip(&sent).map(|(r, s)| r.saturating_sub(*s)));
+        names.extend(new);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+
+        // Idle.
+        let pid = c.agent.pid().context("agent pid")?;
+        let cpu0 = procfs::cpu_seconds(pid)?;
+        let r0 = apiload::read(&mut metrics).await?;
+        let t0 = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+        let cpu1 = procfs::cpu_seconds(pid)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let window = Window::between(&r0, &apiload::read(&mut metrics).await?, &[]);
+        let (rss, _) = procfs::memory(pid)?;
+        let status_writes = window.agent_by_request(Some(&baseline)).get("PATCH pods/status").copied().unwrap_or(0.0);
+
+        // Scrapes.
+        let mut scrape_cpu_ms = Vec::new();
+        for endpoint in &scrape::ENDPOINTS {
+            let s = scrape::scrape_endpoint(&mut c.agent, None, endpoint, args.scrapes).await?;
+            let mut cpu: Vec<u64> = s.iter().map(|s| s.cpu_ns).collect();
+            cpu.sort_unstable();
+            let median = cpu.get(cpu.len() / 2).copied().unwrap_or(0);
+            scrape_cpu_ms.push((endpoint.path.to_owned(), median as f64 / 1e6));
+        }
+
+        // Exits.
+        let exits = kill_and_watch(c, &mut cri, &names, args.kills).await?;
+        let point = Point {
+            pods: count,
+            startup,
+            idle_cores: (cpu1 - cpu0) / secs,
+            rss_bytes: rss,
+            idle_requests: window.agent_rate(),
+            idle_status_writes: status_writes,
+            exit_to_api: Summary::of(exits),
+            scrape_cpu_ms,
+        };
+        eprintln!(
+            "bench: {label} at {count} pods: idle {:.4} cores, RSS {:.0} MiB, {} req/s, kill → API p99 {}",
+            point.idle_cores,
+            point.rss_bytes as f64 / 1_048_576.0,
+            apiload::fmt_rate(point.idle_requests),
+            point.exit_to_api.map_or("—".to_owned(), |s| report::fmt_ms(s.p99))
+        );
+        curve.points.push(point);
+    }
+    Ok(())
+}
+
+/// Kills container `c0` of `kills` different pods, one every 1.5 s; returns kill → the
+/// exit on the bench's watch for each, then waits until every killed pod runs again.
+async fn kill_and_watch(
+    c: &mut Cluster,
+    cri: &mut crate::cri::CriClient,
+    names: &[String],
+    kills: usize,
+) -> Result<Vec<u64>> {
+    let step = (names.len() / kills.max(1)).max(1);
+    let chosen: Vec<&String> = names.iter().step_by(step).take(kills).collect();
+    let views = c.agent.pods().await?;
+    let mut out = Vec::new();
+    let mut killed = BTreeSet::new();
+    for name in chosen {
+        let Some(view) = views.iter().find(|p| &p.name == name) else { bail!("pod {name} is not in /pods") };
+        let Some(container) = view.containers.iter().find(|c| c.name == "c0" && c.running) else {
+            bail!("pod {name}: c0 does not run")
+        };
+        let id = container.id.clone().context("c0 without id")?;
+        let status = cri.container_status_verbose(&id).await?;
+        let pid = pleg::pid_from_info(&status.info).context("no pid in the container's status")?;
+        ensure!(procfs::in_container(pid, &id), "pid {pid} is no longer container {id}'s");
+        let at = procfs::monotonic_ns();
+        pleg::sig_kill(pid)?;
+        killed.insert(name.clone());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = c.watch()?.with_events(|ev| watch::exit_seen_at(ev, name, "c0", container.restarts, at))?;
+            if let Some(seen) = seen {
+                out.push(seen.saturating_sub(at));
+                break;
+            }
+            ensure!(std::time::Instant::now() < deadline, "the kill of {name}'s c0 did not show in the API in 30 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    // Every killed pod runs again (restartPolicy Always) before the next count.
+    let deadline = std::time::Instant::now() + Duration::from_mins(3);
+    loop {
+        let views = c.agent.pods().await?;
+        let down = views.iter().filter(|p| killed.contains(&p.name) && p.running_containers() == 0).count();
+        if down == 0 {
+            return Ok(out);
+        }
+        ensure!(std::time::Instant::now() < deadline, "{down} killed pods did not run again within 3 min");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The report.
+
+/// The plots: (file stem, title, y label, value of a point).
+type Metric = (&'static str, &'static str, &'static str, fn(&Point) -> Option<f64>);
+
+const METRICS: [Metric; 6] = [
+    ("idle-cpu", "Agent CPU at idle", "cores", |p| Some(p.idle_cores)),
+    ("rss", "Agent RSS", "MiB", |p| Some(p.rss_bytes as f64 / 1_048_576.0)),
+    ("exit-to-api", "Container kill → pod status in the API, p99", "ms", |p| {
+        p.exit_to_api.map(|s| s.p99 as f64 / 1e6)
+    }),
+    ("startup", "Pod start-up (create → Running), p99", "ms", |p| p.startup.map(|s| s.p99 as f64 / 1e6)),
+    ("api-idle", "Agent API requests at idle", "requests/s", |p| Some(p.idle_requests)),
+    ("scrape-cadvisor", "Agent CPU per /metrics/cadvisor scrape", "ms", |p| {
+        p.scrape_cpu_ms.iter().find(|(e, _)| e == "/metrics/cadvisor").map(|(_, v)| *v)
+    }),
+];
+
+/// The SVG plots (file name, document) of `curves`.
+pub fn plots(curves: &[Curve]) -> Vec<(String, String)> {
+    METRICS
+        .iter()
+        .map(|(stem, title, unit, value)| {
+            let series: Vec<Series> = curves
+                .iter()
+                .map(|c| Series {
+                    name: c.label.clone(),
+                    points: c.points.iter().filter_map(|p| Some((p.pods as f64, value(p)?))).collect(),
+                })
+                .collect();
+            (format!("density-{stem}.svg"), svg::line_chart(title, "pods on the node", unit, &series))
+        })
+        .collect()
+}
+
+/// The figures as a table: one row per agent and count.
+pub fn table(curves: &[Curve]) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let header = vec![
+        "agent",
+        "pods",
+        "idle CPU (cores)",
+        "RSS",
+        "kill → API p50 / p99",
+        "start-up p50 / p99",
+        "API req/s idle",
+        "PATCH pods/status /s (est.)",
+        "CPU per scrape (ms): metrics / cadvisor / resource / summary",
+    ];
+    let ms = |s: Option<Summary>| {
+        s.map_or("—".to_owned(), |s| format!("{} / {}", report::fmt_ms(s.p50), report::fmt_ms(s.p99)))
+    };
+    let rows = curves
+        .iter()
+        .flat_map(|c| {
+            c.points.iter().map(|p| {
+                vec![
+                    c.label.clone(),
+                    p.pods.to_string(),
+                    format!("{:.4}", p.idle_cores),
+                    format!("{:.1} MiB", p.rss_bytes as f64 / 1_048_576.0),
+                    ms(p.exit_to_api),
+                    ms(p.startup),
+                    apiload::fmt_rate(p.idle_requests),
+                    apiload::fmt_rate(p.idle_status_writes),
+                    p.scrape_cpu_ms.iter().map(|(_, v)| report::three_digits(*v)).collect::<Vec<_>>().join(" / "),
+                ]
+            })
+        })
+        .collect();
+    (header, rows)
+}
+
+fn publish(ctx: &Ctx, env: &report::Environment, args: &DensityArgs, curves: &[Curve], incomplete: bool) -> Result<()> {
+    let dir = pleg::bench_dir(ctx);
+    fs::create_dir_all(&dir)?;
+    let (header, rows) = table(curves);
+    let mut md = env.markdown_head(
+        "cargo xtask bench density",
+        &format!("release; pods {:?}, {} kills, {} s idle", args.pods, args.kills, args.idle_secs),
+    );
+    md.push('\n');
+    md.push_str(&report::markdown_table(&header, &rows));
+    md.push('\n');
+    for (file, svg) in plots(curves) {
+        fs::write(dir.join(&file), svg).with_context(|| format!("writing {file}"))?;
+        let _ = writeln!(md, "![{file}]({file})");
+    }
+    report::publish(
+        ctx,
+        "density.md",
+        "swiftlet density bench",
+        env,
+        md,
+        &report::text_table(&header, &rows),
+        incomplete.then_some("pod count"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(pods: usize, cores: f64) -> Point {
+        Point {
+            pods,
+            startup: Summary::of([1_000_000, 3_000_000]),
+            idle_cores: cores,
+            rss_bytes: 30 * 1_048_576,
+            idle_requests: 0.2,
+            idle_status_writes: 0.0,
+            exit_to_api: None,
+            scrape_cpu_ms: vec![("/metrics/cadvisor".into(), 2.5)],
+        }
+    }
+
+    #[test]
+    fn each_metric_gets_a_plot_with_a_series_per_agent() {
+        let curves = [
+            Curve { label: "swiftlet".into(), points: vec![point(20, 0.01), point(40, 0.02)] },
+            Curve { label: "kubelet".into(), points: vec![point(20, 0.05)] },
+        ];
+        let plots = plots(&curves);
+        assert_eq!(plots.len(), METRICS.len());
+        let (name, cpu) = &plots[0];
+        assert_eq!(name, "density-idle-cpu.svg");
+        assert_eq!(cpu.matches("<polyline").count(), 2);
+        assert_eq!(cpu.matches("<circle").count(), 3);
+        // No exit figures: the series are empty, the chart is still drawn.
+        assert_eq!(plots[2].1.matches("<circle").count(), 0);
+        let (header, rows) = table(&curves);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].len(), header.len());
+        assert_eq!(rows[1][..3], ["swiftlet".to_owned(), "40".to_owned(), "0.0200".to_owned()]);
+        assert_eq!(rows[2][4], "—");
+    }
+}
