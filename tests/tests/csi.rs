@@ -50,6 +50,14 @@ fn mounts_under(root: &std::path::Path, csi: &CsiHostPath) -> Vec<String> {
         .collect()
 }
 
+/// The host-path driver and its sidecars as a pod on `node`, run by its agent.
+async fn driver_pod(cluster: &Cluster, node: &ClusterNode) -> Result<CsiHostPath> {
+    let opts = CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() };
+    CsiHostPath::start(cluster, &node.name, &node.agent.root_dir, opts)
+        .await
+        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))
+}
+
 #[tokio::test]
 async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_through_pod_and_agent_restarts()
 -> Result<()> {
@@ -59,14 +67,7 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     let mut node = cluster.join("csi-sts", AgentOptions { sync_frequency: "5s", ..AgentOptions::default() }).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = CsiHostPath::start(
-        &cluster,
-        &node.name,
-        &root,
-        CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() },
-    )
-    .await
-    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let csi = driver_pod(&cluster, &node).await?;
     let client = cluster.client();
 
     // Registration: the driver in the node's CSINode (owned by the Node) and annotation.
@@ -259,14 +260,7 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
     let mut node = cluster.join("csi-eph", AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = CsiHostPath::start(
-        &cluster,
-        &node.name,
-        &root,
-        CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() },
-    )
-    .await
-    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let csi = driver_pod(&cluster, &node).await?;
     let ns = node.namespace("csi-eph").await?;
     let pod = json!({
         "metadata": {"name": "eph"},

@@ -1074,14 +1074,7 @@ pub fn render(args: &ClusterArgs, baseline: &Window, runs: &[AgentRun]) -> (Stri
     }
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut row = |name: &str, values: Vec<Option<f64>>, fmt: &dyn Fn(f64) -> String| {
-        let mut r = vec![name.to_owned()];
-        r.extend(values.iter().map(|v| v.map_or("—".to_owned(), fmt)));
-        if let [Some(a), Some(b)] = values[..] {
-            r.push(ratio(a, b));
-        } else if values.len() == 2 {
-            r.push("—".to_owned());
-        }
-        rows.push(r);
+        rows.push(ratio_row(name, &values, fmt));
     };
     let startup = |r: &AgentRun| Summary::of(r.startup.iter().copied());
     row(
@@ -1156,14 +1149,7 @@ pub fn render(args: &ClusterArgs, baseline: &Window, runs: &[AgentRun]) -> (Stri
     let mut mrows = Vec::new();
     let models: Vec<Option<FleetModel>> = per.iter().map(|p| p.as_ref().map(|p| p.fleet(nodes, churn))).collect();
     let mut mrow = |name: &str, values: Vec<Option<f64>>, fmt: &dyn Fn(f64) -> String| {
-        let mut r = vec![name.to_owned()];
-        r.extend(values.iter().map(|v| v.map_or("—".to_owned(), fmt)));
-        if let [Some(a), Some(b)] = values[..] {
-            r.push(ratio(a, b));
-        } else if values.len() == 2 {
-            r.push("—".to_owned());
-        }
-        mrows.push(r);
+        mrows.push(ratio_row(name, &values, fmt));
     };
     mrow("idle fleet: requests/s", models.iter().map(|m| m.as_ref().map(|m| m.idle_total)).collect(), &fmt_count);
     mrow("churn adds: requests/s", models.iter().map(|m| m.as_ref().map(|m| m.churn_total)).collect(), &fmt_count);
@@ -1234,6 +1220,19 @@ fn publish(
         &text,
         incomplete.then_some("agent"),
     )
+}
+
+/// A table row: its name, each agent's value (`—` for none), and with two agents the
+/// ratio of the first to the second.
+fn ratio_row(name: &str, values: &[Option<f64>], fmt: &dyn Fn(f64) -> String) -> Vec<String> {
+    let mut r = vec![name.to_owned()];
+    r.extend(values.iter().map(|v| v.map_or("—".to_owned(), fmt)));
+    if let [Some(a), Some(b)] = values[..] {
+        r.push(ratio(a, b));
+    } else if values.len() == 2 {
+        r.push("—".to_owned());
+    }
+    r
 }
 
 #[cfg(test)]
