@@ -729,3 +729,52 @@ async fn pods_run_on_through_an_etcd_restart() -> Result<()> {
     node.wait_ready(Duration::from_mins(1)).await?;
     node.leave(&cri).await
 }
+
+/// A pod's `runtimeClassName` is looked up in the API as upstream's kubelet does: while the
+/// class does not exist the sandbox fails with upstream's event and nothing reaches the
+/// runtime; once it exists, the sandbox runs on the class's handler. (The API server's
+/// `RuntimeClass` admission refuses a pod whose class is missing, so the class goes after
+/// the pod is admitted, while the agent is down.)
+#[tokio::test]
+async fn a_pod_waits_for_its_runtime_class_and_then_runs_on_its_handler() -> Result<()> {
+    let _g = testbed_lock().await;
+    let (cluster, mut node, cri) = join("rtclass").await?;
+    let ns = node.namespace("rtclass").await?;
+    let class = format!("e2e-{}", node.name);
+    let runtime_class = json!({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": class}, "handler": "runc",
+    })
+    .to_string();
+    node.agent.kill9()?;
+    cluster.kubectl_apply(&runtime_class)?;
+    let mut pod = busybox_pod("classy", "sleep 3600");
+    pod["spec"]["runtimeClassName"] = json!(class);
+    let uid = node.create_pod(&ns, pod).await?.metadata.uid.context("uid")?;
+    cluster.kubectl_ok(&["delete", "runtimeclass", &class])?;
+    node.agent.spawn().await?;
+
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cluster.client(), &ns);
+    let want = format!(r#"Failed to create pod sandbox: runtimeclass.node.k8s.io "{class}" not found"#);
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let list = events.list(&ListParams::default()).await?;
+        if list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("FailedCreatePodSandBox") && e.message.as_deref() == Some(want.as_str())
+        }) {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "no FailedCreatePodSandBox event\n{}", tail(&node.agent.log(), 40));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ensure!(cri.sandboxes(&uid).await?.is_empty(), "a sandbox without its runtime class");
+
+    cluster.kubectl_apply(&runtime_class)?;
+    let ran = node.eventually_pod(&ns, "classy", Duration::from_mins(2), "pod running", running).await;
+    let sandboxes = cri.sandboxes(&uid).await;
+    cluster.kubectl_ok(&["delete", "runtimeclass", &class, "--ignore-not-found"])?;
+    ran?;
+    let handlers: Vec<String> = sandboxes?.into_iter().map(|s| s.runtime_handler).collect();
+    assert_eq!(handlers, ["runc"]);
+    node.leave(&cri).await
+}

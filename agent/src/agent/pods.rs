@@ -200,6 +200,12 @@ pub(super) async fn build(
         ),
         userns: Arc::new(user_namespaces(cfg, runtime_state)?),
         dra,
+        // Runtime classes come from the API server; standalone, every pod runs on the
+        // default handler (as upstream's kubelet without a client).
+        runtime_classes: crate::runtime::runtime_class::RuntimeClasses::new(api.map(|a| {
+            Arc::new(crate::runtime::runtime_class::KubeRuntimeClasses::new(a.clients.main.clone()))
+                as Arc<dyn crate::runtime::runtime_class::RuntimeClassSource>
+        })),
     }));
     match start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),

@@ -148,6 +148,8 @@ struct State {
     next_id: u64,
     clock: i64,
     sandboxes: HashMap<String, (api::PodSandboxConfig, i32, i64)>,
+    /// The runtime handler each sandbox was run with.
+    sandbox_handlers: HashMap<String, String>,
     containers: HashMap<String, api::ContainerStatus>,
     container_sandbox: HashMap<String, String>,
     /// The config each container was created with.
@@ -388,6 +390,13 @@ impl FakeRuntime {
 
     /// Ids of containers with this name, oldest first.
     #[must_use]
+    pub fn sandbox_handlers(&self) -> Vec<String> {
+        let s = self.state.lock().unwrap();
+        let mut ids: Vec<&String> = s.sandbox_handlers.keys().collect();
+        ids.sort();
+        ids.into_iter().map(|id| s.sandbox_handlers[id].clone()).collect()
+    }
+
     pub fn containers_named(&self, name: &str) -> Vec<String> {
         let s = self.state.lock().unwrap();
         let mut v: Vec<_> = s
@@ -449,7 +458,7 @@ impl RuntimeService for FakeRuntime {
         Ok(api::StatusResponse { info, ..Default::default() })
     }
 
-    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, _handler: String) -> Result<String> {
+    async fn run_pod_sandbox(&self, config: api::PodSandboxConfig, handler: String) -> Result<String> {
         self.start_hook("run_podsandbox").await;
         let mut s = self.record("run_podsandbox");
         s.next_id += 1;
@@ -457,6 +466,7 @@ impl RuntimeService for FakeRuntime {
         let id = format!("{:064x}", s.next_id);
         let created = s.clock;
         s.sandboxes.insert(id.clone(), (config, api::PodSandboxState::SandboxReady as i32, created));
+        s.sandbox_handlers.insert(id.clone(), handler);
         Ok(id)
     }
 

@@ -114,11 +114,6 @@ impl pod_actions::ProbeVerdicts for Verdicts<'_> {
     }
 }
 
-/// The runtime handler of the pod's runtime class (`""`: the runtime's default).
-fn runtime_handler(pod: &Pod) -> &str {
-    pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()).unwrap_or_default()
-}
-
 /// The error of a pod that came without a spec (a broken object from a source).
 fn no_spec(pod: &Pod) -> String {
     format!("pod {} has no spec", pod_full_name(pod))
@@ -187,6 +182,8 @@ pub struct RuntimeManagerDeps {
     /// Dynamic Resource Allocation (API-server mode): the pod's claims are prepared
     /// before its sandbox is created.
     pub dra: Option<crate::dra::DraManager>,
+    /// Pods' runtime classes → runtime handlers ([`super::runtime_class`]).
+    pub runtime_classes: super::runtime_class::RuntimeClasses,
 }
 
 /// Carries out pod syncs and kills through CRI.
@@ -222,6 +219,7 @@ pub struct RuntimeManager {
     security: super::security_context::SecuritySettings,
     userns: Arc<super::userns::UsernsManager>,
     dra: Option<crate::dra::DraManager>,
+    runtime_classes: super::runtime_class::RuntimeClasses,
 }
 
 /// Upstream `calcRestartCountByLogDir`: for a container the runtime has no instance of
@@ -294,6 +292,7 @@ impl RuntimeManager {
             security,
             userns,
             dra,
+            runtime_classes,
         } = deps;
         // The allocation records what each container starts with before the resource
         // managers see it.
@@ -320,6 +319,7 @@ impl RuntimeManager {
             security,
             userns,
             dra,
+            runtime_classes,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -389,7 +389,7 @@ impl RuntimeManager {
     /// The pod's user namespace for its sandbox and containers ([`super::userns`]), on
     /// the runtime handler its runtime class names.
     pub(crate) fn user_namespace(&self, pod: &Pod) -> std::result::Result<api::UserNamespace, String> {
-        self.userns.namespace(pod, runtime_handler(pod))
+        self.userns.namespace(pod, &self.runtime_classes.cached(pod))
     }
 
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
@@ -577,6 +577,15 @@ impl RuntimeManager {
             || !actions.containers_to_start.is_empty()
             || !actions.ephemeral_containers_to_start.is_empty();
         let dns_records = usize::from(actions.create_sandbox) + usize::from(starts_any);
+        // The handler of the pod's runtime class, for what the sandbox and container
+        // configs take from it (user namespaces, image volumes): known by now unless the
+        // pod is new or the agent restarted. A failure is reported by the sandbox's own
+        // lookup below, or leaves the default handler for a running sandbox's containers.
+        if (actions.create_sandbox || starts_any)
+            && let Err(e) = self.runtime_classes.handler(pod).await
+        {
+            tracing::debug!(pod = %pod_full_name(pod), error = %e, "runtime class not resolved");
+        }
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, dns_records) {
             Ok(c) => c,
             Err(e) if actions.create_sandbox => {
@@ -613,8 +622,26 @@ impl RuntimeManager {
                 );
                 return result;
             }
+            // Upstream looks the runtime class up as it creates the sandbox: a class that
+            // does not exist fails the sandbox, and the next sync tries again.
+            let handler = match self.runtime_classes.lookup(pod).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
+                    self.event(
+                        pod,
+                        EventType::Warning,
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {e}"),
+                    );
+                    let message = format!("Failed to create sandbox for pod \"{}\": {e}", pod_full_name(pod));
+                    result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), message));
+                    self.metrics.started_pods_errors.inc();
+                    return result;
+                }
+            };
             result.touched_runtime = true;
-            match self.create_sandbox(pod, &sandbox_config).await {
+            match self.create_sandbox(pod, &sandbox_config, &handler).await {
                 Ok((id, ips)) => {
                     sandbox_id = id;
                     pod_ips = self.pod_ips(pod, &ips);

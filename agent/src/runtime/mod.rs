@@ -11,6 +11,7 @@
 pub mod manager;
 pub mod metrics;
 pub mod resize;
+pub mod runtime_class;
 pub mod security_context;
 pub mod start_gate;
 pub mod userns;

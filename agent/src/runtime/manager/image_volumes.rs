@@ -32,7 +32,7 @@ impl RuntimeManager {
     ) -> ImageVolumePulls {
         let mut pulls = ImageVolumePulls::new();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-        let handler = super::runtime_handler(pod);
+        let handler = self.runtime_classes.cached(pod);
         for (name, source) in volumes.filter_map(|v| Some((&v.name, v.image.as_ref()?))) {
             let reference = source.reference.as_deref().unwrap_or_default();
             let credentials = self.image_credentials(pod, reference).await;
@@ -40,7 +40,7 @@ impl RuntimeManager {
             let outcome = pulled.map_err(StartError::from).map(|ensured| api::ImageSpec {
                 image: ensured.image_ref,
                 user_specified_image: reference.to_owned(),
-                runtime_handler: handler.to_owned(),
+                runtime_handler: handler.clone(),
                 annotations: pod.metadata.annotations.clone().unwrap_or_default().into_iter().collect(),
             });
             if let Err(e) = &outcome {

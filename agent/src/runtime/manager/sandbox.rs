@@ -119,10 +119,11 @@ impl RuntimeManager {
         &self,
         pod: &Pod,
         config: &api::PodSandboxConfig,
+        handler: &str,
     ) -> Result<(String, Vec<String>)> {
         std::fs::create_dir_all(self.pod_log_dir(pod))
             .map_err(|e| Error::Invalid(format!("creating pod log directory: {e}")))?;
-        let handler = super::runtime_handler(pod).to_owned();
+        let handler = handler.to_owned();
         let started = std::time::Instant::now();
         let run = async {
             let under_way = self.cache.starts().begin(pod.metadata.uid.as_deref().unwrap_or_default());

@@ -62,6 +62,7 @@ impl RuntimeManagerDeps {
                 .expect("the default mapping"),
             ),
             dra: None,
+            runtime_classes: crate::runtime::runtime_class::RuntimeClasses::default(),
             recorder,
             metrics: Arc::default(),
             cfg,

@@ -797,3 +797,46 @@ async fn claims_that_cannot_be_prepared_hold_back_the_sandbox() {
         Some("Failed to prepare dynamic resources: resource claims need the API server (standalone mode)")
     );
 }
+
+/// A pod's runtime class is its class's `handler` on the sandbox; a class that does not
+/// exist fails the sandbox as upstream's (`FailedCreatePodSandBox`, no `RunPodSandbox`),
+/// until it is created.
+#[tokio::test]
+async fn the_runtime_class_names_the_sandbox_handler_and_a_missing_class_fails_the_sandbox() {
+    use crate::runtime::runtime_class::{RuntimeClassSource, RuntimeClasses};
+    #[derive(Debug, Default)]
+    struct Classes(std::sync::Mutex<std::collections::HashMap<String, String>>);
+    #[async_trait::async_trait]
+    impl RuntimeClassSource for Classes {
+        async fn handler(&self, name: &str) -> Result<Option<String>, String> {
+            Ok(self.0.lock().unwrap().get(name).cloned())
+        }
+    }
+    let (_dir, fake, recorder, mut deps) = setup_deps();
+    let classes = std::sync::Arc::new(Classes::default());
+    deps.runtime_classes = RuntimeClasses::new(Some(classes.clone()));
+    let rm = super::RuntimeManager::new(deps);
+    let mut p = hooked(&json!({}));
+    p.spec.as_mut().unwrap().runtime_class_name = Some("sandboxed".into());
+
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(!r.touched_runtime, "{r:?}");
+    let [only] = r.results.as_slice() else { panic!("{r:?}") };
+    assert_eq!(only.action, super::SyncAction::CreatePodSandbox);
+    assert_eq!(
+        only.message,
+        r#"Failed to create sandbox for pod "web_default(u1)": runtimeclass.node.k8s.io "sandboxed" not found"#
+    );
+    assert!(fake.sandbox_handlers().is_empty(), "no sandbox without its class");
+    assert_eq!(
+        super::testing::events(&recorder, "FailedCreatePodSandBox"),
+        [r#"Failed to create pod sandbox: runtimeclass.node.k8s.io "sandboxed" not found"#]
+    );
+
+    classes.0.lock().unwrap().insert("sandboxed".into(), "runsc".into());
+    let st = rm.pod_status("u1").await.unwrap();
+    let r = rm.sync_pod(&p, &st).await;
+    assert!(r.errors().is_empty(), "{r:?}");
+    assert_eq!(fake.sandbox_handlers(), ["runsc"]);
+}
