@@ -240,6 +240,18 @@ async fn an_attachable_volume_waits_for_its_attachment_and_is_staged_with_its_pu
     let waiting = pods.get("att").await?;
     assert_eq!(phase(&waiting), "Pending");
     ensure!(cri.containers(&uid).await?.is_empty(), "a container started before the volume was attached");
+    // As upstream, waiting for an attachment is no FailedMount (until the 2 min 3 s wait
+    // times out).
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cluster.client(), &ns);
+    let failed: Vec<String> = events
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedMount"))
+        .filter_map(|e| e.message)
+        .collect();
+    ensure!(failed.is_empty(), "FailedMount while waiting for the attachment: {failed:?}");
 
     // upstream's csi-attacher started: it attaches the volume through the driver's
     // ControllerPublishVolume (to the node id the agent registered in the CSINode) and

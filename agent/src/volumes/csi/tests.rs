@@ -185,6 +185,7 @@ struct Env {
     node_info: Arc<RecordingNodeInfo>,
     vm: VolumeManager,
     registry: prometheus_client::registry::Registry,
+    clock: Arc<crate::volumes::tests_support::ManualClock>,
 }
 
 fn env(stage: bool) -> Env {
@@ -209,11 +210,13 @@ fn env_with(driver: FakeDriver) -> Env {
     let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()).with_metrics(metrics.clone()));
     let src = FakeObjectSource::new();
     let root = dir.path().join("root");
+    let clock = Arc::new(crate::volumes::tests_support::ManualClock::default());
     let vm = VolumeManager::new(&root, Arc::new(src.clone()))
         .with_mounter(Arc::new(FakeMounter::default()))
         .with_csi(drivers.clone())
-        .with_metrics(metrics);
-    Env { dir, src, driver, socket, drivers, node_info, vm, registry }
+        .with_metrics(metrics)
+        .with_clock(clock.clone());
+    Env { dir, src, driver, socket, drivers, node_info, vm, registry, clock }
 }
 
 impl Env {
@@ -419,8 +422,24 @@ async fn an_attachable_driver_waits_for_its_volume_attachment() {
     e.bound_claim();
     e.csi_driver(&json!({}));
     let a = claim_pod("a", "uid-a");
-    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
-    assert!(err.contains("is not attached to node node-1 yet"), "{err}");
+    // Waiting for the attachment has no event of its own (upstream's
+    // VerifyControllerAttachedVolume records none) until the wait times out.
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err();
+    assert!(err.set_up_failures().is_empty() && err.processing_event().is_none(), "{err}");
+    assert_eq!(err.timeout_event(), None);
+    assert!(err.to_string().starts_with("unmounted volumes=[v], unattached volumes=[v]: "), "{err}");
+    e.clock.advance(std::time::Duration::from_secs(122));
+    assert_eq!(e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event(), None);
+    e.clock.advance(std::time::Duration::from_secs(1));
+    assert_eq!(
+        e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event().as_deref(),
+        Some(
+            "Unable to attach or mount volumes: unmounted volumes=[v], unattached volumes=[v]: timed out waiting for the condition"
+        )
+    );
+    // Once per timeout.
+    assert_eq!(e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event(), None);
+    assert!(e.driver.methods().is_empty(), "nothing staged or published before the attachment");
     // Wanted, so in use, before it is attached (the controller must not detach it).
     assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
     let name = attachment_name("vol-1", DRIVER, "node-1");
