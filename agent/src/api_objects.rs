@@ -259,9 +259,15 @@ impl ObjectSource for KubeObjectSource {
         api.get_opt(name).await.map_err(|e| api_err("CSIDriver", "", name, &e))
     }
 
+    /// A node may read only the attachments the node authorizer relates to it (those whose
+    /// `spec.nodeName` is this node): one the attach/detach controller has not made yet is
+    /// `Forbidden`, not `NotFound`, and means the same, not attached yet.
     async fn volume_attachment(&self, name: &str) -> Result<Option<VolumeAttachment>> {
         let api: Api<VolumeAttachment> = Api::all(self.client.clone());
-        api.get_opt(name).await.map_err(|e| api_err("VolumeAttachment", "", name, &e))
+        match api.get_opt(name).await {
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(None),
+            other => other.map_err(|e| api_err("VolumeAttachment", "", name, &e)),
+        }
     }
 
     async fn patch_claim_status(&self, namespace: &str, name: &str, patch: &serde_json::Value) -> Result<()> {

@@ -989,7 +989,11 @@ impl Worker {
                 if let Some(message) = &processing {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", message.clone());
                 }
-                if e.set_up_failures().is_empty() && processing.is_none() {
+                // Volumes waiting for their attachment have no event of their own.
+                if let Some(message) = e.timeout_event() {
+                    self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", message);
+                }
+                if !matches!(e, crate::volumes::Error::MountFailed { .. }) {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", e.to_string());
                 }
                 return ERROR_REQUEUE;

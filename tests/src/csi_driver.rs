@@ -16,6 +16,13 @@
 //!   `<state>/ephemeral-<id>` of its own, removed when it is unpublished;
 //! - unpublish/unstage: unmount (and detach the loop device), idempotently.
 //!
+//! The controller service also attaches (`PUBLISH_UNPUBLISH_VOLUME`, for
+//! external-attacher when the `CSIDriver` says `attachRequired`): `ControllerPublishVolume`
+//! records the node in the volume's record and answers the publish context
+//! [`ATTACHED_TO_KEY`]` = <node id>`; a volume attached so must be staged with that
+//! context (`FailedPrecondition` otherwise), as a real attachable driver needs the device
+//! its attach gave. `ControllerUnpublishVolume` forgets the node.
+//!
 //! Every call can be written as one JSON line ([`CsiCall`]) to a calls log, so a test can
 //! check what the kubelet asked. Errors carry the codes the CSI spec names:
 //! `InvalidArgument` for a missing id, path or capability, `NotFound` for an unknown
@@ -53,6 +60,10 @@ pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 /// The volume context key of an ephemeral inline volume's size (a quantity such as
 /// `10Mi`, or bytes); without it the volume has [`DEFAULT_CAPACITY`].
 pub const EPHEMERAL_SIZE_KEY: &str = "size";
+
+/// The publish context key `ControllerPublishVolume` answers: the node the volume is
+/// attached to.
+pub const ATTACHED_TO_KEY: &str = "attachedTo";
 
 /// The capacity of a volume created without a capacity range, and of an ephemeral
 /// inline volume without a size.
@@ -117,6 +128,8 @@ pub struct CsiCall {
     pub publish_context: BTreeMap<String, String>,
     /// `CreateVolume`'s parameters.
     pub parameters: BTreeMap<String, String>,
+    /// The node of `ControllerPublishVolume` and `ControllerUnpublishVolume`.
+    pub node_id: String,
     /// The required bytes of a capacity range; the capacity answered by create/expand.
     pub required_bytes: i64,
     pub capacity_bytes: i64,
@@ -128,7 +141,7 @@ pub struct CsiCall {
 }
 
 /// A volume's record (`<state>/<id>.json`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     pub id: String,
     /// `CreateVolume`'s name (empty for an ephemeral volume).
@@ -141,6 +154,9 @@ pub struct VolumeRecord {
     /// An ephemeral inline volume, removed when unpublished.
     #[serde(default)]
     pub ephemeral: bool,
+    /// The nodes it is attached to (`ControllerPublishVolume`).
+    #[serde(default)]
+    pub attached_to: Vec<String>,
 }
 
 /// The id of the volume `CreateVolume` makes for `name`: the same name always gives the
@@ -704,8 +720,13 @@ impl Driver {
             }
             return Ok(csi::Volume { capacity_bytes: r.capacity_bytes, volume_id: id, ..Default::default() });
         }
-        let r =
-            VolumeRecord { id: id.clone(), name: req.name.clone(), capacity_bytes: capacity, block, ephemeral: false };
+        let r = VolumeRecord {
+            id: id.clone(),
+            name: req.name.clone(),
+            capacity_bytes: capacity,
+            block,
+            ..VolumeRecord::default()
+        };
         let data = self.store.data_path(&r);
         std::fs::create_dir_all(&self.opts.state_dir).map_err(|e| internal("creating the state directory", e))?;
         if block {
@@ -726,6 +747,37 @@ impl Driver {
             detach_loops(&self.store.image_path(id))?;
         }
         self.store.remove(id).map_err(|e| internal("removing the volume", format!("{e:#}")))
+    }
+
+    /// Attaches a volume to a node: records it and answers the publish context.
+    fn controller_publish(&self, req: &csi::ControllerPublishVolumeRequest) -> Result<HashMap<String, String>, Status> {
+        let id = checked_id(&req.volume_id)?;
+        if req.node_id.is_empty() {
+            return Err(invalid("node id missing"));
+        }
+        let block = is_block(req.volume_capability.as_ref())?;
+        let mut r = self.load(id)?;
+        if r.block != block {
+            return Err(invalid(format!("volume {id} is not a {} volume", if block { "block" } else { "filesystem" })));
+        }
+        if !r.attached_to.contains(&req.node_id) {
+            r.attached_to.push(req.node_id.clone());
+            self.save(&r)?;
+        }
+        Ok([(ATTACHED_TO_KEY.to_owned(), req.node_id.clone())].into())
+    }
+
+    /// Detaches a volume from a node (all nodes without one); a volume that is gone is
+    /// detached already.
+    fn controller_unpublish(&self, req: &csi::ControllerUnpublishVolumeRequest) -> Result<(), Status> {
+        let id = checked_id(&req.volume_id)?;
+        let Some(mut r) = self.store.load(id).ok().flatten() else { return Ok(()) };
+        let before = r.attached_to.len();
+        r.attached_to.retain(|n| !req.node_id.is_empty() && *n != req.node_id);
+        if r.attached_to.len() != before {
+            self.save(&r)?;
+        }
+        Ok(())
     }
 
     fn expand(&self, id: &str, range: Option<&csi::CapacityRange>) -> Result<VolumeRecord, Status> {
@@ -760,6 +812,15 @@ impl Driver {
         let r = self.load(id)?;
         if r.block != block {
             return Err(invalid(format!("volume {id} is not a {} volume", if block { "block" } else { "filesystem" })));
+        }
+        if !r.attached_to.is_empty() {
+            let node = req.publish_context.get(ATTACHED_TO_KEY).map(String::as_str);
+            if node != Some(self.opts.node_id.as_str()) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is attached to {:?}, but the publish context names {node:?} for node {}",
+                    r.attached_to, self.opts.node_id
+                )));
+            }
         }
         if block {
             let image = self.store.image_path(id);
@@ -802,6 +863,7 @@ impl Driver {
                     capacity_bytes: ephemeral_capacity(&req.volume_context)?,
                     block: false,
                     ephemeral: true,
+                    attached_to: Vec::new(),
                 };
                 self.save(&r)?;
                 r
@@ -1057,8 +1119,45 @@ impl Controller for Services {
         self.0.record_ok(call("ControllerGetCapabilities", ""));
         let cap = |t: rpc::Type| csi::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: t.into() })) };
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
-            capabilities: vec![cap(rpc::Type::CreateDeleteVolume), cap(rpc::Type::ExpandVolume)],
+            capabilities: vec![
+                cap(rpc::Type::CreateDeleteVolume),
+                cap(rpc::Type::PublishUnpublishVolume),
+                cap(rpc::Type::ExpandVolume),
+            ],
         }))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let mut c = with_capability(call("ControllerPublishVolume", &req.volume_id), req.volume_capability.as_ref());
+        c.node_id.clone_from(&req.node_id);
+        c.readonly = req.readonly;
+        c.volume_context = sorted(&req.volume_context);
+        self.0
+            .call(c, move |d, mut c| {
+                let publish_context = d.controller_publish(&req)?;
+                c.publish_context = sorted(&publish_context);
+                Ok((csi::ControllerPublishVolumeResponse { publish_context }, c))
+            })
+            .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let mut c = call("ControllerUnpublishVolume", &req.volume_id);
+        c.node_id.clone_from(&req.node_id);
+        self.0
+            .call(c, move |d, c| {
+                d.controller_unpublish(&req)?;
+                Ok((csi::ControllerUnpublishVolumeResponse {}, c))
+            })
+            .await
     }
 
     async fn controller_expand_volume(
@@ -1374,6 +1473,7 @@ mod tests {
             capacity_bytes: 5 << 20,
             block: true,
             ephemeral: false,
+            attached_to: vec!["n1".into()],
         };
         Store::new(dir.path()).save(&r).unwrap();
         let again = Store::new(dir.path());
@@ -1468,6 +1568,61 @@ mod tests {
             Code::NotFound
         );
         assert_eq!(d.expand(&v.volume_id, None).unwrap_err().code(), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn an_attached_volume_is_staged_only_with_its_publish_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = driver(dir.path());
+        let v = d
+            .create_volume(&csi::CreateVolumeRequest {
+                name: "pvc-att".into(),
+                volume_capabilities: vec![mount_cap()],
+                ..Default::default()
+            })
+            .unwrap();
+        let publish = csi::ControllerPublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "n".into(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        };
+        let context = d.controller_publish(&publish).unwrap();
+        assert_eq!(context, HashMap::from([(ATTACHED_TO_KEY.to_owned(), "n".to_owned())]));
+        // Idempotent; recorded once.
+        d.controller_publish(&publish).unwrap();
+        assert_eq!(d.load(&v.volume_id).unwrap().attached_to, ["n"]);
+        let wrong = csi::ControllerPublishVolumeRequest { volume_capability: Some(block_cap()), ..publish.clone() };
+        assert_eq!(d.controller_publish(&wrong).unwrap_err().code(), Code::InvalidArgument);
+        let no_node = csi::ControllerPublishVolumeRequest { node_id: String::new(), ..publish };
+        assert_eq!(d.controller_publish(&no_node).unwrap_err().code(), Code::InvalidArgument);
+
+        // Staged without the context the attach gave: refused before anything is mounted.
+        let stage = csi::NodeStageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            staging_target_path: dir.path().join("staging").display().to_string(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        };
+        assert_eq!(d.stage(&stage).unwrap_err().code(), Code::FailedPrecondition);
+        let other = csi::NodeStageVolumeRequest {
+            publish_context: HashMap::from([(ATTACHED_TO_KEY.to_owned(), "elsewhere".to_owned())]),
+            ..stage
+        };
+        assert_eq!(d.stage(&other).unwrap_err().code(), Code::FailedPrecondition);
+        assert!(!dir.path().join("staging").exists());
+
+        let unpublish = csi::ControllerUnpublishVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            node_id: "n".into(),
+            ..Default::default()
+        };
+        d.controller_unpublish(&unpublish).unwrap();
+        d.controller_unpublish(&unpublish).unwrap();
+        assert!(d.load(&v.volume_id).unwrap().attached_to.is_empty());
+        // A volume that is gone is detached already.
+        let gone = csi::ControllerUnpublishVolumeRequest { volume_id: "hp-gone".into(), ..unpublish };
+        d.controller_unpublish(&gone).unwrap();
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! driver: the driver itself (`swiftlet-test-csi-driver`, serving CSI on
 //! `<root-dir>/plugins/<name>/csi.sock` and the plugin registration API on
 //! `<root-dir>/plugins_registry/<name>-reg.sock`), upstream's `csi-provisioner` and
-//! `csi-resizer` (built by `cargo xtask upstream build` into `target/upstream/`) talking
-//! to the test bed's API server, the `CSIDriver` object and the storage class
-//! [`STORAGE_CLASS`].
+//! `csi-resizer` (and `csi-attacher` for an attachable driver; built by `cargo xtask
+//! upstream build` into `target/upstream/`) talking to the test bed's API server, the
+//! `CSIDriver` object and the storage class [`STORAGE_CLASS`].
 //!
 //! The driver and its sidecars run either as processes beside the agent (the default:
 //! the node's agent may start before or after them, or not at all) or, with
@@ -34,6 +34,10 @@ use crate::csi_pods;
 pub const STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
 
 /// What to deploy.
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one switch per sidecar and CSIDriver field, as a deployment lists them"
+)]
 #[derive(Clone, Debug)]
 pub struct CsiHostPathOptions {
     /// The driver's name (default [`DEFAULT_NAME`]).
@@ -50,6 +54,15 @@ pub struct CsiHostPathOptions {
     pub fs_group_policy: String,
     /// The `CSIDriver`'s `podInfoOnMount`.
     pub pod_info_on_mount: bool,
+    /// The `CSIDriver`'s `attachRequired` (default false): the attach/detach controller
+    /// then makes a `VolumeAttachment` for each volume on the node, which `csi-attacher`
+    /// attaches through the driver's `ControllerPublishVolume`.
+    pub attach_required: bool,
+    /// Run `csi-attacher` from the start (default false; see
+    /// [`CsiHostPath::start_attacher`]). It runs as a process beside the agent in either
+    /// [`Deployment`].
+    pub attacher: bool,
+    pub attacher_flags: Vec<String>,
     /// More sidecar flags, e.g. `--feature-gates=...`.
     pub provisioner_flags: Vec<String>,
     pub resizer_flags: Vec<String>,
@@ -77,6 +90,9 @@ impl Default for CsiHostPathOptions {
             resizer: true,
             fs_group_policy: "File".into(),
             pod_info_on_mount: true,
+            attach_required: false,
+            attacher: false,
+            attacher_flags: Vec::new(),
             provisioner_flags: Vec::new(),
             resizer_flags: Vec::new(),
             deployment: Deployment::Processes,
@@ -112,6 +128,7 @@ pub struct CsiHostPath {
     /// The pod deployment's namespace and cluster role, when it runs as pods.
     pods: Option<(String, String)>,
     cleaned: bool,
+    attacher_flags: Vec<String>,
 }
 
 /// The driver's binary, built beside the test executables
@@ -233,6 +250,7 @@ impl CsiHostPath {
             procs: Vec::new(),
             pods: None,
             cleaned: false,
+            attacher_flags: opts.attacher_flags.clone(),
         };
         this.delete_objects()?;
 
@@ -288,7 +306,7 @@ impl CsiHostPath {
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
             "metadata": {"name": name},
             "spec": {
-                "attachRequired": false,
+                "attachRequired": opts.attach_required,
                 "podInfoOnMount": opts.pod_info_on_mount,
                 "volumeLifecycleModes": ["Persistent", "Ephemeral"],
                 "fsGroupPolicy": opts.fs_group_policy,
@@ -304,15 +322,53 @@ impl CsiHostPath {
         });
         cluster.kubectl_apply(&driver.to_string())?;
         cluster.kubectl_apply(&class.to_string())?;
+        if opts.attacher {
+            this.start_attacher().await?;
+        }
         Ok(this)
+    }
+
+    /// Starts upstream's `csi-attacher` (once; later calls do nothing) and waits until it
+    /// has asked the driver its capabilities: from then on it attaches the driver's
+    /// `VolumeAttachment`s through `ControllerPublishVolume`.
+    ///
+    /// # Errors
+    /// The binary is missing or it did not reach the driver in 60 s.
+    pub async fn start_attacher(&mut self) -> Result<()> {
+        if self.procs.iter().any(|p| p.name == "csi-attacher") {
+            return Ok(());
+        }
+        let before = self.calls_of("ControllerGetCapabilities").len();
+        let mut argv = vec![
+            sidecar_bin(&self.cluster, "csi-attacher")?.display().to_string(),
+            format!("--csi-address={}", self.csi_socket.display()),
+            format!("--kubeconfig={}", self.cluster.state.admin_kubeconfig.display()),
+            "--leader-election=false".into(),
+            "--timeout=30s".into(),
+            "--retry-interval-start=500ms".into(),
+            "--retry-interval-max=5s".into(),
+            "--v=4".into(),
+        ];
+        argv.extend(self.attacher_flags.iter().cloned());
+        self.procs.push(spawn("csi-attacher", &argv, &self.log_path("csi-attacher"))?);
+        let deadline = Instant::now() + Duration::from_mins(1);
+        while self.calls_of("ControllerGetCapabilities").len() <= before {
+            let p = self.procs.iter_mut().find(|p| p.name == "csi-attacher").context("csi-attacher")?;
+            if let Ok(Some(status)) = p.child.try_wait() {
+                bail!("csi-attacher exited ({status}):\n{}", crate::tail(&self.log("csi-attacher"), 40));
+            }
+            ensure!(Instant::now() < deadline, "csi-attacher did not reach the driver in 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     fn log_path(&self, name: &str) -> PathBuf {
         self.dir.path().join(format!("{name}.log"))
     }
 
-    /// The output of one process or container: `driver`, `csi-provisioner` or
-    /// `csi-resizer`.
+    /// The output of one process or container: `driver`, `csi-provisioner`,
+    /// `csi-resizer` or `csi-attacher`.
     #[must_use]
     pub fn log(&self, name: &str) -> String {
         match &self.pods {
@@ -527,8 +583,9 @@ impl CsiHostPath {
         }
     }
 
-    /// Deletes the `CSIDriver`, the storage class and the persistent volumes of the driver
-    /// (their finalizers dropped: the provisioner that would remove them may be gone).
+    /// Deletes the `CSIDriver`, the storage class, and the persistent volumes and volume
+    /// attachments of the driver (their finalizers dropped: the sidecar that would remove
+    /// them may be gone).
     fn delete_objects(&self) -> Result<()> {
         let out = self.cluster.kubectl_ok(&["get", "pv", "-o", "json"])?;
         let list: Value = serde_json::from_str(&out)?;
@@ -546,6 +603,24 @@ impl CsiHostPath {
                 "-p",
                 r#"{"metadata":{"finalizers":null}}"#,
             ]);
+        }
+        // Attachments of its volumes (the attacher's finalizer dropped: it may be gone).
+        let out = self.cluster.kubectl_ok(&["get", "volumeattachments", "-o", "json"])?;
+        let list: Value = serde_json::from_str(&out)?;
+        for va in list["items"].as_array().into_iter().flatten() {
+            if va["spec"]["attacher"] != self.driver_name.as_str() {
+                continue;
+            }
+            let Some(name) = va["metadata"]["name"].as_str() else { continue };
+            let _ = self.cluster.kubectl(&[
+                "patch",
+                "volumeattachment",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
+            let _ = self.cluster.kubectl(&["delete", "volumeattachment", name, "--ignore-not-found", "--wait=false"]);
         }
         let driver = format!("csidriver/{}", self.driver_name);
         let class = format!("storageclass/{}", self.storage_class);

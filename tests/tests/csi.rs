@@ -146,14 +146,21 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     eventually("the first boot in the volume", WAIT, || async { Ok((boots() == "boot\n").then_some(())) }).await?;
     let meta = std::fs::metadata(data.join("boots"))?;
     assert_eq!(std::os::unix::fs::MetadataExt::gid(&meta), 2000, "fsGroup applied");
-    // Volume stats: /stats/summary and kubelet_volume_stats_* of the claim.
-    let series =
-        format!("kubelet_volume_stats_capacity_bytes{{namespace=\"{ns}\",persistentvolumeclaim=\"data-web-0\"}}");
+    // Volume stats: /stats/summary and kubelet_volume_stats_* of the claim, the driver's
+    // figures (NodeGetVolumeStats: capacity is the provisioned 10Mi, not the size of the
+    // file system the driver's directory is on).
+    let series = format!(
+        "kubelet_volume_stats_capacity_bytes{{namespace=\"{ns}\",persistentvolumeclaim=\"data-web-0\"}} {}\n",
+        10 << 20
+    );
     eventually("kubelet_volume_stats_* of the claim", WAIT, || async {
         let text = node.agent.metrics_text().await?;
         Ok(text.contains(&series).then_some(()))
     })
-    .await?;
+    .await
+    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
+    let stats_call = calls_for(&csi, "NodeGetVolumeStats", &handle);
+    ensure!(stats_call.iter().any(|c| c.target_path == target.to_string_lossy() && c.code == "Ok"), "{stats_call:?}");
     let (code, summary) = node.agent.get("/stats/summary").await?;
     ensure!(code == 200, "{code}");
     let summary: serde_json::Value = serde_json::from_str(&summary)?;
@@ -166,6 +173,9 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
         .context("no volume with the claim's pvcRef in /stats/summary")?;
     assert_eq!(volume["pvcRef"]["namespace"], json!(ns));
     assert!(volume["usedBytes"].as_u64().is_some_and(|b| b > 0), "{volume}");
+    assert_eq!(volume["capacityBytes"], json!(10 << 20), "{volume}");
+    let (used, available) = (volume["usedBytes"].as_u64().unwrap_or(0), volume["availableBytes"].as_u64());
+    assert_eq!(available, Some((10 << 20) - used), "{volume}");
 
     // The pod deleted: the StatefulSet makes it again on the same claim, data kept.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -16,9 +16,10 @@
 //! cores, most of it kube-apiserver's dependencies) once per change of go.mod/go.sum.
 //!
 //! The CSI sidecars of the test bed's host-path driver ([`CSI_BINARIES`]:
-//! external-provisioner's `csi-provisioner`, external-resizer's `csi-resizer`) come from
-//! a module of their own, `upstream/csi`, into the same `<target>/upstream/`, with a
-//! stamp of their own (`csi-stamp`).
+//! external-provisioner's `csi-provisioner`, external-resizer's `csi-resizer` from the
+//! module `upstream/csi`, external-attacher's `csi-attacher` from `upstream/csi-attacher`,
+//! whose Kubernetes client release differs) come from modules of their own into the same
+//! `<target>/upstream/`, with a stamp of their own (`csi-stamp`).
 
 use std::{
     fmt::Write as _,
@@ -50,13 +51,21 @@ pub const BINARIES: &[(&str, &str)] = &[
 ];
 
 /// The CSI sidecars beside the test bed's host-path driver (`tests/src/csi_driver.rs`),
-/// built from a module of their own, `upstream/csi` (their Kubernetes client release is
-/// not the control plane's): (binary, package, release). The release is the one
-/// `upstream/csi/go.mod` requires; `--version` says it.
-pub const CSI_BINARIES: &[(&str, &str, &str)] = &[
-    ("csi-provisioner", "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner", "v5.3.0"),
-    ("csi-resizer", "github.com/kubernetes-csi/external-resizer/cmd/csi-resizer", "v1.14.0"),
+/// built from modules of their own under `upstream/` (their Kubernetes client releases
+/// are not the control plane's, nor all the same): (binary, module directory, package,
+/// release). The release is the one the module's go.mod requires; `--version` says it.
+pub const CSI_BINARIES: &[(&str, &str, &str, &str)] = &[
+    ("csi-provisioner", "csi", "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner", "v5.3.0"),
+    ("csi-resizer", "csi", "github.com/kubernetes-csi/external-resizer/cmd/csi-resizer", "v1.14.0"),
+    ("csi-attacher", "csi-attacher", "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher", "v4.13.0"),
 ];
+
+/// The modules [`CSI_BINARIES`] are built from, each once.
+fn csi_modules() -> Vec<&'static str> {
+    let mut dirs: Vec<&str> = CSI_BINARIES.iter().map(|(_, dir, _, _)| *dir).collect();
+    dirs.dedup();
+    dirs
+}
 
 /// The node conformance suite's binaries (`cargo xtask conformance`) and the package each
 /// is built from: the e2e suite as a test binary, the ginkgo runner, and the programs of
@@ -158,9 +167,9 @@ impl Upstream {
 }
 
 impl Upstream {
-    /// The CSI sidecars' module.
-    fn csi_module_dir(&self) -> PathBuf {
-        self.module_dir.join("csi")
+    /// A CSI sidecar's module (`csi`, `csi-attacher`).
+    fn csi_module_dir(&self, dir: &str) -> PathBuf {
+        self.module_dir.join(dir)
     }
 
     fn csi_stamp_file(&self) -> PathBuf {
@@ -170,12 +179,14 @@ impl Upstream {
     /// What the sidecars' build depends on: their module files, the flags, the Go version.
     fn csi_fingerprint(&self) -> Result<String> {
         let mut h = Sha256::new();
-        for f in ["go.mod", "go.sum"] {
-            let path = self.csi_module_dir().join(f);
-            h.update(f.as_bytes());
-            h.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+        for dir in csi_modules() {
+            for f in ["go.mod", "go.sum"] {
+                let path = self.csi_module_dir(dir).join(f);
+                h.update(format!("{dir}/{f}").as_bytes());
+                h.update(fs::read(&path).with_context(|| format!("reading {}", path.display()))?);
+            }
         }
-        for (_, _, release) in CSI_BINARIES {
+        for (_, _, _, release) in CSI_BINARIES {
             h.update(csi_ldflags(release).as_bytes());
         }
         h.update(go_version()?.as_bytes());
@@ -186,11 +197,12 @@ impl Upstream {
     pub fn csi_is_current(&self) -> Result<bool> {
         let fingerprint = self.csi_fingerprint()?;
         let stamp = fs::read_to_string(self.csi_stamp_file()).unwrap_or_default();
-        Ok(stamp.trim() == fingerprint && CSI_BINARIES.iter().all(|(name, _, _)| self.bin(name).is_file()))
+        Ok(stamp.trim() == fingerprint && CSI_BINARIES.iter().all(|(name, _, _, _)| self.bin(name).is_file()))
     }
 
     /// Builds [`CSI_BINARIES`] into `<target>/upstream/` unless [`Upstream::csi_is_current`].
-    /// Cold (empty module and build caches) about 2.5 minutes on two cores.
+    /// Cold (empty module and build caches) about 2.5 minutes on two cores for the
+    /// provisioner and resizer; the attacher (another client release) adds its own.
     pub fn build_csi(&self) -> Result<()> {
         if self.csi_is_current()? {
             eprintln!("upstream: the CSI sidecars are current in {}", self.bin_dir.display());
@@ -199,12 +211,12 @@ impl Upstream {
         let started = Instant::now();
         fs::create_dir_all(&self.bin_dir).with_context(|| format!("creating {}", self.bin_dir.display()))?;
         let _ = fs::remove_file(self.csi_stamp_file());
-        // One `go build` each: each sets its own `main.version`; the second reuses the
-        // packages the first compiled.
-        for (name, pkg, release) in CSI_BINARIES {
+        // One `go build` each: each sets its own `main.version`; one of the same module
+        // reuses the packages the first compiled.
+        for (name, dir, pkg, release) in CSI_BINARIES {
             eprintln!("upstream: building {name} {release} into {}", self.bin_dir.display());
             let mut cmd = go()?;
-            cmd.current_dir(self.csi_module_dir())
+            cmd.current_dir(self.csi_module_dir(dir))
                 .args(["build", "-mod=readonly", "-trimpath", "-ldflags", &csi_ldflags(release), "-o"])
                 .arg(self.bin(name))
                 .arg(pkg);
@@ -346,9 +358,13 @@ mod tests {
     }
 
     #[test]
-    fn the_csi_module_requires_the_sidecars_at_their_releases() {
-        let go_mod = include_str!("../../upstream/csi/go.mod");
-        for (name, pkg, release) in CSI_BINARIES {
+    fn the_csi_modules_require_the_sidecars_at_their_releases() {
+        for (name, dir, pkg, release) in CSI_BINARIES {
+            let go_mod = match *dir {
+                "csi" => include_str!("../../upstream/csi/go.mod"),
+                "csi-attacher" => include_str!("../../upstream/csi-attacher/go.mod"),
+                other => panic!("{name}: module {other} is not checked here"),
+            };
             assert!(go_mod.contains(&format!("\t{pkg}\n")), "{name}: no tool line for {pkg}");
             let module = pkg.split("/cmd/").next().unwrap();
             assert!(go_mod.contains(&format!("\t{module} {release}")), "{module} is not required at {release}");

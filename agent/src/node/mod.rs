@@ -590,7 +590,7 @@ impl NodeManager {
     }
 
     async fn patch_status(&self, api: &Api<Node>, status: &NodeStatus) -> Result<Node> {
-        let body = serde_json::json!({ "status": status });
+        let body = status_patch(status);
         api.patch_status(&self.settings.node_name, &PatchParams::default(), &Patch::Strategic(&body))
             .await
             .map_err(|source| Error::Api { what: "patch node status", source })
@@ -800,12 +800,27 @@ fn owned_conditions_differ(fetched: &NodeStatus, status: &NodeStatus) -> bool {
     })
 }
 
+/// The strategic merge patch of a status report. `volumesInUse` is the agent's alone:
+/// when none is in use it is removed (`null`), as upstream's two-way patch between the
+/// node it read and the one it reports does; left out, the list reported last would stay
+/// and the attach/detach controller would never detach those volumes.
+fn status_patch(status: &NodeStatus) -> serde_json::Value {
+    let mut body = serde_json::json!({ "status": status });
+    if status.volumes_in_use.is_none() {
+        body["status"]["volumesInUse"] = serde_json::Value::Null;
+    }
+    body
+}
+
 fn same_status(a: &NodeStatus, b: &NodeStatus) -> bool {
     let strip = |s: &NodeStatus| {
         let mut s = s.clone();
         for c in s.conditions.iter_mut().flatten() {
             c.last_heartbeat_time = None;
         }
+        // The attach/detach controller's, never reported by the agent: the node read back
+        // having it is no change of the agent's status.
+        s.volumes_attached = None;
         s
     };
     strip(a) == strip(b)
@@ -1136,5 +1151,32 @@ mod tests {
         assert_eq!(leases.take_seen(), ["PUT", "GET", "PUT"]);
         assert_eq!(l.metadata.resource_version.as_deref(), Some("100"));
         assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn a_status_report_removes_volumes_in_use_when_none_is_in_use() {
+        let none = NodeStatus::default();
+        assert_eq!(status_patch(&none)["status"]["volumesInUse"], serde_json::Value::Null);
+        assert!(status_patch(&none)["status"].as_object().unwrap().contains_key("volumesInUse"));
+        let some = NodeStatus { volumes_in_use: Some(vec!["kubernetes.io/csi/d^v".into()]), ..NodeStatus::default() };
+        assert_eq!(status_patch(&some)["status"]["volumesInUse"], serde_json::json!(["kubernetes.io/csi/d^v"]));
+        // Other fields absent from the report stay absent (volumesAttached is the
+        // attach/detach controller's).
+        assert!(!status_patch(&some)["status"].as_object().unwrap().contains_key("volumesAttached"));
+    }
+
+    #[test]
+    fn volumes_attached_by_the_controller_are_no_change_of_the_agents_status() {
+        let reported =
+            NodeStatus { volumes_in_use: Some(vec!["kubernetes.io/csi/d^v".into()]), ..NodeStatus::default() };
+        let read_back = NodeStatus {
+            volumes_attached: Some(vec![k8s_openapi::api::core::v1::AttachedVolume {
+                name: "kubernetes.io/csi/d^v".into(),
+                device_path: String::new(),
+            }]),
+            ..reported.clone()
+        };
+        assert!(same_status(&read_back, &reported));
+        assert!(!same_status(&read_back, &NodeStatus::default()), "volumesInUse still counts");
     }
 }

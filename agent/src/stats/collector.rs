@@ -150,6 +150,17 @@ pub struct VolumeInventory {
     pub local_ephemeral: bool,
     /// The claim, for a persistent volume.
     pub pvc: Option<PvcReference>,
+    /// A CSI volume: measured by its driver ([`super::VolumeStatsSource`]), not walked.
+    pub driver: Option<DriverVolume>,
+}
+
+/// A CSI volume, as its driver knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct DriverVolume {
+    /// The driver's name.
+    pub driver: String,
+    /// The volume's id (`volumeHandle`).
+    pub volume_id: String,
 }
 
 /// Settings of a [`Collector`].
@@ -774,13 +785,19 @@ impl Collector {
         for v in &pod.volumes {
             seen_paths.insert(v.path.clone());
             // Not measured yet, or not measurable: left out.
-            let Some(usage) = self.usage.get(&v.path) else { continue };
+            let (usage, fs) = if let Some(driver) = &v.driver {
+                let Some((usage, fs)) = self.usage.get_from_driver(&v.path, driver) else { continue };
+                (usage, Some(fs))
+            } else {
+                let Some(usage) = self.usage.get(&v.path) else { continue };
+                (usage, fs::statvfs(&v.path).ok())
+            };
             volumes.push(VolumeSample {
                 name: v.name.clone(),
                 local_ephemeral: v.local_ephemeral,
                 pvc: v.pvc.clone(),
                 usage,
-                fs: fs::statvfs(&v.path).ok(),
+                fs,
             });
         }
         let logs = pod.log_dir.as_deref().and_then(|d| self.files(d));

@@ -51,6 +51,12 @@
 //!   [`FsUsageConfig::interval`] plus jitter, so `rootfs.time` is that walk's; until the
 //!   first walk (or with another snapshotter) `rootfs` has capacity only. Volumes are
 //!   walked the same way. Logs are listed on every pass, as upstream.
+//! - CSI volumes are measured as upstream's `metricsCsi`: by their driver's
+//!   `NodeGetVolumeStats` ([`VolumeStatsSource`]), on the same background schedule as the
+//!   walks (upstream's volume stat calculator: `volumeStatsAggPeriod` plus jitter), for
+//!   filesystem and block volumes alike; a CSI volume whose driver lacks
+//!   `GET_VOLUME_STATS`, is not registered or fails the call has no stats (upstream's
+//!   `NotSupported` and error cases), nothing is walked for it.
 //! - Without an `ImageFsInfo` answer the summary still succeeds, without
 //!   `runtime.imageFs` (upstream fails the whole request).
 //! - PSI (`psi`, `io`) is included wherever the kernel has pressure files, including the
@@ -85,11 +91,11 @@ mod tests;
 
 pub use cgroup::{CgroupHierarchies, CgroupStats, CpuUsage, MemoryUsage};
 pub use collector::{
-    Collection, Collector, CollectorConfig, ContainerInventory, ImageFsInventory, Inventory, PodInventory,
-    SystemContainerInventory, VolumeInventory,
+    Collection, Collector, CollectorConfig, ContainerInventory, DriverVolume, ImageFsInventory, Inventory,
+    PodInventory, SystemContainerInventory, VolumeInventory,
 };
 pub use summary::Summary;
-pub use usage_cache::{FsUsageCache, FsUsageConfig};
+pub use usage_cache::{DriverVolumeStats, FsUsageCache, FsUsageConfig, VolumeStatsSource};
 
 impl Collection {
     /// The full Summary (`/stats/summary`).

@@ -37,7 +37,8 @@ use tokio::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{
-    Collection, Collector, ContainerInventory, FsUsageCache, ImageFsInventory, Inventory, PodInventory, VolumeInventory,
+    Collection, Collector, ContainerInventory, DriverVolume, DriverVolumeStats, FsUsageCache, ImageFsInventory,
+    Inventory, PodInventory, VolumeInventory, VolumeStatsSource,
 };
 use crate::cm::PodContainerManager;
 use crate::container::pod_status::time_from_nanos;
@@ -138,8 +139,6 @@ fn pod_volumes(volumes: &VolumeManager, uid: &str, namespace: &str) -> Vec<Volum
         .iter()
         .flat_map(crate::volumes::manager::PodVolumes::iter)
         .filter(|v| !matches!(v.plugin, Plugin::HostPath | Plugin::Image))
-        // A block volume is a device, not a directory to measure.
-        .filter(|v| !v.csi.as_ref().is_some_and(|c| c.block))
         .map(|v| VolumeInventory {
             name: v.name.clone(),
             path: v.path.clone(),
@@ -148,8 +147,32 @@ fn pod_volumes(volumes: &VolumeManager, uid: &str, namespace: &str) -> Vec<Volum
                 .claim
                 .as_ref()
                 .map(|name| super::summary::PvcReference { name: name.clone(), namespace: namespace.to_owned() }),
+            // CSI volumes, block ones too, are measured by their driver.
+            driver: v
+                .csi
+                .as_ref()
+                .map(|c| DriverVolume { driver: c.driver.clone(), volume_id: c.volume_handle.clone() }),
         })
         .collect()
+}
+
+/// The CSI drivers as the source of CSI volumes' figures.
+struct CsiVolumeStats(Arc<crate::volumes::csi::CsiDrivers>);
+
+impl VolumeStatsSource for CsiVolumeStats {
+    fn volume_stats(&self, volume: &DriverVolume, path: &Path) -> Result<Option<DriverVolumeStats>, String> {
+        let usage = self.0.volume_stats_blocking(&volume.driver, &volume.volume_id, path).map_err(|e| e.to_string())?;
+        Ok(usage.map(|u| DriverVolumeStats {
+            fs: super::fs::FsInfo {
+                capacity: u.capacity,
+                available: u.available,
+                usage: u.used,
+                inodes: u.inodes,
+                inodes_free: u.inodes_free,
+            },
+            usage: super::fs::DiskUsage { bytes: u.used, inodes: u.inodes_used },
+        }))
+    }
 }
 
 impl StatsProvider {
@@ -162,9 +185,11 @@ impl StatsProvider {
         cm: Arc<dyn PodContainerManager>,
         volumes: Arc<VolumeManager>,
     ) -> Self {
+        let fs_usage = collector.fs_usage();
+        fs_usage.set_volume_stats_source(Arc::new(CsiVolumeStats(Arc::clone(volumes.csi()))));
         Self {
             settings,
-            fs_usage: collector.fs_usage(),
+            fs_usage,
             collector: Arc::new(Mutex::new(collector)),
             runtime,
             pods,

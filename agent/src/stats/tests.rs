@@ -168,18 +168,21 @@ fn inventory(root: &Path, with_v1_sandbox: bool) -> Inventory {
                         path: root.join("volumes/scratch"),
                         local_ephemeral: true,
                         pvc: None,
+                        driver: None,
                     },
                     VolumeInventory {
                         name: "sec".to_owned(),
                         path: root.join("volumes/sec"),
                         local_ephemeral: false,
                         pvc: None,
+                        driver: None,
                     },
                     VolumeInventory {
                         name: "missing".to_owned(),
                         path: root.join("volumes/missing"),
                         local_ephemeral: true,
                         pvc: None,
+                        driver: None,
                     },
                 ],
                 containers: vec![
@@ -772,6 +775,101 @@ fn filesystem_logs_volumes_and_ephemeral_storage() {
     f.inventory.pods[0].volumes.clear();
     f.collect();
     assert_eq!(f.collector.fs_usage().len(), 1);
+}
+
+/// A CSI driver's answers by volume id: figures, "not supported", or an error.
+#[derive(Default)]
+struct FakeVolumeStats {
+    answers: Mutex<BTreeMap<String, Result<Option<DriverVolumeStats>, String>>>,
+    asked: Mutex<Vec<(String, PathBuf)>>,
+}
+
+impl VolumeStatsSource for FakeVolumeStats {
+    fn volume_stats(&self, volume: &DriverVolume, path: &Path) -> Result<Option<DriverVolumeStats>, String> {
+        self.asked.lock().unwrap().push((volume.volume_id.clone(), path.to_owned()));
+        self.answers.lock().unwrap().get(&volume.volume_id).cloned().unwrap_or(Ok(None))
+    }
+}
+
+#[test]
+fn csi_volumes_take_their_figures_from_the_driver_and_are_never_walked() {
+    let mut f = v1_fixture();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(super::metrics::VolumeStatMetrics::new(&mut registry));
+    let source = Arc::new(FakeVolumeStats::default());
+    let figures = DriverVolumeStats {
+        fs: fs::FsInfo { capacity: 10 << 20, available: (10 << 20) - 4096, usage: 4096, inodes: 100, inodes_free: 97 },
+        usage: fs::DiskUsage { bytes: 4096, inodes: 3 },
+    };
+    source.answers.lock().unwrap().insert("vol-fs".into(), Ok(Some(figures)));
+    source.answers.lock().unwrap().insert(
+        "vol-block".into(),
+        Ok(Some(DriverVolumeStats {
+            fs: fs::FsInfo { capacity: 5 << 20, ..fs::FsInfo::default() },
+            usage: fs::DiskUsage::default(),
+        })),
+    );
+    source.answers.lock().unwrap().insert("vol-broken".into(), Err("rpc error: code = Internal".into()));
+    // A fresh cache with metrics and the source (the fixture's has neither).
+    let cache = f.collector.fs_usage();
+    cache.set_volume_stats_source(source.clone());
+    let metered = FsUsageCache::new(FsUsageConfig::default(), Arc::new(SystemTime::now)).with_metrics(Some(metrics));
+    metered.set_volume_stats_source(source.clone());
+
+    let csi = |name: &str, id: &str, claim: Option<&str>| VolumeInventory {
+        name: name.to_owned(),
+        // The publish target; none of these exist: nothing could be walked.
+        path: f.root.join(format!("pods/uid/volumes/kubernetes.io~csi/{name}/mount")),
+        local_ephemeral: false,
+        pvc: claim.map(|c| summary::PvcReference { name: c.to_owned(), namespace: "nodebench".to_owned() }),
+        driver: Some(DriverVolume { driver: "hostpath.csi.test".to_owned(), volume_id: id.to_owned() }),
+    };
+    f.inventory.pods[0].volumes = vec![
+        csi("data", "vol-fs", Some("data-claim")),
+        csi("raw", "vol-block", Some("raw-claim")),
+        csi("nostats", "vol-unsupported", None),
+        csi("broken", "vol-broken", None),
+    ];
+    let s = f.collect().summary();
+    assert!(pod(&s, "web").volume_stats.is_empty(), "nothing measured yet");
+    assert!(source.asked.lock().unwrap().is_empty(), "a pass never asks the driver");
+    assert_eq!(f.refresh_fs(), 6, "two layers walked, four volumes asked");
+    let asked: Vec<String> = source.asked.lock().unwrap().iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(asked.len(), 4, "{asked:?}");
+    assert!(source.asked.lock().unwrap().iter().any(|(id, p)| id == "vol-fs" && p.ends_with("data/mount")));
+
+    let s = f.collect().summary();
+    let p = pod(&s, "web");
+    let names: Vec<&str> = p.volume_stats.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["data", "raw"], "no figures without stats support or after an error");
+    let data = &p.volume_stats[0];
+    assert_eq!(data.fs.capacity_bytes, Some(10 << 20));
+    assert_eq!(data.fs.available_bytes, Some((10 << 20) - 4096));
+    assert_eq!(data.fs.used_bytes, Some(4096));
+    assert_eq!((data.fs.inodes, data.fs.inodes_free, data.fs.inodes_used), (Some(100), Some(97), Some(3)));
+    assert_eq!(data.pvc_ref.as_ref().map(|r| r.name.as_str()), Some("data-claim"));
+    assert_eq!(p.volume_stats[1].fs.capacity_bytes, Some(5 << 20));
+
+    // The driver's answer changes: seen after the next measurement only.
+    source.answers.lock().unwrap().get_mut("vol-fs").unwrap().as_mut().unwrap().as_mut().unwrap().usage.bytes = 8192;
+    assert_eq!(f.refresh_fs(), 0, "not due before the interval");
+    cache.measure(&f.root.join("pods/uid/volumes/kubernetes.io~csi/data/mount"));
+    let s = f.collect().summary();
+    assert_eq!(pod(&s, "web").volume_stats[0].fs.used_bytes, Some(8192));
+
+    // Each call to the driver is timed with the driver's name as its source.
+    let path = f.root.join("x");
+    let v = DriverVolume { driver: "hostpath.csi.test".to_owned(), volume_id: "vol-fs".to_owned() };
+    assert!(metered.get_from_driver(&path, &v).is_none());
+    assert_eq!(metered.refresh_due(), 1);
+    assert!(metered.get_from_driver(&path, &v).is_some());
+    assert_eq!(metered.walks(), 0, "asked, not walked");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("kubelet_volume_metric_collection_duration_seconds_count{metric_source=\"hostpath.csi.test\"} 1"),
+        "{text}"
+    );
 }
 
 /// `kubelet_volume_metric_collection_duration_seconds_count{metric_source="du"}`.

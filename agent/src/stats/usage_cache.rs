@@ -17,6 +17,13 @@
 //!
 //! A path that cannot be examined has no usage; the first failure (and the first walk that
 //! meets unreadable directories) of a path is logged as a warning, later ones at debug.
+//!
+//! A CSI volume's path ([`FsUsageCache::get_from_driver`]) is not walked: on the same
+//! schedule its driver is asked through the [`VolumeStatsSource`] set with
+//! [`FsUsageCache::set_volume_stats_source`] (its duration observed with the driver's
+//! name as `metric_source`, as upstream's `metricsCsi`), and the figures kept are the
+//! driver's, capacity and inodes included. A driver that does not report stats, or a
+//! failed call (logged as a walk's failure is), leaves the volume without figures.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -26,9 +33,28 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::collector::{Clock, UsageSample};
-use super::fs::{self, DiskUsage};
+use super::collector::{Clock, DriverVolume, UsageSample};
+use super::fs::{self, DiskUsage, FsInfo};
 use super::metrics::VolumeStatMetrics;
+
+/// A volume's figures as its driver reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverVolumeStats {
+    /// Capacity, available and used bytes, inodes and free inodes.
+    pub fs: FsInfo,
+    /// Used bytes and inodes.
+    pub usage: DiskUsage,
+}
+
+/// Where CSI volumes' figures come from (the CSI drivers' `NodeGetVolumeStats`).
+pub trait VolumeStatsSource: Send + Sync {
+    /// The figures of `volume` published at `path`; `Ok(None)` when its driver does not
+    /// report volume stats. Blocking.
+    ///
+    /// # Errors
+    /// The driver could not be asked or failed; the message says why.
+    fn volume_stats(&self, volume: &DriverVolume, path: &Path) -> Result<Option<DriverVolumeStats>, String>;
+}
 
 /// Settings of a [`FsUsageCache`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +85,8 @@ struct Entry {
     wanted: Instant,
     /// Whether the last walk failed or met unreadable directories (to warn once).
     troubled: bool,
+    /// A CSI volume measured by its driver, and the driver's last figures.
+    driver: Option<(DriverVolume, Option<FsInfo>)>,
 }
 
 /// Cached `du` of paths, refreshed in the background (see the module docs).
@@ -69,6 +97,7 @@ pub struct FsUsageCache {
     wake: tokio::sync::Notify,
     walks: std::sync::atomic::AtomicU64,
     metrics: Option<Arc<VolumeStatMetrics>>,
+    source: std::sync::OnceLock<Arc<dyn VolumeStatsSource>>,
 }
 
 impl std::fmt::Debug for FsUsageCache {
@@ -91,7 +120,14 @@ impl FsUsageCache {
             wake: tokio::sync::Notify::new(),
             walks: std::sync::atomic::AtomicU64::new(0),
             metrics: None,
+            source: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Where the figures of CSI volumes come from; set once (later calls are ignored).
+    /// Without one, CSI volumes have no figures.
+    pub fn set_volume_stats_source(&self, source: Arc<dyn VolumeStatsSource>) {
+        let _ = self.source.set(source);
     }
 
     /// Observes each walk's duration in `metrics`'
@@ -123,7 +159,7 @@ impl FsUsageCache {
         let mut wake = false;
         let entry = entries.entry(path.to_path_buf()).or_insert_with(|| {
             wake = true;
-            Entry { last: None, due: now, wanted: now, troubled: false }
+            Entry { last: None, due: now, wanted: now, troubled: false, driver: None }
         });
         // An idle path that is asked for again is due at once.
         if entry.due <= now && now.saturating_duration_since(entry.wanted) >= self.config.idle {
@@ -131,6 +167,37 @@ impl FsUsageCache {
         }
         entry.wanted = now;
         let sample = entry.last.and_then(|(time, usage)| usage.map(|u| UsageSample { time, usage: Some(u) }));
+        drop(entries);
+        if wake {
+            self.wake.notify_one();
+        }
+        sample
+    }
+
+    /// The latest figures of the CSI volume `volume` published at `path`, registering it
+    /// for the background measurements (by its driver, never walked). `None` before the
+    /// first measurement and when the driver gave no figures.
+    pub fn get_from_driver(&self, path: &Path, volume: &DriverVolume) -> Option<(UsageSample, FsInfo)> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut wake = false;
+        let entry = entries.entry(path.to_path_buf()).or_insert_with(|| {
+            wake = true;
+            Entry { last: None, due: now, wanted: now, troubled: false, driver: None }
+        });
+        if entry.driver.as_ref().is_none_or(|(v, _)| v != volume) {
+            // New, or another volume at this path: measure it afresh.
+            entry.driver = Some((volume.clone(), None));
+            entry.last = None;
+            entry.due = now;
+            wake = true;
+        }
+        if entry.due <= now && now.saturating_duration_since(entry.wanted) >= self.config.idle {
+            wake = true;
+        }
+        entry.wanted = now;
+        let fs = entry.driver.as_ref().and_then(|(_, fs)| *fs);
+        let sample = entry.last.and_then(|(time, usage)| Some((UsageSample { time, usage: Some(usage?) }, fs?)));
         drop(entries);
         if wake {
             self.wake.notify_one();
@@ -184,8 +251,57 @@ impl FsUsageCache {
         self.config.interval.mul_f64(1.0 + jitter)
     }
 
-    /// Walks one path now (blocking) and records the result.
+    /// Asks the driver of a CSI volume for its figures now (blocking) and records them.
+    fn measure_by_driver(&self, path: &Path, volume: &DriverVolume) {
+        let started = std::time::Instant::now();
+        let result = match self.source.get() {
+            Some(source) => source.volume_stats(volume, path),
+            None => Ok(None),
+        };
+        if let Some(m) = &self.metrics {
+            m.observe_volume_stat_duration(&volume.driver, started.elapsed());
+        }
+        let time = (self.clock)();
+        let due = Instant::now() + self.next_wait();
+        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(entry) = entries.get_mut(path) else { return };
+        if entry.driver.as_ref().is_none_or(|(v, _)| v != volume) {
+            return;
+        }
+        let figures = match result {
+            Ok(figures) => {
+                if figures.is_none() {
+                    tracing::debug!(driver = %volume.driver, "stats: the CSI driver does not report volume stats");
+                }
+                entry.troubled = false;
+                figures
+            }
+            Err(e) => {
+                if entry.troubled {
+                    tracing::debug!(path = %path.display(), driver = %volume.driver, error = %e, "stats: NodeGetVolumeStats failed");
+                } else {
+                    tracing::warn!(path = %path.display(), driver = %volume.driver, error = %e, "stats: NodeGetVolumeStats failed");
+                }
+                entry.troubled = true;
+                None
+            }
+        };
+        entry.last = Some((time, figures.map(|f| f.usage)));
+        entry.driver = Some((volume.clone(), figures.map(|f| f.fs)));
+        entry.due = due;
+    }
+
+    /// Measures one path now (blocking) and records the result: walks it, or asks its
+    /// driver when it is a CSI volume.
     pub fn measure(&self, path: &Path) {
+        let driver = {
+            let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            entries.get(path).and_then(|e| e.driver.as_ref().map(|(v, _)| v.clone()))
+        };
+        if let Some(volume) = driver {
+            self.measure_by_driver(path, &volume);
+            return;
+        }
         let started = std::time::Instant::now();
         let result = fs::walk(path);
         if let Some(m) = &self.metrics {

@@ -177,6 +177,10 @@ pub struct VolumeManager {
     mounted: Mutex<HashMap<String, PodVolumes>>,
     csi: Arc<CsiDrivers>,
     metrics: super::metrics::VolumeMetrics,
+    clock: Arc<dyn Clock>,
+    /// Since when each pod whose volumes are not all set up has waited (or since its
+    /// last timeout event).
+    waiting: Mutex<HashMap<String, std::time::SystemTime>>,
 }
 
 fn pod_namespace(pod: &Pod) -> &str {
@@ -296,6 +300,8 @@ impl VolumeManager {
             mounted: Mutex::default(),
             csi: Arc::default(),
             metrics: super::metrics::VolumeMetrics::default(),
+            clock: Arc::new(SystemClock),
+            waiting: Mutex::default(),
         }
     }
 
@@ -357,10 +363,11 @@ impl VolumeManager {
         self
     }
 
-    /// Times token refreshes with `clock`.
+    /// Times token refreshes and pods' waits for their volumes with `clock`.
     #[must_use]
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.tokens = TokenManager::new(clock);
+        self.tokens = TokenManager::new(Arc::clone(&clock));
+        self.clock = clock;
         self
     }
 
@@ -475,6 +482,7 @@ impl VolumeManager {
         let mut result = PodVolumes::default();
         let mut failures = Vec::new();
         let mut unprocessed = Vec::new();
+        let mut unattached = Vec::new();
         for v in spec.volumes.iter().flatten().filter(|v| used.contains(v.name.as_str())) {
             // Boxed: claims and CSI set-ups are rare, and would make every sync's future larger.
             let mv = match Box::pin(self.resolve(pod, v, previous.get(&v.name))).await {
@@ -503,6 +511,11 @@ impl VolumeManager {
                 Ok(()) => {
                     result.volumes.insert(v.name.clone(), mv);
                 }
+                Err(e @ VolumeError::NotAttached { .. }) if !in_use => {
+                    tracing::debug!(pod = %pod.metadata.name.as_deref().unwrap_or_default(), volume = %v.name, reason = %e, "volume waits for its attachment");
+                    result.pending.push(mv);
+                    unattached.push(v.name.clone());
+                }
                 Err(e) => {
                     let failure = SetUpFailure::new(&v.name, &e);
                     tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or_default(), %failure, "volume setup failed");
@@ -518,11 +531,20 @@ impl VolumeManager {
         }
         let mut recorded = result.clone();
         recorded.remount_failures.clear();
-        self.mounted.lock().unwrap().insert(uid, recorded);
-        if failures.is_empty() && unprocessed.is_empty() {
+        self.mounted.lock().unwrap().insert(uid.clone(), recorded);
+        if failures.is_empty() && unprocessed.is_empty() && unattached.is_empty() {
+            self.waiting.lock().unwrap().remove(&uid);
             Ok(result)
         } else {
-            Err(Error::MountFailed { failures, unprocessed })
+            unattached.sort();
+            let now = self.clock.now();
+            let mut waiting = self.waiting.lock().unwrap();
+            let since = waiting.entry(uid).or_insert(now);
+            let timed_out = now.duration_since(*since).unwrap_or_default() >= super::ATTACH_AND_MOUNT_TIMEOUT;
+            if timed_out {
+                *since = now;
+            }
+            Err(Error::MountFailed { failures, unprocessed, unattached, timed_out })
         }
     }
 
@@ -817,6 +839,7 @@ impl VolumeManager {
             _ => {}
         }
         self.mounted.lock().unwrap().remove(uid);
+        self.waiting.lock().unwrap().remove(uid);
         self.tokens.forget_pod(uid);
         Ok(())
     }

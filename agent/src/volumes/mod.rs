@@ -8,7 +8,12 @@
 //!   sets up each volume a container uses, and refreshes the API-backed ones (new `ConfigMap`
 //!   and `Secret` content, tokens near expiry) through the [`atomic_writer`]. A volume that
 //!   was never set up blocks the pod (event `FailedMount`, retried); a failed refresh of a
-//!   volume that is already in use is reported and the old content stays.
+//!   volume that is already in use is reported and the old content stays. An attachable
+//!   volume whose attachment is not there yet blocks the pod without an event of its own
+//!   (upstream's `VerifyControllerAttachedVolume` records none); as upstream's pod worker
+//!   after its wait of [`ATTACH_AND_MOUNT_TIMEOUT`], a pod still waiting that long gets
+//!   `Unable to attach or mount volumes: ... timed out waiting for the condition`
+//!   ([`Error::timeout_event`]), once per such period.
 //! - [`VolumeManager::container_mounts`] turns `volumeMounts` into CRI mounts (`readOnly`,
 //!   `subPath`/`subPathExpr`, `mountPropagation`, and the images of image volumes).
 //! - [`VolumeManager::cleanup_pod`] unmounts and removes a terminated pod's volumes;
@@ -117,6 +122,20 @@ pub enum VolumeError {
     /// A claim or its volume is not usable (upstream's messages).
     #[error("{0}")]
     Claim(String),
+    /// An attachable CSI volume whose `VolumeAttachment` is not attached to the node yet:
+    /// the pod waits for it quietly (upstream's `VerifyControllerAttachedVolume` records
+    /// no event), see [`Error::timeout_event`].
+    #[error(
+        "kubernetes.io/csi: mounter.SetUpAt failed to fetch publishContext: volume {volume_handle} is not attached to node {node} yet (VolumeAttachment {attachment})"
+    )]
+    NotAttached {
+        /// The volume's handle.
+        volume_handle: String,
+        /// This node.
+        node: String,
+        /// The attachment's name.
+        attachment: String,
+    },
     /// Several projected sources failed (Go's `utilerrors.NewAggregate` format).
     #[error("[{}]", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     Aggregate(Vec<VolumeError>),
@@ -144,10 +163,12 @@ pub enum Error {
     /// Volumes the pod needs could not be set up; the pod waits. `failures` are the
     /// volumes whose set-up failed (one `MountVolume.SetUp failed` event each);
     /// `unprocessed` those that could not even be resolved (a claim not bound, an
-    /// unsupported type: upstream's "failed to process volumes").
+    /// unsupported type: upstream's "failed to process volumes"); `unattached` the
+    /// attachable volumes not attached yet (no event of their own).
     #[error(
-        "unmounted volumes=[{}]: {}",
-        unmounted_names(failures, unprocessed).join(" "),
+        "unmounted volumes=[{}], unattached volumes=[{}]: {}",
+        unmounted_names(failures, unprocessed, unattached).join(" "),
+        unattached.join(" "),
         failures.iter().map(ToString::to_string).chain(unprocessed.iter().map(|f| f.message.clone())).collect::<Vec<_>>().join("; ")
     )]
     MountFailed {
@@ -155,6 +176,11 @@ pub enum Error {
         failures: Vec<SetUpFailure>,
         /// One entry per volume that could not be resolved.
         unprocessed: Vec<SetUpFailure>,
+        /// The attachable volumes not attached yet, by name, sorted.
+        unattached: Vec<String>,
+        /// The pod has waited [`ATTACH_AND_MOUNT_TIMEOUT`] since it began waiting or since
+        /// the last time this was set: time for upstream's timeout event.
+        timed_out: bool,
     },
     /// A `volumeMount` names a volume that is not set up.
     #[error("cannot find volume {volume:?} to mount into container {container:?}")]
@@ -205,10 +231,16 @@ pub enum Error {
     },
 }
 
+/// How long upstream's pod worker waits for a pod's volumes before it reports the wait
+/// (`podAttachAndMountTimeout`).
+pub const ATTACH_AND_MOUNT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(123);
+
 /// The volumes not mounted, sorted.
-fn unmounted_names(failures: &[SetUpFailure], unprocessed: &[SetUpFailure]) -> Vec<String> {
-    let mut names: Vec<String> = failures.iter().chain(unprocessed).map(|f| f.volume.clone()).collect();
+fn unmounted_names(failures: &[SetUpFailure], unprocessed: &[SetUpFailure], unattached: &[String]) -> Vec<String> {
+    let mut names: Vec<String> =
+        failures.iter().chain(unprocessed).map(|f| f.volume.clone()).chain(unattached.iter().cloned()).collect();
     names.sort();
+    names.dedup();
     names
 }
 
@@ -225,13 +257,11 @@ impl Error {
 
     /// Upstream's `FailedMount` event when volumes could not be resolved (the volume
     /// manager's wait ending on the populator's errors): `Unable to attach or mount
-    /// volumes: unmounted volumes=[..], unattached volumes=[], failed to process
-    /// volumes=[..]: <errors>`. No volume here waits on an attachment of its own (an
-    /// attachable CSI volume not attached yet is a set-up failure), so the unattached list
-    /// is empty.
+    /// volumes: unmounted volumes=[..], unattached volumes=[..], failed to process
+    /// volumes=[..]: <errors>`.
     #[must_use]
     pub fn processing_event(&self) -> Option<String> {
-        let Self::MountFailed { failures, unprocessed } = self else { return None };
+        let Self::MountFailed { failures, unprocessed, unattached, .. } = self else { return None };
         if unprocessed.is_empty() {
             return None;
         }
@@ -239,10 +269,30 @@ impl Error {
         failed.sort_unstable();
         let errors: Vec<&str> = unprocessed.iter().map(|f| f.message.as_str()).collect();
         Some(format!(
-            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[], failed to process volumes=[{}]: {}",
-            unmounted_names(failures, unprocessed).join(" "),
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}], failed to process volumes=[{}]: {}",
+            unmounted_names(failures, unprocessed, unattached).join(" "),
+            unattached.join(" "),
             failed.join(" "),
             errors.join("; ")
+        ))
+    }
+
+    /// Upstream's `FailedMount` event when its pod worker's wait for the volumes
+    /// ([`ATTACH_AND_MOUNT_TIMEOUT`]) ends with volumes still unmounted: `Unable to attach
+    /// or mount volumes: unmounted volumes=[..], unattached volumes=[..]: timed out
+    /// waiting for the condition`, once per timeout; the only event of a volume that
+    /// waits for its attachment.
+    #[must_use]
+    pub fn timeout_event(&self) -> Option<String> {
+        let Self::MountFailed { failures, unprocessed, unattached, timed_out: true } = self else { return None };
+        if !unprocessed.is_empty() {
+            // Upstream's wait ends on the populator's errors first ([`Self::processing_event`]).
+            return None;
+        }
+        Some(format!(
+            "Unable to attach or mount volumes: unmounted volumes=[{}], unattached volumes=[{}]: timed out waiting for the condition",
+            unmounted_names(failures, unprocessed, unattached).join(" "),
+            unattached.join(" ")
         ))
     }
 }

@@ -28,12 +28,16 @@
 //! gRPC calls run on a runtime of their own (one thread), so that tear-down, which runs
 //! on blocking threads, can wait for them; every call has [`CALL_TIMEOUT`].
 //!
+//! - Volume stats: `NodeGetVolumeStats` when the driver has `GET_VOLUME_STATS` ([`stats`]),
+//!   asked by the stats module's background measurements.
+//!
 //! Not implemented: `requiresRepublish`, `tokenRequests`, `SELinux` mount contexts (no
-//! `SELinux` on the nodes this runs on), and `NodeGetVolumeStats` (volume stats come from
-//! the stats module's own measurement of the published path).
+//! `SELinux` on the nodes this runs on), and volume health (`NodeGetVolumeHealth`, behind
+//! upstream's alpha `CSIVolumeHealth` gate, off by default).
 
 pub mod drivers;
 pub mod node_info;
+pub mod stats;
 pub mod volume;
 
 #[cfg(test)]

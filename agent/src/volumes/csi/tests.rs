@@ -30,6 +30,10 @@ struct FakeDriver {
     stage: bool,
     expand: bool,
     fail_publish: Arc<Mutex<Option<String>>>,
+    /// Leave `GET_VOLUME_STATS` out of the capabilities.
+    no_stats: bool,
+    /// `NodeGetVolumeStats`'s answer (an error message: `Internal`); none: `Unimplemented`.
+    stats: Arc<Mutex<Option<Result<proto::NodeGetVolumeStatsResponse, String>>>>,
 }
 
 impl FakeDriver {
@@ -91,9 +95,16 @@ impl Node for FakeDriver {
 
     async fn node_get_volume_stats(
         &self,
-        _: Request<proto::NodeGetVolumeStatsRequest>,
+        r: Request<proto::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
-        Err(Status::unimplemented("no stats"))
+        let r = r.into_inner();
+        let context = [("staging_target_path".to_owned(), r.staging_target_path.clone())].into();
+        self.record("NodeGetVolumeStats", &r.volume_id, &r.volume_path, &context);
+        match self.stats.lock().unwrap().clone() {
+            Some(Ok(answer)) => Ok(Response::new(answer)),
+            Some(Err(message)) => Err(Status::internal(message)),
+            None => Err(Status::unimplemented("no stats")),
+        }
     }
 
     async fn node_expand_volume(
@@ -112,7 +123,10 @@ impl Node for FakeDriver {
         _: Request<proto::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
         let cap = |t: Rpc| NodeServiceCapability { r#type: Some(CapType::Rpc(RpcCap { r#type: t as i32 })) };
-        let mut capabilities = vec![cap(Rpc::GetVolumeStats)];
+        let mut capabilities = Vec::new();
+        if !self.no_stats {
+            capabilities.push(cap(Rpc::GetVolumeStats));
+        }
         if self.stage {
             capabilities.push(cap(Rpc::StageUnstageVolume));
         }
@@ -171,6 +185,7 @@ struct Env {
     node_info: Arc<RecordingNodeInfo>,
     vm: VolumeManager,
     registry: prometheus_client::registry::Registry,
+    clock: Arc<crate::volumes::tests_support::ManualClock>,
 }
 
 fn env(stage: bool) -> Env {
@@ -195,11 +210,13 @@ fn env_with(driver: FakeDriver) -> Env {
     let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()).with_metrics(metrics.clone()));
     let src = FakeObjectSource::new();
     let root = dir.path().join("root");
+    let clock = Arc::new(crate::volumes::tests_support::ManualClock::default());
     let vm = VolumeManager::new(&root, Arc::new(src.clone()))
         .with_mounter(Arc::new(FakeMounter::default()))
         .with_csi(drivers.clone())
-        .with_metrics(metrics);
-    Env { dir, src, driver, socket, drivers, node_info, vm, registry }
+        .with_metrics(metrics)
+        .with_clock(clock.clone());
+    Env { dir, src, driver, socket, drivers, node_info, vm, registry, clock }
 }
 
 impl Env {
@@ -405,8 +422,24 @@ async fn an_attachable_driver_waits_for_its_volume_attachment() {
     e.bound_claim();
     e.csi_driver(&json!({}));
     let a = claim_pod("a", "uid-a");
-    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err().to_string();
-    assert!(err.contains("is not attached to node node-1 yet"), "{err}");
+    // Waiting for the attachment has no event of its own (upstream's
+    // VerifyControllerAttachedVolume records none) until the wait times out.
+    let err = e.vm.mount_pod_volumes(&a).await.unwrap_err();
+    assert!(err.set_up_failures().is_empty() && err.processing_event().is_none(), "{err}");
+    assert_eq!(err.timeout_event(), None);
+    assert!(err.to_string().starts_with("unmounted volumes=[v], unattached volumes=[v]: "), "{err}");
+    e.clock.advance(std::time::Duration::from_secs(122));
+    assert_eq!(e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event(), None);
+    e.clock.advance(std::time::Duration::from_secs(1));
+    assert_eq!(
+        e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event().as_deref(),
+        Some(
+            "Unable to attach or mount volumes: unmounted volumes=[v], unattached volumes=[v]: timed out waiting for the condition"
+        )
+    );
+    // Once per timeout.
+    assert_eq!(e.vm.mount_pod_volumes(&a).await.unwrap_err().timeout_event(), None);
+    assert!(e.driver.methods().is_empty(), "nothing staged or published before the attachment");
     // Wanted, so in use, before it is attached (the controller must not detach it).
     assert_eq!(e.vm.volumes_in_use(), [format!("kubernetes.io/csi/{DRIVER}^vol-1")]);
     let name = attachment_name("vol-1", DRIVER, "node-1");
@@ -601,4 +634,60 @@ fn fs_group_policy_as_upstream() {
     assert_eq!(spec.csi_access_mode(false), Mode::SingleNodeWriter);
     spec.access_modes = vec!["ReadWriteMany".into()];
     assert_eq!(spec.csi_access_mode(false), Mode::MultiNodeMultiWriter);
+}
+
+#[tokio::test]
+async fn volume_stats_come_from_node_get_volume_stats_when_the_driver_offers_it() {
+    use proto::volume_usage::Unit;
+    let e = env(true);
+    e.register().await;
+    let usage = |unit: Unit, available, total, used| proto::VolumeUsage { available, total, used, unit: unit as i32 };
+    *e.driver.stats.lock().unwrap() = Some(Ok(proto::NodeGetVolumeStatsResponse {
+        usage: vec![usage(Unit::Bytes, 6 << 20, 10 << 20, 4 << 20), usage(Unit::Inodes, 90, 100, 10)],
+    }));
+    let ask = |drivers: Arc<CsiDrivers>, driver: &str, id: &str| {
+        let (driver, id) = (driver.to_owned(), id.to_owned());
+        tokio::task::spawn_blocking(move || drivers.volume_stats_blocking(&driver, &id, Path::new("/pods/u/mount")))
+    };
+    let got = ask(e.drivers.clone(), DRIVER, "vol-1").await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        got,
+        stats::VolumeUsage {
+            capacity: 10 << 20,
+            available: 6 << 20,
+            used: 4 << 20,
+            inodes: 100,
+            inodes_free: 90,
+            inodes_used: 10
+        }
+    );
+    // The volume id and the publish path; no staging path, as upstream.
+    let calls = e.driver.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].0, calls[0].1.as_str(), calls[0].2.as_str()),
+        ("NodeGetVolumeStats", "vol-1", "/pods/u/mount")
+    );
+    assert_eq!(calls[0].3["staging_target_path"], "");
+
+    // Bytes only (a block volume): inodes stay 0; negative figures count as 0.
+    *e.driver.stats.lock().unwrap() =
+        Some(Ok(proto::NodeGetVolumeStatsResponse { usage: vec![usage(Unit::Bytes, -1, 5 << 20, 0)] }));
+    let got = ask(e.drivers.clone(), DRIVER, "vol-1").await.unwrap().unwrap().unwrap();
+    assert_eq!(got, stats::VolumeUsage { capacity: 5 << 20, ..stats::VolumeUsage::default() });
+    // No usage at all, a failing driver, an unregistered one: errors the caller logs.
+    *e.driver.stats.lock().unwrap() = Some(Ok(proto::NodeGetVolumeStatsResponse::default()));
+    let err = ask(e.drivers.clone(), DRIVER, "vol-1").await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("usage is nil"), "{err}");
+    *e.driver.stats.lock().unwrap() = Some(Err("disk gone".into()));
+    let err = ask(e.drivers.clone(), DRIVER, "vol-1").await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("code = Internal desc = disk gone"), "{err}");
+    let err = ask(e.drivers.clone(), "other.csi", "vol-1").await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("driver name other.csi not found"), "{err}");
+
+    // A driver without GET_VOLUME_STATS is not asked: no figures.
+    let e = env_with(FakeDriver { stage: true, no_stats: true, ..FakeDriver::default() });
+    e.register().await;
+    assert_eq!(ask(e.drivers.clone(), DRIVER, "vol-1").await.unwrap().unwrap(), None);
+    assert!(e.driver.methods().is_empty());
 }

@@ -332,11 +332,11 @@ impl VolumeManager {
             let attachment = self.source.volume_attachment(&name).await?;
             let status = attachment.and_then(|a| a.status);
             if !status.as_ref().is_some_and(|s| s.attached) {
-                return Err(VolumeError::Claim(format!(
-                    "kubernetes.io/csi: mounter.SetUpAt failed to fetch publishContext: volume {} is not attached to node {} yet (VolumeAttachment {name})",
-                    spec.volume_handle,
-                    self.csi.node_name()
-                )));
+                return Err(VolumeError::NotAttached {
+                    volume_handle: spec.volume_handle.clone(),
+                    node: self.csi.node_name().to_owned(),
+                    attachment: name,
+                });
             }
             publish_context = status.and_then(|s| s.attachment_metadata).unwrap_or_default();
         }

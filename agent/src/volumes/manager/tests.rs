@@ -146,7 +146,7 @@ async fn unused_and_unsupported_volumes() {
             "Unable to attach or mount volumes: unmounted volumes=[claim hp], unattached volumes=[], failed to process volumes=[claim]: nfs volumes are not supported by swiftlet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected, image, csi, persistentVolumeClaim, ephemeral)"
         )
     );
-    assert!(err.to_string().starts_with("unmounted volumes=[claim hp]: "));
+    assert!(err.to_string().starts_with("unmounted volumes=[claim hp], unattached volumes=[]: "));
     assert!(!e.dir.path().join("pods/u1/volumes/kubernetes.io~empty-dir/unused").exists());
     // The hostPath is desired but not set up; the unsupported volume is neither.
     let counts = e.vm.volume_counts();
