@@ -569,6 +569,21 @@ impl RuntimeManager {
         }
 
         let mut sandbox_id = actions.sandbox_id.clone();
+        // Upstream: the claims are prepared before the sandbox, and before its config is
+        // generated (in `createPodSandbox`, with its DNS warnings); a failure is an event and
+        // the sync ends there (the next sync tries again).
+        if actions.create_sandbox
+            && let Err(e) = Box::pin(self.prepare_dynamic_resources(pod)).await
+        {
+            tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to prepare dynamic resources");
+            self.event(
+                pod,
+                EventType::Warning,
+                "FailedPrepareDynamicResources",
+                format!("Failed to prepare dynamic resources: {e}"),
+            );
+            return result;
+        }
         // Upstream generates the sandbox config, and records its DNS warnings, when it creates
         // a sandbox and again before it starts any container (`lazyStart`), in back-off too:
         // a new pod gets `MissingClusterDNS` twice, and once more each sync that has a
@@ -601,18 +616,6 @@ impl RuntimeManager {
         };
         let mut pod_ips = self.pod_ips(pod, status.ips());
         if actions.create_sandbox {
-            // Upstream: the claims are prepared before the sandbox; a failure is an event
-            // and the sync ends there (the next sync tries again).
-            if let Err(e) = Box::pin(self.prepare_dynamic_resources(pod)).await {
-                tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to prepare dynamic resources");
-                self.event(
-                    pod,
-                    EventType::Warning,
-                    "FailedPrepareDynamicResources",
-                    format!("Failed to prepare dynamic resources: {e}"),
-                );
-                return result;
-            }
             result.touched_runtime = true;
             match self.create_sandbox(pod, &sandbox_config).await {
                 Ok((id, ips)) => {
