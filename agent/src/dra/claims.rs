@@ -201,12 +201,15 @@ pub fn is_reserved_for_pod(pod: &Pod, claim: &ResourceClaim) -> bool {
     claim.status.as_ref().and_then(|s| s.reserved_for.as_ref()).into_iter().flatten().any(|r| r.uid == pod_uid)
 }
 
+/// The prefix of a device class's implicit extended resource name
+/// (`deviceclass.resource.kubernetes.io/<class>`, upstream `ResourceDeviceClassPrefix`).
+pub const DEVICE_CLASS_RESOURCE_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
 /// Upstream `IsDRAExtendedResourceName`: an extended resource name, or the implicit one of
-/// a device class (`deviceclass.resource.kubernetes.io/<class>`).
+/// a device class ([`DEVICE_CLASS_RESOURCE_PREFIX`]).
 #[must_use]
 pub fn is_dra_extended_resource_name(name: &str) -> bool {
-    crate::types::resource_names::is_extended_resource_name(name)
-        || name.starts_with("deviceclass.resource.kubernetes.io/")
+    crate::types::resource_names::is_extended_resource_name(name) || name.starts_with(DEVICE_CLASS_RESOURCE_PREFIX)
 }
 
 /// Whether `resource` of `container` is served by the pod's extended resource claim
