@@ -13,6 +13,11 @@
 //! again on the same root dir restores its `dra_manager_state`, leaves the running
 //! container and the prepared claim alone (the driver is not asked again), and unprepares
 //! the claim from the checkpoint once the pod is deleted.
+//!
+//! An extended resource backed by DRA (a device class with `extendedResourceName`,
+//! `DRAExtendedResource`): the scheduler makes the pod's claim, the agent admits the pod
+//! although its node reports no such resource, prepares the claim and gives the container
+//! its CDI device.
 
 use std::time::Duration;
 
@@ -43,7 +48,8 @@ struct Setup {
     claim_uid: String,
 }
 
-async fn set_up(cluster: &Cluster, test: &str) -> Result<Setup> {
+/// A node of test `test` with the driver registered and its devices published.
+async fn node_with_driver(cluster: &Cluster, test: &str) -> Result<(ClusterNode, DraTestDriver)> {
     let node = cluster.join(test, AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
@@ -63,7 +69,12 @@ async fn set_up(cluster: &Cluster, test: &str) -> Result<Setup> {
     })
     .await
     .with_context(|| logs(&node.agent, &driver))?;
+    Ok((node, driver))
+}
 
+async fn set_up(cluster: &Cluster, test: &str) -> Result<Setup> {
+    let (node, driver) = node_with_driver(cluster, test).await?;
+    let client = cluster.client();
     let class_name = format!("swiftlet-dra-{}", node.name);
     let classes: Api<DeviceClass> = Api::all(client.clone());
     let class: DeviceClass = serde_json::from_value(json!({
@@ -230,4 +241,101 @@ async fn a_prepared_claim_survives_an_agent_crash_and_is_unprepared_from_the_che
     setup.delete_pod_and_wait_unprepared(&cluster).await?;
     assert_eq!(setup.driver.calls("NodeUnprepareResources", &claim_uid), 1, "{}", setup.driver.log_text());
     setup.tear_down(&cluster, &cri).await
+}
+
+#[tokio::test]
+async fn an_extended_resource_served_by_dra_is_admitted_prepared_and_its_cdi_device_handed_to_the_container()
+-> Result<()> {
+    const RESOURCE: &str = "e2e.swiftlet.test/dra-device";
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let (mut node, driver) = node_with_driver(&cluster, "dra-ext").await?;
+    let client = cluster.client();
+    let root = node.agent.root_dir.clone();
+    let class_name = format!("swiftlet-dra-ext-{}", node.name);
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name},
+        "spec": {
+            "selectors": [{"cel": {"expression": format!("device.driver == \"{DRIVER}\"")}}],
+            "extendedResourceName": RESOURCE,
+        }
+    }))?;
+    let _ = classes.delete(&class_name, &DeleteParams::default()).await;
+    classes.create(&PostParams::default(), &class).await?;
+    let ns = node.namespace("dra-ext").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "user"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "resources": {"limits": {RESOURCE: "1"}}
+            }]
+        }
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let running = eventually("the pod Running", WAIT, || async {
+        Ok(pods.get_opt("user").await?.filter(|p| phase(p) == "Running"))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
+    let pod_uid = running.metadata.uid.clone().unwrap_or_default();
+
+    // The node reports no such resource: admitted because DRA serves it.
+    let node_obj = node.node().await?.context("no node")?;
+    let allocatable = node_obj.status.and_then(|s| s.allocatable).unwrap_or_default();
+    assert!(!allocatable.contains_key(RESOURCE), "{allocatable:?}");
+    // The scheduler's claim for it, allocated from the driver and prepared by it.
+    let ext =
+        running.status.and_then(|s| s.extended_resource_claim_status).context("no extendedResourceClaimStatus")?;
+    let mapping = ext.request_mappings.iter().find(|m| m.container_name == "main").context("no request mapping")?;
+    assert_eq!(mapping.resource_name, RESOURCE);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
+    let claim = claims.get(&ext.resource_claim_name).await?;
+    let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+    let status = claim.status.clone().context("claim status")?;
+    let results = status.allocation.and_then(|a| a.devices).and_then(|d| d.results).unwrap_or_default();
+    assert!(results.iter().any(|r| r.driver == DRIVER && r.request == mapping.request_name), "{results:?}");
+    assert!(status.reserved_for.unwrap_or_default().iter().any(|r| r.uid == pod_uid));
+    assert_eq!(driver.calls("NodePrepareResources", &claim_uid), 1, "{}", driver.log_text());
+    assert_eq!(driver.cdi_specs_of(&claim_uid).len(), 1);
+
+    // The container got the claim's CDI device (on a runtime with CDI): the driver's
+    // device sets `claim_<claim>_<request>` (non-alphanumerics as `_`).
+    let id = cri
+        .containers(&pod_uid)
+        .await?
+        .into_iter()
+        .find(|c| c.state == 1)
+        .map(|c| c.id)
+        .context("no running container")?;
+    let (code, env) = cri.exec(&id, &["env"]).await?;
+    assert_eq!(code, 0, "{env}");
+    let variable: String = format!("claim_{}_{}=true", ext.resource_claim_name, mapping.request_name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '=' { c } else { '_' })
+        .collect();
+    if swiftlet_tests::node::node_target()?.is_some() {
+        assert!(env.lines().any(|l| l == variable), "the CDI device's environment ({variable}) is missing:\n{env}");
+    } else {
+        assert!(!env.lines().any(|l| l == variable), "containerd 1.6 applied a CDI device?\n{env}");
+    }
+
+    // Deleted: the claim is unprepared.
+    pods.delete("user", &DeleteParams::default()).await?;
+    eventually("the claim unprepared", WAIT, || async {
+        let state = std::fs::read_to_string(root.join("dra_manager_state")).unwrap_or_default();
+        Ok((driver.cdi_specs_of(&claim_uid).is_empty() && !state.contains(&claim_uid)).then_some(()))
+    })
+    .await
+    .with_context(|| logs(&node.agent, &driver))?;
+
+    classes.delete(&class_name, &DeleteParams::default()).await?;
+    driver.stop()?;
+    node.leave(&cri).await
 }

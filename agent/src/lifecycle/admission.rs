@@ -93,7 +93,7 @@ pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
 }
 
 /// `pod` without the extended resources its extended resource claim serves (upstream
-/// `removeMissingExtendedResources`, its DRA half; DRAExtendedResource is GA and locked
+/// `removeMissingExtendedResources`, its DRA half; `DRAExtendedResource` is GA and locked
 /// on): a container's request of a DRA extended resource name that
 /// `status.extendedResourceClaimStatus` maps for that container is served by DRA devices,
 /// not from the node's allocatable, so the node-fit check does not count it, even where a
@@ -109,7 +109,7 @@ pub fn without_dra_backed_requests(pod: &Pod) -> Pod {
     for c in containers {
         let name = c.name.clone();
         let served = |r: &String| {
-            crate::dra::is_dra_extended_resource_name(r)
+            crate::types::resource_names::is_dra_extended_resource_name(r)
                 && ext.request_mappings.iter().any(|m| m.container_name == name && m.resource_name == *r)
         };
         if let Some(resources) = c.resources.as_mut() {
@@ -126,7 +126,7 @@ pub fn without_dra_backed_requests(pod: &Pod) -> Pod {
 fn device_class_requests(pod: &Pod) -> BTreeMap<String, i64> {
     crate::types::pod_resources::pod_requests(pod)
         .into_iter()
-        .filter(|(k, _)| k.starts_with(crate::dra::DEVICE_CLASS_RESOURCE_PREFIX))
+        .filter(|(k, _)| k.starts_with(crate::types::resource_names::DEVICE_CLASS_RESOURCE_PREFIX))
         .map(|(k, v)| (k, v.value_saturating()))
         .collect()
 }
@@ -412,7 +412,7 @@ mod tests {
         assert_eq!(admit(&other, &n, &[]), Ok(()));
     }
 
-    /// DRAExtendedResource (GA): an extended resource that the pod's extended resource
+    /// `DRAExtendedResource` (GA): an extended resource that the pod's extended resource
     /// claim serves is DRA's, not the node's: not counted against allocatable even where
     /// the node reports it (a device plugin of the same name), for that container only.
     #[test]
@@ -459,7 +459,7 @@ mod tests {
         let small = with_claim(serde_json::json!([map("c")]));
         let mut small_init = small.clone();
         small_init.spec.as_mut().unwrap().init_containers = None;
-        assert_eq!(admit(&small_init, &n, &[holder.clone()]), Ok(()));
+        assert_eq!(admit(&small_init, &n, std::slice::from_ref(&holder)), Ok(()));
         assert_eq!(admit(&plain, &n, &[holder]).unwrap_err().reason, "OutOfexample.com/dev");
         // A device class's implicit resource name is not an extended resource the node may
         // not know: unless DRA serves it, it is checked against allocatable, which never

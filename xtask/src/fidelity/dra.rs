@@ -41,6 +41,9 @@ pub const ABSENT_CLASS: &str = "swiftlet-fidelity-dra-absent";
 pub const EXTENDED_CLASS: &str = "swiftlet-fidelity-dra-extended";
 pub const EXTENDED_RESOURCE: &str = "fidelity.swiftlet.dev/device";
 
+/// The API's collection of device classes.
+const CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
+
 /// How long the driver may take to register with the agent.
 const REGISTER_TIMEOUT: Duration = Duration::from_mins(1);
 
@@ -164,7 +167,6 @@ pub fn cluster_objects(node: &str) -> Vec<(&'static str, Value)> {
         }
         json!({ "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": { "name": name }, "spec": spec })
     };
-    const CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
     vec![
         (CLASSES, class(CLASS, DRIVER, json!({}))),
         (CLASSES, class(ABSENT_CLASS, ABSENT_DRIVER, json!({}))),

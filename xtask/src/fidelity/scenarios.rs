@@ -147,6 +147,7 @@ pub enum Placement {
 
 /// One scenario.
 #[derive(Debug, Clone)]
+#[expect(clippy::struct_excessive_bools, reason = "independent needs of a scenario, not states of one")]
 pub struct Scenario {
     /// Also the pod's name.
     pub name: &'static str,

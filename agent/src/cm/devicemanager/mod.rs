@@ -11,7 +11,7 @@
 //!   picks devices (an init container's devices are reused by the next containers; the
 //!   plugin's `GetPreferredAllocation` is asked when it offers it), calls `Allocate` and
 //!   records the answer; a failure rejects the pod with `UnexpectedAdmissionError`. An
-//!   extended resource that the pod's extended resource claim serves (DRAExtendedResource,
+//!   extended resource that the pod's extended resource claim serves (`DRAExtendedResource`,
 //!   GA) is DRA's: no device of a plugin is allocated for it, at admission or at
 //!   container creation (the container gets the claim's CDI devices from the DRA manager).
 //! - Containers: as a [`ContainerLifecycleHook`] it adds the allocation's device nodes,
@@ -200,12 +200,12 @@ fn container_requests(state: &State, c: &Container) -> BTreeMap<String, usize> {
 }
 
 /// [`container_requests`] less the extended resources that the pod's extended resource
-/// claim serves (DRAExtendedResource, GA): their devices come from DRA (upstream
+/// claim serves (`DRAExtendedResource`, GA): their devices come from DRA (upstream
 /// `allocateContainerResources` skips them). Topology hints still count them, as
 /// upstream's do.
 fn allocatable_requests(state: &State, pod: &Pod, c: &Container) -> BTreeMap<String, usize> {
     let mut requests = container_requests(state, c);
-    requests.retain(|r, _| !crate::dra::is_dra_backed_extended_resource(pod, &c.name, r));
+    requests.retain(|r, _| !crate::types::pod_resources::is_dra_backed_extended_resource(pod, &c.name, r));
     requests
 }
 

@@ -179,7 +179,7 @@ fn init_container_devices_are_reused_and_exhaustion_is_refused() {
     assert_eq!(plugin.calls.lock().unwrap().len(), calls);
 }
 
-/// DRAExtendedResource (GA): a container's extended resource that the pod's extended
+/// `DRAExtendedResource` (GA): a container's extended resource that the pod's extended
 /// resource claim serves comes from DRA, so the device manager hands out none of its
 /// plugin's devices for it (upstream `allocateContainerResources` skips it), neither at
 /// admission nor when the container is created; other containers' requests are served.
