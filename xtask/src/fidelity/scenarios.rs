@@ -17,7 +17,11 @@
 //! devices, a claim released when its pod is deleted, a claim of a driver the node does
 //! not run (upstream's `FailedPrepareDynamicResources`), and an extended resource served
 //! by DRA (a device class with `extendedResourceName`), for which the scheduler makes the
-//! pod's claim.
+//! pod's claim. The upstream kubelet can fetch a claim just before the API server's node
+//! authorizer has seen the pod bound to its node (`forbidden ... no relationship found
+//! between node ... and this object`): its prepare fails, and without an error of the
+//! sync it tries again only at its next resync, a minute later. A run where that happened
+//! differs in timing only; the second run the runner makes of such scenarios absorbs it.
 
 use std::time::Duration;
 
