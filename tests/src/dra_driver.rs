@@ -24,6 +24,10 @@ pub const DRIVER: &str = "test-driver.cdi.k8s.io";
 /// The unit the driver runs as in the node container.
 const UNIT: &str = "swiftlet-dra-test-driver";
 
+/// The verbosity the driver runs with: from 6 on it logs every gRPC call it serves
+/// (`handling request`, with the request), which [`DraTestDriver::calls`] counts.
+const VERBOSITY: &str = "-v=6";
+
 /// The running driver.
 #[derive(Debug)]
 pub struct DraTestDriver {
@@ -74,7 +78,7 @@ impl DraTestDriver {
                 "--property=StandardError=append:/var/log/swiftlet-dra-test-driver.log",
                 "/usr/local/lib/swiftlet-test/dra-test-driver",
                 "--kubeconfig=/etc/swiftlet-test/dra-test-driver.conf",
-                "-v=4",
+                VERBOSITY,
                 "kubelet-plugin",
                 &format!("--node-name={node_name}"),
                 &format!("--plugin-registration-path={}", root.join("plugins_registry").display()),
@@ -92,7 +96,7 @@ impl DraTestDriver {
             let out = std::fs::File::create(&log)?;
             let child = Command::new(&bin)
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg("-v=4")
+                .arg(VERBOSITY)
                 .arg("kubelet-plugin")
                 .arg(format!("--node-name={node_name}"))
                 .arg(format!("--plugin-registration-path={}", root_dir.join("plugins_registry").display()))
@@ -135,6 +139,14 @@ impl DraTestDriver {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// How often the driver was called with `method` (`NodePrepareResources`,
+    /// `NodeUnprepareResources`, `NotifyRegistrationStatus`, ...) for claim `uid` (any,
+    /// if empty), from its log.
+    #[must_use]
+    pub fn calls(&self, method: &str, uid: &str) -> usize {
+        count_calls(&self.log_text(), method, uid)
+    }
+
     /// The CDI spec files the driver has written for claim `uid`.
     #[must_use]
     pub fn cdi_specs_of(&self, uid: &str) -> Vec<PathBuf> {
@@ -171,8 +183,33 @@ impl DraTestDriver {
     }
 }
 
+/// The calls of `method` (for claim `uid`, any if empty) that the driver's `log` shows:
+/// one `handling request` line each, naming the method and holding the request.
+fn count_calls(log: &str, method: &str, uid: &str) -> usize {
+    let method = format!("/{method}\"");
+    log.lines().filter(|l| l.contains("\"handling request\"") && l.contains(&method) && l.contains(uid)).count()
+}
+
 impl Drop for DraTestDriver {
     fn drop(&mut self) {
         let _ = self.stop_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_counted_by_method_and_claim_from_the_grpc_log() {
+        let log = r#"I1206 1 nonblockinggrpcserver.go:150] "handling request" requestID=1 method="/pluginregistration.Registration/NotifyRegistrationStatus" request="plugin_registered:true"
+I1206 1 nonblockinggrpcserver.go:150] "handling request" requestID=2 method="/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources" request="claims:{namespace:\"ns\" uid:\"u-1\" name:\"gpu\"}"
+I1206 1 nonblockinggrpcserver.go:161] "handling request succeeded" requestID=2 method="/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources" response="claims:{key:\"u-1\"}"
+I1206 1 nonblockinggrpcserver.go:150] "handling request" requestID=3 method="/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources" request="claims:{uid:\"u-1\"}"
+"#;
+        assert_eq!(count_calls(log, "NodePrepareResources", "u-1"), 1);
+        assert_eq!(count_calls(log, "NodePrepareResources", "u-2"), 0);
+        assert_eq!(count_calls(log, "NodeUnprepareResources", "u-1"), 1);
+        assert_eq!(count_calls(log, "NotifyRegistrationStatus", ""), 1);
     }
 }

@@ -49,6 +49,7 @@ pub const NODE_SUITE: &[&str] = &[
     "an_image_volume_is_mounted_read_only_with_its_sub_path_and_a_missing_image_holds_back_its_container",
     // CDI devices of a DRA claim reach the container (containerd 1.6 has no CDI).
     "a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_and_unprepared_after",
+    "an_extended_resource_served_by_dra_is_admitted_prepared_and_its_cdi_device_handed_to_the_container",
     // What containerd 2's GetContainerEvents adds (`bench runtime-events` at full size).
     "the_runtimes_event_stream_is_counted_and_timed_against_the_kernel",
 ];

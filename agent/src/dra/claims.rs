@@ -201,23 +201,8 @@ pub fn is_reserved_for_pod(pod: &Pod, claim: &ResourceClaim) -> bool {
     claim.status.as_ref().and_then(|s| s.reserved_for.as_ref()).into_iter().flatten().any(|r| r.uid == pod_uid)
 }
 
-/// Upstream `IsDRAExtendedResourceName`: an extended resource name, or the implicit one of
-/// a device class (`deviceclass.resource.kubernetes.io/<class>`).
-#[must_use]
-pub fn is_dra_extended_resource_name(name: &str) -> bool {
-    crate::types::resource_names::is_extended_resource_name(name)
-        || name.starts_with("deviceclass.resource.kubernetes.io/")
-}
-
-/// Whether `resource` of `container` is served by the pod's extended resource claim
-/// rather than by a device plugin (upstream's device manager and admission skip such
-/// resources: the devices come from DRA, not from the node's allocatable).
-#[must_use]
-pub fn is_dra_backed_extended_resource(pod: &Pod, container: &str, resource: &str) -> bool {
-    pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some_and(|e| {
-        e.request_mappings.iter().any(|m| m.container_name == container && m.resource_name == resource)
-    })
-}
+pub use crate::types::pod_resources::is_dra_backed_extended_resource;
+pub use crate::types::resource_names::{DEVICE_CLASS_RESOURCE_PREFIX, is_dra_extended_resource_name};
 
 #[cfg(test)]
 mod tests {

@@ -34,7 +34,8 @@
 //! prepared fails at sandbox creation with the error of `prepare_resources`. What DRA
 //! touches in admission is the resource fit: extended resources served by the pod's
 //! extended resource claim are not counted against the node's allocatable (nor allocated
-//! by the device manager): see [`is_dra_backed_extended_resource`].
+//! by the device manager): see [`is_dra_backed_extended_resource`],
+//! `lifecycle::admission::without_dra_backed_requests` and the device manager.
 //!
 //! Wiring, as upstream's kubelet does it: [`DraManager::new`] with the root dir, the node
 //! name and a [`KubeClaimSource`]; [`DraManager::start`] once; the manager as the plugin
@@ -81,8 +82,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use checkpoint::ClaimInfo;
 pub use claims::{
-    ClaimSource, FakeClaimSource, KubeClaimSource, claim_name, is_dra_backed_extended_resource,
-    is_dra_extended_resource_name,
+    ClaimSource, DEVICE_CLASS_RESOURCE_PREFIX, FakeClaimSource, KubeClaimSource, claim_name,
+    is_dra_backed_extended_resource, is_dra_extended_resource_name,
 };
 use metrics::{ClaimsInUseCollector, DraMetrics};
 use plugins::Plugins;

@@ -2,7 +2,9 @@
 //! the node's OS, its name, node selector and required node affinity, `NoExecute` taints,
 //! host ports, `maxPods` and resource requests against allocatable. A rejected pod
 //! becomes `Failed` with the kubelet's reason (`OutOfcpu`, `OutOfmemory`, `OutOfpods`,
-//! `NodeAffinity`, `NodePorts`, `Taint`, `PodOSNotSupported`) and message.
+//! `NodeAffinity`, `NodePorts`, `Taint`, `PodOSNotSupported`) and message. Extended
+//! resources the node does not report, and those DRA serves the pod (its extended resource
+//! claim), are not checked ([`without_dra_backed_requests`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -86,6 +88,45 @@ pub fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
     crate::types::pod_resources::pod_requests(pod)
         .into_iter()
         .filter(|(k, _)| crate::types::resource_names::is_extended_resource_name(k))
+        .map(|(k, v)| (k, v.value_saturating()))
+        .collect()
+}
+
+/// `pod` without the extended resources its extended resource claim serves (upstream
+/// `removeMissingExtendedResources`, its DRA half; `DRAExtendedResource` is GA and locked
+/// on): a container's request of a DRA extended resource name that
+/// `status.extendedResourceClaimStatus` maps for that container is served by DRA devices,
+/// not from the node's allocatable, so the node-fit check does not count it, even where a
+/// device plugin reports the same name. Upstream drops the requests only (its pods have
+/// them defaulted); here the limits go too, as requests default from them. Other pods'
+/// requests count in full, as upstream's node info counts them.
+#[must_use]
+pub fn without_dra_backed_requests(pod: &Pod) -> Pod {
+    let mut pod = pod.clone();
+    let Some(ext) = pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.clone()) else { return pod };
+    let Some(spec) = pod.spec.as_mut() else { return pod };
+    let containers = spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        let name = c.name.clone();
+        let served = |r: &String| {
+            crate::types::resource_names::is_dra_extended_resource_name(r)
+                && ext.request_mappings.iter().any(|m| m.container_name == name && m.resource_name == *r)
+        };
+        if let Some(resources) = c.resources.as_mut() {
+            for list in [resources.requests.as_mut(), resources.limits.as_mut()].into_iter().flatten() {
+                list.retain(|r, _| !served(r));
+            }
+        }
+    }
+    pod
+}
+
+/// The pod's requests of device classes' implicit extended resource names
+/// (`deviceclass.resource.kubernetes.io/<class>`), summed as [`extended_requests`].
+fn device_class_requests(pod: &Pod) -> BTreeMap<String, i64> {
+    crate::types::pod_resources::pod_requests(pod)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(crate::types::resource_names::DEVICE_CLASS_RESOURCE_PREFIX))
         .map(|(k, v)| (k, v.value_saturating()))
         .collect()
 }
@@ -244,10 +285,24 @@ pub fn admit(pod: &Pod, node: &Node, active: &[Pod]) -> Result<(), Rejection> {
         }
     }
     // Extended resources the node does not report are cluster-level: not checked here
-    // (upstream removeMissingExtendedResources).
-    for (r, req) in extended_requests(pod) {
+    // (upstream removeMissingExtendedResources); nor are those DRA serves the pod.
+    let fit_pod = without_dra_backed_requests(pod);
+    for (r, req) in extended_requests(&fit_pod) {
         let Some(cap) = allocatable(node, &r).filter(|_| req > 0) else { continue };
         let used: i64 = active.iter().map(|p| extended_requests(p).get(&r).copied().unwrap_or(0)).sum();
+        if used + req > cap {
+            return Err(reject(
+                &format!("OutOf{r}"),
+                format!("Node didn't have enough resource: {r}, requested: {req}, used: {used}, capacity: {cap}"),
+            ));
+        }
+    }
+    // A device class's implicit name (`deviceclass.resource.kubernetes.io/<class>`) is a
+    // native-prefixed name, which upstream's removal of missing extended resources leaves
+    // in: unless DRA serves it (removed above), it is checked against allocatable.
+    for (r, req) in device_class_requests(&fit_pod).into_iter().filter(|(_, req)| *req > 0) {
+        let cap = allocatable(node, &r).unwrap_or(0);
+        let used: i64 = active.iter().map(|p| device_class_requests(p).get(&r).copied().unwrap_or(0)).sum();
         if used + req > cap {
             return Err(reject(
                 &format!("OutOf{r}"),
@@ -355,6 +410,72 @@ mod tests {
         let other = pod(&serde_json::json!({"containers": [{"name": "c", "image": "x",
             "resources": {"limits": {"example.com/other": "5"}}}]}));
         assert_eq!(admit(&other, &n, &[]), Ok(()));
+    }
+
+    /// `DRAExtendedResource` (GA): an extended resource that the pod's extended resource
+    /// claim serves is DRA's, not the node's: not counted against allocatable even where
+    /// the node reports it (a device plugin of the same name), for that container only.
+    #[test]
+    fn extended_resources_served_by_dra_are_not_counted() {
+        let mut n = node();
+        n.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("example.com/dev".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+        let claimed = |spec: serde_json::Value, mappings: serde_json::Value| {
+            let mut p = pod(&spec);
+            p.status = Some(
+                serde_json::from_value(serde_json::json!({"extendedResourceClaimStatus": {
+                    "resourceClaimName": "p-extended-resources-x", "requestMappings": mappings}}))
+                .unwrap(),
+            );
+            p
+        };
+        let with_claim = |mappings: serde_json::Value| {
+            let spec = serde_json::json!({
+                "initContainers": [{"name": "i", "image": "x", "resources": {"limits": {"example.com/dev": "2"}}}],
+                "containers": [{"name": "c", "image": "x", "resources": {"limits": {"example.com/dev": "2"}}}],
+            });
+            claimed(spec, mappings)
+        };
+        let map = |container: &str| serde_json::json!({"containerName": container, "resourceName": "example.com/dev", "requestName": format!("{container}-0")});
+        let both = with_claim(serde_json::json!([map("i"), map("c")]));
+        assert_eq!(admit(&both, &n, &[]), Ok(()));
+        assert_eq!(extended_requests(&without_dra_backed_requests(&both)), BTreeMap::new());
+        // Only the init container's is DRA's: the app container's 2 do not fit in 1.
+        let init_only = with_claim(serde_json::json!([map("i")]));
+        let r = admit(&init_only, &n, &[]).unwrap_err();
+        assert_eq!(r.message, "Node didn't have enough resource: example.com/dev, requested: 2, used: 0, capacity: 1");
+        // Without the claim's status, the node's allocatable counts.
+        let mut plain = both.clone();
+        plain.status = None;
+        assert_eq!(admit(&plain, &n, &[]).unwrap_err().reason, "OutOfexample.com/dev");
+        // What other pods hold of it counts as upstream counts it: all of their requests.
+        let holder = pod(&serde_json::json!({"containers": [{"name": "h", "image": "x",
+            "resources": {"limits": {"example.com/dev": "1"}}}]}));
+        let small = with_claim(serde_json::json!([map("c")]));
+        let mut small_init = small.clone();
+        small_init.spec.as_mut().unwrap().init_containers = None;
+        assert_eq!(admit(&small_init, &n, std::slice::from_ref(&holder)), Ok(()));
+        assert_eq!(admit(&plain, &n, &[holder]).unwrap_err().reason, "OutOfexample.com/dev");
+        // A device class's implicit resource name is not an extended resource the node may
+        // not know: unless DRA serves it, it is checked against allocatable, which never
+        // lists it (upstream's fit check, without the scheduler's device classes).
+        let class = "deviceclass.resource.kubernetes.io/gpu";
+        let implicit = |mappings: serde_json::Value| {
+            claimed(
+                serde_json::json!({"containers": [{"name": "c", "image": "x", "resources": {"limits": {class: "1"}}}]}),
+                mappings,
+            )
+        };
+        let r = admit(&implicit(serde_json::json!([])), &n, &[]).unwrap_err();
+        assert_eq!(r.reason, format!("OutOf{class}"));
+        assert_eq!(r.message, format!("Node didn't have enough resource: {class}, requested: 1, used: 0, capacity: 0"));
+        let served = serde_json::json!([{"containerName": "c", "resourceName": class, "requestName": "r"}]);
+        assert_eq!(admit(&implicit(served), &n, &[]), Ok(()));
     }
 
     #[test]

@@ -569,6 +569,21 @@ impl RuntimeManager {
         }
 
         let mut sandbox_id = actions.sandbox_id.clone();
+        // Upstream: the claims are prepared before the sandbox, and before its config is
+        // generated (in `createPodSandbox`, with its DNS warnings); a failure is an event and
+        // the sync ends there (the next sync tries again).
+        if actions.create_sandbox
+            && let Err(e) = Box::pin(self.prepare_dynamic_resources(pod)).await
+        {
+            tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to prepare dynamic resources");
+            self.event(
+                pod,
+                EventType::Warning,
+                "FailedPrepareDynamicResources",
+                format!("Failed to prepare dynamic resources: {e}"),
+            );
+            return result;
+        }
         // Upstream generates the sandbox config, and records its DNS warnings, when it creates
         // a sandbox and again before it starts any container (`lazyStart`), in back-off too:
         // a new pod gets `MissingClusterDNS` twice, and once more each sync that has a
@@ -577,15 +592,19 @@ impl RuntimeManager {
             || !actions.containers_to_start.is_empty()
             || !actions.ephemeral_containers_to_start.is_empty();
         let dns_records = usize::from(actions.create_sandbox) + usize::from(starts_any);
-        // The handler of the pod's runtime class, for what the sandbox and container
-        // configs take from it (user namespaces, image volumes): known by now unless the
-        // pod is new or the agent restarted. A failure is reported by the sandbox's own
-        // lookup below, or leaves the default handler for a running sandbox's containers.
-        if (actions.create_sandbox || starts_any)
-            && let Err(e) = self.runtime_classes.handler(pod).await
-        {
-            tracing::debug!(pod = %pod_full_name(pod), error = %e, "runtime class not resolved");
-        }
+        // The handler of the pod's runtime class, which the sandbox and container configs
+        // take from (user namespaces, image volumes): looked up afresh for a new sandbox
+        // (a failure is the sandbox's, reported below once its config is made, in
+        // upstream's order), else as seen before (looked up after an agent restart; a
+        // failure then leaves the default handler to a running sandbox's containers).
+        let sandbox_handler = if actions.create_sandbox {
+            Some(self.runtime_classes.lookup(pod).await)
+        } else {
+            if starts_any && let Err(e) = self.runtime_classes.handler(pod).await {
+                tracing::debug!(pod = %pod_full_name(pod), error = %e, "runtime class not resolved");
+            }
+            None
+        };
         let sandbox_config = match self.sandbox_config_recording(pod, actions.attempt, dns_records) {
             Ok(c) => c,
             Err(e) if actions.create_sandbox => {
@@ -610,21 +629,9 @@ impl RuntimeManager {
         };
         let mut pod_ips = self.pod_ips(pod, status.ips());
         if actions.create_sandbox {
-            // Upstream: the claims are prepared before the sandbox; a failure is an event
-            // and the sync ends there (the next sync tries again).
-            if let Err(e) = Box::pin(self.prepare_dynamic_resources(pod)).await {
-                tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to prepare dynamic resources");
-                self.event(
-                    pod,
-                    EventType::Warning,
-                    "FailedPrepareDynamicResources",
-                    format!("Failed to prepare dynamic resources: {e}"),
-                );
-                return result;
-            }
             // Upstream looks the runtime class up as it creates the sandbox: a class that
             // does not exist fails the sandbox, and the next sync tries again.
-            let handler = match self.runtime_classes.lookup(pod).await {
+            let handler = match sandbox_handler.unwrap_or_else(|| Ok(String::new())) {
                 Ok(h) => h,
                 Err(e) => {
                     tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");

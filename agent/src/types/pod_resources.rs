@@ -353,6 +353,17 @@ pub struct InvalidQuantity {
     pub source: quantity::Error,
 }
 
+/// Whether `resource` of `container` is served by the pod's extended resource claim
+/// (`status.extendedResourceClaimStatus`, `DRAExtendedResource`) rather than by a device
+/// plugin or the node's allocatable: upstream's device manager and admission skip such
+/// resources, whose devices come from DRA.
+#[must_use]
+pub fn is_dra_backed_extended_resource(pod: &Pod, container: &str, resource: &str) -> bool {
+    pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref()).is_some_and(|e| {
+        e.request_mappings.iter().any(|m| m.container_name == container && m.resource_name == resource)
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod test_pods {
     //! Terse pod builders shared by the cm tests.

@@ -45,6 +45,17 @@ pub fn is_extended_resource_name(name: &str) -> bool {
     subdomain && name_ok
 }
 
+/// The prefix of a device class's implicit extended resource name
+/// (`deviceclass.resource.kubernetes.io/<class>`, upstream `ResourceDeviceClassPrefix`).
+pub const DEVICE_CLASS_RESOURCE_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// Upstream `IsDRAExtendedResourceName`: an extended resource name, or the implicit one of
+/// a device class ([`DEVICE_CLASS_RESOURCE_PREFIX`]).
+#[must_use]
+pub fn is_dra_extended_resource_name(name: &str) -> bool {
+    is_extended_resource_name(name) || name.starts_with(DEVICE_CLASS_RESOURCE_PREFIX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

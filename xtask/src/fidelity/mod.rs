@@ -19,7 +19,10 @@
 //! its own whose `memory.available` threshold is set below what is available at its start.
 //! When a `csi-*` scenario is chosen, the test bed's host-path CSI driver is deployed
 //! beside the node of each agent in turn ([`csi`]) and the node's CSI facts (its
-//! `CSINode`, its node id annotation, its volumes in use) are taken with its own.
+//! `CSINode`, its node id annotation, its volumes in use) are taken with its own. When a
+//! `dra-*` scenario is chosen, upstream's DRA test driver runs beside the node of each
+//! agent in turn and the DRA device classes are created ([`dra`]); the claims of each
+//! scenario are taken with its facts, and the node's `ResourceSlices` with the node's.
 //!
 //! The facts are taken at moments of two agents' schedules, so a difference in a pod's
 //! facts can be one of timing on this host at that moment (CI once saw two that no local
@@ -34,6 +37,7 @@
 
 mod csi;
 mod documented;
+mod dra;
 mod observe;
 mod scenarios;
 
@@ -51,6 +55,7 @@ use serde_json::{Value, json};
 
 use self::{
     csi::CsiDeployment,
+    dra::DraDriver,
     observe::{Difference, Facts, Normalizer},
     scenarios::{Action, Placement, Scenario},
 };
@@ -101,13 +106,15 @@ impl Which {
     }
 }
 
-/// What every phase runs with: the test bed, its control plane and, when a `csi-*`
-/// scenario is chosen, the CSI driver's binary (`swiftlet-test-csi-driver`).
+/// What every phase runs with: the test bed, its control plane, when a `csi-*`
+/// scenario is chosen the CSI driver's binary (`swiftlet-test-csi-driver`), and when a
+/// `dra-*` one is, the DRA test driver's binary and the kubeconfig it runs with.
 struct Bed<'a> {
     ctx: &'a Ctx,
     layout: &'a Layout,
     api: &'a ApiServer,
     csi_driver: Option<PathBuf>,
+    dra_driver: Option<(PathBuf, PathBuf)>,
 }
 
 /// What one agent's run showed: per scenario its facts, and the facts of each of its
@@ -165,7 +172,17 @@ async fn fidelity(ctx: &Ctx, layout: &Layout, args: &FidelityArgs) -> Result<()>
     } else {
         None
     };
-    let bed = Bed { ctx, layout, api: &api, csi_driver };
+    // The DRA scenarios' driver: upstream's test driver, as the cluster's admin.
+    let dra_driver = if chosen.iter().any(|s| s.dra) {
+        if !upstream.bin("test-driver").is_file() {
+            upstream.build()?;
+        }
+        let state = control_plane::State::load(layout)?.context("no control plane state")?;
+        Some((upstream.bin("test-driver"), state.admin_kubeconfig))
+    } else {
+        None
+    };
+    let bed = Bed { ctx, layout, api: &api, csi_driver, dra_driver };
 
     let agents = [(Which::Swiftlet, swiftlet.as_path()), (Which::Kubelet, kubelet.as_path())];
     let runs = run_both(&bed, agents, "fidelity", &chosen, &mut cri).await?;
@@ -360,10 +377,10 @@ fn summary(pod: Option<&Value>) -> String {
     out
 }
 
-/// One node: the agent joined, the CSI driver deployed beside it if a scenario needs it,
-/// the scenarios' pods run to their outcome, the facts taken, everything removed again
-/// (also when the phase fails; the CSI driver after the node, whose agent needs it to
-/// unmount the pods' volumes).
+/// One node: the agent joined, the CSI driver deployed and the DRA test driver started
+/// beside it if a scenario needs them, the scenarios' pods run to their outcome, the facts
+/// taken, everything removed again (also when the phase fails; the drivers after the
+/// node, whose agent needs them to unmount the pods' volumes and unprepare their claims).
 async fn phase(
     bed: &Bed<'_>,
     which: Which,
@@ -383,6 +400,7 @@ async fn phase(
     let mut cluster = Cluster::prepare(bed.api, agent)?;
     let out = bed.ctx.target_dir.join("fidelity");
     let mut deployment = None;
+    let mut dra_driver: Option<DraDriver> = None;
     let outcome = async {
         cluster.start().await?;
         if chosen.iter().any(|s| s.csi) {
@@ -394,22 +412,42 @@ async fn phase(
             deployment = Some(CsiDeployment::start(driver, &state, &node, &root, &logs).await?);
             csi::wait_registered(cluster.client()?, &node, scenarios::CSI_DRIVER, Duration::from_mins(1)).await?;
         }
-        observe_phase(&mut cluster, chosen, cri).await
+        if chosen.iter().any(|s| s.dra) {
+            let (binary, kubeconfig) = bed.dra_driver.as_ref().context("no DRA test driver")?;
+            let node = cluster.agent.node_name().to_owned();
+            dra::create_objects(cluster.client()?, &node).await?;
+            let dir = out.join(format!("{label}-dra"));
+            let _ = fs::remove_dir_all(&dir);
+            let driver =
+                dra_driver.insert(DraDriver::start(binary, kubeconfig, &node, &cluster.agent.root_dir(), &dir)?);
+            driver.wait_registered().await?;
+        }
+        observe_phase(&mut cluster, chosen, dra_driver.as_ref(), cri).await
     }
     .await;
     let ended = cluster.end(bed.layout, &out.join(format!("{label}.log"))).await;
     let removed = deployment.map_or(Ok(()), CsiDeployment::stop);
-    match (outcome, ended, removed) {
-        (Ok(r), Ok(()), Ok(())) => Ok(r),
-        (Err(e), _, _) => Err(e),
-        (Ok(_), Err(e), _) => Err(e.context("cleaning up")),
-        (Ok(_), Ok(()), Err(e)) => Err(e.context("removing the CSI driver")),
+    let dra_removed = match dra_driver {
+        Some(driver) => {
+            driver.stop();
+            let node = cluster.agent.node_name().to_owned();
+            dra::delete_objects(&mut bed.api.client(), &node).await
+        }
+        None => Ok(()),
+    };
+    match (outcome, ended, removed, dra_removed) {
+        (Ok(r), Ok(()), Ok(()), Ok(())) => Ok(r),
+        (Err(e), _, _, _) => Err(e),
+        (Ok(_), Err(e), _, _) => Err(e.context("cleaning up")),
+        (Ok(_), Ok(()), Err(e), _) => Err(e.context("removing the CSI driver")),
+        (Ok(_), Ok(()), Ok(()), Err(e)) => Err(e.context("removing the DRA device classes")),
     }
 }
 
 async fn observe_phase(
     cluster: &mut Cluster,
     chosen: &[&Scenario],
+    dra_driver: Option<&DraDriver>,
     cri: &mut CriClient,
 ) -> Result<(BTreeMap<String, Facts>, Facts)> {
     let namespace = cluster.namespace.clone();
@@ -427,6 +465,13 @@ async fn observe_phase(
             let (code, body) = client.request("POST", &path, Some(claim)).await?;
             ensure!(code == 201, "creating PersistentVolumeClaim for {}: {code}: {body}", s.name);
         }
+        for claim in &s.resource_claims {
+            let collection =
+                if claim["kind"] == "ResourceClaimTemplate" { "resourceclaimtemplates" } else { "resourceclaims" };
+            let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/{collection}");
+            let (code, body) = client.request("POST", &path, Some(claim)).await?;
+            ensure!(code == 201, "creating {} for {}: {code}: {body}", claim["kind"], s.name);
+        }
     }
     let claims: Vec<&str> =
         chosen.iter().flat_map(|s| &s.claims).filter_map(|c| c["metadata"]["name"].as_str()).collect();
@@ -442,6 +487,8 @@ async fn observe_phase(
         client.create_pod(&namespace, &pod).await?;
     }
     let csi_chosen = chosen.iter().any(|s| s.csi);
+    let dra_chosen = chosen.iter().any(|s| s.dra);
+    let resource_claims_path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
     let mut progress: BTreeMap<&str, Progress> = chosen.iter().map(|s| (s.name, Progress::default())).collect();
     let mut last_note = Instant::now();
     while progress.values().any(|p| p.facts.is_none()) {
@@ -449,6 +496,7 @@ async fn observe_phase(
         let client = cluster.client()?;
         let pods = list(client, &format!("/api/v1/namespaces/{namespace}/pods")).await?;
         let events = list(client, &format!("/api/v1/namespaces/{namespace}/events")).await?;
+        let resource_claims = if dra_chosen { list(client, &resource_claims_path).await? } else { Vec::new() };
         for s in chosen {
             let p = progress.get_mut(s.name).expect("every scenario has its progress");
             if p.facts.is_some() {
@@ -476,7 +524,7 @@ async fn observe_phase(
                 p.acted_at = Some(Instant::now());
             }
             let ready_to_judge = s.action == Action::None || p.acted_at.is_some();
-            if p.done_at.is_none() && ready_to_judge && s.done.holds(pod, &about) {
+            if p.done_at.is_none() && ready_to_judge && s.done.holds(pod, &about, &resource_claims) {
                 p.done_at = Some(Instant::now());
             }
             let complete = p.done_at.is_some_and(|t| t.elapsed() >= SETTLE);
@@ -491,6 +539,15 @@ async fn observe_phase(
                 if s.csi {
                     let all = list(client, &format!("/api/v1/namespaces/{namespace}/persistentvolumeclaims")).await?;
                     observe::claim_facts(&claims_of(s, &all), &norm, &mut facts);
+                }
+                if s.dra {
+                    let prepared = |uid: &str| dra_driver.is_some_and(|d| d.prepared(uid));
+                    observe::resource_claim_facts(
+                        &resource_claims_of(s, &resource_claims),
+                        &prepared,
+                        &norm,
+                        &mut facts,
+                    );
                 }
                 if s.action == Action::Delete
                     && let Some(at) = p.acted_at
@@ -538,6 +595,10 @@ async fn observe_phase(
             .max();
         node_facts.extend(csi_node_facts(cluster, chosen, &node, ran, &norm).await?);
     }
+    if dra_chosen {
+        let slices = list(cluster.client()?, "/apis/resource.k8s.io/v1/resourceslices").await?;
+        node_facts.extend(observe::resource_slice_facts(&slices, &node, &norm));
+    }
     let mut facts = BTreeMap::new();
     for (name, p) in progress {
         let mut f = p.facts.unwrap_or_default();
@@ -576,6 +637,22 @@ fn claims_of<'a>(s: &Scenario, all: &'a [Value]) -> Vec<&'a Value> {
         .filter(|c| {
             let name = &c["metadata"]["name"];
             s.claims.iter().any(|own| own["metadata"]["name"] == *name)
+                || c["metadata"]["ownerReferences"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|o| o["kind"] == "Pod" && o["name"] == s.name)
+        })
+        .collect()
+}
+
+/// The `ResourceClaims` of scenario `s` among `all`: those it creates, and those its pod
+/// owns (made from its templates, or by the scheduler for its extended resources).
+fn resource_claims_of<'a>(s: &Scenario, all: &'a [Value]) -> Vec<&'a Value> {
+    all.iter()
+        .filter(|c| {
+            let name = &c["metadata"]["name"];
+            s.resource_claims.iter().any(|own| own["kind"] == "ResourceClaim" && own["metadata"]["name"] == *name)
                 || c["metadata"]["ownerReferences"]
                     .as_array()
                     .into_iter()

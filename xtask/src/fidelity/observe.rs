@@ -355,6 +355,112 @@ pub fn diff(scenario: &str, swiftlet: &Facts, kubelet: &Facts) -> Vec<Difference
         .collect()
 }
 
+/// The name a `ResourceClaim` of a scenario goes by in its facts: its own when the
+/// scenario created it; `<pod claim> of pod` for one made from a template (its name has
+/// a random suffix), `extended of pod` for the one the scheduler made for the pod's
+/// extended resources.
+pub fn resource_claim_key(claim: &Value, norm: &Normalizer) -> String {
+    let annotations = &claim["metadata"]["annotations"];
+    if annotations["resource.kubernetes.io/extended-resource-claim"] == "true" {
+        return "extended of pod".into();
+    }
+    if let Some(pod_claim) = annotations["resource.kubernetes.io/pod-claim-name"].as_str() {
+        return format!("{pod_claim} of pod");
+    }
+    norm.apply(text(&claim["metadata"]["name"]))
+}
+
+/// The facts of the `ResourceClaims` of one scenario (`claims`, as the API lists them):
+/// per claim who owns it, its allocation (driver, pool and request of each device; which
+/// device the scheduler picks is its choice), whom it is reserved for, the devices' status
+/// the driver wrote, and whether the node's driver holds it prepared (`prepared`, by
+/// claim uid).
+pub fn resource_claim_facts(claims: &[&Value], prepared: &dyn Fn(&str) -> bool, norm: &Normalizer, facts: &mut Facts) {
+    for c in claims {
+        let key = resource_claim_key(c, norm);
+        let mut put = |k: &str, v: String| {
+            facts.insert(format!("resourceclaim {key} {k}"), v);
+        };
+        let owners: Vec<String> = c["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| format!("{} {} controller={}", text(&o["kind"]), norm.apply(text(&o["name"])), o["controller"]))
+            .collect();
+        put("owners", owners.join(","));
+        let status = &c["status"];
+        let allocation = &status["allocation"];
+        let results: Vec<String> = allocation["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "driver={} pool={} request={} device set={}",
+                    text(&r["driver"]),
+                    norm.apply(text(&r["pool"])),
+                    text(&r["request"]),
+                    !text(&r["device"]).is_empty()
+                )
+            })
+            .collect();
+        put("allocation", if allocation.is_null() { "(none)".into() } else { results.join(", ") });
+        put("allocation nodeSelector set", (!allocation["nodeSelector"].is_null()).to_string());
+        let reserved: Vec<String> = status["reservedFor"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{} {}", text(&r["resource"]), norm.apply(text(&r["name"]))))
+            .collect();
+        put("reservedFor", reserved.join(","));
+        let devices: Vec<String> = status["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                let conditions: Vec<String> = d["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| format!("{}={}", text(&c["type"]), text(&c["status"])))
+                    .collect();
+                format!(
+                    "driver={} pool={} [{}]",
+                    text(&d["driver"]),
+                    norm.apply(text(&d["pool"])),
+                    conditions.join(",")
+                )
+            })
+            .collect();
+        put("devices status", devices.join(", "));
+        put("prepared on node", prepared(text(&c["metadata"]["uid"])).to_string());
+    }
+}
+
+/// The facts of the `ResourceSlices` published for node `node` (`slices`: all of the
+/// cluster's): per driver its pools and devices (slice names are generated).
+pub fn resource_slice_facts(slices: &[Value], node: &str, norm: &Normalizer) -> Facts {
+    let mut by_driver: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in slices.iter().filter(|s| s["spec"]["nodeName"] == node) {
+        let spec = &s["spec"];
+        let mut devices: Vec<&str> =
+            spec["devices"].as_array().into_iter().flatten().map(|d| text(&d["name"])).collect();
+        devices.sort_unstable();
+        by_driver.entry(text(&spec["driver"]).to_owned()).or_default().insert(format!(
+            "pool={} generation={} devices={}",
+            norm.apply(text(&spec["pool"]["name"])),
+            spec["pool"]["generation"],
+            devices.join(",")
+        ));
+    }
+    let mut facts = Facts::new();
+    facts.insert("dra slice drivers".into(), by_driver.keys().cloned().collect::<Vec<_>>().join(","));
+    for (driver, pools) in by_driver {
+        facts.insert(format!("dra slices {driver}"), pools.into_iter().collect::<Vec<_>>().join(" | "));
+    }
+    facts
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -473,6 +579,51 @@ mod tests {
         assert_eq!(f["claim p-scratch volumeName set"], "true");
         assert_eq!(f["claim p-scratch owners"], "Pod p");
         assert!(!f.contains_key("claim p-scratch conditions"));
+    }
+
+    #[test]
+    fn resource_claim_facts_name_template_and_extended_claims_by_role() {
+        let uid = "0b8e4a6c-1a2b-4c3d-9e8f-0123456789ab";
+        let own = json!({
+            "metadata": {"name": "dev", "uid": uid},
+            "status": {
+                "allocation": {"devices": {"results": [{"driver": "d", "pool": "swiftlet-bench-fidelity-swiftlet",
+                    "request": "one", "device": "device-01"}]}, "nodeSelector": {}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": uid}],
+            },
+        });
+        let templated = json!({
+            "metadata": {"name": "p-dev-x7k2q", "uid": "u2",
+                "annotations": {"resource.kubernetes.io/pod-claim-name": "dev"},
+                "ownerReferences": [{"kind": "Pod", "name": "p", "controller": true}]},
+            "status": {},
+        });
+        let extended = json!({"metadata": {"name": "p-extended-resources-abcde",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"}}});
+        let mut f = Facts::new();
+        resource_claim_facts(&[&own, &templated, &extended], &|u| u == uid, &norm(), &mut f);
+        assert_eq!(f["resourceclaim dev allocation"], "driver=d pool=<node> request=one device set=true");
+        assert_eq!(f["resourceclaim dev allocation nodeSelector set"], "true");
+        assert_eq!(f["resourceclaim dev reservedFor"], "pods p");
+        assert_eq!(f["resourceclaim dev prepared on node"], "true");
+        assert_eq!(f["resourceclaim dev of pod allocation"], "(none)");
+        assert_eq!(f["resourceclaim dev of pod owners"], "Pod p controller=true");
+        assert_eq!(f["resourceclaim dev of pod prepared on node"], "false");
+        assert!(f.contains_key("resourceclaim extended of pod reservedFor"));
+    }
+
+    #[test]
+    fn resource_slice_facts_list_the_nodes_pools_by_driver() {
+        let n = "swiftlet-bench-fidelity-swiftlet";
+        let slice = |node: &str, driver: &str, devices: &[&str]| {
+            let devices: Vec<Value> = devices.iter().map(|d| json!({"name": d})).collect();
+            json!({"spec": {"nodeName": node, "driver": driver, "pool": {"name": node, "generation": 1}, "devices": devices}})
+        };
+        let slices = [slice(n, "d", &["device-01", "device-00"]), slice("other", "d", &["x"]), slice(n, "a", &["a-0"])];
+        let f = resource_slice_facts(&slices, n, &norm());
+        assert_eq!(f["dra slice drivers"], "a,d");
+        assert_eq!(f["dra slices d"], "pool=<node> generation=1 devices=device-00,device-01");
+        assert_eq!(resource_slice_facts(&[], n, &norm())["dra slice drivers"], "");
     }
 
     #[test]

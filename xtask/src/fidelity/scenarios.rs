@@ -10,11 +10,24 @@
 //! The `csi-*` scenarios use the test bed's host-path CSI driver, which the runner deploys
 //! beside the node of each agent in turn (see [`super::csi`]): a claim of its storage
 //! class, a generic ephemeral and an inline volume of it, and a claim that does not exist.
+//!
+//! The `dra-*` scenarios use upstream's DRA test driver, which the runner starts beside
+//! the node of each agent in turn (see [`super::dra`]), and are placed by the scheduler,
+//! which allocates their claims: a `ResourceClaim` and a `ResourceClaimTemplate` of its
+//! devices, a claim released when its pod is deleted, a claim of a driver the node does
+//! not run (upstream's `FailedPrepareDynamicResources`), and an extended resource served
+//! by DRA (a device class with `extendedResourceName`), for which the scheduler makes the
+//! pod's claim. The upstream kubelet can fetch a claim just before the API server's node
+//! authorizer has seen the pod bound to its node (`forbidden ... no relationship found
+//! between node ... and this object`): its prepare fails, and without an error of the
+//! sync it tries again only at its next resync, a minute later. A run where that happened
+//! differs in timing only; the second run the runner makes of such scenarios absorbs it.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::dra;
 use crate::{bench::apiserver::BENCH_TAINT, images::BUSYBOX_IMAGE};
 
 /// What is done to the scenario's pod once its container `c0` runs.
@@ -73,6 +86,8 @@ pub enum Done {
     EventCount(&'static str, u64),
     /// The pod is gone from the API (after [`Action::Delete`]).
     Gone,
+    /// The `ResourceClaim` of this name is reserved for no pod and deallocated (or gone).
+    ClaimReleased(&'static str),
     All(Vec<Done>),
 }
 
@@ -89,8 +104,9 @@ pub fn c0_running(pod: &Value) -> bool {
 }
 
 impl Done {
-    /// Whether this holds for `pod` (`None`: not in the API) and the events about it.
-    pub fn holds(&self, pod: Option<&Value>, events: &[&Value]) -> bool {
+    /// Whether this holds for `pod` (`None`: not in the API), the events about it and
+    /// the `ResourceClaims` of its namespace.
+    pub fn holds(&self, pod: Option<&Value>, events: &[&Value], claims: &[Value]) -> bool {
         let restarts = || pod.and_then(c0).and_then(|c| c["restartCount"].as_u64()).unwrap_or(0);
         match self {
             Self::Phase(p) => pod.is_some_and(|p2| p2["status"]["phase"] == *p),
@@ -116,7 +132,8 @@ impl Done {
                     >= *n
             }
             Self::Gone => pod.is_none(),
-            Self::All(all) => all.iter().all(|d| d.holds(pod, events)),
+            Self::ClaimReleased(name) => dra::released(claims.iter().find(|c| c["metadata"]["name"] == *name)),
+            Self::All(all) => all.iter().all(|d| d.holds(pod, events, claims)),
         }
     }
 }
@@ -134,6 +151,7 @@ pub enum Placement {
 
 /// One scenario.
 #[derive(Debug, Clone)]
+#[expect(clippy::struct_excessive_bools, reason = "independent needs of a scenario, not states of one")]
 pub struct Scenario {
     /// Also the pod's name.
     pub name: &'static str,
@@ -148,6 +166,10 @@ pub struct Scenario {
     pub claims: Vec<Value>,
     /// Needs the test bed's host-path CSI driver deployed for the node.
     pub csi: bool,
+    /// Needs the DRA test driver beside the node and the DRA device classes.
+    pub dra: bool,
+    /// `ResourceClaims` and `ResourceClaimTemplates` created before the pod.
+    pub resource_claims: Vec<Value>,
     /// How the pod gets to the node.
     pub placement: Placement,
     /// The pod, without `nodeName` (set by the runner).
@@ -223,6 +245,8 @@ fn csi_scenarios() -> Vec<Scenario> {
         config_maps: Vec::new(),
         claims,
         csi: true,
+        dra: false,
+        resource_claims: Vec::new(),
         placement,
         pod,
         action: Action::None,
@@ -297,6 +321,90 @@ fn csi_scenarios() -> Vec<Scenario> {
     ]
 }
 
+/// A `ResourceClaim` (`kind`: or a `ResourceClaimTemplate`) `name` of one device of
+/// device class `class`, its request named `one`.
+pub fn resource_claim(kind: &str, name: &str, class: &str) -> Value {
+    let spec = json!({ "devices": { "requests": [{ "name": "one", "exactly": { "deviceClassName": class } }] } });
+    let spec = if kind == "ResourceClaimTemplate" { json!({ "spec": spec }) } else { spec };
+    json!({ "apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": { "name": name }, "spec": spec })
+}
+
+/// The DRA scenarios (see the module documentation).
+fn dra_scenarios() -> Vec<Scenario> {
+    let scenario = |name, resource_claims, pod, action, done| Scenario {
+        name,
+        fast: true,
+        pressure: false,
+        config_maps: Vec::new(),
+        claims: Vec::new(),
+        csi: false,
+        dra: true,
+        resource_claims,
+        placement: Placement::Scheduled,
+        pod,
+        action,
+        done,
+        timeout: Duration::from_secs(40),
+    };
+    // A pod whose container uses pod claim `dev`, which `source` names.
+    let with_claim = |name: &str, source: Value, script: &str| {
+        let mut claim = json!({ "name": "dev" });
+        for (k, v) in source.as_object().into_iter().flatten() {
+            claim[k] = v.clone();
+        }
+        pod(
+            name,
+            &json!({
+                "resourceClaims": [claim],
+                "containers": [c0_with(script, &json!({ "resources": { "claims": [{ "name": "dev" }] } }))],
+            }),
+        )
+    };
+    let running = || Done::All(vec![Done::Phase("Running"), Done::Ready(true)]);
+    vec![
+        scenario(
+            "dra-claim",
+            vec![resource_claim("ResourceClaim", "dra-claim-dev", dra::CLASS)],
+            with_claim("dra-claim", json!({ "resourceClaimName": "dra-claim-dev" }), SLEEP),
+            Action::None,
+            running(),
+        ),
+        scenario(
+            "dra-template",
+            vec![resource_claim("ResourceClaimTemplate", "dra-template-dev", dra::CLASS)],
+            with_claim("dra-template", json!({ "resourceClaimTemplateName": "dra-template-dev" }), SLEEP),
+            Action::None,
+            running(),
+        ),
+        scenario(
+            "dra-claim-released",
+            vec![resource_claim("ResourceClaim", "dra-released-dev", dra::CLASS)],
+            with_claim("dra-claim-released", json!({ "resourceClaimName": "dra-released-dev" }), SLEEP),
+            Action::Delete,
+            Done::All(vec![Done::Gone, Done::ClaimReleased("dra-released-dev")]),
+        ),
+        scenario(
+            "dra-driver-missing",
+            vec![resource_claim("ResourceClaim", "dra-missing-dev", dra::ABSENT_CLASS)],
+            with_claim("dra-driver-missing", json!({ "resourceClaimName": "dra-missing-dev" }), SLEEP),
+            Action::None,
+            Done::All(vec![Done::Waiting("ContainerCreating"), Done::Event("FailedPrepareDynamicResources")]),
+        ),
+        scenario(
+            "dra-extended-resource",
+            Vec::new(),
+            pod(
+                "dra-extended-resource",
+                &json!({ "containers": [c0_with(SLEEP, &json!({
+                    "resources": { "limits": { dra::EXTENDED_RESOURCE: "1" } },
+                }))] }),
+            ),
+            Action::None,
+            running(),
+        ),
+    ]
+}
+
 /// Every scenario. `pull_registry` is the test bed's plain registry (`host:port`), where
 /// the image of the failing pull is absent.
 pub fn all(pull_registry: &str) -> Vec<Scenario> {
@@ -307,6 +415,8 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
         config_maps: Vec::new(),
         claims: Vec::new(),
         csi: false,
+        dra: false,
+        resource_claims: Vec::new(),
         placement: Placement::Bound,
         pod,
         action,
@@ -487,12 +597,15 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
         ),
     ];
     v.extend(csi_scenarios());
+    v.extend(dra_scenarios());
     v.push(Scenario {
         name: "configmap-update",
         fast: false,
         pressure: false,
         claims: Vec::new(),
         csi: false,
+        dra: false,
+        resource_claims: Vec::new(),
         placement: Placement::Bound,
         config_maps: vec![json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -520,6 +633,8 @@ pub fn all(pull_registry: &str) -> Vec<Scenario> {
         config_maps: Vec::new(),
         claims: Vec::new(),
         csi: false,
+        dra: false,
+        resource_claims: Vec::new(),
         placement: Placement::Bound,
         pod: pod(
             "node-pressure-eviction",
@@ -581,11 +696,36 @@ mod tests {
     }
 
     #[test]
+    fn dra_scenarios_are_scheduled_and_use_the_runners_device_classes() {
+        let all = all("127.0.0.1:5001");
+        let dra: Vec<&Scenario> = all.iter().filter(|s| s.dra).collect();
+        assert_eq!(dra.len(), 5);
+        for s in &dra {
+            assert!(s.fast && !s.csi && s.placement == Placement::Scheduled, "{}: the scheduler allocates", s.name);
+            for c in &s.resource_claims {
+                let spec = if c["kind"] == "ResourceClaimTemplate" { &c["spec"]["spec"] } else { &c["spec"] };
+                let class = spec["devices"]["requests"][0]["exactly"]["deviceClassName"].as_str().unwrap();
+                assert!(dra::cluster_objects("n").iter().any(|(_, o)| o["metadata"]["name"] == class), "{class}");
+            }
+            // Every pod claim names a claim or template the scenario creates.
+            for pc in s.pod["spec"]["resourceClaims"].as_array().into_iter().flatten() {
+                let name = pc["resourceClaimName"].as_str().or(pc["resourceClaimTemplateName"].as_str()).unwrap();
+                assert!(s.resource_claims.iter().any(|c| c["metadata"]["name"] == name), "{}: {name}", s.name);
+            }
+        }
+        // The test driver publishes 4 devices; the missing driver's claim takes none of them.
+        let devices = dra.iter().filter(|s| s.name != "dra-driver-missing").count();
+        assert!(devices <= 4, "{devices} devices wanted");
+    }
+
+    #[test]
     fn csi_scenarios_name_their_claims_and_the_driver() {
         let all = all("127.0.0.1:5001");
         let csi: Vec<&Scenario> = all.iter().filter(|s| s.csi).collect();
         assert_eq!(csi.iter().map(|s| s.name).collect::<Vec<_>>(), ["csi-claim", "csi-ephemeral", "csi-missing-claim"]);
-        assert!(all.iter().filter(|s| !s.csi).all(|s| s.claims.is_empty() && s.placement == Placement::Bound));
+        assert!(
+            all.iter().filter(|s| !s.csi && !s.dra).all(|s| s.claims.is_empty() && s.placement == Placement::Bound)
+        );
         for s in &csi {
             for v in s.pod["spec"]["volumes"].as_array().unwrap() {
                 if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
@@ -613,17 +753,17 @@ mod tests {
                 "state": {"running": {}}}]}});
         let ev = json!({"reason": "Killing"});
         let events = vec![&ev];
-        assert!(Done::Phase("Running").holds(Some(&pod), &[]));
-        assert!(Done::RestartedAndRunning(2).holds(Some(&pod), &[]));
-        assert!(!Done::RestartedAndRunning(3).holds(Some(&pod), &[]));
-        assert!(Done::Ready(false).holds(Some(&pod), &[]) && !Done::Ready(true).holds(Some(&pod), &[]));
-        assert!(Done::All(vec![Done::Event("Killing"), Done::Restarted(1)]).holds(Some(&pod), &events));
-        assert!(!Done::Event("BackOff").holds(Some(&pod), &events));
+        assert!(Done::Phase("Running").holds(Some(&pod), &[], &[]));
+        assert!(Done::RestartedAndRunning(2).holds(Some(&pod), &[], &[]));
+        assert!(!Done::RestartedAndRunning(3).holds(Some(&pod), &[], &[]));
+        assert!(Done::Ready(false).holds(Some(&pod), &[], &[]) && !Done::Ready(true).holds(Some(&pod), &[], &[]));
+        assert!(Done::All(vec![Done::Event("Killing"), Done::Restarted(1)]).holds(Some(&pod), &events, &[]));
+        assert!(!Done::Event("BackOff").holds(Some(&pod), &events, &[]));
         let twice = json!({"reason": "Pulling", "count": 2});
-        assert!(Done::EventCount("Pulling", 2).holds(Some(&pod), &[&twice]));
-        assert!(!Done::EventCount("Pulling", 3).holds(Some(&pod), &[&twice]));
-        assert!(Done::Gone.holds(None, &[]) && !Done::Gone.holds(Some(&pod), &[]));
+        assert!(Done::EventCount("Pulling", 2).holds(Some(&pod), &[&twice], &[]));
+        assert!(!Done::EventCount("Pulling", 3).holds(Some(&pod), &[&twice], &[]));
+        assert!(Done::Gone.holds(None, &[], &[]) && !Done::Gone.holds(Some(&pod), &[], &[]));
         assert!(c0_running(&pod));
-        assert!(!Done::Waiting("CrashLoopBackOff").holds(Some(&pod), &[]));
+        assert!(!Done::Waiting("CrashLoopBackOff").holds(Some(&pod), &[], &[]));
     }
 }

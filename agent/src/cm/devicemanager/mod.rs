@@ -10,7 +10,10 @@
 //! - Admission: the manager is a [`HintProvider`] of the topology manager. `allocate`
 //!   picks devices (an init container's devices are reused by the next containers; the
 //!   plugin's `GetPreferredAllocation` is asked when it offers it), calls `Allocate` and
-//!   records the answer; a failure rejects the pod with `UnexpectedAdmissionError`.
+//!   records the answer; a failure rejects the pod with `UnexpectedAdmissionError`. An
+//!   extended resource that the pod's extended resource claim serves (`DRAExtendedResource`,
+//!   GA) is DRA's: no device of a plugin is allocated for it, at admission or at
+//!   container creation (the container gets the claim's CDI devices from the DRA manager).
 //! - Containers: as a [`ContainerLifecycleHook`] it adds the allocation's device nodes,
 //!   mounts, environment, annotations and CDI devices to the CRI config, and calls
 //!   `PreStartContainer` first when the plugin asked for it (before `CreateContainer`,
@@ -28,7 +31,10 @@
 //! holds checkpointed devices is simply left alone); the checkpoint checksum is not
 //! upstream's (see [`checkpoint`]); extended resources a node object kept from an earlier
 //! node are reset only at registration without a checkpoint, as upstream; a deleted
-//! `kubelet.sock` is not re-created while the agent runs (upstream's neither).
+//! `kubelet.sock` is not re-created while the agent runs (upstream's neither); a
+//! container's DRA-served resource that a plugin of `PreStartContainer` also serves gets
+//! no `PreStartContainer` call (upstream calls it, finds no devices and fails the
+//! container's creation).
 //!
 //! Metrics: `kubelet_device_plugin_registration_total` and
 //! `kubelet_device_plugin_alloc_duration_seconds` (see [`metrics`]).
@@ -191,6 +197,16 @@ fn container_requests(state: &State, c: &Container) -> BTreeMap<String, usize> {
             (n > 0).then(|| (r.clone(), usize::try_from(n).unwrap_or(0)))
         })
         .collect()
+}
+
+/// [`container_requests`] less the extended resources that the pod's extended resource
+/// claim serves (`DRAExtendedResource`, GA): their devices come from DRA (upstream
+/// `allocateContainerResources` skips them). Topology hints still count them, as
+/// upstream's do.
+fn allocatable_requests(state: &State, pod: &Pod, c: &Container) -> BTreeMap<String, usize> {
+    let mut requests = container_requests(state, c);
+    requests.retain(|r, _| !crate::types::pod_resources::is_dra_backed_extended_resource(pod, &c.name, r));
+    requests
 }
 
 fn is_restartable_init(c: &Container) -> bool {
@@ -461,12 +477,13 @@ impl DeviceManager {
     /// Upstream `allocateContainerResources`.
     fn allocate_container(
         &self,
-        pod: &str,
+        pod: &Pod,
         container: &Container,
         reusable: &HashMap<String, BTreeSet<String>>,
         affinity: &TopologyHint,
     ) -> Result<(), String> {
-        let requests = container_requests(&self.inner.state.lock().unwrap(), container);
+        let requests = allocatable_requests(&self.inner.state.lock().unwrap(), pod, container);
+        let pod = pod.metadata.uid.as_deref().unwrap_or_default();
         // As upstream (`needsUpdateCheckpoint`): the checkpoint is written only when
         // devices were handed out; a container without device resources, or one that
         // holds its devices already, writes nothing (and does not fsync per pod).
@@ -541,7 +558,7 @@ impl DeviceManager {
             s.devices_to_reuse.retain(|u, _| *u == uid);
             s.devices_to_reuse.entry(uid.clone()).or_default().clone()
         };
-        self.allocate_container(&uid, container, &reusable, affinity)?;
+        self.allocate_container(pod, container, &reusable, affinity)?;
         let init = pod
             .spec
             .as_ref()
@@ -757,7 +774,7 @@ impl ContainerLifecycleHook for DeviceManager {
     ) -> Result<(), String> {
         // Upstream `GetDeviceRunContainerOptions`, merged into the CRI config.
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let requests = container_requests(&self.inner.state.lock().unwrap(), container);
+        let requests = allocatable_requests(&self.inner.state.lock().unwrap(), pod, container);
         let mut reallocate = false;
         for resource in requests.keys() {
             self.pre_start(&uid, &container.name, resource)?;

@@ -179,6 +179,41 @@ fn init_container_devices_are_reused_and_exhaustion_is_refused() {
     assert_eq!(plugin.calls.lock().unwrap().len(), calls);
 }
 
+/// `DRAExtendedResource` (GA): a container's extended resource that the pod's extended
+/// resource claim serves comes from DRA, so the device manager hands out none of its
+/// plugin's devices for it (upstream `allocateContainerResources` skips it), neither at
+/// admission nor when the container is created; other containers' requests are served.
+#[test]
+fn extended_resources_served_by_dra_get_no_plugin_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    let plugin = Arc::new(FakePlugin::default());
+    register(
+        &m,
+        plugin.clone(),
+        proto::DevicePluginOptions::default(),
+        vec![dev("a", true, None), dev("b", true, None)],
+    );
+    let mut p = pod("u1", &[], &[("dra", 2), ("plugin", 1)]);
+    p.status = Some(
+        serde_json::from_value(serde_json::json!({"extendedResourceClaimStatus": {
+            "resourceClaimName": "u1-extended-resources-x",
+            "requestMappings": [{"containerName": "dra", "resourceName": RES, "requestName": "container-0-request-0"}],
+        }}))
+        .unwrap(),
+    );
+    admit(&m, &p, &[]).unwrap();
+    assert!(ids(&m, "u1", "dra").is_empty(), "DRA serves it");
+    assert_eq!(ids(&m, "u1", "plugin").len(), 1);
+    assert_eq!(plugin.calls.lock().unwrap().iter().filter(|c| c.starts_with("allocate")).count(), 1);
+    // Creating the container asks the plugin for nothing either (no re-allocation).
+    let dra = &p.spec.as_ref().unwrap().containers[0];
+    let mut config = api::ContainerConfig::default();
+    m.pre_create_container(&p, dra, &mut config).unwrap();
+    assert!(config.devices.is_empty() && config.cdi_devices.is_empty() && config.envs.is_empty(), "{config:?}");
+    assert_eq!(plugin.calls.lock().unwrap().iter().filter(|c| c.starts_with("allocate")).count(), 1);
+}
+
 #[test]
 fn the_plugins_preference_is_asked_and_honoured() {
     let dir = tempfile::tempdir().unwrap();

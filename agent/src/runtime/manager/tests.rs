@@ -773,7 +773,9 @@ async fn image_volumes_are_pulled_first_and_a_failed_one_holds_back_its_containe
 }
 
 /// A pod with resource claims on an agent without the API server: its claims cannot be
-/// prepared, so its sandbox is never created, and the pod gets upstream's event.
+/// prepared, so its sandbox is never created, and the pod gets upstream's event. The
+/// claims come before the sandbox's config, as upstream's `createPodSandbox` comes after
+/// them: no DNS warning about a sandbox never made.
 #[tokio::test]
 async fn claims_that_cannot_be_prepared_hold_back_the_sandbox() {
     let (_dir, fake, recorder, rm) = setup();
@@ -796,6 +798,8 @@ async fn claims_that_cannot_be_prepared_hold_back_the_sandbox() {
         event.message.as_deref(),
         Some("Failed to prepare dynamic resources: resource claims need the API server (standalone mode)")
     );
+    let reasons: Vec<_> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+    assert_eq!(reasons, ["FailedPrepareDynamicResources"], "no sandbox config was made: {events:?}");
 }
 
 /// A pod's runtime class is its class's `handler` on the sandbox; a class that does not
