@@ -28,9 +28,10 @@ fn calls_for(csi: &CsiHostPath, method: &str, volume: &str) -> Vec<CsiCall> {
     csi.calls_of(method).into_iter().filter(|c| c.volume_id == volume).collect()
 }
 
-/// The mounts under the agent's root directory.
+/// The mounts below the agent's root directory (not the root's own: the agent makes it a
+/// shared mount, as upstream's kubelet does).
 fn mounts_under(root: &std::path::Path) -> Vec<String> {
-    let root = root.to_string_lossy().into_owned();
+    let root = format!("{}/", root.to_string_lossy());
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
@@ -259,7 +260,8 @@ async fn an_attachable_volume_waits_for_its_attachment_and_is_staged_with_its_pu
     csi.start_attacher().await?;
     running(&node, &ns, "att").await?;
     let attach = calls_for(&csi, "ControllerPublishVolume", &handle);
-    ensure!(attach.len() == 1 && attach[0].node_id == node.name && attach[0].code == "Ok", "{attach:?}");
+    // (The attacher may publish again, idempotently, when it syncs the attachment anew.)
+    ensure!(!attach.is_empty() && attach.iter().all(|c| c.node_id == node.name && c.code == "Ok"), "{attach:?}");
     let va = attachments.get(&name).await?;
     let metadata = va.status.and_then(|s| s.attachment_metadata).unwrap_or_default();
     assert_eq!(metadata.get(ATTACHED_TO_KEY), Some(&node.name), "{metadata:?}");
