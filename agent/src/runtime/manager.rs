@@ -392,6 +392,16 @@ impl RuntimeManager {
         self.userns.namespace(pod, &self.runtime_classes.cached(pod))
     }
 
+    /// A sandbox that could not be made (its runtime class, or `RunPodSandbox`): upstream's
+    /// `FailedCreatePodSandBox` event, the sync's failed result with `message`, and
+    /// `kubelet_started_pods_errors_total`.
+    fn sandbox_failed(&self, pod: &Pod, result: &mut PodSyncResult, e: &dyn std::fmt::Display, message: String) {
+        tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
+        self.event(pod, EventType::Warning, "FailedCreatePodSandBox", format!("Failed to create pod sandbox: {e}"));
+        result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), message));
+        self.metrics.started_pods_errors.inc();
+    }
+
     fn event(&self, pod: &Pod, type_: EventType, reason: &str, message: String) {
         self.recorder.record(pod_ref(pod), type_, reason, message);
     }
@@ -634,16 +644,8 @@ impl RuntimeManager {
             let handler = match sandbox_handler.unwrap_or_else(|| Ok(String::new())) {
                 Ok(h) => h,
                 Err(e) => {
-                    tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
-                    self.event(
-                        pod,
-                        EventType::Warning,
-                        "FailedCreatePodSandBox",
-                        format!("Failed to create pod sandbox: {e}"),
-                    );
                     let message = format!("Failed to create sandbox for pod \"{}\": {e}", pod_full_name(pod));
-                    result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), message));
-                    self.metrics.started_pods_errors.inc();
+                    self.sandbox_failed(pod, &mut result, &e, message);
                     return result;
                 }
             };
@@ -655,15 +657,7 @@ impl RuntimeManager {
                     result.add(SyncResult::ok(SyncAction::CreatePodSandbox, pod_full_name(pod)));
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %pod_full_name(pod), error = %e, "failed to create pod sandbox");
-                    self.event(
-                        pod,
-                        EventType::Warning,
-                        "FailedCreatePodSandBox",
-                        format!("Failed to create pod sandbox: {e}"),
-                    );
-                    result.add(SyncResult::failed(SyncAction::CreatePodSandbox, pod_full_name(pod), e.to_string()));
-                    self.metrics.started_pods_errors.inc();
+                    self.sandbox_failed(pod, &mut result, &e, e.to_string());
                     return result;
                 }
             }
