@@ -89,6 +89,15 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &DensityArgs) -> Result<()> {
     ensure!(!args.pods.is_empty(), "--pods: give at least one count");
     ensure!(args.pods.windows(2).all(|w| w[0] < w[1]), "--pods {:?}: counts must ascend", args.pods);
     ensure!(args.kills <= args.pods[0], "--kills {} is more than the first count {}", args.kills, args.pods[0]);
+    let most = *args.pods.last().context("no counts")?;
+    let room = pod_addresses(crate::containerd::POD_SUBNET).context("the test bed's pod subnet")?;
+    ensure!(
+        most <= room,
+        "--pods {most}: the test bed's pod network {} (host-local IPAM, the bridge's gateway \
+         included) has addresses for {room} pods; a count above that needs a wider pod subnet \
+         (`containerd::POD_SUBNET`)",
+        crate::containerd::POD_SUBNET
+    );
     let leave_bed_up = super::bed_was_up(layout) || args.bed.keep_testbed;
     super::bed_up(ctx, layout, &["curl"]).await?;
     let api = ApiServer::up(ctx, layout)?;
@@ -359,8 +368,23 @@ fn publish(ctx: &Ctx, env: &report::Environment, args: &DensityArgs, curves: &[C
     )
 }
 
+/// How many pods a host-local IPAM range of `subnet` (`a.b.c.d/p`) gives addresses to: all
+/// of it but the network and broadcast addresses and the bridge's gateway.
+fn pod_addresses(subnet: &str) -> Option<usize> {
+    let prefix: u32 = subnet.split_once('/')?.1.parse().ok()?;
+    let size = 1usize.checked_shl(32u32.checked_sub(prefix)?)?;
+    size.checked_sub(3)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_24_holds_253_pods() {
+        assert_eq!(super::pod_addresses("10.217.0.0/24"), Some(253));
+        assert_eq!(super::pod_addresses("10.217.0.0/22"), Some(1021));
+        assert_eq!(super::pod_addresses("10.217.0.0"), None);
+    }
+
     use super::*;
 
     fn point(pods: usize, cores: f64) -> Point {
