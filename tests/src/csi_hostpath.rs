@@ -254,30 +254,15 @@ impl CsiHostPath {
         };
         this.delete_objects()?;
 
-        let address = format!("--csi-address={}", this.csi_socket.display());
         let mut sidecars: Vec<(&'static str, Vec<String>)> = Vec::new();
         if opts.provisioner {
-            let mut args = vec![
-                address.clone(),
-                "--leader-election=false".into(),
-                "--extra-create-metadata".into(),
-                "--timeout=30s".into(),
-                "--retry-interval-start=500ms".into(),
-                "--retry-interval-max=5s".into(),
-                "--v=4".into(),
-            ];
+            let mut args = this.sidecar_args();
+            args.push("--extra-create-metadata".into());
             args.extend(opts.provisioner_flags.iter().cloned());
             sidecars.push(("csi-provisioner", args));
         }
         if opts.resizer {
-            let mut args = vec![
-                address,
-                "--leader-election=false".into(),
-                "--timeout=30s".into(),
-                "--retry-interval-start=500ms".into(),
-                "--retry-interval-max=5s".into(),
-                "--v=4".into(),
-            ];
+            let mut args = this.sidecar_args();
             args.extend(opts.resizer_flags.iter().cloned());
             sidecars.push(("csi-resizer", args));
         }
@@ -292,15 +277,7 @@ impl CsiHostPath {
                 this.procs.push(spawn(program, &argv, &this.log_path(program))?);
             }
         }
-        // Each sidecar asks the driver's name and capabilities before it serves.
-        let deadline = Instant::now() + Duration::from_mins(1);
-        while this.calls_of("ControllerGetCapabilities").len() < sidecars.len() {
-            if let Some(failure) = this.failure() {
-                bail!("{failure}");
-            }
-            ensure!(Instant::now() < deadline, "the sidecars did not reach the driver in 60 s");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        this.wait_capability_calls(sidecars.len(), "the sidecars").await?;
 
         let driver = json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
@@ -341,23 +318,36 @@ impl CsiHostPath {
         let before = self.calls_of("ControllerGetCapabilities").len();
         let mut argv = vec![
             sidecar_bin(&self.cluster, "csi-attacher")?.display().to_string(),
-            format!("--csi-address={}", self.csi_socket.display()),
             format!("--kubeconfig={}", self.cluster.state.admin_kubeconfig.display()),
+        ];
+        argv.extend(self.sidecar_args());
+        argv.extend(self.attacher_flags.iter().cloned());
+        self.procs.push(spawn("csi-attacher", &argv, &self.log_path("csi-attacher"))?);
+        self.wait_capability_calls(before + 1, "csi-attacher").await
+    }
+
+    /// The arguments every sidecar gets: the driver's socket, no leader election (one
+    /// replica), short timeouts and retries, and a log that shows its calls.
+    fn sidecar_args(&self) -> Vec<String> {
+        vec![
+            format!("--csi-address={}", self.csi_socket.display()),
             "--leader-election=false".into(),
             "--timeout=30s".into(),
             "--retry-interval-start=500ms".into(),
             "--retry-interval-max=5s".into(),
             "--v=4".into(),
-        ];
-        argv.extend(self.attacher_flags.iter().cloned());
-        self.procs.push(spawn("csi-attacher", &argv, &self.log_path("csi-attacher"))?);
+        ]
+    }
+
+    /// Waits (60 s) until the driver has answered `count` `ControllerGetCapabilities`
+    /// calls: each sidecar asks the driver's name and capabilities before it serves.
+    async fn wait_capability_calls(&mut self, count: usize, who: &str) -> Result<()> {
         let deadline = Instant::now() + Duration::from_mins(1);
-        while self.calls_of("ControllerGetCapabilities").len() <= before {
-            let p = self.procs.iter_mut().find(|p| p.name == "csi-attacher").context("csi-attacher")?;
-            if let Ok(Some(status)) = p.child.try_wait() {
-                bail!("csi-attacher exited ({status}):\n{}", crate::tail(&self.log("csi-attacher"), 40));
+        while self.calls_of("ControllerGetCapabilities").len() < count {
+            if let Some(failure) = self.failure() {
+                bail!("{failure}");
             }
-            ensure!(Instant::now() < deadline, "csi-attacher did not reach the driver in 60 s");
+            ensure!(Instant::now() < deadline, "{who} did not reach the driver in 60 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())

@@ -36,16 +36,17 @@ fn calls_for(csi: &CsiHostPath, method: &str, volume: &str) -> Vec<CsiCall> {
     csi.calls_of(method).into_iter().filter(|c| c.volume_id == volume).collect()
 }
 
-/// The mounts below the agent's root directory but the driver pod's (and the root's own:
-/// the agent makes it a shared mount, as upstream's kubelet does).
-fn mounts_under(root: &std::path::Path, csi: &CsiHostPath) -> Vec<String> {
-    let driver_pod = csi.driver_pod_uid().map(|uid| format!("{}/pods/{uid}/", root.display()));
+/// The mounts below the agent's root directory but those of the driver's pod (uid
+/// `driver_uid`) and the root's own (the agent makes it a shared mount, as upstream's
+/// kubelet does).
+fn mounts_under(root: &std::path::Path, driver_uid: &str) -> Vec<String> {
+    let driver_pod = format!("{}/pods/{driver_uid}/", root.display());
     let root = format!("{}/", root.to_string_lossy());
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root) && !driver_pod.as_ref().is_some_and(|d| p.starts_with(d.as_str())))
+        .filter(|p| p.starts_with(&root) && !p.starts_with(&driver_pod))
         .map(str::to_owned)
         .collect()
 }
@@ -254,7 +255,7 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     })
     .await?;
     eventually("nothing mounted under the agent's root", WAIT, || async {
-        Ok(mounts_under(&root, &csi).is_empty().then_some(()))
+        Ok(mounts_under(&root, &driver_uid).is_empty().then_some(()))
     })
     .await?;
     assert!(!staging.join("x").parent().is_some_and(|d| d.read_dir().is_ok_and(|mut e| e.next().is_some())));
@@ -323,7 +324,9 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
         Ok((!calls_for(&csi, "DeleteVolume", &handle).is_empty()).then_some(()))
     })
     .await?;
-    ensure!(mounts_under(&root, &csi).is_empty(), "left mounted: {:?}", mounts_under(&root, &csi));
+    let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
+    let left = mounts_under(&root, &driver_uid);
+    ensure!(left.is_empty(), "left mounted: {left:?}");
     csi.stop()?;
     node.leave(&cri).await
 }

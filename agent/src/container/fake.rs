@@ -388,7 +388,7 @@ impl FakeRuntime {
         self.state.lock().unwrap().image_sub_paths.get(id).cloned().unwrap_or_default()
     }
 
-    /// Ids of containers with this name, oldest first.
+    /// The runtime handler of each sandbox run so far, oldest first.
     #[must_use]
     pub fn sandbox_handlers(&self) -> Vec<String> {
         let s = self.state.lock().unwrap();
@@ -397,6 +397,8 @@ impl FakeRuntime {
         ids.into_iter().map(|id| s.sandbox_handlers[id].clone()).collect()
     }
 
+    /// Ids of containers with this name, oldest first.
+    #[must_use]
     pub fn containers_named(&self, name: &str) -> Vec<String> {
         let s = self.state.lock().unwrap();
         let mut v: Vec<_> = s

@@ -154,30 +154,45 @@ impl FsUsageCache {
     /// walks. `None` before the first measurement and when the path could not be
     /// examined.
     pub fn get(&self, path: &Path) -> Option<UsageSample> {
-        let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut wake = false;
-        let entry = entries.entry(path.to_path_buf()).or_insert_with(|| {
-            wake = true;
-            Entry { last: None, due: now, wanted: now, troubled: false, driver: None }
-        });
-        // An idle path that is asked for again is due at once.
-        if entry.due <= now && now.saturating_duration_since(entry.wanted) >= self.config.idle {
-            wake = true;
-        }
-        entry.wanted = now;
-        let sample = entry.last.and_then(|(time, usage)| usage.map(|u| UsageSample { time, usage: Some(u) }));
-        drop(entries);
-        if wake {
-            self.wake.notify_one();
-        }
-        sample
+        self.touch(
+            path,
+            |_, _| false,
+            |e| e.last.and_then(|(time, usage)| usage.map(|u| UsageSample { time, usage: Some(u) })),
+        )
     }
 
     /// The latest figures of the CSI volume `volume` published at `path`, registering it
     /// for the background measurements (by its driver, never walked). `None` before the
     /// first measurement and when the driver gave no figures.
     pub fn get_from_driver(&self, path: &Path, volume: &DriverVolume) -> Option<(UsageSample, FsInfo)> {
+        self.touch(
+            path,
+            |entry, now| {
+                let changed = entry.driver.as_ref().is_none_or(|(v, _)| v != volume);
+                if changed {
+                    // New, or another volume at this path: measure it afresh.
+                    entry.driver = Some((volume.clone(), None));
+                    entry.last = None;
+                    entry.due = now;
+                }
+                changed
+            },
+            |e| {
+                let fs = e.driver.as_ref().and_then(|(_, fs)| *fs);
+                e.last.and_then(|(time, usage)| Some((UsageSample { time, usage: Some(usage?) }, fs?)))
+            },
+        )
+    }
+
+    /// Finds `path`'s entry or registers it, lets `adjust` change it (`true`: measure it
+    /// at once), marks it wanted and reads it with `read`; wakes the background task for a
+    /// new or adjusted path, and for an idle one asked for again (due at once).
+    fn touch<T>(
+        &self,
+        path: &Path,
+        adjust: impl FnOnce(&mut Entry, Instant) -> bool,
+        read: impl FnOnce(&Entry) -> T,
+    ) -> T {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut wake = false;
@@ -185,24 +200,17 @@ impl FsUsageCache {
             wake = true;
             Entry { last: None, due: now, wanted: now, troubled: false, driver: None }
         });
-        if entry.driver.as_ref().is_none_or(|(v, _)| v != volume) {
-            // New, or another volume at this path: measure it afresh.
-            entry.driver = Some((volume.clone(), None));
-            entry.last = None;
-            entry.due = now;
-            wake = true;
-        }
+        wake |= adjust(entry, now);
         if entry.due <= now && now.saturating_duration_since(entry.wanted) >= self.config.idle {
             wake = true;
         }
         entry.wanted = now;
-        let fs = entry.driver.as_ref().and_then(|(_, fs)| *fs);
-        let sample = entry.last.and_then(|(time, usage)| Some((UsageSample { time, usage: Some(usage?) }, fs?)));
+        let out = read(entry);
         drop(entries);
         if wake {
             self.wake.notify_one();
         }
-        sample
+        out
     }
 
     /// Forgets every path not in `keep`.

@@ -182,9 +182,7 @@ pub(crate) fn on_shared_mount(table: &[crate::cm::cgroupfs::mounts::Mount], path
 /// The mount table cannot be read, or mount(2) fails (not root).
 pub fn make_rshared(path: &Path) -> io::Result<bool> {
     let path = std::fs::canonicalize(path)?;
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let table = crate::cm::cgroupfs::mounts::parse_mountinfo(&text);
-    match on_shared_mount(&table, &path) {
+    match on_shared_mount(&SystemMounter::table()?, &path) {
         Some(true) => return Ok(false),
         Some(false) => {}
         None => {
