@@ -57,16 +57,7 @@ pub fn run_scenario(
     env: &[(&str, &str)],
 ) -> Result<()> {
     ensure!(layout.socket().exists(), "the test bed is not up: run `cargo xtask testbed up` first");
-    let mut build =
-        vec!["build", "-p", "swiftlet", "-p", "swiftlet-tests", "--bin", "swiftlet", "--bin", "swiftlet-chaos"];
-    if release {
-        build.push("--release");
-    }
-    eprintln!("==> cargo {}", build.join(" "));
-    let status =
-        Command::new(&ctx.cargo).args(&build).current_dir(&ctx.workspace).status().context("running cargo build")?;
-    ensure!(status.success(), "cargo build failed ({status})");
-    let bin_dir = ctx.target_dir.join(if release { "release" } else { "debug" });
+    let bin_dir = ctx.build_bins(&["swiftlet", "swiftlet-chaos"], release)?;
     eprintln!("==> swiftlet-chaos {name} {}", args.join(" "));
     let status = Command::new(bin_dir.join("swiftlet-chaos"))
         .arg(name)

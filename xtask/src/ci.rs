@@ -8,6 +8,8 @@
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Instant,
 };
@@ -91,15 +93,52 @@ struct Report {
     results: Vec<(String, Result<(), String>, f64)>,
     step: usize,
     total: usize,
+    /// Where the build output goes: the disk whose free space each header shows.
+    target_dir: PathBuf,
+    /// Free bytes there before the first step, and the least seen before any step since
+    /// (with that step's name): a run that fills the disk says where it did.
+    disk_start: Option<u64>,
+    disk_low: Option<(u64, String)>,
 }
 
 impl Report {
+    fn new(target_dir: &Path, total: usize) -> Self {
+        let disk_start = free_bytes(target_dir);
+        if let Some(free) = disk_start {
+            println!("disk: {} free on the file system of {}", gb(free), target_dir.display());
+            if free < DISK_WANTED {
+                println!(
+                    "warning: a cold run writes about {} (cargo's target/ and fuzz/target, the Go build and \
+                     module caches, the test bed's images); only {} is free",
+                    gb(DISK_WANTED),
+                    gb(free)
+                );
+            }
+        }
+        Self { results: Vec::new(), step: 0, total, target_dir: target_dir.to_path_buf(), disk_start, disk_low: None }
+    }
+
     fn header(&mut self, name: &str) -> Instant {
         self.step += 1;
+        let free = free_bytes(&self.target_dir);
+        if let Some(free) = free
+            && self.disk_low.as_ref().is_none_or(|(low, _)| free < *low)
+        {
+            self.disk_low = Some((free, name.to_owned()));
+        }
         println!();
-        println!("==> [{}/{}] {name}", self.step, self.total);
+        let disk = free.map(|f| format!(" [disk: {} free]", gb(f))).unwrap_or_default();
+        println!("==> [{}/{}] {name}{disk}", self.step, self.total);
         flush();
         Instant::now()
+    }
+
+    /// One line on the disk: free at the start, at the least, at the end.
+    fn disk_line(&self) -> Option<String> {
+        let start = self.disk_start?;
+        let end = free_bytes(&self.target_dir)?;
+        let low = self.disk_low.as_ref().map_or(String::new(), |(low, step)| format!(", {} before {step}", gb(*low)));
+        Some(format!("disk: {} free at the start{low}, {} at the end", gb(start), gb(end)))
     }
 
     fn record(&mut self, name: &str, started: Instant, result: Result<()>) -> bool {
@@ -120,6 +159,33 @@ impl Report {
         println!("==> [{}/{}] {name}: SKIPPED ({why})", self.step, self.total);
         self.results.push((name.to_owned(), Err(format!("skipped: {why}")), 0.0));
     }
+}
+
+/// What a cold run (fresh machine) writes, measured on this machine kind: a warning
+/// below it says why a later step may fail for want of space.
+const DISK_WANTED: u64 = 40_000_000_000;
+
+/// Free bytes for an unprivileged writer on the file system holding `path` (`None` when
+/// it cannot be asked).
+fn free_bytes(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is NUL-terminated and outlives the call; `st` is written by a statvfs
+    // that returns 0 and read only then.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Bytes as gigabytes with one decimal.
+fn gb(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let g = bytes as f64 / 1e9;
+    format!("{g:.1} GB")
 }
 
 fn flush() {
@@ -188,7 +254,7 @@ fn cargo_test_of(
 }
 
 pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()> {
-    let mut r = Report { results: Vec::new(), step: 0, total: 15 };
+    let mut r = Report::new(&ctx.target_dir, 15);
     let mut totals = TestTotals::default();
 
     let t = r.header("testbed up (apt packages, images, containerd, registries)");
@@ -277,7 +343,9 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
         let t = r.header("node e2e: a subset in the node container (systemd driver, containerd 2.x)");
         let mut args: Vec<String> = NODE_SUITE.iter().map(|t| (*t).to_owned()).collect();
         args.push("--test-threads=1".to_owned());
-        let mut selection = vec!["-p", "swiftlet-tests"];
+        // `--workspace` (not `-p swiftlet-tests`): the same features as the build step's, so
+        // the test binaries are the ones already built (see `Ctx::build_bins`).
+        let mut selection = vec!["--workspace"];
         selection.extend(NODE_SUITE_BINARIES.iter().flat_map(|b| ["--test", *b]));
         let env = [("SWIFTLET_E2E_NODE", "containerd2")];
         r.record("node e2e", t, cargo_test_of(ctx, layout, &selection, &args, &env, &mut totals));
@@ -333,6 +401,9 @@ pub async fn run(ctx: &Ctx, layout: &Layout, test_args: &[String]) -> Result<()>
             }
         }
     }
+    if let Some(disk) = r.disk_line() {
+        println!("{disk}");
+    }
     println!("tests: {} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
     flush();
     if failed.is_empty() { Ok(()) } else { bail!("failed: {}", failed.join(", ")) }
@@ -345,6 +416,20 @@ fn first_line(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_space_is_read_through_the_nearest_existing_directory() {
+        let dir = std::env::temp_dir();
+        let free = free_bytes(&dir).expect("statvfs of the temporary directory");
+        assert!(free > 0);
+        // A target directory not made yet is on the disk of its parent.
+        let missing = dir.join(format!("swiftlet-xtask-{}/target/debug", std::process::id()));
+        assert!(!missing.exists());
+        let later = free_bytes(&missing).expect("statvfs through the parent");
+        assert!(later.abs_diff(free) < 1_000_000_000, "{later} vs {free}");
+        assert_eq!(gb(1_240_000_000), "1.2 GB");
+        assert_eq!(gb(41_960_000_000), "42.0 GB");
+    }
 
     #[test]
     fn sums_libtest_result_lines() {

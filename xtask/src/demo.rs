@@ -35,15 +35,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, with_cluster: bool) -> Result<()> {
     // The real control plane for `--cluster` (stays up with the test bed).
     let control_plane = if with_cluster { Some(cluster::up(&Upstream::new(ctx), layout)?) } else { None };
 
-    eprintln!("==> cargo build -p swiftlet");
-    let status = std::process::Command::new(&ctx.cargo)
-        .args(["build", "-p", "swiftlet"])
-        .current_dir(&ctx.workspace)
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build failed");
-    }
+    let bin_dir = ctx.build_bins(&["swiftlet"], false)?;
 
     // The agent's root dir is ours to remove at `down` only if the demo creates it.
     let demo_root = Path::new(DEMO_ROOT);
@@ -55,7 +47,7 @@ pub async fn run(ctx: &Ctx, layout: &Layout, with_cluster: bool) -> Result<()> {
         }
     }
 
-    let binary = ctx.target_dir.join("debug/swiftlet");
+    let binary = bin_dir.join("swiftlet");
     let socket = layout.socket();
     println!();
     println!("swiftlet is starting in the foreground. Look at it with:");

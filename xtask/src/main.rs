@@ -53,6 +53,7 @@ mod upstream;
 
 use std::{path::PathBuf, process::ExitCode};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -222,6 +223,34 @@ impl Ctx {
             .map_or_else(|| workspace.join("target"), |t| std::env::current_dir().unwrap_or_default().join(t));
         let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
         Self { workspace, target_dir, cargo }
+    }
+
+    /// Builds the workspace binaries `bins` and returns the directory they are in
+    /// (`<target>/debug` or `<target>/release`).
+    ///
+    /// Always `--workspace`: Cargo turns on a dependency's features according to the
+    /// packages a command selects, so `cargo build -p swiftlet` compiles about 150
+    /// dependencies a second time beside those of CI's `cargo build --workspace
+    /// --all-targets` (80 s and gigabytes of `target/` on two cores, enough to fill a CI
+    /// machine's disk). Selected from the workspace, the binaries reuse that build and the
+    /// step is a relink at most.
+    pub fn build_bins(&self, bins: &[&str], release: bool) -> anyhow::Result<PathBuf> {
+        let mut cmd = std::process::Command::new(&self.cargo);
+        cmd.args(["build", "--workspace", "--locked"]).current_dir(&self.workspace);
+        for bin in bins {
+            cmd.args(["--bin", bin]);
+        }
+        if release {
+            cmd.arg("--release");
+        }
+        eprintln!(
+            "==> cargo build --workspace{} --bin {}",
+            if release { " --release" } else { "" },
+            bins.join(" --bin ")
+        );
+        let status = cmd.status().context("running cargo build")?;
+        anyhow::ensure!(status.success(), "cargo build of {} failed ({status})", bins.join(", "));
+        Ok(self.target_dir.join(if release { "release" } else { "debug" }))
     }
 }
 

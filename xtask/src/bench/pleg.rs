@@ -188,12 +188,8 @@ pub(super) fn swiftlet_binary(ctx: &Ctx, given: Option<&Path>) -> Result<PathBuf
 
 /// Builds the agent in release.
 fn build_release(ctx: &Ctx) -> Result<PathBuf> {
-    let args = ["build", "--release", "-p", "swiftlet", "--bin", "swiftlet"];
-    eprintln!("==> cargo {}", args.join(" "));
-    let status =
-        Command::new(&ctx.cargo).args(args).current_dir(&ctx.workspace).status().context("running cargo build")?;
-    ensure!(status.success(), "cargo build --release failed ({status}); --swiftlet-bin runs a binary built elsewhere");
-    Ok(ctx.target_dir.join("release").join("swiftlet"))
+    let dir = ctx.build_bins(&["swiftlet"], true).context("--swiftlet-bin runs a binary built elsewhere")?;
+    Ok(dir.join("swiftlet"))
 }
 
 /// The pid in a `swiftlet-bench-<pid>-<mode>` name (the bench's cgroup roots and dirs).

@@ -33,19 +33,12 @@ const READY_TIMEOUT: Duration = Duration::from_mins(2);
 const STOP_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// The driver's binary: `SWIFTLET_TEST_CSI_DRIVER`, else a debug build of the tests
-/// crate's (`cargo build -p swiftlet-tests --bin swiftlet-test-csi-driver`, a no-op when
-/// CI has built the workspace).
+/// crate's ([`Ctx::build_bins`]: a relink at most when CI has built the workspace).
 pub fn driver_binary(ctx: &Ctx) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("SWIFTLET_TEST_CSI_DRIVER") {
         return fs::canonicalize(&p).with_context(|| format!("SWIFTLET_TEST_CSI_DRIVER={}", p.display()));
     }
-    let status = Command::new(&ctx.cargo)
-        .args(["build", "-p", "swiftlet-tests", "--bin", "swiftlet-test-csi-driver"])
-        .current_dir(&ctx.workspace)
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "cargo build -p swiftlet-tests --bin swiftlet-test-csi-driver failed");
-    Ok(ctx.target_dir.join("debug/swiftlet-test-csi-driver"))
+    Ok(ctx.build_bins(&["swiftlet-test-csi-driver"], false)?.join("swiftlet-test-csi-driver"))
 }
 
 /// A running `swiftlet-test-csi-driver deploy`.

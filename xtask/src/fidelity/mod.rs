@@ -46,7 +46,6 @@ use std::{
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -257,19 +256,12 @@ fn describe(d: &Difference) -> String {
 }
 
 /// The swiftlet binary to run: `given` (`--swiftlet-bin`), else a debug build of the
-/// workspace's (`cargo build -p swiftlet --bin swiftlet`, a no-op when CI has built the
-/// workspace).
+/// workspace's ([`Ctx::build_bins`]: a relink at most when CI has built the workspace).
 pub(crate) fn swiftlet_binary(ctx: &Ctx, given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         return fs::canonicalize(p).with_context(|| format!("--swiftlet-bin {}", p.display()));
     }
-    let status = Command::new(&ctx.cargo)
-        .args(["build", "-p", "swiftlet", "--bin", "swiftlet"])
-        .current_dir(&ctx.workspace)
-        .status()
-        .context("running cargo build")?;
-    ensure!(status.success(), "cargo build -p swiftlet failed");
-    Ok(ctx.target_dir.join("debug/swiftlet"))
+    Ok(ctx.build_bins(&["swiftlet"], false)?.join("swiftlet"))
 }
 
 /// The run of one agent: the ordinary scenarios on one node, the pressure ones on
