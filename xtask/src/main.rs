@@ -225,6 +225,22 @@ impl Ctx {
         Self { workspace, target_dir, cargo }
     }
 
+    /// `cargo <args>` in the workspace, without the package variables `cargo run` gave this
+    /// process (`CARGO_PKG_*`, `CARGO_MANIFEST_*`): build scripts that declare them with
+    /// `rerun-if-env-changed` (ring's does) would otherwise see other values than in a
+    /// shell's `cargo build`, and the two would rebuild ring and all above it in turn.
+    pub fn cargo(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.cargo);
+        cmd.args(args).current_dir(&self.workspace);
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            if key.starts_with("CARGO_PKG_") || key.starts_with("CARGO_MANIFEST_") {
+                cmd.env_remove(key.as_ref());
+            }
+        }
+        cmd
+    }
+
     /// Builds the workspace binaries `bins` and returns the directory they are in
     /// (`<target>/debug` or `<target>/release`).
     ///
@@ -235,8 +251,7 @@ impl Ctx {
     /// machine's disk). Selected from the workspace, the binaries reuse that build and the
     /// step is a relink at most.
     pub fn build_bins(&self, bins: &[&str], release: bool) -> anyhow::Result<PathBuf> {
-        let mut cmd = std::process::Command::new(&self.cargo);
-        cmd.args(["build", "--workspace", "--locked"]).current_dir(&self.workspace);
+        let mut cmd = self.cargo(&["build", "--workspace", "--locked"]);
         for bin in bins {
             cmd.args(["--bin", bin]);
         }
