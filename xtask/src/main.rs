@@ -229,6 +229,7 @@ impl Ctx {
     /// process (`CARGO_PKG_*`, `CARGO_MANIFEST_*`): build scripts that declare them with
     /// `rerun-if-env-changed` (ring's does) would otherwise see other values than in a
     /// shell's `cargo build`, and the two would rebuild ring and all above it in turn.
+    #[must_use]
     pub fn cargo(&self, args: &[&str]) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.cargo);
         cmd.args(args).current_dir(&self.workspace);
