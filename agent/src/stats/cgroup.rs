@@ -319,21 +319,85 @@ fn is_gone(e: &io::Error) -> bool {
 /// offset 0 (`pread`: cgroup and proc files are regenerated on every read from the
 /// start) instead of walking its long path, opening and closing it again — which was
 /// most of a collection's cost. Entries not read during a collection are closed by
-/// [`sweep_open_files`].
-static OPEN_FILES: std::sync::LazyLock<std::sync::Mutex<OpenFiles>> = std::sync::LazyLock::new(Default::default);
+/// [`sweep_open_files`]. At most [`open_files_budget`] stay open: beyond it a file is
+/// opened, read and closed each time.
+static OPEN_FILES: std::sync::LazyLock<std::sync::Mutex<OpenFiles>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(OpenFiles::with_budget(open_files_budget())));
+
+/// How many stats files may stay open: half the soft limit on open files (read once,
+/// after `main` has raised it to the hard limit), so the cache never takes the
+/// descriptors the rest of the agent needs. A pod keeps some 60 files open (two
+/// containers and the pod, about 20 files each on cgroup v1): at 500 pods that is
+/// 30,000, above a hard limit of 20,000, where the cache had taken every descriptor and
+/// the agent could no longer accept a connection, write a checkpoint or unmount.
+fn open_files_budget() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit(2) fills the struct it is given.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+    usize::try_from(soft / 2).unwrap_or(usize::MAX)
+}
 
 #[derive(Default)]
 struct OpenFiles {
     files: std::collections::HashMap<PathBuf, (File, u64)>,
     generation: u64,
+    /// At most this many entries in `files`.
+    budget: usize,
+}
+
+impl OpenFiles {
+    fn with_budget(budget: usize) -> Self {
+        Self { budget, ..Self::default() }
+    }
+
+    /// Closes the files no read touched since the last sweep.
+    fn sweep(&mut self) {
+        let generation = self.generation;
+        self.files.retain(|_, (_, used)| *used == generation);
+        self.generation += 1;
+    }
+
+    /// Reads all of `path` into `buf` through a kept file if there is one; a file opened
+    /// now is kept while the budget allows. `None` if it cannot be read.
+    fn read<'a>(&mut self, buf: &'a mut String, path: &Path) -> Option<&'a str> {
+        buf.clear();
+        let generation = self.generation;
+        if let Some((file, used)) = self.files.get_mut(path) {
+            *used = generation;
+            // A removed cgroup file fails the read (ENODEV); a removed regular file
+            // (fixtures, proc-like trees) would still read, so its link count tells.
+            let linked = {
+                use std::os::unix::fs::MetadataExt as _;
+                file.metadata().is_ok_and(|m| m.nlink() > 0)
+            };
+            if linked && pread_all(file, buf).is_ok() {
+                return Some(buf.as_str());
+            }
+            // Gone (a removed cgroup, an exited process) or replaced: open it again.
+            self.files.remove(path);
+            buf.clear();
+        }
+        let read = File::open(path).and_then(|f| pread_all(&f, buf).map(|()| f));
+        match read {
+            Ok(file) => {
+                if self.files.len() < self.budget {
+                    self.files.insert(path.to_owned(), (file, generation));
+                }
+                Some(buf.as_str())
+            }
+            Err(e) => {
+                if !is_gone(&e) {
+                    tracing::debug!(path = %path.display(), error = %e, "stats: cannot read");
+                }
+                None
+            }
+        }
+    }
 }
 
 /// Closes the files no read touched since the last sweep (call once per collection).
 pub(crate) fn sweep_open_files() {
-    let mut open = OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let generation = open.generation;
-    open.files.retain(|_, (_, used)| *used == generation);
-    open.generation += 1;
+    OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sweep();
 }
 
 /// Reads all of `file` from offset 0 into `buf`.
@@ -354,39 +418,9 @@ fn pread_all(file: &File, buf: &mut String) -> io::Result<()> {
 }
 
 /// Reads a whole small file into `buf`; `None` if it does not exist. The file stays open
-/// for the next collection (see [`OPEN_FILES`]).
+/// for the next collection while the budget allows (see [`OPEN_FILES`]).
 pub(crate) fn read_into<'a>(buf: &'a mut String, path: &Path) -> Option<&'a str> {
-    buf.clear();
-    let mut open = OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let generation = open.generation;
-    if let Some((file, used)) = open.files.get_mut(path) {
-        *used = generation;
-        // A removed cgroup file fails the read (ENODEV); a removed regular file (fixtures,
-        // proc-like trees) would still read, so its link count tells.
-        let linked = {
-            use std::os::unix::fs::MetadataExt as _;
-            file.metadata().is_ok_and(|m| m.nlink() > 0)
-        };
-        if linked && pread_all(file, buf).is_ok() {
-            return Some(buf.as_str());
-        }
-        // Gone (a removed cgroup, an exited process) or replaced: open it again.
-        open.files.remove(path);
-        buf.clear();
-    }
-    let read = File::open(path).and_then(|f| pread_all(&f, buf).map(|()| f));
-    match read {
-        Ok(file) => {
-            open.files.insert(path.to_owned(), (file, generation));
-            Some(buf.as_str())
-        }
-        Err(e) => {
-            if !is_gone(&e) {
-                tracing::debug!(path = %path.display(), error = %e, "stats: cannot read");
-            }
-            None
-        }
-    }
+    OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).read(buf, path)
 }
 
 /// Parses a single unsigned integer file.
@@ -851,4 +885,54 @@ fn v2_memory(buf: &mut String, dir: &Path, is_root: bool) -> Option<MemoryUsage>
     out.swap_limit = read_into(buf, &dir.join("memory.swap.max")).and_then(parse_v2_limit);
     out.oom_kills = read_into(buf, &dir.join("memory.events")).and_then(|t| keyed(t, "oom_kill"));
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past its budget the cache reads a file by opening and closing it, and still
+    /// returns what is in it; a sweep closes what the last collection did not read.
+    #[test]
+    fn kept_files_stay_within_the_budget() {
+        let dir = std::env::temp_dir().join(format!("swiftlet-open-files-{}", std::process::id()));
+        fs_setup(&dir, 5);
+        let mut open = OpenFiles::with_budget(3);
+        let mut buf = String::new();
+        for round in 0..2 {
+            for i in 0..5 {
+                let text = open.read(&mut buf, &dir.join(format!("f{i}"))).map(str::to_owned);
+                assert_eq!(text.as_deref(), Some(format!("value {i}\n").as_str()), "round {round}, file {i}");
+                assert!(open.files.len() <= 3, "{} files kept", open.files.len());
+            }
+        }
+        assert_eq!(open.files.len(), 3);
+        assert!(open.read(&mut buf, &dir.join("missing")).is_none());
+        // A file changed after it was kept is read again from its start.
+        std::fs::write(dir.join("f0"), "changed\n").unwrap();
+        assert_eq!(open.read(&mut buf, &dir.join("f0")), Some("changed\n"));
+        // Every read so far was in one generation: the first sweep keeps all three, the
+        // second only f1, the one file read between them.
+        open.sweep();
+        assert_eq!(open.files.len(), 3);
+        open.read(&mut buf, &dir.join("f1"));
+        open.sweep();
+        assert_eq!(open.files.len(), 1, "{:?}", open.files.keys().collect::<Vec<_>>());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_budget_is_half_the_soft_limit() {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit(2) fills the struct it is given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) }, 0);
+        assert_eq!(open_files_budget() as u64, limit.rlim_cur / 2);
+    }
+
+    fn fs_setup(dir: &Path, n: usize) {
+        std::fs::create_dir_all(dir).unwrap();
+        for i in 0..n {
+            std::fs::write(dir.join(format!("f{i}")), format!("value {i}\n")).unwrap();
+        }
+    }
 }

@@ -31,7 +31,9 @@ use crate::{
         apiserver::ApiServer,
         cluster::Cluster,
         latency::Summary,
-        pleg, procfs, report, scrape,
+        pleg, procfs,
+        profile::{self, Perf},
+        report, scrape,
         svg::{self, Series},
         watch,
     },
@@ -58,6 +60,12 @@ pub struct DensityArgs {
     /// kubelet of `target/upstream/`, or a path).
     #[arg(long)]
     pub other_agent: Option<std::path::PathBuf>,
+    /// Profile each agent over each idle window (`perf record -g`, when perf is installed)
+    /// and keep its memory breakdown (`smaps_rollup`, `status`), in `target/bench/` as
+    /// `density-<agent>-<pods>-idle.*`. perf's sampling costs the agent a little CPU: the
+    /// idle figures of a profiled run read a little high.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// What one agent measured at one pod count.
@@ -112,7 +120,8 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &DensityArgs) -> Result<()> {
     for (label, binary, swiftlet) in &agents {
         let mut curve = Curve { label: label.clone(), points: Vec::new() };
         let r = {
-            let bench = curve_of(layout, args, &api, label, binary, *swiftlet, &mut slot, &mut curve);
+            let dir = pleg::bench_dir(ctx);
+            let bench = curve_of(layout, args, &api, (label, &dir), binary, *swiftlet, &mut slot, &mut curve);
             let mut bench = std::pin::pin!(bench);
             super::until_interrupted(bench.as_mut(), "removing the pods, stopping the agent").await
         };
@@ -137,7 +146,7 @@ async fn curve_of(
     layout: &Layout,
     args: &DensityArgs,
     api: &ApiServer,
-    label: &str,
+    (label, bench_dir): (&str, &Path),
     binary: &Path,
     swiftlet: bool,
     slot: &mut Option<Cluster>,
@@ -177,9 +186,20 @@ async fn curve_of(
         let pid = c.agent.pid().context("agent pid")?;
         let cpu0 = procfs::cpu_seconds(pid)?;
         let r0 = apiload::read(&mut metrics).await?;
+        let stem = format!("density-{label}-{count}-idle");
+        let perf = if args.profile { Perf::start(pid, &bench_dir.join(format!("{stem}.perf.data"))) } else { None };
         let t0 = std::time::Instant::now();
         tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
         let cpu1 = procfs::cpu_seconds(pid)?;
+        if let Some(perf) = perf
+            && let Some(path) = perf.finish().await
+        {
+            eprintln!("bench: {label} at {count} pods: CPU profile of the idle window in {}", path.display());
+        }
+        if args.profile {
+            let files = profile::memory_breakdown(pid, bench_dir, &stem)?;
+            eprintln!("bench: {label} at {count} pods: memory breakdown in {}", files[0].display());
+        }
         let secs = t0.elapsed().as_secs_f64();
         let window = Window::between(&r0, &apiload::read(&mut metrics).await?, &[]);
         let (rss, _) = procfs::memory(pid)?;
