@@ -165,9 +165,9 @@ impl Report {
 /// this machine kind on 2026-12-06: cargo's `target/` about 11 GB (the workspace build 8.4,
 /// clippy's and xtask's own), the Go build cache about 7 GB (4.1 for the control plane's
 /// binaries, the rest for e2e.test, containerd 2 and the CSI sidecars), the Go module
-/// cache 2 GB, `fuzz/target`, the upstream binaries, the test bed's images and the node
-/// container. Below it, the run warns at its start why a later step may fail for want of
-/// space.
+/// cache 2 GB, `fuzz/target` 5.4 GB (the fuzz step's `--dev` builds), the upstream
+/// binaries, the test bed's images and the node container. Below it, the run warns at its
+/// start why a later step may fail for want of space.
 const DISK_WANTED: u64 = 30_000_000_000;
 
 /// Free bytes for an unprivileged writer on the file system holding `path` (`None` when
