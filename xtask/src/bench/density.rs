@@ -60,10 +60,10 @@ pub struct DensityArgs {
     /// kubelet of `target/upstream/`, or a path).
     #[arg(long)]
     pub other_agent: Option<std::path::PathBuf>,
-    /// Profile each agent over each idle window (`perf record -g`, when perf is installed)
+    /// Profile each agent over each idle window (`perf record`, when perf is installed)
     /// and keep its memory breakdown (`smaps_rollup`, `status`), in `target/bench/` as
-    /// `density-<agent>-<pods>-idle.*`. perf's call-graph sampling costs the agent CPU:
-    /// a profiled run's idle figure reads high (0.10 against 0.07 cores at 500 pods).
+    /// `density-<agent>-<pods>-idle.*`. perf's sampling costs the agent some CPU: a
+    /// profiled run's idle figure reads a little high.
     #[arg(long)]
     pub profile: bool,
 }

@@ -31,7 +31,7 @@
 //!      the API server answers; create → Running per pod, as above; over the largest,
 //!      the agent's API requests. The last burst's pods stay for the next steps.
 //!    - *idle*: 10 s after the last burst runs, the agent's CPU over `--idle-secs`, its
-//!      API requests over the same window, `perf record -g -p <agent>` over it (when
+//!      API requests over the same window, `perf record --call-graph dwarf -p <agent>` over it (when
 //!      `perf` is installed) and, at its end, its RSS with `/proc/<pid>/smaps_rollup`
 //!      and `status` kept.
 //!    - *scrape cost*: as `bench scrape`, `--scrapes` per endpoint on a kept-alive

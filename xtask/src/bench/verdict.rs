@@ -611,7 +611,7 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
             .to_owned(),
         "⁴ the agent's pod_status records (CLOCK_MONOTONIC), as bench pleg.".to_owned(),
         format!(
-            "⁵ the agent's CPU over the idle window, 10 s after the last burst ran; profiled with perf record -g -p \
+            "⁵ the agent's CPU over the idle window, 10 s after the last burst ran; profiled with perf record --call-graph dwarf -F 99 -p \
              <agent> over the same window{}.",
             if f.perf { "" } else { " (profile not taken: perf missing)" }
         ),
