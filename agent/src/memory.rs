@@ -32,20 +32,23 @@ pub fn trim() {
 /// in force.
 #[must_use]
 pub fn raise_open_files_limit() -> Option<u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) != 0 {
-            return None;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
-                return Some(raised.rlim_cur);
-            }
+    let limit = open_files_limit()?;
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit with a valid resource and a pointer to a local struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
+            return Some(raised.rlim_cur);
         }
     }
     Some(limit.rlim_cur)
+}
+
+/// This process's limits on open files (`None` if getrlimit fails).
+#[must_use]
+pub fn open_files_limit() -> Option<libc::rlimit> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit(2) fills the struct it is given.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0).then_some(limit)
 }
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]

@@ -331,9 +331,7 @@ static OPEN_FILES: std::sync::LazyLock<std::sync::Mutex<OpenFiles>> =
 /// 30,000, above a hard limit of 20,000, where the cache had taken every descriptor and
 /// the agent could no longer accept a connection, write a checkpoint or unmount.
 fn open_files_budget() -> usize {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit(2) fills the struct it is given.
-    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+    let soft = crate::memory::open_files_limit().map_or(1024, |l| l.rlim_cur);
     usize::try_from(soft / 2).unwrap_or(usize::MAX)
 }
 

@@ -117,16 +117,16 @@ pub async fn run(ctx: &Ctx, layout: &Layout, args: &DensityArgs) -> Result<()> {
     let mut curves = Vec::new();
     let mut slot: Option<Cluster> = None;
     let mut outcome = Ok(());
+    let dir = pleg::bench_dir(ctx);
     for (label, binary, swiftlet) in &agents {
         let mut curve = Curve { label: label.clone(), points: Vec::new() };
         let r = {
-            let dir = pleg::bench_dir(ctx);
             let bench = curve_of(layout, args, &api, (label, &dir), binary, *swiftlet, &mut slot, &mut curve);
             let mut bench = std::pin::pin!(bench);
             super::until_interrupted(bench.as_mut(), "removing the pods, stopping the agent").await
         };
         let cleanup = match slot.take() {
-            Some(mut c) => c.end(layout, &pleg::bench_dir(ctx).join(format!("density-{label}.log"))).await,
+            Some(mut c) => c.end(layout, &dir.join(format!("density-{label}.log"))).await,
             None => Ok(()),
         };
         curves.push(curve);
@@ -398,14 +398,14 @@ fn pod_addresses(subnet: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_24_holds_253_pods() {
-        assert_eq!(super::pod_addresses("10.217.0.0/24"), Some(253));
-        assert_eq!(super::pod_addresses("10.217.0.0/22"), Some(1021));
-        assert_eq!(super::pod_addresses("10.217.0.0"), None);
+        assert_eq!(pod_addresses("10.217.0.0/24"), Some(253));
+        assert_eq!(pod_addresses("10.217.0.0/22"), Some(1021));
+        assert_eq!(pod_addresses("10.217.0.0"), None);
     }
-
-    use super::*;
 
     fn point(pods: usize, cores: f64) -> Point {
         Point {
