@@ -51,8 +51,10 @@ impl Perf {
         if !perf_available() {
             return None;
         }
-        // perf would keep an earlier run's file as `<out>.old`: this run's alone is kept.
-        let _ = fs::remove_file(out);
+        if let Err(e) = prepare_output(out) {
+            eprintln!("bench: perf record into {}: {e}", out.display());
+            return None;
+        }
         let log = fs::File::create(format!("{}.log", out.display())).ok();
         let spawned = Command::new("perf")
             .args(perf_args(pid, out))
@@ -99,6 +101,18 @@ impl Perf {
     }
 }
 
+/// Makes `out`'s directory (perf does not; `target/bench/` may not exist yet) and removes
+/// an earlier run's `out` (perf would keep it as `<out>.old`: this run's alone is kept).
+fn prepare_output(out: &Path) -> std::io::Result<()> {
+    if let Some(dir) = out.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    match fs::remove_file(out) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Copies `/proc/<pid>/smaps_rollup` and `/proc/<pid>/status` to `<dir>/<stem>.smaps_rollup`
 /// and `<dir>/<stem>.status`; the files written.
 pub fn memory_breakdown(pid: i32, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
@@ -124,6 +138,18 @@ mod tests {
             perf_args(42, Path::new("/t/swiftlet-r1-idle.perf.data")).join(" "),
             "record --call-graph dwarf,16384 -F 99 -p 42 -o /t/swiftlet-r1-idle.perf.data"
         );
+    }
+
+    #[test]
+    fn perfs_output_directory_is_made_and_an_old_file_removed() {
+        let dir = std::env::temp_dir().join(format!("swiftlet-perf-out-{}", std::process::id()));
+        let out = dir.join("bench/density-swiftlet-500-idle.perf.data");
+        prepare_output(&out).unwrap();
+        assert!(out.parent().unwrap().is_dir());
+        fs::write(&out, "old").unwrap();
+        prepare_output(&out).unwrap();
+        assert!(!out.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
