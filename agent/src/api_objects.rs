@@ -8,7 +8,8 @@
 //! files on the next sync of the pods that use it. A watch unused for
 //! [`CACHE_IDLE`] is stopped. Tokens come from the `TokenRequest` API, bound to the pod.
 //! Services are listed and watched cluster-wide from the start, as upstream's service
-//! informer does, for the service-link environment variables.
+//! informer does, for the service-link environment variables; `CSIDriver`s too, from the
+//! first read of one (upstream's `CSIDriver` informer starts with the agent).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -109,42 +110,57 @@ where
     }
 }
 
-/// All services of the cluster, from a reflector (upstream's service informer: the
-/// kubelet lists and watches every service, for the service-link environment variables).
-struct ServiceLister {
-    store: reflector::Store<Service>,
+/// Every object of one kind in the cluster, from a reflector (upstream's informers): the
+/// kubelet lists and watches every service, for the service-link environment variables,
+/// and every `CSIDriver`, for its CSI volumes.
+struct Lister<K: kube::Resource + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: reflector::Store<K>,
     synced: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl ServiceLister {
-    /// Starts the reflector; needs a tokio runtime.
-    fn start(client: kube::Client) -> Self {
+impl<K> Lister<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    /// Starts the reflector; needs a tokio runtime. `what` names the kind in warnings.
+    fn start(client: kube::Client, what: &'static str) -> Self {
         use futures::StreamExt as _;
         use kube::runtime::WatchStreamExt as _;
         let (store, writer) = reflector::store();
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = synced.clone();
-        let api: Api<Service> = Api::all(client);
+        let api: Api<K> = Api::all(client);
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, watcher::Config::default())
                 .default_backoff()
-                .modify(|s: &mut Service| s.metadata.managed_fields = None)
+                .modify(|o: &mut K| o.meta_mut().managed_fields = None)
                 .reflect(writer);
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::InitDone) => flag.store(true, std::sync::atomic::Ordering::Release),
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "watching services"),
+                    Err(e) => tracing::warn!(error = %e, "watching {what}"),
                 }
             }
         });
         Self { store, synced, task }
     }
+
+    /// Whether the first list has completed.
+    fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
-impl Drop for ServiceLister {
+impl<K: kube::Resource + Clone + 'static> Drop for Lister<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -156,7 +172,10 @@ pub struct KubeObjectSource {
     client: kube::Client,
     config_maps: Arc<ObjectCache<ConfigMap>>,
     secrets: Arc<ObjectCache<Secret>>,
-    services: Arc<ServiceLister>,
+    services: Arc<Lister<Service>>,
+    /// Started by the first read of a `CSIDriver`: a node without CSI volumes never
+    /// watches them.
+    csi_drivers: Arc<std::sync::OnceLock<Lister<CSIDriver>>>,
 }
 
 impl std::fmt::Debug for KubeObjectSource {
@@ -169,8 +188,8 @@ impl KubeObjectSource {
     /// A source on `client`; starts the service reflector, so it needs a tokio runtime.
     #[must_use]
     pub fn new(client: kube::Client) -> Self {
-        let services = Arc::new(ServiceLister::start(client.clone()));
-        Self { client, config_maps: Arc::default(), secrets: Arc::default(), services }
+        let services = Arc::new(Lister::start(client.clone(), "services"));
+        Self { client, config_maps: Arc::default(), secrets: Arc::default(), services, csi_drivers: Arc::default() }
     }
 }
 
@@ -239,7 +258,7 @@ impl ObjectSource for KubeObjectSource {
     }
 
     fn services(&self) -> Option<Vec<Arc<Service>>> {
-        self.services.synced.load(std::sync::atomic::Ordering::Acquire).then(|| self.services.store.state())
+        self.services.synced().then(|| self.services.store.state())
     }
 
     /// Read from the API server on every call, as upstream's volume manager does when
@@ -254,7 +273,13 @@ impl ObjectSource for KubeObjectSource {
         api.get_opt(name).await.map_err(|e| api_err("PersistentVolume", "", name, &e))
     }
 
+    /// From the `CSIDriver` lister once it has listed (upstream reads its informer's
+    /// lister; pods with CSI volumes read it at every sync), a GET until then.
     async fn csi_driver(&self, name: &str) -> Result<Option<CSIDriver>> {
+        let lister = self.csi_drivers.get_or_init(|| Lister::start(self.client.clone(), "CSIDrivers"));
+        if lister.synced() {
+            return Ok(lister.store.get(&reflector::ObjectRef::new(name)).map(|d| (*d).clone()));
+        }
         let api: Api<CSIDriver> = Api::all(self.client.clone());
         api.get_opt(name).await.map_err(|e| api_err("CSIDriver", "", name, &e))
     }

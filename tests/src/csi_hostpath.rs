@@ -58,6 +58,12 @@ pub struct CsiHostPathOptions {
     /// then makes a `VolumeAttachment` for each volume on the node, which `csi-attacher`
     /// attaches through the driver's `ControllerPublishVolume`.
     pub attach_required: bool,
+    /// The `CSIDriver`'s `requiresRepublish`: the agent publishes each volume again at
+    /// every sync of its pod.
+    pub requires_republish: bool,
+    /// The `CSIDriver`'s `tokenRequests` (`{"audience": ..., "expirationSeconds": ...}`):
+    /// the pod's service-account tokens in each publish call's volume context.
+    pub token_requests: Vec<serde_json::Value>,
     /// Run `csi-attacher` from the start (default false; see
     /// [`CsiHostPath::start_attacher`]). It runs as a process beside the agent in either
     /// [`Deployment`].
@@ -91,6 +97,8 @@ impl Default for CsiHostPathOptions {
             fs_group_policy: "File".into(),
             pod_info_on_mount: true,
             attach_required: false,
+            requires_republish: false,
+            token_requests: Vec::new(),
             attacher: false,
             attacher_flags: Vec::new(),
             provisioner_flags: Vec::new(),
@@ -287,6 +295,8 @@ impl CsiHostPath {
                 "podInfoOnMount": opts.pod_info_on_mount,
                 "volumeLifecycleModes": ["Persistent", "Ephemeral"],
                 "fsGroupPolicy": opts.fs_group_policy,
+                "requiresRepublish": opts.requires_republish,
+                "tokenRequests": opts.token_requests,
             }
         });
         let class = json!({

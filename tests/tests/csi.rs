@@ -3,7 +3,9 @@
 //! `<root-dir>/plugins_registry`, upstream's csi-provisioner and csi-resizer provision
 //! and grow its volumes, kube-controller-manager binds claims, makes the `StatefulSet`'s
 //! pods and the claims of generic ephemeral volumes, and the agent stages, publishes,
-//! expands, reports and tears them down through the driver.
+//! expands, reports and tears them down through the driver; a driver with
+//! `tokenRequests` and `requiresRepublish` gets the pod's tokens, which the API server
+//! vouches for, and is published again at each sync of the pod.
 
 use std::time::Duration;
 
@@ -327,6 +329,86 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
     let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
     let left = mounts_under(&root, &driver_uid);
     ensure!(left.is_empty(), "left mounted: {left:?}");
+    csi.stop()?;
+    node.leave(&cri).await
+}
+
+#[tokio::test]
+async fn a_driver_with_token_requests_gets_the_pods_tokens_and_is_published_again_at_each_sync() -> Result<()> {
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    const AUDIENCE: &str = "swiftlet-csi-test";
+    const TOKENS: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+    let _g = testbed_lock().await;
+    let cri = Cri::connect(&cri_endpoint()?)?;
+    let cluster = Cluster::connect().await?;
+    let mut node = cluster.join("csi-tok", AgentOptions::default()).await?;
+    node.wait_ready(Duration::from_secs(30)).await?;
+    let opts = CsiHostPathOptions {
+        deployment: Deployment::Pods,
+        requires_republish: true,
+        token_requests: vec![json!({"audience": AUDIENCE, "expirationSeconds": 3600})],
+        ..CsiHostPathOptions::default()
+    };
+    let csi = CsiHostPath::start(&cluster, &node.name, &node.agent.root_dir, opts)
+        .await
+        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let ns = node.namespace("csi-tok").await?;
+    let pod = json!({
+        "metadata": {"name": "tok"},
+        "spec": {
+            "nodeName": node.name,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+                "volumeMounts": [{"name": "inline", "mountPath": "/inline"}]
+            }],
+            "volumes": [{"name": "inline", "csi": {"driver": csi.driver_name}}]
+        }
+    });
+    let created = node.create_pod(&ns, pod).await?;
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    running_pod(&node, &ns, "tok", None).await?;
+    let publish = csi.calls_of("NodePublishVolume");
+    let first = publish.iter().find(|c| c.target_path.contains(&uid)).context("no publish of the pod's volume")?;
+    let tokens: serde_json::Value =
+        serde_json::from_str(first.volume_context.get(TOKENS).context("no tokens in the volume context")?)?;
+    let token = tokens[AUDIENCE]["token"].as_str().context("no token for the audience")?.to_owned();
+    let expiry = tokens[AUDIENCE]["expirationTimestamp"].as_str().context("no expiry")?;
+    ensure!(expiry.parse::<jiff::Timestamp>().is_ok(), "expirationTimestamp {expiry:?}");
+
+    // The API server vouches for it: the pod's service account, for that audience, bound
+    // to this pod.
+    let reviews: Api<TokenReview> = Api::all(cluster.client());
+    let review: TokenReview = serde_json::from_value(json!({"spec": {"token": token, "audiences": [AUDIENCE]}}))?;
+    let status = reviews.create(&PostParams::default(), &review).await?.status.context("no review status")?;
+    ensure!(status.authenticated == Some(true), "not authenticated: {status:?}");
+    let user = status.user.context("no user")?;
+    assert_eq!(user.username.as_deref(), Some(format!("system:serviceaccount:{ns}:default").as_str()));
+    let extra = user.extra.unwrap_or_default();
+    assert_eq!(extra.get("authentication.kubernetes.io/pod-uid"), Some(&vec![uid.clone()]));
+    assert_eq!(status.audiences.unwrap_or_default(), [AUDIENCE]);
+
+    // requiresRepublish: a sync of the pod (here: a label changed) publishes it again,
+    // with the cached token.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
+    pods.patch("tok", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"synced": "again"}}})))
+        .await?;
+    let again = eventually("the volume published again", WAIT, || async {
+        let calls = calls_for(&csi, "NodePublishVolume", &first.volume_id);
+        Ok((calls.len() >= 2).then(|| calls[1].clone()))
+    })
+    .await
+    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
+    assert_eq!(again.target_path, first.target_path);
+    let tokens_again: serde_json::Value = serde_json::from_str(again.volume_context.get(TOKENS).context("tokens")?)?;
+    assert_eq!(tokens_again[AUDIENCE]["token"].as_str(), Some(token.as_str()));
+
+    pods.delete("tok", &DeleteParams::default()).await?;
+    eventually("the volume unpublished", WAIT, || async {
+        Ok((!calls_for(&csi, "NodeUnpublishVolume", &first.volume_id).is_empty()).then_some(()))
+    })
+    .await?;
     csi.stop()?;
     node.leave(&cri).await
 }

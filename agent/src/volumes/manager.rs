@@ -493,19 +493,21 @@ impl VolumeManager {
                 }
             };
             let known = previous.get(&v.name).is_some_and(|p| p.plugin == mv.plugin && p.path == mv.path);
-            if known && !mv.plugin.is_projected_content() {
-                if mv.plugin == Plugin::Csi
-                    && let Err(e) = Box::pin(self.expand_if_pending(pod, &mv)).await
-                {
-                    tracing::warn!(volume = %v.name, error = %e, "expanding the volume on the node failed; retrying at the next sync");
-                }
+            let republish = known && mv.plugin == Plugin::Csi && Box::pin(self.requires_republish(&mv)).await;
+            if known
+                && mv.plugin == Plugin::Csi
+                && let Err(e) = Box::pin(self.expand_if_pending(pod, &mv)).await
+            {
+                tracing::warn!(volume = %v.name, error = %e, "expanding the volume on the node failed; retrying at the next sync");
+            }
+            if known && !mv.plugin.is_projected_content() && !republish {
                 // emptyDir and hostPath have nothing to refresh (upstream mounts them once).
                 result.volumes.insert(v.name.clone(), mv);
                 continue;
             }
             let in_use = known || Self::set_up_on_disk(&mv);
             let started = std::time::Instant::now();
-            let outcome = self.set_up(pod, v, &mv, in_use).await;
+            let outcome = self.set_up(pod, v, &mv, in_use, republish).await;
             self.metrics.observe(&mv.qualified_plugin(), "volume_mount", outcome.is_ok(), started.elapsed());
             match outcome {
                 Ok(()) => {
@@ -548,7 +550,15 @@ impl VolumeManager {
         }
     }
 
-    async fn set_up(&self, pod: &Pod, v: &Volume, mv: &MountedVolume, in_use: bool) -> Result<(), VolumeError> {
+    /// `republish`: a published CSI volume whose driver `requiresRepublish`.
+    async fn set_up(
+        &self,
+        pod: &Pod,
+        v: &Volume,
+        mv: &MountedVolume,
+        in_use: bool,
+        republish: bool,
+    ) -> Result<(), VolumeError> {
         let spec = pod.spec.as_ref().expect("checked by the caller");
         match mv.plugin {
             Plugin::EmptyDir => {
@@ -568,7 +578,7 @@ impl VolumeManager {
             }
             // Pulled by the runtime manager, mounted by the runtime.
             Plugin::Image => Ok(()),
-            Plugin::Csi => Box::pin(self.set_up_csi(pod, mv)).await,
+            Plugin::Csi => Box::pin(self.set_up_csi(pod, mv, republish)).await,
             Plugin::ConfigMap | Plugin::Secret | Plugin::DownwardApi | Plugin::Projected => {
                 // Read everything first: a failure leaves the volume as it was.
                 let payload = self.payload(pod, v).await?;

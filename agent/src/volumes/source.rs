@@ -173,6 +173,8 @@ struct FakeState {
     secrets: HashMap<(String, String), Secret>,
     tokens: Vec<TokenRequestRecord>,
     failure: Option<String>,
+    /// Token requests fail with this (an API error) while it is set.
+    token_failure: Option<String>,
     /// `None`: the service list has not synced.
     services: Option<Vec<Arc<Service>>>,
     /// Storage objects by (namespace, kind, name); cluster-scoped ones with namespace "".
@@ -186,6 +188,7 @@ impl Default for FakeState {
             secrets: HashMap::new(),
             tokens: Vec::new(),
             failure: None,
+            token_failure: None,
             services: Some(Vec::new()),
             storage: HashMap::new(),
         }
@@ -279,6 +282,11 @@ impl FakeObjectSource {
         self.state.lock().unwrap().failure = message.map(str::to_owned);
     }
 
+    /// Makes token requests fail with `message` (an API error) until cleared with `None`.
+    pub fn set_token_failure(&self, message: Option<&str>) {
+        self.state.lock().unwrap().token_failure = message.map(str::to_owned);
+    }
+
     /// The token requests answered so far, oldest first.
     #[must_use]
     pub fn token_requests(&self) -> Vec<TokenRequestRecord> {
@@ -317,6 +325,10 @@ impl ObjectSource for FakeObjectSource {
     ) -> Result<ServiceAccountToken> {
         self.check("ServiceAccount", namespace, service_account)?;
         let mut state = self.state.lock().unwrap();
+        if let Some(message) = state.token_failure.clone() {
+            let (namespace, name) = (namespace.into(), service_account.into());
+            return Err(Error::Api { kind: "ServiceAccount", namespace, name, message });
+        }
         state.tokens.push(TokenRequestRecord {
             namespace: namespace.into(),
             service_account: service_account.into(),

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::source::{self, BoundPod, ObjectSource};
+use super::source::{self, BoundPod, ObjectSource, ServiceAccountToken};
 use crate::container::backoff::Clock;
 
 /// Upstream `maxTTL`: a token older than this is refreshed whatever its expiry.
@@ -62,6 +62,20 @@ impl TokenManager {
         expiration_seconds: i64,
         pod: &BoundPod,
     ) -> source::Result<String> {
+        let fetched = self.fetch(source, namespace, service_account, audiences, expiration_seconds, pod).await;
+        fetched.map(|t| t.token)
+    }
+
+    /// As [`TokenManager::get`], with the token's expiry (CSI drivers are handed both).
+    pub async fn fetch(
+        &self,
+        source: &dyn ObjectSource,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[String],
+        expiration_seconds: i64,
+        pod: &BoundPod,
+    ) -> source::Result<ServiceAccountToken> {
         let key = Key {
             namespace: namespace.to_owned(),
             service_account: service_account.to_owned(),
@@ -73,14 +87,14 @@ impl TokenManager {
         if let Some(c) = cached
             && !self.requires_refresh(&key, &c)
         {
-            return Ok(c.token);
+            return Ok(ServiceAccountToken { token: c.token, expiration: c.expiration });
         }
         let fresh =
             source.service_account_token(namespace, service_account, audiences, expiration_seconds, pod).await?;
         tracing::debug!(namespace, service_account, pod = %pod.name, "requested a service account token");
-        let token = fresh.token.clone();
-        self.cache.lock().unwrap().insert(key, Cached { token: fresh.token, expiration: fresh.expiration });
-        Ok(token)
+        let cached = Cached { token: fresh.token.clone(), expiration: fresh.expiration };
+        self.cache.lock().unwrap().insert(key, cached);
+        Ok(fresh)
     }
 
     /// Drops the tokens bound to a pod (upstream `DeleteServiceAccountToken`).

@@ -31,9 +31,14 @@
 //! - Volume stats: `NodeGetVolumeStats` when the driver has `GET_VOLUME_STATS` ([`stats`]),
 //!   asked by the stats module's background measurements.
 //!
-//! Not implemented: `requiresRepublish`, `tokenRequests`, `SELinux` mount contexts (no
-//! `SELinux` on the nodes this runs on), and volume health (`NodeGetVolumeHealth`, behind
-//! upstream's alpha `CSIVolumeHealth` gate, off by default).
+//! - `tokenRequests`: service-account tokens of the pod for each audience, bound to the
+//!   pod, in the publish call's volume context under [`CSI_TOKENS_KEY`] (in its secrets
+//!   with `serviceAccountTokenInSecrets`); `requiresRepublish`: `NodePublishVolume` again
+//!   at each sync of the pod (not staged again), so that such drivers get fresh tokens.
+//!
+//! Not implemented: `SELinux` mount contexts (no `SELinux` on the nodes this runs on), and
+//! volume health (`NodeGetVolumeHealth`, behind upstream's alpha `CSIVolumeHealth` gate,
+//! off by default).
 
 pub mod drivers;
 pub mod node_info;
@@ -62,6 +67,8 @@ pub const PLUGIN_NAME: &str = "kubernetes.io/csi";
 pub const CALL_TIMEOUT: Duration = Duration::from_mins(2);
 /// The node annotation that maps each registered driver to its node id.
 pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+/// The volume context key of the pod's service-account tokens (`tokenRequests`).
+pub const CSI_TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 /// The file beside a published or staged volume that records what it is.
 pub const VOL_DATA_FILE: &str = "vol_data.json";
 

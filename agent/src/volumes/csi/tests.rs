@@ -79,7 +79,10 @@ impl Node for FakeDriver {
         // As a driver does: the target is its to create.
         std::fs::create_dir_all(&r.target_path).unwrap();
         std::fs::write(Path::new(&r.target_path).join("data"), &r.volume_id).unwrap();
-        self.record("NodePublishVolume", &r.volume_id, &r.target_path, &r.volume_context);
+        // The secrets recorded beside the context, as `secret:<key>`.
+        let mut context = r.volume_context.clone();
+        context.extend(r.secrets.iter().map(|(k, v)| (format!("secret:{k}"), v.clone())));
+        self.record("NodePublishVolume", &r.volume_id, &r.target_path, &context);
         Ok(Response::new(proto::NodePublishVolumeResponse {}))
     }
 
@@ -208,9 +211,9 @@ fn env_with(driver: FakeDriver) -> Env {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = crate::volumes::metrics::VolumeMetrics::new(&mut registry);
     let drivers = Arc::new(CsiDrivers::new("node-1".into(), node_info.clone()).with_metrics(metrics.clone()));
-    let src = FakeObjectSource::new();
-    let root = dir.path().join("root");
     let clock = Arc::new(crate::volumes::tests_support::ManualClock::default());
+    let src = FakeObjectSource::new().with_clock(clock.clone());
+    let root = dir.path().join("root");
     let vm = VolumeManager::new(&root, Arc::new(src.clone()))
         .with_mounter(Arc::new(FakeMounter::default()))
         .with_csi(drivers.clone())
@@ -478,6 +481,97 @@ async fn inline_volumes_need_the_ephemeral_mode_and_get_a_per_pod_handle() {
     let vm2 = vm.clone();
     tokio::task::spawn_blocking(move || vm2.cleanup_pod("uid-a")).await.unwrap().unwrap();
     assert_eq!(e.driver.methods(), ["NodePublishVolume", "NodeUnpublishVolume"]);
+}
+
+#[tokio::test]
+async fn token_requests_hand_the_pods_tokens_over_and_requires_republish_publishes_at_each_sync() {
+    let e = env(true);
+    e.register().await;
+    e.bound_claim();
+    e.csi_driver(&json!({
+        "attachRequired": false,
+        "requiresRepublish": true,
+        "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}, {"audience": ""}]
+    }));
+    let a = claim_pod("a", "uid-a");
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+    let publish =
+        |n: usize| e.driver.calls.lock().unwrap().iter().filter(|c| c.0 == "NodePublishVolume").nth(n).cloned();
+    let tokens = |n: usize| -> serde_json::Value {
+        let call = publish(n).unwrap();
+        serde_json::from_str(call.3.get(CSI_TOKENS_KEY).expect("tokens in the volume context")).unwrap()
+    };
+    // One token per audience (the empty audience: the API server's own), bound to the pod,
+    // with its expiry as the API's timestamps are written.
+    assert_eq!(
+        tokens(0),
+        json!({
+            "vault": {"token": "token-1", "expirationTimestamp": "2023-11-14T22:23:20Z"},
+            "": {"token": "token-2", "expirationTimestamp": "2023-11-14T23:13:20Z"}
+        })
+    );
+    let requests = e.src.token_requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!((requests[0].namespace.as_str(), requests[0].service_account.as_str()), ("default", "sa"));
+    assert_eq!((requests[0].audiences.clone(), requests[0].expiration_seconds), (vec!["vault".to_owned()], 600));
+    assert_eq!((requests[1].audiences.clone(), requests[1].expiration_seconds), (Vec::<String>::new(), 3600));
+    assert_eq!((requests[0].pod.name.as_str(), requests[0].pod.uid.as_str()), ("a", "uid-a"));
+
+    // requiresRepublish: each sync publishes again (never stages again), with the cached
+    // tokens until 80 % of a token's lifetime has passed.
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume", "NodePublishVolume"]);
+    assert_eq!(tokens(1), tokens(0));
+    assert_eq!(publish(1).unwrap().2, publish(0).unwrap().2, "the same target");
+    e.clock.advance(std::time::Duration::from_secs(481));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(tokens(2)["vault"]["token"], "token-3");
+    assert_eq!(tokens(2)[""]["token"], "token-2");
+
+    // A republish that fails keeps the volume in use and says so; the next one retries.
+    *e.driver.fail_publish.lock().unwrap() = Some("driver busy".into());
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.get("v").is_some(), "the volume stays in use");
+    let failures: Vec<String> = vols.remount_failures().iter().map(ToString::to_string).collect();
+    assert!(failures.len() == 1 && failures[0].contains("driver busy"), "{failures:?}");
+    *e.driver.fail_publish.lock().unwrap() = None;
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.remount_failures().is_empty());
+    assert_eq!(e.driver.methods().iter().filter(|m| **m == "NodePublishVolume").count(), 4);
+
+    // serviceAccountTokenInSecrets: the tokens go to the publish secrets instead.
+    e.csi_driver(&json!({
+        "attachRequired": false,
+        "requiresRepublish": true,
+        "serviceAccountTokenInSecrets": true,
+        "tokenRequests": [{"audience": "vault", "expirationSeconds": 600}]
+    }));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let last = publish(4).unwrap().3;
+    assert!(!last.contains_key(CSI_TOKENS_KEY));
+    let in_secrets: serde_json::Value =
+        serde_json::from_str(last.get(&format!("secret:{CSI_TOKENS_KEY}")).unwrap()).unwrap();
+    assert_eq!(in_secrets["vault"]["token"], "token-3");
+
+    // Without requiresRepublish a published volume is left alone, as before.
+    e.csi_driver(&json!({"attachRequired": false, "tokenRequests": [{"audience": "vault"}]}));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods().iter().filter(|m| **m == "NodePublishVolume").count(), 5);
+    assert_eq!(e.driver.methods().iter().filter(|m| **m == "NodeStageVolume").count(), 1);
+}
+
+#[tokio::test]
+async fn token_requests_that_fail_say_why_and_publish_nothing() {
+    let e = env(false);
+    e.register().await;
+    e.bound_claim();
+    e.csi_driver(&json!({"attachRequired": false, "tokenRequests": [{"audience": "vault"}]}));
+    e.src.set_token_failure(Some("serviceaccounts \"sa\" not found"));
+    let err = e.vm.mount_pod_volumes(&claim_pod("a", "uid-a")).await.unwrap_err().to_string();
+    assert!(err.contains("failed to get service accoount token attributes"), "{err}");
+    assert!(err.contains("not found"), "{err}");
+    assert!(e.driver.methods().is_empty(), "{:?}", e.driver.methods());
 }
 
 #[tokio::test]

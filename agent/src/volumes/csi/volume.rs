@@ -92,6 +92,8 @@ pub struct SetUpArgs {
     pub pod_attributes: BTreeMap<String, String>,
     /// The pod's fsGroup, handed to drivers with `VOLUME_MOUNT_GROUP`.
     pub fs_group: Option<i64>,
+    /// The volume is published already (`requiresRepublish`): publish it again only.
+    pub republish: bool,
 }
 
 /// The publish target of a volume in its publish directory.
@@ -142,7 +144,7 @@ impl CsiDrivers {
         let _held = lock.lock().await;
 
         let staging = staging_of(root, &driver, spec);
-        if let Some(staging) = &staging {
+        if let Some(staging) = staging.as_ref().filter(|_| !args.republish) {
             let dir = staging.parent().expect("the staging path has a parent");
             mkdir("attacher.MountDevice", staging)?;
             VolData {
