@@ -289,6 +289,7 @@ pub struct DeviceIo {
 
 /// What to read besides CPU and memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[expect(clippy::struct_excessive_bools, reason = "independent switches, each for one group of files")]
 pub struct ReadOptions {
     /// Read `cgroup.procs` (process count and a pid for the network namespace).
     pub procs: bool,
@@ -296,6 +297,10 @@ pub struct ReadOptions {
     pub io: bool,
     /// Read the spec files ([`CgroupSpec`]).
     pub spec: bool,
+    /// Read only what the eviction manager uses: memory usage, working set and limit
+    /// (usage, `memory.stat`, the limit), the task count, and `cgroup.procs` with
+    /// `procs`; no CPU, other memory figures or pressure (overrides `io` and `spec`).
+    pub memory_only: bool,
 }
 
 /// Reads cgroups, reusing one buffer for every file.
@@ -315,110 +320,178 @@ fn is_gone(e: &io::Error) -> bool {
         || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// Open stats files, kept between collections: a collection re-reads each one from
-/// offset 0 (`pread`: cgroup and proc files are regenerated on every read from the
-/// start) instead of walking its long path, opening and closing it again — which was
-/// most of a collection's cost. Entries not read during a collection are closed by
+/// Directories of stats files (cgroup directories, `/proc/<pid>`), kept open between
+/// collections as `O_PATH` descriptors: a collection opens each file relative to its
+/// directory (`openat` of one name, instead of walking the whole long path from `/`
+/// again, which was most of a collection's cost), reads it and closes it. Keeping the
+/// files themselves open instead would cost the node kernel memory (a `seq_file` buffer
+/// of a page for each of some 20 files a cgroup) and a descriptor each; a directory
+/// costs one `O_PATH` descriptor. Entries not used during a collection are closed by
 /// [`sweep_open_files`]. At most [`open_files_budget`] stay open: beyond it a file is
-/// opened, read and closed each time.
-static OPEN_FILES: std::sync::LazyLock<std::sync::Mutex<OpenFiles>> =
-    std::sync::LazyLock::new(|| std::sync::Mutex::new(OpenFiles::with_budget(open_files_budget())));
+/// opened by its path.
+static OPEN_DIRS: std::sync::LazyLock<std::sync::Mutex<OpenDirs>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(OpenDirs::with_budget(open_files_budget())));
 
-/// How many stats files may stay open: half the soft limit on open files (read once,
+/// How many directories may stay open: half the soft limit on open files (read once,
 /// after `main` has raised it to the hard limit), so the cache never takes the
-/// descriptors the rest of the agent needs. A pod keeps some 60 files open (two
-/// containers and the pod, about 20 files each on cgroup v1): at 500 pods that is
-/// 30,000, above a hard limit of 20,000, where the cache had taken every descriptor and
-/// the agent could no longer accept a connection, write a checkpoint or unmount.
+/// descriptors the rest of the agent needs. A pod has about 10 directories (two
+/// cgroups in up to six v1 hierarchies, and its processes): 5,000 at 500 pods.
 fn open_files_budget() -> usize {
     let soft = crate::memory::open_files_limit().map_or(1024, |l| l.rlim_cur);
     usize::try_from(soft / 2).unwrap_or(usize::MAX)
 }
 
-#[derive(Default)]
-struct OpenFiles {
-    files: std::collections::HashMap<PathBuf, (File, u64)>,
-    generation: u64,
-    /// At most this many entries in `files`.
-    budget: usize,
+/// A kept directory.
+struct OpenDir {
+    fd: std::os::fd::OwnedFd,
+    /// Its device and inode when opened, to tell it from a directory made since at the
+    /// same path (the descriptor pins the inode, so its number is not reused meanwhile).
+    id: (u64, u64),
+    /// The generation of the last read through it.
+    used: u64,
+    /// The generation in which a missing file made us check that the directory at the
+    /// path is still this one (at most once a collection).
+    checked: u64,
 }
 
-impl OpenFiles {
+#[derive(Default)]
+struct OpenDirs {
+    dirs: std::collections::HashMap<PathBuf, OpenDir>,
+    generation: u64,
+    /// At most this many entries in `dirs`.
+    budget: usize,
+    /// What each read reads into.
+    scratch: Vec<u8>,
+}
+
+/// Opens `name` in the directory `dir` for reading.
+fn open_at(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::OsStr) -> io::Result<File> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    use std::os::unix::ffi::OsStrExt as _;
+    let name = std::ffi::CString::new(name.as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `dir` is an open descriptor and `name` a NUL-terminated string; a
+    // descriptor returned by openat is ours alone.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The (device, inode) of a file.
+fn file_id(meta: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    (meta.dev(), meta.ino())
+}
+
+impl OpenDirs {
     fn with_budget(budget: usize) -> Self {
         Self { budget, ..Self::default() }
     }
 
-    /// Closes the files no read touched since the last sweep.
+    /// Closes the directories no read used since the last sweep.
     fn sweep(&mut self) {
         let generation = self.generation;
-        self.files.retain(|_, (_, used)| *used == generation);
+        self.dirs.retain(|_, d| d.used == generation);
         self.generation += 1;
     }
 
-    /// Reads all of `path` into `buf` through a kept file if there is one; a file opened
-    /// now is kept while the budget allows. `None` if it cannot be read.
+    /// Opens `path` through its kept directory, keeping the directory (while the budget
+    /// allows) when it is not yet.
+    fn open(&mut self, path: &Path) -> io::Result<File> {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return File::open(path) };
+        let generation = self.generation;
+        if let Some(d) = self.dirs.get_mut(dir) {
+            d.used = generation;
+            match open_at(d.fd.as_fd(), name) {
+                // A file the directory does not have, or a directory removed (and
+                // perhaps made again at the same path, as a static pod's cgroup or a
+                // reused pid): check which, once a collection.
+                Err(e) if is_gone(&e) && d.checked != generation => {
+                    d.checked = generation;
+                    let same = std::fs::metadata(dir).is_ok_and(|m| file_id(&m) == d.id);
+                    if same {
+                        return Err(e);
+                    }
+                    self.dirs.remove(dir);
+                }
+                other => return other,
+            }
+        }
+        if self.dirs.len() >= self.budget {
+            return File::open(path);
+        }
+        let Ok(dir_file) =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_DIRECTORY).open(dir)
+        else {
+            return File::open(path);
+        };
+        let Ok(meta) = dir_file.metadata() else { return File::open(path) };
+        let fd = std::os::fd::OwnedFd::from(dir_file);
+        let file = open_at(fd.as_fd(), name);
+        self.dirs.insert(dir.to_owned(), OpenDir { fd, id: file_id(&meta), used: generation, checked: generation });
+        file
+    }
+
+    /// Reads all of `path` into `buf`. `None` if it cannot be read.
     fn read<'a>(&mut self, buf: &'a mut String, path: &Path) -> Option<&'a str> {
         buf.clear();
-        let generation = self.generation;
-        if let Some((file, used)) = self.files.get_mut(path) {
-            *used = generation;
-            // A removed cgroup file fails the read (ENODEV); a removed regular file
-            // (fixtures, proc-like trees) would still read, so its link count tells.
-            let linked = {
-                use std::os::unix::fs::MetadataExt as _;
-                file.metadata().is_ok_and(|m| m.nlink() > 0)
-            };
-            if linked && pread_all(file, buf).is_ok() {
-                return Some(buf.as_str());
-            }
-            // Gone (a removed cgroup, an exited process) or replaced: open it again.
-            self.files.remove(path);
-            buf.clear();
-        }
-        let read = File::open(path).and_then(|f| pread_all(&f, buf).map(|()| f));
-        match read {
-            Ok(file) => {
-                if self.files.len() < self.budget {
-                    self.files.insert(path.to_owned(), (file, generation));
-                }
-                Some(buf.as_str())
-            }
+        let file = self.open(path);
+        match file.and_then(|f| read_all(&f, &mut self.scratch, buf)) {
+            Ok(()) => Some(buf.as_str()),
             Err(e) => {
                 if !is_gone(&e) {
                     tracing::debug!(path = %path.display(), error = %e, "stats: cannot read");
                 }
+                buf.clear();
                 None
             }
         }
     }
 }
 
-/// Closes the files no read touched since the last sweep (call once per collection).
+/// Closes the directories no read used since the last sweep (call once per collection).
 pub(crate) fn sweep_open_files() {
-    OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sweep();
+    OPEN_DIRS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sweep();
 }
 
-/// Reads all of `file` from offset 0 into `buf`.
-fn pread_all(file: &File, buf: &mut String) -> io::Result<()> {
-    use std::os::unix::fs::FileExt as _;
+/// A read that returns fewer bytes than this was the file's last: a `seq_file` (every
+/// cgroup and proc file) fills a read up to its page-sized buffer and stops short of it
+/// only at the end or when its next record does not fit, and the records of the files
+/// read here are lines far shorter than a page less this. Stopping there saves the read
+/// that would return 0, a third of the system calls of a collection.
+const SHORT_READ: usize = 2048;
+
+/// Reads all of a freshly opened `file` into `buf`, through `scratch`.
+fn read_all(mut file: &File, scratch: &mut Vec<u8>, buf: &mut String) -> io::Result<()> {
+    use std::io::Read as _;
+    if scratch.len() < 8192 {
+        scratch.resize(8192, 0);
+    }
     let mut bytes = std::mem::take(buf).into_bytes();
     bytes.clear();
-    let mut chunk = [0u8; 8192];
     loop {
-        let n = file.read_at(&mut chunk, bytes.len() as u64)?;
-        if n == 0 {
+        let n = match file.read(scratch) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        bytes.extend_from_slice(&scratch[..n]);
+        if n < SHORT_READ {
             break;
         }
-        bytes.extend_from_slice(&chunk[..n]);
     }
     *buf = String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(())
 }
 
-/// Reads a whole small file into `buf`; `None` if it does not exist. The file stays open
-/// for the next collection while the budget allows (see [`OPEN_FILES`]).
+/// Reads a whole small file into `buf`; `None` if it does not exist. Its directory
+/// stays open for the next collection while the budget allows (see [`OPEN_DIRS`]).
 pub(crate) fn read_into<'a>(buf: &'a mut String, path: &Path) -> Option<&'a str> {
-    OPEN_FILES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).read(buf, path)
+    OPEN_DIRS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).read(buf, path)
 }
 
 /// Parses a single unsigned integer file.
@@ -578,11 +651,17 @@ impl CgroupReader {
                 let memory_dir = join(memory, cgroup);
                 let cpu_dir = cpu.as_deref().map(|c| join(c, cgroup));
                 let pids_dir = pids.as_deref().map(|p| join(p, cgroup));
-                stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu_dir.as_deref());
-                stats.memory = v1_memory(buf, &memory_dir);
+                stats.memory = v1_memory(buf, &memory_dir, !opts.memory_only);
                 if let Some(p) = &pids_dir {
                     stats.tasks = read_into(buf, &p.join("pids.current")).and_then(parse_u64);
                 }
+                if opts.memory_only {
+                    if opts.procs {
+                        procs(buf, &memory_dir, &mut stats);
+                    }
+                    return (stats.memory.is_some() || memory_dir.is_dir()).then_some(stats);
+                }
+                stats.cpu = v1_cpu(buf, &cpuacct_dir, cpu_dir.as_deref());
                 if opts.spec {
                     stats.spec = Some(v1_spec(buf, cpu_dir.as_deref(), &memory_dir, pids_dir.as_deref()));
                 }
@@ -604,9 +683,15 @@ impl CgroupReader {
             CgroupHierarchies::V2 { root } => {
                 let dir = join(root, cgroup);
                 let is_root = cgroup.trim_matches('/').is_empty();
-                stats.cpu = v2_cpu(buf, &dir);
-                stats.memory = v2_memory(buf, &dir, is_root);
+                stats.memory = v2_memory(buf, &dir, is_root, !opts.memory_only);
                 stats.tasks = read_into(buf, &dir.join("pids.current")).and_then(parse_u64);
+                if opts.memory_only {
+                    if opts.procs {
+                        procs(buf, &dir, &mut stats);
+                    }
+                    return (stats.memory.is_some() || dir.is_dir()).then_some(stats);
+                }
+                stats.cpu = v2_cpu(buf, &dir);
                 if opts.procs {
                     procs(buf, &dir, &mut stats);
                 }
@@ -812,7 +897,8 @@ fn v1_cpu(buf: &mut String, cpuacct: &Path, cpu: Option<&Path>) -> Option<CpuUsa
     Some(out)
 }
 
-fn v1_memory(buf: &mut String, dir: &Path) -> Option<MemoryUsage> {
+/// A v1 memory cgroup's usage; with `full` also its peak, failures, limits and OOM kills.
+fn v1_memory(buf: &mut String, dir: &Path, full: bool) -> Option<MemoryUsage> {
     let usage = read_into(buf, &dir.join("memory.usage_in_bytes")).and_then(parse_u64)?;
     let mut out = MemoryUsage { usage, ..MemoryUsage::default() };
     if let Some(text) = read_into(buf, &dir.join("memory.stat")) {
@@ -829,9 +915,14 @@ fn v1_memory(buf: &mut String, dir: &Path) -> Option<MemoryUsage> {
         out.pgfault = s.pgfault;
         out.pgmajfault = s.pgmajfault;
     }
+    // The limit, for the available bytes of the pods cgroup (the eviction manager's
+    // allocatable memory) and of each pod.
+    out.limit = read_into(buf, &dir.join("memory.limit_in_bytes")).and_then(parse_u64).and_then(limited);
+    if !full {
+        return Some(out);
+    }
     out.max_usage = read_into(buf, &dir.join("memory.max_usage_in_bytes")).and_then(parse_u64);
     out.failcnt = read_into(buf, &dir.join("memory.failcnt")).and_then(parse_u64);
-    out.limit = read_into(buf, &dir.join("memory.limit_in_bytes")).and_then(parse_u64).and_then(limited);
     out.swap_limit = read_into(buf, &dir.join("memory.memsw.limit_in_bytes")).and_then(parse_u64).and_then(limited);
     out.oom_kills = read_into(buf, &dir.join("memory.oom_control")).and_then(|t| keyed(t, "oom_kill"));
     Some(out)
@@ -855,7 +946,8 @@ fn v2_cpu(buf: &mut String, dir: &Path) -> Option<CpuUsage> {
     })
 }
 
-fn v2_memory(buf: &mut String, dir: &Path, is_root: bool) -> Option<MemoryUsage> {
+/// A v2 memory cgroup's usage; with `full` also its peak, limits, swap and OOM kills.
+fn v2_memory(buf: &mut String, dir: &Path, is_root: bool, full: bool) -> Option<MemoryUsage> {
     let current = read_into(buf, &dir.join("memory.current")).and_then(parse_u64);
     let stat = read_into(buf, &dir.join("memory.stat")).map(parse_v2_memory_stat);
     // The root cgroup has no memory.current: runc emulates it as anon + file.
@@ -877,8 +969,11 @@ fn v2_memory(buf: &mut String, dir: &Path, is_root: bool) -> Option<MemoryUsage>
     if is_root {
         return Some(out);
     }
-    out.max_usage = read_into(buf, &dir.join("memory.peak")).and_then(parse_u64);
     out.limit = read_into(buf, &dir.join("memory.max")).and_then(parse_v2_limit);
+    if !full {
+        return Some(out);
+    }
+    out.max_usage = read_into(buf, &dir.join("memory.peak")).and_then(parse_u64);
     out.swap = read_into(buf, &dir.join("memory.swap.current")).and_then(parse_u64);
     out.swap_limit = read_into(buf, &dir.join("memory.swap.max")).and_then(parse_v2_limit);
     out.oom_kills = read_into(buf, &dir.join("memory.events")).and_then(|t| keyed(t, "oom_kill"));
@@ -889,34 +984,49 @@ fn v2_memory(buf: &mut String, dir: &Path, is_root: bool) -> Option<MemoryUsage>
 mod tests {
     use super::*;
 
-    /// Past its budget the cache reads a file by opening and closing it, and still
-    /// returns what is in it; a sweep closes what the last collection did not read.
+    /// Past its budget the cache opens files by their paths, and still returns what is
+    /// in them; a sweep closes what the last collection did not use; a directory removed
+    /// and made again at the same path is looked up anew.
     #[test]
-    fn kept_files_stay_within_the_budget() {
-        let dir = std::env::temp_dir().join(format!("swiftlet-open-files-{}", std::process::id()));
-        fs_setup(&dir, 5);
-        let mut open = OpenFiles::with_budget(3);
+    fn kept_directories_stay_within_the_budget_and_follow_their_paths() {
+        let base = std::env::temp_dir().join(format!("swiftlet-open-dirs-{}", std::process::id()));
+        let dirs: Vec<PathBuf> = (0..5).map(|i| base.join(format!("d{i}"))).collect();
+        for d in &dirs {
+            fs_setup(d, 2);
+        }
+        let mut open = OpenDirs::with_budget(3);
         let mut buf = String::new();
         for round in 0..2 {
-            for i in 0..5 {
-                let text = open.read(&mut buf, &dir.join(format!("f{i}"))).map(str::to_owned);
-                assert_eq!(text.as_deref(), Some(format!("value {i}\n").as_str()), "round {round}, file {i}");
-                assert!(open.files.len() <= 3, "{} files kept", open.files.len());
+            for d in &dirs {
+                for i in 0..2 {
+                    let text = open.read(&mut buf, &d.join(format!("f{i}"))).map(str::to_owned);
+                    assert_eq!(
+                        text.as_deref(),
+                        Some(format!("value {i}\n").as_str()),
+                        "round {round}, {}",
+                        d.display()
+                    );
+                }
+                assert!(open.dirs.len() <= 3, "{} directories kept", open.dirs.len());
             }
         }
-        assert_eq!(open.files.len(), 3);
-        assert!(open.read(&mut buf, &dir.join("missing")).is_none());
-        // A file changed after it was kept is read again from its start.
-        std::fs::write(dir.join("f0"), "changed\n").unwrap();
-        assert_eq!(open.read(&mut buf, &dir.join("f0")), Some("changed\n"));
-        // Every read so far was in one generation: the first sweep keeps all three, the
-        // second only f1, the one file read between them.
+        assert_eq!(open.dirs.len(), 3);
+        assert!(open.read(&mut buf, &dirs[0].join("missing")).is_none());
+        assert!(buf.is_empty());
+        // A file changed since is read as it is now.
+        std::fs::write(dirs[0].join("f0"), "changed\n").unwrap();
+        assert_eq!(open.read(&mut buf, &dirs[0].join("f0")), Some("changed\n"));
+        // Removed and made again: the new directory's files.
+        std::fs::remove_dir_all(&dirs[1]).unwrap();
+        assert!(open.read(&mut buf, &dirs[1].join("f0")).is_none());
+        std::fs::create_dir_all(&dirs[1]).unwrap();
+        std::fs::write(dirs[1].join("f0"), "again\n").unwrap();
         open.sweep();
-        assert_eq!(open.files.len(), 3);
-        open.read(&mut buf, &dir.join("f1"));
+        assert_eq!(open.read(&mut buf, &dirs[1].join("f0")), Some("again\n"));
+        // Every read so far in this generation used d1 only: a sweep keeps it alone.
         open.sweep();
-        assert_eq!(open.files.len(), 1, "{:?}", open.files.keys().collect::<Vec<_>>());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(open.dirs.keys().collect::<Vec<_>>(), [&dirs[1]]);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -384,6 +384,8 @@ pub struct Collection {
     pub system_containers: Vec<SystemContainerSample>,
     /// Pods with at least one readable container, in inventory order.
     pub pods: Vec<PodSample>,
+    /// Made lean ([`Collector::set_lean`]): for the eviction manager only.
+    pub lean: bool,
 }
 
 /// The clock of a collector (injectable for tests).
@@ -428,6 +430,8 @@ pub struct Collector {
     pids: Vec<u32>,
     /// Whether collections walk the processes (see [`Collector::set_process_walk`]).
     walk_processes: bool,
+    /// Whether collections are lean (see [`Collector::set_lean`]).
+    lean: bool,
 }
 
 impl std::fmt::Debug for Collector {
@@ -447,7 +451,9 @@ const PROC_STAT_KEY: &str = "\0/proc/stat";
 /// What is read of a cgroup that is a row of `/metrics/cadvisor` (the root, pods and
 /// containers) besides what `/stats/summary` needs: block I/O counters and the spec files.
 /// System containers are read without them; their processes are not walked either.
-const CADVISOR_ROW: ReadOptions = ReadOptions { procs: false, io: true, spec: true };
+const CADVISOR_ROW: ReadOptions = ReadOptions { procs: false, io: true, spec: true, memory_only: false };
+/// What a lean collection reads of a pod's or container's cgroup (see [`Collector::set_lean`]).
+const LEAN: ReadOptions = ReadOptions { procs: false, io: false, spec: false, memory_only: true };
 
 impl Collector {
     /// A collector using the system clock.
@@ -464,6 +470,17 @@ impl Collector {
     /// turns it off for the eviction manager's collections while nobody scrapes.
     pub fn set_process_walk(&mut self, on: bool) {
         self.walk_processes = on;
+    }
+
+    /// Whether the next collections are lean: only what the eviction manager reads
+    /// (memory usage and working set, task and process counts, disk usage, the node's
+    /// memory, filesystems and pids), a third of a full collection's reads. A lean
+    /// collection has no CPU, limits, pressure, network, block I/O or spec figures and
+    /// leaves the CPU samples of the last full one alone, so the next full collection's
+    /// rates span the time since that one. Off by default; the stats provider makes the
+    /// eviction manager's collections lean while nobody reads the stats.
+    pub fn set_lean(&mut self, on: bool) {
+        self.lean = on;
     }
 
     /// A collector using `clock` for every timestamp (tests).
@@ -487,6 +504,7 @@ impl Collector {
             fds,
             pids: Vec::new(),
             walk_processes: true,
+            lean: false,
         }
     }
 
@@ -512,6 +530,18 @@ impl Collector {
     }
 
     fn collect_once(&mut self, inventory: &Inventory) -> Collection {
+        if self.lean {
+            // The CPU samples stay for the next full collection.
+            let kept = std::mem::take(&mut self.cpu);
+            let mut collection = self.collect_pass(inventory);
+            self.cpu = kept;
+            collection.lean = true;
+            return collection;
+        }
+        self.collect_pass(inventory)
+    }
+
+    fn collect_pass(&mut self, inventory: &Inventory) -> Collection {
         let time = (self.clock)();
         let mut seen_cgroups: HashSet<String> = HashSet::new();
         let mut seen_paths: HashSet<PathBuf> = HashSet::new();
@@ -528,7 +558,8 @@ impl Collector {
         for sc in pods_sc.iter().chain(&inventory.system_containers) {
             system_cgroups.insert(sc.cgroup.as_str());
             let now = (self.clock)();
-            let Some(mut stats) = self.reader.read(&sc.cgroup, now, ReadOptions::default()) else { continue };
+            let opts = if self.lean { LEAN } else { ReadOptions::default() };
+            let Some(mut stats) = self.reader.read(&sc.cgroup, now, opts) else { continue };
             self.rate(&sc.cgroup, &mut stats, &mut seen_cgroups);
             let start_time = sc.start_time.or_else(|| self.first_seen(&sc.cgroup));
             system_containers.push(SystemContainerSample { name: sc.name.clone(), start_time, stats });
@@ -546,11 +577,12 @@ impl Collector {
         self.usage.retain(&seen_paths);
         let ids: HashSet<&str> = inventory.pods.iter().flat_map(|p| &p.containers).map(|c| c.id.as_str()).collect();
         self.layers.retain(|id, _| ids.contains(id.as_str()));
-        Collection { node_name: inventory.node_name.clone(), time, node, system_containers, pods }
+        Collection { node_name: inventory.node_name.clone(), time, node, system_containers, pods, lean: false }
     }
 
     fn collect_node(&mut self, inventory: &Inventory, time: SystemTime, seen: &mut HashSet<String>) -> NodeSample {
-        let mut stats = self.reader.read("/", time, CADVISOR_ROW).unwrap_or_else(|| CgroupStats::empty(time));
+        let opts = if self.lean { LEAN } else { CADVISOR_ROW };
+        let mut stats = self.reader.read("/", time, opts).unwrap_or_else(|| CgroupStats::empty(time));
         // cAdvisor's root container has pid 1 as its root process.
         stats.process_stats = self.process_stats("/", Some(1));
         let proc_root = self.config.proc_root.clone();
@@ -584,7 +616,7 @@ impl Collector {
         for (resource, slot) in
             [("cpu", &mut stats.cpu_pressure), ("memory", &mut stats.memory_pressure), ("io", &mut stats.io_pressure)]
         {
-            if let Some(p) = procfs.pressure(resource) {
+            if let Some(p) = procfs.pressure(resource).filter(|_| !self.lean) {
                 *slot = Some(p);
             }
         }
@@ -592,10 +624,14 @@ impl Collector {
             let (total, free) = (m.swap_total?, m.swap_free?);
             Some(SwapSample { time, usage: total.saturating_sub(free), available: free })
         });
-        let network = procfs
-            .net_dev(Some(1))
-            .or_else(|| procfs.net_dev(None))
-            .map(|interfaces| NetworkSample { time: (self.clock)(), interfaces });
+        let network = if self.lean {
+            None
+        } else {
+            procfs
+                .net_dev(Some(1))
+                .or_else(|| procfs.net_dev(None))
+                .map(|interfaces| NetworkSample { time: (self.clock)(), interfaces })
+        };
         let rlimit_time = (self.clock)();
         let rlimit = RlimitSample { time: rlimit_time, max_pid: procfs.max_pid(), tasks: procfs.tasks() };
         let rlimit = (rlimit.max_pid.is_some() || rlimit.tasks.is_some()).then_some(rlimit);
@@ -614,7 +650,7 @@ impl Collector {
             used_bytes: i.used_bytes,
             inodes_used: i.inodes_used,
         });
-        let filesystems = self.filesystems();
+        let filesystems = if self.lean { Vec::new() } else { self.filesystems() };
         self.name_devices(&mut stats.io, true);
         NodeSample {
             boot_time: stat.and_then(|s| s.boot_time),
@@ -732,7 +768,8 @@ impl Collector {
         for c in &pod.containers {
             let now = (self.clock)();
             // A container that exited and was removed since the inventory was taken.
-            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true, ..CADVISOR_ROW }) else {
+            let opts = if self.lean { LEAN } else { CADVISOR_ROW };
+            let Some(mut stats) = self.reader.read(&c.cgroup, now, ReadOptions { procs: true, ..opts }) else {
                 continue;
             };
             stats.process_stats = self.process_stats(&c.cgroup, stats.first_pid);
@@ -760,7 +797,7 @@ impl Collector {
             return None;
         }
         let now = (self.clock)();
-        let mut stats = self.reader.read(&pod.cgroup, now, CADVISOR_ROW);
+        let mut stats = self.reader.read(&pod.cgroup, now, if self.lean { LEAN } else { CADVISOR_ROW });
         if let Some(s) = stats.as_mut() {
             // A pod cgroup has no root process (cAdvisor's raw handler, pid 0).
             s.process_stats = self.process_stats(&pod.cgroup, None);
@@ -773,7 +810,7 @@ impl Collector {
             .as_deref()
             .and_then(|cg| self.first_pid(cg))
             .or_else(|| containers.iter().find_map(|c| c.stats.first_pid));
-        let network = pid.and_then(|pid| {
+        let network = pid.filter(|_| !self.lean).and_then(|pid| {
             let time = (self.clock)();
             let proc_root = self.config.proc_root.clone();
             Procfs::new(&proc_root, self.reader.buffer())

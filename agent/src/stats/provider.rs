@@ -287,7 +287,7 @@ impl StatsProvider {
                 by_pod.entry(uid.clone()).or_default().push(c);
             }
         }
-        let desired: HashMap<String, Pod> =
+        let desired: HashMap<String, Arc<Pod>> =
             self.pods.pods().into_iter().filter_map(|p| p.metadata.uid.clone().map(|u| (u, p))).collect();
         let mut pods = Vec::new();
         for sb in sandboxes.iter().filter(|s| s.state == ready) {
@@ -351,10 +351,11 @@ impl StatsProvider {
     }
 
     /// A collection made now (the eviction manager's: each of its passes must see newer
-    /// stats than the last); it also serves the next scrapes for [`REUSE`]. It walks the
-    /// processes (descriptors, sockets: `/metrics/cadvisor` alone shows them) only while
-    /// the stats are being read ([`HOUSEKEEPING_IDLE`]); a reader never gets a collection
-    /// made without them.
+    /// stats than the last); it also serves the next scrapes for [`REUSE`]. While the
+    /// stats are being read ([`HOUSEKEEPING_IDLE`]) it is a full one, processes walked
+    /// (descriptors, sockets: `/metrics/cadvisor` alone shows them); otherwise it is lean
+    /// ([`Collector::set_lean`]: what the eviction manager reads, a third of the file
+    /// reads), and a reader never gets it.
     ///
     /// # Errors
     /// When the runtime cannot be listed.
@@ -453,6 +454,9 @@ impl StatsProvider {
         let collection = tokio::task::spawn_blocking(move || {
             let mut collector = collector.lock().unwrap();
             collector.set_process_walk(walk);
+            // A collection without the walk is never served to a reader: only what the
+            // eviction manager reads is needed.
+            collector.set_lean(!walk);
             collector.collect(&inventory)
         })
         .await

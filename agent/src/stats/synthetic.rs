@@ -218,5 +218,5 @@ pub fn collection(shape: Shape) -> Collection {
             }
         })
         .collect();
-    Collection { node_name: "bench-node".to_owned(), time, node, system_containers: Vec::new(), pods }
+    Collection { node_name: "bench-node".to_owned(), time, node, system_containers: Vec::new(), pods, lean: false }
 }

@@ -900,6 +900,43 @@ fn every_du_is_timed_in_the_volume_metric() {
     assert_eq!(du_observations(&registry), listed + 5);
 }
 
+/// A lean collection (the eviction manager's while nobody reads the stats) gives the
+/// eviction manager what a full one does, without what only readers see, and leaves the
+/// CPU samples to the full collections: their rates span the time between them.
+#[test]
+fn lean_collections_see_what_eviction_reads_and_leave_cpu_rates_alone() {
+    let mut f = v1_fixture();
+    let full = f.collect();
+    f.collector.set_lean(true);
+    let lean = f.collect();
+    assert!(lean.lean && !full.lean);
+    let eviction = |c: &Collection| crate::eviction::NodeSnapshot::from_summary(&c.summary(), false);
+    let (from_lean, from_full) = (eviction(&lean), eviction(&full));
+    assert!(from_lean.pods.iter().any(|p| p.memory_working_set_bytes.is_some()), "{from_lean:?}");
+    assert!(from_lean.allocatable_memory.is_some() && from_lean.memory.is_some());
+    // (The filesystems are the host's live ones: their free space moves between passes.)
+    assert_eq!(format!("{:?}", from_lean.pods), format!("{:?}", from_full.pods));
+    assert_eq!(
+        (from_lean.memory, from_lean.allocatable_memory, from_lean.pids),
+        (from_full.memory, from_full.allocatable_memory, from_full.pids)
+    );
+    assert_eq!(from_lean.node_fs.map(|f| f.capacity_bytes), from_full.node_fs.map(|f| f.capacity_bytes));
+    let app = |c: &Collection| {
+        let pod = c.pods.iter().find(|p| p.name == "web").unwrap();
+        pod.containers.iter().find(|c| c.name == "app").unwrap().stats.clone()
+    };
+    assert!(app(&full).cpu.is_some() && app(&lean).cpu.is_none(), "no CPU in a lean collection");
+    assert!(app(&full).memory.unwrap().failcnt.is_some() && app(&lean).memory.unwrap().failcnt.is_none());
+    assert!(app(&lean).cpu_pressure.is_none() && lean.node.network.is_none() && lean.node.filesystems.is_empty());
+
+    // 10 s after the full pass, with a lean one between: the rate spans the 10 s.
+    f.collector.set_lean(false);
+    f.advance(Duration::from_secs(10));
+    f.set_v1_cpu(&format!("{POD_CG}/c1"), 13_282_340 + 2_500_000_000);
+    let second = f.collect().summary();
+    assert_eq!(container(pod(&second, "web"), "app").cpu.as_ref().unwrap().usage_nano_cores, Some(250_000_000));
+}
+
 #[test]
 fn usage_nano_cores_comes_from_two_samples() {
     let mut f = v1_fixture();
@@ -2482,9 +2519,10 @@ fn cadvisor_text_is_byte_for_byte_the_kept_one() {
     );
 }
 
-/// The eviction manager's collections (one every 10 s) walk no processes while nobody
-/// reads the stats: the bench found the walk of the root cgroup's descriptors to be a
-/// fifth of the agent's idle CPU. A reader never gets a collection made without them, and
+/// The eviction manager's collections (one every 10 s) walk no processes, and are lean,
+/// while nobody reads the stats: the bench found the walk of the root cgroup's
+/// descriptors to be a fifth of the agent's idle CPU, and reads of what only readers see
+/// most of a collection's. A reader never gets a collection made without them, and
 /// while the stats are read the eviction manager's collections walk and serve the scrapes.
 #[tokio::test(start_paused = true)]
 async fn eviction_collections_walk_processes_only_while_the_stats_are_read() {
@@ -2499,6 +2537,7 @@ async fn eviction_collections_walk_processes_only_while_the_stats_are_read() {
     let read = p.collection().await.unwrap();
     assert_eq!(collections(), 2, "a reader is not served the collection without processes");
     assert_eq!(root_fds(&read), Some(3));
+    assert!(fresh.lean && !read.lean, "nobody reads the stats: the eviction manager's collection is lean");
     tokio::time::advance(Duration::from_secs(10)).await;
     let fresh = p.fresh_collection().await.unwrap();
     assert_eq!(root_fds(&fresh), Some(3), "the stats are being read: the eviction manager's collection walks");
