@@ -69,7 +69,8 @@ pub async fn reconcile(
     node: Option<&Node>,
     status: &dyn StatusProvider,
 ) -> usize {
-    let statics: BTreeMap<String, Pod> = pods.pods().into_iter().filter(is_static_pod).map(|p| (key(&p), p)).collect();
+    let statics: BTreeMap<String, Pod> =
+        pods.pods().into_iter().filter(|p| is_static_pod(p)).map(|p| (key(&p), Arc::unwrap_or_clone(p))).collect();
     let existing = mirrors.read().unwrap().clone();
     let mut calls = 0;
     for (k, sp) in &statics {

@@ -40,7 +40,9 @@ fn gate_conditions(pod: &Pod) -> Vec<Option<(String, Option<String>)>> {
 
 #[derive(Debug, Default)]
 struct Inner {
-    pods: BTreeMap<String, Pod>,
+    /// Shared: readers of every pod (stats, eviction, housekeeping, every few seconds)
+    /// take references, not copies of hundreds of pods.
+    pods: BTreeMap<String, Arc<Pod>>,
     by_source: HashMap<&'static str, BTreeSet<String>>,
     ready_sources: BTreeSet<&'static str>,
     /// Sources whose first snapshot the sync loop has finished handling.
@@ -85,7 +87,7 @@ impl PodManager {
         let old_uids = inner.by_source.insert(source, new_uids.clone()).unwrap_or_default();
         for uid in old_uids.difference(&new_uids) {
             if let Some(p) = inner.pods.remove(uid) {
-                changes.removed.push(p);
+                changes.removed.push(Arc::unwrap_or_clone(p));
             }
         }
         for mut pod in pods {
@@ -99,7 +101,7 @@ impl PodManager {
                     if !gates.is_empty() && gates != gate_conditions(existing) {
                         changes.reconcile.push(pod.clone());
                     }
-                    existing.status = pod.status;
+                    Arc::make_mut(existing).status = pod.status;
                 }
                 Some(existing) => {
                     let seen =
@@ -110,7 +112,7 @@ impl PodManager {
                             .get_or_insert_with(BTreeMap::new)
                             .insert(CONFIG_SEEN_ANNOTATION.into(), seen);
                     }
-                    inner.pods.insert(uid, pod.clone());
+                    inner.pods.insert(uid, Arc::new(pod.clone()));
                     changes.updated.push(pod);
                 }
                 None => {
@@ -118,7 +120,7 @@ impl PodManager {
                         .annotations
                         .get_or_insert_with(BTreeMap::new)
                         .insert(CONFIG_SEEN_ANNOTATION.into(), Timestamp::now().to_string());
-                    inner.pods.insert(uid, pod.clone());
+                    inner.pods.insert(uid, Arc::new(pod.clone()));
                     changes.added.push(pod);
                 }
             }
@@ -154,7 +156,7 @@ impl PodManager {
 
     #[must_use]
     pub fn get(&self, uid: &str) -> Option<Pod> {
-        self.inner.read().unwrap().pods.get(uid).cloned()
+        self.inner.read().unwrap().pods.get(uid).map(|p| Pod::clone(p))
     }
 
     /// The namespace and name of the desired pod `uid` (no pod is copied).
@@ -165,9 +167,9 @@ impl PodManager {
         Some((pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default()))
     }
 
-    /// All desired pods, ordered by UID.
+    /// All desired pods, ordered by UID (shared, not copied).
     #[must_use]
-    pub fn pods(&self) -> Vec<Pod> {
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
         self.inner.read().unwrap().pods.values().cloned().collect()
     }
 
@@ -180,7 +182,7 @@ impl PodManager {
     /// Whether the desired pod `uid` is a static pod (from a file or URL source).
     #[must_use]
     pub fn is_static(&self, uid: &str) -> bool {
-        self.inner.read().unwrap().pods.get(uid).is_some_and(crate::types::pod::is_static_pod)
+        self.inner.read().unwrap().pods.get(uid).is_some_and(|p| crate::types::pod::is_static_pod(p))
     }
 
     /// How many pods are desired, and how many of them are static.

@@ -25,7 +25,8 @@ impl PodsProvider for PodsView {
         self.manager
             .pods()
             .into_iter()
-            .map(|mut p| {
+            .map(|p| {
+                let mut p = Arc::unwrap_or_clone(p);
                 if let Some(s) = p.metadata.uid.as_deref().and_then(|u| self.status.get(u)) {
                     p.status = Some(s);
                 }

@@ -433,7 +433,10 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
                 workers: pods.workers.clone(),
                 status: pods.status.clone(),
             };
-            Arc::new(move || crate::eviction::ActivePods::active_pods(&active))
+            // Node shutdown copies the pods it kills (once, at shutdown).
+            Arc::new(move || {
+                crate::eviction::ActivePods::active_pods(&active).into_iter().map(Arc::unwrap_or_clone).collect()
+            })
         },
         Arc::new(crate::nodeshutdown::adapters::AgentTerminator { workers: pods.workers.clone() }),
     )

@@ -112,6 +112,7 @@ pub fn active_pods(pods: crate::pod_manager::PodManager, status: Arc<dyn crate::
                 let u = p.metadata.uid.as_deref().unwrap_or_default();
                 !status.get(u).is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
             })
+            .map(Arc::unwrap_or_clone)
             .collect();
         Some(active)
     })

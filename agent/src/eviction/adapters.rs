@@ -63,7 +63,7 @@ pub struct AgentPods {
 }
 
 impl ActivePods for AgentPods {
-    fn active_pods(&self) -> Vec<Pod> {
+    fn active_pods(&self) -> Vec<Arc<Pod>> {
         self.manager
             .pods()
             .into_iter()

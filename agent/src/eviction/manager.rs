@@ -88,8 +88,9 @@ pub trait StatsSource: Send + Sync {
 
 /// The pods (upstream's `ActivePodsFunc` and `PodCleanedUpFunc`).
 pub trait ActivePods: Send + Sync {
-    /// Pods admitted and not yet terminated: the eviction candidates.
-    fn active_pods(&self) -> Vec<Pod>;
+    /// Pods admitted and not yet terminated: the eviction candidates (shared with the
+    /// pod manager, not copied: every pass reads them).
+    fn active_pods(&self) -> Vec<Arc<Pod>>;
 
     /// Whether an evicted pod's containers are gone and its volumes and cgroup cleaned up
     /// (upstream `podResourcesAreReclaimed`).
@@ -404,7 +405,7 @@ impl EvictionManager {
                 own.min(self.config.max_pod_grace_period_seconds)
             };
             let eviction = Eviction {
-                pod: pod.clone(),
+                pod: Pod::clone(pod),
                 signal: threshold.signal,
                 resource,
                 hard: threshold.is_hard(),
@@ -459,7 +460,7 @@ impl EvictionManager {
     /// storage limits ([`super::local_storage`]); returns the first of them.
     async fn local_storage_eviction(
         &self,
-        active: &[Pod],
+        active: &[Arc<Pod>],
         snapshot: &NodeSnapshot,
         dedicated_image_fs: bool,
     ) -> Option<Eviction> {
@@ -476,7 +477,7 @@ impl EvictionManager {
                 continue;
             }
             let eviction = Eviction {
-                pod: pod.clone(),
+                pod: Pod::clone(pod),
                 signal: Signal::NodeFsAvailable,
                 resource: Resource::EphemeralStorage,
                 hard: true,

@@ -192,13 +192,14 @@ fn priority(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
 /// Ranks `pods` for `ranking` with the stats of `usage` (by pod UID); returns them in
 /// eviction order.
 #[must_use]
-pub fn rank<'a, S: BuildHasher>(
-    pods: &'a [Pod],
+pub fn rank<'a, S: BuildHasher, P: std::borrow::Borrow<Pod>>(
+    pods: &'a [P],
     usage: &HashMap<&str, &'a PodUsage, S>,
     ranking: Ranking,
 ) -> Vec<&'a Pod> {
     let mut candidates: Vec<Candidate<'a>> = pods
         .iter()
+        .map(std::borrow::Borrow::borrow)
         .map(|pod| Candidate {
             pod,
             stats: usage.get(pod_uid(pod)).copied(),

@@ -174,8 +174,8 @@ struct FakePods {
 }
 
 impl ActivePods for FakePods {
-    fn active_pods(&self) -> Vec<Pod> {
-        self.pods.lock().unwrap().clone()
+    fn active_pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.lock().unwrap().iter().cloned().map(Arc::new).collect()
     }
 
     fn pod_cleaned_up(&self, _pod: &Pod) -> bool {

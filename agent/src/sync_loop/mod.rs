@@ -277,6 +277,7 @@ impl SyncLoop {
                     && !rejected.contains(u)
                     && !matches!(self.status.phase(u).as_deref(), Some("Succeeded" | "Failed"))
             })
+            .map(Arc::unwrap_or_clone)
             .collect()
     }
 
