@@ -54,8 +54,8 @@ fn mounts_under(root: &std::path::Path, driver_uid: &str) -> Vec<String> {
 }
 
 /// The host-path driver and its sidecars as a pod on `node`, run by its agent.
-async fn driver_pod(cluster: &Cluster, node: &ClusterNode) -> Result<CsiHostPath> {
-    let opts = CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() };
+async fn driver_pod(cluster: &Cluster, node: &ClusterNode, opts: CsiHostPathOptions) -> Result<CsiHostPath> {
+    let opts = CsiHostPathOptions { deployment: Deployment::Pods, ..opts };
     CsiHostPath::start(cluster, &node.name, &node.agent.root_dir, opts)
         .await
         .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))
@@ -70,7 +70,7 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     let mut node = cluster.join("csi-sts", AgentOptions { sync_frequency: "5s", ..AgentOptions::default() }).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = driver_pod(&cluster, &node).await?;
+    let csi = driver_pod(&cluster, &node, CsiHostPathOptions::default()).await?;
     let client = cluster.client();
 
     // Registration: the driver in the node's CSINode (owned by the Node) and annotation.
@@ -273,7 +273,7 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
     let mut node = cluster.join("csi-eph", AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = driver_pod(&cluster, &node).await?;
+    let csi = driver_pod(&cluster, &node, CsiHostPathOptions::default()).await?;
     let ns = node.namespace("csi-eph").await?;
     let pod = json!({
         "metadata": {"name": "eph"},
@@ -344,14 +344,11 @@ async fn a_driver_with_token_requests_gets_the_pods_tokens_and_is_published_agai
     let mut node = cluster.join("csi-tok", AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let opts = CsiHostPathOptions {
-        deployment: Deployment::Pods,
         requires_republish: true,
         token_requests: vec![json!({"audience": AUDIENCE, "expirationSeconds": 3600})],
         ..CsiHostPathOptions::default()
     };
-    let csi = CsiHostPath::start(&cluster, &node.name, &node.agent.root_dir, opts)
-        .await
-        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let csi = driver_pod(&cluster, &node, opts).await?;
     let ns = node.namespace("csi-tok").await?;
     let pod = json!({
         "metadata": {"name": "tok"},

@@ -674,7 +674,8 @@ impl VolumeManager {
             let sa = spec.service_account_name.as_deref().filter(|s| !s.is_empty()).unwrap_or("default");
             let bound = BoundPod { name: pod.metadata.name.clone().unwrap_or_default(), uid: pod_uid(pod).to_owned() };
             let exp = p.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
-            let token = self.tokens.get(self.source.as_ref(), pod_namespace(pod), sa, &audiences, exp, &bound).await?;
+            let token =
+                self.tokens.get(self.source.as_ref(), pod_namespace(pod), sa, &audiences, exp, &bound).await?.token;
             let mut file = super::atomic_writer::FileProjection::new(token, mode);
             file.fs_user = user;
             return Ok(Payload::from([(p.path.clone(), file)]));

@@ -52,22 +52,9 @@ impl TokenManager {
         now > issued + MAX_TTL || now > cached.expiration.checked_sub(ttl / 5).unwrap_or(SystemTime::UNIX_EPOCH)
     }
 
-    /// A valid token for the request, from the cache or freshly requested.
+    /// A valid token for the request, from the cache or freshly requested, with its
+    /// expiry (CSI drivers are handed both).
     pub async fn get(
-        &self,
-        source: &dyn ObjectSource,
-        namespace: &str,
-        service_account: &str,
-        audiences: &[String],
-        expiration_seconds: i64,
-        pod: &BoundPod,
-    ) -> source::Result<String> {
-        let fetched = self.fetch(source, namespace, service_account, audiences, expiration_seconds, pod).await;
-        fetched.map(|t| t.token)
-    }
-
-    /// As [`TokenManager::get`], with the token's expiry (CSI drivers are handed both).
-    pub async fn fetch(
         &self,
         source: &dyn ObjectSource,
         namespace: &str,
@@ -122,15 +109,15 @@ mod tests {
         let (clock, src, tm, pod) = setup();
         let aud = vec!["vault".to_string()];
         let get = || tm.get(&src, "ns", "sa", &aud, 1000, &pod);
-        assert_eq!(get().await.unwrap(), "token-1");
+        assert_eq!(get().await.unwrap().token, "token-1");
         clock.advance(Duration::from_secs(799));
-        assert_eq!(get().await.unwrap(), "token-1");
+        assert_eq!(get().await.unwrap().token, "token-1");
         clock.advance(Duration::from_secs(2));
-        assert_eq!(get().await.unwrap(), "token-2");
+        assert_eq!(get().await.unwrap().token, "token-2");
         // Different audiences are different tokens.
-        assert_eq!(tm.get(&src, "ns", "sa", &[], 1000, &pod).await.unwrap(), "token-3");
+        assert_eq!(tm.get(&src, "ns", "sa", &[], 1000, &pod).await.unwrap().token, "token-3");
         tm.forget_pod("u");
-        assert_eq!(get().await.unwrap(), "token-4");
+        assert_eq!(get().await.unwrap().token, "token-4");
         let req = &src.token_requests()[0];
         assert_eq!((req.audiences.clone(), req.expiration_seconds), (aud.clone(), 1000));
     }
@@ -139,10 +126,10 @@ mod tests {
     async fn long_lived_tokens_are_refreshed_daily() {
         let (clock, src, tm, pod) = setup();
         let week = 7 * 24 * 3600;
-        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap(), "token-1");
+        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap().token, "token-1");
         clock.advance(Duration::from_hours(23));
-        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap(), "token-1");
+        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap().token, "token-1");
         clock.advance(Duration::from_hours(2));
-        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap(), "token-2");
+        assert_eq!(tm.get(&src, "ns", "sa", &[], week, &pod).await.unwrap().token, "token-2");
     }
 }

@@ -356,7 +356,7 @@ impl VolumeManager {
             let expiration = request.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
             let token = self
                 .tokens
-                .fetch(self.source.as_ref(), pod_namespace(pod), sa, &audiences, expiration, &bound)
+                .get(self.source.as_ref(), pod_namespace(pod), sa, &audiences, expiration, &bound)
                 .await
                 // Upstream's words, its typo included: drivers' operators grep for them.
                 .map_err(|e| {
