@@ -27,9 +27,9 @@ pub fn trim() {
 }
 
 /// Raises the soft limit on open files to the hard one (as Go's runtime does since 1.19):
-/// the stats collector keeps cgroup files open between collections (some 60 a pod on
-/// cgroup v1, up to half the soft limit: `stats::cgroup`'s budget). Returns the soft limit
-/// in force.
+/// the stats collector keeps cgroup and process directories open between collections
+/// (some 14 a pod on cgroup v1, up to half the soft limit: `stats::cgroup`'s budget).
+/// Returns the soft limit in force.
 #[must_use]
 pub fn raise_open_files_limit() -> Option<u64> {
     let limit = open_files_limit()?;

@@ -327,7 +327,7 @@ fn is_gone(e: &io::Error) -> bool {
 /// files themselves open instead would cost the node kernel memory (a `seq_file` buffer
 /// of a page for each of some 20 files a cgroup) and a descriptor each; a directory
 /// costs one `O_PATH` descriptor. Entries not used during a collection are closed by
-/// [`sweep_open_files`]. At most [`open_files_budget`] stay open: beyond it a file is
+/// [`sweep_open_dirs`]. At most [`open_files_budget`] stay open: beyond it a file is
 /// opened by its path.
 static OPEN_DIRS: std::sync::LazyLock<std::sync::Mutex<OpenDirs>> =
     std::sync::LazyLock::new(|| std::sync::Mutex::new(OpenDirs::with_budget(open_files_budget())));
@@ -454,7 +454,7 @@ impl OpenDirs {
 }
 
 /// Closes the directories no read used since the last sweep (call once per collection).
-pub(crate) fn sweep_open_files() {
+pub(crate) fn sweep_open_dirs() {
     OPEN_DIRS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sweep();
 }
 

@@ -524,8 +524,8 @@ impl Collector {
     /// One pass over what `inventory` describes.
     pub fn collect(&mut self, inventory: &Inventory) -> Collection {
         let collection = self.collect_once(inventory);
-        // Files of containers and processes that are gone are closed.
-        super::cgroup::sweep_open_files();
+        // The directories of containers and processes that are gone are closed.
+        super::cgroup::sweep_open_dirs();
         collection
     }
 

@@ -286,6 +286,14 @@ fn nested_mountpoints(name: &str, spec: &PodSpec) -> Result<Vec<String>, VolumeE
     Ok(out)
 }
 
+/// Whose tokens a pod's volumes carry: its service account (`default` when the spec names
+/// none) and the pod they are bound to.
+fn token_subject(pod: &Pod) -> (&str, BoundPod) {
+    let sa = pod.spec.as_ref().and_then(|s| s.service_account_name.as_deref()).filter(|s| !s.is_empty());
+    let bound = BoundPod { name: pod.metadata.name.clone().unwrap_or_default(), uid: pod_uid(pod).to_owned() };
+    (sa.unwrap_or("default"), bound)
+}
+
 impl VolumeManager {
     /// A manager for pods under `<root_dir>/pods`, reading API objects from `source`,
     /// mounting through the kernel. Node allocatable is probed on first use.
@@ -671,8 +679,7 @@ impl VolumeManager {
             // With an fsUser or fsGroup the token is 0600 (fsGroup ownership then adds g+r).
             let mode = if user.is_some() || fs_group(spec).is_some() { 0o600 } else { default_mode };
             let audiences: Vec<String> = p.audience.iter().filter(|a| !a.is_empty()).cloned().collect();
-            let sa = spec.service_account_name.as_deref().filter(|s| !s.is_empty()).unwrap_or("default");
-            let bound = BoundPod { name: pod.metadata.name.clone().unwrap_or_default(), uid: pod_uid(pod).to_owned() };
+            let (sa, bound) = token_subject(pod);
             let exp = p.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
             let token =
                 self.tokens.get(self.source.as_ref(), pod_namespace(pod), sa, &audiences, exp, &bound).await?.token;

@@ -19,7 +19,6 @@ use crate::types::pod::uid as pod_uid;
 use crate::volumes::VolumeError;
 use crate::volumes::csi::volume::{SetUpArgs, plugin_dir_name};
 use crate::volumes::csi::{CSI_TOKENS_KEY, CsiSpec, LifecycleMode, SecretRef, attachment_name};
-use crate::volumes::source::BoundPod;
 
 fn claim_error(namespace: &str, claim: &str, message: impl std::fmt::Display) -> VolumeError {
     VolumeError::Claim(format!("error processing PVC {namespace}/{claim}: {message}"))
@@ -346,9 +345,7 @@ impl VolumeManager {
         if requests.is_empty() {
             return Ok(None);
         }
-        let spec = pod.spec.as_ref();
-        let sa = spec.and_then(|s| s.service_account_name.as_deref()).filter(|s| !s.is_empty()).unwrap_or("default");
-        let bound = BoundPod { name: pod.metadata.name.clone().unwrap_or_default(), uid: pod_uid(pod).to_owned() };
+        let (sa, bound) = super::token_subject(pod);
         let mut out = BTreeMap::new();
         for request in requests {
             let audiences: Vec<String> = Some(request.audience.clone()).filter(|a| !a.is_empty()).into_iter().collect();
