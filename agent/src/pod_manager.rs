@@ -43,6 +43,9 @@ struct Inner {
     /// Shared: readers of every pod (stats, eviction, housekeeping, every few seconds)
     /// take references, not copies of hundreds of pods.
     pods: BTreeMap<String, Arc<Pod>>,
+    /// The pod each source last handed over, by UID: a snapshot's pod that is the very
+    /// same `Arc` did not change and is skipped (see [`PodUpdate`]).
+    from_source: HashMap<String, Arc<Pod>>,
     by_source: HashMap<&'static str, BTreeSet<String>>,
     ready_sources: BTreeSet<&'static str>,
     /// Sources whose first snapshot the sync loop has finished handling.
@@ -84,14 +87,23 @@ impl PodManager {
         inner.ready_sources.insert(source);
         let mut changes = PodChanges::default();
         let new_uids: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        let old_uids = inner.by_source.insert(source, new_uids.clone()).unwrap_or_default();
+        let old_uids = inner.by_source.remove(source).unwrap_or_default();
         for uid in old_uids.difference(&new_uids) {
+            inner.from_source.remove(uid);
             if let Some(p) = inner.pods.remove(uid) {
                 changes.removed.push(Arc::unwrap_or_clone(p));
             }
         }
-        for mut pod in pods {
-            let Some(uid) = pod.metadata.uid.clone() else { continue };
+        inner.by_source.insert(source, new_uids);
+        for shared in pods {
+            let Some(uid) = shared.metadata.uid.as_deref() else { continue };
+            if inner.from_source.get(uid).is_some_and(|last| Arc::ptr_eq(last, &shared)) && inner.pods.contains_key(uid)
+            {
+                continue;
+            }
+            let uid = uid.to_owned();
+            inner.from_source.insert(uid.clone(), shared.clone());
+            let mut pod = Arc::unwrap_or_clone(shared);
             match inner.pods.get_mut(&uid) {
                 // The status as the API server has it (another writer's changes included:
                 // the node lifecycle controller marks pods not ready), for the status
@@ -237,8 +249,8 @@ mod tests {
         let mut static_pod = pod("s", "x");
         static_pod.metadata.annotations =
             Some(BTreeMap::from([(crate::types::pod::CONFIG_SOURCE_ANNOTATION.to_owned(), "file".to_owned())]));
-        m.apply(PodUpdate::Set { source: "file", pods: vec![static_pod] });
-        m.apply(PodUpdate::Set { source: "api", pods: vec![pod("a", "x"), pod("b", "x")] });
+        m.apply(PodUpdate::set("file", [static_pod]));
+        m.apply(PodUpdate::set("api", [pod("a", "x"), pod("b", "x")]));
         assert_eq!(m.uids(), ["a", "b", "s"].map(String::from).into_iter().collect());
         assert!(m.is_static("s"));
         assert!(!m.is_static("a"));
@@ -259,11 +271,11 @@ mod tests {
             p
         };
         assert_eq!(m.ephemeral_containers(), 0);
-        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("a", 1), pod("b", "x")] });
+        m.apply(PodUpdate::set("api", [with_debuggers("a", 1), pod("b", "x")]));
         assert_eq!(m.ephemeral_containers(), 1);
-        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("a", 2), with_debuggers("b", 1)] });
+        m.apply(PodUpdate::set("api", [with_debuggers("a", 2), with_debuggers("b", 1)]));
         assert_eq!(m.ephemeral_containers(), 3);
-        m.apply(PodUpdate::Set { source: "api", pods: vec![with_debuggers("b", 1)] });
+        m.apply(PodUpdate::set("api", [with_debuggers("b", 1)]));
         assert_eq!(m.ephemeral_containers(), 1);
     }
 
@@ -283,7 +295,7 @@ mod tests {
             p.status = Some(serde_json::from_value(serde_json::json!({"conditions": conditions})).unwrap());
             p
         };
-        let apply = |p: Pod, plain: Pod| m.apply(PodUpdate::Set { source: "api", pods: vec![p, plain] });
+        let apply = |p: Pod, plain: Pod| m.apply(PodUpdate::set("api", [p, plain]));
         assert!(apply(gated(None, "False"), pod("plain", "x")).reconcile.is_empty(), "added, not reconciled");
         let mut plain = pod("plain", "x");
         plain.status = Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).unwrap());
@@ -295,20 +307,44 @@ mod tests {
         assert_eq!(apply(gated(Some("False"), "False"), plain).reconcile.len(), 1);
     }
 
+    /// A pod the source hands over unchanged (the same `Arc`) is neither compared nor
+    /// copied: a status-only change of one pod leaves every other pod's shared copy as
+    /// it was, even while readers hold it.
+    #[test]
+    fn unchanged_pods_of_a_snapshot_are_skipped_not_copied() {
+        let m = PodManager::new(&["api"]);
+        let a = Arc::new(pod("a", "x"));
+        let b = Arc::new(pod("b", "x"));
+        let c = m.apply(PodUpdate::Set { source: "api", pods: vec![a.clone(), b.clone()] });
+        assert_eq!(c.added.len(), 2);
+        let held = m.pods();
+        let mut running = pod("b", "x");
+        running.status = Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).unwrap());
+        let c = m.apply(PodUpdate::Set { source: "api", pods: vec![a.clone(), Arc::new(running)] });
+        assert!(c.added.is_empty() && c.updated.is_empty() && c.removed.is_empty());
+        let now = m.pods();
+        assert!(Arc::ptr_eq(&held[0], &now[0]), "pod a was copied although unchanged");
+        assert_eq!(now[1].status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+        // Removed and handed over again (the same Arc): it is added again.
+        m.apply(PodUpdate::Set { source: "api", pods: vec![] });
+        let c = m.apply(PodUpdate::Set { source: "api", pods: vec![a] });
+        assert_eq!(c.added.len(), 1);
+    }
+
     #[test]
     fn diffs_snapshots() {
         let m = PodManager::new(&["file"]);
         assert!(!m.sources_ready());
-        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("a", "x"), pod("b", "x")] });
+        let c = m.apply(PodUpdate::set("file", [pod("a", "x"), pod("b", "x")]));
         assert!(m.sources_ready());
         assert_eq!(c.added.len(), 2);
         assert!(c.added[0].metadata.annotations.as_ref().unwrap().contains_key(CONFIG_SEEN_ANNOTATION));
-        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("a", "x"), pod("b", "y")] });
+        let c = m.apply(PodUpdate::set("file", [pod("a", "x"), pod("b", "y")]));
         assert_eq!((c.added.len(), c.updated.len(), c.removed.len()), (0, 1, 0));
-        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("b", "y")] });
+        let c = m.apply(PodUpdate::set("file", [pod("b", "y")]));
         assert_eq!(c.removed[0].metadata.uid.as_deref(), Some("a"));
         assert_eq!(m.pods().len(), 1);
-        let c = m.apply(PodUpdate::Set { source: "file", pods: vec![pod("b", "y")] });
+        let c = m.apply(PodUpdate::set("file", [pod("b", "y")]));
         assert!(c.added.is_empty() && c.updated.is_empty() && c.removed.is_empty());
     }
 }

@@ -25,7 +25,10 @@
 //! counted in `kubelet_evented_pleg_relist_repairs_total` and logged, because it means
 //! the kernel path has a hole (ring-buffer drops, an agent restart, or a container the
 //! sensors cannot see, e.g. one sharing the pod's pid namespace or the host's).
-//! While listing fails (the runtime away: containerd restarting) it tries again every
+//! When the kernel counts ring-buffer drops (a mass deletion on a dense node can fill
+//! the buffer faster than the agent reads it), the relist runs at once, at most once a
+//! second while the drops go on, so what the lost records told arrives within seconds,
+//! not a safety period later. While listing fails (the runtime away: containerd restarting) it tries again every
 //! second, and the first listing that works passes on again the changes since the last
 //! one that the kernel reported already: the pod workers heard of them at once, but could
 //! not act without the runtime, and would otherwise retry only 10 s later.
@@ -424,6 +427,9 @@ pub struct EventedPleg {
     pressure: Option<crate::pressure::PressureSignals>,
     /// The running sensors' events, until [`PodLifecycleEventGenerator::start`] takes them.
     sensors: Arc<Mutex<Option<super::sensors::Running>>>,
+    /// Wakes the safety relist before its period: the ring buffer overflowed, and what
+    /// the lost records told is found by listing.
+    relist_now: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for EventedPleg {
@@ -558,6 +564,7 @@ impl EventedPleg {
             sink,
             pressure: None,
             sensors: Arc::default(),
+            relist_now: Arc::default(),
         }
     }
 
@@ -1021,8 +1028,10 @@ impl EventedPleg {
                     let d = drops();
                     if d > last_drops {
                         self.metrics.evented_pleg_ringbuf_drops.inc_by(d - last_drops);
-                        tracing::warn!(dropped = d - last_drops, "eBPF ring buffer overflowed; the relist will repair");
+                        tracing::warn!(dropped = d - last_drops, "eBPF ring buffer overflowed; relisting now to repair");
                         last_drops = d;
+                        // At most once a second (this tick), however long the overflow.
+                        self.relist_now.notify_one();
                     }
                 }
                 ev = kernel.recv() => {
@@ -1246,6 +1255,7 @@ impl EventedPleg {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
+                () = self.relist_now.notified() => {}
             }
         }
     }
@@ -2055,6 +2065,39 @@ mod tests {
         assert_eq!(lists(), before, "relisting every second after the runtime came back");
         assert!(next_about(&mut rx, &cid, Duration::from_secs(10)).await.is_none(), "passed on once");
         assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 0);
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    /// The ring buffer overflowed (the kernel counted drops) and a container's exit was
+    /// among the lost records: the PLEG relists at once instead of waiting out the
+    /// safety period, so the exit reaches the pod worker within seconds, as a repair.
+    #[tokio::test(start_paused = true)]
+    async fn ring_buffer_drops_start_a_relist_at_once() {
+        let (rt, pleg, cid, _) = setup().await;
+        let (_ktx, krx) = mpsc::channel(10);
+        let (tx, mut rx) = mpsc::channel(100);
+        let stop = CancellationToken::new();
+        let drops = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let read = drops.clone();
+        let task =
+            tokio::spawn(pleg.clone().run(krx, Box::new(move || read.load(Ordering::Relaxed)), tx, stop.clone()));
+        let first = next_about(&mut rx, &cid, Duration::from_secs(1)).await.expect("the first listing");
+        assert_eq!(first.kind, PodLifecycleEventType::ContainerStarted);
+        // The exit's record is lost: only the drop counter moves.
+        rt.exit_container(&cid, 137);
+        drops.store(12, Ordering::Relaxed);
+        let died = next_about(&mut rx, &cid, Duration::from_secs(3)).await.expect("repaired before the safety period");
+        assert_eq!((died.kind, died.kernel_time_ns), (PodLifecycleEventType::ContainerDied, None));
+        assert_eq!(pleg.metrics.evented_pleg_ringbuf_drops.get(), 12);
+        tokio::time::sleep(SUSPECT_GRACE + Duration::from_secs(1)).await;
+        pleg.reconcile(Vec::new(), false);
+        assert_eq!(pleg.metrics.evented_pleg_relist_repairs.get(), 1);
+        // No more drops: back to the safety period.
+        let lists = || rt.calls().iter().filter(|c| *c == "list_containers").count();
+        let before = lists();
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert_eq!(lists(), before, "relisting although nothing was dropped");
         stop.cancel();
         task.await.unwrap();
     }

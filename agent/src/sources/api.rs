@@ -50,8 +50,12 @@ pub async fn run(
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let mut stream = watcher(api.clone(), cfg.clone()).boxed();
-    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
-    let mut init: Option<BTreeMap<String, Pod>> = None;
+    // Non-mirror pods tagged with their source once, as they arrive, and shared: a watch
+    // event replaces one entry, and the snapshot hands the others over as they were (see
+    // `PodUpdate`), so an event costs one pod's work, not one per pod on the node.
+    let mut pods: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
+    let mut init: Option<BTreeMap<String, Arc<Pod>>> = None;
+    let shared = |p: Pod| Arc::new(if is_mirror_pod(&p) { p } else { tag(p) });
     loop {
         let ev = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -70,50 +74,51 @@ pub async fn run(
             }
         };
         let Some(ev) = ev else { return };
-        let changed = match ev {
+        // Whether the snapshot changed, and whether a mirror pod did (the mirror store is
+        // rebuilt only then).
+        let (changed, mirror_changed) = match ev {
             Ok(watcher::Event::Init) => {
                 init = Some(BTreeMap::new());
-                false
+                (false, false)
             }
             Ok(watcher::Event::InitApply(p)) => {
                 if !is_mirror_pod(&p) {
                     startup.observed_on_watch(&p, std::time::SystemTime::now());
                 }
                 if let (Some(m), Some(uid)) = (init.as_mut(), p.metadata.uid.clone()) {
-                    m.insert(uid, p);
+                    m.insert(uid, shared(p));
                 }
-                false
+                (false, false)
             }
             Ok(watcher::Event::InitDone) => {
                 pods = init.take().unwrap_or_default();
-                true
+                (true, true)
             }
             Ok(watcher::Event::Apply(p)) => {
-                if !is_mirror_pod(&p) {
+                let mirror = is_mirror_pod(&p);
+                if !mirror {
                     startup.observed_on_watch(&p, std::time::SystemTime::now());
                 }
                 if let Some(uid) = p.metadata.uid.clone() {
-                    pods.insert(uid, p);
+                    pods.insert(uid, shared(p));
                 }
-                true
+                (true, mirror)
             }
             Ok(watcher::Event::Delete(p)) => {
                 if let Some(uid) = &p.metadata.uid {
                     pods.remove(uid);
                 }
-                true
+                (true, is_mirror_pod(&p))
             }
             Err(e) => {
                 // kube-runtime retries by itself; say so without flooding the log.
                 tracing::warn!(error = %e, "pod watch error; retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                false
+                (false, false)
             }
         };
-        if changed {
-            let mirror_count = pods.values().filter(|p| is_mirror_pod(p)).count();
-            metrics.mirror_pods.set(i64::try_from(mirror_count).unwrap_or(i64::MAX));
-            *mirrors.write().unwrap() = pods
+        if mirror_changed {
+            let mirror_pods: BTreeMap<String, Pod> = pods
                 .values()
                 .filter(|p| is_mirror_pod(p))
                 .map(|p| {
@@ -122,10 +127,14 @@ pub async fn run(
                         p.metadata.namespace.as_deref().unwrap_or_default(),
                         p.metadata.name.as_deref().unwrap_or_default()
                     );
-                    (k, p.clone())
+                    (k, Pod::clone(p))
                 })
                 .collect();
-            let snapshot: Vec<Pod> = pods.values().filter(|p| !is_mirror_pod(p)).cloned().map(tag).collect();
+            metrics.mirror_pods.set(i64::try_from(mirror_pods.len()).unwrap_or(i64::MAX));
+            *mirrors.write().unwrap() = mirror_pods;
+        }
+        if changed {
+            let snapshot: Vec<Arc<Pod>> = pods.values().filter(|p| !is_mirror_pod(p)).cloned().collect();
             if tx.send(PodUpdate::Set { source: API_SOURCE, pods: snapshot }).await.is_err() {
                 return;
             }

@@ -137,15 +137,25 @@ impl FileSource {
     pub async fn run(self, tx: mpsc::Sender<PodUpdate>, shutdown: CancellationToken) {
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<()>();
         let watcher = self.watch(wake_tx);
-        let mut last_sent: Option<BTreeMap<String, Pod>> = None;
+        let mut last_sent: Option<BTreeMap<String, Arc<Pod>>> = None;
         let mut reported: HashMap<String, String> = HashMap::new();
         let mut tick = tokio::time::interval(self.period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let scan = self.scan();
             self.report(&scan.errors, &mut reported);
-            let snapshot: BTreeMap<String, Pod> =
-                scan.pods.into_iter().map(|p| (p.metadata.uid.clone().unwrap_or_default(), p)).collect();
+            let previous = last_sent.as_ref();
+            // A manifest that did not change is handed over as the same shared pod, which
+            // the pod manager skips.
+            let snapshot: BTreeMap<String, Arc<Pod>> = scan
+                .pods
+                .into_iter()
+                .map(|p| {
+                    let uid = p.metadata.uid.clone().unwrap_or_default();
+                    let same = previous.and_then(|last| last.get(&uid)).filter(|last| ***last == p);
+                    (uid, same.cloned().unwrap_or_else(|| Arc::new(p)))
+                })
+                .collect();
             if last_sent.as_ref() != Some(&snapshot) {
                 let pods = snapshot.values().cloned().collect();
                 if tx.send(PodUpdate::Set { source: FILE_SOURCE, pods }).await.is_err() {

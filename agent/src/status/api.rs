@@ -404,7 +404,7 @@ mod tests {
         fn start(api: &FakeApi, code: u16, pod: Pod) -> Self {
             *api.code.lock().unwrap() = code;
             let pods = PodManager::new(&["api"]);
-            pods.apply(PodUpdate::Set { source: "api", pods: vec![pod] });
+            pods.apply(PodUpdate::set("api", [pod]));
             let (manager, writer) =
                 ApiStatusManager::new(api.client(), pods.clone(), Arc::new(StatusMetrics::default()));
             let stop = CancellationToken::new();
@@ -487,7 +487,7 @@ mod tests {
         let running = Running::start(&api, 200, with_ready("True"));
         running.set(with_ready("True").status.unwrap(), Duration::from_secs(35)).await;
         assert_eq!(api.patches().len(), 1, "agreeing statuses are not written again");
-        running.pods.apply(PodUpdate::Set { source: "api", pods: vec![with_ready("False")] });
+        running.pods.apply(PodUpdate::set("api", [with_ready("False")]));
         tokio::time::sleep(RECONCILE_PERIOD + Duration::from_millis(100)).await;
         assert_eq!(api.patches().len(), 2, "the contradicted status is written again");
         running.stop().await;

@@ -679,7 +679,7 @@ mod tests {
             tracker: TaskTracker::new(),
             housekeeping_pass: std::sync::Mutex::default(),
         };
-        sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: Vec::new() });
+        sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, []));
         Env { dir, cm, sync_loop, stop }
     }
 
@@ -739,7 +739,7 @@ mod tests {
         wait_for(|| e.cm.entered.load(Ordering::SeqCst) == 1).await;
         // Admitted now; its worker makes its cgroup and directories.
         let (new_dir, new_logs) = e.leftovers("u-new");
-        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: vec![static_pod("u-new")] });
+        e.sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, [static_pod("u-new")]));
         e.cm.open();
         wait_for(|| gone(&old_dir) && gone(&old_logs)).await;
         assert_eq!(e.cgroup_calls(|c| *c == FakeCall::RemovePodCgroup("u-old".into())), 1);
@@ -786,7 +786,7 @@ mod tests {
             p
         };
         let pods = vec![wants_600m("first", "2026-01-01T00:00:00Z"), wants_600m("second", "2026-01-01T00:00:01Z")];
-        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods });
+        e.sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, pods));
         let reason = |uid: &str| e.sync_loop.status.get(uid).and_then(|s| s.reason);
         assert_eq!(reason("first"), None, "the first pod is admitted");
         assert_eq!(reason("second").as_deref(), Some("OutOfcpu"));
@@ -804,7 +804,7 @@ mod tests {
         let e = env().await;
         let mut records = e.sync_loop.workers.records().subscribe();
         let pod = named_pod("u-pleg", "2026-01-01T00:00:00Z");
-        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: vec![pod] });
+        e.sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, [pod]));
         let event = |uid: &str| PodLifecycleEvent {
             pod_uid: uid.into(),
             kind: PodLifecycleEventType::ContainerDied,
@@ -863,10 +863,10 @@ mod tests {
         let witness = Arc::new(Witness { pods: e.sync_loop.pod_manager.clone(), ..Witness::default() });
         e.sync_loop.admit_handlers.push(witness.clone());
         let first = vec![named_pod("b", "2026-01-01T00:00:01Z"), named_pod("a", "2026-01-01T00:00:00Z")];
-        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: first.clone() });
+        e.sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, first.clone()));
         let mut second = first;
         second.push(named_pod("c", "2026-01-01T00:00:02Z"));
-        e.sync_loop.handle_update(PodUpdate::Set { source: FILE_SOURCE, pods: second });
+        e.sync_loop.handle_update(PodUpdate::set(FILE_SOURCE, second));
         let seen = witness.seen.lock().unwrap().clone();
         let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
         assert_eq!(

@@ -75,10 +75,23 @@ pub fn is_node_critical_pod(pod: &Pod) -> bool {
 
 /// A snapshot of one pod source (upstream `kubetypes.PodUpdate`): what `sources` send
 /// and the pod manager merges.
+///
+/// The pods are shared with the source: a source hands over the same `Arc` for a pod
+/// that did not change since its last snapshot, and the pod manager skips those without
+/// copying or comparing them. A watch event on a node of 500 pods so costs one pod's
+/// work, not 500 (upstream's pod config compares pointers' targets, which Go shares).
 #[derive(Clone, Debug)]
 pub enum PodUpdate {
     /// Every pod the source wants now (replaces what it sent before).
-    Set { source: &'static str, pods: Vec<Pod> },
+    Set { source: &'static str, pods: Vec<std::sync::Arc<Pod>> },
+}
+
+impl PodUpdate {
+    /// A snapshot of freshly made pods (none shared with an earlier snapshot).
+    #[must_use]
+    pub fn set(source: &'static str, pods: impl IntoIterator<Item = Pod>) -> Self {
+        Self::Set { source, pods: pods.into_iter().map(std::sync::Arc::new).collect() }
+    }
 }
 
 #[cfg(test)]
