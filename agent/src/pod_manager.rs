@@ -113,7 +113,11 @@ impl PodManager {
                     if !gates.is_empty() && gates != gate_conditions(existing) {
                         changes.reconcile.push(pod.clone());
                     }
-                    Arc::make_mut(existing).status = pod.status;
+                    let existing = Arc::make_mut(existing);
+                    existing.status = pod.status;
+                    // Which write this status is from (the status writer's reconciliation
+                    // tells a late copy from another writer's change by it).
+                    existing.metadata.resource_version = pod.metadata.resource_version;
                 }
                 Some(existing) => {
                     let seen =

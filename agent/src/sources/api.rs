@@ -27,6 +27,15 @@ fn tag(mut pod: Pod) -> Pod {
     pod
 }
 
+/// `pod` without `metadata.managedFields`. The agent never reads them, and every copy
+/// of a pod it keeps (the source's, the pod manager's, the pod worker's) would carry
+/// them. The upstream kubelet keeps them; the scheduler, the controller-manager and
+/// kube-proxy trim them from their informers the same way.
+fn strip_managed_fields(mut pod: Pod) -> Pod {
+    pod.metadata.managed_fields = None;
+    pod
+}
+
 /// The longest the pod watch may stay silent: the API server sends a bookmark about
 /// every minute to watches that ask for them (the watcher does), so a watch that has
 /// heard nothing for longer is on a dead connection and is started again.
@@ -55,7 +64,12 @@ pub async fn run(
     // `PodUpdate`), so an event costs one pod's work, not one per pod on the node.
     let mut pods: BTreeMap<String, Arc<Pod>> = BTreeMap::new();
     let mut init: Option<BTreeMap<String, Arc<Pod>>> = None;
-    let shared = |p: Pod| Arc::new(if is_mirror_pod(&p) { p } else { tag(p) });
+    // Field managers are the API server's business: no part of the agent reads them, and
+    // at 500 pods they were kilobytes per pod in every copy (see `strip_managed_fields`).
+    let shared = |p: Pod| {
+        let p = strip_managed_fields(p);
+        Arc::new(if is_mirror_pod(&p) { p } else { tag(p) })
+    };
     loop {
         let ev = tokio::select! {
             () = shutdown.cancelled() => return,
