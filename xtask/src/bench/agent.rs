@@ -325,6 +325,9 @@ impl BenchAgent {
         for d in self.cgroup_dirs() {
             fs::create_dir_all(&d).with_context(|| format!("creating cgroup {}", d.display()))?;
         }
+        if !self.swiftlet {
+            share_root_dir(&self.root_dir())?;
+        }
         let config = self.config();
         let path = self.dir.join("config.yaml");
         fs::write(&path, config).with_context(|| format!("writing {}", path.display()))
@@ -734,6 +737,38 @@ pub async fn remove_bench_sandboxes(cri: &mut CriClient) -> Result<usize> {
         eprintln!("bench: removed {} bench sandbox(es) through CRI", ids.len());
     }
     Ok(ids.len())
+}
+
+/// Makes `root` (the upstream kubelet's `--root-dir`) a bind mount of itself with shared
+/// propagation, before the kubelet starts. On a systemd host `/` is shared and the
+/// kubelet finds nothing to do; on this test machine it is not, and the kubelet makes the
+/// bind mount itself (`MakeRShared`) while another of its goroutines creates the pods
+/// API socket in that directory: kubelet 1.37.2 then exits at start, now and then, with
+/// "failed to move temporary file ... invalid cross-device link" (its listener renames
+/// the socket across the new mount). Done here, the kubelet starts as on a real node.
+/// The bench's teardown unmounts it with everything else under the agent's directory.
+fn share_root_dir(root: &Path) -> Result<()> {
+    use std::ffi::CString;
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    if cleanup::mounts_under(&cleanup::mounts()?, &[root.to_path_buf()]).iter().any(|m| m == root) {
+        return Ok(());
+    }
+    let path = CString::new(root.as_os_str().as_encoded_bytes()).context("a root dir with a NUL byte")?;
+    // SAFETY: plain mount(2) calls with valid NUL-terminated strings and null data.
+    let bind = unsafe {
+        libc::mount(path.as_ptr(), path.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REC, std::ptr::null())
+    };
+    if bind != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("bind-mounting {}", root.display()));
+    }
+    // SAFETY: as above; only the propagation of the mount just made changes.
+    let shared = unsafe {
+        libc::mount(std::ptr::null(), path.as_ptr(), std::ptr::null(), libc::MS_SHARED | libc::MS_REC, std::ptr::null())
+    };
+    if shared != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("making {} shared", root.display()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
