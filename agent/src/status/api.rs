@@ -422,6 +422,20 @@ mod tests {
         PodStatus { phase: Some("Running".into()), message: Some(message.into()), ..Default::default() }
     }
 
+    /// The API pod with our status and its `Ready` condition `ready`, at `version`.
+    fn with_ready_at(ready: &str, version: Option<&str>) -> Pod {
+        let mut pod = api_pod(false);
+        pod.metadata.resource_version = version.map(str::to_owned);
+        let mut st = status("ours");
+        st.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: ready.into(),
+            ..Default::default()
+        }]);
+        pod.status = Some(st);
+        pod
+    }
+
     /// A status writer running against `api`, with `pod` the desired one.
     struct Running {
         manager: ApiStatusManager,
@@ -504,17 +518,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_status_another_writer_changed_is_written_again() {
         let api = FakeApi::default();
-        let with_ready = |ready: &str| {
-            let mut pod = api_pod(false);
-            let mut st = status("ours");
-            st.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
-                type_: "Ready".into(),
-                status: ready.into(),
-                ..Default::default()
-            }]);
-            pod.status = Some(st);
-            pod
-        };
+        let with_ready = |ready: &str| with_ready_at(ready, None);
         let running = Running::start(&api, 200, with_ready("True"));
         running.set(with_ready("True").status.unwrap(), Duration::from_secs(35)).await;
         assert_eq!(api.patches().len(), 1, "agreeing statuses are not written again");
@@ -531,18 +535,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_copy_older_than_the_last_write_is_not_a_contradiction() {
         let api = FakeApi::default();
-        let with = |ready: &str, version: &str| {
-            let mut pod = api_pod(false);
-            pod.metadata.resource_version = Some(version.into());
-            let mut st = status("ours");
-            st.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
-                type_: "Ready".into(),
-                status: ready.into(),
-                ..Default::default()
-            }]);
-            pod.status = Some(st);
-            pod
-        };
+        let with = |ready: &str, version: &str| with_ready_at(ready, Some(version));
         let running = Running::start(&api, 200, with("False", "50"));
         // Written: the API server answers resourceVersion 101.
         running.set(with("True", "0").status.unwrap(), Duration::from_millis(100)).await;
