@@ -44,7 +44,8 @@ struct Inner {
     /// take references, not copies of hundreds of pods.
     pods: BTreeMap<String, Arc<Pod>>,
     /// The pod each source last handed over, by UID: a snapshot's pod that is the very
-    /// same `Arc` did not change and is skipped (see [`PodUpdate`]).
+    /// same `Arc` did not change and is skipped (see [`PodUpdate`]). Its keys are always
+    /// keys of `pods` too: both gain and lose a UID together.
     from_source: HashMap<String, Arc<Pod>>,
     by_source: HashMap<&'static str, BTreeSet<String>>,
     ready_sources: BTreeSet<&'static str>,
@@ -97,8 +98,7 @@ impl PodManager {
         inner.by_source.insert(source, new_uids);
         for shared in pods {
             let Some(uid) = shared.metadata.uid.as_deref() else { continue };
-            if inner.from_source.get(uid).is_some_and(|last| Arc::ptr_eq(last, &shared)) && inner.pods.contains_key(uid)
-            {
+            if inner.from_source.get(uid).is_some_and(|last| Arc::ptr_eq(last, &shared)) {
                 continue;
             }
             let uid = uid.to_owned();
@@ -168,6 +168,12 @@ impl PodManager {
     pub fn sources_handled(&self) -> bool {
         let inner = self.inner.read().unwrap();
         self.expected_sources.iter().all(|s| inner.handled_sources.contains(s))
+    }
+
+    /// The desired pod `uid`, shared (not copied).
+    #[must_use]
+    pub fn shared(&self, uid: &str) -> Option<Arc<Pod>> {
+        self.inner.read().unwrap().pods.get(uid).cloned()
     }
 
     #[must_use]

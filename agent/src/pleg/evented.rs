@@ -28,7 +28,8 @@
 //! When the kernel counts ring-buffer drops (a mass deletion on a dense node can fill
 //! the buffer faster than the agent reads it), the relist runs at once, at most once a
 //! second while the drops go on, so what the lost records told arrives within seconds,
-//! not a safety period later. While listing fails (the runtime away: containerd restarting) it tries again every
+//! not a safety period later.
+//! While listing fails (the runtime away: containerd restarting) it tries again every
 //! second, and the first listing that works passes on again the changes since the last
 //! one that the kernel reported already: the pod workers heard of them at once, but could
 //! not act without the runtime, and would otherwise retry only 10 s later.

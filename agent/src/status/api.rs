@@ -232,7 +232,8 @@ impl StatusWriter {
     /// mirror pod, whose status the pod manager does not keep.
     fn reconcile(&self) {
         for (uid, sent) in &self.sent {
-            let Some(pod) = self.pods.get(uid) else { continue };
+            // Every 10 s for every pod written: shared, not copied.
+            let Some(pod) = self.pods.shared(uid) else { continue };
             if is_static_pod(&pod) || !pod.status.as_ref().is_some_and(|api| contradicts(api, sent)) {
                 continue;
             }
