@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::{Agent, AgentOptions, Cri, tail};
 
 /// The label of the namespaces the tests make.
-const TEST_LABEL: &str = "swiftlet.dev/e2e";
+pub const TEST_LABEL: &str = "swiftlet.dev/e2e";
 /// The prefix of the nodes the tests join.
 const TEST_NODE_PREFIX: &str = "e2e-";
 

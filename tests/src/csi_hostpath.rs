@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::Cluster;
 use crate::csi_driver::{self, CsiCall, DEFAULT_NAME, Store, VolumeRecord};
-use crate::csi_pods;
+use crate::{csi_pods, plugin_pods};
 
 /// The storage class of the driver's volumes (Immediate binding, expansion allowed).
 pub const STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
@@ -374,7 +374,7 @@ impl CsiHostPath {
         match &self.pods {
             Some((namespace, _)) => {
                 let container = if name == "driver" { csi_pods::DRIVER_CONTAINER } else { name };
-                csi_pods::logs(&self.cluster, namespace, container)
+                plugin_pods::logs(&self.cluster, namespace, csi_pods::DAEMONSET, container)
             }
             None => std::fs::read_to_string(self.log_path(name)).unwrap_or_default(),
         }
@@ -384,8 +384,8 @@ impl CsiHostPath {
     /// container of the pod is failing (with its output).
     fn failure(&mut self) -> Option<String> {
         if let Some((namespace, _)) = &self.pods {
-            let pod = csi_pods::pod(&self.cluster, namespace).ok()??;
-            let why = csi_pods::failing(&pod)?;
+            let pod = plugin_pods::pod(&self.cluster, namespace, csi_pods::DAEMONSET).ok()??;
+            let why = plugin_pods::failing(&pod)?;
             let container = why.split(':').next().unwrap_or_default().to_owned();
             return Some(format!("the CSI driver's pod: {why}\n{}", crate::tail(&self.log(&container), 40)));
         }
@@ -401,11 +401,8 @@ impl CsiHostPath {
         driver_args: Vec<String>,
         sidecars: &[(&'static str, Vec<String>)],
     ) -> Result<()> {
-        let endpoint = crate::cri_endpoint()?;
-        let cri = crate::Cri::connect(&endpoint)?;
         let programs = sidecars.iter().map(|(p, _)| sidecar_bin(&self.cluster, p)).collect::<Result<Vec<_>>>()?;
-        let socket = PathBuf::from(endpoint.trim_start_matches("unix://"));
-        csi_pods::ensure_image(&cri, &socket, &driver_bin()?, &programs, self.dir.path()).await?;
+        csi_pods::ensure_image(&driver_bin()?, &programs, self.dir.path()).await?;
         let mut namespace = format!("csi-{}", self.node_name);
         namespace.truncate(63);
         let namespace = namespace.trim_end_matches('-').to_owned();
@@ -483,7 +480,7 @@ impl CsiHostPath {
     #[must_use]
     pub fn driver_pod_uid(&self) -> Option<String> {
         let (namespace, _) = self.pods.as_ref()?;
-        let pod = csi_pods::pod(&self.cluster, namespace).ok()??;
+        let pod = plugin_pods::pod(&self.cluster, namespace, csi_pods::DAEMONSET).ok()??;
         pod["metadata"]["uid"].as_str().map(str::to_owned)
     }
 
@@ -675,7 +672,7 @@ impl CsiHostPath {
             terminate(&mut p, Duration::from_secs(5));
         }
         if let Some((namespace, cluster_role)) = self.pods.take()
-            && let Err(e) = csi_pods::delete(&self.cluster, &namespace, &cluster_role)
+            && let Err(e) = plugin_pods::delete(&self.cluster, &namespace, csi_pods::DAEMONSET, &cluster_role)
         {
             errors.push(format!("{e:#}"));
         }

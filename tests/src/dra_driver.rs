@@ -6,18 +6,35 @@
 //! `<root-dir>/plugins/<driver>/dra.sock`, and writes one CDI spec per prepared claim
 //! request (a device that sets `claim_<claim>_<request>=true` in the container).
 //!
-//! On the host it runs as a child process; when the agent runs in the node container
-//! ([`crate::node::node_target`]) it runs there as a transient systemd unit, so that the
-//! node's containerd (2.x, with CDI) reads the specs it writes to the node's
-//! `/var/run/cdi`. Stopped by pid or by unit, never by name.
+//! Two ways to run it ([`Deployment`]):
+//!
+//! - **As a pod on the node** (`Deployment::Pod`), the way clusters run DRA drivers: a
+//!   `DaemonSet` pinned to the node, its service account bound to the cluster role
+//!   upstream's example deployment gives the kubelet plugin (`resourceslices` all verbs,
+//!   `resourceclaims` and `nodes` get), the node's `plugins_registry`,
+//!   `plugins/<driver>` and CDI directory mounted from the node. Its image,
+//!   `localhost/swiftlet-dra-test-driver:dev`, holds the driver binary and is imported
+//!   into the node's runtime ([`crate::plugin_pods`]). On the host the CDI directory is a
+//!   directory of the test (the host's containerd 1.6 reads no CDI specs anyway); in the
+//!   node container it is the node's `/var/run/cdi`, which the node's containerd 2.x
+//!   applies. Its log is the container's log as the agent keeps it, every instance.
+//! - **As a process** (`Deployment::Process`) beside the agent: a child process on the
+//!   host; in the node container ([`crate::node::node_target`]) a transient systemd unit
+//!   of the node, writing its specs to the node's `/var/run/cdi`.
+//!
+//! Stopped by deleting its objects (the agent stops the pod), by pid or by unit, never
+//! by name.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
+use serde_json::{Value, json};
+use swiftlet_oci::{DEFAULT_PATH, HostProgram, Layer, RunConfig};
 
 use crate::cluster::Cluster;
+use crate::{Agent, plugin_pods};
 
 /// The driver's name (its default).
 pub const DRIVER: &str = "test-driver.cdi.k8s.io";
@@ -28,6 +45,41 @@ const UNIT: &str = "swiftlet-dra-test-driver";
 /// (`handling request`, with the request), which [`DraTestDriver::calls`] counts.
 const VERBOSITY: &str = "-v=6";
 
+/// How the driver runs (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deployment {
+    /// A `DaemonSet` pod on the node, run by its agent.
+    Pod,
+    /// A process beside the agent.
+    Process,
+}
+
+/// The image of the pod deployment.
+pub const IMAGE: &str = "localhost/swiftlet-dra-test-driver:dev";
+/// The `DaemonSet`'s (and its pods' `app.kubernetes.io/name` label's) name.
+pub const DAEMONSET: &str = "dra-test-driver";
+/// The driver container's name.
+const CONTAINER: &str = "plugin";
+/// The driver's path in the image.
+const IMAGE_BIN: &str = "/usr/local/bin/dra-test-driver";
+
+/// Where the driver's output is.
+#[derive(Debug)]
+enum Log {
+    /// A file it writes (host path).
+    File(PathBuf),
+    /// The container logs the agent keeps of the pod's driver container.
+    Pod { logs_dir: PathBuf, namespace: String },
+}
+
+/// The objects of the pod deployment, removed when the driver stops.
+#[derive(Debug)]
+struct Deployed {
+    cluster: Cluster,
+    namespace: String,
+    cluster_role: String,
+}
+
 /// The running driver.
 #[derive(Debug)]
 pub struct DraTestDriver {
@@ -35,28 +87,41 @@ pub struct DraTestDriver {
     pub registration_socket: PathBuf,
     /// The CDI spec directory, as the host sees it.
     pub cdi_dir: PathBuf,
-    /// The driver's log (host path).
-    pub log: PathBuf,
+    log: Log,
     child: Option<Child>,
     in_node: bool,
+    pod: Option<Deployed>,
     _dir: tempfile::TempDir,
 }
 
 impl DraTestDriver {
-    /// Starts the driver for node `node_name` whose agent uses `root_dir` (a host path)
-    /// and waits until its registration socket is there.
+    /// Starts the driver for `agent`'s node (`deployment` says how) and waits until its
+    /// registration socket is there.
     ///
     /// # Errors
     /// No driver binary (run `cargo xtask upstream build`), or it did not come up.
-    pub async fn start(cluster: &Cluster, node_name: &str, root_dir: &Path) -> Result<Self> {
+    pub async fn start(cluster: &Cluster, agent: &Agent, deployment: Deployment) -> Result<Self> {
         let bin = cluster.state.bin_dir.join("test-driver");
         ensure!(bin.is_file(), "no {}: run `cargo xtask upstream build`", bin.display());
         let dir = tempfile::Builder::new().prefix("swiftlet-dra-").tempdir()?;
+        let (node_name, root_dir) = (agent.node_name.as_str(), agent.root_dir.as_path());
         let registration_socket = root_dir.join("plugins_registry").join(format!("{DRIVER}-reg.sock"));
         // The driver's socket directory and the registration directory, as a node's
         // DaemonSet would have them mounted.
         std::fs::create_dir_all(root_dir.join("plugins").join(DRIVER))?;
         std::fs::create_dir_all(root_dir.join("plugins_registry"))?;
+        let mut driver = if deployment == Deployment::Pod {
+            Self::deploy_pod(cluster, agent, &bin, dir).await?
+        } else {
+            Self::spawn(cluster, node_name, root_dir, &bin, dir)?
+        };
+        driver.registration_socket = registration_socket;
+        driver.wait_registration_socket().await?;
+        Ok(driver)
+    }
+
+    /// Runs the driver as a process beside the agent.
+    fn spawn(cluster: &Cluster, node_name: &str, root_dir: &Path, bin: &Path, dir: tempfile::TempDir) -> Result<Self> {
         // The admin's credentials inline: the node does not see the test bed's files.
         let pki = cluster.state.ca_cert.parent().map(Path::to_path_buf).unwrap_or_default();
         let cert = std::fs::read_to_string(pki.join("admin.crt"))?;
@@ -66,7 +131,7 @@ impl DraTestDriver {
             // same address) and the node's own paths.
             node.forward_api_server(&cluster.state.server)?;
             std::fs::create_dir_all(node.file("/usr/local/lib/swiftlet-test"))?;
-            std::fs::copy(&bin, node.file("/usr/local/lib/swiftlet-test/dra-test-driver"))?;
+            std::fs::copy(bin, node.file("/usr/local/lib/swiftlet-test/dra-test-driver"))?;
             std::fs::create_dir_all(node.file("/etc/swiftlet-test"))?;
             cluster.write_cert_kubeconfig(&node.file("/etc/swiftlet-test"), "dra-test-driver.conf", &cert, &key)?;
             let root = node.inside(root_dir)?;
@@ -85,16 +150,14 @@ impl DraTestDriver {
                 &format!("--datadir={}", root.join("plugins").display()),
                 "--cdi-dir=/var/run/cdi",
             ])?;
-            // `/var/run` is `/run`, the node's own tmpfs: seen through its root.
-            let cdi_dir = PathBuf::from(format!("/proc/{}/root/run/cdi", node.init_pid));
-            (None, true, cdi_dir, node.file("/var/log/swiftlet-dra-test-driver.log"))
+            (None, true, node_cdi_dir(node), node.file("/var/log/swiftlet-dra-test-driver.log"))
         } else {
             let kubeconfig = cluster.write_cert_kubeconfig(dir.path(), "admin.conf", &cert, &key)?;
             let cdi_dir = dir.path().join("cdi");
             std::fs::create_dir_all(&cdi_dir)?;
             let log = dir.path().join("driver.log");
             let out = std::fs::File::create(&log)?;
-            let child = Command::new(&bin)
+            let child = Command::new(bin)
                 .arg(format!("--kubeconfig={}", kubeconfig.display()))
                 .arg(VERBOSITY)
                 .arg("kubelet-plugin")
@@ -108,35 +171,123 @@ impl DraTestDriver {
                 .spawn()?;
             (Some(child), false, cdi_dir, log)
         };
-        let mut driver = Self { registration_socket, cdi_dir, log, child, in_node, _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !driver.registration_socket.exists() {
-            if let Some(c) = driver.child.as_mut()
-                && let Some(status) = c.try_wait()?
-            {
-                anyhow::bail!("the DRA test driver exited with {status}:\n{}", driver.log_text());
-            }
-            if driver.in_node
-                && let Some((node, _)) = crate::node::node_target()?
-                && node.run(&["systemctl", "is-active", "--quiet", UNIT])?.status.code() == Some(3)
-            {
-                anyhow::bail!("the DRA test driver's unit ended:\n{}", driver.log_text());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "no {} after 30 s:\n{}",
-                driver.registration_socket.display(),
-                driver.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(driver)
+        Ok(Self {
+            registration_socket: PathBuf::new(),
+            cdi_dir,
+            log: Log::File(log),
+            child,
+            in_node,
+            pod: None,
+            _dir: dir,
+        })
     }
 
-    /// The driver's log so far.
+    /// Runs the driver as a `DaemonSet` pod on `agent`'s node (see the module
+    /// documentation).
+    async fn deploy_pod(cluster: &Cluster, agent: &Agent, bin: &Path, dir: tempfile::TempDir) -> Result<Self> {
+        let mut layer = Layer::default();
+        HostProgram::read(&bin.display().to_string())?.add_to_at(&mut layer, IMAGE_BIN);
+        layer.dir("tmp", 0o1777);
+        let run = RunConfig { env: vec![DEFAULT_PATH.into()], working_dir: "/".into(), ..RunConfig::default() };
+        plugin_pods::import_image(IMAGE, &layer, &run, dir.path()).await?;
+        // The CDI directory: the node's own, or the test's on the host (see the module
+        // documentation); the pod sees it at the driver's default path.
+        let (cdi_host, cdi_dir) = if let Some((node, _)) = crate::node::node_target()? {
+            node.forward_api_server(&cluster.state.server)?;
+            (PathBuf::from("/var/run/cdi"), node_cdi_dir(node))
+        } else {
+            let cdi = dir.path().join("cdi");
+            std::fs::create_dir_all(&cdi)?;
+            (cdi.clone(), cdi)
+        };
+        let root = crate::agent_path(&agent.root_dir)?;
+        let mut namespace = format!("dra-driver-{}", agent.node_name);
+        namespace.truncate(63);
+        let namespace = namespace.trim_end_matches('-').to_owned();
+        let cluster_role = format!("swiftlet-dra-test-driver-{}", agent.node_name);
+        let objects = manifests(&namespace, &cluster_role, &agent.node_name, &root, &cdi_host, &cluster.state.server)?;
+        let pod = Deployed { cluster: cluster.clone(), namespace: namespace.clone(), cluster_role };
+        cluster.kubectl_apply(&objects.to_string())?;
+        Ok(Self {
+            registration_socket: PathBuf::new(),
+            cdi_dir,
+            log: Log::Pod { logs_dir: agent.logs_dir.clone(), namespace },
+            child: None,
+            in_node: false,
+            pod: Some(pod),
+            _dir: dir,
+        })
+    }
+
+    /// Waits (60 s) until the driver's registration socket is there, failing early when
+    /// the driver shows it will not come.
+    async fn wait_registration_socket(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_mins(1);
+        while !self.registration_socket.exists() {
+            if let Some(why) = self.failure()? {
+                bail!("the DRA test driver does not run: {why}\n{}", crate::tail(&self.log_text(), 40));
+            }
+            if Instant::now() >= deadline {
+                let events = match &self.pod {
+                    Some(p) => {
+                        p.cluster.kubectl(&["get", "events", "-n", &p.namespace]).map(|o| o.stdout).unwrap_or_default()
+                    }
+                    None => Vec::new(),
+                };
+                bail!(
+                    "no {} after 60 s:\n{}\n{}",
+                    self.registration_socket.display(),
+                    self.log_text(),
+                    String::from_utf8_lossy(&events)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Why the driver stopped or cannot start, if it shows that: its process exited, its
+    /// unit ended, or its pod's container is failing.
+    fn failure(&mut self) -> Result<Option<String>> {
+        if let Some(c) = self.child.as_mut()
+            && let Some(status) = c.try_wait()?
+        {
+            return Ok(Some(format!("it exited with {status}")));
+        }
+        if self.in_node
+            && let Some((node, _)) = crate::node::node_target()?
+            && node.run(&["systemctl", "is-active", "--quiet", UNIT])?.status.code() == Some(3)
+        {
+            return Ok(Some("its unit ended".into()));
+        }
+        if let Some(p) = &self.pod
+            && let Some(pod) = plugin_pods::pod(&p.cluster, &p.namespace, DAEMONSET)?
+        {
+            return Ok(plugin_pods::failing(&pod));
+        }
+        Ok(None)
+    }
+
+    /// The driver's log so far (for a pod, every instance of its container).
     #[must_use]
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        match &self.log {
+            Log::File(path) => std::fs::read_to_string(path).unwrap_or_default(),
+            Log::Pod { logs_dir, namespace } => plugin_pods::log_files(logs_dir, namespace, CONTAINER)
+                .iter()
+                .filter_map(|f| std::fs::read_to_string(f).ok())
+                .collect(),
+        }
+    }
+
+    /// The uid of the driver's pod, for the pod deployment.
+    ///
+    /// # Errors
+    /// The API server refused.
+    pub fn pod_uid(&self) -> Result<Option<String>> {
+        let Some(p) = &self.pod else { return Ok(None) };
+        let pod = plugin_pods::pod(&p.cluster, &p.namespace, DAEMONSET)?;
+        Ok(pod.and_then(|pod| pod["metadata"]["uid"].as_str().map(str::to_owned)))
     }
 
     /// How often the driver was called with `method` (`NodePrepareResources`,
@@ -159,15 +310,19 @@ impl DraTestDriver {
             .collect()
     }
 
-    /// Stops the driver (its own pid, or its unit in the node).
+    /// Stops the driver: its objects deleted and its pod gone (stopped by the agent,
+    /// which must still run), its own pid, or its unit in the node.
     ///
     /// # Errors
-    /// The unit could not be stopped.
+    /// The pod did not go, or the unit could not be stopped.
     pub fn stop(mut self) -> Result<()> {
         self.stop_inner()
     }
 
     fn stop_inner(&mut self) -> Result<()> {
+        if let Some(p) = self.pod.take() {
+            plugin_pods::delete(&p.cluster, &p.namespace, DAEMONSET, &p.cluster_role)?;
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -181,6 +336,78 @@ impl DraTestDriver {
         }
         Ok(())
     }
+}
+
+/// The node's CDI directory (`/var/run/cdi`; `/var/run` is `/run`, the node's own tmpfs),
+/// seen through its root.
+fn node_cdi_dir(node: &crate::node::Node) -> PathBuf {
+    PathBuf::from(format!("/proc/{}/root/run/cdi", node.init_pid))
+}
+
+/// The objects of the pod deployment: the namespace, the service account with the
+/// kubelet plugin's cluster role, and the `DaemonSet` pinned to node `node_name` whose
+/// agent's root directory is `root` (a node path) and whose CDI directory is `cdi` (a
+/// node path), reaching the API server at `server`.
+fn manifests(
+    namespace: &str,
+    cluster_role: &str,
+    node_name: &str,
+    root: &Path,
+    cdi: &Path,
+    server: &str,
+) -> Result<Value> {
+    const ACCOUNT: &str = "dra-kubelet-plugin";
+    let (reg_vol, reg_mount) = plugin_pods::same_path("plugins-registry", &root.join("plugins_registry"), None);
+    let (plugin_vol, plugin_mount) = plugin_pods::same_path("plugin-dir", &root.join("plugins").join(DRIVER), None);
+    // The CDI directory at the driver's default path, whatever the node's path.
+    let (cdi_vol, _) = plugin_pods::same_path("cdi", cdi, None);
+    let cdi_mount = json!({"name": "cdi", "mountPath": "/var/run/cdi"});
+    let mut env = vec![
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}}),
+    ];
+    env.extend(plugin_pods::api_env(server)?.as_array().cloned().unwrap_or_default());
+    let root = root.display();
+    let container = json!({
+        "name": CONTAINER,
+        "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+        "command": [IMAGE_BIN],
+        "args": [
+            VERBOSITY, "kubelet-plugin", "--node-name=$(NODE_NAME)",
+            format!("--plugin-registration-path={root}/plugins_registry"),
+            format!("--datadir={root}/plugins"),
+            "--cdi-dir=/var/run/cdi",
+        ],
+        "env": env,
+        "volumeMounts": [reg_mount, plugin_mount, cdi_mount],
+    });
+    // The kubelet plugin's permissions in upstream's example deployment.
+    let rules = json!([
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+    ]);
+    let labels = json!({"app.kubernetes.io/name": DAEMONSET});
+    let mut items = plugin_pods::service_account(namespace, ACCOUNT, cluster_role, &rules);
+    items.push(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": DAEMONSET, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": ACCOUNT,
+                    "nodeSelector": {"kubernetes.io/hostname": node_name},
+                    "hostNetwork": true,
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [container],
+                    "volumes": [reg_vol, plugin_vol, cdi_vol],
+                }
+            }
+        }
+    }));
+    Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
 }
 
 /// The calls of `method` (for claim `uid`, any if empty) that the driver's `log` shows:

@@ -17,6 +17,7 @@ pub mod h2_authority;
 pub mod logind;
 pub mod node;
 pub mod outage;
+pub mod plugin_pods;
 pub mod pods;
 pub mod prometheus;
 pub mod registry;

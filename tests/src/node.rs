@@ -41,6 +41,15 @@ impl Runtime {
         }
     }
 
+    /// The node's `ctr` for this runtime (containerd 2.x's own, built beside it).
+    #[must_use]
+    pub const fn ctr(self) -> &'static str {
+        match self {
+            Self::Containerd16 => "ctr",
+            Self::Containerd2 => "/usr/local/lib/containerd2/ctr",
+        }
+    }
+
     /// `containerd1.6` or `containerd2`, as `SWIFTLET_E2E_NODE` names them.
     fn parse(s: &str) -> Result<Self> {
         match s {
@@ -154,6 +163,23 @@ impl Node {
         let file = self.file(path);
         std::fs::create_dir_all(file.parent().context("a parent")?)?;
         std::fs::write(&file, content).with_context(|| format!("writing {}", file.display()))
+    }
+
+    /// Imports the image archive `tar` (host path) into `runtime`'s `k8s.io` namespace with
+    /// the node's own `ctr` (the archive copied into the node's `/tmp` for it).
+    ///
+    /// # Errors
+    /// The copy or `ctr` failed.
+    pub fn import_image(&self, runtime: Runtime, tar: &Path) -> Result<()> {
+        let name = tar.file_name().context("an image archive without a file name")?.to_string_lossy();
+        let inside = format!("/tmp/{name}");
+        std::fs::copy(tar, self.file(&inside)).with_context(|| format!("copying {} into the node", tar.display()))?;
+        let out =
+            self.run(&[runtime.ctr(), "--address", runtime.socket(), "-n", "k8s.io", "images", "import", &inside]);
+        let _ = std::fs::remove_file(self.file(&inside));
+        let out = out?;
+        ensure!(out.status.success(), "ctr images import in the node: {}", String::from_utf8_lossy(&out.stderr).trim());
+        Ok(())
     }
 
     /// A CRI client of one of the node's runtimes (its socket through the node's root).

@@ -2,7 +2,9 @@
 //! upstream's DRA test driver publishes the node's devices and registers with the agent
 //! through `<root-dir>/plugins_registry`, the real scheduler allocates a claim from them,
 //! and the agent prepares it before the pod's sandbox, hands the container the driver's
-//! CDI device, and unprepares it once the pod is gone.
+//! CDI device, and unprepares it once the pod is gone. The first two tests run the driver
+//! as clusters do, as a `DaemonSet` pod on the node run by the agent under test; the
+//! extended-resource test runs it as a process beside the agent.
 //!
 //! CDI needs containerd 1.7 or later: in the node container (containerd 2.x,
 //! `SWIFTLET_E2E_NODE=containerd2`) the container sees the device's environment; the
@@ -11,8 +13,9 @@
 //!
 //! A prepared claim survives an agent crash: the agent killed with SIGKILL and started
 //! again on the same root dir restores its `dra_manager_state`, leaves the running
-//! container and the prepared claim alone (the driver is not asked again), and unprepares
-//! the claim from the checkpoint once the pod is deleted.
+//! containers (the user's and the driver's own pod) and the prepared claim alone (the
+//! driver is not asked again), registers the driver again, and unprepares the claim from
+//! the checkpoint once the pod is deleted.
 //!
 //! An extended resource backed by DRA (a device class with `extendedResourceName`,
 //! `DRAExtendedResource`): the scheduler makes the pod's claim, the agent admits the pod
@@ -27,7 +30,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
-use swiftlet_tests::dra_driver::{DRIVER, DraTestDriver};
+use swiftlet_tests::dra_driver::{DRIVER, Deployment, DraTestDriver};
 use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
@@ -40,20 +43,27 @@ fn logs(agent: &swiftlet_tests::Agent, driver: &DraTestDriver) -> String {
 /// The node's driver, its device class, a namespace with claim `gpu` of one of its
 /// devices and pod `user` running with it: what each test starts from.
 struct Setup {
-    node: ClusterNode,
+    // Dropped first (a failed test): the driver's pod is deleted while its agent runs.
     driver: DraTestDriver,
+    node: ClusterNode,
     class_name: String,
     ns: String,
     pod_uid: String,
     claim_uid: String,
 }
 
-/// A node of test `test` with the driver registered and its devices published.
-async fn node_with_driver(cluster: &Cluster, test: &str) -> Result<(ClusterNode, DraTestDriver)> {
+/// A node of test `test` with the driver (run as `deployment` says) registered and its
+/// devices published.
+async fn node_with_driver(
+    cluster: &Cluster,
+    test: &str,
+    deployment: Deployment,
+) -> Result<(ClusterNode, DraTestDriver)> {
     let node = cluster.join(test, AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
-    let root = node.agent.root_dir.clone();
-    let driver = DraTestDriver::start(cluster, &node.name, &root).await?;
+    let driver = DraTestDriver::start(cluster, &node.agent, deployment)
+        .await
+        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
     let client = cluster.client();
 
     // The driver's devices on this node, and the agent's side of the registration.
@@ -73,7 +83,7 @@ async fn node_with_driver(cluster: &Cluster, test: &str) -> Result<(ClusterNode,
 }
 
 async fn set_up(cluster: &Cluster, test: &str) -> Result<Setup> {
-    let (node, driver) = node_with_driver(cluster, test).await?;
+    let (node, driver) = node_with_driver(cluster, test, Deployment::Pod).await?;
     let client = cluster.client();
     let class_name = format!("swiftlet-dra-{}", node.name);
     let classes: Api<DeviceClass> = Api::all(client.clone());
@@ -113,7 +123,7 @@ async fn set_up(cluster: &Cluster, test: &str) -> Result<Setup> {
     .with_context(|| logs(&node.agent, &driver))?;
     let pod_uid = running.metadata.uid.clone().unwrap_or_default();
     let claim_uid = claims.get("gpu").await?.metadata.uid.clone().unwrap_or_default();
-    Ok(Setup { node, driver, class_name, ns, pod_uid, claim_uid })
+    Ok(Setup { driver, node, class_name, ns, pod_uid, claim_uid })
 }
 
 impl Setup {
@@ -210,6 +220,9 @@ async fn a_prepared_claim_survives_an_agent_crash_and_is_unprepared_from_the_che
     assert_eq!(before.len(), 1, "running containers: {before:?}");
     assert_eq!(setup.driver.calls("NodePrepareResources", &claim_uid), 1);
     let registrations = setup.driver.calls("NotifyRegistrationStatus", "");
+    let driver_pod = setup.driver.pod_uid()?.context("the driver's pod")?;
+    let driver_containers = running_containers(&cri, &driver_pod).await?;
+    assert_eq!(driver_containers.len(), 1, "the driver's running containers: {driver_containers:?}");
 
     // Killed and started again on the same root dir.
     setup.node.agent.kill9()?;
@@ -234,6 +247,7 @@ async fn a_prepared_claim_survives_an_agent_crash_and_is_unprepared_from_the_che
     let text = node.agent.metrics_text().await?;
     assert!(text.contains(&in_use), "{text}");
     assert_eq!(running_containers(&cri, &pod_uid).await?, before, "the container was restarted");
+    assert_eq!(running_containers(&cri, &driver_pod).await?, driver_containers, "the driver was restarted");
     assert_eq!(driver.calls("NodePrepareResources", &claim_uid), 1, "{}", driver.log_text());
     assert_eq!(driver.cdi_specs_of(&claim_uid).len(), 1);
 
@@ -250,7 +264,7 @@ async fn an_extended_resource_served_by_dra_is_admitted_prepared_and_its_cdi_dev
     let _g = testbed_lock().await;
     let cri = Cri::connect(&cri_endpoint()?)?;
     let cluster = Cluster::connect().await?;
-    let (mut node, driver) = node_with_driver(&cluster, "dra-ext").await?;
+    let (mut node, driver) = node_with_driver(&cluster, "dra-ext", Deployment::Process).await?;
     let client = cluster.client();
     let root = node.agent.root_dir.clone();
     let class_name = format!("swiftlet-dra-ext-{}", node.name);

@@ -1,0 +1,224 @@
+//! Node plugins (the test bed's CSI driver, upstream's DRA test driver) run the way
+//! clusters run them: as a `DaemonSet` pod pinned to the node, whose agent then talks to
+//! the plugin through the sockets the pod serves on the node's paths.
+//!
+//! What the deployments share: importing a locally built image into the node's runtime
+//! ([`import_image`]: the test bed's containerd, or the node container's through the
+//! node's own `ctr`), the service account and its cluster role ([`service_account`]),
+//! hostPath volumes at the node's own paths ([`same_path`]), the API server's address for
+//! a pod on the host's network ([`api_env`]), and the pod's state, logs and removal.
+//!
+//! One deviation from upstream's deployments, for the test bed: the pods use the node's
+//! network and name the API server with `KUBERNETES_SERVICE_HOST`/`PORT` (the test bed
+//! runs no service proxy, so the `kubernetes` service's cluster IP leads nowhere; the
+//! service account's token and CA are still the ones the agent projects).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::{Value, json};
+use swiftlet_oci::{Layer, RunConfig};
+
+use crate::Cri;
+use crate::cluster::Cluster;
+
+/// Builds image `image` of `layer` and imports it into the runtime the tests use (the
+/// test bed's containerd, or the node container's runtime) unless it has this build
+/// already; waits until CRI sees it. Returns the image id. `scratch` holds the archive
+/// meanwhile.
+///
+/// # Errors
+/// `ctr` failed, or CRI did not see the image in 30 s.
+pub async fn import_image(image: &str, layer: &Layer, run: &RunConfig, scratch: &Path) -> Result<String> {
+    let cri = Cri::connect(&crate::cri_endpoint()?)?;
+    let archive = swiftlet_oci::oci_archive(image, layer, run)?;
+    if cri.image_id(image).await?.as_deref() == Some(archive.image_id.as_str()) {
+        return Ok(archive.image_id);
+    }
+    let file = image.rsplit('/').next().unwrap_or(image).replace(':', "-");
+    let tar = scratch.join(format!("{file}.tar"));
+    std::fs::write(&tar, &archive.tar).with_context(|| format!("writing {}", tar.display()))?;
+    let imported = if let Some((node, runtime)) = crate::node::node_target()? {
+        node.import_image(*runtime, &tar)
+    } else {
+        let endpoint = crate::cri_endpoint()?;
+        Command::new("ctr")
+            .arg("-a")
+            .arg(endpoint.trim_start_matches("unix://"))
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(&tar)
+            .output()
+            .context("running ctr (apt package containerd)")
+            .and_then(|out| {
+                ensure!(out.status.success(), "ctr images import: {}", String::from_utf8_lossy(&out.stderr).trim());
+                Ok(())
+            })
+    };
+    let _ = std::fs::remove_file(&tar);
+    imported?;
+    // CRI learns of a ctr import from containerd's events, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cri.image_id(image).await?.as_deref() != Some(archive.image_id.as_str()) {
+        ensure!(Instant::now() < deadline, "CRI does not see {image} ({}) 30 s after its import", archive.image_id);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(archive.image_id)
+}
+
+/// A hostPath volume (a directory, made if missing) and its mount at the same path.
+#[must_use]
+pub fn same_path(name: &str, path: &Path, propagation: Option<&str>) -> (Value, Value) {
+    let p = path.display().to_string();
+    let mut mount = json!({"name": name, "mountPath": p});
+    if let Some(propagation) = propagation {
+        mount["mountPropagation"] = propagation.into();
+    }
+    (json!({"name": name, "hostPath": {"path": p, "type": "DirectoryOrCreate"}}), mount)
+}
+
+/// The environment that names the API server at `server` (`https://host:port`) to a
+/// client using its in-cluster configuration.
+///
+/// # Errors
+/// The URL has no host and port.
+pub fn api_env(server: &str) -> Result<Value> {
+    let authority = server.trim_start_matches("https://").trim_end_matches('/');
+    let (host, port) = authority.rsplit_once(':').context("the API server's URL has no port")?;
+    Ok(json!([
+        {"name": "KUBERNETES_SERVICE_HOST", "value": host},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+    ]))
+}
+
+/// The namespace `namespace` (labelled as the tests' namespaces, so that a later run
+/// removes it if this one could not), its service account `account`, and the cluster
+/// role `cluster_role` of `rules` bound to it (cluster-wide names: one per deployment).
+#[must_use]
+pub fn service_account(namespace: &str, account: &str, cluster_role: &str, rules: &Value) -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": namespace, "labels": {crate::cluster::TEST_LABEL: "true"}}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": cluster_role}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": cluster_role},
+               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+               "roleRef": {"kind": "ClusterRole", "name": cluster_role, "apiGroup": "rbac.authorization.k8s.io"}}),
+    ]
+}
+
+/// The pod of `DaemonSet` `daemonset` in `namespace` (its pods are labelled
+/// `app.kubernetes.io/name=<daemonset>`) as the API shows it, if it has one.
+///
+/// # Errors
+/// The API server refused.
+pub fn pod(cluster: &Cluster, namespace: &str, daemonset: &str) -> Result<Option<Value>> {
+    let selector = format!("app.kubernetes.io/name={daemonset}");
+    let out = cluster.kubectl_ok(&["get", "pods", "-n", namespace, "-l", &selector, "-o", "json"])?;
+    let list: Value = serde_json::from_str(&out)?;
+    Ok(list["items"].as_array().and_then(|items| items.first()).cloned())
+}
+
+/// Why the pod cannot come up, if it shows that it cannot: a container waiting for a
+/// reason other than starting (an image or configuration error, a crash loop) or
+/// terminated.
+#[must_use]
+pub fn failing(pod: &Value) -> Option<String> {
+    let statuses = pod["status"]["containerStatuses"].as_array()?;
+    statuses.iter().find_map(|c| {
+        let name = c["name"].as_str().unwrap_or_default();
+        if let Some(reason) = c["state"]["waiting"]["reason"].as_str().filter(|r| *r != "ContainerCreating") {
+            return Some(format!("{name}: waiting: {reason}: {}", c["state"]["waiting"]["message"]));
+        }
+        let t = &c["state"]["terminated"];
+        (t.is_object() || c["restartCount"].as_i64().unwrap_or(0) > 0).then(|| {
+            let last = &c["lastState"]["terminated"];
+            format!("{name}: exited ({t}), before: {last}")
+        })
+    })
+}
+
+/// A container's output, through the API (`kubectl logs`), or why it could not be had.
+#[must_use]
+pub fn logs(cluster: &Cluster, namespace: &str, daemonset: &str, container: &str) -> String {
+    let target = format!("daemonset/{daemonset}");
+    match cluster.kubectl_ok(&["logs", "-n", namespace, &target, "-c", container]) {
+        Ok(out) => out,
+        Err(e) => format!("(no log of {container}: {e:#})"),
+    }
+}
+
+/// The log files the agent whose pod logs are in `logs_dir` (a host path) keeps of
+/// container `container` of the pods of `namespace`, every instance, oldest first: what
+/// a plugin said also while its agent was down.
+#[must_use]
+pub fn log_files(logs_dir: &Path, namespace: &str, container: &str) -> Vec<PathBuf> {
+    let prefix = format!("{namespace}_");
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(logs_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .flat_map(|pod| std::fs::read_dir(pod.path().join(container)).into_iter().flatten().flatten())
+        .filter_map(|f| {
+            let path = f.path();
+            let attempt = path.file_stem()?.to_str()?.parse().ok()?;
+            Some((attempt, path))
+        })
+        .collect();
+    files.sort();
+    files.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Deletes namespace `namespace` and waits (60 s) until the pod of `daemonset` is gone,
+/// its containers stopped by the node's agent; then the cluster role `cluster_role` and
+/// its binding.
+///
+/// # Errors
+/// The pod did not go: the agent is not running, or did not stop it.
+pub fn delete(cluster: &Cluster, namespace: &str, daemonset: &str, cluster_role: &str) -> Result<()> {
+    let _ = cluster.kubectl(&["delete", "namespace", namespace, "--ignore-not-found", "--wait=false"]);
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let gone = loop {
+        match pod(cluster, namespace, daemonset) {
+            Ok(None) => break true,
+            Ok(Some(_)) | Err(_) if Instant::now() >= deadline => break false,
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
+    };
+    let role = format!("clusterrole/{cluster_role}");
+    let binding = format!("clusterrolebinding/{cluster_role}");
+    cluster.kubectl_ok(&["delete", &role, &binding, "--ignore-not-found"])?;
+    if !gone {
+        bail!("the pod of {namespace}/{daemonset} was not removed in 60 s (is the node's agent running?)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_files_are_those_of_the_container_in_the_namespace_oldest_attempt_first() {
+        let dir = tempfile::tempdir().unwrap();
+        for (pod, container, file) in [
+            ("dra-a_plugin-x_u1", "plugin", "10.log"),
+            ("dra-a_plugin-x_u1", "plugin", "2.log"),
+            ("dra-a_plugin-x_u1", "other", "0.log"),
+            ("dra-b_plugin-y_u2", "plugin", "0.log"),
+        ] {
+            let d = dir.path().join(pod).join(container);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), "x").unwrap();
+        }
+        let names: Vec<String> = log_files(dir.path(), "dra-a", "plugin")
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["2.log", "10.log"]);
+    }
+}
