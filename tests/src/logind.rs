@@ -161,7 +161,9 @@ async fn spawn_daemon(config: &Path, socket: &Path) -> Result<Child> {
         .spawn()
         .context("starting dbus-daemon (Debian package dbus-daemon)")?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
+    // Until a connection is accepted: the socket's file appears at its bind, a moment
+    // before the daemon listens (a client then is refused, as a test once was).
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
         if let Some(status) = daemon.try_wait()? {
             bail!("dbus-daemon exited at start with {status}");
         }
