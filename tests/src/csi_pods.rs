@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
-use swiftlet_oci::{DEFAULT_PATH, HostProgram, Layer, RunConfig};
+use swiftlet_oci::{HostProgram, Layer};
 
 use crate::plugin_pods;
 
@@ -69,8 +69,7 @@ fn layer(driver: &Path, sidecars: &[PathBuf]) -> Result<Layer> {
 /// A program is missing, `ctr` failed, or CRI did not see the image in 30 s.
 pub async fn ensure_image(driver: &Path, sidecars: &[PathBuf], scratch: &Path) -> Result<String> {
     let layer = layer(driver, sidecars)?;
-    let run = RunConfig { env: vec![DEFAULT_PATH.into()], working_dir: "/".into(), ..RunConfig::default() };
-    plugin_pods::import_image(IMAGE, &layer, &run, scratch).await
+    plugin_pods::import_image(IMAGE, &layer, scratch).await
 }
 
 /// What the pod deployment needs to know.
@@ -137,8 +136,6 @@ pub fn manifests(spec: &PodsSpec<'_>) -> Result<Value> {
             "volumeMounts": [socket_mount],
         }));
     }
-    let labels = json!({"app.kubernetes.io/name": DAEMONSET});
-    let ns = spec.namespace;
     let rules = json!([
         {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch", "update", "patch"]},
@@ -149,24 +146,15 @@ pub fn manifests(spec: &PodsSpec<'_>) -> Result<Value> {
         {"apiGroups": ["snapshot.storage.k8s.io"], "resources": ["volumesnapshots", "volumesnapshotcontents"], "verbs": ["get", "list"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "watch", "list", "delete", "update", "create"]},
     ]);
-    let mut items = plugin_pods::service_account(ns, SERVICE_ACCOUNT, spec.cluster_role, &rules);
-    items.push(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": DAEMONSET, "namespace": ns},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": SERVICE_ACCOUNT,
-                    "nodeSelector": {"kubernetes.io/hostname": spec.node_name},
-                    "hostNetwork": true,
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": containers,
-                    "volumes": volumes,
-                }
-            }
-        }
-    }));
-    Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
+    Ok(plugin_pods::PluginDaemonSet {
+        namespace: spec.namespace,
+        name: DAEMONSET,
+        service_account: SERVICE_ACCOUNT,
+        cluster_role: spec.cluster_role,
+        rules,
+        node_name: spec.node_name,
+        containers,
+        volumes,
+    }
+    .objects())
 }

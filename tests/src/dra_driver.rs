@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use serde_json::{Value, json};
-use swiftlet_oci::{DEFAULT_PATH, HostProgram, Layer, RunConfig};
+use swiftlet_oci::{HostProgram, Layer};
 
 use crate::cluster::Cluster;
 use crate::{Agent, plugin_pods};
@@ -188,8 +188,7 @@ impl DraTestDriver {
         let mut layer = Layer::default();
         HostProgram::read(&bin.display().to_string())?.add_to_at(&mut layer, IMAGE_BIN);
         layer.dir("tmp", 0o1777);
-        let run = RunConfig { env: vec![DEFAULT_PATH.into()], working_dir: "/".into(), ..RunConfig::default() };
-        plugin_pods::import_image(IMAGE, &layer, &run, dir.path()).await?;
+        plugin_pods::import_image(IMAGE, &layer, dir.path()).await?;
         // The CDI directory: the node's own, or the test's on the host (see the module
         // documentation); the pod sees it at the driver's default path.
         let (cdi_host, cdi_dir) = if let Some((node, _)) = crate::node::node_target()? {
@@ -356,7 +355,6 @@ fn manifests(
     cdi: &Path,
     server: &str,
 ) -> Result<Value> {
-    const ACCOUNT: &str = "dra-kubelet-plugin";
     let (reg_vol, reg_mount) = plugin_pods::same_path("plugins-registry", &root.join("plugins_registry"), None);
     let (plugin_vol, plugin_mount) = plugin_pods::same_path("plugin-dir", &root.join("plugins").join(DRIVER), None);
     // The CDI directory at the driver's default path, whatever the node's path.
@@ -387,27 +385,17 @@ fn manifests(
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     ]);
-    let labels = json!({"app.kubernetes.io/name": DAEMONSET});
-    let mut items = plugin_pods::service_account(namespace, ACCOUNT, cluster_role, &rules);
-    items.push(json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": DAEMONSET, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": ACCOUNT,
-                    "nodeSelector": {"kubernetes.io/hostname": node_name},
-                    "hostNetwork": true,
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [container],
-                    "volumes": [reg_vol, plugin_vol, cdi_vol],
-                }
-            }
-        }
-    }));
-    Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
+    Ok(plugin_pods::PluginDaemonSet {
+        namespace,
+        name: DAEMONSET,
+        service_account: "dra-kubelet-plugin",
+        cluster_role,
+        rules,
+        node_name,
+        containers: vec![container],
+        volumes: vec![reg_vol, plugin_vol, cdi_vol],
+    }
+    .objects())
 }
 
 /// The calls of `method` (for claim `uid`, any if empty) that the driver's `log` shows:

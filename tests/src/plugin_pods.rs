@@ -4,7 +4,8 @@
 //!
 //! What the deployments share: importing a locally built image into the node's runtime
 //! ([`import_image`]: the test bed's containerd, or the node container's through the
-//! node's own `ctr`), the service account and its cluster role ([`service_account`]),
+//! node's own `ctr`), the objects ([`PluginDaemonSet`]: the `DaemonSet`, its namespace,
+//! service account and cluster role),
 //! hostPath volumes at the node's own paths ([`same_path`]), the API server's address for
 //! a pod on the host's network ([`api_env`]), and the pod's state, logs and removal.
 //!
@@ -19,21 +20,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
-use swiftlet_oci::{Layer, RunConfig};
+use swiftlet_oci::{DEFAULT_PATH, Layer, RunConfig};
 
 use crate::Cri;
 use crate::cluster::Cluster;
 
-/// Builds image `image` of `layer` and imports it into the runtime the tests use (the
+/// Builds image `image` of `layer` (programs started by the pod's `command`: the image
+/// sets only `PATH` and `/` as the working directory) and imports it into the runtime the tests use (the
 /// test bed's containerd, or the node container's runtime) unless it has this build
 /// already; waits until CRI sees it. Returns the image id. `scratch` holds the archive
 /// meanwhile.
 ///
 /// # Errors
 /// `ctr` failed, or CRI did not see the image in 30 s.
-pub async fn import_image(image: &str, layer: &Layer, run: &RunConfig, scratch: &Path) -> Result<String> {
+pub async fn import_image(image: &str, layer: &Layer, scratch: &Path) -> Result<String> {
     let cri = Cri::connect(&crate::cri_endpoint()?)?;
-    let archive = swiftlet_oci::oci_archive(image, layer, run)?;
+    let run = RunConfig { env: vec![DEFAULT_PATH.into()], working_dir: "/".into(), ..RunConfig::default() };
+    let archive = swiftlet_oci::oci_archive(image, layer, &run)?;
     if cri.image_id(image).await?.as_deref() == Some(archive.image_id.as_str()) {
         return Ok(archive.image_id);
     }
@@ -92,22 +95,58 @@ pub fn api_env(server: &str) -> Result<Value> {
     ]))
 }
 
-/// The namespace `namespace` (labelled as the tests' namespaces, so that a later run
-/// removes it if this one could not), its service account `account`, and the cluster
-/// role `cluster_role` of `rules` bound to it (cluster-wide names: one per deployment).
-#[must_use]
-pub fn service_account(namespace: &str, account: &str, cluster_role: &str, rules: &Value) -> Vec<Value> {
-    vec![
-        json!({"apiVersion": "v1", "kind": "Namespace",
-               "metadata": {"name": namespace, "labels": {crate::cluster::TEST_LABEL: "true"}}}),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": cluster_role}, "rules": rules}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": cluster_role},
-               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-               "roleRef": {"kind": "ClusterRole", "name": cluster_role, "apiGroup": "rbac.authorization.k8s.io"}}),
-    ]
+/// A plugin's deployment: a `DaemonSet` pinned to one node on the node's network, its
+/// pods labelled `app.kubernetes.io/name=<name>`, in a namespace of its own with a
+/// service account bound to a cluster role.
+#[derive(Debug, Clone)]
+pub struct PluginDaemonSet<'a> {
+    /// Labelled as the tests' namespaces, so that a later run removes it if this one
+    /// could not.
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub service_account: &'a str,
+    /// The cluster role and its binding (cluster-wide names: one per deployment).
+    pub cluster_role: &'a str,
+    pub rules: Value,
+    pub node_name: &'a str,
+    pub containers: Vec<Value>,
+    pub volumes: Vec<Value>,
+}
+
+impl PluginDaemonSet<'_> {
+    /// The objects, as one `List` for `kubectl apply`.
+    #[must_use]
+    pub fn objects(&self) -> Value {
+        let (ns, account, role) = (self.namespace, self.service_account, self.cluster_role);
+        let labels = json!({"app.kubernetes.io/name": self.name});
+        json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace",
+             "metadata": {"name": ns, "labels": {crate::cluster::TEST_LABEL: "true"}}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": role}, "rules": self.rules},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": role},
+             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+             "roleRef": {"kind": "ClusterRole", "name": role, "apiGroup": "rbac.authorization.k8s.io"}},
+            {"apiVersion": "apps/v1", "kind": "DaemonSet",
+             "metadata": {"name": self.name, "namespace": ns},
+             "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": account,
+                        "nodeSelector": {"kubernetes.io/hostname": self.node_name},
+                        "hostNetwork": true,
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": self.containers,
+                        "volumes": self.volumes,
+                    }
+                }
+             }},
+        ]})
+    }
 }
 
 /// The pod of `DaemonSet` `daemonset` in `namespace` (its pods are labelled
