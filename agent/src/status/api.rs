@@ -403,8 +403,8 @@ mod tests {
     struct FakeApi {
         code: Arc<Mutex<u16>>,
         patches: Arc<Mutex<Vec<(u16, String)>>>,
-        /// Requests being answered, the most at once so far, and how many to hold each
-        /// request for (at most 1 s) before answering: 0, none.
+        /// Requests being answered, the most at once so far, and how many must have been
+        /// in flight at once before any is answered (each waits at most 1 s; 0: none).
         in_flight: Arc<AtomicUsize>,
         max_in_flight: Arc<AtomicUsize>,
         gather: usize,
