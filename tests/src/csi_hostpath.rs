@@ -403,9 +403,7 @@ impl CsiHostPath {
     ) -> Result<()> {
         let programs = sidecars.iter().map(|(p, _)| sidecar_bin(&self.cluster, p)).collect::<Result<Vec<_>>>()?;
         csi_pods::ensure_image(&driver_bin()?, &programs, self.dir.path()).await?;
-        let mut namespace = format!("csi-{}", self.node_name);
-        namespace.truncate(63);
-        let namespace = namespace.trim_end_matches('-').to_owned();
+        let namespace = plugin_pods::namespace("csi", &self.node_name);
         let cluster_role = format!("swiftlet-csi-hostpath-{}", self.node_name);
         let spec = csi_pods::PodsSpec {
             namespace: &namespace,
@@ -446,16 +444,10 @@ impl CsiHostPath {
             }
             if Instant::now() >= deadline {
                 let events = match &self.pods {
-                    Some((namespace, _)) => {
-                        self.cluster.kubectl(&["get", "events", "-n", namespace]).map(|o| o.stdout).unwrap_or_default()
-                    }
-                    None => Vec::new(),
+                    Some((namespace, _)) => plugin_pods::events(&self.cluster, namespace),
+                    None => String::new(),
                 };
-                bail!(
-                    "the CSI driver did not answer in {timeout:?}:\n{}\n{}",
-                    self.log("driver"),
-                    String::from_utf8_lossy(&events)
-                );
+                bail!("the CSI driver did not answer in {timeout:?}:\n{}\n{events}", self.log("driver"));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -480,8 +472,7 @@ impl CsiHostPath {
     #[must_use]
     pub fn driver_pod_uid(&self) -> Option<String> {
         let (namespace, _) = self.pods.as_ref()?;
-        let pod = plugin_pods::pod(&self.cluster, namespace, csi_pods::DAEMONSET).ok()??;
-        pod["metadata"]["uid"].as_str().map(str::to_owned)
+        plugin_pods::pod_uid(&self.cluster, namespace, csi_pods::DAEMONSET).ok()?
     }
 
     /// Every call the driver answered so far, in order.

@@ -200,9 +200,7 @@ impl DraTestDriver {
             (cdi.clone(), cdi)
         };
         let root = crate::agent_path(&agent.root_dir)?;
-        let mut namespace = format!("dra-driver-{}", agent.node_name);
-        namespace.truncate(63);
-        let namespace = namespace.trim_end_matches('-').to_owned();
+        let namespace = plugin_pods::namespace("dra-driver", &agent.node_name);
         let cluster_role = format!("swiftlet-dra-test-driver-{}", agent.node_name);
         let objects = manifests(&namespace, &cluster_role, &agent.node_name, &root, &cdi_host, &cluster.state.server)?;
         let pod = Deployed { cluster: cluster.clone(), namespace: namespace.clone(), cluster_role };
@@ -227,17 +225,12 @@ impl DraTestDriver {
                 bail!("the DRA test driver does not run: {why}\n{}", crate::tail(&self.log_text(), 40));
             }
             if Instant::now() >= deadline {
-                let events = match &self.pod {
-                    Some(p) => {
-                        p.cluster.kubectl(&["get", "events", "-n", &p.namespace]).map(|o| o.stdout).unwrap_or_default()
-                    }
-                    None => Vec::new(),
-                };
+                let events = self.pod.as_ref().map(|p| plugin_pods::events(&p.cluster, &p.namespace));
                 bail!(
                     "no {} after 60 s:\n{}\n{}",
                     self.registration_socket.display(),
                     self.log_text(),
-                    String::from_utf8_lossy(&events)
+                    events.unwrap_or_default()
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -285,8 +278,7 @@ impl DraTestDriver {
     /// The API server refused.
     pub fn pod_uid(&self) -> Result<Option<String>> {
         let Some(p) = &self.pod else { return Ok(None) };
-        let pod = plugin_pods::pod(&p.cluster, &p.namespace, DAEMONSET)?;
-        Ok(pod.and_then(|pod| pod["metadata"]["uid"].as_str().map(str::to_owned)))
+        plugin_pods::pod_uid(&p.cluster, &p.namespace, DAEMONSET)
     }
 
     /// How often the driver was called with `method` (`NodePrepareResources`,

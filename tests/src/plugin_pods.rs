@@ -26,15 +26,16 @@ use crate::Cri;
 use crate::cluster::Cluster;
 
 /// Builds image `image` of `layer` (programs started by the pod's `command`: the image
-/// sets only `PATH` and `/` as the working directory) and imports it into the runtime the tests use (the
-/// test bed's containerd, or the node container's runtime) unless it has this build
-/// already; waits until CRI sees it. Returns the image id. `scratch` holds the archive
-/// meanwhile.
+/// sets only `PATH` and `/` as the working directory) and imports it into the runtime
+/// the tests use (the test bed's containerd, or the node container's runtime) unless it
+/// has this build already; waits until CRI sees it. Returns the image id. `scratch`
+/// holds the archive meanwhile.
 ///
 /// # Errors
 /// `ctr` failed, or CRI did not see the image in 30 s.
 pub async fn import_image(image: &str, layer: &Layer, scratch: &Path) -> Result<String> {
-    let cri = Cri::connect(&crate::cri_endpoint()?)?;
+    let endpoint = crate::cri_endpoint()?;
+    let cri = Cri::connect(&endpoint)?;
     let run = RunConfig { env: vec![DEFAULT_PATH.into()], working_dir: "/".into(), ..RunConfig::default() };
     let archive = swiftlet_oci::oci_archive(image, layer, &run)?;
     if cri.image_id(image).await?.as_deref() == Some(archive.image_id.as_str()) {
@@ -46,7 +47,6 @@ pub async fn import_image(image: &str, layer: &Layer, scratch: &Path) -> Result<
     let imported = if let Some((node, runtime)) = crate::node::node_target()? {
         node.import_image(*runtime, &tar)
     } else {
-        let endpoint = crate::cri_endpoint()?;
         Command::new("ctr")
             .arg("-a")
             .arg(endpoint.trim_start_matches("unix://"))
@@ -149,6 +149,15 @@ impl PluginDaemonSet<'_> {
     }
 }
 
+/// The namespace of a plugin's deployment for node `node_name`: `<prefix>-<node>`, cut to
+/// the 63 characters a namespace name may have.
+#[must_use]
+pub fn namespace(prefix: &str, node_name: &str) -> String {
+    let mut namespace = format!("{prefix}-{node_name}");
+    namespace.truncate(63);
+    namespace.trim_end_matches('-').to_owned()
+}
+
 /// The pod of `DaemonSet` `daemonset` in `namespace` (its pods are labelled
 /// `app.kubernetes.io/name=<daemonset>`) as the API shows it, if it has one.
 ///
@@ -159,6 +168,23 @@ pub fn pod(cluster: &Cluster, namespace: &str, daemonset: &str) -> Result<Option
     let out = cluster.kubectl_ok(&["get", "pods", "-n", namespace, "-l", &selector, "-o", "json"])?;
     let list: Value = serde_json::from_str(&out)?;
     Ok(list["items"].as_array().and_then(|items| items.first()).cloned())
+}
+
+/// The uid of the pod of `DaemonSet` `daemonset` in `namespace`, if it has one.
+///
+/// # Errors
+/// The API server refused.
+pub fn pod_uid(cluster: &Cluster, namespace: &str, daemonset: &str) -> Result<Option<String>> {
+    let pod = pod(cluster, namespace, daemonset)?;
+    Ok(pod.and_then(|pod| pod["metadata"]["uid"].as_str().map(str::to_owned)))
+}
+
+/// The events of `namespace` (`kubectl get events`), for a deployment that did not come
+/// up; empty if they could not be had.
+#[must_use]
+pub fn events(cluster: &Cluster, namespace: &str) -> String {
+    let out = cluster.kubectl(&["get", "events", "-n", namespace]).map(|o| o.stdout).unwrap_or_default();
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Why the pod cannot come up, if it shows that it cannot: a container waiting for a
@@ -240,6 +266,16 @@ pub fn delete(cluster: &Cluster, namespace: &str, daemonset: &str, cluster_role:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_is_cut_to_63_characters_without_a_trailing_dash() {
+        assert_eq!(namespace("csi", "e2e-node-1a2b"), "csi-e2e-node-1a2b");
+        // The 63rd character is a dash: it goes too.
+        let node = format!("{}-xyz", "n".repeat(51));
+        assert_eq!(namespace("dra-driver", &node), format!("dra-driver-{}", "n".repeat(51)));
+        let long = "n".repeat(70);
+        assert_eq!(namespace("csi", &long).len(), 63);
+    }
 
     #[test]
     fn log_files_are_those_of_the_container_in_the_namespace_oldest_attempt_first() {
