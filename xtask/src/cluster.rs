@@ -57,6 +57,9 @@ const SCHEDULER_PORT: u16 = 10259;
 /// The Service range; its first address is the `kubernetes` Service's.
 const SERVICE_CIDR: &str = "10.96.0.0/16";
 const SERVICE_IP: &str = "10.96.0.1";
+/// The cluster DNS service's address a node is configured with (kubeadm's choice in the
+/// service range; the test bed runs no DNS server there).
+pub const CLUSTER_DNS: &str = "10.96.0.10";
 /// The group kubeadm gives its default bootstrap token.
 pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
 

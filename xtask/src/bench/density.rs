@@ -155,6 +155,7 @@ async fn curve_of(
     let most = *args.pods.last().context("no counts")?;
     let mut agent = BenchAgent::named(label, PlegMode::Evented, binary, &layout.endpoint(), most + 10)?
         .with_config("evictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n")
+        .with_cluster_dns()
         // The upstream kubelet removes stopped sandboxes in its garbage collection, minutes
         // later: what is left after a minute is removed through CRI.
         .with_drain_timeout(Duration::from_mins(1));

@@ -36,6 +36,7 @@
 pub(crate) mod agent;
 mod apiload;
 pub(crate) mod apiserver;
+mod burstcpu;
 pub(crate) mod cluster;
 mod density;
 mod eviction;

@@ -78,6 +78,7 @@ use crate::{
         agent::{self, BenchAgent, NAMESPACE, PlegMode},
         apiload::{self, Window},
         apiserver::{ApiClient, BENCH_LABEL},
+        burstcpu,
         cluster::Cluster,
         eviction::{self, Binaries},
         latency::{self, Kill, Summary},
@@ -234,6 +235,9 @@ pub struct AgentFigures {
     /// last one Running), and that burst's size.
     pub api_burst: Vec<Window>,
     pub api_burst_pods: usize,
+    /// Where the machine's CPU went in each burst (create of the first pod → the last one
+    /// Running), by burst size, every round's.
+    pub burst_cpu: Vec<(usize, burstcpu::Split)>,
     pub files: Files,
     /// Why the measurement stopped early, if it did.
     pub failed: Option<String>,
@@ -276,6 +280,8 @@ pub struct RuntimeBurst {
     pub pods: usize,
     pub in_flight: usize,
     pub latencies: Vec<u64>,
+    /// Where the machine's CPU went in each round's burst (first request → last start).
+    pub cpu: Vec<burstcpu::Split>,
 }
 
 /// Everything the summary shows.
@@ -304,7 +310,10 @@ impl Figures {
 
     pub fn add_runtime_burst(&mut self, burst: RuntimeBurst) {
         match self.runtime_bursts.iter_mut().find(|b| b.pods == burst.pods) {
-            Some(b) => b.latencies.extend(burst.latencies),
+            Some(b) => {
+                b.latencies.extend(burst.latencies);
+                b.cpu.extend(burst.cpu);
+            }
             None => self.runtime_bursts.push(burst),
         }
     }
@@ -433,6 +442,7 @@ async fn runtime_burst(cri: &CriClient, n: usize, in_flight: usize) -> Result<Ru
         let pods = (0..n).map(|i| cri_pod(&tag, &dir, i)).collect::<Result<Vec<_>>>()?;
         let sandboxes = Arc::new(tokio::sync::Semaphore::new(in_flight));
         let containers = Arc::new(tokio::sync::Semaphore::new(in_flight));
+        let cpu_before = burstcpu::Snapshot::take();
         let t0 = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for (sandbox, container) in pods {
@@ -452,7 +462,8 @@ async fn runtime_burst(cri: &CriClient, n: usize, in_flight: usize) -> Result<Ru
         while let Some(r) = tasks.join_next().await {
             latencies.push(r??);
         }
-        anyhow::Ok(RuntimeBurst { pods: n, in_flight, latencies })
+        let cpu = burstcpu::Split::between(&cpu_before, &burstcpu::Snapshot::take(), None);
+        anyhow::Ok(RuntimeBurst { pods: n, in_flight, latencies, cpu: vec![cpu] })
     }
     .await;
     let mut cri = cri.clone();
@@ -554,6 +565,7 @@ async fn measure_agent(
     let mut agent = BenchAgent::named(&label, PlegMode::Evented, &binary, &layout.endpoint(), largest + 10)?
         // The host's disks are the node's: a nearly full developer disk must not refuse pods.
         .with_config("evictionHard:\n  memory.available: 100Mi\nfailSwapOn: false\n")
+        .with_cluster_dns()
         .with_drain_timeout(Duration::from_mins(1));
     if matches!(which, Which::Other(_)) {
         agent = agent.other_agent();
@@ -576,9 +588,23 @@ async fn measure_agent(
         eprintln!("bench: {label}: {size}-pod burst");
         let pods: Vec<Value> = names.iter().map(|n| sleeper(c, n)).collect();
         let before = if size == largest { Some(apiload::read(rc.metrics).await?) } else { None };
+        let cpu_before = burstcpu::Snapshot::take();
         let sent = c.create_pods(&pods).await?;
         let timeout = Duration::from_mins(2) + Duration::from_millis(500) * u32::try_from(size).unwrap_or(u32::MAX);
         let running = c.wait_running(&names, &sent, timeout).await?;
+        let cpu = burstcpu::Split::between(&cpu_before, &burstcpu::Snapshot::take(), c.agent.pid());
+        eprintln!(
+            "bench: {label}: {size}-pod burst, CPU-seconds in {:.1} s: agent {:.2}, control plane {:.2}, runtime {:.2}, \
+             pods {:.2}, bench {:.2}, other {:.2}",
+            cpu.wall,
+            cpu.agent,
+            cpu.control_plane,
+            cpu.runtime,
+            cpu.pods,
+            cpu.bench,
+            cpu.other()
+        );
+        f.burst_cpu.push((size, cpu));
         if let Some(before) = before {
             let after = apiload::read(rc.metrics).await?;
             let w = Window::between(&before, &after, &[("POST pods", size as f64)]);
@@ -1042,9 +1068,9 @@ mod tests {
         assert!((idle.cores - 0.02).abs() < 1e-12);
         assert_eq!((idle.pods, idle.rss_bytes), (100, 45));
         let mut f = Figures::default();
-        f.add_runtime_burst(RuntimeBurst { pods: 30, in_flight: 4, latencies: vec![1] });
-        f.add_runtime_burst(RuntimeBurst { pods: 100, in_flight: 4, latencies: vec![2] });
-        f.add_runtime_burst(RuntimeBurst { pods: 30, in_flight: 4, latencies: vec![3] });
+        f.add_runtime_burst(RuntimeBurst { pods: 30, in_flight: 4, latencies: vec![1], cpu: Vec::new() });
+        f.add_runtime_burst(RuntimeBurst { pods: 100, in_flight: 4, latencies: vec![2], cpu: Vec::new() });
+        f.add_runtime_burst(RuntimeBurst { pods: 30, in_flight: 4, latencies: vec![3], cpu: Vec::new() });
         assert_eq!(f.runtime_burst(30).unwrap().latencies, vec![1, 3]);
         assert_eq!(f.runtime_bursts.len(), 2);
     }

@@ -24,6 +24,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use crate::bench::{
     apiload::{self, Window},
+    burstcpu::Split,
     eviction,
     latency::Summary,
     profile,
@@ -266,7 +267,7 @@ pub fn rows(f: &Figures) -> Vec<Row> {
                     .as_ref()
                     .map_or_else(String::new, |(fl, k)| format!("{}⁷ (≤ {k} at a time)", p50_p99(Some(fl)))),
                 reference: reference.map_or_else(String::new, |r| format!("— / — / {}", report::fmt_ms(r))),
-                look: logs.clone(),
+                look: logs.iter().cloned().chain(std::iter::once("the CPU of the burst¹⁰ below".to_owned())).collect(),
                 ..Row::default()
             },
             &checks,
@@ -635,6 +636,12 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
          pass. Another agent is not measured: upstream derives allocatableMemory.available from the node's \
          allocatable, not from the pods cgroup's limit."
             .to_owned(),
+        "¹⁰ every process's CPU (/proc/<pid>/stat: its own and its waited-for children's) and the machine's busy \
+         time (/proc/stat) from just before the burst's first create request (the floor: its first CRI request) \
+         until its last pod was seen Running (the floor: its last StartContainer returned); means over the \
+         rounds. The runtime is CPU-bound here: what an agent's burst adds (its own CPU, the control plane's \
+         for its requests) comes out of the runtime's share, and is its distance from the floor."
+            .to_owned(),
         if f.other.is_some() {
             format!(
                 "Verdicts: ratios swiftlet ÷ {other} from this run (below 1: swiftlet takes less) and the runtime's \
@@ -662,6 +669,53 @@ pub fn footnotes(f: &Figures) -> Vec<String> {
     notes
 }
 
+/// The largest burst whose CPU was split, with the runtime's floor's and each agent's
+/// windows of that size.
+fn largest_burst_cpu(f: &Figures) -> Option<(usize, Vec<Option<Split>>)> {
+    let agents = std::iter::once(&f.swiftlet).chain(&f.other);
+    let size = agents.clone().flat_map(|a| a.burst_cpu.iter().map(|(n, _)| *n)).max()?;
+    let of_agent = |a: &AgentFigures| {
+        let windows: Vec<Split> = a.burst_cpu.iter().filter(|(n, _)| *n == size).map(|(_, s)| *s).collect();
+        Split::mean(&windows)
+    };
+    let floor = f.runtime_burst(size).and_then(|b| Split::mean(&b.cpu));
+    Some((size, std::iter::once(floor).chain(agents.map(of_agent)).collect()))
+}
+
+/// Where the machine's CPU went in the largest burst: a row per part, a column for the
+/// runtime's floor and each agent (means over the rounds).
+pub fn cpu_rows(f: &Figures) -> Vec<Vec<String>> {
+    let Some((size, cols)) = largest_burst_cpu(f) else { return Vec::new() };
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) as f64;
+    let cells = |show: &dyn Fn(&Split) -> String| -> Vec<String> {
+        cols.iter().map(|c| c.as_ref().map_or_else(|| "—".to_owned(), show)).collect()
+    };
+    let secs = |pick: fn(&Split) -> f64| move |s: &Split| format!("{:.2} s", pick(s));
+    let mut rows = Vec::new();
+    let mut push = |what: &str, cells: Vec<String>| rows.push(std::iter::once(what.to_owned()).chain(cells).collect());
+    push(&format!("the burst's wall time, {size}-pod burst"), cells(&|s| format!("{:.1} s", s.wall)));
+    push(
+        "the machine busy",
+        cells(&|s| {
+            format!("{:.2} s ({:.0} % of {cores:.0} cores)", s.busy, 100.0 * s.busy / (s.wall * cores).max(1e-9))
+        }),
+    );
+    push("  agent (and its children)", cells(&secs(|s| s.agent)));
+    push("  control plane (kube-apiserver, etcd, controller-manager, scheduler)", cells(&secs(|s| s.control_plane)));
+    push("  runtime (containerd, shims, runc, CNI plugins)", cells(&secs(|s| s.runtime)));
+    push("  the pods' processes (pause, containers)", cells(&secs(|s| s.pods)));
+    push("  the bench (its requests and watch; the floor's CRI calls)", cells(&secs(|s| s.bench)));
+    push("  other (kernel threads, interrupts, the rest)", cells(&secs(Split::other)));
+    push("runtime and pods, per pod", cells(&|s| format!("{:.0} ms", 1000.0 * (s.runtime + s.pods) / size as f64)));
+    rows
+}
+
+fn cpu_header(f: &Figures) -> Vec<String> {
+    let mut h = vec!["CPU-seconds in the burst¹⁰".to_owned(), "runtime's floor".to_owned(), "swiftlet".to_owned()];
+    h.extend(f.other.iter().map(|o| o.label.clone()));
+    h
+}
+
 fn verb_header(f: &Figures) -> Vec<String> {
     let mut h = vec!["API requests/s by verb⁸".to_owned(), "swiftlet".to_owned()];
     h.extend(f.other.iter().map(|o| o.label.clone()));
@@ -678,6 +732,13 @@ pub fn text(f: &Figures) -> String {
         let vh = verb_header(f);
         let vh: Vec<&str> = vh.iter().map(String::as_str).collect();
         out.push_str(&report::text_table(&vh, &verbs));
+    }
+    let cpu = cpu_rows(f);
+    if !cpu.is_empty() {
+        out.push('\n');
+        let ch = cpu_header(f);
+        let ch: Vec<&str> = ch.iter().map(String::as_str).collect();
+        out.push_str(&report::text_table(&ch, &cpu));
     }
     out.push('\n');
     for n in footnotes(f) {
@@ -728,6 +789,13 @@ pub fn markdown(f: &Figures, env: &Environment, args: &AllArgs) -> String {
         out.push_str(&report::markdown_table(&vh, &verbs));
         out.push('\n');
     }
+    let cpu = cpu_rows(f);
+    if !cpu.is_empty() {
+        let ch = cpu_header(f);
+        let ch: Vec<&str> = ch.iter().map(String::as_str).collect();
+        out.push_str(&report::markdown_table(&ch, &cpu));
+        out.push('\n');
+    }
     for n in footnotes(f) {
         let _ = writeln!(out, "{n}  ");
     }
@@ -773,6 +841,20 @@ mod tests {
         Window::between(&at(0.0, &zero, t0), &at(agent, by_verb, t0 + std::time::Duration::from_secs(secs)), &[])
     }
 
+    /// A burst's CPU split: `wall` s on 2 cores, the runtime busy 8 s and the pods 2 s, the
+    /// bench 0.5 s, 1 s of other, and the agent's and the control plane's as given.
+    fn cpu(wall: f64, agent: f64, control_plane: f64) -> Split {
+        Split {
+            wall,
+            busy: 8.0 + 2.0 + 0.5 + 1.0 + agent + control_plane,
+            agent,
+            control_plane,
+            runtime: 8.0,
+            pods: 2.0,
+            bench: 0.5,
+        }
+    }
+
     /// swiftlet, and with `other` a kubelet `k` times slower (and costlier) everywhere.
     fn figures(other: Option<u64>) -> Figures {
         let agent = |label: &str, k: u64| AgentFigures {
@@ -807,6 +889,13 @@ mod tests {
             )],
             api_burst: vec![window(10, 100.0 * k as f64, &[("PATCH pods/status", 100.0 * k as f64)])],
             api_burst_pods: 100,
+            // The 100-pod burst's CPU in two rounds; the agent's and the control plane's
+            // grow with `k`.
+            burst_cpu: vec![
+                (30, cpu(5.0, 1.0 * k as f64, 2.0)),
+                (100, cpu(10.0, 1.0 * k as f64, 2.0 * k as f64)),
+                (100, cpu(12.0, 2.0 * k as f64, 2.0 * k as f64)),
+            ],
             files: Files {
                 logs: vec![PathBuf::from(format!("target/bench/{label}-round1-agent.log"))],
                 idle_perf: vec![PathBuf::from(format!("target/bench/{label}-round1-idle.perf.data"))],
@@ -840,8 +929,18 @@ mod tests {
             rounds: 2,
             runtime_start: (1..=10).map(|i| ms(270 + i)).collect(),
             runtime_bursts: vec![
-                RuntimeBurst { pods: 30, in_flight: 4, latencies: (1..=30).map(|i| ms(1000 + 10 * i)).collect() },
-                RuntimeBurst { pods: 100, in_flight: 4, latencies: (1..=100).map(|i| ms(25 * i)).collect() },
+                RuntimeBurst {
+                    pods: 30,
+                    in_flight: 4,
+                    latencies: (1..=30).map(|i| ms(1000 + 10 * i)).collect(),
+                    cpu: Vec::new(),
+                },
+                RuntimeBurst {
+                    pods: 100,
+                    in_flight: 4,
+                    latencies: (1..=100).map(|i| ms(25 * i)).collect(),
+                    cpu: vec![cpu(9.0, 0.0, 0.5)],
+                },
             ],
             // The control plane alone: 1 GET and 1 PUT of leases a second (and the bench's
             // GET /metrics).
@@ -986,6 +1085,29 @@ mod tests {
         assert_eq!(v[2][1], "PATCH 10.0 (10.0 in all)");
         assert_eq!(v[3][2], "PATCH pods/status 30.0");
         assert_eq!(v[4], vec!["the control plane alone (60 s)", "GET 1.00, PUT 1.00", "(same)"]);
+    }
+
+    #[test]
+    fn the_largest_burst_cpu_by_part_for_the_floor_and_each_agent() {
+        let f = figures(Some(3));
+        let rows = cpu_rows(&f);
+        let row = |prefix: &str| rows.iter().find(|r| r[0].starts_with(prefix)).unwrap().clone();
+        // Means of the two 100-pod rounds (the 30-pod burst is not shown); the floor's one.
+        assert_eq!(row("the burst's wall time"), ["the burst's wall time, 100-pod burst", "9.0 s", "11.0 s", "11.0 s"]);
+        assert_eq!(row("  agent")[1..], ["0.00 s", "1.50 s", "4.50 s"]);
+        assert_eq!(row("  control plane")[1..], ["0.50 s", "2.00 s", "6.00 s"]);
+        assert_eq!(row("  other")[1..], ["1.00 s", "1.00 s", "1.00 s"]);
+        // 12 s busy of 2 × 9 s.
+        assert!(row("the machine busy")[1].starts_with("12.00 s (67 % of "), "{:?}", row("the machine busy"));
+        // (8 + 2) s over 100 pods.
+        assert_eq!(row("runtime and pods, per pod")[1..], ["100 ms", "100 ms", "100 ms"]);
+        let t = text(&f);
+        assert!(t.contains("CPU-seconds in the burst¹⁰") && t.contains("¹⁰ every process's CPU"), "{t}");
+        // Nothing split (an old figures file, a failed run): no table.
+        let mut none = figures(None);
+        none.swiftlet.burst_cpu.clear();
+        assert!(cpu_rows(&none).is_empty());
+        assert!(!text(&none).contains("CPU-seconds in the burst"));
     }
 
     #[test]
