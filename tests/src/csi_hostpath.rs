@@ -139,6 +139,23 @@ pub struct CsiHostPath {
     attacher_flags: Vec<String>,
 }
 
+/// The mounts below an agent's root directory `root` (read from this host's mount table)
+/// but the root's own (the agent makes it a shared mount, as upstream's kubelet does) and
+/// those of the driver's own pod (uid `driver_pod`, when it runs as one): what volumes
+/// left mounted.
+#[must_use]
+pub fn mounts_under(root: &Path, driver_pod: Option<&str>) -> Vec<String> {
+    let driver_pod = driver_pod.map(|uid| format!("{}/pods/{uid}/", root.display()));
+    let root = format!("{}/", root.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&root) && !driver_pod.as_ref().is_some_and(|d| p.starts_with(d.as_str())))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The driver's binary, built beside the test executables
 /// (`target/<profile>/swiftlet-test-csi-driver`), or `SWIFTLET_TEST_CSI_DRIVER`.
 ///

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
 use swiftlet_tests::csi_driver::CsiCall;
-use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment};
+use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment, mounts_under};
 use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
@@ -36,21 +36,6 @@ async fn running_pod(node: &ClusterNode, ns: &str, name: &str, not_uid: Option<&
 
 fn calls_for(csi: &CsiHostPath, method: &str, volume: &str) -> Vec<CsiCall> {
     csi.calls_of(method).into_iter().filter(|c| c.volume_id == volume).collect()
-}
-
-/// The mounts below the agent's root directory but those of the driver's pod (uid
-/// `driver_uid`) and the root's own (the agent makes it a shared mount, as upstream's
-/// kubelet does).
-fn mounts_under(root: &std::path::Path, driver_uid: &str) -> Vec<String> {
-    let driver_pod = format!("{}/pods/{driver_uid}/", root.display());
-    let root = format!("{}/", root.to_string_lossy());
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root) && !p.starts_with(&driver_pod))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// The host-path driver and its sidecars as a pod on `node`, run by its agent.
@@ -257,7 +242,7 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     })
     .await?;
     eventually("nothing mounted under the agent's root", WAIT, || async {
-        Ok(mounts_under(&root, &driver_uid).is_empty().then_some(()))
+        Ok(mounts_under(&root, Some(&driver_uid)).is_empty().then_some(()))
     })
     .await?;
     assert!(!staging.join("x").parent().is_some_and(|d| d.read_dir().is_ok_and(|mut e| e.next().is_some())));
@@ -327,7 +312,7 @@ async fn inline_and_generic_ephemeral_csi_volumes_live_as_long_as_their_pod() ->
     })
     .await?;
     let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
-    let left = mounts_under(&root, &driver_uid);
+    let left = mounts_under(&root, Some(&driver_uid));
     ensure!(left.is_empty(), "left mounted: {left:?}");
     csi.stop()?;
     node.leave(&cri).await

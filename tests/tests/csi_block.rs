@@ -5,7 +5,9 @@
 //! the container writes there survives the pod; the pod's deletion unpublishes and
 //! unstages it and leaves no loop device or mount behind. And an attachable driver
 //! (`attachRequired: true`) with upstream's csi-attacher: the agent waits for the
-//! attachment, then stages with the publish context the attach gave.
+//! attachment, then stages with the publish context the attach gave. The driver runs as a
+//! pod on the node (`Deployment::Pods`, as clusters deploy CSI drivers); the attacher, a
+//! controller-side sidecar, as a process beside it.
 
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
 use swiftlet_tests::csi_driver::{self, ATTACHED_TO_KEY, CsiCall, Store};
-use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions};
+use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment, mounts_under};
 use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
 
@@ -26,19 +28,6 @@ const MARKER: &str = "swiftlet-block-marker";
 
 fn calls_for(csi: &CsiHostPath, method: &str, volume: &str) -> Vec<CsiCall> {
     csi.calls_of(method).into_iter().filter(|c| c.volume_id == volume).collect()
-}
-
-/// The mounts below the agent's root directory (not the root's own: the agent makes it a
-/// shared mount, as upstream's kubelet does).
-fn mounts_under(root: &std::path::Path) -> Vec<String> {
-    let root = format!("{}/", root.to_string_lossy());
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// A pod on `node` that maps claim `claim` at `/dev/xvda` and runs `script`.
@@ -82,7 +71,13 @@ async fn a_block_claim_is_a_device_in_the_container_its_data_outlives_the_pod_an
     let mut node = cluster.join("csi-blk", AgentOptions::default()).await?;
     node.wait_ready(Duration::from_secs(30)).await?;
     let root = node.agent.root_dir.clone();
-    let csi = CsiHostPath::start(&cluster, &node.name, &root, CsiHostPathOptions::default()).await?;
+    // The driver as a pod on the node, as clusters run it: its loop devices and mounts
+    // are made from its privileged container.
+    let opts = CsiHostPathOptions { deployment: Deployment::Pods, ..CsiHostPathOptions::default() };
+    let csi = CsiHostPath::start(&cluster, &node.name, &root, opts)
+        .await
+        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
     let ns = node.namespace("csi-blk").await?;
 
     let pv = csi.create_bound_claim(&ns, csi.claim("raw", "8Mi", true), WAIT).await?;
@@ -148,10 +143,10 @@ async fn a_block_claim_is_a_device_in_the_container_its_data_outlives_the_pod_an
     })?;
     eventually("no loop device and nothing mounted under the agent's root", WAIT, || async {
         let loops = csi_driver::loop_devices_of(&image).map_err(|s| anyhow::anyhow!("{s}"))?;
-        Ok((loops.is_empty() && mounts_under(&root).is_empty()).then_some(()))
+        Ok((loops.is_empty() && mounts_under(&root, Some(&driver_uid)).is_empty()).then_some(()))
     })
     .await
-    .with_context(|| format!("left mounted: {:?}", mounts_under(&root)))?;
+    .with_context(|| format!("left mounted: {:?}", mounts_under(&root, Some(&driver_uid))))?;
     assert!(!root.join(format!("pods/{first_uid}")).exists(), "the first pod's directory is gone");
 
     // A new pod on the same claim reads what the first one wrote.
@@ -165,7 +160,7 @@ async fn a_block_claim_is_a_device_in_the_container_its_data_outlives_the_pod_an
     eventually("unstaged again, no loop device, nothing mounted", WAIT, || async {
         let unstaged = calls_for(&csi, "NodeUnstageVolume", &handle).len() == 2;
         let loops = csi_driver::loop_devices_of(&image).map_err(|s| anyhow::anyhow!("{s}"))?;
-        Ok((unstaged && loops.is_empty() && mounts_under(&root).is_empty()).then_some(()))
+        Ok((unstaged && loops.is_empty() && mounts_under(&root, Some(&driver_uid)).is_empty()).then_some(()))
     })
     .await
     .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
@@ -198,9 +193,13 @@ async fn an_attachable_volume_waits_for_its_attachment_and_is_staged_with_its_pu
         storage_class: "swiftlet-csi-attach".into(),
         attach_required: true,
         resizer: false,
+        deployment: Deployment::Pods,
         ..CsiHostPathOptions::default()
     };
-    let mut csi = CsiHostPath::start(&cluster, &node.name, &root, opts).await?;
+    let mut csi = CsiHostPath::start(&cluster, &node.name, &root, opts)
+        .await
+        .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 80)))?;
+    let driver_uid = csi.driver_pod_uid().context("the driver's pod")?;
     let ns = node.namespace("csi-att").await?;
     let pv = csi.create_bound_claim(&ns, csi.claim("att", "4Mi", false), WAIT).await?;
     let handle = pv.spec.and_then(|s| s.csi).context("csi pv")?.volume_handle;
@@ -315,7 +314,8 @@ async fn an_attachable_volume_waits_for_its_attachment_and_is_staged_with_its_pu
         .map(|c| c.method)
         .collect();
     assert_eq!(order.first().map(String::as_str), Some("NodeUnpublishVolume"), "{order:?}");
-    ensure!(mounts_under(&root).is_empty(), "left mounted: {:?}", mounts_under(&root));
+    let left = mounts_under(&root, Some(&driver_uid));
+    ensure!(left.is_empty(), "left mounted: {left:?}");
     csi.stop()?;
     node.leave(&cri).await
 }
