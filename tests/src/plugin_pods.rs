@@ -138,6 +138,9 @@ impl PluginDaemonSet<'_> {
                     "spec": {
                         "serviceAccountName": account,
                         "nodeSelector": {"kubernetes.io/hostname": self.node_name},
+                        // On the node whatever its taints, as node plugins' DaemonSets
+                        // commonly are (the benches' nodes carry one).
+                        "tolerations": [{"operator": "Exists"}],
                         "hostNetwork": true,
                         "terminationGracePeriodSeconds": 5,
                         "containers": self.containers,

@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use swiftlet_tests::cluster::Cluster;
 use swiftlet_tests::csi_driver::{DEFAULT_NAME, DriverOptions, serve};
-use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions};
+use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +85,10 @@ struct DeployArgs {
     /// Stop on SIGTERM or Ctrl-C only, not at the end of stdin.
     #[arg(long)]
     ignore_stdin: bool,
+    /// Run the driver and its sidecars as a pod on the node (a `DaemonSet`, as clusters
+    /// deploy CSI drivers; the node's agent runs it) instead of as processes beside it.
+    #[arg(long)]
+    as_pod: bool,
     /// How long to wait, in seconds, for another deployment to end.
     #[arg(long, default_value_t = 60)]
     lock_timeout: u64,
@@ -163,9 +167,11 @@ async fn deploy(args: DeployArgs) -> Result<()> {
         () = stop.cancelled() => bail!("stopped while waiting for another deployment to end"),
     };
     let cluster = Cluster::connect_to(&state).await?;
+    let deployment = if args.as_pod { Deployment::Pods } else { Deployment::default() };
+    let opts = CsiHostPathOptions { deployment, ..CsiHostPathOptions::default() };
     // Dropped half-way by a stop, the harness removes what it had made.
     let csi = tokio::select! {
-        csi = CsiHostPath::start(&cluster, &args.node, &args.root_dir, CsiHostPathOptions::default()) => csi?,
+        csi = CsiHostPath::start(&cluster, &args.node, &args.root_dir, opts) => csi?,
         () = stop.cancelled() => bail!("stopped before the deployment was up"),
     };
     eprintln!(

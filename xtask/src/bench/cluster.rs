@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
 use crate::{
@@ -173,6 +173,30 @@ impl Cluster {
 
     /// Undoes everything (see the module docs), keeping the agent's log at `keep_log`.
     /// Every step runs even when an earlier one failed.
+    /// Deletes the namespace's pods and waits (at most 2 minutes) until the agent has
+    /// deleted their objects too, which it does once their volumes are unmounted (as
+    /// upstream's status manager): before a driver running as a pod on the node, which the
+    /// unmounts need, is removed.
+    pub async fn delete_pods_and_wait(&mut self) -> Result<()> {
+        let mut client = self.client.take().unwrap_or_else(|| self.api.client());
+        let namespace = self.namespace.clone();
+        let outcome = async {
+            client.delete_all_pods(&namespace).await?;
+            let deadline = Instant::now() + Duration::from_mins(2);
+            loop {
+                let (left, _) = client.list_pods(&namespace).await?;
+                if left.is_empty() {
+                    return anyhow::Ok(());
+                }
+                ensure!(Instant::now() < deadline, "pods of {namespace} still there after 2 minutes: {left:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        .await;
+        self.client = Some(client);
+        outcome
+    }
+
     pub async fn end(&mut self, layout: &Layout, keep_log: &Path) -> Result<()> {
         let mut failures = Vec::new();
         self.watch = None;

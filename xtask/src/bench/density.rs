@@ -30,9 +30,10 @@ use crate::{
         apiload::{self, Window},
         apiserver::ApiServer,
         cluster::Cluster,
-        latency::Summary,
+        latency::{self, Kill, Summary},
         pleg, procfs,
         profile::{self, Perf},
+        records::RecordStream,
         report, scrape,
         svg::{self, Series},
         watch,
@@ -82,6 +83,9 @@ pub struct Point {
     pub idle_status_writes: f64,
     /// Kill → the container's exit in the pod's status on the watch.
     pub exit_to_api: Option<Summary>,
+    /// Kill → the pod status that shows the exit, computed in the agent (swiftlet's
+    /// records): the API's share of a slow kill is the difference.
+    pub exit_in_agent: Option<Summary>,
     /// Median agent CPU per scrape (ms) by endpoint path.
     pub scrape_cpu_ms: Vec<(String, f64)>,
 }
@@ -217,7 +221,7 @@ async fn curve_of(
         }
 
         // Exits.
-        let exits = kill_and_watch(c, &mut cri, &names, args.kills).await?;
+        let (exits, in_agent) = kill_and_watch(c, &mut cri, &names, args.kills).await?;
         let point = Point {
             pods: count,
             startup,
@@ -226,6 +230,7 @@ async fn curve_of(
             idle_requests: window.agent_rate(),
             idle_status_writes: status_writes,
             exit_to_api: Summary::of(exits),
+            exit_in_agent: Summary::of(in_agent),
             scrape_cpu_ms,
         };
         eprintln!(
@@ -240,18 +245,29 @@ async fn curve_of(
     Ok(())
 }
 
+/// A kill whose agent side, or whose API side, took longer than this is said on stderr.
+const API_SHARE_NOTED: u64 = 30_000_000;
+
 /// Kills container `c0` of `kills` different pods, one every 1.5 s; returns kill → the
-/// exit on the bench's watch for each, then waits until every killed pod runs again.
+/// exit on the bench's watch for each and, from swiftlet's records, kill → the pod status
+/// computed in the agent (each kill whose API latency is above the agent's by more than
+/// [`API_SHARE_NOTED`], or whose agent latency is above it, is said on stderr, split), then
+/// waits until every killed pod runs again.
 async fn kill_and_watch(
     c: &mut Cluster,
     cri: &mut crate::cri::CriClient,
     names: &[String],
     kills: usize,
-) -> Result<Vec<u64>> {
+) -> Result<(Vec<u64>, Vec<u64>)> {
     let step = (names.len() / kills.max(1)).max(1);
     let chosen: Vec<&String> = names.iter().step_by(step).take(kills).collect();
     let views = c.agent.pods().await?;
+    let stream = match c.agent.event_socket() {
+        Some(socket) => Some(RecordStream::connect(&socket).await?),
+        None => None,
+    };
     let mut out = Vec::new();
+    let mut done = Vec::new();
     let mut killed = BTreeSet::new();
     for name in chosen {
         let Some(view) = views.iter().find(|p| &p.name == name) else { bail!("pod {name} is not in /pods") };
@@ -265,11 +281,19 @@ async fn kill_and_watch(
         let at = procfs::monotonic_ns();
         pleg::sig_kill(pid)?;
         killed.insert(name.clone());
+        let kill = Kill {
+            pod_uid: view.uid.clone(),
+            container: "c0".into(),
+            container_id: id.clone(),
+            restarts_before: container.restarts,
+            t_kill_ns: at,
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
             let seen = c.watch()?.with_events(|ev| watch::exit_seen_at(ev, name, "c0", container.restarts, at))?;
             if let Some(seen) = seen {
                 out.push(seen.saturating_sub(at));
+                done.push((name.clone(), kill, seen.saturating_sub(at)));
                 break;
             }
             ensure!(std::time::Instant::now() < deadline, "the kill of {name}'s c0 did not show in the API in 30 s");
@@ -277,13 +301,33 @@ async fn kill_and_watch(
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
+    let mut in_agent = Vec::new();
+    if let Some(stream) = stream {
+        let records = stream.all()?;
+        for (name, kill, api) in &done {
+            let o = latency::outcome(kill, &records);
+            let Some(status) = o.kill_to_status_ns else {
+                eprintln!("bench: kill of {name}/c0: no pod status showing it in the agent's records");
+                continue;
+            };
+            in_agent.push(status);
+            if status > API_SHARE_NOTED || api.saturating_sub(status) > API_SHARE_NOTED {
+                eprintln!(
+                    "bench: kill of {name}/c0: → pod worker {}, → pod status in the agent {}, → API {}",
+                    o.kill_to_worker_ns.map_or("—".to_owned(), report::fmt_ms),
+                    report::fmt_ms(status),
+                    report::fmt_ms(*api)
+                );
+            }
+        }
+    }
     // Every killed pod runs again (restartPolicy Always) before the next count.
     let deadline = std::time::Instant::now() + Duration::from_mins(3);
     loop {
         let views = c.agent.pods().await?;
         let down = views.iter().filter(|p| killed.contains(&p.name) && p.running_containers() == 0).count();
         if down == 0 {
-            return Ok(out);
+            return Ok((out, in_agent));
         }
         ensure!(std::time::Instant::now() < deadline, "{down} killed pods did not run again within 3 min");
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -334,6 +378,7 @@ pub fn table(curves: &[Curve]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "idle CPU (cores)",
         "RSS",
         "kill → API p50 / p99",
+        "kill → status in the agent p50 / p99",
         "start-up p50 / p99",
         "API req/s idle",
         "PATCH pods/status /s (est.)",
@@ -352,6 +397,7 @@ pub fn table(curves: &[Curve]) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     format!("{:.4}", p.idle_cores),
                     format!("{:.1} MiB", p.rss_bytes as f64 / 1_048_576.0),
                     ms(p.exit_to_api),
+                    ms(p.exit_in_agent),
                     ms(p.startup),
                     apiload::fmt_rate(p.idle_requests),
                     apiload::fmt_rate(p.idle_status_writes),
@@ -417,6 +463,7 @@ mod tests {
             idle_requests: 0.2,
             idle_status_writes: 0.0,
             exit_to_api: None,
+            exit_in_agent: None,
             scrape_cpu_ms: vec![("/metrics/cadvisor".into(), 2.5)],
         }
     }

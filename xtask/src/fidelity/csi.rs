@@ -1,14 +1,17 @@
-//! The test bed's host-path CSI driver deployed beside one bench node, for the `csi-*`
-//! scenarios: `swiftlet-test-csi-driver deploy` (built from the tests crate, which xtask
-//! does not depend on) runs the driver, upstream's csi-provisioner and csi-resizer, and
-//! creates the `CSIDriver` and the storage class, as the end-to-end tests deploy it. It
+//! The test bed's host-path CSI driver deployed on one bench node, for the `csi-*`
+//! scenarios: `swiftlet-test-csi-driver deploy --as-pod` (built from the tests crate, which
+//! xtask does not depend on) runs the driver, upstream's csi-provisioner and csi-resizer as
+//! a pod on the node (a `DaemonSet` the node's agent runs, swiftlet or the upstream kubelet
+//! alike, as clusters deploy CSI drivers), and creates the `CSIDriver` and the storage
+//! class, as the end-to-end tests deploy it. It
 //! says `ready` on stdout once all of it is up and removes all of it again at the end of
 //! its stdin or on SIGTERM ([`CsiDeployment::stop`]; dropped, the deployment is stopped
 //! too, and should xtask die, the process gets SIGTERM).
 //!
 //! The `CSIDriver` and the storage class are the cluster's: one deployment at a time.
-//! Each phase starts its own once its node is up and stops it when the node is gone
-//! (the agent needs the driver to unmount the pods' volumes), whether it passed or not;
+//! Each phase starts its own once its node is up and stops it once the scenarios' pods
+//! are gone (the agent needs the driver to unmount their volumes) and before the node
+//! goes (whose agent stops the driver's pod), whether it passed or not;
 //! `swiftlet-test-csi-driver deploy` itself refuses to run beside another.
 
 use std::{
@@ -65,6 +68,7 @@ impl CsiDeployment {
         let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(driver);
         cmd.arg("deploy")
+            .arg("--as-pod")
             .arg("--node")
             .arg(node)
             .arg("--root-dir")

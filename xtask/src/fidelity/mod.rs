@@ -369,10 +369,11 @@ fn summary(pod: Option<&Value>) -> String {
     out
 }
 
-/// One node: the agent joined, the CSI driver deployed and the DRA test driver started
-/// beside it if a scenario needs them, the scenarios' pods run to their outcome, the facts
-/// taken, everything removed again (also when the phase fails; the drivers after the
-/// node, whose agent needs them to unmount the pods' volumes and unprepare their claims).
+/// One node: the agent joined, the CSI driver deployed (a pod on the node) and the DRA
+/// test driver started beside it if a scenario needs them, the scenarios' pods run to their
+/// outcome, the facts taken, everything removed again (also when the phase fails; the CSI
+/// driver once the scenarios' pods are gone and before the node, whose agent stops its pod;
+/// the DRA driver after the node, whose agent needs it to unprepare the pods' claims).
 async fn phase(
     bed: &Bed<'_>,
     which: Which,
@@ -417,8 +418,16 @@ async fn phase(
         observe_phase(&mut cluster, chosen, dra_driver.as_ref(), cri).await
     }
     .await;
+    // The CSI driver runs as a pod on the node: its agent stops it, after the scenarios'
+    // pods are gone (their volumes unmounted through it).
+    let removed = match deployment {
+        Some(d) => {
+            let drained = cluster.delete_pods_and_wait().await;
+            d.stop().and(drained)
+        }
+        None => Ok(()),
+    };
     let ended = cluster.end(bed.layout, &out.join(format!("{label}.log"))).await;
-    let removed = deployment.map_or(Ok(()), CsiDeployment::stop);
     let dra_removed = match dra_driver {
         Some(driver) => {
             driver.stop();
