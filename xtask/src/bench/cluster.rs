@@ -171,13 +171,12 @@ impl Cluster {
         }
     }
 
-    /// Undoes everything (see the module docs), keeping the agent's log at `keep_log`.
-    /// Every step runs even when an earlier one failed.
     /// Deletes the namespace's pods and waits (at most 2 minutes) until the agent has
     /// deleted their objects too, which it does once their volumes are unmounted (as
     /// upstream's status manager): before a driver running as a pod on the node, which the
-    /// unmounts need, is removed.
+    /// unmounts need, is removed. Fails at once if the agent is not running.
     pub async fn delete_pods_and_wait(&mut self) -> Result<()> {
+        self.agent.ensure_alive()?;
         let mut client = self.client.take().unwrap_or_else(|| self.api.client());
         let namespace = self.namespace.clone();
         let outcome = async {
@@ -197,6 +196,8 @@ impl Cluster {
         outcome
     }
 
+    /// Undoes everything (see the module docs), keeping the agent's log at `keep_log`.
+    /// Every step runs even when an earlier one failed.
     pub async fn end(&mut self, layout: &Layout, keep_log: &Path) -> Result<()> {
         let mut failures = Vec::new();
         self.watch = None;
