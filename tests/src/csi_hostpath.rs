@@ -145,14 +145,14 @@ pub struct CsiHostPath {
 /// left mounted.
 #[must_use]
 pub fn mounts_under(root: &Path, driver_pod: Option<&str>) -> Vec<String> {
-    let driver_pod = driver_pod.map(|uid| format!("{}/pods/{uid}/", root.display()));
-    let root = format!("{}/", root.display());
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|p| p.starts_with(&root) && !driver_pod.as_ref().is_some_and(|d| p.starts_with(d.as_str())))
-        .map(str::to_owned)
+    let driver_pod = driver_pod.map(|uid| root.join("pods").join(uid));
+    // Strictly below `dir`.
+    let below = |m: &Path, dir: &Path| m != dir && m.starts_with(dir);
+    csi_driver::mounts()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|m| below(m, root) && !driver_pod.as_deref().is_some_and(|d| below(m, d)))
+        .map(|m| m.display().to_string())
         .collect()
 }
 

@@ -63,10 +63,7 @@ impl Snapshot {
                 }
             }
         }
-        let busy = procfs::machine_cpu_times().map_or(0, |t| {
-            let idle = t.get(3).copied().unwrap_or(0) + t.get(4).copied().unwrap_or(0);
-            t.iter().sum::<u64>().saturating_sub(idle)
-        });
+        let busy = procfs::machine_cpu_times().map_or(0, |t| procfs::busy_ticks(&t));
         Self { procs, busy, at: procfs::monotonic_ns() }
     }
 }

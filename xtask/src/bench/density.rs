@@ -266,7 +266,6 @@ async fn kill_and_watch(
         Some(socket) => Some(RecordStream::connect(&socket).await?),
         None => None,
     };
-    let mut out = Vec::new();
     let mut done = Vec::new();
     let mut killed = BTreeSet::new();
     for name in chosen {
@@ -292,7 +291,6 @@ async fn kill_and_watch(
         loop {
             let seen = c.watch()?.with_events(|ev| watch::exit_seen_at(ev, name, "c0", container.restarts, at))?;
             if let Some(seen) = seen {
-                out.push(seen.saturating_sub(at));
                 done.push((name.clone(), kill, seen.saturating_sub(at)));
                 break;
             }
@@ -327,7 +325,7 @@ async fn kill_and_watch(
         let views = c.agent.pods().await?;
         let down = views.iter().filter(|p| killed.contains(&p.name) && p.running_containers() == 0).count();
         if down == 0 {
-            return Ok((out, in_agent));
+            return Ok((done.into_iter().map(|(_, _, api)| api).collect(), in_agent));
         }
         ensure!(std::time::Instant::now() < deadline, "{down} killed pods did not run again within 3 min");
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -109,12 +109,17 @@ impl CpuSample {
     }
 }
 
+/// The busy ticks of one `/proc/stat` reading ([`machine_cpu_times`]): user nice system
+/// idle iowait irq softirq steal …, all but idle and iowait.
+pub fn busy_ticks(times: &[u64]) -> u64 {
+    let idle = times.get(3).copied().unwrap_or(0) + times.get(4).copied().unwrap_or(0);
+    times.iter().sum::<u64>().saturating_sub(idle)
+}
+
 /// The machine's busy share of all its CPUs (0..1) from two `/proc/stat` readings.
 pub fn busy_share(before: &[u64], after: &[u64]) -> Option<f64> {
-    // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
     let total: u64 = after.iter().zip(before).map(|(a, b)| a.saturating_sub(*b)).sum();
-    let idle = |v: &[u64]| v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total > 0).then(|| 1.0 - idle(after).saturating_sub(idle(before)) as f64 / total as f64)
+    (total > 0).then(|| busy_ticks(after).saturating_sub(busy_ticks(before)) as f64 / total as f64)
 }
 
 /// The machine's CPU times (the `cpu` line of `/proc/stat`, its first 8 fields, ticks).
