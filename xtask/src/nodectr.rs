@@ -230,8 +230,6 @@ pub struct State {
     pub init_pid: i32,
     /// The node's cgroup in each hierarchy.
     pub cgroups: Vec<PathBuf>,
-    /// Whether `up` created [`BRIDGE`].
-    pub bridge_created: bool,
     pub rootfs: PathBuf,
     pub address: String,
 }
@@ -373,7 +371,6 @@ pub async fn up_spec(ctx: &Ctx, spec: &Spec) -> Result<State> {
         launcher_pid: 0,
         init_pid: 0,
         cgroups: cgroups.clone(),
-        bridge_created: false,
         rootfs: rootfs.clone(),
         address: spec.address.clone(),
     };
@@ -417,7 +414,7 @@ pub async fn up_spec(ctx: &Ctx, spec: &Spec) -> Result<State> {
         state.init_pid = wait_for_init(launcher_pid, &outer_log)?;
         spec.save(&state)?;
         eprintln!("node container {}: systemd is host pid {}", spec.name, state.init_pid);
-        state.bridge_created = network(state.init_pid, spec)?;
+        network(state.init_pid, spec)?;
         spec.save(&state)?;
         wait_running(state.init_pid, &console)?;
         wait_active(state.init_pid, "containerd.service")?;
@@ -642,10 +639,9 @@ fn in_node(init: i32, args: &[&str]) -> Result<std::process::Output> {
     nsenter(init).args(args).stdin(Stdio::null()).output().with_context(|| format!("nsenter {}", args.join(" ")))
 }
 
-/// The veth pair and the bridge; returns whether the bridge was created.
-fn network(init: i32, spec: &Spec) -> Result<bool> {
-    let created = !cleanup::link_exists(BRIDGE);
-    if created {
+/// The veth pair, and the bridge if no other node container made it yet.
+fn network(init: i32, spec: &Spec) -> Result<()> {
+    if !cleanup::link_exists(BRIDGE) {
         ip(&["link", "add", BRIDGE, "type", "bridge"])?;
         ip(&["addr", "add", &format!("{BRIDGE_ADDR}/{PREFIX_LEN}"), "dev", BRIDGE])?;
         ip(&["link", "set", BRIDGE, "up"])?;
@@ -668,7 +664,7 @@ fn network(init: i32, spec: &Spec) -> Result<bool> {
     loop {
         let out = in_node(init, &["ping", "-c1", "-W1", BRIDGE_ADDR])?;
         if out.status.success() {
-            return Ok(created);
+            return Ok(());
         }
         ensure!(
             Instant::now() < deadline,
@@ -681,6 +677,33 @@ fn network(init: i32, spec: &Spec) -> Result<bool> {
 
 fn ip(args: &[&str]) -> Result<()> {
     containerd::run_checked(Command::new("ip").args(args), &format!("ip {}", args.join(" ")))
+}
+
+/// Deletes link `name` if it is there. A node's host veth goes away by itself when the
+/// kernel frees the node's network namespace, which it does a moment after the node's last
+/// process: a failed delete of a link that is gone since is a success.
+fn remove_link(name: &str) -> Result<()> {
+    if !cleanup::link_exists(name) {
+        return Ok(());
+    }
+    match ip(&["link", "del", name]) {
+        Err(_) if !cleanup::link_exists(name) => Ok(()),
+        result => result,
+    }
+}
+
+/// Every node container a test bed can have: its own and the bench's.
+fn all_specs(layout: &Layout) -> Vec<Spec> {
+    let mut specs = vec![Spec::testbed(layout)];
+    specs.extend((1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok()));
+    specs
+}
+
+/// `bridge` when it exists while no node container is recorded in `layout`: the node
+/// containers share it, and the last one down removes it.
+fn orphan_bridge(layout: &Layout, bridge: &str) -> Option<String> {
+    let recorded = all_specs(layout).iter().any(|s| s.state_file.exists());
+    (!recorded && cleanup::link_exists(bridge)).then(|| format!("bridge {bridge} with no node container on the host"))
 }
 
 /// Waits until systemd says the node is `running` (every unit started, none failed).
@@ -836,7 +859,19 @@ async fn connect(socket: &Path) -> Result<CriClient> {
 
 /// Stops the test bed's node container and removes all it left (see [`down_spec`]).
 pub fn down(layout: &Layout) -> Result<()> {
-    down_spec(&Spec::testbed(layout))
+    down_spec(&Spec::testbed(layout))?;
+    // Also when the test bed's node was not up: a bridge an earlier run lost track of.
+    remove_orphan_bridge(layout)
+}
+
+/// Several node containers share [`BRIDGE`]: the last one down removes it, whichever made
+/// it.
+fn remove_orphan_bridge(layout: &Layout) -> Result<()> {
+    if orphan_bridge(layout, BRIDGE).is_some() && bridge_ports().is_empty() {
+        eprintln!("ip link del {BRIDGE}");
+        remove_link(BRIDGE)?;
+    }
+    Ok(())
 }
 
 /// Stops the node container `spec` and removes all it left: processes, cgroups, veth,
@@ -877,13 +912,7 @@ pub fn down_spec(spec: &Spec) -> Result<()> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    if cleanup::link_exists(&spec.host_veth) {
-        ip(&["link", "del", &spec.host_veth])?;
-    }
-    // Several node containers share the bridge: the last one down removes it.
-    if state.bridge_created && cleanup::link_exists(BRIDGE) && bridge_ports().is_empty() {
-        ip(&["link", "del", BRIDGE])?;
-    }
+    remove_link(&spec.host_veth)?;
     let mounts = cleanup::mounts()?;
     let held = cleanup::mounts_under(&mounts, std::slice::from_ref(&state.rootfs));
     ensure!(held.is_empty(), "mounts under the node's root filesystem remain: {held:?}");
@@ -902,6 +931,10 @@ pub fn down_spec(spec: &Spec) -> Result<()> {
         fs::remove_file(file).ok();
     }
     fs::remove_file(&spec.state_file).ok();
+    // The state files of the others sit beside this one's.
+    if let Some(state_dir) = spec.state_file.parent() {
+        remove_orphan_bridge(&Layout::new(PathBuf::new(), state_dir))?;
+    }
     eprintln!("node container {}: down", spec.name);
     Ok(())
 }
@@ -932,9 +965,11 @@ pub fn bench_leftovers(layout: &Layout) -> Vec<String> {
     (1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok()).flat_map(|s| spec_leftovers(&s)).collect()
 }
 
-/// What the test bed's node container left on the host.
+/// What the test bed's node container left on the host, the shared bridge included.
 pub fn leftovers(layout: &Layout) -> Vec<String> {
-    spec_leftovers(&Spec::testbed(layout))
+    let mut left = spec_leftovers(&Spec::testbed(layout));
+    left.extend(orphan_bridge(layout, BRIDGE));
+    left
 }
 
 /// What node container `spec` left on the host.
@@ -946,9 +981,6 @@ fn spec_leftovers(spec: &Spec) -> Vec<String> {
         }
         for cg in state.cgroups.iter().filter(|d| d.exists()) {
             left.push(format!("node container cgroup {}", cg.display()));
-        }
-        if state.bridge_created && cleanup::link_exists(BRIDGE) && bridge_ports().is_empty() {
-            left.push(format!("bridge {BRIDGE}"));
         }
     }
     if cleanup::link_exists(&spec.host_veth) {
@@ -1027,6 +1059,30 @@ mod tests {
         assert!(v2.contains("mount -t cgroup2 -o nosuid,nodev,noexec cgroup \"$R/sys/fs/cgroup\"\n"));
         assert!(!v2.contains("tmpfs tmpfs \"$R/sys/fs/cgroup\""));
         assert!(s.contains("\nhostname n1\n") && s.contains(" tty kmsg; do"), "{s}");
+    }
+
+    /// A host veth the kernel removed by itself (the node's network namespace went away
+    /// with its last process) counts as removed: `testbed down` once failed on that race
+    /// and skipped the bridge, which stayed on the host unseen.
+    #[test]
+    fn removing_a_link_that_is_gone_succeeds() {
+        remove_link("swl-gone-test").unwrap();
+    }
+
+    /// The shared bridge with no node container left is a leftover, even once the state
+    /// files are gone; while a node container is recorded it is not.
+    #[test]
+    fn a_bridge_without_node_containers_is_left_behind() {
+        let dir = std::env::temp_dir().join(format!("xtask-orphan-bridge-{}", std::process::id()));
+        let layout = Layout::new(dir.join("root"), dir.join("state"));
+        // `lo` stands in for the bridge: a link every host has.
+        assert_eq!(orphan_bridge(&layout, "lo"), Some("bridge lo with no node container on the host".to_owned()));
+        assert_eq!(orphan_bridge(&layout, "swl-gone-test"), None);
+        let third = Spec::bench(&layout, 3).unwrap();
+        fs::create_dir_all(third.state_file.parent().unwrap()).unwrap();
+        fs::write(&third.state_file, "{}").unwrap();
+        assert_eq!(orphan_bridge(&layout, "lo"), None);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The bench's node containers differ from each other and from the test bed's in every

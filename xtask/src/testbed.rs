@@ -476,7 +476,15 @@ pub async fn down(ctx: &Ctx, layout: &Layout) -> Result<()> {
         for l in &leftovers {
             eprintln!("left behind: {l}");
         }
-        bail!("test bed down incomplete: {} step(s) failed, {} leftover(s)", steps.0.len(), leftovers.len());
+        // The failures themselves, not only their count: CI's summary shows this line alone.
+        let mut what = steps.0.clone();
+        what.extend(leftovers.iter().map(|l| format!("left behind: {l}")));
+        bail!(
+            "test bed down incomplete: {} step(s) failed, {} leftover(s): {}",
+            steps.0.len(),
+            leftovers.len(),
+            what.join("; ")
+        );
     }
     eprintln!("test bed down; host clean");
     Ok(())

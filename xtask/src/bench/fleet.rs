@@ -717,7 +717,6 @@ async fn measure(
                 launcher_pid: 0,
                 init_pid: 0,
                 cgroups: Vec::new(),
-                bridge_created: false,
                 rootfs: spec.rootfs.clone(),
                 address: spec.address.clone(),
             },
