@@ -13,7 +13,10 @@
 //! - publish: the staging path (or the loop device) is bind-mounted on the target path,
 //!   then remounted read-only when asked; an ephemeral inline volume
 //!   (`csi.storage.k8s.io/ephemeral=true`, never staged) gets a directory
-//!   `<state>/ephemeral-<id>` of its own, removed when it is unpublished;
+//!   `<state>/ephemeral-<id>` of its own, removed when it is unpublished; when the
+//!   `CSIDriver` asks for the pod's service-account tokens (`tokenRequests`), the driver
+//!   writes what they say of themselves into that directory ([`TOKENS_FILE`]), as a
+//!   secrets driver would hand a pod what it fetched with them, so the pod can see it;
 //! - unpublish/unstage: unmount (and detach the loop device), idempotently.
 //!
 //! The controller service also attaches (`PUBLISH_UNPUBLISH_VOLUME`, for
@@ -56,6 +59,15 @@ pub const DEFAULT_NAME: &str = "hostpath.csi.swiftlet.test";
 
 /// The volume context key that marks an ephemeral inline volume's publish.
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+/// The volume context key of the pod's service-account tokens (JSON: audience →
+/// `{"token", "expirationTimestamp"}`), when the `CSIDriver` has `tokenRequests`.
+pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// The file an ephemeral inline volume gets when its publish carries tokens: a line
+/// `<audience> <namespace>/<pod> <service account>` for each, from the token's own
+/// claims (never the token itself).
+pub const TOKENS_FILE: &str = "serviceaccount-tokens";
 
 /// The volume context key of an ephemeral inline volume's size (a quantity such as
 /// `10Mi`, or bytes); without it the volume has [`DEFAULT_CAPACITY`].
@@ -175,6 +187,38 @@ pub fn volume_id(name: &str) -> String {
 #[must_use]
 pub fn is_ephemeral<S: std::hash::BuildHasher>(volume_context: &HashMap<String, String, S>) -> bool {
     volume_context.get(EPHEMERAL_KEY).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// [`TOKENS_FILE`]'s text for the volume context's [`TOKENS_KEY`] value: each token's
+/// audience, and the pod and service account its claims bind it to, sorted by audience.
+///
+/// # Errors
+/// Not the JSON the kubelet sends, or a token that is not a JWT with the claims of a
+/// pod-bound service-account token.
+pub fn token_lines(tokens: &str) -> Result<String> {
+    use base64::Engine as _;
+    use std::fmt::Write as _;
+    let tokens: BTreeMap<String, serde_json::Value> = serde_json::from_str(tokens).context("not a JSON object")?;
+    let mut text = String::new();
+    for (audience, t) in tokens {
+        let token = t["token"].as_str().with_context(|| format!("{audience}: no token"))?;
+        let payload = token.split('.').nth(1).with_context(|| format!("{audience}: not a JWT"))?;
+        let claims: serde_json::Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload.trim_end_matches('='))
+                .with_context(|| format!("{audience}: the claims are not base64url"))?,
+        )
+        .with_context(|| format!("{audience}: the claims are not JSON"))?;
+        let k8s = &claims["kubernetes.io"];
+        let field = |v: &serde_json::Value, what: &str| {
+            v.as_str().map(str::to_owned).with_context(|| format!("{audience}: no {what} in the claims"))
+        };
+        let namespace = field(&k8s["namespace"], "namespace")?;
+        let pod = field(&k8s["pod"]["name"], "pod")?;
+        let account = field(&k8s["serviceaccount"]["name"], "service account")?;
+        writeln!(text, "{audience} {namespace}/{pod} {account}")?;
+    }
+    Ok(text)
 }
 
 /// An ephemeral inline volume's capacity from its volume context's `size` (`10Mi`,
@@ -870,6 +914,14 @@ impl Driver {
             };
             let dir = self.store.data_path(&r);
             std::fs::create_dir_all(&dir).map_err(|e| internal(&format!("creating {}", dir.display()), e))?;
+            if let Some(tokens) = req.volume_context.get(TOKENS_KEY) {
+                let text = token_lines(tokens).map_err(|e| invalid(format!("{TOKENS_KEY}: {e:#}")))?;
+                let file = dir.join(TOKENS_FILE);
+                let tmp = dir.join(format!(".{TOKENS_FILE}.tmp"));
+                std::fs::write(&tmp, text)
+                    .and_then(|()| std::fs::rename(&tmp, &file))
+                    .map_err(|e| internal(&format!("writing {}", file.display()), e))?;
+            }
             dir
         } else {
             let staging = required_path("staging target path", &req.staging_target_path)?;
@@ -1462,6 +1514,33 @@ mod tests {
         for bad in ["", ".", "..", "a/b"] {
             assert_eq!(checked_id(bad).unwrap_err().code(), Code::InvalidArgument, "{bad:?}");
         }
+    }
+
+    /// What a pod-bound token says of itself, one line per audience; a token that is not
+    /// one is refused with its audience named.
+    #[test]
+    fn token_lines_name_each_audience_pod_and_account() {
+        use base64::Engine as _;
+        let jwt = |claims: serde_json::Value| {
+            let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+            format!("{}.{}.sig", b64(br#"{"alg":"RS256"}"#), b64(claims.to_string().as_bytes()))
+        };
+        let bound = |pod: &str| {
+            jwt(serde_json::json!({"aud": ["x"], "kubernetes.io": {
+                "namespace": "ns1", "pod": {"name": pod, "uid": "u"}, "serviceaccount": {"name": "default", "uid": "v"}
+            }}))
+        };
+        let tokens = serde_json::json!({
+            "vault": {"token": bound("web-0"), "expirationTimestamp": "2026-12-07T15:00:00Z"},
+            "aws": {"token": bound("web-0"), "expirationTimestamp": "2026-12-07T15:00:00Z"},
+        });
+        assert_eq!(token_lines(&tokens.to_string()).unwrap(), "aws ns1/web-0 default\nvault ns1/web-0 default\n");
+        assert_eq!(token_lines("{}").unwrap(), "");
+        let unbound = serde_json::json!({"a": {"token": jwt(serde_json::json!({"sub": "x"}))}});
+        assert!(format!("{:#}", token_lines(&unbound.to_string()).unwrap_err()).contains("a: no namespace"));
+        let opaque = serde_json::json!({"a": {"token": "opaque"}});
+        assert!(format!("{:#}", token_lines(&opaque.to_string()).unwrap_err()).contains("a: not a JWT"));
+        assert!(token_lines("[]").is_err());
     }
 
     #[test]

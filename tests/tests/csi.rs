@@ -16,7 +16,7 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use swiftlet_tests::cluster::{Cluster, ClusterNode, phase};
-use swiftlet_tests::csi_driver::CsiCall;
+use swiftlet_tests::csi_driver::{CsiCall, TOKENS_FILE};
 use swiftlet_tests::csi_hostpath::{CsiHostPath, CsiHostPathOptions, Deployment, mounts_under};
 use swiftlet_tests::pods::BUSYBOX;
 use swiftlet_tests::{AgentOptions, Cri, cri_endpoint, eventually, tail, testbed_lock};
@@ -370,6 +370,9 @@ async fn a_driver_with_token_requests_gets_the_pods_tokens_and_is_published_agai
     let extra = user.extra.unwrap_or_default();
     assert_eq!(extra.get("authentication.kubernetes.io/pod-uid"), Some(&vec![uid.clone()]));
     assert_eq!(status.audiences.unwrap_or_default(), [AUDIENCE]);
+    // The driver put what the token says of itself in the pod's volume.
+    let seen = std::fs::read_to_string(std::path::Path::new(&first.target_path).join(TOKENS_FILE))?;
+    assert_eq!(seen, format!("{AUDIENCE} {ns}/tok default\n"));
 
     // requiresRepublish: a sync of the pod (here: a label changed) publishes it again,
     // with the cached token.

@@ -89,6 +89,11 @@ struct DeployArgs {
     /// deploy CSI drivers; the node's agent runs it) instead of as processes beside it.
     #[arg(long)]
     as_pod: bool,
+    /// Ask for the pod's service-account token for this audience when a volume is
+    /// published (the `CSIDriver`'s `tokenRequests`, one per flag): an inline volume then
+    /// holds what the tokens say of themselves (`swiftlet_tests::csi_driver::TOKENS_FILE`).
+    #[arg(long = "token-audience")]
+    token_audiences: Vec<String>,
     /// How long to wait, in seconds, for another deployment to end.
     #[arg(long, default_value_t = 60)]
     lock_timeout: u64,
@@ -168,7 +173,11 @@ async fn deploy(args: DeployArgs) -> Result<()> {
     };
     let cluster = Cluster::connect_to(&state).await?;
     let deployment = if args.as_pod { Deployment::Pods } else { Deployment::default() };
-    let opts = CsiHostPathOptions { deployment, ..CsiHostPathOptions::default() };
+    let opts = CsiHostPathOptions {
+        deployment,
+        token_requests: args.token_audiences.iter().map(|a| serde_json::json!({ "audience": a })).collect(),
+        ..CsiHostPathOptions::default()
+    };
     // Dropped half-way by a stop, the harness removes what it had made.
     let csi = tokio::select! {
         csi = CsiHostPath::start(&cluster, &args.node, &args.root_dir, opts) => csi?,

@@ -3,7 +3,8 @@
 //! xtask does not depend on) runs the driver, upstream's csi-provisioner and csi-resizer as
 //! a pod on the node (a `DaemonSet` the node's agent runs, swiftlet or the upstream kubelet
 //! alike, as clusters deploy CSI drivers), and creates the `CSIDriver` and the storage
-//! class, as the end-to-end tests deploy it. It
+//! class, as the end-to-end tests deploy it; the `CSIDriver` asks for the pods'
+//! service-account tokens ([`super::scenarios::CSI_TOKEN_AUDIENCE`]). It
 //! says `ready` on stdout once all of it is up and removes all of it again at the end of
 //! its stdin or on SIGTERM ([`CsiDeployment::stop`]; dropped, the deployment is stopped
 //! too, and should xtask die, the process gets SIGTERM).
@@ -77,6 +78,8 @@ impl CsiDeployment {
             .arg(cluster_state)
             .arg("--log-dir")
             .arg(log_dir)
+            .arg("--token-audience")
+            .arg(super::scenarios::CSI_TOKEN_AUDIENCE)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(out)

@@ -9,7 +9,9 @@
 //!
 //! The `csi-*` scenarios use the test bed's host-path CSI driver, which the runner deploys
 //! beside the node of each agent in turn (see [`super::csi`]): a claim of its storage
-//! class, a generic ephemeral and an inline volume of it, and a claim that does not exist.
+//! class, a generic ephemeral and an inline volume of it, an inline volume whose pod sees
+//! the service-account token the agent requested for the driver (bound to that pod), and a
+//! claim that does not exist.
 //!
 //! The `dra-*` scenarios use upstream's DRA test driver, which the runner starts beside
 //! the node of each agent in turn (see [`super::dra`]), and are placed by the scheduler,
@@ -222,6 +224,11 @@ const SLEEP: &str = "exec sleep 3600";
 /// and `swiftlet_tests::csi_hostpath`, which `swiftlet-test-csi-driver deploy` deploys).
 pub const CSI_DRIVER: &str = "hostpath.csi.swiftlet.test";
 pub const CSI_STORAGE_CLASS: &str = "swiftlet-csi-hostpath";
+/// The audience of the token the `CSIDriver` asks each agent for (`tokenRequests`). The
+/// driver writes `<audience> <namespace>/<pod> <service account>` of each token it gets,
+/// from the token's claims, into an inline volume's `serviceaccount-tokens`
+/// (`swiftlet_tests::csi_driver::TOKENS_FILE`).
+pub const CSI_TOKEN_AUDIENCE: &str = "swiftlet-fidelity";
 
 /// A `ReadWriteOnce` filesystem claim `name` of the host-path storage class, `size` big.
 pub fn csi_claim(name: &str, size: &str) -> Value {
@@ -262,6 +269,8 @@ fn csi_scenarios() -> Vec<Scenario> {
     };
     let (claim_script, claim_probe) = writes(&["/data"]);
     let (eph_script, eph_probe) = writes(&["/scratch", "/inline"]);
+    // The token is the pod's own: its namespace (the run's), its name, its account.
+    let token_line = format!("{CSI_TOKEN_AUDIENCE} [^/ ]*/csi-token default");
     vec![
         csi(
             "csi-claim",
@@ -300,6 +309,22 @@ fn csi_scenarios() -> Vec<Scenario> {
                             { "name": "inline", "mountPath": "/inline" },
                         ],
                         "readinessProbe": eph_probe,
+                    }))],
+                }),
+            ),
+            Done::All(vec![Done::Phase("Running"), Done::Ready(true)]),
+        ),
+        csi(
+            "csi-token",
+            Vec::new(),
+            Placement::Scheduled,
+            pod(
+                "csi-token",
+                &json!({
+                    "volumes": [{ "name": "inline", "csi": { "driver": CSI_DRIVER } }],
+                    "containers": [c0_with(SLEEP, &json!({
+                        "volumeMounts": [{ "name": "inline", "mountPath": "/inline" }],
+                        "readinessProbe": exec_probe(&["grep", "-qx", &token_line, "/inline/serviceaccount-tokens"], &json!({})),
                     }))],
                 }),
             ),
@@ -722,7 +747,10 @@ mod tests {
     fn csi_scenarios_name_their_claims_and_the_driver() {
         let all = all("127.0.0.1:5001");
         let csi: Vec<&Scenario> = all.iter().filter(|s| s.csi).collect();
-        assert_eq!(csi.iter().map(|s| s.name).collect::<Vec<_>>(), ["csi-claim", "csi-ephemeral", "csi-missing-claim"]);
+        assert_eq!(
+            csi.iter().map(|s| s.name).collect::<Vec<_>>(),
+            ["csi-claim", "csi-ephemeral", "csi-token", "csi-missing-claim"]
+        );
         assert!(
             all.iter().filter(|s| !s.csi && !s.dra).all(|s| s.claims.is_empty() && s.placement == Placement::Bound)
         );
@@ -741,6 +769,9 @@ mod tests {
                     assert_eq!(c["driver"], CSI_DRIVER);
                 }
             }
+            // The token scenario's probe reads the driver's record of its pod's token.
+            let probe = s.pod["spec"]["containers"][0]["readinessProbe"]["exec"]["command"].to_string();
+            assert_eq!(s.name == "csi-token", probe.contains("swiftlet-fidelity [^/ ]*/csi-token default"), "{probe}");
             assert!(s.claims.iter().all(|c| c["spec"]["storageClassName"] == CSI_STORAGE_CLASS));
         }
     }
