@@ -245,12 +245,16 @@ async fn curve_of(
     Ok(())
 }
 
+/// The pause before each kill.
+const KILL_SPACING: Duration = Duration::from_millis(1500);
+
 /// A kill whose agent side, or whose API side, took longer than this is said on stderr.
 const API_SHARE_NOTED: u64 = 30_000_000;
 
-/// Kills container `c0` of `kills` different pods, one every 1.5 s; returns kill → the
-/// exit on the bench's watch for each and, from swiftlet's records, kill → the pod status
-/// computed in the agent (each kill whose API latency is above the agent's by more than
+/// Kills container `c0` of `kills` different pods, each [`KILL_SPACING`] after the previous
+/// one showed in the API (the first as long after the scrapes and the bench's reads);
+/// returns kill → the exit on the bench's watch for each and, from swiftlet's records,
+/// kill → the pod status computed in the agent (each kill whose API latency is above the agent's by more than
 /// [`API_SHARE_NOTED`], or whose agent latency is above it, is said on stderr, split), then
 /// waits until every killed pod runs again.
 async fn kill_and_watch(
@@ -277,6 +281,10 @@ async fn kill_and_watch(
         let status = cri.container_status_verbose(&id).await?;
         let pid = pleg::pid_from_info(&status.info).context("no pid in the container's status")?;
         ensure!(procfs::in_container(pid, &id), "pid {pid} is no longer container {id}'s");
+        // Each kill on a quiet node: the one before it done, and the first not on the heels
+        // of the scrapes and of this bench's own reads (the agent's /pods of every pod, its
+        // record stream just opened), whose work would be counted in its latency.
+        tokio::time::sleep(KILL_SPACING).await;
         let at = procfs::monotonic_ns();
         pleg::sig_kill(pid)?;
         killed.insert(name.clone());
@@ -297,7 +305,6 @@ async fn kill_and_watch(
             ensure!(std::time::Instant::now() < deadline, "the kill of {name}'s c0 did not show in the API in 30 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     let mut in_agent = Vec::new();
     if let Some(stream) = stream {
