@@ -75,16 +75,27 @@ struct Dirty {
     /// The API object is new (a recreated mirror pod): write `status` even if it is the
     /// one written last.
     rewrite: bool,
+    /// When the oldest change not yet written was made: `kubelet_pod_status_sync_duration_seconds`
+    /// runs from there to the API having the pod's status, whatever came in between.
+    since: Option<Instant>,
+}
+
+impl Dirty {
+    /// `status` is the latest to write.
+    fn set_status(&mut self, status: PodStatus) {
+        self.since.get_or_insert_with(Instant::now);
+        self.status = Some(status);
+    }
 }
 
 /// One pod of a batch after its write: what was due, the pod written to, and how the
-/// write went (with the resourceVersion it made and how long it took); no pod and no
-/// outcome when nothing needed writing.
+/// write went (with the resourceVersion it made); no pod and no outcome when nothing
+/// needed writing.
 struct Written {
     uid: String,
     dirty: Dirty,
     pod: Option<Arc<Pod>>,
-    outcome: Option<Result<(Option<u64>, Duration), kube::Error>>,
+    outcome: Option<Result<Option<u64>, kube::Error>>,
 }
 
 /// The pods with something to write, shared by the manager and its writer.
@@ -154,7 +165,7 @@ impl StatusProvider for ApiStatusManager {
         let changed = self.local.get(uid).as_ref() != Some(&status);
         self.local.set(uid, status.clone());
         if changed {
-            self.queue.mark(uid, |d| d.status = Some(status));
+            self.queue.mark(uid, |d| d.set_status(status));
         }
     }
 
@@ -171,7 +182,7 @@ impl StatusProvider for ApiStatusManager {
     fn mirror_created(&self, uid: &str) {
         if let Some(status) = self.local.get(uid) {
             self.queue.mark(uid, |d| {
-                d.status = Some(status);
+                d.set_status(status);
                 d.rewrite = true;
             });
         }
@@ -248,10 +259,7 @@ impl StatusWriter {
                         .filter(|status| dirty.rewrite || this.sent.get(&uid) != Some(status))
                         .and_then(|_| this.pods.shared(&uid));
                     let outcome = match (&pod, &dirty.status) {
-                        (Some(pod), Some(status)) if !stopping.is_cancelled() => {
-                            let start = std::time::Instant::now();
-                            Some(this.write(pod, status).await.map(|version| (version, start.elapsed())))
-                        }
+                        (Some(pod), Some(status)) if !stopping.is_cancelled() => Some(this.write(pod, status).await),
                         _ => None,
                     };
                     Written { uid, dirty, pod, outcome }
@@ -291,7 +299,9 @@ impl StatusWriter {
                 "pod status on the API server differs from the last one written; writing it again"
             );
             self.queue.mark(uid, |d| {
-                d.status.get_or_insert_with(|| sent.clone());
+                if d.status.is_none() {
+                    d.set_status(sent.clone());
+                }
                 d.rewrite = true;
             });
         }
@@ -301,13 +311,14 @@ impl StatusWriter {
     /// goes back in the queue (unless a newer status is there already) with the pod's
     /// back-off.
     async fn settle(&mut self, written: Written) {
-        let Written { uid, dirty: Dirty { status, forget, finished, rewrite }, pod, outcome } = written;
+        let Written { uid, dirty: Dirty { status, forget, finished, rewrite, since }, pod, outcome } = written;
         if let Some(status) = status
             && let Some(pod) = pod
             && let Some(outcome) = outcome
         {
             match outcome {
-                Ok((version, took)) => {
+                Ok(version) => {
+                    let took = since.map_or(Duration::ZERO, |since| since.elapsed());
                     self.metrics.pod_status_sync_duration.observe(took.as_secs_f64());
                     match version {
                         Some(v) => self.written_version.insert(uid.clone(), v),
@@ -328,6 +339,11 @@ impl StatusWriter {
                     let mut queue = self.queue.dirty.lock().unwrap();
                     let again = queue.entry(uid).or_default();
                     again.status.get_or_insert(status);
+                    // A newer status waits since the change the failed one was for.
+                    again.since = match (again.since, since) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                     again.forget |= forget;
                     again.rewrite |= rewrite;
                     if again.finished.is_none() {
@@ -505,6 +521,7 @@ mod tests {
     struct Running {
         manager: ApiStatusManager,
         pods: PodManager,
+        registry: prometheus_client::registry::Registry,
         stop: CancellationToken,
         task: tokio::task::JoinHandle<()>,
     }
@@ -515,11 +532,19 @@ mod tests {
             *api.code.lock().unwrap() = code;
             let pods = PodManager::new(&["api"]);
             pods.apply(PodUpdate::set("api", [pod]));
-            let (manager, writer) =
-                ApiStatusManager::new(api.client(), pods.clone(), Arc::new(StatusMetrics::default()));
+            let mut registry = prometheus_client::registry::Registry::default();
+            let metrics = Arc::new(StatusMetrics::new(&mut registry));
+            let (manager, writer) = ApiStatusManager::new(api.client(), pods.clone(), metrics);
             let stop = CancellationToken::new();
             let task = tokio::spawn(writer.run(stop.clone()));
-            Self { manager, pods, stop, task }
+            Self { manager, pods, registry, stop, task }
+        }
+
+        /// The writer's metrics in the text format.
+        fn metrics_text(&self) -> String {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode_registry(&mut out, &self.registry).unwrap();
+            out
         }
 
         /// Sets the status of pod `u1`, then lets `wait` pass.
@@ -553,6 +578,41 @@ mod tests {
         let written: Vec<String> =
             api.patches().into_iter().filter(|(code, _)| *code == 200).map(|(_, message)| message).collect();
         assert_eq!(written, vec!["s5".to_string()]);
+        running.stop().await;
+    }
+
+    /// `kubelet_pod_status_sync_duration_seconds` as upstream defines it: from the first
+    /// status change not yet written to the API having it, the failed attempts and the
+    /// changes in between included (not one request's round trip), in upstream's buckets.
+    #[tokio::test(start_paused = true)]
+    async fn the_status_sync_duration_runs_from_the_change_to_the_api_having_it() {
+        let api = FakeApi::default();
+        let running = Running::start(&api, 503, api_pod(false));
+        running.set(status("s1"), Duration::from_millis(300)).await;
+        running.set(status("s2"), Duration::from_millis(300)).await;
+        *api.code.lock().unwrap() = 200;
+        // The retry, a second after the failure.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(api.patches(), vec![(503, "s1".to_string()), (200, "s2".to_string())]);
+        let text = running.metrics_text();
+        let sample = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        };
+        assert!(text.contains("\nkubelet_pod_status_sync_duration_seconds_count 1\n"), "{text}");
+        let took = sample("kubelet_pod_status_sync_duration_seconds_sum");
+        assert!((1.0..1.1).contains(&took), "from s1's change to s2 written: {took} s");
+        let buckets: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("kubelet_pod_status_sync_duration_seconds_bucket{le=\""))
+            .filter_map(|l| l.split('"').next())
+            .collect();
+        assert_eq!(
+            buckets,
+            ["0.01", "0.05", "0.1", "0.5", "1.0", "5.0", "10.0", "20.0", "30.0", "45.0", "60.0", "+Inf"]
+        );
         running.stop().await;
     }
 
