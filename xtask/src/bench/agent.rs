@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
 use crate::{
@@ -503,6 +503,14 @@ authorization:
             bail!("GET {url}: {code}: {body}");
         }
         parse_pods(&body)
+    }
+
+    /// The body of `/metrics`.
+    pub async fn metrics_text(&self) -> Result<String> {
+        let url = format!("https://127.0.0.1:{}/metrics", self.https_port);
+        let (code, body) = http_get(&url).await?;
+        ensure!(code == 200, "GET {url}: {code}: {body}");
+        Ok(body)
     }
 
     /// Writes a manifest atomically (the agent ignores dot files).

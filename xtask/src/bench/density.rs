@@ -88,6 +88,11 @@ pub struct Point {
     pub exit_in_agent: Option<Summary>,
     /// Median agent CPU per scrape (ms) by endpoint path.
     pub scrape_cpu_ms: Vec<(String, f64)>,
+    /// swiftlet's mean status change → the API server's answer to its write, over the
+    /// status writes of the kill phase (`kubelet_pod_status_sync_duration_seconds`): the
+    /// API side of a kill is this and the watch's delivery. Not the upstream kubelet's:
+    /// its figure runs from each pod's first status.
+    pub status_write_ms: Option<f64>,
 }
 
 /// One agent's curve.
@@ -221,7 +226,17 @@ async fn curve_of(
         }
 
         // Exits.
+        let synced_before = if swiftlet { status_syncs(&c.agent.metrics_text().await?) } else { None };
         let (exits, in_agent) = kill_and_watch(c, &mut cri, &names, args.kills).await?;
+        let synced_after = if swiftlet { status_syncs(&c.agent.metrics_text().await?) } else { None };
+        let status_write_ms = synced_before
+            .zip(synced_after)
+            .and_then(|((s0, n0), (s1, n1))| (n1 > n0).then(|| (s1 - s0) / (n1 - n0) * 1e3));
+        if let Some(ms) = status_write_ms {
+            eprintln!(
+                "bench: {label} at {count} pods: status change → API write, mean over the kill phase: {ms:.1} ms"
+            );
+        }
         let point = Point {
             pods: count,
             startup,
@@ -232,6 +247,7 @@ async fn curve_of(
             exit_to_api: Summary::of(exits),
             exit_in_agent: Summary::of(in_agent),
             scrape_cpu_ms,
+            status_write_ms,
         };
         eprintln!(
             "bench: {label} at {count} pods: idle {:.4} cores, RSS {:.0} MiB, {} req/s, kill → API p99 {}",
@@ -243,6 +259,16 @@ async fn curve_of(
         curve.points.push(point);
     }
     Ok(())
+}
+
+/// `kubelet_pod_status_sync_duration_seconds`' sum (seconds) and count in a `/metrics` text.
+fn status_syncs(text: &str) -> Option<(f64, f64)> {
+    let sample =
+        |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+    Some((
+        sample("kubelet_pod_status_sync_duration_seconds_sum")?,
+        sample("kubelet_pod_status_sync_duration_seconds_count")?,
+    ))
 }
 
 /// The pause before each kill.
@@ -384,6 +410,7 @@ pub fn table(curves: &[Curve]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "RSS",
         "kill → API p50 / p99",
         "kill → status in the agent p50 / p99",
+        "status change → API write, mean",
         "start-up p50 / p99",
         "API req/s idle",
         "PATCH pods/status /s (est.)",
@@ -403,6 +430,7 @@ pub fn table(curves: &[Curve]) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     format!("{:.1} MiB", p.rss_bytes as f64 / 1_048_576.0),
                     ms(p.exit_to_api),
                     ms(p.exit_in_agent),
+                    p.status_write_ms.map_or("—".to_owned(), |v| report::fmt_ms((v * 1e6) as u64)),
                     ms(p.startup),
                     apiload::fmt_rate(p.idle_requests),
                     apiload::fmt_rate(p.idle_status_writes),
@@ -470,7 +498,18 @@ mod tests {
             exit_to_api: None,
             exit_in_agent: None,
             scrape_cpu_ms: vec![("/metrics/cadvisor".into(), 2.5)],
+            status_write_ms: None,
         }
+    }
+
+    #[test]
+    fn status_syncs_are_read_from_the_metrics_text() {
+        let text = "# TYPE kubelet_pod_status_sync_duration_seconds histogram\n\
+                    kubelet_pod_status_sync_duration_seconds_bucket{le=\"0.01\"} 3\n\
+                    kubelet_pod_status_sync_duration_seconds_sum 0.25\n\
+                    kubelet_pod_status_sync_duration_seconds_count 10\n";
+        assert_eq!(status_syncs(text), Some((0.25, 10.0)));
+        assert_eq!(status_syncs("kubelet_pod_status_sync_duration_seconds_sum 1\n"), None);
     }
 
     #[test]
