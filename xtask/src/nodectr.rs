@@ -692,11 +692,14 @@ fn remove_link(name: &str) -> Result<()> {
     }
 }
 
+/// The bench's node containers (`bench cluster`), 1 to [`MAX_BENCH_NODES`].
+fn bench_specs(layout: &Layout) -> impl Iterator<Item = Spec> + '_ {
+    (1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok())
+}
+
 /// Every node container a test bed can have: its own and the bench's.
 fn all_specs(layout: &Layout) -> Vec<Spec> {
-    let mut specs = vec![Spec::testbed(layout)];
-    specs.extend((1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok()));
-    specs
+    std::iter::once(Spec::testbed(layout)).chain(bench_specs(layout)).collect()
 }
 
 /// `bridge` when it exists while no node container is recorded in `layout`: the node
@@ -949,8 +952,7 @@ fn bridge_ports() -> Vec<String> {
 /// Stops every bench node container (`bench cluster`) a killed bench left.
 pub fn down_bench(layout: &Layout) -> Result<()> {
     let mut failures = Vec::new();
-    for i in 1..=MAX_BENCH_NODES {
-        let spec = Spec::bench(layout, i)?;
+    for spec in bench_specs(layout) {
         if (spec.state_file.exists() || spec.rootfs.exists())
             && let Err(e) = down_spec(&spec)
         {
@@ -962,7 +964,7 @@ pub fn down_bench(layout: &Layout) -> Result<()> {
 
 /// What the bench node containers (`bench cluster`) left on the host.
 pub fn bench_leftovers(layout: &Layout) -> Vec<String> {
-    (1..=MAX_BENCH_NODES).filter_map(|i| Spec::bench(layout, i).ok()).flat_map(|s| spec_leftovers(&s)).collect()
+    bench_specs(layout).flat_map(|s| spec_leftovers(&s)).collect()
 }
 
 /// What the test bed's node container left on the host, the shared bridge included.

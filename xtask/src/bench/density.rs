@@ -263,8 +263,7 @@ async fn curve_of(
 
 /// `kubelet_pod_status_sync_duration_seconds`' sum (seconds) and count in a `/metrics` text.
 fn status_syncs(text: &str) -> Option<(f64, f64)> {
-    let sample =
-        |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+    let sample = |name| apiload::samples(text, name).next().map(|s| s.value);
     Some((
         sample("kubelet_pod_status_sync_duration_seconds_sum")?,
         sample("kubelet_pod_status_sync_duration_seconds_count")?,
@@ -280,9 +279,9 @@ const API_SHARE_NOTED: u64 = 30_000_000;
 /// Kills container `c0` of `kills` different pods, each [`KILL_SPACING`] after the previous
 /// one showed in the API (the first as long after the scrapes and the bench's reads);
 /// returns kill → the exit on the bench's watch for each and, from swiftlet's records,
-/// kill → the pod status computed in the agent (each kill whose API latency is above the agent's by more than
-/// [`API_SHARE_NOTED`], or whose agent latency is above it, is said on stderr, split), then
-/// waits until every killed pod runs again.
+/// kill → the pod status computed in the agent (each kill whose API latency is above the
+/// agent's by more than [`API_SHARE_NOTED`], or whose agent latency is above it, is said
+/// on stderr, split), then waits until every killed pod runs again.
 async fn kill_and_watch(
     c: &mut Cluster,
     cri: &mut crate::cri::CriClient,
