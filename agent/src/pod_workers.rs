@@ -892,12 +892,23 @@ impl Worker {
     /// again once its calls returned), after the last change the PLEG reported and within
     /// [`MAX_KEPT_STATUS_AGE`]; else the runtime's own. Upstream waits for the PLEG's next
     /// relist where the cache has nothing newer; this asks the runtime.
-    async fn runtime_status(&self, now: tokio::time::Instant) -> crate::container::Result<RuntimePodStatus> {
+    ///
+    /// A sync woken by an exit the kernel saw writes it into the pod's status first, from
+    /// the kept status with the exit laid over it, whatever the kept status' age: the exit
+    /// reaches the API without waiting for a runtime that is busy recording it (on a dense
+    /// node such a read takes tens of milliseconds, at worst more than 100). The status
+    /// from the runtime's answer follows; it differs only if something else changed.
+    async fn runtime_status(&self, pod: &Pod, now: tokio::time::Instant) -> crate::container::Result<RuntimePodStatus> {
         let since =
             self.last_change_started.map(|t| now.checked_sub(MAX_KEPT_STATUS_AGE).map_or(t, |oldest| t.max(oldest)));
-        if let Some(kept) = since.and_then(|t| self.deps.runtime.cache().get_newer_than(self.uid(), t)) {
+        let cache = self.deps.runtime.cache();
+        if let Some(kept) = since.and_then(|t| cache.get_newer_than(self.uid(), t)) {
             tracing::trace!("runtime status from the cache");
             return Ok(kept);
+        }
+        if let Some(exited) = cache.kept_with_new_exit(self.uid()) {
+            tracing::trace!("the kernel's exit into the status before the runtime's answer");
+            self.update_status(pod, &exited, false);
         }
         self.deps.runtime.pod_status(self.uid()).await
     }
@@ -917,7 +928,7 @@ impl Worker {
         let pod = self.deps.runtime.allocation().update_pod_from_allocation(&pod).0;
         let name = pod_full_name(&pod);
         let sync_started = tokio::time::Instant::now();
-        let rt_status = match self.runtime_status(sync_started).await {
+        let rt_status = match self.runtime_status(&pod, sync_started).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(pod = %name, error = %e, "cannot get pod status from the runtime");
@@ -1306,6 +1317,14 @@ mod tests {
     /// kept runtime status is stale from now on.
     fn pleg_event(e: &Env, uid: &str) {
         e.workers.deps.runtime.cache().invalidate(uid, tokio::time::Instant::now());
+    }
+
+    /// What the evented PLEG and the sync loop do for an exit the kernel saw (container
+    /// `id` of pod `uid` exited with `code`) that the runtime has not recorded.
+    fn kernel_exit_event(e: &Env, uid: &str, id: &str, code: i32) {
+        let cache = e.workers.deps.runtime.cache();
+        cache.exits().record(uid, id, code, SystemTime::now());
+        cache.exit_recorded(uid, tokio::time::Instant::now());
     }
 
     #[tokio::test]
@@ -1736,6 +1755,54 @@ mod tests {
         e.workers.update_pod(p, WorkType::Sync);
         idle().await;
         assert_eq!(reads(), before + 2, "the kept status is too old");
+        e.stop.cancel();
+    }
+
+    /// An exit the kernel saw, in a pod whose kept runtime status is too old to sync from:
+    /// the pod's status shows it while the runtime has not answered yet, and once the
+    /// runtime answers the sync restarts the container.
+    #[tokio::test(start_paused = true)]
+    async fn a_kernel_exit_reaches_the_status_before_the_runtime_answers() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u7", "exit", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        let state = || {
+            e.status
+                .get("u7")
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| c.state)
+        };
+        while state().is_none_or(|s| s.running.is_none()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(MAX_KEPT_STATUS_AGE * 2).await;
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let opened = gate.clone();
+        e.rt.set_list_hook(move |_| {
+            let gate = opened.clone();
+            Box::pin(async move { gate.notified().await })
+        });
+        let container = e.rt.containers_named("c")[0].clone();
+        kernel_exit_event(&e, "u7", &container, 137);
+        e.workers.update_pod(p, WorkType::Sync);
+        let terminated = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(t) = state().and_then(|s| s.terminated) {
+                    return t;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the exit waited for the runtime");
+        assert_eq!((terminated.exit_code, terminated.reason.as_deref()), (137, Some("Error")));
+        assert_eq!(e.rt.containers_named("c").len(), 1, "no restart before the runtime answered");
+        e.rt.set_list_hook(|_| Box::pin(async {}));
+        gate.notify_waiters();
+        while e.rt.containers_named("c").len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         e.stop.cancel();
     }
 

@@ -19,7 +19,11 @@
 //!   its wait: a reader that finds nothing newer reads the runtime itself).
 //!   [`RuntimeCache::invalidate`] marks a pod's status stale from the time a change
 //!   happened: the sync loop does for every PLEG event before the pod worker hears of it,
-//!   so a status read before a change is never taken for one read after it.
+//!   so a status read before a change is never taken for one read after it — except an
+//!   exit the kernel saw and [`KernelExits`] holds ([`RuntimeCache::exit_recorded`]): laid
+//!   over the kept status, the record *is* the change, so the kept status stays current,
+//!   and [`RuntimeCache::kept_with_new_exit`] hands it out whatever its age, for the pod
+//!   worker to write the exit into the pod's status before it asks the runtime.
 //! - **Changes**: a counter bumped by every PLEG event and every start or stop the
 //!   runtime manager makes; the stats provider collects anew when it moved.
 
@@ -60,6 +64,9 @@ struct Entry {
     read_at: Instant,
     /// When an event last said the pod changed.
     invalidated_at: Option<Instant>,
+    /// When the kernel last saw a container (or sandbox) of the pod exit, for an exit
+    /// [`KernelExits`] holds ([`RuntimeCache::exit_recorded`]).
+    exited_at: Option<Instant>,
 }
 
 impl RuntimeCache {
@@ -130,7 +137,12 @@ impl RuntimeCache {
         let status = RuntimePodStatus::fetch(rt, uid).await?;
         {
             let mut statuses = self.statuses.lock().unwrap();
-            let e = statuses.entry(uid.to_owned()).or_insert(Entry { status: None, read_at, invalidated_at: None });
+            let e = statuses.entry(uid.to_owned()).or_insert(Entry {
+                status: None,
+                read_at,
+                invalidated_at: None,
+                exited_at: None,
+            });
             // A slower read that began earlier does not replace a newer one.
             if e.status.is_none() || e.read_at <= read_at {
                 e.status = Some(status.clone());
@@ -162,6 +174,32 @@ impl RuntimeCache {
         if let Some(e) = self.statuses.lock().unwrap().get_mut(uid) {
             e.invalidated_at = Some(e.invalidated_at.map_or(at, |i| i.max(at)));
         }
+    }
+
+    /// A container or sandbox of pod `uid` exited at `at` (the kernel's time) and the
+    /// evented PLEG recorded the exit in [`Self::exits`], which every status handed out
+    /// carries: unlike [`Self::invalidate`], the kept status stays current.
+    pub fn exit_recorded(&self, uid: &str, at: Instant) {
+        if let Some(e) = self.statuses.lock().unwrap().get_mut(uid) {
+            e.exited_at = Some(e.exited_at.map_or(at, |x| x.max(at)));
+        }
+    }
+
+    /// Pod `uid`'s kept status with the kernel's exits laid over it, whatever its age, if
+    /// an exit ([`Self::exit_recorded`]) came after it was read and no other change did:
+    /// the exit the pod worker is woken for, which it can write into the pod's status
+    /// before the runtime answers (a runtime busy recording the exit, on a dense node,
+    /// answers in tens of milliseconds, at worst in more than 100).
+    #[must_use]
+    pub fn kept_with_new_exit(&self, uid: &str) -> Option<RuntimePodStatus> {
+        let statuses = self.statuses.lock().unwrap();
+        let e = statuses.get(uid)?;
+        let current = e.invalidated_at.is_none_or(|i| e.read_at > i);
+        let new_exit = e.exited_at.is_some_and(|x| x >= e.read_at);
+        let mut status = e.status.clone().filter(|_| current && new_exit)?;
+        drop(statuses);
+        self.exits.apply(&mut status);
+        Some(status)
     }
 
     /// Forgets pod `uid`'s status (the pod is gone from the node).
@@ -225,6 +263,29 @@ mod tests {
         assert!(cache.get_newer_than("u", before).is_some(), "read again after the event");
         cache.forget("u");
         assert!(cache.get_newer_than("u", before).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_kernel_exit_keeps_the_status_current_and_hands_it_out_once_new() {
+        let cache = RuntimeCache::default();
+        let rt = FakeRuntime::default();
+        let before = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.pod_status(&rt, "u").await.unwrap();
+        assert!(cache.kept_with_new_exit("u").is_none(), "no exit since the read");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.exit_recorded("u", Instant::now());
+        assert!(cache.get_newer_than("u", before).is_some(), "the exit's record carries the change");
+        assert!(cache.kept_with_new_exit("u").is_some(), "an exit since the read");
+        tokio::time::advance(Duration::from_mins(1)).await;
+        assert!(cache.kept_with_new_exit("u").is_some(), "whatever the kept status' age");
+        cache.invalidate("u", Instant::now());
+        assert!(cache.kept_with_new_exit("u").is_none(), "another change since the read");
+        assert!(cache.get_newer_than("u", before).is_none());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.pod_status(&rt, "u").await.unwrap();
+        assert!(cache.kept_with_new_exit("u").is_none(), "read again after the exit");
+        assert!(cache.kept_with_new_exit("other").is_none(), "nothing kept");
     }
 
     #[tokio::test(start_paused = true)]

@@ -170,6 +170,8 @@ struct State {
     /// The streaming requests made so far.
     streaming: Vec<StreamingCall>,
     start_hook: StartHookSlot,
+    /// Run at the start of every `ListPodSandbox` ([`FakeRuntime::set_list_hook`]).
+    list_hook: StartHookSlot,
     /// Containers whose process is gone but whose exit the runtime has not recorded yet:
     /// the exit code, and how many more `ContainerStatus` calls still show them running.
     lagging_exits: HashMap<String, (i32, u32)>,
@@ -266,6 +268,12 @@ impl FakeRuntime {
     /// Runs `hook` at the start of every sandbox or container start (see [`StartHook`]).
     pub fn set_start_hook(&self, hook: impl Fn(&'static str) -> BoxFuture<'static, ()> + Send + Sync + 'static) {
         self.state.lock().unwrap().start_hook = StartHookSlot(Some(Arc::new(hook)));
+    }
+
+    /// Runs `hook` at the start of every `ListPodSandbox` (the first call of a pod
+    /// status read): it may wait, to keep the runtime from answering.
+    pub fn set_list_hook(&self, hook: impl Fn(&'static str) -> BoxFuture<'static, ()> + Send + Sync + 'static) {
+        self.state.lock().unwrap().list_hook = StartHookSlot(Some(Arc::new(hook)));
     }
 
     /// Runs the start hook, if any, without holding the lock.
@@ -523,6 +531,10 @@ impl RuntimeService for FakeRuntime {
     }
 
     async fn list_pod_sandbox(&self, filter: Option<api::PodSandboxFilter>) -> Result<Vec<api::PodSandbox>> {
+        let hook = self.state.lock().unwrap().list_hook.0.clone();
+        if let Some(hook) = hook {
+            hook("list_podsandbox").await;
+        }
         let s = self.record("list_podsandbox");
         if s.unavailable {
             return Err(unavailable("list_podsandbox"));

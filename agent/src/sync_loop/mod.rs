@@ -227,7 +227,17 @@ impl SyncLoop {
             now.checked_sub(Duration::from_nanos(crate::types::clock::monotonic_now_ns().saturating_sub(k)))
                 .unwrap_or(now)
         });
-        self.cache.invalidate(&ev.pod_uid, at);
+        // An exit the kernel saw and the PLEG recorded is carried by every status the
+        // cache hands out: the kept status stays current (see `RuntimeCache`).
+        let kernel_exit = ev.kind == PodLifecycleEventType::ContainerDied
+            && ev.kernel_time_ns.is_some()
+            && self.cache.exits().get(&ev.data).is_some()
+            && !self.cache.exits().awaits_runtime(&ev.data);
+        if kernel_exit {
+            self.cache.exit_recorded(&ev.pod_uid, at);
+        } else {
+            self.cache.invalidate(&ev.pod_uid, at);
+        }
         self.cache.containers_changed();
         if ev.kind == PodLifecycleEventType::ContainerRemoved {
             return;
@@ -826,6 +836,43 @@ mod tests {
         assert_eq!((dispatched.container_id.as_str(), dispatched.pleg_event.as_str()), ("c-1", "ContainerDied"));
         assert_eq!(dispatched.kernel_time_ns, Some(42));
         assert!(dispatched.agent_time_ns.is_some_and(|t| t > 42));
+        e.stop.cancel();
+    }
+
+    /// An exit the kernel saw and the PLEG recorded keeps the pod's kept runtime status
+    /// current (the record carries the change); an exit that waits for the runtime (its
+    /// message may be the end of its log), or one a relist found, makes it stale.
+    #[tokio::test]
+    async fn only_a_recorded_kernel_exit_keeps_the_kept_status_current() {
+        let e = env().await;
+        let cache = &e.sync_loop.cache;
+        let rt = FakeRuntime::default();
+        let died = |uid: &str, id: &str, kernel: bool| PodLifecycleEvent {
+            pod_uid: uid.into(),
+            kind: PodLifecycleEventType::ContainerDied,
+            data: id.into(),
+            kernel_time_ns: kernel.then(crate::types::clock::monotonic_now_ns),
+        };
+        for uid in ["recorded", "awaiting", "relisted", "unrecorded"] {
+            cache.pod_status(&rt, uid).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let now = std::time::SystemTime::now();
+        cache.exits().record("recorded", "c-1", 137, now);
+        cache.exits().record("awaiting", "c-2", 1, now);
+        cache.exits().await_runtime("awaiting", "c-2");
+        cache.exits().record("relisted", "c-3", 1, now);
+        e.sync_loop.handle_pleg_event(&died("recorded", "c-1", true));
+        e.sync_loop.handle_pleg_event(&died("awaiting", "c-2", true));
+        e.sync_loop.handle_pleg_event(&died("relisted", "c-3", false));
+        e.sync_loop.handle_pleg_event(&died("unrecorded", "c-4", true));
+        let long_ago = tokio::time::Instant::now() - Duration::from_secs(1);
+        let current: Vec<bool> = ["recorded", "awaiting", "relisted", "unrecorded"]
+            .into_iter()
+            .map(|uid| cache.get_newer_than(uid, long_ago).is_some())
+            .collect();
+        assert_eq!(current, [true, false, false, false]);
+        assert!(cache.kept_with_new_exit("recorded").is_some());
         e.stop.cancel();
     }
 
