@@ -955,6 +955,15 @@ impl Worker {
         }
         // Probe workers for the pod's containers (idempotent, as upstream `AddPod` in SyncPod).
         self.deps.runtime.probes().add_pod(&pod);
+        // The pod's allocation on disk before its cgroup and containers are made with it:
+        // admission leaves the write to here (`AllocationManager::write_admitted`).
+        let allocation = self.deps.runtime.allocation();
+        if allocation.has_unwritten() {
+            let allocation = allocation.clone();
+            tokio::task::spawn_blocking(move || allocation.write_admitted())
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        }
         let cg_start = Instant::now();
         let cm = self.deps.cm.clone();
         let for_cgroup = pod.clone();
@@ -1803,6 +1812,29 @@ mod tests {
         while e.rt.containers_named("c").len() < 2 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        e.stop.cancel();
+    }
+
+    /// An admission's allocation is written before the pod's sandbox is started, by the
+    /// pod's worker (admission does not write it).
+    #[tokio::test]
+    async fn the_allocation_is_written_before_the_pod_runs() {
+        let e = env();
+        let p = pod("u10", "alloc", "Always", false);
+        let allocation = e.workers.deps.runtime.allocation().clone();
+        allocation.add_pod(&p);
+        assert!(allocation.has_unwritten(), "admission leaves the write to the worker");
+        let unwritten_at_start = Arc::new(Mutex::new(Vec::new()));
+        let seen = unwritten_at_start.clone();
+        let checked = allocation.clone();
+        e.rt.set_start_hook(move |call| {
+            seen.lock().unwrap().push((call, checked.has_unwritten()));
+            Box::pin(async {})
+        });
+        e.workers.update_pod(p, WorkType::Create);
+        wait_for(|| e.status.get("u10").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
+        let seen = unwritten_at_start.lock().unwrap().clone();
+        assert_eq!(seen.first(), Some(&("run_podsandbox", false)), "{seen:?}");
         e.stop.cancel();
     }
 

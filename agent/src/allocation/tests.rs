@@ -52,6 +52,7 @@ fn a_new_pod_is_allocated_its_spec_and_a_restart_keeps_the_checkpoint() {
     let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
     let p = burstable("u1", "100m", "200m", "64Mi");
     m.add_pod(&p);
+    m.write_admitted();
     assert!(dir.path().join(checkpoint::FILE_NAME).exists());
     // After a restart the checkpoint is the truth, not the (resized) spec.
     let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
@@ -64,6 +65,34 @@ fn a_new_pod_is_allocated_its_spec_and_a_restart_keeps_the_checkpoint() {
     assert!(!m.is_pod_allocated("u1"));
     let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
     assert!(!m.is_pod_allocated("u1"));
+}
+
+/// Admissions are not written one by one: the next `write_admitted` writes all of them
+/// at once; a write that fails is made again by the next one.
+#[test]
+fn admissions_are_written_together_before_their_pods_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(checkpoint::FILE_NAME);
+    let m = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
+    assert!(!m.has_unwritten());
+    m.add_pod(&burstable("u1", "100m", "200m", "64Mi"));
+    m.add_pod(&burstable("u2", "100m", "200m", "64Mi"));
+    assert!(!file.exists(), "admission does not write");
+    assert!(m.has_unwritten());
+    m.write_admitted();
+    assert!(!m.has_unwritten());
+    assert_eq!(checkpoint::load(&file).unwrap().keys().collect::<Vec<_>>(), ["u1", "u2"]);
+    // The checkpoint's place taken by a directory: the write fails and stays to be done.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir_all(file.join("in-the-way")).unwrap();
+    m.add_pod(&burstable("u3", "100m", "200m", "64Mi"));
+    m.write_admitted();
+    assert!(m.has_unwritten(), "the failed write is still to be made");
+    std::fs::remove_dir_all(&file).unwrap();
+    m.write_admitted();
+    assert!(!m.has_unwritten());
+    let restarted = AllocationManager::new(dir.path(), NodeResizeConfig::default(), ResizeMetrics::default()).unwrap();
+    assert!(["u1", "u2", "u3"].iter().all(|u| restarted.is_pod_allocated(u)));
 }
 
 /// Either checkpoint corrupt: the agent does not start (upstream neither), and says which.
