@@ -897,7 +897,8 @@ impl Worker {
     /// the kept status with the exit laid over it, whatever the kept status' age: the exit
     /// reaches the API without waiting for a runtime that is busy recording it (on a dense
     /// node such a read takes tens of milliseconds, at worst more than 100). The status
-    /// from the runtime's answer follows; it differs only if something else changed.
+    /// from the runtime's answer follows (it differs only if something else changed), and
+    /// what the sync does (a restart) is decided on that answer.
     async fn runtime_status(&self, pod: &Pod, now: tokio::time::Instant) -> crate::container::Result<RuntimePodStatus> {
         let since =
             self.last_change_started.map(|t| now.checked_sub(MAX_KEPT_STATUS_AGE).map_or(t, |oldest| t.max(oldest)));
@@ -1835,6 +1836,51 @@ mod tests {
         wait_for(|| e.status.get("u10").is_some_and(|s| s.phase.as_deref() == Some("Running"))).await;
         let seen = unwritten_at_start.lock().unwrap().clone();
         assert_eq!(seen.first(), Some(&("run_podsandbox", false)), "{seen:?}");
+        e.stop.cancel();
+    }
+
+    /// Found by the end-to-end containerd restart test: an exit the kernel saw while the
+    /// runtime is away, soon after the pod's last sync (its kept status young), is written
+    /// into the status, but the restart waits for the runtime's answer — a start tried
+    /// while the runtime is away would fail and count towards the crash-loop back-off —
+    /// and happens at once when the runtime is back.
+    #[tokio::test(start_paused = true)]
+    async fn a_kernel_exit_while_the_runtime_is_away_restarts_once_it_is_back() {
+        let e = env_with(Arc::new(TokioClock::new()));
+        let p = pod("u11", "away", "Always", false);
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        let state = || {
+            e.status
+                .get("u11")
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().next())
+                .and_then(|c| c.state)
+        };
+        while state().is_none_or(|s| s.running.is_none()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let creates = || e.rt.calls().iter().filter(|c| *c == "create_container").count();
+        let before = creates();
+        e.rt.set_unavailable(true);
+        let container = e.rt.containers_named("c")[0].clone();
+        kernel_exit_event(&e, "u11", &container, 137);
+        e.workers.update_pod(p.clone(), WorkType::Sync);
+        wait_for(|| state().is_some_and(|s| s.terminated.is_some())).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(creates(), before, "no start while the runtime is away");
+        // The runtime back: the PLEG passes the exit on again.
+        e.rt.set_unavailable(false);
+        let back = tokio::time::Instant::now();
+        e.workers.deps.runtime.cache().exit_recorded("u11", back);
+        e.workers.update_pod(p, WorkType::Sync);
+        while creates() == before {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(back.elapsed() < Duration::from_secs(1), "restarted {:?} after the runtime came back", back.elapsed());
+        assert!(
+            !e.recorder.list().iter().any(|ev| ev.reason.as_deref() == Some("BackOff")),
+            "no back-off from a start the runtime never saw"
+        );
         e.stop.cancel();
     }
 

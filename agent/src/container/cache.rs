@@ -19,11 +19,14 @@
 //!   its wait: a reader that finds nothing newer reads the runtime itself).
 //!   [`RuntimeCache::invalidate`] marks a pod's status stale from the time a change
 //!   happened: the sync loop does for every PLEG event before the pod worker hears of it,
-//!   so a status read before a change is never taken for one read after it — except an
-//!   exit the kernel saw and [`KernelExits`] holds ([`RuntimeCache::exit_recorded`]): laid
-//!   over the kept status, the record *is* the change, so the kept status stays current,
-//!   and [`RuntimeCache::kept_with_new_exit`] hands it out whatever its age, for the pod
-//!   worker to write the exit into the pod's status before it asks the runtime.
+//!   so a status read before a change is never taken for one read after it. An exit the
+//!   kernel saw and [`KernelExits`] holds ([`RuntimeCache::exit_recorded`]) makes it stale
+//!   for a sync's actions as well — a restart is decided on the runtime's answer, and a
+//!   runtime that is away (containerd restarting) must not have a failed start count
+//!   towards the crash-loop back-off — but laid over the kept status the record *is* the
+//!   change: [`RuntimeCache::kept_with_new_exit`] hands the kept status out with it,
+//!   whatever its age, for the pod worker to write the exit into the pod's status before
+//!   it asks the runtime.
 //! - **Changes**: a counter bumped by every PLEG event and every start or stop the
 //!   runtime manager makes; the stats provider collects anew when it moved.
 
@@ -155,13 +158,16 @@ impl RuntimeCache {
     }
 
     /// Pod `uid`'s kept status if it was read at or after `t` (upstream's "not before")
-    /// and after every change reported in the pod since, with the kernel's exits laid
-    /// over it (upstream `GetNewerThan`, which waits where this returns `None`).
+    /// and after every change reported in the pod since, recorded exits included, with
+    /// the kernel's exits laid over it (upstream `GetNewerThan`, which waits where this
+    /// returns `None`).
     #[must_use]
     pub fn get_newer_than(&self, uid: &str, t: Instant) -> Option<RuntimePodStatus> {
         let statuses = self.statuses.lock().unwrap();
         let e = statuses.get(uid)?;
-        let fresh = e.read_at >= t && e.invalidated_at.is_none_or(|i| e.read_at > i);
+        let fresh = e.read_at >= t
+            && e.invalidated_at.is_none_or(|i| e.read_at > i)
+            && e.exited_at.is_none_or(|x| e.read_at > x);
         let mut status = e.status.clone().filter(|_| fresh)?;
         drop(statuses);
         self.exits.apply(&mut status);
@@ -178,7 +184,8 @@ impl RuntimeCache {
 
     /// A container or sandbox of pod `uid` exited at `at` (the kernel's time) and the
     /// evented PLEG recorded the exit in [`Self::exits`], which every status handed out
-    /// carries: unlike [`Self::invalidate`], the kept status stays current.
+    /// carries: like [`Self::invalidate`] for [`Self::get_newer_than`], but the kept
+    /// status stays at hand for [`Self::kept_with_new_exit`].
     pub fn exit_recorded(&self, uid: &str, at: Instant) {
         if let Some(e) = self.statuses.lock().unwrap().get_mut(uid) {
             e.exited_at = Some(e.exited_at.map_or(at, |x| x.max(at)));
@@ -275,16 +282,16 @@ mod tests {
         assert!(cache.kept_with_new_exit("u").is_none(), "no exit since the read");
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.exit_recorded("u", Instant::now());
-        assert!(cache.get_newer_than("u", before).is_some(), "the exit's record carries the change");
+        assert!(cache.get_newer_than("u", before).is_none(), "a sync acts on the runtime's answer");
         assert!(cache.kept_with_new_exit("u").is_some(), "an exit since the read");
         tokio::time::advance(Duration::from_mins(1)).await;
         assert!(cache.kept_with_new_exit("u").is_some(), "whatever the kept status' age");
         cache.invalidate("u", Instant::now());
         assert!(cache.kept_with_new_exit("u").is_none(), "another change since the read");
-        assert!(cache.get_newer_than("u", before).is_none());
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.pod_status(&rt, "u").await.unwrap();
         assert!(cache.kept_with_new_exit("u").is_none(), "read again after the exit");
+        assert!(cache.get_newer_than("u", before).is_some());
         assert!(cache.kept_with_new_exit("other").is_none(), "nothing kept");
     }
 
