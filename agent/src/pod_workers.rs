@@ -1329,6 +1329,19 @@ mod tests {
         e.workers.deps.runtime.cache().invalidate(uid, tokio::time::Instant::now());
     }
 
+    /// The state of the first container in pod `uid`'s status, if there is one.
+    fn first_container_state(e: &Env, uid: &str) -> Option<k8s_openapi::api::core::v1::ContainerState> {
+        e.status.get(uid)?.container_statuses?.into_iter().next()?.state
+    }
+
+    /// Creates pod `p` (`uid`) and waits until its status shows its first container running.
+    async fn create_and_wait_running(e: &Env, p: &Pod, uid: &str) {
+        e.workers.update_pod(p.clone(), WorkType::Create);
+        while first_container_state(e, uid).is_none_or(|s| s.running.is_none()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// What the evented PLEG and the sync loop do for an exit the kernel saw (container
     /// `id` of pod `uid` exited with `code`) that the runtime has not recorded.
     fn kernel_exit_event(e: &Env, uid: &str, id: &str, code: i32) {
@@ -1775,17 +1788,8 @@ mod tests {
     async fn a_kernel_exit_reaches_the_status_before_the_runtime_answers() {
         let e = env_with(Arc::new(TokioClock::new()));
         let p = pod("u7", "exit", "Always", false);
-        e.workers.update_pod(p.clone(), WorkType::Create);
-        let state = || {
-            e.status
-                .get("u7")
-                .and_then(|s| s.container_statuses)
-                .and_then(|c| c.into_iter().next())
-                .and_then(|c| c.state)
-        };
-        while state().is_none_or(|s| s.running.is_none()) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        create_and_wait_running(&e, &p, "u7").await;
+        let state = || first_container_state(&e, "u7");
         tokio::time::sleep(MAX_KEPT_STATUS_AGE * 2).await;
         let gate = Arc::new(tokio::sync::Notify::new());
         let opened = gate.clone();
@@ -1848,17 +1852,8 @@ mod tests {
     async fn a_kernel_exit_while_the_runtime_is_away_restarts_once_it_is_back() {
         let e = env_with(Arc::new(TokioClock::new()));
         let p = pod("u11", "away", "Always", false);
-        e.workers.update_pod(p.clone(), WorkType::Create);
-        let state = || {
-            e.status
-                .get("u11")
-                .and_then(|s| s.container_statuses)
-                .and_then(|c| c.into_iter().next())
-                .and_then(|c| c.state)
-        };
-        while state().is_none_or(|s| s.running.is_none()) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        create_and_wait_running(&e, &p, "u11").await;
+        let state = || first_container_state(&e, "u11");
         let creates = || e.rt.calls().iter().filter(|c| *c == "create_container").count();
         let before = creates();
         e.rt.set_unavailable(true);
@@ -1931,11 +1926,8 @@ mod tests {
         p.spec.as_mut().unwrap().containers[0].image = Some("absent:1".into());
         p.spec.as_mut().unwrap().containers[0].image_pull_policy = Some("Always".into());
         let waiting = || {
-            e.status
-                .get("u5")
-                .and_then(|s| s.container_statuses)
-                .and_then(|c| c.into_iter().next())
-                .and_then(|c| c.state.and_then(|s| s.waiting))
+            first_container_state(&e, "u5")
+                .and_then(|s| s.waiting)
                 .map(|w| (w.reason.unwrap_or_default(), w.message.unwrap_or_default()))
         };
         e.workers.update_pod(p.clone(), WorkType::Create);

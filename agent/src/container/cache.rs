@@ -273,7 +273,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_recorded_kernel_exit_keeps_the_status_current_and_hands_it_out_once_new() {
+    async fn a_recorded_kernel_exit_makes_the_status_stale_but_hands_it_out_for_the_early_write() {
         let cache = RuntimeCache::default();
         let rt = FakeRuntime::default();
         let before = Instant::now();

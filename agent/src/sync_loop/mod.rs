@@ -228,7 +228,8 @@ impl SyncLoop {
                 .unwrap_or(now)
         });
         // An exit the kernel saw and the PLEG recorded is carried by every status the
-        // cache hands out: the kept status stays current (see `RuntimeCache`).
+        // cache hands out: the kept status, stale for the sync's actions, stays at hand
+        // for the exit's early status write (see `RuntimeCache`).
         let kernel_exit = ev.kind == PodLifecycleEventType::ContainerDied
             && ev.kernel_time_ns.is_some()
             && self.cache.exits().get(&ev.data).is_some()
