@@ -131,7 +131,33 @@ pub fn swiftlet_bin() -> Result<PathBuf> {
     if !bin.exists() {
         bail!("{} not found: run `cargo build -p swiftlet` first", bin.display());
     }
+    // `cargo test -p swiftlet-tests` does not build the agent: a binary older than its
+    // sources would test code that is not the checkout's.
+    let built = std::fs::metadata(&bin)?.modified()?;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("the workspace")?;
+    let sources =
+        ["agent/src", "agent/build.rs", "agent/Cargo.toml", "ebpf/src", "ebpf/bpf", "ebpf/build.rs", "ebpf/Cargo.toml"];
+    if let Some(newer) = newer_source(sources.iter().map(|p| workspace.join(p)).collect(), built) {
+        bail!(
+            "{} is older than {}: run `cargo build -p swiftlet` first (or set SWIFTLET_BIN)",
+            bin.display(),
+            newer.display()
+        );
+    }
     Ok(bin)
+}
+
+/// A file among `paths` or under those that are directories modified after `than`.
+fn newer_source(mut paths: Vec<PathBuf>, than: std::time::SystemTime) -> Option<PathBuf> {
+    while let Some(path) = paths.pop() {
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        if meta.is_dir() {
+            paths.extend(std::fs::read_dir(&path).into_iter().flatten().flatten().map(|e| e.path()));
+        } else if meta.modified().is_ok_and(|m| m > than) {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// A CRI runtime client to check the runtime's truth.
@@ -1108,6 +1134,21 @@ fn release_of(version: &str) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_newer_than_the_binary_is_found_in_files_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src/deep")).unwrap();
+        std::fs::write(dir.path().join("src/deep/a.rs"), "").unwrap();
+        std::fs::write(dir.path().join("build.rs"), "").unwrap();
+        let paths = || vec![dir.path().join("src"), dir.path().join("build.rs"), dir.path().join("missing")];
+        let later = std::time::SystemTime::now() + std::time::Duration::from_mins(1);
+        assert_eq!(newer_source(paths(), later), None);
+        let earlier = std::time::SystemTime::now() - std::time::Duration::from_mins(1);
+        let found = newer_source(paths(), earlier).unwrap();
+        assert!(found.ends_with("build.rs") || found.ends_with("src/deep/a.rs"), "{}", found.display());
+        assert_eq!(newer_source(vec![dir.path().join("src")], earlier), Some(dir.path().join("src/deep/a.rs")));
+    }
 
     #[test]
     fn runtime_releases_parse_from_containerds_versions() {
