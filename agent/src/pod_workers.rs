@@ -1000,6 +1000,11 @@ impl Worker {
                 for f in volumes.remount_failures() {
                     self.deps.recorder.record(pod_ref(&pod), EventType::Warning, "FailedMount", f.to_string());
                 }
+                for e in volumes.events() {
+                    let object = e.object.clone().unwrap_or_else(|| pod_ref(&pod));
+                    let type_ = if e.warning { EventType::Warning } else { EventType::Normal };
+                    self.deps.recorder.record(object, type_, e.reason, e.message.clone());
+                }
             }
             Err(e) => {
                 tracing::warn!(pod = %name, error = %e, "volumes not ready");

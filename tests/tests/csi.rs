@@ -75,7 +75,11 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     let ids: serde_json::Value =
         serde_json::from_str(ids.get("csi.volume.kubernetes.io/nodeid").context("annotation")?)?;
     assert_eq!(ids[&csi.driver_name], json!(node.name));
-    assert!(csi.calls_of("NotifyRegistrationStatus").iter().any(|c| c.registered));
+    // Told after the node objects are written (the CSINode above), so maybe a moment later.
+    eventually("the driver told it is registered", WAIT, || async {
+        Ok(csi.calls_of("NotifyRegistrationStatus").iter().any(|c| c.registered).then_some(()))
+    })
+    .await?;
 
     // A StatefulSet whose claim the provisioner makes; each boot appends to the volume.
     let ns = node.namespace("csi").await?;
@@ -202,8 +206,14 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     let after = ids(cri.containers(&second_uid).await?);
     assert_eq!(before, after, "the container was restarted");
     assert_eq!(driver_before, ids(cri.containers(&driver_uid).await?), "the driver's containers were restarted");
-    let registered_again = csi.calls_of("NotifyRegistrationStatus").iter().filter(|c| c.registered).count();
-    assert!(registered_again > registered, "the restarted agent did not register the driver again");
+    // The agent knows the driver before it has written the node objects and told the driver
+    // (as upstream's RegisterPlugin), so the publish above may come before the notification.
+    eventually("the restarted agent registering the driver again", WAIT, || async {
+        let n = csi.calls_of("NotifyRegistrationStatus").iter().filter(|c| c.registered).count();
+        Ok((n > registered).then_some(()))
+    })
+    .await
+    .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
     assert_eq!(boots(), "boot\nboot\n");
 
     // Expansion: the resizer grows the volume, the agent the file system, the claim's
@@ -224,7 +234,37 @@ async fn a_statefulset_claim_is_staged_published_expanded_and_keeps_its_data_thr
     .with_context(|| format!("--- agent log ---\n{}", tail(&node.agent.log(), 60)))?;
     let expand = calls_for(&csi, "NodeExpandVolume", &handle);
     ensure!(expand.len() == 1 && expand[0].required_bytes == 20 << 20, "{expand:?}");
+    // Upstream's event on the pod and on the claim.
     let claim = claims.get("data-web-0").await?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let resized = eventually("FileSystemResizeSuccessful on the pod and the claim", WAIT, || async {
+        let list = events.list(&kube::api::ListParams::default()).await?;
+        let resized: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("FileSystemResizeSuccessful"))
+            .map(|e| {
+                (
+                    e.involved_object.kind.unwrap_or_default(),
+                    e.involved_object.name.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                    e.type_.unwrap_or_default(),
+                )
+            })
+            .collect();
+        Ok((resized.len() >= 2).then_some(resized))
+    })
+    .await?;
+    let message = format!("MountVolume.NodeExpandVolume succeeded for volume {pv_name:?} {}", node.name);
+    let mut resized = resized;
+    resized.sort();
+    assert_eq!(
+        resized,
+        [
+            ("PersistentVolumeClaim".to_owned(), "data-web-0".to_owned(), message.clone(), "Normal".to_owned()),
+            ("Pod".to_owned(), "web-0".to_owned(), message, "Normal".to_owned()),
+        ]
+    );
     let status = claim.status.unwrap_or_default();
     assert!(status.allocated_resource_statuses.unwrap_or_default().is_empty());
     // Not attachable (the driver's attachRequired is false): never in the node's

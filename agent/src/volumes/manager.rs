@@ -125,11 +125,25 @@ impl MountedVolume {
     }
 }
 
+/// An event a sync's volume work asks the pod worker to record (upstream's volume
+/// manager records them itself): on the pod, or on another object, such as the claim of
+/// a volume grown on the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeEvent {
+    /// The object the event is about; `None`: the pod.
+    pub object: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// The volumes of one pod, by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PodVolumes {
     volumes: BTreeMap<String, MountedVolume>,
     remount_failures: Vec<SetUpFailure>,
+    /// Events of this sync (expansions on the node).
+    events: Vec<VolumeEvent>,
     /// The volumes whose first set-up failed (still desired).
     pending: Vec<MountedVolume>,
 }
@@ -164,6 +178,12 @@ impl PodVolumes {
     pub fn remount_failures(&self) -> &[SetUpFailure] {
         &self.remount_failures
     }
+
+    /// Events of this sync for the pod worker to record.
+    #[must_use]
+    pub fn events(&self) -> &[VolumeEvent] {
+        &self.events
+    }
 }
 
 /// Sets up and tears down pod volumes under `<root-dir>/pods/<uid>/volumes`.
@@ -181,6 +201,10 @@ pub struct VolumeManager {
     /// Since when each pod whose volumes are not all set up has waited (or since its
     /// last timeout event).
     waiting: Mutex<HashMap<String, std::time::SystemTime>>,
+    /// Expansions not to try again while the pod runs (upstream's actual state of the
+    /// world marks them): pod UID, volume name and size, for a read-only volume or a
+    /// driver that cannot grow a volume in use (`FailedPrecondition`).
+    expansions_settled: Mutex<HashSet<(String, String, i64)>>,
 }
 
 fn pod_namespace(pod: &Pod) -> &str {
@@ -310,6 +334,7 @@ impl VolumeManager {
             metrics: super::metrics::VolumeMetrics::default(),
             clock: Arc::new(SystemClock),
             waiting: Mutex::default(),
+            expansions_settled: Mutex::default(),
         }
     }
 
@@ -504,7 +529,7 @@ impl VolumeManager {
             let republish = known && mv.plugin == Plugin::Csi && Box::pin(self.requires_republish(&mv)).await;
             if known
                 && mv.plugin == Plugin::Csi
-                && let Err(e) = Box::pin(self.expand_if_pending(pod, &mv)).await
+                && let Err(e) = Box::pin(self.expand_if_pending(pod, &mv, &mut result.events)).await
             {
                 tracing::warn!(volume = %v.name, error = %e, "expanding the volume on the node failed; retrying at the next sync");
             }
@@ -541,6 +566,7 @@ impl VolumeManager {
         }
         let mut recorded = result.clone();
         recorded.remount_failures.clear();
+        recorded.events.clear();
         self.mounted.lock().unwrap().insert(uid.clone(), recorded);
         if failures.is_empty() && unprocessed.is_empty() && unattached.is_empty() {
             self.waiting.lock().unwrap().remove(&uid);
@@ -858,6 +884,7 @@ impl VolumeManager {
         }
         self.mounted.lock().unwrap().remove(uid);
         self.waiting.lock().unwrap().remove(uid);
+        self.expansions_settled.lock().unwrap().retain(|(pod, _, _)| pod != uid);
         self.tokens.forget_pod(uid);
         Ok(())
     }

@@ -60,7 +60,7 @@ use std::path::PathBuf;
 use crate::types::io::PathIoError;
 
 pub use downward_api::NodeAllocatable;
-pub use manager::{MountedVolume, Plugin, PodVolumes, VolumeManager};
+pub use manager::{MountedVolume, Plugin, PodVolumes, VolumeEvent, VolumeManager};
 pub use mounter::{FakeMounter, Mounter, SystemMounter};
 pub use source::{BoundPod, FakeObjectSource, NoApiServer, ObjectSource, ServiceAccountToken};
 

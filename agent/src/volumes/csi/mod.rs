@@ -117,6 +117,8 @@ pub struct CsiSpec {
     pub attributes: BTreeMap<String, String>,
     pub stage_secret: Option<SecretRef>,
     pub publish_secret: Option<SecretRef>,
+    /// The PV's `nodeExpandSecretRef` (none for inline volumes).
+    pub expand_secret: Option<SecretRef>,
     /// The PV's access modes (empty for inline volumes).
     pub access_modes: Vec<String>,
     /// `volumeMode: Block`: the volume is a device, mapped by `volumeDevices`.

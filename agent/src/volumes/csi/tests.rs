@@ -30,6 +30,8 @@ struct FakeDriver {
     stage: bool,
     expand: bool,
     fail_publish: Arc<Mutex<Option<String>>>,
+    /// `NodeExpandVolume`'s error, if any.
+    fail_expand: Arc<Mutex<Option<(tonic::Code, String)>>>,
     /// Leave `GET_VOLUME_STATS` out of the capabilities.
     no_stats: bool,
     /// `NodeGetVolumeStats`'s answer (an error message: `Internal`); none: `Unimplemented`.
@@ -116,8 +118,12 @@ impl Node for FakeDriver {
     ) -> Result<Response<proto::NodeExpandVolumeResponse>, Status> {
         let r = r.into_inner();
         let required = r.capacity_range.map_or(0, |c| c.required_bytes);
-        let context = [("required_bytes".to_owned(), required.to_string())].into();
+        let mut context: std::collections::HashMap<_, _> = [("required_bytes".to_owned(), required.to_string())].into();
+        context.extend(r.secrets.iter().map(|(k, v)| (format!("secret:{k}"), v.clone())));
         self.record("NodeExpandVolume", &r.volume_id, &r.volume_path, &context);
+        if let Some((code, message)) = self.fail_expand.lock().unwrap().clone() {
+            return Err(Status::new(code, message));
+        }
         Ok(Response::new(proto::NodeExpandVolumeResponse { capacity_bytes: required }))
     }
 
@@ -618,18 +624,10 @@ async fn a_restarted_agent_tears_down_through_the_driver_from_what_is_on_disk() 
     );
 }
 
-#[tokio::test]
-async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
-    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
-    e.register().await;
-    e.bound_claim();
-    let a = claim_pod("a", "uid-a");
-    e.vm.mount_pod_volumes(&a).await.unwrap();
-    // Nothing pending: no expansion.
-    e.vm.mount_pod_volumes(&a).await.unwrap();
-    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+/// The claim `data` after the resizer grew its volume to 2Gi: the node's part pending.
+fn claim_pending_node_expansion(e: &Env, read_only: bool) -> Pod {
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "data", "namespace": "default", "uid": "pvc-uid"},
+        "metadata": {"name": "data", "namespace": "default", "uid": "pvc-uid", "resourceVersion": "7"},
         "spec": {"volumeName": "pv-1"},
         "status": {
             "phase": "Bound",
@@ -641,19 +639,195 @@ async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
     }))
     .unwrap();
     e.src.set_storage_object(&pvc);
+    pod("a", "uid-a", &json!({"name": "v", "persistentVolumeClaim": {"claimName": "data", "readOnly": read_only}}))
+}
+
+async fn claim_status(e: &Env) -> k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+    e.src.persistent_volume_claim("default", "data").await.unwrap().unwrap().status.unwrap()
+}
+
+fn resize_status(s: &k8s_openapi::api::core::v1::PersistentVolumeClaimStatus) -> Option<String> {
+    s.allocated_resource_statuses.as_ref().and_then(|m| m.get("storage").cloned())
+}
+
+/// (object kind, reason, message) of a sync's volume events.
+fn volume_events(vols: &crate::volumes::PodVolumes) -> Vec<(String, String, String)> {
+    vols.events()
+        .iter()
+        .map(|e| {
+            let kind = e.object.as_ref().and_then(|o| o.kind.clone()).unwrap_or_else(|| "Pod".into());
+            let severity = if e.warning { "Warning" } else { "Normal" };
+            (format!("{severity} {kind}"), e.reason.to_owned(), e.message.clone())
+        })
+        .collect()
+}
+
+fn expansions(e: &Env) -> usize {
+    e.driver.methods().iter().filter(|m| **m == "NodeExpandVolume").count()
+}
+
+#[tokio::test]
+async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let mut pv: PersistentVolume = e.src.persistent_volume("pv-1").await.unwrap().unwrap();
+    let csi = pv.spec.as_mut().unwrap().csi.as_mut().unwrap();
+    csi.node_expand_secret_ref = Some(k8s_openapi::api::core::v1::SecretReference {
+        name: Some("expand-secret".into()),
+        namespace: Some("kube-system".into()),
+    });
+    e.src.set_storage_object(&pv);
+    e.src.set_secret(
+        serde_json::from_value(
+            json!({"metadata": {"name": "expand-secret", "namespace": "kube-system"}, "stringData": {"key": "k1"}}),
+        )
+        .unwrap(),
+    );
+    let a = claim_pod("a", "uid-a");
     e.vm.mount_pod_volumes(&a).await.unwrap();
+    // Nothing pending: no expansion.
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.events().is_empty());
+    assert_eq!(e.driver.methods(), ["NodeStageVolume", "NodePublishVolume"]);
+    claim_pending_node_expansion(&e, false);
+    // The first try meets a driver that may still be at it: the claim says the node is
+    // expanding, nothing failed for good, no event.
+    *e.driver.fail_expand.lock().unwrap() = Some((tonic::Code::Unavailable, "restarting".into()));
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.events().is_empty());
+    let status = claim_status(&e).await;
+    assert_eq!(resize_status(&status).as_deref(), Some("NodeResizeInProgress"));
+    assert_eq!(status.conditions.unwrap_or_default().len(), 1, "only the resizer's condition");
+    // Tried again at the next sync, from `NodeResizeInProgress`.
+    *e.driver.fail_expand.lock().unwrap() = None;
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
     let calls = e.driver.calls.lock().unwrap().clone();
     let expand = calls.last().unwrap();
     assert_eq!((expand.0, expand.1.as_str()), ("NodeExpandVolume", "vol-1"));
     assert!(expand.2.ends_with("pods/uid-a/volumes/kubernetes.io~csi/pv-1/mount"));
     assert_eq!(expand.3.get("required_bytes").map(String::as_str), Some("2147483648"));
-    let after = e.src.persistent_volume_claim("default", "data").await.unwrap().unwrap().status.unwrap();
+    assert_eq!(expand.3.get("secret:key").map(String::as_str), Some("k1"), "nodeExpandSecretRef's data");
+    let after = claim_status(&e).await;
     assert_eq!(after.capacity.unwrap().get("storage").unwrap().0, "2Gi");
     assert!(after.allocated_resource_statuses.unwrap_or_default().is_empty());
     assert!(after.conditions.unwrap_or_default().is_empty());
+    // Upstream's event, on the pod and on the claim.
+    let message = r#"MountVolume.NodeExpandVolume succeeded for volume "pv-1" node-1"#.to_owned();
+    let reason = "FileSystemResizeSuccessful".to_owned();
+    assert_eq!(
+        volume_events(&vols),
+        [
+            ("Normal Pod".into(), reason.clone(), message.clone()),
+            ("Normal PersistentVolumeClaim".into(), reason, message)
+        ]
+    );
+    let claim_ref = vols.events()[1].object.clone().unwrap();
+    assert_eq!(
+        (claim_ref.namespace.as_deref(), claim_ref.name.as_deref(), claim_ref.uid.as_deref()),
+        (Some("default"), Some("data"), Some("pvc-uid"))
+    );
     // Done once.
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.events().is_empty());
+    assert_eq!(expansions(&e), 2);
+}
+
+#[tokio::test]
+async fn a_driver_refusing_an_expansion_says_so_in_the_claim_and_is_asked_again_unless_infeasible() {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let a = claim_pending_node_expansion(&e, false);
     e.vm.mount_pod_volumes(&a).await.unwrap();
-    assert_eq!(e.driver.methods().len(), 3);
+    assert_eq!(expansions(&e), 0, "set up, not expanded, at the first sync");
+    // A final error: the claim's NodeResizeError condition, upstream's words; still in
+    // progress, so asked again at the next sync.
+    *e.driver.fail_expand.lock().unwrap() = Some((tonic::Code::Internal, "disk full".into()));
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert!(vols.events().is_empty(), "no event for a failed expansion, as upstream");
+    let status = claim_status(&e).await;
+    assert_eq!(resize_status(&status).as_deref(), Some("NodeResizeInProgress"));
+    let conditions = status.conditions.unwrap_or_default();
+    let error = conditions.iter().find(|c| c.type_ == "NodeResizeError").expect("NodeResizeError");
+    assert_eq!(
+        error.message.as_deref(),
+        Some(
+            "failed to expand pvc with Expander.NodeExpand failed to expand the volume : rpc error: code = Internal desc = disk full"
+        )
+    );
+    assert_eq!(error.status, "True");
+    assert!(error.last_transition_time.is_some());
+    assert!(conditions.iter().any(|c| c.type_ == "FileSystemResizePending"), "the resizer's condition kept");
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(expansions(&e), 2);
+    assert_eq!(claim_status(&e).await.conditions.unwrap_or_default().len(), 2, "one NodeResizeError, replaced");
+    // An infeasible one: the claim says so, and the node stops asking.
+    *e.driver.fail_expand.lock().unwrap() = Some((tonic::Code::OutOfRange, "too big".into()));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let status = claim_status(&e).await;
+    assert_eq!(resize_status(&status).as_deref(), Some("NodeResizeInfeasible"));
+    let conditions = status.conditions.unwrap_or_default();
+    let error = conditions.iter().find(|c| c.type_ == "NodeResizeError").unwrap();
+    assert_eq!(
+        error.message.as_deref(),
+        Some(
+            "failed to expand pvc with Expander.NodeExpand failed to expand the volume rpc error: code = OutOfRange desc = too big"
+        )
+    );
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(expansions(&e), 3);
+}
+
+#[tokio::test]
+async fn a_volume_the_driver_cannot_grow_in_use_waits_for_the_next_pod() {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let a = claim_pending_node_expansion(&e, false);
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    *e.driver.fail_expand.lock().unwrap() = Some((tonic::Code::FailedPrecondition, "in use".into()));
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(expansions(&e), 1, "not asked again while the pod runs");
+    let status = claim_status(&e).await;
+    assert_eq!(resize_status(&status).as_deref(), Some("NodeResizeInProgress"));
+    assert!(!status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "NodeResizeError"));
+    // The pod gone (its volumes torn down), a pod set up again is grown: nothing of the
+    // first is remembered (the same UID here, to show it).
+    let root = e.root();
+    let vm = Arc::new(e.vm);
+    let vm2 = vm.clone();
+    tokio::task::spawn_blocking(move || vm2.cleanup_pod("uid-a")).await.unwrap().unwrap();
+    assert!(!root.join("pods/uid-a/volumes").exists());
+    *e.driver.fail_expand.lock().unwrap() = None;
+    vm.mount_pod_volumes(&a).await.unwrap();
+    vm.mount_pod_volumes(&a).await.unwrap();
+    assert_eq!(e.driver.methods().iter().filter(|m| **m == "NodeExpandVolume").count(), 2);
+    let claim = e.src.persistent_volume_claim("default", "data").await.unwrap().unwrap();
+    assert_eq!(resize_status(&claim.status.unwrap()), None);
+}
+
+#[tokio::test]
+async fn a_read_only_volume_is_not_grown_and_says_so_once() {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let a = claim_pending_node_expansion(&e, true);
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
+    let message = r#"MountVolume.NodeExpandVolume failed for volume "pv-1" requested read-only file system"#.to_owned();
+    let reason = "FileSystemResizeFailed".to_owned();
+    assert_eq!(
+        volume_events(&vols),
+        [
+            ("Warning Pod".into(), reason.clone(), message.clone()),
+            ("Warning PersistentVolumeClaim".into(), reason, message)
+        ]
+    );
+    assert!(e.vm.mount_pod_volumes(&a).await.unwrap().events().is_empty(), "once while the pod runs");
+    assert_eq!(expansions(&e), 0);
+    assert_eq!(resize_status(&claim_status(&e).await).as_deref(), Some("NodeResizePending"));
 }
 
 #[tokio::test]
@@ -714,6 +888,7 @@ fn fs_group_policy_as_upstream() {
         attributes: BTreeMap::new(),
         stage_secret: None,
         publish_secret: None,
+        expand_secret: None,
         access_modes: vec!["ReadWriteOnce".into()],
         block: false,
         attach_required: false,

@@ -196,9 +196,10 @@ impl CsiDrivers {
             .map_err(|s| Error::rpc("mounter.SetUpAt", &s))
     }
 
-    /// Grows a published volume's file system to `required_bytes` (`NodeExpandVolume`);
-    /// a driver without `EXPAND_VOLUME` has nothing to do on the node (upstream skips
-    /// the call too). Returns the capacity the driver reports, if any.
+    /// Grows a published volume's file system to `required_bytes` (`NodeExpandVolume`,
+    /// with the PV's `nodeExpandSecretRef` data as `secrets`); a driver without
+    /// `EXPAND_VOLUME` has nothing to do on the node (upstream skips the call too).
+    /// Returns the capacity the driver reports, if any.
     ///
     /// # Errors
     /// The driver is not registered or the call failed.
@@ -208,6 +209,7 @@ impl CsiDrivers {
         spec: &CsiSpec,
         target: &Path,
         required_bytes: i64,
+        secrets: BTreeMap<String, String>,
     ) -> Result<Option<i64>, Error> {
         let op = "Expander.NodeExpand";
         let driver = self.driver(op, &spec.driver)?;
@@ -221,7 +223,7 @@ impl CsiDrivers {
             capacity_range: Some(proto::CapacityRange { required_bytes, limit_bytes: 0 }),
             staging_target_path: staging.unwrap_or_default(),
             volume_capability: Some(spec.capability(driver.capabilities.single_node_multi_writer, None)),
-            secrets: HashMap::new(),
+            secrets: secrets.into_iter().collect(),
         };
         let mut node = driver.node();
         let out = self.run(async move { node.node_expand_volume(req).await }).await.map_err(|s| Error::rpc(op, &s))?;

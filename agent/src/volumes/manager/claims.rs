@@ -72,6 +72,7 @@ impl VolumeManager {
                     .node_publish_secret_ref
                     .as_ref()
                     .map(|r| SecretRef { namespace: namespace.to_owned(), name: r.name.clone() }),
+                expand_secret: None,
                 access_modes: Vec::new(),
                 block: false,
                 attach_required: false,
@@ -230,6 +231,7 @@ impl VolumeManager {
             attributes: csi.volume_attributes.clone().unwrap_or_default(),
             stage_secret: secret(&csi.node_stage_secret_ref),
             publish_secret: secret(&csi.node_publish_secret_ref),
+            expand_secret: secret(&csi.node_expand_secret_ref),
             access_modes: spec.access_modes.clone().unwrap_or_default(),
             block: spec.volume_mode.as_deref() == Some("Block"),
             attach_required: true,
@@ -269,36 +271,137 @@ impl VolumeManager {
     }
 
     /// Finishes the expansion of a claim's volume on the node (upstream's online
-    /// expansion in the volume manager's reconciler): when the claim says
+    /// expansion in the volume manager's reconciler, `NodeExpander`): when the claim says
     /// `allocatedResourceStatuses.storage: NodeResizePending` (the resizer grew the volume
-    /// and the node must grow its file system), `NodeExpandVolume` to the allocated size,
-    /// then the claim's status: the new capacity, the resize status and conditions gone.
-    /// Returns whether it expanded.
-    pub(super) async fn expand_if_pending(&self, pod: &Pod, mv: &MountedVolume) -> Result<bool, VolumeError> {
+    /// and the node must grow its file system) or `NodeResizeInProgress` (an agent
+    /// stopped in the middle), the claim is marked `NodeResizeInProgress`, the driver
+    /// gets `NodeExpandVolume` to the allocated size, the pod and the claim a
+    /// `FileSystemResizeSuccessful` event, and the claim's status the new capacity, the
+    /// resize status and conditions gone. Returns whether it expanded.
+    ///
+    /// As upstream: a read-only volume is not grown (a `FileSystemResizeFailed` warning on
+    /// the pod and the claim, once while the pod runs), nor one whose driver answers
+    /// `FailedPrecondition` (it cannot grow a volume in use), until the pod is gone; any
+    /// other error the driver gives is final for this try and says so in the claim's
+    /// `NodeResizeError` condition, and `InvalidArgument`, `OutOfRange` and `NotFound`
+    /// also make the claim `NodeResizeInfeasible` (the resizer's to undo); errors of a
+    /// call that may still be running (`Unavailable`, `DeadlineExceeded`, ...) and of an
+    /// unregistered driver leave the claim as it is. All but the read-only volume are
+    /// tried again at the next sync while the claim asks for it.
+    pub(super) async fn expand_if_pending(
+        &self,
+        pod: &Pod,
+        mv: &MountedVolume,
+        events: &mut Vec<super::VolumeEvent>,
+    ) -> Result<bool, VolumeError> {
         let (Some(claim), Some(spec)) = (&mv.claim, &mv.csi) else { return Ok(false) };
         let namespace = pod_namespace(pod);
         let Some(pvc) = self.source.persistent_volume_claim(namespace, claim).await? else { return Ok(false) };
+        let claim_ref = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(claim.clone()),
+            uid: pvc.metadata.uid.clone(),
+            resource_version: pvc.metadata.resource_version.clone(),
+            ..Default::default()
+        };
         let status = pvc.status.unwrap_or_default();
-        let pending = status.allocated_resource_statuses.as_ref().and_then(|m| m.get("storage")).map(String::as_str)
-            == Some("NodeResizePending");
-        if !pending {
+        let resize_status = status.allocated_resource_statuses.as_ref().and_then(|m| m.get("storage")).cloned();
+        if !matches!(resize_status.as_deref(), Some("NodeResizePending" | "NodeResizeInProgress")) {
             return Ok(false);
         }
         let Some(size) = status.allocated_resources.as_ref().and_then(|r| r.get("storage")).cloned() else {
             return Ok(false);
         };
         let bytes = crate::types::quantity::parse_bytes(&size.0)?;
+        let settled_key = (pod_uid(pod).to_owned(), mv.name.clone(), bytes);
+        if self.expansions_settled.lock().unwrap().contains(&settled_key) {
+            return Ok(false);
+        }
+        // Upstream's `GenerateMsg`: the volume's spec name (the PV's) and the node's.
+        let node = self.csi.node_name().to_owned();
+        let message = |prefix: &str, suffix: &str| format!("{prefix} for volume {:?} {suffix}", spec.spec_name);
+        let mut both = |warning: bool, reason: &'static str, message: String| {
+            events.push(super::VolumeEvent { object: None, warning, reason, message: message.clone() });
+            events.push(super::VolumeEvent { object: Some(claim_ref.clone()), warning, reason, message });
+        };
+        // Upstream's `VolumeSpec.ReadOnly`: the pod's claim, not the PV's `csi.readOnly`.
+        let claim_read_only =
+            pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
+                v.name == mv.name && v.persistent_volume_claim.as_ref().and_then(|c| c.read_only) == Some(true)
+            });
+        if claim_read_only {
+            self.expansions_settled.lock().unwrap().insert(settled_key);
+            both(
+                true,
+                "FileSystemResizeFailed",
+                message("MountVolume.NodeExpandVolume failed", "requested read-only file system"),
+            );
+            return Ok(false);
+        }
+        if resize_status.as_deref() == Some("NodeResizePending") {
+            let patch =
+                serde_json::json!({"status": {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}}});
+            self.source.patch_claim_status(namespace, claim, &patch).await?;
+        }
+        let secrets = match &spec.expand_secret {
+            Some(r) => self.secret_data(r, "NodeExpandSecretRef").await?,
+            None => BTreeMap::new(),
+        };
         let started = std::time::Instant::now();
-        let expanded = self.csi.expand(&self.root_dir, spec, &mv.path, bytes).await;
+        let expanded = self.csi.expand(&self.root_dir, spec, &mv.path, bytes, secrets).await;
         self.metrics.observe(&mv.qualified_plugin(), "volume_fs_resize", expanded.is_ok(), started.elapsed());
-        expanded?;
         let resize_conditions = ["Resizing", "FileSystemResizePending", "ControllerResizeError", "NodeResizeError"];
-        let conditions: Vec<_> = status
-            .conditions
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| !resize_conditions.contains(&c.type_.as_str()))
-            .collect();
+        let conditions = status.conditions.unwrap_or_default();
+        if let Err(e) = expanded {
+            let crate::volumes::csi::Error::Rpc { code, message: desc, .. } = &e else { return Err(e.into()) };
+            let code = *code;
+            if code == tonic::Code::FailedPrecondition {
+                self.expansions_settled.lock().unwrap().insert(settled_key);
+                tracing::warn!(volume = %mv.name, claim = %claim, error = %e, "the driver cannot grow the volume while it is in use; not tried again while the pod runs");
+                return Ok(false);
+            }
+            let in_progress = matches!(
+                code,
+                tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unavailable
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::Aborted
+            );
+            if !in_progress {
+                let infeasible =
+                    matches!(code, tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::NotFound);
+                let rpc = format!("rpc error: code = {code:?} desc = {desc}");
+                let cause = if infeasible {
+                    format!("Expander.NodeExpand failed to expand the volume {rpc}")
+                } else {
+                    format!("Expander.NodeExpand failed to expand the volume : {rpc}")
+                };
+                let now = jiff::Timestamp::try_from(self.clock.now()).unwrap_or_default();
+                let mut kept: Vec<_> = conditions.into_iter().filter(|c| c.type_ != "NodeResizeError").collect();
+                kept.push(k8s_openapi::api::core::v1::PersistentVolumeClaimCondition {
+                    type_: "NodeResizeError".into(),
+                    status: "True".into(),
+                    last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+                    message: Some(format!("failed to expand pvc with {cause}")),
+                    ..Default::default()
+                });
+                let mut patch = serde_json::json!({"status": {"conditions": kept}});
+                if infeasible {
+                    patch["status"]["allocatedResourceStatuses"] =
+                        serde_json::json!({"storage": "NodeResizeInfeasible"});
+                }
+                if let Err(pe) = self.source.patch_claim_status(namespace, claim, &patch).await {
+                    tracing::warn!(claim = %claim, error = %pe, "marking the claim's node expansion as failed");
+                }
+            }
+            return Err(e.into());
+        }
+        both(false, "FileSystemResizeSuccessful", message("MountVolume.NodeExpandVolume succeeded", &node));
+        let conditions: Vec<_> =
+            conditions.into_iter().filter(|c| !resize_conditions.contains(&c.type_.as_str())).collect();
         let patch = serde_json::json!({
             "status": {
                 "capacity": {"storage": size},
