@@ -12,6 +12,8 @@ const PROTOS: &[&str] = &[
     "pluginregistration/v1/api.proto",
     "csi/v1/csi.proto",
     "dra/v1/api.proto",
+    "dra/health/v1/api.proto",
+    "dra/health/v1alpha1/api.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

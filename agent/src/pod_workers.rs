@@ -873,6 +873,7 @@ impl Worker {
             },
         );
         self.deps.runtime.allocation().amend_status(self.pod.as_ref().unwrap_or(pod), rt, &mut status);
+        self.deps.runtime.set_allocated_resources_status(pod, &mut status);
         set_pod_level_status(pod, || self.deps.runtime.pod_cgroup_for_status(pod), old.as_ref(), &mut status);
         if let Some(apply) = self.workers.status_override(self.uid()) {
             apply(&mut status);

@@ -21,7 +21,16 @@ const RES: &str = "swiftlet.test/fake";
 
 /// One test's node (reporting its status every second), its namespace, and the runtime.
 async fn setup(test: &str) -> Result<(Bed, Cri)> {
-    let opts = AgentOptions { extra_config: "nodeStatusUpdateFrequency: 1s\n".into(), ..AgentOptions::default() };
+    setup_syncing_every(test, AgentOptions::default().sync_frequency).await
+}
+
+/// [`setup`] with the pods synced every `sync_frequency`.
+async fn setup_syncing_every(test: &str, sync_frequency: &'static str) -> Result<(Bed, Cri)> {
+    let opts = AgentOptions {
+        extra_config: "nodeStatusUpdateFrequency: 1s\n".into(),
+        sync_frequency,
+        ..AgentOptions::default()
+    };
     let bed = Bed::join(test, opts).await?;
     let cri = bed.cri.clone();
     Ok((bed, cri))
@@ -132,7 +141,9 @@ async fn delete_and_wait(bed: &Bed, names: &[&str]) -> Result<()> {
 #[tokio::test]
 async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     let _g = testbed_lock().await;
-    let (bed, cri) = setup("devices").await?;
+    // Pods synced once a minute: a device's health reaches the pod's status sooner only
+    // through the plugin's report.
+    let (bed, cri) = setup_syncing_every("devices", "1m").await?;
     let agent = bed.agent();
     // A plugin on the node names the node's paths (an agent in the node container's).
     let shared = swiftlet_tests::agent_tempdir("swiftlet-e2e-plugin-")?;
@@ -153,7 +164,18 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     assert!((registrations - 1.0).abs() < f64::EPSILON, "registrations: {registrations}");
 
     let uid = bed.create(device_pod("one", 1)).await?.metadata.uid.context("uid")?;
-    wait_pod(&bed, "one", |p| phase(p) == Some("Running")).await?;
+    let running = wait_pod(&bed, "one", |p| phase(p) == Some("Running")).await?;
+    // The container's devices in its allocatedResourcesStatus (ResourceHealthStatus, on
+    // upstream since 1.36): the resource, the device and its health.
+    let statuses = running.status.and_then(|s| s.container_statuses).unwrap_or_default();
+    let allocated = statuses.first().and_then(|c| c.allocated_resources_status.clone()).unwrap_or_default();
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    assert_eq!(allocated[0].name, RES);
+    let devices = allocated[0].resources.clone().unwrap_or_default();
+    assert_eq!(
+        devices.iter().map(|r| (r.resource_id.as_str(), r.health.as_deref())).collect::<Vec<_>>(),
+        [("dev-1", Some("Healthy"))]
+    );
     // The agent asked for the plugin's preference (the highest device) and got it.
     assert_eq!(plugin.preferred_requests().len(), 1);
     assert_eq!(plugin.allocations(), vec![vec!["dev-1".to_string()]]);
@@ -192,11 +214,26 @@ async fn plugin_registers_and_pods_get_its_devices() -> Result<()> {
     );
     assert!(cri.sandboxes(&greedy_uid).await?.is_empty(), "a rejected pod never runs");
 
-    // Health: an unhealthy device leaves allocatable, not capacity.
+    // Health: an unhealthy device leaves allocatable, not capacity, and the pod holding it
+    // says so at once (the plugin's report syncs the pod).
+    let health = |p: &Pod| -> Option<String> {
+        let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+        let allocated = statuses.first()?.allocated_resources_status.as_ref()?;
+        let devices = allocated.iter().find(|s| s.name == RES)?.resources.as_ref()?;
+        devices.iter().find(|r| r.resource_id == "dev-1")?.health.clone()
+    };
     plugin.set_healthy(0, false);
     wait_node_devices(&bed, "2", "1").await?;
     plugin.set_healthy(0, true);
     wait_node_devices(&bed, "2", "2").await?;
+    let soon = Duration::from_secs(20);
+    plugin.set_healthy(1, false);
+    bed.node
+        .eventually_pod(&bed.ns, "one", soon, "dev-1 Unhealthy", |p| health(p).as_deref() == Some("Unhealthy"))
+        .await?;
+    wait_node_devices(&bed, "2", "1").await?;
+    plugin.set_healthy(1, true);
+    bed.node.eventually_pod(&bed.ns, "one", soon, "dev-1 Healthy", |p| health(p).as_deref() == Some("Healthy")).await?;
     // A plugin that stops: its devices are unhealthy (capacity kept for the grace period).
     plugin.stop().await;
     wait_node_devices(&bed, "2", "0").await?;

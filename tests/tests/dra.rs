@@ -186,6 +186,20 @@ async fn a_claim_is_prepared_for_its_pod_its_cdi_device_handed_to_the_container_
     let in_use = format!("dra_resource_claims_in_use{{driver_name=\"{DRIVER}\"}} 1");
     assert!(node.agent.metrics_text().await?.contains(&in_use));
 
+    // The container's status names the claim's device (ResourceHealthStatus, on upstream
+    // since 1.36), health unknown: this agent watches no health stream (and the test
+    // driver reports no device's health; upstream's kubelet shows the same).
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &setup.ns);
+    let user = pods.get("user").await?;
+    let statuses = user.status.and_then(|s| s.container_statuses).unwrap_or_default();
+    let allocated = statuses.first().and_then(|c| c.allocated_resources_status.clone()).unwrap_or_default();
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    assert_eq!(allocated[0].name, "claim:dev");
+    let devices = allocated[0].resources.clone().unwrap_or_default();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0].health.as_deref(), Some("Unknown"));
+    assert!(!devices[0].resource_id.is_empty());
+
     // The container got the CDI device (on a runtime with CDI).
     let containers = cri.containers(pod_uid).await?;
     let id = containers.iter().find(|c| c.state == 1).map(|c| c.id.clone()).context("no running container")?;

@@ -542,8 +542,10 @@ pub async fn build(mut cfg: Config, shutdown: CancellationToken) -> Result<Agent
         tracker: tracker.clone(),
         housekeeping_pass: std::sync::Mutex::default(),
     };
-    let sync_loop =
-        task(sync_loop.run(update_rx, pleg_rx, pods.probe_updates, shutdown.clone()), tracing::info_span!("sync_loop"));
+    let sync_loop = task(
+        sync_loop.run(update_rx, pleg_rx, pods.probe_updates, Some(pods.health_updates), shutdown.clone()),
+        tracing::info_span!("sync_loop"),
+    );
     let node_shutdown = node_shutdown.map(|m| task(m.run(shutdown.clone()), tracing::info_span!("node_shutdown")));
     Ok(Agent {
         tracker,

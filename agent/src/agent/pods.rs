@@ -57,6 +57,8 @@ pub(super) struct Pods {
     pub(super) workers: PodWorkers,
     pub(super) devices: crate::cm::devicemanager::DeviceManager,
     pub(super) probe_updates: Option<mpsc::UnboundedReceiver<crate::prober::ProbeUpdate>>,
+    /// UIDs of pods whose devices changed health (the device manager's).
+    pub(super) health_updates: mpsc::UnboundedReceiver<Vec<String>>,
     pub(super) prober_metrics: Arc<crate::prober::metrics::ProberMetrics>,
     pub(super) startup: Arc<crate::pod_startup::PodStartupTracker>,
     /// What the node knows of the runtime's pods: the PLEG's listing and the exits the
@@ -151,6 +153,12 @@ pub(super) async fn build(
     // The device manager joins the resource managers.
     let devices = crate::cm::devicemanager::DeviceManager::new(&cfg.root_dir)?
         .with_metrics(crate::cm::devicemanager::metrics::DevicePluginMetrics::new(registry));
+    // Device plugins and DRA drivers tell the sync loop which pods' devices changed health.
+    let (health_tx, health_updates) = mpsc::unbounded_channel();
+    devices.set_health_updates(health_tx.clone());
+    if let Some(dra) = &dra {
+        dra.set_health_updates(health_tx);
+    }
     devices.start(crate::cm::devicemanager::running_containers(rt.as_ref()).await)?;
     node.managers.topology.add_hint_provider(Arc::new(devices.clone()));
     let apparmor_enabled = crate::runtime::security_context::apparmor_enabled_on_host();
@@ -206,6 +214,7 @@ pub(super) async fn build(
             Arc::new(crate::runtime::runtime_class::KubeRuntimeClasses::new(a.clients.main.clone()))
                 as Arc<dyn crate::runtime::runtime_class::RuntimeClassSource>
         })),
+        devices: Some(devices.clone()),
     }));
     match start_concurrency {
         0 => tracing::info!("--runtime-start-concurrency=0: sandbox and container starts are not limited"),
@@ -251,6 +260,7 @@ pub(super) async fn build(
         workers,
         devices,
         probe_updates,
+        health_updates,
         prober_metrics,
         startup,
         cache,

@@ -63,6 +63,7 @@
 
 pub mod checkpoint;
 pub mod claims;
+pub mod health;
 pub mod metrics;
 mod plugins;
 mod state;
@@ -76,7 +77,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as api;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, ResourceHealth, ResourceStatus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio_util::sync::CancellationToken;
 
@@ -276,6 +277,29 @@ struct Inner {
     wiping_delay: Duration,
     shutdown: CancellationToken,
     metrics: DraMetrics,
+    /// What the drivers report of their devices' health ([`health`]).
+    health: Arc<health::HealthCache>,
+    /// Where the UIDs of pods whose devices changed health go ([`DraManager::set_health_updates`]).
+    health_updates: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<String>>>>,
+}
+
+impl Inner {
+    /// Tells the sync loop which pods hold `devices` of `driver`, whose health changed
+    /// (upstream's `podsToUpdate`).
+    fn health_changed(&self, driver: &str, devices: &[health::DeviceHealth]) {
+        let pods: std::collections::BTreeSet<String> = {
+            let cache = self.cache.lock().unwrap();
+            devices.iter().flat_map(|d| cache.pods_holding(driver, &d.pool_name, &d.device_name)).collect()
+        };
+        if pods.is_empty() {
+            tracing::debug!(driver, devices = devices.len(), "device health changed; no pod holds those devices");
+            return;
+        }
+        tracing::info!(driver, ?pods, "device health changed for pods");
+        if let Some(tx) = self.health_updates.lock().unwrap().as_ref() {
+            let _ = tx.send(pods.into_iter().collect());
+        }
+    }
 }
 
 /// The current boot's id, empty when the kernel does not say.
@@ -315,8 +339,16 @@ impl DraManager {
             wiping_delay: options.wiping_delay,
             shutdown: CancellationToken::new(),
             metrics: DraMetrics::default(),
+            health: Arc::new(health::HealthCache::load(&root_dir.join(health::STATE_FILE))),
+            health_updates: Mutex::default(),
         };
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Sends the UIDs of pods holding a device whose health a driver's report changed to
+    /// `tx` (the sync loop, which syncs them; upstream `Updates()`).
+    pub fn set_health_updates(&self, tx: tokio::sync::mpsc::UnboundedSender<Vec<String>>) {
+        *self.inner.health_updates.lock().unwrap() = Some(tx);
     }
 
     /// Reports into `metrics` (registered in the `/metrics` registry with
@@ -626,6 +658,58 @@ impl DraManager {
         cache.sync().map_err(|e| ClaimError::checkpoint(&e))
     }
 
+    /// The `allocatedResourcesStatus` entries of `container` (upstream
+    /// `UpdateAllocatedResourcesStatus`, `ResourceHealthStatus`, beta and on since 1.36):
+    /// for each claim in its `resources.claims` that is prepared on this node,
+    /// `claim:<name>` (`claim:<name>/<request>` for one request) with each device serving
+    /// it, as its first CDI id (`<driver>/<pool>/<device>` without one), once, with the
+    /// health and message its driver last reported ([`health`]; `Unknown` without a
+    /// report that still holds).
+    #[must_use]
+    pub fn allocated_resources_status(&self, pod: &Pod, container: &Container) -> Vec<ResourceStatus> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let container_claims = container.resources.as_ref().and_then(|r| r.claims.as_deref()).unwrap_or_default();
+        let pod_claims = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
+        let cache = self.inner.cache.lock().unwrap();
+        let now = std::time::SystemTime::now();
+        let mut out = Vec::new();
+        for claim in container_claims {
+            let Some(pod_claim) = pod_claims.iter().find(|c| c.name == claim.name) else { continue };
+            let Ok(Some((name, _))) = claims::claim_name(pod, pod_claim) else { continue };
+            let Some(entry) = cache.get(namespace, &name) else { continue };
+            let request = claim.request.as_deref().unwrap_or_default();
+            let base_request = request.split('/').next().unwrap_or_default();
+            let mut resources: Vec<ResourceHealth> = Vec::new();
+            for (driver, state) in &entry.info.driver_state {
+                for d in &state.devices {
+                    if !request.is_empty()
+                        && !d.request_names.is_empty()
+                        && !d.request_names.iter().any(|r| r == base_request)
+                    {
+                        continue;
+                    }
+                    let id = d
+                        .cdi_device_ids
+                        .first()
+                        .cloned()
+                        .unwrap_or_else(|| format!("{driver}/{}/{}", d.pool_name, d.device_name));
+                    if !resources.iter().any(|r| r.resource_id == id) {
+                        let (health, message) = self.inner.health.get(driver, &d.pool_name, &d.device_name, now);
+                        let message = Some(message).filter(|m| !m.is_empty());
+                        resources.push(ResourceHealth { health: Some(health), message, resource_id: id });
+                    }
+                }
+            }
+            let name = if request.is_empty() {
+                format!("claim:{}", claim.name)
+            } else {
+                format!("claim:{}/{request}", claim.name)
+            };
+            out.push(ResourceStatus { name, resources: Some(resources).filter(|r| !r.is_empty()) });
+        }
+        out
+    }
+
     /// The CDI devices of `container` (upstream `GetResources`): for each claim the
     /// container lists (only the named request's devices when it names one), and for its
     /// extended resources served by DRA, the CDI ids the drivers answered, in the pod's
@@ -776,9 +860,33 @@ impl PluginHandler for DraManager {
                 endpoint.display()
             )
         })?;
-        self.inner.plugins.add(name, endpoint, service);
+        let health_stop = self.inner.plugins.add(name, endpoint, service);
         self.cancel_wipe(name);
         tracing::info!(driver = name, endpoint = %endpoint.display(), service = service.name(), "DRA driver plugin registered");
+        if let Some(health_service) = health::choose_health_service(versions) {
+            // The task holds no strong reference: the manager may go while it runs.
+            let weak = Arc::downgrade(&self.inner);
+            let changed = move |driver: &str, devices: Vec<health::DeviceHealth>| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.health_changed(driver, &devices);
+                }
+            };
+            let watch = health::watch(
+                name.to_owned(),
+                endpoint.to_owned(),
+                health_service,
+                Arc::clone(&self.inner.health),
+                changed,
+                health_stop,
+            );
+            let shutdown = self.inner.shutdown.clone();
+            self.inner.plugins.spawn(async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = watch => {}
+                }
+            });
+        }
         Ok(())
     }
 

@@ -83,6 +83,8 @@ pub struct Plugin {
     pub endpoint: PathBuf,
     pub service: Service,
     channel: Channel,
+    /// Stops the watch of its health stream (cancelled when it goes or is replaced).
+    pub health_stop: tokio_util::sync::CancellationToken,
 }
 
 /// The registered plugins by driver name, in registration order.
@@ -102,25 +104,45 @@ impl Plugins {
         self.runtime.get_or_init(|| crate::pluginmanager::calls::CallRuntime::start("dra-calls")).handle()
     }
 
+    /// Spawns `task` on the call runtime (a plugin's health stream).
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        drop(self.handle().spawn(task));
+    }
+
     /// Runs `call` on the call runtime.
     pub async fn run<T: Send + 'static>(&self, call: impl Future<Output = T> + Send + 'static) -> T {
         self.handle().spawn(call).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     /// Records a plugin of `driver` at `endpoint` speaking `service`. A plugin already
-    /// known at that endpoint is replaced (it restarted).
-    pub fn add(&self, driver: &str, endpoint: &Path, service: Service) {
+    /// known at that endpoint is replaced (it restarted; its health watch stops). Returns
+    /// the token that stops the new plugin's health watch.
+    pub fn add(&self, driver: &str, endpoint: &Path, service: Service) -> tokio_util::sync::CancellationToken {
         // The channel's worker is spawned on the call runtime, with the calls. Entering
         // the runtime instead of awaiting a task there keeps registration free of waits.
         let channel = {
             let _runtime = self.handle().enter();
             crate::pluginmanager::calls::unix_channel(endpoint, self.call_timeout)
         };
-        let plugin = Plugin { driver: driver.to_owned(), endpoint: endpoint.to_owned(), service, channel };
+        let health_stop = tokio_util::sync::CancellationToken::new();
+        let plugin = Plugin {
+            driver: driver.to_owned(),
+            endpoint: endpoint.to_owned(),
+            service,
+            channel,
+            health_stop: health_stop.clone(),
+        };
         let mut store = self.store.lock().unwrap();
         let list = store.entry(driver.to_owned()).or_default();
-        list.retain(|p| p.endpoint != endpoint);
+        list.retain(|p| {
+            let replaced = p.endpoint == endpoint;
+            if replaced {
+                p.health_stop.cancel();
+            }
+            !replaced
+        });
         list.push(plugin);
+        health_stop
     }
 
     /// Forgets the oldest plugin of `driver` and returns it (`None`: the driver had none).
@@ -132,6 +154,9 @@ impl Plugins {
         let gone = (!list.is_empty()).then(|| list.remove(0));
         if list.is_empty() {
             store.remove(driver);
+        }
+        if let Some(p) = &gone {
+            p.health_stop.cancel();
         }
         gone
     }

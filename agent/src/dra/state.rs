@@ -96,6 +96,20 @@ impl Cache {
         out
     }
 
+    /// The pods using a claim that holds device `pool`/`device` of `driver`.
+    pub fn pods_holding(&self, driver: &str, pool: &str, device: &str) -> BTreeSet<String> {
+        self.claims
+            .values()
+            .filter(|e| {
+                e.info
+                    .driver_state
+                    .get(driver)
+                    .is_some_and(|s| s.devices.iter().any(|d| d.pool_name == pool && d.device_name == device))
+            })
+            .flat_map(|e| e.info.pod_uids.iter().cloned())
+            .collect()
+    }
+
     /// Prepared claims per driver, and [`ANY_DRIVER`] for all (upstream `claimsInUse`).
     pub fn claims_in_use(&self) -> BTreeMap<String, u64> {
         let mut counts: BTreeMap<String, u64> = BTreeMap::new();

@@ -323,6 +323,42 @@ async fn cdi_devices_reach_only_the_containers_that_use_the_claim() {
 }
 
 #[tokio::test]
+async fn each_container_claim_has_its_devices_in_the_allocated_resources_status() {
+    let env = env().await;
+    env.claim("gpus", &[("a", GPU, "gpu-0"), ("b", GPU, "gpu-1")], &["p1"]);
+    env.gpu.devices.lock().unwrap().insert(
+        "gpus".into(),
+        vec![device(&["a"], "gpu-0", &["vendor.com/gpu=0", "vendor.com/gpu=common"]), device(&["b"], "gpu-1", &[])],
+    );
+    let p = pod(
+        "p1",
+        &[("g", "gpus"), ("later", "not-prepared")],
+        &[("all", &[("g", None), ("later", None)]), ("sub", &[("g", Some("b/sub"))]), ("none", &[])],
+    );
+    env.manager.prepare_resources(&pod("p1", &[("g", "gpus")], &[])).await.unwrap();
+    let status = |c: &str| -> Vec<(String, Vec<(String, String)>)> {
+        env.manager
+            .allocated_resources_status(&p, container(&p, c))
+            .into_iter()
+            .map(|s| {
+                let devices = s.resources.unwrap_or_default();
+                (s.name, devices.into_iter().map(|r| (r.resource_id, r.health.unwrap_or_default())).collect())
+            })
+            .collect()
+    };
+    // Every device of the claim, by its first CDI id or as driver/pool/device; a claim
+    // not prepared here is left out; health unknown (no health stream is watched).
+    let unknown = |id: &str| (id.to_owned(), "Unknown".to_owned());
+    assert_eq!(
+        status("all"),
+        [("claim:g".to_owned(), vec![unknown("vendor.com/gpu=0"), unknown(&format!("{GPU}/{NODE}/gpu-1"))])]
+    );
+    // A subrequest is served by its request's devices.
+    assert_eq!(status("sub"), [("claim:g/b/sub".to_owned(), vec![unknown(&format!("{GPU}/{NODE}/gpu-1"))])]);
+    assert!(status("none").is_empty());
+}
+
+#[tokio::test]
 async fn a_container_of_an_unprepared_claim_is_refused() {
     let env = env().await;
     let p = pod("p1", &[("g", "gpus")], &[("c", &[("g", None)])]);
@@ -679,4 +715,140 @@ async fn a_v1beta1_plugin_is_called_on_its_service() {
     assert_eq!(cdi_of(&m, &p, "c", &[]).unwrap(), ["gpu.example.com/dev=gpus"]);
     m.unprepare_resources(&p).await.unwrap();
     assert_eq!(old.methods(), ["NodePrepareResources", "NodeUnprepareResources"]);
+}
+
+/// A plugin's `DRAResourceHealth` service (served as v1alpha1): every stream sends what
+/// the test puts on `reports`; `streams` counts the streams opened.
+#[derive(Clone)]
+struct FakeHealth {
+    reports: tokio::sync::broadcast::Sender<health::proto::NodeWatchResourcesResponse>,
+    streams: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl health::proto_v1alpha1::dra_resource_health_server::DraResourceHealth for FakeHealth {
+    type NodeWatchResourcesStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<health::proto_v1alpha1::NodeWatchResourcesResponse, Status>> + Send>,
+    >;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health::proto_v1alpha1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        use prost::Message as _;
+        let rx = self.reports.subscribe();
+        self.streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            let report = rx.recv().await.ok()?;
+            // The same message on the wire in either version.
+            let bytes = report.encode_to_vec();
+            let v1alpha1 = health::proto_v1alpha1::NodeWatchResourcesResponse::decode(bytes.as_slice()).unwrap();
+            Some((Ok(v1alpha1), rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Serves a fake plugin of `driver` with a v1alpha1 health service on `<dir>/<driver>.sock`.
+fn serve_with_health(dir: &Path, driver: &str) -> (FakePlugin, FakeHealth, PathBuf) {
+    let socket = dir.join(format!("{driver}.sock"));
+    let plugin = FakePlugin { driver: driver.into(), ..FakePlugin::default() };
+    let health = FakeHealth { reports: tokio::sync::broadcast::channel(16).0, streams: Arc::default() };
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let server = DraPluginServer::new(plugin.clone());
+    let health_server =
+        health::proto_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(server)
+            .add_service(health_server)
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (plugin, health, socket)
+}
+
+fn device_health(device: &str, health: health::proto::HealthStatus, message: &str) -> health::proto::DeviceHealth {
+    health::proto::DeviceHealth {
+        device: Some(health::proto::DeviceIdentifier { pool_name: NODE.into(), device_name: device.into() }),
+        health: health.into(),
+        last_updated_time: 0,
+        health_check_timeout_seconds: 0,
+        message: message.into(),
+    }
+}
+
+/// Polls `check` every 20 ms for up to 10 s.
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drivers_health_reports_reach_the_status_of_the_pods_holding_its_devices() {
+    use health::proto::HealthStatus::{Healthy, Unhealthy};
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(FakeClaimSource::new());
+    let root = dir.path().join("root");
+    let m = manager_in(&root, &source, BOOT);
+    let (tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
+    m.set_health_updates(tx);
+    let (_plugin, fake, socket) = serve_with_health(dir.path(), GPU);
+    m.register(GPU, &socket, &["v1.DRAPlugin".into(), "v1alpha1.DRAResourceHealth".into()]).await.unwrap();
+    source.put(claim("gpus", &[("gpu", GPU, "gpus-0")], &["p1"]));
+    let p = pod("p1", &[("g", "gpus")], &[("c", &[("g", None)])]);
+    m.prepare_resources(&p).await.unwrap();
+    let status = |m: &DraManager| {
+        let s = m.allocated_resources_status(&p, container(&p, "c"));
+        let r = &s[0].resources.as_ref().unwrap()[0];
+        (r.health.clone().unwrap_or_default(), r.message.clone())
+    };
+    assert_eq!(status(&m), ("Unknown".to_owned(), None), "nothing reported yet");
+    wait_until("the health stream open", || fake.streams.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+
+    // A device no pod holds: nothing to sync. The pod's device: its pod is synced.
+    fake.reports
+        .send(health::proto::NodeWatchResourcesResponse { devices: vec![device_health("other", Unhealthy, "")] })
+        .unwrap();
+    let held = |h, message: &str| health::proto::NodeWatchResourcesResponse {
+        devices: vec![device_health("other", Unhealthy, ""), device_health("gpus-0", h, message)],
+    };
+    fake.reports.send(held(Unhealthy, "ECC errors")).unwrap();
+    let pods = tokio::time::timeout(Duration::from_secs(10), updates.recv()).await.unwrap().unwrap();
+    assert_eq!(pods, ["p1"]);
+    assert_eq!(status(&m), ("Unhealthy".to_owned(), Some("ECC errors".to_owned())));
+    fake.reports.send(held(Healthy, "")).unwrap();
+    let pods = tokio::time::timeout(Duration::from_secs(10), updates.recv()).await.unwrap().unwrap();
+    assert_eq!(pods, ["p1"]);
+    assert_eq!(status(&m), ("Healthy".to_owned(), None));
+
+    // A restarted agent reads the health checkpoint (the report still holds).
+    let restarted = manager_in(&root, &source, BOOT);
+    assert_eq!(status(&restarted).0, "Healthy");
+    // The plugin gone: its stream stops and its devices are unknown again.
+    m.deregister(GPU).await;
+    wait_until("the device unknown", || status(&m).0 == "Unknown").await;
+    m.stop();
+    restarted.stop();
+}
+
+#[tokio::test]
+async fn a_driver_that_advertises_health_but_does_not_serve_it_is_not_watched_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // Serves DRAPlugin only: the health call answers Unimplemented.
+    let (_plugin, socket) = serve(dir.path(), GPU);
+    let cache = Arc::new(health::HealthCache::default());
+    let watch = health::watch(
+        GPU.to_owned(),
+        socket,
+        "v1.DRAResourceHealth",
+        cache,
+        |_: &str, _: Vec<health::DeviceHealth>| panic!("no report"),
+        CancellationToken::new(),
+    );
+    tokio::time::timeout(Duration::from_secs(10), watch).await.expect("the watch ends at Unimplemented");
 }

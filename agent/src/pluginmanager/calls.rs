@@ -23,6 +23,17 @@ pub fn unix_channel(socket: &Path, timeout: Duration) -> Channel {
     ))
 }
 
+/// Dials the unix socket `socket` on first use, without a time limit: for streams that
+/// stay open as long as the plugin serves them.
+#[must_use]
+pub fn unix_stream_channel(socket: &Path) -> Channel {
+    let path = socket.to_owned();
+    Endpoint::from_static("http://plugin.invalid").connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+        let path = path.clone();
+        async move { UnixStream::connect(path).await.map(TokioIo::new) }
+    }))
+}
+
 /// A current-thread runtime on a thread of its own (named `name`), stopped when dropped.
 #[derive(Debug)]
 pub struct CallRuntime {

@@ -184,6 +184,9 @@ pub struct RuntimeManagerDeps {
     pub dra: Option<crate::dra::DraManager>,
     /// Pods' runtime classes → runtime handlers ([`super::runtime_class`]).
     pub runtime_classes: super::runtime_class::RuntimeClasses,
+    /// The device manager, whose devices' health goes into the containers'
+    /// `allocatedResourcesStatus` (none in tests that do not look).
+    pub devices: Option<crate::cm::devicemanager::DeviceManager>,
 }
 
 /// Carries out pod syncs and kills through CRI.
@@ -220,6 +223,7 @@ pub struct RuntimeManager {
     userns: Arc<super::userns::UsernsManager>,
     dra: Option<crate::dra::DraManager>,
     runtime_classes: super::runtime_class::RuntimeClasses,
+    devices: Option<crate::cm::devicemanager::DeviceManager>,
 }
 
 /// Upstream `calcRestartCountByLogDir`: for a container the runtime has no instance of
@@ -293,6 +297,7 @@ impl RuntimeManager {
             userns,
             dra,
             runtime_classes,
+            devices,
         } = deps;
         // The allocation records what each container starts with before the resource
         // managers see it.
@@ -320,6 +325,7 @@ impl RuntimeManager {
             userns,
             dra,
             runtime_classes,
+            devices,
             hooks: crate::lifecycle::hooks::HandlerRunner::new(rt.clone()),
             rt,
             cfg,
@@ -384,6 +390,31 @@ impl RuntimeManager {
     #[must_use]
     pub fn dra(&self) -> Option<&crate::dra::DraManager> {
         self.dra.as_ref()
+    }
+
+    /// Upstream `UpdateAllocatedResourcesStatus` (`ResourceHealthStatus`, beta and on
+    /// since 1.36): each app container's `allocatedResourcesStatus`, the device plugin
+    /// resources it holds with each device's health, then its DRA claims' devices (see
+    /// [`crate::dra::DraManager::allocated_resources_status`]). A container holding
+    /// neither has none.
+    pub fn set_allocated_resources_status(&self, pod: &Pod, status: &mut k8s_openapi::api::core::v1::PodStatus) {
+        let uid = crate::types::pod::uid(pod);
+        let spec = pod.spec.as_ref();
+        for cs in status.container_statuses.iter_mut().flatten() {
+            let mut list: Vec<k8s_openapi::api::core::v1::ResourceStatus> =
+                self.devices.as_ref().map(|d| d.allocated_resources_status(uid, &cs.name)).unwrap_or_default();
+            if let (Some(dra), Some(c)) =
+                (&self.dra, spec.and_then(|s| s.containers.iter().find(|c| c.name == cs.name)))
+            {
+                for entry in dra.allocated_resources_status(pod, c) {
+                    match list.iter_mut().find(|e| e.name == entry.name) {
+                        Some(e) => *e = entry,
+                        None => list.push(entry),
+                    }
+                }
+            }
+            cs.allocated_resources_status = (!list.is_empty()).then_some(list);
+        }
     }
 
     /// The pod's user namespace for its sandbox and containers ([`super::userns`]), on

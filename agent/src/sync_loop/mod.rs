@@ -486,15 +486,29 @@ impl SyncLoop {
         }
     }
 
+    /// Syncs the pods whose devices changed health, so that their containers'
+    /// `allocatedResourcesStatus` says so (upstream's `containerManager.Updates()` case;
+    /// pods this node no longer has are skipped).
+    pub fn handle_health_update(&self, uids: &[String]) {
+        for uid in uids {
+            if let Some(pod) = self.pod_manager.get(uid) {
+                tracing::debug!(%uid, "device health changed");
+                self.workers.update_pod(pod, WorkType::Sync);
+            }
+        }
+    }
+
     /// Runs until shutdown.
     pub async fn run(
         self,
         mut updates: mpsc::Receiver<PodUpdate>,
         mut pleg_events: mpsc::Receiver<PodLifecycleEvent>,
         probe_updates: Option<mpsc::UnboundedReceiver<crate::prober::ProbeUpdate>>,
+        health_updates: Option<mpsc::UnboundedReceiver<Vec<String>>>,
         shutdown: CancellationToken,
     ) {
         let mut probe_updates = probe_updates;
+        let mut health_updates = health_updates;
         let mut housekeeping = tokio::time::interval(HOUSEKEEPING_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Freed heap back to the kernel now and then (see `crate::memory`).
@@ -509,6 +523,10 @@ impl SyncLoop {
                     Some(rx) => rx.recv().await,
                     None => std::future::pending().await,
                 } } => self.handle_probe_update(&u),
+                Some(uids) = async { match health_updates.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                } } => self.handle_health_update(&uids),
                 _ = housekeeping.tick() => self.housekeeping(),
                 _ = trim.tick() => {
                     self.tracker.spawn_blocking(crate::memory::trim);

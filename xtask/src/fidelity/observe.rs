@@ -148,6 +148,21 @@ pub fn pod_facts(pod: &Value, norm: &Normalizer, facts: &mut Facts) {
             put(format!("{name} image"), norm.apply(text(&c["image"])));
             put(format!("{name} imageID set"), (!text(&c["imageID"]).is_empty()).to_string());
             put(format!("{name} containerID set"), (!text(&c["containerID"]).is_empty()).to_string());
+            // Devices' health (`ResourceHealthStatus`): each resource with its devices'
+            // health; the ids (CDI names with claim UIDs) differ between runs.
+            let allocated: Vec<String> = c["allocatedResourcesStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let health: Vec<&str> =
+                        r["resources"].as_array().into_iter().flatten().map(|d| text(&d["health"])).collect();
+                    format!("{} [{}]", text(&r["name"]), health.join(","))
+                })
+                .collect();
+            if !allocated.is_empty() {
+                put(format!("{name} allocatedResourcesStatus"), allocated.join(" "));
+            }
         }
     }
 }
@@ -506,10 +521,18 @@ mod tests {
                 "imageID": "sha256:x", "containerID": "containerd://abc",
                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container=c0"}},
                 "lastState": {"terminated": {"reason": "Error", "exitCode": 3}},
+                "allocatedResourcesStatus": [
+                    {"name": "claim:gpu/one", "resources": [{"resourceID": "d/p/0", "health": "Unknown"}, {"resourceID": "d/p/1", "health": "Healthy"}]},
+                    {"name": "example.com/dev", "resources": [{"resourceID": "dev-1", "health": "Healthy"}]},
+                ],
             }],
         }});
         let mut f = Facts::new();
         pod_facts(&pod, &norm(), &mut f);
+        assert_eq!(
+            f["container c0 allocatedResourcesStatus"],
+            "claim:gpu/one [Unknown,Healthy] example.com/dev [Healthy]"
+        );
         assert_eq!(f["phase"], "Running");
         assert_eq!(
             f["condition Ready"],

@@ -134,11 +134,24 @@ struct Inner {
     shutdown: CancellationToken,
     handle: tokio::runtime::Handle,
     metrics: metrics::DevicePluginMetrics,
+    /// Where the UIDs of pods whose devices changed health go ([`DeviceManager::set_health_updates`]).
+    health_updates: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<String>>>>,
 }
 
 impl Inner {
     fn checkpoint_path(&self) -> PathBuf {
         self.dir.join(CHECKPOINT_FILE)
+    }
+
+    /// Tells the sync loop that `pods` hold devices whose health changed.
+    fn health_changed(&self, pods: std::collections::BTreeSet<String>) {
+        if pods.is_empty() {
+            return;
+        }
+        tracing::info!(?pods, "device health changed for pods");
+        if let Some(tx) = self.health_updates.lock().unwrap().as_ref() {
+            let _ = tx.send(pods.into_iter().collect());
+        }
     }
 
     fn write_checkpoint(&self, state: &State) {
@@ -269,6 +282,7 @@ impl DeviceManager {
             shutdown: CancellationToken::new(),
             handle: rt.handle().clone(),
             metrics: metrics::DevicePluginMetrics::default(),
+            health_updates: Mutex::default(),
         });
         Ok(Self { inner, _rt: Arc::new(DeviceRuntime(Some(rt))) })
     }
@@ -340,6 +354,24 @@ impl DeviceManager {
         }
         out.reset_unknown = !self.inner.checkpoint_path().exists();
         out
+    }
+
+    /// Sends the UIDs of pods holding a device whose health a plugin reported changed (or
+    /// that it lists again) to `tx`, for the sync loop to sync them and write their
+    /// containers' `allocatedResourcesStatus` (upstream `Updates()`, `ResourceHealthStatus`).
+    pub fn set_health_updates(&self, tx: tokio::sync::mpsc::UnboundedSender<Vec<String>>) {
+        *self.inner.health_updates.lock().unwrap() = Some(tx);
+    }
+
+    /// The `allocatedResourcesStatus` entries of `container` of pod `pod_uid`: each
+    /// device plugin resource it holds, with each device's health.
+    #[must_use]
+    pub fn allocated_resources_status(
+        &self,
+        pod_uid: &str,
+        container: &str,
+    ) -> Vec<k8s_openapi::api::core::v1::ResourceStatus> {
+        self.inner.state.lock().unwrap().allocated_resources_status(pod_uid, container)
     }
 
     /// The devices allocated to `container` of pod `pod_uid`, per resource (for tests and

@@ -184,8 +184,10 @@ async fn list_and_watch(inner: Arc<Inner>, resource: String, mut client: DeviceP
                         }
                         tracing::info!(%resource, devices = list.devices.len(), "device plugin reported its devices");
                         let mut s = inner.state.lock().unwrap();
-                        s.update_devices(&resource, list.devices);
+                        let changed = s.update_devices(&resource, list.devices);
                         inner.write_checkpoint(&s);
+                        drop(s);
+                        inner.health_changed(changed);
                     }
                     Ok(None) => break,
                     Err(e) => {

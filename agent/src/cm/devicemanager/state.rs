@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{ResourceHealth, ResourceStatus};
 use prost::Message as _;
 
 use super::checkpoint::{CheckpointData, PodDevicesEntry};
@@ -94,14 +95,27 @@ impl State {
         self.healthy.contains_key(resource) || self.allocated.contains_key(resource)
     }
 
-    /// A plugin's new device list (upstream `genericDeviceUpdateCallback`).
-    pub fn update_devices(&mut self, resource: &str, devices: Vec<proto::Device>) {
+    /// A plugin's new device list (upstream `genericDeviceUpdateCallback`). Returns the
+    /// UIDs of the pods holding a device whose health changed or that is back in the
+    /// list (upstream's `ResourceHealthStatus` update): their containers'
+    /// `allocatedResourcesStatus` is to be written again.
+    pub fn update_devices(&mut self, resource: &str, devices: Vec<proto::Device>) -> BTreeSet<String> {
+        let old = std::mem::take(self.all_devices.entry(resource.to_owned()).or_default());
+        let holder = |id: &str| {
+            self.pod_devices.iter().find_map(|(pod, containers)| {
+                containers.values().any(|r| r.get(resource).is_some_and(|d| d.ids().contains(id))).then(|| pod.clone())
+            })
+        };
+        let pods: BTreeSet<String> = devices
+            .iter()
+            .filter(|d| old.get(&d.id).is_none_or(|o| o.health != d.health))
+            .filter_map(|d| holder(&d.id))
+            .collect();
         let healthy = self.healthy.entry(resource.to_owned()).or_default();
         healthy.clear();
         let unhealthy = self.unhealthy.entry(resource.to_owned()).or_default();
         unhealthy.clear();
         let all = self.all_devices.entry(resource.to_owned()).or_default();
-        all.clear();
         for d in devices {
             if d.health == HEALTHY {
                 healthy.insert(d.id.clone());
@@ -111,6 +125,41 @@ impl State {
             all.insert(d.id.clone(), d);
         }
         self.removed.remove(resource);
+        pods
+    }
+
+    /// The health of the devices `container` of `pod` holds, per resource (upstream
+    /// `UpdateAllocatedResourcesStatus`): `Healthy` as the plugin last reported it, or
+    /// when it no longer lists the device; `Unhealthy` otherwise. A plugin that went away
+    /// leaves its devices' last reported health (as upstream: only the node's allocatable
+    /// counts them unhealthy).
+    #[must_use]
+    pub fn allocated_resources_status(&self, pod: &str, container: &str) -> Vec<ResourceStatus> {
+        let Some(resources) = self.pod_devices.get(pod).and_then(|c| c.get(container)) else { return Vec::new() };
+        resources
+            .iter()
+            .map(|(resource, devices)| {
+                let known = self.all_devices.get(resource);
+                let health = |id: &str| {
+                    let healthy = known.and_then(|k| k.get(id)).is_none_or(|d| d.health == HEALTHY);
+                    if healthy { "Healthy" } else { "Unhealthy" }
+                };
+                ResourceStatus {
+                    name: resource.clone(),
+                    resources: Some(
+                        devices
+                            .ids()
+                            .into_iter()
+                            .map(|id| ResourceHealth {
+                                health: Some(health(&id).to_owned()),
+                                message: None,
+                                resource_id: id,
+                            })
+                            .collect(),
+                    ),
+                }
+            })
+            .collect()
     }
 
     /// The plugin went away: its devices become unhealthy (upstream

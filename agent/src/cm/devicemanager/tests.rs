@@ -245,6 +245,37 @@ fn the_plugins_preference_is_asked_and_honoured() {
 }
 
 #[test]
+fn a_health_change_names_the_pods_holding_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    register_default(&m, vec![dev("a", true, None), dev("b", true, None)]);
+    let p = pod("u1", &[], &[("app", 1)]);
+    admit(&m, &p, &[]).unwrap();
+    let held = ids(&m, "u1", "app").into_iter().next().unwrap();
+    let other = if held == "a" { "b" } else { "a" };
+    let mut s = m.inner.state.lock().unwrap();
+    let report = |held_ok: bool, other_ok: bool| vec![dev(&held, held_ok, None), dev(other, other_ok, None)];
+    // The same health again, or a change of a device no pod holds: nothing to sync.
+    assert!(s.update_devices(RES, report(true, true)).is_empty());
+    assert!(s.update_devices(RES, report(true, false)).is_empty());
+    assert_eq!(s.update_devices(RES, report(false, false)), BTreeSet::from(["u1".to_owned()]));
+    let status = s.allocated_resources_status("u1", "app");
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0].name, RES);
+    let r = &status[0].resources.as_ref().unwrap()[0];
+    assert_eq!((r.resource_id.as_str(), r.health.as_deref()), (held.as_str(), Some("Unhealthy")));
+    // Gone from the list: healthy, as upstream; back in it: the pod is synced again.
+    assert!(s.update_devices(RES, vec![dev(other, true, None)]).is_empty());
+    assert_eq!(
+        s.allocated_resources_status("u1", "app")[0].resources.as_ref().unwrap()[0].health.as_deref(),
+        Some("Healthy")
+    );
+    assert_eq!(s.update_devices(RES, report(true, true)), BTreeSet::from(["u1".to_owned()]));
+    assert!(s.allocated_resources_status("u1", "other").is_empty());
+    assert!(s.allocated_resources_status("u2", "app").is_empty());
+}
+
+#[test]
 fn health_and_a_gone_plugin_shape_capacity() {
     let dir = tempfile::tempdir().unwrap();
     let m = manager(dir.path(), Duration::ZERO);
@@ -426,6 +457,8 @@ async fn plugins_register_over_the_socket_and_stream_their_devices() {
     // A socket left by an earlier run is removed at start.
     drop(std::os::unix::net::UnixListener::bind(dir.path().join("stale.sock")).unwrap());
     let m = manager(dir.path(), ENDPOINT_STOP_GRACE);
+    let (tx, mut health) = tokio::sync::mpsc::unbounded_channel();
+    m.set_health_updates(tx);
     m.start(HashSet::new()).unwrap();
     assert!(!dir.path().join("stale.sock").exists());
 
@@ -466,6 +499,21 @@ async fn plugins_register_over_the_socket_and_stream_their_devices() {
     let p2 = p.clone();
     tokio::task::spawn_blocking(move || admit(&m2, &p2, &[])).await.unwrap().unwrap();
     assert_eq!(ids(&m, "u1", "app"), BTreeSet::from(["b".to_string()]));
+    let health_of = |m: &DeviceManager| {
+        m.allocated_resources_status("u1", "app")
+            .into_iter()
+            .flat_map(|s| {
+                s.resources.unwrap_or_default().into_iter().map(move |r| (s.name.clone(), r.resource_id, r.health))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(health_of(&m), [(RES.to_owned(), "b".to_owned(), Some("Healthy".to_owned()))]);
+    assert!(health.try_recv().is_err(), "no pod held a device when health changed so far");
+    // The device the pod holds turns unhealthy: the pod is to be synced, its status says so.
+    devices.send_modify(|d| d[1].health = UNHEALTHY.into());
+    let pods = tokio::time::timeout(Duration::from_secs(10), health.recv()).await.unwrap().unwrap();
+    assert_eq!(pods, ["u1"]);
+    assert_eq!(health_of(&m), [(RES.to_owned(), "b".to_owned(), Some("Unhealthy".to_owned()))]);
 
     // The plugin goes away: its devices are unhealthy, the resource stays (grace period).
     stop.cancel();

@@ -63,6 +63,7 @@ impl RuntimeManagerDeps {
             ),
             dra: None,
             runtime_classes: crate::runtime::runtime_class::RuntimeClasses::default(),
+            devices: None,
             recorder,
             metrics: Arc::default(),
             cfg,
