@@ -642,6 +642,17 @@ fn claim_pending_node_expansion(e: &Env, read_only: bool) -> Pod {
     pod("a", "uid-a", &json!({"name": "v", "persistentVolumeClaim": {"claimName": "data", "readOnly": read_only}}))
 }
 
+/// A driver that expands, a pod on the claim `data` set up, then the claim pending the
+/// node's part of an expansion ([`claim_pending_node_expansion`]).
+async fn set_up_pending_expansion(read_only: bool) -> (Env, Pod) {
+    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
+    e.register().await;
+    e.bound_claim();
+    let a = claim_pending_node_expansion(&e, read_only);
+    e.vm.mount_pod_volumes(&a).await.unwrap();
+    (e, a)
+}
+
 async fn claim_status(e: &Env) -> k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
     e.src.persistent_volume_claim("default", "data").await.unwrap().unwrap().status.unwrap()
 }
@@ -735,11 +746,7 @@ async fn a_claim_pending_node_expansion_is_expanded_and_its_status_finished() {
 
 #[tokio::test]
 async fn a_driver_refusing_an_expansion_says_so_in_the_claim_and_is_asked_again_unless_infeasible() {
-    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
-    e.register().await;
-    e.bound_claim();
-    let a = claim_pending_node_expansion(&e, false);
-    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let (e, a) = set_up_pending_expansion(false).await;
     assert_eq!(expansions(&e), 0, "set up, not expanded, at the first sync");
     // A final error: the claim's NodeResizeError condition, upstream's words; still in
     // progress, so asked again at the next sync.
@@ -781,11 +788,7 @@ async fn a_driver_refusing_an_expansion_says_so_in_the_claim_and_is_asked_again_
 
 #[tokio::test]
 async fn a_volume_the_driver_cannot_grow_in_use_waits_for_the_next_pod() {
-    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
-    e.register().await;
-    e.bound_claim();
-    let a = claim_pending_node_expansion(&e, false);
-    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let (e, a) = set_up_pending_expansion(false).await;
     *e.driver.fail_expand.lock().unwrap() = Some((tonic::Code::FailedPrecondition, "in use".into()));
     e.vm.mount_pod_volumes(&a).await.unwrap();
     e.vm.mount_pod_volumes(&a).await.unwrap();
@@ -810,11 +813,7 @@ async fn a_volume_the_driver_cannot_grow_in_use_waits_for_the_next_pod() {
 
 #[tokio::test]
 async fn a_read_only_volume_is_not_grown_and_says_so_once() {
-    let e = env_with(FakeDriver { stage: true, expand: true, ..FakeDriver::default() });
-    e.register().await;
-    e.bound_claim();
-    let a = claim_pending_node_expansion(&e, true);
-    e.vm.mount_pod_volumes(&a).await.unwrap();
+    let (e, a) = set_up_pending_expansion(true).await;
     let vols = e.vm.mount_pod_volumes(&a).await.unwrap();
     let message = r#"MountVolume.NodeExpandVolume failed for volume "pv-1" requested read-only file system"#.to_owned();
     let reason = "FileSystemResizeFailed".to_owned();
