@@ -79,16 +79,22 @@ pub struct ClaimInfo {
 }
 
 impl ClaimInfo {
-    /// The CDI ids of the devices serving `request` (`""`: every device): drivers by
-    /// name, each one's devices in the order it answered (upstream `cdiDevicesAsList`).
-    pub fn cdi_device_ids<'a>(&'a self, request: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    /// The devices serving `request` (`""`: every device; a device naming no request
+    /// serves all) with their driver: drivers by name, each one's devices in the order it
+    /// answered.
+    pub fn devices_for<'a>(&'a self, request: &'a str) -> impl Iterator<Item = (&'a str, &'a Device)> + 'a {
         self.driver_state
-            .values()
-            .flat_map(|d| &d.devices)
-            .filter(move |d| {
+            .iter()
+            .flat_map(|(driver, state)| state.devices.iter().map(move |d| (driver.as_str(), d)))
+            .filter(move |(_, d)| {
                 request.is_empty() || d.request_names.is_empty() || d.request_names.iter().any(|r| r == request)
             })
-            .flat_map(|d| d.cdi_device_ids.iter().map(String::as_str))
+    }
+
+    /// The CDI ids of the devices serving `request` ([`Self::devices_for`]; upstream
+    /// `cdiDevicesAsList`).
+    pub fn cdi_device_ids<'a>(&'a self, request: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.devices_for(request).flat_map(|(_, d)| d.cdi_device_ids.iter().map(String::as_str))
     }
 }
 

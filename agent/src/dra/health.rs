@@ -162,15 +162,14 @@ impl HealthCache {
     #[must_use]
     pub fn load(file: &Path) -> Self {
         let drivers = match std::fs::read(file) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::error!(path = %file.display(), error = %e, "cannot read the DRA health checkpoint; starting empty");
-                BTreeMap::new()
-            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => {
-                tracing::error!(path = %file.display(), error = %e, "cannot read the DRA health checkpoint; starting empty");
-                BTreeMap::new()
-            }
+            read => read
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+                .unwrap_or_else(|e| {
+                    tracing::error!(path = %file.display(), error = %e, "cannot read the DRA health checkpoint; starting empty");
+                    BTreeMap::new()
+                }),
         };
         Self { drivers: Mutex::new(drivers), file: Some(file.to_owned()) }
     }
@@ -250,10 +249,8 @@ impl HealthCache {
     fn save(&self, drivers: &BTreeMap<String, DriverHealth>) {
         let Some(file) = &self.file else { return };
         let bytes = serde_json::to_vec(drivers).expect("health state serializes");
-        let tmp = file.with_extension("tmp");
-        let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, file));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
+        // Without fsync, as upstream's (a temporary file renamed into place).
+        if let Err(e) = crate::cm::checkpoint::replace_unsynced(file, &bytes) {
             tracing::error!(path = %file.display(), error = %e, "cannot write the DRA health checkpoint; a restart may lose device health");
         }
     }

@@ -680,24 +680,17 @@ impl DraManager {
             let request = claim.request.as_deref().unwrap_or_default();
             let base_request = request.split('/').next().unwrap_or_default();
             let mut resources: Vec<ResourceHealth> = Vec::new();
-            for (driver, state) in &entry.info.driver_state {
-                for d in &state.devices {
-                    if !request.is_empty()
-                        && !d.request_names.is_empty()
-                        && !d.request_names.iter().any(|r| r == base_request)
-                    {
-                        continue;
-                    }
-                    let id = d
-                        .cdi_device_ids
-                        .first()
-                        .cloned()
-                        .unwrap_or_else(|| format!("{driver}/{}/{}", d.pool_name, d.device_name));
-                    if !resources.iter().any(|r| r.resource_id == id) {
-                        let (health, message) = self.inner.health.get(driver, &d.pool_name, &d.device_name, now);
-                        let message = Some(message).filter(|m| !m.is_empty());
-                        resources.push(ResourceHealth { health: Some(health), message, resource_id: id });
-                    }
+            // A subrequest (`request/sub`) is served by its request's devices.
+            for (driver, d) in entry.info.devices_for(base_request) {
+                let id = d
+                    .cdi_device_ids
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| format!("{driver}/{}/{}", d.pool_name, d.device_name));
+                if !resources.iter().any(|r| r.resource_id == id) {
+                    let (health, message) = self.inner.health.get(driver, &d.pool_name, &d.device_name, now);
+                    let message = Some(message).filter(|m| !m.is_empty());
+                    resources.push(ResourceHealth { health: Some(health), message, resource_id: id });
                 }
             }
             let name = if request.is_empty() {

@@ -13,22 +13,24 @@ use tonic::transport::{Channel, Endpoint, Uri};
 /// Dials the unix socket `socket` on first use, each call bounded by `timeout`.
 #[must_use]
 pub fn unix_channel(socket: &Path, timeout: Duration) -> Channel {
-    let path = socket.to_owned();
-    // The connector ignores the URI; tonic needs a valid one.
-    Endpoint::from_static("http://plugin.invalid").timeout(timeout).connect_with_connector_lazy(tower::service_fn(
-        move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        },
-    ))
+    lazy_unix(socket, Some(timeout))
 }
 
 /// Dials the unix socket `socket` on first use, without a time limit: for streams that
 /// stay open as long as the plugin serves them.
 #[must_use]
 pub fn unix_stream_channel(socket: &Path) -> Channel {
+    lazy_unix(socket, None)
+}
+
+fn lazy_unix(socket: &Path, timeout: Option<Duration>) -> Channel {
+    // The connector ignores the URI; tonic needs a valid one.
+    let mut endpoint = Endpoint::from_static("http://plugin.invalid");
+    if let Some(timeout) = timeout {
+        endpoint = endpoint.timeout(timeout);
+    }
     let path = socket.to_owned();
-    Endpoint::from_static("http://plugin.invalid").connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+    endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
         let path = path.clone();
         async move { UnixStream::connect(path).await.map(TokioIo::new) }
     }))
